@@ -1,0 +1,231 @@
+//! The errors of lock operations.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::time::Duration;
+
+/// A boxed error from a backend (for PostgreSQL: a `tokio_postgres::Error` or a pool
+/// error), kept as the [`source`](StdError::source) of the error that wraps it.
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// What went wrong when a lock could not be acquired, named for what the caller can do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AcquisitionErrorKind {
+    /// Someone else held the lock for the whole timeout. Retry later or give up.
+    Timeout,
+    /// No connection could be had: the pool stayed exhausted past the timeout, is
+    /// closed, or could not open a connection. Size the pool for one connection per
+    /// held lock.
+    PoolUnavailable,
+    /// The connection to the server was lost (network, restart, terminated backend).
+    /// The server freed anything that session held; retrying is safe.
+    ConnectionLost,
+    /// The wait was cancelled by the server for a reason other than our timeout
+    /// (an operator's `pg_cancel_backend`, a statement timeout).
+    Cancelled,
+    /// Any other backend failure; the source error says what.
+    Backend,
+}
+
+/// A lock could not be acquired.
+///
+/// Its message is the original library's: `Failed to acquire lock '{key}': {reason}`,
+/// with the reason `Timeout after {seconds}s` for a timeout and
+/// `Database error: {driver message}` for a backend failure. The backend's own error
+/// stays reachable through [`source`](StdError::source).
+///
+/// ```
+/// use std::time::Duration;
+/// use locks_port::{AcquisitionErrorKind, LockAcquisitionError};
+///
+/// let error = LockAcquisitionError::timed_out("cutover:t", Duration::from_millis(200));
+/// assert_eq!(error.to_string(), "Failed to acquire lock 'cutover:t': Timeout after 0.2s");
+/// assert_eq!(error.kind(), AcquisitionErrorKind::Timeout);
+/// assert_eq!(error.timeout(), Some(Duration::from_millis(200)));
+/// ```
+#[derive(Debug)]
+pub struct LockAcquisitionError {
+    key: String,
+    kind: AcquisitionErrorKind,
+    reason: String,
+    timeout: Option<Duration>,
+    source: Option<BoxError>,
+}
+
+impl LockAcquisitionError {
+    /// A failure with the given kind and reason text.
+    #[must_use]
+    pub fn new(key: impl Into<String>, kind: AcquisitionErrorKind, reason: impl Into<String>) -> Self {
+        Self { key: key.into(), kind, reason: reason.into(), timeout: None, source: None }
+    }
+
+    /// The lock stayed held by someone else for the whole `timeout`.
+    #[must_use]
+    pub fn timed_out(key: impl Into<String>, timeout: Duration) -> Self {
+        Self::new(key, AcquisitionErrorKind::Timeout, timeout_reason(timeout)).with_timeout(timeout)
+    }
+
+    /// A backend failure: reason `Database error: {source}`, with `source` kept.
+    #[must_use]
+    pub fn database(
+        key: impl Into<String>,
+        kind: AcquisitionErrorKind,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        let source = source.into();
+        Self::new(key, kind, format!("Database error: {source}")).with_source(source)
+    }
+
+    /// Records the timeout the call was made with.
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Records the error that caused this one.
+    #[must_use]
+    pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+
+    /// The key that could not be acquired.
+    #[must_use]
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// What went wrong.
+    #[must_use]
+    pub fn kind(&self) -> AcquisitionErrorKind {
+        self.kind
+    }
+
+    /// The reason text of the message.
+    #[must_use]
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+
+    /// The timeout of the failed call, if it had one.
+    #[must_use]
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    /// Whether the failure was a timeout (the lock or a connection stayed busy).
+    #[must_use]
+    pub fn is_timeout(&self) -> bool {
+        self.kind == AcquisitionErrorKind::Timeout
+    }
+}
+
+/// The original's reason text for a timeout: `Timeout after 0.2s`, `Timeout after 5.0s`.
+#[must_use]
+pub fn timeout_reason(timeout: Duration) -> String {
+    // `{:?}` on f64 prints like Python's `str(float)` for these values: 0.2, 5.0, 0.05.
+    format!("Timeout after {:?}s", timeout.as_secs_f64())
+}
+
+impl fmt::Display for LockAcquisitionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Failed to acquire lock '{}': {}", self.key, self.reason)
+    }
+}
+
+impl StdError for LockAcquisitionError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source.as_deref().map(|source| source as &(dyn StdError + 'static))
+    }
+}
+
+/// `release(key)` was called for a key this manager does not hold.
+///
+/// ```
+/// use locks_port::LockNotHeldError;
+///
+/// let error = LockNotHeldError::new("k");
+/// assert_eq!(error.to_string(), "Lock 'k' is not held by this session");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("Lock '{key}' is not held by this session")]
+pub struct LockNotHeldError {
+    key: String,
+}
+
+impl LockNotHeldError {
+    /// The error for `key`.
+    #[must_use]
+    pub fn new(key: impl Into<String>) -> Self {
+        Self { key: key.into() }
+    }
+
+    /// The key that was not held.
+    #[must_use]
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+/// Every lock failure, for callers that handle them in one place.
+///
+/// ```
+/// use locks_port::{LockError, LockNotHeldError};
+///
+/// fn classify(error: LockError) -> &'static str {
+///     match error {
+///         LockError::Acquisition(error) if error.is_timeout() => "busy",
+///         LockError::Acquisition(_) => "failed",
+///         LockError::NotHeld(_) => "not held",
+///         _ => "other",
+///     }
+/// }
+/// assert_eq!(classify(LockNotHeldError::new("k").into()), "not held");
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    /// A lock could not be acquired.
+    #[error(transparent)]
+    Acquisition(#[from] LockAcquisitionError),
+    /// A release named a key this manager does not hold.
+    #[error(transparent)]
+    NotHeld(#[from] LockNotHeldError),
+    /// Options that cannot be represented.
+    #[error(transparent)]
+    InvalidTimeout(#[from] crate::InvalidTimeoutError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_match_the_original() {
+        let cases = [
+            (Duration::from_millis(200), "Timeout after 0.2s"),
+            (Duration::from_secs(5), "Timeout after 5.0s"),
+            (Duration::from_millis(50), "Timeout after 0.05s"),
+            (Duration::ZERO, "Timeout after 0.0s"),
+        ];
+        for (timeout, reason) in cases {
+            let error = LockAcquisitionError::timed_out("k", timeout);
+            assert_eq!(error.reason(), reason);
+            assert_eq!(error.to_string(), format!("Failed to acquire lock 'k': {reason}"));
+            assert!(error.source().is_none());
+        }
+    }
+
+    #[test]
+    fn database_errors_keep_their_source() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        let error = LockAcquisitionError::database("k", AcquisitionErrorKind::ConnectionLost, io);
+        assert_eq!(error.to_string(), "Failed to acquire lock 'k': Database error: reset by peer");
+        let source = error.source().expect("source kept");
+        assert!(source.downcast_ref::<std::io::Error>().is_some());
+        let umbrella: LockError = error.into();
+        assert!(matches!(umbrella, LockError::Acquisition(_)));
+    }
+}

@@ -1,0 +1,184 @@
+//! How long and how to wait for a lock.
+
+use std::time::Duration;
+
+/// How a manager waits for a lock that someone else holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WaitStrategy {
+    /// Wait in the backend's own queue (for PostgreSQL: one `pg_advisory_lock` bounded
+    /// by `lock_timeout`). The waiter gets the lock the moment it is released, in the
+    /// order waiters arrived. The default.
+    #[default]
+    Queue,
+    /// The original library's strategy: try, sleep [`AcquireOptions::retry_interval`],
+    /// try again until the timeout. Slower to hand over (up to one interval late) and
+    /// unfair (a poller never joins the queue, so it can starve). Kept for comparison
+    /// and for backends without a queue.
+    Poll,
+}
+
+/// The options of one `acquire` call.
+///
+/// The default waits forever in the backend's queue. With a timeout, at least one
+/// attempt is always made, so [`Duration::ZERO`] means exactly one try.
+///
+/// ```
+/// use std::time::Duration;
+/// use locks_port::{AcquireOptions, WaitStrategy};
+///
+/// let forever = AcquireOptions::new();
+/// assert_eq!(forever.timeout(), None);
+///
+/// let bounded = AcquireOptions::new().with_timeout(Duration::from_millis(500));
+/// assert_eq!(bounded.timeout(), Some(Duration::from_millis(500)));
+///
+/// // From a float, as in the original's `timeout=0.5`; bad input is an error, not a panic.
+/// assert!(AcquireOptions::new().with_timeout_secs(0.5).is_ok());
+/// assert!(AcquireOptions::new().with_timeout_secs(f64::NAN).is_err());
+/// assert!(AcquireOptions::new().with_timeout_secs(-1.0).is_err());
+///
+/// let polling = bounded.with_wait_strategy(WaitStrategy::Poll);
+/// assert_eq!(polling.retry_interval(), Duration::from_millis(100));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AcquireOptions {
+    timeout: Option<Duration>,
+    retry_interval: Duration,
+    wait_strategy: WaitStrategy,
+}
+
+impl AcquireOptions {
+    /// The original's retry interval for [`WaitStrategy::Poll`]: 100 ms.
+    pub const DEFAULT_RETRY_INTERVAL: Duration = Duration::from_millis(100);
+
+    /// Wait forever, in the backend's queue.
+    #[must_use]
+    pub const fn new() -> Self {
+        Self {
+            timeout: None,
+            retry_interval: Self::DEFAULT_RETRY_INTERVAL,
+            wait_strategy: WaitStrategy::Queue,
+        }
+    }
+
+    /// Gives up after `timeout` (one attempt at least; zero means exactly one try).
+    #[must_use]
+    pub const fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Waits without a limit.
+    #[must_use]
+    pub const fn without_timeout(mut self) -> Self {
+        self.timeout = None;
+        self
+    }
+
+    /// Sets the timeout from seconds as a float, like the original's `timeout=0.5`.
+    ///
+    /// # Errors
+    /// [`InvalidTimeoutError`] when `seconds` is NaN, negative, infinite or too large
+    /// for a [`Duration`].
+    pub fn with_timeout_secs(self, seconds: f64) -> Result<Self, InvalidTimeoutError> {
+        let timeout = Duration::try_from_secs_f64(seconds)
+            .map_err(|error| InvalidTimeoutError { seconds, reason: error.to_string() })?;
+        Ok(self.with_timeout(timeout))
+    }
+
+    /// Sets the sleep between two tries of [`WaitStrategy::Poll`] (ignored by
+    /// [`WaitStrategy::Queue`]).
+    #[must_use]
+    pub const fn with_retry_interval(mut self, retry_interval: Duration) -> Self {
+        self.retry_interval = retry_interval;
+        self
+    }
+
+    /// Chooses how to wait.
+    #[must_use]
+    pub const fn with_wait_strategy(mut self, wait_strategy: WaitStrategy) -> Self {
+        self.wait_strategy = wait_strategy;
+        self
+    }
+
+    /// The timeout, `None` for waiting forever.
+    #[must_use]
+    pub const fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    /// The sleep between tries of [`WaitStrategy::Poll`].
+    #[must_use]
+    pub const fn retry_interval(&self) -> Duration {
+        self.retry_interval
+    }
+
+    /// How to wait.
+    #[must_use]
+    pub const fn wait_strategy(&self) -> WaitStrategy {
+        self.wait_strategy
+    }
+}
+
+impl Default for AcquireOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl From<Duration> for AcquireOptions {
+    /// A bounded wait in the backend's queue.
+    fn from(timeout: Duration) -> Self {
+        Self::new().with_timeout(timeout)
+    }
+}
+
+impl From<Option<Duration>> for AcquireOptions {
+    /// `None` waits forever; `Some` bounds the wait.
+    fn from(timeout: Option<Duration>) -> Self {
+        Self { timeout, ..Self::new() }
+    }
+}
+
+/// A timeout in seconds that no [`Duration`] can hold.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("invalid lock timeout {seconds} s: {reason}")]
+pub struct InvalidTimeoutError {
+    seconds: f64,
+    reason: String,
+}
+
+impl InvalidTimeoutError {
+    /// The rejected number of seconds.
+    #[must_use]
+    pub fn seconds(&self) -> f64 {
+        self.seconds
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn float_timeouts_are_checked_not_panicking() {
+        for bad in [f64::NAN, -0.1, f64::INFINITY, f64::NEG_INFINITY, 1e300] {
+            let error = AcquireOptions::new().with_timeout_secs(bad).unwrap_err();
+            assert!(error.to_string().starts_with("invalid lock timeout"), "{error}");
+        }
+        let zero = AcquireOptions::new().with_timeout_secs(0.0).unwrap();
+        assert_eq!(zero.timeout(), Some(Duration::ZERO));
+        let fifty = AcquireOptions::new().with_timeout_secs(0.05).unwrap();
+        assert_eq!(fifty.timeout(), Some(Duration::from_millis(50)));
+    }
+
+    #[test]
+    fn defaults_match_the_original() {
+        let options = AcquireOptions::default();
+        assert_eq!(options.timeout(), None);
+        assert_eq!(options.retry_interval(), Duration::from_millis(100));
+        assert_eq!(options.wait_strategy(), WaitStrategy::Queue);
+        assert_eq!(AcquireOptions::from(None), options);
+    }
+}
