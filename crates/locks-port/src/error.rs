@@ -56,8 +56,18 @@ pub struct LockAcquisitionError {
 impl LockAcquisitionError {
     /// A failure with the given kind and reason text.
     #[must_use]
-    pub fn new(key: impl Into<String>, kind: AcquisitionErrorKind, reason: impl Into<String>) -> Self {
-        Self { key: key.into(), kind, reason: reason.into(), timeout: None, source: None }
+    pub fn new(
+        key: impl Into<String>,
+        kind: AcquisitionErrorKind,
+        reason: impl Into<String>,
+    ) -> Self {
+        Self {
+            key: key.into(),
+            kind,
+            reason: reason.into(),
+            timeout: None,
+            source: None,
+        }
     }
 
     /// The lock stayed held by someone else for the whole `timeout`.
@@ -137,7 +147,9 @@ impl fmt::Display for LockAcquisitionError {
 
 impl StdError for LockAcquisitionError {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        self.source.as_deref().map(|source| source as &(dyn StdError + 'static))
+        self.source
+            .as_deref()
+            .map(|source| source as &(dyn StdError + 'static))
     }
 }
 
@@ -213,7 +225,10 @@ mod tests {
         for (timeout, reason) in cases {
             let error = LockAcquisitionError::timed_out("k", timeout);
             assert_eq!(error.reason(), reason);
-            assert_eq!(error.to_string(), format!("Failed to acquire lock 'k': {reason}"));
+            assert_eq!(
+                error.to_string(),
+                format!("Failed to acquire lock 'k': {reason}")
+            );
             assert!(error.source().is_none());
         }
     }
@@ -222,7 +237,10 @@ mod tests {
     fn database_errors_keep_their_source() {
         let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
         let error = LockAcquisitionError::database("k", AcquisitionErrorKind::ConnectionLost, io);
-        assert_eq!(error.to_string(), "Failed to acquire lock 'k': Database error: reset by peer");
+        assert_eq!(
+            error.to_string(),
+            "Failed to acquire lock 'k': Database error: reset by peer"
+        );
         let source = error.source().expect("source kept");
         assert!(source.downcast_ref::<std::io::Error>().is_some());
         let umbrella: LockError = error.into();

@@ -62,7 +62,8 @@ mod tests {
 
     #[test]
     fn acquired_at_is_normalised_to_utc() {
-        let local = OffsetDateTime::UNIX_EPOCH.to_offset(time::UtcOffset::from_hms(2, 0, 0).unwrap());
+        let local =
+            OffsetDateTime::UNIX_EPOCH.to_offset(time::UtcOffset::from_hms(2, 0, 0).unwrap());
         let info = LockInfo::new("k", 1, local, Some("w'1".into()));
         assert_eq!(info.acquired_at().offset(), time::UtcOffset::UTC);
         assert_eq!(info.acquired_at(), OffsetDateTime::UNIX_EPOCH);

@@ -10,9 +10,12 @@ mod options;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
-pub use error::{timeout_reason, AcquisitionErrorKind, BoxError, LockAcquisitionError, LockError, LockNotHeldError};
+pub use error::{
+    AcquisitionErrorKind, BoxError, LockAcquisitionError, LockError, LockNotHeldError,
+    timeout_reason,
+};
 pub use info::LockInfo;
-pub use key::{lock_id, migration_lock_key, KeyDerivation, DEFAULT_MIGRATION_OPERATION};
+pub use key::{DEFAULT_MIGRATION_OPERATION, KeyDerivation, lock_id, migration_lock_key};
 pub use lock::{DistributedLock, LockGuard, LockRegistry, ReleaseOutcome};
 pub use options::{AcquireOptions, InvalidTimeoutError, WaitStrategy};
 

@@ -82,8 +82,11 @@ impl AcquireOptions {
     /// [`InvalidTimeoutError`] when `seconds` is NaN, negative, infinite or too large
     /// for a [`Duration`].
     pub fn with_timeout_secs(self, seconds: f64) -> Result<Self, InvalidTimeoutError> {
-        let timeout = Duration::try_from_secs_f64(seconds)
-            .map_err(|error| InvalidTimeoutError { seconds, reason: error.to_string() })?;
+        let timeout =
+            Duration::try_from_secs_f64(seconds).map_err(|error| InvalidTimeoutError {
+                seconds,
+                reason: error.to_string(),
+            })?;
         Ok(self.with_timeout(timeout))
     }
 
@@ -137,7 +140,10 @@ impl From<Duration> for AcquireOptions {
 impl From<Option<Duration>> for AcquireOptions {
     /// `None` waits forever; `Some` bounds the wait.
     fn from(timeout: Option<Duration>) -> Self {
-        Self { timeout, ..Self::new() }
+        Self {
+            timeout,
+            ..Self::new()
+        }
     }
 }
 
@@ -165,7 +171,10 @@ mod tests {
     fn float_timeouts_are_checked_not_panicking() {
         for bad in [f64::NAN, -0.1, f64::INFINITY, f64::NEG_INFINITY, 1e300] {
             let error = AcquireOptions::new().with_timeout_secs(bad).unwrap_err();
-            assert!(error.to_string().starts_with("invalid lock timeout"), "{error}");
+            assert!(
+                error.to_string().starts_with("invalid lock timeout"),
+                "{error}"
+            );
         }
         let zero = AcquireOptions::new().with_timeout_secs(0.0).unwrap();
         assert_eq!(zero.timeout(), Some(Duration::ZERO));
