@@ -1,2 +1,19 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
+
+mod classify;
+mod connection;
+mod guard;
+mod manager;
+mod sql;
+mod telemetry;
+
+pub use guard::PostgresLockGuard;
+pub use manager::{KeyVisibility, PostgresLockManager, PostgresLockManagerBuilder};
+
+/// Re-exported so callers build the pool with the same versions as the manager.
+pub use deadpool_postgres;
+/// The port this adapter implements, re-exported so one dependency is enough.
+pub use locks_port;
+/// Re-exported so callers can inspect driver errors (`SqlState`, `Error::code`).
+pub use tokio_postgres;

@@ -1,0 +1,63 @@
+use std::time::Duration;
+
+use locks_port::{
+    AcquireOptions, AcquisitionErrorKind, DistributedLock, LockGuard, LockRegistry, ReleaseOutcome,
+};
+use locks_postgres::PostgresLockManager;
+
+use crate::support::{admin, holders, pool, unique_key};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_holds_on_the_server_and_release_frees() {
+    let manager = PostgresLockManager::builder(pool(4))
+        .holder_id("it-1")
+        .build();
+    let admin = admin().await;
+    let key = unique_key("basic");
+    let guard = manager
+        .acquire(&key, AcquireOptions::new())
+        .await
+        .expect("acquire");
+    assert_eq!(guard.info().key(), key);
+    assert_eq!(guard.info().lock_id(), locks_port::lock_id(&key));
+    assert_eq!(guard.info().holder_id(), Some("it-1"));
+    assert_eq!(holders(&admin, guard.info().lock_id()).await, 1);
+    assert!(manager.is_held(&key));
+    assert_eq!(manager.held_lock_count(), 1);
+    let id = guard.info().lock_id();
+    assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
+    assert_eq!(holders(&admin, id).await, 0);
+    assert!(!manager.is_held(&key));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bounded_wait_times_out_with_the_original_message() {
+    let holder = PostgresLockManager::new(pool(2));
+    let waiter = PostgresLockManager::new(pool(2));
+    let key = unique_key("timeout");
+    let _guard = holder
+        .acquire(&key, AcquireOptions::new())
+        .await
+        .expect("acquire");
+    let error = waiter
+        .acquire(
+            &key,
+            AcquireOptions::new().with_timeout(Duration::from_millis(200)),
+        )
+        .await
+        .expect_err("held elsewhere");
+    assert_eq!(error.kind(), AcquisitionErrorKind::Timeout);
+    assert_eq!(
+        error.to_string(),
+        format!("Failed to acquire lock '{key}': Timeout after 0.2s")
+    );
+    assert_eq!(waiter.held_lock_count(), 0);
+    assert!(
+        waiter
+            .try_acquire(&key)
+            .await
+            .expect("no db error")
+            .is_none()
+    );
+    assert_eq!(holder.release_all().await, 1);
+}

@@ -1,0 +1,4 @@
+//! Integration tests of the PostgreSQL manager, on a real server.
+
+mod basics;
+mod support;

@@ -1,0 +1,72 @@
+//! Shared set-up: a pool on the test server.
+
+use std::str::FromStr;
+
+use locks_postgres::deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use locks_postgres::tokio_postgres::{self, NoTls};
+
+/// The URL of the test server: `LOCKS_DATABASE_URL`, or a throwaway cluster started
+/// once for this test process.
+pub(crate) fn database_url() -> String {
+    std::env::var("LOCKS_DATABASE_URL").expect("LOCKS_DATABASE_URL")
+}
+
+/// A pool of `size` connections on the test server.
+pub(crate) fn pool(size: usize) -> Pool {
+    let config = tokio_postgres::Config::from_str(&database_url()).expect("a valid database URL");
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(size)
+        .runtime(Runtime::Tokio1)
+        .build()
+        .expect("pool")
+}
+
+/// A plain connection for inspecting the server (`pg_locks`, `pg_terminate_backend`).
+pub(crate) async fn admin() -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(&database_url(), NoTls)
+        .await
+        .expect("admin connection");
+    tokio::spawn(connection);
+    client
+}
+
+/// How many sessions hold (granted) the advisory lock `lock_id`.
+pub(crate) async fn holders(admin: &tokio_postgres::Client, lock_id: i64) -> i64 {
+    let bits = u64::from_be_bytes(lock_id.to_be_bytes());
+    let high = i64::try_from(bits >> 32).expect("32 bits");
+    let low = i64::try_from(bits & 0xFFFF_FFFF).expect("32 bits");
+    admin
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND objsubid = 1 AND classid::bigint = $1 AND objid::bigint = $2",
+            &[&high, &low],
+        )
+        .await
+        .expect("pg_locks")
+        .get(0)
+}
+
+/// A key no other test uses.
+pub(crate) fn unique_key(name: &str) -> String {
+    format!("it:{name}:{}", uuid_like())
+}
+
+fn uuid_like() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_nanos());
+    format!(
+        "{}-{nanos}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
