@@ -76,7 +76,8 @@ pub(crate) fn kind_name(kind: AcquisitionErrorKind) -> &'static str {
     }
 }
 
-/// Whole milliseconds, saturating.
-pub(crate) fn duration_ms(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+/// Whole milliseconds, saturating; signed because OpenTelemetry attributes have no
+/// unsigned integers (a `u64` would arrive as a string).
+pub(crate) fn duration_ms(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }

@@ -1,4 +1,5 @@
 //! Integration tests of the PostgreSQL manager, on a real server.
 
 mod basics;
+mod observability;
 mod support;

@@ -1,0 +1,158 @@
+//! The spans reach an OpenTelemetry pipeline with the database conventions, and key
+//! text stays out when asked.
+
+use std::time::Duration;
+
+use locks_port::{AcquireOptions, DistributedLock, LockGuard};
+use locks_postgres::{KeyVisibility, PostgresLockManager};
+use opentelemetry::trace::{SpanKind, Status, TracerProvider as _};
+use opentelemetry::{Key, Value};
+use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
+use tracing_subscriber::prelude::*;
+
+use crate::support::{pool, unique_key};
+
+/// Runs `body` with a subscriber that exports to memory; returns the finished spans.
+async fn exported<F: std::future::Future<Output = ()>>(body: F) -> Vec<SpanData> {
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("locks-it")));
+    let _default = tracing::subscriber::set_default(subscriber);
+    body.await;
+    provider.force_flush().expect("flush");
+    exporter.get_finished_spans().expect("spans")
+}
+
+fn attribute<'a>(span: &'a SpanData, key: &str) -> Option<&'a Value> {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key == Key::from(key.to_owned()))
+        .map(|kv| &kv.value)
+}
+
+fn string(span: &SpanData, key: &str) -> Option<String> {
+    attribute(span, key).map(Value::to_string)
+}
+
+#[tokio::test]
+async fn acquire_and_release_spans_carry_database_attributes() {
+    let manager = PostgresLockManager::new(pool(2));
+    let other = PostgresLockManager::new(pool(2));
+    let key = unique_key("otel");
+    let id = locks_port::lock_id(&key);
+    let spans = exported(async {
+        let guard = manager
+            .acquire(&key, AcquireOptions::new())
+            .await
+            .expect("acquire");
+        let error = other
+            .acquire(
+                &key,
+                AcquireOptions::new().with_timeout(Duration::from_millis(50)),
+            )
+            .await
+            .expect_err("held");
+        assert!(error.is_timeout());
+        guard.release().await;
+    })
+    .await;
+    let names: Vec<&str> = spans.iter().map(|span| span.name.as_ref()).collect();
+    assert_eq!(
+        names,
+        [
+            "eventsource.lock.acquire",
+            "eventsource.lock.acquire",
+            "eventsource.lock.release"
+        ],
+        "one span per acquire and per release"
+    );
+    for span in &spans {
+        assert_eq!(span.span_kind, SpanKind::Client);
+        assert_eq!(
+            string(span, "db.system.name").as_deref(),
+            Some("postgresql")
+        );
+        assert_eq!(attribute(span, "lock.id"), Some(&Value::I64(id)));
+        assert_eq!(string(span, "lock.key").as_deref(), Some(key.as_str()));
+    }
+    let granted = &spans[0];
+    assert_eq!(
+        string(granted, "db.operation.name").as_deref(),
+        Some("pg_advisory_lock")
+    );
+    assert_eq!(
+        attribute(granted, "lock.acquired"),
+        Some(&Value::Bool(true))
+    );
+    assert!(attribute(granted, "lock.wait_ms").is_some());
+    assert_eq!(attribute(granted, "db.response.status_code"), None);
+
+    let timed_out = &spans[1];
+    assert_eq!(
+        attribute(timed_out, "lock.acquired"),
+        Some(&Value::Bool(false))
+    );
+    assert_eq!(
+        string(timed_out, "db.response.status_code").as_deref(),
+        Some("55P03")
+    );
+    assert_eq!(string(timed_out, "error.type").as_deref(), Some("timeout"));
+    assert_eq!(
+        attribute(timed_out, "lock.timeout_ms"),
+        Some(&Value::I64(50))
+    );
+    assert!(
+        matches!(timed_out.status, Status::Error { .. }),
+        "{:?}",
+        timed_out.status
+    );
+
+    let released = &spans[2];
+    assert_eq!(
+        string(released, "db.operation.name").as_deref(),
+        Some("pg_advisory_unlock")
+    );
+    assert_eq!(
+        attribute(released, "lock.released"),
+        Some(&Value::Bool(true))
+    );
+}
+
+#[tokio::test]
+async fn hidden_keys_stay_out_of_spans() {
+    let manager = PostgresLockManager::builder(pool(1))
+        .key_visibility(KeyVisibility::Hidden)
+        .build();
+    let key = unique_key("tenant-secret");
+    let spans = exported(async {
+        let guard = manager
+            .acquire(&key, AcquireOptions::new())
+            .await
+            .expect("acquire");
+        guard.release().await;
+    })
+    .await;
+    assert_eq!(spans.len(), 2);
+    for span in &spans {
+        assert_eq!(
+            attribute(span, "lock.key"),
+            None,
+            "key text leaked into {}",
+            span.name
+        );
+        assert!(
+            span.attributes
+                .iter()
+                .all(|kv| !kv.value.to_string().contains(&key)),
+            "key text leaked into an attribute of {}",
+            span.name
+        );
+        assert_eq!(
+            attribute(span, "lock.id"),
+            Some(&Value::I64(locks_port::lock_id(&key)))
+        );
+    }
+}
