@@ -1,0 +1,324 @@
+//! A guided tour of the PostgreSQL lock manager against a real server.
+//!
+//! Run it with `cargo xtask demo` (which starts a throwaway PostgreSQL when no
+//! `LOCKS_DATABASE_URL` is set), or directly:
+//! `cargo run -p locks-postgres --example demo -- --url postgres://...`.
+//!
+//! It shows, with timestamps: two instances contending on one key, the waiter getting
+//! the lock the moment it is released; a bounded wait timing out with its error text;
+//! a process holding a lock killed with SIGKILL and the lock freed by the server; a
+//! dropped wait leaving nothing behind.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use locks_postgres::PostgresLockManager;
+use locks_postgres::deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use locks_postgres::locks_port::{AcquireOptions, DistributedLock, LockGuard};
+use locks_postgres::tokio_postgres::{self, NoTls};
+use time::OffsetDateTime;
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+struct Clock(Instant);
+
+impl Clock {
+    fn say(&self, who: &str, what: impl std::fmt::Display) {
+        let now = OffsetDateTime::now_utc();
+        println!(
+            "{:02}:{:02}:{:02}.{:03} UTC  +{:>7.1} ms  {who:<11} {what}",
+            now.hour(),
+            now.minute(),
+            now.second(),
+            now.millisecond(),
+            self.0.elapsed().as_secs_f64() * 1000.0,
+        );
+    }
+}
+
+fn pool(url: &str, size: usize) -> Result<Pool, Error> {
+    let config = tokio_postgres::Config::from_str(url)?;
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Ok(Pool::builder(manager)
+        .max_size(size)
+        .runtime(Runtime::Tokio1)
+        .build()?)
+}
+
+fn instance(url: &str, name: &str) -> Result<PostgresLockManager, Error> {
+    Ok(PostgresLockManager::builder(pool(url, 2)?)
+        .holder_id(name)
+        .build())
+}
+
+/// Sessions holding (`granted`) or waiting for the advisory lock of `key`.
+async fn lock_rows(admin: &tokio_postgres::Client, key: &str) -> Result<(i64, i64), Error> {
+    let bits = u64::from_be_bytes(locks_port_lock_id(key).to_be_bytes());
+    let (high, low) = (
+        i64::try_from(bits >> 32)?,
+        i64::try_from(bits & 0xFFFF_FFFF)?,
+    );
+    let row = admin
+        .query_one(
+            "SELECT count(*) FILTER (WHERE granted), count(*) FILTER (WHERE NOT granted) \
+             FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
+             AND classid::bigint = $1 AND objid::bigint = $2",
+            &[&high, &low],
+        )
+        .await?;
+    Ok((row.get(0), row.get(1)))
+}
+
+fn locks_port_lock_id(key: &str) -> i64 {
+    locks_postgres::locks_port::lock_id(key)
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    let args: Vec<String> = std::env::args().collect();
+    let flag = |name: &str| {
+        args.iter()
+            .position(|arg| arg == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let url = flag("--url")
+        .or_else(|| std::env::var("LOCKS_DATABASE_URL").ok())
+        .ok_or("pass --url postgres://... or set LOCKS_DATABASE_URL (cargo xtask demo does it for you)")?;
+    if let Some(key) = flag("--hold") {
+        return hold_until_killed(&url, &key).await;
+    }
+    let (admin, connection) = tokio_postgres::connect(&url, NoTls).await?;
+    tokio::spawn(connection);
+    let version: String = admin.query_one("SHOW server_version", &[]).await?.get(0);
+    println!("PostgreSQL {version} at {}\n", redact(&url));
+
+    let clock = Clock(Instant::now());
+    contention(&url, &clock).await?;
+    bounded_wait(&url, &clock).await?;
+    killed_holder(&url, &admin, &clock).await?;
+    dropped_wait(&url, &admin, &clock).await?;
+    println!("\nDone: every lock of this demo is released.");
+    Ok(())
+}
+
+async fn contention(url: &str, clock: &Clock) -> Result<(), Error> {
+    println!("1. Two instances contend on one key; the waiter gets it the moment it is released");
+    let key = "demo:cutover:tenant-123";
+    let a = instance(url, "instance-a")?;
+    let b = instance(url, "instance-b")?;
+    let held = a.acquire(key, AcquireOptions::new()).await?;
+    clock.say(
+        "instance-a",
+        format_args!("acquired '{key}' (lock id {})", held.info().lock_id()),
+    );
+    let waiter = tokio::spawn({
+        let b = b.clone();
+        async move {
+            let guard = b
+                .acquire(
+                    key,
+                    AcquireOptions::new().with_timeout(Duration::from_secs(10)),
+                )
+                .await;
+            (Instant::now(), guard)
+        }
+    });
+    clock.say("instance-b", "waiting in the server's queue (timeout 10 s)");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    clock.say("instance-a", "releasing");
+    let released_at = Instant::now();
+    held.release().await;
+    let (granted_at, guard) = waiter.await?;
+    let guard = guard?;
+    clock.say(
+        "instance-b",
+        format_args!(
+            "acquired '{key}' {:.2} ms after the release call began",
+            granted_at.duration_since(released_at).as_secs_f64() * 1000.0
+        ),
+    );
+    guard.release().await;
+    println!();
+    Ok(())
+}
+
+async fn bounded_wait(url: &str, clock: &Clock) -> Result<(), Error> {
+    println!("2. A bounded wait times out with a clear error");
+    let key = "demo:report:nightly";
+    let a = instance(url, "instance-a")?;
+    let b = instance(url, "instance-b")?;
+    let held = a.acquire(key, AcquireOptions::new()).await?;
+    clock.say("instance-a", format_args!("acquired '{key}'"));
+    clock.say("instance-b", "acquire with timeout 0.3 s");
+    match b
+        .acquire(
+            key,
+            AcquireOptions::new().with_timeout(Duration::from_millis(300)),
+        )
+        .await
+    {
+        Ok(_) => return Err("the bounded wait should have timed out".into()),
+        Err(error) => clock.say(
+            "instance-b",
+            format_args!("error: {error} (kind {:?})", error.kind()),
+        ),
+    }
+    held.release().await;
+    println!();
+    Ok(())
+}
+
+async fn killed_holder(
+    url: &str,
+    admin: &tokio_postgres::Client,
+    clock: &Clock,
+) -> Result<(), Error> {
+    println!("3. A process holding a lock is killed (SIGKILL); the server frees the lock");
+    let key = "demo:singleton-job";
+    let mut child = Command::new(std::env::current_exe()?)
+        .args(["--url", url, "--hold", key])
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().ok_or("no child stdout")?).read_line(&mut line)?;
+    clock.say(
+        "process",
+        format_args!("pid {} {}", child.id(), line.trim()),
+    );
+    let b = instance(url, "instance-b")?;
+    let busy = b.try_acquire(key).await?;
+    clock.say(
+        "instance-b",
+        format_args!(
+            "try_acquire: {}",
+            if busy.is_some() {
+                "acquired (unexpected)"
+            } else {
+                "held elsewhere"
+            }
+        ),
+    );
+    drop(busy);
+    let (granted, _) = lock_rows(admin, key).await?;
+    clock.say("pg_locks", format_args!("{granted} session holds '{key}'"));
+    child.kill()?;
+    let killed_at = Instant::now();
+    child.wait()?;
+    clock.say("process", "killed with SIGKILL");
+    let guard = b
+        .acquire(
+            key,
+            AcquireOptions::new().with_timeout(Duration::from_secs(10)),
+        )
+        .await?;
+    clock.say(
+        "instance-b",
+        format_args!(
+            "acquired '{key}' {:.1} ms after the kill",
+            killed_at.elapsed().as_secs_f64() * 1000.0
+        ),
+    );
+    guard.release().await;
+    println!();
+    Ok(())
+}
+
+async fn dropped_wait(
+    url: &str,
+    admin: &tokio_postgres::Client,
+    clock: &Clock,
+) -> Result<(), Error> {
+    println!("4. A dropped wait leaves nothing behind");
+    let key = "demo:tenant-456";
+    let a = instance(url, "instance-a")?;
+    let b = instance(url, "instance-b")?;
+    let held = a.acquire(key, AcquireOptions::new()).await?;
+    clock.say("instance-a", format_args!("acquired '{key}'"));
+    let outcome = tokio::time::timeout(
+        Duration::from_millis(300),
+        b.acquire(key, AcquireOptions::new()),
+    )
+    .await;
+    clock.say(
+        "instance-b",
+        format_args!(
+            "acquire (no timeout) dropped by its caller after 300 ms: {}",
+            if outcome.is_err() {
+                "future dropped"
+            } else {
+                "unexpected result"
+            }
+        ),
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (granted, waiting) = lock_rows(admin, key).await?;
+    clock.say(
+        "pg_locks",
+        format_args!("{granted} holding, {waiting} waiting (the dropped waiter left the queue)"),
+    );
+    held.release().await;
+    clock.say("instance-a", "released");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (granted, waiting) = lock_rows(admin, key).await?;
+    clock.say(
+        "pg_locks",
+        format_args!("{granted} holding, {waiting} waiting: nobody got the lock behind our back"),
+    );
+    let status = b.pool().status();
+    clock.say(
+        "instance-b",
+        format_args!(
+            "pool: {} of {} connections open, {} idle",
+            status.size, status.max_size, status.available
+        ),
+    );
+    let guard = b
+        .acquire(
+            key,
+            AcquireOptions::new().with_timeout(Duration::from_secs(5)),
+        )
+        .await?;
+    clock.say(
+        "instance-b",
+        format_args!("acquired '{key}' normally; held locks: {}", b.is_held(key)),
+    );
+    guard.release().await;
+    Ok(())
+}
+
+/// The child role of section 3: take the lock, say so, and wait to be killed.
+async fn hold_until_killed(url: &str, key: &str) -> Result<(), Error> {
+    let manager = instance(url, "doomed-process")?;
+    let guard = manager.acquire(key, AcquireOptions::new()).await?;
+    println!("holds '{key}' (lock id {})", guard.info().lock_id());
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    drop(guard);
+    Ok(())
+}
+
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let credentials = &url[scheme + 3..at];
+            match credentials.find(':') {
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &url[..scheme + 3],
+                    &credentials[..colon],
+                    &url[at..]
+                ),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
