@@ -165,6 +165,17 @@ impl fmt::Debug for PostgresLockManager {
     }
 }
 
+/// How long a checkout may wait for a free pool slot.
+#[derive(Clone, Copy)]
+enum PoolWait {
+    /// As long as it takes (an acquire without timeout).
+    Forever,
+    /// Until the acquisition's deadline.
+    Until(Instant, Duration),
+    /// Not at all (`try_acquire` never waits).
+    No,
+}
+
 /// How an acquisition attempt ends before the bookkeeping.
 type Attempt = Result<Session, LockAcquisitionError>;
 
@@ -277,31 +288,27 @@ impl Inner {
         .await
     }
 
-    /// Checks a connection out. Waiting for a free slot counts against `deadline`;
+    /// Checks a connection out. Waiting for a free slot counts against the deadline;
     /// opening a new connection when the pool has room is bounded by the pool's own
     /// timeouts, so a zero timeout still makes its one attempt on a cold pool.
-    async fn checkout(&self, key: &str, deadline: Option<(Instant, Duration)>) -> Attempt {
+    async fn checkout(&self, key: &str, wait: PoolWait) -> Attempt {
         let mut no_wait = self.pool.timeouts();
         no_wait.wait = Some(Duration::ZERO);
         let checked_out = match self.pool.timeout_get(&no_wait).await {
-            Err(PoolError::Timeout(TimeoutType::Wait)) => match deadline {
-                None => self.pool.get().await,
-                Some((deadline, timeout)) => {
+            Err(PoolError::Timeout(TimeoutType::Wait)) => match wait {
+                PoolWait::Forever => self.pool.get().await,
+                PoolWait::No => {
+                    return Err(self.pool_exhausted(key, "no pool connection was free", None));
+                }
+                PoolWait::Until(deadline, timeout) => {
                     match tokio::time::timeout_at(deadline, self.pool.get()).await {
                         Ok(result) => result,
                         Err(_elapsed) => {
-                            let status = self.pool.status();
-                            return Err(LockAcquisitionError::new(
-                                key,
-                                AcquisitionErrorKind::PoolUnavailable,
-                                format!(
-                                    "{} waiting for a pool connection (all {} in use; \
-                                     each held lock keeps one)",
-                                    timeout_reason(timeout),
-                                    status.max_size
-                                ),
-                            )
-                            .with_timeout(timeout));
+                            let reason = format!(
+                                "{} waiting for a pool connection",
+                                timeout_reason(timeout)
+                            );
+                            return Err(self.pool_exhausted(key, &reason, Some(timeout)));
                         }
                     }
                 }
@@ -311,11 +318,28 @@ impl Inner {
         checked_out.map(Session::new).map_err(|error| {
             let kind = pool_kind(&error);
             let error = LockAcquisitionError::database(key, kind, error);
-            match deadline {
-                Some((_, timeout)) => error.with_timeout(timeout),
-                None => error,
+            match wait {
+                PoolWait::Until(_, timeout) => error.with_timeout(timeout),
+                PoolWait::Forever | PoolWait::No => error,
             }
         })
+    }
+
+    fn pool_exhausted(
+        &self,
+        key: &str,
+        what: &str,
+        timeout: Option<Duration>,
+    ) -> LockAcquisitionError {
+        let reason = format!(
+            "{what} (all {} in use; each held lock keeps one)",
+            self.pool.status().max_size
+        );
+        let error = LockAcquisitionError::new(key, AcquisitionErrorKind::PoolUnavailable, reason);
+        match timeout {
+            Some(timeout) => error.with_timeout(timeout),
+            None => error,
+        }
     }
 
     /// One `pg_try_advisory_lock`: the session when granted, `None` when held
@@ -368,7 +392,10 @@ impl Inner {
         let deadline = options
             .timeout()
             .map(|timeout| (started + timeout, timeout));
-        let session = self.checkout(key, deadline).await?;
+        let wait = deadline.map_or(PoolWait::Forever, |(deadline, timeout)| {
+            PoolWait::Until(deadline, timeout)
+        });
+        let session = self.checkout(key, wait).await?;
         let Some((deadline, timeout)) = deadline else {
             return self.wait_in_queue(key, lock_id, session, None).await;
         };
@@ -452,7 +479,9 @@ impl Inner {
                         return Err(LockAcquisitionError::timed_out(key, timeout));
                     }
                     // lock_timeout fired early (it is capped at ~24.8 days): wait again.
-                    session = self.checkout(key, Some((deadline, timeout))).await?;
+                    session = self
+                        .checkout(key, PoolWait::Until(deadline, timeout))
+                        .await?;
                 }
                 _ => return Err(self.wait_error(key, deadline, error)),
             }
@@ -561,8 +590,8 @@ impl DistributedLock for PostgresLockManager {
 
     /// One `pg_try_advisory_lock`; `Ok(None)` when the lock is held elsewhere.
     ///
-    /// It never waits for the lock; getting a connection waits as the pool is
-    /// configured to.
+    /// It never waits: not for the lock, and not for a pool connection either — when
+    /// every connection is in use it fails at once with kind `PoolUnavailable`.
     ///
     /// # Errors
     /// A database failure as [`LockAcquisitionError`] (reason `Database error: …`,
@@ -579,7 +608,7 @@ impl DistributedLock for PostgresLockManager {
         let span = acquire_span(inner.shown(key), lock_id, "pg_try_advisory_lock", None);
         let started = Instant::now();
         let attempt = async {
-            let session = inner.checkout(key, None).await?;
+            let session = inner.checkout(key, PoolWait::No).await?;
             inner.try_once(key, lock_id, session).await
         }
         .instrument(span.clone())

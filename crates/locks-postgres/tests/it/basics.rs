@@ -61,3 +61,31 @@ async fn bounded_wait_times_out_with_the_original_message() {
     );
     assert_eq!(holder.release_all().await, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_acquire_on_an_exhausted_pool_fails_at_once_instead_of_waiting() {
+    let manager = PostgresLockManager::new(pool(1));
+    let first = unique_key("exhausted-a");
+    let second = unique_key("exhausted-b");
+    let guard = manager
+        .acquire(&first, AcquireOptions::new())
+        .await
+        .expect("acquire");
+    let error = tokio::time::timeout(Duration::from_secs(10), manager.try_acquire(&second))
+        .await
+        .expect("try_acquire must not wait for a connection")
+        .expect_err("no connection is free");
+    assert_eq!(error.kind(), AcquisitionErrorKind::PoolUnavailable);
+    assert!(
+        error.reason().contains("no pool connection was free"),
+        "{error}"
+    );
+    assert!(!manager.is_held(&second));
+    guard.release().await;
+    let guard = manager
+        .try_acquire(&second)
+        .await
+        .expect("no error")
+        .expect("free again");
+    assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
+}
