@@ -8,7 +8,9 @@ use locks_postgres::tokio_postgres::{self, NoTls};
 /// The URL of the test server: `LOCKS_DATABASE_URL`, or a throwaway cluster started
 /// once for this test process.
 pub(crate) fn database_url() -> String {
-    std::env::var("LOCKS_DATABASE_URL").expect("LOCKS_DATABASE_URL")
+    throwaway_pg::database_url().unwrap_or_else(|error| {
+        panic!("no PostgreSQL for the tests: set LOCKS_DATABASE_URL or install PostgreSQL: {error}")
+    })
 }
 
 /// A pool of `size` connections on the test server.
