@@ -43,8 +43,10 @@ impl Session {
             .as_ref()
             .expect("a session holds its connection until it is consumed");
         self.in_flight = true;
-        let messages = object.simple_query(sql).await?;
+        // Reached only when the statement finished (answer or error): no cancel needed.
+        let messages = object.simple_query(sql).await;
         self.in_flight = false;
+        let messages = messages?;
         let value = messages.iter().find_map(|message| match message {
             SimpleQueryMessage::Row(row) => Some(row.get(0).map(str::to_owned)),
             _ => None,

@@ -89,3 +89,45 @@ async fn try_acquire_on_an_exhausted_pool_fails_at_once_instead_of_waiting() {
         .expect("free again");
     assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aborting_the_holding_task_releases_the_lock() {
+    let holder = PostgresLockManager::new(pool(2));
+    let other = PostgresLockManager::new(pool(2));
+    let admin = admin().await;
+    let key = unique_key("aborted-holder");
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn({
+        let holder = holder.clone();
+        let key = key.clone();
+        async move {
+            let _guard = holder
+                .acquire(&key, AcquireOptions::new())
+                .await
+                .expect("acquire");
+            held_tx.send(()).expect("test is listening");
+            std::future::pending::<()>().await;
+        }
+    });
+    held_rx.await.expect("the task took the lock");
+    assert!(
+        other
+            .try_acquire(&key)
+            .await
+            .expect("no db error")
+            .is_none()
+    );
+    task.abort();
+    assert!(task.await.expect_err("aborted").is_cancelled());
+    // The guard's drop spawns the unlock; the other manager then gets the lock.
+    let guard = other
+        .acquire(
+            &key,
+            AcquireOptions::new().with_timeout(Duration::from_secs(5)),
+        )
+        .await
+        .expect("released after the holding task was cancelled");
+    assert_eq!(holder.held_lock_count(), 0);
+    assert_eq!(holders(&admin, guard.info().lock_id()).await, 1);
+    guard.release().await;
+}
