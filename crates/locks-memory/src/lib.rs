@@ -1,2 +1,13 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
+
+mod guard;
+mod manager;
+mod table;
+
+pub use guard::InMemoryLockGuard;
+pub use manager::{InMemoryLockManager, InMemoryLockManagerBuilder};
+pub use table::InMemoryLockTable;
+
+/// Re-exported so callers name the same port version (traits, options, errors).
+pub use locks_port;
