@@ -1,1 +1,90 @@
-fn main() {}
+//! `cargo xtask <task>`: project automation, in Rust so it runs wherever cargo does.
+//!
+//! One module per task; arguments are parsed by hand to keep dependencies few. Every task that
+//! needs PostgreSQL goes through [`pg::with_database`]: the server named by
+//! `LOCKS_DATABASE_URL`, or a throwaway cluster that is stopped when the task ends.
+
+mod bench;
+mod demo;
+mod pg;
+mod test;
+
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+
+/// What every task returns; the message is printed as `xtask: error: …`.
+type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+const HELP: &str = "\
+usage: cargo xtask <task> [args]
+
+tasks:
+  test [-- <cargo test args>]   every test (unit, integration, examples, doctests) against
+                                $LOCKS_DATABASE_URL, or a throwaway PostgreSQL started for the run
+  demo [args]                   the lock demo, on $LOCKS_DATABASE_URL or a throwaway PostgreSQL
+  bench [args]                  the lock benchmarks, likewise
+  pg start                      start a throwaway PostgreSQL and leave it running; prints its URL
+  pg status [dir]               whether it (or the cluster in <dir>) is running
+  pg stop [dir]                 stop it (or the cluster in <dir>) and remove its folder
+";
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    let task = args.next();
+    let rest: Vec<String> = args.collect();
+    let result = match task.as_deref() {
+        Some("test") => test::run(&rest),
+        Some("demo") => demo::run(&rest),
+        Some("bench") => bench::run(&rest),
+        Some("pg") => pg::run(&rest),
+        Some("help" | "-h" | "--help") => {
+            print!("{HELP}");
+            Ok(())
+        }
+        None => Err(format!("no task given\n\n{HELP}").into()),
+        Some(other) => Err(format!("unknown task `{other}`\n\n{HELP}").into()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("xtask: error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The workspace root: the parent of this crate's folder.
+fn workspace_root() -> PathBuf {
+    let manifest_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest_dir
+        .parent()
+        .map_or_else(|| manifest_dir.clone(), PathBuf::from)
+}
+
+/// `$CARGO` (the cargo that runs us), else `cargo`, run from the workspace root.
+fn cargo() -> Command {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = Command::new(cargo);
+    command.current_dir(workspace_root());
+    command
+}
+
+/// The command line, for messages.
+fn display(command: &Command) -> String {
+    std::iter::once(command.get_program())
+        .chain(command.get_args())
+        .map(|arg| arg.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_workspace_root_holds_the_workspace_manifest() {
+        let manifest = std::fs::read_to_string(workspace_root().join("Cargo.toml")).unwrap();
+        assert!(manifest.contains("[workspace]"));
+    }
+}

@@ -1,0 +1,92 @@
+//! `cargo xtask test [-- <cargo test args>]`: every test, against one PostgreSQL server.
+//!
+//! Runs `cargo test --workspace --all-targets` and then `cargo test --workspace --doc` (the
+//! first does not run doctests), both with `LOCKS_DATABASE_URL` set, so every test binary
+//! shares one server instead of starting its own. Both run even if the first fails; the task
+//! fails if either does. The throwaway server, if one was started, is stopped in every case
+//! (on Ctrl-C by its watchdog).
+
+use crate::pg::{DATABASE_URL_ENV, with_database};
+use crate::{cargo, display};
+
+const HELP: &str = "\
+usage: cargo xtask test [-- <cargo test args>]
+
+Runs `cargo test --workspace --all-targets`, then `cargo test --workspace --doc`, with
+LOCKS_DATABASE_URL set: to its current value if set, else to a throwaway PostgreSQL started for
+the run and stopped after it. Arguments after `--` go to both cargo commands, e.g.
+`cargo xtask test -- -- --nocapture`.
+";
+
+/// Runs the tests.
+pub(crate) fn run(args: &[String]) -> crate::Result {
+    let Some(extra) = parse(args)? else {
+        print!("{HELP}");
+        return Ok(());
+    };
+    with_database(|url| {
+        let mut failed = Vec::new();
+        for step in [
+            ["test", "--workspace", "--all-targets"],
+            ["test", "--workspace", "--doc"],
+        ] {
+            let mut command = cargo();
+            command.args(step).args(extra).env(DATABASE_URL_ENV, url);
+            let line = display(&command);
+            eprintln!("xtask: running `{line}`");
+            let status = command
+                .status()
+                .map_err(|error| format!("could not run `{line}`: {error}"))?;
+            if !status.success() {
+                failed.push(line);
+            }
+        }
+        if failed.is_empty() {
+            eprintln!("xtask: all tests passed");
+            Ok(())
+        } else {
+            Err(format!("tests failed: `{}`", failed.join("`, `")).into())
+        }
+    })
+}
+
+/// The arguments for cargo (those after `--`), or `None` for help.
+fn parse(args: &[String]) -> Result<Option<&[String]>, String> {
+    match args.split_first() {
+        None => Ok(Some(&[])),
+        Some((first, rest)) if first == "--" => Ok(Some(rest)),
+        Some((first, _)) if first == "-h" || first == "--help" => Ok(None),
+        Some((first, _)) => Err(format!(
+            "unexpected argument `{first}`; put arguments for cargo test after `--`\n\n{HELP}"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(args: &[&str]) -> Vec<String> {
+        args.iter().map(|arg| (*arg).to_owned()).collect()
+    }
+
+    #[test]
+    fn arguments_after_the_separator_go_to_cargo() {
+        let args = strings(&["--", "-p", "locks-port", "--", "--nocapture"]);
+        assert_eq!(
+            parse(&args).unwrap().unwrap(),
+            ["-p", "locks-port", "--", "--nocapture"]
+        );
+        assert_eq!(parse(&[]).unwrap().unwrap(), [] as [String; 0]);
+    }
+
+    #[test]
+    fn other_arguments_are_refused_and_help_is_help() {
+        assert!(
+            parse(&strings(&["--quick"]))
+                .unwrap_err()
+                .contains("--quick")
+        );
+        assert_eq!(parse(&strings(&["--help"])).unwrap(), None);
+    }
+}
