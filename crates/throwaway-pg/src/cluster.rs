@@ -168,6 +168,12 @@ impl ThrowawayPostgres {
         let not_ours = || Error::NotAThrowawayCluster {
             dir: dir.as_ref().to_path_buf(),
         };
+        if !root.is_dir() {
+            return Err(Error::io(
+                format!("open the cluster folder {}", root.display()),
+                io::Error::new(io::ErrorKind::NotFound, "no such folder"),
+            ));
+        }
         let marker = fs::read_to_string(root.join(MARKER_FILE)).map_err(|_| not_ours())?;
         let port = marker
             .lines()
