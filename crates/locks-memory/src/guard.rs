@@ -1,0 +1,83 @@
+//! The guard of a lock held through an [`InMemoryLockManager`](crate::InMemoryLockManager).
+
+use std::fmt;
+use std::sync::Arc;
+
+use locks_port::{LockGuard, LockInfo, ReleaseOutcome};
+
+use crate::manager::ManagerInner;
+
+/// A lock held through an [`InMemoryLockManager`](crate::InMemoryLockManager).
+///
+/// Dropping it releases the lock at once, synchronously: no runtime is needed, so a
+/// guard may be dropped anywhere, after its runtime is gone included.
+/// [`release`](LockGuard::release) does the same and reports
+/// [`ReleaseOutcome::Unlocked`], or [`ReleaseOutcome::AlreadyReleased`] when
+/// `release(key)` or `release_all` got there first. A guard only ever releases the
+/// acquisition it came from, never a later acquisition of the same key.
+#[must_use = "dropping the guard releases the lock at once"]
+pub struct InMemoryLockGuard {
+    manager: Arc<ManagerInner>,
+    token: u64,
+    info: LockInfo,
+    /// False once the lock was released or handed to the manager.
+    armed: bool,
+}
+
+impl InMemoryLockGuard {
+    pub(crate) fn new(manager: Arc<ManagerInner>, token: u64, info: LockInfo) -> Self {
+        Self {
+            manager,
+            token,
+            info,
+            armed: true,
+        }
+    }
+
+    fn release_now(&mut self) -> ReleaseOutcome {
+        if std::mem::replace(&mut self.armed, false)
+            && self.manager.release_token(self.info.key(), self.token)
+        {
+            ReleaseOutcome::Unlocked
+        } else {
+            ReleaseOutcome::AlreadyReleased
+        }
+    }
+}
+
+impl LockGuard for InMemoryLockGuard {
+    fn info(&self) -> &LockInfo {
+        &self.info
+    }
+
+    /// Releases the lock now and reports how.
+    ///
+    /// # Cancel safety
+    /// The release happens on the first poll, without waiting; a future dropped
+    /// before it is polled drops the guard, which releases the lock too.
+    async fn release(mut self) -> ReleaseOutcome {
+        self.release_now()
+    }
+
+    fn into_held(mut self) -> LockInfo {
+        self.armed = false;
+        self.info.clone()
+    }
+}
+
+impl Drop for InMemoryLockGuard {
+    fn drop(&mut self) {
+        self.release_now();
+    }
+}
+
+impl fmt::Debug for InMemoryLockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InMemoryLockGuard")
+            .field("key", &self.info.key())
+            .field("lock_id", &self.info.lock_id())
+            .field("token", &self.token)
+            .field("armed", &self.armed)
+            .finish()
+    }
+}

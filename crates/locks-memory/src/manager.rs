@@ -1,0 +1,364 @@
+//! The manager: per-manager bookkeeping over a shared [`InMemoryLockTable`].
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use locks_port::{
+    AcquireOptions, AcquisitionErrorKind, DistributedLock, LockAcquisitionError, LockInfo,
+    LockNotHeldError, LockRegistry, WaitStrategy,
+};
+use time::OffsetDateTime;
+use tokio::sync::TryAcquireError;
+
+use crate::guard::InMemoryLockGuard;
+use crate::table::{HeldPermit, InMemoryLockTable, Slot};
+
+/// The shortest sleep between two tries of [`WaitStrategy::Poll`].
+const MIN_RETRY_INTERVAL: Duration = Duration::from_millis(1);
+
+/// A single-process lock manager with the contract of the PostgreSQL one.
+///
+/// Managers on one [`InMemoryLockTable`] contend like processes on one database; each
+/// manager has its own bookkeeping (`is_held`, `held_lock_count`, `release`,
+/// `release_all` answer for it alone). Cloning a manager shares it, bookkeeping
+/// included, like cloning an `Arc`.
+///
+/// Waiters on a lock are served first-come first-served, and a released lock goes to
+/// the first waiter directly: a [`try_acquire`](DistributedLock::try_acquire) cannot
+/// take it from under a queue.
+///
+/// # Runtime
+/// `acquire` with a timeout and the [`WaitStrategy::Poll`] strategy use Tokio's timer
+/// (a Tokio runtime with time enabled). Everything else, dropping a guard included,
+/// needs no runtime.
+#[derive(Clone)]
+pub struct InMemoryLockManager {
+    pub(crate) inner: Arc<ManagerInner>,
+}
+
+pub(crate) struct ManagerInner {
+    table: InMemoryLockTable,
+    holder_id: Option<String>,
+    next_token: AtomicU64,
+    held: Mutex<HashMap<String, Held>>,
+}
+
+/// One lock this manager holds.
+struct Held {
+    /// Which acquisition this is: a guard only releases the acquisition it came from.
+    token: u64,
+    /// Dropping it releases the lock.
+    _permit: HeldPermit,
+}
+
+/// Builds an [`InMemoryLockManager`].
+///
+/// ```
+/// use locks_memory::{InMemoryLockManager, InMemoryLockTable};
+///
+/// let table = InMemoryLockTable::new();
+/// let manager = InMemoryLockManager::builder()
+///     .table(&table)
+///     .holder_id("worker-1")
+///     .build();
+/// assert_eq!(manager.holder_id(), Some("worker-1"));
+/// ```
+#[derive(Debug, Default)]
+#[must_use]
+pub struct InMemoryLockManagerBuilder {
+    table: Option<InMemoryLockTable>,
+    holder_id: Option<String>,
+}
+
+impl InMemoryLockManagerBuilder {
+    /// Shares `table` with other managers (default: a fresh table of its own).
+    pub fn table(mut self, table: &InMemoryLockTable) -> Self {
+        self.table = Some(table.clone());
+        self
+    }
+
+    /// The label put in every [`LockInfo`] this manager hands out.
+    pub fn holder_id(mut self, holder_id: impl Into<String>) -> Self {
+        self.holder_id = Some(holder_id.into());
+        self
+    }
+
+    /// The manager.
+    #[must_use]
+    pub fn build(self) -> InMemoryLockManager {
+        InMemoryLockManager {
+            inner: Arc::new(ManagerInner {
+                table: self.table.unwrap_or_default(),
+                holder_id: self.holder_id,
+                next_token: AtomicU64::new(0),
+                held: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+}
+
+impl InMemoryLockManager {
+    /// A manager on a fresh table of its own, without a holder id.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// A manager on a fresh table of its own, with a holder id (the original's
+    /// `InMemoryLockManager(holder_id="test-worker")`).
+    #[must_use]
+    pub fn with_holder_id(holder_id: impl Into<String>) -> Self {
+        Self::builder().holder_id(holder_id).build()
+    }
+
+    /// A new manager, without a holder id, on `table`.
+    #[must_use]
+    pub fn on_table(table: &InMemoryLockTable) -> Self {
+        Self::builder().table(table).build()
+    }
+
+    /// Configures a manager.
+    pub fn builder() -> InMemoryLockManagerBuilder {
+        InMemoryLockManagerBuilder::default()
+    }
+
+    /// The table this manager's locks live in: pass it to
+    /// [`on_table`](Self::on_table) for a manager that contends with this one.
+    #[must_use]
+    pub fn table(&self) -> &InMemoryLockTable {
+        &self.inner.table
+    }
+
+    /// The label put in every [`LockInfo`] this manager hands out.
+    #[must_use]
+    pub fn holder_id(&self) -> Option<&str> {
+        self.inner.holder_id.as_deref()
+    }
+
+    /// Waits for the lock's permit as `options` say; `None` when the time ran out.
+    ///
+    /// Cancel safe: the permit is taken by Tokio's cancel-safe `Acquire` future or by a
+    /// synchronous `try_acquire`, and forgotten only after no await is left.
+    async fn wait_for_permit(
+        slot: &Slot,
+        key: &str,
+        options: AcquireOptions,
+    ) -> Result<bool, LockAcquisitionError> {
+        let semaphore = slot.semaphore();
+        match (options.timeout(), options.wait_strategy()) {
+            (Some(timeout), _) if timeout.is_zero() => Self::try_permit(slot, key),
+            (None, WaitStrategy::Poll) => {
+                Self::poll(slot, key, options.retry_interval(), None).await
+            }
+            (Some(timeout), WaitStrategy::Poll) => {
+                Self::poll(slot, key, options.retry_interval(), Some(timeout)).await
+            }
+            (None, _) => {
+                let permit = semaphore.acquire().await.map_err(|_| closed(key))?;
+                permit.forget();
+                Ok(true)
+            }
+            (Some(timeout), _) => match tokio::time::timeout(timeout, semaphore.acquire()).await {
+                Ok(permit) => {
+                    permit.map_err(|_| closed(key))?.forget();
+                    Ok(true)
+                }
+                Err(_elapsed) => Ok(false),
+            },
+        }
+    }
+
+    /// One attempt: `true` when the permit was taken.
+    fn try_permit(slot: &Slot, key: &str) -> Result<bool, LockAcquisitionError> {
+        match slot.semaphore().try_acquire() {
+            Ok(permit) => {
+                permit.forget();
+                Ok(true)
+            }
+            Err(TryAcquireError::NoPermits) => Ok(false),
+            Err(TryAcquireError::Closed) => Err(closed(key)),
+        }
+    }
+
+    /// The original's strategy: try, sleep, try again until the deadline. Never joins
+    /// the queue, so it can be overtaken by queued waiters.
+    async fn poll(
+        slot: &Slot,
+        key: &str,
+        retry_interval: Duration,
+        timeout: Option<Duration>,
+    ) -> Result<bool, LockAcquisitionError> {
+        let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
+        let interval = retry_interval.max(MIN_RETRY_INTERVAL);
+        loop {
+            if Self::try_permit(slot, key)? {
+                return Ok(true);
+            }
+            let now = tokio::time::Instant::now();
+            let sleep = match deadline {
+                Some(deadline) if now >= deadline => return Ok(false),
+                Some(deadline) => interval.min(deadline - now),
+                None => interval,
+            };
+            tokio::time::sleep(sleep).await;
+        }
+    }
+
+    /// Books a taken permit and hands out its guard. No await: the permit cannot be
+    /// lost between being taken and being booked.
+    fn book(&self, key: &str, slot: Slot) -> InMemoryLockGuard {
+        let token = self.inner.next_token.fetch_add(1, Ordering::Relaxed);
+        let info = LockInfo::new(
+            key,
+            self.inner.table.inner.lock_id(key),
+            OffsetDateTime::now_utc(),
+            self.inner.holder_id.clone(),
+        );
+        let held = Held {
+            token,
+            _permit: HeldPermit::new(slot),
+        };
+        // A manager books a key only while holding its lock, so no entry can be there;
+        // if one were, dropping it would release its permit, never leak it.
+        let previous = self.inner.held_map().insert(key.to_owned(), held);
+        drop(previous);
+        InMemoryLockGuard::new(Arc::clone(&self.inner), token, info)
+    }
+}
+
+impl ManagerInner {
+    /// The bookkeeping, even if a panic elsewhere poisoned its mutex.
+    fn held_map(&self) -> MutexGuard<'_, HashMap<String, Held>> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Releases `key` if it is still booked for the acquisition `token`.
+    pub(crate) fn release_token(&self, key: &str, token: u64) -> bool {
+        let removed = {
+            let mut held = self.held_map();
+            match held.get(key) {
+                Some(entry) if entry.token == token => held.remove(key),
+                _ => None,
+            }
+        };
+        // Dropped outside the bookkeeping mutex: hands the lock on, leaves the table.
+        removed.is_some()
+    }
+}
+
+impl Default for InMemoryLockManager {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for InMemoryLockManager {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InMemoryLockManager")
+            .field("holder_id", &self.inner.holder_id)
+            .field("held_lock_count", &self.held_lock_count())
+            .field("table", &self.inner.table)
+            .finish()
+    }
+}
+
+/// The table's semaphores are never closed; this is here so nothing can panic.
+fn closed(key: &str) -> LockAcquisitionError {
+    LockAcquisitionError::new(key, AcquisitionErrorKind::Backend, "lock table closed")
+}
+
+impl DistributedLock for InMemoryLockManager {
+    type Guard = InMemoryLockGuard;
+
+    /// Takes the lock for `key`, waiting as `options` say.
+    ///
+    /// [`WaitStrategy::Queue`] waits first-come first-served; [`WaitStrategy::Poll`]
+    /// tries every `retry_interval` (at least 1 ms) without joining the queue, like the
+    /// original. A zero timeout makes exactly one attempt.
+    ///
+    /// # Errors
+    /// A timeout, as [`LockAcquisitionError::timed_out`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future while it waits leaves the queue, returns a
+    /// permit that was handed to it meanwhile to the next waiter, and leaves nothing
+    /// in the bookkeeping or the table.
+    async fn acquire(
+        &self,
+        key: &str,
+        options: AcquireOptions,
+    ) -> Result<InMemoryLockGuard, LockAcquisitionError> {
+        let slot = Slot::join(&self.inner.table.inner, self.inner.table.inner.lock_id(key));
+        if Self::wait_for_permit(&slot, key, options).await? {
+            Ok(self.book(key, slot))
+        } else {
+            // `slot` is dropped on return, leaving the table.
+            Err(LockAcquisitionError::timed_out(
+                key,
+                options.timeout().unwrap_or_default(),
+            ))
+        }
+    }
+
+    /// Takes the lock for `key` if nobody holds it and nobody is queued for it.
+    ///
+    /// # Errors
+    /// None in practice (the error type is the port's).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it completes without waiting.
+    async fn try_acquire(
+        &self,
+        key: &str,
+    ) -> Result<Option<InMemoryLockGuard>, LockAcquisitionError> {
+        let slot = Slot::join(&self.inner.table.inner, self.inner.table.inner.lock_id(key));
+        if Self::try_permit(&slot, key)? {
+            Ok(Some(self.book(key, slot)))
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Releases the lock this manager holds for `key`; its guard, if any, then finds
+    /// nothing left to release.
+    ///
+    /// # Errors
+    /// [`LockNotHeldError`] when this manager does not hold `key`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it completes without waiting.
+    async fn release(&self, key: &str) -> Result<(), LockNotHeldError> {
+        let removed = self.inner.held_map().remove(key);
+        match removed {
+            Some(held) => {
+                drop(held);
+                Ok(())
+            }
+            None => Err(LockNotHeldError::new(key)),
+        }
+    }
+
+    fn is_held(&self, key: &str) -> bool {
+        self.inner.held_map().contains_key(key)
+    }
+}
+
+impl LockRegistry for InMemoryLockManager {
+    /// Releases every lock this manager holds (guards' included) and returns how many.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it completes without waiting.
+    async fn release_all(&self) -> usize {
+        let held = std::mem::take(&mut *self.inner.held_map());
+        let count = held.len();
+        drop(held);
+        count
+    }
+
+    fn held_lock_count(&self) -> usize {
+        self.inner.held_map().len()
+    }
+}
