@@ -1,0 +1,40 @@
+//! The port's contract suite, against managers sharing one table.
+
+use locks_memory::{InMemoryLockManager, InMemoryLockTable};
+use locks_port::conformance::Harness;
+
+/// Managers on one table; checks when dropped that every case left the table empty.
+pub(crate) struct MemoryHarness {
+    table: InMemoryLockTable,
+}
+
+impl MemoryHarness {
+    pub(crate) fn new() -> Self {
+        Self {
+            table: InMemoryLockTable::new(),
+        }
+    }
+}
+
+impl Harness for MemoryHarness {
+    type Manager = InMemoryLockManager;
+
+    fn manager(&self) -> InMemoryLockManager {
+        self.table.manager()
+    }
+}
+
+impl Drop for MemoryHarness {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            assert!(
+                self.table.is_empty(),
+                "the case left {} lock table entries behind: {:?}",
+                self.table.len(),
+                self.table
+            );
+        }
+    }
+}
+
+locks_port::conformance_suite!(MemoryHarness::new());

@@ -1,0 +1,100 @@
+//! The contract suite must fail adapters that break the contract: run some of its
+//! cases against deliberately wrong harnesses and expect the named failure.
+
+use locks_memory::InMemoryLockManager;
+use locks_port::conformance::{self, Harness};
+
+/// Every manager on a table of its own: nothing excludes anything.
+struct NoExclusion;
+
+impl Harness for NoExclusion {
+    type Manager = InMemoryLockManager;
+
+    fn manager(&self) -> InMemoryLockManager {
+        InMemoryLockManager::new()
+    }
+}
+
+/// Every "new" manager is the same one: bookkeeping is shared.
+struct SharedBookkeeping(InMemoryLockManager);
+
+impl Harness for SharedBookkeeping {
+    type Manager = InMemoryLockManager;
+
+    fn manager(&self) -> InMemoryLockManager {
+        self.0.clone()
+    }
+}
+
+fn run(case: impl Future<Output = ()>) {
+    conformance::__private::run_case("self-check", case);
+}
+
+#[test]
+#[should_panic(expected = "try_acquire of a key another manager holds must give None")]
+fn try_acquire_case_catches_missing_exclusion() {
+    run(conformance::try_acquire_takes_free_and_refuses_held(
+        &NoExclusion,
+    ));
+}
+
+#[test]
+#[should_panic(expected = "acquire of a held key must not succeed while it is held")]
+fn timeout_case_catches_missing_exclusion() {
+    run(conformance::acquire_times_out_on_held_key(&NoExclusion));
+}
+
+#[test]
+#[should_panic(expected = "two holders were inside the critical section at once")]
+fn contenders_case_catches_missing_exclusion() {
+    run(conformance::contenders_never_overlap(&NoExclusion));
+}
+
+#[test]
+#[should_panic(expected = "concurrent try_acquires of a free key must win")]
+fn concurrent_try_case_catches_missing_exclusion() {
+    run(conformance::concurrent_try_acquire_has_one_winner(
+        &NoExclusion,
+    ));
+}
+
+#[test]
+#[should_panic(expected = "a waiter got the lock while another manager held it")]
+fn waiters_case_catches_missing_exclusion() {
+    run(conformance::every_waiter_gets_a_turn(&NoExclusion));
+}
+
+#[test]
+#[should_panic(expected = "an acquire of a held key must still be waiting")]
+fn cancel_case_catches_missing_exclusion() {
+    run(conformance::cancelled_acquire_leaves_nothing_held(
+        &NoExclusion,
+    ));
+}
+
+#[test]
+#[should_panic(expected = "is_held must answer for this manager only")]
+fn per_manager_case_catches_shared_bookkeeping() {
+    run(conformance::bookkeeping_is_per_manager(&SharedBookkeeping(
+        InMemoryLockManager::new(),
+    )));
+}
+
+#[test]
+#[should_panic(expected = "held_lock_count must count this manager's locks only")]
+fn release_all_case_catches_shared_bookkeeping() {
+    run(conformance::release_all_returns_count_and_empties(
+        &SharedBookkeeping(InMemoryLockManager::new()),
+    ));
+}
+
+#[test]
+fn cases_can_run_in_a_spawned_task() {
+    // A case future is Send + 'static once it owns its harness, so adapters may spawn it.
+    run(async {
+        let harness = crate::conformance::MemoryHarness::new();
+        tokio::spawn(async move { conformance::contenders_never_overlap(&harness).await })
+            .await
+            .unwrap();
+    });
+}
