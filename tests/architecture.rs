@@ -1,0 +1,679 @@
+//! Enforces the invariants of `docs/architecture.md` by reading the Cargo manifests.
+//!
+//! The checker works on parsed manifests, so its unit tests below can break each rule on a
+//! small in-memory workspace and see it caught.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+const PORT: &str = "locks-port";
+const POSTGRES: &str = "locks-postgres";
+const MEMORY: &str = "locks-memory";
+const CUTOVER: &str = "migration-cutover";
+const XTASK: &str = "xtask";
+const THROWAWAY_PG: &str = "throwaway-pg";
+const WORKSPACE_TESTS: &str = "workspace-tests";
+const LOCK_BENCH: &str = "lock-bench";
+
+const LIBRARIES: &[&str] = &[PORT, POSTGRES, MEMORY, CUTOVER];
+const ADAPTERS: &[&str] = &[POSTGRES, MEMORY];
+const TOOLING: &[&str] = &[XTASK, THROWAWAY_PG, WORKSPACE_TESTS, LOCK_BENCH];
+
+/// Async executors.
+const RUNTIME_CRATES: &[&str] = &[
+    "tokio",
+    "async-std",
+    "smol",
+    "async-executor",
+    "async-global-executor",
+    "futures-executor",
+    "actix-rt",
+    "glommio",
+    "monoio",
+];
+
+/// Database clients, drivers and pools.
+const DATABASE_CRATES: &[&str] = &[
+    "tokio-postgres",
+    "postgres",
+    "postgres-protocol",
+    "postgres-types",
+    "deadpool",
+    "deadpool-postgres",
+    "bb8",
+    "bb8-postgres",
+    "r2d2",
+    "r2d2_postgres",
+    "sqlx",
+    "sqlx-core",
+    "sqlx-postgres",
+    "diesel",
+    "diesel-async",
+    "sea-orm",
+    "pq-sys",
+    "libpq",
+];
+
+/// The invariants of `docs/architecture.md`, in order: number `i + 1` is `INVARIANTS[i]`.
+const INVARIANTS: &[&str] = &[
+    "The port is pure.",
+    "The port depends on no other workspace crate",
+    "Adapters depend on the port, not on each other.",
+    "The in-memory double stays a double.",
+    "The cutover knows only the port.",
+    "Tooling stays out of the libraries.",
+    "Tooling is not published.",
+    "One set of lints.",
+    "Every crate has a ring.",
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Table {
+    Normal,
+    Build,
+    Dev,
+}
+
+#[derive(Debug, Clone)]
+struct Dependency {
+    /// The package name (after `package = "…"` renames).
+    package: String,
+    table: Table,
+    optional: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Crate {
+    name: String,
+    manifest: String,
+    dependencies: Vec<Dependency>,
+    publish_false: bool,
+    workspace_lints: bool,
+}
+
+impl Crate {
+    /// Normal and build dependencies (optional ones included).
+    fn normal(&self) -> impl Iterator<Item = &Dependency> {
+        self.dependencies
+            .iter()
+            .filter(|dep| dep.table != Table::Dev)
+    }
+
+    fn any(&self) -> impl Iterator<Item = &Dependency> {
+        self.dependencies.iter()
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+struct Violation {
+    invariant: usize,
+    krate: String,
+    message: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invariant {} of docs/architecture.md (\"{}\") is broken by {}: {}",
+            self.invariant,
+            INVARIANTS[self.invariant - 1].trim_end_matches('.'),
+            self.krate,
+            self.message
+        )
+    }
+}
+
+/// Parses one member's manifest. `workspace_deps` is the root's `[workspace.dependencies]`,
+/// for renames through `workspace = true`.
+fn parse_crate(manifest: &str, text: &str, workspace_deps: &toml::Table) -> Result<Crate, String> {
+    let table: toml::Table = text
+        .parse()
+        .map_err(|error| format!("{manifest} is not valid TOML: {error}"))?;
+    let package = table
+        .get("package")
+        .and_then(toml::Value::as_table)
+        .ok_or_else(|| format!("{manifest} has no [package]"))?;
+    let name = package
+        .get("name")
+        .and_then(toml::Value::as_str)
+        .ok_or_else(|| format!("{manifest} has no package.name"))?
+        .to_owned();
+
+    let mut tables = Vec::new();
+    dependency_tables(&table, &mut tables);
+    if let Some(targets) = table.get("target").and_then(toml::Value::as_table) {
+        for target in targets.values().filter_map(toml::Value::as_table) {
+            dependency_tables(target, &mut tables);
+        }
+    }
+
+    let mut dependencies = Vec::new();
+    for (kind, deps) in tables {
+        for (key, spec) in deps {
+            let spec_table = spec.as_table();
+            let field = |name: &str| spec_table.and_then(|t| t.get(name));
+            let inherited = field("workspace").and_then(toml::Value::as_bool) == Some(true);
+            let renamed = field("package").and_then(toml::Value::as_str).or_else(|| {
+                inherited
+                    .then(|| workspace_deps.get(key))
+                    .flatten()
+                    .and_then(toml::Value::as_table)
+                    .and_then(|t| t.get("package"))
+                    .and_then(toml::Value::as_str)
+            });
+            dependencies.push(Dependency {
+                package: renamed.unwrap_or(key).to_owned(),
+                table: kind,
+                optional: field("optional").and_then(toml::Value::as_bool) == Some(true),
+            });
+        }
+    }
+
+    let publish_false = package.get("publish").and_then(toml::Value::as_bool) == Some(false);
+    let workspace_lints = table
+        .get("lints")
+        .and_then(toml::Value::as_table)
+        .and_then(|lints| lints.get("workspace"))
+        .and_then(toml::Value::as_bool)
+        == Some(true);
+
+    Ok(Crate {
+        name,
+        manifest: manifest.to_owned(),
+        dependencies,
+        publish_false,
+        workspace_lints,
+    })
+}
+
+/// The dependency tables directly in `root` (the manifest, or one `[target.…]` table).
+fn dependency_tables<'a>(root: &'a toml::Table, out: &mut Vec<(Table, &'a toml::Table)>) {
+    for (key, kind) in [
+        ("dependencies", Table::Normal),
+        ("build-dependencies", Table::Build),
+        ("dev-dependencies", Table::Dev),
+    ] {
+        if let Some(deps) = root.get(key).and_then(toml::Value::as_table) {
+            out.push((kind, deps));
+        }
+    }
+}
+
+/// Every broken invariant, in the order of `docs/architecture.md`.
+fn check(crates: &[Crate]) -> Vec<Violation> {
+    let mut violations = Vec::new();
+    let mut broken = |invariant: usize, krate: &Crate, message: String| {
+        violations.push(Violation {
+            invariant,
+            krate: format!("{} ({})", krate.name, krate.manifest),
+            message,
+        });
+    };
+    let workspace: Vec<&str> = crates.iter().map(|c| c.name.as_str()).collect();
+    let is_workspace = |name: &str| workspace.contains(&name);
+    let get = |name: &str| crates.iter().find(|c| c.name == name);
+
+    if let Some(port) = get(PORT) {
+        // 1. The port is pure.
+        for dep in port.normal() {
+            if DATABASE_CRATES.contains(&dep.package.as_str()) {
+                broken(1, port, format!("database crate `{}`", dep.package));
+            } else if !dep.optional && RUNTIME_CRATES.contains(&dep.package.as_str()) {
+                broken(
+                    1,
+                    port,
+                    format!(
+                        "runtime crate `{}` as a non-optional dependency (make it optional, \
+                         behind the `conformance` feature)",
+                        dep.package
+                    ),
+                );
+            }
+        }
+        // 2. The port depends on no other workspace crate.
+        for dep in port.any().filter(|dep| is_workspace(&dep.package)) {
+            broken(
+                2,
+                port,
+                format!("depends on workspace crate `{}`", dep.package),
+            );
+        }
+    }
+
+    // 3. Adapters depend on the port, not on each other.
+    for adapter in ADAPTERS.iter().filter_map(|name| get(name)) {
+        if !adapter
+            .dependencies
+            .iter()
+            .any(|dep| dep.package == PORT && dep.table == Table::Normal && !dep.optional)
+        {
+            broken(
+                3,
+                adapter,
+                format!("`{PORT}` is not a (non-optional) dependency"),
+            );
+        }
+        for dep in adapter.normal() {
+            let other_adapter =
+                ADAPTERS.contains(&dep.package.as_str()) && dep.package != adapter.name;
+            if other_adapter || dep.package == CUTOVER {
+                broken(3, adapter, format!("depends on `{}`", dep.package));
+            }
+        }
+    }
+
+    // 4. The in-memory double stays a double.
+    if let Some(memory) = get(MEMORY) {
+        for dep in memory.any() {
+            if is_workspace(&dep.package) && dep.package != PORT {
+                broken(
+                    4,
+                    memory,
+                    format!("depends on workspace crate `{}`", dep.package),
+                );
+            }
+        }
+        for dep in memory.normal() {
+            if DATABASE_CRATES.contains(&dep.package.as_str()) {
+                broken(4, memory, format!("database crate `{}`", dep.package));
+            }
+        }
+    }
+
+    // 5. The cutover knows only the port.
+    if let Some(cutover) = get(CUTOVER) {
+        for dep in cutover.normal() {
+            let package = dep.package.as_str();
+            if is_workspace(package) && package != PORT {
+                broken(
+                    5,
+                    cutover,
+                    format!("depends on workspace crate `{package}`"),
+                );
+            } else if DATABASE_CRATES.contains(&package) {
+                broken(5, cutover, format!("database crate `{package}`"));
+            } else if RUNTIME_CRATES.contains(&package) {
+                broken(5, cutover, format!("runtime crate `{package}`"));
+            }
+        }
+    }
+
+    // 6. Tooling stays out of the libraries.
+    for krate in crates {
+        let library = LIBRARIES.contains(&krate.name.as_str());
+        for dep in krate.any() {
+            if dep.package == XTASK {
+                broken(6, krate, "depends on `xtask`".to_owned());
+            } else if library && dep.table != Table::Dev && TOOLING.contains(&dep.package.as_str())
+            {
+                broken(
+                    6,
+                    krate,
+                    format!(
+                        "tooling crate `{}` as a normal dependency (a dev-dependency is fine)",
+                        dep.package
+                    ),
+                );
+            }
+        }
+    }
+
+    for krate in crates {
+        // 7. Tooling is not published.
+        if TOOLING.contains(&krate.name.as_str()) && !krate.publish_false {
+            broken(7, krate, "tooling without `publish = false`".to_owned());
+        }
+        // 8. One set of lints.
+        if !krate.workspace_lints {
+            broken(8, krate, "no `[lints] workspace = true`".to_owned());
+        }
+        // 9. Every crate has a ring.
+        if !LIBRARIES.contains(&krate.name.as_str()) && !TOOLING.contains(&krate.name.as_str()) {
+            broken(
+                9,
+                krate,
+                "not in any ring: add it to docs/architecture.md and tests/architecture.rs"
+                    .to_owned(),
+            );
+        }
+    }
+
+    violations.sort_by_key(|v| v.invariant);
+    violations
+}
+
+/// Reads the root manifest and every member's.
+fn read_workspace(root: &Path) -> Result<Vec<Crate>, String> {
+    let read = |path: &Path| {
+        std::fs::read_to_string(path).map_err(|error| format!("read {}: {error}", path.display()))
+    };
+    let manifest: toml::Table = read(&root.join("Cargo.toml"))?
+        .parse()
+        .map_err(|error| format!("Cargo.toml is not valid TOML: {error}"))?;
+    let workspace = manifest
+        .get("workspace")
+        .and_then(toml::Value::as_table)
+        .ok_or("Cargo.toml has no [workspace]")?;
+    let empty = toml::Table::new();
+    let workspace_deps = workspace
+        .get("dependencies")
+        .and_then(toml::Value::as_table)
+        .unwrap_or(&empty);
+    let members = workspace
+        .get("members")
+        .and_then(toml::Value::as_array)
+        .ok_or("Cargo.toml has no workspace.members")?;
+
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    for member in members {
+        let member = member
+            .as_str()
+            .ok_or("workspace.members holds a non-string")?;
+        match member.strip_suffix("/*") {
+            Some(parent) => {
+                let entries = std::fs::read_dir(root.join(parent))
+                    .map_err(|error| format!("read {parent}: {error}"))?;
+                let mut found: Vec<PathBuf> = entries
+                    .filter_map(Result::ok)
+                    .map(|entry| entry.path())
+                    .filter(|path| path.join("Cargo.toml").is_file())
+                    .collect();
+                found.sort();
+                dirs.extend(found);
+            }
+            None => dirs.push(root.join(member)),
+        }
+    }
+
+    dirs.iter()
+        .map(|dir| {
+            let path = dir.join("Cargo.toml");
+            let shown = path
+                .strip_prefix(root)
+                .unwrap_or(&path)
+                .display()
+                .to_string();
+            parse_crate(&shown, &read(&path)?, workspace_deps)
+        })
+        .collect()
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ lives in the workspace")
+        .to_path_buf()
+}
+
+#[test]
+fn the_workspace_keeps_the_invariants_of_docs_architecture_md() {
+    let crates = read_workspace(&workspace_root()).unwrap_or_else(|error| panic!("{error}"));
+    for expected in LIBRARIES.iter().chain(TOOLING) {
+        assert!(
+            crates.iter().any(|c| c.name == *expected),
+            "`{expected}` is not a workspace member; update docs/architecture.md and this test"
+        );
+    }
+    let violations = check(&crates);
+    assert!(
+        violations.is_empty(),
+        "\n{}\n",
+        violations
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+#[test]
+fn docs_architecture_md_states_every_invariant_this_test_enforces() {
+    let doc = std::fs::read_to_string(workspace_root().join("docs/architecture.md")).unwrap();
+    for (index, title) in INVARIANTS.iter().enumerate() {
+        let line = format!("{}. **{title}", index + 1);
+        assert!(
+            doc.contains(&line),
+            "docs/architecture.md does not state invariant {} as `{line}…`",
+            index + 1
+        );
+    }
+}
+
+/// A small workspace that keeps every invariant; each test below breaks one.
+fn good_workspace() -> BTreeMap<&'static str, String> {
+    let lints = "\n[lints]\nworkspace = true\n";
+    let mut manifests = BTreeMap::new();
+    manifests.insert(
+        PORT,
+        format!(
+            "[package]\nname = \"locks-port\"\n\
+             [features]\nconformance = [\"dep:tokio\"]\n\
+             [dependencies]\nsha2 = \"0.11\"\ntokio = {{ version = \"1\", optional = true }}\n\
+             [dev-dependencies]\ntokio = \"1\"\n{lints}"
+        ),
+    );
+    manifests.insert(
+        POSTGRES,
+        format!(
+            "[package]\nname = \"locks-postgres\"\n\
+             [dependencies]\nlocks-port = {{ workspace = true }}\ndeadpool-postgres = \"0.14\"\n\
+             tokio = \"1\"\n\
+             [dev-dependencies]\nthrowaway-pg = {{ workspace = true }}\n{lints}"
+        ),
+    );
+    manifests.insert(
+        MEMORY,
+        format!(
+            "[package]\nname = \"locks-memory\"\n\
+             [dependencies]\nlocks-port = {{ workspace = true }}\ntokio = \"1\"\n{lints}"
+        ),
+    );
+    manifests.insert(
+        CUTOVER,
+        format!(
+            "[package]\nname = \"migration-cutover\"\n\
+             [dependencies]\nlocks-port = {{ workspace = true }}\nuuid = \"1\"\n\
+             [dev-dependencies]\nlocks-memory = {{ workspace = true }}\ntokio = \"1\"\n{lints}"
+        ),
+    );
+    for name in TOOLING {
+        manifests.insert(
+            name,
+            format!("[package]\nname = \"{name}\"\npublish = false\n{lints}"),
+        );
+    }
+    manifests
+}
+
+fn check_manifests(manifests: &BTreeMap<&'static str, String>) -> Vec<Violation> {
+    let workspace_deps: toml::Table = "renamed-port = { path = \"x\", package = \"locks-port\" }"
+        .parse()
+        .unwrap();
+    let crates: Vec<Crate> = manifests
+        .iter()
+        .map(|(name, text)| {
+            parse_crate(&format!("{name}/Cargo.toml"), text, &workspace_deps).unwrap()
+        })
+        .collect();
+    check(&crates)
+}
+
+/// The invariants broken after `edit` replaces `from` with `to` in `krate`'s manifest.
+fn broken_after(krate: &'static str, from: &str, to: &str) -> Vec<usize> {
+    let mut manifests = good_workspace();
+    let manifest = manifests.get_mut(krate).unwrap();
+    assert!(
+        manifest.contains(from),
+        "`{from}` is not in {krate}'s test manifest"
+    );
+    *manifest = manifest.replacen(from, to, 1);
+    check_manifests(&manifests)
+        .iter()
+        .map(|violation| violation.invariant)
+        .collect()
+}
+
+#[test]
+fn the_good_workspace_keeps_every_invariant() {
+    assert_eq!(check_manifests(&good_workspace()), []);
+}
+
+#[test]
+fn a_database_crate_or_a_mandatory_runtime_in_the_port_breaks_invariant_1() {
+    assert_eq!(
+        broken_after(PORT, "sha2 = \"0.11\"", "tokio-postgres = \"0.7\""),
+        [1]
+    );
+    assert_eq!(
+        broken_after(
+            PORT,
+            "tokio = { version = \"1\", optional = true }",
+            "tokio = \"1\""
+        ),
+        [1]
+    );
+    assert_eq!(
+        broken_after(
+            PORT,
+            "tokio = { version = \"1\", optional = true }",
+            "sqlx = { version = \"0.8\", optional = true }"
+        ),
+        [1]
+    );
+}
+
+#[test]
+fn the_port_depending_on_an_adapter_breaks_invariant_2_even_for_tests() {
+    assert_eq!(
+        broken_after(
+            PORT,
+            "[dev-dependencies]\n",
+            "[dev-dependencies]\nlocks-memory = \"0.1\"\n"
+        ),
+        [2]
+    );
+}
+
+#[test]
+fn an_adapter_without_the_port_or_using_another_adapter_breaks_invariant_3() {
+    assert_eq!(
+        broken_after(POSTGRES, "locks-port = { workspace = true }\n", ""),
+        [3]
+    );
+    assert_eq!(
+        broken_after(
+            POSTGRES,
+            "tokio = \"1\"",
+            "locks-memory = { workspace = true }"
+        ),
+        [3]
+    );
+    // A rename through `package = …` is still the port.
+    assert_eq!(
+        broken_after(
+            POSTGRES,
+            "locks-port = { workspace = true }",
+            "renamed-port = { workspace = true }"
+        ),
+        []
+    );
+}
+
+#[test]
+fn the_memory_double_using_a_database_or_another_workspace_crate_breaks_invariant_4() {
+    assert_eq!(
+        broken_after(MEMORY, "tokio = \"1\"", "deadpool-postgres = \"0.14\""),
+        [4]
+    );
+    // Even only for its tests.
+    assert_eq!(
+        broken_after(
+            MEMORY,
+            "[lints]",
+            "[dev-dependencies]\nlocks-postgres = { workspace = true }\n[lints]"
+        ),
+        [4]
+    );
+    // Depending on the cutover also breaks invariant 3 (adapters do not use it).
+    assert_eq!(
+        broken_after(
+            MEMORY,
+            "tokio = \"1\"",
+            "migration-cutover = { workspace = true }"
+        ),
+        [3, 4]
+    );
+}
+
+#[test]
+fn the_cutover_using_an_adapter_a_database_or_a_runtime_breaks_invariant_5() {
+    assert_eq!(
+        broken_after(
+            CUTOVER,
+            "uuid = \"1\"",
+            "locks-postgres = { workspace = true }"
+        ),
+        [5]
+    );
+    assert_eq!(
+        broken_after(CUTOVER, "uuid = \"1\"", "tokio-postgres = \"0.7\""),
+        [5]
+    );
+    assert_eq!(broken_after(CUTOVER, "uuid = \"1\"", "tokio = \"1\""), [5]);
+    // Build and target-specific dependencies count as normal ones.
+    assert_eq!(
+        broken_after(
+            CUTOVER,
+            "[dev-dependencies]",
+            "[target.'cfg(unix)'.dependencies]\ntokio = \"1\"\n[dev-dependencies]"
+        ),
+        [5]
+    );
+}
+
+#[test]
+fn a_library_using_tooling_outside_its_tests_breaks_invariant_6() {
+    assert_eq!(
+        broken_after(POSTGRES, "[dev-dependencies]", "[build-dependencies]"),
+        [6]
+    );
+    assert_eq!(
+        broken_after(
+            THROWAWAY_PG,
+            "publish = false\n",
+            "publish = false\n[dependencies]\nxtask = { path = \"../xtask\" }\n"
+        ),
+        [6]
+    );
+}
+
+#[test]
+fn published_tooling_breaks_invariant_7() {
+    assert_eq!(broken_after(XTASK, "publish = false\n", ""), [7]);
+}
+
+#[test]
+fn a_crate_without_workspace_lints_breaks_invariant_8() {
+    assert_eq!(
+        broken_after(MEMORY, "workspace = true\n", "workspace = false\n"),
+        [8]
+    );
+}
+
+#[test]
+fn a_crate_outside_every_ring_breaks_invariant_9() {
+    let mut manifests = good_workspace();
+    manifests.insert(
+        "locks-redis",
+        "[package]\nname = \"locks-redis\"\n[lints]\nworkspace = true\n".to_owned(),
+    );
+    let violations = check_manifests(&manifests);
+    assert_eq!(violations.len(), 1, "{violations:?}");
+    assert_eq!(violations[0].invariant, 9);
+    let message = violations[0].to_string();
+    assert!(message.contains("invariant 9"), "{message}");
+    assert!(message.contains("Every crate has a ring"), "{message}");
+    assert!(message.contains("locks-redis"), "{message}");
+}
