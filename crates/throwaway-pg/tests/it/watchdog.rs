@@ -25,11 +25,15 @@ fn the_shared_cluster_is_removed_when_the_process_exits() {
         .args([TEST_NAME, "--exact", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, "1")
         .env_remove(throwaway_pg::DATABASE_URL_ENV)
-        .stderr(Stdio::inherit())
+        .stdin(Stdio::null())
         .output()
         .expect("run this test binary as the child");
     let stdout = String::from_utf8_lossy(&child.stdout);
-    assert!(child.status.success(), "the child test failed:\n{stdout}");
+    assert!(
+        child.status.success(),
+        "the child test failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&child.stderr)
+    );
     // The harness prints the test's name on the same line first.
     let line = stdout
         .lines()
