@@ -6,7 +6,7 @@
 //! broken contract. An adapter implements [`Harness`] in its integration tests and
 //! invokes the macro once; it can also call single cases from its own tests.
 //!
-//! ```ignore
+//! ```text
 //! // crates/my-adapter/tests/it/conformance.rs
 //! // (the compiled example is crates/locks-memory/tests/it/conformance.rs)
 //! use locks_port::conformance::Harness;
@@ -1149,7 +1149,7 @@ pub mod __private {
 /// The tests are plain functions named after the cases; invoke the macro inside a
 /// module of the adapter's integration tests:
 ///
-/// ```ignore
+/// ```text
 /// mod conformance {
 ///     locks_port::conformance_suite!(crate::MemoryHarness::new());
 /// }
