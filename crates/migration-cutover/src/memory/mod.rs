@@ -1,0 +1,229 @@
+//! In-memory implementations of every port, good enough for a real single-process run
+//! and for tests. Each is a cheap `Clone` handle: clones share the same data.
+
+mod pause;
+
+use std::collections::HashMap;
+use std::future::{Future, ready};
+use std::sync::{Arc, Mutex};
+
+use uuid::Uuid;
+
+pub use pause::{InMemoryPauseGuard, InMemoryWritePause, InMemoryWritePermit};
+
+use crate::ports::{
+    Event, EventStore, Migration, MigrationRepository, RepositoryError, RoutingRepository,
+    StoreError, StoredEvent, TenantRoute,
+};
+use crate::timer::lock;
+
+/// An event store in memory: one `Vec` of events per tenant.
+///
+/// ```
+/// use migration_cutover::{Event, EventStore, InMemoryEventStore};
+/// use uuid::Uuid;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let store = InMemoryEventStore::new();
+/// let tenant = Uuid::new_v4();
+/// assert_eq!(store.append(tenant, None, &[Event::new("A", "1")]).await.unwrap(), 1);
+/// assert_eq!(store.append(tenant, Some(1), &[Event::new("B", "2")]).await.unwrap(), 2);
+/// assert!(store.append(tenant, Some(1), &[Event::new("C", "3")]).await.is_err());
+/// assert_eq!(store.events(tenant).len(), 2);
+/// # }
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct InMemoryEventStore {
+    streams: Arc<Mutex<HashMap<Uuid, Vec<Event>>>>,
+}
+
+impl InMemoryEventStore {
+    /// An empty store.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A snapshot of the tenant's whole stream.
+    #[must_use]
+    pub fn events(&self, tenant_id: Uuid) -> Vec<StoredEvent> {
+        lock(&self.streams)
+            .get(&tenant_id)
+            .map(|stream| stored(stream, 0, usize::MAX))
+            .unwrap_or_default()
+    }
+}
+
+fn stored(stream: &[Event], after: u64, limit: usize) -> Vec<StoredEvent> {
+    let start = usize::try_from(after)
+        .unwrap_or(usize::MAX)
+        .min(stream.len());
+    stream[start..]
+        .iter()
+        .take(limit)
+        .zip(after + 1..)
+        .map(|(event, position)| StoredEvent {
+            position,
+            event: event.clone(),
+        })
+        .collect()
+}
+
+fn head(stream: &[Event]) -> u64 {
+    u64::try_from(stream.len()).unwrap_or(u64::MAX)
+}
+
+impl EventStore for InMemoryEventStore {
+    fn append(
+        &self,
+        tenant_id: Uuid,
+        expected: Option<u64>,
+        events: &[Event],
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        let mut streams = lock(&self.streams);
+        let stream = streams.entry(tenant_id).or_default();
+        let actual = head(stream);
+        let result = match expected {
+            Some(expected) if expected != actual => Err(StoreError::Conflict { expected, actual }),
+            _ => {
+                stream.extend_from_slice(events);
+                Ok(head(stream))
+            }
+        };
+        ready(result)
+    }
+
+    fn read(
+        &self,
+        tenant_id: Uuid,
+        after: u64,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<StoredEvent>, StoreError>> + Send {
+        let streams = lock(&self.streams);
+        let events = streams
+            .get(&tenant_id)
+            .map(|stream| stored(stream, after, limit))
+            .unwrap_or_default();
+        ready(Ok(events))
+    }
+
+    fn position(&self, tenant_id: Uuid) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        let position = lock(&self.streams)
+            .get(&tenant_id)
+            .map_or(0, |stream| head(stream));
+        ready(Ok(position))
+    }
+
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        ready(Ok(()))
+    }
+}
+
+/// A routing table in memory.
+#[derive(Debug, Clone, Default)]
+pub struct InMemoryRoutingRepository {
+    routes: Arc<Mutex<HashMap<Uuid, TenantRoute>>>,
+}
+
+impl InMemoryRoutingRepository {
+    /// An empty table.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The tenant's route now (a synchronous read for tests and examples).
+    #[must_use]
+    pub fn route(&self, tenant_id: Uuid) -> Option<TenantRoute> {
+        lock(&self.routes).get(&tenant_id).cloned()
+    }
+}
+
+impl RoutingRepository for InMemoryRoutingRepository {
+    fn get(
+        &self,
+        tenant_id: Uuid,
+    ) -> impl Future<Output = Result<Option<TenantRoute>, RepositoryError>> + Send {
+        ready(Ok(self.route(tenant_id)))
+    }
+
+    fn put(&self, route: TenantRoute) -> impl Future<Output = Result<(), RepositoryError>> + Send {
+        lock(&self.routes).insert(route.tenant_id, route);
+        ready(Ok(()))
+    }
+}
+
+/// Migration records in memory.
+#[derive(Debug, Clone, Default)]
+pub struct InMemoryMigrationRepository {
+    migrations: Arc<Mutex<HashMap<Uuid, Migration>>>,
+}
+
+impl InMemoryMigrationRepository {
+    /// No records.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl MigrationRepository for InMemoryMigrationRepository {
+    fn get(
+        &self,
+        id: Uuid,
+    ) -> impl Future<Output = Result<Option<Migration>, RepositoryError>> + Send {
+        ready(Ok(lock(&self.migrations).get(&id).cloned()))
+    }
+
+    fn save(
+        &self,
+        migration: &Migration,
+    ) -> impl Future<Output = Result<(), RepositoryError>> + Send {
+        lock(&self.migrations).insert(migration.id, migration.clone());
+        ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn reads_are_windows_of_the_stream_with_positions() {
+        let store = InMemoryEventStore::new();
+        let tenant = Uuid::new_v4();
+        let events: Vec<_> = (0..5).map(|i| Event::new("E", vec![i])).collect();
+        assert_eq!(store.append(tenant, Some(0), &events).await.unwrap(), 5);
+        let window = store.read(tenant, 1, 2).await.unwrap();
+        let positions: Vec<_> = window.iter().map(|e| e.position).collect();
+        assert_eq!(positions, [2, 3]);
+        assert_eq!(window[0].event, events[1]);
+        assert!(store.read(tenant, 5, 10).await.unwrap().is_empty());
+        assert!(store.read(tenant, 99, 10).await.unwrap().is_empty());
+        assert!(store.read(Uuid::new_v4(), 0, 10).await.unwrap().is_empty());
+        assert_eq!(store.position(Uuid::new_v4()).await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_conditional_append_at_the_wrong_head_appends_nothing() {
+        let store = InMemoryEventStore::new();
+        let tenant = Uuid::new_v4();
+        store
+            .append(tenant, None, &[Event::new("A", "")])
+            .await
+            .unwrap();
+        let error = store
+            .append(tenant, Some(0), &[Event::new("B", "")])
+            .await
+            .unwrap_err();
+        assert!(matches!(
+            error,
+            StoreError::Conflict {
+                expected: 0,
+                actual: 1
+            }
+        ));
+        assert_eq!(store.events(tenant).len(), 1);
+    }
+}

@@ -1,0 +1,358 @@
+//! What the migration touches, as small traits: event stores, the routing table, the
+//! migration records, and the per-tenant write pause.
+
+use std::borrow::Borrow;
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use locks_port::BoxError;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::{Phase, RoutingState};
+
+/// The name under which a store is registered (`"shared-eu-1"`, `"dedicated-acme"`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StoreId(String);
+
+impl StoreId {
+    /// The id `name`.
+    #[must_use]
+    pub fn new(name: impl Into<String>) -> Self {
+        Self(name.into())
+    }
+
+    /// The id as text.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for StoreId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<&str> for StoreId {
+    fn from(name: &str) -> Self {
+        Self::new(name)
+    }
+}
+
+impl From<String> for StoreId {
+    fn from(name: String) -> Self {
+        Self(name)
+    }
+}
+
+impl Borrow<str> for StoreId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+/// An event to append: an id that stays the same in every store it is copied to, a
+/// type name and an opaque payload.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Event {
+    /// The event's identity, kept by copies.
+    pub id: Uuid,
+    /// The event type (`"OrderPlaced"`).
+    pub kind: String,
+    /// The serialized body.
+    pub payload: Vec<u8>,
+}
+
+impl Event {
+    /// A new event with a random id.
+    #[must_use]
+    pub fn new(kind: impl Into<String>, payload: impl Into<Vec<u8>>) -> Self {
+        Self {
+            id: Uuid::new_v4(),
+            kind: kind.into(),
+            payload: payload.into(),
+        }
+    }
+}
+
+/// An event as a store holds it: its position in the tenant's stream (1 for the
+/// first event) and the event.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct StoredEvent {
+    /// The position in the tenant's stream in this store, from 1.
+    pub position: u64,
+    /// The event.
+    pub event: Event,
+}
+
+/// A store failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// A conditional append found the stream somewhere else: someone appended first.
+    /// Re-read the position and decide again.
+    #[error("expected the tenant's stream at position {expected}, found it at {actual}")]
+    Conflict {
+        /// The position the append expected.
+        expected: u64,
+        /// The position the stream was at.
+        actual: u64,
+    },
+    /// The store did not answer or refused the operation. Retry later.
+    #[error("store unavailable: {source}")]
+    Unavailable {
+        /// The backend's error.
+        #[source]
+        source: BoxError,
+    },
+}
+
+impl StoreError {
+    /// An [`Unavailable`](StoreError::Unavailable) error caused by `source`.
+    #[must_use]
+    pub fn unavailable(source: impl Into<BoxError>) -> Self {
+        Self::Unavailable {
+            source: source.into(),
+        }
+    }
+}
+
+/// An event store, seen per tenant: each tenant has one ordered stream of events
+/// whose positions start at 1 and have no gaps.
+///
+/// The migration copies a tenant's stream position for position, so source and
+/// target agree on positions and the lag is the difference of the two heads.
+pub trait EventStore: Send + Sync {
+    /// Appends `events` to the tenant's stream and returns the new head position.
+    ///
+    /// With `expected = Some(p)`, appends only if the head is `p` now, atomically;
+    /// otherwise fails with [`StoreError::Conflict`] and appends nothing.
+    ///
+    /// # Errors
+    /// [`StoreError::Conflict`] as above; [`StoreError::Unavailable`] on a backend failure.
+    fn append(
+        &self,
+        tenant_id: Uuid,
+        expected: Option<u64>,
+        events: &[Event],
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Up to `limit` events of the tenant's stream after position `after`, in order.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] on a backend failure.
+    fn read(
+        &self,
+        tenant_id: Uuid,
+        after: u64,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<StoredEvent>, StoreError>> + Send;
+
+    /// The head position of the tenant's stream (0 when it is empty).
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] on a backend failure.
+    fn position(&self, tenant_id: Uuid) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Whether the store answers (the cutover's target health check).
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when it does not.
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// A repository (routing table, migration records, write pause) failed. Retry later.
+#[derive(Debug, thiserror::Error)]
+#[error("{what} failed: {source}")]
+pub struct RepositoryError {
+    what: String,
+    #[source]
+    source: BoxError,
+}
+
+impl RepositoryError {
+    /// `what` (the operation, `"routing update"`) failed because of `source`.
+    #[must_use]
+    pub fn new(what: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self {
+            what: what.into(),
+            source: source.into(),
+        }
+    }
+
+    /// The operation that failed.
+    #[must_use]
+    pub fn what(&self) -> &str {
+        &self.what
+    }
+}
+
+/// Where a tenant's writes go.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TenantRoute {
+    /// The tenant.
+    pub tenant_id: Uuid,
+    /// The store that holds the tenant's stream: the source until the cutover, the
+    /// target after it.
+    pub store_id: StoreId,
+    /// How writes are routed.
+    pub state: RoutingState,
+    /// The migration under way, if any.
+    pub migration_id: Option<Uuid>,
+    /// The store writes are mirrored to in [`RoutingState::DualWrite`].
+    pub target_store_id: Option<StoreId>,
+}
+
+impl TenantRoute {
+    /// A tenant served by `store_id`, no migration.
+    #[must_use]
+    pub fn normal(tenant_id: Uuid, store_id: impl Into<StoreId>) -> Self {
+        Self {
+            tenant_id,
+            store_id: store_id.into(),
+            state: RoutingState::Normal,
+            migration_id: None,
+            target_store_id: None,
+        }
+    }
+}
+
+/// The routing table: tenant → store and routing state. Whole-record reads and writes.
+pub trait RoutingRepository: Send + Sync {
+    /// The tenant's route, `None` when it has none.
+    ///
+    /// # Errors
+    /// [`RepositoryError`] on a backend failure.
+    fn get(
+        &self,
+        tenant_id: Uuid,
+    ) -> impl Future<Output = Result<Option<TenantRoute>, RepositoryError>> + Send;
+
+    /// Stores `route` (insert or replace the tenant's route).
+    ///
+    /// # Errors
+    /// [`RepositoryError`] on a backend failure; the route is then unchanged.
+    fn put(&self, route: TenantRoute) -> impl Future<Output = Result<(), RepositoryError>> + Send;
+}
+
+/// The record of one migration of one tenant from a source store to a target store.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Migration {
+    /// The migration's id.
+    pub id: Uuid,
+    /// The tenant being moved.
+    pub tenant_id: Uuid,
+    /// Where the tenant's events are now.
+    pub source_store_id: StoreId,
+    /// Where they go.
+    pub target_store_id: StoreId,
+    /// How far it got.
+    pub phase: Phase,
+    /// Events this migration copied to the target (bulk copy, catch-ups, final sync).
+    pub events_copied: u64,
+    /// When it was started (UTC).
+    pub created_at: OffsetDateTime,
+    /// When it last changed (UTC).
+    pub updated_at: OffsetDateTime,
+    /// The last failure, as text, if any.
+    pub last_error: Option<String>,
+}
+
+/// Where migration records are kept, shared by every coordinator instance.
+pub trait MigrationRepository: Send + Sync {
+    /// The migration `id`, `None` when there is no such record.
+    ///
+    /// # Errors
+    /// [`RepositoryError`] on a backend failure.
+    fn get(
+        &self,
+        id: Uuid,
+    ) -> impl Future<Output = Result<Option<Migration>, RepositoryError>> + Send;
+
+    /// Stores `migration` (insert or replace by id).
+    ///
+    /// # Errors
+    /// [`RepositoryError`] on a backend failure; the record is then unchanged.
+    fn save(
+        &self,
+        migration: &Migration,
+    ) -> impl Future<Output = Result<(), RepositoryError>> + Send;
+}
+
+/// A write gave up waiting for its tenant's writes to be resumed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "writes to tenant {tenant_id} are paused for a cutover; gave up after {} ms",
+    .waited.as_millis()
+)]
+pub struct WritesPaused {
+    /// The tenant.
+    pub tenant_id: Uuid,
+    /// How long the write waited.
+    pub waited: Duration,
+}
+
+/// Holds a tenant's writes back for the few hundred milliseconds of a cutover.
+///
+/// Writers ask for a permit before writing and hold it for the whole write; a pause
+/// stops new permits and can wait for the permits already out to come back, so that
+/// once it has drained no write is half-done.
+pub trait WritePause: Send + Sync {
+    /// Marks one admitted write; the write is finished when it is dropped.
+    type Permit: Send;
+    /// A pause in force; resumes writes when dropped.
+    type Guard: PauseGuard;
+
+    /// Pauses the tenant's writes: from now on [`admit`](WritePause::admit) waits.
+    /// Pauses nest: writes resume when every guard is gone.
+    ///
+    /// # Errors
+    /// [`RepositoryError`] when the pause could not be put in force (nothing changed).
+    ///
+    /// # Cancel safety
+    /// The pause is in force only once the guard is returned; dropping the future
+    /// earlier leaves writes running.
+    fn pause(
+        &self,
+        tenant_id: Uuid,
+    ) -> impl Future<Output = Result<Self::Guard, RepositoryError>> + Send;
+
+    /// Admits one write to the tenant, waiting while its writes are paused, up to
+    /// `timeout` (a zero timeout admits only if not paused now).
+    ///
+    /// # Errors
+    /// [`WritesPaused`] when the pause outlasted `timeout`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped wait admits nothing.
+    fn admit(
+        &self,
+        tenant_id: Uuid,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Self::Permit, WritesPaused>> + Send;
+
+    /// Whether the tenant's writes are paused now.
+    fn is_paused(&self, tenant_id: Uuid) -> bool;
+}
+
+/// A pause in force for one tenant. Dropping it resumes writes (synchronously, for
+/// the in-memory pause); [`resume`](PauseGuard::resume) does so explicitly.
+pub trait PauseGuard: Send + Sync {
+    /// The paused tenant.
+    fn tenant_id(&self) -> Uuid;
+
+    /// Completes once no write admitted before the pause is still running.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: only waits.
+    fn drained(&self) -> impl Future<Output = ()> + Send;
+
+    /// Ends this pause.
+    ///
+    /// # Cancel safety
+    /// The pause ends even if the future is dropped (the guard is dropped with it).
+    fn resume(self) -> impl Future<Output = ()> + Send;
+}
