@@ -1,9 +1,51 @@
-//! `cargo xtask demo`: the lock demo (placeholder).
+//! `cargo xtask demo`: the project's main job, the guided tour of the PostgreSQL lock
+//! manager (`crates/locks-postgres/examples/demo.rs`) against a real server.
 //!
-//! To be written: run the demo inside [`crate::pg::with_database`], passing the URL to the
-//! child as `LOCKS_DATABASE_URL`.
+//! With `LOCKS_DATABASE_URL` set it uses that server; otherwise it starts a throwaway
+//! PostgreSQL for the run and stops it afterwards.
 
-/// Runs the demo with `args`.
-pub(crate) fn run(_args: &[String]) -> crate::Result {
-    Err("`cargo xtask demo` is not yet implemented".into())
+use crate::pg::{DATABASE_URL_ENV, with_database};
+use crate::{cargo, display};
+
+const HELP: &str = "\
+usage: cargo xtask demo
+
+Runs the lock demo: two instances contending on one key, a bounded wait timing out,
+a process holding a lock killed with SIGKILL, a dropped wait leaving nothing behind.
+Uses the server in LOCKS_DATABASE_URL, or a throwaway PostgreSQL when it is not set.
+";
+
+/// Runs the demo.
+pub(crate) fn run(args: &[String]) -> crate::Result {
+    match args.first().map(String::as_str) {
+        None => {}
+        Some("-h" | "--help") => {
+            print!("{HELP}");
+            return Ok(());
+        }
+        Some(other) => return Err(format!("unexpected argument `{other}`\n\n{HELP}").into()),
+    }
+    with_database(|url| {
+        let mut command = cargo();
+        command
+            .args([
+                "run",
+                "--quiet",
+                "--package",
+                "locks-postgres",
+                "--example",
+                "demo",
+            ])
+            .env(DATABASE_URL_ENV, url);
+        let line = display(&command);
+        eprintln!("xtask: running `{line}`");
+        let status = command
+            .status()
+            .map_err(|error| format!("could not run `{line}`: {error}"))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(format!("the demo failed: `{line}` exited with {status}").into())
+        }
+    })
 }
