@@ -1,0 +1,9 @@
+//! The integration tests of `migration-cutover`, on the in-memory adapters and the
+//! in-memory lock manager.
+
+mod failures;
+mod happy_path;
+mod no_lock;
+mod paused_writes;
+mod race;
+mod support;

@@ -1,0 +1,280 @@
+//! Fault-injecting wrappers around the in-memory ports, and a harness that wires a
+//! tenant, two stores, a routing table and a shared lock table.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use locks_memory::{InMemoryLockManager, InMemoryLockTable};
+use migration_cutover::{
+    Event, EventStore, InMemoryEventStore, InMemoryMigrationRepository, InMemoryRoutingRepository,
+    InMemoryWritePause, MigrationConfig, MigrationCoordinator, MigrationPorts, RepositoryError,
+    RoutingRepository, RoutingState, StoreError, StoredEvent, Stores, TenantRoute, WritePause,
+    WriteRouter,
+};
+use uuid::Uuid;
+
+/// One operation's fault: fail it, and/or delay it.
+#[derive(Debug, Default)]
+pub(crate) struct Fault {
+    fail: AtomicBool,
+    delay_ms: AtomicU64,
+}
+
+impl Fault {
+    pub(crate) fn fail(&self, on: bool) {
+        self.fail.store(on, Ordering::SeqCst);
+    }
+
+    pub(crate) fn delay(&self, delay: Duration) {
+        self.delay_ms
+            .store(delay.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    async fn apply(&self, what: &str) -> Result<(), StoreError> {
+        let delay = self.delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(StoreError::unavailable(format!("injected {what} failure")));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct StoreFaults {
+    pub(crate) append: Fault,
+    pub(crate) read: Fault,
+    pub(crate) position: Fault,
+    pub(crate) ping: Fault,
+}
+
+/// An in-memory store whose operations can be made to fail or to be slow.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct FaultyStore {
+    pub(crate) inner: InMemoryEventStore,
+    pub(crate) faults: Arc<StoreFaults>,
+}
+
+impl FaultyStore {
+    pub(crate) fn events(&self, tenant_id: Uuid) -> Vec<StoredEvent> {
+        self.inner.events(tenant_id)
+    }
+
+    pub(crate) fn ids(&self, tenant_id: Uuid) -> Vec<Uuid> {
+        self.events(tenant_id)
+            .into_iter()
+            .map(|e| e.event.id)
+            .collect()
+    }
+}
+
+impl EventStore for FaultyStore {
+    fn append(
+        &self,
+        tenant_id: Uuid,
+        expected: Option<u64>,
+        events: &[Event],
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        let (faults, inner, events) = (self.faults.clone(), self.inner.clone(), events.to_vec());
+        async move {
+            faults.append.apply("append").await?;
+            inner.append(tenant_id, expected, &events).await
+        }
+    }
+
+    fn read(
+        &self,
+        tenant_id: Uuid,
+        after: u64,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<StoredEvent>, StoreError>> + Send {
+        let (faults, inner) = (self.faults.clone(), self.inner.clone());
+        async move {
+            faults.read.apply("read").await?;
+            inner.read(tenant_id, after, limit).await
+        }
+    }
+
+    fn position(&self, tenant_id: Uuid) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        let (faults, inner) = (self.faults.clone(), self.inner.clone());
+        async move {
+            faults.position.apply("position").await?;
+            inner.position(tenant_id).await
+        }
+    }
+
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let faults = self.faults.clone();
+        async move { faults.ping.apply("ping").await }
+    }
+}
+
+/// An in-memory routing table that records every write and can refuse writes of one
+/// state.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct FaultyRouting {
+    pub(crate) inner: InMemoryRoutingRepository,
+    fail_puts_of: Arc<Mutex<Option<RoutingState>>>,
+    pub(crate) puts: Arc<Mutex<Vec<TenantRoute>>>,
+}
+
+impl FaultyRouting {
+    pub(crate) fn fail_puts_of(&self, state: Option<RoutingState>) {
+        *self.fail_puts_of.lock().unwrap() = state;
+    }
+
+    pub(crate) fn puts_of(&self, state: RoutingState) -> usize {
+        self.puts
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|route| route.state == state)
+            .count()
+    }
+}
+
+impl RoutingRepository for FaultyRouting {
+    fn get(
+        &self,
+        tenant_id: Uuid,
+    ) -> impl Future<Output = Result<Option<TenantRoute>, RepositoryError>> + Send {
+        self.inner.get(tenant_id)
+    }
+
+    fn put(&self, route: TenantRoute) -> impl Future<Output = Result<(), RepositoryError>> + Send {
+        let refused = *self.fail_puts_of.lock().unwrap() == Some(route.state);
+        let inner = self.inner.clone();
+        let puts = self.puts.clone();
+        async move {
+            if refused {
+                return Err(RepositoryError::new(
+                    "routing update",
+                    format!("injected failure writing state {}", route.state),
+                ));
+            }
+            puts.lock().unwrap().push(route.clone());
+            inner.put(route).await
+        }
+    }
+}
+
+pub(crate) type Ports =
+    MigrationPorts<FaultyStore, FaultyRouting, InMemoryWritePause, InMemoryMigrationRepository>;
+pub(crate) type Coordinator = MigrationCoordinator<
+    InMemoryLockManager,
+    FaultyStore,
+    FaultyRouting,
+    InMemoryWritePause,
+    InMemoryMigrationRepository,
+>;
+pub(crate) type Router = WriteRouter<FaultyStore, FaultyRouting, InMemoryWritePause>;
+
+pub(crate) const SOURCE: &str = "source";
+pub(crate) const TARGET: &str = "target";
+
+/// One tenant routed to `source`, an empty `target`, and one lock table that every
+/// coordinator of the harness shares (like instances sharing one database).
+pub(crate) struct Harness {
+    pub(crate) tenant: Uuid,
+    pub(crate) source: FaultyStore,
+    pub(crate) target: FaultyStore,
+    pub(crate) routing: FaultyRouting,
+    pub(crate) ports: Ports,
+    pub(crate) table: InMemoryLockTable,
+}
+
+impl Harness {
+    pub(crate) async fn new() -> Self {
+        let source = FaultyStore::default();
+        let target = FaultyStore::default();
+        let routing = FaultyRouting::default();
+        let ports = MigrationPorts::new(
+            Stores::new()
+                .with_store(SOURCE, source.clone())
+                .with_store(TARGET, target.clone()),
+            routing.clone(),
+            InMemoryWritePause::new(),
+            InMemoryMigrationRepository::new(),
+        );
+        let tenant = Uuid::new_v4();
+        routing
+            .inner
+            .put(TenantRoute::normal(tenant, SOURCE))
+            .await
+            .unwrap();
+        Self {
+            tenant,
+            source,
+            target,
+            routing,
+            ports,
+            table: InMemoryLockTable::new(),
+        }
+    }
+
+    /// A coordinator (one "instance") on the shared lock table.
+    pub(crate) fn coordinator(&self, config: MigrationConfig) -> Coordinator {
+        MigrationCoordinator::new(self.ports.clone(), self.table.manager()).with_config(config)
+    }
+
+    pub(crate) fn router(&self) -> Router {
+        WriteRouter::new(&self.ports, &MigrationConfig::new())
+    }
+
+    pub(crate) fn route(&self) -> TenantRoute {
+        self.routing
+            .inner
+            .route(self.tenant)
+            .expect("the tenant has a route")
+    }
+
+    pub(crate) fn is_paused(&self) -> bool {
+        self.ports.pause().is_paused(self.tenant)
+    }
+
+    /// Writes `n` events one by one through the router; returns their ids in order.
+    pub(crate) async fn write(&self, n: usize) -> Vec<Uuid> {
+        let router = self.router();
+        let mut ids = Vec::new();
+        for i in 0..n {
+            let event = Event::new("Written", i.to_string());
+            router
+                .append(self.tenant, std::slice::from_ref(&event))
+                .await
+                .unwrap();
+            ids.push(event.id);
+        }
+        ids
+    }
+
+    /// Start, bulk copy and dual write; returns the migration id.
+    pub(crate) async fn to_dual_write(&self, coordinator: &Coordinator) -> Uuid {
+        let migration = coordinator
+            .start_migration(self.tenant, SOURCE, TARGET)
+            .await
+            .unwrap();
+        coordinator.bulk_copy(migration.id).await.unwrap();
+        coordinator.enable_dual_write(migration.id).await.unwrap();
+        migration.id
+    }
+
+    /// Waits (up to 5 s) until the tenant's writes are paused.
+    pub(crate) async fn until_paused(&self) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !self.is_paused() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the cutover never paused writes"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
+
+pub(crate) fn config() -> MigrationConfig {
+    MigrationConfig::new()
+}
