@@ -26,6 +26,17 @@ use crate::router::WriteRouter;
 use crate::timer::{Elapsed, timeout};
 use crate::{MigrationConfig, Phase, RoutingState, TransitionError};
 
+/// The span of one migration step, with the ids as fields.
+macro_rules! step_span {
+    ($name:literal, $migration:expr) => {
+        info_span!(
+            $name,
+            migration_id = %$migration.id,
+            tenant_id = %$migration.tenant_id
+        )
+    };
+}
+
 /// The operation name of the cutover lock: the key is `cutover:{tenant uuid}`.
 pub const CUTOVER_LOCK_OPERATION: &str = "cutover";
 
@@ -241,26 +252,6 @@ where
         Ok(())
     }
 
-    fn span(&self, name: &'static str, migration: &Migration) -> Span {
-        match name {
-            "bulk_copy" => {
-                info_span!("migration.bulk_copy", migration_id = %migration.id, tenant_id = %migration.tenant_id)
-            }
-            "dual_write" => {
-                info_span!("migration.dual_write", migration_id = %migration.id, tenant_id = %migration.tenant_id)
-            }
-            "catch_up" => {
-                info_span!("migration.catch_up", migration_id = %migration.id, tenant_id = %migration.tenant_id)
-            }
-            "abort" => {
-                info_span!("migration.abort", migration_id = %migration.id, tenant_id = %migration.tenant_id)
-            }
-            _ => {
-                info_span!("migration.step", step = name, migration_id = %migration.id, tenant_id = %migration.tenant_id)
-            }
-        }
-    }
-
     /// Starts moving `tenant_id` from `source` to `target`: records a `pending`
     /// migration and marks the tenant's route with it. The tenant must be routed to
     /// `source` (a tenant without a route gets one to `source`) and have no migration
@@ -391,7 +382,7 @@ where
     /// (call again to resume).
     pub async fn bulk_copy(&self, migration_id: Uuid) -> Result<CopyReport, MigrationError> {
         let mut migration = self.migration(migration_id).await?;
-        let span = self.span("bulk_copy", &migration);
+        let span = step_span!("migration.bulk_copy", migration);
         async move {
             match migration.phase {
                 Phase::Pending => {
@@ -431,7 +422,7 @@ where
         migration_id: Uuid,
     ) -> Result<CopyReport, MigrationError> {
         let mut migration = self.migration(migration_id).await?;
-        let span = self.span("dual_write", &migration);
+        let span = step_span!("migration.dual_write", migration);
         async move {
             if migration.phase != Phase::BulkCopy {
                 return Err(StateError {
@@ -462,7 +453,7 @@ where
     /// [`MigrationError::State`] in any other phase; a store failure.
     pub async fn catch_up(&self, migration_id: Uuid) -> Result<CopyReport, MigrationError> {
         let mut migration = self.migration(migration_id).await?;
-        let span = self.span("catch_up", &migration);
+        let span = step_span!("migration.catch_up", migration);
         async move {
             if !matches!(migration.phase, Phase::BulkCopy | Phase::DualWrite) {
                 return Err(StateError {
@@ -927,9 +918,13 @@ where
     /// [`MigrationError::Transition`] for a finished migration;
     /// [`MigrationError::State`] in `cutover` (call `cutover` to resolve it first);
     /// [`MigrationError::Lock`] when the lock could not be taken; port failures.
+    ///
+    /// # Cancel safety
+    /// Dropping the future releases the lock (its guard is dropped); the routing may
+    /// then be back on the source with the record not yet `aborted`: call `abort` again.
     pub async fn abort(&self, migration_id: Uuid) -> Result<Migration, MigrationError> {
         let migration = self.migration(migration_id).await?;
-        let span = self.span("abort", &migration);
+        let span = step_span!("migration.abort", migration);
         async move {
             let lock = match &self.lock_manager {
                 None => None,
