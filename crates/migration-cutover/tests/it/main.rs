@@ -4,6 +4,7 @@
 mod failures;
 mod happy_path;
 mod no_lock;
+mod ordering;
 mod paused_writes;
 mod race;
 mod support;
