@@ -559,6 +559,16 @@ async fn an_exhausted_pool_fails_with_pool_unavailable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unusual_keys_and_holder_ids_lock_by_their_derived_id() {
     let admin = admin().await;
+    // These keys are fixed, not unique to this run: two test processes on one server
+    // (two checkouts, CI next to a developer) would fight over them. The admin session
+    // holds a test-wide lock so that such runs take turns; it ends with the session.
+    let turn = locks_port::lock_id("locks-postgres it: unusual keys (one test run at a time)");
+    admin
+        .batch_execute(&format!(
+            "SET lock_timeout = '60s'; SELECT pg_advisory_lock({turn}); RESET lock_timeout"
+        ))
+        .await
+        .expect("this test's turn on the server");
     let mebibyte: String = "ключ🔒é".chars().cycle().take(1 << 20).collect();
     assert!(mebibyte.len() >= 1 << 20);
     let keys = [
