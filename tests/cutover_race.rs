@@ -4,14 +4,13 @@
 //! keeps the cutover out.
 
 use std::future::Future;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use locks_port::{lock_id, migration_lock_key};
 use locks_postgres::PostgresLockManager;
-use locks_postgres::deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use locks_postgres::deadpool_postgres::Pool;
 use locks_postgres::tokio_postgres::{self, NoTls};
 use migration_cutover::{
     CutoverOutcome, Event, InMemoryEventStore, InMemoryMigrationRepository,
@@ -29,19 +28,7 @@ fn database_url() -> String {
 }
 
 fn pool() -> Pool {
-    let config = tokio_postgres::Config::from_str(&database_url()).expect("a valid URL");
-    let manager = Manager::from_config(
-        config,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    Pool::builder(manager)
-        .max_size(4)
-        .runtime(Runtime::Tokio1)
-        .build()
-        .expect("pool")
+    locks_postgres::plain_pool(&database_url(), 4).expect("pool")
 }
 
 /// How long the paused step of a cutover takes here (well inside the 500 ms budget).

@@ -11,11 +11,9 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use locks_postgres::PostgresLockManager;
-use locks_postgres::deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use locks_postgres::locks_port::{AcquireOptions, DistributedLock, LockGuard};
 use locks_postgres::tokio_postgres::{self, NoTls};
 use time::OffsetDateTime;
@@ -38,25 +36,12 @@ impl Clock {
     }
 }
 
-fn pool(url: &str, size: usize) -> Result<Pool, Error> {
-    let config = tokio_postgres::Config::from_str(url)?;
-    let manager = Manager::from_config(
-        config,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    Ok(Pool::builder(manager)
-        .max_size(size)
-        .runtime(Runtime::Tokio1)
-        .build()?)
-}
-
 fn instance(url: &str, name: &str) -> Result<PostgresLockManager, Error> {
-    Ok(PostgresLockManager::builder(pool(url, 2)?)
-        .holder_id(name)
-        .build())
+    Ok(
+        PostgresLockManager::builder(locks_postgres::plain_pool(url, 2)?)
+            .holder_id(name)
+            .build(),
+    )
 }
 
 /// Sessions holding (`granted`) or waiting for the advisory lock of `key`.

@@ -5,11 +5,13 @@ mod classify;
 mod connection;
 mod guard;
 mod manager;
+mod pool;
 mod sql;
 mod telemetry;
 
 pub use guard::PostgresLockGuard;
 pub use manager::{KeyVisibility, PostgresLockManager, PostgresLockManagerBuilder};
+pub use pool::{PoolConfigError, plain_pool};
 
 /// Re-exported so callers build the pool with the same versions as the manager.
 pub use deadpool_postgres;

@@ -1,8 +1,6 @@
 //! Shared set-up: a pool on the test server.
 
-use std::str::FromStr;
-
-use locks_postgres::deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use locks_postgres::deadpool_postgres::Pool;
 use locks_postgres::tokio_postgres::{self, NoTls};
 
 /// The URL of the test server: `LOCKS_DATABASE_URL`, or a throwaway cluster started
@@ -15,19 +13,7 @@ pub(crate) fn database_url() -> String {
 
 /// A pool of `size` connections on the test server.
 pub(crate) fn pool(size: usize) -> Pool {
-    let config = tokio_postgres::Config::from_str(&database_url()).expect("a valid database URL");
-    let manager = Manager::from_config(
-        config,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    Pool::builder(manager)
-        .max_size(size)
-        .runtime(Runtime::Tokio1)
-        .build()
-        .expect("pool")
+    locks_postgres::plain_pool(&database_url(), size).expect("pool")
 }
 
 /// A plain connection for inspecting the server (`pg_locks`, `pg_terminate_backend`).
