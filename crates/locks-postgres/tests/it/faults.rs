@@ -332,6 +332,103 @@ async fn a_server_restart_while_locks_are_held() {
     tokio::task::block_in_place(|| drop(cluster));
 }
 
+/// Sends a signal (`STOP`, `CONT`) to a server backend with `kill(1)`.
+fn signal(pid: i32, name: &str) {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{name} {pid}: {status}");
+}
+
+/// Continues a stopped backend however the test ends, so that the cluster can stop.
+struct Continue(i32);
+
+impl Drop for Continue {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-CONT", &self.0.to_string()])
+            .status();
+    }
+}
+
+/// A backend that stops answering (SIGSTOP: a hung server or a silent network) cannot
+/// hold a bounded acquire hostage: after its timeout plus a grace period the call
+/// fails with `ConnectionLost`, and the connection is given up, not pooled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bounded_acquire_on_a_server_that_stops_answering_fails_with_connection_lost() {
+    // A cluster of this test alone: nobody else's backends get stopped.
+    let cluster = tokio::task::block_in_place(ThrowawayPostgres::start)
+        .expect("a throwaway PostgreSQL cluster for the stopped-backend test");
+    let mut config = tokio_postgres::Config::from_str(&cluster.url()).expect("URL");
+    config.application_name("it-stopped-backend");
+    let manager = PostgresLockManager::new(pool_from(config, 1));
+    let admin = admin_at(&cluster.url()).await;
+    let key = unique_key("stopped-backend");
+    let lock_id = locks_port::lock_id(&key);
+
+    // Warm the pool, then stop its one idle backend.
+    let warm = manager.try_acquire(&key).await.unwrap().expect("free");
+    assert_eq!(warm.release().await, ReleaseOutcome::Unlocked);
+    let pid: i32 = admin
+        .query_one(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'it-stopped-backend'",
+            &[],
+        )
+        .await
+        .expect("the pool's backend")
+        .get(0);
+    let stopped = Continue(pid);
+    signal(pid, "STOP");
+
+    let started = Instant::now();
+    let error = manager
+        .acquire(&key, timeout(Duration::from_millis(300)))
+        .await
+        .expect_err("the backend does not answer");
+    let elapsed = started.elapsed();
+    println!("a bounded acquire on a stopped backend gave up after {elapsed:?}");
+    assert!(elapsed >= Duration::from_millis(300), "{elapsed:?}");
+    assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
+    assert_eq!(
+        error.kind(),
+        AcquisitionErrorKind::ConnectionLost,
+        "{error}"
+    );
+    assert_eq!(error.timeout(), Some(Duration::from_millis(300)));
+    assert_eq!(
+        error.to_string(),
+        format!("Failed to acquire lock '{key}': Timeout after 0.3s (the server did not answer)")
+    );
+    assert_eq!(manager.held_lock_count(), 0);
+    let status = manager.pool().status();
+    assert!(status.size <= status.max_size, "{status:?}");
+
+    // Once it runs again it finds its client gone and exits, holding nothing.
+    drop(stopped);
+    wait_for("the continued backend to exit", || async {
+        admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+                &[&pid],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+            == 0
+    })
+    .await;
+    assert_eq!(holders(&admin, lock_id).await, 0);
+    let guard = manager
+        .acquire(&key, timeout(Duration::from_secs(5)))
+        .await
+        .expect("the manager works on a new connection");
+    assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
+    drop((admin, manager));
+    tokio::task::block_in_place(|| drop(cluster));
+}
+
 // ---------------------------------------------------------------------------------
 // 3. An acquire dropped while it waits.
 
@@ -652,8 +749,10 @@ async fn unusual_keys_and_holder_ids_lock_by_their_derived_id() {
 // ---------------------------------------------------------------------------------
 // 7. Futures dropped mid-flight.
 
-/// Points at which to drop a future: not polled at all, then after a growing delay.
-const DROP_POINTS_US: [Option<u64>; 12] = [
+/// Points at which to drop a future: not polled at all, then after a growing delay
+/// (the last ones let most calls finish, even on a loaded machine where a dropped
+/// session's replacement connection takes a while to open).
+const DROP_POINTS_US: [Option<u64>; 15] = [
     None,
     Some(0),
     Some(50),
@@ -666,6 +765,9 @@ const DROP_POINTS_US: [Option<u64>; 12] = [
     Some(2_000),
     Some(3_000),
     Some(5_000),
+    Some(10_000),
+    Some(20_000),
+    Some(50_000),
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
