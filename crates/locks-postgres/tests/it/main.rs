@@ -1,7 +1,7 @@
 //! Integration tests of the PostgreSQL manager, on a real server.
 
 mod basics;
+mod conformance;
 mod faults;
-mod observability;
 mod processes;
 mod support;

@@ -1,6 +1,12 @@
 //! The spans reach an OpenTelemetry pipeline with the database conventions, and key
 //! text stays out when asked.
+//!
+//! A test binary of its own because it installs a global subscriber: a scoped one
+//! (`set_default`) misses spans when other tests on other threads hit the same
+//! callsites first and cache "no interest" (tokio-rs/tracing#3611). Tests here run in
+//! parallel against one exporter, so each looks only at the spans of its own lock id.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use locks_port::{AcquireOptions, DistributedLock, LockGuard};
@@ -10,20 +16,38 @@ use opentelemetry::{Key, Value};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use tracing_subscriber::prelude::*;
 
-use crate::support::{pool, unique_key};
+#[path = "it/support.rs"]
+#[allow(dead_code)] // shared with the `it` binary, which uses all of it
+mod support;
 
-/// Runs `body` with a subscriber that exports to memory; returns the finished spans.
-async fn exported<F: std::future::Future<Output = ()>>(body: F) -> Vec<SpanData> {
-    let exporter = InMemorySpanExporter::default();
-    let provider = SdkTracerProvider::builder()
-        .with_simple_exporter(exporter.clone())
-        .build();
-    let subscriber = tracing_subscriber::registry()
-        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("locks-it")));
-    let _default = tracing::subscriber::set_default(subscriber);
+use support::{pool, unique_key};
+
+/// The process-wide exporter behind the global subscriber, installed once.
+fn exporter() -> &'static (InMemorySpanExporter, SdkTracerProvider) {
+    static PIPELINE: OnceLock<(InMemorySpanExporter, SdkTracerProvider)> = OnceLock::new();
+    PIPELINE.get_or_init(|| {
+        let exporter = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(exporter.clone())
+            .build();
+        tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("locks-it")))
+            .init();
+        (exporter, provider)
+    })
+}
+
+/// Runs `body`; returns the finished spans about `lock_id`, in the order they ended.
+async fn exported<F: std::future::Future<Output = ()>>(lock_id: i64, body: F) -> Vec<SpanData> {
+    let (exporter, provider) = exporter();
     body.await;
     provider.force_flush().expect("flush");
-    exporter.get_finished_spans().expect("spans")
+    exporter
+        .get_finished_spans()
+        .expect("spans")
+        .into_iter()
+        .filter(|span| attribute(span, "lock.id") == Some(&Value::I64(lock_id)))
+        .collect()
 }
 
 fn attribute<'a>(span: &'a SpanData, key: &str) -> Option<&'a Value> {
@@ -37,13 +61,13 @@ fn string(span: &SpanData, key: &str) -> Option<String> {
     attribute(span, key).map(Value::to_string)
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_and_release_spans_carry_database_attributes() {
     let manager = PostgresLockManager::new(pool(2));
     let other = PostgresLockManager::new(pool(2));
     let key = unique_key("otel");
     let id = locks_port::lock_id(&key);
-    let spans = exported(async {
+    let spans = exported(id, async {
         let guard = manager
             .acquire(&key, AcquireOptions::new())
             .await
@@ -121,13 +145,13 @@ async fn acquire_and_release_spans_carry_database_attributes() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hidden_keys_stay_out_of_spans() {
     let manager = PostgresLockManager::builder(pool(1))
         .key_visibility(KeyVisibility::Hidden)
         .build();
     let key = unique_key("tenant-secret");
-    let spans = exported(async {
+    let spans = exported(locks_port::lock_id(&key), async {
         let guard = manager
             .acquire(&key, AcquireOptions::new())
             .await
