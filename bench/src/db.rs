@@ -1,0 +1,132 @@
+//! Connections: the library's pools and the raw baselines' dedicated connections.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use locks_postgres::deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use locks_postgres::tokio_postgres::{self, Client, NoTls, Statement};
+
+use crate::BoxError;
+
+/// Where to connect, parsed once.
+#[derive(Debug, Clone)]
+pub(crate) struct Database {
+    config: tokio_postgres::Config,
+}
+
+impl Database {
+    pub(crate) fn new(url: &str) -> Result<Self, BoxError> {
+        let config = tokio_postgres::Config::from_str(url)
+            .map_err(|error| format!("invalid database URL: {error}"))?;
+        Ok(Self { config })
+    }
+
+    /// A pool of at most `size` connections, tagged `application_name`, recycled the
+    /// default (`Fast`) way, as the crate's README recommends. Opens nothing yet.
+    pub(crate) fn pool(&self, size: usize, application_name: &str) -> Pool {
+        let mut config = self.config.clone();
+        config.application_name(application_name);
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        Pool::builder(manager)
+            .max_size(size)
+            .runtime(Runtime::Tokio1)
+            .build()
+            .expect("a pool with a runtime and no hooks always builds")
+    }
+
+    /// Opens `count` connections of `pool` at once and gives them back, each having run
+    /// one query (so its buffers are grown before anything is measured).
+    pub(crate) async fn warm(&self, pool: &Pool, count: usize) -> Result<(), BoxError> {
+        let mut opening = tokio::task::JoinSet::new();
+        for _ in 0..count {
+            let pool = pool.clone();
+            opening.spawn(async move {
+                let object = pool.get().await?;
+                object.simple_query("SELECT 1").await?;
+                Ok::<_, BoxError>(object)
+            });
+        }
+        let mut objects = Vec::with_capacity(count);
+        while let Some(joined) = opening.join_next().await {
+            objects.push(joined??);
+        }
+        drop(objects);
+        Ok(())
+    }
+
+    /// A dedicated connection (the raw baselines), its driver task spawned.
+    pub(crate) async fn connect(&self, application_name: &str) -> Result<Client, BoxError> {
+        let mut config = self.config.clone();
+        config.application_name(application_name);
+        let (client, connection) = config.connect(NoTls).await?;
+        tokio::spawn(async move {
+            // Ends when the client is dropped; an error here only means the server left.
+            let _ = connection.await;
+        });
+        client.simple_query("SELECT 1").await?;
+        Ok(client)
+    }
+
+    /// How many sessions of `application_name` the server has, waiting up to five
+    /// seconds for the count to reach `expected` (disconnections are asynchronous).
+    pub(crate) async fn sessions(
+        &self,
+        admin: &Client,
+        application_name: &str,
+        expected: i64,
+    ) -> Result<i64, BoxError> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let count: i64 = admin
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                    &[&application_name],
+                )
+                .await?
+                .get(0);
+            if count == expected || tokio::time::Instant::now() >= deadline {
+                return Ok(count);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// The raw baseline's statements, prepared once per connection.
+#[derive(Debug)]
+pub(crate) struct RawStatements {
+    pub(crate) lock: Statement,
+    pub(crate) try_lock: Statement,
+    pub(crate) unlock: Statement,
+}
+
+impl RawStatements {
+    pub(crate) async fn prepare(client: &Client) -> Result<Self, BoxError> {
+        Ok(Self {
+            lock: client.prepare("SELECT pg_advisory_lock($1)").await?,
+            try_lock: client.prepare("SELECT pg_try_advisory_lock($1)").await?,
+            unlock: client.prepare("SELECT pg_advisory_unlock($1)").await?,
+        })
+    }
+}
+
+/// Advisory locks granted to sessions of `application_name`.
+pub(crate) async fn granted_advisory_locks(
+    admin: &Client,
+    application_name: &str,
+) -> Result<i64, BoxError> {
+    Ok(admin
+        .query_one(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+             WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = $1",
+            &[&application_name],
+        )
+        .await?
+        .get(0))
+}

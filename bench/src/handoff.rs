@@ -1,0 +1,585 @@
+//! Scenario 4: handoff under contention. N tasks loop acquire (timeout 5 s) / hold 2 ms /
+//! release on one key; every task has its own manager and its own pool of one connection,
+//! as separate processes would.
+//!
+//! All instants come from one monotonic clock (`Instant`) shared by the tasks:
+//! - **gap**: from the instant just before a holder calls release to the instant the next
+//!   acquisition (by any task, the releaser included) returns;
+//! - **gap to a waiter**: from a release while other tasks were waiting to the instant one
+//!   of *those* tasks' acquisitions returns. Under a FIFO queue the two are the same; under
+//!   polling the releaser often takes the lock straight back, and this is how long the
+//!   tasks that were already waiting were passed over;
+//! - **fairness**: most turns / fewest turns among the tasks in one window (the worst
+//!   window is reported).
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use locks_port::{AcquireOptions, DistributedLock, LockGuard, WaitStrategy, lock_id};
+use locks_postgres::PostgresLockManager;
+use locks_postgres::tokio_postgres::error::SqlState;
+use serde_json::{Value, json};
+
+use crate::chart::Series;
+use crate::db::{Database, RawStatements};
+use crate::report::{Check, Outcome, Section, verdict};
+use crate::stats::{Latencies, fmt_ns};
+use crate::{BoxError, Plan};
+
+const HOLD: Duration = Duration::from_millis(2);
+const BOUNDED: Duration = Duration::from_secs(5);
+/// Targets for the server-side wait.
+const GAP_P99_LIMIT: Duration = Duration::from_millis(2);
+const GAP_LIMIT_CONTENDERS: usize = 4;
+const FAIRNESS_LIMIT: f64 = 1.5;
+pub(crate) const CONTENDERS: [usize; 2] = [4, 16];
+
+/// Who contends, and how they wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Contender {
+    /// Raw `pg_advisory_lock` under `lock_timeout = 5s`, one dedicated connection per task.
+    Raw,
+    /// The library, `WaitStrategy::Queue`: one server-side wait.
+    Queue,
+    /// The library, `WaitStrategy::Poll`: the original's `pg_try_advisory_lock` every 100 ms.
+    Poll,
+}
+
+impl Contender {
+    pub(crate) const ALL: [Self; 3] = [Self::Raw, Self::Queue, Self::Poll];
+
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::Raw => "raw pg_advisory_lock (server queue)",
+            Self::Queue => "library, Queue (server-side wait)",
+            Self::Poll => "library, Poll (100 ms, the original)",
+        }
+    }
+
+    fn id(self) -> &'static str {
+        match self {
+            Self::Raw => "raw",
+            Self::Queue => "queue",
+            Self::Poll => "poll",
+        }
+    }
+}
+
+/// What happened during the windows of one (contender, task count).
+#[derive(Debug, Default)]
+struct State {
+    /// Bit `i` is set while task `i` is inside an acquire.
+    waiting: u32,
+    /// The last release not yet followed by an acquisition, and who released.
+    last_release: Option<(Instant, usize)>,
+    /// Releases made while others waited, with the set of those waiters.
+    open: Vec<(Instant, u32)>,
+    gaps: Vec<u64>,
+    waiter_gaps: Vec<u64>,
+    waits: Vec<u64>,
+    turns: Vec<u64>,
+    retaken: u64,
+    timeouts: u64,
+    abandoned: u64,
+    unserved_at_end: u64,
+}
+
+fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[derive(Debug)]
+struct Recorder {
+    state: Mutex<State>,
+}
+
+impl Recorder {
+    fn new(tasks: usize) -> Self {
+        assert!(tasks <= 32, "the waiting set is a u32");
+        Self {
+            state: Mutex::new(State {
+                turns: vec![0; tasks],
+                ..State::default()
+            }),
+        }
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+        f(&mut self.state.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    fn begin_wait(&self, task: usize) {
+        self.with(|s| s.waiting |= 1 << task);
+    }
+
+    fn acquired(&self, task: usize, called: Instant, at: Instant) {
+        let bit = 1u32 << task;
+        self.with(|s| {
+            s.waiting &= !bit;
+            s.turns[task] += 1;
+            s.waits.push(nanos(at - called));
+            if let Some((released, releaser)) = s.last_release.take() {
+                s.gaps.push(nanos(at.saturating_duration_since(released)));
+                if releaser == task {
+                    s.retaken += 1;
+                }
+            }
+            let mut served = Vec::new();
+            s.open.retain(|&(released, waiters)| {
+                let hit = waiters & bit != 0;
+                if hit {
+                    served.push(nanos(at.saturating_duration_since(released)));
+                }
+                !hit
+            });
+            s.waiter_gaps.extend(served);
+        });
+    }
+
+    /// Call just before the release is issued.
+    fn releasing(&self, task: usize, at: Instant) {
+        self.with(|s| {
+            s.last_release = Some((at, task));
+            let waiters = s.waiting & !(1 << task);
+            if waiters != 0 {
+                s.open.push((at, waiters));
+            }
+        });
+    }
+
+    /// `task` stopped waiting without the lock: its acquire timed out, or the window
+    /// ended (`at_end`).
+    fn gave_up(&self, task: usize, at_end: bool) {
+        let bit = 1u32 << task;
+        self.with(|s| {
+            s.waiting &= !bit;
+            if !at_end {
+                s.timeouts += 1;
+            }
+            let mut emptied = 0;
+            s.open.retain_mut(|(_, waiters)| {
+                *waiters &= !bit;
+                if *waiters == 0 {
+                    emptied += 1;
+                }
+                *waiters != 0
+            });
+            if at_end {
+                s.unserved_at_end += emptied;
+            } else {
+                s.abandoned += emptied;
+            }
+        });
+    }
+
+    /// Ends a window: what is still open was not served within it.
+    fn finish_window(&self) -> Vec<u64> {
+        self.with(|s| {
+            s.unserved_at_end += u64::try_from(s.open.len()).unwrap_or(u64::MAX);
+            s.open.clear();
+            s.waiting = 0;
+            s.last_release = None;
+            let tasks = s.turns.len();
+            std::mem::replace(&mut s.turns, vec![0; tasks])
+        })
+    }
+}
+
+/// How a task of one window takes and gives back the lock.
+enum Taker {
+    Library {
+        manager: PostgresLockManager,
+        options: AcquireOptions,
+    },
+    Raw {
+        client: locks_postgres::tokio_postgres::Client,
+        statements: RawStatements,
+    },
+}
+
+enum Taken {
+    Library(locks_postgres::PostgresLockGuard),
+    Raw,
+    TimedOut,
+}
+
+impl Taker {
+    async fn new(db: &Database, contender: Contender) -> Result<Self, BoxError> {
+        let options = AcquireOptions::new().with_timeout(BOUNDED);
+        Ok(match contender {
+            Contender::Raw => {
+                let client = db.connect("lock-bench-handoff").await?;
+                client.simple_query("SET lock_timeout = '5s'").await?;
+                let statements = RawStatements::prepare(&client).await?;
+                Self::Raw { client, statements }
+            }
+            Contender::Queue | Contender::Poll => {
+                let pool = db.pool(1, "lock-bench-handoff");
+                db.warm(&pool, 1).await?;
+                let strategy = if contender == Contender::Poll {
+                    WaitStrategy::Poll
+                } else {
+                    WaitStrategy::Queue
+                };
+                Self::Library {
+                    manager: PostgresLockManager::new(pool),
+                    options: options.with_wait_strategy(strategy),
+                }
+            }
+        })
+    }
+
+    async fn take(&self, key: &str, id: i64) -> Result<Taken, BoxError> {
+        match self {
+            Self::Library { manager, options } => match manager.acquire(key, *options).await {
+                Ok(guard) => Ok(Taken::Library(guard)),
+                Err(error) if error.is_timeout() => Ok(Taken::TimedOut),
+                Err(error) => Err(error.into()),
+            },
+            Self::Raw { client, statements } => {
+                match client.execute(&statements.lock, &[&id]).await {
+                    Ok(_) => Ok(Taken::Raw),
+                    Err(error) if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                        Ok(Taken::TimedOut)
+                    }
+                    Err(error) => Err(error.into()),
+                }
+            }
+        }
+    }
+
+    async fn give_back(&self, taken: Taken, id: i64) -> Result<(), BoxError> {
+        match (self, taken) {
+            (Self::Library { .. }, Taken::Library(guard)) => {
+                guard.release().await;
+            }
+            (Self::Raw { client, statements }, Taken::Raw) => {
+                let released: bool = client.query_one(&statements.unlock, &[&id]).await?.get(0);
+                if !released {
+                    return Err("pg_advisory_unlock answered false".into());
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// One window: `tasks` takers loop on `key` until `length` has passed. Returns the turns
+/// of each task.
+async fn window(
+    db: &Database,
+    contender: Contender,
+    tasks: usize,
+    key: String,
+    length: Duration,
+    recorder: &Arc<Recorder>,
+) -> Result<Vec<u64>, BoxError> {
+    let mut takers = Vec::with_capacity(tasks);
+    for _ in 0..tasks {
+        takers.push(Taker::new(db, contender).await?);
+    }
+    let id = lock_id(&key);
+    let key: Arc<str> = key.into();
+    let end = Instant::now() + length;
+    let mut running = tokio::task::JoinSet::new();
+    for (task, taker) in takers.into_iter().enumerate() {
+        let recorder = Arc::clone(recorder);
+        let key = Arc::clone(&key);
+        running.spawn(async move {
+            while Instant::now() < end {
+                recorder.begin_wait(task);
+                let called = Instant::now();
+                let Ok(taken) = tokio::time::timeout_at(end.into(), taker.take(&key, id)).await
+                else {
+                    // The window is over; dropping the wait cancels it.
+                    recorder.gave_up(task, true);
+                    break;
+                };
+                let taken = taken?;
+                if matches!(taken, Taken::TimedOut) {
+                    recorder.gave_up(task, false);
+                    continue;
+                }
+                recorder.acquired(task, called, Instant::now());
+                tokio::time::sleep(HOLD).await;
+                recorder.releasing(task, Instant::now());
+                taker.give_back(taken, id).await?;
+            }
+            Ok::<_, BoxError>(())
+        });
+    }
+    while let Some(joined) = running.join_next().await {
+        joined??;
+    }
+    Ok(recorder.finish_window())
+}
+
+/// Most turns / fewest turns; infinite when a task got none.
+fn fairness(turns: &[u64]) -> f64 {
+    let most = turns.iter().copied().max().unwrap_or(0);
+    let fewest = turns.iter().copied().min().unwrap_or(0);
+    if fewest == 0 {
+        f64::INFINITY
+    } else {
+        crate::stats::as_f64(most) / crate::stats::as_f64(fewest)
+    }
+}
+
+fn fmt_fairness(value: f64) -> String {
+    if value.is_finite() {
+        format!("{value:.2}")
+    } else {
+        "∞ (a task got no turn)".to_owned()
+    }
+}
+
+fn fairness_json(value: f64) -> Value {
+    if value.is_finite() {
+        json!(value)
+    } else {
+        Value::Null
+    }
+}
+
+fn latencies(samples: &[u64]) -> Latencies {
+    let mut latencies = Latencies::new();
+    for &sample in samples {
+        latencies.record_ns(sample);
+    }
+    latencies
+}
+
+/// The handoff scenario and the series for the chart.
+pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<(Outcome, Vec<Series>), BoxError> {
+    struct Cell {
+        contender: Contender,
+        tasks: usize,
+        recorder: Arc<Recorder>,
+        windows: Vec<Vec<u64>>,
+    }
+    let mut cells: Vec<Cell> = CONTENDERS
+        .iter()
+        .flat_map(|&tasks| {
+            Contender::ALL.iter().map(move |&contender| Cell {
+                contender,
+                tasks,
+                recorder: Arc::new(Recorder::new(tasks)),
+                windows: Vec::new(),
+            })
+        })
+        .collect();
+
+    for round in 0..plan.handoff_rounds {
+        for &tasks in &CONTENDERS {
+            for step in 0..Contender::ALL.len() {
+                let contender = Contender::ALL[(round + step) % Contender::ALL.len()];
+                let cell = cells
+                    .iter_mut()
+                    .find(|c| c.contender == contender && c.tasks == tasks)
+                    .expect("every combination has a cell");
+                let length = if contender == Contender::Poll {
+                    plan.handoff_poll_window
+                } else {
+                    plan.handoff_window
+                };
+                let key = format!("bench:handoff:{round}:{tasks}:{}", contender.id());
+                let turns = window(db, contender, tasks, key, length, &cell.recorder).await?;
+                cell.windows.push(turns);
+            }
+        }
+    }
+
+    let mut rows = Vec::new();
+    let mut checks = Vec::new();
+    let mut json_cells = Vec::new();
+    let mut series = Vec::new();
+    for cell in &cells {
+        let state = cell.recorder.with(std::mem::take);
+        let gaps = latencies(&state.gaps);
+        let waiter_gaps = latencies(&state.waiter_gaps);
+        let waits = latencies(&state.waits);
+        let fairness_by_window: Vec<f64> = cell.windows.iter().map(|t| fairness(t)).collect();
+        let worst_fairness = fairness_by_window.iter().copied().fold(0.0_f64, f64::max);
+        let turns: u64 = cell.windows.iter().flatten().sum();
+
+        let mut result = String::new();
+        if cell.contender == Contender::Queue {
+            let mut missed = Vec::new();
+            let fair = worst_fairness <= FAIRNESS_LIMIT;
+            checks.push(Check::new(
+                format!(
+                    "handoff fairness, Queue, {} contenders (worst window)",
+                    cell.tasks
+                ),
+                fmt_fairness(worst_fairness),
+                format!("≤ {FAIRNESS_LIMIT}"),
+                fair,
+            ));
+            if !fair {
+                missed.push("fairness");
+            }
+            if cell.tasks == GAP_LIMIT_CONTENDERS {
+                let gap_ok = gaps.count() > 0 && gaps.p99() <= nanos(GAP_P99_LIMIT);
+                checks.push(Check::new(
+                    format!("handoff gap p99, Queue, {} contenders", cell.tasks),
+                    fmt_ns(gaps.p99()),
+                    format!("≤ {}", fmt_ns(nanos(GAP_P99_LIMIT))),
+                    gap_ok,
+                ));
+                if !gap_ok {
+                    missed.push("gap p99");
+                }
+            }
+            result = if missed.is_empty() {
+                verdict(true).to_owned()
+            } else {
+                format!("MISS: {}", missed.join(", "))
+            };
+        }
+        let percent = |part: u64, whole: u64| {
+            if whole == 0 {
+                "—".to_owned()
+            } else {
+                format!(
+                    "{:.0} %",
+                    crate::stats::as_f64(part) * 100.0 / crate::stats::as_f64(whole)
+                )
+            }
+        };
+        rows.push(vec![
+            cell.tasks.to_string(),
+            cell.contender.label().to_owned(),
+            turns.to_string(),
+            fmt_ns(gaps.p50()),
+            fmt_ns(gaps.p99()),
+            fmt_ns(waiter_gaps.p50()),
+            fmt_ns(waiter_gaps.p99()),
+            fmt_ns(waits.p99()),
+            fmt_fairness(worst_fairness),
+            percent(state.retaken, gaps.count()),
+            state.timeouts.to_string(),
+            result,
+        ]);
+        json_cells.push(json!({
+            "contenders": cell.tasks,
+            "strategy": cell.contender.id(),
+            "label": cell.contender.label(),
+            "turns": turns,
+            "turns_by_window": cell.windows,
+            "fairness_by_window": fairness_by_window.iter().map(|&f| fairness_json(f)).collect::<Vec<_>>(),
+            "fairness_worst": fairness_json(worst_fairness),
+            "gap": gaps.to_json(),
+            "gap_to_waiter": waiter_gaps.to_json(),
+            "wait": waits.to_json(),
+            "retaken_by_releaser": state.retaken,
+            "timeouts": state.timeouts,
+            "releases_abandoned_by_all_waiters": state.abandoned,
+            "releases_unserved_at_window_end": state.unserved_at_end,
+        }));
+        series.push(Series {
+            label: format!("{}, {} contenders", cell.contender.label(), cell.tasks),
+            contender: cell.contender,
+            tasks: cell.tasks,
+            gaps: state.gaps,
+            waiter_gaps: state.waiter_gaps,
+        });
+    }
+
+    Ok((
+        Outcome {
+            id: "handoff",
+            section: Section {
+                title: "4. Handoff under contention: one key, hold 2 ms, acquire timeout 5 s"
+                    .to_owned(),
+                notes: vec![format!(
+                    "{} rounds; per round and contender count, one window each of raw \
+                         ({:.1} s), Queue ({:.1} s) and Poll ({:.1} s), order rotating. Every \
+                         task has its own manager and pool of one (like separate processes). \
+                         **gap** = from just before a holder calls release to the return of \
+                         the next acquisition by anyone; **gap to a waiter** = from a release \
+                         while others waited to the return of an acquisition by one of those \
+                         waiters; **wait** = one acquire call, start to grant; **fairness** = \
+                         most turns / fewest turns per window (worst window); **re-taken** = \
+                         share of handoffs where the releaser took the lock straight back.",
+                    plan.handoff_rounds,
+                    plan.handoff_window.as_secs_f64(),
+                    plan.handoff_window.as_secs_f64(),
+                    plan.handoff_poll_window.as_secs_f64(),
+                )],
+                header: vec![
+                    "Tasks",
+                    "Waiting",
+                    "Turns",
+                    "gap p50",
+                    "gap p99",
+                    "gap to a waiter p50",
+                    "gap to a waiter p99",
+                    "wait p99",
+                    "fairness",
+                    "re-taken",
+                    "timeouts",
+                    "Result",
+                ],
+                rows,
+            },
+            checks,
+            json: json!({
+                "hold_ms": 2,
+                "acquire_timeout_s": 5,
+                "rounds": plan.handoff_rounds,
+                "window_s": plan.handoff_window.as_secs_f64(),
+                "poll_window_s": plan.handoff_poll_window.as_secs_f64(),
+                "cells": json_cells,
+            }),
+        },
+        series,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_waiter_gap_closes_only_when_a_waiter_gets_the_lock() {
+        let recorder = Recorder::new(3);
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        // Task 0 holds; 1 waits; 0 releases at 10 ms and takes it back at 11 ms.
+        recorder.begin_wait(0);
+        recorder.acquired(0, t0, ms(1));
+        recorder.begin_wait(1);
+        recorder.releasing(0, ms(10));
+        recorder.begin_wait(0);
+        recorder.acquired(0, ms(10), ms(11));
+        // 0 releases again at 20 ms; 1 gets it at 22 ms.
+        recorder.releasing(0, ms(20));
+        recorder.acquired(1, ms(5), ms(22));
+        let state = recorder.with(std::mem::take);
+        assert_eq!(state.gaps, vec![1_000_000, 2_000_000]);
+        assert_eq!(state.retaken, 1);
+        // Both releases had task 1 waiting: passed over for 12 ms, then 2 ms.
+        assert_eq!(state.waiter_gaps, vec![12_000_000, 2_000_000]);
+        assert_eq!(state.turns, vec![2, 1, 0]);
+    }
+
+    #[test]
+    fn releases_whose_waiters_all_gave_up_are_counted_apart() {
+        let recorder = Recorder::new(2);
+        let t0 = Instant::now();
+        recorder.acquired(0, t0, t0);
+        recorder.begin_wait(1);
+        recorder.releasing(0, t0 + Duration::from_millis(3));
+        recorder.gave_up(1, false);
+        let state = recorder.with(std::mem::take);
+        assert_eq!((state.abandoned, state.timeouts), (1, 1));
+        assert!(state.waiter_gaps.is_empty());
+    }
+
+    #[test]
+    fn fairness_is_most_over_fewest() {
+        assert!((fairness(&[10, 20, 15]) - 2.0).abs() < f64::EPSILON);
+        assert!(fairness(&[10, 0]).is_infinite());
+    }
+}

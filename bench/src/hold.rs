@@ -1,0 +1,333 @@
+//! Scenario 5: many locks held at once by one manager: client memory per held lock,
+//! connections per held lock, and the time `release_all` takes.
+
+use std::time::{Duration, Instant};
+
+use locks_port::{AcquireOptions, DistributedLock, LockGuard, LockRegistry, lock_id};
+use locks_postgres::PostgresLockManager;
+use locks_postgres::tokio_postgres::Client;
+use serde_json::json;
+
+use crate::db::{Database, granted_advisory_locks};
+use crate::report::{Check, Outcome, Section, verdict};
+use crate::stats::{as_f64, fmt_bytes, fmt_ns, fmt_ratio, median, ratio};
+use crate::{BoxError, Plan, allocated_bytes, rss_bytes};
+
+/// "A small client-side footprint": the manager's own bookkeeping per held lock, on top
+/// of the connection the lock needs anyway.
+const BOOKKEEPING_LIMIT: f64 = 1024.0;
+
+const LIBRARY_APP: &str = "lock-bench-hold-library";
+const RAW_APP: &str = "lock-bench-hold-raw";
+
+/// Live heap bytes and resident memory at one point.
+#[derive(Debug, Clone, Copy)]
+struct Memory {
+    heap: usize,
+    rss: Option<usize>,
+}
+
+impl Memory {
+    fn now() -> Self {
+        Self {
+            heap: allocated_bytes(),
+            rss: rss_bytes(),
+        }
+    }
+
+    /// Heap bytes per lock from `self` to `later`.
+    fn heap_per(self, later: Self, count: usize) -> f64 {
+        (as_f64(later.heap as u64) - as_f64(self.heap as u64)) / as_f64(count as u64)
+    }
+
+    fn rss_per(self, later: Self, count: usize) -> Option<f64> {
+        Some((as_f64(later.rss? as u64) - as_f64(self.rss? as u64)) / as_f64(count as u64))
+    }
+}
+
+#[derive(Debug)]
+struct LibraryRound {
+    connection_heap: f64,
+    connection_rss: Option<f64>,
+    bookkeeping_heap: f64,
+    guard_heap: f64,
+    pool_size: usize,
+    held_count: usize,
+    sessions: i64,
+    granted: i64,
+    released: usize,
+    release_all: Duration,
+}
+
+#[derive(Debug)]
+struct RawRound {
+    connection_heap: f64,
+    connection_rss: Option<f64>,
+    locked_heap: f64,
+    sessions: i64,
+    granted: i64,
+    release_all: Duration,
+}
+
+async fn library_round(
+    db: &Database,
+    admin: &Client,
+    count: usize,
+    round: usize,
+) -> Result<LibraryRound, BoxError> {
+    let keys: Vec<String> = (0..count)
+        .map(|n| format!("bench:hold:{round}:{n}"))
+        .collect();
+    let mut guards = Vec::with_capacity(count);
+    let pool = db.pool(count, LIBRARY_APP);
+    let manager = PostgresLockManager::new(pool.clone());
+
+    let empty = Memory::now();
+    db.warm(&pool, count).await?;
+    let connected = Memory::now();
+    for key in &keys {
+        guards.push(manager.acquire(key, AcquireOptions::new()).await?);
+    }
+    let with_guards = Memory::now();
+    for guard in guards.drain(..) {
+        // The lock stays with the manager; only the bookkeeping entry remains.
+        drop(guard.into_held());
+    }
+    let held = Memory::now();
+
+    let pool_size = pool.status().size;
+    let held_count = manager.held_lock_count();
+    let sessions = db
+        .sessions(admin, LIBRARY_APP, i64::try_from(count)?)
+        .await?;
+    let granted = granted_advisory_locks(admin, LIBRARY_APP).await?;
+
+    let started = Instant::now();
+    let released = manager.release_all().await;
+    let release_all = started.elapsed();
+
+    drop(manager);
+    drop(pool);
+    db.sessions(admin, LIBRARY_APP, 0).await?;
+    Ok(LibraryRound {
+        connection_heap: empty.heap_per(connected, count),
+        connection_rss: empty.rss_per(connected, count),
+        bookkeeping_heap: connected.heap_per(held, count),
+        guard_heap: held.heap_per(with_guards, count),
+        pool_size,
+        held_count,
+        sessions,
+        granted,
+        released,
+        release_all,
+    })
+}
+
+async fn raw_round(
+    db: &Database,
+    admin: &Client,
+    count: usize,
+    round: usize,
+) -> Result<RawRound, BoxError> {
+    let ids: Vec<i64> = (0..count)
+        .map(|n| lock_id(&format!("bench:hold-raw:{round}:{n}")))
+        .collect();
+    let mut clients = Vec::with_capacity(count);
+    let empty = Memory::now();
+    let mut opening = tokio::task::JoinSet::new();
+    for _ in 0..count {
+        let db = db.clone();
+        opening.spawn(async move { db.connect(RAW_APP).await });
+    }
+    while let Some(joined) = opening.join_next().await {
+        clients.push(joined??);
+    }
+    let connected = Memory::now();
+    for (client, id) in clients.iter().zip(&ids) {
+        client
+            .simple_query(&format!("SELECT pg_advisory_lock({id})"))
+            .await?;
+    }
+    let locked = Memory::now();
+    let sessions = db.sessions(admin, RAW_APP, i64::try_from(count)?).await?;
+    let granted = granted_advisory_locks(admin, RAW_APP).await?;
+
+    let started = Instant::now();
+    for (client, id) in clients.iter().zip(&ids) {
+        client
+            .simple_query(&format!("SELECT pg_advisory_unlock({id})"))
+            .await?;
+    }
+    let release_all = started.elapsed();
+    drop(clients);
+    db.sessions(admin, RAW_APP, 0).await?;
+    Ok(RawRound {
+        connection_heap: empty.heap_per(connected, count),
+        connection_rss: empty.rss_per(connected, count),
+        locked_heap: connected.heap_per(locked, count),
+        sessions,
+        granted,
+        release_all,
+    })
+}
+
+pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
+    let count = plan.hold_locks;
+    let admin = db.connect("lock-bench-admin").await?;
+    let mut library = Vec::new();
+    let mut raw = Vec::new();
+    for round in 0..plan.hold_rounds {
+        if round % 2 == 0 {
+            library.push(library_round(db, &admin, count, round).await?);
+            raw.push(raw_round(db, &admin, count, round).await?);
+        } else {
+            raw.push(raw_round(db, &admin, count, round).await?);
+            library.push(library_round(db, &admin, count, round).await?);
+        }
+    }
+
+    let med = |values: Vec<f64>| median(&values);
+    let med_opt = |values: Vec<Option<f64>>| {
+        let values: Option<Vec<f64>> = values.into_iter().collect();
+        values.map(|v| median(&v))
+    };
+    let secs = |d: Duration| d.as_secs_f64();
+    let connection_heap = med(library.iter().map(|r| r.connection_heap).collect());
+    let connection_rss = med_opt(library.iter().map(|r| r.connection_rss).collect());
+    let bookkeeping = med(library.iter().map(|r| r.bookkeeping_heap).collect());
+    let guard = med(library.iter().map(|r| r.guard_heap).collect());
+    let raw_connection_heap = med(raw.iter().map(|r| r.connection_heap).collect());
+    let raw_connection_rss = med_opt(raw.iter().map(|r| r.connection_rss).collect());
+    let raw_locked = med(raw.iter().map(|r| r.locked_heap).collect());
+    let release_all = med(library.iter().map(|r| secs(r.release_all)).collect());
+    let raw_release_all = med(raw.iter().map(|r| secs(r.release_all)).collect());
+    let expected = i64::try_from(count)?;
+    let one_each = library.iter().all(|r| {
+        r.pool_size == count
+            && r.held_count == count
+            && r.released == count
+            && r.sessions == expected
+            && r.granted == expected
+    });
+    let small = bookkeeping <= BOOKKEEPING_LIMIT;
+    let last = library.last().ok_or("no round ran")?;
+    let raw_last = raw.last().ok_or("no round ran")?;
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let as_ns = |s: f64| (s * 1e9) as u64;
+
+    let rows = vec![
+        vec![
+            "connections per held lock (pool size, sessions in pg_stat_activity, granted advisory locks)".to_owned(),
+            format!("{} / {} / {} for {count}", last.pool_size, last.sessions, last.granted),
+            format!("{} / {} for {count}", raw_last.sessions, raw_last.granted),
+            "= 1 each".to_owned(),
+            verdict(one_each).to_owned(),
+        ],
+        vec![
+            "client heap per connection (pool warmed, no lock)".to_owned(),
+            fmt_bytes(connection_heap),
+            fmt_bytes(raw_connection_heap),
+            String::new(),
+            String::new(),
+        ],
+        vec![
+            "heap added per held lock beyond its connection (library: the manager's bookkeeping; raw: the lock statement's traces)".to_owned(),
+            fmt_bytes(bookkeeping),
+            fmt_bytes(raw_locked),
+            format!("≤ {}", fmt_bytes(BOOKKEEPING_LIMIT)),
+            verdict(small).to_owned(),
+        ],
+        vec![
+            "guard per held lock (heap, while the caller keeps it)".to_owned(),
+            fmt_bytes(guard),
+            "—".to_owned(),
+            String::new(),
+            String::new(),
+        ],
+        vec![
+            format!("release_all of {count} (raw: {count} unlocks one after another)"),
+            fmt_ns(as_ns(release_all)),
+            fmt_ns(as_ns(raw_release_all)),
+            fmt_ratio(ratio(release_all, raw_release_all)),
+            String::new(),
+        ],
+    ];
+    let checks = vec![
+        Check::new(
+            format!("{count} held locks: one connection each"),
+            format!(
+                "pool {} / sessions {} / granted {}",
+                last.pool_size, last.sessions, last.granted
+            ),
+            format!("{count} each"),
+            one_each,
+        ),
+        Check::new(
+            "manager bookkeeping per held lock",
+            fmt_bytes(bookkeeping),
+            format!("≤ {}", fmt_bytes(BOOKKEEPING_LIMIT)),
+            small,
+        ),
+    ];
+    let round_json = |r: &LibraryRound| {
+        json!({
+            "connection_heap_bytes": r.connection_heap,
+            "connection_rss_bytes": r.connection_rss,
+            "bookkeeping_heap_bytes": r.bookkeeping_heap,
+            "guard_heap_bytes": r.guard_heap,
+            "pool_size": r.pool_size,
+            "held_lock_count": r.held_count,
+            "sessions": r.sessions,
+            "granted_advisory_locks": r.granted,
+            "released": r.released,
+            "release_all_s": r.release_all.as_secs_f64(),
+        })
+    };
+    let raw_json = |r: &RawRound| {
+        json!({
+            "connection_heap_bytes": r.connection_heap,
+            "connection_rss_bytes": r.connection_rss,
+            "locked_heap_bytes": r.locked_heap,
+            "sessions": r.sessions,
+            "granted_advisory_locks": r.granted,
+            "unlock_all_s": r.release_all.as_secs_f64(),
+        })
+    };
+    Ok(Outcome {
+        id: "hold_many",
+        section: Section {
+            title: format!("5. {count} locks held at once by one manager (pool of {count})"),
+            notes: vec![format!(
+                "{} rounds, library and raw alternating; medians over rounds. Heap = live \
+                 bytes from a counting global allocator (RSS deltas, in the JSON, are \
+                 unreliable: pages freed by an earlier round are reused). \
+                 Connection cost: warming the pool ({count} connections, one query each); \
+                 bookkeeping: acquiring {count} locks and turning the guards into held \
+                 entries (`into_held`); guard: what the guards add while kept.",
+                plan.hold_rounds
+            )],
+            header: vec!["Measure", "Library", "Raw", "Target / ratio", "Result"],
+            rows,
+        },
+        checks,
+        json: json!({
+            "locks": count,
+            "rounds": plan.hold_rounds,
+            "library": {
+                "connection_heap_bytes_median": connection_heap,
+                "connection_rss_bytes_median": connection_rss,
+                "bookkeeping_heap_bytes_median": bookkeeping,
+                "guard_heap_bytes_median": guard,
+                "release_all_s_median": release_all,
+                "rounds": library.iter().map(round_json).collect::<Vec<_>>(),
+            },
+            "raw": {
+                "connection_heap_bytes_median": raw_connection_heap,
+                "connection_rss_bytes_median": raw_connection_rss,
+                "locked_heap_bytes_median": raw_locked,
+                "unlock_all_s_median": raw_release_all,
+                "rounds": raw.iter().map(raw_json).collect::<Vec<_>>(),
+            },
+        }),
+    })
+}

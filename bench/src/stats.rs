@@ -1,0 +1,177 @@
+//! Latency histograms and how figures are printed.
+
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use serde_json::{Value, json};
+
+/// Nanosecond latencies, 3 significant digits, from 1 ns to one hour.
+#[derive(Debug, Clone)]
+pub(crate) struct Latencies {
+    histogram: Histogram<u64>,
+}
+
+impl Latencies {
+    pub(crate) fn new() -> Self {
+        Self {
+            histogram: Histogram::new_with_bounds(1, 3_600_000_000_000, 3)
+                .expect("static histogram bounds are valid"),
+        }
+    }
+
+    pub(crate) fn record(&mut self, elapsed: Duration) {
+        self.record_ns(u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX));
+    }
+
+    pub(crate) fn record_ns(&mut self, nanos: u64) {
+        self.histogram.saturating_record(nanos.max(1));
+    }
+
+    pub(crate) fn merge(&mut self, other: &Self) {
+        self.histogram
+            .add(&other.histogram)
+            .expect("histograms with the same bounds merge");
+    }
+
+    pub(crate) fn count(&self) -> u64 {
+        self.histogram.len()
+    }
+
+    /// The value at `quantile` (0..=1), in nanoseconds; 0 when empty.
+    pub(crate) fn quantile_ns(&self, quantile: f64) -> u64 {
+        if self.histogram.is_empty() {
+            return 0;
+        }
+        self.histogram.value_at_quantile(quantile)
+    }
+
+    pub(crate) fn p50(&self) -> u64 {
+        self.quantile_ns(0.5)
+    }
+
+    pub(crate) fn p99(&self) -> u64 {
+        self.quantile_ns(0.99)
+    }
+
+    /// Count, mean and the usual percentiles, in nanoseconds.
+    pub(crate) fn to_json(&self) -> Value {
+        if self.histogram.is_empty() {
+            return json!({ "count": 0 });
+        }
+        json!({
+            "count": self.count(),
+            "mean_ns": self.histogram.mean().round(),
+            "min_ns": self.histogram.min(),
+            "p50_ns": self.p50(),
+            "p90_ns": self.quantile_ns(0.90),
+            "p99_ns": self.p99(),
+            "p999_ns": self.quantile_ns(0.999),
+            "max_ns": self.histogram.max(),
+        })
+    }
+}
+
+/// A duration in nanoseconds as people read it: `183 µs`, `2.31 ms`, `1.20 s`.
+pub(crate) fn fmt_ns(nanos: u64) -> String {
+    #[allow(clippy::cast_precision_loss)]
+    let ns = nanos as f64;
+    if nanos < 1_000 {
+        format!("{nanos} ns")
+    } else if nanos < 10_000 {
+        format!("{:.2} µs", ns / 1e3)
+    } else if nanos < 1_000_000 {
+        format!("{:.0} µs", ns / 1e3)
+    } else if nanos < 1_000_000_000 {
+        format!("{:.2} ms", ns / 1e6)
+    } else {
+        format!("{:.2} s", ns / 1e9)
+    }
+}
+
+/// `a / b`, or `None` when `b` is zero.
+pub(crate) fn ratio(a: f64, b: f64) -> Option<f64> {
+    (b > 0.0).then(|| a / b)
+}
+
+#[allow(clippy::cast_precision_loss)]
+pub(crate) fn as_f64(value: u64) -> f64 {
+    value as f64
+}
+
+/// `1.07×`, or `—`.
+pub(crate) fn fmt_ratio(ratio: Option<f64>) -> String {
+    ratio.map_or_else(|| "—".to_owned(), |r| format!("{r:.2}×"))
+}
+
+/// Operations per second with thousands grouped: `12 345/s`.
+pub(crate) fn fmt_rate(per_second: f64) -> String {
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let whole = per_second.round().max(0.0) as u64;
+    format!("{}/s", group(whole))
+}
+
+/// Bytes as `1 234 B` or `12.3 KiB`.
+pub(crate) fn fmt_bytes(bytes: f64) -> String {
+    if bytes.abs() < 10_000.0 {
+        format!("{bytes:.0} B")
+    } else {
+        format!("{:.1} KiB", bytes / 1024.0)
+    }
+}
+
+fn group(value: u64) -> String {
+    let digits = value.to_string();
+    let mut out = String::new();
+    for (index, digit) in digits.chars().enumerate() {
+        if index > 0 && (digits.len() - index) % 3 == 0 {
+            out.push('\u{202f}');
+        }
+        out.push(digit);
+    }
+    out
+}
+
+/// The median of some numbers (the mean of the middle two for an even count); 0 when empty.
+pub(crate) fn median(values: &[f64]) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let middle = sorted.len() / 2;
+    if sorted.len() % 2 == 1 {
+        sorted[middle]
+    } else {
+        f64::midpoint(sorted[middle - 1], sorted[middle])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_come_from_the_recorded_values() {
+        let mut latencies = Latencies::new();
+        for micros in 1..=100 {
+            latencies.record(Duration::from_micros(micros));
+        }
+        let p50 = latencies.p50();
+        let p99 = latencies.p99();
+        assert!((49_900..=50_100).contains(&p50), "{p50}");
+        assert!((98_900..=99_100).contains(&p99), "{p99}");
+    }
+
+    #[test]
+    fn figures_read_well() {
+        assert_eq!(fmt_ns(950), "950 ns");
+        assert_eq!(fmt_ns(1_500), "1.50 µs");
+        assert_eq!(fmt_ns(183_400), "183 µs");
+        assert_eq!(fmt_ns(2_310_000), "2.31 ms");
+        assert_eq!(fmt_rate(12_345.4), "12\u{202f}345/s");
+        assert_eq!(fmt_ratio(Some(1.071)), "1.07×");
+        assert_eq!(fmt_ratio(None), "—");
+        assert!((median(&[3.0, 1.0, 2.0]) - 2.0).abs() < f64::EPSILON);
+        assert!((median(&[4.0, 1.0, 2.0, 3.0]) - 2.5).abs() < f64::EPSILON);
+    }
+}
