@@ -1,9 +1,95 @@
-//! `cargo xtask bench`: the lock benchmarks (placeholder).
+//! `cargo xtask bench [--quick] [--out FILE.json] [--only LIST]`: the lock benchmarks
+//! (`bench/`, package `lock-bench`) against a real server.
 //!
-//! To be written: run the benchmarks inside [`crate::pg::with_database`], passing the URL to
-//! the child as `LOCKS_DATABASE_URL`.
+//! With `LOCKS_DATABASE_URL` set it uses that server; otherwise it starts a throwaway
+//! PostgreSQL for the run and stops it afterwards. The benchmark is built with
+//! `--release` and gets the URL in `LOCKS_DATABASE_URL` (not on its command line, so a
+//! password never shows in `ps` or in the command printed here).
+
+use crate::pg::{DATABASE_URL_ENV, with_database};
+use crate::{cargo, display};
+
+const HELP: &str = "\
+usage: cargo xtask bench [--quick] [--out FILE.json] [--only LIST]
+
+Runs the lock benchmarks (library against raw tokio-postgres, queue against polling,
+the in-memory manager against a tokio Mutex) on the server in LOCKS_DATABASE_URL, or on a
+throwaway PostgreSQL when it is not set. Prints markdown tables with PASS/MISS against the
+targets; writes target/bench/lock-bench-{quick,full}.json, a .md beside it and
+target/bench/handoff.svg.
+
+  --quick       small iteration counts (about half a minute of measuring)
+  --out FILE    where the JSON goes (the .md and handoff.svg go beside it)
+  --only LIST   comma-separated scenarios: cycle, try, throughput, handoff, hold, memory
+";
 
 /// Runs the benchmarks with `args`.
-pub(crate) fn run(_args: &[String]) -> crate::Result {
-    Err("`cargo xtask bench` is not yet implemented".into())
+pub(crate) fn run(args: &[String]) -> crate::Result {
+    let Some(forwarded) = parse(args)? else {
+        print!("{HELP}");
+        return Ok(());
+    };
+    with_database(|url| {
+        let mut command = cargo();
+        command
+            .args([
+                "run",
+                "--release",
+                "--quiet",
+                "--package",
+                "lock-bench",
+                "--",
+            ])
+            .args(&forwarded)
+            .env(DATABASE_URL_ENV, url);
+        let line = display(&command);
+        eprintln!("xtask: running `{line}`");
+        let status = command
+            .status()
+            .map_err(|error| format!("could not run `{line}`: {error}"))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(format!("the benchmarks failed: `{line}` exited with {status}").into())
+        }
+    })
+}
+
+/// The arguments for `lock-bench`, checked here so a typo fails before any build; `None`
+/// for help.
+fn parse(args: &[String]) -> Result<Option<Vec<String>>, String> {
+    let mut forwarded = Vec::new();
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--quick" => forwarded.push(arg.clone()),
+            "--out" | "--only" => {
+                let value = args
+                    .next()
+                    .ok_or_else(|| format!("{arg} needs a value\n\n{HELP}"))?;
+                forwarded.extend([arg.clone(), value.clone()]);
+            }
+            "-h" | "--help" => return Ok(None),
+            other => return Err(format!("unexpected argument `{other}`\n\n{HELP}")),
+        }
+    }
+    Ok(Some(forwarded))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn known_arguments_are_forwarded_and_others_refused() {
+        let args = strings(&["--quick", "--only", "cycle,hold", "--out", "x.json"]);
+        assert_eq!(parse(&args).unwrap(), Some(args.clone()));
+        assert_eq!(parse(&strings(&["--help"])).unwrap(), None);
+        assert!(parse(&strings(&["--url", "postgres://x"])).is_err());
+        assert!(parse(&strings(&["--out"])).is_err());
+    }
 }
