@@ -11,7 +11,7 @@ mod telemetry;
 
 pub use guard::PostgresLockGuard;
 pub use manager::{KeyVisibility, PostgresLockManager, PostgresLockManagerBuilder};
-pub use pool::{PoolConfigError, plain_pool};
+pub use pool::{PoolConfigError, plain_pool, plain_pool_with_config};
 
 /// Re-exported so callers build the pool with the same versions as the manager.
 pub use deadpool_postgres;

@@ -38,6 +38,18 @@ pub enum PoolConfigError {
 /// ```
 pub fn plain_pool(url: &str, max_size: usize) -> Result<Pool, PoolConfigError> {
     let config = tokio_postgres::Config::from_str(url).map_err(PoolConfigError::InvalidUrl)?;
+    plain_pool_with_config(config, max_size)
+}
+
+/// [`plain_pool`] from a [`tokio_postgres::Config`], for settings a URL does not carry
+/// conveniently (keepalives, `application_name` per instance, server options).
+///
+/// # Errors
+/// [`PoolConfigError::Build`] if deadpool refuses the configuration.
+pub fn plain_pool_with_config(
+    config: tokio_postgres::Config,
+    max_size: usize,
+) -> Result<Pool, PoolConfigError> {
     let manager = Manager::from_config(
         config,
         NoTls,

@@ -10,7 +10,7 @@ use locks_port::{
     AcquireOptions, AcquisitionErrorKind, DistributedLock, LockGuard, LockRegistry, ReleaseOutcome,
     WaitStrategy,
 };
-use locks_postgres::deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use locks_postgres::deadpool_postgres::Pool;
 use locks_postgres::tokio_postgres::{self, NoTls};
 use locks_postgres::{KeyVisibility, PostgresLockManager};
 use throwaway_pg::ThrowawayPostgres;
@@ -214,25 +214,11 @@ async fn an_idle_session_timeout_frees_the_lock_and_release_says_session_closed(
 // 2. The server restarts while locks are held.
 
 fn pool_at(url: &str, size: usize) -> Pool {
-    pool_from(
-        tokio_postgres::Config::from_str(url).expect("a valid database URL"),
-        size,
-    )
+    locks_postgres::plain_pool(url, size).expect("pool")
 }
 
 fn pool_from(config: tokio_postgres::Config, size: usize) -> Pool {
-    let manager = Manager::from_config(
-        config,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    Pool::builder(manager)
-        .max_size(size)
-        .runtime(Runtime::Tokio1)
-        .build()
-        .expect("pool")
+    locks_postgres::plain_pool_with_config(config, size).expect("pool")
 }
 
 async fn admin_at(url: &str) -> tokio_postgres::Client {
