@@ -23,6 +23,11 @@ pub enum ReleaseOutcome {
 /// A held lock. Dropping it releases the lock; [`release`](LockGuard::release) does
 /// the same and says what happened.
 ///
+/// A guard only ever releases its own acquisition: after [`DistributedLock::release`]
+/// or [`LockRegistry::release_all`] took its lock away, and even if the same manager
+/// has acquired the key again since, the guard's release reports
+/// [`ReleaseOutcome::AlreadyReleased`] and touches nothing.
+///
 /// Implementations are `#[must_use]`: a guard that is not bound to a variable is
 /// dropped at once, and the lock with it.
 pub trait LockGuard: Send + fmt::Debug {
@@ -96,6 +101,11 @@ pub trait DistributedLock: Send + Sync {
     fn release(&self, key: &str) -> impl Future<Output = Result<(), LockNotHeldError>> + Send;
 
     /// Whether this manager holds `key` (a local answer: other holders are not asked).
+    ///
+    /// Counts locks held through a guard or left to the manager by
+    /// [`LockGuard::into_held`]; an acquisition still waiting does not count. A dropped
+    /// guard leaves the bookkeeping at once, even where the backend unlock finishes in
+    /// the background.
     fn is_held(&self, key: &str) -> bool;
 
     /// Runs `body` while holding the lock for `key` and releases it afterwards, the
