@@ -4,12 +4,11 @@
 use std::fmt::Write as _;
 
 use crate::handoff::Contender;
-use crate::stats::{as_f64, fmt_ns};
+use crate::stats::as_f64;
 
 /// The samples of one (contender, task count), in nanoseconds.
 #[derive(Debug)]
 pub(crate) struct Series {
-    pub(crate) label: String,
     pub(crate) contender: Contender,
     pub(crate) tasks: usize,
     pub(crate) gaps: Vec<u64>,
@@ -17,7 +16,7 @@ pub(crate) struct Series {
 }
 
 const WIDTH: f64 = 980.0;
-const HEIGHT: f64 = 470.0;
+const HEIGHT: f64 = 540.0;
 const PANEL_WIDTH: f64 = 400.0;
 const PANEL_HEIGHT: f64 = 300.0;
 const TOP: f64 = 70.0;
@@ -58,6 +57,17 @@ fn decades(series: &[Series]) -> (i32, i32) {
         }
     }
     (low, high.max(low + 1))
+}
+
+/// `10 µs`, `1 ms`, `100 ms`, `10 s` for 10^decade nanoseconds.
+fn decade_label(decade: i32) -> String {
+    let (unit, base) = match decade {
+        ..=2 => ("ns", 0),
+        3..=5 => ("µs", 3),
+        6..=8 => ("ms", 6),
+        _ => ("s", 9),
+    };
+    format!("{} {unit}", 10u64.pow((decade - base).unsigned_abs()))
 }
 
 fn polyline(samples: &[u64], x: impl Fn(f64) -> f64, y: impl Fn(f64) -> f64) -> String {
@@ -126,7 +136,7 @@ pub(crate) fn handoff_svg(series: &[Series], subtitle: &str) -> String {
                 r##"<line x1="{px:.1}" y1="{TOP}" x2="{px:.1}" y2="{}" stroke="#ddd"/><text x="{px:.1}" y="{}" text-anchor="middle">{}</text>"##,
                 TOP + PANEL_HEIGHT,
                 TOP + PANEL_HEIGHT + 16.0,
-                fmt_ns(10u64.pow(decade.unsigned_abs()))
+                decade_label(decade)
             );
         }
         for tenth in 0..=10 {
@@ -172,16 +182,19 @@ pub(crate) fn handoff_svg(series: &[Series], subtitle: &str) -> String {
             );
         }
     }
-    // Legend.
+    // Legend: one column per task count, one row per contender.
     let legend_top = TOP + PANEL_HEIGHT + 56.0;
-    for (index, s) in series.iter().enumerate() {
-        let column = index % 2;
-        let row = index / 2;
+    let mut task_counts: Vec<usize> = series.iter().map(|s| s.tasks).collect();
+    task_counts.sort_unstable();
+    task_counts.dedup();
+    for s in series {
+        let column = task_counts.iter().position(|&t| t == s.tasks).unwrap_or(0);
+        let row = Contender::ALL
+            .iter()
+            .position(|&c| c == s.contender)
+            .unwrap_or(0);
         #[allow(clippy::cast_precision_loss)]
-        let (lx, ly) = (
-            LEFTS[0] + column as f64 * 480.0,
-            legend_top + row as f64 * 18.0,
-        );
+        let (lx, ly) = (LEFTS[column.min(1)], legend_top + 18.0 + row as f64 * 18.0);
         let dash = if s.tasks <= 4 {
             ""
         } else {
@@ -189,13 +202,38 @@ pub(crate) fn handoff_svg(series: &[Series], subtitle: &str) -> String {
         };
         let _ = writeln!(
             svg,
-            r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{}" stroke-width="2"{dash}/><text x="{}" y="{}">{} (n = {})</text>"#,
+            r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{}" stroke-width="2"{dash}/><text x="{}" y="{}">{} (n = {} / {})</text>"#,
             lx + 28.0,
             color(s.contender),
             lx + 34.0,
             ly + 4.0,
-            escape(&s.label),
-            s.gaps.len()
+            escape(s.contender.label()),
+            s.gaps.len(),
+            s.waiter_gaps.len()
+        );
+    }
+    for (column, tasks) in task_counts.iter().enumerate().take(2) {
+        let style = if *tasks <= 4 { "solid" } else { "dashed" };
+        let _ = writeln!(
+            svg,
+            r#"<text x="{}" y="{legend_top}" font-weight="bold">{tasks} contenders ({style})</text>"#,
+            LEFTS[column]
+        );
+    }
+    for (line, text) in [
+        "n = handoffs (left) / releases made while other tasks waited (right).",
+        "Polling looks quick on the left only because the releaser takes the lock straight back; the right shows how long the waiting tasks were passed over.",
+    ]
+    .iter()
+    .enumerate()
+    {
+        #[allow(clippy::cast_precision_loss)]
+        let y = legend_top + 90.0 + line as f64 * 16.0;
+        let _ = writeln!(
+            svg,
+            r##"<text x="{}" y="{y}" text-anchor="middle" fill="#555">{}</text>"##,
+            WIDTH / 2.0,
+            escape(text)
         );
     }
     svg.push_str("</svg>\n");
@@ -210,14 +248,12 @@ mod tests {
     fn the_chart_is_well_formed_svg_with_every_series() {
         let series = vec![
             Series {
-                label: "queue & co".into(),
                 contender: Contender::Queue,
                 tasks: 4,
                 gaps: vec![100_000, 200_000, 150_000],
                 waiter_gaps: vec![100_000],
             },
             Series {
-                label: "poll".into(),
                 contender: Contender::Poll,
                 tasks: 16,
                 gaps: vec![],
@@ -226,8 +262,12 @@ mod tests {
         ];
         let svg = handoff_svg(&series, "quick run");
         assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
-        assert!(svg.contains("queue &amp; co (n = 3)"));
+        assert!(svg.contains("library, Queue (server-side wait) (n = 3 / 1)"));
+        assert!(svg.contains("16 contenders (dashed)"));
         assert_eq!(svg.matches("<polyline").count(), 4);
         assert!(!svg.contains("NaN"));
+        assert_eq!(decade_label(4), "10 µs");
+        assert_eq!(decade_label(6), "1 ms");
+        assert_eq!(decade_label(10), "10 s");
     }
 }

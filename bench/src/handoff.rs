@@ -478,7 +478,6 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<(Outcome, Vec<Seri
             "releases_unserved_at_window_end": state.unserved_at_end,
         }));
         series.push(Series {
-            label: format!("{}, {} contenders", cell.contender.label(), cell.tasks),
             contender: cell.contender,
             tasks: cell.tasks,
             gaps: state.gaps,

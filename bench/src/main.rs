@@ -40,7 +40,7 @@ const HELP: &str = "\
 usage: lock-bench [--url URL] [--quick] [--out FILE.json] [--only LIST]
 
   --url URL     the PostgreSQL server (default: $LOCKS_DATABASE_URL)
-  --quick       small iteration counts (about half a minute)
+  --quick       small iteration counts (about 25 seconds)
   --out FILE    the JSON results (default: target/bench/lock-bench-{quick,full}.json);
                 the markdown and handoff.svg are written next to it
   --only LIST   comma-separated scenarios: cycle, try, throughput, handoff, hold, memory
@@ -90,10 +90,10 @@ impl Plan {
             cycle_rounds: 6,
             cycle_batch: 200,
             throughput_rounds: 3,
-            throughput_window: Duration::from_secs(1),
+            throughput_window: Duration::from_millis(600),
             handoff_rounds: 2,
-            handoff_window: Duration::from_secs(1),
-            handoff_poll_window: Duration::from_secs(2),
+            handoff_window: Duration::from_millis(600),
+            handoff_poll_window: Duration::from_millis(1500),
             hold_locks: 100,
             hold_rounds: 2,
             memory_rounds: 4,

@@ -18,7 +18,7 @@ throwaway PostgreSQL when it is not set. Prints markdown tables with PASS/MISS a
 targets; writes target/bench/lock-bench-{quick,full}.json, a .md beside it and
 target/bench/handoff.svg.
 
-  --quick       small iteration counts (about half a minute of measuring)
+  --quick       small iteration counts (about 25 seconds of measuring)
   --out FILE    where the JSON goes (the .md and handoff.svg go beside it)
   --only LIST   comma-separated scenarios: cycle, try, throughput, handoff, hold, memory
 ";
