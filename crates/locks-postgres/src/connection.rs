@@ -2,7 +2,9 @@
 //! hold no advisory lock; on every other path it is detached and closed.
 
 use deadpool_postgres::Object;
-use tokio_postgres::{NoTls, SimpleQueryMessage};
+use tokio_postgres::NoTls;
+
+use crate::sql::Statement;
 
 /// A checked-out connection.
 ///
@@ -33,29 +35,48 @@ impl Session {
         }
     }
 
-    /// Runs one simple-protocol statement (one round trip) and reads its answer.
+    /// Runs one lock statement (prepared once per connection, then one round trip)
+    /// and reads its answer.
     ///
     /// While the future runs the session counts as "in flight": if it is dropped, the
     /// drop of the session cancels the statement and closes the connection.
-    pub(crate) async fn run(&mut self, sql: &str) -> Result<Answer, tokio_postgres::Error> {
+    pub(crate) async fn run(
+        &mut self,
+        statement: Statement,
+    ) -> Result<Answer, tokio_postgres::Error> {
         let object = self
             .object
             .as_ref()
             .expect("a session holds its connection until it is consumed");
         self.in_flight = true;
+        let answer = Self::execute(object, statement).await;
         // Reached only when the statement finished (answer or error): no cancel needed.
-        let messages = object.simple_query(sql).await;
         self.in_flight = false;
-        let messages = messages?;
-        let value = messages.iter().find_map(|message| match message {
-            SimpleQueryMessage::Row(row) => Some(row.get(0).map(str::to_owned)),
-            _ => None,
-        });
-        Ok(match value {
-            Some(Some(text)) if text == "t" => Answer::Bool(true),
-            Some(Some(text)) if text == "f" => Answer::Bool(false),
-            _ => Answer::Locked,
-        })
+        answer
+    }
+
+    async fn execute(
+        object: &Object,
+        statement: Statement,
+    ) -> Result<Answer, tokio_postgres::Error> {
+        let prepared = object.prepare_cached(statement.text()).await?;
+        let lock_id = statement.lock_id();
+        match statement {
+            Statement::Lock {
+                lock_timeout_ms, ..
+            } => {
+                let lock_timeout = lock_timeout_ms.to_string();
+                object
+                    .execute(&prepared, &[&lock_id, &lock_timeout])
+                    .await?;
+                Ok(Answer::Locked)
+            }
+            _ => {
+                debug_assert!(statement.answers_bool());
+                let row = object.query_one(&prepared, &[&lock_id]).await?;
+                Ok(Answer::Bool(row.try_get(0)?))
+            }
+        }
     }
 
     /// Gives the connection back to the pool. Only call this when the session is known

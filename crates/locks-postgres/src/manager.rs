@@ -19,7 +19,7 @@ use tracing::{Instrument, Span};
 use crate::classify::{driver_kind, pool_kind, sqlstate};
 use crate::connection::{Answer, Session};
 use crate::guard::PostgresLockGuard;
-use crate::sql;
+use crate::sql::Statement;
 use crate::telemetry::{acquire_span, duration_ms, record_failure, release_span};
 
 /// How long after its own `lock_timeout` a bounded wait still waits for the server's
@@ -250,7 +250,7 @@ impl Inner {
         let mut session = held.session;
         async {
             let current = Span::current();
-            match session.run(&sql::unlock(lock_id)).await {
+            match session.run(Statement::Unlock { lock_id }).await {
                 Ok(Answer::Bool(true)) => {
                     session.into_pool();
                     current.record("lock.released", true);
@@ -350,7 +350,7 @@ impl Inner {
         lock_id: i64,
         mut session: Session,
     ) -> Result<Option<Session>, LockAcquisitionError> {
-        match session.run(&sql::try_lock(lock_id)).await {
+        match session.run(Statement::TryLock { lock_id }).await {
             Ok(Answer::Bool(true)) => Ok(Some(session)),
             Ok(_) => {
                 session.into_pool();
@@ -372,7 +372,7 @@ impl Inner {
     /// does not hold the lock (it can be granted just as the wait is cancelled), then
     /// gives the connection back; if that cannot be shown, closes it.
     async fn settle_after_failed_wait(&self, lock_id: i64, mut session: Session) {
-        match session.run(&sql::unlock_if_held(lock_id)).await {
+        match session.run(Statement::UnlockIfHeld { lock_id }).await {
             Ok(Answer::Bool(was_held)) => {
                 if was_held {
                     tracing::debug!(
@@ -445,10 +445,13 @@ impl Inner {
                     (ms, Some(remaining + SERVER_ANSWER_GRACE))
                 }
             };
-            let statement = sql::lock(lock_id, lock_timeout_ms);
+            let statement = Statement::Lock {
+                lock_id,
+                lock_timeout_ms,
+            };
             let outcome = match answer_limit {
-                None => session.run(&statement).await,
-                Some(limit) => match tokio::time::timeout(limit, session.run(&statement)).await {
+                None => session.run(statement).await,
+                Some(limit) => match tokio::time::timeout(limit, session.run(statement)).await {
                     Ok(outcome) => outcome,
                     Err(_elapsed) => {
                         // Dropping the session cancels the wait and closes the connection.
@@ -513,7 +516,7 @@ impl Inner {
         retry_interval: Duration,
     ) -> Attempt {
         loop {
-            match session.run(&sql::try_lock(lock_id)).await {
+            match session.run(Statement::TryLock { lock_id }).await {
                 Ok(Answer::Bool(true)) => return Ok(session),
                 Ok(_) => {}
                 Err(error) => {

@@ -1,44 +1,62 @@
-//! The statements, built from integers only (no user text ever reaches SQL), sent with
-//! the simple protocol: one round trip each, no prepared-statement bookkeeping.
+//! The statements. Each is prepared once per connection (deadpool's statement cache)
+//! and then costs one round trip; only numbers are ever bound, no user text reaches
+//! SQL.
 
-/// Blocks until the lock is granted or `lock_timeout_ms` passes (0 = wait forever).
-///
-/// `set_config(..., true)` scopes the timeout to this statement's own transaction, so
-/// the session's setting is back as it was afterwards, on success and on error. The
-/// sub-select runs before the lock call, so the timeout is in force for the wait.
-pub(crate) fn lock(lock_id: i64, lock_timeout_ms: u32) -> String {
-    format!(
-        "SELECT pg_advisory_lock({lock_id}) \
-         FROM (SELECT set_config('lock_timeout', '{lock_timeout_ms}', true)) AS options"
-    )
+/// One lock statement and its parameters.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Statement {
+    /// Blocks until the lock is granted or `lock_timeout_ms` passes (0 = forever).
+    Lock { lock_id: i64, lock_timeout_ms: u32 },
+    /// Takes the lock if it is free; answers a boolean.
+    TryLock { lock_id: i64 },
+    /// Releases one hold; answers `false` (and the server warns) when not held.
+    Unlock { lock_id: i64 },
+    /// Releases the lock only if this session holds it; answers whether it did.
+    UnlockIfHeld { lock_id: i64 },
 }
 
-/// Takes the lock if it is free; answers `t` or `f`.
-pub(crate) fn try_lock(lock_id: i64) -> String {
-    format!("SELECT pg_try_advisory_lock({lock_id})")
-}
+impl Statement {
+    /// The SQL text, with `$1` the lock id (and `$2` the timeout in ms, as text).
+    pub(crate) fn text(self) -> &'static str {
+        match self {
+            // `set_config(..., true)` scopes the timeout to this statement's own
+            // transaction, so the session's setting is back as it was afterwards, on
+            // success and on error; the sub-select runs before the lock call, so the
+            // timeout is in force for the wait. A `lock_timeout` set on the role is
+            // overridden too ('0' waits forever).
+            Self::Lock { .. } => {
+                "SELECT pg_advisory_lock($1) \
+                 FROM (SELECT set_config('lock_timeout', $2, true)) AS options"
+            }
+            Self::TryLock { .. } => "SELECT pg_try_advisory_lock($1)",
+            Self::Unlock { .. } => "SELECT pg_advisory_unlock($1)",
+            // Used after a wait ended in an error: the server can grant the lock just as
+            // the wait is cancelled. pg_locks shows a bigint key as classid (high 32
+            // bits) and objid (low 32 bits) with objsubid = 1; checking first avoids the
+            // server's WARNING for unlocking a lock that is not held.
+            Self::UnlockIfHeld { .. } => {
+                "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_locks \
+                 WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted \
+                 AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = $1) \
+                 THEN pg_advisory_unlock($1) ELSE false END"
+            }
+        }
+    }
 
-/// Releases one hold of the lock; answers `t`, or `f` (with a server WARNING) when
-/// the session did not hold it.
-pub(crate) fn unlock(lock_id: i64) -> String {
-    format!("SELECT pg_advisory_unlock({lock_id})")
-}
+    /// The lock id bound as `$1`.
+    pub(crate) fn lock_id(self) -> i64 {
+        match self {
+            Self::Lock { lock_id, .. }
+            | Self::TryLock { lock_id }
+            | Self::Unlock { lock_id }
+            | Self::UnlockIfHeld { lock_id } => lock_id,
+        }
+    }
 
-/// Releases the lock only if this session holds it (no WARNING otherwise); answers
-/// `t` when it was held. Used after a wait ended in an error, because the server can
-/// grant the lock just as the wait is cancelled.
-pub(crate) fn unlock_if_held(lock_id: i64) -> String {
-    // pg_locks shows a bigint advisory key as classid = high 32 bits, objid = low 32
-    // bits, objsubid = 1.
-    let bits = u64::from_be_bytes(lock_id.to_be_bytes());
-    let high = bits >> 32;
-    let low = bits & 0xFFFF_FFFF;
-    format!(
-        "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
-         AND pid = pg_backend_pid() AND granted AND objsubid = 1 \
-         AND classid = {high} AND objid = {low}) \
-         THEN pg_advisory_unlock({lock_id}) ELSE false END"
-    )
+    /// Whether the statement answers a boolean (all but `Lock`, which returns `void`).
+    pub(crate) fn answers_bool(self) -> bool {
+        !matches!(self, Self::Lock { .. })
+    }
 }
 
 #[cfg(test)]
@@ -46,18 +64,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn statements_carry_only_numbers() {
+    fn statements_bind_only_numbers() {
+        let lock = Statement::Lock {
+            lock_id: 7,
+            lock_timeout_ms: 250,
+        };
         assert_eq!(
-            lock(7, 250),
-            "SELECT pg_advisory_lock(7) FROM (SELECT set_config('lock_timeout', '250', true)) AS options"
+            lock.text(),
+            "SELECT pg_advisory_lock($1) FROM (SELECT set_config('lock_timeout', $2, true)) AS options"
         );
-        assert_eq!(
-            try_lock(i64::MAX),
-            "SELECT pg_try_advisory_lock(9223372036854775807)"
-        );
-        assert_eq!(unlock(0), "SELECT pg_advisory_unlock(0)");
-        let check = unlock_if_held(0x1234_5678_9ABC_DEF0);
-        assert!(check.contains("classid = 305419896"), "{check}");
-        assert!(check.contains("objid = 2596069104"), "{check}");
+        assert_eq!(lock.lock_id(), 7);
+        assert!(!lock.answers_bool());
+        for statement in [
+            Statement::TryLock { lock_id: i64::MAX },
+            Statement::Unlock { lock_id: 0 },
+            Statement::UnlockIfHeld { lock_id: 1 },
+        ] {
+            assert!(statement.answers_bool());
+            assert!(statement.text().contains("$1"));
+            assert!(!statement.text().contains("$2"));
+        }
     }
 }
