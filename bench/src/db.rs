@@ -3,7 +3,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use locks_postgres::deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use locks_postgres::deadpool_postgres::Pool;
 use locks_postgres::tokio_postgres::{self, Client, NoTls, Statement};
 
 use crate::BoxError;
@@ -26,17 +26,7 @@ impl Database {
     pub(crate) fn pool(&self, size: usize, application_name: &str) -> Pool {
         let mut config = self.config.clone();
         config.application_name(application_name);
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        Pool::builder(manager)
-            .max_size(size)
-            .runtime(Runtime::Tokio1)
-            .build()
+        locks_postgres::plain_pool_with_config(config, size)
             .expect("a pool with a runtime and no hooks always builds")
     }
 

@@ -6,8 +6,8 @@
 //! `--release` and gets the URL in `LOCKS_DATABASE_URL` (not on its command line, so a
 //! password never shows in `ps` or in the command printed here).
 
-use crate::pg::{DATABASE_URL_ENV, with_database};
-use crate::{cargo, display};
+use crate::cargo_on_database;
+use crate::pg::with_database;
 
 const HELP: &str = "\
 usage: cargo xtask bench [--quick] [--out FILE.json] [--only LIST]
@@ -30,27 +30,22 @@ pub(crate) fn run(args: &[String]) -> crate::Result {
         return Ok(());
     };
     with_database(|url| {
-        let mut command = cargo();
-        command
-            .args([
-                "run",
-                "--release",
-                "--quiet",
-                "--package",
-                "lock-bench",
-                "--",
-            ])
-            .args(&forwarded)
-            .env(DATABASE_URL_ENV, url);
-        let line = display(&command);
-        eprintln!("xtask: running `{line}`");
-        let status = command
-            .status()
-            .map_err(|error| format!("could not run `{line}`: {error}"))?;
-        if status.success() {
+        let build = [
+            "run",
+            "--release",
+            "--quiet",
+            "--package",
+            "lock-bench",
+            "--",
+        ];
+        let args = build
+            .iter()
+            .map(|arg| arg.to_string())
+            .chain(forwarded.iter().cloned());
+        if cargo_on_database(url, args)? {
             Ok(())
         } else {
-            Err(format!("the benchmarks failed: `{line}` exited with {status}").into())
+            Err("the benchmarks failed".into())
         }
     })
 }

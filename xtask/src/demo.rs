@@ -4,8 +4,8 @@
 //! With `LOCKS_DATABASE_URL` set it uses that server; otherwise it starts a throwaway
 //! PostgreSQL for the run and stops it afterwards.
 
-use crate::pg::{DATABASE_URL_ENV, with_database};
-use crate::{cargo, display};
+use crate::cargo_on_database;
+use crate::pg::with_database;
 
 const HELP: &str = "\
 usage: cargo xtask demo
@@ -26,26 +26,18 @@ pub(crate) fn run(args: &[String]) -> crate::Result {
         Some(other) => return Err(format!("unexpected argument `{other}`\n\n{HELP}").into()),
     }
     with_database(|url| {
-        let mut command = cargo();
-        command
-            .args([
-                "run",
-                "--quiet",
-                "--package",
-                "locks-postgres",
-                "--example",
-                "demo",
-            ])
-            .env(DATABASE_URL_ENV, url);
-        let line = display(&command);
-        eprintln!("xtask: running `{line}`");
-        let status = command
-            .status()
-            .map_err(|error| format!("could not run `{line}`: {error}"))?;
-        if status.success() {
+        let args = [
+            "run",
+            "--quiet",
+            "--package",
+            "locks-postgres",
+            "--example",
+            "demo",
+        ];
+        if cargo_on_database(url, args)? {
             Ok(())
         } else {
-            Err(format!("the demo failed: `{line}` exited with {status}").into())
+            Err("the demo failed".into())
         }
     })
 }

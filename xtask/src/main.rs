@@ -78,6 +78,27 @@ fn display(command: &Command) -> String {
         .join(" ")
 }
 
+/// Runs `cargo <args>` from the workspace root with the database URL in
+/// `LOCKS_DATABASE_URL` (never on the command line, so a password stays out of `ps`);
+/// `Ok(false)` when it ran and failed.
+fn cargo_on_database<I, S>(url: &str, args: I) -> Result<bool>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let mut command = cargo();
+    command.args(args).env(pg::DATABASE_URL_ENV, url);
+    let line = display(&command);
+    eprintln!("xtask: running `{line}`");
+    let status = command
+        .status()
+        .map_err(|error| format!("could not run `{line}`: {error}"))?;
+    if !status.success() {
+        eprintln!("xtask: `{line}` exited with {status}");
+    }
+    Ok(status.success())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,8 +6,8 @@
 //! fails if either does. The throwaway server, if one was started, is stopped in every case
 //! (on Ctrl-C by its watchdog).
 
-use crate::pg::{DATABASE_URL_ENV, with_database};
-use crate::{cargo, display};
+use crate::cargo_on_database;
+use crate::pg::with_database;
 
 const HELP: &str = "\
 usage: cargo xtask test [-- <cargo test args>]
@@ -30,15 +30,13 @@ pub(crate) fn run(args: &[String]) -> crate::Result {
             ["test", "--workspace", "--all-targets"],
             ["test", "--workspace", "--doc"],
         ] {
-            let mut command = cargo();
-            command.args(step).args(extra).env(DATABASE_URL_ENV, url);
-            let line = display(&command);
-            eprintln!("xtask: running `{line}`");
-            let status = command
-                .status()
-                .map_err(|error| format!("could not run `{line}`: {error}"))?;
-            if !status.success() {
-                failed.push(line);
+            let args: Vec<&str> = step
+                .iter()
+                .copied()
+                .chain(extra.iter().map(String::as_str))
+                .collect();
+            if !cargo_on_database(url, &args)? {
+                failed.push(args.join(" "));
             }
         }
         if failed.is_empty() {
