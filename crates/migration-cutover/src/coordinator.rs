@@ -335,6 +335,19 @@ where
         .await
     }
 
+    /// [`copy_rounds`](Self::copy_rounds), then the copied count added to the
+    /// migration's record and saved.
+    async fn copy_and_record(
+        &self,
+        migration: &mut Migration,
+        catch_up_rounds: u32,
+    ) -> Result<CopyReport, MigrationError> {
+        let report = self.copy_rounds(migration, catch_up_rounds).await?;
+        migration.events_copied += report.events_copied;
+        self.save(migration).await?;
+        Ok(report)
+    }
+
     /// Copy passes until the target has caught up or `catch_up_rounds` extra passes
     /// have run.
     async fn copy_rounds(
@@ -401,12 +414,8 @@ where
                     .into());
                 }
             }
-            let report = self
-                .copy_rounds(&migration, self.config.catch_up_rounds())
-                .await?;
-            migration.events_copied += report.events_copied;
-            self.save(&mut migration).await?;
-            Ok(report)
+            self.copy_and_record(&mut migration, self.config.catch_up_rounds())
+                .await
         }
         .instrument(span)
         .await
@@ -436,9 +445,7 @@ where
             self.move_route(&mut route, RoutingState::DualWrite).await?;
             migration.phase = migration.phase.transition_to(Phase::DualWrite)?;
             self.save(&mut migration).await?;
-            let report = self.copy_rounds(&migration, 0).await?;
-            migration.events_copied += report.events_copied;
-            self.save(&mut migration).await?;
+            let report = self.copy_and_record(&mut migration, 0).await?;
             info!(lag = report.lag.events(), "dual write enabled");
             Ok(report)
         }
@@ -463,12 +470,8 @@ where
                 }
                 .into());
             }
-            let report = self
-                .copy_rounds(&migration, self.config.catch_up_rounds())
-                .await?;
-            migration.events_copied += report.events_copied;
-            self.save(&mut migration).await?;
-            Ok(report)
+            self.copy_and_record(&mut migration, self.config.catch_up_rounds())
+                .await
         }
         .instrument(span)
         .await
