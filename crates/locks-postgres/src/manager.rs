@@ -176,6 +176,32 @@ enum PoolWait {
     No,
 }
 
+impl PoolWait {
+    /// The timeout of the call, for its errors.
+    fn timeout(self) -> Option<Duration> {
+        match self {
+            Self::Until(_, timeout) => Some(timeout),
+            Self::Forever | Self::No => None,
+        }
+    }
+}
+
+/// What one `pg_try_advisory_lock` found; either way the caller owns the session.
+enum Tried {
+    /// The lock is held by the session.
+    Granted(Session),
+    /// Someone else holds it; the session holds nothing.
+    Busy(Session),
+}
+
+/// Records the call's timeout on an error, when it had one.
+fn with_timeout(error: LockAcquisitionError, timeout: Option<Duration>) -> LockAcquisitionError {
+    match timeout {
+        Some(timeout) => error.with_timeout(timeout),
+        None => error,
+    }
+}
+
 /// How an acquisition attempt ends before the bookkeeping.
 type Attempt = Result<Session, LockAcquisitionError>;
 
@@ -317,11 +343,10 @@ impl Inner {
         };
         checked_out.map(Session::new).map_err(|error| {
             let kind = pool_kind(&error);
-            let error = LockAcquisitionError::database(key, kind, error);
-            match wait {
-                PoolWait::Until(_, timeout) => error.with_timeout(timeout),
-                PoolWait::Forever | PoolWait::No => error,
-            }
+            with_timeout(
+                LockAcquisitionError::database(key, kind, error),
+                wait.timeout(),
+            )
         })
     }
 
@@ -336,34 +361,55 @@ impl Inner {
             self.pool.status().max_size
         );
         let error = LockAcquisitionError::new(key, AcquisitionErrorKind::PoolUnavailable, reason);
-        match timeout {
-            Some(timeout) => error.with_timeout(timeout),
-            None => error,
+        with_timeout(error, timeout)
+    }
+
+    /// Runs `statement`; for a bounded acquisition, gives up on a server that has not
+    /// answered `SERVER_ANSWER_GRACE` after the deadline (the session is then dropped:
+    /// the statement cancelled, the connection closed).
+    async fn answered(
+        &self,
+        key: &str,
+        mut session: Session,
+        statement: Statement,
+        deadline: Option<(Instant, Duration)>,
+    ) -> Result<(Session, Result<Answer, tokio_postgres::Error>), LockAcquisitionError> {
+        let Some((deadline, timeout)) = deadline else {
+            let outcome = session.run(statement).await;
+            return Ok((session, outcome));
+        };
+        let limit = deadline.saturating_duration_since(Instant::now()) + SERVER_ANSWER_GRACE;
+        match tokio::time::timeout(limit, session.run(statement)).await {
+            Ok(outcome) => Ok((session, outcome)),
+            Err(_elapsed) => {
+                drop(session);
+                Err(LockAcquisitionError::new(
+                    key,
+                    AcquisitionErrorKind::ConnectionLost,
+                    format!("{} (the server did not answer)", timeout_reason(timeout)),
+                )
+                .with_timeout(timeout))
+            }
         }
     }
 
-    /// One `pg_try_advisory_lock`: the session when granted, `None` when held
-    /// elsewhere (the connection goes back to the pool).
-    async fn try_once(
+    /// One `pg_try_advisory_lock`, bounded as [`answered`](Self::answered). On an error
+    /// the session is closed (whatever the statement did, that undoes it).
+    async fn try_lock(
         &self,
         key: &str,
         lock_id: i64,
-        mut session: Session,
-    ) -> Result<Option<Session>, LockAcquisitionError> {
-        match session.run(Statement::TryLock { lock_id }).await {
-            Ok(Answer::Bool(true)) => Ok(Some(session)),
-            Ok(_) => {
-                session.into_pool();
-                Ok(None)
-            }
-            Err(error) => {
-                // Whatever the statement did, closing the session undoes it.
+        session: Session,
+        deadline: Option<(Instant, Duration)>,
+    ) -> Result<Tried, LockAcquisitionError> {
+        let statement = Statement::TryLock { lock_id };
+        match self.answered(key, session, statement, deadline).await? {
+            (session, Ok(Answer::Bool(true))) => Ok(Tried::Granted(session)),
+            (session, Ok(_)) => Ok(Tried::Busy(session)),
+            (session, Err(error)) => {
                 session.close();
-                Err(LockAcquisitionError::database(
-                    key,
-                    driver_kind(&error),
-                    error,
-                ))
+                let error = LockAcquisitionError::database(key, driver_kind(&error), error);
+                Err(with_timeout(error, deadline.map(|(_, timeout)| timeout)))
             }
         }
     }
@@ -396,6 +442,14 @@ impl Inner {
             PoolWait::Until(deadline, timeout)
         });
         let session = self.checkout(key, wait).await?;
+        // Every acquisition starts with one pg_try_advisory_lock: uncontended, that is
+        // the only statement (and the cheapest). It cannot jump the server's queue: a
+        // released lock is granted to the first waiter at release, so it is never seen
+        // free while others wait.
+        let session = match self.try_lock(key, lock_id, session, deadline).await? {
+            Tried::Granted(session) => return Ok(session),
+            Tried::Busy(session) => session,
+        };
         let Some((deadline, timeout)) = deadline else {
             return self.wait_in_queue(key, lock_id, session, None).await;
         };
@@ -427,45 +481,29 @@ impl Inner {
         deadline: Option<(Instant, Duration)>,
     ) -> Attempt {
         loop {
-            let (lock_timeout_ms, answer_limit) = match deadline {
-                None => (0, None),
+            let lock_timeout_ms = match deadline {
+                None => 0,
                 Some((deadline, timeout)) => {
                     let remaining = deadline.saturating_duration_since(Instant::now());
                     let ms = remaining.as_micros().div_ceil(1000);
                     if ms == 0 {
-                        // No time left to wait: the one attempt every call makes.
-                        return match self.try_once(key, lock_id, session).await? {
-                            Some(session) => Ok(session),
-                            None => Err(LockAcquisitionError::timed_out(key, timeout)),
-                        };
+                        // No time left to wait; the first try has been made. The
+                        // session holds nothing.
+                        session.into_pool();
+                        return Err(LockAcquisitionError::timed_out(key, timeout));
                     }
-                    let ms = u32::try_from(ms)
-                        .unwrap_or(i32::MAX.unsigned_abs())
-                        .min(i32::MAX.unsigned_abs());
-                    (ms, Some(remaining + SERVER_ANSWER_GRACE))
+                    // lock_timeout takes at most i32::MAX ms (about 24.8 days).
+                    u32::try_from(ms).map_or(i32::MAX.unsigned_abs(), |ms| {
+                        ms.min(i32::MAX.unsigned_abs())
+                    })
                 }
             };
             let statement = Statement::Lock {
                 lock_id,
                 lock_timeout_ms,
             };
-            let outcome = match answer_limit {
-                None => session.run(statement).await,
-                Some(limit) => match tokio::time::timeout(limit, session.run(statement)).await {
-                    Ok(outcome) => outcome,
-                    Err(_elapsed) => {
-                        // Dropping the session cancels the wait and closes the connection.
-                        drop(session);
-                        let timeout = deadline.map_or(limit, |(_, timeout)| timeout);
-                        return Err(LockAcquisitionError::new(
-                            key,
-                            AcquisitionErrorKind::ConnectionLost,
-                            format!("{} (the server did not answer)", timeout_reason(timeout)),
-                        )
-                        .with_timeout(timeout));
-                    }
-                },
-            };
+            let outcome;
+            (session, outcome) = self.answered(key, session, statement, deadline).await?;
             let error = match outcome {
                 Ok(_) => return Ok(session),
                 Err(error) => error,
@@ -498,14 +536,11 @@ impl Inner {
         error: tokio_postgres::Error,
     ) -> LockAcquisitionError {
         let error = LockAcquisitionError::database(key, driver_kind(&error), error);
-        match deadline {
-            Some((_, timeout)) => error.with_timeout(timeout),
-            None => error,
-        }
+        with_timeout(error, deadline.map(|(_, timeout)| timeout))
     }
 
-    /// The original's strategy: `pg_try_advisory_lock` every `retry_interval` on one
-    /// session until the deadline.
+    /// The original's strategy, after the first try: `pg_try_advisory_lock` every
+    /// `retry_interval` on one session until the deadline.
     async fn poll(
         &self,
         key: &str,
@@ -516,23 +551,19 @@ impl Inner {
         retry_interval: Duration,
     ) -> Attempt {
         loop {
-            match session.run(Statement::TryLock { lock_id }).await {
-                Ok(Answer::Bool(true)) => return Ok(session),
-                Ok(_) => {}
-                Err(error) => {
-                    session.close();
-                    return Err(
-                        LockAcquisitionError::database(key, driver_kind(&error), error)
-                            .with_timeout(timeout),
-                    );
-                }
-            }
             let now = Instant::now();
             if now >= deadline {
                 session.into_pool();
                 return Err(LockAcquisitionError::timed_out(key, timeout));
             }
             tokio::time::sleep(retry_interval.min(deadline - now)).await;
+            session = match self
+                .try_lock(key, lock_id, session, Some((deadline, timeout)))
+                .await?
+            {
+                Tried::Granted(session) => return Ok(session),
+                Tried::Busy(session) => session,
+            };
         }
     }
 }
@@ -542,8 +573,9 @@ impl DistributedLock for PostgresLockManager {
 
     /// Takes the lock, waiting in the server's queue (or polling, if asked).
     ///
-    /// With a timeout, the wait is one `pg_advisory_lock` under a statement-local
-    /// `lock_timeout`: the lock passes to the first waiter the moment it is released.
+    /// First one `pg_try_advisory_lock`; if the lock is busy, the wait is one
+    /// `pg_advisory_lock` (under a statement-local `lock_timeout` when there is a
+    /// timeout): the lock passes to the first waiter the moment it is released.
     /// Waiting for a pool connection counts inside the same timeout. After a timed-out
     /// wait the session is checked (the server can grant the lock as the timeout
     /// fires) and any such grant is undone before the connection goes back.
@@ -612,7 +644,13 @@ impl DistributedLock for PostgresLockManager {
         let started = Instant::now();
         let attempt = async {
             let session = inner.checkout(key, PoolWait::No).await?;
-            inner.try_once(key, lock_id, session).await
+            match inner.try_lock(key, lock_id, session, None).await? {
+                Tried::Granted(session) => Ok(Some(session)),
+                Tried::Busy(session) => {
+                    session.into_pool();
+                    Ok(None)
+                }
+            }
         }
         .instrument(span.clone())
         .await;
