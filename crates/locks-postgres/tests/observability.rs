@@ -180,3 +180,71 @@ async fn hidden_keys_stay_out_of_spans() {
         );
     }
 }
+
+/// A failed unlock is visible in the pipeline: the release span is an error, and the
+/// WARNING `Error releasing advisory lock` is an event on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_unlock_is_a_warning_event_on_an_error_span() {
+    let manager = PostgresLockManager::new(pool(1));
+    let admin = support::admin().await;
+    let key = unique_key("otel-terminated");
+    let id = locks_port::lock_id(&key);
+    let spans = exported(id, async {
+        let guard = manager
+            .acquire(&key, AcquireOptions::new())
+            .await
+            .expect("acquire");
+        let terminated: bool = admin
+            .query_one(
+                "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' \
+                 AND granted AND objsubid = 1 \
+                 AND ((classid::bigint << 32) | objid::bigint) = $1",
+                &[&id],
+            )
+            .await
+            .expect("the holder's backend")
+            .get(0);
+        assert!(terminated);
+        for _ in 0..100 {
+            if support::holders(&admin, id).await == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            guard.release().await,
+            locks_port::ReleaseOutcome::SessionClosed
+        );
+    })
+    .await;
+    let released = spans
+        .iter()
+        .find(|span| span.name == "eventsource.lock.release")
+        .expect("a release span");
+    assert_eq!(
+        attribute(released, "lock.released"),
+        Some(&Value::Bool(false))
+    );
+    assert!(
+        matches!(released.status, Status::Error { .. }),
+        "{:?}",
+        released.status
+    );
+    assert_eq!(
+        string(released, "error.type").as_deref(),
+        Some("connection_lost")
+    );
+    let warning = released
+        .events
+        .iter()
+        .find(|event| event.name.starts_with("Error releasing advisory lock"))
+        .expect("the WARNING is an event of the release span");
+    assert!(
+        warning
+            .attributes
+            .iter()
+            .any(|kv| kv.key.as_str() == "level" && kv.value.as_str() == "WARN"),
+        "{:?}",
+        warning.attributes
+    );
+}
