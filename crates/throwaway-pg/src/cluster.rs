@@ -40,6 +40,8 @@ pub struct Builder {
     settings: Vec<(String, String)>,
     watchdog: bool,
     bin_dir: Option<PathBuf>,
+    /// The port of a primary to copy with `pg_basebackup -R` instead of running `initdb`.
+    standby_of: Option<u16>,
 }
 
 impl Default for Builder {
@@ -48,6 +50,7 @@ impl Default for Builder {
             settings: Vec::new(),
             watchdog: true,
             bin_dir: None,
+            standby_of: None,
         }
     }
 }
@@ -78,6 +81,13 @@ impl Builder {
     #[must_use]
     pub fn bin_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.bin_dir = Some(dir.into());
+        self
+    }
+
+    /// Makes the cluster a streaming standby of the server on 127.0.0.1:`primary_port`
+    /// (`pg_basebackup -R` instead of `initdb`); see [`crate::PrimaryWithStandby`].
+    pub(crate) fn standby_of(mut self, primary_port: u16) -> Self {
+        self.standby_of = Some(primary_port);
         self
     }
 
@@ -117,7 +127,10 @@ impl Builder {
                 &pg.data_dir(),
             )?);
         }
-        pg.initdb()?;
+        match self.standby_of {
+            Some(primary_port) => pg.base_backup(primary_port)?,
+            None => pg.initdb()?,
+        }
         pg.configure(&self.settings)?;
         pg.start_on_a_free_port()?;
         Ok(pg)
@@ -360,6 +373,44 @@ impl ThrowawayPostgres {
             "--no-sync",
         ]);
         run(&mut command).map(drop)
+    }
+
+    /// Copies the primary on 127.0.0.1:`primary_port` into the data folder, streaming the WAL
+    /// written meanwhile (`-X stream`), through a replication slot named after the folder
+    /// (`-C -S`) so the primary keeps the WAL the standby has not received, and with
+    /// `-R`: `standby.signal` and the `primary_conninfo` that points back at the primary.
+    fn base_backup(&self, primary_port: u16) -> Result<(), Error> {
+        let slot = self.slot_name();
+        let mut command = self
+            .run_as
+            .command(&self.bin.tool("pg_basebackup"), &self.root);
+        command
+            .arg("-D")
+            .arg(self.data_dir())
+            .args([
+                "-R", "-X", "stream", "-c", "fast", "-C", "-S", &slot, "-h", HOST,
+            ])
+            .arg("-p")
+            .arg(primary_port.to_string())
+            .args(["-U", "postgres", "--no-sync"]);
+        run(&mut command).map(drop)
+    }
+
+    /// The folder's name in a replication slot's alphabet (lower-case letters, digits, `_`).
+    fn slot_name(&self) -> String {
+        self.root
+            .file_name()
+            .map(|name| name.to_string_lossy().into_owned())
+            .unwrap_or_default()
+            .chars()
+            .map(|c| {
+                if c.is_ascii_digit() || c.is_ascii_lowercase() {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect()
     }
 
     /// Appends our settings to `postgresql.conf` (the last line for a name wins).

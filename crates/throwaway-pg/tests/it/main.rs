@@ -1,6 +1,7 @@
 //! Integration tests: real clusters from the local PostgreSQL binaries.
 
 mod lifecycle;
+mod replication;
 mod watchdog;
 
 use std::net::{Ipv4Addr, TcpStream};
