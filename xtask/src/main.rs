@@ -6,6 +6,7 @@
 
 mod bench;
 mod demo;
+mod deps;
 mod pg;
 mod test;
 

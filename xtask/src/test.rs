@@ -4,7 +4,8 @@
 //! first does not run doctests), both with `LOCKS_DATABASE_URL` set, so every test binary
 //! shares one server instead of starting its own. Both run even if the first fails; the task
 //! fails if either does. The throwaway server, if one was started, is stopped in every case
-//! (on Ctrl-C by its watchdog).
+//! (on Ctrl-C by its watchdog). First, when PgBouncer is missing, it runs
+//! `scripts/install-test-deps.sh` (see [`crate::deps`]).
 
 use crate::cargo_on_database;
 use crate::pg::with_database;
@@ -24,6 +25,7 @@ pub(crate) fn run(args: &[String]) -> crate::Result {
         print!("{HELP}");
         return Ok(());
     };
+    crate::deps::ensure_test_deps()?;
     with_database(|url| {
         let mut failed = Vec::new();
         for step in [
