@@ -40,8 +40,27 @@ pub struct Builder {
     settings: Vec<(String, String)>,
     watchdog: bool,
     bin_dir: Option<PathBuf>,
-    /// The port of a primary to copy with `pg_basebackup -R` instead of running `initdb`.
-    standby_of: Option<u16>,
+    /// A primary to copy instead of running `initdb`.
+    standby_of: Option<StandbySource>,
+}
+
+/// Where a standby's data folder comes from.
+#[derive(Debug, Clone)]
+pub(crate) enum StandbySource {
+    /// `pg_basebackup -R` from the running primary on 127.0.0.1:`port`, through the
+    /// replication slot `slot` (created by `pg_basebackup`).
+    BaseBackup {
+        /// The primary's port.
+        port: u16,
+        /// The physical replication slot the standby streams through.
+        slot: String,
+    },
+    /// A copy of the data folder of a primary stopped cleanly; the caller sets
+    /// `primary_conninfo` and `primary_slot_name`. For binary sets without `pg_basebackup`.
+    StoppedCopy {
+        /// The primary's data folder.
+        data_dir: PathBuf,
+    },
 }
 
 impl Default for Builder {
@@ -84,10 +103,10 @@ impl Builder {
         self
     }
 
-    /// Makes the cluster a streaming standby of the server on 127.0.0.1:`primary_port`
-    /// (`pg_basebackup -R` instead of `initdb`); see [`crate::PrimaryWithStandby`].
-    pub(crate) fn standby_of(mut self, primary_port: u16) -> Self {
-        self.standby_of = Some(primary_port);
+    /// Makes the cluster a standby copied from `source` instead of running `initdb`; see
+    /// [`crate::PrimaryWithStandby`].
+    pub(crate) fn standby_of(mut self, source: StandbySource) -> Self {
+        self.standby_of = Some(source);
         self
     }
 
@@ -127,8 +146,9 @@ impl Builder {
                 &pg.data_dir(),
             )?);
         }
-        match self.standby_of {
-            Some(primary_port) => pg.base_backup(primary_port)?,
+        match &self.standby_of {
+            Some(StandbySource::BaseBackup { port, slot }) => pg.base_backup(*port, slot)?,
+            Some(StandbySource::StoppedCopy { data_dir }) => pg.copy_stopped(data_dir)?,
             None => pg.initdb()?,
         }
         pg.configure(&self.settings)?;
@@ -376,11 +396,10 @@ impl ThrowawayPostgres {
     }
 
     /// Copies the primary on 127.0.0.1:`primary_port` into the data folder, streaming the WAL
-    /// written meanwhile (`-X stream`), through a replication slot named after the folder
-    /// (`-C -S`) so the primary keeps the WAL the standby has not received, and with
-    /// `-R`: `standby.signal` and the `primary_conninfo` that points back at the primary.
-    fn base_backup(&self, primary_port: u16) -> Result<(), Error> {
-        let slot = self.slot_name();
+    /// written meanwhile (`-X stream`), through the replication slot `slot` (`-C -S`) so the
+    /// primary keeps the WAL the standby has not received, and with `-R`: `standby.signal`
+    /// and the `primary_conninfo` that points back at the primary.
+    fn base_backup(&self, primary_port: u16, slot: &str) -> Result<(), Error> {
         let mut command = self
             .run_as
             .command(&self.bin.tool("pg_basebackup"), &self.root);
@@ -388,7 +407,7 @@ impl ThrowawayPostgres {
             .arg("-D")
             .arg(self.data_dir())
             .args([
-                "-R", "-X", "stream", "-c", "fast", "-C", "-S", &slot, "-h", HOST,
+                "-R", "-X", "stream", "-c", "fast", "-C", "-S", slot, "-h", HOST,
             ])
             .arg("-p")
             .arg(primary_port.to_string())
@@ -396,21 +415,19 @@ impl ThrowawayPostgres {
         run(&mut command).map(drop)
     }
 
-    /// The folder's name in a replication slot's alphabet (lower-case letters, digits, `_`).
-    fn slot_name(&self) -> String {
-        self.root
-            .file_name()
-            .map(|name| name.to_string_lossy().into_owned())
-            .unwrap_or_default()
-            .chars()
-            .map(|c| {
-                if c.is_ascii_digit() || c.is_ascii_lowercase() {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect()
+    /// Copies the data folder of a cleanly stopped primary (`cp -a`, as the server's user)
+    /// and marks the copy a standby (`standby.signal`).
+    fn copy_stopped(&self, primary_data_dir: &Path) -> Result<(), Error> {
+        let mut command = self.run_as.command(Path::new("cp"), &self.root);
+        command.arg("-a").arg(primary_data_dir).arg(self.data_dir());
+        run(&mut command)?;
+        for stale in ["postmaster.pid", "postmaster.opts"] {
+            let _ = fs::remove_file(self.data_dir().join(stale));
+        }
+        let signal = self.data_dir().join("standby.signal");
+        fs::write(&signal, "")
+            .map_err(|source| Error::io(format!("write {}", signal.display()), source))?;
+        self.run_as.give(&self.root)
     }
 
     /// Appends our settings to `postgresql.conf` (the last line for a name wins).

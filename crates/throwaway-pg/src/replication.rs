@@ -4,12 +4,15 @@ use std::path::PathBuf;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::cluster::StandbySource;
 use crate::{Error, ThrowawayPostgres};
 
 /// How long [`PrimaryWithStandby`] waits for the standby to stream, or to finish promotion.
 const WAIT: Duration = Duration::from_secs(60);
 /// How often it looks while waiting.
 const POLL: Duration = Duration::from_millis(50);
+/// The physical replication slot the standby streams through.
+const SLOT: &str = "throwaway_standby";
 
 /// Configures a [`PrimaryWithStandby`]; see [`PrimaryWithStandby::builder`].
 #[derive(Debug, Clone, Default)]
@@ -46,8 +49,9 @@ impl ReplicationBuilder {
     }
 
     /// Starts the primary (`initdb`, like [`ThrowawayPostgres::start`]), copies it with
-    /// `pg_basebackup -R` into a second folder, starts that copy as a hot standby on another
-    /// free port, and waits until the primary reports it streaming (and, when synchronous,
+    /// `pg_basebackup -R` into a second folder (where the binaries have no `pg_basebackup`:
+    /// stops the primary cleanly, copies its data folder, starts it again), starts that copy
+    /// as a hot standby on another free port, streaming through a replication slot, and waits until the primary reports it streaming (and, when synchronous,
     /// `sync_state = 'sync'`). Both have watchdogs. On error nothing is left behind.
     pub fn start(self) -> Result<PrimaryWithStandby, Error> {
         let base = |builder: crate::Builder| {
@@ -72,13 +76,41 @@ impl ReplicationBuilder {
                 .setting("synchronous_commit", "on");
         }
         let primary = primary.start()?;
-        // The base backup copies the primary's postgresql.conf; a promoted standby must not
-        // wait for a standby of its own, so it gets no synchronous_standby_names.
+        // The copy takes the primary's postgresql.conf; a promoted standby must not wait
+        // for a standby of its own, so it gets no synchronous_standby_names.
         let standby = base(ThrowawayPostgres::builder())
             .setting("synchronous_standby_names", "''")
-            .setting("hot_standby", "on")
-            .standby_of(primary.port())
-            .start()?;
+            .setting("hot_standby", "on");
+        let standby = if primary.bin_dir().join("pg_basebackup").is_file() {
+            standby
+                .standby_of(StandbySource::BaseBackup {
+                    port: primary.port(),
+                    slot: SLOT.to_owned(),
+                })
+                .start()?
+        } else {
+            // Binary sets without client tools (the npm packages of each major version):
+            // copy the primary while it is stopped cleanly, which is as good a base.
+            primary.psql(&format!(
+                "SELECT pg_create_physical_replication_slot('{SLOT}')"
+            ))?;
+            primary.stop()?;
+            let standby = standby
+                .setting(
+                    "primary_conninfo",
+                    format!(
+                        "'host=127.0.0.1 port={} user=postgres application_name=standby'",
+                        primary.port()
+                    ),
+                )
+                .setting("primary_slot_name", format!("'{SLOT}'"))
+                .standby_of(StandbySource::StoppedCopy {
+                    data_dir: primary.data_dir(),
+                })
+                .start();
+            primary.start_again()?;
+            standby?
+        };
         let pair = PrimaryWithStandby {
             synchronous: self.synchronous,
             standby,

@@ -1,4 +1,4 @@
-use throwaway_pg::PrimaryWithStandby;
+use throwaway_pg::{PrimaryWithStandby, ThrowawayPostgres};
 
 use crate::accepts_connections;
 
@@ -73,4 +73,40 @@ fn a_synchronous_standby_has_every_commit_the_primary_reported() {
     assert_eq!(standby.psql("SELECT count(*) FROM t").unwrap(), "1000");
     // The promoted standby commits without waiting for a standby of its own.
     standby.psql("INSERT INTO t VALUES (0)").unwrap();
+}
+
+/// Binary sets without `pg_basebackup` (the npm packages `cargo xtask test --postgres N`
+/// uses) get a standby copied from the cleanly stopped primary instead.
+#[test]
+fn without_pg_basebackup_the_standby_is_a_copy_of_the_stopped_primary() {
+    let local = ThrowawayPostgres::start().expect("find the local binaries");
+    let bin = std::env::temp_dir().join(format!("throwaway-pg-bin-{}", std::process::id()));
+    std::fs::create_dir_all(&bin).unwrap();
+    for tool in ["initdb", "pg_ctl", "postgres", "psql"] {
+        let _ = std::fs::remove_file(bin.join(tool));
+        std::os::unix::fs::symlink(local.bin_dir().join(tool), bin.join(tool)).unwrap();
+    }
+    drop(local);
+    let pair = PrimaryWithStandby::builder()
+        .synchronous(true)
+        .bin_dir(&bin)
+        .start()
+        .expect("start a pair without pg_basebackup");
+    let (primary, standby) = (pair.primary(), pair.standby());
+    assert!(!standby.data_dir().join("backup_label").exists());
+    assert_eq!(standby.psql("SELECT pg_is_in_recovery()").unwrap(), "t");
+    assert_eq!(
+        primary
+            .psql("SELECT slot_name || ' ' || active FROM pg_replication_slots")
+            .unwrap(),
+        "throwaway_standby true"
+    );
+    primary
+        .psql("CREATE TABLE t (v int); INSERT INTO t VALUES (7)")
+        .unwrap();
+    pair.stop_primary_immediately().unwrap();
+    pair.promote_standby().unwrap();
+    assert_eq!(standby.psql("SELECT v FROM t").unwrap(), "7");
+    drop(pair);
+    std::fs::remove_dir_all(&bin).unwrap();
 }
