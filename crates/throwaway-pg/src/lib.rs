@@ -4,6 +4,7 @@
 mod binaries;
 mod cluster;
 mod error;
+mod pgbouncer;
 mod process;
 mod replication;
 mod shared;
@@ -12,5 +13,6 @@ mod watchdog;
 pub use binaries::BINDIR_ENV;
 pub use cluster::{Builder, ThrowawayPostgres};
 pub use error::Error;
+pub use pgbouncer::{PGBOUNCER_ENV, PgBouncer, PgBouncerBuilder, PgBouncerError, PoolMode};
 pub use replication::{PrimaryWithStandby, ReplicationBuilder};
 pub use shared::{DATABASE_URL_ENV, database_url, shared_cluster};

@@ -1,6 +1,7 @@
 //! Integration tests: real clusters from the local PostgreSQL binaries.
 
 mod lifecycle;
+mod pgbouncer;
 mod replication;
 mod watchdog;
 
