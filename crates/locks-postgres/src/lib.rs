@@ -8,10 +8,12 @@ mod manager;
 mod pool;
 mod sql;
 mod telemetry;
+mod xact;
 
 pub use guard::PostgresLockGuard;
 pub use manager::{KeyVisibility, PostgresLockManager, PostgresLockManagerBuilder};
 pub use pool::{PoolConfigError, plain_pool, plain_pool_with_config};
+pub use xact::{TransactionLockError, TransactionLockMode, TransactionLocks};
 
 /// Re-exported so callers build the pool with the same versions as the manager.
 pub use deadpool_postgres;

@@ -5,3 +5,4 @@ mod conformance;
 mod faults;
 mod processes;
 mod support;
+mod xact;
