@@ -4,6 +4,7 @@
 mod classify;
 mod connection;
 mod guard;
+mod inspect;
 mod manager;
 mod pool;
 mod sql;
@@ -11,9 +12,10 @@ mod telemetry;
 mod xact;
 
 pub use guard::PostgresLockGuard;
+pub use inspect::{AdvisoryLockId, InspectError, LockHolder, all_lock_holders, lock_holders};
 pub use manager::{KeyVisibility, PostgresLockManager, PostgresLockManagerBuilder};
 pub use pool::{PoolConfigError, plain_pool, plain_pool_with_config};
-pub use xact::{TransactionLockError, TransactionLockMode, TransactionLocks};
+pub use xact::{AdvisoryLockMode, TransactionLockError, TransactionLocks};
 
 /// Re-exported so callers build the pool with the same versions as the manager.
 pub use deadpool_postgres;

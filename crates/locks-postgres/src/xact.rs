@@ -23,21 +23,22 @@ const SAVEPOINT: &str = "locks_xact_wait";
 /// The largest `lock_timeout` PostgreSQL accepts, in milliseconds (`INT_MAX`).
 const MAX_LOCK_TIMEOUT_MS: u128 = i32::MAX as u128;
 
-/// Whether a transaction lock excludes every other holder or only exclusive ones.
+/// Whether an advisory lock excludes every other holder or only exclusive ones: the mode of
+/// a [`TransactionLocks`] call and of a [`LockHolder`](crate::LockHolder).
 ///
 /// (The port has no lock mode yet; when it does, this becomes that type.)
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum TransactionLockMode {
-    /// One holder at a time (`pg_advisory_xact_lock`).
+pub enum AdvisoryLockMode {
+    /// One holder at a time (`pg_advisory_xact_lock`; `ExclusiveLock` in `pg_locks`).
     #[default]
     Exclusive,
     /// Any number of shared holders, and no exclusive one meanwhile
-    /// (`pg_advisory_xact_lock_shared`).
+    /// (`pg_advisory_xact_lock_shared`; `ShareLock` in `pg_locks`).
     Shared,
 }
 
-impl TransactionLockMode {
+impl AdvisoryLockMode {
     fn suffix(self) -> &'static str {
         match self {
             Self::Exclusive => "",
@@ -65,14 +66,14 @@ impl TransactionLockMode {
 /// ```no_run
 /// use std::time::Duration;
 ///
-/// use locks_postgres::{TransactionLockMode, TransactionLocks};
+/// use locks_postgres::{AdvisoryLockMode, TransactionLocks};
 ///
 /// # async fn run(pool: locks_postgres::deadpool_postgres::Pool) -> Result<(), Box<dyn std::error::Error>> {
 /// let locks = TransactionLocks::new();
 /// let mut client = pool.get().await?;
 /// let tx = client.transaction().await?;
 /// locks
-///     .lock_with_timeout(&tx, "cutover:tenant-1", TransactionLockMode::Exclusive, Duration::from_secs(5))
+///     .lock_with_timeout(&tx, "cutover:tenant-1", AdvisoryLockMode::Exclusive, Duration::from_secs(5))
 ///     .await?;
 /// tx.execute("UPDATE routing SET store = 'dedicated' WHERE tenant = 1", &[]).await?;
 /// tx.commit().await?; // releases the lock
@@ -133,7 +134,7 @@ impl TransactionLocks {
         &self,
         tx: &Transaction<'_>,
         key: &str,
-        mode: TransactionLockMode,
+        mode: AdvisoryLockMode,
     ) -> Result<bool, TransactionLockError> {
         let lock_id = self.lock_id(key);
         let span = self.span(key, lock_id, "pg_try_advisory_xact_lock", None);
@@ -164,7 +165,7 @@ impl TransactionLocks {
         &self,
         tx: &Transaction<'_>,
         key: &str,
-        mode: TransactionLockMode,
+        mode: AdvisoryLockMode,
     ) -> Result<(), TransactionLockError> {
         self.acquire(tx, key, mode, None).await
     }
@@ -184,7 +185,7 @@ impl TransactionLocks {
         &self,
         tx: &Transaction<'_>,
         key: &str,
-        mode: TransactionLockMode,
+        mode: AdvisoryLockMode,
         timeout: Duration,
     ) -> Result<(), TransactionLockError> {
         self.acquire(tx, key, mode, Some(timeout)).await
@@ -194,7 +195,7 @@ impl TransactionLocks {
         &self,
         tx: &Transaction<'_>,
         key: &str,
-        mode: TransactionLockMode,
+        mode: AdvisoryLockMode,
         timeout: Option<Duration>,
     ) -> Result<(), TransactionLockError> {
         let lock_id = self.lock_id(key);
@@ -269,7 +270,7 @@ fn lock_timeout_ms(timeout: Duration) -> Option<u128> {
 async fn try_once(
     tx: &Transaction<'_>,
     lock_id: i64,
-    mode: TransactionLockMode,
+    mode: AdvisoryLockMode,
 ) -> Result<Attempt, tokio_postgres::Error> {
     let sql = format!(
         "SELECT pg_try_advisory_xact_lock{}({lock_id})",
@@ -293,7 +294,7 @@ async fn try_once(
 async fn wait(
     tx: &Transaction<'_>,
     lock_id: i64,
-    mode: TransactionLockMode,
+    mode: AdvisoryLockMode,
     lock_timeout_ms: u128,
 ) -> Result<(), tokio_postgres::Error> {
     let sql = format!(

@@ -4,13 +4,13 @@
 use std::time::{Duration, Instant};
 
 use locks_postgres::tokio_postgres::{self, Client, NoTls, Transaction};
-use locks_postgres::{TransactionLockError, TransactionLockMode, TransactionLocks};
+use locks_postgres::{AdvisoryLockMode, TransactionLockError, TransactionLocks};
 use throwaway_pg::{PgBouncer, PoolMode};
 
 use crate::support::{admin, database_url, holders, unique_key};
 
-const EXCLUSIVE: TransactionLockMode = TransactionLockMode::Exclusive;
-const SHARED: TransactionLockMode = TransactionLockMode::Shared;
+const EXCLUSIVE: AdvisoryLockMode = AdvisoryLockMode::Exclusive;
+const SHARED: AdvisoryLockMode = AdvisoryLockMode::Shared;
 
 async fn connect(url: &str) -> Client {
     let (client, connection) = tokio_postgres::connect(url, NoTls)
