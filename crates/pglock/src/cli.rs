@@ -34,7 +34,13 @@ PGCONNECT_TIMEOUT), as psql reads them.";
 /// (`locks-postgres`) and the Python `eventsource` library, so all of them contend on
 /// one lock.
 #[derive(Debug, Parser)]
-#[command(name = "pglock", version, after_help = EXIT_CODES, max_term_width = 100)]
+#[command(
+    name = "pglock",
+    version,
+    after_help = EXIT_CODES,
+    max_term_width = 100,
+    args_override_self = true
+)]
 pub(crate) struct Cli {
     /// The connection.
     #[command(flatten)]
