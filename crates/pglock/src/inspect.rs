@@ -2,7 +2,6 @@
 //! (`pg_locks` joined with `pg_stat_activity`), as lines for people.
 
 use locks_port::time::OffsetDateTime;
-use locks_postgres::deadpool_postgres::Pool;
 use locks_postgres::tokio_postgres;
 use locks_postgres::{
     AdvisoryLockId, AdvisoryLockMode, InspectError, LockHolder, all_lock_holders, lock_holders,
@@ -60,17 +59,20 @@ pub(crate) async fn of(
         .collect())
 }
 
-/// How many advisory locks sessions named `application_name` hold or wait for.
-pub(crate) async fn count_of_application(
-    pool: &Pool,
+/// The pids of sessions named `application_name` that hold or wait for an advisory lock.
+pub(crate) async fn pids_of_application(
+    client: &tokio_postgres::Client,
     application_name: &str,
-) -> Result<usize, Box<dyn std::error::Error + Send + Sync>> {
-    let client = pool.get().await?;
-    Ok(all_lock_holders(&client)
+) -> Result<Vec<i32>, InspectError> {
+    let mut pids: Vec<i32> = all_lock_holders(client)
         .await?
         .iter()
         .filter(|holder| holder.application_name.as_deref() == Some(application_name))
-        .count())
+        .filter_map(|holder| holder.pid)
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+    Ok(pids)
 }
 
 fn entry(holder: &LockHolder, now: OffsetDateTime) -> Entry {
