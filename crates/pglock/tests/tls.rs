@@ -1,5 +1,5 @@
 //! TLS as libpq's `sslmode` says, against a throwaway PostgreSQL with `ssl = on` and a
-//! certificate from a test CA made here with `openssl`.
+//! certificate from a test CA made here (rcgen).
 
 use std::path::Path;
 use std::process::{Output, Stdio};
@@ -10,88 +10,45 @@ use tokio::process::Command;
 
 const SOON: Duration = Duration::from_secs(30);
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let status = std::process::Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .expect("openssl runs (apt-get install openssl)");
-    assert!(status.success(), "openssl {args:?}");
-}
-
-/// A CA, a server certificate for `localhost` signed by it, and an unrelated CA.
+/// A CA, a server certificate for `localhost` signed by it, and an unrelated CA, as PEM
+/// files in `dir`.
 fn certificates(dir: &Path) {
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    let mut ca = vec!["req", "-x509"];
-    ca.extend(ec);
-    ca.extend([
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=pglock test CA",
-    ]);
-    openssl(dir, &ca);
-    let mut other = vec!["req", "-x509"];
-    other.extend(ec);
-    other.extend([
-        "-keyout",
-        "other.key",
-        "-out",
-        "other.pem",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=other CA",
-    ]);
-    openssl(dir, &other);
-    let mut request = vec!["req"];
-    request.extend(ec);
-    request.extend([
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-        "-subj",
-        "/CN=localhost",
-    ]);
-    openssl(dir, &request);
-    std::fs::write(
-        dir.join("server.ext"),
-        "subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
-    )
-    .expect("extensions");
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.crt",
-            "-days",
-            "2",
-            "-extfile",
-            "server.ext",
-        ],
-    );
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+        KeyPair, KeyUsagePurpose,
+    };
+    let ca_params = |name: &str| {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        params
+    };
+    let write = |name: &str, text: String| std::fs::write(dir.join(name), text).expect("write");
+
+    let ca_key = KeyPair::generate().expect("key");
+    let ca = ca_params("pglock test CA")
+        .self_signed(&ca_key)
+        .expect("CA");
+    write("ca.pem", ca.pem());
+    let other_key = KeyPair::generate().expect("key");
+    let other = ca_params("other CA").self_signed(&other_key).expect("CA");
+    write("other.pem", other.pem());
+
+    let issuer = Issuer::new(ca_params("pglock test CA"), ca_key);
+    let server_key = KeyPair::generate().expect("key");
+    let mut params = CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "localhost");
+    params.is_ca = IsCa::ExplicitNoCa;
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let server = params
+        .signed_by(&server_key, &issuer)
+        .expect("server certificate");
+    write("server.crt", server.pem());
+    write("server.key", server_key.serialize_pem());
+
     // The server reads its key as the user it runs as, and wants it private.
     let key = dir.join("server.key");
     std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))
