@@ -20,7 +20,7 @@ pub enum PgBouncerError {
         /// What is wrong with it (the URL itself is left out: it may hold a password).
         reason: String,
     },
-    /// A setting given to [`PgBouncerBuilder::setting`] cannot be written to the config.
+    /// A setting given to [`PgBouncerBuilder::setting`](crate::PgBouncerBuilder::setting) cannot be written to the config.
     InvalidSetting {
         /// The setting's name as given.
         name: String,
