@@ -401,11 +401,10 @@ async fn run(args: &Args) -> Result<(), BoxError> {
             .unwrap_or_else(|| Path::new("."))
             .join("handoff.svg");
         let subtitle = format!(
-            "PostgreSQL {server_version}, {cores} cores, {} mode; hold 2 ms, acquire timeout 5 s; \
-             solid: 4 contenders, dashed: 16",
+            "PostgreSQL {server_version}, {cores} cores, {} mode; hold 2 ms, acquire timeout 5 s.",
             plan.mode()
         );
-        write(&svg_path, &chart::handoff_svg(&series, &subtitle))?;
+        write(&svg_path, &chart::handoff_svg(&series, &subtitle)?)?;
         written.push(svg_path);
     }
     for path in written {
