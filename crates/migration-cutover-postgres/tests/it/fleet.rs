@@ -476,14 +476,19 @@ async fn assert_migrated_without_loss(
         &source[..],
         "the source holds writes the target lacks (accepted after the flip)"
     );
-    for ack in acks {
-        if ack.store.as_deref() == Some(SOURCE) {
-            assert!(
-                ack.admitted_at_us < released,
-                "a write was admitted to the source after the pause ended: {ack:?}"
-            );
-        }
-    }
+    // No write was accepted by the source once the pause was granted, let alone after
+    // the flip: a write admitted to the source holds the shared lock until it commits,
+    // and the pause is granted only after that, so its admission precedes the pause's.
+    let late: Vec<&Ack> = acks
+        .iter()
+        .filter(|ack| ack.store.as_deref() == Some(SOURCE) && ack.admitted_at_us >= acquired)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "{} writes were admitted to the source while the pause was in force, e.g. {:?}",
+        late.len(),
+        late.first()
+    );
     for process in [0, 1] {
         let mine: Vec<&Ack> = acks.iter().filter(|ack| ack.process == process).collect();
         assert!(
