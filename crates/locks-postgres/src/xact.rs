@@ -20,6 +20,10 @@ use crate::telemetry::{acquire_span, record_failure};
 /// The savepoint a bounded wait runs in; rolled back to (and released) when the wait fails,
 /// released when it succeeds. The name does not clash with tokio-postgres's `sp_N`.
 const SAVEPOINT: &str = "locks_xact_wait";
+/// Where a bounded wait keeps the caller's `lock_timeout` and `statement_timeout` meanwhile
+/// (placeholder settings, local to the transaction).
+const SAVED_LOCK_TIMEOUT: &str = "locks_xact.lock_timeout";
+const SAVED_STATEMENT_TIMEOUT: &str = "locks_xact.statement_timeout";
 /// The largest `lock_timeout` PostgreSQL accepts, in milliseconds (`INT_MAX`).
 const MAX_LOCK_TIMEOUT_MS: u128 = i32::MAX as u128;
 
@@ -149,8 +153,8 @@ impl TransactionLocks {
 
     /// Takes the lock, waiting in the server's queue as long as it takes; nothing but a
     /// deadlock, a cancellation or a failure ends the wait (not the session's
-    /// `lock_timeout` or `statement_timeout`). One round trip when the lock is free, two more
-    /// when it has to wait.
+    /// `lock_timeout` or `statement_timeout`). One round trip when the lock is free, one more
+    /// when it has to wait (and one more again when the wait fails).
     ///
     /// # Errors
     /// [`TransactionLockError::Deadlock`] (the transaction is usable but still holds what it
@@ -158,9 +162,10 @@ impl TransactionLocks {
     /// (`pg_cancel_backend`), [`TransactionLockError::Backend`].
     ///
     /// # Cancel safety
-    /// Not cancel safe: dropping the future while it waits leaves the wait running on the
-    /// server and the transaction inside the call's savepoint, with `lock_timeout` and
-    /// `statement_timeout` changed. Roll the transaction back after dropping it.
+    /// Once the wait is sent, the server carries it out whatever happens to the future.
+    /// Dropped while waiting: if the wait then succeeds, the lock is held until the
+    /// transaction ends and the settings are restored, as if the call had returned; if it
+    /// fails, the transaction is left aborted (its next statement fails), so roll it back.
     pub async fn lock(
         &self,
         tx: &Transaction<'_>,
@@ -285,12 +290,16 @@ async fn try_once(
     })
 }
 
-/// The waiting lock in a savepoint, under our own `lock_timeout` and no `statement_timeout`;
-/// then the settings restored (success) or the savepoint rolled back to (failure).
+/// The waiting lock in a savepoint, under our own `lock_timeout` and no `statement_timeout`,
+/// then the settings restored and the savepoint released: one simple query, so once sent the
+/// server finishes it whatever happens to the future. A failed wait skips the rest of the
+/// query; the savepoint is then rolled back to (a second query), which undoes the settings.
 ///
-/// The settings are changed in a statement of their own before the lock's: since
-/// PostgreSQL 13 each statement of a simple query gets its own `statement_timeout`, so the
-/// lock's statement runs without one.
+/// The caller's settings are kept in two placeholder settings (`locks_xact.*`, local to the
+/// transaction) set before the savepoint, because releasing a savepoint keeps the
+/// `set_config(…, true)` made inside it. They are changed in a statement of their own before
+/// the lock's: since PostgreSQL 13 each statement of a simple query gets its own
+/// `statement_timeout`, so the lock's statement runs without one.
 async fn wait(
     tx: &Transaction<'_>,
     lock_id: i64,
@@ -298,34 +307,19 @@ async fn wait(
     lock_timeout_ms: u128,
 ) -> Result<(), tokio_postgres::Error> {
     let sql = format!(
-        "SAVEPOINT {SAVEPOINT}; \
-         SELECT current_setting('lock_timeout'), current_setting('statement_timeout'); \
+        "SELECT set_config('{SAVED_LOCK_TIMEOUT}', current_setting('lock_timeout'), true), \
+                set_config('{SAVED_STATEMENT_TIMEOUT}', current_setting('statement_timeout'), true); \
+         SAVEPOINT {SAVEPOINT}; \
          SELECT set_config('lock_timeout', '{lock_timeout_ms}ms', true), \
                 set_config('statement_timeout', '0', true); \
-         SELECT pg_advisory_xact_lock{}({lock_id})",
+         SELECT pg_advisory_xact_lock{}({lock_id}); \
+         SELECT set_config('lock_timeout', current_setting('{SAVED_LOCK_TIMEOUT}'), true), \
+                set_config('statement_timeout', current_setting('{SAVED_STATEMENT_TIMEOUT}'), true); \
+         RELEASE SAVEPOINT {SAVEPOINT}",
         mode.suffix()
     );
-    match tx.simple_query(&sql).await {
-        Ok(messages) => {
-            let before = first_row(&messages).map(|row| {
-                (
-                    row.get(0).unwrap_or("0").to_owned(),
-                    row.get(1).unwrap_or("0").to_owned(),
-                )
-            });
-            let (lock_timeout, statement_timeout) =
-                before.unwrap_or_else(|| ("0".to_owned(), "0".to_owned()));
-            // The lock must outlive the savepoint, so it is released, not rolled back; that
-            // keeps its `set_config(…, true)` for the transaction, hence the restore.
-            tx.batch_execute(&format!(
-                "SELECT set_config('lock_timeout', {}, true), \
-                        set_config('statement_timeout', {}, true); \
-                 RELEASE SAVEPOINT {SAVEPOINT}",
-                literal(&lock_timeout),
-                literal(&statement_timeout)
-            ))
-            .await
-        }
+    match tx.batch_execute(&sql).await {
+        Ok(()) => Ok(()),
         Err(error) => {
             if error.code() != Some(&SqlState::IN_FAILED_SQL_TRANSACTION) && !error.is_closed() {
                 // Undoes the settings with the savepoint; the transaction goes on as before.
@@ -346,11 +340,6 @@ fn first_row(messages: &[SimpleQueryMessage]) -> Option<&tokio_postgres::SimpleQ
         SimpleQueryMessage::Row(row) => Some(row),
         _ => None,
     })
-}
-
-/// A string literal that reads the same whatever `standard_conforming_strings` says.
-fn literal(text: &str) -> String {
-    format!("E'{}'", text.replace('\\', "\\\\").replace('\'', "''"))
 }
 
 /// The server's own words for a driver error: message, SQLSTATE and detail for a database
@@ -552,11 +541,5 @@ mod tests {
         assert_eq!(lock_timeout_ms(Duration::from_micros(1500)), Some(2));
         assert_eq!(lock_timeout_ms(Duration::from_secs(5)), Some(5000));
         assert_eq!(lock_timeout_ms(Duration::MAX), Some(MAX_LOCK_TIMEOUT_MS));
-    }
-
-    #[test]
-    fn literals_survive_quotes_and_backslashes() {
-        assert_eq!(literal("1s"), "E'1s'");
-        assert_eq!(literal(r"a'b\c"), r"E'a''b\\c'");
     }
 }

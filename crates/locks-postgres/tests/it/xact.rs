@@ -203,6 +203,34 @@ async fn an_unbounded_wait_outlasts_the_sessions_own_timeouts() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_dropped_midway_still_ends_with_the_lock_and_the_settings_restored() {
+    let locks = TransactionLocks::new();
+    let admin = admin().await;
+    let key = unique_key("xact-dropped");
+    let holder = Holder::start(database_url(), key.clone()).await;
+    let mut waiter = client().await;
+    let tx = waiter.transaction().await.expect("begin");
+    tx.batch_execute("SET LOCAL lock_timeout = '4321ms'")
+        .await
+        .expect("SET");
+    let waiting = locks.lock_with_timeout(&tx, &key, EXCLUSIVE, Duration::from_secs(20));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), waiting)
+            .await
+            .is_err(),
+        "the lock is held: the wait cannot finish yet"
+    );
+    holder.commit_after(Duration::ZERO).await.expect("holder");
+    // The server finished the dropped wait: granted, settings back.
+    assert_eq!(show(&tx, "lock_timeout").await, "4321ms");
+    assert_eq!(show(&tx, "statement_timeout").await, "0");
+    assert_eq!(holders(&admin, locks_port::lock_id(&key)).await, 1);
+    assert!(!free(&key).await);
+    tx.commit().await.expect("commit");
+    assert!(free(&key).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_transactions_locking_in_opposite_order_get_a_deadlock_on_one_side() {
     let first = unique_key("xact-deadlock-a");
     let second = unique_key("xact-deadlock-b");
