@@ -65,7 +65,9 @@ impl AdvisoryLockMode {
 /// How long a call waits is up to the call alone: the session's `lock_timeout` and
 /// `statement_timeout` (a role's or server's default included) neither shorten nor outlast
 /// it, and they are as before when the call returns. A failed wait leaves the transaction
-/// usable: it runs in a savepoint that is rolled back to.
+/// usable: it runs in a savepoint that is rolled back to. (Meanwhile the caller's values are
+/// kept in two transaction-local placeholder settings, `locks_xact.lock_timeout` and
+/// `locks_xact.statement_timeout`, which stay visible to `SHOW` until the transaction ends.)
 ///
 /// ```no_run
 /// use std::time::Duration;
