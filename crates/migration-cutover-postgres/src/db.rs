@@ -57,6 +57,29 @@ impl DbFailure {
     }
 }
 
+/// Checks out a connection and runs `sql` (prepared once per connection) with `params`:
+/// the one query path of the repositories, whose failures name `what`.
+pub(crate) async fn repository_query(
+    pool: &Pool,
+    what: &'static str,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Vec<tokio_postgres::Row>, migration_cutover::RepositoryError> {
+    let failed = |failure: DbFailure| migration_cutover::RepositoryError::new(what, failure);
+    let client = pool
+        .get()
+        .await
+        .map_err(|error| failed(DbFailure::pool(what, error)))?;
+    let statement = client
+        .prepare_cached(sql)
+        .await
+        .map_err(|error| failed(DbFailure::driver(what, error)))?;
+    client
+        .query(&statement, params)
+        .await
+        .map_err(|error| failed(DbFailure::driver(what, error)))
+}
+
 /// What the server said, without the driver's "db error" wrapper.
 pub(crate) fn server_words(error: &tokio_postgres::Error) -> String {
     match error.as_db_error() {

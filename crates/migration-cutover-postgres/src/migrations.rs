@@ -7,9 +7,10 @@ use locks_port::time::OffsetDateTime;
 use locks_port::uuid::Uuid;
 use migration_cutover::{Migration, MigrationRepository, Phase, RepositoryError, StoreId};
 use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
 
 use crate::TableName;
-use crate::db::DbFailure;
+use crate::db::{DbFailure, repository_query};
 
 /// A [`MigrationRepository`] on the fleet's `migrations` table (see
 /// [`install_fleet`](crate::install_fleet)).
@@ -34,10 +35,6 @@ impl fmt::Debug for PostgresMigrationRepository {
             .field("table", &self.table.to_string())
             .finish_non_exhaustive()
     }
-}
-
-fn driver(what: &'static str) -> impl FnOnce(tokio_postgres::Error) -> RepositoryError {
-    move |error| RepositoryError::new(what, DbFailure::driver(what, error))
 }
 
 fn read_error(words: String) -> RepositoryError {
@@ -114,44 +111,31 @@ impl PostgresMigrationRepository {
         &self.table
     }
 
-    async fn client(
-        &self,
-        what: &'static str,
-    ) -> Result<deadpool_postgres::Object, RepositoryError> {
-        self.pool
-            .get()
-            .await
-            .map_err(|error| RepositoryError::new(what, DbFailure::pool(what, error)))
-    }
-
     async fn write(
         &self,
         what: &'static str,
         sql: &str,
         migration: &Migration,
-        condition: &(dyn tokio_postgres::types::ToSql + Sync),
+        condition: &(dyn ToSql + Sync),
     ) -> Result<bool, RepositoryError> {
-        let client = self.client(what).await?;
-        let statement = client.prepare_cached(sql).await.map_err(driver(what))?;
         let copied = i64::try_from(migration.events_copied).unwrap_or(i64::MAX);
-        let rows = client
-            .query(
-                &statement,
-                &[
-                    &migration.id.hyphenated().to_string(),
-                    &migration.tenant_id.hyphenated().to_string(),
-                    &migration.source_store_id.as_str(),
-                    &migration.target_store_id.as_str(),
-                    &migration.phase.as_str(),
-                    &copied,
-                    &micros(migration.created_at),
-                    &micros(migration.updated_at),
-                    &migration.last_error,
-                    condition,
-                ],
-            )
-            .await
-            .map_err(driver(what))?;
+        let (id, tenant) = (
+            migration.id.hyphenated().to_string(),
+            migration.tenant_id.hyphenated().to_string(),
+        );
+        let params: [&(dyn ToSql + Sync); 10] = [
+            &id,
+            &tenant,
+            &migration.source_store_id.as_str(),
+            &migration.target_store_id.as_str(),
+            &migration.phase.as_str(),
+            &copied,
+            &micros(migration.created_at),
+            &micros(migration.updated_at),
+            &migration.last_error,
+            condition,
+        ];
+        let rows = repository_query(&self.pool, what, sql, &params).await?;
         Ok(!rows.is_empty())
     }
 
@@ -199,16 +183,9 @@ impl PostgresMigrationRepository {
 impl MigrationRepository for PostgresMigrationRepository {
     async fn get(&self, id: Uuid) -> Result<Option<Migration>, RepositoryError> {
         const WHAT: &str = "migration read";
-        let client = self.client(WHAT).await?;
-        let statement = client
-            .prepare_cached(&self.get)
-            .await
-            .map_err(driver(WHAT))?;
-        let row = client
-            .query_opt(&statement, &[&id.hyphenated().to_string()])
-            .await
-            .map_err(driver(WHAT))?;
-        row.as_ref().map(Self::migration).transpose()
+        let id = id.hyphenated().to_string();
+        let rows = repository_query(&self.pool, WHAT, &self.get, &[&id]).await?;
+        rows.first().map(Self::migration).transpose()
     }
 
     async fn save(&self, migration: &Migration) -> Result<(), RepositoryError> {

@@ -6,9 +6,10 @@ use deadpool_postgres::Pool;
 use locks_port::uuid::Uuid;
 use migration_cutover::{RepositoryError, RoutingRepository, RoutingState, StoreId, TenantRoute};
 use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
 
 use crate::TableName;
-use crate::db::DbFailure;
+use crate::db::{DbFailure, repository_query};
 
 /// A [`RoutingRepository`] on the fleet's `routes` table (see
 /// [`install_fleet`](crate::install_fleet)), shared by every instance.
@@ -41,10 +42,6 @@ impl fmt::Debug for PostgresRoutingRepository {
             .field("table", &self.table.to_string())
             .finish_non_exhaustive()
     }
-}
-
-fn failed(what: &'static str) -> impl FnOnce(DbFailure) -> RepositoryError {
-    move |failure| RepositoryError::new(what, failure)
 }
 
 fn routing_state(text: &str) -> Result<RoutingState, RepositoryError> {
@@ -106,16 +103,6 @@ impl PostgresRoutingRepository {
         &self.table
     }
 
-    async fn client(
-        &self,
-        what: &'static str,
-    ) -> Result<deadpool_postgres::Object, RepositoryError> {
-        self.pool
-            .get()
-            .await
-            .map_err(|error| RepositoryError::new(what, DbFailure::pool(what, error)))
-    }
-
     /// Writes `next` only if the stored route is in state `from` now (and `from → next`
     /// is a transition of the state machine, or `from == next.state`). Returns whether
     /// it was written: `false` means another instance moved the route first (or the
@@ -134,29 +121,20 @@ impl PostgresRoutingRepository {
             from.transition_to(next.state)
                 .map_err(|error| RepositoryError::new(WHAT, error))?;
         }
-        let client = self.client(WHAT).await?;
-        let statement = client
-            .prepare_cached(&self.transition)
-            .await
-            .map_err(|error| failed(WHAT)(DbFailure::driver(WHAT, error)))?;
         let (tenant, migration) = (
             next.tenant_id.hyphenated().to_string(),
             next.migration_id.map(|id| id.hyphenated().to_string()),
         );
-        let rows = client
-            .query(
-                &statement,
-                &[
-                    &tenant,
-                    &next.store_id.as_str(),
-                    &next.state.as_str(),
-                    &migration,
-                    &next.target_store_id.as_ref().map(StoreId::as_str),
-                    &from.as_str(),
-                ],
-            )
-            .await
-            .map_err(|error| failed(WHAT)(DbFailure::driver(WHAT, error)))?;
+        let target = next.target_store_id.as_ref().map(StoreId::as_str);
+        let params: [&(dyn ToSql + Sync); 6] = [
+            &tenant,
+            &next.store_id.as_str(),
+            &next.state.as_str(),
+            &migration,
+            &target,
+            &from.as_str(),
+        ];
+        let rows = repository_query(&self.pool, WHAT, &self.transition, &params).await?;
         Ok(!rows.is_empty())
     }
 
@@ -177,43 +155,26 @@ impl PostgresRoutingRepository {
 impl RoutingRepository for PostgresRoutingRepository {
     async fn get(&self, tenant_id: Uuid) -> Result<Option<TenantRoute>, RepositoryError> {
         const WHAT: &str = "routing read";
-        let client = self.client(WHAT).await?;
-        let statement = client
-            .prepare_cached(&self.get)
-            .await
-            .map_err(|error| failed(WHAT)(DbFailure::driver(WHAT, error)))?;
         let tenant = tenant_id.hyphenated().to_string();
-        let row = client
-            .query_opt(&statement, &[&tenant])
-            .await
-            .map_err(|error| failed(WHAT)(DbFailure::driver(WHAT, error)))?;
-        row.as_ref().map(Self::route).transpose()
+        let rows = repository_query(&self.pool, WHAT, &self.get, &[&tenant]).await?;
+        rows.first().map(Self::route).transpose()
     }
 
     async fn put(&self, route: TenantRoute) -> Result<(), RepositoryError> {
         const WHAT: &str = "routing update";
-        let client = self.client(WHAT).await?;
-        let statement = client
-            .prepare_cached(&self.put)
-            .await
-            .map_err(|error| failed(WHAT)(DbFailure::driver(WHAT, error)))?;
         let tenant = route.tenant_id.hyphenated().to_string();
         let migration = route.migration_id.map(|id| id.hyphenated().to_string());
+        let target = route.target_store_id.as_ref().map(StoreId::as_str);
         let allowed = routing_predecessors(route.state);
-        let rows = client
-            .query(
-                &statement,
-                &[
-                    &tenant,
-                    &route.store_id.as_str(),
-                    &route.state.as_str(),
-                    &migration,
-                    &route.target_store_id.as_ref().map(StoreId::as_str),
-                    &allowed,
-                ],
-            )
-            .await
-            .map_err(|error| failed(WHAT)(DbFailure::driver(WHAT, error)))?;
+        let params: [&(dyn ToSql + Sync); 6] = [
+            &tenant,
+            &route.store_id.as_str(),
+            &route.state.as_str(),
+            &migration,
+            &target,
+            &allowed,
+        ];
+        let rows = repository_query(&self.pool, WHAT, &self.put, &params).await?;
         if !rows.is_empty() {
             return Ok(());
         }

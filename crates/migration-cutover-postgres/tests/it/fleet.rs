@@ -392,13 +392,26 @@ impl Ack {
     }
 }
 
-async fn instance_pair(fleet: &Fleet, tenant: Uuid) -> (Child, Child) {
+/// A fresh fleet with a tenant routed to the source, an instance of the parent's (to
+/// look at the stores), and two instance processes with two writers each, writing.
+async fn writing_pair(name: &str) -> (Fleet, Uuid, Instance, Child, Child) {
+    let fleet = Fleet::create(name).await;
+    let tenant = Uuid::new_v4();
+    let instance = fleet.instance(test_config(), ACQUIRE);
+    instance
+        .routing
+        .put(TenantRoute::normal(tenant, SOURCE))
+        .await
+        .unwrap();
     let vars = [(TENANT, tenant.to_string()), (WRITERS, "2".to_owned())];
-    let mut a = Child::spawn("instance A", "instance", fleet, &vars);
-    let mut b = Child::spawn("instance B", "instance", fleet, &vars);
-    a.expect("ready").await;
-    b.expect("ready").await;
-    (a, b)
+    let mut a = Child::spawn("instance A", "instance", &fleet, &vars);
+    let mut b = Child::spawn("instance B", "instance", &fleet, &vars);
+    for child in [&mut a, &mut b] {
+        child.expect("ready").await;
+        child.send("go");
+        child.expect("going").await;
+    }
+    (fleet, tenant, instance, a, b)
 }
 
 async fn all_events(store: &impl EventStore, tenant: Uuid) -> Vec<Uuid> {
@@ -526,19 +539,7 @@ async fn assert_migrated_without_loss(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_keep_writing_while_one_migrates_the_tenant() {
-    let fleet = Fleet::create("migrate").await;
-    let tenant = Uuid::new_v4();
-    let instance = fleet.instance(test_config(), ACQUIRE);
-    instance
-        .routing
-        .put(TenantRoute::normal(tenant, SOURCE))
-        .await
-        .unwrap();
-    let (mut a, mut b) = instance_pair(&fleet, tenant).await;
-    a.send("go");
-    b.send("go");
-    a.expect("going").await;
-    b.expect("going").await;
+    let (fleet, tenant, instance, mut a, mut b) = writing_pair("migrate").await;
     tokio::time::sleep(Duration::from_millis(400)).await;
     a.send("prepare");
     let migration = Uuid::parse_str(&a.expect("prepared").await).unwrap();
@@ -565,19 +566,7 @@ async fn two_instances_keep_writing_while_one_migrates_the_tenant() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_cutovers_roll_back_and_lose_no_write_of_either_instance() {
-    let fleet = Fleet::create("rollback").await;
-    let tenant = Uuid::new_v4();
-    let instance = fleet.instance(test_config(), ACQUIRE);
-    instance
-        .routing
-        .put(TenantRoute::normal(tenant, SOURCE))
-        .await
-        .unwrap();
-    let (mut a, mut b) = instance_pair(&fleet, tenant).await;
-    a.send("go");
-    b.send("go");
-    a.expect("going").await;
-    b.expect("going").await;
+    let (fleet, tenant, instance, mut a, mut b) = writing_pair("rollback").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     a.send("prepare");
     let migration = Uuid::parse_str(&a.expect("prepared").await).unwrap();
@@ -711,19 +700,7 @@ async fn a_writer_killed_while_holding_the_write_lock_does_not_block_the_cutover
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_starting_the_cutover_at_once_flip_it_once() {
-    let fleet = Fleet::create("race").await;
-    let tenant = Uuid::new_v4();
-    let instance = fleet.instance(test_config(), ACQUIRE);
-    instance
-        .routing
-        .put(TenantRoute::normal(tenant, SOURCE))
-        .await
-        .unwrap();
-    let (mut a, mut b) = instance_pair(&fleet, tenant).await;
-    a.send("go");
-    b.send("go");
-    a.expect("going").await;
-    b.expect("going").await;
+    let (fleet, tenant, instance, mut a, mut b) = writing_pair("race").await;
     a.send("prepare");
     let migration = Uuid::parse_str(&a.expect("prepared").await).unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
