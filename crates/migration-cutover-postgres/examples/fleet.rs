@@ -121,6 +121,10 @@ async fn main() -> Result<(), Error> {
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.store(true, Ordering::Relaxed);
 
+    let mut finished = Vec::new();
+    for writer in writers {
+        finished.push(writer.await?);
+    }
     let in_target: Vec<Uuid> = target
         .read(tenant, 0, usize::MAX)
         .await?
@@ -128,8 +132,7 @@ async fn main() -> Result<(), Error> {
         .map(|stored| stored.event.id)
         .collect();
     let mut acknowledged = 0;
-    for writer in writers {
-        let (ids, longest_wait) = writer.await?;
+    for (ids, longest_wait) in finished {
         acknowledged += ids.len();
         for id in &ids {
             let copies = in_target.iter().filter(|stored| *stored == id).count();
