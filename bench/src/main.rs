@@ -11,6 +11,7 @@
 
 mod chart;
 mod cpu;
+mod cutover_append;
 mod cycle;
 mod db;
 mod handoff;
@@ -50,14 +51,14 @@ usage: lock-bench [--url URL] [--quick] [--out FILE.json] [--only LIST]
   --out FILE    the JSON results (default: target/bench/lock-bench-{quick,full}.json);
                 the markdown and handoff.svg are written next to it
   --only LIST   comma-separated scenarios: cycle, try, throughput, handoff, hold, memory,
-                instructions (needs valgrind), latency
+                instructions (needs valgrind), latency, cutover-append
 
   --count-instructions VARIANT --cycles N
                 the child that `instructions` runs under callgrind: N cycles of VARIANT
                 (raw, library, library-timeout, library-otel, library-timeout-otel)
 ";
 
-const SCENARIOS: [&str; 8] = [
+const SCENARIOS: [&str; 9] = [
     "cycle",
     "try",
     "throughput",
@@ -66,6 +67,7 @@ const SCENARIOS: [&str; 8] = [
     "memory",
     "instructions",
     "latency",
+    "cutover-append",
 ];
 
 /// Live heap bytes of this process.
@@ -339,6 +341,7 @@ async fn run(args: &Args) -> Result<(), BoxError> {
                 tokio::task::block_in_place(|| instructions::run(&args.url, plan, out_dir))?
             }
             "latency" => latency::run(&db, plan).await?,
+            "cutover-append" => cutover_append::run(&db, plan).await?,
             _ => unreachable!("scenario names are checked when parsing"),
         };
         outcomes.push(outcome);

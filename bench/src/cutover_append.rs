@@ -1,0 +1,117 @@
+//! Scenario `cutover-append`: the write path of `migration-cutover-postgres`, one routed
+//! append with the fleet's shared write lock and one without it, alternated in the same
+//! run, so the figures are the lock's own cost (a batched `set_config` +
+//! `pg_advisory_xact_lock_shared` in the append's transaction).
+
+use std::time::Instant;
+
+use migration_cutover::uuid::Uuid;
+use migration_cutover::{
+    Event, MigrationConfig, MigrationPorts, RoutingRepository, Stores, TenantRoute,
+};
+use migration_cutover_postgres::{
+    PostgresEventStore, PostgresMigrationRepository, PostgresRoutingRepository, PostgresWritePause,
+    PostgresWriteRouter, TableName, install_fleet, install_store,
+};
+use serde_json::json;
+
+use crate::db::Database;
+use crate::report::{Outcome, Section};
+use crate::stats::{Latencies, as_f64, fmt_ns, fmt_ratio, ratio};
+use crate::{BoxError, Plan};
+
+const SCHEMA: &str = "lock_bench_cutover";
+
+fn table(name: &str) -> Result<TableName, BoxError> {
+    Ok(TableName::new(&format!("{SCHEMA}.{name}"))?)
+}
+
+/// Runs `rounds` rounds of `batch` appends with the lock and `batch` without, alternating
+/// which goes first, each append one event to one tenant.
+pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
+    let (rounds, batch) = if plan.quick { (10, 200) } else { (30, 1000) };
+    let pool = db.pool(4, "lock-bench-cutover-append");
+    install_store(&pool, &table("events")?).await?;
+    install_fleet(&pool, &table("routes")?, &table("migrations")?).await?;
+    let store = PostgresEventStore::new(pool.clone(), table("events")?);
+    let stores = Stores::new().with_store("bench", store);
+    let routing = PostgresRoutingRepository::new(pool.clone(), table("routes")?);
+    let pause = PostgresWritePause::new(&stores, &routing);
+    let migrations = PostgresMigrationRepository::new(pool.clone(), table("migrations")?);
+    let ports = MigrationPorts::new(stores, routing.clone(), pause, migrations);
+    let locked = PostgresWriteRouter::new(&ports, &MigrationConfig::new());
+    let unlocked = locked.clone().without_write_lock();
+    let tenant = Uuid::new_v4();
+    routing.put(TenantRoute::normal(tenant, "bench")).await?;
+
+    // Warm the pool and the prepared statements of both paths.
+    for router in [&locked, &unlocked] {
+        for _ in 0..20 {
+            router.append(tenant, &[Event::new("Warm", "")]).await?;
+        }
+    }
+    let (mut with_lock, mut without_lock) = (Latencies::new(), Latencies::new());
+    for round in 0..rounds {
+        let order = if round % 2 == 0 {
+            [(&locked, &mut with_lock), (&unlocked, &mut without_lock)]
+        } else {
+            [(&unlocked, &mut without_lock), (&locked, &mut with_lock)]
+        };
+        for (router, latencies) in order {
+            for _ in 0..batch {
+                let event = Event::new("Bench", "payload");
+                let started = Instant::now();
+                router.append(tenant, &[event]).await?;
+                latencies.record(started.elapsed());
+            }
+        }
+    }
+    let cleanup = db.connect("lock-bench-cutover-append").await?;
+    cleanup
+        .batch_execute(&format!("DROP SCHEMA {SCHEMA} CASCADE"))
+        .await?;
+
+    let p50 = ratio(as_f64(with_lock.p50()), as_f64(without_lock.p50()));
+    let p99 = ratio(as_f64(with_lock.p99()), as_f64(without_lock.p99()));
+    let row = |name: &str, latencies: &Latencies| {
+        vec![
+            name.to_owned(),
+            latencies.count().to_string(),
+            fmt_ns(latencies.p50()),
+            fmt_ns(latencies.p99()),
+        ]
+    };
+    Ok(Outcome {
+        id: "cutover_append",
+        section: Section {
+            title: "Cutover write path: routed append with and without the shared write lock"
+                .to_owned(),
+            notes: vec![
+                format!(
+                    "`PostgresWriteRouter::append` of one event to one tenant ({rounds} \
+                     alternating rounds of {batch}); each append reads the route, opens a \
+                     transaction on the store, reads the route again, inserts and commits. \
+                     With the lock the `BEGIN` batch also sets `lock_timeout` and takes \
+                     `pg_advisory_xact_lock_shared` (no extra round trip)."
+                ),
+                format!(
+                    "With / without: p50 {}, p99 {}.",
+                    fmt_ratio(p50),
+                    fmt_ratio(p99)
+                ),
+            ],
+            header: vec!["append", "samples", "p50", "p99"],
+            rows: vec![
+                row("with the shared write lock", &with_lock),
+                row("without it", &without_lock),
+            ],
+        },
+        checks: Vec::new(),
+        json: json!({
+            "with_lock": with_lock.to_json(),
+            "without_lock": without_lock.to_json(),
+            "p50_ratio": p50,
+            "p99_ratio": p99,
+        }),
+    })
+}
