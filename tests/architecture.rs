@@ -15,10 +15,13 @@ const XTASK: &str = "xtask";
 const THROWAWAY_PG: &str = "throwaway-pg";
 const WORKSPACE_TESTS: &str = "workspace-tests";
 const LOCK_BENCH: &str = "lock-bench";
+const PGLOCK: &str = "pglock";
 
 const LIBRARIES: &[&str] = &[PORT, POSTGRES, MEMORY, CUTOVER];
 const ADAPTERS: &[&str] = &[POSTGRES, MEMORY];
 const TOOLING: &[&str] = &[XTASK, THROWAWAY_PG, WORKSPACE_TESTS, LOCK_BENCH];
+/// Programs built on the libraries: they may use any library, never tooling outside their tests.
+const APPLICATIONS: &[&str] = &[PGLOCK];
 
 /// Async executors.
 const RUNTIME_CRATES: &[&str] = &[
@@ -66,6 +69,7 @@ const INVARIANTS: &[&str] = &[
     "Tooling is not published.",
     "One set of lints.",
     "Every crate has a ring.",
+    "Applications stand on the libraries.",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -330,13 +334,33 @@ fn check(crates: &[Crate]) -> Vec<Violation> {
             broken(8, krate, "no `[lints] workspace = true`".to_owned());
         }
         // 9. Every crate has a ring.
-        if !LIBRARIES.contains(&krate.name.as_str()) && !TOOLING.contains(&krate.name.as_str()) {
+        if !LIBRARIES.contains(&krate.name.as_str())
+            && !TOOLING.contains(&krate.name.as_str())
+            && !APPLICATIONS.contains(&krate.name.as_str())
+        {
             broken(
                 9,
                 krate,
                 "not in any ring: add it to docs/architecture.md and tests/architecture.rs"
                     .to_owned(),
             );
+        }
+    }
+
+    // 10. Applications stand on the libraries.
+    for app in APPLICATIONS.iter().filter_map(|name| get(name)) {
+        for dep in app.normal() {
+            let package = dep.package.as_str();
+            if is_workspace(package) && !LIBRARIES.contains(&package) {
+                broken(
+                    10,
+                    app,
+                    format!(
+                        "workspace crate `{package}` as a normal dependency (only libraries; \
+                         tooling is fine as a dev-dependency)"
+                    ),
+                );
+            }
         }
     }
 
@@ -477,6 +501,15 @@ fn good_workspace() -> BTreeMap<&'static str, String> {
             "[package]\nname = \"migration-cutover\"\n\
              [dependencies]\nlocks-port = {{ workspace = true }}\nuuid = \"1\"\n\
              [dev-dependencies]\nlocks-memory = {{ workspace = true }}\ntokio = \"1\"\n{lints}"
+        ),
+    );
+    manifests.insert(
+        PGLOCK,
+        format!(
+            "[package]\nname = \"pglock\"\n\
+             [dependencies]\nlocks-postgres = {{ workspace = true }}\nlocks-port = {{ workspace = true }}\n\
+             tokio = \"1\"\n\
+             [dev-dependencies]\nthrowaway-pg = {{ workspace = true }}\n{lints}"
         ),
     );
     for name in TOOLING {
@@ -677,4 +710,33 @@ fn a_crate_outside_every_ring_breaks_invariant_9() {
     assert!(message.contains("invariant 9"), "{message}");
     assert!(message.contains("Every crate has a ring"), "{message}");
     assert!(message.contains("locks-redis"), "{message}");
+}
+
+#[test]
+fn an_application_using_tooling_outside_its_tests_breaks_invariant_10() {
+    assert_eq!(
+        broken_after(
+            PGLOCK,
+            "[dev-dependencies]\nthrowaway-pg",
+            "throwaway-pg = { workspace = true }\n[dev-dependencies]\nx"
+        ),
+        [10]
+    );
+    assert_eq!(
+        broken_after(
+            PGLOCK,
+            "tokio = \"1\"\n",
+            "tokio = \"1\"\nworkspace-tests = { path = \"../../tests\" }\n"
+        ),
+        [10]
+    );
+    // Any library is fine, including the in-memory double.
+    assert_eq!(
+        broken_after(
+            PGLOCK,
+            "tokio = \"1\"\n",
+            "tokio = \"1\"\nlocks-memory = { workspace = true }\n"
+        ),
+        []
+    );
 }

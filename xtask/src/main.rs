@@ -6,7 +6,9 @@
 
 mod bench;
 mod demo;
+mod deps;
 mod pg;
+mod pgversions;
 mod test;
 
 use std::path::PathBuf;
@@ -21,6 +23,8 @@ usage: cargo xtask <task> [args]
 tasks:
   test [-- <cargo test args>]   every test (unit, integration, examples, doctests) against
                                 $LOCKS_DATABASE_URL, or a throwaway PostgreSQL started for the run
+  test --postgres <major>       the PostgreSQL crates' tests on that major version (13..18),
+  test --all-postgres           or on each in turn, with binaries fetched from npm and cached
   demo [args]                   the lock demo, on $LOCKS_DATABASE_URL or a throwaway PostgreSQL
   bench [args]                  the lock benchmarks, likewise
   pg start                      start a throwaway PostgreSQL and leave it running; prints its URL
@@ -86,8 +90,22 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<std::ffi::OsStr>,
 {
+    cargo_on_database_with(url, &[], args)
+}
+
+/// [`cargo_on_database`] with more environment variables for cargo and the tests.
+fn cargo_on_database_with<I, S>(
+    url: &str,
+    env: &[(&str, &std::ffi::OsStr)],
+    args: I,
+) -> Result<bool>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
     let mut command = cargo();
     command.args(args).env(pg::DATABASE_URL_ENV, url);
+    command.envs(env.iter().copied());
     let line = display(&command);
     eprintln!("xtask: running `{line}`");
     let status = command

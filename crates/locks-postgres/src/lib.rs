@@ -8,14 +8,17 @@ mod connection;
 mod fencing;
 mod guard;
 mod health;
+mod inspect;
 mod manager;
 mod pool;
 mod sql;
 mod telemetry;
+mod xact;
 
 pub use fencing::{FENCING_SCHEMA, FENCING_TABLE, install_fencing};
 pub use guard::PostgresLockGuard;
 pub use health::LostLockCounts;
+pub use inspect::{AdvisoryLockId, InspectError, LockHolder, all_lock_holders, lock_holders};
 pub use manager::{
     HOLDER_APPLICATION_NAME_PREFIX, KeyVisibility, PostgresLockManager, PostgresLockManagerBuilder,
 };
@@ -23,6 +26,7 @@ pub use pool::{
     PLAIN_POOL_CONNECT_TIMEOUT, PLAIN_POOL_KEEPALIVES_IDLE, PoolConfigError, plain_pool,
     plain_pool_with_config,
 };
+pub use xact::{AdvisoryLockMode, TransactionLockError, TransactionLocks};
 
 /// The lock API in one `use`: the port's traits and types (see
 /// [`locks_port::prelude`]) and this adapter's manager.

@@ -20,7 +20,7 @@ use tracing::Instrument;
 use crate::bookkeeping::Book;
 use crate::guard::PostgresLockGuard;
 use crate::health::LostCounts;
-use crate::telemetry::{acquire_span, finish_acquire_span};
+use crate::telemetry::{finish_acquire_span, manager_acquire_span};
 
 /// Whether lock keys appear in spans and log events.
 ///
@@ -393,7 +393,7 @@ impl DistributedLock for PostgresLockManager {
         let options = options.into();
         let inner = &self.inner;
         let lock_id = inner.derivation.lock_id(key);
-        let span = acquire_span(inner.shown(key), lock_id, &options);
+        let span = manager_acquire_span(inner.shown(key), lock_id, &options);
         let started = tokio::time::Instant::now();
         let attempt = inner
             .acquire_session(key, lock_id, options)
@@ -433,7 +433,7 @@ impl DistributedLock for PostgresLockManager {
         let inner = &self.inner;
         let lock_id = inner.derivation.lock_id(key);
         let options = AcquireOptions::new().with_mode(mode);
-        let span = acquire_span(
+        let span = manager_acquire_span(
             inner.shown(key),
             lock_id,
             &options.with_timeout(Duration::ZERO),

@@ -8,8 +8,13 @@ use locks_port::{
 use tracing::Span;
 use tracing::field::Empty;
 
-/// The span of one acquisition (`acquire`, or `try_acquire` with a zero timeout).
-pub(crate) fn acquire_span(key: Option<&str>, lock_id: i64, options: &AcquireOptions) -> Span {
+/// The span of one acquisition by the manager (`acquire`, or `try_acquire` with a
+/// zero timeout), its operation named from the options.
+pub(crate) fn manager_acquire_span(
+    key: Option<&str>,
+    lock_id: i64,
+    options: &AcquireOptions,
+) -> Span {
     let shared = options.mode() == LockMode::Shared;
     let operation = match (options.timeout(), options.wait_strategy(), shared) {
         (Some(timeout), _, false) if timeout.is_zero() => "pg_try_advisory_lock",
@@ -19,7 +24,18 @@ pub(crate) fn acquire_span(key: Option<&str>, lock_id: i64, options: &AcquireOpt
         (_, _, false) => "pg_advisory_lock",
         (_, _, true) => "pg_advisory_lock_shared",
     };
-    let timeout = options.timeout();
+    let span = acquire_span(key, lock_id, operation, options.timeout());
+    span.record("lock.mode", options.mode().as_str());
+    span
+}
+
+/// The span of one acquisition.
+pub(crate) fn acquire_span(
+    key: Option<&str>,
+    lock_id: i64,
+    operation: &'static str,
+    timeout: Option<Duration>,
+) -> Span {
     let span = tracing::info_span!(
         "eventsource.lock.acquire",
         otel.kind = "client",
@@ -30,7 +46,7 @@ pub(crate) fn acquire_span(key: Option<&str>, lock_id: i64, options: &AcquireOpt
         error.type = Empty,
         lock.key = Empty,
         lock.id = lock_id,
-        lock.mode = options.mode().as_str(),
+        lock.mode = Empty,
         lock.timeout_ms = Empty,
         lock.acquired = Empty,
         lock.wait_ms = Empty,

@@ -40,6 +40,27 @@ pub struct Builder {
     settings: Vec<(String, String)>,
     watchdog: bool,
     bin_dir: Option<PathBuf>,
+    /// A primary to copy instead of running `initdb`.
+    standby_of: Option<StandbySource>,
+}
+
+/// Where a standby's data folder comes from.
+#[derive(Debug, Clone)]
+pub(crate) enum StandbySource {
+    /// `pg_basebackup -R` from the running primary on 127.0.0.1:`port`, through the
+    /// replication slot `slot` (created by `pg_basebackup`).
+    BaseBackup {
+        /// The primary's port.
+        port: u16,
+        /// The physical replication slot the standby streams through.
+        slot: String,
+    },
+    /// A copy of the data folder of a primary stopped cleanly; the caller sets
+    /// `primary_conninfo` and `primary_slot_name`. For binary sets without `pg_basebackup`.
+    StoppedCopy {
+        /// The primary's data folder.
+        data_dir: PathBuf,
+    },
 }
 
 impl Default for Builder {
@@ -48,6 +69,7 @@ impl Default for Builder {
             settings: Vec::new(),
             watchdog: true,
             bin_dir: None,
+            standby_of: None,
         }
     }
 }
@@ -78,6 +100,13 @@ impl Builder {
     #[must_use]
     pub fn bin_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.bin_dir = Some(dir.into());
+        self
+    }
+
+    /// Makes the cluster a standby copied from `source` instead of running `initdb`; see
+    /// [`crate::PrimaryWithStandby`].
+    pub(crate) fn standby_of(mut self, source: StandbySource) -> Self {
+        self.standby_of = Some(source);
         self
     }
 
@@ -117,7 +146,11 @@ impl Builder {
                 &pg.data_dir(),
             )?);
         }
-        pg.initdb()?;
+        match &self.standby_of {
+            Some(StandbySource::BaseBackup { port, slot }) => pg.base_backup(*port, slot)?,
+            Some(StandbySource::StoppedCopy { data_dir }) => pg.copy_stopped(data_dir)?,
+            None => pg.initdb()?,
+        }
         pg.configure(&self.settings)?;
         pg.start_on_a_free_port()?;
         Ok(pg)
@@ -360,6 +393,41 @@ impl ThrowawayPostgres {
             "--no-sync",
         ]);
         run(&mut command).map(drop)
+    }
+
+    /// Copies the primary on 127.0.0.1:`primary_port` into the data folder, streaming the WAL
+    /// written meanwhile (`-X stream`), through the replication slot `slot` (`-C -S`) so the
+    /// primary keeps the WAL the standby has not received, and with `-R`: `standby.signal`
+    /// and the `primary_conninfo` that points back at the primary.
+    fn base_backup(&self, primary_port: u16, slot: &str) -> Result<(), Error> {
+        let mut command = self
+            .run_as
+            .command(&self.bin.tool("pg_basebackup"), &self.root);
+        command
+            .arg("-D")
+            .arg(self.data_dir())
+            .args([
+                "-R", "-X", "stream", "-c", "fast", "-C", "-S", slot, "-h", HOST,
+            ])
+            .arg("-p")
+            .arg(primary_port.to_string())
+            .args(["-U", "postgres", "--no-sync"]);
+        run(&mut command).map(drop)
+    }
+
+    /// Copies the data folder of a cleanly stopped primary (`cp -a`, as the server's user)
+    /// and marks the copy a standby (`standby.signal`).
+    fn copy_stopped(&self, primary_data_dir: &Path) -> Result<(), Error> {
+        let mut command = self.run_as.command(Path::new("cp"), &self.root);
+        command.arg("-a").arg(primary_data_dir).arg(self.data_dir());
+        run(&mut command)?;
+        for stale in ["postmaster.pid", "postmaster.opts"] {
+            let _ = fs::remove_file(self.data_dir().join(stale));
+        }
+        let signal = self.data_dir().join("standby.signal");
+        fs::write(&signal, "")
+            .map_err(|source| Error::io(format!("write {}", signal.display()), source))?;
+        self.run_as.give(&self.root)
     }
 
     /// Appends our settings to `postgresql.conf` (the last line for a name wins).

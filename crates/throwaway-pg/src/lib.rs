@@ -4,11 +4,15 @@
 mod binaries;
 mod cluster;
 mod error;
+mod pgbouncer;
 mod process;
+mod replication;
 mod shared;
 mod watchdog;
 
 pub use binaries::BINDIR_ENV;
 pub use cluster::{Builder, ThrowawayPostgres};
 pub use error::Error;
+pub use pgbouncer::{PGBOUNCER_ENV, PgBouncer, PgBouncerBuilder, PgBouncerError, PoolMode};
+pub use replication::{PrimaryWithStandby, ReplicationBuilder};
 pub use shared::{DATABASE_URL_ENV, database_url, shared_cluster};

@@ -118,14 +118,13 @@ pub(crate) fn display(command: &Command) -> String {
 
 /// Whether this process runs as root: the effective uid from `/proc/self/status`, else `id -u`.
 fn is_root() -> bool {
-    if let Ok(status) = std::fs::read_to_string("/proc/self/status") {
-        if let Some(uid) = status
+    if let Ok(status) = std::fs::read_to_string("/proc/self/status")
+        && let Some(uid) = status
             .lines()
             .find_map(|line| line.strip_prefix("Uid:"))
             .and_then(|rest| rest.split_whitespace().nth(1))
-        {
-            return uid == "0";
-        }
+    {
+        return uid == "0";
     }
     Command::new("id")
         .arg("-u")

@@ -3,5 +3,7 @@
 mod basics;
 mod conformance;
 mod faults;
+mod inspect;
 mod processes;
 mod support;
+mod xact;

@@ -178,10 +178,10 @@ impl Child {
                 let Ok(line) = line else { break };
                 // libtest prints `test processes::child_entry ... ` without a newline
                 // before the test runs, so the first message shares its line.
-                if let Some((_, message)) = line.split_once(PREFIX) {
-                    if sender.send(message.to_owned()).is_err() {
-                        break;
-                    }
+                if let Some((_, message)) = line.split_once(PREFIX)
+                    && sender.send(message.to_owned()).is_err()
+                {
+                    break;
                 }
             }
         });

@@ -25,6 +25,17 @@ pub(crate) async fn admin() -> tokio_postgres::Client {
     client
 }
 
+/// The server's `server_version_num` (`130023` for 13.23): tests of features that differ
+/// by version branch on it and assert each side.
+pub(crate) async fn server_version_num(admin: &tokio_postgres::Client) -> i32 {
+    let text: String = admin
+        .query_one("SHOW server_version_num", &[])
+        .await
+        .expect("SHOW server_version_num")
+        .get(0);
+    text.parse().expect("server_version_num is a number")
+}
+
 /// How many sessions hold (granted) the advisory lock `lock_id`.
 pub(crate) async fn holders(admin: &tokio_postgres::Client, lock_id: i64) -> i64 {
     let bits = u64::from_be_bytes(lock_id.to_be_bytes());

@@ -5,7 +5,7 @@ mod pause;
 
 use std::collections::HashMap;
 use std::future::{Future, ready};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use uuid::Uuid;
 
@@ -15,7 +15,12 @@ use crate::ports::{
     Event, EventStore, Migration, MigrationRepository, RepositoryError, RoutingRepository,
     StoreError, StoredEvent, TenantRoute,
 };
-use crate::timer::lock;
+
+/// Locks a mutex, carrying on with the data if a panicking thread poisoned it: every
+/// critical section of the in-memory ports leaves its data consistent at each statement.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// An event store in memory: one `Vec` of events per tenant.
 ///

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
+use super::lock;
 use crate::ports::{PauseGuard, RepositoryError, WritePause, WritesPaused};
-use crate::timer::{lock, timeout};
+use crate::timer::timeout;
 
 /// A write pause for the tenants of one process.
 ///

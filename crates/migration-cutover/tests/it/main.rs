@@ -3,8 +3,8 @@
 
 mod failures;
 mod happy_path;
+mod held_lock;
 mod no_lock;
 mod ordering;
 mod paused_writes;
-mod race;
 mod support;

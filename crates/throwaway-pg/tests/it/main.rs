@@ -1,6 +1,8 @@
 //! Integration tests: real clusters from the local PostgreSQL binaries.
 
 mod lifecycle;
+mod pgbouncer;
+mod replication;
 mod watchdog;
 
 use std::net::{Ipv4Addr, TcpStream};

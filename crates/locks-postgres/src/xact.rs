@@ -1,0 +1,562 @@
+//! Transaction-scoped advisory locks: taken inside the caller's own transaction and released
+//! by its `COMMIT` or `ROLLBACK`, never by hand.
+//!
+//! Every statement goes through the simple query protocol with the lock id written as an
+//! integer literal: no prepared statement, so it works through PgBouncer in transaction mode
+//! (1.18 and later), where a transaction is the unit that stays on one server session.
+
+use std::fmt;
+use std::time::Duration;
+
+use locks_port::{AcquisitionErrorKind, KeyDerivation, LockAcquisitionError, timeout_reason};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{SimpleQueryMessage, Transaction};
+use tracing::{Instrument, Span};
+
+use crate::KeyVisibility;
+use crate::classify::{driver_kind, sqlstate};
+use crate::telemetry::{acquire_span, record_failure};
+
+/// The savepoint a bounded wait runs in; rolled back to (and released) when the wait fails,
+/// released when it succeeds. The name does not clash with tokio-postgres's `sp_N`.
+const SAVEPOINT: &str = "locks_xact_wait";
+/// The largest `lock_timeout` PostgreSQL accepts, in milliseconds (`INT_MAX`).
+const MAX_LOCK_TIMEOUT_MS: u128 = i32::MAX as u128;
+
+/// Whether an advisory lock excludes every other holder or only exclusive ones: the mode of
+/// a [`TransactionLocks`] call and of a [`LockHolder`](crate::LockHolder).
+///
+/// (The port has no lock mode yet; when it does, this becomes that type.)
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AdvisoryLockMode {
+    /// One holder at a time (`pg_advisory_xact_lock`; `ExclusiveLock` in `pg_locks`).
+    #[default]
+    Exclusive,
+    /// Any number of shared holders, and no exclusive one meanwhile
+    /// (`pg_advisory_xact_lock_shared`; `ShareLock` in `pg_locks`).
+    Shared,
+}
+
+impl AdvisoryLockMode {
+    fn suffix(self) -> &'static str {
+        match self {
+            Self::Exclusive => "",
+            Self::Shared => "_shared",
+        }
+    }
+}
+
+/// Advisory locks that belong to the caller's transaction (`pg_advisory_xact_lock` and its
+/// shared and `try` forms), keyed like [`PostgresLockManager`](crate::PostgresLockManager):
+/// the same key gives the same lock id, so transaction locks and session locks (and the Python
+/// library's) on one key exclude each other.
+///
+/// A lock taken here is released when the transaction commits or rolls back, and not before;
+/// there is no guard and no unlock. It works with any pool, and through a transaction-pooling
+/// PgBouncer. Pass a `tokio_postgres::Transaction` or (it derefs to one) a
+/// `deadpool_postgres::Transaction`; a plain client is refused at compile time, because
+/// outside a transaction block the lock would end with the statement.
+///
+/// How long a call waits is up to the call alone: the session's `lock_timeout` and
+/// `statement_timeout` (a role's or server's default included) neither shorten nor outlast
+/// it, and they are as before when the call returns. A failed wait leaves the transaction
+/// usable: it runs in a savepoint that is rolled back to.
+///
+/// ```no_run
+/// use std::time::Duration;
+///
+/// use locks_postgres::{AdvisoryLockMode, TransactionLocks};
+///
+/// # async fn run(pool: locks_postgres::deadpool_postgres::Pool) -> Result<(), Box<dyn std::error::Error>> {
+/// let locks = TransactionLocks::new();
+/// let mut client = pool.get().await?;
+/// let tx = client.transaction().await?;
+/// locks
+///     .lock_with_timeout(&tx, "cutover:tenant-1", AdvisoryLockMode::Exclusive, Duration::from_secs(5))
+///     .await?;
+/// tx.execute("UPDATE routing SET store = 'dedicated' WHERE tenant = 1", &[]).await?;
+/// tx.commit().await?; // releases the lock
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TransactionLocks {
+    derivation: KeyDerivation,
+    key_visibility: KeyVisibility,
+}
+
+/// What one attempt found.
+enum Attempt {
+    Granted,
+    Busy,
+}
+
+impl TransactionLocks {
+    /// Locks keyed with [`KeyDerivation::CURRENT`], keys shown in spans.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The key derivation; it must be the one of every process contending for the same keys
+    /// (the manager's [`key_derivation`](crate::PostgresLockManagerBuilder::key_derivation)).
+    #[must_use]
+    pub fn key_derivation(mut self, derivation: KeyDerivation) -> Self {
+        self.derivation = derivation;
+        self
+    }
+
+    /// Whether keys appear in spans (see [`KeyVisibility`]).
+    #[must_use]
+    pub fn key_visibility(mut self, key_visibility: KeyVisibility) -> Self {
+        self.key_visibility = key_visibility;
+        self
+    }
+
+    /// The lock id of `key`.
+    #[must_use]
+    pub fn lock_id(&self, key: &str) -> i64 {
+        self.derivation.lock_id(key)
+    }
+
+    /// Takes the lock if it is free right now (`pg_try_advisory_xact_lock[_shared]`); `false`
+    /// when someone else holds it in a conflicting mode, or waits for it ahead of us.
+    /// Never waits. One round trip.
+    ///
+    /// # Errors
+    /// [`TransactionLockError::Backend`] when the statement fails; the transaction is then
+    /// aborted, as after any failed statement.
+    ///
+    /// # Cancel safety
+    /// Dropping the future after the statement was sent leaves the lock taken or not, as the
+    /// server decides; either way it ends with the transaction.
+    pub async fn try_lock(
+        &self,
+        tx: &Transaction<'_>,
+        key: &str,
+        mode: AdvisoryLockMode,
+    ) -> Result<bool, TransactionLockError> {
+        let lock_id = self.lock_id(key);
+        let span = self.span(key, lock_id, "pg_try_advisory_xact_lock", None);
+        let result = try_once(tx, lock_id, mode)
+            .instrument(span.clone())
+            .await
+            .map(|attempt| matches!(attempt, Attempt::Granted))
+            .map_err(|error| TransactionLockError::from_driver(key, None, error));
+        finish(&span, &result.as_ref().map(|granted| *granted));
+        result
+    }
+
+    /// Takes the lock, waiting in the server's queue as long as it takes; nothing but a
+    /// deadlock, a cancellation or a failure ends the wait (not the session's
+    /// `lock_timeout` or `statement_timeout`). One round trip when the lock is free, two more
+    /// when it has to wait.
+    ///
+    /// # Errors
+    /// [`TransactionLockError::Deadlock`] (the transaction is usable but still holds what it
+    /// held: roll it back so the other side can go on), [`TransactionLockError::Cancelled`]
+    /// (`pg_cancel_backend`), [`TransactionLockError::Backend`].
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: dropping the future while it waits leaves the wait running on the
+    /// server and the transaction inside the call's savepoint, with `lock_timeout` and
+    /// `statement_timeout` changed. Roll the transaction back after dropping it.
+    pub async fn lock(
+        &self,
+        tx: &Transaction<'_>,
+        key: &str,
+        mode: AdvisoryLockMode,
+    ) -> Result<(), TransactionLockError> {
+        self.acquire(tx, key, mode, None).await
+    }
+
+    /// Takes the lock, waiting in the server's queue for at most `timeout` (a server-side
+    /// `lock_timeout`, in whole milliseconds rounded up, at most `i32::MAX` ms ≈ 24.8 days:
+    /// longer timeouts saturate there). [`Duration::ZERO`] tries once without waiting.
+    ///
+    /// # Errors
+    /// [`TransactionLockError::Timeout`] when the lock stayed busy for `timeout`; the
+    /// transaction is usable and its `lock_timeout` is as before. Otherwise as
+    /// [`lock`](Self::lock).
+    ///
+    /// # Cancel safety
+    /// As [`lock`](Self::lock).
+    pub async fn lock_with_timeout(
+        &self,
+        tx: &Transaction<'_>,
+        key: &str,
+        mode: AdvisoryLockMode,
+        timeout: Duration,
+    ) -> Result<(), TransactionLockError> {
+        self.acquire(tx, key, mode, Some(timeout)).await
+    }
+
+    async fn acquire(
+        &self,
+        tx: &Transaction<'_>,
+        key: &str,
+        mode: AdvisoryLockMode,
+        timeout: Option<Duration>,
+    ) -> Result<(), TransactionLockError> {
+        let lock_id = self.lock_id(key);
+        let span = self.span(key, lock_id, "pg_advisory_xact_lock", timeout);
+        let result = async {
+            match try_once(tx, lock_id, mode).await {
+                Ok(Attempt::Granted) => return Ok(()),
+                Ok(Attempt::Busy) => {}
+                Err(error) => return Err(TransactionLockError::from_driver(key, timeout, error)),
+            }
+            let lock_timeout_ms = match timeout {
+                None => 0,
+                Some(timeout) => match lock_timeout_ms(timeout) {
+                    Some(ms) => ms,
+                    None => {
+                        return Err(TransactionLockError::Timeout {
+                            key: key.to_owned(),
+                            timeout,
+                        });
+                    }
+                },
+            };
+            wait(tx, lock_id, mode, lock_timeout_ms)
+                .await
+                .map_err(|error| TransactionLockError::from_driver(key, timeout, error))
+        }
+        .instrument(span.clone())
+        .await;
+        finish(&span, &result.as_ref().map(|()| true));
+        result
+    }
+
+    fn span(
+        &self,
+        key: &str,
+        lock_id: i64,
+        operation: &'static str,
+        timeout: Option<Duration>,
+    ) -> Span {
+        let key = match self.key_visibility {
+            KeyVisibility::Hidden => None,
+            _ => Some(key),
+        };
+        acquire_span(key, lock_id, operation, timeout)
+    }
+}
+
+/// Records the outcome on the span.
+fn finish(span: &Span, result: &Result<bool, &TransactionLockError>) {
+    match result {
+        Ok(acquired) => {
+            span.record("lock.acquired", *acquired);
+        }
+        Err(error) => {
+            span.record("lock.acquired", false);
+            let code = error.source_error().and_then(sqlstate);
+            record_failure(span, error.kind(), code);
+        }
+    }
+}
+
+/// `lock_timeout` in milliseconds for `timeout`: rounded up, saturating at `INT_MAX`;
+/// `None` for a zero timeout (which `lock_timeout` would read as "no timeout").
+fn lock_timeout_ms(timeout: Duration) -> Option<u128> {
+    if timeout.is_zero() {
+        return None;
+    }
+    let ms = timeout.as_nanos().div_ceil(1_000_000);
+    Some(ms.clamp(1, MAX_LOCK_TIMEOUT_MS))
+}
+
+async fn try_once(
+    tx: &Transaction<'_>,
+    lock_id: i64,
+    mode: AdvisoryLockMode,
+) -> Result<Attempt, tokio_postgres::Error> {
+    let sql = format!(
+        "SELECT pg_try_advisory_xact_lock{}({lock_id})",
+        mode.suffix()
+    );
+    let messages = tx.simple_query(&sql).await?;
+    let granted = first_row(&messages).and_then(|row| row.get(0)) == Some("t");
+    Ok(if granted {
+        Attempt::Granted
+    } else {
+        Attempt::Busy
+    })
+}
+
+/// The waiting lock in a savepoint, under our own `lock_timeout` and no `statement_timeout`;
+/// then the settings restored (success) or the savepoint rolled back to (failure).
+///
+/// The settings are changed in a statement of their own before the lock's: since
+/// PostgreSQL 13 each statement of a simple query gets its own `statement_timeout`, so the
+/// lock's statement runs without one.
+async fn wait(
+    tx: &Transaction<'_>,
+    lock_id: i64,
+    mode: AdvisoryLockMode,
+    lock_timeout_ms: u128,
+) -> Result<(), tokio_postgres::Error> {
+    let sql = format!(
+        "SAVEPOINT {SAVEPOINT}; \
+         SELECT current_setting('lock_timeout'), current_setting('statement_timeout'); \
+         SELECT set_config('lock_timeout', '{lock_timeout_ms}ms', true), \
+                set_config('statement_timeout', '0', true); \
+         SELECT pg_advisory_xact_lock{}({lock_id})",
+        mode.suffix()
+    );
+    match tx.simple_query(&sql).await {
+        Ok(messages) => {
+            let before = first_row(&messages).map(|row| {
+                (
+                    row.get(0).unwrap_or("0").to_owned(),
+                    row.get(1).unwrap_or("0").to_owned(),
+                )
+            });
+            let (lock_timeout, statement_timeout) =
+                before.unwrap_or_else(|| ("0".to_owned(), "0".to_owned()));
+            // The lock must outlive the savepoint, so it is released, not rolled back; that
+            // keeps its `set_config(…, true)` for the transaction, hence the restore.
+            tx.batch_execute(&format!(
+                "SELECT set_config('lock_timeout', {}, true), \
+                        set_config('statement_timeout', {}, true); \
+                 RELEASE SAVEPOINT {SAVEPOINT}",
+                literal(&lock_timeout),
+                literal(&statement_timeout)
+            ))
+            .await
+        }
+        Err(error) => {
+            if error.code() != Some(&SqlState::IN_FAILED_SQL_TRANSACTION) && !error.is_closed() {
+                // Undoes the settings with the savepoint; the transaction goes on as before.
+                // If that fails the transaction is not usable, and that is what to report.
+                tx.batch_execute(&format!(
+                    "ROLLBACK TO SAVEPOINT {SAVEPOINT}; RELEASE SAVEPOINT {SAVEPOINT}"
+                ))
+                .await?;
+            }
+            Err(error)
+        }
+    }
+}
+
+/// The first data row of a simple query's answer.
+fn first_row(messages: &[SimpleQueryMessage]) -> Option<&tokio_postgres::SimpleQueryRow> {
+    messages.iter().find_map(|message| match message {
+        SimpleQueryMessage::Row(row) => Some(row),
+        _ => None,
+    })
+}
+
+/// A string literal that reads the same whatever `standard_conforming_strings` says.
+fn literal(text: &str) -> String {
+    format!("E'{}'", text.replace('\\', "\\\\").replace('\'', "''"))
+}
+
+/// The server's own words for a driver error: message, SQLSTATE and detail for a database
+/// error, else the driver's short description (its cause stays in `source()`).
+pub(crate) fn server_words(error: &tokio_postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => {
+            let mut words = format!("{} (SQLSTATE {})", db.message(), db.code().code());
+            if let Some(detail) = db.detail() {
+                words.push_str(": ");
+                words.push_str(detail);
+            }
+            words
+        }
+        None => error.to_string(),
+    }
+}
+
+/// A transaction lock could not be taken.
+///
+/// The message is the manager's: `Failed to acquire lock '{key}': {reason}`, with the
+/// server's own words; the driver error stays reachable through `source()`.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum TransactionLockError {
+    /// The lock stayed busy for the whole timeout. The transaction is usable and its
+    /// `lock_timeout` is as before.
+    Timeout {
+        /// The key.
+        key: String,
+        /// The timeout of the call.
+        timeout: Duration,
+    },
+    /// The server found this wait in a deadlock (SQLSTATE 40P01) and ended it. The
+    /// transaction is usable but still holds what it took before, which the other side waits
+    /// for: roll it back (and retry, taking keys in one order).
+    Deadlock {
+        /// The key.
+        key: String,
+        /// The server's words (its detail names both processes).
+        reason: String,
+        /// The driver's error.
+        source: tokio_postgres::Error,
+    },
+    /// The wait was cancelled on the server (`pg_cancel_backend`, SQLSTATE 57014). The
+    /// transaction is usable.
+    Cancelled {
+        /// The key.
+        key: String,
+        /// The server's words.
+        reason: String,
+        /// The driver's error.
+        source: tokio_postgres::Error,
+    },
+    /// Any other failure: the connection, the transaction's state (an already aborted
+    /// transaction), the server. The transaction may be aborted or gone.
+    Backend {
+        /// The key.
+        key: String,
+        /// The server's (or driver's) words.
+        reason: String,
+        /// The driver's error.
+        source: tokio_postgres::Error,
+    },
+}
+
+impl TransactionLockError {
+    fn from_driver(key: &str, timeout: Option<Duration>, source: tokio_postgres::Error) -> Self {
+        let key = key.to_owned();
+        let reason = server_words(&source);
+        match source.code() {
+            Some(code) if *code == SqlState::LOCK_NOT_AVAILABLE => match timeout {
+                Some(timeout) => Self::Timeout { key, timeout },
+                // Not our lock_timeout (there was none): someone else's.
+                None => Self::Backend {
+                    key,
+                    reason,
+                    source,
+                },
+            },
+            Some(code) if *code == SqlState::T_R_DEADLOCK_DETECTED => Self::Deadlock {
+                key,
+                reason,
+                source,
+            },
+            Some(code) if *code == SqlState::QUERY_CANCELED => Self::Cancelled {
+                key,
+                reason,
+                source,
+            },
+            _ => Self::Backend {
+                key,
+                reason,
+                source,
+            },
+        }
+    }
+
+    /// The key that could not be locked.
+    #[must_use]
+    pub fn key(&self) -> &str {
+        match self {
+            Self::Timeout { key, .. }
+            | Self::Deadlock { key, .. }
+            | Self::Cancelled { key, .. }
+            | Self::Backend { key, .. } => key,
+        }
+    }
+
+    /// Whether the wait timed out.
+    #[must_use]
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Self::Timeout { .. })
+    }
+
+    /// Whether the server ended the wait as a deadlock (40P01).
+    #[must_use]
+    pub fn is_deadlock(&self) -> bool {
+        matches!(self, Self::Deadlock { .. })
+    }
+
+    /// The port's kind: `Timeout`, `Cancelled`, `ConnectionLost`, or `Backend` (a deadlock
+    /// too: the port has no kind for it; match [`TransactionLockError::Deadlock`]).
+    #[must_use]
+    pub fn kind(&self) -> AcquisitionErrorKind {
+        match self {
+            Self::Timeout { .. } => AcquisitionErrorKind::Timeout,
+            Self::Cancelled { .. } => AcquisitionErrorKind::Cancelled,
+            Self::Deadlock { .. } => AcquisitionErrorKind::Backend,
+            Self::Backend { source, .. } => match driver_kind(source) {
+                AcquisitionErrorKind::Timeout => AcquisitionErrorKind::Backend,
+                kind => kind,
+            },
+        }
+    }
+
+    /// The reason part of the message, in the server's words.
+    fn reason(&self) -> String {
+        match self {
+            Self::Timeout { timeout, .. } => timeout_reason(*timeout),
+            Self::Deadlock { reason, .. } => format!("deadlock detected: {reason}"),
+            Self::Cancelled { reason, .. } => format!("cancelled: {reason}"),
+            Self::Backend { reason, .. } => format!("Database error: {reason}"),
+        }
+    }
+
+    fn source_error(&self) -> Option<&tokio_postgres::Error> {
+        match self {
+            Self::Timeout { .. } => None,
+            Self::Deadlock { source, .. }
+            | Self::Cancelled { source, .. }
+            | Self::Backend { source, .. } => Some(source),
+        }
+    }
+}
+
+impl fmt::Display for TransactionLockError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Failed to acquire lock '{}': {}",
+            self.key(),
+            self.reason()
+        )
+    }
+}
+
+impl std::error::Error for TransactionLockError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source_error()
+            .map(|source| source as &(dyn std::error::Error + 'static))
+    }
+}
+
+impl From<TransactionLockError> for LockAcquisitionError {
+    /// The port's error, with the same message, kind and source.
+    fn from(error: TransactionLockError) -> Self {
+        let kind = error.kind();
+        let reason = error.reason();
+        match error {
+            TransactionLockError::Timeout { key, timeout } => Self::timed_out(key, timeout),
+            TransactionLockError::Deadlock { key, source, .. }
+            | TransactionLockError::Cancelled { key, source, .. }
+            | TransactionLockError::Backend { key, source, .. } => {
+                Self::new(key, kind, reason).with_source(source)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_round_up_to_milliseconds_and_saturate() {
+        assert_eq!(lock_timeout_ms(Duration::ZERO), None);
+        assert_eq!(lock_timeout_ms(Duration::from_nanos(1)), Some(1));
+        assert_eq!(lock_timeout_ms(Duration::from_micros(1500)), Some(2));
+        assert_eq!(lock_timeout_ms(Duration::from_secs(5)), Some(5000));
+        assert_eq!(lock_timeout_ms(Duration::MAX), Some(MAX_LOCK_TIMEOUT_MS));
+    }
+
+    #[test]
+    fn literals_survive_quotes_and_backslashes() {
+        assert_eq!(literal("1s"), "E'1s'");
+        assert_eq!(literal(r"a'b\c"), r"E'a''b\\c'");
+    }
+}

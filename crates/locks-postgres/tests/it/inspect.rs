@@ -1,0 +1,195 @@
+//! Who holds a key: a foreign session holding and two waiting, seen from the server.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use locks_postgres::tokio_postgres::{self, Client, NoTls};
+use locks_postgres::{
+    AdvisoryLockId, AdvisoryLockMode, LockHolder, PostgresLockManager, all_lock_holders,
+    lock_holders,
+};
+use time::OffsetDateTime;
+
+use crate::support::{admin, database_url, pool, unique_key};
+
+/// A plain session with `application_name` set, and its backend pid.
+async fn session(application_name: &str) -> (Client, i32) {
+    let mut config: tokio_postgres::Config = database_url().parse().expect("URL");
+    config.application_name(application_name);
+    let (client, connection) = config.connect(NoTls).await.expect("connect");
+    tokio::spawn(connection);
+    let pid = client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .expect("pid")
+        .get(0);
+    (client, pid)
+}
+
+/// Starts `sql` on a session of its own, which blocks; returns once the server shows the
+/// session waiting for `lock_id`.
+async fn start_waiting(
+    admin: &Client,
+    application_name: &str,
+    sql: String,
+    lock_id: i64,
+) -> (i32, tokio::task::JoinHandle<()>) {
+    let (client, pid) = session(application_name).await;
+    let task = tokio::spawn(async move {
+        client.batch_execute(&sql).await.expect("the waiter's lock");
+    });
+    for _ in 0..200 {
+        let waiting = lock_holders(admin, lock_id)
+            .await
+            .expect("holders")
+            .iter()
+            .any(|holder| holder.pid == Some(pid) && !holder.granted);
+        if waiting {
+            return (pid, task);
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("session {pid} never waited for {lock_id}");
+}
+
+fn assert_session(holder: &LockHolder, pid: i32, application_name: &str) {
+    assert_eq!(holder.pid, Some(pid));
+    assert_eq!(holder.application_name.as_deref(), Some(application_name));
+    assert_eq!(
+        holder.client_addr,
+        Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        "{holder:?}"
+    );
+    assert!(holder.client_port.is_some());
+    let started = holder.backend_start.expect("backend_start");
+    assert!(started <= OffsetDateTime::now_utc() + Duration::from_secs(5));
+    assert!(started > OffsetDateTime::now_utc() - Duration::from_secs(600));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_holder_and_two_waiters_in_queue_order() {
+    let manager = PostgresLockManager::new(pool(2));
+    let admin = admin().await;
+    let key = unique_key("inspect");
+    let id = manager.lock_id(&key);
+
+    let (holder, holder_pid) = session("foreign-app").await;
+    holder
+        .batch_execute(&format!("SELECT pg_advisory_lock({id})"))
+        .await
+        .expect("the foreign lock");
+    assert!(
+        manager
+            .holders(&unique_key("nobody"))
+            .await
+            .expect("holders")
+            .is_empty()
+    );
+
+    let (first_pid, first) = start_waiting(
+        &admin,
+        "waiter-1",
+        format!("SELECT pg_advisory_lock({id}); SELECT pg_advisory_unlock_all()"),
+        id,
+    )
+    .await;
+    let (second_pid, second) = start_waiting(
+        &admin,
+        "waiter-2",
+        format!("BEGIN; SELECT pg_advisory_xact_lock_shared({id}); COMMIT"),
+        id,
+    )
+    .await;
+
+    let holders = manager.holders(&key).await.expect("holders");
+    assert_eq!(holders.len(), 3, "{holders:#?}");
+    let [held, waiting_first, waiting_second] = &holders[..] else {
+        unreachable!()
+    };
+    assert_session(held, holder_pid, "foreign-app");
+    assert!(held.granted);
+    assert_eq!(held.mode, AdvisoryLockMode::Exclusive);
+    assert_eq!(held.waiting_since, None);
+    assert!(!held.ours);
+    assert_eq!(held.holder_id, None);
+
+    assert_session(waiting_first, first_pid, "waiter-1");
+    assert!(!waiting_first.granted);
+    assert_eq!(waiting_first.mode, AdvisoryLockMode::Exclusive);
+    assert_session(waiting_second, second_pid, "waiter-2");
+    assert!(!waiting_second.granted);
+    assert_eq!(waiting_second.mode, AdvisoryLockMode::Shared);
+    let since_first = waiting_first
+        .waiting_since
+        .expect("waitstart (PostgreSQL 14+)");
+    let since_second = waiting_second.waiting_since.expect("waitstart");
+    assert!(since_first <= since_second);
+    for holder in &holders {
+        assert_eq!(holder.lock, AdvisoryLockId::Int8(id));
+    }
+
+    // The free function on a plain client says the same; every lock lists them too.
+    assert_eq!(lock_holders(&admin, id).await.expect("holders"), holders);
+    let all = manager.holders_of_all().await.expect("all");
+    let of_key: Vec<&LockHolder> = all
+        .iter()
+        .filter(|holder| holder.lock.as_int8() == Some(id))
+        .collect();
+    assert_eq!(of_key, holders.iter().collect::<Vec<_>>());
+    let all_on_client = all_lock_holders(&admin).await.expect("all");
+    assert!(holders.iter().all(|holder| all_on_client.contains(holder)));
+
+    // The holder lets go: the first waiter gets it, then the second.
+    holder
+        .batch_execute("SELECT pg_advisory_unlock_all()")
+        .await
+        .expect("unlock");
+    first.await.expect("first waiter");
+    second.await.expect("second waiter");
+    assert!(manager.holders(&key).await.expect("holders").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_sessions_are_told_apart_by_application_name() {
+    let admin = admin().await;
+    let key = unique_key("inspect-ours");
+    let id = locks_port::lock_id(&key);
+    let (ours, pid) = session("locks:worker-7").await;
+    ours.batch_execute(&format!("SELECT pg_advisory_lock_shared({id})"))
+        .await
+        .expect("lock");
+    let (anonymous, anonymous_pid) = session("locks:").await;
+    anonymous
+        .batch_execute(&format!("SELECT pg_advisory_lock_shared({id})"))
+        .await
+        .expect("lock");
+    let holders = lock_holders(&admin, id).await.expect("holders");
+    assert_eq!(holders.len(), 2, "{holders:#?}");
+    let by_pid = |pid| {
+        holders
+            .iter()
+            .find(|holder| holder.pid == Some(pid))
+            .expect("listed")
+    };
+    assert!(by_pid(pid).ours);
+    assert_eq!(by_pid(pid).holder_id.as_deref(), Some("worker-7"));
+    assert_eq!(by_pid(pid).mode, AdvisoryLockMode::Shared);
+    assert!(by_pid(anonymous_pid).ours);
+    assert_eq!(by_pid(anonymous_pid).holder_id, None);
+    assert!(holders.iter().all(|holder| holder.granted));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_integer_locks_are_listed_with_their_own_ids() {
+    let admin = admin().await;
+    let (session, pid) = session("pair").await;
+    session
+        .batch_execute("SELECT pg_advisory_lock(-7, 2147483647)")
+        .await
+        .expect("lock");
+    let all = all_lock_holders(&admin).await.expect("all");
+    let mine: Vec<&LockHolder> = all.iter().filter(|h| h.pid == Some(pid)).collect();
+    assert_eq!(mine.len(), 1, "{all:#?}");
+    assert_eq!(mine[0].lock, AdvisoryLockId::Int4Pair(-7, i32::MAX));
+    assert_eq!(mine[0].lock.as_int8(), None);
+}

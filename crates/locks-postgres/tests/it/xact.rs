@@ -1,0 +1,295 @@
+//! Transaction-scoped locks: released by COMMIT and ROLLBACK, bounded waits that leave the
+//! transaction and its settings as they were, deadlocks, shared holders, PgBouncer.
+
+use std::time::{Duration, Instant};
+
+use locks_postgres::tokio_postgres::{self, Client, NoTls, Transaction};
+use locks_postgres::{AdvisoryLockMode, TransactionLockError, TransactionLocks};
+use throwaway_pg::{PgBouncer, PoolMode};
+
+use crate::support::{admin, database_url, holders, unique_key};
+
+const EXCLUSIVE: AdvisoryLockMode = AdvisoryLockMode::Exclusive;
+const SHARED: AdvisoryLockMode = AdvisoryLockMode::Shared;
+
+async fn connect(url: &str) -> Client {
+    let (client, connection) = tokio_postgres::connect(url, NoTls)
+        .await
+        .expect("connection");
+    tokio::spawn(connection);
+    client
+}
+
+async fn client() -> Client {
+    connect(&database_url()).await
+}
+
+async fn show(tx: &Transaction<'_>, setting: &str) -> String {
+    tx.query_one(&format!("SHOW {setting}"), &[])
+        .await
+        .expect("SHOW")
+        .get(0)
+}
+
+/// A transaction on its own connection (to `url`) that holds `key` until released.
+struct Holder {
+    release: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Holder {
+    async fn start(url: String, key: String) -> Self {
+        let (locked_tx, locked) = tokio::sync::oneshot::channel();
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let mut client = connect(&url).await;
+            let tx = client.transaction().await.expect("begin");
+            TransactionLocks::new()
+                .lock(&tx, &key, EXCLUSIVE)
+                .await
+                .expect("the holder's lock");
+            let _ = locked_tx.send(());
+            let _ = released.await;
+            tx.commit().await.expect("the holder's commit");
+        });
+        locked.await.expect("the holder locked");
+        Self { release, task }
+    }
+
+    /// Commits after `delay`, from a task of its own; await the handle to see it done.
+    fn commit_after(self, delay: Duration) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let _ = self.release.send(());
+            self.task.await.expect("holder task");
+        })
+    }
+}
+
+/// Whether a fresh session could take `key` now; it takes nothing.
+async fn free(key: &str) -> bool {
+    let mut probe = client().await;
+    let tx = probe.transaction().await.expect("begin");
+    let free = TransactionLocks::new()
+        .try_lock(&tx, key, EXCLUSIVE)
+        .await
+        .expect("try_lock");
+    tx.rollback().await.expect("rollback");
+    free
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commit_releases_the_lock() {
+    let locks = TransactionLocks::new();
+    let admin = admin().await;
+    let key = unique_key("xact-commit");
+    let mut holder = client().await;
+    let tx = holder.transaction().await.expect("begin");
+    locks.lock(&tx, &key, EXCLUSIVE).await.expect("lock");
+    assert_eq!(holders(&admin, locks_port::lock_id(&key)).await, 1);
+    assert!(!free(&key).await, "another transaction took a held lock");
+    tx.commit().await.expect("commit");
+    assert_eq!(holders(&admin, locks_port::lock_id(&key)).await, 0);
+    assert!(free(&key).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollback_releases_the_lock() {
+    let locks = TransactionLocks::new();
+    let admin = admin().await;
+    let key = unique_key("xact-rollback");
+    let mut holder = client().await;
+    let tx = holder.transaction().await.expect("begin");
+    assert!(
+        locks
+            .try_lock(&tx, &key, EXCLUSIVE)
+            .await
+            .expect("try_lock")
+    );
+    assert!(!free(&key).await);
+    tx.rollback().await.expect("rollback");
+    assert_eq!(holders(&admin, locks_port::lock_id(&key)).await, 0);
+    assert!(free(&key).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_wait_leaves_the_transaction_usable_and_its_settings_as_before() {
+    let locks = TransactionLocks::new();
+    let key = unique_key("xact-timeout");
+    let holder = Holder::start(database_url(), key.clone()).await;
+
+    let mut waiter = client().await;
+    let tx = waiter.transaction().await.expect("begin");
+    tx.batch_execute(
+        "SET LOCAL lock_timeout = '4321ms'; SET LOCAL statement_timeout = '9876ms'; \
+         CREATE TEMP TABLE xact_work (n int) ON COMMIT DROP; INSERT INTO xact_work VALUES (1)",
+    )
+    .await
+    .expect("set up the transaction");
+    let error = locks
+        .lock_with_timeout(&tx, &key, EXCLUSIVE, Duration::from_millis(200))
+        .await
+        .expect_err("the lock is held");
+    assert!(error.is_timeout(), "{error}");
+    assert!(matches!(error, TransactionLockError::Timeout { .. }));
+    assert_eq!(
+        error.to_string(),
+        format!("Failed to acquire lock '{key}': Timeout after 0.2s")
+    );
+    // Usable: earlier work is still there, new statements run, settings are the caller's.
+    let count: i64 = tx
+        .query_one("SELECT count(*) FROM xact_work", &[])
+        .await
+        .expect("the transaction is usable")
+        .get(0);
+    assert_eq!(count, 1);
+    assert_eq!(show(&tx, "lock_timeout").await, "4321ms");
+    assert_eq!(show(&tx, "statement_timeout").await, "9876ms");
+
+    // A wait that succeeds restores them too.
+    let release = holder.commit_after(Duration::from_millis(300));
+    locks
+        .lock_with_timeout(&tx, &key, EXCLUSIVE, Duration::from_secs(20))
+        .await
+        .expect("granted when the holder commits");
+    release.await.expect("holder task");
+    assert_eq!(show(&tx, "lock_timeout").await, "4321ms");
+    assert_eq!(show(&tx, "statement_timeout").await, "9876ms");
+    tx.commit().await.expect("commit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_statement_timeout_or_lock_timeout_does_not_end_a_bounded_wait() {
+    let locks = TransactionLocks::new();
+    let key = unique_key("xact-statement-timeout");
+    let holder = Holder::start(database_url(), key.clone()).await;
+
+    let mut waiter = client().await;
+    let tx = waiter.transaction().await.expect("begin");
+    tx.batch_execute("SET LOCAL statement_timeout = '100ms'; SET LOCAL lock_timeout = '50ms'")
+        .await
+        .expect("SET");
+    let release = holder.commit_after(Duration::from_millis(800));
+    let started = Instant::now();
+    locks
+        .lock_with_timeout(&tx, &key, EXCLUSIVE, Duration::from_secs(20))
+        .await
+        .expect("the wait outlasts statement_timeout and lock_timeout");
+    assert!(started.elapsed() >= Duration::from_millis(500));
+    release.await.expect("holder task");
+    assert_eq!(show(&tx, "statement_timeout").await, "100ms");
+    assert_eq!(show(&tx, "lock_timeout").await, "50ms");
+    tx.commit().await.expect("commit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_transactions_locking_in_opposite_order_get_a_deadlock_on_one_side() {
+    let first = unique_key("xact-deadlock-a");
+    let second = unique_key("xact-deadlock-b");
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(2));
+    let side = |mine: String, theirs: String, barrier: std::sync::Arc<tokio::sync::Barrier>| async move {
+        let locks = TransactionLocks::new();
+        let mut client = client().await;
+        let tx = client.transaction().await.expect("begin");
+        locks.lock(&tx, &mine, EXCLUSIVE).await.expect("own key");
+        barrier.wait().await;
+        match locks
+            .lock_with_timeout(&tx, &theirs, EXCLUSIVE, Duration::from_secs(30))
+            .await
+        {
+            Ok(()) => {
+                tx.commit().await.expect("commit");
+                None
+            }
+            Err(error) => {
+                // The deadlocked transaction is still usable; rolling it back frees the
+                // other side.
+                tx.query_one("SELECT 1", &[]).await.expect("usable");
+                tx.rollback().await.expect("rollback");
+                Some(error)
+            }
+        }
+    };
+    let (a, b) = tokio::join!(
+        tokio::spawn(side(first.clone(), second.clone(), barrier.clone())),
+        tokio::spawn(side(second, first, barrier)),
+    );
+    let errors: Vec<TransactionLockError> = [a.expect("task a"), b.expect("task b")]
+        .into_iter()
+        .flatten()
+        .collect();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    let error = &errors[0];
+    assert!(error.is_deadlock(), "{error}");
+    assert!(!error.is_timeout());
+    let text = error.to_string();
+    assert!(text.contains("deadlock detected"), "{text}");
+    assert!(text.contains("40P01"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_locks_admit_two_readers_and_exclude_a_writer() {
+    let locks = TransactionLocks::new();
+    let admin = admin().await;
+    let key = unique_key("xact-shared");
+    let (mut one, mut two, mut writer) = (client().await, client().await, client().await);
+    let reader_one = one.transaction().await.expect("begin");
+    let reader_two = two.transaction().await.expect("begin");
+    locks
+        .lock(&reader_one, &key, SHARED)
+        .await
+        .expect("reader 1");
+    assert!(
+        locks
+            .try_lock(&reader_two, &key, SHARED)
+            .await
+            .expect("reader 2")
+    );
+    assert_eq!(holders(&admin, locks_port::lock_id(&key)).await, 2);
+
+    let tx = writer.transaction().await.expect("begin");
+    assert!(!locks.try_lock(&tx, &key, EXCLUSIVE).await.expect("try"));
+    let error = locks
+        .lock_with_timeout(&tx, &key, EXCLUSIVE, Duration::from_millis(200))
+        .await
+        .expect_err("readers hold it");
+    assert!(error.is_timeout(), "{error}");
+    reader_one.commit().await.expect("commit");
+    assert!(!locks.try_lock(&tx, &key, EXCLUSIVE).await.expect("try"));
+    reader_two.commit().await.expect("commit");
+    assert!(locks.try_lock(&tx, &key, EXCLUSIVE).await.expect("try"));
+    tx.commit().await.expect("commit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_pgbouncer_in_transaction_mode_it_excludes_across_two_clients() {
+    let bouncer = PgBouncer::start(&database_url(), PoolMode::Transaction)
+        .unwrap_or_else(|error| panic!("PgBouncer for the transaction-pooling test: {error}"));
+    let pool = locks_postgres::plain_pool(&bouncer.url(), 4).expect("pool");
+    let locks = TransactionLocks::new();
+    let key = unique_key("xact-pgbouncer");
+    let admin = admin().await;
+
+    // One client a plain connection, the other a deadpool one, both through PgBouncer.
+    let holder = Holder::start(bouncer.url(), key.clone()).await;
+    assert_eq!(holders(&admin, locks_port::lock_id(&key)).await, 1);
+    let mut second = pool.get().await.expect("client through pgbouncer");
+
+    let tx = second.transaction().await.expect("begin");
+    assert!(!locks.try_lock(&tx, &key, EXCLUSIVE).await.expect("try"));
+    let error = locks
+        .lock_with_timeout(&tx, &key, EXCLUSIVE, Duration::from_millis(200))
+        .await
+        .expect_err("held by the other client");
+    assert!(error.is_timeout(), "{error}");
+    tx.query_one("SELECT 1", &[]).await.expect("usable");
+
+    let release = holder.commit_after(Duration::from_millis(200));
+    locks
+        .lock_with_timeout(&tx, &key, EXCLUSIVE, Duration::from_secs(20))
+        .await
+        .expect("granted after the other client commits");
+    release.await.expect("holder task");
+    tx.commit().await.expect("commit");
+    assert_eq!(holders(&admin, locks_port::lock_id(&key)).await, 0);
+}

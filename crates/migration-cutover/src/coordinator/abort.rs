@@ -1,0 +1,83 @@
+//! Stopping a migration before its cutover: routing back to the source, the record
+//! `aborted`.
+
+use locks_port::{DistributedLock, LockGuard};
+use tracing::{Instrument, info};
+use uuid::Uuid;
+
+use super::{MigrationCoordinator, cutover_lock_key};
+use crate::Phase;
+use crate::error::{MigrationError, StateError};
+use crate::ports::{
+    EventStore, Migration, MigrationRepository, RoutingRepository, TenantRoute, WritePause,
+};
+
+impl<L, S, R, P, M> MigrationCoordinator<L, S, R, P, M>
+where
+    L: DistributedLock,
+    S: EventStore,
+    R: RoutingRepository,
+    P: WritePause,
+    M: MigrationRepository,
+{
+    /// Stops the migration: routing back to the source in `normal`, the migration
+    /// `aborted`. The target keeps what was copied. Takes the cutover lock when the
+    /// coordinator has a lock manager, so it cannot interleave with a cutover.
+    ///
+    /// # Errors
+    /// [`MigrationError::Transition`] for a finished migration;
+    /// [`MigrationError::State`] in `cutover` (call `cutover` to resolve it first);
+    /// [`MigrationError::Lock`] when the lock could not be taken; port failures.
+    ///
+    /// # Cancel safety
+    /// Dropping the future releases the lock (its guard is dropped); the routing may
+    /// then be back on the source with the record not yet `aborted`: call `abort` again.
+    pub async fn abort(&self, migration_id: Uuid) -> Result<Migration, MigrationError> {
+        let migration = self.migration(migration_id).await?;
+        let span = step_span!("migration.abort", migration);
+        async move {
+            let lock = match &self.lock_manager {
+                None => None,
+                Some(locks) => {
+                    let key = cutover_lock_key(migration.tenant_id);
+                    Some(locks.acquire(&key, self.cutover_lock_options()).await?)
+                }
+            };
+            let result = self.abort_under_lock(migration_id).await;
+            if let Some(lock) = lock {
+                lock.release().await;
+            }
+            result
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// The abort itself, with the cutover lock held (when there is a lock manager).
+    async fn abort_under_lock(&self, migration_id: Uuid) -> Result<Migration, MigrationError> {
+        let mut migration = self.migration(migration_id).await?;
+        if migration.phase == Phase::Cutover {
+            return Err(StateError {
+                migration_id,
+                expected: Phase::DualWrite,
+                actual: migration.phase,
+            }
+            .into());
+        }
+        let next = migration.phase.transition_to(Phase::Aborted)?;
+        let route = self.route(migration.tenant_id).await?;
+        if route.migration_id == Some(migration.id) {
+            let normal =
+                TenantRoute::normal(migration.tenant_id, migration.source_store_id.clone());
+            self.ports
+                .routing()
+                .put(normal)
+                .await
+                .map_err(MigrationError::Routing)?;
+        }
+        migration.phase = next;
+        self.save(&mut migration).await?;
+        info!("migration aborted");
+        Ok(migration)
+    }
+}

@@ -1,0 +1,213 @@
+//! The command line.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::duration::parse_duration;
+
+/// The exit codes, shown at the end of `pglock --help` and `pglock run --help`.
+pub(crate) const EXIT_CODES: &str = "\
+Exit codes:
+  (child's)  pglock run: the command's own exit status; 128+N if it died of signal N
+  1          the lock was not acquired: busy with -n, or -w ran out (change with -E)
+  64         bad usage: unknown option, bad duration, no command
+  69         the server is unreachable (refused, no route, connect timeout, shutting
+             down, too many connections), or the session broke while waiting
+  70         the server answered with an unexpected error
+  75         the lock was lost while the command ran; the command was stopped as
+             --on-lost says (also with --on-lost ignore, after it ends)
+  77         authentication failed, or the role may not log in
+  78         bad connection settings: malformed URL, unknown database, unreadable
+             sslrootcert, a server certificate that does not verify
+  126, 127   the command could not be executed / was not found
+  128+N      signal N (INT 130, TERM 143, HUP 129, QUIT 131) arrived while waiting:
+             the wait was cancelled and nothing is held
+
+Connection: --url, else DATABASE_URL, else the libpq environment (PGHOST, PGPORT,
+PGUSER, PGPASSWORD or ~/.pgpass, PGDATABASE, PGAPPNAME, PGSSLMODE, PGSSLROOTCERT,
+PGCONNECT_TIMEOUT), as psql reads them.";
+
+/// Run a command under a distributed lock on PostgreSQL advisory locks.
+///
+/// Keys are strings, turned into the same 64-bit advisory lock id as the Rust library
+/// (`locks-postgres`) and the Python `eventsource` library, so all of them contend on
+/// one lock.
+#[derive(Debug, Parser)]
+#[command(
+    name = "pglock",
+    version,
+    after_help = EXIT_CODES,
+    max_term_width = 100,
+    args_override_self = true
+)]
+pub(crate) struct Cli {
+    /// The connection.
+    #[command(flatten)]
+    pub(crate) connection: ConnectionArgs,
+    /// Say what pglock is doing, on stderr.
+    #[arg(short, long, global = true)]
+    pub(crate) verbose: bool,
+    /// What to do.
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// Where the server is.
+#[derive(Debug, Args)]
+pub(crate) struct ConnectionArgs {
+    /// PostgreSQL URL or `key=value` connection string [default: DATABASE_URL, else the
+    /// libpq environment].
+    #[arg(long, global = true, value_name = "URL")]
+    pub(crate) url: Option<String>,
+    /// How long connecting may take [default: PGCONNECT_TIMEOUT, else 10s].
+    #[arg(long, global = true, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) connect_timeout: Option<Duration>,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Take the lock, run a command, release the lock when it exits.
+    #[command(after_help = EXIT_CODES)]
+    Run(RunArgs),
+    /// Show who holds the lock on KEY and who waits for it.
+    Who {
+        /// The lock key.
+        key: String,
+    },
+    /// List every advisory lock on the database, held or awaited.
+    List,
+    /// Print the advisory lock id of KEY (no database needed).
+    Id {
+        /// The lock key.
+        key: String,
+    },
+}
+
+/// `pglock run`.
+#[derive(Debug, Args)]
+#[command(
+    override_usage = "pglock run [OPTIONS] KEY [--] CMD [ARGS]...\n       pglock run [OPTIONS] KEY -c SHELL_COMMAND"
+)]
+pub(crate) struct RunArgs {
+    /// The lock key.
+    pub(crate) key: String,
+    /// Wait at most this long (500ms, 2s, 1m, or seconds like 1.5) [default: forever].
+    #[arg(short = 'w', long = "timeout", value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) timeout: Option<Duration>,
+    /// Do not wait: fail at once if the lock is busy.
+    #[arg(short = 'n', long, conflicts_with = "timeout")]
+    pub(crate) no_wait: bool,
+    /// Take a shared lock (many shared holders at once, no exclusive one).
+    #[arg(short = 's', long, conflicts_with = "exclusive")]
+    pub(crate) shared: bool,
+    /// Take an exclusive lock (the default).
+    #[arg(short = 'x', long)]
+    pub(crate) exclusive: bool,
+    /// Exit code when the lock is not acquired (busy with -n, or -w ran out).
+    #[arg(short = 'E', long, value_name = "N", default_value_t = crate::exit::DEFAULT_CONFLICT)]
+    pub(crate) conflict_exit_code: u8,
+    /// What to do with the command when the lock is lost.
+    #[arg(long, value_enum, value_name = "ACTION", default_value_t = OnLost::Term)]
+    pub(crate) on_lost: OnLost,
+    /// With --on-lost term: how long after SIGTERM the command gets SIGKILL.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "5s")]
+    pub(crate) grace: Duration,
+    /// How often the held session is checked, which bounds how long a silent loss
+    /// (hung server, cut network) goes unnoticed; 0 turns it off.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "5s")]
+    pub(crate) keepalive: Duration,
+    /// Hand the command a fencing token (PGLOCK_FENCING_TOKEN) that grows with every grant.
+    #[arg(long)]
+    pub(crate) fencing: bool,
+    /// Run this through `sh -c` instead of CMD.
+    #[arg(
+        short = 'c',
+        long = "command",
+        value_name = "SHELL_COMMAND",
+        conflicts_with = "argv"
+    )]
+    pub(crate) shell_command: Option<String>,
+    /// The command and its arguments.
+    #[arg(
+        value_name = "CMD",
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        required_unless_present = "shell_command"
+    )]
+    pub(crate) argv: Vec<String>,
+}
+
+/// `--on-lost`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum OnLost {
+    /// SIGTERM, then SIGKILL after --grace.
+    Term,
+    /// SIGKILL at once.
+    Kill,
+    /// Let it run (pglock still exits 75 when it ends).
+    Ignore,
+}
+
+impl RunArgs {
+    /// The program and its arguments: `sh -c SHELL_COMMAND`, or CMD ARGS.
+    pub(crate) fn program(&self) -> Vec<String> {
+        match &self.shell_command {
+            Some(command) => vec!["sh".to_owned(), "-c".to_owned(), command.clone()],
+            None => self.argv.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("pglock").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn the_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_takes_a_command_after_the_key_with_or_without_dashes() {
+        for args in [
+            &["run", "k", "--", "echo", "-n", "x"][..],
+            &["run", "k", "echo", "-n", "x"][..],
+            &["run", "-n", "k", "--", "echo", "-n", "x"][..],
+        ] {
+            let Command::Run(run) = parse(args).unwrap().command else {
+                panic!("not run")
+            };
+            assert_eq!(run.program(), ["echo", "-n", "x"], "{args:?}");
+        }
+        let Command::Run(run) = parse(&["run", "k", "-c", "exit 3"]).unwrap().command else {
+            panic!("not run")
+        };
+        assert_eq!(run.program(), ["sh", "-c", "exit 3"]);
+        assert_eq!(run.conflict_exit_code, 1);
+        assert_eq!(run.on_lost, OnLost::Term);
+        assert_eq!(run.grace, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn bad_command_lines_are_refused() {
+        for args in [
+            &["run", "k"][..],
+            &["run", "k", "-n", "-w", "1s", "--", "true"][..],
+            &["run", "k", "-w", "soon", "--", "true"][..],
+            &["run", "k", "-s", "-x", "--", "true"][..],
+            &["run", "k", "-E", "256", "--", "true"][..],
+            &["run", "k", "-c", "true", "--", "true"][..],
+            &["run", "k", "--on-lost", "shrug", "--", "true"][..],
+            &["who"][..],
+        ] {
+            assert!(parse(args).is_err(), "{args:?} was accepted");
+        }
+    }
+}

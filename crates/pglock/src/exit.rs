@@ -1,0 +1,93 @@
+//! Exit codes, and the one-line error that goes with each.
+//!
+//! The codes follow `sysexits.h` where one fits, and `flock(1)` for a lock that was not
+//! acquired; the crate README and `pglock --help` list them.
+
+/// The lock was not acquired (`-n` or `-w` and someone else holds it): the default of
+/// `-E, --conflict-exit-code`, as in `flock(1)`.
+pub(crate) const DEFAULT_CONFLICT: u8 = 1;
+/// `EX_USAGE`: bad command line (unknown option, bad duration, missing command).
+pub(crate) const USAGE: u8 = 64;
+/// `EX_UNAVAILABLE`: the server could not be reached (refused, no route, connect timeout,
+/// the server shutting down or out of connections), or the session broke while waiting.
+pub(crate) const UNAVAILABLE: u8 = 69;
+/// `EX_SOFTWARE`: the server answered with an error nothing here expects.
+pub(crate) const SOFTWARE: u8 = 70;
+/// `EX_TEMPFAIL`: the lock was lost while the command ran; the command was stopped as
+/// `--on-lost` says.
+pub(crate) const LOST: u8 = 75;
+/// `EX_NOPERM`: authentication failed or the role may not connect.
+pub(crate) const NOPERM: u8 = 77;
+/// `EX_CONFIG`: the connection settings are wrong (malformed URL, unknown database,
+/// unreadable `sslrootcert`, a certificate that does not verify).
+pub(crate) const CONFIG: u8 = 78;
+/// The command was found but could not be executed (as a shell says).
+pub(crate) const CANNOT_EXECUTE: u8 = 126;
+/// The command was not found (as a shell says).
+pub(crate) const NOT_FOUND: u8 = 127;
+/// Added to a signal number: the code after that signal while waiting, or when the
+/// command died of it (as a shell says).
+pub(crate) const SIGNAL_BASE: u8 = 128;
+
+/// A reason to stop with an exit code, and the one line that explains it on stderr.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    /// The process exit code.
+    pub(crate) code: u8,
+    /// One line, without the `pglock: ` prefix.
+    pub(crate) message: String,
+}
+
+impl Failure {
+    /// A failure with `code`; newlines in `message` become spaces so it stays one line.
+    pub(crate) fn new(code: u8, message: impl Into<String>) -> Self {
+        let message: String = message.into();
+        Self {
+            code,
+            message: one_line(&message),
+        }
+    }
+}
+
+/// `text` with each run of line breaks turned into one space.
+pub(crate) fn one_line(text: &str) -> String {
+    text.split(['\n', '\r'])
+        .map(str::trim)
+        .filter(|part| !part.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// An error and its sources, joined with `: ` (each source once, skipping a source whose
+/// text the previous one already contains).
+pub(crate) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    one_line(&text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_stay_on_one_line() {
+        let failure = Failure::new(CONFIG, "first\n  second\r\n\nthird");
+        assert_eq!(failure.message, "first second third");
+        assert_eq!(failure.code, 78);
+    }
+
+    #[test]
+    fn chains_name_each_cause_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        assert_eq!(chain(&io), "refused");
+    }
+}

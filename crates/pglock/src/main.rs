@@ -1,0 +1,102 @@
+//! `pglock`: run a command under a distributed lock on PostgreSQL advisory locks.
+//!
+//! See the crate README for the manual.
+
+#![forbid(unsafe_code)]
+
+mod cli;
+mod connect;
+mod duration;
+mod exit;
+mod inspect;
+mod run;
+mod status;
+mod tls;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use clap::error::ErrorKind;
+
+use crate::cli::{Cli, Command};
+use crate::connect::ProcessEnv;
+use crate::exit::{Failure, SOFTWARE, USAGE};
+use crate::run::Say;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            let _ = error.print();
+            return match error.kind() {
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => ExitCode::SUCCESS,
+                _ => ExitCode::from(USAGE),
+            };
+        }
+    };
+    match dispatch(cli) {
+        Ok(code) => ExitCode::from(code),
+        Err(failure) => {
+            eprintln!("pglock: {}", failure.message);
+            ExitCode::from(failure.code)
+        }
+    }
+}
+
+fn dispatch(cli: Cli) -> Result<u8, Failure> {
+    let say = Say(cli.verbose);
+    if let Command::Id { key } = &cli.command {
+        println!("{}", locks_port::lock_id(key));
+        return Ok(0);
+    }
+    let target = connect::resolve(
+        cli.connection.url.as_deref(),
+        cli.connection.connect_timeout,
+        &ProcessEnv,
+    )?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| Failure::new(SOFTWARE, format!("cannot start the runtime: {error}")))?;
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Run(args) => run::run(target, args, say).await,
+            Command::Who { key } => show(&target, say, Some(&key)).await,
+            Command::List => show(&target, say, None).await,
+            Command::Id { .. } => Ok(0),
+        }
+    })
+}
+
+/// `pglock who KEY` (with a key) and `pglock list` (without).
+async fn show(target: &connect::Target, say: Say, key: Option<&str>) -> Result<u8, Failure> {
+    say.say(format!("connecting to {}", target.shown));
+    let pool = connect::pool(target, 1, "pglock")?;
+    let client = pool
+        .get()
+        .await
+        .map_err(|error| connect::pool_failure(&error, target))?;
+    let query_failure =
+        |error: locks_postgres::tokio_postgres::Error| Failure::new(SOFTWARE, exit::chain(&error));
+    match key {
+        Some(key) => {
+            let lock_id = locks_port::lock_id(key);
+            let entries = inspect::of(&client, lock_id).await.map_err(query_failure)?;
+            if entries.is_empty() {
+                println!("nobody holds or waits for '{key}' (lock id {lock_id})");
+            } else {
+                println!("'{key}' (lock id {lock_id}):");
+                print!("{}", inspect::table(&entries, false));
+            }
+        }
+        None => {
+            let entries = inspect::all(&client).await.map_err(query_failure)?;
+            if entries.is_empty() {
+                println!("no advisory locks on this database");
+            } else {
+                print!("{}", inspect::table(&entries, true));
+            }
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,414 @@
+//! `pglock run`: take the lock, run the command, release when it exits.
+
+use std::io::ErrorKind;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use locks_port::{
+    AcquireOptions, AcquisitionErrorKind, DistributedLock, LockAcquisitionError, LockGuard,
+};
+use locks_postgres::PostgresLockManager;
+use locks_postgres::deadpool_postgres::Pool;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::time::Instant;
+
+use crate::cli::{OnLost, RunArgs};
+use crate::connect::{self, Target};
+use crate::duration::show;
+use crate::exit::{
+    CANNOT_EXECUTE, Failure, LOST, NOT_FOUND, SIGNAL_BASE, SOFTWARE, UNAVAILABLE, USAGE, chain,
+};
+use crate::inspect;
+use crate::status::StatusLine;
+
+/// Connections: the lock's, the status line's, and one to check that a cancelled wait
+/// left nothing behind.
+const POOL_SIZE: usize = 3;
+/// How long a cancelled wait is given to leave the server's queue before pglock exits.
+const CANCEL_SETTLE: Duration = Duration::from_secs(3);
+
+/// Says what pglock does, with `-v`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Say(pub(crate) bool);
+
+impl Say {
+    /// Prints `message` on stderr with `-v`.
+    pub(crate) fn say(self, message: impl AsRef<str>) {
+        if self.0 {
+            eprintln!("pglock: {}", message.as_ref());
+        }
+    }
+}
+
+/// The signals pglock forwards to the command, and that cancel a wait.
+pub(crate) struct Signals {
+    streams: Vec<(Signal, tokio::signal::unix::Signal)>,
+}
+
+impl std::fmt::Debug for Signals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Signals").finish_non_exhaustive()
+    }
+}
+
+impl Signals {
+    /// Installs the handlers for INT, TERM, HUP and QUIT (their default action, ending
+    /// pglock at once, is off from here on).
+    pub(crate) fn install() -> Result<Self, Failure> {
+        let mut streams = Vec::new();
+        for (number, kind) in [
+            (Signal::SIGINT, SignalKind::interrupt()),
+            (Signal::SIGTERM, SignalKind::terminate()),
+            (Signal::SIGHUP, SignalKind::hangup()),
+            (Signal::SIGQUIT, SignalKind::quit()),
+        ] {
+            let stream = signal(kind).map_err(|error| {
+                Failure::new(SOFTWARE, format!("cannot handle {number}: {error}"))
+            })?;
+            streams.push((number, stream));
+        }
+        Ok(Self { streams })
+    }
+
+    /// The next of the signals to arrive. Cancel safe.
+    pub(crate) async fn recv(&mut self) -> Signal {
+        let waits = self.streams.iter_mut().map(|(number, stream)| {
+            let number = *number;
+            Box::pin(async move {
+                stream.recv().await;
+                number
+            })
+        });
+        futures_select_all(waits).await
+    }
+}
+
+/// The first of `futures` to finish.
+async fn futures_select_all<F>(futures: impl Iterator<Item = F>) -> Signal
+where
+    F: std::future::Future<Output = Signal> + Unpin,
+{
+    let mut futures: Vec<F> = futures.collect();
+    std::future::poll_fn(move |cx| {
+        for future in &mut futures {
+            if let std::task::Poll::Ready(number) = std::pin::Pin::new(future).poll(cx) {
+                return std::task::Poll::Ready(number);
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
+}
+
+/// The exit code for a signal number.
+fn signal_code(number: Signal) -> u8 {
+    SIGNAL_BASE.saturating_add(u8::try_from(number as i32).unwrap_or(0))
+}
+
+/// The holder id and `application_name` of this process: unique on the server, so its
+/// sessions can be found in `pg_stat_activity`.
+fn holder_id(target: &Target) -> String {
+    let prefix: String = target
+        .config
+        .get_application_name()
+        .unwrap_or("pglock")
+        .chars()
+        .take(20)
+        .collect();
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|name| name.into_string().ok())
+        .unwrap_or_else(|| "localhost".to_owned());
+    let host: String = host.chars().take(24).collect();
+    format!("{prefix}@{host}:{}", std::process::id())
+}
+
+/// `pglock run`: the exit code, or the failure that ended it.
+pub(crate) async fn run(target: Target, args: RunArgs, say: Say) -> Result<u8, Failure> {
+    if args.shared {
+        return Err(Failure::new(USAGE, "-s/--shared is not yet supported"));
+    }
+    if args.fencing {
+        return Err(Failure::new(USAGE, "--fencing is not yet supported"));
+    }
+    let program = args.program();
+    let key = args.key.as_str();
+    let holder = holder_id(&target);
+    let application = format!("locks:{holder}");
+    let pool = connect::pool(&target, POOL_SIZE, &application)?;
+    let manager = PostgresLockManager::builder(pool.clone())
+        .holder_id(holder.clone())
+        .build();
+    let lock_id = manager.lock_id(key);
+    let mut signals = Signals::install()?;
+
+    say.say(format!("connecting to {} as {holder}", target.shown));
+    tokio::select! {
+        number = signals.recv() => {
+            say.say(format!("{number} while connecting: giving up"));
+            return Ok(signal_code(number));
+        }
+        checked = connect::check(&pool, &target) => checked?,
+    }
+
+    let started = Instant::now();
+    let acquired = {
+        let status = if args.no_wait {
+            None
+        } else {
+            StatusLine::start(pool.clone(), key, lock_id, &application)
+        };
+        match (args.no_wait, args.timeout) {
+            (true, _) => say.say(format!(
+                "trying '{key}' (lock id {lock_id}) without waiting"
+            )),
+            (false, Some(timeout)) => say.say(format!(
+                "waiting up to {} for '{key}' (lock id {lock_id})",
+                show(timeout)
+            )),
+            (false, None) => say.say(format!("waiting for '{key}' (lock id {lock_id})")),
+        }
+        let acquire = async {
+            if args.no_wait {
+                manager.try_acquire(key).await
+            } else {
+                let options = match args.timeout {
+                    Some(timeout) => AcquireOptions::new().with_timeout(timeout),
+                    None => AcquireOptions::new(),
+                };
+                manager.acquire(key, options).await.map(Some)
+            }
+        };
+        let outcome = tokio::select! {
+            number = signals.recv() => Err(number),
+            acquired = acquire => Ok(acquired),
+        };
+        drop(status);
+        outcome
+    };
+    let guard = match acquired {
+        Err(number) => {
+            // The wait's future is dropped: the library cancels the server-side wait and
+            // closes the session. Exit only once the server shows nothing of ours.
+            say.say(format!("{number} while waiting: cancelling the wait"));
+            settle(&pool, &application, say).await;
+            return Ok(signal_code(number));
+        }
+        Ok(Ok(Some(guard))) => guard,
+        Ok(Ok(None)) => {
+            let holder = holder_note(&pool, lock_id).await;
+            return Err(Failure::new(
+                args.conflict_exit_code,
+                format!("'{key}' is busy{holder}: not waiting (-n)"),
+            ));
+        }
+        Ok(Err(error)) if error.kind() == AcquisitionErrorKind::Timeout => {
+            let holder = holder_note(&pool, lock_id).await;
+            return Err(Failure::new(
+                args.conflict_exit_code,
+                format!(
+                    "timed out after {} waiting for '{key}'{holder}",
+                    show(started.elapsed())
+                ),
+            ));
+        }
+        Ok(Err(error)) => return Err(acquisition_failure(&error)),
+    };
+    say.say(format!(
+        "acquired '{key}' (lock id {lock_id}) after {}",
+        show(started.elapsed())
+    ));
+
+    let mut command = tokio::process::Command::new(&program[0]);
+    command
+        .args(&program[1..])
+        .env("PGLOCK_KEY", key)
+        .env("PGLOCK_LOCK_ID", lock_id.to_string());
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(error) => {
+            guard.release().await;
+            let code = if error.kind() == ErrorKind::NotFound {
+                NOT_FOUND
+            } else {
+                CANNOT_EXECUTE
+            };
+            return Err(Failure::new(
+                code,
+                format!("cannot run {}: {error}", program[0]),
+            ));
+        }
+    };
+    let pid = child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .map(Pid::from_raw);
+    say.say(format!(
+        "running {} (pid {})",
+        program.join(" "),
+        pid.map_or_else(|| "?".to_owned(), |pid| pid.to_string())
+    ));
+    let send = |number: Signal| {
+        if let Some(pid) = pid {
+            // The child is not reaped before `wait` returns, so the pid is still its.
+            let _ = kill(pid, number);
+        }
+    };
+
+    let lost = lost_signal(&guard);
+    tokio::pin!(lost);
+    let mut lost_reason: Option<String> = None;
+    let mut kill_at: Option<Instant> = None;
+    let status: ExitStatus = loop {
+        tokio::select! {
+            status = child.wait() => match status {
+                Ok(status) => break status,
+                Err(error) => {
+                    return Err(Failure::new(SOFTWARE, format!("cannot wait for the command: {error}")));
+                }
+            },
+            number = signals.recv() => {
+                say.say(format!("forwarding {number} to the command"));
+                send(number);
+            }
+            reason = &mut lost, if lost_reason.is_none() => {
+                match args.on_lost {
+                    OnLost::Term => {
+                        eprintln!(
+                            "pglock: lost the lock on '{key}' ({reason}): stopping the command \
+                             (SIGTERM, SIGKILL after {})",
+                            show(args.grace)
+                        );
+                        send(Signal::SIGTERM);
+                        kill_at = Some(Instant::now() + args.grace);
+                    }
+                    OnLost::Kill => {
+                        eprintln!("pglock: lost the lock on '{key}' ({reason}): killing the command");
+                        send(Signal::SIGKILL);
+                    }
+                    OnLost::Ignore => {
+                        eprintln!("pglock: lost the lock on '{key}' ({reason}): letting the command run (--on-lost ignore)");
+                    }
+                }
+                lost_reason = Some(reason);
+            }
+            () = sleep_until(kill_at), if kill_at.is_some() => {
+                say.say(format!("the command outlived the {} grace: SIGKILL", show(args.grace)));
+                send(Signal::SIGKILL);
+                kill_at = None;
+            }
+        }
+    };
+    let code = exit_code(status);
+    if let Some(reason) = lost_reason {
+        say.say(format!(
+            "the command ended ({}) after the lock was lost",
+            describe(status)
+        ));
+        return Err(Failure::new(
+            LOST,
+            format!("the lock on '{key}' was lost while the command ran: {reason}"),
+        ));
+    }
+    say.say(format!(
+        "the command ended ({}): releasing '{key}'",
+        describe(status)
+    ));
+    guard.release().await;
+    Ok(code)
+}
+
+/// Sleeps until `deadline` (forever without one).
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Resolves, with the reason, when the guard's lock is lost.
+fn lost_signal<G: LockGuard>(_guard: &G) -> impl std::future::Future<Output = String> + use<G> {
+    std::future::pending::<String>()
+}
+
+/// ` (held by pid N, APPLICATION)` for a busy lock, or nothing if the server cannot say.
+async fn holder_note(pool: &Pool, lock_id: i64) -> String {
+    let Ok(client) = pool.get().await else {
+        return String::new();
+    };
+    let Ok(entries) = inspect::of(&client, lock_id).await else {
+        return String::new();
+    };
+    let holders: Vec<String> = entries
+        .iter()
+        .filter(|entry| entry.granted)
+        .map(|entry| {
+            if entry.application.is_empty() {
+                format!("pid {}", entry.pid)
+            } else {
+                format!("pid {} {}", entry.pid, entry.application)
+            }
+        })
+        .collect();
+    if holders.is_empty() {
+        String::new()
+    } else {
+        format!(" (held by {})", holders.join(", "))
+    }
+}
+
+/// Waits (a bounded time) until the server shows no lock or wait of this process's
+/// sessions.
+async fn settle(pool: &Pool, application: &str, say: Say) {
+    let deadline = Instant::now() + CANCEL_SETTLE;
+    loop {
+        match inspect::count_of_application(pool, application).await {
+            Ok(0) => return,
+            Ok(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Ok(left) => {
+                say.say(format!(
+                    "{left} lock rows of ours still on the server; exiting anyway"
+                ));
+                return;
+            }
+            Err(error) => {
+                say.say(format!("cannot check the server after cancelling: {error}"));
+                return;
+            }
+        }
+    }
+}
+
+/// The failure for an acquisition error other than a timeout.
+fn acquisition_failure(error: &LockAcquisitionError) -> Failure {
+    let code = match error.kind() {
+        AcquisitionErrorKind::PoolUnavailable | AcquisitionErrorKind::ConnectionLost => UNAVAILABLE,
+        _ => SOFTWARE,
+    };
+    Failure::new(code, chain(error))
+}
+
+/// The shell's exit code for a finished command: its status, or 128+N for signal N.
+fn exit_code(status: ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => u8::try_from(code & 0xFF).unwrap_or(SOFTWARE),
+        (None, Some(number)) => SIGNAL_BASE.saturating_add(u8::try_from(number).unwrap_or(0)),
+        (None, None) => SOFTWARE,
+    }
+}
+
+/// `exit 3` or `signal SIGTERM`.
+fn describe(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit {code}"),
+        (None, Some(number)) => Signal::try_from(number)
+            .map_or_else(|_| format!("signal {number}"), |signal| format!("{signal}")),
+        (None, None) => "unknown status".to_owned(),
+    }
+}

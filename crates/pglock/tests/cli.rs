@@ -1,0 +1,472 @@
+//! `pglock` as a user runs it: the built binary in real processes, on real PostgreSQL
+//! (`LOCKS_DATABASE_URL`, or a throwaway cluster started for this test process).
+
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use locks_postgres::tokio_postgres::{self, NoTls};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+/// Generous bound for things that happen "at once" on a loaded machine.
+const SOON: Duration = Duration::from_secs(30);
+
+fn database_url() -> String {
+    throwaway_pg::database_url().unwrap_or_else(|error| {
+        panic!("no PostgreSQL for the tests: set LOCKS_DATABASE_URL or install PostgreSQL: {error}")
+    })
+}
+
+/// `pglock --url <test server>`, with no connection settings from the environment.
+fn pglock() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_pglock"));
+    for name in [
+        "DATABASE_URL",
+        "PGHOST",
+        "PGPORT",
+        "PGUSER",
+        "PGPASSWORD",
+        "PGDATABASE",
+        "PGAPPNAME",
+        "PGSSLMODE",
+        "PGSSLROOTCERT",
+        "PGCONNECT_TIMEOUT",
+        "PGPASSFILE",
+    ] {
+        command.env_remove(name);
+    }
+    command
+        .arg("--url")
+        .arg(database_url())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    command
+}
+
+async fn output(command: &mut Command) -> Output {
+    tokio::time::timeout(SOON, command.output())
+        .await
+        .expect("pglock finished in time")
+        .expect("pglock ran")
+}
+
+fn code(output: &Output) -> i32 {
+    output
+        .status
+        .code()
+        .unwrap_or_else(|| panic!("no exit code: {output:?}"))
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// A key and a scratch folder no other test uses.
+fn unique(name: &str) -> (String, PathBuf) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_nanos());
+    let tag = format!(
+        "{}-{nanos}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let dir = std::env::temp_dir().join(format!("pglock-test-{name}-{tag}"));
+    std::fs::create_dir_all(&dir).expect("scratch folder");
+    (format!("pglock-test:{name}:{tag}"), dir)
+}
+
+async fn admin() -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(&database_url(), NoTls)
+        .await
+        .expect("admin connection");
+    tokio::spawn(connection);
+    client
+}
+
+/// `(pid, granted)` of every session holding or waiting for the advisory lock `lock_id`.
+async fn lock_rows(admin: &tokio_postgres::Client, lock_id: i64) -> Vec<(i32, bool)> {
+    let bits = u64::from_be_bytes(lock_id.to_be_bytes());
+    let high = i64::try_from(bits >> 32).expect("32 bits");
+    let low = i64::try_from(bits & 0xFFFF_FFFF).expect("32 bits");
+    admin
+        .query(
+            "SELECT pid, granted FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
+             AND classid::bigint = $1 AND objid::bigint = $2 ORDER BY granted DESC, pid",
+            &[&high, &low],
+        )
+        .await
+        .expect("pg_locks")
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect()
+}
+
+/// Polls `check` until it is true, failing after [`SOON`].
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + SOON;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn wait_for_file(path: &Path) {
+    eventually(&format!("{}", path.display()), || async { path.exists() }).await;
+}
+
+async fn finish(child: Child) -> Output {
+    tokio::time::timeout(SOON, child.wait_with_output())
+        .await
+        .expect("pglock finished in time")
+        .expect("pglock ran")
+}
+
+fn signal(child: &Child, signal: Signal) {
+    let pid = i32::try_from(child.id().expect("running")).expect("pid");
+    kill(Pid::from_raw(pid), signal).expect("signal sent");
+}
+
+#[tokio::test]
+async fn success_and_the_commands_status_pass_through() {
+    let (key, _dir) = unique("status");
+    let done = output(pglock().args(["run", &key, "--", "true"])).await;
+    assert_eq!(code(&done), 0, "{}", stderr(&done));
+
+    let failed = output(pglock().args(["run", &key, "-c", "exit 3"])).await;
+    assert_eq!(code(&failed), 3, "{}", stderr(&failed));
+    let killed = output(pglock().args(["run", &key, "--", "sh", "-c", "kill -9 $$"])).await;
+    assert_eq!(code(&killed), 128 + 9, "{}", stderr(&killed));
+
+    let shown =
+        output(pglock().args(["run", &key, "-c", "echo \"$PGLOCK_KEY $PGLOCK_LOCK_ID\""])).await;
+    assert_eq!(code(&shown), 0, "{}", stderr(&shown));
+    let lock_id = locks_port::lock_id(&key);
+    assert_eq!(
+        String::from_utf8_lossy(&shown.stdout).trim(),
+        format!("{key} {lock_id}")
+    );
+
+    let missing = output(pglock().args(["run", &key, "--", "/nonexistent/command"])).await;
+    assert_eq!(code(&missing), 127, "{}", stderr(&missing));
+
+    let admin = admin().await;
+    assert_eq!(
+        lock_rows(&admin, lock_id).await,
+        [],
+        "released after each run"
+    );
+}
+
+#[tokio::test]
+async fn a_foreign_session_keeps_it_out_and_a_conflict_exits_with_the_e_code() {
+    let (key, dir) = unique("conflict");
+    let lock_id = locks_port::lock_id(&key);
+    // Any plain session holding the same id, as a Python eventsource process would.
+    let foreign = admin().await;
+    foreign
+        .execute("SELECT pg_advisory_lock($1)", &[&lock_id])
+        .await
+        .expect("foreign lock");
+    let foreign_pid: i32 = foreign
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .expect("pid")
+        .get(0);
+    let ran = dir.join("ran");
+    let ran_text = ran.display().to_string();
+
+    let busy = output(pglock().args(["run", "-n", &key, "--", "touch", &ran_text])).await;
+    assert_eq!(code(&busy), 1, "{}", stderr(&busy));
+    assert!(
+        stderr(&busy).contains(&format!("held by pid {foreign_pid}")),
+        "{}",
+        stderr(&busy)
+    );
+    assert_eq!(stderr(&busy).lines().count(), 1, "{}", stderr(&busy));
+
+    let custom =
+        output(pglock().args(["run", "-n", "-E", "9", &key, "--", "touch", &ran_text])).await;
+    assert_eq!(code(&custom), 9, "{}", stderr(&custom));
+
+    let started = Instant::now();
+    let timed_out =
+        output(pglock().args(["run", "-w", "300ms", &key, "--", "touch", &ran_text])).await;
+    assert_eq!(code(&timed_out), 1, "{}", stderr(&timed_out));
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert!(
+        stderr(&timed_out).contains("timed out after"),
+        "{}",
+        stderr(&timed_out)
+    );
+    assert!(!ran.exists(), "the command ran without the lock");
+
+    foreign
+        .execute("SELECT pg_advisory_unlock($1)", &[&lock_id])
+        .await
+        .expect("foreign unlock");
+    let free = output(pglock().args(["run", "-n", &key, "--", "touch", &ran_text])).await;
+    assert_eq!(code(&free), 0, "{}", stderr(&free));
+    assert!(ran.exists());
+}
+
+#[tokio::test]
+async fn bad_usage_exits_64_and_help_exits_0() {
+    for args in [
+        &["run", "k"][..],
+        &["run", "k", "-w", "soon", "--", "true"][..],
+        &["run", "k", "-n", "-w", "1s", "--", "true"][..],
+        &["run", "k", "-c", "true", "--", "true"][..],
+        &["run", "k", "--on-lost", "shrug", "--", "true"][..],
+        &["frobnicate"][..],
+    ] {
+        let refused = output(pglock().args(args)).await;
+        assert_eq!(code(&refused), 64, "{args:?}: {}", stderr(&refused));
+    }
+    let help = output(pglock().args(["run", "--help"])).await;
+    assert_eq!(code(&help), 0);
+    let text = String::from_utf8_lossy(&help.stdout);
+    for documented in [
+        "Exit codes:",
+        "75",
+        "64",
+        "69",
+        "77",
+        "78",
+        "--on-lost",
+        "--fencing",
+    ] {
+        assert!(text.contains(documented), "--help lacks {documented}");
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_server_and_an_unknown_database_have_their_own_codes() {
+    let (key, _dir) = unique("unreachable");
+    // Nothing listens on port 1 of the loopback: the connection is refused at once.
+    let refused = output(
+        pglock()
+            .args(["--url", "postgres://postgres@127.0.0.1:1/postgres"])
+            .args(["run", &key, "--", "true"]),
+    )
+    .await;
+    assert_eq!(code(&refused), 69, "{}", stderr(&refused));
+    let message = stderr(&refused);
+    assert!(
+        message.starts_with("pglock: cannot connect to postgres@127.0.0.1:1/postgres"),
+        "{message}"
+    );
+    assert_eq!(message.lines().count(), 1, "{message}");
+
+    let url = database_url();
+    let (base, _) = url.rsplit_once('/').expect("a URL with a database");
+    let unknown = output(
+        pglock()
+            .args(["--url", &format!("{base}/no_such_database_here")])
+            .args(["run", &key, "--", "true"]),
+    )
+    .await;
+    assert_eq!(code(&unknown), 78, "{}", stderr(&unknown));
+    assert!(
+        stderr(&unknown).contains("no_such_database_here"),
+        "{}",
+        stderr(&unknown)
+    );
+
+    let secret = output(
+        pglock()
+            .args(["--url", "postgres://someone:hunter2@127.0.0.1:1/postgres"])
+            .args(["who", &key]),
+    )
+    .await;
+    assert_eq!(code(&secret), 69, "{}", stderr(&secret));
+    assert!(!stderr(&secret).contains("hunter2"), "{}", stderr(&secret));
+}
+
+#[tokio::test]
+async fn runs_on_one_key_take_turns() {
+    let (key, dir) = unique("turns");
+    let mut children = Vec::new();
+    for index in 0..3 {
+        let file = dir.join(format!("run-{index}"));
+        let script = format!(
+            "date +%s%N > {file}; sleep 0.3; date +%s%N >> {file}",
+            file = file.display()
+        );
+        children.push(
+            pglock()
+                .args(["run", &key, "-c", &script])
+                .spawn()
+                .expect("spawn"),
+        );
+    }
+    for child in children {
+        let done = finish(child).await;
+        assert_eq!(code(&done), 0, "{}", stderr(&done));
+    }
+    let mut spans: Vec<(u128, u128)> = (0..3)
+        .map(|index| {
+            let text = std::fs::read_to_string(dir.join(format!("run-{index}"))).expect("times");
+            let times: Vec<u128> = text.lines().map(|line| line.parse().expect("ns")).collect();
+            assert_eq!(times.len(), 2, "{text}");
+            (times[0], times[1])
+        })
+        .collect();
+    spans.sort_unstable();
+    for pair in spans.windows(2) {
+        assert!(pair[0].1 <= pair[1].0, "two commands overlapped: {spans:?}");
+    }
+}
+
+#[tokio::test]
+async fn sigterm_to_pglock_reaches_the_command() {
+    let (key, dir) = unique("sigterm");
+    let ready = dir.join("ready");
+    let got = dir.join("got");
+    let script = format!(
+        "trap 'echo TERM > {got}; exit 7' TERM; touch {ready}; while :; do sleep 0.05; done",
+        got = got.display(),
+        ready = ready.display()
+    );
+    let child = pglock()
+        .args(["run", &key, "-c", &script])
+        .spawn()
+        .expect("spawn");
+    wait_for_file(&ready).await;
+    signal(&child, Signal::SIGTERM);
+    let done = finish(child).await;
+    assert_eq!(code(&done), 7, "the command's status: {}", stderr(&done));
+    assert_eq!(
+        std::fs::read_to_string(&got).expect("trap ran").trim(),
+        "TERM"
+    );
+    let admin = admin().await;
+    assert_eq!(lock_rows(&admin, locks_port::lock_id(&key)).await, []);
+}
+
+#[tokio::test]
+async fn sigint_while_waiting_leaves_nothing_held_and_exits_130() {
+    let (key, dir) = unique("sigint");
+    let lock_id = locks_port::lock_id(&key);
+    let foreign = admin().await;
+    foreign
+        .execute("SELECT pg_advisory_lock($1)", &[&lock_id])
+        .await
+        .expect("foreign lock");
+    let ran = dir.join("ran");
+    let child = pglock()
+        .args(["run", &key, "--", "touch"])
+        .arg(&ran)
+        .spawn()
+        .expect("spawn");
+    let observer = admin().await;
+    eventually("pglock waiting in the server's queue", || async {
+        lock_rows(&observer, lock_id)
+            .await
+            .iter()
+            .any(|(_, granted)| !granted)
+    })
+    .await;
+    signal(&child, Signal::SIGINT);
+    let done = finish(child).await;
+    assert_eq!(code(&done), 130, "{}", stderr(&done));
+    // Only the foreign holder is left: pglock's wait left the queue before it exited.
+    let rows = lock_rows(&observer, lock_id).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert!(rows[0].1, "{rows:?}");
+    foreign
+        .execute("SELECT pg_advisory_unlock($1)", &[&lock_id])
+        .await
+        .expect("foreign unlock");
+    assert_eq!(lock_rows(&observer, lock_id).await, []);
+    assert!(
+        !ran.exists(),
+        "the command ran after the wait was cancelled"
+    );
+}
+
+#[tokio::test]
+async fn who_list_and_id_show_the_lock() {
+    let (key, _dir) = unique("who");
+    let lock_id = locks_port::lock_id(&key);
+    let id = output(pglock().args(["--url", "postgres://nobody@127.0.0.1:1/x", "id", &key])).await;
+    assert_eq!(code(&id), 0, "no database needed: {}", stderr(&id));
+    assert_eq!(
+        String::from_utf8_lossy(&id.stdout).trim(),
+        lock_id.to_string()
+    );
+
+    let nobody = output(pglock().args(["who", &key])).await;
+    assert_eq!(code(&nobody), 0, "{}", stderr(&nobody));
+    assert!(String::from_utf8_lossy(&nobody.stdout).starts_with("nobody holds"));
+
+    let foreign = admin().await;
+    foreign
+        .execute("SELECT pg_advisory_lock($1)", &[&lock_id])
+        .await
+        .expect("foreign lock");
+    let foreign_pid: i32 = foreign
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .expect("pid")
+        .get(0);
+    let waiter = pglock()
+        .args(["run", &key, "--", "true"])
+        .spawn()
+        .expect("spawn");
+    let observer = admin().await;
+    eventually("pglock waiting", || async {
+        lock_rows(&observer, lock_id)
+            .await
+            .iter()
+            .any(|(_, granted)| !granted)
+    })
+    .await;
+
+    let who = output(pglock().args(["who", &key])).await;
+    assert_eq!(code(&who), 0, "{}", stderr(&who));
+    let text = String::from_utf8_lossy(&who.stdout).into_owned();
+    let holder = text
+        .lines()
+        .find(|line| line.starts_with("holds"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(holder.contains(&format!(" {foreign_pid} ")), "{text}");
+    assert!(holder.contains("exclusive"), "{text}");
+    let waiting = text
+        .lines()
+        .find(|line| line.starts_with("waits"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        waiting.contains("locks:pglock@"),
+        "pglock's holder id: {text}"
+    );
+
+    let list = output(pglock().arg("list")).await;
+    assert_eq!(code(&list), 0, "{}", stderr(&list));
+    let listed = String::from_utf8_lossy(&list.stdout).into_owned();
+    assert!(
+        listed
+            .lines()
+            .any(|line| line.starts_with(&lock_id.to_string())
+                && line.contains(&foreign_pid.to_string())),
+        "{listed}"
+    );
+
+    foreign
+        .execute("SELECT pg_advisory_unlock($1)", &[&lock_id])
+        .await
+        .expect("foreign unlock");
+    let done = finish(waiter).await;
+    assert_eq!(code(&done), 0, "{}", stderr(&done));
+}

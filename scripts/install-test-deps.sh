@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Installs what the tests need beyond Rust and the PostgreSQL server binaries: PgBouncer
+# (Debian's `pgbouncer` package), for the tests of transaction-scoped locks behind a
+# transaction-pooling proxy. `cargo xtask test` runs this when no pgbouncer is found.
+#
+# Quiet on success; does nothing when pgbouncer is already installed. Needs apt-get and
+# root (or password-less sudo); anywhere else it says what to install and fails.
+set -euo pipefail
+
+have_pgbouncer() {
+    command -v pgbouncer >/dev/null 2>&1 || [[ -x /usr/sbin/pgbouncer ]]
+}
+
+if have_pgbouncer; then
+    exit 0
+fi
+
+if ! command -v apt-get >/dev/null 2>&1; then
+    echo "error: pgbouncer is not installed and there is no apt-get here; install PgBouncer" \
+        "(e.g. \`dnf install pgbouncer\`, \`brew install pgbouncer\`) or set" \
+        "THROWAWAY_PGBOUNCER to its path" >&2
+    exit 1
+fi
+
+sudo=()
+if [[ "$(id -u)" != 0 ]]; then
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+        sudo=(sudo -n)
+    else
+        echo "error: pgbouncer is not installed; run \`apt-get install pgbouncer\` as root" >&2
+        exit 1
+    fi
+fi
+
+# The package's maintainer scripts would start a system-wide pgbouncer on port 6432; the
+# tests start their own. A policy-rc.d that says "no" keeps services from starting, and is
+# only added (and removed again) when there is none.
+policy=/usr/sbin/policy-rc.d
+added_policy=false
+if [[ ! -e "$policy" ]]; then
+    printf '#!/bin/sh\nexit 101\n' | "${sudo[@]}" tee "$policy" >/dev/null
+    "${sudo[@]}" chmod 755 "$policy"
+    added_policy=true
+fi
+cleanup() {
+    if [[ "$added_policy" == true ]]; then
+        "${sudo[@]}" rm -f "$policy"
+    fi
+}
+trap cleanup EXIT
+
+echo "install-test-deps: installing pgbouncer with apt-get" >&2
+log=$(mktemp)
+if ! { "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        --no-install-recommends pgbouncer; } >"$log" 2>&1; then
+    cat "$log" >&2
+    rm -f "$log"
+    echo "error: could not install pgbouncer with apt-get (output above)" >&2
+    exit 1
+fi
+rm -f "$log"
+
+if ! have_pgbouncer; then
+    echo "error: apt-get installed pgbouncer but no pgbouncer binary was found" >&2
+    exit 1
+fi
