@@ -16,10 +16,15 @@ const THROWAWAY_PG: &str = "throwaway-pg";
 const WORKSPACE_TESTS: &str = "workspace-tests";
 const LOCK_BENCH: &str = "lock-bench";
 const PGLOCK: &str = "pglock";
+const CUTOVER_POSTGRES: &str = "migration-cutover-postgres";
 
-const LIBRARIES: &[&str] = &[PORT, POSTGRES, MEMORY, CUTOVER];
+const LIBRARIES: &[&str] = &[PORT, POSTGRES, MEMORY, CUTOVER, CUTOVER_POSTGRES];
 const ADAPTERS: &[&str] = &[POSTGRES, MEMORY];
 const TOOLING: &[&str] = &[XTASK, THROWAWAY_PG, WORKSPACE_TESTS, LOCK_BENCH];
+/// Adapters of the cutover's ports (event stores, repositories, write pause).
+const CUTOVER_ADAPTERS: &[&str] = &[CUTOVER_POSTGRES];
+/// The workspace crates a cutover adapter may use outside its tests.
+const CUTOVER_ADAPTER_MAY_USE: &[&str] = &[CUTOVER, PORT, POSTGRES];
 /// Programs built on the libraries: they may use any library, never tooling outside their tests.
 const APPLICATIONS: &[&str] = &[PGLOCK];
 
@@ -70,6 +75,7 @@ const INVARIANTS: &[&str] = &[
     "One set of lints.",
     "Every crate has a ring.",
     "Applications stand on the libraries.",
+    "The cutover's adapters stand on the cutover's ports.",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -364,6 +370,49 @@ fn check(crates: &[Crate]) -> Vec<Violation> {
         }
     }
 
+    // 11. The cutover's adapters stand on the cutover's ports.
+    for adapter in CUTOVER_ADAPTERS.iter().filter_map(|name| get(name)) {
+        if !adapter
+            .dependencies
+            .iter()
+            .any(|dep| dep.package == CUTOVER && dep.table == Table::Normal && !dep.optional)
+        {
+            broken(
+                11,
+                adapter,
+                format!("`{CUTOVER}` is not a (non-optional) dependency"),
+            );
+        }
+        for dep in adapter.normal() {
+            let package = dep.package.as_str();
+            if is_workspace(package) && !CUTOVER_ADAPTER_MAY_USE.contains(&package) {
+                broken(
+                    11,
+                    adapter,
+                    format!(
+                        "depends on workspace crate `{package}` (only {})",
+                        CUTOVER_ADAPTER_MAY_USE.join(", ")
+                    ),
+                );
+            }
+        }
+    }
+    for krate in crates {
+        let library = LIBRARIES.contains(&krate.name.as_str());
+        if !library || CUTOVER_ADAPTERS.contains(&krate.name.as_str()) {
+            continue;
+        }
+        for dep in krate.any() {
+            if CUTOVER_ADAPTERS.contains(&dep.package.as_str()) {
+                broken(
+                    11,
+                    krate,
+                    format!("depends on the cutover adapter `{}`", dep.package),
+                );
+            }
+        }
+    }
+
     violations.sort_by_key(|v| v.invariant);
     violations
 }
@@ -501,6 +550,16 @@ fn good_workspace() -> BTreeMap<&'static str, String> {
             "[package]\nname = \"migration-cutover\"\n\
              [dependencies]\nlocks-port = {{ workspace = true }}\nuuid = \"1\"\n\
              [dev-dependencies]\nlocks-memory = {{ workspace = true }}\ntokio = \"1\"\n{lints}"
+        ),
+    );
+    manifests.insert(
+        CUTOVER_POSTGRES,
+        format!(
+            "[package]\nname = \"migration-cutover-postgres\"\n\
+             [dependencies]\nmigration-cutover = {{ workspace = true }}\n\
+             locks-port = {{ workspace = true }}\nlocks-postgres = {{ workspace = true }}\n\
+             deadpool-postgres = \"0.14\"\ntokio = \"1\"\n\
+             [dev-dependencies]\nthrowaway-pg = {{ workspace = true }}\n{lints}"
         ),
     );
     manifests.insert(
@@ -738,5 +797,54 @@ fn an_application_using_tooling_outside_its_tests_breaks_invariant_10() {
             "tokio = \"1\"\nlocks-memory = { workspace = true }\n"
         ),
         []
+    );
+}
+
+#[test]
+fn the_cutover_adapter_outside_its_ring_breaks_invariant_11() {
+    // Without the cutover it adapts nothing.
+    assert_eq!(
+        broken_after(
+            CUTOVER_POSTGRES,
+            "migration-cutover = { workspace = true }\n",
+            ""
+        ),
+        [11]
+    );
+    // Another adapter (the in-memory double) is not one it may stand on.
+    assert_eq!(
+        broken_after(
+            CUTOVER_POSTGRES,
+            "tokio = \"1\"\n",
+            "tokio = \"1\"\nlocks-memory = { workspace = true }\n"
+        ),
+        [11]
+    );
+    // No library depends on it, not even for tests (the cutover included).
+    assert_eq!(
+        broken_after(
+            CUTOVER,
+            "tokio = \"1\"\n",
+            "tokio = \"1\"\nmigration-cutover-postgres = { workspace = true }\n"
+        ),
+        [11]
+    );
+    assert_eq!(
+        broken_after(
+            POSTGRES,
+            "tokio = \"1\"\n",
+            "tokio = \"1\"\nmigration-cutover-postgres = { workspace = true }\n"
+        ),
+        [11]
+    );
+    // Tooling in its normal dependencies is invariant 6, as for every library, and a
+    // workspace crate outside the three it may use.
+    assert_eq!(
+        broken_after(
+            CUTOVER_POSTGRES,
+            "[dev-dependencies]",
+            "[build-dependencies]"
+        ),
+        [6, 11]
     );
 }

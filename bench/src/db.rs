@@ -21,6 +21,35 @@ impl Database {
         Ok(Self { config })
     }
 
+    /// The server's TCP address (its first host), for a proxy in front of it.
+    pub(crate) fn tcp_address(&self) -> Result<(String, u16), BoxError> {
+        match (
+            self.config.get_hosts().first(),
+            self.config.get_ports().first(),
+        ) {
+            (Some(tokio_postgres::config::Host::Tcp(host)), port) => {
+                Ok((host.clone(), port.copied().unwrap_or(5432)))
+            }
+            _ => Err("the latency scenario needs a server reached over TCP".into()),
+        }
+    }
+
+    /// The same server, user, password and database, reached at 127.0.0.1:`port`.
+    pub(crate) fn through(&self, port: u16) -> Self {
+        let mut config = tokio_postgres::Config::new();
+        config.host("127.0.0.1").port(port);
+        if let Some(user) = self.config.get_user() {
+            config.user(user);
+        }
+        if let Some(password) = self.config.get_password() {
+            config.password(password);
+        }
+        if let Some(dbname) = self.config.get_dbname() {
+            config.dbname(dbname);
+        }
+        Self { config }
+    }
+
     /// A pool of at most `size` connections, tagged `application_name`, recycled the
     /// default (`Fast`) way, as the crate's README recommends. Opens nothing yet.
     pub(crate) fn pool(&self, size: usize, application_name: &str) -> Pool {

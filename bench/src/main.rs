@@ -15,7 +15,13 @@ mod cycle;
 mod db;
 mod handoff;
 mod hold;
+mod instructions;
+mod latency;
 mod memory;
+mod ops;
+mod otel;
+mod pin;
+mod proxy;
 mod report;
 mod stats;
 mod throughput;
@@ -34,19 +40,33 @@ static ALLOCATOR: cap::Cap<std::alloc::System> = cap::Cap::new(std::alloc::Syste
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-const DATABASE_URL_ENV: &str = "LOCKS_DATABASE_URL";
+pub(crate) const DATABASE_URL_ENV: &str = "LOCKS_DATABASE_URL";
 
 const HELP: &str = "\
 usage: lock-bench [--url URL] [--quick] [--out FILE.json] [--only LIST]
 
   --url URL     the PostgreSQL server (default: $LOCKS_DATABASE_URL)
-  --quick       small iteration counts (about 25 seconds)
+  --quick       small iteration counts (under a minute and a half)
   --out FILE    the JSON results (default: target/bench/lock-bench-{quick,full}.json);
                 the markdown and handoff.svg are written next to it
-  --only LIST   comma-separated scenarios: cycle, try, throughput, handoff, hold, memory
+  --only LIST   comma-separated scenarios: cycle, try, throughput, handoff, hold, memory,
+                instructions (needs valgrind), latency
+
+  --count-instructions VARIANT --cycles N
+                the child that `instructions` runs under callgrind: N cycles of VARIANT
+                (raw, library, library-timeout, library-otel, library-timeout-otel)
 ";
 
-const SCENARIOS: [&str; 6] = ["cycle", "try", "throughput", "handoff", "hold", "memory"];
+const SCENARIOS: [&str; 8] = [
+    "cycle",
+    "try",
+    "throughput",
+    "handoff",
+    "hold",
+    "memory",
+    "instructions",
+    "latency",
+];
 
 /// Live heap bytes of this process.
 pub(crate) fn allocated_bytes() -> usize {
@@ -80,6 +100,10 @@ pub(crate) struct Plan {
     pub(crate) memory_batch: usize,
     pub(crate) memory_window: Duration,
     pub(crate) memory_windows: usize,
+    /// N of the callgrind runs (N and 2N cycles).
+    pub(crate) callgrind_cycles: usize,
+    pub(crate) latency_rounds: usize,
+    pub(crate) latency_batch: usize,
 }
 
 impl Plan {
@@ -101,6 +125,9 @@ impl Plan {
             memory_batch: 1000,
             memory_window: Duration::from_millis(300),
             memory_windows: 4,
+            callgrind_cycles: 300,
+            latency_rounds: 5,
+            latency_batch: 40,
         }
     }
 
@@ -122,6 +149,9 @@ impl Plan {
             memory_batch: 1000,
             memory_window: Duration::from_secs(1),
             memory_windows: 6,
+            callgrind_cycles: 2000,
+            latency_rounds: 10,
+            latency_batch: 200,
         }
     }
 
@@ -136,6 +166,8 @@ struct Args {
     plan: Plan,
     out: PathBuf,
     only: Vec<String>,
+    /// `--count-instructions VARIANT --cycles N`: the callgrind child.
+    child: Option<(String, usize)>,
 }
 
 /// `Ok(None)` for `--help`.
@@ -144,6 +176,8 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Args>, String>
     let mut quick = false;
     let mut out = None;
     let mut only: Vec<String> = SCENARIOS.iter().map(|s| (*s).to_owned()).collect();
+    let mut child = None;
+    let mut cycles = None;
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
         let mut value = |name: &str| {
@@ -164,10 +198,27 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Args>, String>
                     return Err(format!("unknown scenario `{unknown}`\n\n{HELP}"));
                 }
             }
+            "--count-instructions" => child = Some(value("--count-instructions")?),
+            "--cycles" => {
+                let text = value("--cycles")?;
+                cycles = Some(
+                    text.parse::<usize>()
+                        .map_err(|error| format!("--cycles {text}: {error}"))?,
+                );
+            }
             "-h" | "--help" => return Ok(None),
             other => return Err(format!("unexpected argument `{other}`\n\n{HELP}")),
         }
     }
+    let child = match (child, cycles) {
+        (Some(variant), Some(cycles)) => Some((variant, cycles)),
+        (None, None) => None,
+        _ => {
+            return Err(format!(
+                "--count-instructions and --cycles go together\n\n{HELP}"
+            ));
+        }
+    };
     let url = match url {
         Some(url) => url,
         None => std::env::var(DATABASE_URL_ENV)
@@ -183,6 +234,7 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Args>, String>
         plan,
         out,
         only,
+        child,
     }))
 }
 
@@ -198,6 +250,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some((variant, cycles)) = &args.child {
+        return match instructions::child(&args.url, variant, *cycles) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("lock-bench: error: {error}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -253,8 +314,18 @@ async fn run(args: &Args) -> Result<(), BoxError> {
             plan.mode()
         );
         let outcome = match scenario {
-            "cycle" => cycle::acquire(&db, plan).await?,
-            "try" => cycle::try_acquire(&db, plan).await?,
+            "cycle" => {
+                let (db, plan) = (db.clone(), plan.clone());
+                tokio::task::block_in_place(|| {
+                    cycle::on_own_thread(move || cycle::acquire(db, plan))
+                })?
+            }
+            "try" => {
+                let (db, plan) = (db.clone(), plan.clone());
+                tokio::task::block_in_place(|| {
+                    cycle::on_own_thread(move || cycle::try_acquire(db, plan))
+                })?
+            }
             "throughput" => throughput::run(&db, plan).await?,
             "handoff" => {
                 let (outcome, handoff_series) = handoff::run(&db, plan).await?;
@@ -263,6 +334,11 @@ async fn run(args: &Args) -> Result<(), BoxError> {
             }
             "hold" => hold::run(&db, plan).await?,
             "memory" => memory::run(plan).await?,
+            "instructions" => {
+                let out_dir = args.out.parent().unwrap_or_else(|| Path::new("."));
+                tokio::task::block_in_place(|| instructions::run(&args.url, plan, out_dir))?
+            }
+            "latency" => latency::run(&db, plan).await?,
             _ => unreachable!("scenario names are checked when parsing"),
         };
         outcomes.push(outcome);
@@ -325,11 +401,10 @@ async fn run(args: &Args) -> Result<(), BoxError> {
             .unwrap_or_else(|| Path::new("."))
             .join("handoff.svg");
         let subtitle = format!(
-            "PostgreSQL {server_version}, {cores} cores, {} mode; hold 2 ms, acquire timeout 5 s; \
-             solid: 4 contenders, dashed: 16",
+            "PostgreSQL {server_version}, {cores} cores, {} mode; hold 2 ms, acquire timeout 5 s.",
             plan.mode()
         );
-        write(&svg_path, &chart::handoff_svg(&series, &subtitle))?;
+        write(&svg_path, &chart::handoff_svg(&series, &subtitle)?)?;
         written.push(svg_path);
     }
     for path in written {

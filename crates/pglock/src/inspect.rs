@@ -1,8 +1,11 @@
-//! Who holds and who waits for advisory locks: `pg_locks` joined with
-//! `pg_stat_activity`.
+//! Who holds and who waits for advisory locks, from the library's inspection
+//! (`pg_locks` joined with `pg_stat_activity`), as lines for people.
 
-use locks_postgres::deadpool_postgres::Pool;
-use locks_postgres::tokio_postgres::{self, Row};
+use locks_port::time::OffsetDateTime;
+use locks_postgres::tokio_postgres;
+use locks_postgres::{
+    AdvisoryLockId, AdvisoryLockMode, InspectError, LockHolder, all_lock_holders, lock_holders,
+};
 
 /// One session's grant of, or wait for, an advisory lock.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,87 +36,88 @@ impl Entry {
     }
 }
 
-const SELECT: &str = "\
-SELECT CASE WHEN l.objsubid = 1 THEN ((l.classid::bigint << 32) | l.objid::bigint)::text \
-            ELSE l.classid::text || ',' || l.objid::text END AS lock, \
-       l.pid, l.granted, l.mode, \
-       coalesce(a.application_name, '') AS application, \
-       coalesce(host(a.client_addr), CASE WHEN a.pid IS NOT NULL THEN 'local' END, '') AS client, \
-       coalesce(to_char(s.since AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS\"Z\"'), '') AS since, \
-       coalesce(extract(epoch FROM now() - s.since)::float8, 0) AS seconds \
-FROM pg_locks l \
-LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
-CROSS JOIN LATERAL (SELECT CASE WHEN l.granted THEN a.backend_start \
-                          ELSE coalesce((to_jsonb(l) ->> 'waitstart')::timestamptz, a.query_start) END \
-                   AS since) s \
-WHERE l.locktype = 'advisory' \
-  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) ";
-
 /// Every advisory lock on the current database, by lock, holders first.
-pub(crate) async fn all(
-    client: &tokio_postgres::Client,
-) -> Result<Vec<Entry>, tokio_postgres::Error> {
-    let sql = format!("{SELECT} ORDER BY lock, l.granted DESC, seconds DESC, l.pid");
-    let rows = client.query(&sql, &[]).await?;
-    Ok(rows.iter().map(entry).collect())
+pub(crate) async fn all(client: &tokio_postgres::Client) -> Result<Vec<Entry>, InspectError> {
+    let now = OffsetDateTime::now_utc();
+    Ok(all_lock_holders(client)
+        .await?
+        .iter()
+        .map(|holder| entry(holder, now))
+        .collect())
 }
 
-/// The holders and waiters of the 64-bit advisory lock `lock_id`.
+/// The holders and waiters of the 64-bit advisory lock `lock_id`, holders first.
 pub(crate) async fn of(
     client: &tokio_postgres::Client,
     lock_id: i64,
-) -> Result<Vec<Entry>, tokio_postgres::Error> {
-    let (high, low) = split(lock_id);
-    let sql = format!(
-        "{SELECT} AND l.objsubid = 1 AND l.classid::bigint = $1 AND l.objid::bigint = $2 \
-         ORDER BY l.granted DESC, seconds DESC, l.pid"
-    );
-    let rows = client.query(&sql, &[&high, &low]).await?;
-    Ok(rows.iter().map(entry).collect())
+) -> Result<Vec<Entry>, InspectError> {
+    let now = OffsetDateTime::now_utc();
+    Ok(lock_holders(client, lock_id)
+        .await?
+        .iter()
+        .map(|holder| entry(holder, now))
+        .collect())
 }
 
-/// How many advisory locks sessions named `application_name` (other than the asking one)
-/// hold or wait for.
-pub(crate) async fn count_of_application(
-    pool: &Pool,
+/// The pids of sessions named `application_name` that hold or wait for an advisory lock.
+pub(crate) async fn pids_of_application(
+    client: &tokio_postgres::Client,
     application_name: &str,
-) -> Result<i64, Box<dyn std::error::Error + Send + Sync>> {
-    let client = pool.get().await?;
-    let row = client
-        .query_one(
-            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
-             WHERE l.locktype = 'advisory' AND a.application_name = $1 \
-               AND l.pid <> pg_backend_pid()",
-            &[&application_name],
-        )
-        .await?;
-    Ok(row.get(0))
+) -> Result<Vec<i32>, InspectError> {
+    let mut pids: Vec<i32> = all_lock_holders(client)
+        .await?
+        .iter()
+        .filter(|holder| holder.application_name.as_deref() == Some(application_name))
+        .filter_map(|holder| holder.pid)
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+    Ok(pids)
 }
 
-/// `pg_locks` shows a bigint advisory key as `classid` (high 32 bits) and `objid` (low).
-fn split(lock_id: i64) -> (i64, i64) {
-    let bits = u64::from_be_bytes(lock_id.to_be_bytes());
-    let high = i64::from(u32::try_from(bits >> 32).unwrap_or(u32::MAX));
-    let low = i64::from(u32::try_from(bits & 0xFFFF_FFFF).unwrap_or(u32::MAX));
-    (high, low)
-}
-
-fn entry(row: &Row) -> Entry {
-    let mode: String = row.get("mode");
+fn entry(holder: &LockHolder, now: OffsetDateTime) -> Entry {
+    let lock = match holder.lock {
+        AdvisoryLockId::Int8(id) => id.to_string(),
+        AdvisoryLockId::Int4Pair(high, low) => format!("{high},{low}"),
+        _ => "?".to_owned(),
+    };
+    let since = if holder.granted {
+        holder.backend_start
+    } else {
+        holder.waiting_since.or(holder.backend_start)
+    };
     Entry {
-        lock: row.get("lock"),
-        pid: row.get("pid"),
-        granted: row.get("granted"),
-        mode: if mode == "ShareLock" {
+        lock,
+        pid: holder.pid.unwrap_or(0),
+        granted: holder.granted,
+        mode: if holder.mode == AdvisoryLockMode::Shared {
             "shared"
         } else {
             "exclusive"
         },
-        application: row.get("application"),
-        client: row.get("client"),
-        since: row.get("since"),
-        seconds: row.get("seconds"),
+        application: holder.application_name.clone().unwrap_or_default(),
+        client: match (holder.client_addr, holder.pid) {
+            (Some(address), _) => address.to_string(),
+            (None, Some(_)) => "local".to_owned(),
+            (None, None) => "prepared transaction".to_owned(),
+        },
+        since: since.map(utc).unwrap_or_default(),
+        seconds: since.map_or(0.0, |since| (now - since).as_seconds_f64().max(0.0)),
     }
+}
+
+/// `2026-12-02 18:40:01Z`.
+fn utc(time: OffsetDateTime) -> String {
+    let time = time.to_offset(locks_port::time::UtcOffset::UTC);
+    format!(
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}Z",
+        time.year(),
+        u8::from(time.month()),
+        time.day(),
+        time.hour(),
+        time.minute(),
+        time.second()
+    )
 }
 
 /// Aligned columns, one line per entry, with a header; `with_lock` adds the LOCK column.
@@ -176,10 +180,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ids_split_like_pg_locks_shows_them() {
-        assert_eq!(split(0x0000_0001_0000_0002), (1, 2));
-        assert_eq!(split(i64::MAX), (0x7FFF_FFFF, 0xFFFF_FFFF));
-        assert_eq!(split(-1), (0xFFFF_FFFF, 0xFFFF_FFFF));
+    fn times_are_shown_in_utc() {
+        let time = OffsetDateTime::from_unix_timestamp(1_796_300_000).unwrap();
+        assert_eq!(utc(time), "2026-12-03 12:13:20Z");
     }
 
     #[test]

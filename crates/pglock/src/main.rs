@@ -77,7 +77,7 @@ async fn show(target: &connect::Target, say: Say, key: Option<&str>) -> Result<u
         .await
         .map_err(|error| connect::pool_failure(&error, target))?;
     let query_failure =
-        |error: locks_postgres::tokio_postgres::Error| Failure::new(SOFTWARE, exit::chain(&error));
+        |error: locks_postgres::InspectError| Failure::new(SOFTWARE, exit::chain(&error));
     match key {
         Some(key) => {
             let lock_id = locks_port::lock_id(key);

@@ -26,8 +26,10 @@ use crate::status::StatusLine;
 /// Connections: the lock's, the status line's, and one to check that a cancelled wait
 /// left nothing behind.
 const POOL_SIZE: usize = 3;
-/// How long a cancelled wait is given to leave the server's queue before pglock exits.
-const CANCEL_SETTLE: Duration = Duration::from_secs(3);
+/// How long a cancelled wait is given to leave the server's queue on its own.
+const CANCEL_GRACE: Duration = Duration::from_millis(500);
+/// How long pglock waits at most, after cancelling, for the queue to show nothing of it.
+const CANCEL_SETTLE: Duration = Duration::from_secs(5);
 
 /// Says what pglock does, with `-v`.
 #[derive(Debug, Clone, Copy)]
@@ -360,26 +362,43 @@ async fn holder_note(pool: &Pool, lock_id: i64) -> String {
 }
 
 /// Waits (a bounded time) until the server shows no lock or wait of this process's
-/// sessions.
+/// sessions. The library cancels a dropped wait with a plain-text cancel request, which a
+/// server that insists on TLS refuses; a session still queued after [`CANCEL_GRACE`] is
+/// terminated over our own (TLS) connection.
 async fn settle(pool: &Pool, application: &str, say: Say) {
-    let deadline = Instant::now() + CANCEL_SETTLE;
+    let started = Instant::now();
+    let Ok(client) = pool.get().await else {
+        say.say("cannot check the server after cancelling");
+        return;
+    };
+    let mut terminated = false;
     loop {
-        match inspect::count_of_application(pool, application).await {
-            Ok(0) => return,
-            Ok(_) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Ok(left) => {
-                say.say(format!(
-                    "{left} lock rows of ours still on the server; exiting anyway"
-                ));
-                return;
-            }
+        let pids = match inspect::pids_of_application(&client, application).await {
+            Ok(pids) => pids,
             Err(error) => {
                 say.say(format!("cannot check the server after cancelling: {error}"));
                 return;
             }
+        };
+        if pids.is_empty() {
+            return;
         }
+        if started.elapsed() >= CANCEL_SETTLE {
+            say.say(format!("sessions {pids:?} still queued; exiting anyway"));
+            return;
+        }
+        if !terminated && started.elapsed() >= CANCEL_GRACE {
+            say.say(format!(
+                "terminating our sessions {pids:?} still in the queue"
+            ));
+            for pid in &pids {
+                let _ = client
+                    .execute("SELECT pg_terminate_backend($1)", &[pid])
+                    .await;
+            }
+            terminated = true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

@@ -183,6 +183,26 @@ async fn a_short_statement_timeout_or_lock_timeout_does_not_end_a_bounded_wait()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unbounded_wait_outlasts_the_sessions_own_timeouts() {
+    let key = unique_key("xact-unbounded");
+    let holder = Holder::start(database_url(), key.clone()).await;
+    let mut waiter = client().await;
+    let tx = waiter.transaction().await.expect("begin");
+    tx.batch_execute("SET LOCAL statement_timeout = '50ms'; SET LOCAL lock_timeout = '50ms'")
+        .await
+        .expect("SET");
+    let release = holder.commit_after(Duration::from_millis(500));
+    TransactionLocks::new()
+        .lock(&tx, &key, EXCLUSIVE)
+        .await
+        .expect("waits until the holder commits");
+    release.await.expect("holder task");
+    assert_eq!(show(&tx, "statement_timeout").await, "50ms");
+    assert_eq!(show(&tx, "lock_timeout").await, "50ms");
+    tx.commit().await.expect("commit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_transactions_locking_in_opposite_order_get_a_deadlock_on_one_side() {
     let first = unique_key("xact-deadlock-a");
     let second = unique_key("xact-deadlock-b");

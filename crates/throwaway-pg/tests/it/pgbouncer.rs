@@ -129,3 +129,48 @@ fn a_missing_pgbouncer_says_what_to_install() {
         "{error}"
     );
 }
+
+const CHILD_ENV: &str = "THROWAWAY_PGBOUNCER_WATCHDOG_CHILD";
+const WATCHDOG_TEST: &str = "pgbouncer::a_pgbouncer_never_dropped_is_killed_when_the_process_exits";
+
+#[test]
+fn a_pgbouncer_never_dropped_is_killed_when_the_process_exits() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        // Child role: start one, say where it is, and exit without dropping it.
+        let bouncer = bouncer(PoolMode::Transaction, "1");
+        println!("port={} dir={}", bouncer.port(), bouncer.dir().display());
+        std::mem::forget(bouncer);
+        return;
+    }
+    let child = Command::new(std::env::current_exe().unwrap())
+        .args([WATCHDOG_TEST, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, "1")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run this test binary as the child");
+    let stdout = String::from_utf8_lossy(&child.stdout);
+    assert!(
+        child.status.success(),
+        "the child test failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&child.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find_map(|line| line.find("port=").map(|at| &line[at..]))
+        .expect("the child reports its pgbouncer");
+    let (port, dir) = line
+        .strip_prefix("port=")
+        .and_then(|rest| rest.split_once(" dir="))
+        .unwrap();
+    let port: u16 = port.parse().unwrap();
+    let dir = PathBuf::from(dir);
+    assert!(
+        eventually(Duration::from_secs(20), || !accepts_connections(port)),
+        "pgbouncer on port {port} outlived its process"
+    );
+    assert!(
+        eventually(Duration::from_secs(20), || !dir.exists()),
+        "the watchdog did not remove {}",
+        dir.display()
+    );
+}

@@ -1,0 +1,244 @@
+//! Faults on a real server, one file per family: sessions ended or cancelled under a
+//! holder or a waiter ([`sessions`]), the server going away ([`server`]), futures
+//! dropped mid-flight ([`dropped`]), bounded waits racing releases, an exhausted pool and
+//! polling ([`bounded_waits`]), keys and holder ids no SQL should see ([`keys`]). Each
+//! test checks `pg_locks` from a separate admin connection, because "no lock left
+//! behind" is what matters; the fixtures for that are here.
+
+mod bounded_waits;
+mod dropped;
+mod keys;
+mod server;
+mod sessions;
+
+use std::future::Future;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use locks_port::{AcquireOptions, DistributedLock, LockGuard, ReleaseOutcome};
+use locks_postgres::PostgresLockManager;
+use locks_postgres::deadpool_postgres::Pool;
+use locks_postgres::tokio_postgres::{self, NoTls};
+use throwaway_pg::ThrowawayPostgres;
+
+use crate::support::{admin, holders, pool, unique_key};
+
+/// The liveness bound of every "eventually" in these tests.
+const EVENTUALLY: Duration = Duration::from_secs(5);
+
+/// Polls `check` every 10 ms until it is true; fails after [`EVENTUALLY`].
+pub(crate) async fn wait_for<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let started = Instant::now();
+    while !check().await {
+        assert!(
+            started.elapsed() < EVENTUALLY,
+            "timed out after {EVENTUALLY:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The `pg_locks` rows of the bigint advisory lock `lock_id` with this `granted`.
+async fn lock_pids(admin: &tokio_postgres::Client, lock_id: i64, granted: bool) -> Vec<i32> {
+    let bits = u64::from_be_bytes(lock_id.to_be_bytes());
+    let high = i64::try_from(bits >> 32).expect("32 bits");
+    let low = i64::try_from(bits & 0xFFFF_FFFF).expect("32 bits");
+    admin
+        .query(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted = $3 \
+             AND objsubid = 1 AND classid::bigint = $1 AND objid::bigint = $2 ORDER BY pid",
+            &[&high, &low, &granted],
+        )
+        .await
+        .expect("pg_locks")
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+/// The backends holding the advisory lock `lock_id`.
+pub(crate) async fn holder_pids(admin: &tokio_postgres::Client, lock_id: i64) -> Vec<i32> {
+    lock_pids(admin, lock_id, true).await
+}
+
+/// The backends queued for the advisory lock `lock_id`.
+pub(crate) async fn waiting_pids(admin: &tokio_postgres::Client, lock_id: i64) -> Vec<i32> {
+    lock_pids(admin, lock_id, false).await
+}
+
+/// A key of one test and its lock id, with an admin session that watches the lock in
+/// `pg_locks` (and terminates or cancels backends).
+struct Watched {
+    admin: tokio_postgres::Client,
+    key: String,
+    lock_id: i64,
+}
+
+impl Watched {
+    /// A key no other test uses, `name` in it, watched from a new admin session on the
+    /// test server.
+    async fn new(name: &str) -> Self {
+        Self::on(admin().await, unique_key(name))
+    }
+
+    /// `key`, watched from `admin`.
+    fn on(admin: tokio_postgres::Client, key: String) -> Self {
+        let lock_id = locks_port::lock_id(&key);
+        Self {
+            admin,
+            key,
+            lock_id,
+        }
+    }
+
+    /// How many sessions hold the lock.
+    async fn holders(&self) -> i64 {
+        holders(&self.admin, self.lock_id).await
+    }
+
+    async fn holder_pids(&self) -> Vec<i32> {
+        holder_pids(&self.admin, self.lock_id).await
+    }
+
+    async fn waiting_pids(&self) -> Vec<i32> {
+        waiting_pids(&self.admin, self.lock_id).await
+    }
+
+    /// The one backend holding the lock.
+    async fn the_holder(&self) -> i32 {
+        let [pid] = self.holder_pids().await[..] else {
+            panic!("one holder expected");
+        };
+        pid
+    }
+
+    /// Waits until exactly one backend queues for the lock and returns its pid.
+    async fn the_waiter(&self) -> i32 {
+        let started = Instant::now();
+        loop {
+            if let [pid] = self.waiting_pids().await[..] {
+                return pid;
+            }
+            assert!(
+                started.elapsed() < EVENTUALLY,
+                "timed out after {EVENTUALLY:?} waiting for one backend to queue for the lock"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Waits (see [`wait_for`]) until no session holds the lock.
+    async fn until_free(&self, what: &str) {
+        wait_for(what, || async { self.holders().await == 0 }).await;
+    }
+
+    /// After the holder released: for a second, nobody (a dropped or cancelled
+    /// waiter's session above all) is ever granted the lock.
+    async fn assert_nobody_takes_it(&self) {
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(1) {
+            assert_eq!(
+                self.holder_pids().await,
+                Vec::<i32>::new(),
+                "a cancelled waiter was granted the lock"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Whether backend `pid` is still waiting on a heavyweight lock.
+    async fn waits_on_a_lock(&self, pid: i32) -> bool {
+        self.admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'",
+                &[&pid],
+            )
+            .await
+            .expect("pg_stat_activity")
+            .get::<_, i64>(0)
+            > 0
+    }
+
+    /// Terminates backend `pid`, which must exist.
+    async fn terminate(&self, pid: i32) {
+        let done: bool = self
+            .admin
+            .query_one("SELECT pg_terminate_backend($1)", &[&pid])
+            .await
+            .expect("pg_terminate_backend")
+            .get(0);
+        assert!(done, "backend {pid} was there to terminate");
+    }
+}
+
+/// Two managers, a holder and a waiter, each on a pool of its own of `size` connections.
+fn holder_and_waiter(size: usize) -> (PostgresLockManager, PostgresLockManager) {
+    (
+        PostgresLockManager::new(pool(size)),
+        PostgresLockManager::new(pool(size)),
+    )
+}
+
+fn timeout(duration: Duration) -> AcquireOptions {
+    AcquireOptions::new().with_timeout(duration)
+}
+
+fn assert_bounded(what: &str, started: Instant) {
+    assert!(
+        started.elapsed() < EVENTUALLY,
+        "{what} took {:?}, more than {EVENTUALLY:?}",
+        started.elapsed()
+    );
+}
+
+/// `manager` takes `key` within 5 s (`what` says why it should) and unlocks it.
+async fn assert_still_locks(manager: &PostgresLockManager, key: &str, what: &str) {
+    let guard = manager
+        .acquire(key, timeout(Duration::from_secs(5)))
+        .await
+        .expect(what);
+    assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
+}
+
+/// The pool never grew past its bound (dead connections were given up, not kept).
+fn assert_pool_within_bounds(manager: &PostgresLockManager) {
+    let status = manager.pool().status();
+    assert!(status.size <= status.max_size, "{status:?}");
+}
+
+fn pool_at(url: &str, size: usize) -> Pool {
+    locks_postgres::plain_pool(url, size).expect("pool")
+}
+
+fn pool_from(config: tokio_postgres::Config, size: usize) -> Pool {
+    locks_postgres::plain_pool_with_config(config, size).expect("pool")
+}
+
+/// The test server's connection settings, for a pool with settings a URL does not carry.
+fn test_server_config() -> tokio_postgres::Config {
+    tokio_postgres::Config::from_str(&crate::support::database_url()).expect("a valid database URL")
+}
+
+async fn admin_at(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, NoTls)
+        .await
+        .expect("admin connection");
+    tokio::spawn(connection);
+    client
+}
+
+/// A cluster of one test alone (`what` it is for), for faults the shared server must
+/// not see. Dropping it stops the server and removes its folder, also when the test
+/// fails; drop it with [`drop_cluster`] on a runtime thread.
+fn own_cluster(what: &str) -> ThrowawayPostgres {
+    tokio::task::block_in_place(ThrowawayPostgres::start)
+        .unwrap_or_else(|error| panic!("a throwaway PostgreSQL cluster for {what}: {error}"))
+}
+
+fn drop_cluster(cluster: ThrowawayPostgres) {
+    tokio::task::block_in_place(|| drop(cluster));
+}

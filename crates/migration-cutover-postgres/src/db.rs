@@ -1,0 +1,205 @@
+//! Connections in a transaction that never go back to the pool half-done, and errors that
+//! carry the server's own words.
+
+use std::fmt;
+
+use deadpool_postgres::{Object, Pool, PoolError};
+use locks_port::BoxError;
+use tokio_postgres::NoTls;
+use tokio_postgres::error::SqlState;
+
+/// A database operation failed; the text is the operation and the server's own words
+/// (message, SQLSTATE, detail), the driver's error stays reachable as the source.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {words}")]
+pub(crate) struct DbFailure {
+    what: &'static str,
+    words: String,
+    code: Option<SqlState>,
+    #[source]
+    source: Option<BoxError>,
+}
+
+impl DbFailure {
+    pub(crate) fn driver(what: &'static str, error: tokio_postgres::Error) -> Self {
+        Self {
+            what,
+            words: server_words(&error),
+            code: error.code().cloned(),
+            source: Some(Box::new(error)),
+        }
+    }
+
+    pub(crate) fn pool(what: &'static str, error: PoolError) -> Self {
+        match error {
+            PoolError::Backend(error) => Self::driver(what, error),
+            other => Self {
+                what,
+                words: format!("no connection from the pool ({other})"),
+                code: None,
+                source: None,
+            },
+        }
+    }
+
+    pub(crate) fn refused(what: &'static str, words: String) -> Self {
+        Self {
+            what,
+            words,
+            code: None,
+            source: None,
+        }
+    }
+
+    /// The SQLSTATE, when the server answered with an error.
+    pub(crate) fn code(&self) -> Option<&SqlState> {
+        self.code.as_ref()
+    }
+}
+
+/// What the server said, without the driver's "db error" wrapper.
+pub(crate) fn server_words(error: &tokio_postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => {
+            let mut words = format!("{} (SQLSTATE {})", db.message(), db.code().code());
+            if let Some(detail) = db.detail() {
+                words.push_str(": ");
+                words.push_str(detail);
+            }
+            words
+        }
+        None => {
+            // Not a server error (I/O, closed connection): the driver's text and causes.
+            let mut words = error.to_string();
+            let mut source = std::error::Error::source(error);
+            while let Some(cause) = source {
+                words.push_str(": ");
+                words.push_str(&cause.to_string());
+                source = cause.source();
+            }
+            words
+        }
+    }
+}
+
+/// A pooled connection with an open transaction.
+///
+/// [`commit`](Self::commit) and [`rollback`](Self::rollback) end the transaction and give
+/// the connection back; on every other path (an error in between, the future dropped)
+/// dropping it detaches the connection from the pool and closes it, so the server aborts
+/// the transaction and frees its transaction-scoped locks at once. A statement still
+/// running (a lock wait) is cancelled first so the server leaves the lock queue.
+pub(crate) struct Transaction {
+    object: Option<Object>,
+    in_flight: bool,
+}
+
+impl fmt::Debug for Transaction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Transaction")
+            .field("open", &self.object.is_some())
+            .finish()
+    }
+}
+
+impl Transaction {
+    /// Checks out a connection and runs `BEGIN` followed by `setup` (simple-protocol
+    /// text, one round trip).
+    pub(crate) async fn begin(
+        pool: &Pool,
+        what: &'static str,
+        setup: &str,
+    ) -> Result<Self, DbFailure> {
+        let object = pool
+            .get()
+            .await
+            .map_err(|error| DbFailure::pool(what, error))?;
+        let mut transaction = Self {
+            object: Some(object),
+            in_flight: false,
+        };
+        let batch = format!("BEGIN; {setup}");
+        transaction.batch(what, &batch).await?;
+        Ok(transaction)
+    }
+
+    pub(crate) fn client(&self) -> &Object {
+        self.object
+            .as_ref()
+            .expect("a transaction holds its connection until it is consumed")
+    }
+
+    /// Runs simple-protocol statements, cancelling them if the future is dropped.
+    pub(crate) async fn batch(&mut self, what: &'static str, sql: &str) -> Result<(), DbFailure> {
+        self.in_flight = true;
+        let result = self.client().batch_execute(sql).await;
+        self.in_flight = false;
+        result.map_err(|error| DbFailure::driver(what, error))
+    }
+
+    /// Runs simple-protocol statements through a shared reference (no cancel on drop:
+    /// for short statements inside a transaction whose owner handles the rest).
+    pub(crate) async fn statements(&self, what: &'static str, sql: &str) -> Result<(), DbFailure> {
+        self.client()
+            .batch_execute(sql)
+            .await
+            .map_err(|error| DbFailure::driver(what, error))
+    }
+
+    /// Commits and gives the connection back to the pool.
+    pub(crate) async fn commit(mut self, what: &'static str) -> Result<(), DbFailure> {
+        self.batch(what, "COMMIT").await?;
+        drop(self.object.take());
+        Ok(())
+    }
+
+    /// Rolls back and gives the connection back; a failed rollback closes it.
+    pub(crate) async fn rollback(mut self) {
+        if self.batch("rollback", "ROLLBACK").await.is_ok() {
+            drop(self.object.take());
+        }
+    }
+}
+
+impl Drop for Transaction {
+    fn drop(&mut self) {
+        let Some(object) = self.object.take() else {
+            return;
+        };
+        let client = Object::take(object);
+        if self.in_flight
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let token = client.cancel_token();
+            runtime.spawn(async move {
+                // Best effort: the close below frees the locks in any case.
+                let _ = token.cancel_query(NoTls).await;
+                drop(client);
+            });
+            return;
+        }
+        drop(client);
+    }
+}
+
+/// Milliseconds for a `lock_timeout` setting: at least 1 (0 would mean "wait forever"),
+/// saturating at `i32::MAX` (the setting's upper bound).
+pub(crate) fn lock_timeout_ms(timeout: std::time::Duration) -> u64 {
+    u64::try_from(timeout.as_millis())
+        .unwrap_or(u64::MAX)
+        .clamp(1, i32::MAX.unsigned_abs().into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn lock_timeouts_never_mean_forever_and_saturate() {
+        assert_eq!(lock_timeout_ms(Duration::ZERO), 1);
+        assert_eq!(lock_timeout_ms(Duration::from_micros(10)), 1);
+        assert_eq!(lock_timeout_ms(Duration::from_millis(250)), 250);
+        assert_eq!(lock_timeout_ms(Duration::MAX), 2_147_483_647);
+    }
+}

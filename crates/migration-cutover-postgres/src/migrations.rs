@@ -1,0 +1,247 @@
+//! The migration records, shared by every instance, with the phase machine checked in SQL.
+
+use std::fmt;
+
+use deadpool_postgres::Pool;
+use locks_port::time::OffsetDateTime;
+use locks_port::uuid::Uuid;
+use migration_cutover::{Migration, MigrationRepository, Phase, RepositoryError, StoreId};
+use tokio_postgres::Row;
+
+use crate::TableName;
+use crate::db::DbFailure;
+
+/// A [`MigrationRepository`] on the fleet's `migrations` table (see
+/// [`install_fleet`](crate::install_fleet)).
+///
+/// [`save`](MigrationRepository::save) is an upsert whose `UPDATE` runs only `WHERE
+/// phase = ANY(phases that may be followed by the new one)` ([`Phase`]'s machine, plus
+/// staying in the same phase): a stale instance cannot move a `completed` or `aborted`
+/// migration anywhere. [`transition`](Self::transition) is a compare-and-set on the
+/// phase. A refused write is a [`RepositoryError`] naming the stored phase.
+#[derive(Clone)]
+pub struct PostgresMigrationRepository {
+    pool: Pool,
+    table: TableName,
+    get: String,
+    save: String,
+    transition: String,
+}
+
+impl fmt::Debug for PostgresMigrationRepository {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresMigrationRepository")
+            .field("table", &self.table.to_string())
+            .finish_non_exhaustive()
+    }
+}
+
+fn driver(what: &'static str) -> impl FnOnce(tokio_postgres::Error) -> RepositoryError {
+    move |error| RepositoryError::new(what, DbFailure::driver(what, error))
+}
+
+fn read_error(words: String) -> RepositoryError {
+    RepositoryError::new("migration read", words)
+}
+
+fn phase(text: &str) -> Result<Phase, RepositoryError> {
+    Phase::ALL
+        .into_iter()
+        .find(|phase| phase.as_str() == text)
+        .ok_or_else(|| read_error(format!("unknown phase {text:?}")))
+}
+
+fn micros(at: OffsetDateTime) -> i64 {
+    i64::try_from(at.unix_timestamp_nanos() / 1000).unwrap_or(i64::MAX)
+}
+
+fn from_micros(micros: i64) -> Result<OffsetDateTime, RepositoryError> {
+    OffsetDateTime::from_unix_timestamp_nanos(i128::from(micros) * 1000)
+        .map_err(|error| read_error(format!("timestamp {micros} µs: {error}")))
+}
+
+fn phase_predecessors(next: Phase) -> Vec<&'static str> {
+    Phase::ALL
+        .into_iter()
+        .filter(|from| *from == next || from.can_transition_to(next))
+        .map(Phase::as_str)
+        .collect()
+}
+
+const VALUES: &str = "$1::text::uuid, $2::text::uuid, $3, $4, $5, $6,
+     'epoch'::timestamptz + $7::bigint * interval '1 microsecond',
+     'epoch'::timestamptz + $8::bigint * interval '1 microsecond', $9";
+
+impl PostgresMigrationRepository {
+    /// The repository on `table` through `pool` (no I/O).
+    #[must_use]
+    pub fn new(pool: Pool, table: TableName) -> Self {
+        let t = table.quoted();
+        let set = "tenant_id = EXCLUDED.tenant_id, source_store_id = EXCLUDED.source_store_id,
+             target_store_id = EXCLUDED.target_store_id, phase = EXCLUDED.phase,
+             events_copied = EXCLUDED.events_copied, created_at = EXCLUDED.created_at,
+             updated_at = EXCLUDED.updated_at, last_error = EXCLUDED.last_error";
+        let columns = "id, tenant_id, source_store_id, target_store_id, phase, events_copied, \
+                       created_at, updated_at, last_error";
+        Self {
+            get: format!(
+                "SELECT id::text, tenant_id::text, source_store_id, target_store_id, phase,
+                     events_copied,
+                     (extract(epoch FROM created_at) * 1000000)::bigint,
+                     (extract(epoch FROM updated_at) * 1000000)::bigint, last_error
+                 FROM {t} WHERE id = $1::text::uuid"
+            ),
+            save: format!(
+                "INSERT INTO {t} AS m ({columns}) VALUES ({VALUES})
+                 ON CONFLICT (id) DO UPDATE SET {set}
+                 WHERE m.phase = ANY($10::text[])
+                 RETURNING 1"
+            ),
+            transition: format!(
+                "INSERT INTO {t} AS m ({columns}) VALUES ({VALUES})
+                 ON CONFLICT (id) DO UPDATE SET {set}
+                 WHERE m.phase = $10
+                 RETURNING 1"
+            ),
+            pool,
+            table,
+        }
+    }
+
+    /// The table.
+    #[must_use]
+    pub fn table(&self) -> &TableName {
+        &self.table
+    }
+
+    async fn client(
+        &self,
+        what: &'static str,
+    ) -> Result<deadpool_postgres::Object, RepositoryError> {
+        self.pool
+            .get()
+            .await
+            .map_err(|error| RepositoryError::new(what, DbFailure::pool(what, error)))
+    }
+
+    async fn write(
+        &self,
+        what: &'static str,
+        sql: &str,
+        migration: &Migration,
+        condition: &(dyn tokio_postgres::types::ToSql + Sync),
+    ) -> Result<bool, RepositoryError> {
+        let client = self.client(what).await?;
+        let statement = client.prepare_cached(sql).await.map_err(driver(what))?;
+        let copied = i64::try_from(migration.events_copied).unwrap_or(i64::MAX);
+        let rows = client
+            .query(
+                &statement,
+                &[
+                    &migration.id.hyphenated().to_string(),
+                    &migration.tenant_id.hyphenated().to_string(),
+                    &migration.source_store_id.as_str(),
+                    &migration.target_store_id.as_str(),
+                    &migration.phase.as_str(),
+                    &copied,
+                    &micros(migration.created_at),
+                    &micros(migration.updated_at),
+                    &migration.last_error,
+                    condition,
+                ],
+            )
+            .await
+            .map_err(driver(what))?;
+        Ok(!rows.is_empty())
+    }
+
+    /// Writes `migration` only if the stored record is in phase `from` now (and
+    /// `from → migration.phase` is a transition, or the same phase). Returns whether it
+    /// was written: `false` means another instance moved the record first. A record not
+    /// stored yet is inserted.
+    ///
+    /// # Errors
+    /// [`RepositoryError`] when `from → migration.phase` is not a transition, or on a
+    /// backend failure.
+    pub async fn transition(
+        &self,
+        from: Phase,
+        migration: &Migration,
+    ) -> Result<bool, RepositoryError> {
+        const WHAT: &str = "migration transition";
+        if from != migration.phase {
+            from.transition_to(migration.phase)
+                .map_err(|error| RepositoryError::new(WHAT, error))?;
+        }
+        self.write(WHAT, &self.transition, migration, &from.as_str())
+            .await
+    }
+
+    fn migration(row: &Row) -> Result<Migration, RepositoryError> {
+        let id = |index: usize| {
+            let text: &str = row.get(index);
+            Uuid::parse_str(text).map_err(|error| read_error(format!("id {text:?}: {error}")))
+        };
+        Ok(Migration {
+            id: id(0)?,
+            tenant_id: id(1)?,
+            source_store_id: StoreId::new(row.get::<_, String>(2)),
+            target_store_id: StoreId::new(row.get::<_, String>(3)),
+            phase: phase(row.get(4))?,
+            events_copied: u64::try_from(row.get::<_, i64>(5)).unwrap_or(0),
+            created_at: from_micros(row.get(6))?,
+            updated_at: from_micros(row.get(7))?,
+            last_error: row.get(8),
+        })
+    }
+}
+
+impl MigrationRepository for PostgresMigrationRepository {
+    async fn get(&self, id: Uuid) -> Result<Option<Migration>, RepositoryError> {
+        const WHAT: &str = "migration read";
+        let client = self.client(WHAT).await?;
+        let statement = client
+            .prepare_cached(&self.get)
+            .await
+            .map_err(driver(WHAT))?;
+        let row = client
+            .query_opt(&statement, &[&id.hyphenated().to_string()])
+            .await
+            .map_err(driver(WHAT))?;
+        row.as_ref().map(Self::migration).transpose()
+    }
+
+    async fn save(&self, migration: &Migration) -> Result<(), RepositoryError> {
+        const WHAT: &str = "migration save";
+        let allowed = phase_predecessors(migration.phase);
+        if self.write(WHAT, &self.save, migration, &allowed).await? {
+            return Ok(());
+        }
+        let stored = self.get(migration.id).await?;
+        let words = format!(
+            "refused by the database: migration {} is `{}`; `{}` cannot follow it",
+            migration.id,
+            stored.map_or("gone", |stored| stored.phase.as_str()),
+            migration.phase
+        );
+        Err(RepositoryError::new(WHAT, DbFailure::refused(WHAT, words)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminal_phases_have_no_other_predecessor() {
+        assert_eq!(phase_predecessors(Phase::Pending), ["pending"]);
+        assert_eq!(
+            phase_predecessors(Phase::Cutover),
+            ["dual_write", "cutover"]
+        );
+        assert_eq!(
+            phase_predecessors(Phase::Completed),
+            ["cutover", "completed"]
+        );
+    }
+}

@@ -1,0 +1,250 @@
+//! The routing table, shared by every instance, with the state machine checked in SQL.
+
+use std::fmt;
+
+use deadpool_postgres::Pool;
+use locks_port::uuid::Uuid;
+use migration_cutover::{RepositoryError, RoutingRepository, RoutingState, StoreId, TenantRoute};
+use tokio_postgres::Row;
+
+use crate::TableName;
+use crate::db::DbFailure;
+
+/// A [`RoutingRepository`] on the fleet's `routes` table (see
+/// [`install_fleet`](crate::install_fleet)), shared by every instance.
+///
+/// Every write is checked by the server as well as by the coordinator:
+///
+/// - [`put`](RoutingRepository::put) is an upsert whose `UPDATE` runs only
+///   `WHERE state = ANY(states that may be followed by the new one)` (the
+///   [`RoutingState`] machine, plus staying in the same state), so a stale instance
+///   cannot, for example, move a `migrated` route back to `cutover_paused`; and a route
+///   marked with one migration cannot be taken over by another unless it is `migrated`
+///   or carries no migration, so two instances starting a migration of one tenant at once
+///   cannot both mark it.
+/// - [`transition`](Self::transition) is a compare-and-set (`UPDATE … WHERE state =
+///   expected`): of two instances moving a state forward at once, exactly one does.
+///
+/// A refused write is a [`RepositoryError`] naming the stored state.
+#[derive(Clone)]
+pub struct PostgresRoutingRepository {
+    pool: Pool,
+    table: TableName,
+    get: String,
+    put: String,
+    transition: String,
+}
+
+impl fmt::Debug for PostgresRoutingRepository {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresRoutingRepository")
+            .field("table", &self.table.to_string())
+            .finish_non_exhaustive()
+    }
+}
+
+fn failed(what: &'static str) -> impl FnOnce(DbFailure) -> RepositoryError {
+    move |failure| RepositoryError::new(what, failure)
+}
+
+fn routing_state(text: &str) -> Result<RoutingState, RepositoryError> {
+    RoutingState::ALL
+        .into_iter()
+        .find(|state| state.as_str() == text)
+        .ok_or_else(|| RepositoryError::new("routing read", format!("unknown state {text:?}")))
+}
+
+fn uuid(text: &str) -> Result<Uuid, RepositoryError> {
+    Uuid::parse_str(text)
+        .map_err(|error| RepositoryError::new("routing read", format!("id {text:?}: {error}")))
+}
+
+/// The states `next` may be written over: itself and every state that may be followed
+/// by it.
+pub(crate) fn routing_predecessors(next: RoutingState) -> Vec<&'static str> {
+    RoutingState::ALL
+        .into_iter()
+        .filter(|from| *from == next || from.can_transition_to(next))
+        .map(RoutingState::as_str)
+        .collect()
+}
+
+impl PostgresRoutingRepository {
+    /// The repository on `table` through `pool` (no I/O).
+    #[must_use]
+    pub fn new(pool: Pool, table: TableName) -> Self {
+        let t = table.quoted();
+        let columns = "store_id, state, migration_id::text, target_store_id, tenant_id::text";
+        Self {
+            get: format!("SELECT {columns} FROM {t} WHERE tenant_id = $1::text::uuid"),
+            put: format!(
+                "INSERT INTO {t} AS r (tenant_id, store_id, state, migration_id, target_store_id)
+                 VALUES ($1::text::uuid, $2, $3, $4::text::uuid, $5)
+                 ON CONFLICT (tenant_id) DO UPDATE SET
+                     store_id = EXCLUDED.store_id, state = EXCLUDED.state,
+                     migration_id = EXCLUDED.migration_id,
+                     target_store_id = EXCLUDED.target_store_id, updated_at = now()
+                 WHERE r.state = ANY($6::text[])
+                   AND (EXCLUDED.migration_id IS NULL OR r.migration_id IS NULL
+                        OR r.migration_id = EXCLUDED.migration_id OR r.state = 'migrated')
+                 RETURNING 1"
+            ),
+            transition: format!(
+                "UPDATE {t} SET store_id = $2, state = $3, migration_id = $4::text::uuid,
+                     target_store_id = $5, updated_at = now()
+                 WHERE tenant_id = $1::text::uuid AND state = $6
+                 RETURNING 1"
+            ),
+            pool,
+            table,
+        }
+    }
+
+    /// The table.
+    #[must_use]
+    pub fn table(&self) -> &TableName {
+        &self.table
+    }
+
+    async fn client(
+        &self,
+        what: &'static str,
+    ) -> Result<deadpool_postgres::Object, RepositoryError> {
+        self.pool
+            .get()
+            .await
+            .map_err(|error| RepositoryError::new(what, DbFailure::pool(what, error)))
+    }
+
+    /// Writes `next` only if the stored route is in state `from` now (and `from → next`
+    /// is a transition of the state machine, or `from == next.state`). Returns whether
+    /// it was written: `false` means another instance moved the route first (or the
+    /// tenant has no route).
+    ///
+    /// # Errors
+    /// [`RepositoryError`] when `from → next.state` is not a transition, or on a backend
+    /// failure.
+    pub async fn transition(
+        &self,
+        from: RoutingState,
+        next: &TenantRoute,
+    ) -> Result<bool, RepositoryError> {
+        const WHAT: &str = "routing transition";
+        if from != next.state {
+            from.transition_to(next.state)
+                .map_err(|error| RepositoryError::new(WHAT, error))?;
+        }
+        let client = self.client(WHAT).await?;
+        let statement = client
+            .prepare_cached(&self.transition)
+            .await
+            .map_err(|error| failed(WHAT)(DbFailure::driver(WHAT, error)))?;
+        let (tenant, migration) = (
+            next.tenant_id.hyphenated().to_string(),
+            next.migration_id.map(|id| id.hyphenated().to_string()),
+        );
+        let rows = client
+            .query(
+                &statement,
+                &[
+                    &tenant,
+                    &next.store_id.as_str(),
+                    &next.state.as_str(),
+                    &migration,
+                    &next.target_store_id.as_ref().map(StoreId::as_str),
+                    &from.as_str(),
+                ],
+            )
+            .await
+            .map_err(|error| failed(WHAT)(DbFailure::driver(WHAT, error)))?;
+        Ok(!rows.is_empty())
+    }
+
+    fn route(row: &Row) -> Result<TenantRoute, RepositoryError> {
+        let migration: Option<&str> = row.get(2);
+        let target: Option<String> = row.get(3);
+        let tenant: &str = row.get(4);
+        Ok(TenantRoute {
+            tenant_id: uuid(tenant)?,
+            store_id: StoreId::new(row.get::<_, String>(0)),
+            state: routing_state(row.get(1))?,
+            migration_id: migration.map(uuid).transpose()?,
+            target_store_id: target.map(StoreId::from),
+        })
+    }
+}
+
+impl RoutingRepository for PostgresRoutingRepository {
+    async fn get(&self, tenant_id: Uuid) -> Result<Option<TenantRoute>, RepositoryError> {
+        const WHAT: &str = "routing read";
+        let client = self.client(WHAT).await?;
+        let statement = client
+            .prepare_cached(&self.get)
+            .await
+            .map_err(|error| failed(WHAT)(DbFailure::driver(WHAT, error)))?;
+        let tenant = tenant_id.hyphenated().to_string();
+        let row = client
+            .query_opt(&statement, &[&tenant])
+            .await
+            .map_err(|error| failed(WHAT)(DbFailure::driver(WHAT, error)))?;
+        row.as_ref().map(Self::route).transpose()
+    }
+
+    async fn put(&self, route: TenantRoute) -> Result<(), RepositoryError> {
+        const WHAT: &str = "routing update";
+        let client = self.client(WHAT).await?;
+        let statement = client
+            .prepare_cached(&self.put)
+            .await
+            .map_err(|error| failed(WHAT)(DbFailure::driver(WHAT, error)))?;
+        let tenant = route.tenant_id.hyphenated().to_string();
+        let migration = route.migration_id.map(|id| id.hyphenated().to_string());
+        let allowed = routing_predecessors(route.state);
+        let rows = client
+            .query(
+                &statement,
+                &[
+                    &tenant,
+                    &route.store_id.as_str(),
+                    &route.state.as_str(),
+                    &migration,
+                    &route.target_store_id.as_ref().map(StoreId::as_str),
+                    &allowed,
+                ],
+            )
+            .await
+            .map_err(|error| failed(WHAT)(DbFailure::driver(WHAT, error)))?;
+        if !rows.is_empty() {
+            return Ok(());
+        }
+        let stored = self.get(route.tenant_id).await?;
+        let words = match stored {
+            Some(stored) => format!(
+                "refused by the database: tenant {}'s route is `{}` (migration {:?}); \
+                 `{}` for migration {:?} cannot be written over it",
+                route.tenant_id, stored.state, stored.migration_id, route.state, route.migration_id
+            ),
+            None => format!(
+                "refused by the database: tenant {} has no route",
+                route.tenant_id
+            ),
+        };
+        Err(RepositoryError::new(WHAT, DbFailure::refused(WHAT, words)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn predecessors_follow_the_state_machine() {
+        assert_eq!(
+            routing_predecessors(RoutingState::CutoverPaused),
+            ["dual_write", "cutover_paused"]
+        );
+        let migrated = routing_predecessors(RoutingState::Migrated);
+        assert!(migrated.contains(&"cutover_paused") && migrated.contains(&"migrated"));
+        assert!(!migrated.contains(&"dual_write"));
+    }
+}

@@ -1,0 +1,755 @@
+//! A fleet of real processes: instance processes with their own coordinator, router and
+//! writers, migrating one tenant while all of them keep writing.
+//!
+//! # How the child processes are made
+//!
+//! This test binary re-executes itself (`/proc/self/exe`, else `current_exe()`) with
+//! `--exact fleet::child_entry --nocapture --test-threads=1` and the role in
+//! `MCP_CHILD_ROLE`; in that process only [`child_entry`] runs, plays the role and leaves
+//! with `std::process::exit`. In a normal run `child_entry` finds no role and passes. The
+//! parent passes the server (`LOCKS_DATABASE_URL`) and the fleet's databases in the
+//! environment; commands go to the child's stdin one a line, answers come back on its
+//! stdout after `CHILD:`.
+//!
+//! # The negative control
+//!
+//! With `MCP_NO_WRITE_LOCK=1` in the environment, instance processes write through
+//! `PostgresWriteRouter::without_write_lock()`: the fleet test must then fail (writes
+//! accepted by the source after the cutover's final copy are missing from the target).
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use migration_cutover::uuid::Uuid;
+use migration_cutover::{CutoverOutcome, Event, EventStore, RoutingRepository, TenantRoute};
+use migration_cutover::{Phase, RoutingState};
+use migration_cutover_postgres::write_lock_id;
+use tokio::sync::mpsc;
+
+use crate::adapters::advisory;
+use crate::support::{Fleet, Instance, SOURCE, TARGET, connect, database_url, test_config};
+
+const ROLE: &str = "MCP_CHILD_ROLE";
+const TENANT: &str = "MCP_TENANT";
+const WRITERS: &str = "MCP_WRITERS";
+const PREFIX: &str = "CHILD:";
+/// How long the parent waits for any one message of a child (a liveness bound).
+const CHILD_ANSWER: Duration = Duration::from_secs(60);
+/// The pause budget of the tests (the default).
+const BUDGET: Duration = Duration::from_millis(500);
+/// How long a pause waits for the writes under way (the default).
+const ACQUIRE: Duration = Duration::from_millis(250);
+/// The documented margin on a writer's wait: the pause's acquire timeout (writers queue
+/// behind the pause from the moment it is asked for) plus 250 ms of scheduling slack on
+/// a loaded 2-core machine.
+const MARGIN: Duration = Duration::from_millis(250 + 250);
+
+// ---------------------------------------------------------------------------------
+// The child side.
+
+/// The entry point of child processes; a no-op in a normal test run.
+#[test]
+fn child_entry() {
+    let Ok(role) = std::env::var(ROLE) else {
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("child runtime");
+    match role.as_str() {
+        "instance" => runtime.block_on(child_instance()),
+        "holder" => runtime.block_on(child_holder()),
+        other => panic!("unknown {ROLE} {other:?}"),
+    }
+    std::process::exit(0);
+}
+
+fn say(message: &str) {
+    println!("{PREFIX}{message}");
+    std::io::stdout().flush().expect("child stdout");
+}
+
+fn command() -> Option<String> {
+    let mut line = String::new();
+    match std::io::stdin().read_line(&mut line) {
+        Ok(0) | Err(_) => None,
+        Ok(_) => Some(line.trim().to_owned()),
+    }
+}
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("child needs {name}"))
+}
+
+fn micros(at: SystemTime) -> u128 {
+    at.duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_micros())
+}
+
+fn outcome(
+    result: &Result<migration_cutover::CutoverResult, migration_cutover::MigrationError>,
+) -> String {
+    match result {
+        Err(error) => format!("error {error}"),
+        Ok(result) => match result.outcome() {
+            CutoverOutcome::Completed => "completed".into(),
+            CutoverOutcome::AlreadyCompleted => "already_completed".into(),
+            CutoverOutcome::LockNotAcquired(_) => "lock_not_acquired".into(),
+            CutoverOutcome::RolledBack(error) => format!("rolled_back {}", error.reason().as_str()),
+            _ => format!("other {}", result.message()),
+        },
+    }
+}
+
+/// An instance: writers on `go`, a migration to dual write on `prepare`, a cutover on
+/// `cutover {id}`, its last pause on `pause`, all acknowledgements on `stop`.
+async fn child_instance() {
+    let fleet = Fleet::from_env();
+    let tenant = Uuid::parse_str(&env(TENANT)).expect("tenant id");
+    let writers: usize = env(WRITERS).parse().expect("a number of writers");
+    let mut instance = fleet.instance(test_config(), ACQUIRE);
+    if std::env::var("MCP_NO_WRITE_LOCK").is_ok() {
+        instance.router = instance.router.without_write_lock();
+    }
+    let instance = Arc::new(instance);
+    let stop = Arc::new(AtomicBool::new(false));
+    let acks = Arc::new(Mutex::new(Vec::<String>::new()));
+    let mut tasks = Vec::new();
+    say("ready");
+    loop {
+        let Some(line) = tokio::task::spawn_blocking(command).await.expect("stdin") else {
+            return;
+        };
+        let (word, rest) = line.split_once(' ').unwrap_or((&line, ""));
+        match word {
+            "go" => {
+                for writer in 0..writers {
+                    tasks.push(tokio::spawn(write_continuously(
+                        instance.clone(),
+                        tenant,
+                        writer,
+                        stop.clone(),
+                        acks.clone(),
+                    )));
+                }
+                say("going");
+            }
+            "prepare" => {
+                let coordinator = &instance.coordinator;
+                let migration = coordinator
+                    .start_migration(tenant, SOURCE, TARGET)
+                    .await
+                    .expect("start");
+                coordinator
+                    .bulk_copy(migration.id)
+                    .await
+                    .expect("bulk copy");
+                coordinator
+                    .enable_dual_write(migration.id)
+                    .await
+                    .expect("dual write");
+                say(&format!("prepared {}", migration.id));
+            }
+            "cutover" => {
+                let id = Uuid::parse_str(rest).expect("migration id");
+                let result = instance.coordinator.cutover(id).await;
+                say(&format!("cutover {}", outcome(&result)));
+            }
+            "pause" => {
+                let record = instance.pause.history().last().copied().expect("a pause");
+                say(&format!(
+                    "pause {} {} {}",
+                    micros(record.requested_at),
+                    micros(record.acquired_at),
+                    micros(record.released_at)
+                ));
+            }
+            "stop" => {
+                stop.store(true, Ordering::SeqCst);
+                for task in tasks.drain(..) {
+                    task.await.expect("writer task");
+                }
+                let acks = std::mem::take(&mut *acks.lock().expect("acks"));
+                for ack in &acks {
+                    say(ack);
+                }
+                say(&format!("stopped {}", acks.len()));
+            }
+            _ => return,
+        }
+    }
+}
+
+async fn write_continuously(
+    instance: Arc<Instance>,
+    tenant: Uuid,
+    writer: usize,
+    stop: Arc<AtomicBool>,
+    acks: Arc<Mutex<Vec<String>>>,
+) {
+    let mut sequence = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        sequence += 1;
+        let event = Event::new(
+            "Written",
+            format!("{}:{writer}:{sequence}", std::process::id()),
+        );
+        let id = event.id;
+        let line = match instance.router.append(tenant, &[event]).await {
+            Ok(receipt) => format!(
+                "ack {writer} {id} {} {} {} {}",
+                receipt.store_id,
+                receipt.lock_wait.as_micros(),
+                micros(receipt.lock_requested_at),
+                micros(receipt.admitted_at)
+            ),
+            Err(error) => format!("fail {writer} {id} {error}"),
+        };
+        acks.lock().expect("acks").push(line);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Holds the tenant's shared write lock in the source database inside an open
+/// transaction, as a write stuck half-way, until it is killed.
+async fn child_holder() {
+    let fleet = Fleet::from_env();
+    let tenant = Uuid::parse_str(&env(TENANT)).expect("tenant id");
+    let client = connect(Some(&fleet.a)).await;
+    client
+        .batch_execute(&format!(
+            "BEGIN; SELECT pg_advisory_xact_lock_shared({})",
+            write_lock_id(tenant)
+        ))
+        .await
+        .expect("the shared write lock");
+    say("holding");
+    loop {
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The parent side.
+
+/// A child process of this test binary; killed and reaped on drop.
+struct Child {
+    name: String,
+    process: std::process::Child,
+    stdin: Option<ChildStdin>,
+    messages: mpsc::UnboundedReceiver<String>,
+}
+
+fn this_test_binary() -> PathBuf {
+    let running = Path::new("/proc/self/exe");
+    if running.exists() {
+        running.to_owned()
+    } else {
+        std::env::current_exe().expect("the test binary's path")
+    }
+}
+
+impl Child {
+    fn spawn(name: &str, role: &str, fleet: &Fleet, vars: &[(&str, String)]) -> Self {
+        let mut command = Command::new(this_test_binary());
+        command
+            .args([
+                "--exact",
+                "fleet::child_entry",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(ROLE, role)
+            .env("LOCKS_DATABASE_URL", database_url())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (name, value) in fleet.vars().iter().chain(vars) {
+            command.env(name, value);
+        }
+        let mut process = command.spawn().expect("spawn a child test process");
+        let stdout = process.stdout.take().expect("piped stdout");
+        let (sender, messages) = mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some((_, message)) = line.split_once(PREFIX)
+                    && sender.send(message.to_owned()).is_err()
+                {
+                    break;
+                }
+            }
+        });
+        Self {
+            name: name.to_owned(),
+            stdin: process.stdin.take(),
+            process,
+            messages,
+        }
+    }
+
+    async fn expect(&mut self, word: &str) -> String {
+        let message = tokio::time::timeout(CHILD_ANSWER, self.messages.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{}: no {word:?} within {CHILD_ANSWER:?}", self.name));
+        let Some(message) = message else {
+            let status = self.process.wait().expect("reap the child");
+            panic!("{} exited ({status}) before saying {word:?}", self.name);
+        };
+        message
+            .strip_prefix(word)
+            .unwrap_or_else(|| panic!("{} said {message:?}, expected {word:?}", self.name))
+            .trim()
+            .to_owned()
+    }
+
+    fn send(&mut self, command: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        writeln!(stdin, "{command}").expect("write to the child");
+        stdin.flush().expect("flush to the child");
+    }
+
+    /// `stop`, then every acknowledgement line until `stopped`.
+    async fn stop(&mut self, process: usize) -> Vec<Ack> {
+        self.send("stop");
+        let mut acks = Vec::new();
+        loop {
+            let message = tokio::time::timeout(CHILD_ANSWER, self.messages.recv())
+                .await
+                .unwrap_or_else(|_| panic!("{}: no acks within {CHILD_ANSWER:?}", self.name))
+                .unwrap_or_else(|| panic!("{} exited while stopping", self.name));
+            if message.starts_with("stopped") {
+                return acks;
+            }
+            acks.push(Ack::parse(process, &message));
+        }
+    }
+
+    fn kill(&mut self) {
+        self.process.kill().expect("kill the child");
+        self.process.wait().expect("reap the child");
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+/// One write a child's writer made: acknowledged (`store` set) or failed.
+#[derive(Debug, Clone)]
+struct Ack {
+    process: usize,
+    writer: usize,
+    id: Uuid,
+    store: Option<String>,
+    lock_wait: Duration,
+    requested_at_us: u128,
+    admitted_at_us: u128,
+    error: Option<String>,
+}
+
+impl Ack {
+    fn parse(process: usize, line: &str) -> Self {
+        let parts: Vec<&str> = line.splitn(4, ' ').collect();
+        let writer = parts[1].parse().expect("writer");
+        let id = Uuid::parse_str(parts[2]).expect("event id");
+        match parts[0] {
+            "ack" => {
+                let rest: Vec<&str> = parts[3].split(' ').collect();
+                Self {
+                    process,
+                    writer,
+                    id,
+                    store: Some(rest[0].to_owned()),
+                    lock_wait: Duration::from_micros(rest[1].parse().expect("lock wait")),
+                    requested_at_us: rest[2].parse().expect("requested at"),
+                    admitted_at_us: rest[3].parse().expect("admitted at"),
+                    error: None,
+                }
+            }
+            "fail" => Self {
+                process,
+                writer,
+                id,
+                store: None,
+                lock_wait: Duration::ZERO,
+                requested_at_us: 0,
+                admitted_at_us: 0,
+                error: Some(parts[3].to_owned()),
+            },
+            other => panic!("unexpected child line {other:?}: {line}"),
+        }
+    }
+}
+
+async fn instance_pair(fleet: &Fleet, tenant: Uuid) -> (Child, Child) {
+    let vars = [(TENANT, tenant.to_string()), (WRITERS, "2".to_owned())];
+    let mut a = Child::spawn("instance A", "instance", fleet, &vars);
+    let mut b = Child::spawn("instance B", "instance", fleet, &vars);
+    a.expect("ready").await;
+    b.expect("ready").await;
+    (a, b)
+}
+
+async fn all_events(store: &impl EventStore, tenant: Uuid) -> Vec<Uuid> {
+    let events = store
+        .read(tenant, 0, usize::MAX)
+        .await
+        .expect("read a store");
+    assert!(
+        events
+            .iter()
+            .zip(1..)
+            .all(|(event, position)| event.position == position),
+        "positions are gap-free from 1"
+    );
+    events.iter().map(|stored| stored.event.id).collect()
+}
+
+/// Every acknowledged write is in `stream` exactly once, and each writer's writes are in
+/// the order it made them.
+fn assert_exactly_once_in_order(acks: &[Ack], stream: &[Uuid], name: &str) {
+    let mut positions: HashMap<Uuid, Vec<usize>> = HashMap::new();
+    for (index, id) in stream.iter().enumerate() {
+        positions.entry(*id).or_default().push(index);
+    }
+    let mut last: HashMap<(usize, usize), usize> = HashMap::new();
+    let mut missing = Vec::new();
+    for ack in acks.iter().filter(|ack| ack.store.is_some()) {
+        match positions.get(&ack.id).map(Vec::as_slice) {
+            None | Some([]) => missing.push(ack.id),
+            Some([position]) => {
+                if let Some(previous) = last.insert((ack.process, ack.writer), *position) {
+                    assert!(
+                        previous < *position,
+                        "{name}: writer {}/{} out of order",
+                        ack.process,
+                        ack.writer
+                    );
+                }
+            }
+            Some(many) => panic!("{name}: event {} is there {} times", ack.id, many.len()),
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "{name}: {} acknowledged writes are missing, e.g. {:?}",
+        missing.len(),
+        missing.first()
+    );
+}
+
+fn pause_window(line: &str) -> (u128, u128, u128) {
+    let parts: Vec<u128> = line
+        .split(' ')
+        .map(|part| part.parse().expect("a time"))
+        .collect();
+    (parts[0], parts[1], parts[2])
+}
+
+/// Checks the end state of a completed migration: see the test below.
+async fn assert_migrated_without_loss(
+    instance: &Instance,
+    tenant: Uuid,
+    acks: &[Ack],
+    pause: (u128, u128, u128),
+) {
+    let (_, acquired, released) = pause;
+    let source = all_events(&instance.source, tenant).await;
+    let target = all_events(&instance.target, tenant).await;
+    let failed: Vec<&Ack> = acks.iter().filter(|ack| ack.error.is_some()).collect();
+    assert!(failed.is_empty(), "failed writes: {failed:?}");
+    assert_exactly_once_in_order(acks, &target, "target");
+    // Nothing the source took is missing from the target: the source is a prefix of it.
+    assert_eq!(
+        &target[..source.len().min(target.len())],
+        &source[..],
+        "the source holds writes the target lacks (accepted after the flip)"
+    );
+    for ack in acks {
+        if ack.store.as_deref() == Some(SOURCE) {
+            assert!(
+                ack.admitted_at_us < released,
+                "a write was admitted to the source after the pause ended: {ack:?}"
+            );
+        }
+    }
+    for process in [0, 1] {
+        let mine: Vec<&Ack> = acks.iter().filter(|ack| ack.process == process).collect();
+        assert!(
+            mine.iter().any(|ack| ack.store.as_deref() == Some(TARGET)),
+            "process {process} never wrote to the target after the flip"
+        );
+        // Asked for the lock before the pause ended and got it after the pause was
+        // granted: no shared grant is possible in between, so the write was queued on
+        // the server when the pause ended.
+        let waited = mine
+            .iter()
+            .any(|ack| ack.requested_at_us < released && ack.admitted_at_us > acquired);
+        assert!(
+            waited,
+            "no write of process {process} waited during the pause"
+        );
+    }
+    let longest = acks
+        .iter()
+        .map(|ack| ack.lock_wait)
+        .max()
+        .unwrap_or_default();
+    println!(
+        "{} acknowledged writes ({} on the source, {} on the target); pause held {} µs; longest wait {longest:?}",
+        acks.len(),
+        source.len(),
+        target.len(),
+        released - acquired
+    );
+    assert!(
+        longest <= BUDGET + MARGIN,
+        "a writer waited {longest:?}, more than the budget {BUDGET:?} + margin {MARGIN:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_keep_writing_while_one_migrates_the_tenant() {
+    let fleet = Fleet::create("migrate").await;
+    let tenant = Uuid::new_v4();
+    let instance = fleet.instance(test_config(), ACQUIRE);
+    instance
+        .routing
+        .put(TenantRoute::normal(tenant, SOURCE))
+        .await
+        .unwrap();
+    let (mut a, mut b) = instance_pair(&fleet, tenant).await;
+    a.send("go");
+    b.send("go");
+    a.expect("going").await;
+    b.expect("going").await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    a.send("prepare");
+    let migration = Uuid::parse_str(&a.expect("prepared").await).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    a.send(&format!("cutover {migration}"));
+    assert_eq!(a.expect("cutover").await, "completed");
+    a.send("pause");
+    let pause = pause_window(&a.expect("pause").await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut acks = a.stop(0).await;
+    acks.extend(b.stop(1).await);
+
+    let route = instance.routing.get(tenant).await.unwrap().unwrap();
+    assert_eq!(
+        (route.store_id.as_str(), route.state),
+        (TARGET, RoutingState::Migrated)
+    );
+    let record = instance.coordinator.migration(migration).await.unwrap();
+    assert_eq!(record.phase, Phase::Completed);
+    assert_migrated_without_loss(&instance, tenant, &acks, pause).await;
+    drop((a, b));
+    fleet.drop_databases().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_cutovers_roll_back_and_lose_no_write_of_either_instance() {
+    let fleet = Fleet::create("rollback").await;
+    let tenant = Uuid::new_v4();
+    let instance = fleet.instance(test_config(), ACQUIRE);
+    instance
+        .routing
+        .put(TenantRoute::normal(tenant, SOURCE))
+        .await
+        .unwrap();
+    let (mut a, mut b) = instance_pair(&fleet, tenant).await;
+    a.send("go");
+    b.send("go");
+    a.expect("going").await;
+    b.expect("going").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    a.send("prepare");
+    let migration = Uuid::parse_str(&a.expect("prepared").await).unwrap();
+
+    // Lag too high: events written to the source behind the router's back, which the
+    // target refuses for now (a check constraint), so no mirror or copy can close the gap.
+    let target_admin = connect(Some(&fleet.b)).await;
+    target_admin
+        .batch_execute(
+            "ALTER TABLE dedicated.events ADD CONSTRAINT refuses_behind \
+             CHECK (kind <> 'Behind') NOT VALID",
+        )
+        .await
+        .unwrap();
+    instance
+        .source
+        .append(
+            tenant,
+            None,
+            &[Event::new("Behind", "1"), Event::new("Behind", "2")],
+        )
+        .await
+        .unwrap();
+    a.send(&format!("cutover {migration}"));
+    let lag_outcome = a.expect("cutover").await;
+    assert_eq!(lag_outcome, "rolled_back lag_too_high");
+    target_admin
+        .batch_execute("ALTER TABLE dedicated.events DROP CONSTRAINT refuses_behind")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // Target down: it refuses connections; the cutover cannot measure or reach it.
+    fleet.take_target_down().await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    a.send(&format!("cutover {migration}"));
+    let down_outcome = a.expect("cutover").await;
+    assert!(down_outcome.starts_with("rolled_back"), "{down_outcome}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut acks = a.stop(0).await;
+    acks.extend(b.stop(1).await);
+
+    let route = instance.routing.get(tenant).await.unwrap().unwrap();
+    assert_eq!(
+        (route.store_id.as_str(), route.state),
+        (SOURCE, RoutingState::DualWrite)
+    );
+    let record = instance.coordinator.migration(migration).await.unwrap();
+    assert_eq!(record.phase, Phase::DualWrite);
+    assert!(record.last_error.is_some());
+    let failed: Vec<&Ack> = acks.iter().filter(|ack| ack.error.is_some()).collect();
+    assert!(failed.is_empty(), "failed writes: {failed:?}");
+    assert!(acks.iter().all(|ack| ack.store.as_deref() == Some(SOURCE)));
+    let source = all_events(&instance.source, tenant).await;
+    assert_exactly_once_in_order(&acks, &source, "source");
+    for process in [0, 1] {
+        assert!(acks.iter().filter(|ack| ack.process == process).count() > 10);
+    }
+    println!(
+        "lag: {lag_outcome}; target down: {down_outcome}; {} writes, all on the source",
+        acks.len()
+    );
+    drop((a, b));
+    fleet.drop_databases().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_killed_while_holding_the_write_lock_does_not_block_the_cutover() {
+    let fleet = Fleet::create("killed").await;
+    let tenant = Uuid::new_v4();
+    // The pause waits long enough for the kill (the default would roll back first).
+    let instance = Arc::new(fleet.instance(test_config(), Duration::from_secs(20)));
+    instance
+        .routing
+        .put(TenantRoute::normal(tenant, SOURCE))
+        .await
+        .unwrap();
+    instance
+        .router
+        .append(tenant, &[Event::new("Before", "")])
+        .await
+        .unwrap();
+    let coordinator = &instance.coordinator;
+    let migration = coordinator
+        .start_migration(tenant, SOURCE, TARGET)
+        .await
+        .unwrap();
+    coordinator.bulk_copy(migration.id).await.unwrap();
+    coordinator.enable_dual_write(migration.id).await.unwrap();
+
+    let mut holder = Child::spawn("holder", "holder", &fleet, &[(TENANT, tenant.to_string())]);
+    holder.expect("holding").await;
+    let cutover = tokio::spawn({
+        let instance = instance.clone();
+        async move { instance.coordinator.cutover(migration.id).await }
+    });
+    let admin = connect(Some(&fleet.a)).await;
+    let started = Instant::now();
+    while advisory(&admin, write_lock_id(tenant), "ExclusiveLock", false).await == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the pause never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !cutover.is_finished(),
+        "the pause waits for the half-done write"
+    );
+    let killed = Instant::now();
+    holder.kill();
+    let result = tokio::time::timeout(Duration::from_secs(10), cutover)
+        .await
+        .expect("the cutover finishes once the killed writer's session is gone")
+        .unwrap()
+        .unwrap();
+    assert!(result.success(), "{}", result.message());
+    println!(
+        "cutover completed {:?} after the writer was SIGKILLed",
+        killed.elapsed()
+    );
+    let receipt = instance
+        .router
+        .append(tenant, &[Event::new("After", "")])
+        .await
+        .unwrap();
+    assert_eq!((receipt.store_id.as_str(), receipt.position), (TARGET, 2));
+    fleet.drop_databases().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_starting_the_cutover_at_once_flip_it_once() {
+    let fleet = Fleet::create("race").await;
+    let tenant = Uuid::new_v4();
+    let instance = fleet.instance(test_config(), ACQUIRE);
+    instance
+        .routing
+        .put(TenantRoute::normal(tenant, SOURCE))
+        .await
+        .unwrap();
+    let (mut a, mut b) = instance_pair(&fleet, tenant).await;
+    a.send("go");
+    b.send("go");
+    a.expect("going").await;
+    b.expect("going").await;
+    a.send("prepare");
+    let migration = Uuid::parse_str(&a.expect("prepared").await).unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    a.send(&format!("cutover {migration}"));
+    b.send(&format!("cutover {migration}"));
+    let outcomes = [a.expect("cutover").await, b.expect("cutover").await];
+    assert_eq!(
+        outcomes
+            .iter()
+            .filter(|outcome| *outcome == "completed")
+            .count(),
+        1,
+        "{outcomes:?}"
+    );
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| ["completed", "already_completed", "lock_not_acquired"].contains(&o.as_str())),
+        "{outcomes:?}"
+    );
+    let winner = usize::from(outcomes[0] != "completed");
+    let pause = {
+        let child = if winner == 0 { &mut a } else { &mut b };
+        child.send("pause");
+        pause_window(&child.expect("pause").await)
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut acks = a.stop(0).await;
+    acks.extend(b.stop(1).await);
+    assert_migrated_without_loss(&instance, tenant, &acks, pause).await;
+    println!("race outcomes: {outcomes:?}");
+    drop((a, b));
+    fleet.drop_databases().await;
+}
