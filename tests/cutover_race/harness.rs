@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use locks_port::{
-    AcquireOptions, DistributedLock, LockAcquisitionError, LockMode, LockNotHeldError, LockRegistry,
-    migration_lock_key,
+    AcquireOptions, DistributedLock, LockAcquisitionError, LockMode, LockNotHeldError,
+    LockRegistry, migration_lock_key,
 };
 use migration_cutover::{
     CutoverOutcome, Event, InMemoryEventStore, InMemoryMigrationRepository,

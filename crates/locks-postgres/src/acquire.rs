@@ -218,12 +218,7 @@ impl Inner {
     }
 
     fn unreachable(&self, key: &str, deadline: Option<Deadline>) -> LockAcquisitionError {
-        let waited = match deadline {
-            Some(deadline) => deadline
-                .timeout
-                .saturating_add(self.settings.deadline_margin),
-            None => self.settings.connect_timeout,
-        };
+        let waited = deadline.map_or(self.settings.connect_timeout, |deadline| deadline.timeout);
         let error = LockAcquisitionError::new(
             key,
             AcquisitionErrorKind::Unreachable,
@@ -275,12 +270,7 @@ impl Inner {
         };
         let Some((setup, answer)) = outcome else {
             drop(session);
-            let waited = match deadline {
-                Some(deadline) => deadline
-                    .timeout
-                    .saturating_add(self.settings.deadline_margin),
-                None => self.settings.answer_timeout,
-            };
+            let waited = deadline.map_or(self.settings.answer_timeout, |deadline| deadline.timeout);
             let error = LockAcquisitionError::new(
                 key,
                 AcquisitionErrorKind::ConnectionLost,

@@ -8,7 +8,6 @@
 //! synchronous replication (an asynchronous standby can be promoted without the last
 //! increments, and would hand out a token again).
 
-use deadpool_postgres::GenericClient;
 use locks_port::{AcquisitionErrorKind, LockAcquisitionError};
 
 use crate::classify::driver_error;
@@ -37,7 +36,8 @@ const NEXT_TOKEN: &str = "INSERT INTO advisory_lock_fencing_tokens AS t (lock_id
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let pool = locks_postgres::plain_pool("postgres://app@localhost/app", 4)?;
-/// locks_postgres::install_fencing(&**pool.get().await?).await?;
+/// let client = pool.get().await?;
+/// locks_postgres::install_fencing(&client).await?;
 /// let locks = locks_postgres::PostgresLockManager::builder(pool).fencing(true).build();
 /// # drop(locks);
 /// # Ok(())
@@ -54,7 +54,7 @@ const NEXT_TOKEN: &str = "INSERT INTO advisory_lock_fencing_tokens AS t (lock_id
 ///
 /// # Errors
 /// The driver's error when the statement fails (for example, no `CREATE` privilege).
-pub async fn install_fencing(client: &impl GenericClient) -> Result<(), tokio_postgres::Error> {
+pub async fn install_fencing(client: &tokio_postgres::Client) -> Result<(), tokio_postgres::Error> {
     client.batch_execute(FENCING_SCHEMA).await
 }
 
