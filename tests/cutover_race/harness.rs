@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use locks_port::{
-    AcquireOptions, DistributedLock, LockAcquisitionError, LockNotHeldError, LockRegistry,
-    migration_lock_key,
+    AcquireOptions, DistributedLock, LockAcquisitionError, LockMode, LockNotHeldError,
+    LockRegistry, migration_lock_key,
 };
 use migration_cutover::{
     CutoverOutcome, Event, InMemoryEventStore, InMemoryMigrationRepository,
@@ -348,18 +348,20 @@ impl<L: DistributedLock> DistributedLock for NonExcludingLock<L> {
     fn acquire(
         &self,
         key: &str,
-        options: AcquireOptions,
+        options: impl Into<AcquireOptions> + Send,
     ) -> impl Future<Output = Result<Self::Guard, LockAcquisitionError>> + Send {
         let key = own_key(key);
+        let options = options.into();
         async move { self.0.acquire(&key, options).await }
     }
 
-    fn try_acquire(
+    fn try_acquire_with(
         &self,
         key: &str,
+        mode: LockMode,
     ) -> impl Future<Output = Result<Option<Self::Guard>, LockAcquisitionError>> + Send {
         let key = own_key(key);
-        async move { self.0.try_acquire(&key).await }
+        async move { self.0.try_acquire_with(&key, mode).await }
     }
 
     fn release(&self, key: &str) -> impl Future<Output = Result<(), LockNotHeldError>> + Send {

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use locks_port::{LockGuard, LockInfo, ReleaseOutcome};
+use locks_port::{LockGuard, LockInfo, LostSignal, ReleaseOutcome};
 
 use crate::manager::ManagerInner;
 
@@ -20,16 +20,23 @@ pub struct InMemoryLockGuard {
     manager: Arc<ManagerInner>,
     token: u64,
     info: LockInfo,
+    lost: LostSignal,
     /// False once the lock was released or handed to the manager.
     armed: bool,
 }
 
 impl InMemoryLockGuard {
-    pub(crate) fn new(manager: Arc<ManagerInner>, token: u64, info: LockInfo) -> Self {
+    pub(crate) fn new(
+        manager: Arc<ManagerInner>,
+        token: u64,
+        info: LockInfo,
+        lost: LostSignal,
+    ) -> Self {
         Self {
             manager,
             token,
             info,
+            lost,
             armed: true,
         }
     }
@@ -48,6 +55,14 @@ impl InMemoryLockGuard {
 impl LockGuard for InMemoryLockGuard {
     fn info(&self) -> &LockInfo {
         &self.info
+    }
+
+    fn lost(&self) -> LostSignal {
+        self.lost.clone()
+    }
+
+    fn is_lost(&self) -> bool {
+        self.lost.is_lost()
     }
 
     /// Releases the lock now and reports how.

@@ -8,13 +8,14 @@ use std::time::Duration;
 
 use locks_port::{
     AcquireOptions, AcquisitionErrorKind, DistributedLock, LockAcquisitionError, LockInfo,
-    LockNotHeldError, LockRegistry, WaitStrategy,
+    LockMode, LockNotHeldError, LockRegistry, LossNotifier, LostReason, WaitStrategy,
+    deadline_after,
 };
 use time::OffsetDateTime;
 use tokio::sync::TryAcquireError;
 
 use crate::guard::InMemoryLockGuard;
-use crate::table::{HeldPermit, InMemoryLockTable, Slot};
+use crate::table::{HeldPermit, InMemoryLockTable, READER_PERMITS, Slot};
 
 /// The shortest sleep between two tries of [`WaitStrategy::Poll`].
 const MIN_RETRY_INTERVAL: Duration = Duration::from_millis(1);
@@ -28,7 +29,14 @@ const MIN_RETRY_INTERVAL: Duration = Duration::from_millis(1);
 ///
 /// Waiters on a lock are served first-come first-served, and a released lock goes to
 /// the first waiter directly: a [`try_acquire`](DistributedLock::try_acquire) cannot
-/// take it from under a queue.
+/// take it from under a queue. Shared holders ([`LockMode::Shared`]) hold a key
+/// together; an exclusive waiter queued behind them keeps later shared requests
+/// waiting behind it, so writers are not starved.
+///
+/// The only way a guard's lock is lost here is through its manager:
+/// [`release`](DistributedLock::release) or [`release_all`](LockRegistry::release_all)
+/// of a key whose guard is still in use fires that guard's
+/// [`lost`](locks_port::LockGuard::lost) signal with [`LostReason::Released`].
 ///
 /// # Runtime
 /// `acquire` with a timeout and the [`WaitStrategy::Poll`] strategy use Tokio's timer
@@ -50,8 +58,24 @@ pub(crate) struct ManagerInner {
 struct Held {
     /// Which acquisition this is: a guard only releases the acquisition it came from.
     token: u64,
+    /// Tells the guard when the lock is taken away.
+    notifier: LossNotifier,
     /// Dropping it releases the lock.
     _permit: HeldPermit,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.notifier.notify(LostReason::Released);
+    }
+}
+
+/// How many of a lock's permits `mode` takes.
+fn permits(mode: LockMode) -> u32 {
+    match mode {
+        LockMode::Shared => 1,
+        _ => READER_PERMITS,
+    }
 }
 
 /// Builds an [`InMemoryLockManager`].
@@ -138,42 +162,51 @@ impl InMemoryLockManager {
         self.inner.holder_id.as_deref()
     }
 
-    /// Waits for the lock's permit as `options` say; `None` when the time ran out.
+    /// Waits for the lock's permits as `options` say; `false` when the time ran out.
     ///
-    /// Cancel safe: the permit is taken by Tokio's cancel-safe `Acquire` future or by a
-    /// synchronous `try_acquire`, and forgotten only after no await is left.
+    /// Cancel safe: the permits are taken by Tokio's cancel-safe `Acquire` future or by
+    /// a synchronous `try_acquire`, and forgotten only after no await is left.
     async fn wait_for_permit(
         slot: &Slot,
         key: &str,
         options: AcquireOptions,
     ) -> Result<bool, LockAcquisitionError> {
         let semaphore = slot.semaphore();
+        let wanted = permits(options.mode());
         match (options.timeout(), options.wait_strategy()) {
-            (Some(timeout), _) if timeout.is_zero() => Self::try_permit(slot, key),
-            (None, WaitStrategy::Poll) => {
-                Self::poll(slot, key, options.retry_interval(), None).await
-            }
+            (Some(timeout), _) if timeout.is_zero() => Self::try_permit(slot, key, wanted),
             (Some(timeout), WaitStrategy::Poll) => {
-                Self::poll(slot, key, options.retry_interval(), Some(timeout)).await
+                Self::poll(slot, key, wanted, options.retry_interval(), timeout).await
             }
+            // Without a timeout every strategy waits in the queue, as in the original
+            // (and the PostgreSQL manager): polling is for bounded waits.
             (None, _) => {
-                let permit = semaphore.acquire().await.map_err(|_| closed(key))?;
+                let permit = semaphore
+                    .acquire_many(wanted)
+                    .await
+                    .map_err(|_| closed(key))?;
                 permit.forget();
                 Ok(true)
             }
-            (Some(timeout), _) => match tokio::time::timeout(timeout, semaphore.acquire()).await {
-                Ok(permit) => {
-                    permit.map_err(|_| closed(key))?.forget();
-                    Ok(true)
+            (Some(timeout), _) => {
+                let deadline = tokio::time::Instant::from_std(deadline_after(
+                    std::time::Instant::now(),
+                    timeout,
+                ));
+                match tokio::time::timeout_at(deadline, semaphore.acquire_many(wanted)).await {
+                    Ok(permit) => {
+                        permit.map_err(|_| closed(key))?.forget();
+                        Ok(true)
+                    }
+                    Err(_elapsed) => Ok(false),
                 }
-                Err(_elapsed) => Ok(false),
-            },
+            }
         }
     }
 
-    /// One attempt: `true` when the permit was taken.
-    fn try_permit(slot: &Slot, key: &str) -> Result<bool, LockAcquisitionError> {
-        match slot.semaphore().try_acquire() {
+    /// One attempt: `true` when the permits were taken.
+    fn try_permit(slot: &Slot, key: &str, wanted: u32) -> Result<bool, LockAcquisitionError> {
+        match slot.semaphore().try_acquire_many(wanted) {
             Ok(permit) => {
                 permit.forget();
                 Ok(true)
@@ -188,44 +221,48 @@ impl InMemoryLockManager {
     async fn poll(
         slot: &Slot,
         key: &str,
+        wanted: u32,
         retry_interval: Duration,
-        timeout: Option<Duration>,
+        timeout: Duration,
     ) -> Result<bool, LockAcquisitionError> {
-        let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
+        let deadline =
+            tokio::time::Instant::from_std(deadline_after(std::time::Instant::now(), timeout));
         let interval = retry_interval.max(MIN_RETRY_INTERVAL);
         loop {
-            if Self::try_permit(slot, key)? {
+            if Self::try_permit(slot, key, wanted)? {
                 return Ok(true);
             }
             let now = tokio::time::Instant::now();
-            let sleep = match deadline {
-                Some(deadline) if now >= deadline => return Ok(false),
-                Some(deadline) => interval.min(deadline - now),
-                None => interval,
-            };
-            tokio::time::sleep(sleep).await;
+            if now >= deadline {
+                return Ok(false);
+            }
+            tokio::time::sleep(interval.min(deadline - now)).await;
         }
     }
 
     /// Books a taken permit and hands out its guard. No await: the permit cannot be
     /// lost between being taken and being booked.
-    fn book(&self, key: &str, slot: Slot) -> InMemoryLockGuard {
+    fn book(&self, key: &str, slot: Slot, mode: LockMode) -> InMemoryLockGuard {
         let token = self.inner.next_token.fetch_add(1, Ordering::Relaxed);
         let info = LockInfo::new(
             key,
             self.inner.table.inner.lock_id(key),
             OffsetDateTime::now_utc(),
             self.inner.holder_id.clone(),
-        );
+        )
+        .with_mode(mode);
+        let notifier = LossNotifier::new();
+        let lost = notifier.signal();
         let held = Held {
             token,
-            _permit: HeldPermit::new(slot),
+            notifier,
+            _permit: HeldPermit::new(slot, permits(mode)),
         };
         // A manager books a key only while holding its lock, so no entry can be there;
         // if one were, dropping it would release its permit, never leak it.
         let previous = self.inner.held_map().insert(key.to_owned(), held);
         drop(previous);
-        InMemoryLockGuard::new(Arc::clone(&self.inner), token, info)
+        InMemoryLockGuard::new(Arc::clone(&self.inner), token, info, lost)
     }
 }
 
@@ -289,11 +326,12 @@ impl DistributedLock for InMemoryLockManager {
     async fn acquire(
         &self,
         key: &str,
-        options: AcquireOptions,
+        options: impl Into<AcquireOptions> + Send,
     ) -> Result<InMemoryLockGuard, LockAcquisitionError> {
+        let options = options.into();
         let slot = Slot::join(&self.inner.table.inner, self.inner.table.inner.lock_id(key));
         if Self::wait_for_permit(&slot, key, options).await? {
-            Ok(self.book(key, slot))
+            Ok(self.book(key, slot, options.mode()))
         } else {
             // `slot` is dropped on return, leaving the table.
             Err(LockAcquisitionError::timed_out(
@@ -303,20 +341,23 @@ impl DistributedLock for InMemoryLockManager {
         }
     }
 
-    /// Takes the lock for `key` if nobody holds it and nobody is queued for it.
+    /// Takes the lock for `key` in `mode` if it can be had now without jumping the
+    /// queue: exclusive when nobody holds it or waits for it, shared when no exclusive
+    /// holder has it and nobody waits.
     ///
     /// # Errors
     /// None in practice (the error type is the port's).
     ///
     /// # Cancel safety
     /// Cancel safe: it completes without waiting.
-    async fn try_acquire(
+    async fn try_acquire_with(
         &self,
         key: &str,
+        mode: LockMode,
     ) -> Result<Option<InMemoryLockGuard>, LockAcquisitionError> {
         let slot = Slot::join(&self.inner.table.inner, self.inner.table.inner.lock_id(key));
-        if Self::try_permit(&slot, key)? {
-            Ok(Some(self.book(key, slot)))
+        if Self::try_permit(&slot, key, permits(mode))? {
+            Ok(Some(self.book(key, slot, mode)))
         } else {
             Ok(None)
         }

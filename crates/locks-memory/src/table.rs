@@ -1,4 +1,5 @@
-//! The lock table managers share: one FIFO semaphore of one permit per lock id.
+//! The lock table managers share: one FIFO semaphore per lock id, of
+//! [`READER_PERMITS`] permits: a shared holder takes one, an exclusive holder takes all.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -6,6 +7,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use locks_port::KeyDerivation;
 use tokio::sync::Semaphore;
+
+/// The permits of one lock: the most shared holders one key can have at once (more
+/// wait, as they would for an exclusive holder). An exclusive holder takes all of them.
+pub(crate) const READER_PERMITS: u32 = 1 << 20;
 
 /// The locks of one "database": managers on the same table contend on the same
 /// locks, like processes sharing one PostgreSQL server. Cloning shares the table.
@@ -135,7 +140,7 @@ impl Slot {
             table
                 .lock_map()
                 .entry(lock_id)
-                .or_insert_with(|| Arc::new(Semaphore::new(1))),
+                .or_insert_with(|| Arc::new(Semaphore::new(READER_PERMITS as usize))),
         );
         Self {
             table: Arc::clone(table),
@@ -167,15 +172,16 @@ impl Drop for Slot {
     }
 }
 
-/// One held permit of a lock: returns the permit when dropped, then leaves the entry.
+/// The held permits of a lock: returns them when dropped, then leaves the entry.
 pub(crate) struct HeldPermit {
     slot: Slot,
+    permits: u32,
 }
 
 impl HeldPermit {
-    /// Wraps a slot whose permit was acquired and forgotten.
-    pub(crate) fn new(slot: Slot) -> Self {
-        Self { slot }
+    /// Wraps a slot whose `permits` were acquired and forgotten.
+    pub(crate) fn new(slot: Slot, permits: u32) -> Self {
+        Self { slot, permits }
     }
 }
 
@@ -183,6 +189,6 @@ impl Drop for HeldPermit {
     fn drop(&mut self) {
         // Hands the lock to the first waiter, if any; `slot` is dropped after this,
         // leaving the entry (and removing it if nobody else uses it).
-        self.slot.semaphore().add_permits(1);
+        self.slot.semaphore().add_permits(self.permits as usize);
     }
 }

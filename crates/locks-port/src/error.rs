@@ -14,10 +14,21 @@ pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 pub enum AcquisitionErrorKind {
     /// Someone else held the lock for the whole timeout. Retry later or give up.
     Timeout,
-    /// No connection could be had: the pool stayed exhausted past the timeout, is
-    /// closed, or could not open a connection. Size the pool for one connection per
-    /// held lock.
+    /// Every pool connection was in use past the timeout (or at once, for
+    /// `try_acquire`), or the pool is closed. Each held lock keeps one connection: size
+    /// the pool for the most locks held at once, plus waiters.
     PoolUnavailable,
+    /// The server could not be reached in time: connection refused, host unreachable,
+    /// DNS failure, or no answer to the connection set-up within the connect timeout.
+    /// Nothing was taken; retry once the server is back.
+    Unreachable,
+    /// The server refused the session for a reason retrying will not fix: failed
+    /// authentication, an unknown role or database, a read-only standby (advisory
+    /// locks there exclude nothing on the primary). Fix the configuration.
+    Configuration,
+    /// The server detected a deadlock (SQLSTATE 40P01) and chose this wait to end.
+    /// Take keys in one global order (by lock id) to avoid it.
+    Deadlock,
     /// The connection to the server was lost (network, restart, terminated backend).
     /// The server freed anything that session held; retrying is safe.
     ConnectionLost,
@@ -85,6 +96,38 @@ impl LockAcquisitionError {
     ) -> Self {
         let source = source.into();
         Self::new(key, kind, format!("Database error: {source}")).with_source(source)
+    }
+
+    /// A backend failure described in the backend's own words: reason
+    /// `Database error: {description}` (for PostgreSQL, the server's message and
+    /// SQLSTATE), with `source` kept for callers that inspect it. The description
+    /// should not repeat text the caller adds, and `source` is not formatted into it.
+    ///
+    /// ```
+    /// use std::error::Error;
+    /// use locks_port::{AcquisitionErrorKind, LockAcquisitionError};
+    ///
+    /// let io = std::io::Error::other("db error");
+    /// let error = LockAcquisitionError::described(
+    ///     "k",
+    ///     AcquisitionErrorKind::Configuration,
+    ///     "role \"nosuchuser\" does not exist (28000)",
+    ///     io,
+    /// );
+    /// assert_eq!(
+    ///     error.to_string(),
+    ///     "Failed to acquire lock 'k': Database error: role \"nosuchuser\" does not exist (28000)"
+    /// );
+    /// assert!(error.source().is_some());
+    /// ```
+    #[must_use]
+    pub fn described(
+        key: impl Into<String>,
+        kind: AcquisitionErrorKind,
+        description: impl fmt::Display,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        Self::new(key, kind, format!("Database error: {description}")).with_source(source)
     }
 
     /// Records the timeout the call was made with.
@@ -181,6 +224,49 @@ impl LockNotHeldError {
     }
 }
 
+/// A lock was lost while the work it protected was running (see
+/// [`DistributedLock::with_lock_until_lost`](crate::DistributedLock::with_lock_until_lost)).
+///
+/// ```
+/// use locks_port::{LockLostError, LostReason};
+///
+/// let error = LockLostError::new("job:nightly", LostReason::ConnectionClosed);
+/// assert_eq!(
+///     error.to_string(),
+///     "Lock 'job:nightly' was lost: the session holding the lock ended"
+/// );
+/// assert_eq!(error.reason(), LostReason::ConnectionClosed);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("Lock '{key}' was lost: {reason}")]
+pub struct LockLostError {
+    key: String,
+    reason: crate::LostReason,
+}
+
+impl LockLostError {
+    /// The error for `key`, lost for `reason`.
+    #[must_use]
+    pub fn new(key: impl Into<String>, reason: crate::LostReason) -> Self {
+        Self {
+            key: key.into(),
+            reason,
+        }
+    }
+
+    /// The key whose lock was lost.
+    #[must_use]
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Why it was lost.
+    #[must_use]
+    pub fn reason(&self) -> crate::LostReason {
+        self.reason
+    }
+}
+
 /// Every lock failure, for callers that handle them in one place.
 ///
 /// ```
@@ -208,6 +294,9 @@ pub enum LockError {
     /// Options that cannot be represented.
     #[error(transparent)]
     InvalidTimeout(#[from] crate::InvalidTimeoutError),
+    /// A held lock was lost while its work ran; the work was stopped.
+    #[error(transparent)]
+    Lost(#[from] LockLostError),
 }
 
 #[cfg(test)]

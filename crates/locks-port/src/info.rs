@@ -2,8 +2,11 @@
 
 use time::OffsetDateTime;
 
+use crate::LockMode;
+
 /// What a manager hands back when it takes a lock: the key, the derived lock id, when
-/// it was acquired (UTC) and the manager's optional holder label.
+/// it was acquired (UTC), the manager's optional holder label, the mode and, when the
+/// manager hands out fencing tokens, this grant's token.
 ///
 /// Immutable: built once by the manager, read through accessors.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -12,6 +15,8 @@ pub struct LockInfo {
     lock_id: i64,
     acquired_at: OffsetDateTime,
     holder_id: Option<String>,
+    mode: LockMode,
+    fencing_token: Option<i64>,
 }
 
 impl LockInfo {
@@ -28,7 +33,39 @@ impl LockInfo {
             lock_id,
             acquired_at: acquired_at.to_offset(time::UtcOffset::UTC),
             holder_id,
+            mode: LockMode::Exclusive,
+            fencing_token: None,
         }
+    }
+
+    /// The same value for a lock held in `mode` (the default is exclusive).
+    #[must_use]
+    pub fn with_mode(mut self, mode: LockMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// The same value carrying the fencing token of this grant.
+    #[must_use]
+    pub fn with_fencing_token(mut self, token: i64) -> Self {
+        self.fencing_token = Some(token);
+        self
+    }
+
+    /// Whether the lock is held exclusively or shared.
+    #[must_use]
+    pub fn mode(&self) -> LockMode {
+        self.mode
+    }
+
+    /// The fencing token of this grant, when the manager hands them out: a number that
+    /// grows strictly with every grant of the key, across every holder that uses the
+    /// same token store. Store it beside the data the lock protects and refuse writes
+    /// that carry a smaller one; that stops a holder that paused past the loss of its
+    /// lock. `None` when fencing is off.
+    #[must_use]
+    pub fn fencing_token(&self) -> Option<i64> {
+        self.fencing_token
     }
 
     /// The key the lock was requested for.

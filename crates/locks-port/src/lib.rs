@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod error;
+mod health;
 mod info;
 mod key;
 mod lock;
@@ -11,13 +12,26 @@ mod options;
 pub mod conformance;
 
 pub use error::{
-    AcquisitionErrorKind, BoxError, LockAcquisitionError, LockError, LockNotHeldError,
-    timeout_reason,
+    AcquisitionErrorKind, BoxError, LockAcquisitionError, LockError, LockLostError,
+    LockNotHeldError, timeout_reason,
 };
+pub use health::{LossNotifier, Lost, LostReason, LostSignal};
 pub use info::LockInfo;
 pub use key::{DEFAULT_MIGRATION_OPERATION, KeyDerivation, lock_id, migration_lock_key};
 pub use lock::{DistributedLock, LockGuard, LockRegistry, ReleaseOutcome};
-pub use options::{AcquireOptions, InvalidTimeoutError, WaitStrategy};
+pub use options::{AcquireOptions, InvalidTimeoutError, LockMode, WaitStrategy, deadline_after};
+
+/// The lock API in one `use`: `use locks_port::prelude::*;` (or the adapter's
+/// re-export, `use locks_postgres::prelude::*;`). The traits, so their methods are in
+/// scope, and the types every call names.
+pub mod prelude {
+    pub use crate::{
+        AcquireOptions, AcquisitionErrorKind, DistributedLock, LockAcquisitionError, LockError,
+        LockGuard, LockInfo, LockMode, LockRegistry, LostReason, LostSignal, ReleaseOutcome,
+        WaitStrategy,
+    };
+    pub use uuid::Uuid;
+}
 
 /// Re-exported so callers name the same `time` and `uuid` versions as the port.
 pub use time;

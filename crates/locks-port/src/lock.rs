@@ -1,9 +1,14 @@
 //! The two traits of the port, split along the original's two consumer groups.
 
 use std::fmt;
-use std::future::Future;
+use std::future::{Future, IntoFuture, poll_fn};
+use std::pin::pin;
+use std::task::Poll;
 
-use crate::{AcquireOptions, LockAcquisitionError, LockInfo, LockNotHeldError};
+use crate::{
+    AcquireOptions, LockAcquisitionError, LockError, LockInfo, LockLostError, LockMode,
+    LockNotHeldError, LostReason, LostSignal,
+};
 
 /// What an explicit release did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -18,6 +23,9 @@ pub enum ReleaseOutcome {
     /// session had been terminated). The session was closed instead, which frees
     /// whatever it held; the bookkeeping entry is gone either way.
     SessionClosed,
+    /// The lock had already been lost (the guard's [`LockGuard::lost`] signal fired
+    /// with this reason); there was nothing left to release.
+    Lost(LostReason),
 }
 
 /// A held lock. Dropping it releases the lock; [`release`](LockGuard::release) does
@@ -33,6 +41,20 @@ pub enum ReleaseOutcome {
 pub trait LockGuard: Send + fmt::Debug {
     /// The lock this guard holds.
     fn info(&self) -> &LockInfo;
+
+    /// The signal that fires when the lock is no longer held: `.await` it (for example
+    /// in a `select!` beside the protected work) to learn the [`LostReason`], or ask
+    /// [`LostSignal::is_lost`]. It never fires while the lock is held.
+    ///
+    /// How fast a loss is noticed depends on the manager: the in-memory manager's only
+    /// losses are its own `release(key)` and `release_all()`, noticed at once; the
+    /// PostgreSQL manager documents its detection bounds.
+    fn lost(&self) -> LostSignal;
+
+    /// Whether the lock is no longer held (a cheap local check).
+    fn is_lost(&self) -> bool {
+        self.lost().is_lost()
+    }
 
     /// Releases the lock now and reports how.
     ///
@@ -51,6 +73,55 @@ pub trait LockGuard: Send + fmt::Debug {
 
 /// Acquire and release string-keyed locks (the original's `DistributedLock`).
 ///
+/// The traits use `async fn`-style methods returning `impl Future`, so they are not
+/// dyn-compatible: write code that takes locks generic over `L: DistributedLock`
+/// (monomorphised, no boxing), or pick one concrete manager. To choose the manager at
+/// run time, wrap the managers you use in an enum of your own that implements the trait
+/// by delegating.
+///
+/// ```
+/// use std::time::Duration;
+/// use locks_port::prelude::*;
+///
+/// /// Runs the nightly job if no other instance is running it right now.
+/// async fn nightly<L: DistributedLock>(locks: &L) -> Result<bool, LockAcquisitionError> {
+///     let Some(guard) = locks.try_acquire("job:nightly").await? else {
+///         return Ok(false); // another instance has it
+///     };
+///     // ... the job; `guard.lost()` fires if the lock is lost meanwhile ...
+///     guard.release().await;
+///     Ok(true)
+/// }
+///
+/// /// Waits up to 2 s for the tenant's lock.
+/// async fn per_tenant<L: DistributedLock>(locks: &L) -> Result<(), LockAcquisitionError> {
+///     let guard = locks.acquire("tenant:42", Duration::from_secs(2)).await?;
+///     assert_eq!(guard.info().key(), "tenant:42");
+///     Ok(())
+/// }
+/// # let locks = locks_memory_stand_in::Locks;
+/// # let _ = (nightly(&locks), per_tenant(&locks));
+/// # mod locks_memory_stand_in {
+/// #     use locks_port::prelude::*;
+/// #     use locks_port::{LossNotifier, LostSignal, LockInfo, LockNotHeldError, ReleaseOutcome};
+/// #     #[derive(Debug)] pub struct Guard(LockInfo, LossNotifier);
+/// #     impl LockGuard for Guard {
+/// #         fn info(&self) -> &LockInfo { &self.0 }
+/// #         fn lost(&self) -> LostSignal { self.1.signal() }
+/// #         async fn release(self) -> ReleaseOutcome { ReleaseOutcome::Unlocked }
+/// #         fn into_held(self) -> LockInfo { self.0 }
+/// #     }
+/// #     pub struct Locks;
+/// #     impl DistributedLock for Locks {
+/// #         type Guard = Guard;
+/// #         async fn acquire(&self, key: &str, _: impl Into<AcquireOptions> + Send) -> Result<Guard, LockAcquisitionError> { unimplemented!("{key}") }
+/// #         async fn try_acquire_with(&self, key: &str, _: LockMode) -> Result<Option<Guard>, LockAcquisitionError> { unimplemented!("{key}") }
+/// #         async fn release(&self, key: &str) -> Result<(), LockNotHeldError> { Err(LockNotHeldError::new(key)) }
+/// #         fn is_held(&self, _: &str) -> bool { false }
+/// #     }
+/// # }
+/// ```
+///
 /// A second acquisition of a key the same manager already holds contends like any
 /// other holder: [`try_acquire`](DistributedLock::try_acquire) gives `None`, and
 /// [`acquire`](DistributedLock::acquire) waits for the first to be released.
@@ -59,7 +130,9 @@ pub trait DistributedLock: Send + Sync {
     type Guard: LockGuard;
 
     /// Takes the lock for `key`, waiting as `options` say: forever by default, or up to
-    /// a timeout (one attempt at least, so a zero timeout is exactly one try).
+    /// a timeout (one attempt at least, so a zero timeout is exactly one try). Anything
+    /// that converts into [`AcquireOptions`] will do: a [`Duration`](std::time::Duration)
+    /// bounds the wait, a [`LockMode`] chooses the mode.
     ///
     /// # Errors
     /// [`LockAcquisitionError`]: a timeout (reason `Timeout after {s}s`), or a backend
@@ -71,11 +144,11 @@ pub trait DistributedLock: Send + Sync {
     fn acquire(
         &self,
         key: &str,
-        options: AcquireOptions,
+        options: impl Into<AcquireOptions> + Send,
     ) -> impl Future<Output = Result<Self::Guard, LockAcquisitionError>> + Send;
 
-    /// Takes the lock for `key` if it is free right now; `Ok(None)` when it is held
-    /// (by anyone, this manager included). Never waits for the lock.
+    /// Takes the exclusive lock for `key` if it is free right now; `Ok(None)` when it is
+    /// held (by anyone, this manager included). Never waits for the lock.
     ///
     /// # Errors
     /// A backend failure, as [`LockAcquisitionError`] with the backend's error as
@@ -86,6 +159,23 @@ pub trait DistributedLock: Send + Sync {
     fn try_acquire(
         &self,
         key: &str,
+    ) -> impl Future<Output = Result<Option<Self::Guard>, LockAcquisitionError>> + Send {
+        self.try_acquire_with(key, LockMode::Exclusive)
+    }
+
+    /// [`try_acquire`](DistributedLock::try_acquire) in `mode`: a shared try succeeds
+    /// while other shared holders hold the key, and gives `Ok(None)` while an exclusive
+    /// holder holds it or an exclusive waiter is queued for it.
+    ///
+    /// # Errors
+    /// As [`try_acquire`](DistributedLock::try_acquire).
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`acquire`](DistributedLock::acquire).
+    fn try_acquire_with(
+        &self,
+        key: &str,
+        mode: LockMode,
     ) -> impl Future<Output = Result<Option<Self::Guard>, LockAcquisitionError>> + Send;
 
     /// Releases the lock this manager holds for `key`, whoever holds its guard
@@ -120,7 +210,7 @@ pub trait DistributedLock: Send + Sync {
     fn with_lock<F, Fut, T>(
         &self,
         key: &str,
-        options: AcquireOptions,
+        options: impl Into<AcquireOptions> + Send,
         body: F,
     ) -> impl Future<Output = Result<T, LockAcquisitionError>> + Send
     where
@@ -133,6 +223,76 @@ pub trait DistributedLock: Send + Sync {
             let output = body(guard.info().clone()).await;
             guard.release().await;
             Ok(output)
+        }
+    }
+
+    /// Runs `body` while holding the lock for `key`, and stops it (drops its future at
+    /// its next await) the moment the lock is lost: the common pattern for work that
+    /// must not go on without its lock.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use locks_port::prelude::*;
+    ///
+    /// async fn run_job<L: DistributedLock>(locks: &L) -> Result<u32, LockError> {
+    ///     locks
+    ///         .with_lock_until_lost("job:reindex", Duration::from_secs(5), |_info| async {
+    ///             // ... work that must stop if the lock is lost ...
+    ///             42
+    ///         })
+    ///         .await
+    /// }
+    /// # let _ = run_job::<NoLocks>;
+    /// # struct NoLocks;
+    /// # impl DistributedLock for NoLocks {
+    /// #     type Guard = G;
+    /// #     async fn acquire(&self, key: &str, _: impl Into<AcquireOptions> + Send) -> Result<G, LockAcquisitionError> { unimplemented!("{key}") }
+    /// #     async fn try_acquire_with(&self, key: &str, _: LockMode) -> Result<Option<G>, LockAcquisitionError> { unimplemented!("{key}") }
+    /// #     async fn release(&self, key: &str) -> Result<(), locks_port::LockNotHeldError> { unimplemented!("{key}") }
+    /// #     fn is_held(&self, _: &str) -> bool { false }
+    /// # }
+    /// # #[derive(Debug)] struct G;
+    /// # impl LockGuard for G {
+    /// #     fn info(&self) -> &locks_port::LockInfo { unimplemented!() }
+    /// #     fn lost(&self) -> locks_port::LostSignal { unimplemented!() }
+    /// #     async fn release(self) -> locks_port::ReleaseOutcome { unimplemented!() }
+    /// #     fn into_held(self) -> locks_port::LockInfo { unimplemented!() }
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::Acquisition`] when the lock could not be taken (`body` did not run);
+    /// [`LockError::Lost`] when it was lost while `body` ran (`body` was dropped where
+    /// it stood, so make it safe to stop at an await, as any cancellable future).
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops the body and the guard, which releases the lock.
+    fn with_lock_until_lost<F, Fut, T>(
+        &self,
+        key: &str,
+        options: impl Into<AcquireOptions> + Send,
+        body: F,
+    ) -> impl Future<Output = Result<T, LockError>> + Send
+    where
+        F: FnOnce(LockInfo) -> Fut + Send,
+        Fut: Future<Output = T> + Send,
+        T: Send,
+    {
+        async move {
+            let guard = self.acquire(key, options).await?;
+            let outcome = {
+                let mut body = pin!(body(guard.info().clone()));
+                let mut lost = pin!(guard.lost().into_future());
+                poll_fn(|cx| {
+                    if let Poll::Ready(output) = body.as_mut().poll(cx) {
+                        return Poll::Ready(Ok(output));
+                    }
+                    lost.as_mut().poll(cx).map(Err)
+                })
+                .await
+            };
+            guard.release().await;
+            outcome.map_err(|reason| LockLostError::new(key, reason).into())
         }
     }
 }

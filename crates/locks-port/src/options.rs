@@ -1,6 +1,60 @@
-//! How long and how to wait for a lock.
+//! How long and how to wait for a lock, and in which mode.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// Whether a lock excludes everyone or admits other readers.
+///
+/// Exclusive and shared holders of one key contend as PostgreSQL's
+/// `pg_advisory_lock` / `pg_advisory_lock_shared` do: any number of shared holders at
+/// once, or one exclusive holder. Waiters are served in arrival order, so a queued
+/// exclusive waiter is not starved by a stream of shared ones: readers that arrive
+/// after it wait behind it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LockMode {
+    /// One holder at a time (the default; the original's only mode).
+    #[default]
+    Exclusive,
+    /// Many shared holders at once, excluded by an exclusive one.
+    Shared,
+}
+
+impl LockMode {
+    /// A low-cardinality name, for spans and logs.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Exclusive => "exclusive",
+            Self::Shared => "shared",
+        }
+    }
+}
+
+/// The deadline `timeout` after `start`, saturating: a timeout too large for the clock
+/// (such as [`Duration::MAX`], a common way to say "forever") gives a deadline
+/// centuries away instead of an overflow.
+///
+/// ```
+/// use std::time::{Duration, Instant};
+///
+/// let now = Instant::now();
+/// assert_eq!(locks_port::deadline_after(now, Duration::from_secs(1)), now + Duration::from_secs(1));
+/// assert!(locks_port::deadline_after(now, Duration::MAX) > now + Duration::from_secs(86_400 * 365));
+/// ```
+#[must_use]
+pub fn deadline_after(start: Instant, timeout: Duration) -> Instant {
+    if let Some(deadline) = start.checked_add(timeout) {
+        return deadline;
+    }
+    // Far enough to be "never", near enough for every platform's clock.
+    let mut far = Duration::from_secs(100 * 365 * 86_400);
+    loop {
+        if let Some(deadline) = start.checked_add(far) {
+            return deadline;
+        }
+        far /= 2;
+    }
+}
 
 /// How a manager waits for a lock that someone else holds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -15,6 +69,9 @@ pub enum WaitStrategy {
     /// try again until the timeout. Slower to hand over (up to one interval late) and
     /// unfair (a poller never joins the queue, so it can starve). Kept for comparison
     /// and for backends without a queue.
+    ///
+    /// As in the original, polling applies to bounded waits only: without a timeout
+    /// every manager waits in the queue, whatever the strategy.
     Poll,
 }
 
@@ -46,6 +103,7 @@ pub struct AcquireOptions {
     timeout: Option<Duration>,
     retry_interval: Duration,
     wait_strategy: WaitStrategy,
+    mode: LockMode,
 }
 
 impl AcquireOptions {
@@ -59,10 +117,39 @@ impl AcquireOptions {
             timeout: None,
             retry_interval: Self::DEFAULT_RETRY_INTERVAL,
             wait_strategy: WaitStrategy::Queue,
+            mode: LockMode::Exclusive,
         }
     }
 
+    /// A shared (reader) lock, waiting forever: `AcquireOptions::new().with_mode(LockMode::Shared)`.
+    ///
+    /// ```
+    /// use locks_port::{AcquireOptions, LockMode};
+    /// assert_eq!(AcquireOptions::shared().mode(), LockMode::Shared);
+    /// assert_eq!(AcquireOptions::new().mode(), LockMode::Exclusive);
+    /// ```
+    #[must_use]
+    pub const fn shared() -> Self {
+        Self::new().with_mode(LockMode::Shared)
+    }
+
+    /// Chooses exclusive (the default) or shared.
+    #[must_use]
+    pub const fn with_mode(mut self, mode: LockMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// The lock mode.
+    #[must_use]
+    pub const fn mode(&self) -> LockMode {
+        self.mode
+    }
+
     /// Gives up after `timeout` (one attempt at least; zero means exactly one try).
+    ///
+    /// Any duration is accepted: one too large for the clock ([`Duration::MAX`])
+    /// saturates to a deadline centuries away, so it waits as good as forever.
     #[must_use]
     pub const fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
@@ -91,7 +178,7 @@ impl AcquireOptions {
     }
 
     /// Sets the sleep between two tries of [`WaitStrategy::Poll`] (ignored by
-    /// [`WaitStrategy::Queue`]).
+    /// [`WaitStrategy::Queue`]). Zero is accepted; managers sleep at least 1 ms.
     #[must_use]
     pub const fn with_retry_interval(mut self, retry_interval: Duration) -> Self {
         self.retry_interval = retry_interval;
@@ -144,6 +231,13 @@ impl From<Option<Duration>> for AcquireOptions {
             timeout,
             ..Self::new()
         }
+    }
+}
+
+impl From<LockMode> for AcquireOptions {
+    /// Waits forever for a lock in `mode`.
+    fn from(mode: LockMode) -> Self {
+        Self::new().with_mode(mode)
     }
 }
 

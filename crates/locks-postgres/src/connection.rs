@@ -4,7 +4,7 @@
 use deadpool_postgres::Object;
 use tokio_postgres::NoTls;
 
-use crate::sql::Statement;
+use crate::sql::{SESSION_SETUP, Statement};
 
 /// A checked-out connection.
 ///
@@ -44,10 +44,10 @@ impl Session {
         &mut self,
         statement: Statement,
     ) -> Result<Answer, tokio_postgres::Error> {
-        let object = self
-            .object
-            .as_ref()
-            .expect("a session holds its connection until it is consumed");
+        let object = match self.object.as_ref() {
+            Some(object) => object,
+            None => unreachable!("a session holds its connection until it is consumed"),
+        };
         self.in_flight = true;
         let answer = Self::execute(object, statement).await;
         // Reached only when the statement finished (answer or error): no cancel needed.
@@ -55,25 +55,71 @@ impl Session {
         answer
     }
 
+    /// Sets a new connection up for holding locks ([`SESSION_SETUP`]: no statement,
+    /// idle or idle-in-transaction timeout ends a wait or a hold; `application_name`
+    /// publishes the holder) with `statement` pipelined behind it: one round trip for
+    /// both. The first answer says whether the server is a read-only standby.
+    pub(crate) async fn run_after_setup(
+        &mut self,
+        application_name: Option<&str>,
+        statement: Statement,
+    ) -> (
+        Result<bool, tokio_postgres::Error>,
+        Result<Answer, tokio_postgres::Error>,
+    ) {
+        let object = match self.object.as_ref() {
+            Some(object) => object,
+            None => unreachable!("a session holds its connection until it is consumed"),
+        };
+        let setup = async {
+            let prepared = object.prepare_cached(SESSION_SETUP).await?;
+            let row = object.query_one(&prepared, &[&application_name]).await?;
+            row.try_get::<_, bool>(0)
+        };
+        self.in_flight = true;
+        let answers = tokio::join!(setup, Self::execute(object, statement));
+        self.in_flight = false;
+        answers
+    }
+
+    /// The connection (for statements of its own, like the set-up).
+    pub(crate) fn object(&self) -> &Object {
+        match self.object.as_ref() {
+            Some(object) => object,
+            None => unreachable!("a session holds its connection until it is consumed"),
+        }
+    }
+
+    /// Whether the connection has ended (a local check, no I/O): the server closed it
+    /// or the socket failed.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.object.as_ref().is_none_or(|object| object.is_closed())
+    }
+
     async fn execute(
-        object: &Object,
+        object: &deadpool_postgres::ClientWrapper,
         statement: Statement,
     ) -> Result<Answer, tokio_postgres::Error> {
         let prepared = object.prepare_cached(statement.text()).await?;
-        let lock_id = statement.lock_id();
-        match statement {
-            Statement::Lock {
-                lock_timeout_ms, ..
-            } => {
+        match (statement, statement.lock_id()) {
+            (
+                Statement::Lock {
+                    lock_timeout_ms, ..
+                },
+                Some(lock_id),
+            ) => {
                 let lock_timeout = lock_timeout_ms.to_string();
                 object
                     .execute(&prepared, &[&lock_id, &lock_timeout])
                     .await?;
                 Ok(Answer::Locked)
             }
-            _ => {
-                debug_assert!(statement.answers_bool());
+            (_, Some(lock_id)) => {
                 let row = object.query_one(&prepared, &[&lock_id]).await?;
+                Ok(Answer::Bool(row.try_get(0)?))
+            }
+            (_, None) => {
+                let row = object.query_one(&prepared, &[]).await?;
                 Ok(Answer::Bool(row.try_get(0)?))
             }
         }

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use locks_port::{LockGuard, LockInfo, ReleaseOutcome};
+use locks_port::{LockGuard, LockInfo, LostReason, LostSignal, ReleaseOutcome};
 
 use crate::manager::Inner;
 
@@ -14,21 +14,48 @@ use crate::manager::Inner;
 /// lock on the server just the same. [`release`](LockGuard::release) unlocks now and
 /// says how it went; [`into_held`](LockGuard::into_held) leaves the lock to the
 /// manager until `release(key)` or `release_all()`.
+///
+/// [`lost`](LockGuard::lost) fires when the lock is no longer held: taken by the
+/// manager's `release(key)`/`release_all()`, or lost with its session (see the crate's
+/// health section for the reasons and how fast each is noticed).
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use locks_postgres::prelude::*;
+///
+/// # async fn run(locks: locks_postgres::PostgresLockManager) -> Result<(), LockAcquisitionError> {
+/// let guard = locks.acquire("report:daily", Duration::from_secs(1)).await?;
+/// assert!(!guard.is_lost());
+/// let outcome = guard.release().await;
+/// assert_eq!(outcome, ReleaseOutcome::Unlocked);
+/// # Ok(())
+/// # }
+/// ```
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct PostgresLockGuard {
     inner: Arc<Inner>,
     info: LockInfo,
     token: u64,
+    lost: LostSignal,
     armed: bool,
 }
 
 impl PostgresLockGuard {
-    pub(crate) fn new(inner: Arc<Inner>, info: LockInfo, token: u64) -> Self {
+    pub(crate) fn new(inner: Arc<Inner>, info: LockInfo, token: u64, lost: LostSignal) -> Self {
         Self {
             inner,
             info,
             token,
+            lost,
             armed: true,
+        }
+    }
+
+    /// What a release finds when the entry is gone: lost, or released elsewhere.
+    fn gone(&self) -> ReleaseOutcome {
+        match self.lost.reason() {
+            Some(reason) if reason != LostReason::Released => ReleaseOutcome::Lost(reason),
+            _ => ReleaseOutcome::AlreadyReleased,
         }
     }
 }
@@ -38,6 +65,14 @@ impl LockGuard for PostgresLockGuard {
         &self.info
     }
 
+    fn lost(&self) -> LostSignal {
+        self.lost.clone()
+    }
+
+    fn is_lost(&self) -> bool {
+        self.lost.is_lost()
+    }
+
     /// Unlocks now.
     ///
     /// # Cancel safety
@@ -45,9 +80,9 @@ impl LockGuard for PostgresLockGuard {
     /// dropped, the session is closed instead of unlocked, which frees the lock.
     async fn release(mut self) -> ReleaseOutcome {
         self.armed = false;
-        match self.inner.take(self.info.key(), Some(self.token)) {
+        match self.inner.take(self.info.key(), Some(self.token)).pop() {
             Some(held) => self.inner.unlock(self.info.key(), held).await,
-            None => ReleaseOutcome::AlreadyReleased,
+            None => self.gone(),
         }
     }
 
@@ -62,7 +97,7 @@ impl Drop for PostgresLockGuard {
         if !self.armed {
             return;
         }
-        let Some(held) = self.inner.take(self.info.key(), Some(self.token)) else {
+        let Some(held) = self.inner.take(self.info.key(), Some(self.token)).pop() else {
             return;
         };
         match tokio::runtime::Handle::try_current() {

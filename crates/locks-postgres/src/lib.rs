@@ -1,9 +1,13 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+mod acquire;
+mod bookkeeping;
 mod classify;
 mod connection;
+mod fencing;
 mod guard;
+mod health;
 mod inspect;
 mod manager;
 mod pool;
@@ -11,11 +15,32 @@ mod sql;
 mod telemetry;
 mod xact;
 
+pub use fencing::{FENCING_SCHEMA, FENCING_TABLE, install_fencing};
 pub use guard::PostgresLockGuard;
+pub use health::LostLockCounts;
 pub use inspect::{AdvisoryLockId, InspectError, LockHolder, all_lock_holders, lock_holders};
-pub use manager::{KeyVisibility, PostgresLockManager, PostgresLockManagerBuilder};
-pub use pool::{PoolConfigError, plain_pool, plain_pool_with_config};
+pub use manager::{
+    HOLDER_APPLICATION_NAME_PREFIX, KeyVisibility, PostgresLockManager, PostgresLockManagerBuilder,
+};
+pub use pool::{
+    PLAIN_POOL_CONNECT_TIMEOUT, PLAIN_POOL_KEEPALIVES_IDLE, PoolConfigError, plain_pool,
+    plain_pool_with_config,
+};
 pub use xact::{AdvisoryLockMode, TransactionLockError, TransactionLocks};
+
+/// The lock API in one `use`: the port's traits and types (see
+/// [`locks_port::prelude`]) and this adapter's manager.
+///
+/// ```
+/// use locks_postgres::prelude::*;
+///
+/// fn _takes_locks<L: DistributedLock>(_locks: &L) {}
+/// let _options = AcquireOptions::shared();
+/// ```
+pub mod prelude {
+    pub use crate::{KeyVisibility, PostgresLockGuard, PostgresLockManager};
+    pub use locks_port::prelude::*;
+}
 
 /// Re-exported so callers build the pool with the same versions as the manager.
 pub use deadpool_postgres;

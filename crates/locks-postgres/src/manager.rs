@@ -1,36 +1,45 @@
-//! The PostgreSQL lock manager.
+//! The PostgreSQL lock manager: its public type, builder and settings. The work is in
+//! rooms of its own: [`acquire`](crate::acquire) (checkout, try, wait),
+//! [`bookkeeping`](crate::bookkeeping) (what is held, release),
+//! [`health`](crate::health) (the lost-lock monitor) and [`fencing`](crate::fencing).
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use deadpool_postgres::{Pool, PoolError, TimeoutType};
+use deadpool::managed::ObjectId;
+use deadpool_postgres::Pool;
 use locks_port::{
-    AcquireOptions, AcquisitionErrorKind, DistributedLock, KeyDerivation, LockAcquisitionError,
-    LockInfo, LockNotHeldError, LockRegistry, ReleaseOutcome, WaitStrategy, timeout_reason,
+    AcquireOptions, DistributedLock, KeyDerivation, LockAcquisitionError, LockMode,
+    LockNotHeldError, LockRegistry,
 };
-use time::OffsetDateTime;
-use tokio::time::Instant;
-use tokio_postgres::error::SqlState;
-use tracing::{Instrument, Span};
+use tracing::Instrument;
 
-use crate::classify::{driver_kind, pool_kind, sqlstate};
-use crate::connection::{Answer, Session};
+use crate::bookkeeping::Book;
 use crate::guard::PostgresLockGuard;
-use crate::sql::Statement;
-use crate::telemetry::{acquire_span, duration_ms, record_failure, release_span};
-
-/// How long after its own `lock_timeout` a bounded wait still waits for the server's
-/// answer before it gives up on the connection (a server that stopped answering).
-const SERVER_ANSWER_GRACE: Duration = Duration::from_secs(2);
+use crate::health::LostCounts;
+use crate::telemetry::{finish_acquire_span, manager_acquire_span};
 
 /// Whether lock keys appear in spans and log events.
 ///
-/// Keys often carry tenant ids. With [`KeyVisibility::Hidden`] spans and events carry
-/// only the derived lock id, which is enough to find the lock in `pg_locks`. Error
-/// messages returned to the caller still name the key (they are the caller's own).
+/// Keys often carry tenant ids. With [`KeyVisibility::Hidden`] no span, event or log
+/// record of the manager carries key text, on any path (success or failure): only the
+/// derived lock id, which is enough to find the lock in `pg_locks`. Error values
+/// returned to the caller still name the key (they are the caller's own); log them
+/// with care.
+///
+/// ```
+/// use locks_postgres::{KeyVisibility, PostgresLockManager};
+///
+/// let pool = locks_postgres::plain_pool("postgres://app@localhost/app", 4)?;
+/// let locks = PostgresLockManager::builder(pool)
+///     .key_visibility(KeyVisibility::Hidden)
+///     .build();
+/// # drop(locks);
+/// # Ok::<(), locks_postgres::PoolConfigError>(())
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum KeyVisibility {
@@ -47,13 +56,50 @@ pub enum KeyVisibility {
 /// held, because advisory locks belong to the session that took them. Cloning is
 /// cheap and shares the bookkeeping: build one per process and share it.
 ///
-/// See the [crate documentation](crate) for sizing, cancel safety and operations.
+/// The lock API is the port's traits ([`DistributedLock`], [`LockRegistry`]); bring
+/// them into scope with `use locks_postgres::prelude::*;`.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use locks_postgres::prelude::*;
+/// use locks_postgres::PostgresLockManager;
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = locks_postgres::plain_pool("postgres://app@localhost/app", 16)?;
+/// let locks = PostgresLockManager::builder(pool).holder_id("worker-1").build();
+///
+/// let guard = locks.acquire("tenant:42", Duration::from_secs(2)).await?;
+/// tokio::select! {
+///     () = do_the_work() => {}
+///     reason = guard.lost() => eprintln!("lock lost ({reason}); stopping"),
+/// }
+/// guard.release().await;
+/// # Ok(())
+/// # }
+/// # async fn do_the_work() {}
+/// ```
+///
+/// See the [crate documentation](crate) for sizing, health, deadlines and operations.
 #[derive(Clone)]
 pub struct PostgresLockManager {
     pub(crate) inner: Arc<Inner>,
 }
 
 /// Builds a [`PostgresLockManager`] with options.
+///
+/// ```
+/// use std::time::Duration;
+/// use locks_postgres::PostgresLockManager;
+///
+/// let pool = locks_postgres::plain_pool("postgres://app@localhost/app", 8)?;
+/// let locks = PostgresLockManager::builder(pool)
+///     .holder_id("billing-7f3c")
+///     .keepalive(Some(Duration::from_secs(5)))
+///     .answer_timeout(Duration::from_secs(3))
+///     .build();
+/// assert_eq!(locks.holder_id(), Some("billing-7f3c"));
+/// # Ok::<(), locks_postgres::PoolConfigError>(())
+/// ```
 #[derive(Debug)]
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct PostgresLockManagerBuilder {
@@ -61,27 +107,62 @@ pub struct PostgresLockManagerBuilder {
     holder_id: Option<String>,
     key_visibility: KeyVisibility,
     derivation: KeyDerivation,
+    settings: Settings,
+}
+
+/// The manager's timings and options (see the builder for each).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Settings {
+    pub(crate) keepalive: Option<Duration>,
+    pub(crate) health_check_interval: Duration,
+    pub(crate) answer_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) deadline_margin: Duration,
+    pub(crate) fencing: bool,
+}
+
+impl Settings {
+    /// The default cadence of keepalives on held connections.
+    pub(crate) const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(10);
+    /// The default interval of the local check for ended connections.
+    pub(crate) const DEFAULT_HEALTH_CHECK_INTERVAL: Duration = Duration::from_millis(200);
+    /// The default answer timeout of quick statements.
+    pub(crate) const DEFAULT_ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+    /// The default timeout for opening a connection outside a deadline.
+    pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+    /// How long after its deadline a bounded acquire still waits for the server.
+    pub(crate) const DEADLINE_MARGIN: Duration = Duration::from_secs(2);
+
+    const DEFAULT: Self = Self {
+        keepalive: Some(Self::DEFAULT_KEEPALIVE),
+        health_check_interval: Self::DEFAULT_HEALTH_CHECK_INTERVAL,
+        answer_timeout: Self::DEFAULT_ANSWER_TIMEOUT,
+        connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
+        deadline_margin: Self::DEADLINE_MARGIN,
+        fencing: false,
+    };
 }
 
 pub(crate) struct Inner {
-    pool: Pool,
-    holder_id: Option<String>,
-    key_visibility: KeyVisibility,
-    derivation: KeyDerivation,
-    held: Mutex<HashMap<String, Held>>,
-    next_token: AtomicU64,
-}
-
-/// The bookkeeping entry of one held lock: the session that holds it.
-pub(crate) struct Held {
-    token: u64,
-    lock_id: i64,
-    session: Session,
+    pub(crate) pool: Pool,
+    pub(crate) holder_id: Option<String>,
+    pub(crate) key_visibility: KeyVisibility,
+    pub(crate) derivation: KeyDerivation,
+    pub(crate) settings: Settings,
+    /// `locks:<holder id>`, set on every connection the manager uses when it has a
+    /// holder id (else the connection's own `application_name` is left alone).
+    pub(crate) application_name: Option<String>,
+    held: Mutex<Book>,
+    /// The connections already set up (see [`crate::sql::SESSION_SETUP`]).
+    set_up: Mutex<HashSet<ObjectId>>,
+    pub(crate) next_token: AtomicU64,
+    pub(crate) monitor_running: AtomicBool,
+    pub(crate) lost: LostCounts,
 }
 
 impl PostgresLockManager {
     /// A manager over `pool` with no holder id, keys shown, derivation
-    /// [`KeyDerivation::CURRENT`]. Does no I/O.
+    /// [`KeyDerivation::CURRENT`] and the default health settings. Does no I/O.
     #[must_use]
     pub fn new(pool: Pool) -> Self {
         Self::builder(pool).build()
@@ -94,10 +175,12 @@ impl PostgresLockManager {
             holder_id: None,
             key_visibility: KeyVisibility::default(),
             derivation: KeyDerivation::CURRENT,
+            settings: Settings::DEFAULT,
         }
     }
 
-    /// The label copied into every [`LockInfo`] this manager hands out.
+    /// The label copied into every [`LockInfo`](locks_port::LockInfo) this manager
+    /// hands out, and published as `application_name = 'locks:<holder id>'`.
     #[must_use]
     pub fn holder_id(&self) -> Option<&str> {
         self.inner.holder_id.as_deref()
@@ -110,15 +193,35 @@ impl PostgresLockManager {
     }
 
     /// The lock id this manager derives for `key`.
+    ///
+    /// ```
+    /// let pool = locks_postgres::plain_pool("postgres://app@localhost/app", 1)?;
+    /// let locks = locks_postgres::PostgresLockManager::new(pool);
+    /// assert_eq!(locks.lock_id("cutover:tenant-123"), 7696161359070260854);
+    /// # Ok::<(), locks_postgres::PoolConfigError>(())
+    /// ```
     #[must_use]
     pub fn lock_id(&self, key: &str) -> i64 {
         self.inner.derivation.lock_id(key)
     }
+
+    /// How many locks this manager has lost since it was built, by reason: the figure
+    /// to alert on (also counted in the `eventsource.lock.lost` span's
+    /// `lock.lost_reason` attribute). Releases through the manager are not counted.
+    #[must_use]
+    pub fn lost_lock_counts(&self) -> crate::LostLockCounts {
+        self.inner.lost.snapshot()
+    }
 }
 
 impl PostgresLockManagerBuilder {
-    /// A label for this process or instance, copied into [`LockInfo::holder_id`].
-    /// Any text is fine; it never reaches SQL.
+    /// A label for this process or instance, copied into
+    /// [`LockInfo::holder_id`](locks_port::LockInfo::holder_id) and published on the
+    /// lock connections as `application_name = 'locks:<holder id>'` (cut at 63 bytes,
+    /// NUL bytes left out), so `pg_stat_activity` and
+    /// [`lock_holders`](crate::lock_holders) show who holds what. Without a holder id
+    /// the connections' own `application_name` is left alone. It never reaches SQL
+    /// text: it is bound as a parameter.
     pub fn holder_id(mut self, holder_id: impl Into<String>) -> Self {
         self.holder_id = Some(holder_id.into());
         self
@@ -137,20 +240,91 @@ impl PostgresLockManagerBuilder {
         self
     }
 
+    /// How often an idle held connection is asked `SELECT true`, to notice a hung
+    /// server or a silent network cut (default 10 s; `None` turns keepalives off, and
+    /// then only ended connections are noticed). A keepalive that gets no answer
+    /// within [`answer_timeout`](Self::answer_timeout) loses the lock with
+    /// [`LostReason::KeepaliveFailed`](locks_port::LostReason::KeepaliveFailed). Each
+    /// keepalive is one instant statement per held lock: it never shows as a slow
+    /// query, and it keeps an `idle_session_timeout` proxy from closing the session.
+    pub fn keepalive(mut self, cadence: Option<Duration>) -> Self {
+        self.settings.keepalive = cadence;
+        self
+    }
+
+    /// How often the manager checks, locally and without I/O, whether a held lock's
+    /// connection has ended (terminated backend, server restart, reset socket): the
+    /// bound on noticing those losses (default 200 ms; at least 10 ms).
+    pub fn health_check_interval(mut self, interval: Duration) -> Self {
+        self.settings.health_check_interval = interval.max(Duration::from_millis(10));
+        self
+    }
+
+    /// How long a quick statement may wait for the server's answer: the one
+    /// `pg_try_advisory_lock` of `try_acquire` (and the first try of an unbounded
+    /// `acquire`), unlocks and keepalives (default 5 s). On expiry the connection is
+    /// closed, which frees anything it held.
+    pub fn answer_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.answer_timeout = timeout;
+        self
+    }
+
+    /// How long opening a connection may take for calls without a deadline of their
+    /// own: `try_acquire` and an unbounded `acquire` (default 5 s). A bounded
+    /// `acquire` opens connections within its own deadline (plus the 2 s margin).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.connect_timeout = timeout;
+        self
+    }
+
+    /// Hands out fencing tokens: after each grant the manager increments the key's
+    /// counter in the token table and puts the new value in
+    /// [`LockInfo::fencing_token`](locks_port::LockInfo::fencing_token). One more
+    /// round trip per acquisition. The table must exist: create it once with
+    /// [`install_fencing`](crate::install_fencing). Off by default; the lock itself
+    /// works exactly the same either way.
+    pub fn fencing(mut self, on: bool) -> Self {
+        self.settings.fencing = on;
+        self
+    }
+
     /// Builds the manager. Does no I/O.
     #[must_use]
     pub fn build(self) -> PostgresLockManager {
+        let application_name = self.holder_id.as_deref().map(published_holder_id);
         PostgresLockManager {
             inner: Arc::new(Inner {
                 pool: self.pool,
                 holder_id: self.holder_id,
                 key_visibility: self.key_visibility,
                 derivation: self.derivation,
-                held: Mutex::new(HashMap::new()),
+                settings: self.settings,
+                application_name,
+                held: Mutex::new(Book::default()),
+                set_up: Mutex::new(HashSet::new()),
                 next_token: AtomicU64::new(1),
+                monitor_running: AtomicBool::new(false),
+                lost: LostCounts::default(),
             }),
         }
     }
+}
+
+/// The prefix of the `application_name` of lock connections of managers with a
+/// holder id: `locks:<holder id>`.
+pub const HOLDER_APPLICATION_NAME_PREFIX: &str = "locks:";
+
+/// `locks:<holder id>` as the server will keep it: no NUL bytes (the protocol cannot
+/// carry them), at most 63 bytes (the server's limit), cut at a character boundary.
+fn published_holder_id(holder_id: &str) -> String {
+    let mut name = String::from(HOLDER_APPLICATION_NAME_PREFIX);
+    for c in holder_id.chars().filter(|c| *c != '\0') {
+        if name.len() + c.len_utf8() > 63 {
+            break;
+        }
+        name.push(c);
+    }
+    name
 }
 
 impl fmt::Debug for PostgresLockManager {
@@ -159,411 +333,28 @@ impl fmt::Debug for PostgresLockManager {
             .field("holder_id", &self.inner.holder_id)
             .field("key_visibility", &self.inner.key_visibility)
             .field("derivation", &self.inner.derivation)
+            .field("settings", &self.inner.settings)
             .field("held_lock_count", &self.inner.held().len())
             .field("pool", &self.inner.pool.status())
             .finish()
     }
 }
 
-/// How long a checkout may wait for a free pool slot.
-#[derive(Clone, Copy)]
-enum PoolWait {
-    /// As long as it takes (an acquire without timeout).
-    Forever,
-    /// Until the acquisition's deadline.
-    Until(Instant, Duration),
-    /// Not at all (`try_acquire` never waits).
-    No,
-}
-
-impl PoolWait {
-    /// The timeout of the call, for its errors.
-    fn timeout(self) -> Option<Duration> {
-        match self {
-            Self::Until(_, timeout) => Some(timeout),
-            Self::Forever | Self::No => None,
-        }
-    }
-}
-
-/// What one `pg_try_advisory_lock` found; either way the caller owns the session.
-enum Tried {
-    /// The lock is held by the session.
-    Granted(Session),
-    /// Someone else holds it; the session holds nothing.
-    Busy(Session),
-}
-
-/// Records the call's timeout on an error, when it had one.
-fn with_timeout(error: LockAcquisitionError, timeout: Option<Duration>) -> LockAcquisitionError {
-    match timeout {
-        Some(timeout) => error.with_timeout(timeout),
-        None => error,
-    }
-}
-
-/// How an acquisition attempt ends before the bookkeeping.
-type Attempt = Result<Session, LockAcquisitionError>;
-
 impl Inner {
-    fn held(&self) -> MutexGuard<'_, HashMap<String, Held>> {
+    pub(crate) fn held(&self) -> MutexGuard<'_, Book> {
         // The map stays consistent even if a holder panicked: every change is one call.
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    pub(crate) fn set_up(&self) -> MutexGuard<'_, HashSet<ObjectId>> {
+        self.set_up.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// The key as spans and events may show it.
-    fn shown<'k>(&self, key: &'k str) -> Option<&'k str> {
+    pub(crate) fn shown<'k>(&self, key: &'k str) -> Option<&'k str> {
         match self.key_visibility {
             KeyVisibility::Shown => Some(key),
             KeyVisibility::Hidden => None,
-        }
-    }
-
-    /// Takes the entry of `key` out of the bookkeeping; with a token, only if it is
-    /// that acquisition's entry.
-    pub(crate) fn take(&self, key: &str, token: Option<u64>) -> Option<Held> {
-        let mut held = self.held();
-        match (held.get(key), token) {
-            (Some(entry), Some(token)) if entry.token != token => None,
-            (Some(_), _) => held.remove(key),
-            (None, _) => None,
-        }
-    }
-
-    /// Records a granted lock and hands out its guard.
-    fn register(self: &Arc<Self>, key: &str, lock_id: i64, session: Session) -> PostgresLockGuard {
-        let token = self.next_token.fetch_add(1, Ordering::Relaxed);
-        let info = LockInfo::new(
-            key,
-            lock_id,
-            OffsetDateTime::now_utc(),
-            self.holder_id.clone(),
-        );
-        let previous = self.held().insert(
-            key.to_owned(),
-            Held {
-                token,
-                lock_id,
-                session,
-            },
-        );
-        if let Some(previous) = previous {
-            // Two sessions of one manager were both granted one advisory lock: the
-            // sessions are not real (a transaction-pooling proxy). Do not orphan it.
-            tracing::error!(
-                key = self.shown(key),
-                lock_id,
-                "two sessions were granted one advisory lock; session locks need a direct \
-                 connection or session pooling (closing the older session)"
-            );
-            previous.session.close();
-        }
-        tracing::debug!(
-            key = self.shown(key),
-            lock_id,
-            holder_id = self.holder_id.as_deref(),
-            "lock acquired"
-        );
-        PostgresLockGuard::new(Arc::clone(self), info, token)
-    }
-
-    /// Unlocks a lock taken out of the bookkeeping. Never fails: when the unlock fails
-    /// or the session did not hold the lock, the session is closed instead of being
-    /// given back, which frees whatever it held.
-    pub(crate) async fn unlock(&self, key: &str, held: Held) -> ReleaseOutcome {
-        let span = release_span(self.shown(key), held.lock_id);
-        let lock_id = held.lock_id;
-        let mut session = held.session;
-        async {
-            let current = Span::current();
-            match session.run(Statement::Unlock { lock_id }).await {
-                Ok(Answer::Bool(true)) => {
-                    session.into_pool();
-                    current.record("lock.released", true);
-                    tracing::debug!(key = self.shown(key), lock_id, "lock released");
-                    ReleaseOutcome::Unlocked
-                }
-                Ok(_) => {
-                    session.close();
-                    current.record("lock.released", false);
-                    record_failure(&current, AcquisitionErrorKind::Backend, None);
-                    tracing::warn!(
-                        key = self.shown(key),
-                        lock_id,
-                        "Error releasing advisory lock: the session no longer held it; \
-                         closed the session"
-                    );
-                    ReleaseOutcome::SessionClosed
-                }
-                Err(error) => {
-                    session.close();
-                    current.record("lock.released", false);
-                    record_failure(&current, driver_kind(&error), sqlstate(&error));
-                    tracing::warn!(
-                        key = self.shown(key),
-                        lock_id,
-                        error = %error,
-                        sqlstate = sqlstate(&error),
-                        "Error releasing advisory lock; closed the session, which frees it"
-                    );
-                    ReleaseOutcome::SessionClosed
-                }
-            }
-        }
-        .instrument(span)
-        .await
-    }
-
-    /// Checks a connection out. Waiting for a free slot counts against the deadline;
-    /// opening a new connection when the pool has room is bounded by the pool's own
-    /// timeouts, so a zero timeout still makes its one attempt on a cold pool.
-    async fn checkout(&self, key: &str, wait: PoolWait) -> Attempt {
-        let mut no_wait = self.pool.timeouts();
-        no_wait.wait = Some(Duration::ZERO);
-        let checked_out = match self.pool.timeout_get(&no_wait).await {
-            Err(PoolError::Timeout(TimeoutType::Wait)) => match wait {
-                PoolWait::Forever => self.pool.get().await,
-                PoolWait::No => {
-                    return Err(self.pool_exhausted(key, "no pool connection was free", None));
-                }
-                PoolWait::Until(deadline, timeout) => {
-                    match tokio::time::timeout_at(deadline, self.pool.get()).await {
-                        Ok(result) => result,
-                        Err(_elapsed) => {
-                            let reason = format!(
-                                "{} waiting for a pool connection",
-                                timeout_reason(timeout)
-                            );
-                            return Err(self.pool_exhausted(key, &reason, Some(timeout)));
-                        }
-                    }
-                }
-            },
-            other => other,
-        };
-        checked_out.map(Session::new).map_err(|error| {
-            let kind = pool_kind(&error);
-            with_timeout(
-                LockAcquisitionError::database(key, kind, error),
-                wait.timeout(),
-            )
-        })
-    }
-
-    fn pool_exhausted(
-        &self,
-        key: &str,
-        what: &str,
-        timeout: Option<Duration>,
-    ) -> LockAcquisitionError {
-        let reason = format!(
-            "{what} (all {} in use; each held lock keeps one)",
-            self.pool.status().max_size
-        );
-        let error = LockAcquisitionError::new(key, AcquisitionErrorKind::PoolUnavailable, reason);
-        with_timeout(error, timeout)
-    }
-
-    /// Runs `statement`; for a bounded acquisition, gives up on a server that has not
-    /// answered `SERVER_ANSWER_GRACE` after the deadline (the session is then dropped:
-    /// the statement cancelled, the connection closed).
-    async fn answered(
-        &self,
-        key: &str,
-        mut session: Session,
-        statement: Statement,
-        deadline: Option<(Instant, Duration)>,
-    ) -> Result<(Session, Result<Answer, tokio_postgres::Error>), LockAcquisitionError> {
-        let Some((deadline, timeout)) = deadline else {
-            let outcome = session.run(statement).await;
-            return Ok((session, outcome));
-        };
-        let limit = deadline.saturating_duration_since(Instant::now()) + SERVER_ANSWER_GRACE;
-        match tokio::time::timeout(limit, session.run(statement)).await {
-            Ok(outcome) => Ok((session, outcome)),
-            Err(_elapsed) => {
-                drop(session);
-                Err(LockAcquisitionError::new(
-                    key,
-                    AcquisitionErrorKind::ConnectionLost,
-                    format!("{} (the server did not answer)", timeout_reason(timeout)),
-                )
-                .with_timeout(timeout))
-            }
-        }
-    }
-
-    /// One `pg_try_advisory_lock`, bounded as [`answered`](Self::answered). On an error
-    /// the session is closed (whatever the statement did, that undoes it).
-    async fn try_lock(
-        &self,
-        key: &str,
-        lock_id: i64,
-        session: Session,
-        deadline: Option<(Instant, Duration)>,
-    ) -> Result<Tried, LockAcquisitionError> {
-        let statement = Statement::TryLock { lock_id };
-        match self.answered(key, session, statement, deadline).await? {
-            (session, Ok(Answer::Bool(true))) => Ok(Tried::Granted(session)),
-            (session, Ok(_)) => Ok(Tried::Busy(session)),
-            (session, Err(error)) => {
-                session.close();
-                let error = LockAcquisitionError::database(key, driver_kind(&error), error);
-                Err(with_timeout(error, deadline.map(|(_, timeout)| timeout)))
-            }
-        }
-    }
-
-    /// After a wait ended in an error on a live connection, makes sure the session
-    /// does not hold the lock (it can be granted just as the wait is cancelled), then
-    /// gives the connection back; if that cannot be shown, closes it.
-    async fn settle_after_failed_wait(&self, lock_id: i64, mut session: Session) {
-        match session.run(Statement::UnlockIfHeld { lock_id }).await {
-            Ok(Answer::Bool(was_held)) => {
-                if was_held {
-                    tracing::debug!(
-                        lock_id,
-                        "the lock was granted as the wait ended; released it"
-                    );
-                }
-                session.into_pool();
-            }
-            Ok(Answer::Locked) | Err(_) => session.close(),
-        }
-    }
-
-    /// The whole acquisition up to the bookkeeping.
-    async fn acquire_session(&self, key: &str, lock_id: i64, options: AcquireOptions) -> Attempt {
-        let started = Instant::now();
-        let deadline = options
-            .timeout()
-            .map(|timeout| (started + timeout, timeout));
-        let wait = deadline.map_or(PoolWait::Forever, |(deadline, timeout)| {
-            PoolWait::Until(deadline, timeout)
-        });
-        let session = self.checkout(key, wait).await?;
-        // Every acquisition starts with one pg_try_advisory_lock: uncontended, that is
-        // the only statement (and the cheapest). It cannot jump the server's queue: a
-        // released lock is granted to the first waiter at release, so it is never seen
-        // free while others wait.
-        let session = match self.try_lock(key, lock_id, session, deadline).await? {
-            Tried::Granted(session) => return Ok(session),
-            Tried::Busy(session) => session,
-        };
-        let Some((deadline, timeout)) = deadline else {
-            return self.wait_in_queue(key, lock_id, session, None).await;
-        };
-        match options.wait_strategy() {
-            WaitStrategy::Poll => {
-                self.poll(
-                    key,
-                    lock_id,
-                    session,
-                    deadline,
-                    timeout,
-                    options.retry_interval(),
-                )
-                .await
-            }
-            _ => {
-                self.wait_in_queue(key, lock_id, session, Some((deadline, timeout)))
-                    .await
-            }
-        }
-    }
-
-    /// Waits in the server's queue: one `pg_advisory_lock` bounded by `lock_timeout`.
-    async fn wait_in_queue(
-        &self,
-        key: &str,
-        lock_id: i64,
-        mut session: Session,
-        deadline: Option<(Instant, Duration)>,
-    ) -> Attempt {
-        loop {
-            let lock_timeout_ms = match deadline {
-                None => 0,
-                Some((deadline, timeout)) => {
-                    let remaining = deadline.saturating_duration_since(Instant::now());
-                    let ms = remaining.as_micros().div_ceil(1000);
-                    if ms == 0 {
-                        // No time left to wait; the first try has been made. The
-                        // session holds nothing.
-                        session.into_pool();
-                        return Err(LockAcquisitionError::timed_out(key, timeout));
-                    }
-                    // lock_timeout takes at most i32::MAX ms (about 24.8 days).
-                    u32::try_from(ms).map_or(i32::MAX.unsigned_abs(), |ms| {
-                        ms.min(i32::MAX.unsigned_abs())
-                    })
-                }
-            };
-            let statement = Statement::Lock {
-                lock_id,
-                lock_timeout_ms,
-            };
-            let outcome;
-            (session, outcome) = self.answered(key, session, statement, deadline).await?;
-            let error = match outcome {
-                Ok(_) => return Ok(session),
-                Err(error) => error,
-            };
-            if error.is_closed() {
-                session.close();
-                return Err(self.wait_error(key, deadline, error));
-            }
-            self.settle_after_failed_wait(lock_id, session).await;
-            let timed_out = error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE);
-            match deadline {
-                Some((deadline, timeout)) if timed_out => {
-                    if Instant::now() >= deadline {
-                        return Err(LockAcquisitionError::timed_out(key, timeout));
-                    }
-                    // lock_timeout fired early (it is capped at ~24.8 days): wait again.
-                    session = self
-                        .checkout(key, PoolWait::Until(deadline, timeout))
-                        .await?;
-                }
-                _ => return Err(self.wait_error(key, deadline, error)),
-            }
-        }
-    }
-
-    fn wait_error(
-        &self,
-        key: &str,
-        deadline: Option<(Instant, Duration)>,
-        error: tokio_postgres::Error,
-    ) -> LockAcquisitionError {
-        let error = LockAcquisitionError::database(key, driver_kind(&error), error);
-        with_timeout(error, deadline.map(|(_, timeout)| timeout))
-    }
-
-    /// The original's strategy, after the first try: `pg_try_advisory_lock` every
-    /// `retry_interval` on one session until the deadline.
-    async fn poll(
-        &self,
-        key: &str,
-        lock_id: i64,
-        mut session: Session,
-        deadline: Instant,
-        timeout: Duration,
-        retry_interval: Duration,
-    ) -> Attempt {
-        loop {
-            let now = Instant::now();
-            if now >= deadline {
-                session.into_pool();
-                return Err(LockAcquisitionError::timed_out(key, timeout));
-            }
-            tokio::time::sleep(retry_interval.min(deadline - now)).await;
-            session = match self
-                .try_lock(key, lock_id, session, Some((deadline, timeout)))
-                .await?
-            {
-                Tried::Granted(session) => return Ok(session),
-                Tried::Busy(session) => session,
-            };
         }
     }
 }
@@ -573,17 +364,21 @@ impl DistributedLock for PostgresLockManager {
 
     /// Takes the lock, waiting in the server's queue (or polling, if asked).
     ///
-    /// First one `pg_try_advisory_lock`; if the lock is busy, the wait is one
-    /// `pg_advisory_lock` (under a statement-local `lock_timeout` when there is a
-    /// timeout): the lock passes to the first waiter the moment it is released.
-    /// Waiting for a pool connection counts inside the same timeout. After a timed-out
-    /// wait the session is checked (the server can grant the lock as the timeout
-    /// fires) and any such grant is undone before the connection goes back.
+    /// First one `pg_try_advisory_lock` (`_shared` for a shared lock); if the lock is
+    /// busy, the wait is one `pg_advisory_lock` (under a statement-local
+    /// `lock_timeout` when there is a timeout): the lock passes to the first waiter the
+    /// moment it is released. A bounded call returns within its timeout plus 2 s
+    /// whatever the server does: waiting for a pool slot, opening a connection and
+    /// every answer count inside it. After a timed-out wait the session is checked
+    /// (the server can grant the lock as the timeout fires) and any such grant is
+    /// undone before the connection goes back to the pool.
     ///
     /// # Errors
     /// [`LockAcquisitionError`] with kind `Timeout` (lock busy), `PoolUnavailable`
-    /// (no connection in time), `ConnectionLost`, `Cancelled` or `Backend`; database
-    /// failures have the reason `Database error: …` and the driver's error as source.
+    /// (no pool slot in time), `Unreachable`, `Configuration`, `ConnectionLost`,
+    /// `Deadlock`, `Cancelled` or `Backend`; database failures have the reason
+    /// `Database error: <the server's message> (<SQLSTATE>)` and the driver's error as
+    /// source.
     ///
     /// # Cancel safety
     /// Cancel safe. Dropped while waiting for a connection: nothing was taken. Dropped
@@ -593,40 +388,36 @@ impl DistributedLock for PostgresLockManager {
     async fn acquire(
         &self,
         key: &str,
-        options: AcquireOptions,
+        options: impl Into<AcquireOptions> + Send,
     ) -> Result<PostgresLockGuard, LockAcquisitionError> {
+        let options = options.into();
         let inner = &self.inner;
         let lock_id = inner.derivation.lock_id(key);
-        let operation = match (options.timeout(), options.wait_strategy()) {
-            (Some(_), WaitStrategy::Poll) => "pg_try_advisory_lock",
-            _ => "pg_advisory_lock",
-        };
-        let span = acquire_span(inner.shown(key), lock_id, operation, options.timeout());
-        let started = Instant::now();
+        let span = manager_acquire_span(inner.shown(key), lock_id, &options);
+        let started = tokio::time::Instant::now();
         let attempt = inner
             .acquire_session(key, lock_id, options)
             .instrument(span.clone())
             .await;
-        span.record("lock.wait_ms", duration_ms(started.elapsed()));
-        match attempt {
+        let attempt = match attempt {
             Ok(session) => {
-                span.record("lock.acquired", true);
-                let _entered = span.enter();
-                Ok(inner.register(key, lock_id, session))
+                inner
+                    .register(key, lock_id, options.mode(), session, &span)
+                    .await
             }
-            Err(error) => {
-                span.record("lock.acquired", false);
-                record_acquisition_failure(&span, &error);
-                tracing::debug!(parent: &span, key = inner.shown(key), lock_id, reason = error.reason(), "lock not acquired");
-                Err(error)
-            }
-        }
+            Err(error) => Err(error),
+        };
+        finish_acquire_span(&span, started.elapsed(), attempt.as_ref().map(|_| true));
+        attempt
     }
 
-    /// One `pg_try_advisory_lock`; `Ok(None)` when the lock is held elsewhere.
+    /// One `pg_try_advisory_lock` (`_shared` in [`LockMode::Shared`]); `Ok(None)` when
+    /// the lock is held elsewhere.
     ///
-    /// It never waits: not for the lock, and not for a pool connection either — when
-    /// every connection is in use it fails at once with kind `PoolUnavailable`.
+    /// It never waits for the lock, and not for a pool slot either — when every
+    /// connection is in use it fails at once with kind `PoolUnavailable`. Opening a
+    /// new connection is bounded by the connect timeout (5 s by default) and the
+    /// statement's answer by the answer timeout (5 s by default).
     ///
     /// # Errors
     /// A database failure as [`LockAcquisitionError`] (reason `Database error: …`,
@@ -634,47 +425,42 @@ impl DistributedLock for PostgresLockManager {
     ///
     /// # Cancel safety
     /// Cancel safe, as [`acquire`](Self::acquire).
-    async fn try_acquire(
+    async fn try_acquire_with(
         &self,
         key: &str,
+        mode: LockMode,
     ) -> Result<Option<PostgresLockGuard>, LockAcquisitionError> {
         let inner = &self.inner;
         let lock_id = inner.derivation.lock_id(key);
-        let span = acquire_span(inner.shown(key), lock_id, "pg_try_advisory_lock", None);
-        let started = Instant::now();
-        let attempt = async {
-            let session = inner.checkout(key, PoolWait::No).await?;
-            match inner.try_lock(key, lock_id, session, None).await? {
-                Tried::Granted(session) => Ok(Some(session)),
-                Tried::Busy(session) => {
-                    session.into_pool();
-                    Ok(None)
-                }
-            }
-        }
-        .instrument(span.clone())
-        .await;
-        span.record("lock.wait_ms", duration_ms(started.elapsed()));
-        match attempt {
-            Ok(Some(session)) => {
-                span.record("lock.acquired", true);
-                let _entered = span.enter();
-                Ok(Some(inner.register(key, lock_id, session)))
-            }
-            Ok(None) => {
-                span.record("lock.acquired", false);
-                Ok(None)
-            }
-            Err(error) => {
-                span.record("lock.acquired", false);
-                record_acquisition_failure(&span, &error);
-                tracing::error!(parent: &span, key = inner.shown(key), lock_id, error = %error, "try_acquire failed");
-                Err(error)
-            }
-        }
+        let options = AcquireOptions::new().with_mode(mode);
+        let span = manager_acquire_span(
+            inner.shown(key),
+            lock_id,
+            &options.with_timeout(Duration::ZERO),
+        );
+        let started = tokio::time::Instant::now();
+        let attempt = inner
+            .try_session(key, lock_id, mode)
+            .instrument(span.clone())
+            .await;
+        let attempt = match attempt {
+            Ok(Some(session)) => inner
+                .register(key, lock_id, mode, session, &span)
+                .await
+                .map(Some),
+            Ok(None) => Ok(None),
+            Err(error) => Err(error),
+        };
+        finish_acquire_span(
+            &span,
+            started.elapsed(),
+            attempt.as_ref().map(Option::is_some),
+        );
+        attempt
     }
 
-    /// Releases this manager's lock on `key`.
+    /// Releases this manager's lock on `key`. A guard still holding it is told
+    /// ([`LostReason::Released`](locks_port::LostReason::Released)).
     ///
     /// # Errors
     /// [`LockNotHeldError`] only. A failing unlock is logged at WARNING and the
@@ -684,27 +470,31 @@ impl DistributedLock for PostgresLockManager {
     /// The entry leaves the bookkeeping before the first await; if the future is
     /// dropped, the session is closed instead of unlocked.
     async fn release(&self, key: &str) -> Result<(), LockNotHeldError> {
-        let held = self
-            .inner
-            .take(key, None)
-            .ok_or_else(|| LockNotHeldError::new(key))?;
-        self.inner.unlock(key, held).await;
+        let taken = self.inner.take(key, None);
+        if taken.is_empty() {
+            return Err(LockNotHeldError::new(key));
+        }
+        for held in taken {
+            self.inner.unlock(key, held).await;
+        }
         Ok(())
     }
 
     fn is_held(&self, key: &str) -> bool {
-        self.inner.held().contains_key(key)
+        self.inner.held().contains(key)
     }
 }
 
 impl LockRegistry for PostgresLockManager {
-    /// Releases every lock this manager holds; returns how many.
+    /// Releases every lock this manager holds; returns how many. Every guard still in
+    /// use is told ([`LostReason::Released`](locks_port::LostReason::Released)), so
+    /// tasks inside their critical sections learn that a shutdown took their lock.
     ///
     /// # Cancel safety
     /// All entries leave the bookkeeping before the first await; if the future is
     /// dropped, the sessions not yet unlocked are closed, which frees their locks.
     async fn release_all(&self) -> usize {
-        let drained: Vec<(String, Held)> = self.inner.held().drain().collect();
+        let drained = self.inner.take_all();
         let count = drained.len();
         for (key, held) in drained {
             self.inner.unlock(&key, held).await;
@@ -715,12 +505,4 @@ impl LockRegistry for PostgresLockManager {
     fn held_lock_count(&self) -> usize {
         self.inner.held().len()
     }
-}
-
-fn record_acquisition_failure(span: &Span, error: &LockAcquisitionError) {
-    let sqlstate = std::error::Error::source(error)
-        .and_then(|source| source.downcast_ref::<tokio_postgres::Error>())
-        .and_then(sqlstate)
-        .or_else(|| error.is_timeout().then_some("55P03"));
-    record_failure(span, error.kind(), sqlstate);
 }

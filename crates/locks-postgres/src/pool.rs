@@ -1,6 +1,7 @@
 //! A pool for the lock manager from a URL, for plain-TCP and Unix-socket set-ups.
 
 use std::str::FromStr;
+use std::time::Duration;
 
 use deadpool_postgres::{BuildError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
@@ -17,9 +18,25 @@ pub enum PoolConfigError {
     Build(#[source] BuildError),
 }
 
+/// How long opening a connection may take (TCP, TLS, start-up), unless the URL says.
+pub const PLAIN_POOL_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// TCP keepalives of the pool's sockets, unless the URL says: first probe after 30 s
+/// idle, then every 10 s; 3 unanswered probes close the socket. A network cut under
+/// an unbounded wait is noticed within about a minute.
+pub const PLAIN_POOL_KEEPALIVES_IDLE: Duration = Duration::from_secs(30);
+
 /// A pool of at most `max_size` connections to `url`, without TLS, with the Tokio
 /// runtime set (so pool timeouts work) and `RecyclingMethod::Fast`. Does no I/O:
 /// connections open on first use.
+///
+/// Bounded by default: a connection must be open within
+/// [`PLAIN_POOL_CONNECT_TIMEOUT`] (5 s; `connect_timeout` in the URL overrides it) and
+/// a checkout's create and recycle steps within the same, and sockets use TCP
+/// keepalives ([`PLAIN_POOL_KEEPALIVES_IDLE`], every 10 s, 3 probes).
+///
+/// For TLS, build the [`deadpool_postgres::Pool`] yourself with a TLS connector (for
+/// example `tokio-postgres-rustls`) and pass it to
+/// [`PostgresLockManager::new`](crate::PostgresLockManager::new).
 ///
 /// Remember that each held lock keeps one connection: `max_size` is the most locks
 /// the manager can hold at once. For TLS or other settings, build the
@@ -47,9 +64,24 @@ pub fn plain_pool(url: &str, max_size: usize) -> Result<Pool, PoolConfigError> {
 /// # Errors
 /// [`PoolConfigError::Build`] if deadpool refuses the configuration.
 pub fn plain_pool_with_config(
-    config: tokio_postgres::Config,
+    mut config: tokio_postgres::Config,
     max_size: usize,
 ) -> Result<Pool, PoolConfigError> {
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(PLAIN_POOL_CONNECT_TIMEOUT);
+    }
+    let connect_timeout = config
+        .get_connect_timeout()
+        .copied()
+        .unwrap_or(PLAIN_POOL_CONNECT_TIMEOUT);
+    if config.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
+        // The driver's default (two hours) notices nothing in time.
+        config
+            .keepalives(true)
+            .keepalives_idle(PLAIN_POOL_KEEPALIVES_IDLE)
+            .keepalives_interval(Duration::from_secs(10))
+            .keepalives_retries(3);
+    }
     let manager = Manager::from_config(
         config,
         NoTls,
@@ -60,6 +92,8 @@ pub fn plain_pool_with_config(
     Pool::builder(manager)
         .max_size(max_size)
         .runtime(Runtime::Tokio1)
+        .create_timeout(Some(connect_timeout))
+        .recycle_timeout(Some(connect_timeout))
         .build()
         .map_err(PoolConfigError::Build)
 }

@@ -2,11 +2,34 @@
 
 use std::time::Duration;
 
-use locks_port::AcquisitionErrorKind;
+use locks_port::{
+    AcquireOptions, AcquisitionErrorKind, LockAcquisitionError, LockMode, LostReason, WaitStrategy,
+};
 use tracing::Span;
 use tracing::field::Empty;
 
-/// The span of one acquisition (`acquire` or `try_acquire`).
+/// The span of one acquisition by the manager (`acquire`, or `try_acquire` with a
+/// zero timeout), its operation named from the options.
+pub(crate) fn manager_acquire_span(
+    key: Option<&str>,
+    lock_id: i64,
+    options: &AcquireOptions,
+) -> Span {
+    let shared = options.mode() == LockMode::Shared;
+    let operation = match (options.timeout(), options.wait_strategy(), shared) {
+        (Some(timeout), _, false) if timeout.is_zero() => "pg_try_advisory_lock",
+        (Some(timeout), _, true) if timeout.is_zero() => "pg_try_advisory_lock_shared",
+        (Some(_), WaitStrategy::Poll, false) => "pg_try_advisory_lock",
+        (Some(_), WaitStrategy::Poll, true) => "pg_try_advisory_lock_shared",
+        (_, _, false) => "pg_advisory_lock",
+        (_, _, true) => "pg_advisory_lock_shared",
+    };
+    let span = acquire_span(key, lock_id, operation, options.timeout());
+    span.record("lock.mode", options.mode().as_str());
+    span
+}
+
+/// The span of one acquisition.
 pub(crate) fn acquire_span(
     key: Option<&str>,
     lock_id: i64,
@@ -23,6 +46,7 @@ pub(crate) fn acquire_span(
         error.type = Empty,
         lock.key = Empty,
         lock.id = lock_id,
+        lock.mode = Empty,
         lock.timeout_ms = Empty,
         lock.acquired = Empty,
         lock.wait_ms = Empty,
@@ -36,18 +60,76 @@ pub(crate) fn acquire_span(
     span
 }
 
+/// Closes an acquisition's span: how long it took, whether it was granted, and on
+/// failure the error kind, SQLSTATE and a DEBUG (timeout) or WARNING event carrying the
+/// reason only (never the error's message, which names the key).
+pub(crate) fn finish_acquire_span(
+    span: &Span,
+    elapsed: Duration,
+    outcome: Result<bool, &LockAcquisitionError>,
+) {
+    span.record("lock.wait_ms", duration_ms(elapsed));
+    match outcome {
+        Ok(acquired) => {
+            span.record("lock.acquired", acquired);
+        }
+        Err(error) => {
+            span.record("lock.acquired", false);
+            let sqlstate = std::error::Error::source(error)
+                .and_then(|source| source.downcast_ref::<tokio_postgres::Error>())
+                .and_then(crate::classify::sqlstate)
+                .or_else(|| error.is_timeout().then_some("55P03"));
+            record_failure(span, error.kind(), sqlstate);
+            let kind = kind_name(error.kind());
+            if error.is_timeout() {
+                tracing::debug!(parent: span, kind, reason = error.reason(), "lock not acquired");
+            } else {
+                tracing::warn!(parent: span, kind, reason = error.reason(), "lock not acquired");
+            }
+        }
+    }
+}
+
+/// The span of a lost lock, carrying the reason to alert on.
+pub(crate) fn lost_span(
+    key: Option<&str>,
+    lock_id: i64,
+    mode: LockMode,
+    reason: LostReason,
+) -> Span {
+    let span = tracing::info_span!(
+        "eventsource.lock.lost",
+        otel.status_code = "ERROR",
+        db.system.name = "postgresql",
+        error.type = "lock_lost",
+        lock.key = Empty,
+        lock.id = lock_id,
+        lock.mode = mode.as_str(),
+        lock.lost_reason = reason.as_str(),
+    );
+    if let Some(key) = key {
+        span.record("lock.key", key);
+    }
+    span
+}
+
 /// The span of one release.
-pub(crate) fn release_span(key: Option<&str>, lock_id: i64) -> Span {
+pub(crate) fn release_span(key: Option<&str>, lock_id: i64, mode: LockMode) -> Span {
+    let operation = match mode {
+        LockMode::Shared => "pg_advisory_unlock_shared",
+        _ => "pg_advisory_unlock",
+    };
     let span = tracing::info_span!(
         "eventsource.lock.release",
         otel.kind = "client",
         otel.status_code = Empty,
         db.system.name = "postgresql",
-        db.operation.name = "pg_advisory_unlock",
+        db.operation.name = operation,
         db.response.status_code = Empty,
         error.type = Empty,
         lock.key = Empty,
         lock.id = lock_id,
+        lock.mode = mode.as_str(),
         lock.released = Empty,
     );
     if let Some(key) = key {
@@ -72,6 +154,9 @@ pub(crate) fn kind_name(kind: AcquisitionErrorKind) -> &'static str {
         AcquisitionErrorKind::PoolUnavailable => "pool_unavailable",
         AcquisitionErrorKind::ConnectionLost => "connection_lost",
         AcquisitionErrorKind::Cancelled => "cancelled",
+        AcquisitionErrorKind::Unreachable => "unreachable",
+        AcquisitionErrorKind::Configuration => "configuration",
+        AcquisitionErrorKind::Deadlock => "deadlock",
         _ => "backend",
     }
 }

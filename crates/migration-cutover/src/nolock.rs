@@ -3,8 +3,8 @@
 use std::future::Future;
 
 use locks_port::{
-    AcquireOptions, DistributedLock, LockAcquisitionError, LockGuard, LockInfo, LockNotHeldError,
-    ReleaseOutcome,
+    AcquireOptions, DistributedLock, LockAcquisitionError, LockGuard, LockInfo, LockMode,
+    LockNotHeldError, LostSignal, ReleaseOutcome,
 };
 
 /// The lock manager of a coordinator built with
@@ -26,6 +26,10 @@ impl LockGuard for NoLockGuard {
         match *self {}
     }
 
+    fn lost(&self) -> LostSignal {
+        match *self {}
+    }
+
     fn release(self) -> impl Future<Output = ReleaseOutcome> + Send {
         std::future::ready::<ReleaseOutcome>(match self {})
     }
@@ -42,14 +46,15 @@ impl DistributedLock for NoLockManager {
     fn acquire(
         &self,
         _key: &str,
-        _options: AcquireOptions,
+        _options: impl Into<AcquireOptions> + Send,
     ) -> impl Future<Output = Result<Self::Guard, LockAcquisitionError>> + Send {
         std::future::ready::<Result<NoLockGuard, LockAcquisitionError>>(match *self {})
     }
 
-    fn try_acquire(
+    fn try_acquire_with(
         &self,
         _key: &str,
+        _mode: LockMode,
     ) -> impl Future<Output = Result<Option<Self::Guard>, LockAcquisitionError>> + Send {
         std::future::ready::<Result<Option<NoLockGuard>, LockAcquisitionError>>(match *self {})
     }

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use locks_memory::{InMemoryLockGuard, InMemoryLockManager};
 use migration_cutover::locks_port::{
-    AcquireOptions, DistributedLock, LockAcquisitionError, LockGuard, LockInfo, LockNotHeldError,
-    ReleaseOutcome,
+    AcquireOptions, DistributedLock, LockAcquisitionError, LockGuard, LockInfo, LockMode,
+    LockNotHeldError, LostSignal, ReleaseOutcome,
 };
 use migration_cutover::{MigrationCoordinator, RoutingState, WritePause};
 use uuid::Uuid;
@@ -54,6 +54,10 @@ impl LockGuard for WitnessedGuard {
         self.inner.as_ref().expect("held").info()
     }
 
+    fn lost(&self) -> LostSignal {
+        self.inner.as_ref().expect("held").lost()
+    }
+
     fn release(mut self) -> impl Future<Output = ReleaseOutcome> + Send {
         self.witness.record();
         let inner = self.inner.take().expect("held");
@@ -71,10 +75,10 @@ impl DistributedLock for WitnessedLock {
     fn acquire(
         &self,
         key: &str,
-        options: AcquireOptions,
+        options: impl Into<AcquireOptions> + Send,
     ) -> impl Future<Output = Result<Self::Guard, LockAcquisitionError>> + Send {
         let witness = self.witness.clone();
-        let acquire = self.inner.acquire(key, options);
+        let acquire = self.inner.acquire(key, options.into());
         async move {
             Ok(WitnessedGuard {
                 inner: Some(acquire.await?),
@@ -83,12 +87,13 @@ impl DistributedLock for WitnessedLock {
         }
     }
 
-    fn try_acquire(
+    fn try_acquire_with(
         &self,
         key: &str,
+        mode: LockMode,
     ) -> impl Future<Output = Result<Option<Self::Guard>, LockAcquisitionError>> + Send {
         let witness = self.witness.clone();
-        let attempt = self.inner.try_acquire(key);
+        let attempt = self.inner.try_acquire_with(key, mode);
         async move {
             Ok(attempt.await?.map(|guard| WitnessedGuard {
                 inner: Some(guard),

@@ -7,6 +7,7 @@
 
 mod bounded_waits;
 mod dropped;
+mod health;
 mod keys;
 mod server;
 mod sessions;

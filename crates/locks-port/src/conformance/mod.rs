@@ -61,6 +61,15 @@ use crate::{
     LockRegistry, ReleaseOutcome, WaitStrategy, lock_id,
 };
 
+mod health;
+mod modes;
+
+pub use health::{
+    huge_timeouts_saturate, poll_without_timeout_waits_in_queue, release_all_tells_every_guard,
+    release_by_key_tells_the_guard, with_lock_until_lost_stops_the_body,
+};
+pub use modes::{exclusive_excludes_shared, queued_writer_is_not_starved, shared_holders_coexist};
+
 /// How an adapter plugs into the suite.
 ///
 /// [`manager`](Harness::manager) gives a NEW manager with its own bookkeeping that
@@ -88,7 +97,7 @@ pub const RELEASE_GRACE: Duration = Duration::from_secs(5);
 pub const MAX_CONCURRENT_ACQUISITIONS: usize = HAMMER_TASKS;
 
 /// The timeout of acquisitions that are expected to succeed.
-const WAIT: Duration = Duration::from_secs(10);
+pub(crate) const WAIT: Duration = Duration::from_secs(10);
 /// How far `acquired_at` may be from the local clock.
 const CLOCK_SLACK: time::Duration = time::Duration::seconds(5);
 /// Tasks and iterations of the mutual-exclusion case.
@@ -98,16 +107,20 @@ const HAMMER_ITERATIONS: usize = 25;
 const WAITERS: usize = 5;
 
 /// A key no other test run uses.
-fn unique_key(case: &str) -> String {
+pub(crate) fn unique_key(case: &str) -> String {
     format!("conformance:{case}:{}", Uuid::new_v4())
 }
 
-fn bounded(timeout: Duration) -> AcquireOptions {
+pub(crate) fn bounded(timeout: Duration) -> AcquireOptions {
     AcquireOptions::new().with_timeout(timeout)
 }
 
 /// Acquires a key that must become available within [`WAIT`].
-async fn must_acquire<M: DistributedLock>(manager: &M, key: &str, why: &str) -> M::Guard {
+pub(crate) async fn must_acquire<M: DistributedLock>(
+    manager: &M,
+    key: &str,
+    why: &str,
+) -> M::Guard {
     match manager.acquire(key, bounded(WAIT)).await {
         Ok(guard) => guard,
         Err(error) => panic!("{why}: acquire({key:?}) failed: {error}"),
@@ -115,7 +128,7 @@ async fn must_acquire<M: DistributedLock>(manager: &M, key: &str, why: &str) -> 
 }
 
 /// Takes a key that must be free right now.
-async fn must_take<M: DistributedLock>(manager: &M, key: &str, why: &str) -> M::Guard {
+pub(crate) async fn must_take<M: DistributedLock>(manager: &M, key: &str, why: &str) -> M::Guard {
     match manager.try_acquire(key).await {
         Ok(Some(guard)) => guard,
         Ok(None) => panic!("{why}: try_acquire({key:?}) found the key held"),
@@ -124,7 +137,7 @@ async fn must_take<M: DistributedLock>(manager: &M, key: &str, why: &str) -> M::
 }
 
 /// Checks that a key is held by someone right now.
-async fn must_be_busy<M: DistributedLock>(manager: &M, key: &str, why: &str) {
+pub(crate) async fn must_be_busy<M: DistributedLock>(manager: &M, key: &str, why: &str) {
     match manager.try_acquire(key).await {
         Ok(None) => {}
         Ok(Some(_guard)) => panic!("{why}: try_acquire({key:?}) got a lock that should be held"),
@@ -133,7 +146,11 @@ async fn must_be_busy<M: DistributedLock>(manager: &M, key: &str, why: &str) {
 }
 
 /// Polls `try_acquire` until the key is free, for up to [`RELEASE_GRACE`].
-async fn eventually_acquirable<M: DistributedLock>(manager: &M, key: &str, why: &str) -> M::Guard {
+pub(crate) async fn eventually_acquirable<M: DistributedLock>(
+    manager: &M,
+    key: &str,
+    why: &str,
+) -> M::Guard {
     let deadline = Instant::now() + RELEASE_GRACE;
     loop {
         match manager.try_acquire(key).await {
@@ -148,7 +165,7 @@ async fn eventually_acquirable<M: DistributedLock>(manager: &M, key: &str, why: 
 }
 
 /// Polls a local condition for up to [`RELEASE_GRACE`].
-async fn eventually(mut condition: impl FnMut() -> bool, why: &str) {
+pub(crate) async fn eventually(mut condition: impl FnMut() -> bool, why: &str) {
     let deadline = Instant::now() + RELEASE_GRACE;
     while !condition() {
         assert!(
@@ -160,7 +177,7 @@ async fn eventually(mut condition: impl FnMut() -> bool, why: &str) {
 }
 
 /// Joins a task, re-raising its panic so the case fails with the task's message.
-async fn join<T>(task: JoinHandle<T>) -> T {
+pub(crate) async fn join<T>(task: JoinHandle<T>) -> T {
     match task.await {
         Ok(value) => value,
         Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
@@ -168,7 +185,7 @@ async fn join<T>(task: JoinHandle<T>) -> T {
     }
 }
 
-async fn must_release<G: LockGuard>(guard: G, why: &str) {
+pub(crate) async fn must_release<G: LockGuard>(guard: G, why: &str) {
     let key = guard.info().key().to_owned();
     let outcome = guard.release().await;
     assert_eq!(
@@ -178,7 +195,12 @@ async fn must_release<G: LockGuard>(guard: G, why: &str) {
     );
 }
 
-fn assert_timeout_error(error: &LockAcquisitionError, key: &str, timeout: Duration, why: &str) {
+pub(crate) fn assert_timeout_error(
+    error: &LockAcquisitionError,
+    key: &str,
+    timeout: Duration,
+    why: &str,
+) {
     assert_eq!(
         error.kind(),
         AcquisitionErrorKind::Timeout,
@@ -1194,6 +1216,14 @@ macro_rules! conformance_suite {
             poll_strategy_acquires_after_release,
             queue_timeout_returns_and_leaves_nothing,
             cancelled_acquire_leaves_nothing_held,
+            release_by_key_tells_the_guard,
+            release_all_tells_every_guard,
+            with_lock_until_lost_stops_the_body,
+            huge_timeouts_saturate,
+            poll_without_timeout_waits_in_queue,
+            shared_holders_coexist,
+            exclusive_excludes_shared,
+            queued_writer_is_not_starved,
         );
     };
 }

@@ -1,0 +1,329 @@
+//! The lost-lock signal: how a guard tells its holder that the lock is no longer held.
+//!
+//! A manager creates one [`LossNotifier`] per acquisition and hands its
+//! [`LostSignal`] to the guard. The first [`notify`](LossNotifier::notify) wins; every
+//! clone of the signal then answers [`is_lost`](LostSignal::is_lost) with `true` and
+//! every waiting `.await` completes with the reason. Runtime-agnostic: plain `std`
+//! wakers, no executor.
+
+use std::fmt;
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
+
+/// Why a lock is no longer held.
+///
+/// The signal fires once per acquisition with the first reason that applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// The lock was released through the manager or the guard: the manager's
+    /// `release(key)` or `release_all()` took it from a guard that was still in use
+    /// (a shutdown), or the guard itself released it.
+    Released,
+    /// The session that held the lock ended: its backend was terminated
+    /// (`pg_terminate_backend`), the server restarted, crashed or failed over, an
+    /// `idle_session_timeout` ended it, or the connection was reset. The server freed the
+    /// lock; someone else may hold it now.
+    ConnectionClosed,
+    /// The server did not answer a keepalive in time (a hung or stopped server, a silent
+    /// network cut). The manager closed the connection; the lock is freed on the server
+    /// once it notices, so treat it as gone.
+    KeepaliveFailed,
+}
+
+impl LostReason {
+    /// A low-cardinality name, for metrics and span attributes.
+    ///
+    /// ```
+    /// assert_eq!(locks_port::LostReason::KeepaliveFailed.as_str(), "keepalive_failed");
+    /// ```
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Released => "released",
+            Self::ConnectionClosed => "connection_closed",
+            Self::KeepaliveFailed => "keepalive_failed",
+        }
+    }
+
+    const fn code(self) -> u8 {
+        match self {
+            Self::Released => 1,
+            Self::ConnectionClosed => 2,
+            Self::KeepaliveFailed => 3,
+        }
+    }
+
+    const fn from_code(code: u8) -> Option<Self> {
+        match code {
+            1 => Some(Self::Released),
+            2 => Some(Self::ConnectionClosed),
+            3 => Some(Self::KeepaliveFailed),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Released => "the lock was released",
+            Self::ConnectionClosed => "the session holding the lock ended",
+            Self::KeepaliveFailed => "the server did not answer a keepalive in time",
+        })
+    }
+}
+
+struct Shared {
+    /// `0` while held, else [`LostReason::code`]: read without the mutex.
+    reason: AtomicU8,
+    wakers: Mutex<Wakers>,
+}
+
+#[derive(Default)]
+struct Wakers {
+    slots: Vec<Option<Waker>>,
+    free: Vec<usize>,
+}
+
+impl Shared {
+    fn reason(&self) -> Option<LostReason> {
+        LostReason::from_code(self.reason.load(Ordering::Acquire))
+    }
+
+    fn wakers(&self) -> MutexGuard<'_, Wakers> {
+        self.wakers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The manager's side of one acquisition's [`LostSignal`].
+///
+/// ```
+/// use locks_port::{LossNotifier, LostReason};
+///
+/// let notifier = LossNotifier::new();
+/// let signal = notifier.signal();
+/// assert!(!signal.is_lost());
+/// assert!(notifier.notify(LostReason::ConnectionClosed));
+/// assert!(!notifier.notify(LostReason::Released), "the first reason wins");
+/// assert_eq!(signal.reason(), Some(LostReason::ConnectionClosed));
+/// ```
+#[derive(Clone)]
+pub struct LossNotifier {
+    shared: Arc<Shared>,
+}
+
+impl LossNotifier {
+    /// A notifier whose lock is held.
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                reason: AtomicU8::new(0),
+                wakers: Mutex::new(Wakers::default()),
+            }),
+        }
+    }
+
+    /// The signal to hand to the guard (any number of clones).
+    #[must_use]
+    pub fn signal(&self) -> LostSignal {
+        LostSignal {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// Marks the lock lost and wakes every waiter. Returns `false` (and changes
+    /// nothing) when it was already marked.
+    pub fn notify(&self, reason: LostReason) -> bool {
+        if self
+            .shared
+            .reason
+            .compare_exchange(0, reason.code(), Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return false;
+        }
+        let wakers = std::mem::take(&mut *self.shared.wakers());
+        for waker in wakers.slots.into_iter().flatten() {
+            waker.wake();
+        }
+        true
+    }
+
+    /// Whether the lock has been marked lost.
+    #[must_use]
+    pub fn is_lost(&self) -> bool {
+        self.shared.reason().is_some()
+    }
+}
+
+impl Default for LossNotifier {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for LossNotifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LossNotifier")
+            .field("lost", &self.shared.reason())
+            .finish()
+    }
+}
+
+/// Tells whether, and why, a held lock was lost; `.await` it to wait for that.
+///
+/// Cheap to clone and to check. Awaiting it completes with the [`LostReason`] once the
+/// lock is no longer held, and never while it is; it is meant for a `select!` beside
+/// the work the lock protects (or see
+/// [`DistributedLock::with_lock_until_lost`](crate::DistributedLock::with_lock_until_lost)).
+///
+/// ```
+/// use locks_port::{LossNotifier, LostReason};
+///
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let notifier = LossNotifier::new();
+/// let lost = notifier.signal();
+/// let watcher = lost.clone();
+/// notifier.notify(LostReason::KeepaliveFailed);
+/// assert_eq!(watcher.await, LostReason::KeepaliveFailed);
+/// assert!(lost.is_lost());
+/// # });
+/// ```
+#[derive(Clone)]
+pub struct LostSignal {
+    shared: Arc<Shared>,
+}
+
+impl LostSignal {
+    /// Whether the lock is no longer held (a relaxed read of one byte).
+    #[must_use]
+    pub fn is_lost(&self) -> bool {
+        self.shared.reason().is_some()
+    }
+
+    /// Why the lock is no longer held, `None` while it is.
+    #[must_use]
+    pub fn reason(&self) -> Option<LostReason> {
+        self.shared.reason()
+    }
+}
+
+impl fmt::Debug for LostSignal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LostSignal")
+            .field("lost", &self.shared.reason())
+            .finish()
+    }
+}
+
+impl IntoFuture for LostSignal {
+    type Output = LostReason;
+    type IntoFuture = Lost;
+
+    fn into_future(self) -> Lost {
+        Lost {
+            shared: self.shared,
+            slot: None,
+        }
+    }
+}
+
+/// The future of [`LostSignal`]'s `.await`: completes with the reason once the lock is
+/// lost. Dropping it unregisters its waker.
+#[must_use = "futures do nothing unless awaited"]
+pub struct Lost {
+    shared: Arc<Shared>,
+    slot: Option<usize>,
+}
+
+impl Future for Lost {
+    type Output = LostReason;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<LostReason> {
+        if let Some(reason) = self.shared.reason() {
+            return Poll::Ready(reason);
+        }
+        let shared = Arc::clone(&self.shared);
+        let mut wakers = shared.wakers();
+        // Checked again under the mutex: `notify` sets the reason before it takes the
+        // wakers, so a waker registered now is either woken or sees the reason.
+        if let Some(reason) = shared.reason() {
+            return Poll::Ready(reason);
+        }
+        let waker = cx.waker().clone();
+        match self.slot {
+            Some(slot) if slot < wakers.slots.len() => wakers.slots[slot] = Some(waker),
+            _ => {
+                let slot = match wakers.free.pop() {
+                    Some(slot) => {
+                        wakers.slots[slot] = Some(waker);
+                        slot
+                    }
+                    None => {
+                        wakers.slots.push(Some(waker));
+                        wakers.slots.len() - 1
+                    }
+                };
+                self.slot = Some(slot);
+            }
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for Lost {
+    fn drop(&mut self) {
+        let Some(slot) = self.slot.take() else {
+            return;
+        };
+        let mut wakers = self.shared.wakers();
+        if let Some(entry) = wakers.slots.get_mut(slot) {
+            *entry = None;
+            wakers.free.push(slot);
+        }
+    }
+}
+
+impl fmt::Debug for Lost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lost")
+            .field("lost", &self.shared.reason())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waiters_are_woken_and_dropped_waiters_unregister() {
+        let notifier = LossNotifier::new();
+        let signal = notifier.signal();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            // A waiter that is polled and dropped, many times, leaves no waker behind.
+            for _ in 0..100 {
+                let mut lost = std::pin::pin!(signal.clone().into_future());
+                let pending = std::future::poll_fn(|cx| Poll::Ready(lost.as_mut().poll(cx))).await;
+                assert!(pending.is_pending());
+            }
+            assert_eq!(notifier.shared.wakers().slots.len(), 1);
+            let waiter = signal.clone();
+            let task = async move { waiter.await };
+            let notify = async {
+                notifier.notify(LostReason::ConnectionClosed);
+            };
+            let (reason, ()) = tokio::join!(task, notify);
+            assert_eq!(reason, LostReason::ConnectionClosed);
+        });
+        assert_eq!(signal.reason(), Some(LostReason::ConnectionClosed));
+    }
+}

@@ -1,0 +1,450 @@
+//! Acquisition up to the bookkeeping: a pool checkout, one `pg_try_advisory_lock`, and
+//! if the lock is busy a wait in the server's queue (or the original's polling), every
+//! step inside the call's deadline.
+
+use std::future::Future;
+use std::time::Duration;
+
+use deadpool_postgres::{Object, PoolError, TimeoutType, Timeouts};
+use locks_port::{
+    AcquireOptions, AcquisitionErrorKind, LockAcquisitionError, LockMode, WaitStrategy,
+    deadline_after, timeout_reason,
+};
+use tokio::time::Instant;
+use tokio_postgres::error::SqlState;
+
+use crate::classify::{driver_error, pool_error};
+use crate::connection::{Answer, Session};
+use crate::manager::Inner;
+use crate::sql::Statement;
+
+/// The deadline of a bounded call, and the timeout it came from (for its errors).
+#[derive(Clone, Copy)]
+pub(crate) struct Deadline {
+    at: Instant,
+    timeout: Duration,
+}
+
+impl Deadline {
+    /// `timeout` from now, saturating (a `Duration::MAX` timeout is centuries away).
+    fn after(timeout: Duration) -> Self {
+        let at = deadline_after(std::time::Instant::now(), timeout);
+        Self {
+            at: Instant::from_std(at),
+            timeout,
+        }
+    }
+
+    fn remaining(self) -> Duration {
+        self.at.saturating_duration_since(Instant::now())
+    }
+
+    fn passed(self) -> bool {
+        Instant::now() >= self.at
+    }
+}
+
+/// How long one step may take: the call's deadline plus the margin for a bounded call,
+/// the step's own timeout for an unbounded one.
+#[derive(Clone, Copy)]
+enum Limit {
+    /// Until this instant.
+    Until(Instant),
+    /// No limit (an unbounded wait for the lock).
+    None,
+}
+
+impl Limit {
+    fn of(deadline: Option<Deadline>, margin: Duration, otherwise: Duration) -> Self {
+        let at = match deadline {
+            Some(deadline) => deadline.at.checked_add(margin).unwrap_or(deadline.at),
+            None => Instant::now() + otherwise,
+        };
+        Self::Until(at)
+    }
+
+    /// Runs `future` within the limit; `None` when the limit passed first.
+    async fn run<T>(self, future: impl Future<Output = T>) -> Option<T> {
+        match self {
+            Self::Until(at) => tokio::time::timeout_at(at, future).await.ok(),
+            Self::None => Some(future.await),
+        }
+    }
+}
+
+/// How long a checkout may wait for a free pool slot.
+#[derive(Clone, Copy)]
+enum PoolWait {
+    /// As long as it takes (an acquire without timeout).
+    Forever,
+    /// Until the acquisition's deadline.
+    Until(Deadline),
+    /// Not at all (`try_acquire` never waits).
+    No,
+}
+
+/// What one `pg_try_advisory_lock` found; either way the caller owns the session.
+enum Tried {
+    /// The lock is held by the session.
+    Granted(Session),
+    /// Someone else holds it; the session holds nothing.
+    Busy(Session),
+}
+
+/// Records the call's timeout on an error, when it had one.
+fn with_timeout(error: LockAcquisitionError, deadline: Option<Deadline>) -> LockAcquisitionError {
+    match deadline {
+        Some(deadline) => error.with_timeout(deadline.timeout),
+        None => error,
+    }
+}
+
+/// How an acquisition attempt ends before the bookkeeping.
+type Attempt = Result<Session, LockAcquisitionError>;
+
+impl Inner {
+    /// The whole acquisition up to the bookkeeping.
+    pub(crate) async fn acquire_session(
+        &self,
+        key: &str,
+        lock_id: i64,
+        options: AcquireOptions,
+    ) -> Attempt {
+        let deadline = options.timeout().map(Deadline::after);
+        let mode = options.mode();
+        let wait = deadline.map_or(PoolWait::Forever, PoolWait::Until);
+        let session = self.checkout(key, wait, deadline).await?;
+        // Every acquisition starts with one pg_try_advisory_lock: uncontended, that is
+        // the only statement (and the cheapest). It cannot jump the server's queue: a
+        // released lock is granted to the first waiter at release, and a request that
+        // conflicts with a queued waiter waits behind it, so it is never seen free
+        // while others wait.
+        let session = match self.try_lock(key, lock_id, mode, session, deadline).await? {
+            Tried::Granted(session) => return Ok(session),
+            Tried::Busy(session) => session,
+        };
+        match (deadline, options.wait_strategy()) {
+            (Some(deadline), WaitStrategy::Poll) => {
+                self.poll(
+                    key,
+                    lock_id,
+                    mode,
+                    session,
+                    deadline,
+                    options.retry_interval(),
+                )
+                .await
+            }
+            // Without a timeout every strategy waits in the queue, as in the original.
+            _ => {
+                self.wait_in_queue(key, lock_id, mode, session, deadline)
+                    .await
+            }
+        }
+    }
+
+    /// `try_acquire`: a checkout that never waits for a slot and one try.
+    pub(crate) async fn try_session(
+        &self,
+        key: &str,
+        lock_id: i64,
+        mode: LockMode,
+    ) -> Result<Option<Session>, LockAcquisitionError> {
+        let session = self.checkout(key, PoolWait::No, None).await?;
+        match self.try_lock(key, lock_id, mode, session, None).await? {
+            Tried::Granted(session) => Ok(Some(session)),
+            Tried::Busy(session) => {
+                session.into_pool();
+                Ok(None)
+            }
+        }
+    }
+
+    /// Checks a connection out. Waiting for a free slot counts against the deadline;
+    /// opening a new connection is bounded by the deadline plus the margin (a zero
+    /// timeout still makes its one attempt on a cold pool) or, without a deadline, by
+    /// the connect timeout. The pool's own timeouts are not used, so a pool built
+    /// without a runtime works too.
+    async fn checkout(&self, key: &str, wait: PoolWait, deadline: Option<Deadline>) -> Attempt {
+        let settings = &self.settings;
+        let connecting = Limit::of(deadline, settings.deadline_margin, settings.connect_timeout);
+        let no_wait = Timeouts {
+            wait: Some(Duration::ZERO),
+            create: None,
+            recycle: None,
+        };
+        let first = connecting.run(self.pool.timeout_get(&no_wait)).await;
+        let checked_out = match first {
+            None => return Err(self.unreachable(key, deadline)),
+            Some(Err(PoolError::Timeout(TimeoutType::Wait))) => match wait {
+                PoolWait::No => {
+                    return Err(self.pool_exhausted(key, "no pool connection was free", None));
+                }
+                PoolWait::Forever => self.wait_for_slot().await,
+                PoolWait::Until(deadline) => {
+                    let limit = Limit::Until(deadline.at);
+                    match limit.run(self.wait_for_slot()).await {
+                        Some(result) => result,
+                        None => {
+                            let reason = format!(
+                                "{} waiting for a pool connection",
+                                timeout_reason(deadline.timeout)
+                            );
+                            return Err(self.pool_exhausted(key, &reason, Some(deadline)));
+                        }
+                    }
+                }
+            },
+            Some(other) => other,
+        };
+        match checked_out {
+            Ok(object) => Ok(Session::new(object)),
+            Err(error) => Err(with_timeout(pool_error(key, error), deadline)),
+        }
+    }
+
+    /// Waits for a free pool slot for as long as it takes; a connection opened for it
+    /// is bounded by the connect timeout where the pool has a runtime for timeouts.
+    async fn wait_for_slot(&self) -> Result<Object, PoolError> {
+        let bounded = Timeouts {
+            wait: None,
+            create: Some(self.settings.connect_timeout),
+            recycle: Some(self.settings.answer_timeout),
+        };
+        match self.pool.timeout_get(&bounded).await {
+            Err(PoolError::NoRuntimeSpecified) => self.pool.timeout_get(&Timeouts::default()).await,
+            other => other,
+        }
+    }
+
+    fn unreachable(&self, key: &str, deadline: Option<Deadline>) -> LockAcquisitionError {
+        let waited = deadline.map_or(self.settings.connect_timeout, |deadline| deadline.timeout);
+        let error = LockAcquisitionError::new(
+            key,
+            AcquisitionErrorKind::Unreachable,
+            format!(
+                "{} opening a connection (the server did not answer)",
+                timeout_reason(waited)
+            ),
+        );
+        with_timeout(error, deadline)
+    }
+
+    fn pool_exhausted(
+        &self,
+        key: &str,
+        what: &str,
+        deadline: Option<Deadline>,
+    ) -> LockAcquisitionError {
+        let reason = format!(
+            "{what} (all {} in use; each held lock keeps one)",
+            self.pool.status().max_size
+        );
+        let error = LockAcquisitionError::new(key, AcquisitionErrorKind::PoolUnavailable, reason);
+        with_timeout(error, deadline)
+    }
+
+    /// Runs `statement` within `limit`. A connection the manager has not used yet is
+    /// set up first, pipelined with the statement (see [`crate::sql::SESSION_SETUP`]).
+    /// On expiry the session is dropped: the statement cancelled, the connection
+    /// closed, which undoes whatever the statement did.
+    async fn answered(
+        &self,
+        key: &str,
+        mut session: Session,
+        statement: Statement,
+        limit: Limit,
+        deadline: Option<Deadline>,
+    ) -> Result<(Session, Result<Answer, tokio_postgres::Error>), LockAcquisitionError> {
+        let id = Object::id(session.object());
+        let needs_setup = !self.set_up().contains(&id);
+        let outcome = if needs_setup {
+            limit
+                .run(session.run_after_setup(self.application_name.as_deref(), statement))
+                .await
+        } else {
+            limit
+                .run(session.run(statement))
+                .await
+                .map(|answer| (Ok(false), answer))
+        };
+        let Some((setup, answer)) = outcome else {
+            drop(session);
+            let waited = deadline.map_or(self.settings.answer_timeout, |deadline| deadline.timeout);
+            let error = LockAcquisitionError::new(
+                key,
+                AcquisitionErrorKind::ConnectionLost,
+                format!("{} (the server did not answer)", timeout_reason(waited)),
+            );
+            return Err(with_timeout(error, deadline));
+        };
+        if needs_setup {
+            match setup {
+                Ok(false) => {
+                    self.set_up().insert(id);
+                }
+                Ok(true) => {
+                    drop(session);
+                    let error = LockAcquisitionError::new(
+                        key,
+                        AcquisitionErrorKind::Configuration,
+                        "Database error: the server is a read-only standby (in recovery); \
+                         advisory locks there exclude nothing on the primary \
+                         (use target_session_attrs=read-write)",
+                    );
+                    return Err(with_timeout(error, deadline));
+                }
+                Err(error) => {
+                    drop(session);
+                    return Err(with_timeout(driver_error(key, error), deadline));
+                }
+            }
+        }
+        Ok((session, answer))
+    }
+
+    /// One `pg_try_advisory_lock`. On an error the session is closed (whatever the
+    /// statement did, that undoes it).
+    async fn try_lock(
+        &self,
+        key: &str,
+        lock_id: i64,
+        mode: LockMode,
+        session: Session,
+        deadline: Option<Deadline>,
+    ) -> Result<Tried, LockAcquisitionError> {
+        let statement = Statement::TryLock { lock_id, mode };
+        let limit = Limit::of(
+            deadline,
+            self.settings.deadline_margin,
+            self.settings.answer_timeout,
+        );
+        match self
+            .answered(key, session, statement, limit, deadline)
+            .await?
+        {
+            (session, Ok(Answer::Bool(true))) => Ok(Tried::Granted(session)),
+            (session, Ok(_)) => Ok(Tried::Busy(session)),
+            (session, Err(error)) => {
+                session.close();
+                Err(with_timeout(driver_error(key, error), deadline))
+            }
+        }
+    }
+
+    /// After a wait ended in an error on a live connection, makes sure the session
+    /// does not hold the lock (it can be granted just as the wait is cancelled), then
+    /// gives the connection back; if that cannot be shown in time, closes it.
+    async fn settle_after_failed_wait(&self, lock_id: i64, mode: LockMode, mut session: Session) {
+        let check = Statement::UnlockIfHeld { lock_id, mode };
+        let answer = Limit::of(None, Duration::ZERO, self.settings.answer_timeout)
+            .run(session.run(check))
+            .await;
+        match answer {
+            Some(Ok(Answer::Bool(was_held))) => {
+                if was_held {
+                    tracing::debug!(
+                        lock_id,
+                        "the lock was granted as the wait ended; released it"
+                    );
+                }
+                session.into_pool();
+            }
+            Some(Ok(Answer::Locked) | Err(_)) | None => session.close(),
+        }
+    }
+
+    /// Waits in the server's queue: one `pg_advisory_lock` bounded by `lock_timeout`.
+    async fn wait_in_queue(
+        &self,
+        key: &str,
+        lock_id: i64,
+        mode: LockMode,
+        mut session: Session,
+        deadline: Option<Deadline>,
+    ) -> Attempt {
+        loop {
+            let lock_timeout_ms = match deadline {
+                None => 0,
+                Some(deadline) => {
+                    let ms = deadline.remaining().as_micros().div_ceil(1000);
+                    if ms == 0 {
+                        // No time left to wait; the first try has been made. The
+                        // session holds nothing.
+                        session.into_pool();
+                        return Err(LockAcquisitionError::timed_out(key, deadline.timeout));
+                    }
+                    // lock_timeout takes at most i32::MAX ms (about 24.8 days).
+                    u32::try_from(ms).map_or(i32::MAX.unsigned_abs(), |ms| {
+                        ms.min(i32::MAX.unsigned_abs())
+                    })
+                }
+            };
+            let statement = Statement::Lock {
+                lock_id,
+                mode,
+                lock_timeout_ms,
+            };
+            // An unbounded wait has no limit: it waits for the lock as long as it
+            // takes, and a connection that ends meanwhile fails the statement.
+            let limit = match deadline {
+                Some(_) => Limit::of(deadline, self.settings.deadline_margin, Duration::ZERO),
+                None => Limit::None,
+            };
+            let outcome;
+            (session, outcome) = self
+                .answered(key, session, statement, limit, deadline)
+                .await?;
+            let error = match outcome {
+                Ok(_) => return Ok(session),
+                Err(error) => error,
+            };
+            if error.is_closed() {
+                session.close();
+                return Err(with_timeout(driver_error(key, error), deadline));
+            }
+            self.settle_after_failed_wait(lock_id, mode, session).await;
+            let timed_out = error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE);
+            match deadline {
+                Some(deadline) if timed_out => {
+                    if deadline.passed() {
+                        return Err(LockAcquisitionError::timed_out(key, deadline.timeout));
+                    }
+                    // lock_timeout fired early (it is capped at ~24.8 days): wait again.
+                    session = self
+                        .checkout(key, PoolWait::Until(deadline), Some(deadline))
+                        .await?;
+                }
+                _ => return Err(with_timeout(driver_error(key, error), deadline)),
+            }
+        }
+    }
+
+    /// The original's strategy, after the first try: `pg_try_advisory_lock` every
+    /// `retry_interval` on one session until the deadline.
+    async fn poll(
+        &self,
+        key: &str,
+        lock_id: i64,
+        mode: LockMode,
+        mut session: Session,
+        deadline: Deadline,
+        retry_interval: Duration,
+    ) -> Attempt {
+        let retry_interval = retry_interval.max(Duration::from_millis(1));
+        loop {
+            if deadline.passed() {
+                session.into_pool();
+                return Err(LockAcquisitionError::timed_out(key, deadline.timeout));
+            }
+            tokio::time::sleep(retry_interval.min(deadline.remaining())).await;
+            session = match self
+                .try_lock(key, lock_id, mode, session, Some(deadline))
+                .await?
+            {
+                Tried::Granted(session) => return Ok(session),
+                Tried::Busy(session) => session,
+            };
+        }
+    }
+}

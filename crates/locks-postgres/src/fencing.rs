@@ -1,0 +1,102 @@
+//! Fencing tokens: a counter per lock id in a table of their own, incremented in the
+//! holder's session right after each grant.
+//!
+//! The counter row is updated and committed while the lock is held, so two grants of
+//! one key are ordered by the lock and get strictly increasing tokens, whichever
+//! process (or language) took them, as long as they share the table. The token is
+//! durable once the statement returns; across a failover it survives only with
+//! synchronous replication (an asynchronous standby can be promoted without the last
+//! increments, and would hand out a token again).
+
+use locks_port::{AcquisitionErrorKind, LockAcquisitionError};
+
+use crate::classify::driver_error;
+use crate::connection::Session;
+use crate::manager::Inner;
+
+/// The table of fencing tokens (in the connection's `search_path` schema).
+pub const FENCING_TABLE: &str = "advisory_lock_fencing_tokens";
+
+/// The statement that creates the table of fencing tokens, for migration tools: what
+/// [`install_fencing`] runs.
+pub const FENCING_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS advisory_lock_fencing_tokens (\
+     lock_id bigint PRIMARY KEY, \
+     token bigint NOT NULL CHECK (token > 0), \
+     granted_at timestamptz NOT NULL DEFAULT now())";
+
+const NEXT_TOKEN: &str = "INSERT INTO advisory_lock_fencing_tokens AS t (lock_id, token) \
+     VALUES ($1, 1) ON CONFLICT (lock_id) \
+     DO UPDATE SET token = t.token + 1, granted_at = now() RETURNING token";
+
+/// Creates the table of fencing tokens if it does not exist: the explicit install step
+/// of [`PostgresLockManagerBuilder::fencing`](crate::PostgresLockManagerBuilder::fencing).
+/// Run it once per database (a migration, a deploy step); the manager never creates it
+/// on its own. Idempotent.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = locks_postgres::plain_pool("postgres://app@localhost/app", 4)?;
+/// let client = pool.get().await?;
+/// locks_postgres::install_fencing(&client).await?;
+/// let locks = locks_postgres::PostgresLockManager::builder(pool).fencing(true).build();
+/// # drop(locks);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// A holder then stores its token beside the data it protects and lets the database
+/// refuse a write from a holder that paused past the loss of its lock:
+///
+/// ```sql
+/// UPDATE accounts SET balance = $2, fencing_token = $3
+///  WHERE id = $1 AND fencing_token < $3;   -- 0 rows: a newer holder wrote already
+/// ```
+///
+/// # Errors
+/// The driver's error when the statement fails (for example, no `CREATE` privilege).
+pub async fn install_fencing(client: &tokio_postgres::Client) -> Result<(), tokio_postgres::Error> {
+    client.batch_execute(FENCING_SCHEMA).await
+}
+
+impl Inner {
+    /// The next token of `lock_id`, taken in the session that holds it. On failure the
+    /// session is dropped (closed), which frees the lock, and the acquisition fails.
+    pub(crate) async fn next_fencing_token(
+        &self,
+        key: &str,
+        lock_id: i64,
+        session: &mut Session,
+    ) -> Result<i64, LockAcquisitionError> {
+        let object = session.object();
+        let answer = tokio::time::timeout(self.settings.answer_timeout, async {
+            let statement = object.prepare_cached(NEXT_TOKEN).await?;
+            let row = object.query_one(&statement, &[&lock_id]).await?;
+            row.try_get::<_, i64>(0)
+        })
+        .await;
+        match answer {
+            Ok(Ok(token)) => Ok(token),
+            Ok(Err(error)) => {
+                let mut error = driver_error(key, error);
+                if error.kind() == AcquisitionErrorKind::Configuration {
+                    error = LockAcquisitionError::new(
+                        key,
+                        AcquisitionErrorKind::Configuration,
+                        format!(
+                            "{}; fencing is on: create the token table once with \
+                             locks_postgres::install_fencing",
+                            error.reason()
+                        ),
+                    )
+                    .with_source(error);
+                }
+                Err(error)
+            }
+            Err(_elapsed) => Err(LockAcquisitionError::new(
+                key,
+                AcquisitionErrorKind::ConnectionLost,
+                "Database error: the server did not answer the fencing-token statement",
+            )),
+        }
+    }
+}

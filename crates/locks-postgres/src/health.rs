@@ -1,0 +1,249 @@
+//! The lost-lock monitor: one background task per manager, alive while it holds locks.
+//!
+//! Every [`health_check_interval`](crate::PostgresLockManagerBuilder::health_check_interval)
+//! it looks, locally and without I/O, at each held lock's connection: one that has
+//! ended (the server terminated the backend, restarted, failed over, or the socket
+//! was reset) loses its lock with [`LostReason::ConnectionClosed`]. Every
+//! [`keepalive`](crate::PostgresLockManagerBuilder::keepalive) cadence it sends an idle
+//! held connection one `SELECT true`; no answer within the answer timeout (a hung or
+//! stopped server, a silent network cut) loses the lock with
+//! [`LostReason::KeepaliveFailed`], and the connection is closed.
+//!
+//! A lost lock leaves the bookkeeping at once (`is_held` is false, `held_lock_count`
+//! drops), its guard's signal fires, its connection is discarded, a WARNING event in
+//! an `eventsource.lock.lost` span says so, and the per-reason count grows.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use locks_port::LostReason;
+use tokio::time::Instant;
+
+use crate::bookkeeping::{Held, SessionSlot};
+use crate::classify::describe;
+use crate::connection::Answer;
+use crate::manager::Inner;
+use crate::sql::Statement;
+use crate::telemetry::lost_span;
+
+/// How many locks a manager lost, by reason (see
+/// [`PostgresLockManager::lost_lock_counts`](crate::PostgresLockManager::lost_lock_counts)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LostLockCounts {
+    /// The session ended ([`LostReason::ConnectionClosed`]).
+    pub connection_closed: u64,
+    /// A keepalive got no answer in time ([`LostReason::KeepaliveFailed`]).
+    pub keepalive_failed: u64,
+}
+
+impl LostLockCounts {
+    /// Every loss.
+    #[must_use]
+    pub fn total(&self) -> u64 {
+        self.connection_closed + self.keepalive_failed
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct LostCounts {
+    connection_closed: AtomicU64,
+    keepalive_failed: AtomicU64,
+}
+
+impl LostCounts {
+    fn count(&self, reason: LostReason) {
+        let counter = match reason {
+            LostReason::KeepaliveFailed => &self.keepalive_failed,
+            _ => &self.connection_closed,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> LostLockCounts {
+        LostLockCounts {
+            connection_closed: self.connection_closed.load(Ordering::Relaxed),
+            keepalive_failed: self.keepalive_failed.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// What one look at the bookkeeping found.
+#[derive(Default)]
+struct Findings {
+    ended: Vec<(String, u64)>,
+    due: Vec<(String, u64, SessionSlot)>,
+}
+
+impl Inner {
+    /// Starts the monitor if it is not running (called after each grant). Without a
+    /// Tokio runtime at hand nothing is started; the next grant inside one starts it.
+    pub(crate) fn ensure_monitor(self: &Arc<Self>) {
+        if self.monitor_running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(monitor(Arc::downgrade(self)));
+            }
+            Err(_) => self.monitor_running.store(false, Ordering::Release),
+        }
+    }
+
+    /// Looks at every held lock: which connections ended, which are due a keepalive.
+    fn inspect(&self, now: Instant) -> Findings {
+        let mut findings = Findings::default();
+        let cadence = self.settings.keepalive;
+        let mut book = self.held();
+        for (key, held) in book.entries_mut() {
+            // A session being released or pinged is skipped this round.
+            let Ok(session) = held.slot.try_lock() else {
+                continue;
+            };
+            match session.as_ref() {
+                Some(session) if session.is_closed() => {
+                    findings.ended.push((key.to_owned(), held.token));
+                }
+                Some(_) => {
+                    if let Some(cadence) = cadence {
+                        if !held.pinging
+                            && now.saturating_duration_since(held.last_answer) >= cadence
+                        {
+                            held.pinging = true;
+                            findings
+                                .due
+                                .push((key.to_owned(), held.token, Arc::clone(&held.slot)));
+                        }
+                    }
+                }
+                None => {}
+            }
+        }
+        findings
+    }
+
+    /// Takes one lost acquisition out of the bookkeeping and tells its guard.
+    fn lose_entry(&self, key: &str, token: u64, reason: LostReason, detail: &str) {
+        let taken = self.held().remove(key, Some(token));
+        for held in taken {
+            self.lose_with_key(key, held, reason, detail);
+        }
+    }
+
+    /// A lost lock already out of the bookkeeping: discard its session, tell its
+    /// guard, say so in an event and count it.
+    pub(crate) fn lose(&self, held: Held, reason: LostReason, detail: &str) {
+        self.report_lost(None, &held, reason, detail);
+        discard(held);
+    }
+
+    fn lose_with_key(&self, key: &str, held: Held, reason: LostReason, detail: &str) {
+        self.report_lost(self.shown(key), &held, reason, detail);
+        discard(held);
+    }
+
+    fn report_lost(&self, key: Option<&str>, held: &Held, reason: LostReason, detail: &str) {
+        if !held.notifier.notify(reason) {
+            return;
+        }
+        self.lost.count(reason);
+        let span = lost_span(key, held.lock_id, held.mode, reason);
+        tracing::warn!(
+            parent: &span,
+            key,
+            lock_id = held.lock_id,
+            reason = reason.as_str(),
+            detail,
+            "advisory lock lost: {reason}"
+        );
+    }
+
+    /// One keepalive on a held, idle connection.
+    async fn keepalive(&self, key: String, token: u64, slot: SessionSlot) {
+        let outcome = {
+            let mut session = slot.lock().await;
+            let Some(session) = session.as_mut() else {
+                return; // released meanwhile
+            };
+            tokio::time::timeout(self.settings.answer_timeout, session.run(Statement::Ping)).await
+        };
+        match outcome {
+            Ok(Ok(Answer::Bool(true))) => {
+                if let Some(held) = self.held().get_mut(&key, token) {
+                    held.last_answer = Instant::now();
+                    held.pinging = false;
+                }
+            }
+            Ok(Ok(_)) => self.lose_entry(
+                &key,
+                token,
+                LostReason::KeepaliveFailed,
+                "unexpected answer",
+            ),
+            Ok(Err(error)) => {
+                let reason = if error.is_closed() || error.code().is_some() {
+                    LostReason::ConnectionClosed
+                } else {
+                    LostReason::KeepaliveFailed
+                };
+                self.lose_entry(&key, token, reason, &describe(&error));
+            }
+            Err(_elapsed) => {
+                let detail = format!(
+                    "no answer to a keepalive within {:?}",
+                    self.settings.answer_timeout
+                );
+                self.lose_entry(&key, token, LostReason::KeepaliveFailed, &detail);
+            }
+        }
+    }
+}
+
+/// Drops a lost lock's session: detached from the pool and closed, never reused. The
+/// slot may be busy (a keepalive that is timing out); then the keepalive's own end
+/// drops it.
+fn discard(held: Held) {
+    if let Ok(mut session) = held.slot.try_lock() {
+        drop(session.take());
+    } else if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(async move {
+            drop(held.slot.lock().await.take());
+        });
+    }
+}
+
+/// The monitor task: runs while the manager is alive and holds locks.
+async fn monitor(manager: Weak<Inner>) {
+    loop {
+        let interval = match manager.upgrade() {
+            Some(inner) => inner.settings.health_check_interval,
+            None => return,
+        };
+        tokio::time::sleep(interval).await;
+        let Some(inner) = manager.upgrade() else {
+            return;
+        };
+        let findings = inner.inspect(Instant::now());
+        for (key, token) in findings.ended {
+            inner.lose_entry(
+                &key,
+                token,
+                LostReason::ConnectionClosed,
+                "the connection ended",
+            );
+        }
+        for (key, token, slot) in findings.due {
+            let inner = Arc::clone(&inner);
+            tokio::spawn(async move { inner.keepalive(key, token, slot).await });
+        }
+        if inner.held().is_empty() {
+            inner.monitor_running.store(false, Ordering::Release);
+            // A grant between the look and the store found the flag set and started
+            // nothing: take the monitor back up for it.
+            if inner.held().is_empty() || inner.monitor_running.swap(true, Ordering::AcqRel) {
+                return;
+            }
+        }
+        drop(inner);
+    }
+}
