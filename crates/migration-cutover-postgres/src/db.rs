@@ -11,7 +11,7 @@ use tokio_postgres::error::SqlState;
 /// A database operation failed; the text is the operation and the server's own words
 /// (message, SQLSTATE, detail), the driver's error stays reachable as the source.
 #[derive(Debug, thiserror::Error)]
-#[error("{what}: {words}")]
+#[error("{}{words}", operation(what))]
 pub(crate) struct DbFailure {
     what: &'static str,
     words: String,
@@ -20,7 +20,21 @@ pub(crate) struct DbFailure {
     source: Option<BoxError>,
 }
 
+fn operation(what: &str) -> String {
+    if what.is_empty() {
+        String::new()
+    } else {
+        format!("{what}: ")
+    }
+}
+
 impl DbFailure {
+    /// The same failure without the operation's name, for a parent error that names it.
+    pub(crate) fn unnamed(mut self) -> Self {
+        self.what = "";
+        self
+    }
+
     pub(crate) fn driver(what: &'static str, error: tokio_postgres::Error) -> Self {
         Self {
             what,
@@ -65,7 +79,8 @@ pub(crate) async fn repository_query(
     sql: &str,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<Vec<tokio_postgres::Row>, migration_cutover::RepositoryError> {
-    let failed = |failure: DbFailure| migration_cutover::RepositoryError::new(what, failure);
+    let failed =
+        |failure: DbFailure| migration_cutover::RepositoryError::new(what, failure.unnamed());
     let client = pool
         .get()
         .await

@@ -201,7 +201,7 @@ impl MigrationRepository for PostgresMigrationRepository {
             stored.map_or("gone", |stored| stored.phase.as_str()),
             migration.phase
         );
-        Err(RepositoryError::new(WHAT, DbFailure::refused(WHAT, words)))
+        Err(RepositoryError::new(WHAT, DbFailure::refused("", words)))
     }
 }
 

@@ -279,7 +279,7 @@ impl WritePause for PostgresWritePause {
                     } else {
                         "pausing writes"
                     };
-                    RepositoryError::new(what, failure)
+                    RepositoryError::new(what, failure.unnamed())
                 })?;
             pause.count(tenant_id, 1);
             Ok(PostgresPauseGuard {

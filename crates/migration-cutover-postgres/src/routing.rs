@@ -190,7 +190,7 @@ impl RoutingRepository for PostgresRoutingRepository {
                 route.tenant_id
             ),
         };
-        Err(RepositoryError::new(WHAT, DbFailure::refused(WHAT, words)))
+        Err(RepositoryError::new(WHAT, DbFailure::refused("", words)))
     }
 }
 
