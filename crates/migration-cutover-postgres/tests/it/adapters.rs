@@ -295,6 +295,21 @@ async fn a_pause_holds_writers_on_the_server_until_it_resumes_and_is_bounded() {
         .await
         .unwrap();
 
+    // The generic router of migration-cutover is held back too, through `admit`.
+    let guard = instance.pause.pause(tenant).await.unwrap();
+    let generic = tokio::spawn({
+        let router = instance.coordinator.router();
+        async move { router.append(tenant, &[Event::new("G", "")]).await }
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(
+        !generic.is_finished(),
+        "the generic router waits while the pause holds"
+    );
+    guard.resume().await;
+    let receipt = generic.await.unwrap().unwrap();
+    assert_eq!((receipt.store_id.as_str(), receipt.position), (SOURCE, 3));
+
     // A write holding the shared lock makes a pause wait, up to its acquire timeout.
     let holder = connect(Some(&fleet.a)).await;
     holder
