@@ -32,9 +32,130 @@ fn exporter() -> &'static (InMemorySpanExporter, SdkTracerProvider) {
             .build();
         tracing_subscriber::registry()
             .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("locks-it")))
+            .with(Everything)
             .init();
         (exporter, provider)
     })
+}
+
+/// Every span field and event field of the run, as text: what any subscriber (a log
+/// file, an exporter) could ever see.
+static RECORDED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+struct Everything;
+
+struct Fields(String);
+
+impl tracing::field::Visit for Fields {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.push_str(&format!(" {}={value:?}", field.name()));
+    }
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.push_str(&format!(" {}={value}", field.name()));
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Everything {
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        _id: &tracing::span::Id,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let mut fields = Fields(attrs.metadata().name().to_owned());
+        attrs.record(&mut fields);
+        RECORDED.lock().unwrap().push(fields.0);
+    }
+    fn on_record(
+        &self,
+        _id: &tracing::span::Id,
+        values: &tracing::span::Record<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let mut fields = Fields("record".to_owned());
+        values.record(&mut fields);
+        RECORDED.lock().unwrap().push(fields.0);
+    }
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let mut fields = Fields(event.metadata().name().to_owned());
+        event.record(&mut fields);
+        RECORDED.lock().unwrap().push(fields.0);
+    }
+}
+
+/// With hidden keys, no span or event of any path, failures and losses included,
+/// carries the key text (while the same paths with keys shown do: the check can fail).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hidden_keys_stay_out_of_every_record_on_failure_paths() {
+    let _ = exporter();
+    for visibility in [KeyVisibility::Hidden, KeyVisibility::Shown] {
+        let key = unique_key("hidden-failures");
+        let manager = PostgresLockManager::builder(pool(1))
+            .key_visibility(visibility)
+            .build();
+        let other = PostgresLockManager::builder(pool(1))
+            .key_visibility(visibility)
+            .build();
+        // Timeout, busy try, exhausted pool, not held.
+        let guard = manager.acquire(&key, AcquireOptions::new()).await.unwrap();
+        let _ = other
+            .acquire(
+                &key,
+                AcquireOptions::new().with_timeout(Duration::from_millis(50)),
+            )
+            .await
+            .expect_err("held");
+        assert!(other.try_acquire(&key).await.unwrap().is_none());
+        let _ = manager
+            .try_acquire(&key)
+            .await
+            .expect_err("the pool of one is in use");
+        // A lost lock: its backend terminated.
+        let admin = support::admin().await;
+        admin
+            .execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' \
+                 AND objid::bigint = ($1::bigint & 4294967295)",
+                &[&locks_port::lock_id(&key)],
+            )
+            .await
+            .unwrap();
+        let _ = tokio::time::timeout(Duration::from_secs(5), guard.lost()).await;
+        guard.release().await;
+        assert!(manager.release(&key).await.is_err());
+        // Unreachable.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
+        let refused = PostgresLockManager::builder(locks_postgres::plain_pool(&url, 1).unwrap())
+            .key_visibility(visibility)
+            .build();
+        let _ = refused.try_acquire(&key).await.expect_err("refused");
+        let _ = refused
+            .acquire(
+                &key,
+                AcquireOptions::new().with_timeout(Duration::from_millis(100)),
+            )
+            .await
+            .expect_err("refused");
+
+        let recorded = RECORDED.lock().unwrap();
+        let leaks: Vec<&String> = recorded.iter().filter(|text| text.contains(&key)).collect();
+        match visibility {
+            KeyVisibility::Hidden => assert!(leaks.is_empty(), "key text leaked: {leaks:#?}"),
+            _ => assert!(
+                !leaks.is_empty(),
+                "with keys shown the records name the key"
+            ),
+        }
+    }
 }
 
 /// Runs `body`; returns the finished spans about `lock_id`, in the order they ended.
