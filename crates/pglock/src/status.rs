@@ -35,12 +35,7 @@ impl StatusLine {
         let key = key.to_owned();
         let own = own_application.to_owned();
         let started = Instant::now();
-        let width = std::env::var("COLUMNS")
-            .ok()
-            .and_then(|columns| columns.parse::<usize>().ok())
-            .unwrap_or(100)
-            .max(20)
-            - 1;
+        let width = terminal_width();
         let task = tokio::spawn(async move {
             let mut entries: Vec<Entry> = Vec::new();
             loop {
@@ -64,6 +59,22 @@ impl Drop for StatusLine {
         self.task.abort();
         draw("");
     }
+}
+
+/// The width of the terminal on stderr (so the line never wraps), else `COLUMNS`, else 80;
+/// one less, for the cursor.
+fn terminal_width() -> usize {
+    let columns = rustix::termios::tcgetwinsize(std::io::stderr())
+        .ok()
+        .map(|size| usize::from(size.ws_col))
+        .filter(|columns| *columns > 0)
+        .or_else(|| {
+            std::env::var("COLUMNS")
+                .ok()
+                .and_then(|columns| columns.parse().ok())
+        })
+        .unwrap_or(80);
+    columns.max(20) - 1
 }
 
 /// Replaces the terminal's current line with `line`.
