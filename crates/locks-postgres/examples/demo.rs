@@ -7,14 +7,15 @@
 //! It shows, with timestamps: two instances contending on one key, the waiter getting
 //! the lock the moment it is released; a bounded wait timing out with its error text;
 //! a process holding a lock killed with SIGKILL and the lock freed by the server; a
-//! dropped wait leaving nothing behind.
+//! dropped wait leaving nothing behind; a holder whose session is terminated under it
+//! noticing the loss at once and stopping its work.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use locks_postgres::PostgresLockManager;
-use locks_postgres::locks_port::{AcquireOptions, DistributedLock, LockGuard};
+use locks_postgres::locks_port::{AcquireOptions, DistributedLock, LockGuard, LockRegistry};
 use locks_postgres::tokio_postgres::{self, NoTls};
 use time::OffsetDateTime;
 
@@ -91,6 +92,7 @@ async fn main() -> Result<(), Error> {
     bounded_wait(&url, &clock).await?;
     killed_holder(&url, &admin, &clock).await?;
     dropped_wait(&url, &admin, &clock).await?;
+    lost_lock(&url, &admin, &clock).await?;
     println!("\nDone: every lock of this demo is released.");
     Ok(())
 }
@@ -277,6 +279,65 @@ async fn dropped_wait(
         format_args!("acquired '{key}' normally; held locks: {}", b.is_held(key)),
     );
     guard.release().await;
+    Ok(())
+}
+
+/// A holder inside its critical section while an operator terminates its backend: the
+/// guard's `lost()` fires within the health check interval, the work stops, and the
+/// manager already knows it holds nothing.
+async fn lost_lock(url: &str, admin: &tokio_postgres::Client, clock: &Clock) -> Result<(), Error> {
+    println!("\n5. A lost lock is noticed by its holder");
+    let worker = instance(url, "worker")?;
+    let key = "demo:lost-lock";
+    let guard = worker.acquire(key, AcquireOptions::new()).await?;
+    clock.say("worker", "holds the lock; working in steps of 100 ms");
+    let pid: i32 = admin
+        .query_one(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'locks:worker' \
+             AND pid IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted)",
+            &[],
+        )
+        .await?
+        .get(0);
+    let terminate = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        clock.say("operator", format!("SELECT pg_terminate_backend({pid})"));
+        admin
+            .execute("SELECT pg_terminate_backend($1)", &[&pid])
+            .await
+    };
+    let work = async {
+        let mut steps = 0_u32;
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            steps += 1;
+            if steps % 2 == 0 {
+                clock.say("worker", format!("step {steps} done"));
+            }
+        }
+    };
+    let (lost, terminated) = tokio::join!(
+        async {
+            tokio::select! {
+                () = work => unreachable!("the work loops until the lock is lost"),
+                reason = guard.lost() => reason,
+            }
+        },
+        terminate
+    );
+    terminated?;
+    clock.say(
+        "worker",
+        format!(
+            "told: {lost}; stopped working (is_held = {}, held = {})",
+            worker.is_held(key),
+            worker.held_lock_count()
+        ),
+    );
+    clock.say(
+        "worker",
+        format!("release() says {:?}", guard.release().await),
+    );
     Ok(())
 }
 
