@@ -71,6 +71,33 @@ impl DbFailure {
     }
 }
 
+/// The text that tells databases apart: name, server address and port, and the server's
+/// start time (two stores in one database share it; two clusters on one port do not).
+const IDENTIFY: &str = "SELECT current_database()::text || '@' \
+     || coalesce(host(inet_server_addr()), 'socket') || ':' \
+     || coalesce(inet_server_port(), 0)::text || '/' || pg_postmaster_start_time()::text";
+
+/// Which database `pool` reaches, asked once and kept in `cell`.
+pub(crate) async fn identity<'a>(
+    cell: &'a tokio::sync::OnceCell<String>,
+    pool: &Pool,
+) -> Result<&'a str, DbFailure> {
+    const WHAT: &str = "identify the database";
+    cell.get_or_try_init(|| async {
+        let client = pool
+            .get()
+            .await
+            .map_err(|error| DbFailure::pool(WHAT, error))?;
+        let row = client
+            .query_one(IDENTIFY, &[])
+            .await
+            .map_err(|error| DbFailure::driver(WHAT, error))?;
+        Ok(row.get(0))
+    })
+    .await
+    .map(String::as_str)
+}
+
 /// Checks out a connection and runs `sql` (prepared once per connection) with `params`:
 /// the one query path of the repositories, whose failures name `what`.
 pub(crate) async fn repository_query(

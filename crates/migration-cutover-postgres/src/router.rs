@@ -49,7 +49,8 @@ pub struct PostgresWriteReceipt {
 ///    tenant's write key ([`write_lock_id`](crate::write_lock_id)), the store's append lock;
 /// 3. read the route again, in a statement that starts after the lock was granted (a
 ///    statement's snapshot is taken when it starts, so the route must not be read in the
-///    locking statement): if a cutover moved the tenant meanwhile, roll back and start
+///    locking statement), inside the same transaction when the routing table is in the
+///    store's database: if a cutover moved the tenant meanwhile, roll back and start
 ///    over on the new store; if it says `cutover_paused`, roll back and wait;
 /// 4. append and commit (which releases the shared lock);
 /// 5. in `dual_write`, before the source commits, take the shared lock in the target's
@@ -182,7 +183,9 @@ impl PostgresWriteRouter {
                 };
             lock_wait += lock_started.elapsed();
             let admitted_at = SystemTime::now();
-            let route = self.route(tenant_id).await?;
+            let route = self
+                .route_after_lock(store, &transaction, tenant_id)
+                .await?;
             if route.store_id != guess.store_id {
                 debug!(tenant_id = %tenant_id, from = %guess.store_id, to = %route.store_id, "route moved while waiting; retrying");
                 transaction.rollback().await;
@@ -227,6 +230,29 @@ impl PostgresWriteRouter {
                 admitted_at,
             });
         }
+    }
+
+    /// The route as it is now that the write lock is held: read inside the write's own
+    /// transaction when the routing table is in the store's database (one connection per
+    /// write), otherwise on the routing repository's pool.
+    async fn route_after_lock(
+        &self,
+        store: &PostgresEventStore,
+        transaction: &Transaction,
+        tenant_id: Uuid,
+    ) -> Result<TenantRoute, WriteError> {
+        let same_database = match (store.identity().await, self.routing.identity().await) {
+            (Ok(store), Ok(routing)) => store == routing,
+            _ => false,
+        };
+        if !same_database {
+            return self.route(tenant_id).await;
+        }
+        self.routing
+            .get_in(transaction, tenant_id)
+            .await
+            .map_err(WriteError::Routing)?
+            .ok_or(WriteError::NoRoute { tenant_id })
     }
 
     /// The statements that open a write's transaction on `store`: the shared write lock

@@ -9,7 +9,11 @@ use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
 use crate::TableName;
-use crate::db::{DbFailure, repository_query};
+use std::sync::Arc;
+
+use tokio::sync::OnceCell;
+
+use crate::db::{DbFailure, Transaction, identity, repository_query};
 
 /// A [`RoutingRepository`] on the fleet's `routes` table (see
 /// [`install_fleet`](crate::install_fleet)), shared by every instance.
@@ -30,6 +34,7 @@ use crate::db::{DbFailure, repository_query};
 #[derive(Clone)]
 pub struct PostgresRoutingRepository {
     pool: Pool,
+    identity: Arc<OnceCell<String>>,
     table: TableName,
     get: String,
     put: String,
@@ -93,8 +98,30 @@ impl PostgresRoutingRepository {
                  RETURNING 1"
             ),
             pool,
+            identity: Arc::new(OnceCell::new()),
             table,
         }
+    }
+
+    /// Which database the repository's pool reaches (see the store's).
+    pub(crate) async fn identity(&self) -> Result<&str, DbFailure> {
+        identity(&self.identity, &self.pool).await
+    }
+
+    /// The tenant's route, read inside `transaction` (on the same database), in a
+    /// statement of its own so its snapshot is taken now.
+    pub(crate) async fn get_in(
+        &self,
+        transaction: &Transaction,
+        tenant_id: Uuid,
+    ) -> Result<Option<TenantRoute>, RepositoryError> {
+        const WHAT: &str = "routing read";
+        let failed = |error| RepositoryError::new(WHAT, DbFailure::driver("", error));
+        let client = transaction.client();
+        let statement = client.prepare_cached(&self.get).await.map_err(failed)?;
+        let tenant = tenant_id.hyphenated().to_string();
+        let rows = client.query(&statement, &[&tenant]).await.map_err(failed)?;
+        rows.first().map(Self::route).transpose()
     }
 
     /// The table.

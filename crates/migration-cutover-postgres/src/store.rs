@@ -11,13 +11,7 @@ use migration_cutover::{Event, EventStore, StoreError, StoredEvent};
 use tokio::sync::OnceCell;
 
 use crate::TableName;
-use crate::db::{DbFailure, Transaction};
-
-/// The text that tells databases apart: name, server address and port, and the server's
-/// start time (two stores in one database share it; two clusters on one port do not).
-const IDENTIFY: &str = "SELECT current_database()::text || '@' \
-     || coalesce(host(inet_server_addr()), 'socket') || ':' \
-     || coalesce(inet_server_port(), 0)::text || '/' || pg_postmaster_start_time()::text";
+use crate::db::{DbFailure, Transaction, identity};
 
 /// An [`EventStore`] on one table (see [`install_store`](crate::install_store) for its
 /// shape): one row per event, keyed by `(tenant_id, position)`.
@@ -109,22 +103,7 @@ impl PostgresEventStore {
     /// Which database this store's pool reaches (asked once, then remembered): stores
     /// with the same identity are in one database, where one lock covers both.
     pub(crate) async fn identity(&self) -> Result<&str, DbFailure> {
-        const WHAT: &str = "identify the store's database";
-        self.identity
-            .get_or_try_init(|| async {
-                let client = self
-                    .pool
-                    .get()
-                    .await
-                    .map_err(|error| DbFailure::pool(WHAT, error))?;
-                let row = client
-                    .query_one(IDENTIFY, &[])
-                    .await
-                    .map_err(|error| DbFailure::driver(WHAT, error))?;
-                Ok(row.get(0))
-            })
-            .await
-            .map(String::as_str)
+        identity(&self.identity, &self.pool).await
     }
 
     /// The pool the store uses.
