@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use locks_port::{
     AcquireOptions, AcquisitionErrorKind, DistributedLock, LockAcquisitionError, LockGuard,
+    LockMode, ReleaseOutcome,
 };
 use locks_postgres::PostgresLockManager;
 use locks_postgres::deadpool_postgres::Pool;
@@ -18,7 +19,8 @@ use crate::cli::{OnLost, RunArgs};
 use crate::connect::{self, Target};
 use crate::duration::show;
 use crate::exit::{
-    CANNOT_EXECUTE, Failure, LOST, NOT_FOUND, SIGNAL_BASE, SOFTWARE, UNAVAILABLE, USAGE, chain,
+    CANNOT_EXECUTE, CONFIG, Failure, LOST, NOPERM, NOT_FOUND, SIGNAL_BASE, SOFTWARE, UNAVAILABLE,
+    chain,
 };
 use crate::inspect;
 use crate::status::StatusLine;
@@ -129,19 +131,22 @@ fn holder_id(target: &Target) -> String {
 
 /// `pglock run`: the exit code, or the failure that ended it.
 pub(crate) async fn run(target: Target, args: RunArgs, say: Say) -> Result<u8, Failure> {
-    if args.shared {
-        return Err(Failure::new(USAGE, "-s/--shared is not yet supported"));
-    }
-    if args.fencing {
-        return Err(Failure::new(USAGE, "--fencing is not yet supported"));
-    }
+    let mode = if args.shared {
+        LockMode::Shared
+    } else {
+        LockMode::Exclusive
+    };
     let program = args.program();
     let key = args.key.as_str();
     let holder = holder_id(&target);
     let application = format!("locks:{holder}");
     let pool = connect::pool(&target, POOL_SIZE, &application)?;
+    let keepalive = (!args.keepalive.is_zero()).then_some(args.keepalive);
     let manager = PostgresLockManager::builder(pool.clone())
         .holder_id(holder.clone())
+        .keepalive(keepalive)
+        .connect_timeout(target.connect_timeout)
+        .fencing(args.fencing)
         .build();
     let lock_id = manager.lock_id(key);
     let mut signals = Signals::install()?;
@@ -153,6 +158,9 @@ pub(crate) async fn run(target: Target, args: RunArgs, say: Say) -> Result<u8, F
             return Ok(signal_code(number));
         }
         checked = connect::check(&pool, &target) => checked?,
+    }
+    if args.fencing {
+        ensure_fencing_table(&pool, &target, say).await?;
     }
 
     let started = Instant::now();
@@ -174,12 +182,13 @@ pub(crate) async fn run(target: Target, args: RunArgs, say: Say) -> Result<u8, F
         }
         let acquire = async {
             if args.no_wait {
-                manager.try_acquire(key).await
+                manager.try_acquire_with(key, mode).await
             } else {
                 let options = match args.timeout {
                     Some(timeout) => AcquireOptions::new().with_timeout(timeout),
                     None => AcquireOptions::new(),
-                };
+                }
+                .with_mode(mode);
                 manager.acquire(key, options).await.map(Some)
             }
         };
@@ -218,8 +227,11 @@ pub(crate) async fn run(target: Target, args: RunArgs, say: Say) -> Result<u8, F
         }
         Ok(Err(error)) => return Err(acquisition_failure(&error)),
     };
+    let fencing_token = guard.info().fencing_token();
     say.say(format!(
-        "acquired '{key}' (lock id {lock_id}) after {}",
+        "acquired '{key}' (lock id {lock_id}, {}{}) after {}",
+        if args.shared { "shared" } else { "exclusive" },
+        fencing_token.map_or_else(String::new, |token| format!(", fencing token {token}")),
         show(started.elapsed())
     ));
 
@@ -228,6 +240,9 @@ pub(crate) async fn run(target: Target, args: RunArgs, say: Say) -> Result<u8, F
         .args(&program[1..])
         .env("PGLOCK_KEY", key)
         .env("PGLOCK_LOCK_ID", lock_id.to_string());
+    if let Some(token) = fencing_token {
+        command.env("PGLOCK_FENCING_TOKEN", token.to_string());
+    }
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(error) => {
@@ -259,7 +274,7 @@ pub(crate) async fn run(target: Target, args: RunArgs, say: Say) -> Result<u8, F
         }
     };
 
-    let lost = lost_signal(&guard);
+    let lost = guard.lost().into_future();
     tokio::pin!(lost);
     let mut lost_reason: Option<String> = None;
     let mut kill_at: Option<Instant> = None;
@@ -276,6 +291,7 @@ pub(crate) async fn run(target: Target, args: RunArgs, say: Say) -> Result<u8, F
                 send(number);
             }
             reason = &mut lost, if lost_reason.is_none() => {
+                let reason = reason.to_string();
                 match args.on_lost {
                     OnLost::Term => {
                         eprintln!(
@@ -318,7 +334,14 @@ pub(crate) async fn run(target: Target, args: RunArgs, say: Say) -> Result<u8, F
         "the command ended ({}): releasing '{key}'",
         describe(status)
     ));
-    guard.release().await;
+    if let ReleaseOutcome::Lost(reason) = guard.release().await {
+        // Lost before the release, unnoticed while the command ran: it may have run
+        // unprotected for a moment, so say so.
+        return Err(Failure::new(
+            LOST,
+            format!("the lock on '{key}' was lost while the command ran: {reason}"),
+        ));
+    }
     Ok(code)
 }
 
@@ -330,9 +353,42 @@ async fn sleep_until(deadline: Option<Instant>) {
     }
 }
 
-/// Resolves, with the reason, when the guard's lock is lost.
-fn lost_signal<G: LockGuard>(_guard: &G) -> impl std::future::Future<Output = String> + use<G> {
-    std::future::pending::<String>()
+/// Creates the fencing token table if it is missing (only then: creating needs the
+/// `CREATE` privilege, using it does not).
+async fn ensure_fencing_table(pool: &Pool, target: &Target, say: Say) -> Result<(), Failure> {
+    let client = pool
+        .get()
+        .await
+        .map_err(|error| connect::pool_failure(&error, target))?;
+    let exists: bool = client
+        .query_one(
+            "SELECT to_regclass($1) IS NOT NULL",
+            &[&locks_postgres::FENCING_TABLE],
+        )
+        .await
+        .map_err(|error| Failure::new(SOFTWARE, chain(&error)))?
+        .get(0);
+    if !exists {
+        say.say(format!(
+            "creating the fencing token table {}",
+            locks_postgres::FENCING_TABLE
+        ));
+        locks_postgres::install_fencing(&client)
+            .await
+            .map_err(|error| {
+                Failure::new(
+                    NOPERM,
+                    format!(
+                        "cannot create the fencing token table {}: {}",
+                        locks_postgres::FENCING_TABLE,
+                        error
+                            .as_db_error()
+                            .map_or_else(|| chain(&error), |db| db.message().to_owned())
+                    ),
+                )
+            })?;
+    }
+    Ok(())
 }
 
 /// ` (held by pid N, APPLICATION)` for a busy lock, or nothing if the server cannot say.
@@ -405,7 +461,10 @@ async fn settle(pool: &Pool, application: &str, say: Say) {
 /// The failure for an acquisition error other than a timeout.
 fn acquisition_failure(error: &LockAcquisitionError) -> Failure {
     let code = match error.kind() {
-        AcquisitionErrorKind::PoolUnavailable | AcquisitionErrorKind::ConnectionLost => UNAVAILABLE,
+        AcquisitionErrorKind::PoolUnavailable
+        | AcquisitionErrorKind::ConnectionLost
+        | AcquisitionErrorKind::Unreachable => UNAVAILABLE,
+        AcquisitionErrorKind::Configuration => CONFIG,
         _ => SOFTWARE,
     };
     Failure::new(code, chain(error))
