@@ -311,7 +311,7 @@ async fn lost_lock(url: &str, admin: &tokio_postgres::Client, clock: &Clock) -> 
         loop {
             tokio::time::sleep(Duration::from_millis(100)).await;
             steps += 1;
-            if steps % 2 == 0 {
+            if steps.is_multiple_of(2) {
                 clock.say("worker", format!("step {steps} done"));
             }
         }

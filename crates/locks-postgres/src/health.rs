@@ -105,15 +105,14 @@ impl Inner {
                     findings.ended.push((key.to_owned(), held.token));
                 }
                 Some(_) => {
-                    if let Some(cadence) = cadence {
-                        if !held.pinging
-                            && now.saturating_duration_since(held.last_answer) >= cadence
-                        {
-                            held.pinging = true;
-                            findings
-                                .due
-                                .push((key.to_owned(), held.token, Arc::clone(&held.slot)));
-                        }
+                    if let Some(cadence) = cadence
+                        && !held.pinging
+                        && now.saturating_duration_since(held.last_answer) >= cadence
+                    {
+                        held.pinging = true;
+                        findings
+                            .due
+                            .push((key.to_owned(), held.token, Arc::clone(&held.slot)));
                     }
                 }
                 None => {}
