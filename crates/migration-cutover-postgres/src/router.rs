@@ -21,6 +21,10 @@ use crate::{PostgresEventStore, PostgresMigrationPorts, PostgresRoutingRepositor
 /// holds it back (a cutover that died between pausing and resolving the route).
 const PAUSED_ROUTE_POLL: Duration = Duration::from_millis(10);
 
+/// How long a dual write waits for the target's database before it leaves the mirror to
+/// the next catch-up (it holds the source's transaction meanwhile).
+const MIRROR_OPEN_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// Where one write went, and how long it waited for the write lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PostgresWriteReceipt {
@@ -320,10 +324,17 @@ impl PostgresWriteRouter {
             };
         }
         let setup = self.lock_setup(target, tenant_id, remaining);
-        match Transaction::begin(target.pool(), "open the mirror", &setup).await {
-            Ok(mirror) => Mirror::Open(target_id, Box::new(mirror)),
-            Err(failure) => {
+        // The source's transaction (and its shared lock) stays open meanwhile: a target
+        // that does not answer is not waited for long (dropping the attempt closes it).
+        let open = Transaction::begin(target.pool(), "open the mirror", &setup);
+        match tokio::time::timeout(remaining.min(MIRROR_OPEN_TIMEOUT), open).await {
+            Ok(Ok(mirror)) => Mirror::Open(target_id, Box::new(mirror)),
+            Ok(Err(failure)) => {
                 warn!(tenant_id = %tenant_id, target = %target_id, error = %failure, "mirroring a dual write failed; the next catch-up copies it");
+                Mirror::None
+            }
+            Err(_) => {
+                warn!(tenant_id = %tenant_id, target = %target_id, "the target did not open the mirror in time; the next catch-up copies it");
                 Mirror::None
             }
         }

@@ -326,3 +326,68 @@ async fn a_pause_holds_writers_on_the_server_until_it_resumes_and_is_bounded() {
     instance.pause.pause(tenant).await.unwrap().resume().await;
     fleet.drop_databases().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dual_write_does_not_wait_long_for_a_target_that_does_not_answer() {
+    let fleet = Fleet::create("mirror").await;
+    let instance = fleet.instance(test_config(), Duration::from_millis(250));
+    let (tenant, migration) = (Uuid::new_v4(), Uuid::new_v4());
+    for state in [
+        RoutingState::Normal,
+        RoutingState::BulkCopy,
+        RoutingState::DualWrite,
+    ] {
+        instance
+            .routing
+            .put(route(tenant, state, Some(migration)))
+            .await
+            .unwrap();
+    }
+    let receipt = instance
+        .router
+        .append(tenant, &[Event::new("A", "")])
+        .await
+        .unwrap();
+    assert_eq!(
+        receipt.mirrored_to.as_ref().map(|id| id.as_str()),
+        Some(TARGET)
+    );
+
+    // The target's append lock held elsewhere: the mirror cannot open there.
+    let target = connect(Some(&fleet.b)).await;
+    target
+        .batch_execute(&format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({})",
+            locks_port::lock_id(&format!("append:dedicated.events:{tenant}"))
+        ))
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let receipt = instance
+        .router
+        .append(tenant, &[Event::new("B", "")])
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!((receipt.store_id.as_str(), receipt.position), (SOURCE, 2));
+    assert_eq!(receipt.mirrored_to, None);
+    assert!(took >= Duration::from_millis(900), "{took:?}");
+    assert!(
+        took < Duration::from_secs(4),
+        "the mirror's wait is bounded (1 s): {took:?}"
+    );
+    target.batch_execute("COMMIT").await.unwrap();
+
+    // The next dual write copies the gap.
+    let receipt = instance
+        .router
+        .append(tenant, &[Event::new("C", "")])
+        .await
+        .unwrap();
+    assert_eq!(
+        receipt.mirrored_to.as_ref().map(|id| id.as_str()),
+        Some(TARGET)
+    );
+    assert_eq!(instance.target.position(tenant).await.unwrap(), 3);
+    fleet.drop_databases().await;
+}
