@@ -22,12 +22,12 @@ use crate::sql::Statement;
 #[derive(Clone, Copy)]
 pub(crate) struct Deadline {
     at: Instant,
-    timeout: Duration,
+    pub(crate) timeout: Duration,
 }
 
 impl Deadline {
     /// `timeout` from now, saturating (a `Duration::MAX` timeout is centuries away).
-    fn after(timeout: Duration) -> Self {
+    pub(crate) fn after(timeout: Duration) -> Self {
         let at = deadline_after(std::time::Instant::now(), timeout);
         Self {
             at: Instant::from_std(at),
@@ -35,11 +35,11 @@ impl Deadline {
         }
     }
 
-    fn remaining(self) -> Duration {
+    pub(crate) fn remaining(self) -> Duration {
         self.at.saturating_duration_since(Instant::now())
     }
 
-    fn passed(self) -> bool {
+    pub(crate) fn passed(self) -> bool {
         Instant::now() >= self.at
     }
 }
@@ -47,7 +47,7 @@ impl Deadline {
 /// How long one step may take: the call's deadline plus the margin for a bounded call,
 /// the step's own timeout for an unbounded one.
 #[derive(Clone, Copy)]
-enum Limit {
+pub(crate) enum Limit {
     /// Until this instant.
     Until(Instant),
     /// No limit (an unbounded wait for the lock).
@@ -55,7 +55,7 @@ enum Limit {
 }
 
 impl Limit {
-    fn of(deadline: Option<Deadline>, margin: Duration, otherwise: Duration) -> Self {
+    pub(crate) fn of(deadline: Option<Deadline>, margin: Duration, otherwise: Duration) -> Self {
         let at = match deadline {
             Some(deadline) => deadline.at.checked_add(margin).unwrap_or(deadline.at),
             None => Instant::now() + otherwise,
@@ -64,7 +64,7 @@ impl Limit {
     }
 
     /// Runs `future` within the limit; `None` when the limit passed first.
-    async fn run<T>(self, future: impl Future<Output = T>) -> Option<T> {
+    pub(crate) async fn run<T>(self, future: impl Future<Output = T>) -> Option<T> {
         match self {
             Self::Until(at) => tokio::time::timeout_at(at, future).await.ok(),
             Self::None => Some(future.await),
@@ -74,7 +74,7 @@ impl Limit {
 
 /// How long a checkout may wait for a free pool slot.
 #[derive(Clone, Copy)]
-enum PoolWait {
+pub(crate) enum PoolWait {
     /// As long as it takes (an acquire without timeout).
     Forever,
     /// Until the acquisition's deadline.
@@ -84,7 +84,7 @@ enum PoolWait {
 }
 
 /// What one `pg_try_advisory_lock` found; either way the caller owns the session.
-enum Tried {
+pub(crate) enum Tried {
     /// The lock is held by the session.
     Granted(Session),
     /// Someone else holds it; the session holds nothing.
@@ -92,7 +92,10 @@ enum Tried {
 }
 
 /// Records the call's timeout on an error, when it had one.
-fn with_timeout(error: LockAcquisitionError, deadline: Option<Deadline>) -> LockAcquisitionError {
+pub(crate) fn with_timeout(
+    error: LockAcquisitionError,
+    deadline: Option<Deadline>,
+) -> LockAcquisitionError {
     match deadline {
         Some(deadline) => error.with_timeout(deadline.timeout),
         None => error,
@@ -100,7 +103,7 @@ fn with_timeout(error: LockAcquisitionError, deadline: Option<Deadline>) -> Lock
 }
 
 /// How an acquisition attempt ends before the bookkeeping.
-type Attempt = Result<Session, LockAcquisitionError>;
+pub(crate) type Attempt = Result<Session, LockAcquisitionError>;
 
 impl Inner {
     /// The whole acquisition up to the bookkeeping.
@@ -165,7 +168,12 @@ impl Inner {
     /// timeout still makes its one attempt on a cold pool) or, without a deadline, by
     /// the connect timeout. The pool's own timeouts are not used, so a pool built
     /// without a runtime works too.
-    async fn checkout(&self, key: &str, wait: PoolWait, deadline: Option<Deadline>) -> Attempt {
+    pub(crate) async fn checkout(
+        &self,
+        key: &str,
+        wait: PoolWait,
+        deadline: Option<Deadline>,
+    ) -> Attempt {
         let settings = &self.settings;
         let connecting = Limit::of(deadline, settings.deadline_margin, settings.connect_timeout);
         let no_wait = Timeouts {
@@ -248,7 +256,7 @@ impl Inner {
     /// set up first, pipelined with the statement (see [`crate::sql::SESSION_SETUP`]).
     /// On expiry the session is dropped: the statement cancelled, the connection
     /// closed, which undoes whatever the statement did.
-    async fn answered(
+    pub(crate) async fn answered(
         &self,
         key: &str,
         mut session: Session,
@@ -305,7 +313,7 @@ impl Inner {
 
     /// One `pg_try_advisory_lock`. On an error the session is closed (whatever the
     /// statement did, that undoes it).
-    async fn try_lock(
+    pub(crate) async fn try_lock(
         &self,
         key: &str,
         lock_id: i64,

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use locks_port::{
     AcquisitionErrorKind, LockAcquisitionError, LockInfo, LockMode, LossNotifier, LostReason,
@@ -37,6 +37,9 @@ pub(crate) struct Held {
     pub(crate) last_answer: Instant,
     /// Whether a keepalive is in flight on the connection.
     pub(crate) pinging: bool,
+    /// For locks taken together by `acquire_many` on one session: how many of the
+    /// group are still held. The session goes back to the pool with the last unlock.
+    pub(crate) group: Option<Arc<AtomicUsize>>,
 }
 
 /// Every lock one manager holds, by key. A key has one entry, or several when the
@@ -62,7 +65,7 @@ impl Book {
 
     /// Adds an entry; gives back the entries it displaces: a second exclusive grant of
     /// one key (only a transaction-pooling proxy can make that happen).
-    fn insert(&mut self, key: &str, entry: Held) -> Vec<Held> {
+    pub(crate) fn insert(&mut self, key: &str, entry: Held) -> Vec<Held> {
         let entries = self.by_key.entry(key.to_owned()).or_default();
         let conflict = entry.mode == LockMode::Exclusive
             || entries.iter().any(|held| held.mode == LockMode::Exclusive);
@@ -174,6 +177,7 @@ impl Inner {
             notifier,
             last_answer: Instant::now(),
             pinging: false,
+            group: None,
         };
         let displaced = self.held().insert(key, entry);
         for previous in displaced {
@@ -219,13 +223,29 @@ impl Inner {
         async {
             let current = Span::current();
             // Waits for a keepalive in flight (bounded by the answer timeout).
-            let Some(mut session) = held.slot.lock().await.take() else {
+            let mut slot = held.slot.lock().await;
+            let Some(session) = slot.as_mut() else {
                 // The health monitor took it: the lock was lost meanwhile.
                 current.record("lock.released", false);
                 return ReleaseOutcome::AlreadyReleased;
             };
             let answer =
                 tokio::time::timeout(self.settings.answer_timeout, session.run(statement)).await;
+            // The session of a group holds the others' locks until the last unlock.
+            let last = held
+                .group
+                .as_ref()
+                .is_none_or(|left| left.fetch_sub(1, Ordering::AcqRel) == 1);
+            if !last && matches!(answer, Ok(Ok(Answer::Bool(true)))) {
+                // The session still holds the rest of its group: it stays in the slot.
+                current.record("lock.released", true);
+                tracing::debug!(key = self.shown(key), lock_id, "lock released");
+                return ReleaseOutcome::Unlocked;
+            }
+            let Some(session) = slot.take() else {
+                return ReleaseOutcome::AlreadyReleased;
+            };
+            drop(slot);
             match answer {
                 Ok(Ok(Answer::Bool(true))) => {
                     session.into_pool();

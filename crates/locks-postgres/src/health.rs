@@ -115,7 +115,9 @@ impl Inner {
                             .push((key.to_owned(), held.token, Arc::clone(&held.slot)));
                     }
                 }
-                None => {}
+                // The session was closed under a group member (a failed unlock of
+                // another lock of its group): this lock went with it.
+                None => findings.ended.push((key.to_owned(), held.token)),
             }
         }
         findings

@@ -10,6 +10,7 @@ mod guard;
 mod health;
 mod inspect;
 mod manager;
+mod many;
 mod pool;
 mod sql;
 mod telemetry;
@@ -22,6 +23,7 @@ pub use inspect::{AdvisoryLockId, InspectError, LockHolder, all_lock_holders, lo
 pub use manager::{
     HOLDER_APPLICATION_NAME_PREFIX, KeyVisibility, PostgresLockManager, PostgresLockManagerBuilder,
 };
+pub use many::PostgresLocks;
 pub use pool::{
     PLAIN_POOL_CONNECT_TIMEOUT, PLAIN_POOL_KEEPALIVES_IDLE, PoolConfigError, plain_pool,
     plain_pool_with_config,

@@ -4,6 +4,7 @@ mod basics;
 mod conformance;
 mod faults;
 mod inspect;
+mod many;
 mod processes;
 mod support;
 mod xact;

@@ -1,0 +1,322 @@
+//! Several keys at once: all or nothing, in one global order, within one deadline, on
+//! one session.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use locks_port::{
+    AcquireOptions, LockAcquisitionError, LockInfo, LockMode, LossNotifier, LostReason, LostSignal,
+    ReleaseOutcome,
+};
+use time::OffsetDateTime;
+use tokio::sync::Mutex as AsyncMutex;
+use tokio::time::Instant;
+use tokio_postgres::error::SqlState;
+use tracing::Instrument;
+
+use crate::acquire::{Deadline, Limit, PoolWait, Tried, with_timeout};
+use crate::bookkeeping::Held;
+use crate::classify::driver_error;
+use crate::connection::{Answer, Session};
+use crate::manager::{Inner, PostgresLockManager};
+use crate::sql::Statement;
+use crate::telemetry::{finish_acquire_span, manager_acquire_span};
+
+impl PostgresLockManager {
+    /// Takes the locks of all `keys`, or none: in one global order (ascending lock id,
+    /// keys with the same lock id merged), within one deadline (`options`' timeout), on
+    /// one connection (a session can hold many advisory locks). Every process that takes
+    /// several keys this way takes them in the same order, so two of them can never
+    /// deadlock on each other.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use locks_postgres::prelude::*;
+    ///
+    /// # async fn run(locks: PostgresLockManager) -> Result<(), LockAcquisitionError> {
+    /// let transfer = locks
+    ///     .acquire_many(&["account:17", "account:4"], Duration::from_secs(2))
+    ///     .await?;
+    /// assert_eq!(transfer.infos().len(), 2);
+    /// // ... move money between the two accounts ...
+    /// transfer.release().await;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`acquire`](locks_port::DistributedLock::acquire), naming the key that could
+    /// not be had (for a timeout, the first key still busy at the deadline). Nothing is
+    /// held after an error: the session that took the first keys is closed, which frees
+    /// them all at once.
+    ///
+    /// # Cancel safety
+    /// Cancel safe as a whole: dropping the future at any point closes the session,
+    /// which frees every key it took, and cancels a wait in progress.
+    pub async fn acquire_many(
+        &self,
+        keys: &[&str],
+        options: impl Into<AcquireOptions> + Send,
+    ) -> Result<PostgresLocks, LockAcquisitionError> {
+        let options = options.into();
+        let inner = &self.inner;
+        // One global order: by lock id; keys of one lock id are one lock.
+        let mut ordered: BTreeMap<i64, &str> = BTreeMap::new();
+        for key in keys {
+            ordered.entry(inner.derivation.lock_id(key)).or_insert(key);
+        }
+        let first = ordered.values().next().copied().unwrap_or("");
+        let span = manager_acquire_span(
+            inner.shown(first),
+            *ordered.keys().next().unwrap_or(&0),
+            &options,
+        );
+        let started = Instant::now();
+        let attempt = inner
+            .acquire_group(&ordered, options)
+            .instrument(span.clone())
+            .await;
+        let attempt =
+            attempt.map(|session| inner.register_group(&ordered, options.mode(), session));
+        finish_acquire_span(&span, started.elapsed(), attempt.as_ref().map(|_| true));
+        attempt
+    }
+}
+
+impl Inner {
+    /// Takes every lock of `ordered` on one session, in order; on any failure the
+    /// session is dropped (closed), which frees what it took.
+    async fn acquire_group(
+        &self,
+        ordered: &BTreeMap<i64, &str>,
+        options: AcquireOptions,
+    ) -> Result<Session, LockAcquisitionError> {
+        let deadline = options.timeout().map(Deadline::after);
+        let mode = options.mode();
+        let first = ordered.values().next().copied().unwrap_or("");
+        let wait = deadline.map_or(PoolWait::Forever, PoolWait::Until);
+        let mut session = self.checkout(first, wait, deadline).await?;
+        for (&lock_id, &key) in ordered {
+            session = match self.try_lock(key, lock_id, mode, session, deadline).await? {
+                Tried::Granted(session) => session,
+                Tried::Busy(session) => {
+                    self.wait_holding(key, lock_id, mode, session, deadline)
+                        .await?
+                }
+            };
+        }
+        Ok(session)
+    }
+
+    /// Waits for one more lock on a session that may hold others: one
+    /// `pg_advisory_lock` under the remaining time. On any failure the session is
+    /// closed (never pooled: it holds the group's first locks).
+    async fn wait_holding(
+        &self,
+        key: &str,
+        lock_id: i64,
+        mode: LockMode,
+        session: Session,
+        deadline: Option<Deadline>,
+    ) -> Result<Session, LockAcquisitionError> {
+        let lock_timeout_ms = match deadline {
+            None => 0,
+            Some(deadline) => {
+                let ms = deadline.remaining().as_micros().div_ceil(1000);
+                if ms == 0 {
+                    drop(session);
+                    return Err(LockAcquisitionError::timed_out(key, deadline.timeout));
+                }
+                u32::try_from(ms).map_or(i32::MAX.unsigned_abs(), |ms| {
+                    ms.min(i32::MAX.unsigned_abs())
+                })
+            }
+        };
+        let statement = Statement::Lock {
+            lock_id,
+            mode,
+            lock_timeout_ms,
+        };
+        let limit = match deadline {
+            Some(_) => Limit::of(
+                deadline,
+                self.settings.deadline_margin,
+                self.settings.answer_timeout,
+            ),
+            None => Limit::None,
+        };
+        let (session, outcome) = self
+            .answered(key, session, statement, limit, deadline)
+            .await?;
+        match outcome {
+            Ok(Answer::Locked | Answer::Bool(_)) => Ok(session),
+            Err(error) => {
+                drop(session);
+                match deadline {
+                    Some(deadline) if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                        Err(LockAcquisitionError::timed_out(key, deadline.timeout))
+                    }
+                    _ => Err(with_timeout(driver_error(key, error), deadline)),
+                }
+            }
+        }
+    }
+
+    /// Records a group: one entry per key, one shared session and one shared signal.
+    fn register_group(
+        self: &Arc<Self>,
+        ordered: &BTreeMap<i64, &str>,
+        mode: LockMode,
+        session: Session,
+    ) -> PostgresLocks {
+        let token = self.next_token.fetch_add(1, Ordering::Relaxed);
+        let notifier = LossNotifier::new();
+        let slot = Arc::new(AsyncMutex::new(Some(session)));
+        let left = Arc::new(AtomicUsize::new(ordered.len()));
+        let now = OffsetDateTime::now_utc();
+        let mut infos = Vec::with_capacity(ordered.len());
+        {
+            let mut book = self.held();
+            for (&lock_id, &key) in ordered {
+                infos
+                    .push(LockInfo::new(key, lock_id, now, self.holder_id.clone()).with_mode(mode));
+                let displaced = book.insert(
+                    key,
+                    Held {
+                        token,
+                        lock_id,
+                        mode,
+                        slot: Arc::clone(&slot),
+                        notifier: notifier.clone(),
+                        last_answer: Instant::now(),
+                        pinging: false,
+                        group: Some(Arc::clone(&left)),
+                    },
+                );
+                for previous in displaced {
+                    self.lose(
+                        previous,
+                        LostReason::ConnectionClosed,
+                        "a second grant displaced it",
+                    );
+                }
+            }
+        }
+        self.ensure_monitor();
+        PostgresLocks {
+            inner: Arc::clone(self),
+            infos,
+            token,
+            lost: notifier.signal(),
+            armed: true,
+        }
+    }
+}
+
+/// The locks of one [`acquire_many`](PostgresLockManager::acquire_many), held on one
+/// session and released together.
+///
+/// Dropping it releases them all (spawned onto the runtime, or by closing the session
+/// when there is none). [`lost`](Self::lost) fires when any of them is no longer held.
+#[must_use = "dropping the guard releases the locks at once"]
+pub struct PostgresLocks {
+    inner: Arc<Inner>,
+    infos: Vec<LockInfo>,
+    token: u64,
+    lost: LostSignal,
+    armed: bool,
+}
+
+impl PostgresLocks {
+    /// The locks, in the order they were taken (ascending lock id).
+    #[must_use]
+    pub fn infos(&self) -> &[LockInfo] {
+        &self.infos
+    }
+
+    /// Fires when any of the locks is no longer held (see
+    /// [`LockGuard::lost`](locks_port::LockGuard::lost)).
+    #[must_use]
+    pub fn lost(&self) -> LostSignal {
+        self.lost.clone()
+    }
+
+    /// Whether any of the locks is no longer held.
+    #[must_use]
+    pub fn is_lost(&self) -> bool {
+        self.lost.is_lost()
+    }
+
+    /// Releases every lock now: `Unlocked` when each was unlocked, else the first other
+    /// outcome (a lock lost or released meanwhile, a session closed instead).
+    ///
+    /// # Cancel safety
+    /// The entries leave the bookkeeping before the first await; if the future is
+    /// dropped, the shared session is closed, which frees what is left.
+    pub async fn release(mut self) -> ReleaseOutcome {
+        self.armed = false;
+        let taken = self.take();
+        let mut outcome = ReleaseOutcome::Unlocked;
+        let expected = self.infos.len();
+        let found = taken.len();
+        for (key, held) in taken {
+            let result = self.inner.unlock(&key, held).await;
+            if outcome == ReleaseOutcome::Unlocked {
+                outcome = result;
+            }
+        }
+        if found < expected && outcome == ReleaseOutcome::Unlocked {
+            outcome = match self.lost.reason() {
+                Some(reason) if reason != LostReason::Released => ReleaseOutcome::Lost(reason),
+                _ => ReleaseOutcome::AlreadyReleased,
+            };
+        }
+        outcome
+    }
+
+    fn take(&self) -> Vec<(String, Held)> {
+        self.infos
+            .iter()
+            .flat_map(|info| {
+                self.inner
+                    .take(info.key(), Some(self.token))
+                    .into_iter()
+                    .map(|held| (info.key().to_owned(), held))
+            })
+            .collect()
+    }
+}
+
+impl Drop for PostgresLocks {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let taken = self.take();
+        if taken.is_empty() {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let inner = Arc::clone(&self.inner);
+                runtime.spawn(async move {
+                    for (key, held) in taken {
+                        inner.unlock(&key, held).await;
+                    }
+                });
+            }
+            Err(_) => drop(taken),
+        }
+    }
+}
+
+impl fmt::Debug for PostgresLocks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresLocks")
+            .field("infos", &self.infos)
+            .field("lost", &self.lost.reason())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,181 @@
+//! `acquire_many`: all or nothing, one global order, one deadline, one session.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use locks_port::{
+    AcquireOptions, AcquisitionErrorKind, DistributedLock, LockGuard, LockRegistry, LostReason,
+    ReleaseOutcome,
+};
+use locks_postgres::PostgresLockManager;
+
+use crate::support::{admin, holders, pool, unique_key};
+
+/// A small deterministic generator, so a failing run can be replayed.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, below: usize) -> usize {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        usize::try_from((self.0 >> 33) % u64::try_from(below).unwrap()).unwrap()
+    }
+}
+
+/// Tasks asking for random overlapping subsets of 10 keys, in random order, never
+/// deadlock (each call has a deadline far above what a fair run needs, and must not
+/// hit it) and never overlap on a key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_overlapping_subsets_never_deadlock_or_overlap() {
+    let keys: Vec<String> = (0..10).map(|n| unique_key(&format!("many-{n}"))).collect();
+    let in_use: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    let mut tasks = Vec::new();
+    for task in 0..6_u64 {
+        let manager = PostgresLockManager::new(pool(1));
+        let (keys, in_use) = (keys.clone(), Arc::clone(&in_use));
+        tasks.push(tokio::spawn(async move {
+            let mut random = Lcg(task + 1);
+            for _ in 0..15 {
+                let size = 2 + random.next(4);
+                let mut subset: Vec<&str> = Vec::new();
+                while subset.len() < size {
+                    let key = keys[random.next(keys.len())].as_str();
+                    if !subset.contains(&key) {
+                        subset.push(key);
+                    }
+                }
+                let locks = manager
+                    .acquire_many(&subset, Duration::from_secs(30))
+                    .await
+                    .unwrap_or_else(|error| panic!("task {task}: {error}"));
+                for key in &subset {
+                    let mut in_use = in_use.lock().unwrap();
+                    let holders = in_use.entry((*key).to_owned()).or_default();
+                    *holders += 1;
+                    assert_eq!(*holders, 1, "two holders of {key} at once");
+                }
+                tokio::time::sleep(Duration::from_millis(3)).await;
+                for key in &subset {
+                    *in_use.lock().unwrap().get_mut(*key).unwrap() -= 1;
+                }
+                assert_eq!(locks.release().await, ReleaseOutcome::Unlocked);
+            }
+            assert_eq!(manager.held_lock_count(), 0);
+        }));
+    }
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(120), task)
+            .await
+            .expect("no deadlock")
+            .unwrap();
+    }
+    let admin = admin().await;
+    for key in &keys {
+        assert_eq!(holders(&admin, locks_port::lock_id(key)).await, 0);
+    }
+}
+
+/// A deadline that passes on the second key leaves the first one free (the session
+/// that took it is closed), and the error names the busy key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_part_way_leaves_nothing_held() {
+    let holder = PostgresLockManager::new(pool(1));
+    let manager = PostgresLockManager::new(pool(2));
+    let keys: Vec<String> = (0..3)
+        .map(|n| unique_key(&format!("many-timeout-{n}")))
+        .collect();
+    let mut by_id: Vec<&String> = keys.iter().collect();
+    by_id.sort_by_key(|key| locks_port::lock_id(key));
+    let busy = by_id[1];
+    let guard = holder.acquire(busy, AcquireOptions::new()).await.unwrap();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let error = manager
+        .acquire_many(&refs, Duration::from_millis(300))
+        .await
+        .expect_err("the middle key is held");
+    assert_eq!(error.kind(), AcquisitionErrorKind::Timeout, "{error}");
+    assert_eq!(error.key(), busy.as_str());
+    assert_eq!(manager.held_lock_count(), 0);
+    let admin = admin().await;
+    crate::faults::wait_for("the first key to be freed", || async {
+        holders(&admin, locks_port::lock_id(by_id[0])).await == 0
+    })
+    .await;
+    assert_eq!(holders(&admin, locks_port::lock_id(by_id[2])).await, 0);
+    assert!(
+        crate::faults::waiting_pids(&admin, locks_port::lock_id(busy))
+            .await
+            .is_empty()
+    );
+    guard.release().await;
+}
+
+/// A dropped `acquire_many` leaves nothing held, and its queued wait is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_acquire_many_leaves_nothing_held() {
+    let holder = PostgresLockManager::new(pool(1));
+    let manager = PostgresLockManager::new(pool(2));
+    let keys: Vec<String> = (0..3)
+        .map(|n| unique_key(&format!("many-dropped-{n}")))
+        .collect();
+    let mut by_id: Vec<&String> = keys.iter().collect();
+    by_id.sort_by_key(|key| locks_port::lock_id(key));
+    let guard = holder
+        .acquire(by_id[2], AcquireOptions::new())
+        .await
+        .unwrap();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let waited = tokio::time::timeout(
+        Duration::from_millis(300),
+        manager.acquire_many(&refs, AcquireOptions::new()),
+    )
+    .await;
+    assert!(waited.is_err(), "the last key is held: still waiting");
+    let admin = admin().await;
+    crate::faults::wait_for("the dropped group's session to be closed", || async {
+        holders(&admin, locks_port::lock_id(by_id[0])).await == 0
+            && holders(&admin, locks_port::lock_id(by_id[1])).await == 0
+            && crate::faults::waiting_pids(&admin, locks_port::lock_id(by_id[2]))
+                .await
+                .is_empty()
+    })
+    .await;
+    assert_eq!(manager.held_lock_count(), 0);
+    guard.release().await;
+}
+
+/// One guard for the group: duplicates merged, `release(key)` of a member fires the
+/// group's signal, and the group's release unlocks the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_guard_releases_the_group_and_tells_of_any_loss() {
+    let manager = PostgresLockManager::new(pool(1));
+    let other = PostgresLockManager::new(pool(1));
+    let a = unique_key("many-group-a");
+    let b = unique_key("many-group-b");
+    let locks = manager
+        .acquire_many(&[&a, &b, &a], AcquireOptions::new())
+        .await
+        .unwrap();
+    assert_eq!(locks.infos().len(), 2, "duplicates are one lock");
+    assert_eq!(manager.held_lock_count(), 2);
+    assert!(other.try_acquire(&a).await.unwrap().is_none());
+    manager.release(&a).await.unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(2), locks.lost())
+        .await
+        .expect("a member taken away fires the group's signal");
+    assert_eq!(reason, LostReason::Released);
+    assert!(
+        other.try_acquire(&b).await.unwrap().is_none(),
+        "b is still held"
+    );
+    let guard = other.try_acquire(&a).await.unwrap().expect("a is free");
+    guard.release().await;
+    locks.release().await;
+    assert_eq!(manager.held_lock_count(), 0);
+    let admin = admin().await;
+    assert_eq!(holders(&admin, locks_port::lock_id(&b)).await, 0);
+    assert!(other.try_acquire(&b).await.unwrap().is_some());
+}
