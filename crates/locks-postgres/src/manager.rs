@@ -205,6 +205,23 @@ impl PostgresLockManager {
         self.inner.derivation.lock_id(key)
     }
 
+    /// Transaction-scoped locks keyed as this manager keys its session locks (same
+    /// derivation, same key visibility), for use inside your own transactions.
+    ///
+    /// ```
+    /// let pool = locks_postgres::plain_pool("postgres://app@localhost/app", 1)?;
+    /// let locks = locks_postgres::PostgresLockManager::new(pool);
+    /// let in_transactions = locks.transaction_locks();
+    /// assert_eq!(in_transactions.lock_id("k"), locks.lock_id("k"));
+    /// # Ok::<(), locks_postgres::PoolConfigError>(())
+    /// ```
+    #[must_use]
+    pub fn transaction_locks(&self) -> crate::TransactionLocks {
+        crate::TransactionLocks::new()
+            .key_derivation(self.inner.derivation)
+            .key_visibility(self.inner.key_visibility)
+    }
+
     /// How many locks this manager has lost since it was built, by reason: the figure
     /// to alert on (also counted in the `eventsource.lock.lost` span's
     /// `lock.lost_reason` attribute). Releases through the manager are not counted.

@@ -8,7 +8,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use locks_port::{AcquisitionErrorKind, KeyDerivation, LockAcquisitionError, timeout_reason};
+use locks_port::{
+    AcquisitionErrorKind, KeyDerivation, LockAcquisitionError, LockMode, timeout_reason,
+};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{SimpleQueryMessage, Transaction};
 use tracing::{Instrument, Span};
@@ -27,27 +29,15 @@ const SAVED_STATEMENT_TIMEOUT: &str = "locks_xact.statement_timeout";
 /// The largest `lock_timeout` PostgreSQL accepts, in milliseconds (`INT_MAX`).
 const MAX_LOCK_TIMEOUT_MS: u128 = i32::MAX as u128;
 
-/// Whether an advisory lock excludes every other holder or only exclusive ones: the mode of
-/// a [`TransactionLocks`] call and of a [`LockHolder`](crate::LockHolder).
-///
-/// (The port has no lock mode yet; when it does, this becomes that type.)
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum AdvisoryLockMode {
-    /// One holder at a time (`pg_advisory_xact_lock`; `ExclusiveLock` in `pg_locks`).
-    #[default]
-    Exclusive,
-    /// Any number of shared holders, and no exclusive one meanwhile
-    /// (`pg_advisory_xact_lock_shared`; `ShareLock` in `pg_locks`).
-    Shared,
-}
+/// The mode of an advisory lock: the port's [`LockMode`], under the name this crate used
+/// before the port had one (a [`TransactionLocks`] call, a [`LockHolder`](crate::LockHolder)).
+pub type AdvisoryLockMode = LockMode;
 
-impl AdvisoryLockMode {
-    fn suffix(self) -> &'static str {
-        match self {
-            Self::Exclusive => "",
-            Self::Shared => "_shared",
-        }
+/// The SQL function suffix of a mode (`_shared` or nothing).
+fn suffix(mode: LockMode) -> &'static str {
+    match mode {
+        LockMode::Shared => "_shared",
+        _ => "",
     }
 }
 
@@ -281,7 +271,7 @@ async fn try_once(
 ) -> Result<Attempt, tokio_postgres::Error> {
     let sql = format!(
         "SELECT pg_try_advisory_xact_lock{}({lock_id})",
-        mode.suffix()
+        suffix(mode)
     );
     let messages = tx.simple_query(&sql).await?;
     let granted = first_row(&messages).and_then(|row| row.get(0)) == Some("t");
@@ -318,7 +308,7 @@ async fn wait(
          SELECT set_config('lock_timeout', current_setting('{SAVED_LOCK_TIMEOUT}'), true), \
                 set_config('statement_timeout', current_setting('{SAVED_STATEMENT_TIMEOUT}'), true); \
          RELEASE SAVEPOINT {SAVEPOINT}",
-        mode.suffix()
+        suffix(mode)
     );
     match tx.batch_execute(&sql).await {
         Ok(()) => Ok(()),
