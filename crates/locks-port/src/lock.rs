@@ -26,6 +26,11 @@ pub enum ReleaseOutcome {
     /// The lock had already been lost (the guard's [`LockGuard::lost`] signal fired
     /// with this reason); there was nothing left to release.
     Lost(LostReason),
+    /// The unlock was sent and its answer is read in the background (a manager's
+    /// opt-in "release off the caller's path"): the lock is free once the backend has
+    /// read it, and the connection is reused only once the answer says so; a failure
+    /// is logged and the session closed, which frees the lock just the same.
+    InBackground,
 }
 
 /// A held lock. Dropping it releases the lock; [`release`](LockGuard::release) does

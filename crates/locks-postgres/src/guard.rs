@@ -1,7 +1,9 @@
 //! The guard of a held lock.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 
 use locks_port::{LockGuard, LockInfo, LostReason, LostSignal, ReleaseOutcome};
 
@@ -80,9 +82,24 @@ impl LockGuard for PostgresLockGuard {
     /// dropped, the session is closed instead of unlocked, which frees the lock.
     async fn release(mut self) -> ReleaseOutcome {
         self.armed = false;
-        match self.inner.take(self.info.key(), Some(self.token)).pop() {
-            Some(held) => self.inner.unlock(self.info.key(), held).await,
-            None => self.gone(),
+        let Some(held) = self.inner.take(self.info.key(), Some(self.token)).pop() else {
+            return self.gone();
+        };
+        if !self.inner.settings.release_in_background {
+            return self.inner.unlock(self.info.key(), held).await;
+        }
+        // Polled once here, the unlock takes the session and hands its statement to
+        // the connection; the answer is read by a task of its own. The connection
+        // goes back to the pool only after that answer (ADR 0010).
+        let inner = Arc::clone(&self.inner);
+        let key = self.info.key().to_owned();
+        let mut unlock = Box::pin(async move { inner.unlock(&key, held).await });
+        match std::future::poll_fn(|cx| Poll::Ready(unlock.as_mut().poll(cx))).await {
+            Poll::Ready(outcome) => outcome,
+            Poll::Pending => {
+                tokio::spawn(unlock);
+                ReleaseOutcome::InBackground
+            }
         }
     }
 

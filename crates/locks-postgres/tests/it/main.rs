@@ -1,5 +1,6 @@
 //! Integration tests of the PostgreSQL manager, on a real server.
 
+mod background;
 mod basics;
 mod conformance;
 mod faults;
