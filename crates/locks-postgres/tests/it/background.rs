@@ -34,7 +34,7 @@ async fn background_releases_lose_no_update() {
             let manager = PostgresLockManager::builder(pool(2))
                 .release_in_background(true)
                 .build();
-            let data = admin().await;
+            let data = crate::support::admin().await;
             let key = if excluding {
                 key.clone()
             } else {

@@ -6,6 +6,7 @@ mod conformance;
 mod faults;
 mod inspect;
 mod many;
+mod poolers;
 mod processes;
 mod support;
 mod xact;
