@@ -39,6 +39,44 @@ impl Deadline {
         self.at.saturating_duration_since(Instant::now())
     }
 
+    /// The `lock_timeout` of a wait that must end by this deadline, in whole ms
+    /// rounded up, capped at `i32::MAX` ms (about 24.8 days: the server's limit);
+    /// `None` when no time is left.
+    pub(crate) fn lock_timeout_ms(self) -> Option<u32> {
+        let ms = self.remaining().as_micros().div_ceil(1000);
+        if ms == 0 {
+            return None;
+        }
+        Some(u32::try_from(ms).map_or(i32::MAX.unsigned_abs(), |ms| {
+            ms.min(i32::MAX.unsigned_abs())
+        }))
+    }
+
+    /// The wait's `Lock` statement and the limit of its answer: the deadline plus the
+    /// margin, or none for an unbounded wait (it waits as long as it takes; a
+    /// connection that ends meanwhile fails the statement). `None` when no time is
+    /// left.
+    pub(crate) fn wait_statement(
+        deadline: Option<Self>,
+        lock_id: i64,
+        mode: LockMode,
+        margin: Duration,
+    ) -> Option<(Statement, Limit)> {
+        let (lock_timeout_ms, limit) = match deadline {
+            None => (0, Limit::None),
+            Some(bounded) => (
+                bounded.lock_timeout_ms()?,
+                Limit::of(deadline, margin, Duration::ZERO),
+            ),
+        };
+        let statement = Statement::Lock {
+            lock_id,
+            mode,
+            lock_timeout_ms,
+        };
+        Some((statement, limit))
+    }
+
     pub(crate) fn passed(self) -> bool {
         Instant::now() >= self.at
     }
@@ -372,32 +410,15 @@ impl Inner {
         deadline: Option<Deadline>,
     ) -> Attempt {
         loop {
-            let lock_timeout_ms = match deadline {
-                None => 0,
-                Some(deadline) => {
-                    let ms = deadline.remaining().as_micros().div_ceil(1000);
-                    if ms == 0 {
-                        // No time left to wait; the first try has been made. The
-                        // session holds nothing.
-                        session.into_pool();
-                        return Err(LockAcquisitionError::timed_out(key, deadline.timeout));
-                    }
-                    // lock_timeout takes at most i32::MAX ms (about 24.8 days).
-                    u32::try_from(ms).map_or(i32::MAX.unsigned_abs(), |ms| {
-                        ms.min(i32::MAX.unsigned_abs())
-                    })
-                }
-            };
-            let statement = Statement::Lock {
-                lock_id,
-                mode,
-                lock_timeout_ms,
-            };
-            // An unbounded wait has no limit: it waits for the lock as long as it
-            // takes, and a connection that ends meanwhile fails the statement.
-            let limit = match deadline {
-                Some(_) => Limit::of(deadline, self.settings.deadline_margin, Duration::ZERO),
-                None => Limit::None,
+            let margin = self.settings.deadline_margin;
+            let Some((statement, limit)) =
+                Deadline::wait_statement(deadline, lock_id, mode, margin)
+            else {
+                // No time left to wait; the first try has been made. The session
+                // holds nothing.
+                session.into_pool();
+                let timeout = deadline.map_or(Duration::ZERO, |deadline| deadline.timeout);
+                return Err(LockAcquisitionError::timed_out(key, timeout));
             };
             let outcome;
             (session, outcome) = self

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use locks_port::{
     AcquireOptions, LockAcquisitionError, LockInfo, LockMode, LossNotifier, LostReason, LostSignal,
@@ -16,12 +17,11 @@ use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 use tracing::Instrument;
 
-use crate::acquire::{Deadline, Limit, PoolWait, Tried, with_timeout};
+use crate::acquire::{Deadline, PoolWait, Tried, with_timeout};
 use crate::bookkeeping::Held;
 use crate::classify::driver_error;
 use crate::connection::{Answer, Session};
 use crate::manager::{Inner, PostgresLockManager};
-use crate::sql::Statement;
 use crate::telemetry::{finish_acquire_span, manager_acquire_span};
 
 impl PostgresLockManager {
@@ -121,31 +121,12 @@ impl Inner {
         session: Session,
         deadline: Option<Deadline>,
     ) -> Result<Session, LockAcquisitionError> {
-        let lock_timeout_ms = match deadline {
-            None => 0,
-            Some(deadline) => {
-                let ms = deadline.remaining().as_micros().div_ceil(1000);
-                if ms == 0 {
-                    drop(session);
-                    return Err(LockAcquisitionError::timed_out(key, deadline.timeout));
-                }
-                u32::try_from(ms).map_or(i32::MAX.unsigned_abs(), |ms| {
-                    ms.min(i32::MAX.unsigned_abs())
-                })
-            }
-        };
-        let statement = Statement::Lock {
-            lock_id,
-            mode,
-            lock_timeout_ms,
-        };
-        let limit = match deadline {
-            Some(_) => Limit::of(
-                deadline,
-                self.settings.deadline_margin,
-                self.settings.answer_timeout,
-            ),
-            None => Limit::None,
+        let margin = self.settings.deadline_margin;
+        let Some((statement, limit)) = Deadline::wait_statement(deadline, lock_id, mode, margin)
+        else {
+            drop(session);
+            let timeout = deadline.map_or(Duration::ZERO, |deadline| deadline.timeout);
+            return Err(LockAcquisitionError::timed_out(key, timeout));
         };
         let (session, outcome) = self
             .answered(key, session, statement, limit, deadline)
