@@ -8,7 +8,8 @@
 //! the lock the moment it is released; a bounded wait timing out with its error text;
 //! a process holding a lock killed with SIGKILL and the lock freed by the server; a
 //! dropped wait leaving nothing behind; a holder whose session is terminated under it
-//! noticing the loss at once and stopping its work.
+//! noticing the loss at once and stopping its work; shared readers with a writer that
+//! is not starved, and several keys taken at once in one global order.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -93,6 +94,7 @@ async fn main() -> Result<(), Error> {
     killed_holder(&url, &admin, &clock).await?;
     dropped_wait(&url, &admin, &clock).await?;
     lost_lock(&url, &admin, &clock).await?;
+    readers_and_groups(&url, &clock).await?;
     println!("\nDone: every lock of this demo is released.");
     Ok(())
 }
@@ -279,6 +281,88 @@ async fn dropped_wait(
         format_args!("acquired '{key}' normally; held locks: {}", b.is_held(key)),
     );
     guard.release().await;
+    Ok(())
+}
+
+/// Two readers share a key; a writer queues behind them and a late reader queues
+/// behind the writer (no writer starvation); then two instances take overlapping key
+/// sets in opposite orders with `acquire_many`, which orders them by lock id: no
+/// deadlock.
+async fn readers_and_groups(url: &str, clock: &Clock) -> Result<(), Error> {
+    println!("\n6. Shared readers, a writer that is not starved, and several keys at once");
+    let (a, b, c) = (
+        instance(url, "reader-a")?,
+        instance(url, "writer")?,
+        instance(url, "reader-b")?,
+    );
+    let key = "demo:catalog";
+    let first = a.acquire(key, AcquireOptions::shared()).await?;
+    let second = c.acquire(key, AcquireOptions::shared()).await?;
+    clock.say(
+        "readers",
+        "reader-a and reader-b hold 'demo:catalog' shared, together",
+    );
+    let writer = tokio::spawn({
+        let (b, clock_start) = (b.clone(), clock.0);
+        async move {
+            let guard = b.acquire(key, AcquireOptions::new()).await?;
+            Clock(clock_start).say("writer", "got 'demo:catalog' exclusively");
+            guard.release().await;
+            Ok::<_, Error>(())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let late = c
+        .try_acquire_with(key, locks_postgres::locks_port::LockMode::Shared)
+        .await?;
+    clock.say(
+        "reader-b",
+        format!(
+            "a third shared try while the writer waits: {}",
+            if late.is_some() {
+                "granted (!)"
+            } else {
+                "refused: it would jump the queued writer"
+            }
+        ),
+    );
+    drop(late);
+    first.release().await;
+    clock.say("reader-a", "released; the writer still waits for reader-b");
+    clock.say("reader-b", "releasing");
+    second.release().await;
+    writer.await??;
+
+    let (left, right) = (instance(url, "left")?, instance(url, "right")?);
+    let keys = ["demo:account:1", "demo:account:2", "demo:account:3"];
+    let reversed = ["demo:account:3", "demo:account:2", "demo:account:1"];
+    let (one, two) = tokio::join!(
+        async {
+            for _ in 0..20 {
+                left.acquire_many(&keys, Duration::from_secs(10))
+                    .await?
+                    .release()
+                    .await;
+            }
+            Ok::<_, Error>(())
+        },
+        async {
+            for _ in 0..20 {
+                right
+                    .acquire_many(&reversed, Duration::from_secs(10))
+                    .await?
+                    .release()
+                    .await;
+            }
+            Ok::<_, Error>(())
+        }
+    );
+    one?;
+    two?;
+    clock.say(
+        "groups",
+        "20 + 20 acquire_many of 3 keys asked in opposite orders: no deadlock",
+    );
     Ok(())
 }
 
