@@ -38,6 +38,8 @@ enum Role {
     /// The library with an OpenTelemetry pipeline installed: shown, the target is on
     /// instructions (scenario 7).
     Traced,
+    /// The library with a setting changed (fencing on, keepalive off): shown, no target.
+    Setting,
     /// A candidate for the baseline: the faster of these is the physical limit.
     Baseline,
     /// Shown for reading the figures (the library's own SQL text on a raw connection).
@@ -174,6 +176,20 @@ fn is_local_postgres(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim() == "postgres")
 }
 
+/// A manager handing out fencing tokens (the token table must exist).
+pub(crate) fn fencing_manager(db: &Database) -> PostgresLockManager {
+    PostgresLockManager::builder(db.pool(1, "lock-bench-cycle"))
+        .fencing(true)
+        .build()
+}
+
+/// A manager without keepalives (the default sends one every 10 s per held lock).
+pub(crate) fn quiet_manager(db: &Database) -> PostgresLockManager {
+    PostgresLockManager::builder(db.pool(1, "lock-bench-cycle"))
+        .keepalive(None)
+        .build()
+}
+
 /// Scenario 1: `acquire` (without and with a timeout, and with an OpenTelemetry pipeline)
 /// + `release`.
 pub(crate) async fn acquire(db: Database, plan: Plan) -> Result<Outcome, BoxError> {
@@ -183,6 +199,7 @@ pub(crate) async fn acquire(db: Database, plan: Plan) -> Result<Outcome, BoxErro
     let text_id = lock_id(&key(5));
     let bounded_ms = BOUNDED.as_millis();
     let pipeline = Arc::new(Pipeline::new());
+    locks_postgres::install_fencing(&db.connect("lock-bench-cycle").await?).await?;
     let variants = vec![
         Variant::new(
             "library: acquire (no timeout) + release",
@@ -197,6 +214,16 @@ pub(crate) async fn acquire(db: Database, plan: Plan) -> Result<Outcome, BoxErro
                 key(1),
                 AcquireOptions::new().with_timeout(BOUNDED),
             ),
+        ),
+        Variant::new(
+            "library, fencing on: acquire (no timeout) + release",
+            Role::Setting,
+            Op::library(fencing_manager(&db), key(9), AcquireOptions::new()),
+        ),
+        Variant::new(
+            "library, keepalive off: acquire (no timeout) + release",
+            Role::Setting,
+            Op::library(quiet_manager(&db), key(10), AcquireOptions::new()),
         ),
         Variant::new(
             "library + OpenTelemetry: acquire (no timeout) + release",
@@ -468,7 +495,7 @@ fn report(
             }
             Role::Baseline if is_baseline => ("baseline".to_owned(), String::new()),
             Role::Traced => ("on instructions (7)".to_owned(), String::new()),
-            Role::Baseline | Role::Reference => (String::new(), String::new()),
+            Role::Baseline | Role::Reference | Role::Setting => (String::new(), String::new()),
         };
         let (pinned_mid, pinned_spread) = fmt_summary(pinned_ratio);
         let (unpinned_mid, unpinned_spread) = fmt_summary(unpinned_ratio);

@@ -16,7 +16,7 @@ use locks_port::{AcquireOptions, lock_id};
 use locks_postgres::PostgresLockManager;
 use serde_json::json;
 
-use crate::cycle::BOUNDED;
+use crate::cycle::{BOUNDED, fencing_manager, quiet_manager};
 use crate::db::Database;
 use crate::ops::Op;
 use crate::otel::Pipeline;
@@ -32,12 +32,20 @@ const TRACED_LIMIT: f64 = 1.5;
 const WARMUP: usize = 50;
 
 /// The variants a child can run, and what each is.
-pub(crate) const VARIANTS: [(&str, &str); 5] = [
+pub(crate) const VARIANTS: [(&str, &str); 7] = [
     ("raw", "raw: prepared pg_advisory_lock($1) + unlock"),
     ("library", "library: acquire (no timeout) + release"),
     (
         "library-timeout",
         "library: acquire (timeout 5 s) + release",
+    ),
+    (
+        "library-fencing",
+        "library, fencing on: acquire (no timeout) + release",
+    ),
+    (
+        "library-keepalive-off",
+        "library, keepalive off: acquire (no timeout) + release",
     ),
     (
         "library-otel",
@@ -73,7 +81,15 @@ pub(crate) fn child(url: &str, variant: &str, cycles: usize) -> Result<(), BoxEr
             } else {
                 AcquireOptions::new()
             };
-            let manager = PostgresLockManager::new(db.pool(1, "lock-bench-instructions"));
+            let manager = match variant {
+                "library-fencing" => {
+                    let admin = db.connect("lock-bench-instructions").await?;
+                    locks_postgres::install_fencing(&admin).await?;
+                    fencing_manager(&db)
+                }
+                "library-keepalive-off" => quiet_manager(&db),
+                _ => PostgresLockManager::new(db.pool(1, "lock-bench-instructions")),
+            };
             Op::library(manager, key, options)
         };
         for _ in 0..WARMUP + cycles {
@@ -162,12 +178,13 @@ pub(crate) fn run(url: &str, plan: &Plan, out_dir: &Path) -> Result<Outcome, Box
     for &(variant, name, once, twice, per_cycle) in &measured {
         let ratio = ratio(per_cycle, raw);
         let limit = match variant {
-            "raw" => None,
+            "raw" | "library-fencing" | "library-keepalive-off" => None,
             v if v.ends_with("-otel") => Some(TRACED_LIMIT),
             _ => Some(LIBRARY_LIMIT),
         };
         let (target, result) = match limit {
-            None => ("baseline".to_owned(), String::new()),
+            None if variant == "raw" => ("baseline".to_owned(), String::new()),
+            None => (String::new(), String::new()),
             Some(limit) => {
                 let pass = ratio.is_some_and(|r| r <= limit);
                 checks.push(Check::new(

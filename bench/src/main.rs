@@ -55,7 +55,8 @@ usage: lock-bench [--url URL] [--quick] [--out FILE.json] [--only LIST]
 
   --count-instructions VARIANT --cycles N
                 the child that `instructions` runs under callgrind: N cycles of VARIANT
-                (raw, library, library-timeout, library-otel, library-timeout-otel)
+                (raw, library, library-timeout, library-fencing, library-keepalive-off,
+                library-otel, library-timeout-otel)
 ";
 
 const SCENARIOS: [&str; 9] = [
