@@ -89,6 +89,20 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
                 pooled: Latencies::new(),
                 runs: Vec::new(),
             },
+            Variant {
+                // ADR 0010: release returns once the unlock is sent; a pool of 2, so the
+                // next acquire need not wait for the first connection's answer.
+                name: "library, release in background: acquire (no timeout) + release",
+                op: Op::library(
+                    PostgresLockManager::builder(through.pool(2, "lock-bench-latency"))
+                        .release_in_background(true)
+                        .build(),
+                    key(3),
+                    AcquireOptions::new(),
+                ),
+                pooled: Latencies::new(),
+                runs: Vec::new(),
+            },
         ];
         for variant in &variants {
             for _ in 0..5 {
