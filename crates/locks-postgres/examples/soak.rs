@@ -75,6 +75,7 @@ async fn worker(url: &str, name: &str, log: &str) -> Result<(), Error> {
         .append(true)
         .open(log)?;
     let mut random = Lcg::seeded();
+    let parent = std::os::unix::process::parent_id();
     // The negative controls: SOAK_BREAK=fencing writes without the fencing check
     // (a holder that lost its lock unnoticed can then overwrite a newer one);
     // SOAK_BREAK=lock also takes a lock of its own per worker (excluding nothing). The
@@ -100,6 +101,10 @@ async fn worker(url: &str, name: &str, log: &str) -> Result<(), Error> {
         };
         tokio::spawn(connection);
         loop {
+            // The driver is gone (it is our parent): stop, holding nothing.
+            if std::os::unix::process::parent_id() != parent {
+                return Ok(());
+            }
             let key = key(random.below(KEYS as u64));
             let options = if random.below(2) == 0 {
                 AcquireOptions::new().with_timeout(Duration::from_millis(200 + random.below(2000)))
