@@ -96,9 +96,29 @@ pub const DEFAULT_MIGRATION_OPERATION: &str = "migration";
 ///     "cutover:00000000-0000-0000-0000-000000000000"
 /// );
 /// ```
+///
+/// Kept for compatibility with the original's signature; for a named operation
+/// [`migration_lock_key_for`] reads more plainly.
 #[must_use]
 pub fn migration_lock_key(tenant_id: Uuid, operation: Option<&str>) -> String {
-    let operation = operation.unwrap_or(DEFAULT_MIGRATION_OPERATION);
+    migration_lock_key_for(tenant_id, operation.unwrap_or(DEFAULT_MIGRATION_OPERATION))
+}
+
+/// The lock key for `operation` on one tenant: `"{operation}:{tenant_id}"`, the tenant
+/// id in its hyphenated lower-case form. The same key as
+/// [`migration_lock_key`]`(tenant_id, Some(operation))`, so Python and Rust processes
+/// contend on it.
+///
+/// ```
+/// use locks_port::{lock_id, migration_lock_key_for};
+/// use uuid::Uuid;
+///
+/// let key = migration_lock_key_for(Uuid::nil(), "cutover");
+/// assert_eq!(key, "cutover:00000000-0000-0000-0000-000000000000");
+/// assert_eq!(lock_id(&key), 1326370806243621539);
+/// ```
+#[must_use]
+pub fn migration_lock_key_for(tenant_id: Uuid, operation: &str) -> String {
     format!("{operation}:{}", tenant_id.hyphenated())
 }
 

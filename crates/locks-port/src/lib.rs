@@ -17,7 +17,9 @@ pub use error::{
 };
 pub use health::{LossNotifier, Lost, LostReason, LostSignal};
 pub use info::LockInfo;
-pub use key::{DEFAULT_MIGRATION_OPERATION, KeyDerivation, lock_id, migration_lock_key};
+pub use key::{
+    DEFAULT_MIGRATION_OPERATION, KeyDerivation, lock_id, migration_lock_key, migration_lock_key_for,
+};
 pub use lock::{DistributedLock, LockGuard, LockRegistry, ReleaseOutcome};
 pub use options::{AcquireOptions, InvalidTimeoutError, LockMode, WaitStrategy, deadline_after};
 
@@ -28,7 +30,7 @@ pub mod prelude {
     pub use crate::{
         AcquireOptions, AcquisitionErrorKind, DistributedLock, LockAcquisitionError, LockError,
         LockGuard, LockInfo, LockMode, LockRegistry, LostReason, LostSignal, ReleaseOutcome,
-        WaitStrategy,
+        WaitStrategy, lock_id, migration_lock_key_for,
     };
     pub use uuid::Uuid;
 }

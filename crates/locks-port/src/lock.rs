@@ -207,6 +207,13 @@ pub trait DistributedLock: Send + Sync {
     /// original's `async with manager.acquire(key):`. Whatever `body` returns, an
     /// error included, is handed back unchanged once the lock is released.
     ///
+    /// The [`ReleaseOutcome`] of that release is not returned. When it matters (to
+    /// learn that the lock was lost while `body` ran, [`ReleaseOutcome::Lost`]), take the
+    /// guard yourself and release it:
+    /// `let guard = locks.acquire(key, options).await?; ...; let outcome = guard.release().await;`,
+    /// or use [`with_lock_until_lost`](DistributedLock::with_lock_until_lost), which
+    /// stops `body` when the lock is lost and says so.
+    ///
     /// # Errors
     /// The acquisition error when the lock could not be taken (`body` did not run).
     ///
