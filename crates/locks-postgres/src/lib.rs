@@ -40,7 +40,10 @@ pub use xact::{AdvisoryLockMode, TransactionLockError, TransactionLocks};
 /// let _options = AcquireOptions::shared();
 /// ```
 pub mod prelude {
-    pub use crate::{KeyVisibility, PostgresLockGuard, PostgresLockManager};
+    pub use crate::{
+        AdvisoryLockMode, KeyVisibility, LockHolder, PostgresLockGuard, PostgresLockManager,
+        TransactionLocks,
+    };
     pub use locks_port::prelude::*;
 }
 
