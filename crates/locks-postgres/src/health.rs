@@ -52,12 +52,11 @@ pub(crate) struct LostCounts {
 }
 
 impl LostCounts {
-    fn count(&self, reason: LostReason) {
-        let counter = match reason {
+    fn counter(&self, reason: LostReason) -> &AtomicU64 {
+        match reason {
             LostReason::KeepaliveFailed => &self.keepalive_failed,
             _ => &self.connection_closed,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     pub(crate) fn snapshot(&self) -> LostLockCounts {
@@ -144,10 +143,14 @@ impl Inner {
     }
 
     fn report_lost(&self, key: Option<&str>, held: &Held, reason: LostReason, detail: &str) {
+        // Counted before the signal fires, so a holder woken by it already sees the
+        // count; taken back if another reason (a release) got there first.
+        let counter = self.lost.counter(reason);
+        counter.fetch_add(1, Ordering::AcqRel);
         if !held.notifier.notify(reason) {
+            counter.fetch_sub(1, Ordering::AcqRel);
             return;
         }
-        self.lost.count(reason);
         let span = lost_span(key, held.lock_id, held.mode, reason);
         tracing::warn!(
             parent: &span,
