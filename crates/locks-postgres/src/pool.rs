@@ -61,6 +61,17 @@ pub fn plain_pool(url: &str, max_size: usize) -> Result<Pool, PoolConfigError> {
 /// [`plain_pool`] from a [`tokio_postgres::Config`], for settings a URL does not carry
 /// conveniently (keepalives, `application_name` per instance, server options).
 ///
+/// ```
+/// use std::time::Duration;
+/// use locks_postgres::tokio_postgres::Config;
+///
+/// let mut config: Config = "postgres://app@localhost/app".parse()?;
+/// config.connect_timeout(Duration::from_secs(2)).application_name("nightly");
+/// let pool = locks_postgres::plain_pool_with_config(config, 4)?;
+/// assert_eq!(pool.status().max_size, 4);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
 /// # Errors
 /// [`PoolConfigError::Build`] if deadpool refuses the configuration.
 pub fn plain_pool_with_config(
