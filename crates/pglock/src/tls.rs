@@ -26,12 +26,14 @@ pub(crate) fn connector(target: &Target) -> Result<Option<MakeRustlsConnect>, Fa
         SslChoice::Disable => return Ok(None),
         SslChoice::Prefer | SslChoice::Require => builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyCertificate {
+            .with_custom_certificate_verifier(Arc::new(Lenient {
+                chain: None,
                 algorithms: provider.signature_verification_algorithms,
             }))
             .with_no_client_auth(),
         SslChoice::VerifyCa | SslChoice::VerifyFull => {
             let roots = Arc::new(roots(target.root_cert.as_deref())?);
+            let algorithms = provider.signature_verification_algorithms;
             let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider)
                 .build()
                 .map_err(|error| Failure::new(CONFIG, format!("TLS set-up failed: {error}")))?;
@@ -40,7 +42,10 @@ pub(crate) fn connector(target: &Target) -> Result<Option<MakeRustlsConnect>, Fa
             } else {
                 builder
                     .dangerous()
-                    .with_custom_certificate_verifier(Arc::new(ChainOnly(webpki)))
+                    .with_custom_certificate_verifier(Arc::new(Lenient {
+                        chain: Some(webpki),
+                        algorithms,
+                    }))
                     .with_no_client_auth()
             }
         }
@@ -92,23 +97,35 @@ fn roots(root_cert: Option<&str>) -> Result<RootCertStore, Failure> {
     Ok(store)
 }
 
-/// `sslmode=prefer` and `require` without a root certificate, as in libpq: encrypted,
-/// the handshake's signatures checked, the certificate itself not.
+/// The certificate check of `prefer`/`require` (none: encrypted, the handshake's
+/// signatures checked, the certificate itself not, as in libpq) and of `verify-ca` (the
+/// chain must lead to a root certificate; the host name is not compared).
 #[derive(Debug)]
-struct AnyCertificate {
+struct Lenient {
+    /// `None`: any certificate; `Some`: the chain is checked.
+    chain: Option<Arc<WebPkiServerVerifier>>,
     algorithms: WebPkiSupportedAlgorithms,
 }
 
-impl ServerCertVerifier for AnyCertificate {
+impl ServerCertVerifier for Lenient {
     fn verify_server_cert(
         &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        // The chain is checked before the name: a name error means the chain was good.
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
     }
 
     fn verify_tls12_signature(
@@ -131,54 +148,5 @@ impl ServerCertVerifier for AnyCertificate {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.algorithms.supported_schemes()
-    }
-}
-
-/// `sslmode=verify-ca`: the chain must lead to a root certificate; the host name is not
-/// compared.
-#[derive(Debug)]
-struct ChainOnly(Arc<WebPkiServerVerifier>);
-
-impl ServerCertVerifier for ChainOnly {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        // The chain is checked before the name: a name error means the chain was good.
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
-            Err(rustls::Error::InvalidCertificate(
-                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-            )) => Ok(ServerCertVerified::assertion()),
-            other => other,
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
     }
 }

@@ -109,6 +109,39 @@ async fn lock_rows(admin: &tokio_postgres::Client, lock_id: i64) -> Vec<(i32, bo
         .collect()
 }
 
+/// A plain session (as a Python eventsource process would be) holding `lock_id`, and its pid.
+async fn foreign_holder(lock_id: i64) -> (tokio_postgres::Client, i32) {
+    let foreign = admin().await;
+    foreign
+        .execute("SELECT pg_advisory_lock($1)", &[&lock_id])
+        .await
+        .expect("foreign lock");
+    let pid: i32 = foreign
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .expect("pid")
+        .get(0);
+    (foreign, pid)
+}
+
+async fn release_foreign(foreign: &tokio_postgres::Client, lock_id: i64) {
+    foreign
+        .execute("SELECT pg_advisory_unlock($1)", &[&lock_id])
+        .await
+        .expect("foreign unlock");
+}
+
+/// Waits until some session waits in the server's queue for `lock_id`.
+async fn wait_for_a_waiter(observer: &tokio_postgres::Client, lock_id: i64) {
+    eventually("a session waiting in the server's queue", || async {
+        lock_rows(observer, lock_id)
+            .await
+            .iter()
+            .any(|(_, granted)| !granted)
+    })
+    .await;
+}
+
 /// Polls `check` until it is true, failing after [`SOON`].
 async fn eventually<F, Fut>(what: &str, mut check: F)
 where
@@ -174,16 +207,7 @@ async fn a_foreign_session_keeps_it_out_and_a_conflict_exits_with_the_e_code() {
     let (key, dir) = unique("conflict");
     let lock_id = locks_port::lock_id(&key);
     // Any plain session holding the same id, as a Python eventsource process would.
-    let foreign = admin().await;
-    foreign
-        .execute("SELECT pg_advisory_lock($1)", &[&lock_id])
-        .await
-        .expect("foreign lock");
-    let foreign_pid: i32 = foreign
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .expect("pid")
-        .get(0);
+    let (foreign, foreign_pid) = foreign_holder(lock_id).await;
     let ran = dir.join("ran");
     let ran_text = ran.display().to_string();
 
@@ -212,10 +236,7 @@ async fn a_foreign_session_keeps_it_out_and_a_conflict_exits_with_the_e_code() {
     );
     assert!(!ran.exists(), "the command ran without the lock");
 
-    foreign
-        .execute("SELECT pg_advisory_unlock($1)", &[&lock_id])
-        .await
-        .expect("foreign unlock");
+    release_foreign(&foreign, lock_id).await;
     let free = output(pglock().args(["run", "-n", &key, "--", "touch", &ran_text])).await;
     assert_eq!(code(&free), 0, "{}", stderr(&free));
     assert!(ran.exists());
@@ -359,11 +380,7 @@ async fn sigterm_to_pglock_reaches_the_command() {
 async fn sigint_while_waiting_leaves_nothing_held_and_exits_130() {
     let (key, dir) = unique("sigint");
     let lock_id = locks_port::lock_id(&key);
-    let foreign = admin().await;
-    foreign
-        .execute("SELECT pg_advisory_lock($1)", &[&lock_id])
-        .await
-        .expect("foreign lock");
+    let (foreign, _) = foreign_holder(lock_id).await;
     let ran = dir.join("ran");
     let child = pglock()
         .args(["run", &key, "--", "touch"])
@@ -371,13 +388,7 @@ async fn sigint_while_waiting_leaves_nothing_held_and_exits_130() {
         .spawn()
         .expect("spawn");
     let observer = admin().await;
-    eventually("pglock waiting in the server's queue", || async {
-        lock_rows(&observer, lock_id)
-            .await
-            .iter()
-            .any(|(_, granted)| !granted)
-    })
-    .await;
+    wait_for_a_waiter(&observer, lock_id).await;
     signal(&child, Signal::SIGINT);
     let done = finish(child).await;
     assert_eq!(code(&done), 130, "{}", stderr(&done));
@@ -385,10 +396,7 @@ async fn sigint_while_waiting_leaves_nothing_held_and_exits_130() {
     let rows = lock_rows(&observer, lock_id).await;
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert!(rows[0].1, "{rows:?}");
-    foreign
-        .execute("SELECT pg_advisory_unlock($1)", &[&lock_id])
-        .await
-        .expect("foreign unlock");
+    release_foreign(&foreign, lock_id).await;
     assert_eq!(lock_rows(&observer, lock_id).await, []);
     assert!(
         !ran.exists(),
@@ -411,28 +419,13 @@ async fn who_list_and_id_show_the_lock() {
     assert_eq!(code(&nobody), 0, "{}", stderr(&nobody));
     assert!(String::from_utf8_lossy(&nobody.stdout).starts_with("nobody holds"));
 
-    let foreign = admin().await;
-    foreign
-        .execute("SELECT pg_advisory_lock($1)", &[&lock_id])
-        .await
-        .expect("foreign lock");
-    let foreign_pid: i32 = foreign
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .expect("pid")
-        .get(0);
+    let (foreign, foreign_pid) = foreign_holder(lock_id).await;
     let waiter = pglock()
         .args(["run", &key, "--", "true"])
         .spawn()
         .expect("spawn");
     let observer = admin().await;
-    eventually("pglock waiting", || async {
-        lock_rows(&observer, lock_id)
-            .await
-            .iter()
-            .any(|(_, granted)| !granted)
-    })
-    .await;
+    wait_for_a_waiter(&observer, lock_id).await;
 
     let who = output(pglock().args(["who", &key])).await;
     assert_eq!(code(&who), 0, "{}", stderr(&who));
@@ -463,10 +456,7 @@ async fn who_list_and_id_show_the_lock() {
         "{listed}"
     );
 
-    foreign
-        .execute("SELECT pg_advisory_unlock($1)", &[&lock_id])
-        .await
-        .expect("foreign unlock");
+    release_foreign(&foreign, lock_id).await;
     let done = finish(waiter).await;
     assert_eq!(code(&done), 0, "{}", stderr(&done));
 }
