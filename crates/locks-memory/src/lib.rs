@@ -3,10 +3,12 @@
 
 mod guard;
 mod manager;
+mod many;
 mod table;
 
 pub use guard::InMemoryLockGuard;
 pub use manager::{InMemoryLockManager, InMemoryLockManagerBuilder};
+pub use many::InMemoryLocks;
 pub use table::InMemoryLockTable;
 
 /// Re-exported so callers name the same port version (traits, options, errors).

@@ -48,7 +48,7 @@ pub struct InMemoryLockManager {
 }
 
 pub(crate) struct ManagerInner {
-    table: InMemoryLockTable,
+    pub(crate) table: InMemoryLockTable,
     holder_id: Option<String>,
     next_token: AtomicU64,
     held: Mutex<HashMap<String, Held>>,
@@ -71,7 +71,7 @@ impl Drop for Held {
 }
 
 /// How many of a lock's permits `mode` takes.
-fn permits(mode: LockMode) -> u32 {
+pub(crate) fn permits(mode: LockMode) -> u32 {
     match mode {
         LockMode::Shared => 1,
         _ => READER_PERMITS,
@@ -166,7 +166,7 @@ impl InMemoryLockManager {
     ///
     /// Cancel safe: the permits are taken by Tokio's cancel-safe `Acquire` future or by
     /// a synchronous `try_acquire`, and forgotten only after no await is left.
-    async fn wait_for_permit(
+    pub(crate) async fn wait_for_permit(
         slot: &Slot,
         key: &str,
         options: AcquireOptions,
@@ -243,26 +243,13 @@ impl InMemoryLockManager {
     /// Books a taken permit and hands out its guard. No await: the permit cannot be
     /// lost between being taken and being booked.
     fn book(&self, key: &str, slot: Slot, mode: LockMode) -> InMemoryLockGuard {
-        let token = self.inner.next_token.fetch_add(1, Ordering::Relaxed);
-        let info = LockInfo::new(
-            key,
-            self.inner.table.inner.lock_id(key),
-            OffsetDateTime::now_utc(),
-            self.inner.holder_id.clone(),
-        )
-        .with_mode(mode);
+        let inner = &self.inner;
+        let token = inner.next_token();
+        let info = inner.info(key, slot.lock_id(), mode);
         let notifier = LossNotifier::new();
         let lost = notifier.signal();
-        let held = Held {
-            token,
-            notifier,
-            _permit: HeldPermit::new(slot, permits(mode)),
-        };
-        // A manager books a key only while holding its lock, so no entry can be there;
-        // if one were, dropping it would release its permit, never leak it.
-        let previous = self.inner.held_map().insert(key.to_owned(), held);
-        drop(previous);
-        InMemoryLockGuard::new(Arc::clone(&self.inner), token, info, lost)
+        inner.insert(key, token, notifier, HeldPermit::new(slot, permits(mode)));
+        InMemoryLockGuard::new(Arc::clone(inner), token, info, lost)
     }
 }
 
@@ -270,6 +257,36 @@ impl ManagerInner {
     /// The bookkeeping, even if a panic elsewhere poisoned its mutex.
     fn held_map(&self) -> MutexGuard<'_, HashMap<String, Held>> {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A new acquisition's token: its guard releases only what was booked with it.
+    pub(crate) fn next_token(&self) -> u64 {
+        self.next_token.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// What a guard says of the lock of `key` taken now in `mode`.
+    pub(crate) fn info(&self, key: &str, lock_id: i64, mode: LockMode) -> LockInfo {
+        LockInfo::new(
+            key,
+            lock_id,
+            OffsetDateTime::now_utc(),
+            self.holder_id.clone(),
+        )
+        .with_mode(mode)
+    }
+
+    /// Books the taken `permit` of `key` for the acquisition `token`; `notifier` is
+    /// told when the entry goes.
+    pub(crate) fn insert(&self, key: &str, token: u64, notifier: LossNotifier, permit: HeldPermit) {
+        let held = Held {
+            token,
+            notifier,
+            _permit: permit,
+        };
+        // A manager books a key only while holding its lock, so no entry can be there;
+        // if one were, dropping it would release its permit, never leak it.
+        let previous = self.held_map().insert(key.to_owned(), held);
+        drop(previous);
     }
 
     /// Releases `key` if it is still booked for the acquisition `token`.

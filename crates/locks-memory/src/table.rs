@@ -149,6 +149,11 @@ impl Slot {
         }
     }
 
+    /// The lock id of the entry.
+    pub(crate) fn lock_id(&self) -> i64 {
+        self.lock_id
+    }
+
     pub(crate) fn semaphore(&self) -> &Semaphore {
         // Only `drop` takes it out.
         self.semaphore
@@ -182,6 +187,11 @@ impl HeldPermit {
     /// Wraps a slot whose `permits` were acquired and forgotten.
     pub(crate) fn new(slot: Slot, permits: u32) -> Self {
         Self { slot, permits }
+    }
+
+    /// The lock id of the held lock.
+    pub(crate) fn lock_id(&self) -> i64 {
+        self.slot.lock_id()
     }
 }
 

@@ -1,5 +1,7 @@
 //! Key naming and key-to-lock-id derivation.
 
+use std::collections::BTreeMap;
+
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
@@ -43,6 +45,26 @@ impl KeyDerivation {
                 i64::try_from(masked).unwrap_or(i64::MAX)
             }
         }
+    }
+
+    /// The one global order in which `acquire_many` takes several keys: ascending lock
+    /// id, keys of one lock id merged into one lock (the first of them named). Callers
+    /// that all take their keys in this order can never deadlock on each other.
+    ///
+    /// ```
+    /// use locks_port::KeyDerivation;
+    ///
+    /// let order = KeyDerivation::CURRENT.lock_order(&["b", "a", "b"]);
+    /// assert_eq!(order.len(), 2, "a key named twice is one lock");
+    /// assert!(order.keys().is_sorted());
+    /// ```
+    #[must_use]
+    pub fn lock_order<'k>(self, keys: &[&'k str]) -> BTreeMap<i64, &'k str> {
+        let mut ordered = BTreeMap::new();
+        for key in keys {
+            ordered.entry(self.lock_id(key)).or_insert(*key);
+        }
+        ordered
     }
 
     /// A stable, human-readable name for this derivation (for logs and docs).

@@ -62,11 +62,7 @@ impl PostgresLockManager {
     ) -> Result<PostgresLocks, LockAcquisitionError> {
         let options = options.into();
         let inner = &self.inner;
-        // One global order: by lock id; keys of one lock id are one lock.
-        let mut ordered: BTreeMap<i64, &str> = BTreeMap::new();
-        for key in keys {
-            ordered.entry(inner.derivation.lock_id(key)).or_insert(key);
-        }
+        let ordered = inner.derivation.lock_order(keys);
         let first = ordered.values().next().copied().unwrap_or("");
         let span = manager_acquire_span(
             inner.shown(first),

@@ -4,6 +4,7 @@
 mod conformance;
 mod fifo;
 mod lifecycle;
+mod many;
 mod suite_self_check;
 
 use std::future::Future;

@@ -63,12 +63,14 @@ use crate::{
 
 mod health;
 mod modes;
+mod random;
 
 pub use health::{
     huge_timeouts_saturate, poll_without_timeout_waits_in_queue, release_all_tells_every_guard,
     release_by_key_tells_the_guard, with_lock_until_lost_stops_the_body,
 };
 pub use modes::{exclusive_excludes_shared, queued_writer_is_not_starved, shared_holders_coexist};
+pub use random::Lcg;
 
 /// How an adapter plugs into the suite.
 ///

@@ -6,24 +6,11 @@ use std::time::Duration;
 
 use locks_port::{
     AcquireOptions, AcquisitionErrorKind, DistributedLock, LockGuard, LockRegistry, LostReason,
-    ReleaseOutcome,
+    ReleaseOutcome, conformance::Lcg,
 };
 use locks_postgres::PostgresLockManager;
 
 use crate::support::{admin, holders, pool, unique_key};
-
-/// A small deterministic generator, so a failing run can be replayed.
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self, below: usize) -> usize {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        usize::try_from((self.0 >> 33) % u64::try_from(below).unwrap()).unwrap()
-    }
-}
 
 /// Tasks asking for random overlapping subsets of 10 keys, in random order, never
 /// deadlock (each call has a deadline far above what a fair run needs, and must not
@@ -37,16 +24,9 @@ async fn random_overlapping_subsets_never_deadlock_or_overlap() {
         let manager = PostgresLockManager::new(pool(1));
         let (keys, in_use) = (keys.clone(), Arc::clone(&in_use));
         tasks.push(tokio::spawn(async move {
-            let mut random = Lcg(task + 1);
+            let mut random = Lcg::new(task + 1);
             for _ in 0..15 {
-                let size = 2 + random.next(4);
-                let mut subset: Vec<&str> = Vec::new();
-                while subset.len() < size {
-                    let key = keys[random.next(keys.len())].as_str();
-                    if !subset.contains(&key) {
-                        subset.push(key);
-                    }
-                }
+                let subset = random.subset(&keys, 2, 5);
                 let locks = manager
                     .acquire_many(&subset, Duration::from_secs(30))
                     .await
