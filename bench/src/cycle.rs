@@ -32,7 +32,7 @@ pub(crate) const BOUNDED: Duration = Duration::from_secs(5);
 
 /// What a variant is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Role {
+pub(crate) enum Role {
     /// The library, checked against the baseline.
     Library,
     /// The library with an OpenTelemetry pipeline installed: shown, the target is on
@@ -82,7 +82,7 @@ impl PassData {
     }
 }
 
-struct Variant {
+pub(crate) struct Variant {
     name: &'static str,
     role: Role,
     op: Op,
@@ -94,7 +94,7 @@ struct Variant {
 }
 
 impl Variant {
-    fn new(name: &'static str, role: Role, op: Op) -> Self {
+    pub(crate) fn new(name: &'static str, role: Role, op: Op) -> Self {
         Self {
             name,
             role,
@@ -169,6 +169,21 @@ where
         })?
         .join()
         .map_err(|_| "the cycle thread panicked")?
+}
+
+/// Runs `scenario` with its own copies of `db` and `plan` through [`on_own_thread`],
+/// from a task of the multi-threaded runtime (which it blocks meanwhile).
+pub(crate) fn on_cycle_thread<F, Fut>(
+    db: &Database,
+    plan: &Plan,
+    scenario: F,
+) -> Result<Outcome, BoxError>
+where
+    F: FnOnce(Database, Plan) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<Outcome, BoxError>>,
+{
+    let (db, plan) = (db.clone(), plan.clone());
+    tokio::task::block_in_place(|| on_own_thread(move || scenario(db, plan)))
 }
 
 /// Whether `pid` is a PostgreSQL process on this machine (the server is local).
@@ -369,7 +384,7 @@ fn apply(pass: Pass, variants: &[Variant], all: &[usize], one: usize) -> Result<
 
 /// Warms every variant, then runs each pass in rounds, one batch per variant per round,
 /// the order rotating from round to round so that none always runs first or last.
-async fn run(
+pub(crate) async fn run(
     title: &str,
     id: &'static str,
     mut variants: Vec<Variant>,

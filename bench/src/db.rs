@@ -127,10 +127,25 @@ pub(crate) struct RawStatements {
 
 impl RawStatements {
     pub(crate) async fn prepare(client: &Client) -> Result<Self, BoxError> {
+        Self::prepare_with_suffix(client, "").await
+    }
+
+    /// The shared (reader) forms: `pg_advisory_lock_shared($1)` and its kin.
+    pub(crate) async fn prepare_shared(client: &Client) -> Result<Self, BoxError> {
+        Self::prepare_with_suffix(client, "_shared").await
+    }
+
+    async fn prepare_with_suffix(client: &Client, suffix: &str) -> Result<Self, BoxError> {
         Ok(Self {
-            lock: client.prepare("SELECT pg_advisory_lock($1)").await?,
-            try_lock: client.prepare("SELECT pg_try_advisory_lock($1)").await?,
-            unlock: client.prepare("SELECT pg_advisory_unlock($1)").await?,
+            lock: client
+                .prepare(&format!("SELECT pg_advisory_lock{suffix}($1)"))
+                .await?,
+            try_lock: client
+                .prepare(&format!("SELECT pg_try_advisory_lock{suffix}($1)"))
+                .await?,
+            unlock: client
+                .prepare(&format!("SELECT pg_advisory_unlock{suffix}($1)"))
+                .await?,
         })
     }
 }

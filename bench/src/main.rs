@@ -2,7 +2,7 @@
 //!
 //! Run it through `cargo xtask bench [--quick]` (which provides a PostgreSQL server), or
 //! directly: `cargo run --release -p lock-bench -- --url postgres://… [--quick]
-//! [--out target/bench/results.json] [--only cycle,try,throughput,handoff,hold,memory]`.
+//! [--out target/bench/results.json] [--only cycle,try,shared,many,throughput,…]`.
 //! Without `--url` it reads `LOCKS_DATABASE_URL`.
 //!
 //! Every scenario alternates the library and its baseline within the run, so a noisy
@@ -17,6 +17,7 @@ mod db;
 mod handoff;
 mod hold;
 mod instructions;
+mod kinds;
 mod latency;
 mod memory;
 mod ops;
@@ -50,18 +51,21 @@ usage: lock-bench [--url URL] [--quick] [--out FILE.json] [--only LIST]
   --quick       small iteration counts (under a minute and a half)
   --out FILE    the JSON results (default: target/bench/lock-bench-{quick,full}.json);
                 the markdown and handoff.svg are written next to it
-  --only LIST   comma-separated scenarios: cycle, try, throughput, handoff, hold, memory,
-                instructions (needs valgrind), latency, cutover-append
+  --only LIST   comma-separated scenarios: cycle, try, shared, many, throughput, handoff,
+                hold, memory, instructions (needs valgrind), latency, cutover-append
 
   --count-instructions VARIANT --cycles N
                 the child that `instructions` runs under callgrind: N cycles of VARIANT
                 (raw, library, library-timeout, library-fencing, library-keepalive-off,
-                library-otel, library-timeout-otel)
+                library-otel, library-timeout-otel, raw-shared, library-shared, raw-many,
+                library-many)
 ";
 
-const SCENARIOS: [&str; 9] = [
+const SCENARIOS: [&str; 11] = [
     "cycle",
     "try",
+    "shared",
+    "many",
     "throughput",
     "handoff",
     "hold",
@@ -317,18 +321,10 @@ async fn run(args: &Args) -> Result<(), BoxError> {
             plan.mode()
         );
         let outcome = match scenario {
-            "cycle" => {
-                let (db, plan) = (db.clone(), plan.clone());
-                tokio::task::block_in_place(|| {
-                    cycle::on_own_thread(move || cycle::acquire(db, plan))
-                })?
-            }
-            "try" => {
-                let (db, plan) = (db.clone(), plan.clone());
-                tokio::task::block_in_place(|| {
-                    cycle::on_own_thread(move || cycle::try_acquire(db, plan))
-                })?
-            }
+            "cycle" => cycle::on_cycle_thread(&db, plan, cycle::acquire)?,
+            "try" => cycle::on_cycle_thread(&db, plan, cycle::try_acquire)?,
+            "shared" => cycle::on_cycle_thread(&db, plan, kinds::shared)?,
+            "many" => cycle::on_cycle_thread(&db, plan, kinds::many)?,
             "throughput" => throughput::run(&db, plan).await?,
             "handoff" => {
                 let (outcome, handoff_series) = handoff::run(&db, plan).await?;

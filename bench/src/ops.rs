@@ -1,8 +1,14 @@
-//! The ways of taking and giving back one lock that the cycle, instruction-count and
-//! latency scenarios compare: the library's calls and raw `tokio-postgres` statements.
+//! The ways of taking and giving back one lock (or one group of locks) that the cycle,
+//! instruction-count and latency scenarios compare: the library's calls and raw
+//! `tokio-postgres` statements.
 
-use locks_port::{AcquireOptions, DistributedLock, LockGuard};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+
+use locks_port::{AcquireOptions, DistributedLock, KeyDerivation, LockGuard, ReleaseOutcome};
 use locks_postgres::PostgresLockManager;
+use locks_postgres::tokio_postgres::types::ToSql;
 use locks_postgres::tokio_postgres::{Client, SimpleQueryMessage};
 
 use crate::BoxError;
@@ -34,6 +40,20 @@ pub(crate) enum Op {
         client: Client,
         lock: String,
         unlock: String,
+    },
+    /// The library's `acquire_many` of `keys` + the group's release.
+    AcquireMany {
+        manager: PostgresLockManager,
+        keys: Vec<String>,
+        options: AcquireOptions,
+    },
+    /// The locks of `ids` (ascending) and then their unlocks, prepared, on one
+    /// connection: one after another, or each set `pipelined` (sent at once).
+    RawMany {
+        client: Client,
+        statements: RawStatements,
+        ids: Vec<i64>,
+        pipelined: bool,
     },
 }
 
@@ -109,9 +129,81 @@ impl Op {
                     return Err("pg_advisory_unlock answered false".into());
                 }
             }
+            Self::AcquireMany {
+                manager,
+                keys,
+                options,
+            } => {
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                let locks = manager.acquire_many(&keys, *options).await?;
+                if locks.release().await != ReleaseOutcome::Unlocked {
+                    return Err("the group's release did not unlock every lock".into());
+                }
+            }
+            Self::RawMany {
+                client,
+                statements,
+                ids,
+                pipelined,
+            } => {
+                let params: Vec<[&(dyn ToSql + Sync); 1]> =
+                    ids.iter().map(|id| [id as _]).collect();
+                let released: Vec<bool> = if *pipelined {
+                    let locks = params.iter().map(|p| client.execute(&statements.lock, p));
+                    for locked in all_at_once(locks.collect()).await {
+                        locked?;
+                    }
+                    let unlocks = params
+                        .iter()
+                        .map(|p| client.query_one(&statements.unlock, p));
+                    let mut released = Vec::with_capacity(ids.len());
+                    for row in all_at_once(unlocks.collect()).await {
+                        released.push(row?.get(0));
+                    }
+                    released
+                } else {
+                    for p in &params {
+                        client.execute(&statements.lock, p).await?;
+                    }
+                    let mut released = Vec::with_capacity(ids.len());
+                    for p in &params {
+                        released.push(client.query_one(&statements.unlock, p).await?.get(0));
+                    }
+                    released
+                };
+                if !released.iter().all(|&r| r) {
+                    return Err("pg_advisory_unlock answered false".into());
+                }
+            }
         }
         Ok(())
     }
+}
+
+/// Polls every one of `futures` until all are done, and gives their outputs in order.
+/// Statements of futures polled together on one connection are pipelined by
+/// tokio-postgres: sent in the order of the first polls, without waiting for answers.
+async fn all_at_once<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut pending: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut done: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut finished = true;
+        for (future, output) in pending.iter_mut().zip(&mut done) {
+            if output.is_none() {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(value) => *output = Some(value),
+                    Poll::Pending => finished = false,
+                }
+            }
+        }
+        if finished {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+    done.into_iter().flatten().collect()
 }
 
 fn first_value(messages: &[SimpleQueryMessage]) -> Option<String> {
@@ -146,10 +238,60 @@ impl Op {
         })
     }
 
+    /// Raw prepared `pg_advisory_lock_shared($1)` + `pg_advisory_unlock_shared($1)` on
+    /// `client`.
+    pub(crate) async fn raw_prepared_shared(client: Client, id: i64) -> Result<Self, BoxError> {
+        let statements = RawStatements::prepare_shared(&client).await?;
+        Ok(Self::RawPrepared {
+            client,
+            statements,
+            id,
+            try_lock: false,
+        })
+    }
+
+    /// The library's uncontended `acquire_many` of `keys` + the group's release.
+    pub(crate) fn library_many(
+        manager: PostgresLockManager,
+        keys: Vec<String>,
+        options: AcquireOptions,
+    ) -> Self {
+        Self::AcquireMany {
+            manager,
+            keys,
+            options,
+        }
+    }
+
+    /// What a careful client sends for the same on `client`: prepared
+    /// `pg_advisory_lock($1)` for each lock id of `keys` in ascending order (the
+    /// library's one global order, duplicates merged), then `pg_advisory_unlock($1)`
+    /// for each; `pipelined` sends each set at once.
+    pub(crate) async fn raw_many(
+        client: Client,
+        keys: &[String],
+        pipelined: bool,
+    ) -> Result<Self, BoxError> {
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let ids = KeyDerivation::CURRENT
+            .lock_order(&keys)
+            .into_keys()
+            .collect();
+        let statements = RawStatements::prepare(&client).await?;
+        Ok(Self::RawMany {
+            client,
+            statements,
+            ids,
+            pipelined,
+        })
+    }
+
     /// The server process behind this op's one connection.
     pub(crate) async fn backend_pid(&self) -> Result<i32, BoxError> {
         Ok(match self {
-            Self::Acquire { manager, .. } | Self::TryAcquire { manager, .. } => {
+            Self::Acquire { manager, .. }
+            | Self::TryAcquire { manager, .. }
+            | Self::AcquireMany { manager, .. } => {
                 let connection = manager.pool().get().await?;
                 connection
                     .query_one("SELECT pg_backend_pid()", &[])
@@ -158,7 +300,8 @@ impl Op {
             }
             Self::RawPrepared { client, .. }
             | Self::RawSimple { client, .. }
-            | Self::RawText { client, .. } => client
+            | Self::RawText { client, .. }
+            | Self::RawMany { client, .. } => client
                 .query_one("SELECT pg_backend_pid()", &[])
                 .await?
                 .get(0),

@@ -26,8 +26,8 @@ target/bench/handoff.svg. Installs valgrind (apt-get) when it is missing.
 
   --quick       small iteration counts (about a minute of measuring)
   --out FILE    where the JSON goes (the .md and handoff.svg go beside it)
-  --only LIST   comma-separated scenarios: cycle, try, throughput, handoff, hold, memory,
-                instructions, latency
+  --only LIST   comma-separated scenarios: cycle, try, shared, many, throughput, handoff,
+                hold, memory, instructions, latency, cutover-append
 ";
 
 /// Runs the benchmarks with `args`.
