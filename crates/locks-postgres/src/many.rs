@@ -31,6 +31,9 @@ impl PostgresLockManager {
     /// several keys this way takes them in the same order, so two of them can never
     /// deadlock on each other.
     ///
+    /// An empty `keys` is granted with a guard that holds nothing (it still takes and
+    /// gives back one pool connection).
+    ///
     /// ```no_run
     /// use std::time::Duration;
     /// use locks_postgres::prelude::*;
