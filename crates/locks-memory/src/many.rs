@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use locks_port::{
-    AcquireOptions, LockAcquisitionError, LockInfo, LossNotifier, LostSignal, ReleaseOutcome,
-    deadline_after,
+    AcquireMany, AcquireOptions, LockAcquisitionError, LockGroup, LockInfo, LossNotifier,
+    LostSignal, ReleaseOutcome, deadline_after,
 };
 
 use crate::manager::{InMemoryLockManager, ManagerInner, permits};
@@ -106,6 +106,19 @@ impl InMemoryLockManager {
     }
 }
 
+/// For code generic over the manager: the inherent [`InMemoryLockManager::acquire_many`].
+impl AcquireMany for InMemoryLockManager {
+    type Locks = InMemoryLocks;
+
+    async fn acquire_many(
+        &self,
+        keys: &[&str],
+        options: impl Into<AcquireOptions> + Send,
+    ) -> Result<InMemoryLocks, LockAcquisitionError> {
+        Self::acquire_many(self, keys, options).await
+    }
+}
+
 /// The locks of one [`acquire_many`](InMemoryLockManager::acquire_many), released
 /// together.
 ///
@@ -165,6 +178,21 @@ impl InMemoryLocks {
             }
         }
         outcome
+    }
+}
+
+/// The inherent methods, for code generic over the manager.
+impl LockGroup for InMemoryLocks {
+    fn infos(&self) -> &[LockInfo] {
+        Self::infos(self)
+    }
+
+    fn lost(&self) -> LostSignal {
+        Self::lost(self)
+    }
+
+    async fn release(self) -> ReleaseOutcome {
+        Self::release(self).await
     }
 }
 

@@ -6,6 +6,7 @@ mod health;
 mod info;
 mod key;
 mod lock;
+mod many;
 mod options;
 
 #[cfg(feature = "conformance")]
@@ -21,6 +22,7 @@ pub use key::{
     DEFAULT_MIGRATION_OPERATION, KeyDerivation, lock_id, migration_lock_key, migration_lock_key_for,
 };
 pub use lock::{DistributedLock, LockGuard, LockRegistry, ReleaseOutcome};
+pub use many::{AcquireMany, LockGroup};
 pub use options::{AcquireOptions, InvalidTimeoutError, LockMode, WaitStrategy, deadline_after};
 
 /// The lock API in one `use`: `use locks_port::prelude::*;` (or the adapter's
@@ -28,9 +30,9 @@ pub use options::{AcquireOptions, InvalidTimeoutError, LockMode, WaitStrategy, d
 /// scope, and the types every call names.
 pub mod prelude {
     pub use crate::{
-        AcquireOptions, AcquisitionErrorKind, DistributedLock, LockAcquisitionError, LockError,
-        LockGuard, LockInfo, LockMode, LockRegistry, LostReason, LostSignal, ReleaseOutcome,
-        WaitStrategy, lock_id, migration_lock_key_for,
+        AcquireMany, AcquireOptions, AcquisitionErrorKind, DistributedLock, LockAcquisitionError,
+        LockError, LockGroup, LockGuard, LockInfo, LockMode, LockRegistry, LostReason, LostSignal,
+        ReleaseOutcome, WaitStrategy, lock_id, migration_lock_key_for,
     };
     pub use uuid::Uuid;
 }

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use locks_port::{
-    AcquireOptions, LockAcquisitionError, LockInfo, LockMode, LossNotifier, LostReason, LostSignal,
-    ReleaseOutcome,
+    AcquireMany, AcquireOptions, LockAcquisitionError, LockGroup, LockInfo, LockMode, LossNotifier,
+    LostReason, LostSignal, ReleaseOutcome,
 };
 use time::OffsetDateTime;
 use tokio::sync::Mutex as AsyncMutex;
@@ -192,6 +192,34 @@ impl Inner {
             lost: notifier.signal(),
             armed: true,
         }
+    }
+}
+
+/// For code generic over the manager: the inherent [`PostgresLockManager::acquire_many`].
+impl AcquireMany for PostgresLockManager {
+    type Locks = PostgresLocks;
+
+    async fn acquire_many(
+        &self,
+        keys: &[&str],
+        options: impl Into<AcquireOptions> + Send,
+    ) -> Result<PostgresLocks, LockAcquisitionError> {
+        Self::acquire_many(self, keys, options).await
+    }
+}
+
+/// The inherent methods, for code generic over the manager.
+impl LockGroup for PostgresLocks {
+    fn infos(&self) -> &[LockInfo] {
+        Self::infos(self)
+    }
+
+    fn lost(&self) -> LostSignal {
+        Self::lost(self)
+    }
+
+    async fn release(self) -> ReleaseOutcome {
+        Self::release(self).await
     }
 }
 

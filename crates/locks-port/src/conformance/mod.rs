@@ -62,12 +62,18 @@ use crate::{
 };
 
 mod health;
+mod many;
 mod modes;
 mod random;
 
 pub use health::{
     huge_timeouts_saturate, poll_without_timeout_waits_in_queue, release_all_tells_every_guard,
     release_by_key_tells_the_guard, with_lock_until_lost_stops_the_body,
+};
+pub use many::{
+    acquire_many_is_all_or_nothing, acquire_many_of_nothing_holds_nothing,
+    acquire_many_takes_all_in_lock_id_order, acquire_many_tells_of_a_member_taken_away,
+    dropped_acquire_many_leaves_nothing_held,
 };
 pub use modes::{exclusive_excludes_shared, queued_writer_is_not_starved, shared_holders_coexist};
 pub use random::Lcg;
@@ -1226,6 +1232,22 @@ macro_rules! conformance_suite {
             shared_holders_coexist,
             exclusive_excludes_shared,
             queued_writer_is_not_starved,
+        );
+    };
+}
+
+/// Stamps out one `#[test]` per case of [`AcquireMany`](crate::AcquireMany), for a
+/// harness whose manager offers it; like [`conformance_suite!`](crate::conformance_suite)
+/// (use both in one module: the test names differ).
+#[macro_export]
+macro_rules! acquire_many_suite {
+    ($harness:expr $(,)?) => {
+        $crate::conformance_suite!(@cases $harness;
+            acquire_many_takes_all_in_lock_id_order,
+            acquire_many_is_all_or_nothing,
+            dropped_acquire_many_leaves_nothing_held,
+            acquire_many_of_nothing_holds_nothing,
+            acquire_many_tells_of_a_member_taken_away,
         );
     };
 }

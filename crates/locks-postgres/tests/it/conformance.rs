@@ -28,3 +28,4 @@ fn harness() -> PostgresHarness {
 }
 
 locks_port::conformance_suite!(harness());
+locks_port::acquire_many_suite!(harness());

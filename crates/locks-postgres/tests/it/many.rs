@@ -159,22 +159,3 @@ async fn one_guard_releases_the_group_and_tells_of_any_loss() {
     assert_eq!(holders(&admin, locks_port::lock_id(&b)).await, 0);
     assert!(other.try_acquire(&b).await.unwrap().is_some());
 }
-
-/// An empty list is granted at once and holds nothing, as in the in-memory manager.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_empty_list_is_granted_and_holds_nothing() {
-    let manager = PostgresLockManager::new(pool(1));
-    let locks = manager
-        .acquire_many(&[], Duration::ZERO)
-        .await
-        .expect("nothing to wait for");
-    assert!(locks.infos().is_empty());
-    assert_eq!(manager.held_lock_count(), 0);
-    assert!(!locks.is_lost());
-    assert_eq!(locks.release().await, ReleaseOutcome::Unlocked);
-    let guard = manager
-        .try_acquire(&unique_key("many-after-empty"))
-        .await
-        .unwrap();
-    assert!(guard.is_some(), "the pool's one connection is free again");
-}
