@@ -60,11 +60,7 @@ impl KeyDerivation {
     /// ```
     #[must_use]
     pub fn lock_order<'k>(self, keys: &[&'k str]) -> BTreeMap<i64, &'k str> {
-        let mut ordered = BTreeMap::new();
-        for key in keys {
-            ordered.entry(self.lock_id(key)).or_insert(*key);
-        }
-        ordered
+        lock_order_with(keys, |key| self.lock_id(key))
     }
 
     /// A stable, human-readable name for this derivation (for logs and docs).
@@ -96,6 +92,26 @@ impl KeyDerivation {
 #[must_use]
 pub fn lock_id(key: &str) -> i64 {
     KeyDerivation::CURRENT.lock_id(key)
+}
+
+/// [`KeyDerivation::lock_order`] with the lock ids from `lock_id` (a manager's cache of
+/// derived ids, say): ascending lock id, keys of one lock id merged (the first named).
+///
+/// ```
+/// use locks_port::{lock_id, lock_order_with};
+///
+/// let order = lock_order_with(&["b", "a", "b"], lock_id);
+/// assert_eq!(order.len(), 2, "a key named twice is one lock");
+/// ```
+pub fn lock_order_with<'k>(
+    keys: &[&'k str],
+    mut lock_id: impl FnMut(&str) -> i64,
+) -> BTreeMap<i64, &'k str> {
+    let mut ordered = BTreeMap::new();
+    for key in keys {
+        ordered.entry(lock_id(key)).or_insert(*key);
+    }
+    ordered
 }
 
 /// The operation name [`migration_lock_key`] uses when given `None`.

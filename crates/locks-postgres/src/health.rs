@@ -178,6 +178,12 @@ impl Inner {
                     held.pinging = false;
                 }
             }
+            Ok(Ok(Answer::WrongSession)) => self.lose_entry(
+                &key,
+                token,
+                LostReason::KeepaliveFailed,
+                crate::acquire::MOVED_BETWEEN_SESSIONS,
+            ),
             Ok(Ok(_)) => self.lose_entry(
                 &key,
                 token,

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 use tracing::Instrument;
 
-use crate::acquire::{Deadline, PoolWait, Tried, with_timeout};
+use crate::acquire::{Deadline, MOVED_BETWEEN_SESSIONS, PoolWait, Tried, refuse, with_timeout};
 use crate::bookkeeping::Held;
 use crate::classify::driver_error;
 use crate::connection::{Answer, Session};
@@ -65,7 +65,8 @@ impl PostgresLockManager {
     ) -> Result<PostgresLocks, LockAcquisitionError> {
         let options = options.into();
         let inner = &self.inner;
-        let ordered = inner.derivation.lock_order(keys);
+        // One global order (the port's), with the lock ids from the manager's cache.
+        let ordered = locks_port::lock_order_with(keys, |key| inner.lock_ids.lock_id(key));
         let first = ordered.values().next().copied().unwrap_or("");
         let span = manager_acquire_span(
             inner.shown(first),
@@ -132,6 +133,8 @@ impl Inner {
             .await?;
         match outcome {
             Ok(Answer::Locked | Answer::Bool(_)) => Ok(session),
+            // `answered` refuses a moved session itself; kept for completeness.
+            Ok(Answer::WrongSession) => Err(refuse(key, session, deadline, MOVED_BETWEEN_SESSIONS)),
             Err(error) => {
                 drop(session);
                 match deadline {
