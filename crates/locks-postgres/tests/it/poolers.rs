@@ -112,9 +112,9 @@ async fn occupy_all_but(bouncer: &PgBouncer, pid: i32, keep_pid: bool) -> tokio_
     for (_, client) in free {
         client.batch_execute("COMMIT").await.expect("commit");
     }
-    let [(_, client)]: [_; 1] = kept.try_into().unwrap_or_else(|kept: Vec<_>| {
-        panic!("one server session to keep, not {}", kept.len())
-    });
+    let [(_, client)]: [_; 1] = kept
+        .try_into()
+        .unwrap_or_else(|kept: Vec<_>| panic!("one server session to keep, not {}", kept.len()));
     client
 }
 
