@@ -101,14 +101,24 @@ impl Limit {
         Self::Until(at)
     }
 
-    /// Runs `future` within the limit; `None` when the limit passed first.
-    pub(crate) async fn run<T>(self, future: impl Future<Output = T>) -> Option<T> {
-        match self {
-            Self::Until(at) => tokio::time::timeout_at(at, future).await.ok(),
-            Self::None => Some(future.await),
-        }
+    /// `future` within the limit: its output is `Err` when the limit passed first.
+    /// A plain function, not an `async fn`: one layer less of future to move on the
+    /// hot path. Without a limit the timer is set decades away (armed only if the
+    /// future waits, as an unbounded lock wait does).
+    pub(crate) fn run<F: Future>(self, future: F) -> tokio::time::Timeout<F> {
+        let at = match self {
+            Self::Until(at) => at,
+            Self::None => {
+                let now = Instant::now();
+                now.checked_add(UNBOUNDED).unwrap_or(now)
+            }
+        };
+        tokio::time::timeout_at(at, future)
     }
 }
+
+/// How far away the timer of an unbounded step is set (about 30 years).
+const UNBOUNDED: Duration = Duration::from_secs(30 * 365 * 24 * 60 * 60);
 
 /// How long a checkout may wait for a free pool slot.
 #[derive(Clone, Copy)]
@@ -245,7 +255,8 @@ impl Inner {
         // through the call's futures costs more than the allocation.
         let first = connecting
             .run(Box::pin(self.pool.timeout_get(&no_wait)))
-            .await;
+            .await
+            .ok();
         let checked_out = match first {
             None => return Err(self.unreachable(key, deadline)),
             Some(Err(PoolError::Timeout(TimeoutType::Wait))) => match wait {
@@ -255,7 +266,7 @@ impl Inner {
                 PoolWait::Forever => Box::pin(self.wait_for_slot()).await,
                 PoolWait::Until(deadline) => {
                     let limit = Limit::Until(deadline.at);
-                    match limit.run(Box::pin(self.wait_for_slot())).await {
+                    match limit.run(Box::pin(self.wait_for_slot())).await.ok() {
                         Some(result) => result,
                         None => {
                             let reason = format!(
@@ -335,7 +346,7 @@ impl Inner {
     ) -> Result<(Session, Result<Answer, tokio_postgres::Error>), LockAcquisitionError> {
         if session.is_set_up() {
             let fresh = session.is_fresh();
-            match limit.run(session.run(statement)).await {
+            match limit.run(session.run(statement)).await.ok() {
                 None => return Err(self.no_answer(key, session, deadline)),
                 // It did nothing. Straight after checkout the pool's recycling may
                 // have reset the session: once more, behind a fresh set-up.
@@ -348,7 +359,7 @@ impl Inner {
         }
         // Once per connection: boxed, out of the common path's future.
         let setup = Box::pin(session.run_after_setup(self.application_name.as_deref(), statement));
-        let Some((setup, answer)) = limit.run(setup).await else {
+        let Some((setup, answer)) = limit.run(setup).await.ok() else {
             return Err(self.no_answer(key, session, deadline));
         };
         match setup {
@@ -421,7 +432,8 @@ impl Inner {
         let check = Statement::UnlockIfHeld { lock_id, mode };
         let answer = Limit::of(None, Duration::ZERO, self.settings.answer_timeout)
             .run(session.run(check))
-            .await;
+            .await
+            .ok();
         match answer {
             Some(Ok(Answer::Bool(was_held))) => {
                 if was_held {

@@ -46,7 +46,8 @@ pub(crate) struct Held {
 /// manager holds it shared more than once (one per guard).
 #[derive(Default)]
 pub(crate) struct Book {
-    by_key: HashMap<String, Vec<Held>>,
+    /// Hashed with foldhash: a key is hashed on every grant and release.
+    by_key: HashMap<String, Vec<Held>, foldhash::fast::RandomState>,
     count: usize,
 }
 
