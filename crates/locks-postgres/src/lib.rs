@@ -11,6 +11,7 @@ mod health;
 mod inspect;
 mod manager;
 mod many;
+mod multiplex;
 mod pool;
 mod sql;
 mod telemetry;
