@@ -19,6 +19,7 @@ mod hold;
 mod instructions;
 mod latency;
 mod memory;
+mod multiplex;
 mod ops;
 mod otel;
 mod pin;
@@ -51,7 +52,7 @@ usage: lock-bench [--url URL] [--quick] [--out FILE.json] [--only LIST]
   --out FILE    the JSON results (default: target/bench/lock-bench-{quick,full}.json);
                 the markdown and handoff.svg are written next to it
   --only LIST   comma-separated scenarios: cycle, try, throughput, handoff, hold, memory,
-                instructions (needs valgrind), latency, cutover-append
+                instructions (needs valgrind), latency, cutover-append, multiplex
 
   --count-instructions VARIANT --cycles N
                 the child that `instructions` runs under callgrind: N cycles of VARIANT
@@ -59,7 +60,7 @@ usage: lock-bench [--url URL] [--quick] [--out FILE.json] [--only LIST]
                 library-otel, library-timeout-otel)
 ";
 
-const SCENARIOS: [&str; 9] = [
+const SCENARIOS: [&str; 10] = [
     "cycle",
     "try",
     "throughput",
@@ -69,6 +70,7 @@ const SCENARIOS: [&str; 9] = [
     "instructions",
     "latency",
     "cutover-append",
+    "multiplex",
 ];
 
 /// Live heap bytes of this process.
@@ -343,6 +345,7 @@ async fn run(args: &Args) -> Result<(), BoxError> {
             }
             "latency" => latency::run(&db, plan).await?,
             "cutover-append" => cutover_append::run(&db, plan).await?,
+            "multiplex" => multiplex::run(&db, plan).await?,
             _ => unreachable!("scenario names are checked when parsing"),
         };
         outcomes.push(outcome);

@@ -288,13 +288,21 @@ impl Inner {
             return Ok(SharedTry::NoHost);
         };
         let host = Arc::clone(&member.host);
-        let mut slot = host.slot.lock().await;
+        let settings = &self.settings;
+        let limit = Limit::of(deadline, settings.deadline_margin, settings.answer_timeout);
+        // The connection may be busy with another lock's statement (a keepalive that
+        // gets no answer, say): that counts against the same limit.
+        let Some(mut slot) = limit.run(host.slot.lock()).await else {
+            // Nothing was sent. Should this have been the last place, the session is
+            // closed when the retired host is dropped.
+            let mut member = member;
+            member.leave();
+            return Ok(SharedTry::NoHost);
+        };
         let Some(session) = slot.as_mut() else {
             member.close_host(&mut slot);
             return Ok(SharedTry::NoHost);
         };
-        let settings = &self.settings;
-        let limit = Limit::of(deadline, settings.deadline_margin, settings.answer_timeout);
         let statement = Statement::TryLock { lock_id, mode };
         match limit.run(session.run(statement)).await {
             Some(Ok(Answer::Bool(true))) => Ok(SharedTry::Granted(member)),
