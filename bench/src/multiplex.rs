@@ -194,7 +194,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         id: "multiplex",
         section: Section {
             title: format!(
-                "7. {LOCKS} locks held by one manager on at most {CONNECTIONS} connections \
+                "9. {LOCKS} locks held by one manager on at most {CONNECTIONS} connections \
                  (`multiplex({PER_CONNECTION})`)"
             ),
             notes: vec![format!(
