@@ -459,7 +459,10 @@ impl DistributedLock for PostgresLockManager {
     /// Cancel safe. Dropped while waiting for a connection: nothing was taken. Dropped
     /// while the server is waiting for the lock: the connection is detached from the
     /// pool, a cancel request ends the server-side wait, and the connection is closed,
-    /// so the lock can never be granted to a pooled connection later.
+    /// so the lock can never be granted to a pooled connection later. With
+    /// [`multiplex`](PostgresLockManagerBuilder::multiplex), dropped during its try on a
+    /// shared connection: that connection stays (its other locks with it) and a task
+    /// undoes the lock there if the try took it.
     async fn acquire(
         &self,
         key: &str,
@@ -543,7 +546,9 @@ impl DistributedLock for PostgresLockManager {
     ///
     /// # Cancel safety
     /// The entry leaves the bookkeeping before the first await; if the future is
-    /// dropped, the session is closed instead of unlocked.
+    /// dropped, the session is closed instead of unlocked (a shared connection of
+    /// [`multiplex`](PostgresLockManagerBuilder::multiplex) instead gets the unlock from
+    /// a task, so its other locks stay).
     async fn release(&self, key: &str) -> Result<(), LockNotHeldError> {
         let taken = self.inner.take(key, None);
         if taken.is_empty() {
@@ -567,7 +572,8 @@ impl LockRegistry for PostgresLockManager {
     ///
     /// # Cancel safety
     /// All entries leave the bookkeeping before the first await; if the future is
-    /// dropped, the sessions not yet unlocked are closed, which frees their locks.
+    /// dropped, the sessions not yet unlocked are closed, which frees their locks (on a
+    /// shared connection not yet freed, a task unlocks them instead).
     async fn release_all(&self) -> usize {
         let drained = self.inner.take_all();
         let count = drained.len();
