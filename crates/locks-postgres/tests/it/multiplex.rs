@@ -4,6 +4,8 @@
 //! update. (The port's contract suite runs multiplexed in `conformance::multiplexed`.)
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use locks_port::{
@@ -287,10 +289,24 @@ async fn dropped_acquires_leave_nothing_held() {
     let keys: Vec<String> = (0..30).map(|n| unique_key(&format!("drop-{n}"))).collect();
     let mut dropped = 0;
     for (n, key) in keys.iter().enumerate() {
-        let delay = Duration::from_micros(25 * n as u64);
-        match tokio::time::timeout(delay, manager.acquire(key, AcquireOptions::new())).await {
-            Ok(guard) => assert_eq!(guard.unwrap().release().await, ReleaseOutcome::Unlocked),
-            Err(_) => dropped += 1,
+        // Polled once (the try is sent), then again after a growing pause, then dropped
+        // unless it finished: a timer cannot drop it this precisely.
+        let mut acquire = Box::pin(manager.acquire(key, AcquireOptions::new()));
+        let mut finished = None;
+        for pause in [None, Some(Duration::from_micros(20 * n as u64))] {
+            if let Some(pause) = pause {
+                std::thread::sleep(pause);
+            }
+            let polled = std::future::poll_fn(|cx| Poll::Ready(acquire.as_mut().poll(cx))).await;
+            if let Poll::Ready(guard) = polled {
+                finished = Some(guard.expect("acquire"));
+                break;
+            }
+        }
+        drop(acquire);
+        match finished {
+            Some(guard) => assert_eq!(guard.release().await, ReleaseOutcome::Unlocked),
+            None => dropped += 1,
         }
     }
     assert!(dropped > 0, "some acquisitions were dropped mid-flight");
@@ -375,4 +391,36 @@ async fn tasks_of_one_multiplexed_manager_lose_no_update() {
     }
     assert_eq!(manager.release_all().await, 3);
     counter.remove().await;
+}
+
+/// Fencing tokens are taken on the shared connection that holds the lock, and rise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_rise_on_shared_connections() {
+    let admin = admin().await;
+    locks_postgres::install_fencing(&admin)
+        .await
+        .expect("install the token table");
+    let manager = PostgresLockManager::builder(pool(4))
+        .multiplex(10)
+        .fencing(true)
+        .build();
+    let (anchor, key) = (unique_key("fenced-anchor"), unique_key("fenced"));
+    let anchor = manager
+        .acquire(&anchor, AcquireOptions::new())
+        .await
+        .unwrap();
+    let mut last = 0;
+    for _ in 0..3 {
+        let guard = manager.acquire(&key, AcquireOptions::new()).await.unwrap();
+        assert_eq!(
+            the_holder(&admin, &key).await,
+            the_holder(&admin, anchor.info().key()).await
+        );
+        let token = guard.info().fencing_token().expect("a token");
+        assert!(token > last, "{token} after {last}");
+        last = token;
+        assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
+    }
+    assert!(anchor.info().fencing_token().is_some());
+    assert_eq!(anchor.release().await, ReleaseOutcome::Unlocked);
 }
