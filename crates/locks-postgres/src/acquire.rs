@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 
 use crate::classify::{driver_error, pool_error};
-use crate::connection::{Answer, Session};
+use crate::connection::{Answer, Session, SetUp};
 use crate::manager::Inner;
 use crate::sql::Statement;
 
@@ -101,14 +101,24 @@ impl Limit {
         Self::Until(at)
     }
 
-    /// Runs `future` within the limit; `None` when the limit passed first.
-    pub(crate) async fn run<T>(self, future: impl Future<Output = T>) -> Option<T> {
-        match self {
-            Self::Until(at) => tokio::time::timeout_at(at, future).await.ok(),
-            Self::None => Some(future.await),
-        }
+    /// `future` within the limit: its output is `Err` when the limit passed first.
+    /// A plain function, not an `async fn`: one layer less of future to move on the
+    /// hot path. Without a limit the timer is set decades away (armed only if the
+    /// future waits, as an unbounded lock wait does).
+    pub(crate) fn run<F: Future>(self, future: F) -> tokio::time::Timeout<F> {
+        let at = match self {
+            Self::Until(at) => at,
+            Self::None => {
+                let now = Instant::now();
+                now.checked_add(UNBOUNDED).unwrap_or(now)
+            }
+        };
+        tokio::time::timeout_at(at, future)
     }
 }
+
+/// How far away the timer of an unbounded step is set (about 30 years).
+const UNBOUNDED: Duration = Duration::from_secs(30 * 365 * 24 * 60 * 60);
 
 /// How long a checkout may wait for a free pool slot.
 #[derive(Clone, Copy)]
@@ -138,6 +148,29 @@ pub(crate) fn with_timeout(
         Some(deadline) => error.with_timeout(deadline.timeout),
         None => error,
     }
+}
+
+/// Why a standby is refused.
+const STANDBY: &str = "Database error: the server is a read-only standby (in recovery); \
+     advisory locks there exclude nothing on the primary (use target_session_attrs=read-write)";
+
+/// Why a connection whose statements reach different server sessions is refused.
+pub(crate) const MOVED_BETWEEN_SESSIONS: &str = "the statements of one connection ran on \
+     different server sessions, so a session advisory lock would exclude nothing: session locks \
+     need a direct connection or a session-pooling proxy (PgBouncer pool_mode=session); behind \
+     transaction pooling, use TransactionLocks";
+
+/// Closes `session` and fails the call with a [`AcquisitionErrorKind::Configuration`]
+/// error.
+pub(crate) fn refuse(
+    key: &str,
+    session: Session,
+    deadline: Option<Deadline>,
+    reason: &'static str,
+) -> LockAcquisitionError {
+    drop(session);
+    let error = LockAcquisitionError::new(key, AcquisitionErrorKind::Configuration, reason);
+    with_timeout(error, deadline)
 }
 
 /// How an acquisition attempt ends before the bookkeeping.
@@ -177,22 +210,21 @@ impl Inner {
             Tried::Busy(session) => session,
         };
         match (deadline, options.wait_strategy()) {
+            // The waits are boxed: kept out of the uncontended path's future, which
+            // is moved on every call (a large future costs a copy per move).
             (Some(deadline), WaitStrategy::Poll) => {
-                self.poll(
+                Box::pin(self.poll(
                     key,
                     lock_id,
                     mode,
                     session,
                     deadline,
                     options.retry_interval(),
-                )
+                ))
                 .await
             }
             // Without a timeout every strategy waits in the queue, as in the original.
-            _ => {
-                self.wait_in_queue(key, lock_id, mode, session, deadline)
-                    .await
-            }
+            _ => Box::pin(self.wait_in_queue(key, lock_id, mode, session, deadline)).await,
         }
     }
 
@@ -231,17 +263,22 @@ impl Inner {
             create: None,
             recycle: None,
         };
-        let first = connecting.run(self.pool.timeout_get(&no_wait)).await;
+        // Boxed: the pool's future (it may open a connection) is large, and moving it
+        // through the call's futures costs more than the allocation.
+        let first = connecting
+            .run(Box::pin(self.pool.timeout_get(&no_wait)))
+            .await
+            .ok();
         let checked_out = match first {
             None => return Err(self.unreachable(key, deadline)),
             Some(Err(PoolError::Timeout(TimeoutType::Wait))) => match wait {
                 PoolWait::No => {
                     return Err(self.pool_exhausted(key, "no pool connection was free", None));
                 }
-                PoolWait::Forever => self.wait_for_slot().await,
+                PoolWait::Forever => Box::pin(self.wait_for_slot()).await,
                 PoolWait::Until(deadline) => {
                     let limit = Limit::Until(deadline.at);
-                    match limit.run(self.wait_for_slot()).await {
+                    match limit.run(Box::pin(self.wait_for_slot())).await.ok() {
                         Some(result) => result,
                         None => {
                             let reason = format!(
@@ -256,7 +293,7 @@ impl Inner {
             Some(other) => other,
         };
         match checked_out {
-            Ok(object) => Ok(Session::new(object)),
+            Ok(object) => Ok(Session::new(object, &self.connections)),
             Err(error) => Err(with_timeout(pool_error(key, error), deadline)),
         }
     }
@@ -302,10 +339,15 @@ impl Inner {
         with_timeout(error, deadline)
     }
 
-    /// Runs `statement` within `limit`. A connection the manager has not used yet is
-    /// set up first, pipelined with the statement (see [`crate::sql::SESSION_SETUP`]).
-    /// On expiry the session is dropped: the statement cancelled, the connection
-    /// closed, which undoes whatever the statement did.
+    /// Runs `statement` within `limit`. A connection not set up yet is set up first,
+    /// pipelined with the statement (see [`crate::sql::SESSION_SETUP`]). A statement
+    /// that reached a server session not marked as the connection's own did nothing:
+    /// it is run once more behind a fresh set-up (a pool's recycling may have reset the
+    /// session's settings), and if it misses again, or the set-up finds the session
+    /// marked by another connection, the statements are being moved between server
+    /// sessions (a transaction-pooling proxy) and the call fails with
+    /// [`AcquisitionErrorKind::Configuration`]. On expiry the session is dropped: the
+    /// statement cancelled, the connection closed, which undoes whatever it did.
     pub(crate) async fn answered(
         &self,
         key: &str,
@@ -314,51 +356,56 @@ impl Inner {
         limit: Limit,
         deadline: Option<Deadline>,
     ) -> Result<(Session, Result<Answer, tokio_postgres::Error>), LockAcquisitionError> {
-        let id = Object::id(session.object());
-        let needs_setup = !self.set_up().contains(&id);
-        let outcome = if needs_setup {
-            limit
-                .run(session.run_after_setup(self.application_name.as_deref(), statement))
-                .await
-        } else {
-            limit
-                .run(session.run(statement))
-                .await
-                .map(|answer| (Ok(false), answer))
-        };
-        let Some((setup, answer)) = outcome else {
-            drop(session);
-            let waited = deadline.map_or(self.settings.answer_timeout, |deadline| deadline.timeout);
-            let error = LockAcquisitionError::new(
-                key,
-                AcquisitionErrorKind::ConnectionLost,
-                format!("{} (the server did not answer)", timeout_reason(waited)),
-            );
-            return Err(with_timeout(error, deadline));
-        };
-        if needs_setup {
-            match setup {
-                Ok(false) => {
-                    self.set_up().insert(id);
+        if session.is_set_up() {
+            let fresh = session.is_fresh();
+            match limit.run(session.run(statement)).await.ok() {
+                None => return Err(self.no_answer(key, session, deadline)),
+                // It did nothing. Straight after checkout the pool's recycling may
+                // have reset the session: once more, behind a fresh set-up.
+                Some(Ok(Answer::WrongSession)) if fresh => session.mark_set_up(false),
+                Some(Ok(Answer::WrongSession)) => {
+                    return Err(refuse(key, session, deadline, MOVED_BETWEEN_SESSIONS));
                 }
-                Ok(true) => {
-                    drop(session);
-                    let error = LockAcquisitionError::new(
-                        key,
-                        AcquisitionErrorKind::Configuration,
-                        "Database error: the server is a read-only standby (in recovery); \
-                         advisory locks there exclude nothing on the primary \
-                         (use target_session_attrs=read-write)",
-                    );
-                    return Err(with_timeout(error, deadline));
-                }
-                Err(error) => {
-                    drop(session);
-                    return Err(with_timeout(driver_error(key, error), deadline));
-                }
+                Some(answer) => return Ok((session, answer)),
             }
         }
-        Ok((session, answer))
+        // Once per connection: boxed, out of the common path's future.
+        let setup = Box::pin(session.run_after_setup(self.application_name.as_deref(), statement));
+        let Some((setup, answer)) = limit.run(setup).await.ok() else {
+            return Err(self.no_answer(key, session, deadline));
+        };
+        match setup {
+            Ok(SetUp::Done) if !matches!(answer, Ok(Answer::WrongSession)) => {
+                session.mark_set_up(true);
+                Ok((session, answer))
+            }
+            Ok(SetUp::Standby) => Err(refuse(key, session, deadline, STANDBY)),
+            Ok(SetUp::Done | SetUp::Foreign) => {
+                Err(refuse(key, session, deadline, MOVED_BETWEEN_SESSIONS))
+            }
+            Err(error) => {
+                drop(session);
+                Err(with_timeout(driver_error(key, error), deadline))
+            }
+        }
+    }
+
+    /// A statement's answer did not come within its limit: the session is dropped
+    /// (statement cancelled, connection closed).
+    fn no_answer(
+        &self,
+        key: &str,
+        session: Session,
+        deadline: Option<Deadline>,
+    ) -> LockAcquisitionError {
+        drop(session);
+        let waited = deadline.map_or(self.settings.answer_timeout, |deadline| deadline.timeout);
+        let error = LockAcquisitionError::new(
+            key,
+            AcquisitionErrorKind::ConnectionLost,
+            format!("{} (the server did not answer)", timeout_reason(waited)),
+        );
+        with_timeout(error, deadline)
     }
 
     /// One `pg_try_advisory_lock`. On an error the session is closed (whatever the
@@ -397,7 +444,8 @@ impl Inner {
         let check = Statement::UnlockIfHeld { lock_id, mode };
         let answer = Limit::of(None, Duration::ZERO, self.settings.answer_timeout)
             .run(session.run(check))
-            .await;
+            .await
+            .ok();
         match answer {
             Some(Ok(Answer::Bool(was_held))) => {
                 if was_held {
@@ -408,7 +456,7 @@ impl Inner {
                 }
                 session.into_pool();
             }
-            Some(Ok(Answer::Locked) | Err(_)) | None => session.close(),
+            Some(Ok(Answer::Locked | Answer::WrongSession) | Err(_)) | None => session.close(),
         }
     }
 

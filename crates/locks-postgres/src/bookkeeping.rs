@@ -49,7 +49,8 @@ pub(crate) struct Held {
 /// manager holds it shared more than once (one per guard).
 #[derive(Default)]
 pub(crate) struct Book {
-    by_key: HashMap<String, Vec<Held>>,
+    /// Hashed with foldhash: a key is hashed on every grant and release.
+    by_key: HashMap<String, Vec<Held>, foldhash::fast::RandomState>,
     count: usize,
 }
 
@@ -186,10 +187,11 @@ impl Inner {
                     "Database error: the connection ended before the fencing token",
                 ));
             };
-            let token = self
-                .next_fencing_token(key, lock_id, session)
-                .instrument(span.clone())
-                .await?;
+            let token = Box::pin(
+                self.next_fencing_token(key, lock_id, session)
+                    .instrument(span.clone()),
+            )
+            .await?;
             info = info.with_fencing_token(token);
         }
         let token = self.next_token.fetch_add(1, Ordering::Relaxed);
@@ -280,6 +282,20 @@ impl Inner {
                     current.record("lock.released", true);
                     tracing::debug!(key = self.shown(key), lock_id, "lock released");
                     ReleaseOutcome::Unlocked
+                }
+                Ok(Ok(Answer::WrongSession)) => {
+                    session.close();
+                    current.record("lock.released", false);
+                    record_failure(&current, AcquisitionErrorKind::Configuration, None);
+                    tracing::error!(
+                        key = self.shown(key),
+                        lock_id,
+                        reason = crate::acquire::MOVED_BETWEEN_SESSIONS,
+                        "Error releasing advisory lock: the unlock reached another server \
+                         session and did nothing; closed the connection, but the server \
+                         session that took the lock may still hold it"
+                    );
+                    ReleaseOutcome::SessionClosed
                 }
                 Ok(Ok(_)) => {
                     session.close();

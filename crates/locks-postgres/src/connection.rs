@@ -1,10 +1,114 @@
 //! A pooled connection that is only ever given back to the pool when it is known to
 //! hold no advisory lock; on every other path it is detached and closed.
 
-use deadpool_postgres::Object;
+use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+
+use deadpool_postgres::{Object, ObjectId};
 use tokio_postgres::NoTls;
 
-use crate::sql::{SESSION_SETUP, Statement};
+use crate::sql::{PREPARED_KINDS, SESSION_SETUP, SETUP_SLOT, Statement};
+
+/// One pooled connection while checked out, and what the manager knows of it: whether
+/// it is set up (see [`SESSION_SETUP`]), the statements prepared on it, and its
+/// session marker.
+///
+/// What is known travels with the connection: taken out of [`Connections`] at
+/// checkout, put back (without the connection itself) when the session goes back to
+/// the pool, and dropped with a closed connection. Boxed, so a session is small to
+/// move, and reused, so a checkout allocates nothing.
+#[derive(Debug)]
+pub(crate) struct Known {
+    /// The connection, while checked out.
+    object: Option<Object>,
+    set_up: bool,
+    /// The value of `locks.session` the set-up gives the server session, the same for
+    /// every manager of the process (see [`marker`]).
+    marker: Box<str>,
+    prepared: Prepared,
+}
+
+/// The statements prepared on a connection, by [`Statement::slot`].
+type Prepared = [Option<tokio_postgres::Statement>; PREPARED_KINDS];
+
+impl Known {
+    fn of(object: &Object) -> Box<Self> {
+        Box::new(Self {
+            object: None,
+            set_up: false,
+            marker: marker(object),
+            prepared: Default::default(),
+        })
+    }
+}
+
+/// The session marker of a connection: a hash, keyed once per process, of the pool's
+/// object id and the instant the connection was made. Every manager sharing a pool
+/// computes the same marker for one connection, and two connections never share one.
+fn marker(object: &Object) -> Box<str> {
+    static KEYS: LazyLock<RandomState> = LazyLock::new(RandomState::new);
+    let mut hasher = KEYS.build_hasher();
+    Object::id(object).hash(&mut hasher);
+    Object::metrics(object).created.hash(&mut hasher);
+    format!("{:016x}", hasher.finish()).into_boxed_str()
+}
+
+/// A hasher for [`ObjectId`]s (small distinct integers): one multiplication.
+#[derive(Default)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(byte)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_usize(&mut self, value: usize) {
+        self.write(&value.to_le_bytes());
+    }
+}
+
+/// The [`Known`] state of the manager's connections that are idle in the pool.
+#[derive(Debug)]
+pub(crate) struct Connections {
+    idle: Mutex<HashMap<ObjectId, Box<Known>, BuildHasherDefault<IdHasher>>>,
+    /// More entries than this means some connections were closed by the pool while
+    /// idle: the map is cleared (those still alive are set up again at next use).
+    limit: usize,
+}
+
+impl Connections {
+    pub(crate) fn new(pool_size: usize) -> Self {
+        Self {
+            idle: Mutex::default(),
+            limit: pool_size.saturating_mul(2).max(16),
+        }
+    }
+
+    fn take(&self, object: &Object) -> Box<Known> {
+        let known = self
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&Object::id(object));
+        known.unwrap_or_else(|| Known::of(object))
+    }
+
+    fn give_back(&self, id: ObjectId, known: Box<Known>) {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        if idle.len() >= self.limit {
+            idle.clear();
+        }
+        idle.insert(id, known);
+    }
+}
 
 /// A checked-out connection.
 ///
@@ -15,120 +119,192 @@ use crate::sql::{SESSION_SETUP, Statement};
 /// instead of being granted the lock later.
 #[derive(Debug)]
 pub(crate) struct Session {
-    object: Option<Object>,
+    /// The connection and what is known of it; `None` once consumed.
+    conn: Option<Box<Known>>,
     in_flight: bool,
+    /// Whether a statement has run since the checkout.
+    used: bool,
+    home: Arc<Connections>,
 }
 
 /// What one lock statement answered.
+#[derive(Debug)]
 pub(crate) enum Answer {
     /// `pg_advisory_lock` returned: the lock is held.
     Locked,
     /// A boolean function answered (`pg_try_advisory_lock`, `pg_advisory_unlock`).
     Bool(bool),
+    /// The statement reached a server session whose `locks.session` is not this
+    /// connection's marker, so it did nothing: a transaction-pooling proxy moved it to
+    /// another server session, or something reset the session's settings.
+    WrongSession,
+}
+
+/// What the set-up found on the server session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SetUp {
+    /// Set up; the session carries this connection's marker.
+    Done,
+    /// The server is a read-only standby (in recovery).
+    Standby,
+    /// The server session carries another connection's marker: it is shared with
+    /// another client (a transaction-pooling proxy).
+    Foreign,
 }
 
 impl Session {
-    pub(crate) fn new(object: Object) -> Self {
+    pub(crate) fn new(object: Object, home: &Arc<Connections>) -> Self {
+        let mut known = home.take(&object);
+        known.object = Some(object);
         Self {
-            object: Some(object),
+            conn: Some(known),
             in_flight: false,
+            used: false,
+            home: Arc::clone(home),
+        }
+    }
+
+    /// Whether no statement has run on the connection since its checkout (it holds
+    /// no lock yet).
+    pub(crate) fn is_fresh(&self) -> bool {
+        !self.used
+    }
+
+    /// The connection, its marker, its prepared statements and the in-flight flag.
+    fn parts(&mut self) -> (&Object, &str, &mut Prepared, &mut bool) {
+        self.used = true;
+        let Some(Known {
+            object: Some(object),
+            marker,
+            prepared,
+            ..
+        }) = self.conn.as_deref_mut()
+        else {
+            unreachable!("a session holds its connection until it is consumed")
+        };
+        (object, marker, prepared, &mut self.in_flight)
+    }
+
+    /// Whether the connection has been set up (by this process's managers).
+    pub(crate) fn is_set_up(&self) -> bool {
+        self.conn.as_ref().is_some_and(|known| known.set_up)
+    }
+
+    /// Records whether the connection is set up; `false` makes the next statement
+    /// run the set-up again.
+    pub(crate) fn mark_set_up(&mut self, set_up: bool) {
+        if let Some(known) = self.conn.as_deref_mut() {
+            known.set_up = set_up;
         }
     }
 
     /// Runs one lock statement (prepared once per connection, then one round trip)
     /// and reads its answer.
     ///
-    /// While the future runs the session counts as "in flight": if it is dropped, the
-    /// drop of the session cancels the statement and closes the connection.
+    /// If the future is dropped before the answer arrives, dropping the session
+    /// cancels the statement and closes the connection.
     pub(crate) async fn run(
         &mut self,
         statement: Statement,
     ) -> Result<Answer, tokio_postgres::Error> {
-        let object = match self.object.as_ref() {
-            Some(object) => object,
-            None => unreachable!("a session holds its connection until it is consumed"),
+        let (object, marker, cached, in_flight) = self.parts();
+        *in_flight = true;
+        let slot = statement.slot();
+        let answer = match prepared(object, &cached[slot], statement.text()).await {
+            Ok(prepared) => {
+                let answer = execute(object, &prepared, marker, statement).await;
+                cached[slot] = Some(prepared);
+                answer
+            }
+            Err(error) => Err(error),
         };
-        self.in_flight = true;
-        let answer = Self::execute(object, statement).await;
         // Reached only when the statement finished (answer or error): no cancel needed.
-        self.in_flight = false;
+        *in_flight = false;
         answer
     }
 
     /// Sets a new connection up for holding locks ([`SESSION_SETUP`]: no statement,
     /// idle or idle-in-transaction timeout ends a wait or a hold; `application_name`
-    /// publishes the holder) with `statement` pipelined behind it: one round trip for
-    /// both. The first answer says whether the server is a read-only standby.
+    /// publishes the holder; `locks.session` marks the server session as this
+    /// connection's) with `statement` pipelined behind it: one round trip for both
+    /// (two when the statements are not prepared yet).
     pub(crate) async fn run_after_setup(
         &mut self,
         application_name: Option<&str>,
         statement: Statement,
     ) -> (
-        Result<bool, tokio_postgres::Error>,
+        Result<SetUp, tokio_postgres::Error>,
         Result<Answer, tokio_postgres::Error>,
     ) {
-        let object = match self.object.as_ref() {
-            Some(object) => object,
-            None => unreachable!("a session holds its connection until it is consumed"),
+        let (object, marker, cached, in_flight) = self.parts();
+        *in_flight = true;
+        let slot = statement.slot();
+        let (setup, lock) = tokio::join!(
+            prepared(object, &cached[SETUP_SLOT], SESSION_SETUP),
+            prepared(object, &cached[slot], statement.text()),
+        );
+        let answers = match (setup, lock) {
+            (Ok(setup), Ok(lock)) => {
+                let setting_up = async {
+                    let row = object
+                        .query_one(&setup, &[&application_name, &marker])
+                        .await?;
+                    let in_recovery: bool = row.try_get(0)?;
+                    let owner: Option<&str> = row.try_get(1)?;
+                    Ok(match (in_recovery, owner) {
+                        (true, _) => SetUp::Standby,
+                        (false, Some(_)) => SetUp::Done,
+                        (false, None) => SetUp::Foreign,
+                    })
+                };
+                let answers = tokio::join!(setting_up, execute(object, &lock, marker, statement));
+                cached[SETUP_SLOT] = Some(setup);
+                cached[slot] = Some(lock);
+                answers
+            }
+            // Nothing ran; the statement's own error (if any) is the one to report.
+            (Err(error), Ok(_)) | (Ok(_), Err(error)) => (Ok(SetUp::Done), Err(error)),
+            (Err(error), Err(other)) => (Err(error), Err(other)),
         };
-        let setup = async {
-            let prepared = object.prepare_cached(SESSION_SETUP).await?;
-            let row = object.query_one(&prepared, &[&application_name]).await?;
-            row.try_get::<_, bool>(0)
-        };
-        self.in_flight = true;
-        let answers = tokio::join!(setup, Self::execute(object, statement));
-        self.in_flight = false;
+        *in_flight = false;
         answers
     }
 
     /// The connection (for statements of its own, like the set-up).
     pub(crate) fn object(&self) -> &Object {
-        match self.object.as_ref() {
-            Some(object) => object,
-            None => unreachable!("a session holds its connection until it is consumed"),
+        match self.conn.as_deref() {
+            Some(Known {
+                object: Some(object),
+                ..
+            }) => object,
+            _ => unreachable!("a session holds its connection until it is consumed"),
         }
+    }
+
+    /// The connection's session marker (for statements of its own that must check it).
+    pub(crate) fn marker(&self) -> &str {
+        self.conn.as_deref().map_or("", |known| &known.marker)
     }
 
     /// Whether the connection has ended (a local check, no I/O): the server closed it
     /// or the socket failed.
     pub(crate) fn is_closed(&self) -> bool {
-        self.object.as_ref().is_none_or(|object| object.is_closed())
-    }
-
-    async fn execute(
-        object: &deadpool_postgres::ClientWrapper,
-        statement: Statement,
-    ) -> Result<Answer, tokio_postgres::Error> {
-        let prepared = object.prepare_cached(statement.text()).await?;
-        match (statement, statement.lock_id()) {
-            (
-                Statement::Lock {
-                    lock_timeout_ms, ..
-                },
-                Some(lock_id),
-            ) => {
-                let lock_timeout = lock_timeout_ms.to_string();
-                object
-                    .execute(&prepared, &[&lock_id, &lock_timeout])
-                    .await?;
-                Ok(Answer::Locked)
-            }
-            (_, Some(lock_id)) => {
-                let row = object.query_one(&prepared, &[&lock_id]).await?;
-                Ok(Answer::Bool(row.try_get(0)?))
-            }
-            (_, None) => {
-                let row = object.query_one(&prepared, &[]).await?;
-                Ok(Answer::Bool(row.try_get(0)?))
-            }
-        }
+        self.conn
+            .as_ref()
+            .and_then(|known| known.object.as_ref())
+            .is_none_or(|object| object.is_closed())
     }
 
     /// Gives the connection back to the pool. Only call this when the session is known
     /// to hold no advisory lock.
     pub(crate) fn into_pool(mut self) {
-        drop(self.object.take());
+        if let Some(mut known) = self.conn.take()
+            && let Some(object) = known.object.take()
+        {
+            let id = Object::id(&object);
+            drop(object);
+            self.home.give_back(id, known);
+        }
     }
 
     /// Closes the connection now (the server frees what the session held).
@@ -137,9 +313,56 @@ impl Session {
     }
 }
 
+/// The prepared statement: the cached one, or prepared now (boxed: kept out of the
+/// common path's future).
+async fn prepared(
+    object: &Object,
+    cached: &Option<tokio_postgres::Statement>,
+    text: &str,
+) -> Result<tokio_postgres::Statement, tokio_postgres::Error> {
+    match cached {
+        Some(prepared) => Ok(prepared.clone()),
+        None => Box::pin(object.prepare(text)).await,
+    }
+}
+
+/// Binds and runs one prepared lock statement; `marker` is the connection's session
+/// marker, which every lock statement checks before it takes or frees anything.
+async fn execute(
+    object: &Object,
+    prepared: &tokio_postgres::Statement,
+    marker: &str,
+    statement: Statement,
+) -> Result<Answer, tokio_postgres::Error> {
+    let row = match statement {
+        Statement::Lock {
+            lock_id,
+            lock_timeout_ms,
+            ..
+        } => {
+            let lock_timeout = lock_timeout_ms.to_string();
+            object
+                .query_one(prepared, &[&lock_id, &lock_timeout, &marker])
+                .await?
+        }
+        Statement::TryLock { lock_id, .. }
+        | Statement::Unlock { lock_id, .. }
+        | Statement::UnlockIfHeld { lock_id, .. } => {
+            object.query_one(prepared, &[&lock_id, &marker]).await?
+        }
+        Statement::Ping => object.query_one(prepared, &[&marker]).await?,
+    };
+    let answer: Option<bool> = row.try_get(0)?;
+    Ok(match (statement, answer) {
+        (_, None) | (Statement::Ping, Some(false)) => Answer::WrongSession,
+        (Statement::Lock { .. }, Some(_)) => Answer::Locked,
+        (_, Some(value)) => Answer::Bool(value),
+    })
+}
+
 impl Drop for Session {
     fn drop(&mut self) {
-        let Some(object) = self.object.take() else {
+        let Some(object) = self.conn.take().and_then(|mut known| known.object.take()) else {
             return;
         };
         let client = Object::take(object);

@@ -194,6 +194,11 @@ impl Inner {
                     }
                 }
             }
+            Ok(Ok(Answer::WrongSession)) => self.lose_entries(
+                &entries,
+                LostReason::KeepaliveFailed,
+                crate::acquire::MOVED_BETWEEN_SESSIONS,
+            ),
             Ok(Ok(_)) => {
                 self.lose_entries(&entries, LostReason::KeepaliveFailed, "unexpected answer")
             }

@@ -3,13 +3,11 @@
 //! [`bookkeeping`](crate::bookkeeping) (what is held, release),
 //! [`health`](crate::health) (the lost-lock monitor) and [`fencing`](crate::fencing).
 
-use std::collections::HashSet;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use deadpool::managed::ObjectId;
 use deadpool_postgres::Pool;
 use locks_port::{
     AcquireOptions, DistributedLock, KeyDerivation, LockAcquisitionError, LockMode,
@@ -18,8 +16,10 @@ use locks_port::{
 use tracing::Instrument;
 
 use crate::bookkeeping::Book;
+use crate::connection::Connections;
 use crate::guard::PostgresLockGuard;
 use crate::health::LostCounts;
+use crate::lock_ids::LockIds;
 use crate::multiplex::Multiplexer;
 use crate::telemetry::{finish_acquire_span, manager_acquire_span};
 
@@ -154,14 +154,15 @@ pub(crate) struct Inner {
     pub(crate) pool: Pool,
     pub(crate) holder_id: Option<String>,
     pub(crate) key_visibility: KeyVisibility,
-    pub(crate) derivation: KeyDerivation,
+    /// The key derivation, and the ids of recently used keys.
+    pub(crate) lock_ids: LockIds,
     pub(crate) settings: Settings,
     /// `locks:<holder id>`, set on every connection the manager uses when it has a
     /// holder id (else the connection's own `application_name` is left alone).
     pub(crate) application_name: Option<String>,
     held: Mutex<Book>,
-    /// The connections already set up (see [`crate::sql::SESSION_SETUP`]).
-    set_up: Mutex<HashSet<ObjectId>>,
+    /// What is known of the pool's idle connections (set up, prepared statements).
+    pub(crate) connections: Arc<Connections>,
     pub(crate) next_token: AtomicU64,
     pub(crate) monitor_running: AtomicBool,
     pub(crate) lost: LostCounts,
@@ -211,7 +212,7 @@ impl PostgresLockManager {
     /// ```
     #[must_use]
     pub fn lock_id(&self, key: &str) -> i64 {
-        self.inner.derivation.lock_id(key)
+        self.inner.lock_ids.lock_id(key)
     }
 
     /// Transaction-scoped locks keyed as this manager keys its session locks (same
@@ -227,7 +228,7 @@ impl PostgresLockManager {
     #[must_use]
     pub fn transaction_locks(&self) -> crate::TransactionLocks {
         crate::TransactionLocks::new()
-            .key_derivation(self.inner.derivation)
+            .key_derivation(self.inner.lock_ids.derivation())
             .key_visibility(self.inner.key_visibility)
     }
 
@@ -363,16 +364,17 @@ impl PostgresLockManagerBuilder {
     #[must_use]
     pub fn build(self) -> PostgresLockManager {
         let application_name = self.holder_id.as_deref().map(published_holder_id);
+        let connections = Arc::new(Connections::new(self.pool.status().max_size));
         PostgresLockManager {
             inner: Arc::new(Inner {
                 pool: self.pool,
                 holder_id: self.holder_id,
                 key_visibility: self.key_visibility,
-                derivation: self.derivation,
+                lock_ids: LockIds::new(self.derivation),
                 settings: self.settings,
                 application_name,
                 held: Mutex::new(Book::default()),
-                set_up: Mutex::new(HashSet::new()),
+                connections,
                 next_token: AtomicU64::new(1),
                 monitor_running: AtomicBool::new(false),
                 lost: LostCounts::default(),
@@ -407,7 +409,7 @@ impl fmt::Debug for PostgresLockManager {
         f.debug_struct("PostgresLockManager")
             .field("holder_id", &self.inner.holder_id)
             .field("key_visibility", &self.inner.key_visibility)
-            .field("derivation", &self.inner.derivation)
+            .field("derivation", &self.inner.lock_ids.derivation())
             .field("settings", &self.inner.settings)
             .field("held_lock_count", &self.inner.held().len())
             .field("pool", &self.inner.pool.status())
@@ -419,10 +421,6 @@ impl Inner {
     pub(crate) fn held(&self) -> MutexGuard<'_, Book> {
         // The map stays consistent even if a holder panicked: every change is one call.
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    pub(crate) fn set_up(&self) -> MutexGuard<'_, HashSet<ObjectId>> {
-        self.set_up.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The key as spans and events may show it.
@@ -470,7 +468,7 @@ impl DistributedLock for PostgresLockManager {
     ) -> Result<PostgresLockGuard, LockAcquisitionError> {
         let options = options.into();
         let inner = &self.inner;
-        let lock_id = inner.derivation.lock_id(key);
+        let lock_id = inner.lock_ids.lock_id(key);
         let span = manager_acquire_span(inner.shown(key), lock_id, &options);
         let started = tokio::time::Instant::now();
         let attempt = inner
@@ -509,7 +507,7 @@ impl DistributedLock for PostgresLockManager {
         mode: LockMode,
     ) -> Result<Option<PostgresLockGuard>, LockAcquisitionError> {
         let inner = &self.inner;
-        let lock_id = inner.derivation.lock_id(key);
+        let lock_id = inner.lock_ids.lock_id(key);
         let options = AcquireOptions::new().with_mode(mode);
         let span = manager_acquire_span(
             inner.shown(key),

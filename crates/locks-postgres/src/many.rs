@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 use tracing::Instrument;
 
-use crate::acquire::{Deadline, PoolWait, Tried, with_timeout};
+use crate::acquire::{Deadline, MOVED_BETWEEN_SESSIONS, PoolWait, Tried, refuse, with_timeout};
 use crate::bookkeeping::Held;
 use crate::classify::driver_error;
 use crate::connection::{Answer, Session};
@@ -65,7 +65,7 @@ impl PostgresLockManager {
         // One global order: by lock id; keys of one lock id are one lock.
         let mut ordered: BTreeMap<i64, &str> = BTreeMap::new();
         for key in keys {
-            ordered.entry(inner.derivation.lock_id(key)).or_insert(key);
+            ordered.entry(inner.lock_ids.lock_id(key)).or_insert(key);
         }
         let first = ordered.values().next().copied().unwrap_or("");
         let span = manager_acquire_span(
@@ -133,6 +133,8 @@ impl Inner {
             .await?;
         match outcome {
             Ok(Answer::Locked | Answer::Bool(_)) => Ok(session),
+            // `answered` refuses a moved session itself; kept for completeness.
+            Ok(Answer::WrongSession) => Err(refuse(key, session, deadline, MOVED_BETWEEN_SESSIONS)),
             Err(error) => {
                 drop(session);
                 match deadline {

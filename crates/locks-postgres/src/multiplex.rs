@@ -28,7 +28,7 @@ use locks_port::{
 use tokio::sync::Mutex as AsyncMutex;
 use tracing::Span;
 
-use crate::acquire::{Deadline, Limit, with_timeout};
+use crate::acquire::{Deadline, Limit, MOVED_BETWEEN_SESSIONS, with_timeout};
 use crate::bookkeeping::{Held, SessionSlot};
 use crate::classify::driver_error;
 use crate::connection::{Answer, Session};
@@ -37,8 +37,11 @@ use crate::manager::Inner;
 use crate::sql::Statement;
 
 /// Releases every advisory lock of the session: `release_all` on a connection whose
-/// every lock is being released.
-const UNLOCK_ALL: &str = "SELECT pg_advisory_unlock_all()";
+/// every lock is being released. Like every lock statement it checks the session marker
+/// first (ADR 0014): on a server session that is not the connection's own it frees
+/// nothing (another client's locks above all) and answers NULL.
+const UNLOCK_ALL: &str = "SELECT CASE WHEN current_setting('locks.session', true) = $1 \
+     THEN (SELECT true FROM pg_advisory_unlock_all()) END";
 
 /// The shared connections of one manager.
 pub(crate) struct Multiplexer {
@@ -72,10 +75,6 @@ pub(crate) struct Membership {
 
 /// A granted lock before the bookkeeping: on a session of its own, or on a shared
 /// connection.
-#[expect(
-    clippy::large_enum_variant,
-    reason = "moved once per acquisition; a box would be one more allocation on the hot path"
-)]
 pub(crate) enum Grant {
     Own(Session),
     Shared(Membership),
@@ -292,7 +291,7 @@ impl Inner {
         let limit = Limit::of(deadline, settings.deadline_margin, settings.answer_timeout);
         // The connection may be busy with another lock's statement (a keepalive that
         // gets no answer, say): that counts against the same limit.
-        let Some(mut slot) = limit.run(host.slot.lock()).await else {
+        let Ok(mut slot) = limit.run(host.slot.lock()).await else {
             // Nothing was sent. Should this have been the last place, the session is
             // closed when the retired host is dropped.
             let mut member = member;
@@ -305,22 +304,33 @@ impl Inner {
         };
         let statement = Statement::TryLock { lock_id, mode };
         match limit.run(session.run(statement)).await {
-            Some(Ok(Answer::Bool(true))) => Ok(SharedTry::Granted(member)),
-            Some(Ok(_)) => {
+            Ok(Ok(Answer::Bool(true))) => Ok(SharedTry::Granted(member)),
+            // The statement reached another server session (ADR 0014): the connection
+            // cannot hold session locks, nor the others on it.
+            Ok(Ok(Answer::WrongSession)) => {
+                member.close_host(&mut slot);
+                let error = LockAcquisitionError::new(
+                    key,
+                    AcquisitionErrorKind::Configuration,
+                    MOVED_BETWEEN_SESSIONS,
+                );
+                Err(with_timeout(error, deadline))
+            }
+            Ok(Ok(_)) => {
                 member.vacate(&mut slot);
                 Ok(SharedTry::Busy)
             }
             // The server refused the statement (out of shared memory for locks, say):
             // nothing was taken and the session is fine.
-            Some(Err(error)) if !error.is_closed() && error.code().is_some() => {
+            Ok(Err(error)) if !error.is_closed() && error.code().is_some() => {
                 member.vacate(&mut slot);
                 Err(with_timeout(driver_error(key, error), deadline))
             }
-            Some(Err(error)) => {
+            Ok(Err(error)) => {
                 member.close_host(&mut slot);
                 Err(with_timeout(driver_error(key, error), deadline))
             }
-            None => {
+            Err(_elapsed) => {
                 member.close_host(&mut slot);
                 let waited = deadline.map_or(settings.answer_timeout, |deadline| deadline.timeout);
                 let error = LockAcquisitionError::new(
@@ -478,12 +488,15 @@ impl Inner {
                 continue;
             };
             drop(slot);
-            let answer = tokio::time::timeout(
-                self.settings.answer_timeout,
-                session.object().batch_execute(UNLOCK_ALL),
-            )
-            .await;
-            if matches!(answer, Ok(Ok(()))) {
+            let unlock_all = async {
+                let row = session
+                    .object()
+                    .query_one(UNLOCK_ALL, &[&session.marker()])
+                    .await?;
+                row.try_get::<_, Option<bool>>(0)
+            };
+            let answer = tokio::time::timeout(self.settings.answer_timeout, unlock_all).await;
+            if matches!(answer, Ok(Ok(Some(true)))) {
                 session.into_pool();
                 tracing::debug!(
                     locks = members.len(),

@@ -1,31 +1,53 @@
-//! The statements. Each is prepared once per connection (deadpool's statement cache)
-//! and then costs one round trip; only numbers are ever bound, no user text reaches
-//! SQL.
+//! The statements. Each is prepared once per connection (kept with the connection's
+//! state, see [`crate::connection`]) and then costs one round trip; only numbers and
+//! the session marker are ever bound, no user text reaches SQL.
+//!
+//! Every lock statement first checks the server session's `locks.session` setting
+//! against the connection's marker (`$marker` below) and does nothing, answering NULL,
+//! when they differ: the statement reached a server session this connection did not
+//! set up. Behind a transaction-pooling proxy (PgBouncer `pool_mode = transaction`)
+//! consecutive statements of one client connection can run on different server
+//! sessions, and a session advisory lock taken on one of them would exclude nothing;
+//! the check makes that a clear error instead of a silent double grant.
 
 use locks_port::LockMode;
 
+/// How many statements a connection can have prepared: four kinds of lock statement in
+/// two modes, the keepalive and the set-up.
+pub(crate) const PREPARED_KINDS: usize = 10;
+/// The slot of [`SESSION_SETUP`] among a connection's prepared statements.
+pub(crate) const SETUP_SLOT: usize = 9;
+
 /// Run once on every connection the manager uses, before its first lock statement
-/// (pipelined with it). Session-level settings, so they hold for every later statement
-/// on the connection:
+/// (pipelined with it). `$1` is the `application_name` (or NULL), `$2` the
+/// connection's marker.
+///
+/// It first claims the server session: `locks.session = $2`, unless the session
+/// already carries another connection's marker (then it changes nothing and answers
+/// NULL as the owner: the server session is shared, a transaction-pooling proxy). On
+/// a claimed session it sets, at session level, so they hold for every later statement:
 /// - `statement_timeout = 0`: a server, role or URL `statement_timeout` must not end a
 ///   wait in `pg_advisory_lock` (the timer is armed when a statement starts, so a
 ///   statement-local override could not disarm it);
 /// - `idle_session_timeout = 0` (PostgreSQL 14+; skipped where the setting does not
 ///   exist) and `idle_in_transaction_session_timeout = 0`: a session holding a lock is
 ///   idle, and ending it would free the lock;
-/// - `application_name = $1` (`locks:<holder id>`) when the manager has a holder id
-///   (`$1` is NULL otherwise): other sessions can see in `pg_stat_activity` which
-///   holders are ours.
+/// - `application_name = $1` (`locks:<holder id>`) when the manager has a holder id:
+///   other sessions can see in `pg_stat_activity` which holders are ours.
 ///
-/// Answers `pg_is_in_recovery()`: a standby must not be used (its advisory locks
-/// exclude nothing on the primary).
-pub(crate) const SESSION_SETUP: &str = "SELECT pg_is_in_recovery() \
-     FROM (SELECT set_config('statement_timeout', '0', false), \
-     set_config('idle_in_transaction_session_timeout', '0', false), \
-     CASE WHEN current_setting('idle_session_timeout', true) IS NOT NULL \
+/// Answers `pg_is_in_recovery()` (a standby must not be used: its advisory locks
+/// exclude nothing on the primary) and the owner (the marker, or NULL when foreign).
+pub(crate) const SESSION_SETUP: &str = "SELECT pg_is_in_recovery(), owner \
+     FROM (SELECT CASE WHEN coalesce(current_setting('locks.session', true), '') IN ('', $2) \
+     THEN set_config('locks.session', $2, false) END AS owner) AS mark, \
+     LATERAL (SELECT \
+     CASE WHEN owner IS NOT NULL THEN set_config('statement_timeout', '0', false) END, \
+     CASE WHEN owner IS NOT NULL \
+     THEN set_config('idle_in_transaction_session_timeout', '0', false) END, \
+     CASE WHEN owner IS NOT NULL AND current_setting('idle_session_timeout', true) IS NOT NULL \
      THEN set_config('idle_session_timeout', '0', false) END, \
-     CASE WHEN $1::text IS NOT NULL THEN set_config('application_name', $1, false) END) \
-     AS settings";
+     CASE WHEN owner IS NOT NULL AND $1::text IS NOT NULL \
+     THEN set_config('application_name', $1, false) END) AS settings";
 
 /// One lock statement and its parameters.
 #[derive(Debug, Clone, Copy)]
@@ -47,7 +69,9 @@ pub(crate) enum Statement {
 }
 
 impl Statement {
-    /// The SQL text, with `$1` the lock id (and `$2` the timeout in ms, as text).
+    /// The SQL text: `$1` the lock id, then (for [`Statement::Lock`]) `$2` the timeout
+    /// in ms as text, and last the connection's marker. Each answers NULL, having done
+    /// nothing, when the server session is not the connection's own.
     pub(crate) fn text(self) -> &'static str {
         let shared = matches!(self.mode(), LockMode::Shared);
         match self {
@@ -55,49 +79,69 @@ impl Statement {
             // transaction, so the session's setting is back as it was afterwards, on
             // success and on error; the sub-select runs before the lock call, so the
             // timeout is in force for the wait. A `lock_timeout` set on the role is
-            // overridden too ('0' waits forever).
+            // overridden too ('0' waits forever). `pg_advisory_lock` returns void,
+            // which reads as '' as text.
             Self::Lock { .. } if shared => {
-                "SELECT pg_advisory_lock_shared($1) \
+                "SELECT CASE WHEN current_setting('locks.session', true) = $3 \
+                 THEN pg_advisory_lock_shared($1)::text = '' END \
                  FROM (SELECT set_config('lock_timeout', $2, true)) AS options"
             }
             Self::Lock { .. } => {
-                "SELECT pg_advisory_lock($1) \
+                "SELECT CASE WHEN current_setting('locks.session', true) = $3 \
+                 THEN pg_advisory_lock($1)::text = '' END \
                  FROM (SELECT set_config('lock_timeout', $2, true)) AS options"
             }
-            Self::TryLock { .. } if shared => "SELECT pg_try_advisory_lock_shared($1)",
-            Self::TryLock { .. } => "SELECT pg_try_advisory_lock($1)",
-            Self::Unlock { .. } if shared => "SELECT pg_advisory_unlock_shared($1)",
-            Self::Unlock { .. } => "SELECT pg_advisory_unlock($1)",
+            Self::TryLock { .. } if shared => {
+                "SELECT CASE WHEN current_setting('locks.session', true) = $2 \
+                 THEN pg_try_advisory_lock_shared($1) END"
+            }
+            Self::TryLock { .. } => {
+                "SELECT CASE WHEN current_setting('locks.session', true) = $2 \
+                 THEN pg_try_advisory_lock($1) END"
+            }
+            Self::Unlock { .. } if shared => {
+                "SELECT CASE WHEN current_setting('locks.session', true) = $2 \
+                 THEN pg_advisory_unlock_shared($1) END"
+            }
+            Self::Unlock { .. } => {
+                "SELECT CASE WHEN current_setting('locks.session', true) = $2 \
+                 THEN pg_advisory_unlock($1) END"
+            }
             // Used after a wait ended in an error: the server can grant the lock just as
             // the wait is cancelled. pg_locks shows a bigint key as classid (high 32
             // bits) and objid (low 32 bits) with objsubid = 1; checking first avoids the
             // server's WARNING for unlocking a lock that is not held.
             Self::UnlockIfHeld { .. } if shared => {
-                "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_locks \
+                "SELECT CASE WHEN current_setting('locks.session', true) = $2 \
+                 THEN CASE WHEN EXISTS (SELECT 1 FROM pg_locks \
                  WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted \
                  AND mode = 'ShareLock' \
                  AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = $1) \
-                 THEN pg_advisory_unlock_shared($1) ELSE false END"
+                 THEN pg_advisory_unlock_shared($1) ELSE false END END"
             }
             Self::UnlockIfHeld { .. } => {
-                "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_locks \
+                "SELECT CASE WHEN current_setting('locks.session', true) = $2 \
+                 THEN CASE WHEN EXISTS (SELECT 1 FROM pg_locks \
                  WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted \
                  AND mode = 'ExclusiveLock' \
                  AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = $1) \
-                 THEN pg_advisory_unlock($1) ELSE false END"
+                 THEN pg_advisory_unlock($1) ELSE false END END"
             }
-            Self::Ping => "SELECT true",
+            // True on the connection's own session, false (or NULL) elsewhere.
+            Self::Ping => "SELECT current_setting('locks.session', true) = $1",
         }
     }
 
-    /// The lock id bound as `$1` (none for [`Statement::Ping`]).
-    pub(crate) fn lock_id(self) -> Option<i64> {
+    /// The statement's slot among a connection's prepared statements (below
+    /// [`PREPARED_KINDS`]; [`SETUP_SLOT`] is the set-up's).
+    pub(crate) fn slot(self) -> usize {
+        let shared = usize::from(matches!(self.mode(), LockMode::Shared));
         match self {
-            Self::Lock { lock_id, .. }
-            | Self::TryLock { lock_id, .. }
-            | Self::Unlock { lock_id, .. }
-            | Self::UnlockIfHeld { lock_id, .. } => Some(lock_id),
-            Self::Ping => None,
+            Self::Lock { .. } => shared,
+            Self::TryLock { .. } => 2 + shared,
+            Self::Unlock { .. } => 4 + shared,
+            Self::UnlockIfHeld { .. } => 6 + shared,
+            Self::Ping => 8,
         }
     }
 
@@ -124,11 +168,9 @@ mod tests {
             mode: LockMode::Exclusive,
             lock_timeout_ms: 250,
         };
-        assert_eq!(
-            lock.text(),
-            "SELECT pg_advisory_lock($1) FROM (SELECT set_config('lock_timeout', $2, true)) AS options"
-        );
-        assert_eq!(lock.lock_id(), Some(7));
+        assert!(lock.text().starts_with(
+            "SELECT CASE WHEN current_setting('locks.session', true) = $3 THEN pg_advisory_lock($1)"
+        ));
         for mode in [LockMode::Exclusive, LockMode::Shared] {
             for statement in [
                 Statement::TryLock {
@@ -139,7 +181,9 @@ mod tests {
                 Statement::UnlockIfHeld { lock_id: 1, mode },
             ] {
                 assert!(statement.text().contains("$1"));
-                assert!(!statement.text().contains("$2"));
+                assert!(statement.text().contains("locks.session', true) = $2"));
+                assert!(!statement.text().contains("$3"));
+                assert!(statement.slot() < PREPARED_KINDS && statement.slot() != SETUP_SLOT);
                 assert_eq!(
                     statement.text().contains("_shared("),
                     mode == LockMode::Shared,

@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use locks_port::{
-    AcquireOptions, DistributedLock, LockGuard, LockRegistry, LostReason, ReleaseOutcome,
+    AcquireOptions, AcquisitionErrorKind, DistributedLock, LockGuard, LockRegistry, LostReason,
+    ReleaseOutcome,
 };
 use locks_postgres::PostgresLockManager;
 use throwaway_pg::{PgBouncer, PoolMode};
@@ -67,4 +68,150 @@ async fn session_pooling_carries_session_locks_and_their_loss() {
     })
     .await;
     drop(bouncer);
+}
+
+/// A PgBouncer in transaction mode with at most two server sessions.
+fn transaction_pooler() -> PgBouncer {
+    tokio::task::block_in_place(|| {
+        PgBouncer::builder()
+            .pool_mode(PoolMode::Transaction)
+            .setting("default_pool_size", "2")
+            .start(&database_url())
+    })
+    .unwrap_or_else(|error| panic!("PgBouncer for the transaction-pooling test: {error}"))
+}
+
+/// Occupies both server sessions of `bouncer` with clients in open transactions, then
+/// frees the one whose backend is (or, with `keep_pid` false, is not) `pid`: the next
+/// statement through the bouncer reaches the other one. Returns the occupying client
+/// (its transaction stays open until it is dropped).
+async fn occupy_all_but(bouncer: &PgBouncer, pid: i32, keep_pid: bool) -> tokio_postgres::Client {
+    let mut occupied = Vec::new();
+    for _ in 0..2 {
+        let (client, connection) = tokio_postgres::connect(&bouncer.url(), tokio_postgres::NoTls)
+            .await
+            .expect("connect through pgbouncer");
+        tokio::spawn(connection);
+        client.batch_execute("BEGIN").await.expect("begin");
+        let backend: i32 = client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .expect("pid")
+            .get(0);
+        occupied.push((backend, client));
+    }
+    assert_ne!(occupied[0].0, occupied[1].0, "two server sessions");
+    let (free, kept): (Vec<_>, Vec<_>) = occupied
+        .into_iter()
+        .partition(|(backend, _)| (*backend == pid) != keep_pid);
+    for (_, client) in free {
+        client.batch_execute("COMMIT").await.expect("commit");
+    }
+    let [(_, client)]: [_; 1] = kept
+        .try_into()
+        .unwrap_or_else(|kept: Vec<_>| panic!("one server session to keep, not {}", kept.len()));
+    client
+}
+
+/// Behind transaction pooling one client connection's statements can run on any
+/// server session, and a session advisory lock taken on one excludes nothing for
+/// another client whose statements land on that same session (advisory locks are
+/// re-entrant per session). Every lock statement checks the server session's marker,
+/// so a second client reaching the holder's server session is refused with a clear
+/// `Configuration` error instead of being granted the lock a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_pooling_refuses_a_second_grant_on_the_holders_server_session() {
+    let bouncer = transaction_pooler();
+    let url = bouncer.url();
+    let first = PostgresLockManager::builder(locks_postgres::plain_pool(&url, 1).expect("pool"))
+        .keepalive(None)
+        .build();
+    let second = PostgresLockManager::new(locks_postgres::plain_pool(&url, 1).expect("pool"));
+    let key = unique_key("pgbouncer-transaction");
+    let lock_id = locks_port::lock_id(&key);
+    let admin = admin().await;
+
+    let guard = first
+        .acquire(&key, AcquireOptions::new())
+        .await
+        .expect("the first acquisition lands on one server session");
+    let [holder] = holder_pids(&admin, lock_id).await[..] else {
+        panic!("one server session holds the lock");
+    };
+    // The only free server session is now the holder's.
+    let occupant = occupy_all_but(&bouncer, holder, false).await;
+    let error = second
+        .acquire(&key, Duration::from_secs(2))
+        .await
+        .expect_err("refused, not granted on the holder's session");
+    assert_eq!(error.kind(), AcquisitionErrorKind::Configuration, "{error}");
+    assert!(
+        error.to_string().contains("different server sessions"),
+        "{error}"
+    );
+    // Never granted to another server session. (PgBouncer may close the holder's
+    // server session when the refused client leaves mid-exchange, freeing the lock:
+    // the holder learns that from its keepalive, see the next test.)
+    let pids = holder_pids(&admin, lock_id).await;
+    assert!(
+        pids.iter().all(|pid| *pid == holder),
+        "{pids:?} vs {holder}"
+    );
+    assert_eq!(second.held_lock_count(), 0);
+    drop(occupant);
+    drop(guard);
+    terminate_and_wait(&admin, holder, lock_id).await;
+    drop(bouncer);
+}
+
+/// A holder whose keepalive reaches another server session is told its lock is lost:
+/// behind transaction pooling the session that took the lock is no longer its own.
+/// (The lock itself stays on that server session until PgBouncer closes it; here the
+/// test terminates it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_pooling_is_reported_to_the_holder_as_a_loss() {
+    let bouncer = transaction_pooler();
+    let url = bouncer.url();
+    let manager = PostgresLockManager::builder(locks_postgres::plain_pool(&url, 1).expect("pool"))
+        .keepalive(Some(Duration::from_millis(200)))
+        .build();
+    let key = unique_key("pgbouncer-transaction-loss");
+    let lock_id = locks_port::lock_id(&key);
+    let admin = admin().await;
+
+    let guard = manager
+        .acquire(&key, AcquireOptions::new())
+        .await
+        .expect("acquire through pgbouncer");
+    let [holder] = holder_pids(&admin, lock_id).await[..] else {
+        panic!("one server session holds the lock");
+    };
+    // Keep the holder's server session busy: the keepalive goes to the other one.
+    let occupant = occupy_all_but(&bouncer, holder, true).await;
+    let reason = tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("the holder is told");
+    assert!(
+        matches!(
+            reason,
+            LostReason::KeepaliveFailed | LostReason::ConnectionClosed
+        ),
+        "{reason:?}"
+    );
+    assert_eq!(guard.release().await, ReleaseOutcome::Lost(reason));
+    drop(occupant);
+    terminate_and_wait(&admin, holder, lock_id).await;
+    drop(bouncer);
+}
+
+/// Terminates the server session `pid` and waits until the lock is gone.
+async fn terminate_and_wait(admin: &tokio_postgres::Client, pid: i32, lock_id: i64) {
+    admin
+        .query_one("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .expect("terminate");
+    wait_for("the lock to be gone on the server", || async {
+        holders(admin, lock_id).await == 0
+    })
+    .await;
 }
