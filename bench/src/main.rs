@@ -20,6 +20,7 @@ mod instructions;
 mod kinds;
 mod latency;
 mod memory;
+mod multiplex;
 mod ops;
 mod otel;
 mod pin;
@@ -52,7 +53,8 @@ usage: lock-bench [--url URL] [--quick] [--out FILE.json] [--only LIST]
   --out FILE    the JSON results (default: target/bench/lock-bench-{quick,full}.json);
                 the markdown and handoff.svg are written next to it
   --only LIST   comma-separated scenarios: cycle, try, shared, many, throughput, handoff,
-                hold, memory, instructions (needs valgrind), latency, cutover-append
+                hold, memory, instructions (needs valgrind), latency, cutover-append,
+                multiplex
 
   --count-instructions VARIANT --cycles N
                 the child that `instructions` runs under callgrind: N cycles of VARIANT
@@ -61,7 +63,7 @@ usage: lock-bench [--url URL] [--quick] [--out FILE.json] [--only LIST]
                 library-many)
 ";
 
-const SCENARIOS: [&str; 11] = [
+const SCENARIOS: [&str; 12] = [
     "cycle",
     "try",
     "shared",
@@ -73,6 +75,7 @@ const SCENARIOS: [&str; 11] = [
     "instructions",
     "latency",
     "cutover-append",
+    "multiplex",
 ];
 
 /// Live heap bytes of this process.
@@ -339,6 +342,7 @@ async fn run(args: &Args) -> Result<(), BoxError> {
             }
             "latency" => latency::run(&db, plan).await?,
             "cutover-append" => cutover_append::run(&db, plan).await?,
+            "multiplex" => multiplex::run(&db, plan).await?,
             _ => unreachable!("scenario names are checked when parsing"),
         };
         outcomes.push(outcome);

@@ -27,7 +27,7 @@ target/bench/handoff.svg. Installs valgrind (apt-get) when it is missing.
   --quick       small iteration counts (about a minute of measuring)
   --out FILE    where the JSON goes (the .md and handoff.svg go beside it)
   --only LIST   comma-separated scenarios: cycle, try, shared, many, throughput, handoff,
-                hold, memory, instructions, latency, cutover-append
+                hold, memory, instructions, latency, cutover-append, multiplex
 ";
 
 /// Runs the benchmarks with `args`.

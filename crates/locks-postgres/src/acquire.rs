@@ -185,6 +185,18 @@ impl Inner {
         options: AcquireOptions,
     ) -> Attempt {
         let deadline = options.timeout().map(Deadline::after);
+        self.acquire_session_until(key, lock_id, options, deadline)
+            .await
+    }
+
+    /// [`acquire_session`](Self::acquire_session) within a deadline already running.
+    pub(crate) async fn acquire_session_until(
+        &self,
+        key: &str,
+        lock_id: i64,
+        options: AcquireOptions,
+        deadline: Option<Deadline>,
+    ) -> Attempt {
         let mode = options.mode();
         let wait = deadline.map_or(PoolWait::Forever, PoolWait::Until);
         let session = self.checkout(key, wait, deadline).await?;

@@ -19,6 +19,7 @@ use crate::classify::{driver_kind, sqlstate};
 use crate::connection::{Answer, Session};
 use crate::guard::PostgresLockGuard;
 use crate::manager::Inner;
+use crate::multiplex::Membership;
 use crate::sql::Statement;
 use crate::telemetry::{record_failure, release_span};
 
@@ -40,6 +41,8 @@ pub(crate) struct Held {
     /// For locks taken together by `acquire_many` on one session: how many of the
     /// group are still held. The session goes back to the pool with the last unlock.
     pub(crate) group: Option<Arc<AtomicUsize>>,
+    /// For a lock on a shared connection (multiplexing): its place there.
+    pub(crate) host: Option<Membership>,
 }
 
 /// Every lock one manager holds, by key. A key has one entry, or several when the
@@ -150,7 +153,22 @@ impl Inner {
         key: &str,
         lock_id: i64,
         mode: LockMode,
-        mut session: Session,
+        session: Session,
+        span: &Span,
+    ) -> Result<PostgresLockGuard, LockAcquisitionError> {
+        let slot = Arc::new(AsyncMutex::new(Some(session)));
+        self.register_in(key, lock_id, mode, slot, None, span).await
+    }
+
+    /// [`register`](Self::register) for a session in a slot: its own, or a shared
+    /// connection's (`host`).
+    pub(crate) async fn register_in(
+        self: &Arc<Self>,
+        key: &str,
+        lock_id: i64,
+        mode: LockMode,
+        slot: SessionSlot,
+        host: Option<Membership>,
         span: &Span,
     ) -> Result<PostgresLockGuard, LockAcquisitionError> {
         let mut info = LockInfo::new(
@@ -161,8 +179,16 @@ impl Inner {
         )
         .with_mode(mode);
         if self.settings.fencing {
+            let mut session = slot.lock().await;
+            let Some(session) = session.as_mut() else {
+                return Err(LockAcquisitionError::new(
+                    key,
+                    AcquisitionErrorKind::ConnectionLost,
+                    "Database error: the connection ended before the fencing token",
+                ));
+            };
             let token = Box::pin(
-                self.next_fencing_token(key, lock_id, &mut session)
+                self.next_fencing_token(key, lock_id, session)
                     .instrument(span.clone()),
             )
             .await?;
@@ -175,11 +201,12 @@ impl Inner {
             token,
             lock_id,
             mode,
-            slot: Arc::new(AsyncMutex::new(Some(session))),
+            slot,
             notifier,
             last_answer: Instant::now(),
             pinging: false,
             group: None,
+            host,
         };
         let displaced = self.held().insert(key, entry);
         for previous in displaced {
@@ -215,7 +242,7 @@ impl Inner {
     /// Unlocks a lock taken out of the bookkeeping. Never fails: when the unlock fails
     /// or the session did not hold the lock, the session is closed instead of being
     /// given back, which frees whatever it held.
-    pub(crate) async fn unlock(&self, key: &str, held: Held) -> ReleaseOutcome {
+    pub(crate) async fn unlock(&self, key: &str, mut held: Held) -> ReleaseOutcome {
         let span = release_span(self.shown(key), held.lock_id, held.mode);
         let lock_id = held.lock_id;
         let statement = Statement::Unlock {
@@ -233,11 +260,12 @@ impl Inner {
             };
             let answer =
                 tokio::time::timeout(self.settings.answer_timeout, session.run(statement)).await;
-            // The session of a group holds the others' locks until the last unlock.
-            let last = held
-                .group
-                .as_ref()
-                .is_none_or(|left| left.fetch_sub(1, Ordering::AcqRel) == 1);
+            // The session of a group, or a shared connection's, holds the others' locks
+            // until the last unlock.
+            let last = match (held.host.as_mut(), held.group.as_ref()) {
+                (Some(member), _) => member.leave(),
+                (None, group) => group.is_none_or(|left| left.fetch_sub(1, Ordering::AcqRel) == 1),
+            };
             if !last && matches!(answer, Ok(Ok(Answer::Bool(true)))) {
                 // The session still holds the rest of its group: it stays in the slot.
                 current.record("lock.released", true);

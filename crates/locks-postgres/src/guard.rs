@@ -79,7 +79,9 @@ impl LockGuard for PostgresLockGuard {
     ///
     /// # Cancel safety
     /// The entry leaves the bookkeeping before the first await; if the future is
-    /// dropped, the session is closed instead of unlocked, which frees the lock.
+    /// dropped, the session is closed instead of unlocked, which frees the lock (on a
+    /// shared connection of a multiplexing manager, a task unlocks it instead, so the
+    /// connection's other locks stay).
     async fn release(mut self) -> ReleaseOutcome {
         self.armed = false;
         let Some(held) = self.inner.take(self.info.key(), Some(self.token)).pop() else {

@@ -71,7 +71,8 @@ impl LostCounts {
 #[derive(Default)]
 struct Findings {
     ended: Vec<(String, u64)>,
-    due: Vec<(String, u64, SessionSlot)>,
+    /// Per connection due a keepalive, the locks it holds (several when they share it).
+    due: Vec<(SessionSlot, Vec<(String, u64)>)>,
 }
 
 impl Inner {
@@ -109,9 +110,15 @@ impl Inner {
                         && now.saturating_duration_since(held.last_answer) >= cadence
                     {
                         held.pinging = true;
-                        findings
+                        let entry = (key.to_owned(), held.token);
+                        match findings
                             .due
-                            .push((key.to_owned(), held.token, Arc::clone(&held.slot)));
+                            .iter_mut()
+                            .find(|(slot, _)| Arc::ptr_eq(slot, &held.slot))
+                        {
+                            Some((_, entries)) => entries.push(entry),
+                            None => findings.due.push((Arc::clone(&held.slot), vec![entry])),
+                        }
                     }
                 }
                 // The session was closed under a group member (a failed unlock of
@@ -127,6 +134,12 @@ impl Inner {
         let taken = self.held().remove(key, Some(token));
         for held in taken {
             self.lose_with_key(key, held, reason, detail);
+        }
+    }
+
+    fn lose_entries(&self, entries: &[(String, u64)], reason: LostReason, detail: &str) {
+        for (key, token) in entries {
+            self.lose_entry(key, *token, reason, detail);
         }
     }
 
@@ -162,8 +175,8 @@ impl Inner {
         );
     }
 
-    /// One keepalive on a held, idle connection.
-    async fn keepalive(&self, key: String, token: u64, slot: SessionSlot) {
+    /// One keepalive on a held, idle connection, for the locks `entries` on it.
+    async fn keepalive(&self, entries: Vec<(String, u64)>, slot: SessionSlot) {
         let outcome = {
             let mut session = slot.lock().await;
             let Some(session) = session.as_mut() else {
@@ -173,37 +186,36 @@ impl Inner {
         };
         match outcome {
             Ok(Ok(Answer::Bool(true))) => {
-                if let Some(held) = self.held().get_mut(&key, token) {
-                    held.last_answer = Instant::now();
-                    held.pinging = false;
+                let mut book = self.held();
+                for (key, token) in &entries {
+                    if let Some(held) = book.get_mut(key, *token) {
+                        held.last_answer = Instant::now();
+                        held.pinging = false;
+                    }
                 }
             }
-            Ok(Ok(Answer::WrongSession)) => self.lose_entry(
-                &key,
-                token,
+            Ok(Ok(Answer::WrongSession)) => self.lose_entries(
+                &entries,
                 LostReason::KeepaliveFailed,
                 crate::acquire::MOVED_BETWEEN_SESSIONS,
             ),
-            Ok(Ok(_)) => self.lose_entry(
-                &key,
-                token,
-                LostReason::KeepaliveFailed,
-                "unexpected answer",
-            ),
+            Ok(Ok(_)) => {
+                self.lose_entries(&entries, LostReason::KeepaliveFailed, "unexpected answer")
+            }
             Ok(Err(error)) => {
                 let reason = if error.is_closed() || error.code().is_some() {
                     LostReason::ConnectionClosed
                 } else {
                     LostReason::KeepaliveFailed
                 };
-                self.lose_entry(&key, token, reason, &describe(&error));
+                self.lose_entries(&entries, reason, &describe(&error));
             }
             Err(_elapsed) => {
                 let detail = format!(
                     "no answer to a keepalive within {:?}",
                     self.settings.answer_timeout
                 );
-                self.lose_entry(&key, token, LostReason::KeepaliveFailed, &detail);
+                self.lose_entries(&entries, LostReason::KeepaliveFailed, &detail);
             }
         }
     }
@@ -242,9 +254,9 @@ async fn monitor(manager: Weak<Inner>) {
                 "the connection ended",
             );
         }
-        for (key, token, slot) in findings.due {
+        for (slot, entries) in findings.due {
             let inner = Arc::clone(&inner);
-            tokio::spawn(async move { inner.keepalive(key, token, slot).await });
+            tokio::spawn(async move { inner.keepalive(entries, slot).await });
         }
         if inner.held().is_empty() {
             inner.monitor_running.store(false, Ordering::Release);

@@ -12,6 +12,7 @@ mod inspect;
 mod lock_ids;
 mod manager;
 mod many;
+mod multiplex;
 mod pool;
 mod sql;
 mod telemetry;

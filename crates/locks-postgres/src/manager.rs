@@ -20,6 +20,7 @@ use crate::connection::Connections;
 use crate::guard::PostgresLockGuard;
 use crate::health::LostCounts;
 use crate::lock_ids::LockIds;
+use crate::multiplex::Multiplexer;
 use crate::telemetry::{finish_acquire_span, manager_acquire_span};
 
 /// Whether lock keys appear in spans and log events.
@@ -53,8 +54,9 @@ pub enum KeyVisibility {
 /// String-keyed distributed locks on PostgreSQL session-level advisory locks.
 ///
 /// Each held lock keeps one connection checked out of the pool for as long as it is
-/// held, because advisory locks belong to the session that took them. Cloning is
-/// cheap and shares the bookkeeping: build one per process and share it.
+/// held, because advisory locks belong to the session that took them (unless
+/// [`multiplex`](PostgresLockManagerBuilder::multiplex) lets locks share connections).
+/// Cloning is cheap and shares the bookkeeping: build one per process and share it.
 ///
 /// The lock API is the port's traits ([`DistributedLock`], [`LockRegistry`]); bring
 /// them into scope with `use locks_postgres::prelude::*;`.
@@ -120,6 +122,8 @@ pub(crate) struct Settings {
     pub(crate) deadline_margin: Duration,
     pub(crate) fencing: bool,
     pub(crate) release_in_background: bool,
+    /// How many locks may share one connection (1: one connection per lock).
+    pub(crate) locks_per_connection: usize,
 }
 
 impl Settings {
@@ -142,6 +146,7 @@ impl Settings {
         deadline_margin: Self::DEADLINE_MARGIN,
         fencing: false,
         release_in_background: false,
+        locks_per_connection: 1,
     };
 }
 
@@ -161,6 +166,8 @@ pub(crate) struct Inner {
     pub(crate) next_token: AtomicU64,
     pub(crate) monitor_running: AtomicBool,
     pub(crate) lost: LostCounts,
+    /// The shared connections, when multiplexing is on.
+    pub(crate) multiplexer: Option<Multiplexer>,
 }
 
 impl PostgresLockManager {
@@ -323,6 +330,36 @@ impl PostgresLockManagerBuilder {
         self
     }
 
+    /// Lets held locks share connections, up to `locks_per_connection` locks on each
+    /// (0 and 1 mean one connection per held lock: the default). Off by default.
+    ///
+    /// An acquisition first makes one `pg_try_advisory_lock` on a connection that
+    /// already holds other locks of this manager and has room; it never waits there, so
+    /// a wait cannot hold up a release of another lock on that connection. A connection
+    /// never takes one key twice (advisory locks are re-entrant per session): a second
+    /// acquisition of a key this manager holds goes to another connection, and waits
+    /// there as any contender does. When the try finds the lock busy, the acquisition
+    /// waits on a connection of its own, as without multiplexing; once granted, that
+    /// connection takes further tries too. A connection goes back to the pool when it
+    /// holds nothing; `release_all` frees a connection whose every lock it releases
+    /// with one `pg_advisory_unlock_all()`.
+    ///
+    /// Health stays per lock: a connection that ends loses exactly the locks it held,
+    /// each guard told and counted. The cap bounds how many locks one lost connection
+    /// takes with it. `acquire_many` keeps its own connection per group.
+    ///
+    /// ```
+    /// let pool = locks_postgres::plain_pool("postgres://app@localhost/app", 100)?;
+    /// // Up to 10 000 held locks on at most 100 connections.
+    /// let locks = locks_postgres::PostgresLockManager::builder(pool).multiplex(100).build();
+    /// # drop(locks);
+    /// # Ok::<(), locks_postgres::PoolConfigError>(())
+    /// ```
+    pub fn multiplex(mut self, locks_per_connection: usize) -> Self {
+        self.settings.locks_per_connection = locks_per_connection.max(1);
+        self
+    }
+
     /// Builds the manager. Does no I/O.
     #[must_use]
     pub fn build(self) -> PostgresLockManager {
@@ -341,6 +378,10 @@ impl PostgresLockManagerBuilder {
                 next_token: AtomicU64::new(1),
                 monitor_running: AtomicBool::new(false),
                 lost: LostCounts::default(),
+                multiplexer: Multiplexer::new(
+                    self.settings.locks_per_connection,
+                    self.settings.answer_timeout,
+                ),
             }),
         }
     }
@@ -416,7 +457,10 @@ impl DistributedLock for PostgresLockManager {
     /// Cancel safe. Dropped while waiting for a connection: nothing was taken. Dropped
     /// while the server is waiting for the lock: the connection is detached from the
     /// pool, a cancel request ends the server-side wait, and the connection is closed,
-    /// so the lock can never be granted to a pooled connection later.
+    /// so the lock can never be granted to a pooled connection later. With
+    /// [`multiplex`](PostgresLockManagerBuilder::multiplex), dropped during its try on a
+    /// shared connection: that connection stays (its other locks with it) and a task
+    /// undoes the lock there if the try took it.
     async fn acquire(
         &self,
         key: &str,
@@ -428,13 +472,13 @@ impl DistributedLock for PostgresLockManager {
         let span = manager_acquire_span(inner.shown(key), lock_id, &options);
         let started = tokio::time::Instant::now();
         let attempt = inner
-            .acquire_session(key, lock_id, options)
+            .acquire_grant(key, lock_id, options)
             .instrument(span.clone())
             .await;
         let attempt = match attempt {
-            Ok(session) => {
+            Ok(grant) => {
                 inner
-                    .register(key, lock_id, options.mode(), session, &span)
+                    .register_grant(key, lock_id, options.mode(), grant, &span)
                     .await
             }
             Err(error) => Err(error),
@@ -472,12 +516,12 @@ impl DistributedLock for PostgresLockManager {
         );
         let started = tokio::time::Instant::now();
         let attempt = inner
-            .try_session(key, lock_id, mode)
+            .try_grant(key, lock_id, mode)
             .instrument(span.clone())
             .await;
         let attempt = match attempt {
-            Ok(Some(session)) => inner
-                .register(key, lock_id, mode, session, &span)
+            Ok(Some(grant)) => inner
+                .register_grant(key, lock_id, mode, grant, &span)
                 .await
                 .map(Some),
             Ok(None) => Ok(None),
@@ -500,7 +544,9 @@ impl DistributedLock for PostgresLockManager {
     ///
     /// # Cancel safety
     /// The entry leaves the bookkeeping before the first await; if the future is
-    /// dropped, the session is closed instead of unlocked.
+    /// dropped, the session is closed instead of unlocked (a shared connection of
+    /// [`multiplex`](PostgresLockManagerBuilder::multiplex) instead gets the unlock from
+    /// a task, so its other locks stay).
     async fn release(&self, key: &str) -> Result<(), LockNotHeldError> {
         let taken = self.inner.take(key, None);
         if taken.is_empty() {
@@ -524,10 +570,12 @@ impl LockRegistry for PostgresLockManager {
     ///
     /// # Cancel safety
     /// All entries leave the bookkeeping before the first await; if the future is
-    /// dropped, the sessions not yet unlocked are closed, which frees their locks.
+    /// dropped, the sessions not yet unlocked are closed, which frees their locks (on a
+    /// shared connection not yet freed, a task unlocks them instead).
     async fn release_all(&self) -> usize {
         let drained = self.inner.take_all();
         let count = drained.len();
+        let drained = self.inner.unlock_whole_connections(drained).await;
         for (key, held) in drained {
             self.inner.unlock(&key, held).await;
         }

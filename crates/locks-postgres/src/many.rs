@@ -176,6 +176,7 @@ impl Inner {
                         last_answer: Instant::now(),
                         pinging: false,
                         group: Some(Arc::clone(&left)),
+                        host: None,
                     },
                 );
                 for previous in displaced {

@@ -3,9 +3,11 @@
 mod background;
 mod basics;
 mod conformance;
+mod counter;
 mod faults;
 mod inspect;
 mod many;
+mod multiplex;
 mod poolers;
 mod processes;
 mod support;

@@ -45,12 +45,7 @@ async fn session_pooling_carries_session_locks_and_their_loss() {
     let [pid] = holder_pids(&admin, lock_id).await[..] else {
         panic!("one server session holds the lock");
     };
-    let terminated: bool = admin
-        .query_one("SELECT pg_terminate_backend($1)", &[&pid])
-        .await
-        .unwrap()
-        .get(0);
-    assert!(terminated);
+    crate::faults::terminate_backend(&admin, pid).await;
     let reason = tokio::time::timeout(Duration::from_secs(5), guard.lost())
         .await
         .expect("the loss of the server session reaches the guard through PgBouncer");

@@ -166,14 +166,18 @@ impl Watched {
 
     /// Terminates backend `pid`, which must exist.
     async fn terminate(&self, pid: i32) {
-        let done: bool = self
-            .admin
-            .query_one("SELECT pg_terminate_backend($1)", &[&pid])
-            .await
-            .expect("pg_terminate_backend")
-            .get(0);
-        assert!(done, "backend {pid} was there to terminate");
+        terminate_backend(&self.admin, pid).await;
     }
+}
+
+/// Terminates backend `pid` from `admin`; the backend must exist.
+pub(crate) async fn terminate_backend(admin: &tokio_postgres::Client, pid: i32) {
+    let done: bool = admin
+        .query_one("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .expect("pg_terminate_backend")
+        .get(0);
+    assert!(done, "backend {pid} was there to terminate");
 }
 
 /// Two managers, a holder and a waiter, each on a pool of its own of `size` connections.
@@ -197,7 +201,7 @@ fn assert_bounded(what: &str, started: Instant) {
 }
 
 /// `manager` takes `key` within 5 s (`what` says why it should) and unlocks it.
-async fn assert_still_locks(manager: &PostgresLockManager, key: &str, what: &str) {
+pub(crate) async fn assert_still_locks(manager: &PostgresLockManager, key: &str, what: &str) {
     let guard = manager
         .acquire(key, timeout(Duration::from_secs(5)))
         .await

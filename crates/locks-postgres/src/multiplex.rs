@@ -1,0 +1,516 @@
+//! Many locks, few connections (opt-in:
+//! [`multiplex`](crate::PostgresLockManagerBuilder::multiplex)), DistributedLock's rules:
+//!
+//! - an acquisition first tries (`pg_try_advisory_lock`, never a blocking wait) on a
+//!   connection that already holds other locks of this manager and has room;
+//! - a connection never takes one lock id twice (advisory locks are re-entrant per
+//!   session: a second try would succeed on it): that acquisition goes elsewhere;
+//! - when that try finds the lock busy, or no connection has room, the acquisition runs
+//!   as without multiplexing on a connection of its own (checkout, try, wait in the
+//!   server's queue); once granted, that connection becomes a host for further tries;
+//! - a connection goes back to the pool when it holds nothing (closed when that cannot
+//!   be shown, ADR 0005).
+//!
+//! Each held lock keeps its own bookkeeping entry and lost signal; the entries of one
+//! connection share its [`SessionSlot`], so the health monitor loses exactly the locks
+//! of a connection that ends, each one told. A [`Membership`] is a lock id's place on a
+//! host, from the reservation before the try to the unlock; dropped without leaving (a
+//! cancelled acquire or release), a task makes sure the session does not hold the lock
+//! before the place is freed.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use locks_port::{
+    AcquireOptions, AcquisitionErrorKind, LockAcquisitionError, LockMode, timeout_reason,
+};
+use tokio::sync::Mutex as AsyncMutex;
+use tracing::Span;
+
+use crate::acquire::{Deadline, Limit, MOVED_BETWEEN_SESSIONS, with_timeout};
+use crate::bookkeeping::{Held, SessionSlot};
+use crate::classify::driver_error;
+use crate::connection::{Answer, Session};
+use crate::guard::PostgresLockGuard;
+use crate::manager::Inner;
+use crate::sql::Statement;
+
+/// Releases every advisory lock of the session: `release_all` on a connection whose
+/// every lock is being released. Like every lock statement it checks the session marker
+/// first (ADR 0014): on a server session that is not the connection's own it frees
+/// nothing (another client's locks above all) and answers NULL.
+const UNLOCK_ALL: &str = "SELECT CASE WHEN current_setting('locks.session', true) = $1 \
+     THEN (SELECT true FROM pg_advisory_unlock_all()) END";
+
+/// The shared connections of one manager.
+pub(crate) struct Multiplexer {
+    per_connection: usize,
+    answer_timeout: Duration,
+    hosts: Mutex<Vec<Arc<Host>>>,
+}
+
+/// One shared connection: its session and the lock ids on it.
+pub(crate) struct Host {
+    slot: SessionSlot,
+    answer_timeout: Duration,
+    state: Mutex<HostState>,
+}
+
+#[derive(Default)]
+struct HostState {
+    /// The lock ids held or being tried on the session: each at most once.
+    ids: HashSet<i64>,
+    /// Takes no more locks: it was emptied (its session pooled), or its session is gone.
+    retired: bool,
+}
+
+/// A lock id's place on a host, from the reservation before its try to its unlock.
+pub(crate) struct Membership {
+    host: Arc<Host>,
+    lock_id: i64,
+    mode: LockMode,
+    left: bool,
+}
+
+/// A granted lock before the bookkeeping: on a session of its own, or on a shared
+/// connection.
+pub(crate) enum Grant {
+    Own(Session),
+    Shared(Membership),
+}
+
+/// The bookkeeping of `release_all`'s fast path: by shared connection, its locks.
+type ByHost = HashMap<usize, (Arc<Host>, Vec<(String, Held)>)>;
+
+/// What a try on a shared connection found.
+enum SharedTry {
+    Granted(Membership),
+    Busy,
+    /// No connection with room for this lock id (or the chosen one had ended).
+    NoHost,
+}
+
+impl Multiplexer {
+    /// `None` unless more than one lock may share a connection.
+    pub(crate) fn new(per_connection: usize, answer_timeout: Duration) -> Option<Self> {
+        (per_connection > 1).then(|| Self {
+            per_connection,
+            answer_timeout,
+            hosts: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// A place for `lock_id` on a connection with room that does not hold it already;
+    /// the fullest such connection first, so locks gather on few connections.
+    fn reserve(&self, lock_id: i64, mode: LockMode) -> Option<Membership> {
+        let mut hosts = lock(&self.hosts);
+        hosts.retain(|host| !host.state().retired);
+        let mut best: Option<(&Arc<Host>, usize)> = None;
+        for host in hosts.iter() {
+            let state = host.state();
+            let room = state.ids.len() < self.per_connection && !state.ids.contains(&lock_id);
+            if room && best.is_none_or(|(_, most)| state.ids.len() > most) {
+                best = Some((host, state.ids.len()));
+            }
+        }
+        let (host, _) = best?;
+        let mut state = host.state();
+        state.ids.insert(lock_id);
+        drop(state);
+        Some(Membership {
+            host: Arc::clone(host),
+            lock_id,
+            mode,
+            left: false,
+        })
+    }
+
+    /// Makes a connection granted `lock_id` on its own a host for further tries.
+    fn adopt(&self, session: Session, lock_id: i64, mode: LockMode) -> Membership {
+        let host = Arc::new(Host {
+            slot: Arc::new(AsyncMutex::new(Some(session))),
+            answer_timeout: self.answer_timeout,
+            state: Mutex::new(HostState {
+                ids: HashSet::from([lock_id]),
+                retired: false,
+            }),
+        });
+        lock(&self.hosts).push(Arc::clone(&host));
+        Membership {
+            host,
+            lock_id,
+            mode,
+            left: false,
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every change under these locks is one step: consistent even after a panic.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Host {
+    fn state(&self) -> MutexGuard<'_, HostState> {
+        lock(&self.state)
+    }
+
+    /// Frees `lock_id`'s place; `true` when the host is now empty, which retires it:
+    /// the caller (holding the slot) then gives the session back or closes it.
+    fn leave(&self, lock_id: i64) -> bool {
+        let mut state = self.state();
+        state.ids.remove(&lock_id);
+        if state.ids.is_empty() {
+            state.retired = true;
+            return true;
+        }
+        false
+    }
+
+    fn retire(&self) {
+        self.state().retired = true;
+    }
+
+    /// Retires the host if `count` places are all it has (every one of them being
+    /// released): then one `pg_advisory_unlock_all()` is exactly right.
+    fn claim_whole(&self, count: usize) -> bool {
+        let mut state = self.state();
+        if state.retired || state.ids.len() != count {
+            return false;
+        }
+        state.ids.clear();
+        state.retired = true;
+        true
+    }
+}
+
+impl Membership {
+    /// The slot of the host's session, shared by the bookkeeping entries of its locks.
+    pub(crate) fn slot(&self) -> &SessionSlot {
+        &self.host.slot
+    }
+
+    /// Frees the place (the lock is unlocked or gone); `true` when the connection now
+    /// holds nothing: the caller, holding the slot, gives the session back or closes it.
+    pub(crate) fn leave(&mut self) -> bool {
+        self.left = true;
+        self.host.leave(self.lock_id)
+    }
+
+    /// Frees the place, giving the session back if the connection now holds nothing.
+    fn vacate(mut self, slot: &mut Option<Session>) {
+        if self.leave()
+            && let Some(session) = slot.take()
+        {
+            session.into_pool();
+        }
+    }
+
+    /// Closes the host's session (it failed), which frees every lock on it; the
+    /// health monitor tells the others' guards.
+    fn close_host(mut self, slot: &mut Option<Session>) {
+        drop(slot.take());
+        self.host.retire();
+        self.leave();
+    }
+}
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        if self.left {
+            return;
+        }
+        self.left = true;
+        let (host, lock_id, mode) = (Arc::clone(&self.host), self.lock_id, self.mode);
+        if let Ok(mut slot) = host.slot.try_lock()
+            && slot.is_none()
+        {
+            // The session is gone (lost, or closed): nothing to undo on it.
+            if host.leave(lock_id) {
+                drop(slot.take());
+            }
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(settle(host, lock_id, mode));
+            }
+            Err(_) => {
+                // No runtime, no I/O: close the session (if it is free), which frees
+                // every lock on it; the monitor tells the other guards. Else the host
+                // takes no more locks, and this place stays taken until it closes.
+                host.retire();
+                if let Ok(mut slot) = host.slot.try_lock() {
+                    drop(slot.take());
+                    host.leave(lock_id);
+                }
+            }
+        }
+    }
+}
+
+/// After a cancelled try, acquisition or release on a shared connection: makes sure
+/// the session does not hold `lock_id` (statements run in order, so this comes after
+/// whatever was sent), then frees the place; closes the session if that cannot be shown.
+async fn settle(host: Arc<Host>, lock_id: i64, mode: LockMode) {
+    let mut slot = host.slot.lock().await;
+    if let Some(session) = slot.as_mut() {
+        let check = Statement::UnlockIfHeld { lock_id, mode };
+        let answer = tokio::time::timeout(host.answer_timeout, session.run(check)).await;
+        if !matches!(answer, Ok(Ok(Answer::Bool(_)))) {
+            drop(slot.take());
+            host.retire();
+        }
+    }
+    if host.leave(lock_id)
+        && let Some(session) = slot.take()
+    {
+        session.into_pool();
+    }
+}
+
+impl Inner {
+    /// One `pg_try_advisory_lock` on a shared connection, within the deadline plus the
+    /// margin (without one, the answer timeout).
+    async fn try_shared(
+        &self,
+        key: &str,
+        lock_id: i64,
+        mode: LockMode,
+        deadline: Option<Deadline>,
+    ) -> Result<SharedTry, LockAcquisitionError> {
+        let Some(multiplexer) = self.multiplexer.as_ref() else {
+            return Ok(SharedTry::NoHost);
+        };
+        let Some(member) = multiplexer.reserve(lock_id, mode) else {
+            return Ok(SharedTry::NoHost);
+        };
+        let host = Arc::clone(&member.host);
+        let settings = &self.settings;
+        let limit = Limit::of(deadline, settings.deadline_margin, settings.answer_timeout);
+        // The connection may be busy with another lock's statement (a keepalive that
+        // gets no answer, say): that counts against the same limit.
+        let Ok(mut slot) = limit.run(host.slot.lock()).await else {
+            // Nothing was sent. Should this have been the last place, the session is
+            // closed when the retired host is dropped.
+            let mut member = member;
+            member.leave();
+            return Ok(SharedTry::NoHost);
+        };
+        let Some(session) = slot.as_mut() else {
+            member.close_host(&mut slot);
+            return Ok(SharedTry::NoHost);
+        };
+        let statement = Statement::TryLock { lock_id, mode };
+        match limit.run(session.run(statement)).await {
+            Ok(Ok(Answer::Bool(true))) => Ok(SharedTry::Granted(member)),
+            // The statement reached another server session (ADR 0014): the connection
+            // cannot hold session locks, nor the others on it.
+            Ok(Ok(Answer::WrongSession)) => {
+                member.close_host(&mut slot);
+                let error = LockAcquisitionError::new(
+                    key,
+                    AcquisitionErrorKind::Configuration,
+                    MOVED_BETWEEN_SESSIONS,
+                );
+                Err(with_timeout(error, deadline))
+            }
+            Ok(Ok(_)) => {
+                member.vacate(&mut slot);
+                Ok(SharedTry::Busy)
+            }
+            // The server refused the statement (out of shared memory for locks, say):
+            // nothing was taken and the session is fine.
+            Ok(Err(error)) if !error.is_closed() && error.code().is_some() => {
+                member.vacate(&mut slot);
+                Err(with_timeout(driver_error(key, error), deadline))
+            }
+            Ok(Err(error)) => {
+                member.close_host(&mut slot);
+                Err(with_timeout(driver_error(key, error), deadline))
+            }
+            Err(_elapsed) => {
+                member.close_host(&mut slot);
+                let waited = deadline.map_or(settings.answer_timeout, |deadline| deadline.timeout);
+                let error = LockAcquisitionError::new(
+                    key,
+                    AcquisitionErrorKind::ConnectionLost,
+                    format!("{} (the server did not answer)", timeout_reason(waited)),
+                );
+                Err(with_timeout(error, deadline))
+            }
+        }
+    }
+
+    /// The acquisition up to the bookkeeping, multiplexed or not.
+    pub(crate) async fn acquire_grant(
+        &self,
+        key: &str,
+        lock_id: i64,
+        options: AcquireOptions,
+    ) -> Result<Grant, LockAcquisitionError> {
+        if self.multiplexer.is_some() {
+            self.acquire_member(key, lock_id, options)
+                .await
+                .map(Grant::Shared)
+        } else {
+            self.acquire_session(key, lock_id, options)
+                .await
+                .map(Grant::Own)
+        }
+    }
+
+    /// `try_acquire` up to the bookkeeping, multiplexed or not.
+    pub(crate) async fn try_grant(
+        &self,
+        key: &str,
+        lock_id: i64,
+        mode: LockMode,
+    ) -> Result<Option<Grant>, LockAcquisitionError> {
+        if self.multiplexer.is_some() {
+            Ok(self
+                .try_member(key, lock_id, mode)
+                .await?
+                .map(Grant::Shared))
+        } else {
+            Ok(self.try_session(key, lock_id, mode).await?.map(Grant::Own))
+        }
+    }
+
+    /// Records a granted lock and hands out its guard (see `register`).
+    pub(crate) async fn register_grant(
+        self: &Arc<Self>,
+        key: &str,
+        lock_id: i64,
+        mode: LockMode,
+        grant: Grant,
+        span: &Span,
+    ) -> Result<PostgresLockGuard, LockAcquisitionError> {
+        match grant {
+            Grant::Own(session) => self.register(key, lock_id, mode, session, span).await,
+            Grant::Shared(member) => {
+                let slot = Arc::clone(member.slot());
+                self.register_in(key, lock_id, mode, slot, Some(member), span)
+                    .await
+            }
+        }
+    }
+
+    /// `acquire` with multiplexing: a try on a shared connection, else the whole
+    /// acquisition on a connection of its own, which then becomes a host.
+    async fn acquire_member(
+        &self,
+        key: &str,
+        lock_id: i64,
+        options: AcquireOptions,
+    ) -> Result<Membership, LockAcquisitionError> {
+        let deadline = options.timeout().map(Deadline::after);
+        let mode = options.mode();
+        match self.try_shared(key, lock_id, mode, deadline).await? {
+            SharedTry::Granted(member) => return Ok(member),
+            SharedTry::Busy => {
+                if let Some(deadline) = deadline.filter(|deadline| deadline.passed()) {
+                    return Err(LockAcquisitionError::timed_out(key, deadline.timeout));
+                }
+            }
+            SharedTry::NoHost => {}
+        }
+        let session = self
+            .acquire_session_until(key, lock_id, options, deadline)
+            .await?;
+        Ok(self.adopt(session, lock_id, mode))
+    }
+
+    /// `try_acquire` with multiplexing: one try, on a shared connection if one has
+    /// room, else on a connection of its own (which then becomes a host).
+    async fn try_member(
+        &self,
+        key: &str,
+        lock_id: i64,
+        mode: LockMode,
+    ) -> Result<Option<Membership>, LockAcquisitionError> {
+        match self.try_shared(key, lock_id, mode, None).await? {
+            SharedTry::Granted(member) => Ok(Some(member)),
+            SharedTry::Busy => Ok(None),
+            SharedTry::NoHost => Ok(self
+                .try_session(key, lock_id, mode)
+                .await?
+                .map(|session| self.adopt(session, lock_id, mode))),
+        }
+    }
+
+    fn adopt(&self, session: Session, lock_id: i64, mode: LockMode) -> Membership {
+        match self.multiplexer.as_ref() {
+            Some(multiplexer) => multiplexer.adopt(session, lock_id, mode),
+            None => unreachable!("only a multiplexing manager adopts connections"),
+        }
+    }
+
+    /// `release_all`'s fast path: a shared connection whose every lock is among
+    /// `drained` gets one `pg_advisory_unlock_all()` and goes back to the pool; the
+    /// other entries are handed back for one unlock each.
+    pub(crate) async fn unlock_whole_connections(
+        &self,
+        drained: Vec<(String, Held)>,
+    ) -> Vec<(String, Held)> {
+        if self.multiplexer.is_none() {
+            return drained;
+        }
+        let mut rest = Vec::new();
+        let mut by_host = ByHost::new();
+        for (key, held) in drained {
+            match held.host.as_ref().map(|member| Arc::clone(&member.host)) {
+                Some(host) => {
+                    by_host
+                        .entry(Arc::as_ptr(&host).addr())
+                        .or_insert_with(|| (host, Vec::new()))
+                        .1
+                        .push((key, held));
+                }
+                None => rest.push((key, held)),
+            }
+        }
+        for (host, mut members) in by_host.into_values() {
+            let mut slot = host.slot.lock().await;
+            if !host.claim_whole(members.len()) {
+                drop(slot);
+                rest.append(&mut members);
+                continue;
+            }
+            for (_, held) in &mut members {
+                if let Some(member) = held.host.as_mut() {
+                    member.left = true;
+                }
+            }
+            // From here the session is ours: dropped, it is closed, which frees all.
+            let Some(session) = slot.take() else {
+                continue;
+            };
+            drop(slot);
+            let unlock_all = async {
+                let row = session
+                    .object()
+                    .query_one(UNLOCK_ALL, &[&session.marker()])
+                    .await?;
+                row.try_get::<_, Option<bool>>(0)
+            };
+            let answer = tokio::time::timeout(self.settings.answer_timeout, unlock_all).await;
+            if matches!(answer, Ok(Ok(Some(true)))) {
+                session.into_pool();
+                tracing::debug!(
+                    locks = members.len(),
+                    "locks released with pg_advisory_unlock_all"
+                );
+            } else {
+                session.close();
+                tracing::warn!(
+                    locks = members.len(),
+                    "Error releasing advisory locks with pg_advisory_unlock_all; closed \
+                     the session, which frees them"
+                );
+            }
+        }
+        rest
+    }
+}
