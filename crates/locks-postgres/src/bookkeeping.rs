@@ -276,17 +276,16 @@ impl Inner {
                 return ReleaseOutcome::AlreadyReleased;
             };
             drop(slot);
-            match answer {
+            // Every path but a confirmed unlock closes the session, which frees
+            // whatever it held; each says why first.
+            let (kind, code) = match &answer {
                 Ok(Ok(Answer::Bool(true))) => {
                     session.into_pool();
                     current.record("lock.released", true);
                     tracing::debug!(key = self.shown(key), lock_id, "lock released");
-                    ReleaseOutcome::Unlocked
+                    return ReleaseOutcome::Unlocked;
                 }
                 Ok(Ok(Answer::WrongSession)) => {
-                    session.close();
-                    current.record("lock.released", false);
-                    record_failure(&current, AcquisitionErrorKind::Configuration, None);
                     tracing::error!(
                         key = self.shown(key),
                         lock_id,
@@ -295,46 +294,41 @@ impl Inner {
                          session and did nothing; closed the connection, but the server \
                          session that took the lock may still hold it"
                     );
-                    ReleaseOutcome::SessionClosed
+                    (AcquisitionErrorKind::Configuration, None)
                 }
                 Ok(Ok(_)) => {
-                    session.close();
-                    current.record("lock.released", false);
-                    record_failure(&current, AcquisitionErrorKind::Backend, None);
                     tracing::warn!(
                         key = self.shown(key),
                         lock_id,
                         "Error releasing advisory lock: the session no longer held it; \
                          closed the session"
                     );
-                    ReleaseOutcome::SessionClosed
+                    (AcquisitionErrorKind::Backend, None)
                 }
                 Ok(Err(error)) => {
-                    session.close();
-                    current.record("lock.released", false);
-                    record_failure(&current, driver_kind(&error), sqlstate(&error));
                     tracing::warn!(
                         key = self.shown(key),
                         lock_id,
-                        error = %crate::classify::describe(&error),
-                        sqlstate = sqlstate(&error),
+                        error = %crate::classify::describe(error),
+                        sqlstate = sqlstate(error),
                         "Error releasing advisory lock; closed the session, which frees it"
                     );
-                    ReleaseOutcome::SessionClosed
+                    (driver_kind(error), sqlstate(error))
                 }
                 Err(_elapsed) => {
-                    drop(session);
-                    current.record("lock.released", false);
-                    record_failure(&current, AcquisitionErrorKind::ConnectionLost, None);
                     tracing::warn!(
                         key = self.shown(key),
                         lock_id,
                         "Error releasing advisory lock: the server did not answer; closed \
                          the session, which frees it"
                     );
-                    ReleaseOutcome::SessionClosed
+                    (AcquisitionErrorKind::ConnectionLost, None)
                 }
-            }
+            };
+            session.close();
+            current.record("lock.released", false);
+            record_failure(&current, kind, code);
+            ReleaseOutcome::SessionClosed
         }
         .instrument(span)
         .await

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use deadpool_postgres::{Object, ObjectId};
@@ -55,30 +55,10 @@ fn marker(object: &Object) -> Box<str> {
     format!("{:016x}", hasher.finish()).into_boxed_str()
 }
 
-/// A hasher for [`ObjectId`]s (small distinct integers): one multiplication.
-#[derive(Default)]
-pub(crate) struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(byte)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-
-    fn write_usize(&mut self, value: usize) {
-        self.write(&value.to_le_bytes());
-    }
-}
-
 /// The [`Known`] state of the manager's connections that are idle in the pool.
 #[derive(Debug)]
 pub(crate) struct Connections {
-    idle: Mutex<HashMap<ObjectId, Box<Known>, BuildHasherDefault<IdHasher>>>,
+    idle: Mutex<HashMap<ObjectId, Box<Known>, foldhash::fast::RandomState>>,
     /// More entries than this means some connections were closed by the pool while
     /// idle: the map is cleared (those still alive are set up again at next use).
     limit: usize,
