@@ -131,9 +131,16 @@ impl Inner {
 
     /// Takes one lost acquisition out of the bookkeeping and tells its guard.
     fn lose_entry(&self, key: &str, token: u64, reason: LostReason, detail: &str) {
-        let taken = self.held().remove(key, Some(token));
+        let taken = {
+            let mut book = self.held();
+            let taken = book.remove(key, Some(token));
+            // The sessions go before the entries are seen gone: whoever finds the key
+            // no longer held also finds its pool slot free.
+            taken.iter().for_each(discard);
+            taken
+        };
         for held in taken {
-            self.lose_with_key(key, held, reason, detail);
+            self.report_lost(self.shown(key), &held, reason, detail);
         }
     }
 
@@ -146,13 +153,8 @@ impl Inner {
     /// A lost lock already out of the bookkeeping: discard its session, tell its
     /// guard, say so in an event and count it.
     pub(crate) fn lose(&self, held: Held, reason: LostReason, detail: &str) {
+        discard(&held);
         self.report_lost(None, &held, reason, detail);
-        discard(held);
-    }
-
-    fn lose_with_key(&self, key: &str, held: Held, reason: LostReason, detail: &str) {
-        self.report_lost(self.shown(key), &held, reason, detail);
-        discard(held);
     }
 
     fn report_lost(&self, key: Option<&str>, held: &Held, reason: LostReason, detail: &str) {
@@ -224,12 +226,13 @@ impl Inner {
 /// Drops a lost lock's session: detached from the pool and closed, never reused. The
 /// slot may be busy (a keepalive that is timing out); then the keepalive's own end
 /// drops it.
-fn discard(held: Held) {
+fn discard(held: &Held) {
     if let Ok(mut session) = held.slot.try_lock() {
         drop(session.take());
     } else if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        let slot = Arc::clone(&held.slot);
         runtime.spawn(async move {
-            drop(held.slot.lock().await.take());
+            drop(slot.lock().await.take());
         });
     }
 }
