@@ -21,7 +21,7 @@ use crate::guard::PostgresLockGuard;
 use crate::health::LostCounts;
 use crate::lock_ids::LockIds;
 use crate::multiplex::Multiplexer;
-use crate::telemetry::{finish_acquire_span, manager_acquire_span};
+use crate::telemetry::{finish_acquire_span, manager_acquire_span, started};
 
 /// Whether lock keys appear in spans and log events.
 ///
@@ -470,7 +470,7 @@ impl DistributedLock for PostgresLockManager {
         let inner = &self.inner;
         let lock_id = inner.lock_ids.lock_id(key);
         let span = manager_acquire_span(inner.shown(key), lock_id, &options);
-        let started = tokio::time::Instant::now();
+        let started = started(&span);
         let attempt = inner
             .acquire_grant(key, lock_id, options)
             .instrument(span.clone())
@@ -483,7 +483,7 @@ impl DistributedLock for PostgresLockManager {
             }
             Err(error) => Err(error),
         };
-        finish_acquire_span(&span, started.elapsed(), attempt.as_ref().map(|_| true));
+        finish_acquire_span(&span, started, attempt.as_ref().map(|_| true));
         attempt
     }
 
@@ -514,7 +514,7 @@ impl DistributedLock for PostgresLockManager {
             lock_id,
             &options.with_timeout(Duration::ZERO),
         );
-        let started = tokio::time::Instant::now();
+        let started = started(&span);
         let attempt = inner
             .try_grant(key, lock_id, mode)
             .instrument(span.clone())
@@ -527,11 +527,7 @@ impl DistributedLock for PostgresLockManager {
             Ok(None) => Ok(None),
             Err(error) => Err(error),
         };
-        finish_acquire_span(
-            &span,
-            started.elapsed(),
-            attempt.as_ref().map(Option::is_some),
-        );
+        finish_acquire_span(&span, started, attempt.as_ref().map(Option::is_some));
         attempt
     }
 

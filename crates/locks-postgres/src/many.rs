@@ -22,7 +22,7 @@ use crate::bookkeeping::Held;
 use crate::classify::driver_error;
 use crate::connection::{Answer, Session};
 use crate::manager::{Inner, PostgresLockManager};
-use crate::telemetry::{finish_acquire_span, manager_acquire_span};
+use crate::telemetry::{finish_acquire_span, manager_acquire_span, started};
 
 impl PostgresLockManager {
     /// Takes the locks of all `keys`, or none: in one global order (ascending lock id,
@@ -73,14 +73,14 @@ impl PostgresLockManager {
             *ordered.keys().next().unwrap_or(&0),
             &options,
         );
-        let started = Instant::now();
+        let started = started(&span);
         let attempt = inner
             .acquire_group(&ordered, options)
             .instrument(span.clone())
             .await;
         let attempt =
             attempt.map(|session| inner.register_group(&ordered, options.mode(), session));
-        finish_acquire_span(&span, started.elapsed(), attempt.as_ref().map(|_| true));
+        finish_acquire_span(&span, started, attempt.as_ref().map(|_| true));
         attempt
     }
 }

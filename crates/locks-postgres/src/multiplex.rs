@@ -351,7 +351,8 @@ impl Inner {
         options: AcquireOptions,
     ) -> Result<Grant, LockAcquisitionError> {
         if self.multiplexer.is_some() {
-            self.acquire_member(key, lock_id, options)
+            // Boxed: the opt-in path stays out of the default path's future.
+            Box::pin(self.acquire_member(key, lock_id, options))
                 .await
                 .map(Grant::Shared)
         } else {
@@ -369,8 +370,7 @@ impl Inner {
         mode: LockMode,
     ) -> Result<Option<Grant>, LockAcquisitionError> {
         if self.multiplexer.is_some() {
-            Ok(self
-                .try_member(key, lock_id, mode)
+            Ok(Box::pin(self.try_member(key, lock_id, mode))
                 .await?
                 .map(Grant::Shared))
         } else {

@@ -63,12 +63,20 @@ pub(crate) fn acquire_span(
 /// Closes an acquisition's span: how long it took, whether it was granted, and on
 /// failure the error kind, SQLSTATE and a DEBUG (timeout) or WARNING event carrying the
 /// reason only (never the error's message, which names the key).
+/// When an acquisition started, for its span's `lock.wait_ms`; `None` (no clock read)
+/// when no subscriber records the span.
+pub(crate) fn started(span: &Span) -> Option<tokio::time::Instant> {
+    (!span.is_disabled()).then(tokio::time::Instant::now)
+}
+
 pub(crate) fn finish_acquire_span(
     span: &Span,
-    elapsed: Duration,
+    started: Option<tokio::time::Instant>,
     outcome: Result<bool, &LockAcquisitionError>,
 ) {
-    span.record("lock.wait_ms", duration_ms(elapsed));
+    if let Some(started) = started {
+        span.record("lock.wait_ms", duration_ms(started.elapsed()));
+    }
     match outcome {
         Ok(acquired) => {
             span.record("lock.acquired", acquired);
