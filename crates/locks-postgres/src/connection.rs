@@ -46,7 +46,8 @@ impl Known {
 
 /// The session marker of a connection: a hash, keyed once per process, of the pool's
 /// object id and the instant the connection was made. Every manager sharing a pool
-/// computes the same marker for one connection, and two connections never share one.
+/// computes the same marker for one connection; two connections (of this process or any
+/// other) share one only by a 64-bit hash collision.
 fn marker(object: &Object) -> Box<str> {
     static KEYS: LazyLock<RandomState> = LazyLock::new(RandomState::new);
     let mut hasher = KEYS.build_hasher();
