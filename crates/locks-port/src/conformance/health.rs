@@ -3,8 +3,9 @@
 use std::future::IntoFuture;
 use std::time::Duration;
 
-use super::{
-    Harness, WAIT, bounded, eventually_acquirable, join, must_acquire, must_be_busy, must_release,
+use super::Harness;
+use super::fixtures::{
+    WAIT, bounded, eventually_acquirable, join, must_acquire, must_be_busy, must_release,
     unique_key,
 };
 use crate::{
@@ -100,7 +101,7 @@ pub async fn with_lock_until_lost_stops_the_body<H: Harness>(harness: &H) {
             })
             .await
     });
-    super::eventually(|| a.is_held(&key), "the body's lock must be held").await;
+    super::fixtures::eventually(|| a.is_held(&key), "the body's lock must be held").await;
     a.release(&key)
         .await
         .expect("release(key) of the body's lock");

@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
-use super::{
-    Harness, WAIT, assert_timeout_error, bounded, eventually, eventually_acquirable, must_be_busy,
+use super::Harness;
+use super::fixtures::{
+    WAIT, assert_timeout_error, bounded, eventually, eventually_acquirable, must_be_busy,
     must_release, must_take, unique_key,
 };
 use crate::{

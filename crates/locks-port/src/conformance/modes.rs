@@ -2,9 +2,10 @@
 
 use std::time::Duration;
 
-use super::{
-    Harness, WAIT, assert_timeout_error, bounded, eventually_acquirable, join, must_acquire,
-    must_release, unique_key,
+use super::Harness;
+use super::fixtures::{
+    WAIT, assert_timeout_error, bounded, eventually_acquirable, join, must_acquire, must_release,
+    unique_key,
 };
 use crate::{AcquireOptions, DistributedLock, LockGuard, LockMode};
 

@@ -1,0 +1,137 @@
+//! The fixtures the cases share: unique keys, acquisitions that must succeed or must
+//! find the key busy, polling for asynchronous releases, and the timeout error's checks.
+
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+use super::RELEASE_GRACE;
+use crate::{
+    AcquireOptions, AcquisitionErrorKind, DistributedLock, LockAcquisitionError, LockGuard,
+    ReleaseOutcome,
+};
+
+/// The timeout of acquisitions that are expected to succeed.
+pub(crate) const WAIT: Duration = Duration::from_secs(10);
+/// A key no other test run uses.
+pub(crate) fn unique_key(case: &str) -> String {
+    format!("conformance:{case}:{}", Uuid::new_v4())
+}
+
+pub(crate) fn bounded(timeout: Duration) -> AcquireOptions {
+    AcquireOptions::new().with_timeout(timeout)
+}
+
+/// Acquires a key that must become available within [`WAIT`].
+pub(crate) async fn must_acquire<M: DistributedLock>(
+    manager: &M,
+    key: &str,
+    why: &str,
+) -> M::Guard {
+    match manager.acquire(key, bounded(WAIT)).await {
+        Ok(guard) => guard,
+        Err(error) => panic!("{why}: acquire({key:?}) failed: {error}"),
+    }
+}
+
+/// Takes a key that must be free right now.
+pub(crate) async fn must_take<M: DistributedLock>(manager: &M, key: &str, why: &str) -> M::Guard {
+    match manager.try_acquire(key).await {
+        Ok(Some(guard)) => guard,
+        Ok(None) => panic!("{why}: try_acquire({key:?}) found the key held"),
+        Err(error) => panic!("{why}: try_acquire({key:?}) failed: {error}"),
+    }
+}
+
+/// Checks that a key is held by someone right now.
+pub(crate) async fn must_be_busy<M: DistributedLock>(manager: &M, key: &str, why: &str) {
+    match manager.try_acquire(key).await {
+        Ok(None) => {}
+        Ok(Some(_guard)) => panic!("{why}: try_acquire({key:?}) got a lock that should be held"),
+        Err(error) => panic!("{why}: try_acquire({key:?}) failed: {error}"),
+    }
+}
+
+/// Polls `try_acquire` until the key is free, for up to [`RELEASE_GRACE`].
+pub(crate) async fn eventually_acquirable<M: DistributedLock>(
+    manager: &M,
+    key: &str,
+    why: &str,
+) -> M::Guard {
+    let deadline = Instant::now() + RELEASE_GRACE;
+    loop {
+        match manager.try_acquire(key).await {
+            Ok(Some(guard)) => return guard,
+            Ok(None) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Ok(None) => panic!("{why}: {key:?} was still held after {RELEASE_GRACE:?}"),
+            Err(error) => panic!("{why}: try_acquire({key:?}) failed: {error}"),
+        }
+    }
+}
+
+/// Polls a local condition for up to [`RELEASE_GRACE`].
+pub(crate) async fn eventually(mut condition: impl FnMut() -> bool, why: &str) {
+    let deadline = Instant::now() + RELEASE_GRACE;
+    while !condition() {
+        assert!(
+            Instant::now() < deadline,
+            "{why} (still not true after {RELEASE_GRACE:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Joins a task, re-raising its panic so the case fails with the task's message.
+pub(crate) async fn join<T>(task: JoinHandle<T>) -> T {
+    match task.await {
+        Ok(value) => value,
+        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+        Err(error) => panic!("a task of the case did not finish: {error}"),
+    }
+}
+
+pub(crate) async fn must_release<G: LockGuard>(guard: G, why: &str) {
+    let key = guard.info().key().to_owned();
+    let outcome = guard.release().await;
+    assert_eq!(
+        outcome,
+        ReleaseOutcome::Unlocked,
+        "{why}: releasing the guard of {key:?} must unlock it"
+    );
+}
+
+pub(crate) fn assert_timeout_error(
+    error: &LockAcquisitionError,
+    key: &str,
+    timeout: Duration,
+    why: &str,
+) {
+    assert_eq!(
+        error.kind(),
+        AcquisitionErrorKind::Timeout,
+        "{why}: a wait that outlasts its timeout must fail with kind Timeout, got {error:?}"
+    );
+    assert!(error.is_timeout(), "{why}: is_timeout() must be true");
+    assert_eq!(
+        error.timeout(),
+        Some(timeout),
+        "{why}: the error must carry the timeout of the call"
+    );
+    assert_eq!(error.key(), key, "{why}: the error must name the key");
+    assert!(
+        error.reason().contains("Timeout"),
+        "{why}: the reason must say Timeout, got {:?}",
+        error.reason()
+    );
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "Failed to acquire lock '{key}': {}",
+            crate::timeout_reason(timeout)
+        ),
+        "{why}: the message must be the original library's"
+    );
+}
