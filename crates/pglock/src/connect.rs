@@ -1,18 +1,22 @@
 //! Where the server is and how to reach it: `--url`, else `DATABASE_URL`, else the libpq
 //! environment, as psql reads them; the pool the lock manager uses.
 
-use std::path::{Path, PathBuf};
+mod conninfo;
+mod open;
+mod passfile;
+
+use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-use locks_postgres::deadpool_postgres::{
-    Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime,
-};
+use locks_postgres::tokio_postgres::Config;
 use locks_postgres::tokio_postgres::config::{Host, SslMode};
-use locks_postgres::tokio_postgres::{self, Config, NoTls};
 
-use crate::exit::{CONFIG, Failure, NOPERM, SOFTWARE, UNAVAILABLE, chain};
-use crate::tls;
+pub(crate) use self::open::{check, pool, pool_failure};
+
+use self::conninfo::split_ssl_params;
+use self::passfile::pgpass_password;
+use crate::exit::{CONFIG, Failure, chain};
 
 /// How long connecting may take when neither `--connect-timeout`, `connect_timeout` in
 /// the URL nor `PGCONNECT_TIMEOUT` says.
@@ -206,135 +210,6 @@ pub(crate) fn resolve(
     })
 }
 
-/// The TLS parameters taken out of a connection string (the driver knows neither
-/// `verify-*` modes nor `sslrootcert`).
-#[derive(Debug, Default, PartialEq, Eq)]
-struct SslParams {
-    sslmode: Option<String>,
-    sslrootcert: Option<String>,
-}
-
-/// `conninfo` without `sslmode` and `sslrootcert`, and their values. Both libpq forms:
-/// `postgres://…?sslmode=…` and `host=… sslmode=…`.
-fn split_ssl_params(conninfo: &str) -> Result<(String, SslParams), Failure> {
-    let mut params = SslParams::default();
-    let is_url = conninfo.starts_with("postgres://") || conninfo.starts_with("postgresql://");
-    if is_url {
-        let Some((base, query)) = conninfo.split_once('?') else {
-            return Ok((conninfo.to_owned(), params));
-        };
-        let mut kept = Vec::new();
-        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            match percent_decode(key)?.as_str() {
-                "sslmode" => params.sslmode = Some(percent_decode(value)?),
-                "sslrootcert" => params.sslrootcert = Some(percent_decode(value)?),
-                _ => kept.push(pair),
-            }
-        }
-        let rest = if kept.is_empty() {
-            base.to_owned()
-        } else {
-            format!("{base}?{}", kept.join("&"))
-        };
-        return Ok((rest, params));
-    }
-    let mut kept = Vec::new();
-    for (key, value) in key_values(conninfo)? {
-        match key.as_str() {
-            "sslmode" => params.sslmode = Some(value),
-            "sslrootcert" => params.sslrootcert = Some(value),
-            _ => kept.push(format!(
-                "{key}='{}'",
-                value.replace('\\', "\\\\").replace('\'', "\\'")
-            )),
-        }
-    }
-    Ok((kept.join(" "), params))
-}
-
-/// The pairs of a libpq `key=value` string (values bare or in single quotes, with `\`
-/// escapes).
-fn key_values(text: &str) -> Result<Vec<(String, String)>, Failure> {
-    let bad = || {
-        Failure::new(
-            CONFIG,
-            "invalid connection string: expected key=value pairs",
-        )
-    };
-    let mut pairs = Vec::new();
-    let mut chars = text.chars().peekable();
-    loop {
-        while chars.peek().is_some_and(|c| c.is_whitespace()) {
-            chars.next();
-        }
-        if chars.peek().is_none() {
-            return Ok(pairs);
-        }
-        let mut key = String::new();
-        while let Some(&c) = chars.peek() {
-            if c == '=' || c.is_whitespace() {
-                break;
-            }
-            key.push(c);
-            chars.next();
-        }
-        while chars.peek().is_some_and(|c| c.is_whitespace()) {
-            chars.next();
-        }
-        if chars.next() != Some('=') || key.is_empty() {
-            return Err(bad());
-        }
-        while chars.peek().is_some_and(|c| c.is_whitespace()) {
-            chars.next();
-        }
-        let mut value = String::new();
-        if chars.peek() == Some(&'\'') {
-            chars.next();
-            loop {
-                match chars.next() {
-                    Some('\'') => break,
-                    Some('\\') => value.push(chars.next().ok_or_else(bad)?),
-                    Some(c) => value.push(c),
-                    None => return Err(bad()),
-                }
-            }
-        } else {
-            while let Some(&c) = chars.peek() {
-                if c.is_whitespace() {
-                    break;
-                }
-                chars.next();
-                if c == '\\' {
-                    value.push(chars.next().ok_or_else(bad)?);
-                } else {
-                    value.push(c);
-                }
-            }
-        }
-        pairs.push((key, value));
-    }
-}
-
-/// `%XX` decoding of a URL query part.
-fn percent_decode(text: &str) -> Result<String, Failure> {
-    let bad = || Failure::new(CONFIG, format!("invalid percent-encoding in `{text}`"));
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = text.get(i + 1..i + 3).ok_or_else(bad)?;
-            out.push(u8::from_str_radix(hex, 16).map_err(|_| bad())?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| bad())
-}
-
 /// libpq's default socket directory, where a server on `port` listens.
 fn default_socket_dir(port: u16) -> Option<&'static str> {
     ["/var/run/postgresql", "/tmp"]
@@ -348,64 +223,6 @@ fn os_user() -> Option<String> {
         .ok()
         .flatten()
         .map(|user| user.name)
-}
-
-/// The password for `config` from the password file (`PGPASSFILE`, else `~/.pgpass`),
-/// as libpq reads it: `host:port:database:user:password`, `*` matches anything, `\`
-/// escapes `:` and `\`.
-fn pgpass_password(config: &Config, env: &dyn Env) -> Option<String> {
-    let path = env
-        .var("PGPASSFILE")
-        .map(PathBuf::from)
-        .or_else(|| env.var("HOME").map(|home| Path::new(&home).join(".pgpass")))?;
-    let text = std::fs::read_to_string(path).ok()?;
-    let host = match config.get_hosts().first() {
-        Some(Host::Tcp(host)) => host.clone(),
-        // libpq matches a socket directory as `localhost`.
-        Some(Host::Unix(_)) | None => "localhost".to_owned(),
-    };
-    let port = config
-        .get_ports()
-        .first()
-        .copied()
-        .unwrap_or(5432)
-        .to_string();
-    let user = config.get_user().unwrap_or_default();
-    let dbname = config.get_dbname().unwrap_or(user);
-    pgpass_lookup(&text, [&host, &port, dbname, user])
-}
-
-/// The first line of a password file matching `wanted` (host, port, database, user).
-fn pgpass_lookup(text: &str, wanted: [&str; 4]) -> Option<String> {
-    for line in text.lines() {
-        if line.trim_start().starts_with('#') {
-            continue;
-        }
-        let mut fields = vec![String::new()];
-        let mut chars = line.chars();
-        while let Some(c) = chars.next() {
-            match c {
-                '\\' => {
-                    if let Some(next) = chars.next() {
-                        fields.last_mut()?.push(next);
-                    }
-                }
-                ':' if fields.len() < 5 => fields.push(String::new()),
-                c => fields.last_mut()?.push(c),
-            }
-        }
-        if fields.len() != 5 {
-            continue;
-        }
-        let matches = wanted
-            .iter()
-            .zip(&fields)
-            .all(|(want, field)| field == "*" || field == want);
-        if matches {
-            return fields.pop();
-        }
-    }
-    None
 }
 
 /// `user@host:port/database` for messages.
@@ -423,104 +240,6 @@ fn shown(config: &Config) -> String {
     let user = config.get_user().unwrap_or_default();
     let dbname = config.get_dbname().unwrap_or(user);
     format!("{user}@{host}:{port}/{dbname}")
-}
-
-/// A pool of at most `size` connections to `target`, each open bounded by its connect
-/// timeout. Does no I/O.
-pub(crate) fn pool(target: &Target, size: usize, application_name: &str) -> Result<Pool, Failure> {
-    let mut config = target.config.clone();
-    config.application_name(application_name);
-    let manager_config = ManagerConfig {
-        recycling_method: RecyclingMethod::Fast,
-    };
-    let manager = match tls::connector(target)? {
-        Some(connector) => Manager::from_config(config, connector, manager_config),
-        None => Manager::from_config(config, NoTls, manager_config),
-    };
-    Pool::builder(manager)
-        .max_size(size)
-        .runtime(Runtime::Tokio1)
-        .create_timeout(Some(target.connect_timeout))
-        .build()
-        .map_err(|error| {
-            Failure::new(
-                SOFTWARE,
-                format!("could not build the connection pool: {error}"),
-            )
-        })
-}
-
-/// Opens one connection (it goes back to the pool for the lock), so a wrong password or
-/// a dead server is reported before anything else happens.
-pub(crate) async fn check(pool: &Pool, target: &Target) -> Result<(), Failure> {
-    match pool.get().await {
-        Ok(client) => {
-            drop(client);
-            Ok(())
-        }
-        Err(error) => Err(pool_failure(&error, target)),
-    }
-}
-
-/// The failure for a connection that could not be opened.
-pub(crate) fn pool_failure(error: &PoolError, target: &Target) -> Failure {
-    let shown = &target.shown;
-    match error {
-        PoolError::Backend(error) => connect_failure(error, shown),
-        PoolError::Timeout(_) => Failure::new(
-            UNAVAILABLE,
-            format!(
-                "cannot connect to {shown}: no answer within {}",
-                crate::duration::show(target.connect_timeout)
-            ),
-        ),
-        other => Failure::new(UNAVAILABLE, format!("cannot connect to {shown}: {other}")),
-    }
-}
-
-/// The failure for a driver error while connecting, by SQLSTATE and error source.
-pub(crate) fn connect_failure(error: &tokio_postgres::Error, shown: &str) -> Failure {
-    if let Some(db) = error.as_db_error() {
-        let code = db.code().code();
-        let exit = match code {
-            // invalid_authorization_specification (no such role, pg_hba rejects),
-            // invalid_password; insufficient_privilege (no CONNECT on the database)
-            code if code.starts_with("28") || code == "42501" => NOPERM,
-            // invalid_catalog_name: no such database
-            "3D000" => CONFIG,
-            // too_many_connections, cannot_connect_now, admin_shutdown, …
-            _ => UNAVAILABLE,
-        };
-        return Failure::new(exit, format!("cannot connect to {shown}: {}", db.message()));
-    }
-    let text = chain(error);
-    let exit = if tls_source(error) {
-        CONFIG
-    } else {
-        UNAVAILABLE
-    };
-    Failure::new(exit, format!("cannot connect to {shown}: {text}"))
-}
-
-/// Whether a certificate problem is among the causes of `error`.
-fn tls_source(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut source = Some(error);
-    while let Some(cause) = source {
-        if let Some(rustls_error) = cause.downcast_ref::<rustls::Error>() {
-            return matches!(
-                rustls_error,
-                rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented
-            );
-        }
-        if let Some(io) = cause.downcast_ref::<std::io::Error>()
-            && let Some(inner) = io.get_ref()
-            && tls_source(inner)
-        {
-            return true;
-        }
-        source = cause.source();
-    }
-    false
 }
 
 #[cfg(test)]
@@ -621,19 +340,5 @@ mod tests {
         }
         let failure = resolve(None, None, &vars(&[("PGPORT", "http")])).unwrap_err();
         assert_eq!(failure.code, CONFIG);
-    }
-
-    #[test]
-    fn the_password_file_is_read_like_libpq() {
-        let text = "# comment\nother:*:*:*:no\ndb.example:5432:*:app:pa\\:ss\n*:*:*:*:fallback\n";
-        assert_eq!(
-            pgpass_lookup(text, ["db.example", "5432", "app", "app"]).as_deref(),
-            Some("pa:ss")
-        );
-        assert_eq!(
-            pgpass_lookup(text, ["x", "1", "d", "u"]).as_deref(),
-            Some("fallback")
-        );
-        assert_eq!(pgpass_lookup("h:1:d:u\n", ["h", "1", "d", "u"]), None);
     }
 }

@@ -1,0 +1,109 @@
+//! Opening connections: the pool the lock manager uses, the first connection that checks
+//! the target, and the exit code and message for a connection that could not be opened.
+
+use locks_postgres::deadpool_postgres::{
+    Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime,
+};
+use locks_postgres::tokio_postgres::{self, NoTls};
+
+use super::Target;
+use crate::exit::{CONFIG, Failure, NOPERM, SOFTWARE, UNAVAILABLE, chain};
+use crate::tls;
+
+/// A pool of at most `size` connections to `target`, each open bounded by its connect
+/// timeout. Does no I/O.
+pub(crate) fn pool(target: &Target, size: usize, application_name: &str) -> Result<Pool, Failure> {
+    let mut config = target.config.clone();
+    config.application_name(application_name);
+    let manager_config = ManagerConfig {
+        recycling_method: RecyclingMethod::Fast,
+    };
+    let manager = match tls::connector(target)? {
+        Some(connector) => Manager::from_config(config, connector, manager_config),
+        None => Manager::from_config(config, NoTls, manager_config),
+    };
+    Pool::builder(manager)
+        .max_size(size)
+        .runtime(Runtime::Tokio1)
+        .create_timeout(Some(target.connect_timeout))
+        .build()
+        .map_err(|error| {
+            Failure::new(
+                SOFTWARE,
+                format!("could not build the connection pool: {error}"),
+            )
+        })
+}
+
+/// Opens one connection (it goes back to the pool for the lock), so a wrong password or
+/// a dead server is reported before anything else happens.
+pub(crate) async fn check(pool: &Pool, target: &Target) -> Result<(), Failure> {
+    match pool.get().await {
+        Ok(client) => {
+            drop(client);
+            Ok(())
+        }
+        Err(error) => Err(pool_failure(&error, target)),
+    }
+}
+
+/// The failure for a connection that could not be opened.
+pub(crate) fn pool_failure(error: &PoolError, target: &Target) -> Failure {
+    let shown = &target.shown;
+    match error {
+        PoolError::Backend(error) => connect_failure(error, shown),
+        PoolError::Timeout(_) => Failure::new(
+            UNAVAILABLE,
+            format!(
+                "cannot connect to {shown}: no answer within {}",
+                crate::duration::show(target.connect_timeout)
+            ),
+        ),
+        other => Failure::new(UNAVAILABLE, format!("cannot connect to {shown}: {other}")),
+    }
+}
+
+/// The failure for a driver error while connecting, by SQLSTATE and error source.
+pub(crate) fn connect_failure(error: &tokio_postgres::Error, shown: &str) -> Failure {
+    if let Some(db) = error.as_db_error() {
+        let code = db.code().code();
+        let exit = match code {
+            // invalid_authorization_specification (no such role, pg_hba rejects),
+            // invalid_password; insufficient_privilege (no CONNECT on the database)
+            code if code.starts_with("28") || code == "42501" => NOPERM,
+            // invalid_catalog_name: no such database
+            "3D000" => CONFIG,
+            // too_many_connections, cannot_connect_now, admin_shutdown, …
+            _ => UNAVAILABLE,
+        };
+        return Failure::new(exit, format!("cannot connect to {shown}: {}", db.message()));
+    }
+    let text = chain(error);
+    let exit = if tls_source(error) {
+        CONFIG
+    } else {
+        UNAVAILABLE
+    };
+    Failure::new(exit, format!("cannot connect to {shown}: {text}"))
+}
+
+/// Whether a certificate problem is among the causes of `error`.
+fn tls_source(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(error);
+    while let Some(cause) = source {
+        if let Some(rustls_error) = cause.downcast_ref::<rustls::Error>() {
+            return matches!(
+                rustls_error,
+                rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented
+            );
+        }
+        if let Some(io) = cause.downcast_ref::<std::io::Error>()
+            && let Some(inner) = io.get_ref()
+            && tls_source(inner)
+        {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
+}
