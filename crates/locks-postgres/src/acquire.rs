@@ -2,7 +2,6 @@
 //! if the lock is busy a wait in the server's queue (or the original's polling), every
 //! step inside the call's deadline.
 
-use std::future::Future;
 use std::time::Duration;
 
 use deadpool_postgres::{Object, PoolError, TimeoutType, Timeouts};
@@ -15,6 +14,7 @@ use tokio_postgres::error::SqlState;
 
 use crate::classify::{driver_error, pool_error};
 use crate::connection::{Answer, Session, SetUp};
+use crate::limit::Limit;
 use crate::manager::Inner;
 use crate::sql::Statement;
 
@@ -66,7 +66,7 @@ impl Deadline {
             None => (0, Limit::None),
             Some(bounded) => (
                 bounded.lock_timeout_ms()?,
-                Limit::of(deadline, margin, Duration::ZERO),
+                Deadline::limit(deadline, margin, Duration::ZERO),
             ),
         };
         let statement = Statement::Lock {
@@ -80,45 +80,16 @@ impl Deadline {
     pub(crate) fn passed(self) -> bool {
         Instant::now() >= self.at
     }
-}
 
-/// How long one step may take: the call's deadline plus the margin for a bounded call,
-/// the step's own timeout for an unbounded one.
-#[derive(Clone, Copy)]
-pub(crate) enum Limit {
-    /// Until this instant.
-    Until(Instant),
-    /// No limit (an unbounded wait for the lock).
-    None,
-}
-
-impl Limit {
-    pub(crate) fn of(deadline: Option<Deadline>, margin: Duration, otherwise: Duration) -> Self {
-        let at = match deadline {
-            Some(deadline) => deadline.at.checked_add(margin).unwrap_or(deadline.at),
-            None => Instant::now() + otherwise,
-        };
-        Self::Until(at)
-    }
-
-    /// `future` within the limit: its output is `Err` when the limit passed first.
-    /// A plain function, not an `async fn`: one layer less of future to move on the
-    /// hot path. Without a limit the timer is set decades away (armed only if the
-    /// future waits, as an unbounded lock wait does).
-    pub(crate) fn run<F: Future>(self, future: F) -> tokio::time::Timeout<F> {
-        let at = match self {
-            Self::Until(at) => at,
-            Self::None => {
-                let now = Instant::now();
-                now.checked_add(UNBOUNDED).unwrap_or(now)
-            }
-        };
-        tokio::time::timeout_at(at, future)
+    /// The limit of a step of a call with this deadline (`None`: an unbounded call):
+    /// the deadline plus `margin`, or `otherwise` from when the step has to wait.
+    pub(crate) fn limit(deadline: Option<Self>, margin: Duration, otherwise: Duration) -> Limit {
+        match deadline {
+            Some(deadline) => Limit::Until(deadline.at.checked_add(margin).unwrap_or(deadline.at)),
+            None => Limit::For(otherwise),
+        }
     }
 }
-
-/// How far away the timer of an unbounded step is set (about 30 years).
-const UNBOUNDED: Duration = Duration::from_secs(30 * 365 * 24 * 60 * 60);
 
 /// How long a checkout may wait for a free pool slot.
 #[derive(Clone, Copy)]
@@ -257,7 +228,8 @@ impl Inner {
         deadline: Option<Deadline>,
     ) -> Attempt {
         let settings = &self.settings;
-        let connecting = Limit::of(deadline, settings.deadline_margin, settings.connect_timeout);
+        let connecting =
+            Deadline::limit(deadline, settings.deadline_margin, settings.connect_timeout);
         let no_wait = Timeouts {
             wait: Some(Duration::ZERO),
             create: None,
@@ -265,10 +237,7 @@ impl Inner {
         };
         // Boxed: the pool's future (it may open a connection) is large, and moving it
         // through the call's futures costs more than the allocation.
-        let first = connecting
-            .run(Box::pin(self.pool.timeout_get(&no_wait)))
-            .await
-            .ok();
+        let first = connecting.run(self.pool.timeout_get(&no_wait)).await.ok();
         let checked_out = match first {
             None => return Err(self.unreachable(key, deadline)),
             Some(Err(PoolError::Timeout(TimeoutType::Wait))) => match wait {
@@ -358,7 +327,7 @@ impl Inner {
     ) -> Result<(Session, Result<Answer, tokio_postgres::Error>), LockAcquisitionError> {
         if session.is_set_up() {
             let fresh = session.is_fresh();
-            match limit.run(session.run(statement)).await.ok() {
+            match session.run_within(statement, limit).await.ok() {
                 None => return Err(self.no_answer(key, session, deadline)),
                 // It did nothing. Straight after checkout the pool's recycling may
                 // have reset the session: once more, behind a fresh set-up.
@@ -370,8 +339,9 @@ impl Inner {
             }
         }
         // Once per connection: boxed, out of the common path's future.
-        let setup = Box::pin(session.run_after_setup(self.application_name.as_deref(), statement));
-        let Some((setup, answer)) = limit.run(setup).await.ok() else {
+        let setup =
+            Box::pin(session.run_after_setup(self.application_name.as_deref(), statement, limit));
+        let Some((setup, answer)) = setup.await.ok() else {
             return Err(self.no_answer(key, session, deadline));
         };
         match setup {
@@ -419,7 +389,7 @@ impl Inner {
         deadline: Option<Deadline>,
     ) -> Result<Tried, LockAcquisitionError> {
         let statement = Statement::TryLock { lock_id, mode };
-        let limit = Limit::of(
+        let limit = Deadline::limit(
             deadline,
             self.settings.deadline_margin,
             self.settings.answer_timeout,
@@ -442,8 +412,8 @@ impl Inner {
     /// gives the connection back; if that cannot be shown in time, closes it.
     async fn settle_after_failed_wait(&self, lock_id: i64, mode: LockMode, mut session: Session) {
         let check = Statement::UnlockIfHeld { lock_id, mode };
-        let answer = Limit::of(None, Duration::ZERO, self.settings.answer_timeout)
-            .run(session.run(check))
+        let answer = session
+            .run_within(check, Limit::For(self.settings.answer_timeout))
             .await
             .ok();
         match answer {

@@ -10,6 +10,7 @@ use locks_port::{
     AcquisitionErrorKind, LockAcquisitionError, LockInfo, LockMode, LossNotifier, LostReason,
     ReleaseOutcome,
 };
+use smallvec::SmallVec;
 use time::OffsetDateTime;
 use tokio::sync::Mutex as AsyncMutex;
 use tokio::time::Instant;
@@ -18,6 +19,7 @@ use tracing::{Instrument, Span};
 use crate::classify::{driver_kind, sqlstate};
 use crate::connection::{Answer, Session};
 use crate::guard::PostgresLockGuard;
+use crate::limit::Limit;
 use crate::manager::Inner;
 use crate::multiplex::Membership;
 use crate::sql::Statement;
@@ -45,12 +47,15 @@ pub(crate) struct Held {
     pub(crate) host: Option<Membership>,
 }
 
+/// The entries of one key: almost always one, kept inline (no allocation per grant).
+pub(crate) type Entries = SmallVec<[Held; 1]>;
+
 /// Every lock one manager holds, by key. A key has one entry, or several when the
 /// manager holds it shared more than once (one per guard).
 #[derive(Default)]
 pub(crate) struct Book {
     /// Hashed with foldhash: a key is hashed on every grant and release.
-    by_key: HashMap<String, Vec<Held>, foldhash::fast::RandomState>,
+    by_key: HashMap<String, Entries, foldhash::fast::RandomState>,
     count: usize,
 }
 
@@ -69,14 +74,14 @@ impl Book {
 
     /// Adds an entry; gives back the entries it displaces: a second exclusive grant of
     /// one key (only a transaction-pooling proxy can make that happen).
-    pub(crate) fn insert(&mut self, key: &str, entry: Held) -> Vec<Held> {
+    pub(crate) fn insert(&mut self, key: &str, entry: Held) -> Entries {
         let entries = self.by_key.entry(key.to_owned()).or_default();
         let conflict = entry.mode == LockMode::Exclusive
             || entries.iter().any(|held| held.mode == LockMode::Exclusive);
         let displaced = if conflict {
             std::mem::take(entries)
         } else {
-            Vec::new()
+            Entries::new()
         };
         entries.push(entry);
         self.count = self.count + 1 - displaced.len();
@@ -84,15 +89,15 @@ impl Book {
     }
 
     /// Takes out the entries of `key`: with a token, only that acquisition's.
-    pub(crate) fn remove(&mut self, key: &str, token: Option<u64>) -> Vec<Held> {
+    pub(crate) fn remove(&mut self, key: &str, token: Option<u64>) -> Entries {
         let Some(entries) = self.by_key.get_mut(key) else {
-            return Vec::new();
+            return Entries::new();
         };
         let taken = match token {
             None => std::mem::take(entries),
             Some(token) => match entries.iter().position(|held| held.token == token) {
-                Some(index) => vec![entries.swap_remove(index)],
-                None => Vec::new(),
+                Some(index) => smallvec::smallvec![entries.swap_remove(index)],
+                None => Entries::new(),
             },
         };
         if entries.is_empty() {
@@ -129,7 +134,7 @@ impl Book {
 impl Inner {
     /// Takes the entries of `key` out of the bookkeeping; with a token, only that
     /// acquisition's. Their guards' signals fire ([`LostReason::Released`]).
-    pub(crate) fn take(&self, key: &str, token: Option<u64>) -> Vec<Held> {
+    pub(crate) fn take(&self, key: &str, token: Option<u64>) -> Entries {
         let taken = self.held().remove(key, token);
         for held in &taken {
             held.notifier.notify(LostReason::Released);
@@ -249,7 +254,7 @@ impl Inner {
             lock_id,
             mode: held.mode,
         };
-        async {
+        let unlocking = std::pin::pin!(async {
             let current = Span::current();
             // Waits for a keepalive in flight (bounded by the answer timeout).
             let mut slot = held.slot.lock().await;
@@ -258,8 +263,9 @@ impl Inner {
                 current.record("lock.released", false);
                 return ReleaseOutcome::AlreadyReleased;
             };
-            let answer =
-                tokio::time::timeout(self.settings.answer_timeout, session.run(statement)).await;
+            let answer = session
+                .run_within(statement, Limit::For(self.settings.answer_timeout))
+                .await;
             // The session of a group, or a shared connection's, holds the others' locks
             // until the last unlock.
             let last = match (held.host.as_mut(), held.group.as_ref()) {
@@ -329,8 +335,7 @@ impl Inner {
             current.record("lock.released", false);
             record_failure(&current, kind, code);
             ReleaseOutcome::SessionClosed
-        }
-        .instrument(span)
-        .await
+        });
+        unlocking.instrument(span).await
     }
 }

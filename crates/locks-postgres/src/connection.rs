@@ -9,6 +9,7 @@ use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use deadpool_postgres::{Object, ObjectId};
 use tokio_postgres::NoTls;
 
+use crate::limit::{Expired, Limit, Timer};
 use crate::sql::{PREPARED_KINDS, SESSION_SETUP, SETUP_SLOT, Statement};
 
 /// One pooled connection while checked out, and what the manager knows of it: whether
@@ -28,6 +29,8 @@ pub(crate) struct Known {
     /// every manager of the process (see [`marker`]).
     marker: Box<str>,
     prepared: Prepared,
+    /// The timer of its statements' limits, reused from one to the next.
+    timer: Timer,
 }
 
 /// The statements prepared on a connection, by [`Statement::slot`].
@@ -40,6 +43,7 @@ impl Known {
             set_up: false,
             marker: marker(object),
             prepared: Default::default(),
+            timer: Timer::default(),
         })
     }
 }
@@ -151,19 +155,21 @@ impl Session {
         !self.used
     }
 
-    /// The connection, its marker, its prepared statements and the in-flight flag.
-    fn parts(&mut self) -> (&Object, &str, &mut Prepared, &mut bool) {
+    /// The connection, its marker, its prepared statements, its timer and the
+    /// in-flight flag.
+    fn parts(&mut self) -> (&Object, &str, &mut Prepared, &mut Timer, &mut bool) {
         self.used = true;
         let Some(Known {
             object: Some(object),
             marker,
             prepared,
+            timer,
             ..
         }) = self.conn.as_deref_mut()
         else {
             unreachable!("a session holds its connection until it is consumed")
         };
-        (object, marker, prepared, &mut self.in_flight)
+        (object, marker, prepared, timer, &mut self.in_flight)
     }
 
     /// Whether the connection has been set up (by this process's managers).
@@ -180,75 +186,89 @@ impl Session {
     }
 
     /// Runs one lock statement (prepared once per connection, then one round trip)
-    /// and reads its answer.
+    /// within `limit`, on the connection's reused timer, and reads its answer.
     ///
-    /// If the future is dropped before the answer arrives, dropping the session
-    /// cancels the statement and closes the connection.
-    pub(crate) async fn run(
+    /// If the future is dropped before the answer arrives, or the limit passes first
+    /// ([`Expired`]), the statement is still in flight: dropping the session cancels
+    /// it and closes the connection.
+    pub(crate) async fn run_within(
         &mut self,
         statement: Statement,
-    ) -> Result<Answer, tokio_postgres::Error> {
-        let (object, marker, cached, in_flight) = self.parts();
+        limit: Limit,
+    ) -> Result<Result<Answer, tokio_postgres::Error>, Expired> {
+        let (object, marker, cached, timer, in_flight) = self.parts();
         *in_flight = true;
         let slot = statement.slot();
-        let answer = match prepared(object, &cached[slot], statement.text()).await {
-            Ok(prepared) => {
-                let answer = execute(object, &prepared, marker, statement).await;
-                cached[slot] = Some(prepared);
-                answer
+        let running = async {
+            match prepared(object, &cached[slot], statement.text()).await {
+                Ok(prepared) => {
+                    let answer = execute(object, &prepared, marker, statement).await;
+                    cached[slot] = Some(prepared);
+                    answer
+                }
+                Err(error) => Err(error),
             }
-            Err(error) => Err(error),
         };
+        let answer = limit.run_on(timer, running).await?;
         // Reached only when the statement finished (answer or error): no cancel needed.
         *in_flight = false;
-        answer
+        Ok(answer)
     }
 
     /// Sets a new connection up for holding locks ([`SESSION_SETUP`]: no statement,
     /// idle or idle-in-transaction timeout ends a wait or a hold; `application_name`
     /// publishes the holder; `locks.session` marks the server session as this
     /// connection's) with `statement` pipelined behind it: one round trip for both
-    /// (two when the statements are not prepared yet).
+    /// (two when the statements are not prepared yet), within `limit` (on expiry the
+    /// statements are in flight, as in [`run_within`](Self::run_within)).
     pub(crate) async fn run_after_setup(
         &mut self,
         application_name: Option<&str>,
         statement: Statement,
-    ) -> (
-        Result<SetUp, tokio_postgres::Error>,
-        Result<Answer, tokio_postgres::Error>,
-    ) {
-        let (object, marker, cached, in_flight) = self.parts();
+        limit: Limit,
+    ) -> Result<
+        (
+            Result<SetUp, tokio_postgres::Error>,
+            Result<Answer, tokio_postgres::Error>,
+        ),
+        Expired,
+    > {
+        let (object, marker, cached, timer, in_flight) = self.parts();
         *in_flight = true;
         let slot = statement.slot();
-        let (setup, lock) = tokio::join!(
-            prepared(object, &cached[SETUP_SLOT], SESSION_SETUP),
-            prepared(object, &cached[slot], statement.text()),
-        );
-        let answers = match (setup, lock) {
-            (Ok(setup), Ok(lock)) => {
-                let setting_up = async {
-                    let row = object
-                        .query_one(&setup, &[&application_name, &marker])
-                        .await?;
-                    let in_recovery: bool = row.try_get(0)?;
-                    let owner: Option<&str> = row.try_get(1)?;
-                    Ok(match (in_recovery, owner) {
-                        (true, _) => SetUp::Standby,
-                        (false, Some(_)) => SetUp::Done,
-                        (false, None) => SetUp::Foreign,
-                    })
-                };
-                let answers = tokio::join!(setting_up, execute(object, &lock, marker, statement));
-                cached[SETUP_SLOT] = Some(setup);
-                cached[slot] = Some(lock);
-                answers
+        let running = async {
+            let (setup, lock) = tokio::join!(
+                prepared(object, &cached[SETUP_SLOT], SESSION_SETUP),
+                prepared(object, &cached[slot], statement.text()),
+            );
+            match (setup, lock) {
+                (Ok(setup), Ok(lock)) => {
+                    let setting_up = async {
+                        let row = object
+                            .query_one(&setup, &[&application_name, &marker])
+                            .await?;
+                        let in_recovery: bool = row.try_get(0)?;
+                        let owner: Option<&str> = row.try_get(1)?;
+                        Ok(match (in_recovery, owner) {
+                            (true, _) => SetUp::Standby,
+                            (false, Some(_)) => SetUp::Done,
+                            (false, None) => SetUp::Foreign,
+                        })
+                    };
+                    let answers =
+                        tokio::join!(setting_up, execute(object, &lock, marker, statement));
+                    cached[SETUP_SLOT] = Some(setup);
+                    cached[slot] = Some(lock);
+                    answers
+                }
+                // Nothing ran; the statement's own error (if any) is the one to report.
+                (Err(error), Ok(_)) | (Ok(_), Err(error)) => (Ok(SetUp::Done), Err(error)),
+                (Err(error), Err(other)) => (Err(error), Err(other)),
             }
-            // Nothing ran; the statement's own error (if any) is the one to report.
-            (Err(error), Ok(_)) | (Ok(_), Err(error)) => (Ok(SetUp::Done), Err(error)),
-            (Err(error), Err(other)) => (Err(error), Err(other)),
         };
+        let answers = limit.run_on(timer, running).await?;
         *in_flight = false;
-        answers
+        Ok(answers)
     }
 
     /// The connection (for statements of its own, like the set-up).
@@ -308,36 +328,42 @@ async fn prepared(
 }
 
 /// Binds and runs one prepared lock statement; `marker` is the connection's session
-/// marker, which every lock statement checks before it takes or frees anything.
+/// marker, which every lock statement checks before it takes or frees anything. The
+/// wait answers a value; the others answer by their row count (see
+/// [`Statement::text`]).
 async fn execute(
     object: &Object,
     prepared: &tokio_postgres::Statement,
     marker: &str,
     statement: Statement,
 ) -> Result<Answer, tokio_postgres::Error> {
-    let row = match statement {
+    let rows = match statement {
         Statement::Lock {
             lock_id,
             lock_timeout_ms,
             ..
         } => {
             let lock_timeout = lock_timeout_ms.to_string();
-            object
+            let row = object
                 .query_one(prepared, &[&lock_id, &lock_timeout, &marker])
-                .await?
+                .await?;
+            let locked: Option<bool> = row.try_get(0)?;
+            return Ok(match locked {
+                Some(_) => Answer::Locked,
+                None => Answer::WrongSession,
+            });
         }
         Statement::TryLock { lock_id, .. }
         | Statement::Unlock { lock_id, .. }
         | Statement::UnlockIfHeld { lock_id, .. } => {
-            object.query_one(prepared, &[&lock_id, &marker]).await?
+            object.execute(prepared, &[&lock_id, &marker]).await?
         }
-        Statement::Ping => object.query_one(prepared, &[&marker]).await?,
+        Statement::Ping => object.execute(prepared, &[&marker]).await?,
     };
-    let answer: Option<bool> = row.try_get(0)?;
-    Ok(match (statement, answer) {
-        (_, None) | (Statement::Ping, Some(false)) => Answer::WrongSession,
-        (Statement::Lock { .. }, Some(_)) => Answer::Locked,
-        (_, Some(value)) => Answer::Bool(value),
+    Ok(match rows {
+        0 => Answer::WrongSession,
+        1 => Answer::Bool(false),
+        _ => Answer::Bool(true),
     })
 }
 

@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use crate::bookkeeping::{Held, SessionSlot};
 use crate::classify::describe;
 use crate::connection::Answer;
+use crate::limit::Limit;
 use crate::manager::Inner;
 use crate::sql::Statement;
 use crate::telemetry::lost_span;
@@ -184,7 +185,9 @@ impl Inner {
             let Some(session) = session.as_mut() else {
                 return; // released meanwhile
             };
-            tokio::time::timeout(self.settings.answer_timeout, session.run(Statement::Ping)).await
+            session
+                .run_within(Statement::Ping, Limit::For(self.settings.answer_timeout))
+                .await
         };
         match outcome {
             Ok(Ok(Answer::Bool(true))) => {

@@ -9,6 +9,7 @@ mod fencing;
 mod guard;
 mod health;
 mod inspect;
+mod limit;
 mod lock_ids;
 mod manager;
 mod many;

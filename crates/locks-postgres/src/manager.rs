@@ -471,10 +471,10 @@ impl DistributedLock for PostgresLockManager {
         let lock_id = inner.lock_ids.lock_id(key);
         let span = manager_acquire_span(inner.shown(key), lock_id, &options);
         let started = started(&span);
-        let attempt = inner
-            .acquire_grant(key, lock_id, options)
-            .instrument(span.clone())
-            .await;
+        // Pinned where it is made and awaited through the pin: the acquisition's
+        // future is large, and wrapping it by value would copy it twice per call.
+        let acquiring = std::pin::pin!(inner.acquire_grant(key, lock_id, options));
+        let attempt = acquiring.instrument(span.clone()).await;
         let attempt = match attempt {
             Ok(grant) => {
                 inner
@@ -515,10 +515,8 @@ impl DistributedLock for PostgresLockManager {
             &options.with_timeout(Duration::ZERO),
         );
         let started = started(&span);
-        let attempt = inner
-            .try_grant(key, lock_id, mode)
-            .instrument(span.clone())
-            .await;
+        let trying = std::pin::pin!(inner.try_grant(key, lock_id, mode));
+        let attempt = trying.instrument(span.clone()).await;
         let attempt = match attempt {
             Ok(Some(grant)) => inner
                 .register_grant(key, lock_id, mode, grant, &span)

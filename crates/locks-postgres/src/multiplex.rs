@@ -28,11 +28,12 @@ use locks_port::{
 use tokio::sync::Mutex as AsyncMutex;
 use tracing::Span;
 
-use crate::acquire::{Deadline, Limit, MOVED_BETWEEN_SESSIONS, with_timeout};
+use crate::acquire::{Deadline, MOVED_BETWEEN_SESSIONS, with_timeout};
 use crate::bookkeeping::{Held, SessionSlot};
 use crate::classify::driver_error;
 use crate::connection::{Answer, Session};
 use crate::guard::PostgresLockGuard;
+use crate::limit::Limit;
 use crate::manager::Inner;
 use crate::sql::Statement;
 
@@ -257,7 +258,9 @@ async fn settle(host: Arc<Host>, lock_id: i64, mode: LockMode) {
     let mut slot = host.slot.lock().await;
     if let Some(session) = slot.as_mut() {
         let check = Statement::UnlockIfHeld { lock_id, mode };
-        let answer = tokio::time::timeout(host.answer_timeout, session.run(check)).await;
+        let answer = session
+            .run_within(check, Limit::For(host.answer_timeout))
+            .await;
         if !matches!(answer, Ok(Ok(Answer::Bool(_)))) {
             drop(slot.take());
             host.retire();
@@ -288,7 +291,7 @@ impl Inner {
         };
         let host = Arc::clone(&member.host);
         let settings = &self.settings;
-        let limit = Limit::of(deadline, settings.deadline_margin, settings.answer_timeout);
+        let limit = Deadline::limit(deadline, settings.deadline_margin, settings.answer_timeout);
         // The connection may be busy with another lock's statement (a keepalive that
         // gets no answer, say): that counts against the same limit.
         let Ok(mut slot) = limit.run(host.slot.lock()).await else {
@@ -303,7 +306,7 @@ impl Inner {
             return Ok(SharedTry::NoHost);
         };
         let statement = Statement::TryLock { lock_id, mode };
-        match limit.run(session.run(statement)).await {
+        match session.run_within(statement, limit).await {
             Ok(Ok(Answer::Bool(true))) => Ok(SharedTry::Granted(member)),
             // The statement reached another server session (ADR 0014): the connection
             // cannot hold session locks, nor the others on it.

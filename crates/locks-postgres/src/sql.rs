@@ -49,6 +49,24 @@ pub(crate) const SESSION_SETUP: &str = "SELECT pg_is_in_recovery(), owner \
      CASE WHEN owner IS NOT NULL AND $1::text IS NOT NULL \
      THEN set_config('application_name', $1, false) END) AS settings";
 
+/// A statement that answers a boolean by how many (empty) rows it returns: 2 for
+/// true, 1 for false, none when the server session is not the connection's own (it
+/// did nothing). Read with `execute`, which counts rows without building them: on the
+/// uncontended path that is cheaper than reading a value. The function's arguments
+/// are evaluated once, so `$bool` (the lock call) runs once, and only on the
+/// connection's own session. `$2` is the marker.
+macro_rules! counted {
+    ($bool:literal) => {
+        concat!(
+            "SELECT FROM generate_series(1, \
+             CASE WHEN current_setting('locks.session', true) = $2 \
+             THEN CASE WHEN ",
+            $bool,
+            " THEN 2 ELSE 1 END ELSE 0 END)"
+        )
+    };
+}
+
 /// One lock statement and its parameters.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Statement {
@@ -70,8 +88,10 @@ pub(crate) enum Statement {
 
 impl Statement {
     /// The SQL text: `$1` the lock id, then (for [`Statement::Lock`]) `$2` the timeout
-    /// in ms as text, and last the connection's marker. Each answers NULL, having done
-    /// nothing, when the server session is not the connection's own.
+    /// in ms as text, and last the connection's marker. [`Statement::Lock`] answers a
+    /// value, NULL when the server session is not the connection's own; the others
+    /// answer by their row count (see `counted!`), none on another session. Either
+    /// way, on another session nothing was done.
     pub(crate) fn text(self) -> &'static str {
         let shared = matches!(self.mode(), LockMode::Shared);
         match self {
@@ -91,44 +111,33 @@ impl Statement {
                  THEN pg_advisory_lock($1)::text = '' END \
                  FROM (SELECT set_config('lock_timeout', $2, true)) AS options"
             }
-            Self::TryLock { .. } if shared => {
-                "SELECT CASE WHEN current_setting('locks.session', true) = $2 \
-                 THEN pg_try_advisory_lock_shared($1) END"
-            }
-            Self::TryLock { .. } => {
-                "SELECT CASE WHEN current_setting('locks.session', true) = $2 \
-                 THEN pg_try_advisory_lock($1) END"
-            }
-            Self::Unlock { .. } if shared => {
-                "SELECT CASE WHEN current_setting('locks.session', true) = $2 \
-                 THEN pg_advisory_unlock_shared($1) END"
-            }
-            Self::Unlock { .. } => {
-                "SELECT CASE WHEN current_setting('locks.session', true) = $2 \
-                 THEN pg_advisory_unlock($1) END"
-            }
+            Self::TryLock { .. } if shared => counted!("pg_try_advisory_lock_shared($1)"),
+            Self::TryLock { .. } => counted!("pg_try_advisory_lock($1)"),
+            Self::Unlock { .. } if shared => counted!("pg_advisory_unlock_shared($1)"),
+            Self::Unlock { .. } => counted!("pg_advisory_unlock($1)"),
             // Used after a wait ended in an error: the server can grant the lock just as
             // the wait is cancelled. pg_locks shows a bigint key as classid (high 32
             // bits) and objid (low 32 bits) with objsubid = 1; checking first avoids the
             // server's WARNING for unlocking a lock that is not held.
-            Self::UnlockIfHeld { .. } if shared => {
-                "SELECT CASE WHEN current_setting('locks.session', true) = $2 \
-                 THEN CASE WHEN EXISTS (SELECT 1 FROM pg_locks \
+            Self::UnlockIfHeld { .. } if shared => counted!(
+                "CASE WHEN EXISTS (SELECT 1 FROM pg_locks \
                  WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted \
                  AND mode = 'ShareLock' \
                  AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = $1) \
-                 THEN pg_advisory_unlock_shared($1) ELSE false END END"
-            }
-            Self::UnlockIfHeld { .. } => {
-                "SELECT CASE WHEN current_setting('locks.session', true) = $2 \
-                 THEN CASE WHEN EXISTS (SELECT 1 FROM pg_locks \
+                 THEN pg_advisory_unlock_shared($1) ELSE false END"
+            ),
+            Self::UnlockIfHeld { .. } => counted!(
+                "CASE WHEN EXISTS (SELECT 1 FROM pg_locks \
                  WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted \
                  AND mode = 'ExclusiveLock' \
                  AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = $1) \
-                 THEN pg_advisory_unlock($1) ELSE false END END"
+                 THEN pg_advisory_unlock($1) ELSE false END"
+            ),
+            // Two rows on the connection's own session, none elsewhere.
+            Self::Ping => {
+                "SELECT FROM generate_series(1, \
+                 CASE WHEN current_setting('locks.session', true) = $1 THEN 2 ELSE 0 END)"
             }
-            // True on the connection's own session, false (or NULL) elsewhere.
-            Self::Ping => "SELECT current_setting('locks.session', true) = $1",
         }
     }
 
