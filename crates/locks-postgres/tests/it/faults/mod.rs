@@ -7,10 +7,11 @@
 //!
 //! Modes: a case marked [`in_both_modes!`] runs once with a plain manager and once
 //! multiplexed ([`Mode`]; its test names end `::plain` and `::multiplexed`): every
-//! dropped future, terminated or cancelled session and bounded wait, since
-//! multiplexing changes where tries, waits and releases run; single-mode are the cases
-//! about key derivation ([`keys`]) and `idle_session_timeout` (set at checkout, the
-//! same for both modes).
+//! dropped future, terminated or cancelled session, server restart or stop, bounded
+//! wait and keepalive, since multiplexing changes where tries, waits and releases run;
+//! single-mode are the cases about key derivation ([`keys`]), fencing tokens (SQL of
+//! their own; multiplexed in `multiplex.rs`) and session settings (`idle_session_timeout`,
+//! `statement_timeout`: set at checkout, the same for both modes).
 
 /// For each `async fn case(mode: Mode)` named, a module `case` of two tests, `plain`
 /// and `multiplexed`, that run it in that [`Mode`]: one body, and a failure names its
