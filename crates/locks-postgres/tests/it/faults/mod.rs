@@ -7,8 +7,9 @@
 //!
 //! Modes: a case marked [`in_both_modes!`] runs once with a plain manager and once
 //! multiplexed ([`Mode`]; its test names end `::plain` and `::multiplexed`): every
-//! dropped future, terminated or cancelled session, server restart or stop, bounded
-//! wait and keepalive, since multiplexing changes where tries, waits and releases run;
+//! dropped future, ended or cancelled session, server restart, stopped or silent
+//! server, bounded wait, keepalive and connection error, since multiplexing changes
+//! where tries, waits, releases and keepalives run;
 //! single-mode are the cases about key derivation ([`keys`]), fencing tokens (SQL of
 //! their own; multiplexed in `multiplex.rs`) and session settings (`idle_session_timeout`,
 //! `statement_timeout`: set at checkout, the same for both modes).
