@@ -1,5 +1,6 @@
 //! Bounded waits: a `lock_timeout` (55P03) racing a release, an exhausted pool, and the
-//! polling strategy.
+//! polling strategy. Multiplexed, the waiter holds neighbours: its try meets their
+//! shared connection first, and the waits leave it alone.
 
 use std::time::{Duration, Instant};
 
@@ -7,18 +8,18 @@ use locks_port::{
     AcquireOptions, AcquisitionErrorKind, DistributedLock, LockGuard, LockRegistry, ReleaseOutcome,
     WaitStrategy,
 };
-use locks_postgres::PostgresLockManager;
 
-use super::{Watched, assert_bounded, assert_pool_within_bounds, holder_and_waiter, timeout};
+use super::{Mode, Watched, assert_bounded, assert_pool_within_bounds, holder_and_waiter, timeout};
 use crate::support::{pool, unique_key};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lock_timeout_racing_a_release_never_leaks_the_lock() {
+in_both_modes!(a_lock_timeout_racing_a_release_never_leaks_the_lock);
+async fn a_lock_timeout_racing_a_release_never_leaks_the_lock(mode: Mode) {
     const ROUNDS: u32 = 200;
     const WAITER_TIMEOUT_MS: u64 = 20;
-    let (holder, waiter) = holder_and_waiter(2);
+    let (holder, waiter) = holder_and_waiter(mode, 2);
     let lock = Watched::new("55P03-race").await;
     let key = &lock.key;
+    let neighbours = mode.neighbours(&waiter, &lock.admin).await;
     let (mut acquired, mut timed_out) = (0, 0);
 
     for round in 0..ROUNDS {
@@ -66,27 +67,37 @@ async fn a_lock_timeout_racing_a_release_never_leaks_the_lock() {
             }
         }
         assert_eq!(holder.held_lock_count(), 0, "round {round}");
-        assert_eq!(waiter.held_lock_count(), 0, "round {round}");
+        assert_eq!(
+            waiter.held_lock_count(),
+            neighbours.count(),
+            "round {round}"
+        );
     }
-    println!("{ROUNDS} rounds: waiter acquired {acquired}, timed out {timed_out}");
+    println!("{mode:?}, {ROUNDS} rounds: waiter acquired {acquired}, timed out {timed_out}");
     assert_eq!(lock.holders().await, 0);
+    neighbours.assert_untouched(&lock.admin).await;
+    neighbours.release().await;
     assert_eq!(holder.release_all().await, 0);
     assert_eq!(waiter.release_all().await, 0);
     assert_pool_within_bounds(&holder);
     assert_pool_within_bounds(&waiter);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_exhausted_pool_fails_with_pool_unavailable() {
-    let manager = PostgresLockManager::new(pool(1));
+in_both_modes!(an_exhausted_pool_fails_with_pool_unavailable);
+/// Multiplexed, A fills the one connection with its neighbours: B has no room there
+/// and needs a connection of its own, as in plain mode.
+async fn an_exhausted_pool_fails_with_pool_unavailable(mode: Mode) {
+    let manager = mode.manager(pool(1));
     let (a, b) = (unique_key("pool-a"), unique_key("pool-b"));
+    let admin = crate::support::admin().await;
+    let neighbours = mode.neighbours(&manager, &admin).await;
     let guard = manager.acquire(&a, AcquireOptions::new()).await.unwrap();
 
     let started = Instant::now();
     let error = manager
         .acquire(&b, timeout(Duration::from_millis(300)))
         .await
-        .expect_err("the only connection holds A");
+        .expect_err("the only connection holds A (and is full)");
     let elapsed = started.elapsed();
     assert!(
         elapsed >= Duration::from_millis(295),
@@ -129,21 +140,24 @@ async fn an_exhausted_pool_fails_with_pool_unavailable() {
         started.elapsed()
     );
     assert!(!manager.is_held(&b));
-    assert_eq!(manager.held_lock_count(), 1);
+    assert_eq!(manager.held_lock_count(), 1 + neighbours.count());
+    neighbours.assert_untouched(&admin).await;
 
     assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
     let guard = manager
         .acquire(&b, timeout(Duration::from_millis(300)))
         .await
-        .expect("the connection is free again");
+        .expect("the connection is free again (multiplexed: has room again)");
     assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
+    neighbours.release().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn polling_gets_the_lock_after_a_release_and_times_out_like_queueing() {
-    let (holder, waiter) = holder_and_waiter(1);
+in_both_modes!(polling_gets_the_lock_after_a_release_and_times_out_like_queueing);
+async fn polling_gets_the_lock_after_a_release_and_times_out_like_queueing(mode: Mode) {
+    let (holder, waiter) = holder_and_waiter(mode, 1);
     let lock = Watched::new("poll").await;
     let key = &lock.key;
+    let neighbours = mode.neighbours(&waiter, &lock.admin).await;
     let poll = |timeout: Duration| {
         AcquireOptions::new()
             .with_timeout(timeout)
@@ -170,7 +184,8 @@ async fn polling_gets_the_lock_after_a_release_and_times_out_like_queueing() {
         error.to_string(),
         format!("Failed to acquire lock '{key}': Timeout after 0.0s")
     );
-    // A poller never queues on the server, and gave its connection back.
+    // A poller never queues on the server, and gave its connection back (multiplexed:
+    // the other one is the neighbours').
     assert!(lock.waiting_pids().await.is_empty());
     assert_eq!(waiter.pool().status().available, 1);
 
@@ -189,4 +204,6 @@ async fn polling_gets_the_lock_after_a_release_and_times_out_like_queueing() {
     assert!(waiter.is_held(key));
     assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
     assert_eq!(lock.holders().await, 0);
+    neighbours.assert_untouched(&lock.admin).await;
+    neighbours.release().await;
 }

@@ -1,22 +1,28 @@
 //! Futures dropped mid-flight: an acquire dropped while it waits (at once, or by a
 //! timeout), a `try_acquire`, a `release` or `release_all` dropped at every point, a
-//! guard dropped on a thread without a runtime. None may leave a lock behind.
+//! guard dropped on a thread without a runtime. None may leave a lock behind; in
+//! multiplexed mode none may touch the other locks on a shared connection either, but
+//! for the guard dropped without a runtime (its shared connection is closed, ADR 0013).
 
 use std::time::Duration;
 
-use locks_port::{AcquireOptions, DistributedLock, LockGuard, LockRegistry, ReleaseOutcome};
+use locks_port::{
+    AcquireOptions, DistributedLock, LockGuard, LockRegistry, LostReason, ReleaseOutcome,
+};
 use locks_postgres::PostgresLockManager;
 
 use super::{
-    Watched, assert_pool_within_bounds, assert_still_locks, holder_and_waiter, timeout, wait_for,
+    Mode, Neighbours, Watched, assert_pool_within_bounds, assert_still_locks, holder_and_waiter,
+    timeout, wait_for,
 };
 use crate::support::{holders, pool, unique_key};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_acquire_dropped_while_queued_leaves_the_queue_and_never_gets_the_lock() {
-    let (holder, waiter) = holder_and_waiter(2);
+in_both_modes!(an_acquire_dropped_while_queued_leaves_the_queue_and_never_gets_the_lock);
+async fn an_acquire_dropped_while_queued_leaves_the_queue_and_never_gets_the_lock(mode: Mode) {
+    let (holder, waiter) = holder_and_waiter(mode, 2);
     let lock = Watched::new("dropped-waiter").await;
     let key = &lock.key;
+    let neighbours = mode.neighbours(&waiter, &lock.admin).await;
     let guard = holder.acquire(key, AcquireOptions::new()).await.unwrap();
 
     // Drop the acquire exactly once its backend is queued on the server.
@@ -36,14 +42,15 @@ async fn an_acquire_dropped_while_queued_leaves_the_queue_and_never_gets_the_loc
 
     assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
     lock.assert_nobody_takes_it().await;
-    assert_waiter_pool_recovered(&waiter, key).await;
+    assert_waiter_pool_recovered(&waiter, key, &lock, neighbours).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_acquire_dropped_by_a_200ms_timeout_never_gets_the_lock() {
-    let (holder, waiter) = holder_and_waiter(2);
+in_both_modes!(an_acquire_dropped_by_a_200ms_timeout_never_gets_the_lock);
+async fn an_acquire_dropped_by_a_200ms_timeout_never_gets_the_lock(mode: Mode) {
+    let (holder, waiter) = holder_and_waiter(mode, 2);
     let lock = Watched::new("timed-out-waiter").await;
     let key = &lock.key;
+    let neighbours = mode.neighbours(&waiter, &lock.admin).await;
     let guard = holder.acquire(key, AcquireOptions::new()).await.unwrap();
 
     let dropped = tokio::time::timeout(
@@ -61,13 +68,22 @@ async fn an_acquire_dropped_by_a_200ms_timeout_never_gets_the_lock() {
     .await;
     assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
     lock.assert_nobody_takes_it().await;
-    assert_waiter_pool_recovered(&waiter, key).await;
+    assert_waiter_pool_recovered(&waiter, key, &lock, neighbours).await;
 }
 
-async fn assert_waiter_pool_recovered(waiter: &PostgresLockManager, key: &str) {
+/// The dropped waiter kept nothing and left its neighbours alone, and its manager
+/// still serves locks.
+async fn assert_waiter_pool_recovered(
+    waiter: &PostgresLockManager,
+    key: &str,
+    lock: &Watched,
+    neighbours: Neighbours,
+) {
     assert_pool_within_bounds(waiter);
-    assert_eq!(waiter.held_lock_count(), 0);
+    assert_eq!(waiter.held_lock_count(), neighbours.count());
+    neighbours.assert_untouched(&lock.admin).await;
     assert_still_locks(waiter, key, "the waiter's pool still serves locks").await;
+    neighbours.release().await;
 }
 
 /// Points at which to drop a future: not polled at all, then after a growing delay
@@ -91,11 +107,12 @@ const DROP_POINTS_US: [Option<u64>; 15] = [
     Some(50_000),
 ];
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_try_acquire_dropped_mid_flight_leaves_no_lock_held() {
-    let manager = PostgresLockManager::new(pool(2));
+in_both_modes!(a_try_acquire_dropped_mid_flight_leaves_no_lock_held);
+async fn a_try_acquire_dropped_mid_flight_leaves_no_lock_held(mode: Mode) {
+    let manager = mode.manager(pool(2));
     let lock = Watched::new("dropped-try").await;
     let key = &lock.key;
+    let neighbours = mode.neighbours(&manager, &lock.admin).await;
     let (mut dropped, mut finished) = (0, 0);
     for round in 0..3 {
         for point in DROP_POINTS_US {
@@ -119,27 +136,30 @@ async fn a_try_acquire_dropped_mid_flight_leaves_no_lock_held() {
                     assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
                 }
             }
-            assert_eq!(manager.held_lock_count(), 0);
+            assert_eq!(manager.held_lock_count(), neighbours.count());
             assert!(!manager.is_held(key));
             lock.until_free("a dropped try_acquire's lock to be freed")
                 .await;
         }
     }
-    println!("try_acquire: dropped mid-flight {dropped}, finished {finished}");
+    println!("{mode:?} try_acquire: dropped mid-flight {dropped}, finished {finished}");
     assert_pool_within_bounds(&manager);
+    neighbours.assert_untouched(&lock.admin).await;
     let guard = manager
         .try_acquire(key)
         .await
         .unwrap()
         .expect("the manager still works");
     assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
+    neighbours.release().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_dropped_mid_flight_still_frees_the_lock() {
-    let manager = PostgresLockManager::new(pool(4));
+in_both_modes!(a_release_dropped_mid_flight_still_frees_the_lock);
+async fn a_release_dropped_mid_flight_still_frees_the_lock(mode: Mode) {
+    let manager = mode.manager(pool(4));
     let lock = Watched::new("dropped-release").await;
     let key = &lock.key;
+    let neighbours = mode.neighbours(&manager, &lock.admin).await;
     let (mut dropped, mut finished) = (0, 0);
     for round in 0..3 {
         for point in DROP_POINTS_US {
@@ -163,16 +183,19 @@ async fn a_release_dropped_mid_flight_still_frees_the_lock() {
             }
             // The bookkeeping is clean at once; the server follows shortly.
             assert!(!manager.is_held(key));
-            assert_eq!(manager.held_lock_count(), 0);
+            assert_eq!(manager.held_lock_count(), neighbours.count());
             lock.until_free("a dropped release's lock to be freed")
                 .await;
         }
     }
-    println!("release: dropped mid-flight {dropped}, finished {finished}");
+    println!("{mode:?} release: dropped mid-flight {dropped}, finished {finished}");
+    neighbours.assert_untouched(&lock.admin).await;
+    neighbours.release().await;
 
     // release_all dropped at its first await: every lock leaves the bookkeeping and
-    // is freed on the server all the same.
-    let keys: Vec<String> = (0..3)
+    // is freed on the server all the same (multiplexed: with one connection's worth of
+    // locks, so that a whole shared connection is among them).
+    let keys: Vec<String> = (0..super::LOCKS_PER_CONNECTION)
         .map(|n| unique_key(&format!("dropped-all-{n}")))
         .collect();
     for key in &keys {
@@ -182,7 +205,7 @@ async fn a_release_dropped_mid_flight_still_frees_the_lock() {
             .unwrap()
             .into_held();
     }
-    assert_eq!(manager.held_lock_count(), 3);
+    assert_eq!(manager.held_lock_count(), keys.len());
     let _ = tokio::time::timeout(Duration::ZERO, manager.release_all()).await;
     assert_eq!(manager.held_lock_count(), 0);
     for key in &keys {
@@ -196,17 +219,27 @@ async fn a_release_dropped_mid_flight_still_frees_the_lock() {
     assert_still_locks(&manager, key, "the manager still works").await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_guard_dropped_outside_a_runtime_frees_its_lock() {
-    let manager = PostgresLockManager::new(pool(1));
+in_both_modes!(a_guard_dropped_outside_a_runtime_frees_its_lock);
+/// Without a runtime there is no I/O: the guard's session is closed, which frees the
+/// lock; multiplexed, the neighbours on that shared connection go with it, each told.
+async fn a_guard_dropped_outside_a_runtime_frees_its_lock(mode: Mode) {
+    let manager = mode.manager(pool(1));
     let lock = Watched::new("dropped-no-runtime").await;
     let key = &lock.key;
+    let neighbours = mode.neighbours(&manager, &lock.admin).await;
     let guard = manager.acquire(key, AcquireOptions::new()).await.unwrap();
+    neighbours.assert_joined_by(&lock).await;
     std::thread::spawn(move || drop(guard))
         .join()
         .expect("drop on a thread without a runtime");
     assert!(!manager.is_held(key));
     lock.until_free("the lock of a guard dropped without a runtime to be freed")
         .await;
+    neighbours.assert_lost(LostReason::ConnectionClosed).await;
+    assert_eq!(manager.held_lock_count(), 0);
+    assert_eq!(
+        manager.lost_lock_counts().connection_closed,
+        neighbours.count() as u64
+    );
     assert_still_locks(&manager, key, "the pool slot came back").await;
 }

@@ -1,6 +1,8 @@
 //! The health model: a held lock whose server stops answering is noticed by keepalive;
 //! deadlines hold against a silent server; session settings that would end waits or
-//! holds do not; errors carry the server's words; fencing tokens only grow.
+//! holds do not; errors carry the server's words; fencing tokens only grow. The
+//! keepalive, deadline and error cases run in both modes; session settings and fencing
+//! tokens do not change with multiplexing (see the module doc of `faults`).
 
 use std::str::FromStr;
 use std::time::{Duration, Instant};
@@ -13,31 +15,36 @@ use locks_postgres::tokio_postgres;
 use locks_postgres::{PostgresLockManager, install_fencing};
 
 use super::{
-    Watched, admin_at, assert_still_locks, drop_cluster, own_cluster, pool_from,
+    Mode, Watched, admin_at, assert_still_locks, drop_cluster, own_cluster, pool_from,
     test_server_config, timeout, wait_for,
 };
 use crate::support::{admin, pool, unique_key};
 
+in_both_modes!(a_stopped_backend_under_a_held_lock_is_noticed_by_keepalive);
 /// A SIGSTOPped backend under a held lock is noticed by the keepalive (cadence 300 ms,
 /// answer timeout 300 ms here): the guard is told `KeepaliveFailed` within cadence +
 /// answer timeout + check interval, the connection is closed, and the manager works.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stopped_backend_under_a_held_lock_is_noticed_by_keepalive() {
+/// Multiplexed, one keepalive serves the connection: its neighbours are told the same.
+async fn a_stopped_backend_under_a_held_lock_is_noticed_by_keepalive(mode: Mode) {
     let cluster = own_cluster("the stopped-holder test");
     let mut config = tokio_postgres::Config::from_str(&cluster.url()).expect("URL");
     config.application_name("it-stopped-holder");
-    let manager = PostgresLockManager::builder(pool_from(config, 2))
+    let manager = mode
+        .builder(pool_from(config, 2))
         .keepalive(Some(Duration::from_millis(300)))
         .answer_timeout(Duration::from_millis(300))
         .build();
     let lock = Watched::on(admin_at(&cluster.url()).await, unique_key("stopped-holder"));
+    let neighbours = mode.neighbours(&manager, &lock.admin).await;
     let guard = manager
         .acquire(&lock.key, AcquireOptions::new())
         .await
         .unwrap();
+    neighbours.assert_joined_by(&lock).await;
     // Keepalives answered for a while: the lock is not lost by them.
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(!guard.is_lost(), "answered keepalives keep the lock");
+    neighbours.assert_untouched(&lock.admin).await;
     let pid = lock.the_holder().await;
     let stopped = super::server::Continue(pid);
     super::server::signal(pid, "STOP");
@@ -46,12 +53,17 @@ async fn a_stopped_backend_under_a_held_lock_is_noticed_by_keepalive() {
         .await
         .expect("a stopped backend is noticed");
     let detected = started.elapsed();
-    eprintln!("a SIGSTOPped holder's backend was noticed after {detected:?}");
+    eprintln!("{mode:?}: a SIGSTOPped holder's backend was noticed after {detected:?}");
     assert_eq!(reason, LostReason::KeepaliveFailed);
     // Bound: cadence + answer timeout + check interval, with slack for a busy machine.
     assert!(detected < Duration::from_secs(3), "{detected:?}");
     assert!(!manager.is_held(&lock.key));
-    assert_eq!(manager.lost_lock_counts().keepalive_failed, 1);
+    neighbours.assert_lost(LostReason::KeepaliveFailed).await;
+    assert_eq!(manager.held_lock_count(), 0);
+    assert_eq!(
+        manager.lost_lock_counts().keepalive_failed,
+        1 + neighbours.count() as u64
+    );
     assert_eq!(
         guard.release().await,
         ReleaseOutcome::Lost(LostReason::KeepaliveFailed)
@@ -64,11 +76,11 @@ async fn a_stopped_backend_under_a_held_lock_is_noticed_by_keepalive() {
     drop_cluster(cluster);
 }
 
+in_both_modes!(a_silent_server_cannot_hold_a_deadline_hostage);
 /// A listener that accepts TCP connections and never answers: a bounded acquire
 /// returns within its timeout plus the 2 s margin, `try_acquire` within the connect
 /// timeout, both with kind `Unreachable`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_silent_server_cannot_hold_a_deadline_hostage() {
+async fn a_silent_server_cannot_hold_a_deadline_hostage(mode: Mode) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -80,7 +92,8 @@ async fn a_silent_server_cannot_hold_a_deadline_hostage() {
         }
     });
     let url = format!("postgres://postgres@127.0.0.1:{port}/postgres?connect_timeout=60");
-    let manager = PostgresLockManager::builder(locks_postgres::plain_pool(&url, 2).expect("pool"))
+    let manager = mode
+        .builder(locks_postgres::plain_pool(&url, 2).expect("pool"))
         .connect_timeout(Duration::from_secs(1))
         .build();
 
@@ -159,14 +172,14 @@ async fn a_statement_timeout_neither_ends_waits_nor_holds() {
         .ok();
 }
 
+in_both_modes!(connection_errors_carry_the_servers_words);
 /// A failed connection says why in the server's words, with its SQLSTATE, and a kind
 /// that says what to do; the source is the driver's error, and no text repeats down
 /// the chain.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connection_errors_carry_the_servers_words() {
+async fn connection_errors_carry_the_servers_words(mode: Mode) {
     let mut config = test_server_config();
     config.user("nosuchuser");
-    let manager = PostgresLockManager::new(pool_from(config, 1));
+    let manager = mode.manager(pool_from(config, 1));
     for result in [
         manager
             .acquire("k", timeout(Duration::from_secs(2)))
@@ -207,7 +220,7 @@ async fn connection_errors_carry_the_servers_words() {
         socket.local_addr().expect("address").port()
     };
     let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
-    let refused = PostgresLockManager::new(locks_postgres::plain_pool(&url, 1).expect("pool"));
+    let refused = mode.manager(locks_postgres::plain_pool(&url, 1).expect("pool"));
     let error = refused.try_acquire("k").await.expect_err("refused");
     assert_eq!(error.kind(), AcquisitionErrorKind::Unreachable, "{error}");
     assert!(error.reason().contains("Connection refused"), "{error}");

@@ -4,6 +4,34 @@
 //! polling ([`bounded_waits`]), keys and holder ids no SQL should see ([`keys`]). Each
 //! test checks `pg_locks` from a separate admin connection, because "no lock left
 //! behind" is what matters; the fixtures for that are here.
+//!
+//! Modes: a case marked [`in_both_modes!`] runs once with a plain manager and once
+//! multiplexed ([`Mode`]; its test names end `::plain` and `::multiplexed`): every
+//! dropped future, ended or cancelled session, server restart, stopped or silent
+//! server, bounded wait, keepalive and connection error, since multiplexing changes
+//! where tries, waits, releases and keepalives run;
+//! single-mode are the cases about key derivation ([`keys`]), fencing tokens (SQL of
+//! their own; multiplexed in `multiplex.rs`) and session settings (`idle_session_timeout`,
+//! `statement_timeout`: set at checkout, the same for both modes).
+
+/// For each `async fn case(mode: Mode)` named, a module `case` of two tests, `plain`
+/// and `multiplexed`, that run it in that [`Mode`]: one body, and a failure names its
+/// mode.
+macro_rules! in_both_modes {
+    ($($case:ident),+ $(,)?) => {$(
+        mod $case {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn plain() {
+                super::$case($crate::faults::Mode::Plain).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn multiplexed() {
+                super::$case($crate::faults::Mode::Multiplexed).await;
+            }
+        }
+    )+};
+}
 
 mod bounded_waits;
 mod dropped;
@@ -16,10 +44,10 @@ use std::future::Future;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use locks_port::{AcquireOptions, DistributedLock, LockGuard, ReleaseOutcome};
-use locks_postgres::PostgresLockManager;
+use locks_port::{AcquireOptions, DistributedLock, LockGuard, LostReason, ReleaseOutcome};
 use locks_postgres::deadpool_postgres::Pool;
 use locks_postgres::tokio_postgres::{self, NoTls};
+use locks_postgres::{PostgresLockGuard, PostgresLockManager, PostgresLockManagerBuilder};
 use throwaway_pg::ThrowawayPostgres;
 
 use crate::support::{admin, holders, pool, unique_key};
@@ -180,11 +208,141 @@ pub(crate) async fn terminate_backend(admin: &tokio_postgres::Client, pid: i32) 
     assert!(done, "backend {pid} was there to terminate");
 }
 
-/// Two managers, a holder and a waiter, each on a pool of its own of `size` connections.
-fn holder_and_waiter(size: usize) -> (PostgresLockManager, PostgresLockManager) {
+/// Whether a test's manager shares connections between its locks (ADR 0013).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Mode {
+    /// One connection per held lock (the default).
+    Plain,
+    /// Up to [`LOCKS_PER_CONNECTION`] locks on one connection.
+    Multiplexed,
+}
+
+/// The cap of a multiplexed manager in these tests.
+const LOCKS_PER_CONNECTION: usize = 4;
+
+impl Mode {
+    /// A manager on `pool` in this mode.
+    fn manager(self, pool: Pool) -> PostgresLockManager {
+        self.builder(pool).build()
+    }
+
+    /// A builder on `pool` in this mode, for a test that sets more.
+    fn builder(self, pool: Pool) -> PostgresLockManagerBuilder {
+        let builder = PostgresLockManager::builder(pool);
+        match self {
+            Self::Plain => builder,
+            Self::Multiplexed => builder.multiplex(LOCKS_PER_CONNECTION),
+        }
+    }
+
+    /// The connections [`Mode::neighbours`] take: the one they share, multiplexed.
+    fn neighbour_connections(self) -> usize {
+        match self {
+            Self::Plain => 0,
+            Self::Multiplexed => 1,
+        }
+    }
+
+    /// Multiplexed, `manager` takes locks that fill one shared connection but for one
+    /// place, so the test's own lock is tried there first (and joins them when free);
+    /// plain, none. Watched from `admin`.
+    async fn neighbours(
+        self,
+        manager: &PostgresLockManager,
+        admin: &tokio_postgres::Client,
+    ) -> Neighbours {
+        let count = match self {
+            Self::Plain => 0,
+            Self::Multiplexed => LOCKS_PER_CONNECTION - 1,
+        };
+        let mut guards = Vec::new();
+        for n in 0..count {
+            let key = unique_key(&format!("neighbour-{n}"));
+            let guard = manager
+                .acquire(&key, timeout(EVENTUALLY))
+                .await
+                .expect("a neighbour");
+            guards.push(guard);
+        }
+        let mut pids = Vec::new();
+        for guard in &guards {
+            pids.extend(holder_pids(admin, guard.info().lock_id()).await);
+        }
+        pids.dedup();
+        assert!(
+            pids.len() <= 1,
+            "the neighbours share one session: {pids:?}"
+        );
+        Neighbours {
+            guards,
+            pid: pids.first().copied(),
+        }
+    }
+}
+
+/// Locks a test's manager holds besides the test's own (see [`Mode::neighbours`]): what
+/// a fault does to them is checked too.
+struct Neighbours {
+    guards: Vec<PostgresLockGuard>,
+    /// The backend of their shared connection.
+    pid: Option<i32>,
+}
+
+impl Neighbours {
+    /// How many locks the manager holds besides the test's own.
+    fn count(&self) -> usize {
+        self.guards.len()
+    }
+
+    /// Whether backend `pid` is the neighbours' shared connection.
+    fn on(&self, pid: i32) -> bool {
+        self.pid == Some(pid)
+    }
+
+    /// Multiplexed, the test's (uncontended) lock joined the neighbours' session.
+    async fn assert_joined_by(&self, lock: &Watched) {
+        if let Some(pid) = self.pid {
+            assert_eq!(
+                lock.the_holder().await,
+                pid,
+                "the lock joins its neighbours"
+            );
+        }
+    }
+
+    /// Each is still held, by the same session, and its guard was told nothing.
+    async fn assert_untouched(&self, admin: &tokio_postgres::Client) {
+        for guard in &self.guards {
+            assert!(!guard.is_lost(), "a neighbour was lost");
+            let pids = holder_pids(admin, guard.info().lock_id()).await;
+            assert_eq!(pids, Vec::from_iter(self.pid), "a neighbour moved or went");
+        }
+    }
+
+    /// Each guard is told within [`EVENTUALLY`] that its lock went, for `reason`.
+    async fn assert_lost(&self, reason: LostReason) {
+        for guard in &self.guards {
+            let told = tokio::time::timeout(EVENTUALLY, guard.lost())
+                .await
+                .expect("each neighbour's guard is told");
+            assert_eq!(told, reason);
+        }
+    }
+
+    /// Releases each (they must be held).
+    async fn release(self) {
+        for guard in self.guards {
+            assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
+        }
+    }
+}
+
+/// Two managers, a holder (plain) and a waiter in `mode`, each on a pool of its own of
+/// `size` connections, and the waiter's [`Mode::neighbours`] one more.
+fn holder_and_waiter(mode: Mode, size: usize) -> (PostgresLockManager, PostgresLockManager) {
     (
         PostgresLockManager::new(pool(size)),
-        PostgresLockManager::new(pool(size)),
+        mode.manager(pool(size + mode.neighbour_connections())),
     )
 }
 

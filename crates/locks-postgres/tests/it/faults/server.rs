@@ -1,5 +1,7 @@
 //! The server goes away: it restarts while locks are held, or one of its backends stops
 //! answering. Each test runs on a cluster of its own, so the shared server is untouched.
+//! Multiplexed, the held locks share connections, and the backend that stops answering
+//! is the shared connection of a neighbour.
 
 use std::str::FromStr;
 use std::time::{Duration, Instant};
@@ -8,22 +10,22 @@ use locks_port::{
     AcquireOptions, AcquisitionErrorKind, DistributedLock, LockGuard, LockRegistry, LostReason,
     ReleaseOutcome,
 };
-use locks_postgres::PostgresLockManager;
 use locks_postgres::tokio_postgres;
 
 use super::{
-    Watched, admin_at, assert_bounded, assert_pool_within_bounds, assert_still_locks, drop_cluster,
-    own_cluster, pool_at, pool_from, timeout, wait_for,
+    Mode, Watched, admin_at, assert_bounded, assert_pool_within_bounds, assert_still_locks,
+    drop_cluster, own_cluster, pool_at, pool_from, timeout, wait_for,
 };
 use crate::support::{holders, unique_key};
 
+in_both_modes!(a_server_restart_while_locks_are_held);
 /// A server restart with 10 locks held: every guard is told (`ConnectionClosed`) within
 /// the health check interval, the bookkeeping empties, calls while the server is down
 /// fail promptly with a clear kind, and the same manager works once it is back.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_server_restart_while_locks_are_held() {
+/// (Multiplexed, the 10 locks are on 3 connections.)
+async fn a_server_restart_while_locks_are_held(mode: Mode) {
     let cluster = own_cluster("the restart test");
-    let manager = PostgresLockManager::new(pool_at(&cluster.url(), 12));
+    let manager = mode.manager(pool_at(&cluster.url(), 12));
     let keys: Vec<String> = (0..10)
         .map(|n| unique_key(&format!("restart-{n}")))
         .collect();
@@ -48,7 +50,7 @@ async fn a_server_restart_while_locks_are_held() {
         assert_eq!(reason, LostReason::ConnectionClosed);
     }
     eprintln!(
-        "10 locks lost in a restart, all told {:?} after pg_ctl stop returned",
+        "{mode:?}: 10 locks lost in a restart, all told {:?} after pg_ctl stop returned",
         stopped.elapsed()
     );
     assert_eq!(manager.held_lock_count(), 0);
@@ -125,23 +127,28 @@ impl Drop for Continue {
     }
 }
 
+in_both_modes!(a_bounded_acquire_on_a_server_that_stops_answering_fails_with_connection_lost);
 /// A backend that stops answering (SIGSTOP: a hung server or a silent network) cannot
 /// hold a bounded acquire hostage: after its timeout plus a grace period the call
 /// fails with `ConnectionLost`, and the connection is given up, not pooled.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_bounded_acquire_on_a_server_that_stops_answering_fails_with_connection_lost() {
+/// Multiplexed, the stopped backend is the neighbours' shared connection, where the
+/// acquisition tries first: the try gives up the same way, and closing the connection
+/// loses the neighbours, each told.
+async fn a_bounded_acquire_on_a_server_that_stops_answering_fails_with_connection_lost(mode: Mode) {
     // A cluster of this test alone: nobody else's backends get stopped.
     let cluster = own_cluster("the stopped-backend test");
     let mut config = tokio_postgres::Config::from_str(&cluster.url()).expect("URL");
     config.application_name("it-stopped-backend");
-    let manager = PostgresLockManager::new(pool_from(config, 1));
+    let manager = mode.manager(pool_from(config, 1));
     let lock = Watched::on(
         admin_at(&cluster.url()).await,
         unique_key("stopped-backend"),
     );
     let key = &lock.key;
+    let neighbours = mode.neighbours(&manager, &lock.admin).await;
 
-    // Warm the pool, then stop its one idle backend.
+    // Warm the pool (multiplexed: on the neighbours' connection), then stop its one
+    // backend (idle, or holding the neighbours).
     let warm = manager.try_acquire(key).await.unwrap().expect("free");
     assert_eq!(warm.release().await, ReleaseOutcome::Unlocked);
     let pid: i32 = lock
@@ -162,7 +169,7 @@ async fn a_bounded_acquire_on_a_server_that_stops_answering_fails_with_connectio
         .await
         .expect_err("the backend does not answer");
     let elapsed = started.elapsed();
-    println!("a bounded acquire on a stopped backend gave up after {elapsed:?}");
+    println!("{mode:?}: a bounded acquire on a stopped backend gave up after {elapsed:?}");
     assert!(elapsed >= Duration::from_millis(300), "{elapsed:?}");
     assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
     assert_eq!(
@@ -175,6 +182,7 @@ async fn a_bounded_acquire_on_a_server_that_stops_answering_fails_with_connectio
         error.to_string(),
         format!("Failed to acquire lock '{key}': Timeout after 0.3s (the server did not answer)")
     );
+    neighbours.assert_lost(LostReason::ConnectionClosed).await;
     assert_eq!(manager.held_lock_count(), 0);
     assert_pool_within_bounds(&manager);
 

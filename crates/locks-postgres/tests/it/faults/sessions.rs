@@ -11,24 +11,27 @@ use locks_port::{
 use locks_postgres::PostgresLockManager;
 
 use super::{
-    EVENTUALLY, Watched, assert_bounded, assert_still_locks, holder_and_waiter, pool_from,
+    EVENTUALLY, Mode, Watched, assert_bounded, assert_still_locks, holder_and_waiter, pool_from,
     test_server_config, wait_for,
 };
 use crate::support::{pool, unique_key};
 
+in_both_modes!(a_terminated_holder_is_told_at_once_and_the_pool_recovers);
 /// `pg_terminate_backend` of a holder: its guard is told within the health check
 /// interval (200 ms by default; asserted with slack), the bookkeeping is clean at once,
 /// another manager takes the key, and the first manager keeps working on its one
-/// connection (so the dead session gave its pool slot back).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_terminated_holder_is_told_at_once_and_the_pool_recovers() {
-    let manager = PostgresLockManager::new(pool(1));
+/// connection (so the dead session gave its pool slot back). Multiplexed, the session
+/// held the neighbours too: exactly those locks are lost, each guard told.
+async fn a_terminated_holder_is_told_at_once_and_the_pool_recovers(mode: Mode) {
+    let manager = mode.manager(pool(1));
     let other = PostgresLockManager::new(pool(1));
     let lock = Watched::new("terminated-holder").await;
     let key = &lock.key;
+    let neighbours = mode.neighbours(&manager, &lock.admin).await;
 
     let guard = manager.acquire(key, AcquireOptions::new()).await.unwrap();
     assert!(!guard.is_lost());
+    neighbours.assert_joined_by(&lock).await;
     let started = Instant::now();
     lock.terminate(lock.the_holder().await).await;
     let reason = tokio::time::timeout(Duration::from_secs(2), guard.lost())
@@ -38,9 +41,13 @@ async fn a_terminated_holder_is_told_at_once_and_the_pool_recovers() {
     assert_eq!(reason, LostReason::ConnectionClosed);
     assert!(guard.is_lost());
     assert!(!manager.is_held(key), "a lost lock leaves the bookkeeping");
+    neighbours.assert_lost(LostReason::ConnectionClosed).await;
     assert_eq!(manager.held_lock_count(), 0);
-    assert_eq!(manager.lost_lock_counts().connection_closed, 1);
-    eprintln!("terminated holder detected after {detected:?}");
+    assert_eq!(
+        manager.lost_lock_counts().connection_closed,
+        1 + neighbours.count() as u64
+    );
+    eprintln!("{mode:?}: terminated holder detected after {detected:?}");
 
     let stolen = other
         .try_acquire(key)
@@ -114,11 +121,14 @@ async fn an_idle_session_timeout_does_not_end_a_held_lock() {
     assert_still_locks(&manager, key, "the manager keeps working").await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_whose_backend_is_terminated_gets_connection_lost() {
-    let (holder, waiter) = holder_and_waiter(1);
+in_both_modes!(a_waiter_whose_backend_is_terminated_gets_connection_lost);
+/// Multiplexed, the wait has a connection of its own: its end leaves the neighbours'
+/// shared connection alone.
+async fn a_waiter_whose_backend_is_terminated_gets_connection_lost(mode: Mode) {
+    let (holder, waiter) = holder_and_waiter(mode, 1);
     let lock = Watched::new("terminated-waiter").await;
     let key = &lock.key;
+    let neighbours = mode.neighbours(&waiter, &lock.admin).await;
     let guard = holder.acquire(key, AcquireOptions::new()).await.unwrap();
 
     for options in [
@@ -131,6 +141,7 @@ async fn a_waiter_whose_backend_is_terminated_gets_connection_lost() {
             async move { waiter.acquire(&key, options).await }
         });
         let pid = lock.the_waiter().await;
+        assert!(!neighbours.on(pid), "a wait has a connection of its own");
         let started = Instant::now();
         lock.terminate(pid).await;
         let error = tokio::time::timeout(EVENTUALLY, waiting)
@@ -151,23 +162,26 @@ async fn a_waiter_whose_backend_is_terminated_gets_connection_lost() {
                 .starts_with(&format!("Failed to acquire lock '{key}': Database error: ")),
             "{error}"
         );
-        assert_eq!(waiter.held_lock_count(), 0);
+        assert_eq!(waiter.held_lock_count(), neighbours.count());
     }
     assert_eq!(lock.holders().await, 1);
     assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
+    neighbours.assert_untouched(&lock.admin).await;
     assert_still_locks(
         &waiter,
         key,
         "the waiter's manager works after losing its connections",
     )
     .await;
+    neighbours.release().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_cancelled_by_an_operator_gets_cancelled_and_keeps_nothing() {
-    let (holder, waiter) = holder_and_waiter(1);
+in_both_modes!(a_waiter_cancelled_by_an_operator_gets_cancelled_and_keeps_nothing);
+async fn a_waiter_cancelled_by_an_operator_gets_cancelled_and_keeps_nothing(mode: Mode) {
+    let (holder, waiter) = holder_and_waiter(mode, 1);
     let lock = Watched::new("cancelled-waiter").await;
     let key = &lock.key;
+    let neighbours = mode.neighbours(&waiter, &lock.admin).await;
     let guard = holder.acquire(key, AcquireOptions::new()).await.unwrap();
 
     let waiting = tokio::spawn({
@@ -176,6 +190,7 @@ async fn a_waiter_cancelled_by_an_operator_gets_cancelled_and_keeps_nothing() {
         async move { waiter.acquire(&key, AcquireOptions::new()).await }
     });
     let pid = lock.the_waiter().await;
+    assert!(!neighbours.on(pid), "a wait has a connection of its own");
     let cancelled: bool = lock
         .admin
         .query_one("SELECT pg_cancel_backend($1)", &[&pid])
@@ -194,5 +209,8 @@ async fn a_waiter_cancelled_by_an_operator_gets_cancelled_and_keeps_nothing() {
 
     assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
     lock.assert_nobody_takes_it().await;
+    assert_eq!(waiter.held_lock_count(), neighbours.count());
+    neighbours.assert_untouched(&lock.admin).await;
     assert_still_locks(&waiter, key, "the waiter's manager still works").await;
+    neighbours.release().await;
 }
