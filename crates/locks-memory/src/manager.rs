@@ -11,7 +11,6 @@ use locks_port::{
     LockMode, LockNotHeldError, LockRegistry, LossNotifier, LostReason, WaitStrategy,
     deadline_after,
 };
-use time::OffsetDateTime;
 use tokio::sync::TryAcquireError;
 
 use crate::guard::InMemoryLockGuard;
@@ -266,13 +265,7 @@ impl ManagerInner {
 
     /// What a guard says of the lock of `key` taken now in `mode`.
     pub(crate) fn info(&self, key: &str, lock_id: i64, mode: LockMode) -> LockInfo {
-        LockInfo::new(
-            key,
-            lock_id,
-            OffsetDateTime::now_utc(),
-            self.holder_id.clone(),
-        )
-        .with_mode(mode)
+        LockInfo::acquired_now(key, lock_id, self.holder_id.clone()).with_mode(mode)
     }
 
     /// Books the taken `permit` of `key` for the acquisition `token`; `notifier` is

@@ -1,5 +1,7 @@
 //! The value describing an acquired lock.
 
+use std::time::SystemTime;
+
 use time::OffsetDateTime;
 
 use crate::LockMode;
@@ -13,7 +15,9 @@ use crate::LockMode;
 pub struct LockInfo {
     key: String,
     lock_id: i64,
-    acquired_at: OffsetDateTime,
+    /// Kept as the clock read it: converting to a calendar date costs more than the
+    /// rest of the value, and is done only when asked for.
+    acquired_at: SystemTime,
     holder_id: Option<String>,
     mode: LockMode,
     fencing_token: Option<i64>,
@@ -28,10 +32,22 @@ impl LockInfo {
         acquired_at: OffsetDateTime,
         holder_id: Option<String>,
     ) -> Self {
+        Self::at(key.into(), lock_id, acquired_at.into(), holder_id)
+    }
+
+    /// Builds the value for a lock granted now (as [`new`](Self::new) with the current
+    /// time, read without converting it to a date until
+    /// [`acquired_at`](Self::acquired_at) is asked for).
+    #[must_use]
+    pub fn acquired_now(key: impl Into<String>, lock_id: i64, holder_id: Option<String>) -> Self {
+        Self::at(key.into(), lock_id, SystemTime::now(), holder_id)
+    }
+
+    fn at(key: String, lock_id: i64, acquired_at: SystemTime, holder_id: Option<String>) -> Self {
         Self {
-            key: key.into(),
+            key,
             lock_id,
-            acquired_at: acquired_at.to_offset(time::UtcOffset::UTC),
+            acquired_at,
             holder_id,
             mode: LockMode::Exclusive,
             fencing_token: None,
@@ -83,7 +99,7 @@ impl LockInfo {
     /// When the lock was granted, in UTC.
     #[must_use]
     pub fn acquired_at(&self) -> OffsetDateTime {
-        self.acquired_at
+        OffsetDateTime::from(self.acquired_at)
     }
 
     /// The holder label of the manager that took the lock, if it has one.
@@ -107,5 +123,21 @@ mod tests {
         assert_eq!(info.holder_id(), Some("w'1"));
         assert_eq!(info.key(), "k");
         assert_eq!(info.lock_id(), 1);
+    }
+
+    #[test]
+    fn acquired_at_keeps_every_instant_it_is_given_exactly() {
+        let extremes = [
+            OffsetDateTime::new_utc(time::Date::MIN, time::Time::MIDNIGHT),
+            OffsetDateTime::new_utc(time::Date::MAX, time::Time::MAX),
+            OffsetDateTime::UNIX_EPOCH - time::Duration::nanoseconds(1),
+        ];
+        for at in extremes {
+            assert_eq!(LockInfo::new("k", 1, at, None).acquired_at(), at);
+        }
+        let before = OffsetDateTime::now_utc();
+        let now = LockInfo::acquired_now("k", 1, None).acquired_at();
+        assert!(before <= now && now <= OffsetDateTime::now_utc());
+        assert_eq!(now.offset(), time::UtcOffset::UTC);
     }
 }

@@ -11,7 +11,6 @@ use locks_port::{
     ReleaseOutcome,
 };
 use smallvec::SmallVec;
-use time::OffsetDateTime;
 use tokio::sync::Mutex as AsyncMutex;
 use tokio::time::Instant;
 use tracing::{Instrument, Span};
@@ -176,13 +175,7 @@ impl Inner {
         host: Option<Membership>,
         span: &Span,
     ) -> Result<PostgresLockGuard, LockAcquisitionError> {
-        let mut info = LockInfo::new(
-            key,
-            lock_id,
-            OffsetDateTime::now_utc(),
-            self.holder_id.clone(),
-        )
-        .with_mode(mode);
+        let mut info = LockInfo::acquired_now(key, lock_id, self.holder_id.clone()).with_mode(mode);
         if self.settings.fencing {
             let mut session = slot.lock().await;
             let Some(session) = session.as_mut() else {
