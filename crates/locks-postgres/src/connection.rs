@@ -3,14 +3,16 @@
 
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
+use std::future::Future;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use deadpool_postgres::{Object, ObjectId};
 use tokio_postgres::NoTls;
 
-use crate::limit::{Expired, Limit, Timer};
+use crate::limit::{Expired, Limit};
 use crate::sql::{PREPARED_KINDS, SESSION_SETUP, SETUP_SLOT, Statement};
+use crate::watchdog::Watch;
 
 /// One pooled connection while checked out, and what the manager knows of it: whether
 /// it is set up (see [`SESSION_SETUP`]), the statements prepared on it, and its
@@ -29,8 +31,9 @@ pub(crate) struct Known {
     /// every manager of the process (see [`marker`]).
     marker: Box<str>,
     prepared: Prepared,
-    /// The timer of its statements' limits, reused from one to the next.
-    timer: Timer,
+    /// What holds its statements to their limits (`None`: the watchdog could not be
+    /// started, and each statement has a timer of its own).
+    watch: Option<Arc<Watch>>,
 }
 
 /// The statements prepared on a connection, by [`Statement::slot`].
@@ -43,7 +46,7 @@ impl Known {
             set_up: false,
             marker: marker(object),
             prepared: Default::default(),
-            timer: Timer::default(),
+            watch: Watch::new(),
         })
     }
 }
@@ -155,21 +158,27 @@ impl Session {
         !self.used
     }
 
-    /// The connection, its marker, its prepared statements, its timer and the
+    /// The connection, its marker, its prepared statements, its watch and the
     /// in-flight flag.
-    fn parts(&mut self) -> (&Object, &str, &mut Prepared, &mut Timer, &mut bool) {
+    fn parts(&mut self) -> (&Object, &str, &mut Prepared, Option<&Watch>, &mut bool) {
         self.used = true;
         let Some(Known {
             object: Some(object),
             marker,
             prepared,
-            timer,
+            watch,
             ..
         }) = self.conn.as_deref_mut()
         else {
             unreachable!("a session holds its connection until it is consumed")
         };
-        (object, marker, prepared, timer, &mut self.in_flight)
+        (
+            object,
+            marker,
+            prepared,
+            watch.as_deref(),
+            &mut self.in_flight,
+        )
     }
 
     /// Whether the connection has been set up (by this process's managers).
@@ -186,7 +195,7 @@ impl Session {
     }
 
     /// Runs one lock statement (prepared once per connection, then one round trip)
-    /// within `limit`, on the connection's reused timer, and reads its answer.
+    /// within `limit` (held by the connection's watch), and reads its answer.
     ///
     /// If the future is dropped before the answer arrives, or the limit passes first
     /// ([`Expired`]), the statement is still in flight: dropping the session cancels
@@ -196,20 +205,20 @@ impl Session {
         statement: Statement,
         limit: Limit,
     ) -> Result<Result<Answer, tokio_postgres::Error>, Expired> {
-        let (object, marker, cached, timer, in_flight) = self.parts();
+        let (object, marker, cached, watch, in_flight) = self.parts();
         *in_flight = true;
         let slot = statement.slot();
         let running = async {
-            match prepared(object, &cached[slot], statement.text()).await {
+            match prepared(object, &cached[slot], || statement.sql(marker)).await {
                 Ok(prepared) => {
-                    let answer = execute(object, &prepared, marker, statement).await;
+                    let answer = execute(object, &prepared, statement).await;
                     cached[slot] = Some(prepared);
                     answer
                 }
                 Err(error) => Err(error),
             }
         };
-        let answer = limit.run_on(timer, running).await?;
+        let answer = within(watch, limit, running).await?;
         // Reached only when the statement finished (answer or error): no cancel needed.
         *in_flight = false;
         Ok(answer)
@@ -233,13 +242,13 @@ impl Session {
         ),
         Expired,
     > {
-        let (object, marker, cached, timer, in_flight) = self.parts();
+        let (object, marker, cached, watch, in_flight) = self.parts();
         *in_flight = true;
         let slot = statement.slot();
         let running = async {
             let (setup, lock) = tokio::join!(
-                prepared(object, &cached[SETUP_SLOT], SESSION_SETUP),
-                prepared(object, &cached[slot], statement.text()),
+                prepared(object, &cached[SETUP_SLOT], || SESSION_SETUP.to_owned()),
+                prepared(object, &cached[slot], || statement.sql(marker)),
             );
             match (setup, lock) {
                 (Ok(setup), Ok(lock)) => {
@@ -255,8 +264,7 @@ impl Session {
                             (false, None) => SetUp::Foreign,
                         })
                     };
-                    let answers =
-                        tokio::join!(setting_up, execute(object, &lock, marker, statement));
+                    let answers = tokio::join!(setting_up, execute(object, &lock, statement));
                     cached[SETUP_SLOT] = Some(setup);
                     cached[slot] = Some(lock);
                     answers
@@ -266,7 +274,7 @@ impl Session {
                 (Err(error), Err(other)) => (Err(error), Err(other)),
             }
         };
-        let answers = limit.run_on(timer, running).await?;
+        let answers = within(watch, limit, running).await?;
         *in_flight = false;
         Ok(answers)
     }
@@ -314,27 +322,38 @@ impl Session {
     }
 }
 
-/// The prepared statement: the cached one, or prepared now (boxed: kept out of the
-/// common path's future).
-async fn prepared(
-    object: &Object,
-    cached: &Option<tokio_postgres::Statement>,
-    text: &str,
-) -> Result<tokio_postgres::Statement, tokio_postgres::Error> {
-    match cached {
-        Some(prepared) => Ok(prepared.clone()),
-        None => Box::pin(object.prepare(text)).await,
+/// `statement` within `limit`: held by the connection's watch, or by a timer of its own.
+async fn within<F: Future>(
+    watch: Option<&Watch>,
+    limit: Limit,
+    statement: F,
+) -> Result<F::Output, Expired> {
+    match watch {
+        Some(watch) => watch.run(limit, statement).await,
+        None => limit.run(statement).await,
     }
 }
 
-/// Binds and runs one prepared lock statement; `marker` is the connection's session
-/// marker, which every lock statement checks before it takes or frees anything. The
+/// The prepared statement: the cached one, or prepared now from `text` (boxed: kept
+/// out of the common path's future).
+async fn prepared(
+    object: &Object,
+    cached: &Option<tokio_postgres::Statement>,
+    text: impl FnOnce() -> String,
+) -> Result<tokio_postgres::Statement, tokio_postgres::Error> {
+    match cached {
+        Some(prepared) => Ok(prepared.clone()),
+        None => Box::pin(object.prepare(&text())).await,
+    }
+}
+
+/// Binds and runs one prepared lock statement (prepared with the connection's session
+/// marker, which every lock statement checks before it takes or frees anything). The
 /// wait answers a value; the others answer by their row count (see
 /// [`Statement::text`]).
 async fn execute(
     object: &Object,
     prepared: &tokio_postgres::Statement,
-    marker: &str,
     statement: Statement,
 ) -> Result<Answer, tokio_postgres::Error> {
     let rows = match statement {
@@ -345,7 +364,7 @@ async fn execute(
         } => {
             let lock_timeout = lock_timeout_ms.to_string();
             let row = object
-                .query_one(prepared, &[&lock_id, &lock_timeout, &marker])
+                .query_one(prepared, &[&lock_id, &lock_timeout])
                 .await?;
             let locked: Option<bool> = row.try_get(0)?;
             return Ok(match locked {
@@ -355,15 +374,13 @@ async fn execute(
         }
         Statement::TryLock { lock_id, .. }
         | Statement::Unlock { lock_id, .. }
-        | Statement::UnlockIfHeld { lock_id, .. } => {
-            object.execute(prepared, &[&lock_id, &marker]).await?
-        }
-        Statement::Ping => object.execute(prepared, &[&marker]).await?,
+        | Statement::UnlockIfHeld { lock_id, .. } => object.execute(prepared, &[&lock_id]).await?,
+        Statement::Ping => object.execute(prepared, &[]).await?,
     };
     Ok(match rows {
-        0 => Answer::WrongSession,
-        1 => Answer::Bool(false),
-        _ => Answer::Bool(true),
+        1 => Answer::Bool(true),
+        0 => Answer::Bool(false),
+        _ => Answer::WrongSession,
     })
 }
 

@@ -26,6 +26,7 @@ use crate::limit::Limit;
 use crate::manager::Inner;
 use crate::sql::Statement;
 use crate::telemetry::lost_span;
+use crate::watchdog::Watch;
 
 /// How many locks a manager lost, by reason (see
 /// [`PostgresLockManager::lost_lock_counts`](crate::PostgresLockManager::lost_lock_counts)).
@@ -240,14 +241,21 @@ fn discard(held: &Held) {
     }
 }
 
-/// The monitor task: runs while the manager is alive and holds locks.
+/// The monitor task: runs while the manager is alive and holds locks. It sleeps on a
+/// watch of the watchdog (see [`crate::watchdog`]), not on a runtime timer: a timer in
+/// the runtime's wheel would make every park of the runtime a timed one while locks are
+/// held.
 async fn monitor(manager: Weak<Inner>) {
+    let watch = Watch::new();
     loop {
         let interval = match manager.upgrade() {
             Some(inner) => inner.settings.health_check_interval,
             None => return,
         };
-        tokio::time::sleep(interval).await;
+        match &watch {
+            Some(watch) => watch.sleep(interval).await,
+            None => tokio::time::sleep(interval).await,
+        }
         let Some(inner) = manager.upgrade() else {
             return;
         };

@@ -17,6 +17,7 @@ mod multiplex;
 mod pool;
 mod sql;
 mod telemetry;
+mod watchdog;
 mod xact;
 
 pub use fencing::{FENCING_SCHEMA, FENCING_TABLE, install_fencing};

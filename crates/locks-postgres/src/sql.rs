@@ -49,20 +49,20 @@ pub(crate) const SESSION_SETUP: &str = "SELECT pg_is_in_recovery(), owner \
      CASE WHEN owner IS NOT NULL AND $1::text IS NOT NULL \
      THEN set_config('application_name', $1, false) END) AS settings";
 
-/// A statement that answers a boolean by how many (empty) rows it returns: 2 for
-/// true, 1 for false, none when the server session is not the connection's own (it
+/// A statement that answers a boolean by how many (empty) rows it returns: one for
+/// true, none for false, two when the server session is not the connection's own (it
 /// did nothing). Read with `execute`, which counts rows without building them: on the
-/// uncontended path that is cheaper than reading a value. The function's arguments
-/// are evaluated once, so `$bool` (the lock call) runs once, and only on the
-/// connection's own session. `$2` is the marker.
+/// uncontended path that is cheaper than reading a value, and the common answer (a
+/// grant, an unlock) costs one row. The function's arguments are evaluated once, so
+/// `$bool` (the lock call) runs once, and only on the connection's own session.
 macro_rules! counted {
     ($bool:literal) => {
         concat!(
             "SELECT FROM generate_series(1, \
-             CASE WHEN current_setting('locks.session', true) = $2 \
+             CASE WHEN current_setting('locks.session', true) = :marker \
              THEN CASE WHEN ",
             $bool,
-            " THEN 2 ELSE 1 END ELSE 0 END)"
+            " THEN 1 ELSE 0 END ELSE 2 END)"
         )
     };
 }
@@ -87,11 +87,17 @@ pub(crate) enum Statement {
 }
 
 impl Statement {
-    /// The SQL text: `$1` the lock id, then (for [`Statement::Lock`]) `$2` the timeout
-    /// in ms as text, and last the connection's marker. [`Statement::Lock`] answers a
-    /// value, NULL when the server session is not the connection's own; the others
-    /// answer by their row count (see `counted!`), none on another session. Either
-    /// way, on another session nothing was done.
+    /// The SQL text of a connection whose marker is `marker` (see [`Statement::text`]).
+    pub(crate) fn sql(self, marker: &str) -> String {
+        debug_assert!(marker.bytes().all(|byte| byte.is_ascii_hexdigit()));
+        self.text().replace(":marker", &format!("'{marker}'"))
+    }
+
+    /// The SQL text with `:marker` for the connection's marker: `$1` the lock id, then
+    /// (for [`Statement::Lock`]) `$2` the timeout in ms as text. [`Statement::Lock`]
+    /// answers a value, NULL when the server session is not the connection's own; the
+    /// others answer by their row count (see `counted!`), two on another session.
+    /// Either way, on another session nothing was done.
     pub(crate) fn text(self) -> &'static str {
         let shared = matches!(self.mode(), LockMode::Shared);
         match self {
@@ -102,12 +108,12 @@ impl Statement {
             // overridden too ('0' waits forever). `pg_advisory_lock` returns void,
             // which reads as '' as text.
             Self::Lock { .. } if shared => {
-                "SELECT CASE WHEN current_setting('locks.session', true) = $3 \
+                "SELECT CASE WHEN current_setting('locks.session', true) = :marker \
                  THEN pg_advisory_lock_shared($1)::text = '' END \
                  FROM (SELECT set_config('lock_timeout', $2, true)) AS options"
             }
             Self::Lock { .. } => {
-                "SELECT CASE WHEN current_setting('locks.session', true) = $3 \
+                "SELECT CASE WHEN current_setting('locks.session', true) = :marker \
                  THEN pg_advisory_lock($1)::text = '' END \
                  FROM (SELECT set_config('lock_timeout', $2, true)) AS options"
             }
@@ -133,10 +139,10 @@ impl Statement {
                  AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = $1) \
                  THEN pg_advisory_unlock($1) ELSE false END"
             ),
-            // Two rows on the connection's own session, none elsewhere.
+            // One row on the connection's own session, two elsewhere.
             Self::Ping => {
                 "SELECT FROM generate_series(1, \
-                 CASE WHEN current_setting('locks.session', true) = $1 THEN 2 ELSE 0 END)"
+                 CASE WHEN current_setting('locks.session', true) = :marker THEN 1 ELSE 2 END)"
             }
         }
     }
@@ -171,15 +177,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn statements_bind_only_numbers() {
+    fn statements_bind_only_numbers_and_carry_the_marker() {
+        let marker = "0123456789abcdef";
         let lock = Statement::Lock {
             lock_id: 7,
             mode: LockMode::Exclusive,
             lock_timeout_ms: 250,
         };
-        assert!(lock.text().starts_with(
-            "SELECT CASE WHEN current_setting('locks.session', true) = $3 THEN pg_advisory_lock($1)"
+        assert!(lock.sql(marker).starts_with(
+            "SELECT CASE WHEN current_setting('locks.session', true) = '0123456789abcdef' \
+             THEN pg_advisory_lock($1)"
         ));
+        assert!(lock.sql(marker).contains("$2") && !lock.sql(marker).contains("$3"));
+        assert!(Statement::Ping.sql(marker).contains("= '0123456789abcdef'"));
+        assert!(!Statement::Ping.sql(marker).contains('$'));
         for mode in [LockMode::Exclusive, LockMode::Shared] {
             for statement in [
                 Statement::TryLock {
@@ -189,12 +200,13 @@ mod tests {
                 Statement::Unlock { lock_id: 0, mode },
                 Statement::UnlockIfHeld { lock_id: 1, mode },
             ] {
-                assert!(statement.text().contains("$1"));
-                assert!(statement.text().contains("locks.session', true) = $2"));
-                assert!(!statement.text().contains("$3"));
+                let sql = statement.sql(marker);
+                assert!(sql.contains("$1"));
+                assert!(sql.contains("locks.session', true) = '0123456789abcdef'"));
+                assert!(!sql.contains("$2") && !sql.contains(":marker"));
                 assert!(statement.slot() < PREPARED_KINDS && statement.slot() != SETUP_SLOT);
                 assert_eq!(
-                    statement.text().contains("_shared("),
+                    sql.contains("_shared("),
                     mode == LockMode::Shared,
                     "{statement:?}"
                 );
