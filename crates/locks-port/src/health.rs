@@ -9,7 +9,7 @@
 use std::fmt;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 
@@ -80,6 +80,9 @@ impl fmt::Display for LostReason {
 struct Shared {
     /// `0` while held, else [`LostReason::code`]: read without the mutex.
     reason: AtomicU8,
+    /// Whether a waker was ever registered: when none was, `notify` need not take the
+    /// mutex (most guards are released without anyone awaiting their signal).
+    waited: AtomicBool,
     wakers: Mutex<Wakers>,
 }
 
@@ -123,6 +126,7 @@ impl LossNotifier {
         Self {
             shared: Arc::new(Shared {
                 reason: AtomicU8::new(0),
+                waited: AtomicBool::new(false),
                 wakers: Mutex::new(Wakers::default()),
             }),
         }
@@ -142,10 +146,15 @@ impl LossNotifier {
         if self
             .shared
             .reason
-            .compare_exchange(0, reason.code(), Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(0, reason.code(), Ordering::SeqCst, Ordering::Acquire)
             .is_err()
         {
             return false;
+        }
+        // A waiter says it waits, then looks at the reason; this sets the reason, then
+        // looks whether anyone waits: one of the two sees the other.
+        if !self.shared.waited.load(Ordering::SeqCst) {
+            return true;
         }
         let wakers = std::mem::take(&mut *self.shared.wakers());
         for waker in wakers.slots.into_iter().flatten() {
@@ -249,10 +258,12 @@ impl Future for Lost {
             return Poll::Ready(reason);
         }
         let shared = Arc::clone(&self.shared);
+        shared.waited.store(true, Ordering::SeqCst);
         let mut wakers = shared.wakers();
-        // Checked again under the mutex: `notify` sets the reason before it takes the
-        // wakers, so a waker registered now is either woken or sees the reason.
-        if let Some(reason) = shared.reason() {
+        // Checked again after saying it waits, under the mutex: `notify` sets the
+        // reason before it looks for waiters and takes the wakers, so a waker
+        // registered now is either woken or sees the reason.
+        if let Some(reason) = LostReason::from_code(shared.reason.load(Ordering::SeqCst)) {
             return Poll::Ready(reason);
         }
         let waker = cx.waker().clone();
