@@ -1,5 +1,6 @@
 //! The value describing an acquired lock.
 
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use time::OffsetDateTime;
@@ -13,7 +14,9 @@ use crate::LockMode;
 /// Immutable: built once by the manager, read through accessors.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct LockInfo {
-    key: String,
+    /// Shared, so that cloning the value (or the manager's own record of the grant)
+    /// does not copy the key.
+    key: Arc<str>,
     lock_id: i64,
     /// Kept as the clock read it: converting to a calendar date costs more than the
     /// rest of the value, and is done only when asked for.
@@ -27,7 +30,7 @@ impl LockInfo {
     /// Builds the value; `acquired_at` is converted to UTC.
     #[must_use]
     pub fn new(
-        key: impl Into<String>,
+        key: impl Into<Arc<str>>,
         lock_id: i64,
         acquired_at: OffsetDateTime,
         holder_id: Option<String>,
@@ -39,11 +42,11 @@ impl LockInfo {
     /// time, read without converting it to a date until
     /// [`acquired_at`](Self::acquired_at) is asked for).
     #[must_use]
-    pub fn acquired_now(key: impl Into<String>, lock_id: i64, holder_id: Option<String>) -> Self {
+    pub fn acquired_now(key: impl Into<Arc<str>>, lock_id: i64, holder_id: Option<String>) -> Self {
         Self::at(key.into(), lock_id, SystemTime::now(), holder_id)
     }
 
-    fn at(key: String, lock_id: i64, acquired_at: SystemTime, holder_id: Option<String>) -> Self {
+    fn at(key: Arc<str>, lock_id: i64, acquired_at: SystemTime, holder_id: Option<String>) -> Self {
         Self {
             key,
             lock_id,
