@@ -14,7 +14,7 @@ use tokio_postgres::error::SqlState;
 
 use crate::classify::{driver_error, pool_error};
 use crate::connection::{Answer, Session, SetUp};
-use crate::limit::Limit;
+use crate::limit::{Expired, Limit};
 use crate::manager::Inner;
 use crate::sql::Statement;
 
@@ -148,19 +148,8 @@ pub(crate) fn refuse(
 pub(crate) type Attempt = Result<Session, LockAcquisitionError>;
 
 impl Inner {
-    /// The whole acquisition up to the bookkeeping.
-    pub(crate) async fn acquire_session(
-        &self,
-        key: &str,
-        lock_id: i64,
-        options: AcquireOptions,
-    ) -> Attempt {
-        let deadline = options.timeout().map(Deadline::after);
-        self.acquire_session_until(key, lock_id, options, deadline)
-            .await
-    }
-
-    /// [`acquire_session`](Self::acquire_session) within a deadline already running.
+    /// The whole acquisition up to the bookkeeping, within `deadline` (already
+    /// running; `None` for an unbounded call).
     pub(crate) async fn acquire_session_until(
         &self,
         key: &str,
@@ -235,12 +224,13 @@ impl Inner {
             create: None,
             recycle: None,
         };
-        // Boxed: the pool's future (it may open a connection) is large, and moving it
-        // through the call's futures costs more than the allocation.
-        let first = connecting.run(self.pool.timeout_get(&no_wait)).await.ok();
-        let checked_out = match first {
-            None => return Err(self.unreachable(key, deadline)),
-            Some(Err(PoolError::Timeout(TimeoutType::Wait))) => match wait {
+        // Not boxed: the pool's future (it may open a connection) is large, but copying
+        // it into the limit costs less than allocating it on every checkout.
+        let checked_out = match connecting.run(self.pool.timeout_get(&no_wait)).await {
+            // An idle connection: the common case, made into a session at once.
+            Ok(Ok(object)) => return Ok(Session::new(object, &self.connections)),
+            Err(Expired) => return Err(self.unreachable(key, deadline)),
+            Ok(Err(PoolError::Timeout(TimeoutType::Wait))) => match wait {
                 PoolWait::No => {
                     return Err(self.pool_exhausted(key, "no pool connection was free", None));
                 }
@@ -259,7 +249,7 @@ impl Inner {
                     }
                 }
             },
-            Some(other) => other,
+            Ok(Err(error)) => Err(error),
         };
         match checked_out {
             Ok(object) => Ok(Session::new(object, &self.connections)),

@@ -22,7 +22,7 @@ use crate::limit::Limit;
 use crate::manager::Inner;
 use crate::multiplex::Membership;
 use crate::sql::Statement;
-use crate::telemetry::{record_failure, release_span};
+use crate::telemetry::{record_failure, record_released, release_span};
 
 /// The session of a held lock. Shared between the bookkeeping entry and the health
 /// monitor's keepalive; whoever takes it out owns the connection. `None` once taken.
@@ -30,13 +30,17 @@ pub(crate) type SessionSlot = Arc<AsyncMutex<Option<Session>>>;
 
 /// The bookkeeping entry of one held lock.
 pub(crate) struct Held {
+    /// The key, shared with the guard's [`LockInfo`]: booking a grant copies none.
+    pub(crate) key: Arc<str>,
     pub(crate) token: u64,
     pub(crate) lock_id: i64,
     pub(crate) mode: LockMode,
     pub(crate) slot: SessionSlot,
     pub(crate) notifier: LossNotifier,
-    /// When the connection last answered (the grant, or the last keepalive).
-    pub(crate) last_answer: Instant,
+    /// When the connection last answered (the last keepalive), or, until the first,
+    /// when the monitor first saw the lock: `None` until then (a grant reads no clock;
+    /// the first keepalive comes at most one health-check interval later for it).
+    pub(crate) last_answer: Option<Instant>,
     /// Whether a keepalive is in flight on the connection.
     pub(crate) pinging: bool,
     /// For locks taken together by `acquire_many` on one session: how many of the
@@ -46,15 +50,37 @@ pub(crate) struct Held {
     pub(crate) host: Option<Membership>,
 }
 
-/// The entries of one key: almost always one, kept inline (no allocation per grant).
+impl Held {
+    /// Which acquisition this is, to find its entry again.
+    pub(crate) fn ticket(&self) -> Ticket {
+        Ticket {
+            key: Arc::clone(&self.key),
+            lock_id: self.lock_id,
+            token: self.token,
+        }
+    }
+}
+
+/// One acquisition, as the health monitor finds it again.
+#[derive(Clone, Debug)]
+pub(crate) struct Ticket {
+    pub(crate) key: Arc<str>,
+    pub(crate) lock_id: i64,
+    pub(crate) token: u64,
+}
+
+/// The entries of one lock id: almost always one, kept inline (no allocation per
+/// grant).
 pub(crate) type Entries = SmallVec<[Held; 1]>;
 
-/// Every lock one manager holds, by key. A key has one entry, or several when the
-/// manager holds it shared more than once (one per guard).
+/// Every lock one manager holds, by lock id: what the server locks, and a number to
+/// hash, where a key is a string (the lock id of a key is known on every path that
+/// looks it up). An id has one entry, or several when the manager holds it shared more
+/// than once (one per guard), or, by a 64-bit collision, holds another key of the same
+/// id (the server sees one lock).
 #[derive(Default)]
 pub(crate) struct Book {
-    /// Hashed with foldhash: a key is hashed on every grant and release.
-    by_key: HashMap<String, Entries, foldhash::fast::RandomState>,
+    by_id: HashMap<i64, Entries, foldhash::fast::RandomState>,
     count: usize,
 }
 
@@ -67,14 +93,17 @@ impl Book {
         self.count == 0
     }
 
-    pub(crate) fn contains(&self, key: &str) -> bool {
-        self.by_key.contains_key(key)
+    /// Whether `key` (whose lock id is `lock_id`) is held.
+    pub(crate) fn contains(&self, key: &str, lock_id: i64) -> bool {
+        self.by_id
+            .get(&lock_id)
+            .is_some_and(|entries| entries.iter().any(|held| *held.key == *key))
     }
 
     /// Adds an entry; gives back the entries it displaces: a second exclusive grant of
-    /// one key (only a transaction-pooling proxy can make that happen).
-    pub(crate) fn insert(&mut self, key: &str, entry: Held) -> Entries {
-        let entries = self.by_key.entry(key.to_owned()).or_default();
+    /// one lock id (only a transaction-pooling proxy can make that happen).
+    pub(crate) fn insert(&mut self, entry: Held) -> Entries {
+        let entries = self.by_id.entry(entry.lock_id).or_default();
         let conflict = entry.mode == LockMode::Exclusive
             || entries.iter().any(|held| held.mode == LockMode::Exclusive);
         let displaced = if conflict {
@@ -87,54 +116,70 @@ impl Book {
         displaced
     }
 
-    /// Takes out the entries of `key`: with a token, only that acquisition's.
-    pub(crate) fn remove(&mut self, key: &str, token: Option<u64>) -> Entries {
-        let Some(entries) = self.by_key.get_mut(key) else {
+    /// Takes out the entry of the acquisition `token` of `lock_id`. The id is looked
+    /// up once: its entries come out whole, and the rest (other shared holds, rare) go
+    /// back.
+    pub(crate) fn remove_one(&mut self, lock_id: i64, token: u64) -> Option<Held> {
+        let mut entries = self.by_id.remove(&lock_id)?;
+        let taken = entries
+            .iter()
+            .position(|held| held.token == token)
+            .map(|index| entries.swap_remove(index));
+        if !entries.is_empty() {
+            self.by_id.insert(lock_id, entries);
+        }
+        self.count -= usize::from(taken.is_some());
+        taken
+    }
+
+    /// Takes out every entry of `key` (whose lock id is `lock_id`).
+    pub(crate) fn remove_all(&mut self, key: &str, lock_id: i64) -> Entries {
+        let Some(entries) = self.by_id.remove(&lock_id) else {
             return Entries::new();
         };
-        let taken = match token {
-            None => std::mem::take(entries),
-            Some(token) => match entries.iter().position(|held| held.token == token) {
-                Some(index) => smallvec::smallvec![entries.swap_remove(index)],
-                None => Entries::new(),
-            },
-        };
-        if entries.is_empty() {
-            self.by_key.remove(key);
+        let (taken, rest): (Entries, Entries) =
+            entries.into_iter().partition(|held| *held.key == *key);
+        if !rest.is_empty() {
+            self.by_id.insert(lock_id, rest);
         }
         self.count -= taken.len();
         taken
     }
 
-    fn drain(&mut self) -> Vec<(String, Held)> {
+    fn drain(&mut self) -> Vec<Held> {
         self.count = 0;
-        self.by_key
+        self.by_id
             .drain()
-            .flat_map(|(key, entries)| entries.into_iter().map(move |held| (key.clone(), held)))
+            .flat_map(|(_, entries)| entries)
             .collect()
     }
 
     /// Every entry, for the health monitor.
-    pub(crate) fn entries_mut(&mut self) -> impl Iterator<Item = (&str, &mut Held)> {
-        self.by_key
-            .iter_mut()
-            .flat_map(|(key, entries)| entries.iter_mut().map(move |held| (key.as_str(), held)))
+    pub(crate) fn entries_mut(&mut self) -> impl Iterator<Item = &mut Held> {
+        self.by_id.values_mut().flatten()
     }
 
     /// The entry of one acquisition.
-    pub(crate) fn get_mut(&mut self, key: &str, token: u64) -> Option<&mut Held> {
-        self.by_key
-            .get_mut(key)?
+    pub(crate) fn get_mut(&mut self, lock_id: i64, token: u64) -> Option<&mut Held> {
+        self.by_id
+            .get_mut(&lock_id)?
             .iter_mut()
             .find(|held| held.token == token)
     }
 }
 
 impl Inner {
-    /// Takes the entries of `key` out of the bookkeeping; with a token, only that
-    /// acquisition's. Their guards' signals fire ([`LostReason::Released`]).
-    pub(crate) fn take(&self, key: &str, token: Option<u64>) -> Entries {
-        let taken = self.held().remove(key, token);
+    /// Takes the entry of the acquisition `token` of `lock_id` out of the bookkeeping;
+    /// its guard's signal fires ([`LostReason::Released`]).
+    pub(crate) fn take_one(&self, lock_id: i64, token: u64) -> Option<Held> {
+        let taken = self.held().remove_one(lock_id, token)?;
+        taken.notifier.notify(LostReason::Released);
+        Some(taken)
+    }
+
+    /// Takes every entry of `key` out of the bookkeeping; their guards' signals fire.
+    pub(crate) fn take_all_of(&self, key: &str, lock_id: i64) -> Entries {
+        let taken = self.held().remove_all(key, lock_id);
         for held in &taken {
             held.notifier.notify(LostReason::Released);
         }
@@ -142,9 +187,9 @@ impl Inner {
     }
 
     /// Takes every entry out (a shutdown): every guard's signal fires.
-    pub(crate) fn take_all(&self) -> Vec<(String, Held)> {
+    pub(crate) fn take_all(&self) -> Vec<Held> {
         let drained = self.held().drain();
-        for (_, held) in &drained {
+        for held in &drained {
             held.notifier.notify(LostReason::Released);
         }
         drained
@@ -175,7 +220,10 @@ impl Inner {
         host: Option<Membership>,
         span: &Span,
     ) -> Result<PostgresLockGuard, LockAcquisitionError> {
-        let mut info = LockInfo::acquired_now(key, lock_id, self.holder_id.clone()).with_mode(mode);
+        let shared_key: Arc<str> = Arc::from(key);
+        let mut info =
+            LockInfo::acquired_now(Arc::clone(&shared_key), lock_id, self.holder_id.clone())
+                .with_mode(mode);
         if self.settings.fencing {
             let mut session = slot.lock().await;
             let Some(session) = session.as_mut() else {
@@ -196,17 +244,18 @@ impl Inner {
         let notifier = LossNotifier::new();
         let lost = notifier.signal();
         let entry = Held {
+            key: shared_key,
             token,
             lock_id,
             mode,
             slot,
             notifier,
-            last_answer: Instant::now(),
+            last_answer: None,
             pinging: false,
             group: None,
             host,
         };
-        let displaced = self.held().insert(key, entry);
+        let displaced = self.held().insert(entry);
         for previous in displaced {
             // Two sessions of one manager were both granted one exclusive advisory
             // lock: the sessions are not real (a transaction-pooling proxy). Do not
@@ -240,20 +289,25 @@ impl Inner {
     /// Unlocks a lock taken out of the bookkeeping. Never fails: when the unlock fails
     /// or the session did not hold the lock, the session is closed instead of being
     /// given back, which frees whatever it held.
-    pub(crate) async fn unlock(&self, key: &str, mut held: Held) -> ReleaseOutcome {
+    pub(crate) async fn unlock(&self, mut held: Held) -> ReleaseOutcome {
+        let key = Arc::clone(&held.key);
+        let key: &str = &key;
         let span = release_span(self.shown(key), held.lock_id, held.mode);
+        // The span's own handle, to record the outcome on (cheaper than looking up the
+        // current span).
+        let recorder = span.clone();
         let lock_id = held.lock_id;
         let statement = Statement::Unlock {
             lock_id,
             mode: held.mode,
         };
         let unlocking = std::pin::pin!(async {
-            let current = Span::current();
+            let current = &recorder;
             // Waits for a keepalive in flight (bounded by the answer timeout).
             let mut slot = held.slot.lock().await;
             let Some(session) = slot.as_mut() else {
                 // The health monitor took it: the lock was lost meanwhile.
-                current.record("lock.released", false);
+                record_released(current, false);
                 return ReleaseOutcome::AlreadyReleased;
             };
             let answer = session
@@ -267,7 +321,7 @@ impl Inner {
             };
             if !last && matches!(answer, Ok(Ok(Answer::Bool(true)))) {
                 // The session still holds the rest of its group: it stays in the slot.
-                current.record("lock.released", true);
+                record_released(current, true);
                 tracing::debug!(key = self.shown(key), lock_id, "lock released");
                 return ReleaseOutcome::Unlocked;
             }
@@ -280,7 +334,7 @@ impl Inner {
             let (kind, code) = match &answer {
                 Ok(Ok(Answer::Bool(true))) => {
                     session.into_pool();
-                    current.record("lock.released", true);
+                    record_released(current, true);
                     tracing::debug!(key = self.shown(key), lock_id, "lock released");
                     return ReleaseOutcome::Unlocked;
                 }
@@ -325,8 +379,8 @@ impl Inner {
                 }
             };
             session.close();
-            current.record("lock.released", false);
-            record_failure(&current, kind, code);
+            record_released(current, false);
+            record_failure(current, kind, code);
             ReleaseOutcome::SessionClosed
         });
         unlocking.instrument(span).await

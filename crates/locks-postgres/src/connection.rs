@@ -1,18 +1,20 @@
 //! A pooled connection that is only ever given back to the pool when it is known to
 //! hold no advisory lock; on every other path it is detached and closed.
 
-use std::collections::HashMap;
+use std::collections::VecDeque;
 use std::collections::hash_map::RandomState;
 use std::future::Future;
 use std::hash::{BuildHasher, Hash, Hasher};
+use std::pin::Pin;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::task::{Context, Poll};
 
 use deadpool_postgres::{Object, ObjectId};
 use tokio_postgres::NoTls;
 
-use crate::limit::{Expired, Limit};
+use crate::limit::{Bounded, Expired, Limit};
 use crate::sql::{PREPARED_KINDS, SESSION_SETUP, SETUP_SLOT, Statement};
-use crate::watchdog::Watch;
+use crate::watchdog::{Watch, Watched};
 
 /// One pooled connection while checked out, and what the manager knows of it: whether
 /// it is set up (see [`SESSION_SETUP`]), the statements prepared on it, and its
@@ -63,12 +65,15 @@ fn marker(object: &Object) -> Box<str> {
     format!("{:016x}", hasher.finish()).into_boxed_str()
 }
 
-/// The [`Known`] state of the manager's connections that are idle in the pool.
+/// The [`Known`] state of the manager's connections that are idle in the pool, in the
+/// order they were given back: the pool hands out the oldest idle connection first
+/// (FIFO, deadpool's default) or the newest (LIFO), so the one asked for is nearly
+/// always at one end.
 #[derive(Debug)]
 pub(crate) struct Connections {
-    idle: Mutex<HashMap<ObjectId, Box<Known>, foldhash::fast::RandomState>>,
+    idle: Mutex<VecDeque<(ObjectId, Box<Known>)>>,
     /// More entries than this means some connections were closed by the pool while
-    /// idle: the map is cleared (those still alive are set up again at next use).
+    /// idle: the oldest are forgotten (those still alive are set up again at next use).
     limit: usize,
 }
 
@@ -81,20 +86,26 @@ impl Connections {
     }
 
     fn take(&self, object: &Object) -> Box<Known> {
-        let known = self
-            .idle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&Object::id(object));
-        known.unwrap_or_else(|| Known::of(object))
+        let id = Object::id(object);
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let known = match (idle.front(), idle.back()) {
+            (Some((front, _)), _) if *front == id => idle.pop_front(),
+            (_, Some((back, _))) if *back == id => idle.pop_back(),
+            _ => idle
+                .iter()
+                .position(|(idle_id, _)| *idle_id == id)
+                .and_then(|index| idle.remove(index)),
+        };
+        drop(idle);
+        known.map_or_else(|| Known::of(object), |(_, known)| known)
     }
 
     fn give_back(&self, id: ObjectId, known: Box<Known>) {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         if idle.len() >= self.limit {
-            idle.clear();
+            idle.pop_front();
         }
-        idle.insert(id, known);
+        idle.push_back((id, known));
     }
 }
 
@@ -218,7 +229,7 @@ impl Session {
                 Err(error) => Err(error),
             }
         };
-        let answer = within(watch, limit, running).await?;
+        let answer = within(watch, limit, std::pin::pin!(running)).await?;
         // Reached only when the statement finished (answer or error): no cancel needed.
         *in_flight = false;
         Ok(answer)
@@ -274,7 +285,7 @@ impl Session {
                 (Err(error), Err(other)) => (Err(error), Err(other)),
             }
         };
-        let answers = within(watch, limit, running).await?;
+        let answers = within(watch, limit, std::pin::pin!(running)).await?;
         *in_flight = false;
         Ok(answers)
     }
@@ -308,10 +319,11 @@ impl Session {
     /// to hold no advisory lock.
     pub(crate) fn into_pool(mut self) {
         if let Some(mut known) = self.conn.take()
-            && let Some(object) = known.object.take()
+            && let Some(object) = known.object.as_ref()
         {
-            let id = Object::id(&object);
-            drop(object);
+            let id = Object::id(object);
+            // Dropped in place (back to the pool), not moved out first.
+            known.object = None;
             self.home.give_back(id, known);
         }
     }
@@ -323,14 +335,41 @@ impl Session {
 }
 
 /// `statement` within `limit`: held by the connection's watch, or by a timer of its own.
-async fn within<F: Future>(
-    watch: Option<&Watch>,
+/// The statement is pinned by the caller and passed by reference (moving its future
+/// would copy it), and this is a plain function, not an `async fn`: one layer of
+/// future less around every statement.
+fn within<'w, F: Future>(
+    watch: Option<&'w Watch>,
     limit: Limit,
-    statement: F,
-) -> Result<F::Output, Expired> {
+    statement: Pin<&'w mut F>,
+) -> Within<'w, F> {
     match watch {
-        Some(watch) => watch.run(limit, statement).await,
-        None => limit.run(statement).await,
+        Some(watch) => Within::Watched {
+            watched: watch.run(limit, statement),
+        },
+        None => Within::Timed {
+            timed: limit.run(statement),
+        },
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`within`].
+    #[project = WithinProjection]
+    enum Within<'w, F> {
+        Watched { #[pin] watched: Watched<'w, Pin<&'w mut F>> },
+        Timed { #[pin] timed: Bounded<Pin<&'w mut F>> },
+    }
+}
+
+impl<F: Future> Future for Within<'_, F> {
+    type Output = Result<F::Output, Expired>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            WithinProjection::Watched { watched } => watched.poll(cx),
+            WithinProjection::Timed { timed } => timed.poll(cx),
+        }
     }
 }
 

@@ -84,18 +84,17 @@ impl LockGuard for PostgresLockGuard {
     /// connection's other locks stay).
     async fn release(mut self) -> ReleaseOutcome {
         self.armed = false;
-        let Some(held) = self.inner.take(self.info.key(), Some(self.token)).pop() else {
+        let Some(held) = self.inner.take_one(self.info.lock_id(), self.token) else {
             return self.gone();
         };
         if !self.inner.settings.release_in_background {
-            return self.inner.unlock(self.info.key(), held).await;
+            return self.inner.unlock(held).await;
         }
         // Polled once here, the unlock takes the session and hands its statement to
         // the connection; the answer is read by a task of its own. The connection
         // goes back to the pool only after that answer (ADR 0010).
         let inner = Arc::clone(&self.inner);
-        let key = self.info.key().to_owned();
-        let mut unlock = Box::pin(async move { inner.unlock(&key, held).await });
+        let mut unlock = Box::pin(async move { inner.unlock(held).await });
         match std::future::poll_fn(|cx| Poll::Ready(unlock.as_mut().poll(cx))).await {
             Poll::Ready(outcome) => outcome,
             Poll::Pending => {
@@ -116,17 +115,16 @@ impl Drop for PostgresLockGuard {
         if !self.armed {
             return;
         }
-        let Some(held) = self.inner.take(self.info.key(), Some(self.token)).pop() else {
+        let Some(held) = self.inner.take_one(self.info.lock_id(), self.token) else {
             return;
         };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 let inner = Arc::clone(&self.inner);
-                let key = self.info.key().to_owned();
                 // If the runtime drops this task before it runs, the session inside is
                 // closed by its own drop: the lock is freed either way.
                 runtime.spawn(async move {
-                    inner.unlock(&key, held).await;
+                    inner.unlock(held).await;
                 });
             }
             Err(_) => drop(held),

@@ -19,7 +19,7 @@ use std::sync::{Arc, Weak};
 use locks_port::LostReason;
 use tokio::time::Instant;
 
-use crate::bookkeeping::{Held, SessionSlot};
+use crate::bookkeeping::{Held, SessionSlot, Ticket};
 use crate::classify::describe;
 use crate::connection::Answer;
 use crate::limit::Limit;
@@ -72,9 +72,9 @@ impl LostCounts {
 /// What one look at the bookkeeping found.
 #[derive(Default)]
 struct Findings {
-    ended: Vec<(String, u64)>,
+    ended: Vec<Ticket>,
     /// Per connection due a keepalive, the locks it holds (several when they share it).
-    due: Vec<(SessionSlot, Vec<(String, u64)>)>,
+    due: Vec<(SessionSlot, Vec<Ticket>)>,
 }
 
 impl Inner {
@@ -97,22 +97,23 @@ impl Inner {
         let mut findings = Findings::default();
         let cadence = self.settings.keepalive;
         let mut book = self.held();
-        for (key, held) in book.entries_mut() {
+        for held in book.entries_mut() {
             // A session being released or pinged is skipped this round.
             let Ok(session) = held.slot.try_lock() else {
                 continue;
             };
             match session.as_ref() {
                 Some(session) if session.is_closed() => {
-                    findings.ended.push((key.to_owned(), held.token));
+                    findings.ended.push(held.ticket());
                 }
                 Some(_) => {
                     if let Some(cadence) = cadence
                         && !held.pinging
-                        && now.saturating_duration_since(held.last_answer) >= cadence
+                        && now.saturating_duration_since(*held.last_answer.get_or_insert(now))
+                            >= cadence
                     {
                         held.pinging = true;
-                        let entry = (key.to_owned(), held.token);
+                        let entry = held.ticket();
                         match findings
                             .due
                             .iter_mut()
@@ -125,30 +126,30 @@ impl Inner {
                 }
                 // The session was closed under a group member (a failed unlock of
                 // another lock of its group): this lock went with it.
-                None => findings.ended.push((key.to_owned(), held.token)),
+                None => findings.ended.push(held.ticket()),
             }
         }
         findings
     }
 
     /// Takes one lost acquisition out of the bookkeeping and tells its guard.
-    fn lose_entry(&self, key: &str, token: u64, reason: LostReason, detail: &str) {
+    fn lose_entry(&self, ticket: &Ticket, reason: LostReason, detail: &str) {
         let taken = {
             let mut book = self.held();
-            let taken = book.remove(key, Some(token));
-            // The sessions go before the entries are seen gone: whoever finds the key
-            // no longer held also finds its pool slot free.
+            let taken = book.remove_one(ticket.lock_id, ticket.token);
+            // The session goes before the entry is seen gone: whoever finds the key no
+            // longer held also finds its pool slot free.
             taken.iter().for_each(discard);
             taken
         };
-        for held in taken {
-            self.report_lost(self.shown(key), &held, reason, detail);
+        if let Some(held) = taken {
+            self.report_lost(self.shown(&ticket.key), &held, reason, detail);
         }
     }
 
-    fn lose_entries(&self, entries: &[(String, u64)], reason: LostReason, detail: &str) {
-        for (key, token) in entries {
-            self.lose_entry(key, *token, reason, detail);
+    fn lose_entries(&self, entries: &[Ticket], reason: LostReason, detail: &str) {
+        for ticket in entries {
+            self.lose_entry(ticket, reason, detail);
         }
     }
 
@@ -180,7 +181,7 @@ impl Inner {
     }
 
     /// One keepalive on a held, idle connection, for the locks `entries` on it.
-    async fn keepalive(&self, entries: Vec<(String, u64)>, slot: SessionSlot) {
+    async fn keepalive(&self, entries: Vec<Ticket>, slot: SessionSlot) {
         let outcome = {
             let mut session = slot.lock().await;
             let Some(session) = session.as_mut() else {
@@ -193,9 +194,9 @@ impl Inner {
         match outcome {
             Ok(Ok(Answer::Bool(true))) => {
                 let mut book = self.held();
-                for (key, token) in &entries {
-                    if let Some(held) = book.get_mut(key, *token) {
-                        held.last_answer = Instant::now();
+                for ticket in &entries {
+                    if let Some(held) = book.get_mut(ticket.lock_id, ticket.token) {
+                        held.last_answer = Some(Instant::now());
                         held.pinging = false;
                     }
                 }
@@ -260,13 +261,8 @@ async fn monitor(manager: Weak<Inner>) {
             return;
         };
         let findings = inner.inspect(Instant::now());
-        for (key, token) in findings.ended {
-            inner.lose_entry(
-                &key,
-                token,
-                LostReason::ConnectionClosed,
-                "the connection ended",
-            );
+        for ticket in &findings.ended {
+            inner.lose_entry(ticket, LostReason::ConnectionClosed, "the connection ended");
         }
         for (slot, entries) in findings.due {
             let inner = Arc::clone(&inner);

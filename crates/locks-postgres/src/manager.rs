@@ -542,18 +542,21 @@ impl DistributedLock for PostgresLockManager {
     /// [`multiplex`](PostgresLockManagerBuilder::multiplex) instead gets the unlock from
     /// a task, so its other locks stay).
     async fn release(&self, key: &str) -> Result<(), LockNotHeldError> {
-        let taken = self.inner.take(key, None);
+        let taken = self
+            .inner
+            .take_all_of(key, self.inner.lock_ids.lock_id(key));
         if taken.is_empty() {
             return Err(LockNotHeldError::new(key));
         }
         for held in taken {
-            self.inner.unlock(key, held).await;
+            self.inner.unlock(held).await;
         }
         Ok(())
     }
 
     fn is_held(&self, key: &str) -> bool {
-        self.inner.held().contains(key)
+        let lock_id = self.inner.lock_ids.lock_id(key);
+        self.inner.held().contains(key, lock_id)
     }
 }
 
@@ -570,8 +573,8 @@ impl LockRegistry for PostgresLockManager {
         let drained = self.inner.take_all();
         let count = drained.len();
         let drained = self.inner.unlock_whole_connections(drained).await;
-        for (key, held) in drained {
-            self.inner.unlock(&key, held).await;
+        for held in drained {
+            self.inner.unlock(held).await;
         }
         count
     }

@@ -13,7 +13,6 @@ use locks_port::{
 };
 use time::OffsetDateTime;
 use tokio::sync::Mutex as AsyncMutex;
-use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 use tracing::Instrument;
 
@@ -163,22 +162,28 @@ impl Inner {
         {
             let mut book = self.held();
             for (&lock_id, &key) in ordered {
-                infos
-                    .push(LockInfo::new(key, lock_id, now, self.holder_id.clone()).with_mode(mode));
-                let displaced = book.insert(
-                    key,
-                    Held {
-                        token,
+                let shared_key: Arc<str> = Arc::from(key);
+                infos.push(
+                    LockInfo::new(
+                        Arc::clone(&shared_key),
                         lock_id,
-                        mode,
-                        slot: Arc::clone(&slot),
-                        notifier: notifier.clone(),
-                        last_answer: Instant::now(),
-                        pinging: false,
-                        group: Some(Arc::clone(&left)),
-                        host: None,
-                    },
+                        now,
+                        self.holder_id.clone(),
+                    )
+                    .with_mode(mode),
                 );
+                let displaced = book.insert(Held {
+                    key: shared_key,
+                    token,
+                    lock_id,
+                    mode,
+                    slot: Arc::clone(&slot),
+                    notifier: notifier.clone(),
+                    last_answer: None,
+                    pinging: false,
+                    group: Some(Arc::clone(&left)),
+                    host: None,
+                });
                 for previous in displaced {
                     self.lose(
                         previous,
@@ -273,8 +278,8 @@ impl PostgresLocks {
         let mut outcome = ReleaseOutcome::Unlocked;
         let expected = self.infos.len();
         let found = taken.len();
-        for (key, held) in taken {
-            let result = self.inner.unlock(&key, held).await;
+        for held in taken {
+            let result = self.inner.unlock(held).await;
             if outcome == ReleaseOutcome::Unlocked {
                 outcome = result;
             }
@@ -288,15 +293,10 @@ impl PostgresLocks {
         outcome
     }
 
-    fn take(&self) -> Vec<(String, Held)> {
+    fn take(&self) -> Vec<Held> {
         self.infos
             .iter()
-            .flat_map(|info| {
-                self.inner
-                    .take(info.key(), Some(self.token))
-                    .into_iter()
-                    .map(|held| (info.key().to_owned(), held))
-            })
+            .filter_map(|info| self.inner.take_one(info.lock_id(), self.token))
             .collect()
     }
 }
@@ -314,8 +314,8 @@ impl Drop for PostgresLocks {
             Ok(runtime) => {
                 let inner = Arc::clone(&self.inner);
                 runtime.spawn(async move {
-                    for (key, held) in taken {
-                        inner.unlock(&key, held).await;
+                    for held in taken {
+                        inner.unlock(held).await;
                     }
                 });
             }

@@ -82,7 +82,7 @@ pub(crate) enum Grant {
 }
 
 /// The bookkeeping of `release_all`'s fast path: by shared connection, its locks.
-type ByHost = HashMap<usize, (Arc<Host>, Vec<(String, Held)>)>;
+type ByHost = HashMap<usize, (Arc<Host>, Vec<Held>)>;
 
 /// What a try on a shared connection found.
 enum SharedTry {
@@ -359,7 +359,8 @@ impl Inner {
                 .await
                 .map(Grant::Shared)
         } else {
-            self.acquire_session(key, lock_id, options)
+            let deadline = options.timeout().map(Deadline::after);
+            self.acquire_session_until(key, lock_id, options, deadline)
                 .await
                 .map(Grant::Own)
         }
@@ -453,25 +454,22 @@ impl Inner {
     /// `release_all`'s fast path: a shared connection whose every lock is among
     /// `drained` gets one `pg_advisory_unlock_all()` and goes back to the pool; the
     /// other entries are handed back for one unlock each.
-    pub(crate) async fn unlock_whole_connections(
-        &self,
-        drained: Vec<(String, Held)>,
-    ) -> Vec<(String, Held)> {
+    pub(crate) async fn unlock_whole_connections(&self, drained: Vec<Held>) -> Vec<Held> {
         if self.multiplexer.is_none() {
             return drained;
         }
         let mut rest = Vec::new();
         let mut by_host = ByHost::new();
-        for (key, held) in drained {
+        for held in drained {
             match held.host.as_ref().map(|member| Arc::clone(&member.host)) {
                 Some(host) => {
                     by_host
                         .entry(Arc::as_ptr(&host).addr())
                         .or_insert_with(|| (host, Vec::new()))
                         .1
-                        .push((key, held));
+                        .push(held);
                 }
-                None => rest.push((key, held)),
+                None => rest.push(held),
             }
         }
         for (host, mut members) in by_host.into_values() {
@@ -481,7 +479,7 @@ impl Inner {
                 rest.append(&mut members);
                 continue;
             }
-            for (_, held) in &mut members {
+            for held in &mut members {
                 if let Some(member) = held.host.as_mut() {
                     member.left = true;
                 }

@@ -25,7 +25,9 @@ pub(crate) fn manager_acquire_span(
         (_, _, true) => "pg_advisory_lock_shared",
     };
     let span = acquire_span(key, lock_id, operation, options.timeout());
-    span.record("lock.mode", options.mode().as_str());
+    if !span.is_disabled() {
+        span.record("lock.mode", options.mode().as_str());
+    }
     span
 }
 
@@ -51,6 +53,9 @@ pub(crate) fn acquire_span(
         lock.acquired = Empty,
         lock.wait_ms = Empty,
     );
+    if span.is_disabled() {
+        return span;
+    }
     if let Some(key) = key {
         span.record("lock.key", key);
     }
@@ -79,7 +84,9 @@ pub(crate) fn finish_acquire_span(
     }
     match outcome {
         Ok(acquired) => {
-            span.record("lock.acquired", acquired);
+            if !span.is_disabled() {
+                span.record("lock.acquired", acquired);
+            }
         }
         Err(error) => {
             span.record("lock.acquired", false);
@@ -140,10 +147,18 @@ pub(crate) fn release_span(key: Option<&str>, lock_id: i64, mode: LockMode) -> S
         lock.mode = mode.as_str(),
         lock.released = Empty,
     );
-    if let Some(key) = key {
+    if let Some(key) = key.filter(|_| !span.is_disabled()) {
         span.record("lock.key", key);
     }
     span
+}
+
+/// Records on a release's span whether the lock was released (nothing to do when no
+/// subscriber records the span: looking the field up by name is the cost).
+pub(crate) fn record_released(span: &Span, released: bool) {
+    if !span.is_disabled() {
+        span.record("lock.released", released);
+    }
 }
 
 /// Records a failure on the current span: its SQLSTATE and an error type.

@@ -244,7 +244,7 @@ impl Watchdog {
     }
 
     fn ms(&self, at: Instant) -> u64 {
-        u64::try_from(at.saturating_duration_since(self.epoch).as_millis()).unwrap_or(u64::MAX)
+        millis(at.saturating_duration_since(self.epoch))
     }
 
     /// The deadline of a wait from now within `limit`, in ms of the watchdog's clock,
@@ -253,9 +253,7 @@ impl Watchdog {
         let ms = match limit {
             Limit::None => return None,
             Limit::Until(at) => self.ms(at.into_std()),
-            Limit::For(duration) => self
-                .ms(Instant::now())
-                .saturating_add(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)),
+            Limit::For(duration) => self.ms(Instant::now()).saturating_add(millis(duration)),
         };
         Some(ms.saturating_add(1).clamp(1, EXPIRED - 1))
     }
@@ -317,6 +315,15 @@ impl Watchdog {
         });
         earliest
     }
+}
+
+/// Whole milliseconds, saturating (in 64-bit arithmetic: `Duration::as_millis` divides
+/// in 128).
+fn millis(duration: Duration) -> u64 {
+    duration
+        .as_secs()
+        .saturating_mul(1000)
+        .saturating_add(u64::from(duration.subsec_millis()))
 }
 
 #[cfg(test)]
