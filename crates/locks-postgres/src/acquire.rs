@@ -18,25 +18,30 @@ use crate::limit::{Expired, Limit};
 use crate::manager::Inner;
 use crate::sql::Statement;
 
-/// The deadline of a bounded call, and the timeout it came from (for its errors).
+/// The deadline of a bounded call: when the call started and its timeout (kept apart:
+/// the uncontended path never needs the sum, only the contended one does).
 #[derive(Clone, Copy)]
 pub(crate) struct Deadline {
-    at: Instant,
+    started: Instant,
     pub(crate) timeout: Duration,
 }
 
 impl Deadline {
-    /// `timeout` from now, saturating (a `Duration::MAX` timeout is centuries away).
+    /// `timeout` from now.
     pub(crate) fn after(timeout: Duration) -> Self {
-        let at = deadline_after(std::time::Instant::now(), timeout);
         Self {
-            at: Instant::from_std(at),
+            started: Instant::now(),
             timeout,
         }
     }
 
+    /// The deadline, saturating (a `Duration::MAX` timeout is centuries away).
+    pub(crate) fn at(self) -> Instant {
+        Instant::from_std(deadline_after(self.started.into_std(), self.timeout))
+    }
+
     pub(crate) fn remaining(self) -> Duration {
-        self.at.saturating_duration_since(Instant::now())
+        self.at().saturating_duration_since(Instant::now())
     }
 
     /// The `lock_timeout` of a wait that must end by this deadline, in whole ms
@@ -78,14 +83,16 @@ impl Deadline {
     }
 
     pub(crate) fn passed(self) -> bool {
-        Instant::now() >= self.at
+        Instant::now() >= self.at()
     }
 
     /// The limit of a step of a call with this deadline (`None`: an unbounded call):
     /// the deadline plus `margin`, or `otherwise` from when the step has to wait.
     pub(crate) fn limit(deadline: Option<Self>, margin: Duration, otherwise: Duration) -> Limit {
         match deadline {
-            Some(deadline) => Limit::Until(deadline.at.checked_add(margin).unwrap_or(deadline.at)),
+            Some(deadline) => {
+                Limit::From(deadline.started, deadline.timeout.saturating_add(margin))
+            }
             None => Limit::For(otherwise),
         }
     }
@@ -236,7 +243,7 @@ impl Inner {
                 }
                 PoolWait::Forever => Box::pin(self.wait_for_slot()).await,
                 PoolWait::Until(deadline) => {
-                    let limit = Limit::Until(deadline.at);
+                    let limit = Limit::From(deadline.started, deadline.timeout);
                     match limit.run(Box::pin(self.wait_for_slot())).await.ok() {
                         Some(result) => result,
                         None => {
@@ -317,7 +324,12 @@ impl Inner {
     ) -> Result<(Session, Result<Answer, tokio_postgres::Error>), LockAcquisitionError> {
         if session.is_set_up() {
             let fresh = session.is_fresh();
-            match session.run_within(statement, limit).await.ok() {
+            // Pinned where made (the statement's future is large), and gone after.
+            let answer = {
+                let running = std::pin::pin!(session.run_within(statement, limit));
+                running.await.ok()
+            };
+            match answer {
                 None => return Err(self.no_answer(key, session, deadline)),
                 // It did nothing. Straight after checkout the pool's recycling may
                 // have reset the session: once more, behind a fresh set-up.

@@ -292,7 +292,12 @@ impl Inner {
     pub(crate) async fn unlock(&self, mut held: Held) -> ReleaseOutcome {
         let key = Arc::clone(&held.key);
         let key: &str = &key;
-        let span = release_span(self.shown(key), held.lock_id, held.mode);
+        let span = release_span(
+            self.settings.span_level,
+            self.shown(key),
+            held.lock_id,
+            held.mode,
+        );
         // The span's own handle, to record the outcome on (cheaper than looking up the
         // current span).
         let recorder = span.clone();
@@ -310,9 +315,13 @@ impl Inner {
                 record_released(current, false);
                 return ReleaseOutcome::AlreadyReleased;
             };
-            let answer = session
-                .run_within(statement, Limit::For(self.settings.answer_timeout))
-                .await;
+            // Pinned where made (the statement's future is large), and gone after.
+            let answer = {
+                let running = std::pin::pin!(
+                    session.run_within(statement, Limit::For(self.settings.answer_timeout))
+                );
+                running.await
+            };
             // The session of a group, or a shared connection's, holds the others' locks
             // until the last unlock.
             let last = match (held.host.as_mut(), held.group.as_ref()) {

@@ -16,8 +16,9 @@ use tokio::time::{Instant, Sleep};
 /// How long one step may take.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Limit {
-    /// Until this instant (a bounded call: its deadline plus the margin).
-    Until(Instant),
+    /// This long from that instant (a bounded call: its start, and its timeout plus
+    /// the margin), saturating.
+    From(Instant, Duration),
     /// This long from when the step first has to wait (a step of an unbounded call,
     /// bounded by the connect or the answer timeout).
     For(Duration),
@@ -33,15 +34,17 @@ pub(crate) struct Expired;
 /// How far away a limit of [`Duration::MAX`] is set (about 30 years).
 const FAR: Duration = Duration::from_secs(30 * 365 * 24 * 60 * 60);
 
+/// `duration` after `start`, or [`FAR`] after it when that overflows.
+fn after(start: Instant, duration: Duration) -> Instant {
+    start.checked_add(duration).unwrap_or_else(|| start + FAR)
+}
+
 impl Limit {
     /// The instant the limit passes, counted from now; `None` without a limit.
     fn at(self) -> Option<Instant> {
         match self {
-            Self::Until(at) => Some(at),
-            Self::For(duration) => {
-                let now = Instant::now();
-                Some(now.checked_add(duration).unwrap_or_else(|| now + FAR))
-            }
+            Self::From(start, duration) => Some(after(start, duration)),
+            Self::For(duration) => Some(after(Instant::now(), duration)),
             Self::None => None,
         }
     }
@@ -109,7 +112,7 @@ mod tests {
         assert_eq!(started.elapsed(), Duration::from_secs(1));
 
         let started = Instant::now();
-        let until = Limit::Until(started + Duration::from_secs(3))
+        let until = Limit::From(started, Duration::from_secs(3))
             .run(std::future::pending::<()>())
             .await;
         assert_eq!(until, Err(Expired));

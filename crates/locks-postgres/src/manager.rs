@@ -124,6 +124,8 @@ pub(crate) struct Settings {
     pub(crate) release_in_background: bool,
     /// How many locks may share one connection (1: one connection per lock).
     pub(crate) locks_per_connection: usize,
+    /// The level of the acquire and release spans.
+    pub(crate) span_level: tracing::Level,
 }
 
 impl Settings {
@@ -147,6 +149,7 @@ impl Settings {
         fencing: false,
         release_in_background: false,
         locks_per_connection: 1,
+        span_level: crate::telemetry::DEFAULT_SPAN_LEVEL,
     };
 }
 
@@ -257,6 +260,29 @@ impl PostgresLockManagerBuilder {
     /// Whether keys appear in spans and events (see [`KeyVisibility`]).
     pub fn key_visibility(mut self, key_visibility: KeyVisibility) -> Self {
         self.key_visibility = key_visibility;
+        self
+    }
+
+    /// The level of the `eventsource.lock.acquire` and `eventsource.lock.release`
+    /// spans: DEBUG by default, so a subscriber filtering at INFO (the usual setting
+    /// in production) records none and they cost nothing; INFO puts every lock in
+    /// your traces. An OpenTelemetry pipeline that records them spends about as much
+    /// on the two spans of a lock+unlock cycle as the cycle itself costs the client
+    /// (see `docs/benchmarks.md`). Failures are WARNING events and lost locks
+    /// `eventsource.lock.lost` spans at INFO with an ERROR status, whatever this level.
+    ///
+    /// ```
+    /// use locks_postgres::PostgresLockManager;
+    ///
+    /// let pool = locks_postgres::plain_pool("postgres://app@db/app", 8)?;
+    /// let locks = PostgresLockManager::builder(pool)
+    ///     .span_level(tracing::Level::INFO)
+    ///     .build();
+    /// # drop(locks);
+    /// # Ok::<(), locks_postgres::PoolConfigError>(())
+    /// ```
+    pub fn span_level(mut self, level: tracing::Level) -> Self {
+        self.settings.span_level = level;
         self
     }
 
@@ -469,7 +495,12 @@ impl DistributedLock for PostgresLockManager {
         let options = options.into();
         let inner = &self.inner;
         let lock_id = inner.lock_ids.lock_id(key);
-        let span = manager_acquire_span(inner.shown(key), lock_id, &options);
+        let span = manager_acquire_span(
+            inner.settings.span_level,
+            inner.shown(key),
+            lock_id,
+            &options,
+        );
         let started = started(&span);
         // Pinned where it is made and awaited through the pin: the acquisition's
         // future is large, and wrapping it by value would copy it twice per call.
@@ -510,6 +541,7 @@ impl DistributedLock for PostgresLockManager {
         let lock_id = inner.lock_ids.lock_id(key);
         let options = AcquireOptions::new().with_mode(mode);
         let span = manager_acquire_span(
+            inner.settings.span_level,
             inner.shown(key),
             lock_id,
             &options.with_timeout(Duration::ZERO),

@@ -68,6 +68,7 @@ impl PostgresLockManager {
         let ordered = locks_port::lock_order_with(keys, |key| inner.lock_ids.lock_id(key));
         let first = ordered.values().next().copied().unwrap_or("");
         let span = manager_acquire_span(
+            self.inner.settings.span_level,
             inner.shown(first),
             *ordered.keys().next().unwrap_or(&0),
             &options,

@@ -5,12 +5,34 @@ use std::time::Duration;
 use locks_port::{
     AcquireOptions, AcquisitionErrorKind, LockAcquisitionError, LockMode, LostReason, WaitStrategy,
 };
-use tracing::Span;
 use tracing::field::Empty;
+use tracing::{Level, Span};
+
+/// The level of the acquire and release spans unless the builder says otherwise:
+/// DEBUG, as tower-http's request spans. A lock cycle is two spans, and a subscriber
+/// that records them (an OpenTelemetry pipeline, say) spends far more on them than the
+/// cycle costs; at the usual INFO filter they cost nothing. Failures are WARNING events
+/// and lost locks INFO spans with an ERROR status, whatever this level.
+pub(crate) const DEFAULT_SPAN_LEVEL: Level = Level::DEBUG;
+
+/// A span named `$name` at the runtime level `$level` (a callsite per level: tracing's
+/// callsites are static).
+macro_rules! span_at {
+    ($level:expr, $name:literal, $($fields:tt)*) => {
+        match $level {
+            Level::TRACE => tracing::trace_span!($name, $($fields)*),
+            Level::DEBUG => tracing::debug_span!($name, $($fields)*),
+            Level::INFO => tracing::info_span!($name, $($fields)*),
+            Level::WARN => tracing::warn_span!($name, $($fields)*),
+            _ => tracing::error_span!($name, $($fields)*),
+        }
+    };
+}
 
 /// The span of one acquisition by the manager (`acquire`, or `try_acquire` with a
 /// zero timeout), its operation named from the options.
 pub(crate) fn manager_acquire_span(
+    level: Level,
     key: Option<&str>,
     lock_id: i64,
     options: &AcquireOptions,
@@ -24,21 +46,23 @@ pub(crate) fn manager_acquire_span(
         (_, _, false) => "pg_advisory_lock",
         (_, _, true) => "pg_advisory_lock_shared",
     };
-    let span = acquire_span(key, lock_id, operation, options.timeout());
+    let span = acquire_span(level, key, lock_id, operation, options.timeout());
     if !span.is_disabled() {
         span.record("lock.mode", options.mode().as_str());
     }
     span
 }
 
-/// The span of one acquisition.
+/// The span of one acquisition, at `level`.
 pub(crate) fn acquire_span(
+    level: Level,
     key: Option<&str>,
     lock_id: i64,
     operation: &'static str,
     timeout: Option<Duration>,
 ) -> Span {
-    let span = tracing::info_span!(
+    let span = span_at!(
+        level,
         "eventsource.lock.acquire",
         otel.kind = "client",
         otel.status_code = Empty,
@@ -128,13 +152,14 @@ pub(crate) fn lost_span(
     span
 }
 
-/// The span of one release.
-pub(crate) fn release_span(key: Option<&str>, lock_id: i64, mode: LockMode) -> Span {
+/// The span of one release, at `level`.
+pub(crate) fn release_span(level: Level, key: Option<&str>, lock_id: i64, mode: LockMode) -> Span {
     let operation = match mode {
         LockMode::Shared => "pg_advisory_unlock_shared",
         _ => "pg_advisory_unlock",
     };
-    let span = tracing::info_span!(
+    let span = span_at!(
+        level,
         "eventsource.lock.release",
         otel.kind = "client",
         otel.status_code = Empty,

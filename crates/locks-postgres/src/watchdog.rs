@@ -252,7 +252,9 @@ impl Watchdog {
     fn deadline_ms(&self, limit: Limit) -> Option<u64> {
         let ms = match limit {
             Limit::None => return None,
-            Limit::Until(at) => self.ms(at.into_std()),
+            Limit::From(start, duration) => {
+                self.ms(start.into_std()).saturating_add(millis(duration))
+            }
             Limit::For(duration) => self.ms(Instant::now()).saturating_add(millis(duration)),
         };
         Some(ms.saturating_add(1).clamp(1, EXPIRED - 1))
@@ -355,7 +357,7 @@ mod tests {
             assert!(waited >= limit, "{waited:?} < {limit:?}");
             assert!(waited < limit + Duration::from_millis(900), "{waited:?}");
         }
-        let until = Limit::Until(tokio::time::Instant::now() + Duration::from_millis(50));
+        let until = Limit::From(tokio::time::Instant::now(), Duration::from_millis(50));
         let started = Instant::now();
         let outcome = watch.run(until, std::future::pending::<()>()).await;
         assert_eq!(outcome, Err(Expired));

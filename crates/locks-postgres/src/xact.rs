@@ -75,10 +75,21 @@ fn suffix(mode: LockMode) -> &'static str {
 /// tx.commit().await?; // releases the lock
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct TransactionLocks {
     derivation: KeyDerivation,
     key_visibility: KeyVisibility,
+    span_level: tracing::Level,
+}
+
+impl Default for TransactionLocks {
+    fn default() -> Self {
+        Self {
+            derivation: KeyDerivation::default(),
+            key_visibility: KeyVisibility::default(),
+            span_level: crate::telemetry::DEFAULT_SPAN_LEVEL,
+        }
+    }
 }
 
 /// What one attempt found.
@@ -106,6 +117,14 @@ impl TransactionLocks {
     #[must_use]
     pub fn key_visibility(mut self, key_visibility: KeyVisibility) -> Self {
         self.key_visibility = key_visibility;
+        self
+    }
+
+    /// The level of the acquisition spans: DEBUG by default (see
+    /// [`PostgresLockManagerBuilder::span_level`](crate::PostgresLockManagerBuilder::span_level)).
+    #[must_use]
+    pub fn span_level(mut self, level: tracing::Level) -> Self {
+        self.span_level = level;
         self
     }
 
@@ -236,7 +255,7 @@ impl TransactionLocks {
             KeyVisibility::Hidden => None,
             _ => Some(key),
         };
-        acquire_span(key, lock_id, operation, timeout)
+        acquire_span(self.span_level, key, lock_id, operation, timeout)
     }
 }
 

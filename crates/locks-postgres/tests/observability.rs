@@ -62,7 +62,8 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Everything {
         _id: &tracing::span::Id,
         _ctx: tracing_subscriber::layer::Context<'_, S>,
     ) {
-        let mut fields = Fields(attrs.metadata().name().to_owned());
+        let metadata = attrs.metadata();
+        let mut fields = Fields(format!("{} level={}", metadata.name(), metadata.level()));
         attrs.record(&mut fields);
         RECORDED.lock().unwrap().push(fields.0);
     }
@@ -84,6 +85,44 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Everything {
         let mut fields = Fields(event.metadata().name().to_owned());
         event.record(&mut fields);
         RECORDED.lock().unwrap().push(fields.0);
+    }
+}
+
+/// The lock spans are at DEBUG unless the manager (or `TransactionLocks`) says
+/// otherwise: a subscriber at the usual INFO filter records none of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_spans_are_at_debug_unless_the_builder_says_otherwise() {
+    let _ = exporter();
+    for (level, manager) in [
+        (tracing::Level::DEBUG, PostgresLockManager::new(pool(1))),
+        (
+            tracing::Level::INFO,
+            PostgresLockManager::builder(pool(1))
+                .span_level(tracing::Level::INFO)
+                .build(),
+        ),
+    ] {
+        let key = unique_key("level");
+        let id = locks_port::lock_id(&key);
+        let guard = manager
+            .acquire(&key, AcquireOptions::new())
+            .await
+            .expect("acquire");
+        guard.release().await;
+        let recorded = RECORDED.lock().unwrap().clone();
+        let spans: Vec<&String> = recorded
+            .iter()
+            .filter(|text| {
+                text.starts_with("eventsource.lock.") && text.contains(&format!("lock.id={id}"))
+            })
+            .collect();
+        assert_eq!(spans.len(), 2, "an acquire and a release span: {spans:?}");
+        for span in spans {
+            assert!(
+                span.contains(&format!("level={level}")),
+                "{span} at {level}"
+            );
+        }
     }
 }
 
