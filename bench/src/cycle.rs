@@ -44,6 +44,14 @@ pub(crate) fn fencing_manager(db: &Database) -> PostgresLockManager {
         .build()
 }
 
+/// A manager whose lock spans are at INFO, so that an INFO subscriber records them (the
+/// default level is DEBUG).
+pub(crate) fn traced_manager(db: &Database, application_name: &str) -> PostgresLockManager {
+    PostgresLockManager::builder(db.pool(1, application_name))
+        .span_level(tracing::Level::INFO)
+        .build()
+}
+
 /// A manager without keepalives (the default sends one every 10 s per held lock).
 pub(crate) fn quiet_manager(db: &Database) -> PostgresLockManager {
     PostgresLockManager::builder(db.pool(1, "lock-bench-cycle"))
@@ -87,18 +95,28 @@ pub(crate) async fn acquire(db: Database, plan: Plan) -> Result<Outcome, BoxErro
             Op::library(quiet_manager(&db), key(10), AcquireOptions::new()),
         ),
         Variant::new(
-            "library + OpenTelemetry: acquire (no timeout) + release",
+            "library + OpenTelemetry at INFO: acquire (no timeout) + release",
             Role::Traced,
             Op::library(manager(), key(7), AcquireOptions::new()),
         )
         .traced(&pipeline),
         Variant::new(
-            "library + OpenTelemetry: acquire (timeout 5 s) + release",
+            "library + OpenTelemetry at INFO: acquire (timeout 5 s) + release",
             Role::Traced,
             Op::library(
                 manager(),
                 key(8),
                 AcquireOptions::new().with_timeout(BOUNDED),
+            ),
+        )
+        .traced(&pipeline),
+        Variant::new(
+            "library + OpenTelemetry, lock spans at INFO: acquire (no timeout) + release",
+            Role::Setting,
+            Op::library(
+                traced_manager(&db, "lock-bench-cycle"),
+                key(11),
+                AcquireOptions::new(),
             ),
         )
         .traced(&pipeline),
@@ -139,8 +157,9 @@ pub(crate) async fn acquire(db: Database, plan: Plan) -> Result<Outcome, BoxErro
     .await?;
     let exported = pipeline.flush();
     outcome.section.notes.push(format!(
-        "OpenTelemetry: tracing-opentelemetry's layer on the SDK's batch span processor, with \
-         an exporter that counts and drops; it was handed {exported} spans."
+        "OpenTelemetry: tracing-opentelemetry's layer on the SDK's batch span processor behind \
+         an INFO filter, with an exporter that counts and drops; it was handed {exported} \
+         spans (the lock spans are at DEBUG unless the manager says INFO)."
     ));
     if let Value::Object(map) = &mut outcome.json {
         map.insert("otel_spans_exported".into(), json!(exported));

@@ -59,7 +59,8 @@ usage: lock-bench [--url URL] [--quick] [--out FILE.json] [--only LIST]
   --count-instructions VARIANT --cycles N
                 the child that `instructions` runs under callgrind: N cycles of VARIANT
                 (raw, library, library-timeout, library-fencing, library-keepalive-off,
-                library-otel, library-timeout-otel, raw-shared, library-shared, raw-many,
+                library-otel, library-timeout-otel, library-otel-spans,
+                library-timeout-otel-spans, raw-shared, library-shared, raw-many,
                 library-many)
 ";
 

@@ -1,6 +1,7 @@
 //! A tracing + OpenTelemetry pipeline as users install it (tracing-opentelemetry's layer on
-//! the SDK's batch span processor), with an exporter that counts the spans it is handed and
-//! drops them: everything up to the wire is done, nothing accumulates.
+//! the SDK's batch span processor, behind an INFO level filter, as `RUST_LOG=info`), with an
+//! exporter that counts the spans it is handed and drops them: everything up to the wire is
+//! done, nothing accumulates.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
+use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::prelude::*;
 
 /// Counts exported spans.
@@ -47,11 +49,14 @@ impl Pipeline {
         Self { provider, exported }
     }
 
-    /// A subscriber sending every span to this pipeline (a registry with the
-    /// OpenTelemetry layer, no filter: the library's spans are at INFO).
+    /// A subscriber sending the spans and events at INFO and above to this pipeline (a
+    /// registry with the OpenTelemetry layer behind an INFO filter). The library's lock
+    /// spans are at DEBUG unless the manager is built with `span_level(INFO)`: the
+    /// `-spans` variants do that, so every span reaches the pipeline.
     pub(crate) fn subscriber(&self) -> impl tracing::Subscriber + Send + Sync + 'static {
         tracing_subscriber::registry()
             .with(tracing_opentelemetry::layer().with_tracer(self.provider.tracer("lock-bench")))
+            .with(LevelFilter::INFO)
     }
 
     /// Exports what is queued and returns how many spans have been exported so far.
