@@ -199,7 +199,7 @@ impl Inner {
     /// the grant's token (on failure the session is closed, which frees the lock).
     pub(crate) async fn register(
         self: &Arc<Self>,
-        key: &str,
+        key: Arc<str>,
         lock_id: i64,
         mode: LockMode,
         session: Session,
@@ -213,14 +213,14 @@ impl Inner {
     /// connection's (`host`).
     pub(crate) async fn register_in(
         self: &Arc<Self>,
-        key: &str,
+        shared_key: Arc<str>,
         lock_id: i64,
         mode: LockMode,
         slot: SessionSlot,
         host: Option<Membership>,
         span: &Span,
     ) -> Result<PostgresLockGuard, LockAcquisitionError> {
-        let shared_key: Arc<str> = Arc::from(key);
+        let key: &str = &shared_key;
         let mut info =
             LockInfo::acquired_now(Arc::clone(&shared_key), lock_id, self.holder_id.clone())
                 .with_mode(mode);
@@ -244,7 +244,7 @@ impl Inner {
         let notifier = LossNotifier::new();
         let lost = notifier.signal();
         let entry = Held {
-            key: shared_key,
+            key: Arc::clone(&shared_key),
             token,
             lock_id,
             mode,

@@ -13,7 +13,7 @@ use deadpool_postgres::{Object, ObjectId};
 use tokio_postgres::NoTls;
 
 use crate::limit::{Bounded, Expired, Limit};
-use crate::sql::{PREPARED_KINDS, SESSION_SETUP, SETUP_SLOT, Statement};
+use crate::sql::{PREPARED_KINDS, SESSION_SETUP, SETUP_SLOT, Statement, WRONG_SESSION};
 use crate::watchdog::{Watch, Watched};
 
 /// One pooled connection while checked out, and what the manager knows of it: whether
@@ -413,13 +413,30 @@ async fn execute(
         }
         Statement::TryLock { lock_id, .. }
         | Statement::Unlock { lock_id, .. }
-        | Statement::UnlockIfHeld { lock_id, .. } => object.execute(prepared, &[&lock_id]).await?,
-        Statement::Ping => object.execute(prepared, &[]).await?,
+        | Statement::UnlockIfHeld { lock_id, .. } => {
+            match object.execute(prepared, &[&lock_id]).await {
+                Err(error) if reached_another_session(&error) => {
+                    return Ok(Answer::WrongSession);
+                }
+                rows => rows?,
+            }
+        }
+        Statement::Ping => {
+            return Ok(match object.execute(prepared, &[]).await? {
+                0 => Answer::WrongSession,
+                _ => Answer::Bool(true),
+            });
+        }
     };
-    Ok(match rows {
-        1 => Answer::Bool(true),
-        0 => Answer::Bool(false),
-        _ => Answer::WrongSession,
+    Ok(Answer::Bool(rows > 0))
+}
+
+/// Whether `error` is a lock statement's refusal to run on a server session that is not
+/// its connection's (see [`crate::sql`]).
+fn reached_another_session(error: &tokio_postgres::Error) -> bool {
+    error.as_db_error().is_some_and(|db| {
+        *db.code() == tokio_postgres::error::SqlState::INVALID_TEXT_REPRESENTATION
+            && db.message().contains(WRONG_SESSION)
     })
 }
 

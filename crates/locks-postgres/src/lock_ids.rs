@@ -3,7 +3,7 @@
 //! again and again, so a manager remembers the last ones it derived.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use locks_port::KeyDerivation;
 
@@ -15,7 +15,9 @@ pub(crate) const CAPACITY: usize = 1024;
 #[derive(Debug)]
 pub(crate) struct LockIds {
     derivation: KeyDerivation,
-    recent: Mutex<HashMap<Box<str>, i64, foldhash::fast::RandomState>>,
+    /// The keys are shared: a grant's [`LockInfo`](locks_port::LockInfo) and the
+    /// bookkeeping take a clone of the cached one instead of copying the text.
+    recent: Mutex<HashMap<Arc<str>, i64, foldhash::fast::RandomState>>,
 }
 
 impl LockIds {
@@ -32,16 +34,22 @@ impl LockIds {
 
     /// The lock id of `key`, as [`KeyDerivation::lock_id`] derives it.
     pub(crate) fn lock_id(&self, key: &str) -> i64 {
+        self.lookup(key).0
+    }
+
+    /// The lock id of `key` and the key as a shared string.
+    pub(crate) fn lookup(&self, key: &str) -> (i64, Arc<str>) {
         let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(&lock_id) = recent.get(key) {
-            return lock_id;
+        if let Some((shared, &lock_id)) = recent.get_key_value(key) {
+            return (lock_id, Arc::clone(shared));
         }
         let lock_id = self.derivation.lock_id(key);
         if recent.len() >= CAPACITY {
             recent.clear();
         }
-        recent.insert(key.into(), lock_id);
-        lock_id
+        let shared: Arc<str> = Arc::from(key);
+        recent.insert(Arc::clone(&shared), lock_id);
+        (lock_id, shared)
     }
 }
 

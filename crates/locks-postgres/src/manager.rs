@@ -494,7 +494,7 @@ impl DistributedLock for PostgresLockManager {
     ) -> Result<PostgresLockGuard, LockAcquisitionError> {
         let options = options.into();
         let inner = &self.inner;
-        let lock_id = inner.lock_ids.lock_id(key);
+        let (lock_id, shared_key) = inner.lock_ids.lookup(key);
         let span = manager_acquire_span(
             inner.settings.span_level,
             inner.shown(key),
@@ -509,7 +509,7 @@ impl DistributedLock for PostgresLockManager {
         let attempt = match attempt {
             Ok(grant) => {
                 inner
-                    .register_grant(key, lock_id, options.mode(), grant, &span)
+                    .register_grant(shared_key, lock_id, options.mode(), grant, &span)
                     .await
             }
             Err(error) => Err(error),
@@ -538,7 +538,7 @@ impl DistributedLock for PostgresLockManager {
         mode: LockMode,
     ) -> Result<Option<PostgresLockGuard>, LockAcquisitionError> {
         let inner = &self.inner;
-        let lock_id = inner.lock_ids.lock_id(key);
+        let (lock_id, shared_key) = inner.lock_ids.lookup(key);
         let options = AcquireOptions::new().with_mode(mode);
         let span = manager_acquire_span(
             inner.settings.span_level,
@@ -551,7 +551,7 @@ impl DistributedLock for PostgresLockManager {
         let attempt = trying.instrument(span.clone()).await;
         let attempt = match attempt {
             Ok(Some(grant)) => inner
-                .register_grant(key, lock_id, mode, grant, &span)
+                .register_grant(shared_key, lock_id, mode, grant, &span)
                 .await
                 .map(Some),
             Ok(None) => Ok(None),

@@ -385,7 +385,7 @@ impl Inner {
     /// Records a granted lock and hands out its guard (see `register`).
     pub(crate) async fn register_grant(
         self: &Arc<Self>,
-        key: &str,
+        key: Arc<str>,
         lock_id: i64,
         mode: LockMode,
         grant: Grant,
