@@ -1,0 +1,234 @@
+//! The manager's builder and the settings it gathers.
+
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use locks_port::KeyDerivation;
+
+use crate::manager::KeyVisibility;
+
+/// Builds a [`PostgresLockManager`](crate::PostgresLockManager) with options.
+///
+/// ```
+/// use std::time::Duration;
+/// use locks_postgres::PostgresLockManager;
+///
+/// let pool = locks_postgres::plain_pool("postgres://app@localhost/app", 8)?;
+/// let locks = PostgresLockManager::builder(pool)
+///     .holder_id("billing-7f3c")
+///     .keepalive(Some(Duration::from_secs(5)))
+///     .answer_timeout(Duration::from_secs(3))
+///     .build();
+/// assert_eq!(locks.holder_id(), Some("billing-7f3c"));
+/// # Ok::<(), locks_postgres::PoolConfigError>(())
+/// ```
+#[derive(Debug)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct PostgresLockManagerBuilder {
+    pub(crate) pool: Pool,
+    pub(crate) holder_id: Option<String>,
+    pub(crate) key_visibility: KeyVisibility,
+    pub(crate) derivation: KeyDerivation,
+    pub(crate) settings: Settings,
+}
+
+/// The manager's timings and options (see the builder for each).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Settings {
+    pub(crate) keepalive: Option<Duration>,
+    pub(crate) health_check_interval: Duration,
+    pub(crate) answer_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) deadline_margin: Duration,
+    pub(crate) fencing: bool,
+    pub(crate) release_in_background: bool,
+    /// How many locks may share one connection (1: one connection per lock).
+    pub(crate) locks_per_connection: usize,
+    /// The level of the acquire and release spans.
+    pub(crate) span_level: tracing::Level,
+}
+
+impl Settings {
+    /// The default cadence of keepalives on held connections.
+    pub(crate) const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(10);
+    /// The default interval of the local check for ended connections.
+    pub(crate) const DEFAULT_HEALTH_CHECK_INTERVAL: Duration = Duration::from_millis(200);
+    /// The default answer timeout of quick statements.
+    pub(crate) const DEFAULT_ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+    /// The default timeout for opening a connection outside a deadline.
+    pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+    /// How long after its deadline a bounded acquire still waits for the server.
+    pub(crate) const DEADLINE_MARGIN: Duration = Duration::from_secs(2);
+
+    pub(crate) const DEFAULT: Self = Self {
+        keepalive: Some(Self::DEFAULT_KEEPALIVE),
+        health_check_interval: Self::DEFAULT_HEALTH_CHECK_INTERVAL,
+        answer_timeout: Self::DEFAULT_ANSWER_TIMEOUT,
+        connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
+        deadline_margin: Self::DEADLINE_MARGIN,
+        fencing: false,
+        release_in_background: false,
+        locks_per_connection: 1,
+        span_level: crate::telemetry::DEFAULT_SPAN_LEVEL,
+    };
+}
+
+impl PostgresLockManagerBuilder {
+    /// A label for this process or instance, copied into
+    /// [`LockInfo::holder_id`](locks_port::LockInfo::holder_id) and published on the
+    /// lock connections as `application_name = 'locks:<holder id>'` (cut at 63 bytes,
+    /// NUL bytes left out), so `pg_stat_activity` and
+    /// [`lock_holders`](crate::lock_holders) show who holds what. Without a holder id
+    /// the connections' own `application_name` is left alone. It never reaches SQL
+    /// text: it is bound as a parameter.
+    pub fn holder_id(mut self, holder_id: impl Into<String>) -> Self {
+        self.holder_id = Some(holder_id.into());
+        self
+    }
+
+    /// Whether keys appear in spans and events (see [`KeyVisibility`]).
+    pub fn key_visibility(mut self, key_visibility: KeyVisibility) -> Self {
+        self.key_visibility = key_visibility;
+        self
+    }
+
+    /// The level of the `eventsource.lock.acquire` and `eventsource.lock.release`
+    /// spans: DEBUG by default, so a subscriber filtering at INFO (the usual setting
+    /// in production) records none and they cost nothing; INFO puts every lock in
+    /// your traces. An OpenTelemetry pipeline that records them spends about as much
+    /// on the two spans of a lock+unlock cycle as the cycle itself costs the client
+    /// (see `docs/benchmarks.md`). Failures are WARNING events and lost locks
+    /// `eventsource.lock.lost` spans at INFO with an ERROR status, whatever this level.
+    ///
+    /// ```
+    /// use locks_postgres::PostgresLockManager;
+    ///
+    /// let pool = locks_postgres::plain_pool("postgres://app@db/app", 8)?;
+    /// let locks = PostgresLockManager::builder(pool)
+    ///     .span_level(tracing::Level::INFO)
+    ///     .build();
+    /// # drop(locks);
+    /// # Ok::<(), locks_postgres::PoolConfigError>(())
+    /// ```
+    pub fn span_level(mut self, level: tracing::Level) -> Self {
+        self.settings.span_level = level;
+        self
+    }
+
+    /// The key derivation. Every process contending for the same keys must use the
+    /// same one.
+    pub fn key_derivation(mut self, derivation: KeyDerivation) -> Self {
+        self.derivation = derivation;
+        self
+    }
+
+    /// How often an idle held connection is asked `SELECT true`, to notice a hung
+    /// server or a silent network cut (default 10 s; `None` turns keepalives off, and
+    /// then only ended connections are noticed). A keepalive that gets no answer
+    /// within [`answer_timeout`](Self::answer_timeout) loses the lock with
+    /// [`LostReason::KeepaliveFailed`](locks_port::LostReason::KeepaliveFailed). Each
+    /// keepalive is one instant statement per held lock: it never shows as a slow
+    /// query, and it keeps an `idle_session_timeout` proxy from closing the session.
+    pub fn keepalive(mut self, cadence: Option<Duration>) -> Self {
+        self.settings.keepalive = cadence;
+        self
+    }
+
+    /// How often the manager checks, locally and without I/O, whether a held lock's
+    /// connection has ended (terminated backend, server restart, reset socket): the
+    /// bound on noticing those losses (default 200 ms; at least 10 ms).
+    pub fn health_check_interval(mut self, interval: Duration) -> Self {
+        self.settings.health_check_interval = interval.max(Duration::from_millis(10));
+        self
+    }
+
+    /// How long a quick statement may wait for the server's answer: the one
+    /// `pg_try_advisory_lock` of `try_acquire` (and the first try of an unbounded
+    /// `acquire`), unlocks and keepalives (default 5 s). On expiry the connection is
+    /// closed, which frees anything it held.
+    pub fn answer_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.answer_timeout = timeout;
+        self
+    }
+
+    /// How long opening a connection may take for calls without a deadline of their
+    /// own: `try_acquire` and an unbounded `acquire` (default 5 s). A bounded
+    /// `acquire` opens connections within its own deadline (plus the 2 s margin).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.connect_timeout = timeout;
+        self
+    }
+
+    /// Hands out fencing tokens: after each grant the manager increments the key's
+    /// counter in the token table and puts the new value in
+    /// [`LockInfo::fencing_token`](locks_port::LockInfo::fencing_token). One more
+    /// round trip per acquisition. The table must exist: create it once with
+    /// [`install_fencing`](crate::install_fencing). Off by default; the lock itself
+    /// works exactly the same either way.
+    pub fn fencing(mut self, on: bool) -> Self {
+        self.settings.fencing = on;
+        self
+    }
+
+    /// Takes the unlock off the caller's path: a guard's
+    /// [`release`](locks_port::LockGuard::release) returns as soon as the
+    /// `pg_advisory_unlock` is handed to the connection (reporting
+    /// [`ReleaseOutcome::InBackground`](locks_port::ReleaseOutcome::InBackground)), and
+    /// a task reads the answer; the connection goes back to the pool only when the
+    /// answer says the lock is gone, else it is closed. Saves the caller one round trip
+    /// per cycle (see `docs/benchmarks.md`). Exclusion is unchanged: the lock is free
+    /// once the server reads the unlock, and statements on one connection run in order.
+    /// What changes: a key is free a moment after `release` returns, not at once, and a
+    /// failed unlock is only logged. Off by default.
+    pub fn release_in_background(mut self, on: bool) -> Self {
+        self.settings.release_in_background = on;
+        self
+    }
+
+    /// Lets held locks share connections, up to `locks_per_connection` locks on each
+    /// (0 and 1 mean one connection per held lock: the default). Off by default.
+    ///
+    /// An acquisition first makes one `pg_try_advisory_lock` on a connection that
+    /// already holds other locks of this manager and has room; it never waits there, so
+    /// a wait cannot hold up a release of another lock on that connection. A connection
+    /// never takes one key twice (advisory locks are re-entrant per session): a second
+    /// acquisition of a key this manager holds goes to another connection, and waits
+    /// there as any contender does. When the try finds the lock busy, the acquisition
+    /// waits on a connection of its own, as without multiplexing; once granted, that
+    /// connection takes further tries too. A connection goes back to the pool when it
+    /// holds nothing; `release_all` frees a connection whose every lock it releases
+    /// with one `pg_advisory_unlock_all()`.
+    ///
+    /// Health stays per lock: a connection that ends loses exactly the locks it held,
+    /// each guard told and counted. The cap bounds how many locks one lost connection
+    /// takes with it. `acquire_many` keeps its own connection per group.
+    ///
+    /// ```
+    /// let pool = locks_postgres::plain_pool("postgres://app@localhost/app", 100)?;
+    /// // Up to 10 000 held locks on at most 100 connections.
+    /// let locks = locks_postgres::PostgresLockManager::builder(pool).multiplex(100).build();
+    /// # drop(locks);
+    /// # Ok::<(), locks_postgres::PoolConfigError>(())
+    /// ```
+    pub fn multiplex(mut self, locks_per_connection: usize) -> Self {
+        self.settings.locks_per_connection = locks_per_connection.max(1);
+        self
+    }
+}
+
+/// The prefix of the `application_name` of lock connections of managers with a
+/// holder id: `locks:<holder id>`.
+pub const HOLDER_APPLICATION_NAME_PREFIX: &str = "locks:";
+
+/// `locks:<holder id>` as the server will keep it: no NUL bytes (the protocol cannot
+/// carry them), at most 63 bytes (the server's limit), cut at a character boundary.
+pub(crate) fn published_holder_id(holder_id: &str) -> String {
+    let mut name = String::from(HOLDER_APPLICATION_NAME_PREFIX);
+    for c in holder_id.chars().filter(|c| *c != '\0') {
+        if name.len() + c.len_utf8() > 63 {
+            break;
+        }
+        name.push(c);
+    }
+    name
+}
