@@ -7,7 +7,7 @@ use std::time::Duration;
 use deadpool_postgres::{Object, PoolError, TimeoutType, Timeouts};
 use locks_port::{
     AcquireOptions, AcquisitionErrorKind, LockAcquisitionError, LockMode, WaitStrategy,
-    deadline_after, timeout_reason,
+    timeout_reason,
 };
 use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
@@ -37,7 +37,7 @@ impl Deadline {
 
     /// The deadline, saturating (a `Duration::MAX` timeout is centuries away).
     pub(crate) fn at(self) -> Instant {
-        Instant::from_std(deadline_after(self.started.into_std(), self.timeout))
+        crate::limit::after(self.started, self.timeout)
     }
 
     pub(crate) fn remaining(self) -> Duration {

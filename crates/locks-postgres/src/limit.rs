@@ -11,6 +11,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use locks_port::deadline_after;
 use tokio::time::{Instant, Sleep};
 
 /// How long one step may take.
@@ -31,12 +32,10 @@ pub(crate) enum Limit {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Expired;
 
-/// How far away a limit of [`Duration::MAX`] is set (about 30 years).
-const FAR: Duration = Duration::from_secs(30 * 365 * 24 * 60 * 60);
-
-/// `duration` after `start`, or [`FAR`] after it when that overflows.
-fn after(start: Instant, duration: Duration) -> Instant {
-    start.checked_add(duration).unwrap_or_else(|| start + FAR)
+/// `duration` after `start`, saturating (the port's [`deadline_after`]: a limit of
+/// [`Duration::MAX`] is centuries away).
+pub(crate) fn after(start: Instant, duration: Duration) -> Instant {
+    Instant::from_std(deadline_after(start.into_std(), duration))
 }
 
 impl Limit {
