@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 
 use crate::classify::{driver_error, pool_error};
-use crate::connection::{Answer, Session, SetUp};
+use crate::connection::{Answer, Session, SetUp, SetupValues};
 use crate::limit::{Expired, Limit};
 use crate::manager::Inner;
 use crate::sql::Statement;
@@ -212,10 +212,9 @@ impl Inner {
         }
     }
 
-    /// Checks a connection out. Waiting for a free slot counts against the deadline;
-    /// opening a new connection is bounded by the deadline plus the margin (a zero
-    /// timeout still makes its one attempt on a cold pool) or, without a deadline, by
-    /// the connect timeout. The pool's own timeouts are not used, so a pool built
+    /// Checks a connection out. Waiting for a free slot and opening a new connection
+    /// both count against the deadline (without one, or with a zero timeout, opening is
+    /// bounded by the connect timeout). The pool's own timeouts are not used, so a pool built
     /// without a runtime works too.
     pub(crate) async fn checkout(
         &self,
@@ -223,9 +222,20 @@ impl Inner {
         wait: PoolWait,
         deadline: Option<Deadline>,
     ) -> Attempt {
+        if let Err(error) = &self.lease {
+            let error = LockAcquisitionError::new(
+                key,
+                AcquisitionErrorKind::Configuration,
+                format!("the manager's lease cannot hold: {error}"),
+            );
+            return Err(with_timeout(error, deadline));
+        }
         let settings = &self.settings;
-        let connecting =
-            Deadline::limit(deadline, settings.deadline_margin, settings.connect_timeout);
+        // Opening a connection is held to the caller's deadline itself: the margin is
+        // for a live session's answer, which decides whether a lock was granted. A zero
+        // timeout is a try (it waits for nobody) and opens as `try_acquire` does.
+        let opening = deadline.filter(|deadline| !deadline.timeout.is_zero());
+        let connecting = Deadline::limit(opening, Duration::ZERO, settings.connect_timeout);
         let no_wait = Timeouts {
             wait: Some(Duration::ZERO),
             create: None,
@@ -341,8 +351,7 @@ impl Inner {
             }
         }
         // Once per connection: boxed, out of the common path's future.
-        let setup =
-            Box::pin(session.run_after_setup(self.application_name.as_deref(), statement, limit));
+        let setup = Box::pin(session.run_after_setup(self.setup_values(), statement, limit));
         let Some((setup, answer)) = setup.await.ok() else {
             return Err(self.no_answer(key, session, deadline));
         };
@@ -359,6 +368,14 @@ impl Inner {
                 drop(session);
                 Err(with_timeout(driver_error(key, error), deadline))
             }
+        }
+    }
+
+    /// What the set-up gives each of the manager's sessions.
+    pub(crate) fn setup_values(&self) -> SetupValues<'_> {
+        SetupValues {
+            application_name: self.application_name.as_deref(),
+            timers: self.server_timers.as_ref(),
         }
     }
 

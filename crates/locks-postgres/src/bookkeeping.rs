@@ -43,9 +43,8 @@ pub(crate) struct Held {
     pub(crate) last_answer: Option<Instant>,
     /// Whether a keepalive is in flight on the connection.
     pub(crate) pinging: bool,
-    /// For locks taken together by `acquire_many` on one session: how many of the
-    /// group are still held. The session goes back to the pool with the last unlock.
-    pub(crate) group: Option<Arc<AtomicUsize>>,
+    /// For locks taken together by `acquire_many` on one session: the group.
+    pub(crate) group: Option<Arc<Group>>,
     /// For a lock on a shared connection (multiplexing): its place there.
     pub(crate) host: Option<Membership>,
 }
@@ -54,17 +53,26 @@ impl Held {
     /// Which acquisition this is, to find its entry again.
     pub(crate) fn ticket(&self) -> Ticket {
         Ticket {
-            key: Arc::clone(&self.key),
             lock_id: self.lock_id,
             token: self.token,
         }
     }
 }
 
+/// The locks of one `acquire_many`, held on one session under one ticket number and
+/// one lost signal.
+pub(crate) struct Group {
+    /// How many of the group are still held: the session goes back to the pool with
+    /// the last unlock.
+    pub(crate) left: AtomicUsize,
+    /// The lock ids of the group: a lost session takes every one of them out of the
+    /// bookkeeping before the group's signal fires.
+    pub(crate) lock_ids: Box<[i64]>,
+}
+
 /// One acquisition, as the health monitor finds it again.
 #[derive(Clone, Debug)]
 pub(crate) struct Ticket {
-    pub(crate) key: Arc<str>,
     pub(crate) lock_id: i64,
     pub(crate) token: u64,
 }
@@ -129,6 +137,22 @@ impl Book {
             self.by_id.insert(lock_id, entries);
         }
         self.count -= usize::from(taken.is_some());
+        taken
+    }
+
+    /// Takes out the entry of the acquisition `token` of `lock_id` and, when it
+    /// belongs to a group, the rest of its group: a lost session loses them all at once.
+    pub(crate) fn remove_with_group(&mut self, lock_id: i64, token: u64) -> Vec<Held> {
+        let Some(first) = self.remove_one(lock_id, token) else {
+            return Vec::new();
+        };
+        let group = first.group.clone();
+        let mut taken = vec![first];
+        if let Some(group) = group {
+            for &other in group.lock_ids.iter().filter(|&&other| other != lock_id) {
+                taken.extend(self.remove_one(other, token));
+            }
+        }
         taken
     }
 
@@ -326,7 +350,9 @@ impl Inner {
             // until the last unlock.
             let last = match (held.host.as_mut(), held.group.as_ref()) {
                 (Some(member), _) => member.leave(),
-                (None, group) => group.is_none_or(|left| left.fetch_sub(1, Ordering::AcqRel) == 1),
+                (None, group) => {
+                    group.is_none_or(|group| group.left.fetch_sub(1, Ordering::AcqRel) == 1)
+                }
             };
             if !last && matches!(answer, Ok(Ok(Answer::Bool(true)))) {
                 // The session still holds the rest of its group: it stays in the slot.

@@ -5,6 +5,7 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 use locks_port::KeyDerivation;
 
+use crate::lease::{Lease, LeaseError};
 use crate::manager::KeyVisibility;
 
 /// Builds a [`PostgresLockManager`](crate::PostgresLockManager) with options.
@@ -46,6 +47,13 @@ pub(crate) struct Settings {
     pub(crate) locks_per_connection: usize,
     /// The level of the acquire and release spans.
     pub(crate) span_level: tracing::Level,
+    /// The lease (`None`: the server's own TCP timers are left alone).
+    pub(crate) lease: Option<Duration>,
+    pub(crate) lease_margin: Duration,
+    /// Whether the keepalive and the answer timeout were set explicitly (else a lease
+    /// derives them).
+    pub(crate) keepalive_set: bool,
+    pub(crate) answer_timeout_set: bool,
 }
 
 impl Settings {
@@ -70,7 +78,38 @@ impl Settings {
         release_in_background: false,
         locks_per_connection: 1,
         span_level: crate::telemetry::DEFAULT_SPAN_LEVEL,
+        lease: Some(crate::lease::DEFAULT_LEASE),
+        lease_margin: crate::lease::DEFAULT_MARGIN,
+        keepalive_set: false,
+        answer_timeout_set: false,
     };
+
+    /// Settles the timings a lease derives (those not set explicitly) and derives the
+    /// lease, or says why it cannot hold.
+    pub(crate) fn with_lease(mut self) -> (Self, Result<Option<Lease>, LeaseError>) {
+        let Some(duration) = self.lease else {
+            return (self, Ok(None));
+        };
+        let (keepalive, answer_timeout) = crate::lease::client_defaults(
+            duration,
+            Self::DEFAULT_KEEPALIVE,
+            Self::DEFAULT_ANSWER_TIMEOUT,
+        );
+        if !self.keepalive_set {
+            self.keepalive = Some(keepalive);
+        }
+        if !self.answer_timeout_set {
+            self.answer_timeout = answer_timeout;
+        }
+        let lease = Lease::derive(
+            duration,
+            self.lease_margin,
+            self.keepalive,
+            self.answer_timeout,
+            self.health_check_interval,
+        );
+        (self, lease.map(Some))
+    }
 }
 
 impl PostgresLockManagerBuilder {
@@ -129,8 +168,12 @@ impl PostgresLockManagerBuilder {
     /// [`LostReason::KeepaliveFailed`](locks_port::LostReason::KeepaliveFailed). Each
     /// keepalive is one instant statement per held lock: it never shows as a slow
     /// query, and it keeps an `idle_session_timeout` proxy from closing the session.
+    ///
+    /// With a [`lease`](Self::lease) (the default) and no explicit cadence, the cadence
+    /// is a sixth of the lease, at most 10 s.
     pub fn keepalive(mut self, cadence: Option<Duration>) -> Self {
         self.settings.keepalive = cadence;
+        self.settings.keepalive_set = true;
         self
     }
 
@@ -146,14 +189,66 @@ impl PostgresLockManagerBuilder {
     /// `pg_try_advisory_lock` of `try_acquire` (and the first try of an unbounded
     /// `acquire`), unlocks and keepalives (default 5 s). On expiry the connection is
     /// closed, which frees anything it held.
+    ///
+    /// With a [`lease`](Self::lease) (the default) and no explicit answer timeout, it is
+    /// a twelfth of the lease, at most 5 s.
     pub fn answer_timeout(mut self, timeout: Duration) -> Self {
         self.settings.answer_timeout = timeout;
+        self.settings.answer_timeout_set = true;
+        self
+    }
+
+    /// The lease (default 60 s): if the holder's host vanishes without closing its
+    /// sockets (power loss, a frozen VM, a cut network), the server frees its locks
+    /// within this, and the holder's [`lost`](locks_port::LockGuard::lost) signal fires
+    /// at least the [`lease_margin`](Self::lease_margin) before the server can free
+    /// them. A waiter whose host vanished leaves the server's queue within the lease
+    /// too; one the server granted before noticing frees the lock within
+    /// [`Lease::server_frees_after`] of the grant.
+    ///
+    /// From it the manager derives the keepalive cadence and the answer timeout (unless
+    /// set explicitly) and the server's per-session TCP timers (`tcp_keepalives_idle`,
+    /// `tcp_keepalives_interval`, `tcp_keepalives_count`, `tcp_user_timeout`,
+    /// `client_connection_check_interval`), set in each connection's set-up round trip:
+    /// nothing more per lock. See [`Lease`] for the bounds and
+    /// [`PostgresLockManager::lease`](crate::PostgresLockManager::lease) for the ones in
+    /// force. `None` leaves the server's timers alone (its defaults keep a dead
+    /// holder's lock for about 2 h 11 min on Linux).
+    ///
+    /// A lease that cannot hold with the other settings (keepalives off, or a
+    /// keepalive, answer timeout or margin too long for it) is refused: by
+    /// [`try_build`](Self::try_build) at once, and by [`build`](Self::build) on every
+    /// acquisition, with a [`Configuration`](locks_port::AcquisitionErrorKind::Configuration)
+    /// error that says why. A paused holder (GC, `SIGSTOP`) is not covered: the server
+    /// sees its host answer; use fencing tokens for that.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use locks_postgres::PostgresLockManager;
+    ///
+    /// let pool = locks_postgres::plain_pool("postgres://app@localhost/app", 8)?;
+    /// let locks = PostgresLockManager::builder(pool)
+    ///     .lease(Some(Duration::from_secs(15)))
+    ///     .try_build()?;
+    /// let lease = locks.lease().unwrap();
+    /// assert!(lease.server_frees_within <= Duration::from_secs(15));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn lease(mut self, lease: Option<Duration>) -> Self {
+        self.settings.lease = lease;
+        self
+    }
+
+    /// How long before the server can free a silent holder's locks its lost signal
+    /// fires, at least (default 5 s). See [`lease`](Self::lease).
+    pub fn lease_margin(mut self, margin: Duration) -> Self {
+        self.settings.lease_margin = margin;
         self
     }
 
     /// How long opening a connection may take for calls without a deadline of their
     /// own: `try_acquire` and an unbounded `acquire` (default 5 s). A bounded
-    /// `acquire` opens connections within its own deadline (plus the 2 s margin).
+    /// `acquire` opens connections within its own deadline.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.settings.connect_timeout = timeout;
         self

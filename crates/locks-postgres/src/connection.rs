@@ -139,6 +139,22 @@ pub(crate) enum Answer {
     WrongSession,
 }
 
+/// What the set-up gives each server session besides its marker.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SetupValues<'a> {
+    /// `locks:<holder id>`, or `None` to leave `application_name` alone.
+    pub(crate) application_name: Option<&'a str>,
+    /// The lease's server timers (see [`crate::lease::ServerTimers::as_settings`]), or
+    /// `None` to leave the server's own.
+    pub(crate) timers: Option<&'a [String; 5]>,
+}
+
+impl SetupValues<'_> {
+    fn timer(&self, index: usize) -> Option<&str> {
+        self.timers.map(|timers| timers[index].as_str())
+    }
+}
+
 /// What the set-up found on the server session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SetUp {
@@ -237,13 +253,13 @@ impl Session {
 
     /// Sets a new connection up for holding locks ([`SESSION_SETUP`]: no statement,
     /// idle or idle-in-transaction timeout ends a wait or a hold; `application_name`
-    /// publishes the holder; `locks.session` marks the server session as this
-    /// connection's) with `statement` pipelined behind it: one round trip for both
+    /// publishes the holder; the lease's TCP timers; `locks.session` marks the server
+    /// session as this connection's) with `statement` pipelined behind it: one round trip for both
     /// (two when the statements are not prepared yet), within `limit` (on expiry the
     /// statements are in flight, as in [`run_within`](Self::run_within)).
     pub(crate) async fn run_after_setup(
         &mut self,
-        application_name: Option<&str>,
+        values: SetupValues<'_>,
         statement: Statement,
         limit: Limit,
     ) -> Result<
@@ -265,7 +281,18 @@ impl Session {
                 (Ok(setup), Ok(lock)) => {
                     let setting_up = async {
                         let row = object
-                            .query_one(&setup, &[&application_name, &marker])
+                            .query_one(
+                                &setup,
+                                &[
+                                    &values.application_name,
+                                    &marker,
+                                    &values.timer(0),
+                                    &values.timer(1),
+                                    &values.timer(2),
+                                    &values.timer(3),
+                                    &values.timer(4),
+                                ],
+                            )
                             .await?;
                         let in_recovery: bool = row.try_get(0)?;
                         let owner: Option<&str> = row.try_get(1)?;

@@ -8,6 +8,8 @@
 //! synchronous replication (an asynchronous standby can be promoted without the last
 //! increments, and would hand out a token again).
 
+use std::collections::HashMap;
+
 use locks_port::{AcquisitionErrorKind, LockAcquisitionError};
 
 use crate::classify::driver_error;
@@ -58,6 +60,12 @@ pub async fn install_fencing(client: &tokio_postgres::Client) -> Result<(), toki
     client.batch_execute(FENCING_SCHEMA).await
 }
 
+/// The next tokens of several lock ids at once (a group of `acquire_many`): one row
+/// each, in one statement.
+const NEXT_TOKENS: &str = "INSERT INTO advisory_lock_fencing_tokens AS t (lock_id, token) \
+     SELECT id, 1 FROM unnest($1::bigint[]) AS id ON CONFLICT (lock_id) \
+     DO UPDATE SET token = t.token + 1, granted_at = now() RETURNING lock_id, token";
+
 impl Inner {
     /// The next token of `lock_id`, taken in the session that holds it. On failure the
     /// session is dropped (closed), which frees the lock, and the acquisition fails.
@@ -74,29 +82,60 @@ impl Inner {
             row.try_get::<_, i64>(0)
         })
         .await;
-        match answer {
-            Ok(Ok(token)) => Ok(token),
-            Ok(Err(error)) => {
-                let mut error = driver_error(key, error);
-                if error.kind() == AcquisitionErrorKind::Configuration {
-                    error = LockAcquisitionError::new(
-                        key,
-                        AcquisitionErrorKind::Configuration,
-                        format!(
-                            "{}; fencing is on: create the token table once with \
-                             locks_postgres::install_fencing",
-                            error.reason()
-                        ),
-                    )
-                    .with_source(error);
-                }
-                Err(error)
+        fencing_answer(key, answer)
+    }
+
+    /// The next tokens of `lock_ids` (distinct), taken in the session that holds them
+    /// all, by lock id; one round trip. On failure, as
+    /// [`next_fencing_token`](Self::next_fencing_token).
+    pub(crate) async fn next_fencing_tokens(
+        &self,
+        key: &str,
+        lock_ids: &[i64],
+        session: &mut Session,
+    ) -> Result<HashMap<i64, i64>, LockAcquisitionError> {
+        let object = session.object();
+        let answer = tokio::time::timeout(self.settings.answer_timeout, async {
+            let statement = object.prepare_cached(NEXT_TOKENS).await?;
+            object
+                .query(&statement, &[&lock_ids])
+                .await?
+                .iter()
+                .map(|row| Ok((row.try_get::<_, i64>(0)?, row.try_get::<_, i64>(1)?)))
+                .collect::<Result<HashMap<i64, i64>, tokio_postgres::Error>>()
+        })
+        .await;
+        fencing_answer(key, answer)
+    }
+}
+
+/// The outcome of a fencing-token statement, with a hint when the table is missing.
+fn fencing_answer<T>(
+    key: &str,
+    answer: Result<Result<T, tokio_postgres::Error>, tokio::time::error::Elapsed>,
+) -> Result<T, LockAcquisitionError> {
+    match answer {
+        Ok(Ok(tokens)) => Ok(tokens),
+        Ok(Err(error)) => {
+            let mut error = driver_error(key, error);
+            if error.kind() == AcquisitionErrorKind::Configuration {
+                error = LockAcquisitionError::new(
+                    key,
+                    AcquisitionErrorKind::Configuration,
+                    format!(
+                        "{}; fencing is on: create the token table once with \
+                         locks_postgres::install_fencing",
+                        error.reason()
+                    ),
+                )
+                .with_source(error);
             }
-            Err(_elapsed) => Err(LockAcquisitionError::new(
-                key,
-                AcquisitionErrorKind::ConnectionLost,
-                "Database error: the server did not answer the fencing-token statement",
-            )),
+            Err(error)
         }
+        Err(_elapsed) => Err(LockAcquisitionError::new(
+            key,
+            AcquisitionErrorKind::ConnectionLost,
+            "Database error: the server did not answer the fencing-token statement",
+        )),
     }
 }

@@ -132,19 +132,18 @@ impl Inner {
         findings
     }
 
-    /// Takes one lost acquisition out of the bookkeeping and tells its guard.
+    /// Takes one lost acquisition (with the rest of its group, for `acquire_many`) out
+    /// of the bookkeeping, then tells its guard.
     fn lose_entry(&self, ticket: &Ticket, reason: LostReason, detail: &str) {
         let taken = {
             let mut book = self.held();
-            let taken = book.remove_one(ticket.lock_id, ticket.token);
+            let taken = book.remove_with_group(ticket.lock_id, ticket.token);
             // The session goes before the entry is seen gone: whoever finds the key no
             // longer held also finds its pool slot free.
             taken.iter().for_each(discard);
             taken
         };
-        if let Some(held) = taken {
-            self.report_lost(self.shown(&ticket.key), &held, reason, detail);
-        }
+        self.report_lost(&taken, reason, detail);
     }
 
     fn lose_entries(&self, entries: &[Ticket], reason: LostReason, detail: &str) {
@@ -157,27 +156,37 @@ impl Inner {
     /// guard, say so in an event and count it.
     pub(crate) fn lose(&self, held: Held, reason: LostReason, detail: &str) {
         discard(&held);
-        self.report_lost(None, &held, reason, detail);
+        self.report_lost(std::slice::from_ref(&held), reason, detail);
     }
 
-    fn report_lost(&self, key: Option<&str>, held: &Held, reason: LostReason, detail: &str) {
-        // Counted before the signal fires, so a holder woken by it already sees the
-        // count; taken back if another reason (a release) got there first.
+    /// Counts and reports locks already out of the bookkeeping that share one lost
+    /// signal (one lock, or a group), and fires it.
+    fn report_lost(&self, taken: &[Held], reason: LostReason, detail: &str) {
+        let Some(first) = taken.first() else {
+            return;
+        };
+        // Counted (one per lock) before the signal fires, so a holder woken by it
+        // already sees the count; taken back if another reason (a release) got there
+        // first.
         let counter = self.lost.counter(reason);
-        counter.fetch_add(1, Ordering::AcqRel);
-        if !held.notifier.notify(reason) {
-            counter.fetch_sub(1, Ordering::AcqRel);
+        let count = u64::try_from(taken.len()).unwrap_or(u64::MAX);
+        counter.fetch_add(count, Ordering::AcqRel);
+        if !first.notifier.notify(reason) {
+            counter.fetch_sub(count, Ordering::AcqRel);
             return;
         }
-        let span = lost_span(key, held.lock_id, held.mode, reason);
-        tracing::warn!(
-            parent: &span,
-            key,
-            lock_id = held.lock_id,
-            reason = reason.as_str(),
-            detail,
-            "advisory lock lost: {reason}"
-        );
+        for held in taken {
+            let key = self.shown(&held.key);
+            let span = lost_span(key, held.lock_id, held.mode, reason);
+            tracing::warn!(
+                parent: &span,
+                key,
+                lock_id = held.lock_id,
+                reason = reason.as_str(),
+                detail,
+                "advisory lock lost: {reason}"
+            );
+        }
     }
 
     /// One keepalive on a held, idle connection, for the locks `entries` on it.

@@ -10,6 +10,7 @@ mod fencing;
 mod guard;
 mod health;
 mod inspect;
+mod lease;
 mod limit;
 mod lock_ids;
 mod manager;
@@ -26,6 +27,7 @@ pub use fencing::{FENCING_SCHEMA, FENCING_TABLE, install_fencing};
 pub use guard::PostgresLockGuard;
 pub use health::LostLockCounts;
 pub use inspect::{AdvisoryLockId, InspectError, LockHolder, all_lock_holders, lock_holders};
+pub use lease::{Lease, LeaseError, ServerTimers};
 pub use manager::{KeyVisibility, PostgresLockManager};
 pub use many::PostgresLocks;
 pub use pool::{

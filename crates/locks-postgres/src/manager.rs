@@ -21,6 +21,7 @@ use crate::builder::{PostgresLockManagerBuilder, Settings, published_holder_id};
 use crate::connection::Connections;
 use crate::guard::PostgresLockGuard;
 use crate::health::LostCounts;
+use crate::lease::{Lease, LeaseError};
 use crate::lock_ids::LockIds;
 use crate::multiplex::Multiplexer;
 use crate::telemetry::{finish_acquire_span, manager_acquire_span, started};
@@ -96,6 +97,10 @@ pub(crate) struct Inner {
     /// The key derivation, and the ids of recently used keys.
     pub(crate) lock_ids: LockIds,
     pub(crate) settings: Settings,
+    /// The lease in force, or why the one asked for cannot hold.
+    pub(crate) lease: Result<Option<Lease>, LeaseError>,
+    /// The lease's server timers as the set-up binds them.
+    pub(crate) server_timers: Option<[String; 5]>,
     /// `locks:<holder id>`, set on every connection the manager uses when it has a
     /// holder id (else the connection's own `application_name` is left alone).
     pub(crate) application_name: Option<String>,
@@ -171,6 +176,13 @@ impl PostgresLockManager {
             .key_visibility(self.inner.key_visibility)
     }
 
+    /// The lease in force and its bounds (`None` when built with `lease(None)`, or
+    /// when the lease asked for cannot hold: then every acquisition fails and says why).
+    #[must_use]
+    pub fn lease(&self) -> Option<Lease> {
+        self.inner.lease.as_ref().ok().copied().flatten()
+    }
+
     /// How many locks this manager has lost since it was built, by reason: the figure
     /// to alert on (also counted in the `eventsource.lock.lost` span's
     /// `lock.lost_reason` attribute). Releases through the manager are not counted.
@@ -181,9 +193,30 @@ impl PostgresLockManager {
 }
 
 impl PostgresLockManagerBuilder {
-    /// Builds the manager. Does no I/O.
+    /// Builds the manager, or says why its [`lease`](Self::lease) cannot hold with the
+    /// other settings. Does no I/O.
+    ///
+    /// # Errors
+    /// A [`LeaseError`] naming the settings that break the lease's order.
+    pub fn try_build(self) -> Result<PostgresLockManager, LeaseError> {
+        let manager = self.build();
+        match &manager.inner.lease {
+            Ok(_) => Ok(manager),
+            Err(error) => Err(error.clone()),
+        }
+    }
+
+    /// Builds the manager. Does no I/O. A [`lease`](Self::lease) that cannot hold makes
+    /// every acquisition fail with a
+    /// [`Configuration`](locks_port::AcquisitionErrorKind::Configuration) error that says
+    /// why; [`try_build`](Self::try_build) reports it at once.
     #[must_use]
     pub fn build(self) -> PostgresLockManager {
+        let (settings, lease) = self.settings.with_lease();
+        let server_timers = match &lease {
+            Ok(Some(lease)) => Some(lease.server.as_settings()),
+            _ => None,
+        };
         let application_name = self.holder_id.as_deref().map(published_holder_id);
         let connections = Arc::new(Connections::new(self.pool.status().max_size));
         PostgresLockManager {
@@ -192,7 +225,9 @@ impl PostgresLockManagerBuilder {
                 holder_id: self.holder_id,
                 key_visibility: self.key_visibility,
                 lock_ids: LockIds::new(self.derivation),
-                settings: self.settings,
+                settings,
+                lease,
+                server_timers,
                 application_name,
                 held: Mutex::new(Book::default()),
                 connections,
@@ -200,8 +235,8 @@ impl PostgresLockManagerBuilder {
                 monitor_running: AtomicBool::new(false),
                 lost: LostCounts::default(),
                 multiplexer: Multiplexer::new(
-                    self.settings.locks_per_connection,
-                    self.settings.answer_timeout,
+                    settings.locks_per_connection,
+                    settings.answer_timeout,
                 ),
             }),
         }
@@ -246,7 +281,9 @@ impl DistributedLock for PostgresLockManager {
     /// `lock_timeout` when there is a timeout): the lock passes to the first waiter the
     /// moment it is released. A bounded call returns within its timeout plus 2 s
     /// whatever the server does: waiting for a pool slot, opening a connection and
-    /// every answer count inside it. After a timed-out wait the session is checked
+    /// every answer count inside it, and the 2 s are only ever spent waiting for the
+    /// answer of a live session (which decides whether the lock was granted): a pool
+    /// slot or a new connection that does not come in time fails at the timeout. After a timed-out wait the session is checked
     /// (the server can grant the lock as the timeout fires) and any such grant is
     /// undone before the connection goes back to the pool.
     ///

@@ -11,13 +11,12 @@ use locks_port::{
     AcquireMany, AcquireOptions, LockAcquisitionError, LockGroup, LockInfo, LockMode, LossNotifier,
     LostReason, LostSignal, ReleaseOutcome,
 };
-use time::OffsetDateTime;
 use tokio::sync::Mutex as AsyncMutex;
 use tokio_postgres::error::SqlState;
 use tracing::Instrument;
 
 use crate::acquire::{Deadline, MOVED_BETWEEN_SESSIONS, PoolWait, Tried, refuse, with_timeout};
-use crate::bookkeeping::Held;
+use crate::bookkeeping::{Group, Held};
 use crate::classify::driver_error;
 use crate::connection::{Answer, Session};
 use crate::manager::{Inner, PostgresLockManager};
@@ -74,12 +73,14 @@ impl PostgresLockManager {
             &options,
         );
         let started = started(&span);
-        let attempt = inner
-            .acquire_group(&ordered, options)
-            .instrument(span.clone())
-            .await;
-        let attempt =
-            attempt.map(|session| inner.register_group(&ordered, options.mode(), session));
+        let attempt = async {
+            let session = inner.acquire_group(&ordered, options).await?;
+            inner
+                .register_group(&ordered, options.mode(), session)
+                .await
+        }
+        .instrument(span.clone())
+        .await;
         finish_acquire_span(&span, started, attempt.as_ref().map(|_| true));
         attempt
     }
@@ -147,32 +148,44 @@ impl Inner {
         }
     }
 
-    /// Records a group: one entry per key, one shared session and one shared signal.
-    fn register_group(
+    /// Records a group: one entry per key, one shared session and one shared signal;
+    /// with fencing on, first takes a token per key (one round trip; on failure the
+    /// session is closed, which frees them all).
+    async fn register_group(
         self: &Arc<Self>,
         ordered: &BTreeMap<i64, &str>,
         mode: LockMode,
-        session: Session,
-    ) -> PostgresLocks {
+        mut session: Session,
+    ) -> Result<PostgresLocks, LockAcquisitionError> {
+        let lock_ids: Box<[i64]> = ordered.keys().copied().collect();
+        let tokens = if self.settings.fencing && !lock_ids.is_empty() {
+            let first = ordered.values().next().copied().unwrap_or("");
+            Some(Box::pin(self.next_fencing_tokens(first, &lock_ids, &mut session)).await?)
+        } else {
+            None
+        };
         let token = self.next_token.fetch_add(1, Ordering::Relaxed);
         let notifier = LossNotifier::new();
         let slot = Arc::new(AsyncMutex::new(Some(session)));
-        let left = Arc::new(AtomicUsize::new(ordered.len()));
-        let now = OffsetDateTime::now_utc();
+        let group = Arc::new(Group {
+            left: AtomicUsize::new(ordered.len()),
+            lock_ids,
+        });
         let mut infos = Vec::with_capacity(ordered.len());
         {
             let mut book = self.held();
             for (&lock_id, &key) in ordered {
                 let shared_key: Arc<str> = Arc::from(key);
-                infos.push(
-                    LockInfo::new(
-                        Arc::clone(&shared_key),
-                        lock_id,
-                        now,
-                        self.holder_id.clone(),
-                    )
-                    .with_mode(mode),
-                );
+                let mut info = LockInfo::acquired_now(
+                    Arc::clone(&shared_key),
+                    lock_id,
+                    self.holder_id.clone(),
+                )
+                .with_mode(mode);
+                if let Some(fencing) = tokens.as_ref().and_then(|tokens| tokens.get(&lock_id)) {
+                    info = info.with_fencing_token(*fencing);
+                }
+                infos.push(info);
                 let displaced = book.insert(Held {
                     key: shared_key,
                     token,
@@ -182,7 +195,7 @@ impl Inner {
                     notifier: notifier.clone(),
                     last_answer: None,
                     pinging: false,
-                    group: Some(Arc::clone(&left)),
+                    group: Some(Arc::clone(&group)),
                     host: None,
                 });
                 for previous in displaced {
@@ -195,13 +208,13 @@ impl Inner {
             }
         }
         self.ensure_monitor();
-        PostgresLocks {
+        Ok(PostgresLocks {
             inner: Arc::clone(self),
             infos,
             token,
             lost: notifier.signal(),
             armed: true,
-        }
+        })
     }
 }
 

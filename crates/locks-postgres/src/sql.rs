@@ -20,7 +20,8 @@ pub(crate) const SETUP_SLOT: usize = 9;
 
 /// Run once on every connection the manager uses, before its first lock statement
 /// (pipelined with it). `$1` is the `application_name` (or NULL), `$2` the
-/// connection's marker.
+/// connection's marker, `$3` to `$7` the lease's server timers (or NULL: see
+/// [`crate::lease::ServerTimers::as_settings`]).
 ///
 /// It first claims the server session: `locks.session = $2`, unless the session
 /// already carries another connection's marker (then it changes nothing and answers
@@ -33,7 +34,10 @@ pub(crate) const SETUP_SLOT: usize = 9;
 ///   exist) and `idle_in_transaction_session_timeout = 0`: a session holding a lock is
 ///   idle, and ending it would free the lock;
 /// - `application_name = $1` (`locks:<holder id>`) when the manager has a holder id:
-///   other sessions can see in `pg_stat_activity` which holders are ours.
+///   other sessions can see in `pg_stat_activity` which holders are ours;
+/// - the lease's timers, when the manager has a lease: `tcp_keepalives_idle`,
+///   `tcp_keepalives_interval`, `tcp_keepalives_count`, `tcp_user_timeout` and
+///   `client_connection_check_interval` (each skipped where the server lacks it).
 ///
 /// Answers `pg_is_in_recovery()` (a standby must not be used: its advisory locks
 /// exclude nothing on the primary) and the owner (the marker, or NULL when foreign).
@@ -47,7 +51,19 @@ pub(crate) const SESSION_SETUP: &str = "SELECT pg_is_in_recovery(), owner \
      CASE WHEN owner IS NOT NULL AND current_setting('idle_session_timeout', true) IS NOT NULL \
      THEN set_config('idle_session_timeout', '0', false) END, \
      CASE WHEN owner IS NOT NULL AND $1::text IS NOT NULL \
-     THEN set_config('application_name', $1, false) END) AS settings";
+     THEN set_config('application_name', $1, false) END, \
+     CASE WHEN owner IS NOT NULL AND $3::text IS NOT NULL \
+     THEN set_config('tcp_keepalives_idle', $3, false) END, \
+     CASE WHEN owner IS NOT NULL AND $4::text IS NOT NULL \
+     THEN set_config('tcp_keepalives_interval', $4, false) END, \
+     CASE WHEN owner IS NOT NULL AND $5::text IS NOT NULL \
+     THEN set_config('tcp_keepalives_count', $5, false) END, \
+     CASE WHEN owner IS NOT NULL AND $6::text IS NOT NULL \
+     AND current_setting('tcp_user_timeout', true) IS NOT NULL \
+     THEN set_config('tcp_user_timeout', $6, false) END, \
+     CASE WHEN owner IS NOT NULL AND $7::text IS NOT NULL \
+     AND current_setting('client_connection_check_interval', true) IS NOT NULL \
+     THEN set_config('client_connection_check_interval', $7, false) END) AS settings";
 
 /// A statement that answers a boolean by whether it returns a row (an empty one): one
 /// for true, none for false. Read with `execute`, which counts rows without building

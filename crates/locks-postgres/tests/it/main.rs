@@ -6,6 +6,8 @@ mod conformance;
 mod counter;
 mod faults;
 mod inspect;
+mod lease;
+
 mod many;
 mod multiplex;
 mod poolers;

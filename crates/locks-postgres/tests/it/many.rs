@@ -10,6 +10,7 @@ use locks_port::{
 };
 use locks_postgres::PostgresLockManager;
 
+use crate::faults::{holder_pids, terminate_backend};
 use crate::support::{admin, holders, pool, unique_key};
 
 /// Tasks asking for random overlapping subsets of 10 keys, in random order, never
@@ -158,4 +159,106 @@ async fn one_guard_releases_the_group_and_tells_of_any_loss() {
     let admin = admin().await;
     assert_eq!(holders(&admin, locks_port::lock_id(&b)).await, 0);
     assert!(other.try_acquire(&b).await.unwrap().is_some());
+}
+
+/// A group whose session ends is lost whole and exactly: every key leaves the
+/// bookkeeping before the group's signal fires, and each key is counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_group_leaves_the_bookkeeping_before_its_signal_and_counts_every_key() {
+    let admin = admin().await;
+    for round in 0..5 {
+        let manager = PostgresLockManager::builder(pool(1))
+            .health_check_interval(Duration::from_millis(10))
+            .build();
+        let keys: Vec<String> = (0..50)
+            .map(|n| unique_key(&format!("many-lost-{round}-{n}")))
+            .collect();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let locks = manager
+            .acquire_many(&keys, AcquireOptions::new())
+            .await
+            .unwrap();
+        let pid = holder_pids(&admin, locks.infos()[0].lock_id()).await[0];
+        let watcher = {
+            let (manager, lost) = (manager.clone(), locks.lost());
+            let keys: Vec<String> = keys.iter().map(|key| (*key).to_owned()).collect();
+            tokio::spawn(async move {
+                let reason = lost.await;
+                // What a holder woken by the signal sees, at once.
+                let still_held = keys.iter().filter(|key| manager.is_held(key)).count();
+                (
+                    reason,
+                    manager.held_lock_count(),
+                    still_held,
+                    manager.lost_lock_counts(),
+                )
+            })
+        };
+        terminate_backend(&admin, pid).await;
+        let (reason, count, still_held, lost) =
+            tokio::time::timeout(Duration::from_secs(5), watcher)
+                .await
+                .expect("the group is told")
+                .unwrap();
+        assert_eq!(reason, LostReason::ConnectionClosed);
+        assert_eq!(
+            count, 0,
+            "round {round}: keys still counted when the signal fired"
+        );
+        assert_eq!(
+            still_held, 0,
+            "round {round}: keys still held when the signal fired"
+        );
+        assert_eq!(
+            lost.connection_closed, 50,
+            "round {round}: one loss per key"
+        );
+        assert_eq!(
+            locks.release().await,
+            ReleaseOutcome::Lost(LostReason::ConnectionClosed)
+        );
+        assert_eq!(manager.lost_lock_counts().total(), 50);
+    }
+}
+
+/// With fencing on, a group hands out one token per key, each higher than the key's
+/// previous one, whoever held it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_hands_out_a_fencing_token_per_key() {
+    let admin = admin().await;
+    locks_postgres::install_fencing(&admin)
+        .await
+        .expect("install fencing");
+    let manager = PostgresLockManager::builder(pool(2)).fencing(true).build();
+    let (a, b, c) = (
+        unique_key("many-fence-a"),
+        unique_key("many-fence-b"),
+        unique_key("many-fence-c"),
+    );
+    let single = manager.acquire(&b, AcquireOptions::new()).await.unwrap();
+    let before = single
+        .info()
+        .fencing_token()
+        .expect("a single grant's token");
+    single.release().await;
+    let group = manager
+        .acquire_many(&[&a, &b, &c], AcquireOptions::new())
+        .await
+        .unwrap();
+    let tokens: HashMap<String, Option<i64>> = group
+        .infos()
+        .iter()
+        .map(|info| (info.key().to_owned(), info.fencing_token()))
+        .collect();
+    assert!(tokens.values().all(Option::is_some), "{tokens:?}");
+    assert!(tokens[&b] > Some(before), "{tokens:?} after {before}");
+    group.release().await;
+    let again = manager
+        .acquire_many(&[&a, &c], AcquireOptions::new())
+        .await
+        .unwrap();
+    for info in again.infos() {
+        assert!(info.fencing_token() > tokens[info.key()], "{info:?}");
+    }
+    again.release().await;
 }
