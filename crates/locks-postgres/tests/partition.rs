@@ -1,0 +1,439 @@
+//! The lease under a real network partition: a host that vanishes without closing its
+//! sockets (no FIN, no RST), as a power loss, a frozen VM or a cut cable does.
+//!
+//! The test makes two network namespaces joined by a veth pair: `db`, where a throwaway
+//! PostgreSQL listens on its veth address, and `far`, where a holder and a queued waiter
+//! (child processes: this test binary run again inside the namespace) reach it over real
+//! TCP. The test itself plays the other hosts through the server's Unix socket. Then the
+//! far side's link goes down, which drops packets both ways and closes neither socket.
+//!
+//! For the default lease and a short one, it measures when the cut-off holder is told
+//! and when another host can take the lock (after both the holder and the waiter the
+//! server granted it to are gone), and asserts the manager's documented bounds
+//! ([`locks_postgres::Lease`]): told within `holder_told_within`, free within the lease,
+//! and told at least the margin before the lock is free. A third holder with
+//! `lease(None)` is the negative control: its lock must still be held well after the
+//! short lease, or the test is not measuring the lease.
+//!
+//! It needs root (`ip netns`); where namespaces cannot be made it fails and says so.
+//! Its own test binary: it starts its own cluster inside the namespace.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use locks_port::{DistributedLock, LockGuard};
+use locks_postgres::{Lease, PostgresLockManager};
+
+/// The child's role, and what it needs.
+const ROLE: &str = "LOCKS_PARTITION_ROLE";
+const URL: &str = "LOCKS_PARTITION_URL";
+const KEY: &str = "LOCKS_PARTITION_KEY";
+const LEASE_SECS: &str = "LOCKS_PARTITION_LEASE";
+const LISTEN: &str = "LOCKS_PARTITION_LISTEN";
+const PREFIX: &str = "PARTITION:";
+
+/// The short lease measured beside the default one.
+const SHORT_LEASE: Duration = Duration::from_secs(10);
+/// Allowance for the test's own measuring: a message through a pipe, a 100 ms poll.
+const SLACK: Duration = Duration::from_millis(500);
+
+// ---------------------------------------------------------------------------------
+// The child side: run inside a namespace by the parent, a no-op in a normal test run.
+
+/// The entry point of the child processes (see the module documentation).
+#[test]
+fn child_entry() {
+    let Ok(role) = std::env::var(ROLE) else {
+        return;
+    };
+    match role.as_str() {
+        "server" => child_server(),
+        "hold" | "wait" => {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("child runtime");
+            runtime.block_on(child_lock(role == "hold"));
+        }
+        other => panic!("unknown {ROLE} {other:?}"),
+    }
+    std::process::exit(0);
+}
+
+fn say(message: &str) {
+    println!("{PREFIX}{message}");
+    std::io::stdout().flush().expect("child stdout");
+}
+
+/// Starts PostgreSQL listening on loopback and `LISTEN`, says where, and keeps it until
+/// its input closes.
+fn child_server() {
+    let listen = std::env::var(LISTEN).expect(LISTEN);
+    let server = throwaway_pg::ThrowawayPostgres::builder()
+        .setting("listen_addresses", format!("'127.0.0.1,{listen}'"))
+        .start()
+        .expect("a throwaway PostgreSQL in the namespace");
+    // Trust the far side's address too (the cluster trusts loopback only).
+    let far = listen
+        .rsplit_once('.')
+        .map(|(net, _)| format!("{net}.0/30"))
+        .unwrap();
+    let hba = server.data_dir().join("pg_hba.conf");
+    let mut rules = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&hba)
+        .expect("pg_hba.conf");
+    writeln!(rules, "host all all {far} trust").expect("write pg_hba.conf");
+    server.psql("SELECT pg_reload_conf()").expect("reload");
+    say(&format!(
+        "ready {} {}",
+        server.port(),
+        server.dir().display()
+    ));
+    let mut line = String::new();
+    while std::io::stdin()
+        .read_line(&mut line)
+        .is_ok_and(|read| read > 0)
+    {
+        line.clear();
+    }
+    drop(server);
+}
+
+/// Holds (`hold`) or waits for (`wait`) the key, with the lease asked for; a holder says
+/// when it is told the lock is lost. Never releases: the parent kills it.
+async fn child_lock(hold: bool) {
+    let url = std::env::var(URL).expect(URL);
+    let key = std::env::var(KEY).expect(KEY);
+    let lease: u64 = std::env::var(LEASE_SECS)
+        .expect(LEASE_SECS)
+        .parse()
+        .unwrap();
+    let pool = locks_postgres::plain_pool(&url, 1).expect("pool");
+    let manager = PostgresLockManager::builder(pool)
+        .holder_id(if hold { "far-holder" } else { "far-waiter" })
+        .lease((lease > 0).then(|| Duration::from_secs(lease)))
+        .try_build()
+        .expect("a lease that holds");
+    let guard = manager
+        .acquire(&key, locks_port::AcquireOptions::new())
+        .await
+        .expect("acquire");
+    say("held");
+    let reason = guard.lost().await;
+    say(&format!("told {reason}"));
+    std::future::pending::<()>().await;
+}
+
+// ---------------------------------------------------------------------------------
+// The parent side.
+
+/// Runs `ip` with `args`; the namespaces are the test's precondition, so a failure says
+/// what is missing instead of skipping.
+fn ip(args: &[&str]) {
+    let output = Command::new("ip")
+        .args(args)
+        .output()
+        .unwrap_or_else(|error| {
+            panic!(
+                "network namespaces cannot be made here: `ip` did not run ({error}); the \
+             partition test needs root and iproute2"
+            )
+        });
+    assert!(
+        output.status.success(),
+        "network namespaces cannot be made here: `ip {}` failed: {}; the partition test \
+         needs root and iproute2",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stderr).trim()
+    );
+}
+
+/// Two namespaces joined by a veth pair, removed on drop.
+struct Namespaces {
+    db: String,
+    far: String,
+    far_link: String,
+    /// The database side's address.
+    db_address: String,
+}
+
+impl Namespaces {
+    fn make() -> Self {
+        let id = std::process::id();
+        let (db, far) = (format!("locks-db-{id}"), format!("locks-far-{id}"));
+        let (db_link, far_link) = (
+            format!("lkd{}", id % 100_000),
+            format!("lkf{}", id % 100_000),
+        );
+        let net = id % 250;
+        let made = Self {
+            db: db.clone(),
+            far: far.clone(),
+            far_link: far_link.clone(),
+            db_address: format!("10.213.{net}.1"),
+        };
+        ip(&["netns", "add", &db]);
+        ip(&["netns", "add", &far]);
+        ip(&[
+            "link", "add", &db_link, "type", "veth", "peer", "name", &far_link,
+        ]);
+        ip(&["link", "set", &db_link, "netns", &db]);
+        ip(&["link", "set", &far_link, "netns", &far]);
+        for (namespace, link, host) in [(&db, &db_link, 1), (&far, &far_link, 2)] {
+            let address = format!("10.213.{net}.{host}/30");
+            ip(&["-n", namespace, "addr", "add", &address, "dev", link]);
+            ip(&["-n", namespace, "link", "set", "lo", "up"]);
+            ip(&["-n", namespace, "link", "set", link, "up"]);
+        }
+        made
+    }
+
+    /// Takes the far side's link down: packets are dropped both ways, no socket closes.
+    fn cut(&self) {
+        ip(&["-n", &self.far, "link", "set", &self.far_link, "down"]);
+    }
+}
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        for namespace in [&self.far, &self.db] {
+            let _ = Command::new("ip")
+                .args(["netns", "del", namespace])
+                .status();
+        }
+    }
+}
+
+/// A child process in a namespace, and its messages as they arrive.
+struct InNamespace {
+    child: Child,
+    messages: mpsc::Receiver<(Instant, String)>,
+}
+
+impl InNamespace {
+    fn spawn(namespace: &str, env: &[(&str, &str)]) -> Self {
+        let exe = std::fs::read_link("/proc/self/exe")
+            .or_else(|_| std::env::current_exe())
+            .expect("this test binary");
+        let mut command = Command::new("ip");
+        command
+            .args(["netns", "exec", namespace])
+            .arg(exe)
+            .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        let mut child = command.spawn().expect("spawn a child in the namespace");
+        let stdout = child.stdout.take().expect("child stdout");
+        let (sender, messages) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                // libtest's "test child_entry ... " may start the line.
+                if let Some((_, message)) = line.split_once(PREFIX)
+                    && sender.send((Instant::now(), message.to_owned())).is_err()
+                {
+                    return;
+                }
+            }
+        });
+        Self { child, messages }
+    }
+
+    /// The next message, within `within`.
+    fn next(&self, within: Duration, what: &str) -> (Instant, String) {
+        self.messages
+            .recv_timeout(within)
+            .unwrap_or_else(|_| panic!("no message from the child: {what}"))
+    }
+}
+
+impl Drop for InNamespace {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One lock on the far side: a holder, a waiter queued behind it, and what was seen.
+struct Scenario {
+    name: &'static str,
+    key: String,
+    /// The holder's lease (`None`: the server's timers left alone).
+    lease: Option<Lease>,
+    holder: InNamespace,
+    _waiter: InNamespace,
+    told: Option<Instant>,
+    free: Option<Instant>,
+}
+
+#[test]
+fn a_cut_off_holder_is_told_first_and_its_lock_is_free_within_the_lease() {
+    let namespaces = Namespaces::make();
+    let server = InNamespace::spawn(
+        &namespaces.db,
+        &[(ROLE, "server"), (LISTEN, &namespaces.db_address)],
+    );
+    let (_, ready) = server.next(Duration::from_secs(120), "the server started");
+    let mut words = ready.split(' ').skip(1);
+    let port: u16 = words.next().unwrap().parse().unwrap();
+    let socket_dir = words.next().unwrap().to_owned();
+    let far_url = format!(
+        "postgres://postgres@{}:{port}/postgres",
+        namespaces.db_address
+    );
+    let near_url = format!("host={socket_dir} port={port} user=postgres dbname=postgres");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let near = PostgresLockManager::new(locks_postgres::plain_pool(&near_url, 4).unwrap());
+    let pool = near.pool().clone();
+    let waiting = |lock_id: i64| -> i64 {
+        runtime.block_on(async {
+            let client = pool.get().await.expect("near connection");
+            client
+                .query_one(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+                     AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = $1",
+                    &[&lock_id],
+                )
+                .await
+                .unwrap()
+                .get(0)
+        })
+    };
+
+    let leases = [
+        ("default lease", Some(Duration::from_secs(60))),
+        ("short lease", Some(SHORT_LEASE)),
+        ("no lease (negative control)", None),
+    ];
+    let mut scenarios: Vec<Scenario> = Vec::new();
+    for (name, lease) in leases {
+        let key = format!("partition:{name}:{}", std::process::id());
+        let secs = lease.map_or(0, |lease| lease.as_secs()).to_string();
+        let env = |role| {
+            [
+                (ROLE, role),
+                (URL, far_url.as_str()),
+                (KEY, key.as_str()),
+                (LEASE_SECS, secs.as_str()),
+            ]
+        };
+        let holder = InNamespace::spawn(&namespaces.far, &env("hold"));
+        let (_, held) = holder.next(Duration::from_secs(30), "the holder took the lock");
+        assert_eq!(held, "held");
+        let waiter = InNamespace::spawn(&namespaces.far, &env("wait"));
+        let lock_id = near.lock_id(&key);
+        let queued = Instant::now();
+        while waiting(lock_id) == 0 {
+            assert!(
+                queued.elapsed() < Duration::from_secs(30),
+                "the waiter never queued"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let lease = lease.map(|lease| {
+            PostgresLockManager::builder(near.pool().clone())
+                .lease(Some(lease))
+                .try_build()
+                .unwrap()
+                .lease()
+                .unwrap()
+        });
+        scenarios.push(Scenario {
+            name,
+            key,
+            lease,
+            holder,
+            _waiter: waiter,
+            told: None,
+            free: None,
+        });
+    }
+    // Let the holders' keepalives run as they would, then cut.
+    std::thread::sleep(Duration::from_secs(2));
+    namespaces.cut();
+    let cut = Instant::now();
+    let watch_until = cut + Duration::from_secs(60) + Duration::from_secs(10);
+    let control_until = cut + SHORT_LEASE + Duration::from_secs(10);
+    loop {
+        let now = Instant::now();
+        for scenario in &mut scenarios {
+            if scenario.told.is_none()
+                && let Ok((at, message)) = scenario.holder.messages.try_recv()
+            {
+                assert!(message.starts_with("told"), "{}: {message}", scenario.name);
+                scenario.told = Some(at);
+            }
+            if scenario.free.is_none() && (scenario.lease.is_some() || now < control_until) {
+                let taken = runtime
+                    .block_on(near.try_acquire(&scenario.key))
+                    .expect("try");
+                if let Some(guard) = taken {
+                    scenario.free = Some(Instant::now());
+                    runtime.block_on(guard.release());
+                }
+            }
+        }
+        let done = scenarios.iter().all(|scenario| {
+            scenario.told.is_some() && (scenario.free.is_some() || scenario.lease.is_none())
+        });
+        if (done && now >= control_until) || now >= watch_until {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let since_cut = |at: Option<Instant>| at.map(|at| at.duration_since(cut));
+    for scenario in &scenarios {
+        eprintln!(
+            "{}: holder told {:?} after the cut, lock free for another host {:?} after the \
+             cut; documented: {:?}",
+            scenario.name,
+            since_cut(scenario.told),
+            since_cut(scenario.free),
+            scenario.lease
+        );
+    }
+    for scenario in &scenarios {
+        let name = scenario.name;
+        let told = since_cut(scenario.told).unwrap_or_else(|| panic!("{name}: never told"));
+        let Some(lease) = scenario.lease else {
+            // The negative control: without the lease's timers, nothing frees the lock
+            // of a vanished host in any time this test could wait.
+            assert_eq!(
+                since_cut(scenario.free),
+                None,
+                "{name}: the lock was free without a lease, so the lease is not what frees it"
+            );
+            continue;
+        };
+        let free = since_cut(scenario.free)
+            .unwrap_or_else(|| panic!("{name}: the lock was never free (lease {lease:?})"));
+        assert!(
+            told <= lease.holder_told_within + SLACK,
+            "{name}: told after {told:?}, documented within {:?}",
+            lease.holder_told_within
+        );
+        assert!(
+            free <= lease.duration,
+            "{name}: free after {free:?}, documented within the lease {:?}",
+            lease.duration
+        );
+        assert!(
+            free >= told + lease.margin.saturating_sub(SLACK),
+            "{name}: free after {free:?}, only {:?} after the holder was told ({told:?}); \
+             documented: at least the margin {:?}",
+            free.saturating_sub(told),
+            lease.margin
+        );
+    }
+    drop(scenarios);
+    drop(server);
+}
