@@ -118,6 +118,12 @@ pub(crate) struct RunArgs {
     /// (hung server, cut network) goes unnoticed; 0 turns it off.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "5s")]
     pub(crate) keepalive: Duration,
+    /// The lease: if this host vanishes without closing its connection (power loss, a
+    /// frozen VM, a cut network), the server frees the lock within it, and the command is
+    /// stopped at least 5s before that [default: 60s; 0 leaves the server's timers alone,
+    /// and so does --keepalive 0].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) lease: Option<Duration>,
     /// Hand the command a fencing token (PGLOCK_FENCING_TOKEN) that grows with every grant.
     #[arg(long)]
     pub(crate) fencing: bool,

@@ -129,6 +129,9 @@ fn holder_id(target: &Target) -> String {
     format!("{prefix}@{host}:{}", std::process::id())
 }
 
+/// The lease when `--lease` is not given.
+const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+
 /// `pglock run`: the exit code, or the failure that ended it.
 pub(crate) async fn run(target: Target, args: RunArgs, say: Say) -> Result<u8, Failure> {
     let mode = if args.shared {
@@ -142,12 +145,20 @@ pub(crate) async fn run(target: Target, args: RunArgs, say: Say) -> Result<u8, F
     let application = format!("locks:{holder}");
     let pool = connect::pool(&target, POOL_SIZE, &application)?;
     let keepalive = (!args.keepalive.is_zero()).then_some(args.keepalive);
+    // The default lease needs keepalives; `--keepalive 0` alone turns both off.
+    let lease = match (args.lease, keepalive) {
+        (Some(lease), _) => (!lease.is_zero()).then_some(lease),
+        (None, Some(_)) => Some(DEFAULT_LEASE),
+        (None, None) => None,
+    };
     let manager = PostgresLockManager::builder(pool.clone())
         .holder_id(holder.clone())
         .keepalive(keepalive)
+        .lease(lease)
         .connect_timeout(target.connect_timeout)
         .fencing(args.fencing)
-        .build();
+        .try_build()
+        .map_err(|error| Failure::new(crate::exit::USAGE, format!("--lease: {error}")))?;
     let lock_id = manager.lock_id(key);
     let mut signals = Signals::install()?;
 

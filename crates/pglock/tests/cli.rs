@@ -251,10 +251,27 @@ async fn bad_usage_exits_64_and_help_exits_0() {
         &["run", "k", "-c", "true", "--", "true"][..],
         &["run", "k", "--on-lost", "shrug", "--", "true"][..],
         &["frobnicate"][..],
+        &["run", "k", "--lease", "5s", "--", "true"][..],
+        &[
+            "run",
+            "k",
+            "--keepalive",
+            "0",
+            "--lease",
+            "60s",
+            "--",
+            "true",
+        ][..],
     ] {
         let refused = output(pglock().args(args)).await;
         assert_eq!(code(&refused), 64, "{args:?}: {}", stderr(&refused));
     }
+    let short = output(pglock().args(["run", "k", "--lease", "5s", "--", "true"])).await;
+    let said = stderr(&short);
+    assert!(
+        said.contains("--lease: a lease of 5s is too short"),
+        "{said}"
+    );
     let help = output(pglock().args(["run", "--help"])).await;
     assert_eq!(code(&help), 0);
     let text = String::from_utf8_lossy(&help.stdout);
@@ -267,6 +284,7 @@ async fn bad_usage_exits_64_and_help_exits_0() {
         "78",
         "--on-lost",
         "--fencing",
+        "--lease",
     ] {
         assert!(text.contains(documented), "--help lacks {documented}");
     }
