@@ -1,7 +1,8 @@
 //! The chaos soak behind `cargo xtask soak`: worker processes with managers of their own
 //! do read-modify-write on a counter per key under the lock, with fencing tokens, while
-//! a chaos driver kills workers, terminates and stops their backends and restarts the
-//! server. At the end it checks that no acknowledged update was lost or applied twice,
+//! a chaos driver kills workers, terminates and stops their backends, restarts the
+//! server and cuts the workers' network (a veth link taken down between two network
+//! namespaces: no socket closes). At the end it checks that no acknowledged update was lost or applied twice,
 //! that no fencing token repeated or went backwards, and that no advisory lock is left.
 //!
 //! `cargo run -p locks-postgres --example soak -- --seconds 60` (the driver starts a
@@ -55,13 +56,21 @@ async fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("--worker") => worker(&args[1], &args[2], &args[3]).await,
+        Some("--in-namespace") => {
+            let net = Net {
+                far: args[1].clone(),
+                far_link: args[2].clone(),
+                db_address: args[3].clone(),
+            };
+            driver(Duration::from_secs(args[4].parse()?), &net).await
+        }
         _ => {
-            let seconds = match (args.first().map(String::as_str), args.get(1)) {
+            let seconds: u64 = match (args.first().map(String::as_str), args.get(1)) {
                 (Some("--seconds"), Some(n)) => n.parse()?,
                 (None, _) => 60,
                 _ => return Err("usage: soak [--seconds N]".into()),
             };
-            driver(Duration::from_secs(seconds)).await
+            in_namespaces(seconds)
         }
     }
 }
@@ -188,11 +197,106 @@ struct Faults {
     terminations: u32,
     stops: u32,
     restarts: u32,
+    partitions: u32,
 }
 
-fn spawn_worker(url: &str, index: usize, dir: &Path) -> Result<Child, Error> {
+/// The network the soak runs on: the driver and the server in a namespace `db`, the
+/// workers in `far`, joined by a veth pair whose far end the partition fault takes down
+/// (packets dropped both ways, no socket closed).
+struct Net {
+    far: String,
+    far_link: String,
+    db_address: String,
+}
+
+impl Net {
+    fn link(&self, state: &str) {
+        let _ = Command::new("ip")
+            .args(["-n", &self.far, "link", "set", &self.far_link, state])
+            .status();
+    }
+}
+
+/// Runs `ip`; namespaces are the soak's precondition, so a failure says what is missing.
+fn ip(args: &[&str]) -> Result<(), Error> {
+    let output = Command::new("ip").args(args).output().map_err(|error| {
+        format!("network namespaces cannot be made here: `ip` did not run ({error}); the soak's partitions need root and iproute2")
+    })?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "network namespaces cannot be made here: `ip {}` failed: {}; the soak's partitions need root and iproute2",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        )
+        .into())
+    }
+}
+
+/// Makes the namespaces, runs the driver inside `db`, and removes them.
+fn in_namespaces(seconds: u64) -> Result<(), Error> {
+    let id = std::process::id();
+    let (db, far) = (format!("soak-db-{id}"), format!("soak-far-{id}"));
+    let (db_link, far_link) = (
+        format!("skd{}", id % 100_000),
+        format!("skf{}", id % 100_000),
+    );
+    let net = id % 250;
+    let made = (|| {
+        ip(&["netns", "add", &db])?;
+        ip(&["netns", "add", &far])?;
+        ip(&[
+            "link", "add", &db_link, "type", "veth", "peer", "name", &far_link,
+        ])?;
+        ip(&["link", "set", &db_link, "netns", &db])?;
+        ip(&["link", "set", &far_link, "netns", &far])?;
+        for (namespace, link, host) in [(&db, &db_link, 1), (&far, &far_link, 2)] {
+            ip(&[
+                "-n",
+                namespace,
+                "addr",
+                "add",
+                &format!("10.214.{net}.{host}/30"),
+                "dev",
+                link,
+            ])?;
+            ip(&["-n", namespace, "link", "set", "lo", "up"])?;
+            ip(&["-n", namespace, "link", "set", link, "up"])?;
+        }
+        Ok::<(), Error>(())
+    })();
+    let outcome = made.and_then(|()| {
+        let status = Command::new("ip")
+            .args(["netns", "exec", &db])
+            .arg(std::env::current_exe()?)
+            .args([
+                "--in-namespace",
+                &far,
+                &far_link,
+                &format!("10.214.{net}.1"),
+            ])
+            .arg(seconds.to_string())
+            .status()?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(format!("the soak driver failed ({status})").into())
+        }
+    });
+    for namespace in [&far, &db] {
+        let _ = Command::new("ip")
+            .args(["netns", "del", namespace])
+            .status();
+    }
+    outcome
+}
+
+fn spawn_worker(url: &str, index: usize, dir: &Path, net: &Net) -> Result<Child, Error> {
     let exe = std::env::current_exe()?;
-    Ok(Command::new(exe)
+    Ok(Command::new("ip")
+        .args(["netns", "exec", &net.far])
+        .arg(exe)
         .args([
             "--worker",
             url,
@@ -229,9 +333,30 @@ fn signal(pid: i32, name: &str) {
         .status();
 }
 
-async fn driver(duration: Duration) -> Result<(), Error> {
-    let cluster = tokio::task::spawn_blocking(throwaway_pg::ThrowawayPostgres::start).await??;
+async fn driver(duration: Duration, net: &Net) -> Result<(), Error> {
+    let listen = format!("'127.0.0.1,{}'", net.db_address);
+    let cluster = tokio::task::spawn_blocking(move || {
+        throwaway_pg::ThrowawayPostgres::builder()
+            .setting("listen_addresses", listen)
+            .start()
+    })
+    .await??;
+    // The workers connect from the far side.
+    let far_net = net
+        .db_address
+        .rsplit_once('.')
+        .map(|(net, _)| format!("{net}.0/30"));
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(cluster.data_dir().join("pg_hba.conf"))?
+        .write_all(format!("host all all {} trust\n", far_net.unwrap_or_default()).as_bytes())?;
+    cluster.psql("SELECT pg_reload_conf()")?;
     let url = cluster.url();
+    let worker_url = format!(
+        "postgres://postgres@{}:{}/postgres",
+        net.db_address,
+        cluster.port()
+    );
     let dir = std::env::temp_dir().join(format!("lock-soak-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     {
@@ -247,7 +372,7 @@ async fn driver(duration: Duration) -> Result<(), Error> {
         }
     }
     let mut workers: Vec<Child> = (0..WORKERS)
-        .map(|i| spawn_worker(&url, i, &dir))
+        .map(|i| spawn_worker(&worker_url, i, &dir, net))
         .collect::<Result<_, _>>()?;
     let mut faults = Faults::default();
     let mut random = Lcg::seeded();
@@ -259,14 +384,14 @@ async fn driver(duration: Duration) -> Result<(), Error> {
             continue;
         };
         match random.below(10) {
-            0..=2 => {
+            0..=1 => {
                 let index = usize::try_from(random.below(WORKERS as u64)).unwrap_or(0);
                 let _ = workers[index].kill();
                 let _ = workers[index].wait();
-                workers[index] = spawn_worker(&url, index, &dir)?;
+                workers[index] = spawn_worker(&worker_url, index, &dir, net)?;
                 faults.kills += 1;
             }
-            3..=5 => {
+            2..=4 => {
                 let backends = worker_backends(&admin).await;
                 if let Some(&pid) =
                     backends.get(usize::try_from(random.below(backends.len() as u64)).unwrap_or(0))
@@ -277,7 +402,7 @@ async fn driver(duration: Duration) -> Result<(), Error> {
                     faults.terminations += 1;
                 }
             }
-            6..=8 => {
+            5..=6 => {
                 let backends = worker_backends(&admin).await;
                 if let Some(&pid) =
                     backends.get(usize::try_from(random.below(backends.len() as u64)).unwrap_or(0))
@@ -287,6 +412,14 @@ async fn driver(duration: Duration) -> Result<(), Error> {
                     signal(pid, "CONT");
                     faults.stops += 1;
                 }
+            }
+            7..=8 => {
+                // A partition: the workers' link down for 2-12 s, long enough at times
+                // for the server to free a silent holder's lock (its lease).
+                net.link("down");
+                tokio::time::sleep(Duration::from_millis(2000 + random.below(10_000))).await;
+                net.link("up");
+                faults.partitions += 1;
             }
             _ => {
                 drop(admin);
@@ -298,6 +431,7 @@ async fn driver(duration: Duration) -> Result<(), Error> {
             }
         }
     }
+    net.link("up");
     for worker in &mut workers {
         let _ = worker.kill();
         let _ = worker.wait();
@@ -327,7 +461,7 @@ async fn driver(duration: Duration) -> Result<(), Error> {
     let report = check(&dir, &counters, left)?;
     println!(
         "soak: {} grants, {} acknowledged increments, {} refused by the fencing check, {} unacknowledged; \
-         losses: {}; faults: {} kills, {} terminations, {} stops, {} restarts; advisory locks left: {left}; violations: {}",
+         losses: {}; faults: {} kills, {} terminations, {} stops, {} restarts, {} partitions; advisory locks left: {left}; violations: {}",
         report.grants,
         report.acks,
         report.refused,
@@ -337,6 +471,7 @@ async fn driver(duration: Duration) -> Result<(), Error> {
         faults.terminations,
         faults.stops,
         faults.restarts,
+        faults.partitions,
         report.violations.len()
     );
     for violation in &report.violations {
