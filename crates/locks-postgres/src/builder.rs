@@ -54,6 +54,8 @@ pub(crate) struct Settings {
     /// derives them).
     pub(crate) keepalive_set: bool,
     pub(crate) answer_timeout_set: bool,
+    /// Whether the lease was set explicitly (else `keepalive(None)` turns it off).
+    pub(crate) lease_set: bool,
 }
 
 impl Settings {
@@ -82,11 +84,17 @@ impl Settings {
         lease_margin: crate::lease::DEFAULT_MARGIN,
         keepalive_set: false,
         answer_timeout_set: false,
+        lease_set: false,
     };
 
     /// Settles the timings a lease derives (those not set explicitly) and derives the
     /// lease, or says why it cannot hold.
     pub(crate) fn with_lease(mut self) -> (Self, Result<Option<Lease>, LeaseError>) {
+        // Keepalives turned off explicitly turn the default lease off with them; a
+        // lease asked for explicitly is refused without keepalives.
+        if self.keepalive_set && self.keepalive.is_none() && !self.lease_set {
+            self.lease = None;
+        }
         let Some(duration) = self.lease else {
             return (self, Ok(None));
         };
@@ -170,7 +178,8 @@ impl PostgresLockManagerBuilder {
     /// query, and it keeps an `idle_session_timeout` proxy from closing the session.
     ///
     /// With a [`lease`](Self::lease) (the default) and no explicit cadence, the cadence
-    /// is a sixth of the lease, at most 10 s.
+    /// is a sixth of the lease, at most 10 s. `None` without an explicit lease turns the
+    /// default lease off too.
     pub fn keepalive(mut self, cadence: Option<Duration>) -> Self {
         self.settings.keepalive = cadence;
         self.settings.keepalive_set = true;
@@ -215,8 +224,10 @@ impl PostgresLockManagerBuilder {
     /// force. `None` leaves the server's timers alone (its defaults keep a dead
     /// holder's lock for about 2 h 11 min on Linux).
     ///
-    /// A lease that cannot hold with the other settings (keepalives off, or a
-    /// keepalive, answer timeout or margin too long for it) is refused: by
+    /// [`keepalive(None)`](Self::keepalive) without an explicit lease turns the default
+    /// lease off (nothing would tell a cut-off holder). A lease that cannot hold with the
+    /// other settings (keepalives off, or a keepalive, answer timeout or margin too long
+    /// for it) is refused: by
     /// [`try_build`](Self::try_build) at once, and by [`build`](Self::build) on every
     /// acquisition, with a [`Configuration`](locks_port::AcquisitionErrorKind::Configuration)
     /// error that says why. A paused holder (GC, `SIGSTOP`) is not covered: the server
@@ -236,6 +247,7 @@ impl PostgresLockManagerBuilder {
     /// ```
     pub fn lease(mut self, lease: Option<Duration>) -> Self {
         self.settings.lease = lease;
+        self.settings.lease_set = true;
         self
     }
 

@@ -125,7 +125,13 @@ async fn a_lease_that_cannot_hold_is_refused_with_the_reason() {
     );
     let error = manager.try_acquire(&key).await.expect_err("refused");
     assert_eq!(error.kind(), AcquisitionErrorKind::Configuration);
+    let default_off = PostgresLockManager::builder(pool(1))
+        .keepalive(None)
+        .try_build();
+    let default_off = default_off.expect("keepalives off turn the default lease off");
+    assert!(default_off.lease().is_none());
     let off = PostgresLockManager::builder(pool(1))
+        .lease(Some(Duration::from_secs(60)))
         .keepalive(None)
         .try_build();
     assert!(
