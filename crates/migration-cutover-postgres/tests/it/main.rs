@@ -4,3 +4,4 @@ mod adapters;
 mod crash;
 mod fleet;
 mod support;
+mod uncertain;
