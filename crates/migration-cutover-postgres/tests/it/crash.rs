@@ -28,7 +28,7 @@ use migration_cutover::{
     CUTOVER_STEP_TARGET, CutoverOutcome, MigrationCoordinator, MigrationError, MigrationPorts,
     Phase, RepositoryError, RoutingRepository, RoutingState, TenantRoute,
 };
-use migration_cutover_postgres::PostgresRoutingRepository;
+use migration_cutover_postgres::{PostgresRoutingRepository, PostgresWritePause};
 use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::{Layer, Registry};
@@ -61,9 +61,16 @@ const RESUME_BOUND: Duration = ACQUIRE
     .saturating_add(BUDGET)
     .saturating_add(Duration::from_millis(500));
 
-/// How long the writers are watched after the kill before the route is inspected (longer
-/// than the bound, so a stuck tenant shows as writers that did not resume).
-const WATCH: Duration = Duration::from_millis(1_600);
+/// How much longer than the bound the writers are watched after the kill before the route
+/// is inspected, so a stuck tenant shows as writers that did not resume.
+const WATCH_BEYOND_BOUND: Duration = Duration::from_millis(350);
+
+/// The documented bound for a coordinator that stops without closing its sockets: the
+/// server ends its pause once it has sat idle for the pause's maximum hold (so a writer
+/// waits at most the acquire timeout plus that), with the same slack.
+const FROZEN_BOUND: Duration = ACQUIRE
+    .saturating_add(PostgresWritePause::DEFAULT_MAX_HOLD)
+    .saturating_add(Duration::from_millis(500));
 
 // ---------------------------------------------------------------------------------
 // The child side.
@@ -192,6 +199,9 @@ enum Kill {
     At(&'static str),
     /// This long after it said `pause_granted` (it may have finished by then).
     After(Duration),
+    /// Stopped at this step and left alive (its sockets open) while the fleet is
+    /// watched; killed only before the second coordinator runs.
+    FreezeAt(&'static str),
 }
 
 /// How the second coordinator resolves what the first left.
@@ -217,7 +227,7 @@ impl Resolve {
 struct Round {
     /// The last step the coordinator reported before it was killed.
     last_step: String,
-    /// The route right after the kill, once the writers had had [`WATCH`].
+    /// The route after the kill, once the writers had had the bound and a little more.
     route_after_kill: String,
     /// From the kill to the first write admitted afterwards, per writer process.
     resumed_after: [Duration; 2],
@@ -257,7 +267,7 @@ impl World {
             .expect("route");
         let (mut a, mut b) = writers(&self.fleet, tenant).await;
         let mut vars = vec![(TENANT, tenant.to_string())];
-        if let Kill::At(step) = kill {
+        if let Kill::At(step) | Kill::FreezeAt(step) = kill {
             vars.push((STOP_AT, step.to_owned()));
         }
         if two_write_flip {
@@ -275,7 +285,9 @@ impl World {
                 break (SystemTime::now(), format!("finished: {message}"));
             };
             match kill {
-                Kill::At(stop) if stop == step => break (SystemTime::now(), step.to_owned()),
+                Kill::At(stop) | Kill::FreezeAt(stop) if stop == step => {
+                    break (SystemTime::now(), step.to_owned());
+                }
                 Kill::After(delay) if step == "pause_granted" => {
                     tokio::time::sleep(delay).await;
                     break (SystemTime::now(), format!("{step} + {delay:?}"));
@@ -283,8 +295,14 @@ impl World {
                 _ => {}
             }
         };
-        coordinator.kill();
-        tokio::time::sleep(WATCH).await;
+        let (frozen, bound) = match kill {
+            Kill::FreezeAt(_) => (true, FROZEN_BOUND),
+            _ => (false, RESUME_BOUND),
+        };
+        if !frozen {
+            coordinator.kill();
+        }
+        tokio::time::sleep(bound + WATCH_BEYOND_BOUND).await;
 
         let mut problems = Vec::new();
         let route = routing.get(tenant).await.expect("read").expect("a route");
@@ -295,10 +313,11 @@ impl World {
         );
         if !consistent {
             problems.push(format!(
-                "{WATCH:?} after the kill the route is {route_after_kill}: writers cannot write"
+                "after the kill and the watch the route is {route_after_kill}: writers cannot write"
             ));
         }
 
+        coordinator.kill();
         let ended = self.resolve(migration, resolve, &mut problems).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         let mut acks = a.stop(0).await;
@@ -318,9 +337,9 @@ impl World {
                 *resumed =
                     Duration::from_micros(u64::try_from(first - killed_us).unwrap_or(u64::MAX));
             }
-            if *resumed > RESUME_BOUND {
+            if *resumed > bound {
                 problems.push(format!(
-                    "the writers of process {process} did not resume within {RESUME_BOUND:?} of \
+                    "the writers of process {process} did not resume within {bound:?} of \
                      the kill (first write after it: {resumed:?})"
                 ));
             }
@@ -490,6 +509,26 @@ async fn the_crash_test_catches_a_flip_written_in_two_statements() {
     assert!(
         failure.contains("cutover_paused on dedicated") && failure.contains("did not resume"),
         "{failure}"
+    );
+    world.fleet.drop_databases().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_coordinator_holds_the_writers_no_longer_than_the_pause_s_max_hold() {
+    let world = World::new("frozen").await;
+    let round = world
+        .round(Kill::FreezeAt("routing_paused"), Resolve::Cutover, false)
+        .await
+        .unwrap_or_else(|problems| panic!("{problems}"));
+    // Held while the frozen coordinator's pause lived, freed when the server ended it.
+    let held = PostgresWritePause::DEFAULT_MAX_HOLD / 2;
+    assert!(
+        round.resumed_after.iter().all(|after| *after > held),
+        "{round:?}"
+    );
+    println!(
+        "{}",
+        report(&[("routing_paused, frozen".to_owned(), round)]).trim_end()
     );
     world.fleet.drop_databases().await;
 }
