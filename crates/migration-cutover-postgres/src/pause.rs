@@ -78,7 +78,8 @@ const HISTORY: usize = 64;
 /// Waits are bounded on the server: the pause waits at most
 /// [`acquire_timeout`](Self::with_acquire_timeout) for writes under way (`lock_timeout`,
 /// then [`RepositoryError`]: the coordinator rolls back), writers at most their own
-/// timeout. Databases are told apart by `current_database()`, the server's address and
+/// timeout; a pause that sits idle longer than its [max hold](Self::with_max_hold) is
+/// ended by the server. Databases are told apart by `current_database()`, the server's address and
 /// port and its start time, so two stores in one database are locked once.
 ///
 /// [`admit`](WritePause::admit) (for the generic `migration_cutover::WriteRouter`) takes

@@ -55,7 +55,10 @@ pub struct PostgresWriteReceipt {
 ///    statement's snapshot is taken when it starts, so the route must not be read in the
 ///    locking statement), inside the same transaction when the routing table is in the
 ///    store's database: if a cutover moved the tenant meanwhile, roll back and start
-///    over on the new store; if it says `cutover_paused`, roll back and wait;
+///    over on the new store; if it says `cutover_paused` on the source, the cutover that
+///    wrote it is gone (a live one holds the pause, which excludes this lock): roll the
+///    route back to `dual_write` by compare-and-set and write; `cutover_paused` on the
+///    target (never written by this crate): roll back and wait;
 /// 4. append and commit (which releases the shared lock);
 /// 5. in `dual_write`, before the source commits, take the shared lock in the target's
 ///    database too (or, in one database, mirror inside the same transaction), then mirror

@@ -21,7 +21,11 @@ use crate::db::{DbFailure, Transaction, commit_failure, identity};
 ///
 /// Appends to one tenant's stream are serialised by a transaction-scoped advisory lock on
 /// `append:{table}:{tenant}` taken before the head is read, so the positions stay gap-free
-/// and a conditional append (`expected = Some(p)`) is checked atomically. This lock is not
+/// and a conditional append (`expected = Some(p)`) is checked atomically. Event ids are
+/// unique per tenant (a unique index, see [`install_store`](crate::install_store)): an
+/// unconditional append whose events are all stored already appends nothing and answers
+/// with their position, so retrying an append that failed with
+/// [`CommitUncertain`](migration_cutover::StoreError::CommitUncertain) lands it once. This lock is not
 /// the fleet's write pause: the port's `append` (used by the copy, the catch-ups and the
 /// final sync of the cutover) does not take the shared write lock, only the
 /// [`PostgresWriteRouter`](crate::PostgresWriteRouter)'s writes do.

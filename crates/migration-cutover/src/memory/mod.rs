@@ -263,4 +263,33 @@ mod tests {
         ));
         assert_eq!(store.events(tenant).len(), 1);
     }
+
+    #[tokio::test]
+    async fn appending_events_already_stored_lands_them_once() {
+        let store = InMemoryEventStore::new();
+        let tenant = Uuid::new_v4();
+        let (a, b) = (Event::new("A", ""), Event::new("B", ""));
+        let both = [a.clone(), b.clone()];
+        assert_eq!(store.append(tenant, None, &both).await.unwrap(), 2);
+        store
+            .append(tenant, None, &[Event::new("C", "")])
+            .await
+            .unwrap();
+        // A retry of the whole batch: nothing appended, the batch's position answered.
+        assert_eq!(store.append(tenant, None, &both).await.unwrap(), 2);
+        let partly = store
+            .append(tenant, None, &[b, Event::new("D", "")])
+            .await
+            .unwrap_err();
+        assert!(matches!(
+            partly,
+            StoreError::PartlyStored { stored: 1, of: 2 }
+        ));
+        let conditional = store.append(tenant, Some(3), &[a]).await.unwrap_err();
+        assert!(matches!(
+            conditional,
+            StoreError::PartlyStored { stored: 1, of: 1 }
+        ));
+        assert_eq!(store.events(tenant).len(), 3);
+    }
 }
