@@ -324,6 +324,16 @@ impl Child {
             .unwrap_or_else(|| panic!("{} exited", self.name))
     }
 
+    /// Every message the child still had to say, once it is gone (killed).
+    pub(crate) async fn rest(&mut self) -> Vec<String> {
+        let mut rest = Vec::new();
+        while let Ok(Some(message)) = tokio::time::timeout(CHILD_ANSWER, self.messages.recv()).await
+        {
+            rest.push(message);
+        }
+        rest
+    }
+
     pub(crate) fn send(&mut self, command: &str) {
         let stdin = self.stdin.as_mut().expect("stdin open");
         writeln!(stdin, "{command}").expect("write to the child");
