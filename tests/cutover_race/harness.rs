@@ -47,8 +47,27 @@ pub(crate) trait Backend: Sync {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct CountingRouting {
     pub(crate) inner: InMemoryRoutingRepository,
+    /// Attempts to write `migrated` (the flip), whether or not they replaced the route.
     pub(crate) migrated_puts: Arc<AtomicUsize>,
     pub(crate) history: Arc<Mutex<Vec<RoutingState>>>,
+}
+
+impl CountingRouting {
+    /// Counts a write of `state` (an attempt to flip, for `migrated`) and says how long
+    /// the routing store takes to answer it.
+    fn record(&self, state: RoutingState) -> Duration {
+        if state == RoutingState::Migrated {
+            self.migrated_puts.fetch_add(1, Ordering::SeqCst);
+        }
+        self.history.lock().expect("history").push(state);
+        // A routing store across the network: the cutover holds the lock long enough for
+        // the other instance to arrive while it is held.
+        if state == RoutingState::CutoverPaused {
+            CUTOVER_WORK
+        } else {
+            Duration::ZERO
+        }
+    }
 }
 
 impl RoutingRepository for CountingRouting {
@@ -60,18 +79,24 @@ impl RoutingRepository for CountingRouting {
     }
 
     fn put(&self, route: TenantRoute) -> impl Future<Output = Result<(), RepositoryError>> + Send {
-        if route.state == RoutingState::Migrated {
-            self.migrated_puts.fetch_add(1, Ordering::SeqCst);
-        }
-        self.history.lock().expect("history").push(route.state);
+        let delay = self.record(route.state);
         let inner = self.inner.clone();
         async move {
-            if route.state == RoutingState::CutoverPaused {
-                // A routing store across the network: the cutover holds the lock long
-                // enough for the other instance to arrive while it is held.
-                tokio::time::sleep(CUTOVER_WORK).await;
-            }
+            tokio::time::sleep(delay).await;
             inner.put(route).await
+        }
+    }
+
+    fn compare_and_set(
+        &self,
+        expected: &TenantRoute,
+        next: TenantRoute,
+    ) -> impl Future<Output = Result<bool, RepositoryError>> + Send {
+        let delay = self.record(next.state);
+        let (inner, expected) = (self.inner.clone(), expected.clone());
+        async move {
+            tokio::time::sleep(delay).await;
+            inner.compare_and_set(&expected, next).await
         }
     }
 }
@@ -266,7 +291,23 @@ pub(crate) async fn race_round<B: Backend>(
         ));
     }
     let flips = world.routing.migrated_puts.load(Ordering::SeqCst);
-    let double_cutover = successes > 1 || flips > 1;
+    // Two instances in the paused window at once: each wrote (or tried to write)
+    // `cutover_paused`. The routing compare-and-sets then make them fail rather than
+    // flip twice, but only the lock keeps them from running together.
+    let paused_writes = world
+        .routing
+        .history
+        .lock()
+        .expect("history")
+        .iter()
+        .filter(|state| **state == RoutingState::CutoverPaused)
+        .count();
+    let double_cutover = successes > 1 || flips > 1 || paused_writes > 1;
+    if paused_writes != 1 {
+        problems.push(format!(
+            "routing was set to cutover_paused {paused_writes} times, not once"
+        ));
+    }
     if successes != 1 {
         problems.push(format!("{successes} instances cut over, not exactly one"));
     }

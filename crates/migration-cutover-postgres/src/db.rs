@@ -122,6 +122,20 @@ pub(crate) async fn repository_query(
         .map_err(|error| failed(DbFailure::driver(what, error)))
 }
 
+/// A failed `COMMIT` as a store error: with an answer from the server (an SQLSTATE) the
+/// transaction was not committed ([`StoreError::Unavailable`]); without one (the
+/// connection broke once the `COMMIT` was on its way) nobody here knows whether it was
+/// ([`StoreError::CommitUncertain`]).
+pub(crate) fn commit_failure(failure: DbFailure) -> migration_cutover::StoreError {
+    if failure.code().is_none() {
+        migration_cutover::StoreError::CommitUncertain {
+            source: Box::new(failure),
+        }
+    } else {
+        migration_cutover::StoreError::unavailable(failure)
+    }
+}
+
 /// What the server said, without the driver's "db error" wrapper.
 pub(crate) fn server_words(error: &tokio_postgres::Error) -> String {
     match error.as_db_error() {

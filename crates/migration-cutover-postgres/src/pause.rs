@@ -78,7 +78,8 @@ const HISTORY: usize = 64;
 /// Waits are bounded on the server: the pause waits at most
 /// [`acquire_timeout`](Self::with_acquire_timeout) for writes under way (`lock_timeout`,
 /// then [`RepositoryError`]: the coordinator rolls back), writers at most their own
-/// timeout. Databases are told apart by `current_database()`, the server's address and
+/// timeout; a pause that sits idle longer than its [max hold](Self::with_max_hold) is
+/// ended by the server. Databases are told apart by `current_database()`, the server's address and
 /// port and its start time, so two stores in one database are locked once.
 ///
 /// [`admit`](WritePause::admit) (for the generic `migration_cutover::WriteRouter`) takes
@@ -94,6 +95,7 @@ struct Inner {
     stores: Stores<PostgresEventStore>,
     routing: PostgresRoutingRepository,
     acquire_timeout: Duration,
+    max_hold: Duration,
     paused: Mutex<HashMap<Uuid, usize>>,
     history: Mutex<VecDeque<PauseRecord>>,
 }
@@ -103,6 +105,7 @@ impl fmt::Debug for PostgresWritePause {
         f.debug_struct("PostgresWritePause")
             .field("stores", &self.inner.stores)
             .field("acquire_timeout", &self.inner.acquire_timeout)
+            .field("max_hold", &self.inner.max_hold)
             .finish_non_exhaustive()
     }
 }
@@ -147,6 +150,10 @@ impl PostgresWritePause {
     /// How long a pause waits by default for the writes under way: 250 ms.
     pub const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_millis(250);
 
+    /// How long a pause may sit idle on the server by default before the server ends
+    /// it: 2 s (four default pause budgets).
+    pub const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(2);
+
     /// A pause over `stores` (every store of the fleet, as registered in the ports),
     /// locking the databases of a tenant's routed store and migration target as
     /// `routing` says. Does no I/O.
@@ -156,6 +163,7 @@ impl PostgresWritePause {
             copy_stores(stores),
             routing.clone(),
             Self::DEFAULT_ACQUIRE_TIMEOUT,
+            Self::DEFAULT_MAX_HOLD,
         )
     }
 
@@ -163,12 +171,14 @@ impl PostgresWritePause {
         stores: Stores<PostgresEventStore>,
         routing: PostgresRoutingRepository,
         acquire_timeout: Duration,
+        max_hold: Duration,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 stores,
                 routing,
                 acquire_timeout,
+                max_hold,
                 paused: Mutex::new(HashMap::new()),
                 history: Mutex::new(VecDeque::new()),
             }),
@@ -184,7 +194,33 @@ impl PostgresWritePause {
             copy_stores(&self.inner.stores),
             self.inner.routing.clone(),
             timeout,
+            self.inner.max_hold,
         )
+    }
+
+    /// The same pause, ended by the server once it has sat idle for `max_hold` (at least
+    /// 1 ms; saturates at `i32::MAX` ms): each pause transaction sets
+    /// `idle_in_transaction_session_timeout` for itself. A coordinator that dies frees
+    /// the writers with its sockets at once; this bounds the pause of one that stops
+    /// without closing them (frozen, or its host gone: the server would otherwise wait
+    /// for TCP keepalives, hours by default). Keep it above twice the coordinator's pause
+    /// budget (the paused window plus its rollback): a live cutover whose pause is ended
+    /// early fails its flip's compare-and-set and rolls back, but its writers are then no
+    /// longer held back.
+    #[must_use]
+    pub fn with_max_hold(self, max_hold: Duration) -> Self {
+        Self::build(
+            copy_stores(&self.inner.stores),
+            self.inner.routing.clone(),
+            self.inner.acquire_timeout,
+            max_hold,
+        )
+    }
+
+    /// How long a pause may sit idle on the server before the server ends it.
+    #[must_use]
+    pub fn max_hold(&self) -> Duration {
+        self.inner.max_hold
     }
 
     /// How long a pause waits for the writes under way.
@@ -237,7 +273,13 @@ impl PostgresWritePause {
         let mut locked = Vec::new();
         for store in self.databases(tenant_id).await? {
             let remaining = timeout.saturating_sub(started.elapsed());
-            let setup = write_lock_statement(tenant_id, mode, remaining);
+            let mut setup = write_lock_statement(tenant_id, mode, remaining);
+            if let Mode::Exclusive = mode {
+                setup.push_str(&format!(
+                    "SELECT set_config('idle_in_transaction_session_timeout', '{}', true);",
+                    lock_timeout_ms(self.inner.max_hold)
+                ));
+            }
             locked.push(Transaction::begin(store.pool(), "write pause", &setup).await?);
         }
         Ok(locked)

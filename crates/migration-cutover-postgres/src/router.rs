@@ -7,13 +7,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 use locks_port::uuid::Uuid;
 use migration_cutover::{
-    Event, EventStore, MigrationConfig, RoutingRepository, RoutingState, StoreError, StoreFailure,
-    StoreId, StoredEvent, Stores, TenantRoute, WriteError, WritesPaused,
+    Event, EventStore, MigrationConfig, RepositoryError, RoutingRepository, RoutingState,
+    StoreError, StoreFailure, StoreId, StoredEvent, Stores, TenantRoute, WriteError, WritesPaused,
 };
 use tokio_postgres::error::SqlState;
 use tracing::{debug, warn};
 
-use crate::db::Transaction;
+use crate::db::{Transaction, commit_failure};
 use crate::pause::{Mode, copy_stores, write_lock_statement};
 use crate::{PostgresEventStore, PostgresMigrationPorts, PostgresRoutingRepository};
 
@@ -55,7 +55,10 @@ pub struct PostgresWriteReceipt {
 ///    statement's snapshot is taken when it starts, so the route must not be read in the
 ///    locking statement), inside the same transaction when the routing table is in the
 ///    store's database: if a cutover moved the tenant meanwhile, roll back and start
-///    over on the new store; if it says `cutover_paused`, roll back and wait;
+///    over on the new store; if it says `cutover_paused` on the source, the cutover that
+///    wrote it is gone (a live one holds the pause, which excludes this lock): roll the
+///    route back to `dual_write` by compare-and-set and write; `cutover_paused` on the
+///    target (never written by this crate): roll back and wait;
 /// 4. append and commit (which releases the shared lock);
 /// 5. in `dual_write`, before the source commits, take the shared lock in the target's
 ///    database too (or, in one database, mirror inside the same transaction), then mirror
@@ -84,8 +87,10 @@ impl fmt::Debug for PostgresWriteRouter {
     }
 }
 
+/// The store's failure as the write's: [`WriteError::CommitUncertain`] when the answer to
+/// the commit was lost, [`WriteError::Store`] otherwise.
 fn fail(store_id: &StoreId, error: StoreError) -> WriteError {
-    WriteError::Store(StoreFailure {
+    WriteError::from(StoreFailure {
         store_id: store_id.clone(),
         error,
     })
@@ -149,13 +154,18 @@ impl PostgresWriteRouter {
     ///
     /// # Errors
     /// [`WriteError::Paused`] when the pause outlasted the timeout (the server's
-    /// `lock_timeout` fired); otherwise the routing or store failure. On any error
-    /// nothing was written to the store of record.
+    /// `lock_timeout` fired). [`WriteError::CommitUncertain`] when the connection broke
+    /// after the `COMMIT` was sent and before its answer came: the write may or may not
+    /// have been made; call `append` again with the **same events** (the same ids) until
+    /// it answers with a receipt: events that are stored already are not appended again
+    /// (the store answers with their position), so they land exactly once, even if the
+    /// tenant was cut over in between (the copy keeps event ids). Otherwise the routing
+    /// or store failure, and nothing was written to the store of record.
     ///
     /// # Cancel safety
     /// Dropping the future before the commit closes the transaction's connection: the
     /// server rolls the append back and frees the shared lock. Dropped during the commit,
-    /// the write may or may not have been made.
+    /// the write may or may not have been made (as [`WriteError::CommitUncertain`]).
     pub async fn append(
         &self,
         tenant_id: Uuid,
@@ -187,9 +197,25 @@ impl PostgresWriteRouter {
                 };
             lock_wait += lock_started.elapsed();
             let admitted_at = SystemTime::now();
-            let route = self
+            let mut route = self
                 .route_after_lock(store, &transaction, tenant_id)
                 .await?;
+            if let Some(resumed) = route.abandoned_pause_rollback().filter(|_| self.write_lock) {
+                match self
+                    .roll_back_abandoned_pause(store, &transaction, &route, &resumed)
+                    .await
+                {
+                    Ok(true) => route = resumed,
+                    Ok(false) => {
+                        transaction.rollback().await;
+                        continue;
+                    }
+                    Err(error) => {
+                        transaction.rollback().await;
+                        return Err(WriteError::Routing(error));
+                    }
+                }
+            }
             if route.store_id != guess.store_id {
                 debug!(tenant_id = %tenant_id, from = %guess.store_id, to = %route.store_id, "route moved while waiting; retrying");
                 transaction.rollback().await;
@@ -221,7 +247,7 @@ impl PostgresWriteRouter {
             transaction
                 .commit("commit the write")
                 .await
-                .map_err(|failure| fail(&route.store_id, StoreError::unavailable(failure)))?;
+                .map_err(|failure| fail(&route.store_id, commit_failure(failure)))?;
             let mirrored_to = self
                 .finish_mirror(mirror, store, tenant_id, start, events)
                 .await;
@@ -236,6 +262,46 @@ impl PostgresWriteRouter {
         }
     }
 
+    /// Whether the routing table is in `store`'s database.
+    async fn routing_shares_database(&self, store: &PostgresEventStore) -> bool {
+        match (store.identity().await, self.routing.identity().await) {
+            (Ok(store), Ok(routing)) => store == routing,
+            _ => false,
+        }
+    }
+
+    /// Rolls back a `cutover_paused` route that no live cutover holds to `resumed`
+    /// (`dual_write` on the source), by one compare-and-set. The write holds the shared
+    /// write lock in the routed store's database, and a live cutover holds the exclusive
+    /// one there from before it writes `cutover_paused` until after it has flipped or
+    /// rolled back: so the cutover that wrote this route is gone (its session ended and
+    /// the server freed its locks). Of two writers doing this at once one wins; the
+    /// other looks again. In the routing table's own database the compare-and-set runs
+    /// in the write's transaction and commits with the append.
+    async fn roll_back_abandoned_pause(
+        &self,
+        store: &PostgresEventStore,
+        transaction: &Transaction,
+        route: &TenantRoute,
+        resumed: &TenantRoute,
+    ) -> Result<bool, RepositoryError> {
+        let rolled_back = if self.routing_shares_database(store).await {
+            self.routing
+                .compare_and_set_in(transaction, route, resumed)
+                .await?
+        } else {
+            self.routing.compare_and_set(route, resumed.clone()).await?
+        };
+        if rolled_back {
+            warn!(
+                tenant_id = %route.tenant_id,
+                migration_id = ?route.migration_id,
+                "rolled back a `cutover_paused` route that no live cutover holds"
+            );
+        }
+        Ok(rolled_back)
+    }
+
     /// The route as it is now that the write lock is held: read inside the write's own
     /// transaction when the routing table is in the store's database (one connection per
     /// write), otherwise on the routing repository's pool.
@@ -245,11 +311,7 @@ impl PostgresWriteRouter {
         transaction: &Transaction,
         tenant_id: Uuid,
     ) -> Result<TenantRoute, WriteError> {
-        let same_database = match (store.identity().await, self.routing.identity().await) {
-            (Ok(store), Ok(routing)) => store == routing,
-            _ => false,
-        };
-        if !same_database {
+        if !self.routing_shares_database(store).await {
             return self.route(tenant_id).await;
         }
         self.routing

@@ -39,6 +39,7 @@ pub struct PostgresRoutingRepository {
     get: String,
     put: String,
     transition: String,
+    compare_and_set: String,
 }
 
 impl fmt::Debug for PostgresRoutingRepository {
@@ -97,6 +98,14 @@ impl PostgresRoutingRepository {
                  WHERE tenant_id = $1::text::uuid AND state = $6
                  RETURNING 1"
             ),
+            compare_and_set: format!(
+                "UPDATE {t} SET store_id = $2, state = $3, migration_id = $4::text::uuid,
+                     target_store_id = $5, updated_at = now()
+                 WHERE tenant_id = $1::text::uuid AND store_id = $6 AND state = $7
+                   AND migration_id IS NOT DISTINCT FROM $8::text::uuid
+                   AND target_store_id IS NOT DISTINCT FROM $9
+                 RETURNING 1"
+            ),
             pool,
             identity: Arc::new(OnceCell::new()),
             table,
@@ -122,6 +131,31 @@ impl PostgresRoutingRepository {
         let tenant = tenant_id.hyphenated().to_string();
         let rows = client.query(&statement, &[&tenant]).await.map_err(failed)?;
         rows.first().map(Self::route).transpose()
+    }
+
+    /// [`compare_and_set`](RoutingRepository::compare_and_set) inside `transaction`
+    /// (on the same database), which the caller commits: a write that finds an abandoned
+    /// `cutover_paused` rolls it back in the transaction that appends, while it holds the
+    /// shared write lock.
+    pub(crate) async fn compare_and_set_in(
+        &self,
+        transaction: &Transaction,
+        expected: &TenantRoute,
+        next: &TenantRoute,
+    ) -> Result<bool, RepositoryError> {
+        let failed = |error| RepositoryError::new(CAS, DbFailure::driver("", error));
+        check_transition(expected, next)?;
+        let client = transaction.client();
+        let statement = client
+            .prepare_cached(&self.compare_and_set)
+            .await
+            .map_err(failed)?;
+        let values = CasValues::new(expected, next);
+        let rows = client
+            .query(&statement, &values.params())
+            .await
+            .map_err(failed)?;
+        Ok(!rows.is_empty())
     }
 
     /// The table.
@@ -179,6 +213,64 @@ impl PostgresRoutingRepository {
     }
 }
 
+/// What a compare-and-set failure names.
+const CAS: &str = "routing compare-and-set";
+
+/// `expected → next` must keep the state or be a transition of the state machine.
+fn check_transition(expected: &TenantRoute, next: &TenantRoute) -> Result<(), RepositoryError> {
+    if expected.tenant_id != next.tenant_id {
+        return Err(RepositoryError::new(
+            CAS,
+            "the expected and the next route are of different tenants",
+        ));
+    }
+    if expected.state != next.state {
+        expected
+            .state
+            .transition_to(next.state)
+            .map_err(|error| RepositoryError::new(CAS, error))?;
+    }
+    Ok(())
+}
+
+/// The parameters of the compare-and-set statement: the next route, then the expected.
+struct CasValues<'a> {
+    tenant: String,
+    routes: [(&'a str, &'static str, Option<String>, Option<&'a str>); 2],
+}
+
+impl<'a> CasValues<'a> {
+    fn new(expected: &'a TenantRoute, next: &'a TenantRoute) -> Self {
+        let values = |route: &'a TenantRoute| {
+            (
+                route.store_id.as_str(),
+                route.state.as_str(),
+                route.migration_id.map(|id| id.hyphenated().to_string()),
+                route.target_store_id.as_ref().map(StoreId::as_str),
+            )
+        };
+        Self {
+            tenant: next.tenant_id.hyphenated().to_string(),
+            routes: [values(next), values(expected)],
+        }
+    }
+
+    fn params(&self) -> [&(dyn ToSql + Sync); 9] {
+        let [next, expected] = &self.routes;
+        [
+            &self.tenant,
+            &next.0,
+            &next.1,
+            &next.2,
+            &next.3,
+            &expected.0,
+            &expected.1,
+            &expected.2,
+            &expected.3,
+        ]
+    }
+}
+
 impl RoutingRepository for PostgresRoutingRepository {
     async fn get(&self, tenant_id: Uuid) -> Result<Option<TenantRoute>, RepositoryError> {
         const WHAT: &str = "routing read";
@@ -218,6 +310,21 @@ impl RoutingRepository for PostgresRoutingRepository {
             ),
         };
         Err(RepositoryError::new(WHAT, DbFailure::refused("", words)))
+    }
+
+    /// One `UPDATE … WHERE` every column of the route is as expected (the state machine
+    /// is checked first: `expected.state → next.state` must be a transition or keep the
+    /// state).
+    async fn compare_and_set(
+        &self,
+        expected: &TenantRoute,
+        next: TenantRoute,
+    ) -> Result<bool, RepositoryError> {
+        check_transition(expected, &next)?;
+        let values = CasValues::new(expected, &next);
+        let rows =
+            repository_query(&self.pool, CAS, &self.compare_and_set, &values.params()).await?;
+        Ok(!rows.is_empty())
     }
 }
 

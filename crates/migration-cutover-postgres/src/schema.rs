@@ -49,7 +49,13 @@ fn create_schema(table: &TableName) -> String {
 ///     recorded_at timestamptz NOT NULL DEFAULT now(),
 ///     PRIMARY KEY (tenant_id, position)
 /// );
+/// CREATE UNIQUE INDEX IF NOT EXISTS "{table}_event_id" ON {table} (tenant_id, event_id);
 /// ```
+///
+/// The unique index makes an event id land once per tenant, whatever a caller retries
+/// (the append also checks it, to answer a retry with the event's position). On a table
+/// created by an earlier version it is added by running this again; that fails, naming
+/// the duplicate, if the table already holds an event twice.
 ///
 /// # Errors
 /// [`SchemaError`] with the server's words (no privilege, database unreachable).
@@ -64,9 +70,11 @@ pub async fn install_store(pool: &Pool, table: &TableName) -> Result<(), SchemaE
              payload     bytea       NOT NULL,
              recorded_at timestamptz NOT NULL DEFAULT now(),
              PRIMARY KEY (tenant_id, position)
-         );",
+         );
+         CREATE UNIQUE INDEX IF NOT EXISTS \"{index}_event_id\" ON {table} (tenant_id, event_id);",
         schema = create_schema(table),
         table = table.quoted(),
+        index = table.table(),
     );
     install(pool, "install the event store table", &ddl).await
 }

@@ -11,7 +11,7 @@ use migration_cutover::{Event, EventStore, StoreError, StoredEvent};
 use tokio::sync::OnceCell;
 
 use crate::TableName;
-use crate::db::{DbFailure, Transaction, identity};
+use crate::db::{DbFailure, Transaction, commit_failure, identity};
 
 /// An [`EventStore`] on one table (see [`install_store`](crate::install_store) for its
 /// shape): one row per event, keyed by `(tenant_id, position)`.
@@ -21,7 +21,11 @@ use crate::db::{DbFailure, Transaction, identity};
 ///
 /// Appends to one tenant's stream are serialised by a transaction-scoped advisory lock on
 /// `append:{table}:{tenant}` taken before the head is read, so the positions stay gap-free
-/// and a conditional append (`expected = Some(p)`) is checked atomically. This lock is not
+/// and a conditional append (`expected = Some(p)`) is checked atomically. Event ids are
+/// unique per tenant (a unique index, see [`install_store`](crate::install_store)): an
+/// unconditional append whose events are all stored already appends nothing and answers
+/// with their position, so retrying an append that failed with
+/// [`CommitUncertain`](migration_cutover::StoreError::CommitUncertain) lands it once. This lock is not
 /// the fleet's write pause: the port's `append` (used by the copy, the catch-ups and the
 /// final sync of the cutover) does not take the shared write lock, only the
 /// [`PostgresWriteRouter`](crate::PostgresWriteRouter)'s writes do.
@@ -68,19 +72,25 @@ impl PostgresEventStore {
         let sql = Sql {
             // The head is read in this statement's snapshot, taken after the append lock
             // was granted by the previous statement, so it sees every earlier append.
+            // Events already stored (by id) are not appended again: a batch all of
+            // whose events are there appends nothing (a retry after an uncertain
+            // commit), and one that is partly there appends nothing either.
             insert: format!(
                 "WITH head AS (
                      SELECT coalesce(max(position), 0) AS h FROM {t}
                      WHERE tenant_id = $1::text::uuid
+                 ), stored AS (
+                     SELECT count(*) AS n, coalesce(max(position), 0) AS p FROM {t}
+                     WHERE tenant_id = $1::text::uuid AND event_id = ANY($3::text[]::uuid[])
                  ), ins AS (
                      INSERT INTO {t} (tenant_id, position, event_id, kind, payload)
                      SELECT $1::text::uuid, head.h + e.ord, e.id::uuid, e.kind, e.payload
-                     FROM head, unnest($3::text[], $4::text[], $5::bytea[])
+                     FROM head, stored, unnest($3::text[], $4::text[], $5::bytea[])
                          WITH ORDINALITY AS e(id, kind, payload, ord)
-                     WHERE $2::bigint IS NULL OR head.h = $2::bigint
+                     WHERE ($2::bigint IS NULL OR head.h = $2::bigint) AND stored.n = 0
                      RETURNING 1
                  )
-                 SELECT head.h, (SELECT count(*) FROM ins) FROM head"
+                 SELECT head.h, (SELECT count(*) FROM ins), stored.n, stored.p FROM head, stored"
             ),
             read: format!(
                 "SELECT position, event_id::text, kind, payload FROM {t}
@@ -154,11 +164,15 @@ impl PostgresEventStore {
             .map_err(unavailable("append"))?;
         let head = position_of(row.get(0));
         let inserted = position_of(row.get(1));
+        let (stored, last_stored) = (position_of(row.get(2)), position_of(row.get(3)));
+        let of = u64::try_from(events.len()).unwrap_or(u64::MAX);
         match expected {
             Some(expected) if expected != head => Err(StoreError::Conflict {
                 expected,
                 actual: head,
             }),
+            None if stored == of && of > 0 => Ok(last_stored),
+            _ if stored > 0 => Err(StoreError::PartlyStored { stored, of }),
             _ => Ok(head + inserted),
         }
     }
@@ -189,7 +203,7 @@ impl EventStore for PostgresEventStore {
                 transaction
                     .commit("commit the append")
                     .await
-                    .map_err(StoreError::unavailable)?;
+                    .map_err(commit_failure)?;
                 Ok(head)
             }
             Err(error) => {

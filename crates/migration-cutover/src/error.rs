@@ -4,7 +4,7 @@ use locks_port::LockAcquisitionError;
 use uuid::Uuid;
 
 use crate::ports::{RepositoryError, StoreError, StoreId, WritesPaused};
-use crate::{ConfigError, Phase, TransitionError};
+use crate::{ConfigError, Phase, RoutingState, TransitionError};
 
 /// A store operation failed; names the store.
 #[derive(Debug, thiserror::Error)]
@@ -80,27 +80,18 @@ pub enum CutoverError {
     /// The target did not answer its health check: fix it and retry.
     #[error("target store health check failed: {0}")]
     TargetHealthCheckFailed(#[source] StoreFailure),
-    /// Writing the routing table failed. `compensated` says whether routing was
-    /// pointed back at the source afterwards.
-    #[error("routing update failed{}: {source}", compensation_note(.compensated))]
+    /// Writing the routing table failed, or found the route moved by someone else.
+    /// Every routing transition is one compare-and-set, so a failed one changed nothing
+    /// (if its answer was lost, the rollback reads the route again and says what it found).
+    #[error("routing update failed: {source}")]
     RoutingUpdateFailed {
         /// The routing repository's error.
         #[source]
         source: RepositoryError,
-        /// Whether routing was pointed back at the source.
-        compensated: bool,
     },
     /// Writes could not be paused: retry once the pause backend answers.
     #[error("could not pause writes: {0}")]
     WritePauseFailed(#[source] RepositoryError),
-}
-
-fn compensation_note(compensated: &bool) -> &'static str {
-    if *compensated {
-        " (routing pointed back at the source)"
-    } else {
-        ""
-    }
 }
 
 impl CutoverError {
@@ -203,6 +194,39 @@ pub enum MigrationError {
         /// The migration's source.
         expected: StoreId,
     },
+    /// The cutover (or abort) found the tenant's route in a state it cannot start from;
+    /// the text names the state found and what resolves it.
+    #[error(
+        "migration {migration_id}: tenant {tenant_id}'s route is `{state}` on `{store_id}`; {resolves}"
+    )]
+    UnexpectedRoute {
+        /// The migration.
+        migration_id: Uuid,
+        /// The tenant.
+        tenant_id: Uuid,
+        /// The route's state.
+        state: RoutingState,
+        /// The store the route points at.
+        store_id: StoreId,
+        /// What resolves it.
+        resolves: &'static str,
+    },
+    /// `abort` found the flip done: the migration is in `cutover` and the tenant is
+    /// routed to the target in `migrated`. Events may have been written to the target
+    /// only, so the migration cannot be aborted; `cutover` completes the record.
+    #[error(
+        "migration {migration_id} is in phase `cutover` and tenant {tenant_id} is already routed to \
+         the target `{target}` (`migrated`): the flip took effect and cannot be aborted; \
+         call `cutover` again to complete the record"
+    )]
+    AlreadyFlipped {
+        /// The migration.
+        migration_id: Uuid,
+        /// The tenant.
+        tenant_id: Uuid,
+        /// The target, where the tenant is routed.
+        target: StoreId,
+    },
     /// The tenant has a migration under way already: finish or abort it first.
     #[error("tenant {tenant_id} has a migration under way already ({migration_id:?})")]
     TenantBusy {
@@ -267,10 +291,39 @@ pub enum WriteError {
     },
     /// The store refused or failed the write: nothing was written.
     #[error(transparent)]
-    Store(#[from] StoreFailure),
+    Store(StoreFailure),
+    /// The write was sent and its commit asked for, but the answer was lost (the
+    /// connection broke): the events **may or may not** be stored. This is not "not
+    /// written": retry the same events (the same ids), through the router, until the
+    /// answer is a receipt; an append of events that are stored already lands nothing
+    /// and answers with their position, so they end up stored exactly once. Do not make
+    /// new events (new ids) for the retry.
+    #[error("uncertain: {0}")]
+    CommitUncertain(#[source] StoreFailure),
     /// The routing repository failed: nothing was written.
     #[error("routing repository: {0}")]
     Routing(#[source] RepositoryError),
+}
+
+impl From<StoreFailure> for WriteError {
+    /// [`WriteError::CommitUncertain`] for [`StoreError::CommitUncertain`],
+    /// [`WriteError::Store`] for the others.
+    fn from(failure: StoreFailure) -> Self {
+        if matches!(failure.error, StoreError::CommitUncertain { .. }) {
+            Self::CommitUncertain(failure)
+        } else {
+            Self::Store(failure)
+        }
+    }
+}
+
+impl WriteError {
+    /// Whether the write's outcome is unknown ([`WriteError::CommitUncertain`]): retry
+    /// the same events, which is idempotent.
+    #[must_use]
+    pub fn is_uncertain(&self) -> bool {
+        matches!(self, Self::CommitUncertain(_))
+    }
 }
 
 #[cfg(test)]
@@ -295,11 +348,10 @@ mod tests {
         assert_eq!(CutoverError::from(lag).reason().as_str(), "lag_too_high");
         let routing = CutoverError::RoutingUpdateFailed {
             source: RepositoryError::new("routing update", "disk full"),
-            compensated: true,
         };
         assert_eq!(
             routing.to_string(),
-            "routing update failed (routing pointed back at the source): routing update failed: disk full"
+            "routing update failed: routing update failed: disk full"
         );
         assert!(
             MigrationError::LockManagerRequired

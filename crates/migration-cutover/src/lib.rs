@@ -16,7 +16,7 @@ mod timer;
 
 pub use config::{ConfigError, MigrationConfig};
 pub use context::{MigrationPorts, Stores};
-pub use coordinator::{CUTOVER_LOCK_OPERATION, MigrationCoordinator};
+pub use coordinator::{CUTOVER_LOCK_OPERATION, CUTOVER_STEP_TARGET, MigrationCoordinator};
 pub use error::{
     CutoverError, CutoverFailureReason, CutoverTimeout, LagTooHigh, MigrationError, StateError,
     StoreFailure, WriteError,

@@ -108,6 +108,28 @@ pub enum StoreError {
         #[source]
         source: BoxError,
     },
+    /// The append was sent and its commit asked for, but the answer never came (the
+    /// connection broke): the events **may or may not** be stored. Retry the append with
+    /// the same events (the same ids): an unconditional append of events that are all
+    /// stored already is a no-op that answers with their position, so the retry lands
+    /// them exactly once.
+    #[error(
+        "the outcome of the commit is uncertain (the events may or may not be stored): {source}"
+    )]
+    CommitUncertain {
+        /// The backend's error (the broken connection).
+        #[source]
+        source: BoxError,
+    },
+    /// Some, not all, of the events of an append are stored already: the batch overlaps
+    /// another batch. Nothing was appended; append only the events that are missing.
+    #[error("{stored} of the {of} events are stored already; nothing was appended")]
+    PartlyStored {
+        /// How many of the events are stored already.
+        stored: u64,
+        /// How many events the append carried.
+        of: u64,
+    },
 }
 
 impl StoreError {
@@ -131,8 +153,16 @@ pub trait EventStore: Send + Sync {
     /// With `expected = Some(p)`, appends only if the head is `p` now, atomically;
     /// otherwise fails with [`StoreError::Conflict`] and appends nothing.
     ///
+    /// Event ids are unique in a tenant's stream. An unconditional append (`expected =
+    /// None`) whose events are *all* stored already appends nothing and returns the
+    /// position of the last of them: retrying an append whose outcome was uncertain
+    /// lands its events exactly once.
+    ///
     /// # Errors
-    /// [`StoreError::Conflict`] as above; [`StoreError::Unavailable`] on a backend failure.
+    /// [`StoreError::Conflict`] as above; [`StoreError::PartlyStored`] when only some of
+    /// the events are stored already (or, for a conditional append, any of them);
+    /// [`StoreError::CommitUncertain`] when the answer to the commit was lost;
+    /// [`StoreError::Unavailable`] on another backend failure.
     fn append(
         &self,
         tenant_id: Uuid,
@@ -220,6 +250,46 @@ impl TenantRoute {
     }
 }
 
+impl TenantRoute {
+    /// The route a writer restores when it finds this route `cutover_paused` while it
+    /// holds a write permit of a [`WritePause`] that covers every instance (so no live
+    /// cutover holds the pause: the cutover that wrote `cutover_paused` died, or was
+    /// dropped): `dual_write` on the same source store, for the same migration and
+    /// target. Write it with [`RoutingRepository::compare_and_set`] from `self`.
+    ///
+    /// `None` unless this route is `cutover_paused` on its source (a route that names a
+    /// target other than its store). A `cutover_paused` route already on the target is
+    /// half-written (a flip in two writes, which this crate never makes): only
+    /// `cutover` resolves it, by completing the flip.
+    ///
+    /// ```
+    /// use migration_cutover::{RoutingState, StoreId, TenantRoute};
+    /// use migration_cutover::uuid::Uuid;
+    ///
+    /// let paused = TenantRoute {
+    ///     state: RoutingState::CutoverPaused,
+    ///     migration_id: Some(Uuid::nil()),
+    ///     target_store_id: Some(StoreId::new("dedicated")),
+    ///     ..TenantRoute::normal(Uuid::nil(), "shared")
+    /// };
+    /// let resumed = paused.abandoned_pause_rollback().unwrap();
+    /// assert_eq!((resumed.store_id.as_str(), resumed.state), ("shared", RoutingState::DualWrite));
+    /// let half_flipped = TenantRoute { store_id: StoreId::new("dedicated"), ..paused };
+    /// assert!(half_flipped.abandoned_pause_rollback().is_none());
+    /// ```
+    #[must_use]
+    pub fn abandoned_pause_rollback(&self) -> Option<TenantRoute> {
+        let target = self.target_store_id.as_ref()?;
+        if self.state != RoutingState::CutoverPaused || *target == self.store_id {
+            return None;
+        }
+        Some(TenantRoute {
+            state: RoutingState::DualWrite,
+            ..self.clone()
+        })
+    }
+}
+
 /// The routing table: tenant → store and routing state. Whole-record reads and writes.
 pub trait RoutingRepository: Send + Sync {
     /// The tenant's route, `None` when it has none.
@@ -236,6 +306,24 @@ pub trait RoutingRepository: Send + Sync {
     /// # Errors
     /// [`RepositoryError`] on a backend failure; the route is then unchanged.
     fn put(&self, route: TenantRoute) -> impl Future<Output = Result<(), RepositoryError>> + Send;
+
+    /// Replaces the tenant's route by `next` only if it is exactly `expected` now, in
+    /// one atomic step (a compare-and-set on the whole route). Returns whether it was
+    /// replaced: `false` means the route is something else now (another instance moved
+    /// it first); read it again and decide.
+    ///
+    /// Every routing transition of the cutover (`cutover_paused`, the flip, the
+    /// rollback) and a writer's recovery of an abandoned pause go through this, so two
+    /// instances that race cannot both move the route, and no transition is half-written.
+    ///
+    /// # Errors
+    /// [`RepositoryError`] on a backend failure; the route is then unchanged (or, if the
+    /// answer was lost, either unchanged or `next`: read it again).
+    fn compare_and_set(
+        &self,
+        expected: &TenantRoute,
+        next: TenantRoute,
+    ) -> impl Future<Output = Result<bool, RepositoryError>> + Send;
 }
 
 /// The record of one migration of one tenant from a source store to a target store.
@@ -300,6 +388,11 @@ pub struct WritesPaused {
 /// Writers ask for a permit before writing and hold it for the whole write; a pause
 /// stops new permits and can wait for the permits already out to come back, so that
 /// once it has drained no write is half-done.
+///
+/// The pause must cover every instance that writes to or cuts over the tenant, and end
+/// with the cutover that holds it (a dropped guard, a dead process): a writer holding a
+/// permit takes that as proof that no cutover is in its paused window, and rolls back a
+/// `cutover_paused` route it finds (see [`TenantRoute::abandoned_pause_rollback`]).
 pub trait WritePause: Send + Sync {
     /// Marks one admitted write; the write is finished when it is dropped.
     type Permit: Send;

@@ -40,11 +40,15 @@ pub struct WriteReceipt {
 /// | --- | --- |
 /// | `normal`, `bulk_copy` | the routed store (the source during a migration) |
 /// | `dual_write` | the source, then mirrored to the target |
-/// | `cutover_paused` | nowhere yet: the write waits, up to its timeout |
+/// | `cutover_paused` | nowhere yet: the write waits, up to its timeout; but if the write holds a permit of the pause (so no live cutover holds it), the cutover that wrote `cutover_paused` is gone, and the write rolls the route back to `dual_write` (one compare-and-set) and goes ahead |
 /// | `migrated` | the routed store (the target) |
 ///
 /// Every write holds a permit of the [`WritePause`] while it runs, so a cutover that
 /// pauses the tenant waits for writes under way to finish before it measures the lag.
+/// Rolling back an abandoned `cutover_paused` relies on the pause covering every
+/// instance that writes to or cuts over the tenant (one process with the in-memory
+/// pause, or a fleet-wide pause such as `migration-cutover-postgres`'s): a permit then
+/// proves that no cutover is in its paused window.
 pub struct WriteRouter<
     S = InMemoryEventStore,
     R = InMemoryRoutingRepository,
@@ -103,8 +107,10 @@ impl<S: EventStore, R: RoutingRepository, P: WritePause> WriteRouter<S, R, P> {
     /// the router's timeout.
     ///
     /// # Errors
-    /// [`WriteError::Paused`] when the pause outlasted the timeout; otherwise the
-    /// routing or store failure. On any error nothing was written.
+    /// [`WriteError::Paused`] when the pause outlasted the timeout;
+    /// [`WriteError::CommitUncertain`] when the store lost the answer to its commit (the
+    /// events may be stored: retry the same events, which is idempotent); otherwise the
+    /// routing or store failure, and nothing was written.
     ///
     /// # Cancel safety
     /// Dropping the future while it waits writes nothing. Dropping it during a store
@@ -158,6 +164,21 @@ impl<S: EventStore, R: RoutingRepository, P: WritePause> WriteRouter<S, R, P> {
                 .await
                 .map_err(WriteError::Routing)?
                 .ok_or(WriteError::NoRoute { tenant_id })?;
+            if let Some(resumed) = route.abandoned_pause_rollback() {
+                // Holding a permit, no cutover holds the pause: the one that wrote
+                // `cutover_paused` is gone. Roll it back (one compare-and-set; of two
+                // writers doing so at once, one wins) and look again.
+                let rolled_back = self
+                    .routing
+                    .compare_and_set(&route, resumed)
+                    .await
+                    .map_err(WriteError::Routing)?;
+                if rolled_back {
+                    warn!(tenant_id = %tenant_id, "rolled back a `cutover_paused` route no live cutover holds");
+                }
+                drop(permit);
+                continue;
+            }
             if !route.state.accepts_writes() {
                 drop(permit);
                 let remaining = timeout.saturating_sub(started.elapsed());

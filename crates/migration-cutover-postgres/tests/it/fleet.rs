@@ -35,15 +35,15 @@ use crate::adapters::advisory;
 use crate::support::{Fleet, Instance, SOURCE, TARGET, connect, database_url, test_config};
 
 const ROLE: &str = "MCP_CHILD_ROLE";
-const TENANT: &str = "MCP_TENANT";
-const WRITERS: &str = "MCP_WRITERS";
+pub(crate) const TENANT: &str = "MCP_TENANT";
+pub(crate) const WRITERS: &str = "MCP_WRITERS";
 const PREFIX: &str = "CHILD:";
 /// How long the parent waits for any one message of a child (a liveness bound).
 const CHILD_ANSWER: Duration = Duration::from_secs(60);
 /// The pause budget of the tests (the default).
-const BUDGET: Duration = Duration::from_millis(500);
+pub(crate) const BUDGET: Duration = Duration::from_millis(500);
 /// How long a pause waits for the writes under way (the default).
-const ACQUIRE: Duration = Duration::from_millis(250);
+pub(crate) const ACQUIRE: Duration = Duration::from_millis(250);
 /// The documented margin on a writer's wait: the pause's acquire timeout (writers queue
 /// behind the pause from the moment it is asked for) plus 250 ms of scheduling slack on
 /// a loaded 2-core machine.
@@ -66,17 +66,18 @@ fn child_entry() {
     match role.as_str() {
         "instance" => runtime.block_on(child_instance()),
         "holder" => runtime.block_on(child_holder()),
+        "coordinator" => runtime.block_on(crate::crash::child_coordinator()),
         other => panic!("unknown {ROLE} {other:?}"),
     }
     std::process::exit(0);
 }
 
-fn say(message: &str) {
+pub(crate) fn say(message: &str) {
     println!("{PREFIX}{message}");
     std::io::stdout().flush().expect("child stdout");
 }
 
-fn command() -> Option<String> {
+pub(crate) fn command() -> Option<String> {
     let mut line = String::new();
     match std::io::stdin().read_line(&mut line) {
         Ok(0) | Err(_) => None,
@@ -84,16 +85,16 @@ fn command() -> Option<String> {
     }
 }
 
-fn env(name: &str) -> String {
+pub(crate) fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("child needs {name}"))
 }
 
-fn micros(at: SystemTime) -> u128 {
+pub(crate) fn micros(at: SystemTime) -> u128 {
     at.duration_since(UNIX_EPOCH)
         .map_or(0, |since| since.as_micros())
 }
 
-fn outcome(
+pub(crate) fn outcome(
     result: &Result<migration_cutover::CutoverResult, migration_cutover::MigrationError>,
 ) -> String {
     match result {
@@ -142,20 +143,8 @@ async fn child_instance() {
                 say("going");
             }
             "prepare" => {
-                let coordinator = &instance.coordinator;
-                let migration = coordinator
-                    .start_migration(tenant, SOURCE, TARGET)
-                    .await
-                    .expect("start");
-                coordinator
-                    .bulk_copy(migration.id)
-                    .await
-                    .expect("bulk copy");
-                coordinator
-                    .enable_dual_write(migration.id)
-                    .await
-                    .expect("dual write");
-                say(&format!("prepared {}", migration.id));
+                let migration = prepare(&instance.coordinator, tenant).await;
+                say(&format!("prepared {migration}"));
             }
             "cutover" => {
                 let id = Uuid::parse_str(rest).expect("migration id");
@@ -185,6 +174,23 @@ async fn child_instance() {
             _ => return,
         }
     }
+}
+
+/// Starts a migration of `tenant` and takes it to dual write; returns its id.
+pub(crate) async fn prepare(coordinator: &crate::support::Coordinator, tenant: Uuid) -> Uuid {
+    let migration = coordinator
+        .start_migration(tenant, SOURCE, TARGET)
+        .await
+        .expect("start");
+    coordinator
+        .bulk_copy(migration.id)
+        .await
+        .expect("bulk copy");
+    coordinator
+        .enable_dual_write(migration.id)
+        .await
+        .expect("dual write");
+    migration.id
 }
 
 async fn write_continuously(
@@ -240,7 +246,7 @@ async fn child_holder() {
 // The parent side.
 
 /// A child process of this test binary; killed and reaped on drop.
-struct Child {
+pub(crate) struct Child {
     name: String,
     process: std::process::Child,
     stdin: Option<ChildStdin>,
@@ -257,7 +263,7 @@ fn this_test_binary() -> PathBuf {
 }
 
 impl Child {
-    fn spawn(name: &str, role: &str, fleet: &Fleet, vars: &[(&str, String)]) -> Self {
+    pub(crate) fn spawn(name: &str, role: &str, fleet: &Fleet, vars: &[(&str, String)]) -> Self {
         let mut command = Command::new(this_test_binary());
         command
             .args([
@@ -295,7 +301,7 @@ impl Child {
         }
     }
 
-    async fn expect(&mut self, word: &str) -> String {
+    pub(crate) async fn expect(&mut self, word: &str) -> String {
         let message = tokio::time::timeout(CHILD_ANSWER, self.messages.recv())
             .await
             .unwrap_or_else(|_| panic!("{}: no {word:?} within {CHILD_ANSWER:?}", self.name));
@@ -310,14 +316,32 @@ impl Child {
             .to_owned()
     }
 
-    fn send(&mut self, command: &str) {
+    /// The child's next message, whatever it is.
+    pub(crate) async fn next(&mut self) -> String {
+        tokio::time::timeout(CHILD_ANSWER, self.messages.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{}: silent for {CHILD_ANSWER:?}", self.name))
+            .unwrap_or_else(|| panic!("{} exited", self.name))
+    }
+
+    /// Every message the child still had to say, once it is gone (killed).
+    pub(crate) async fn rest(&mut self) -> Vec<String> {
+        let mut rest = Vec::new();
+        while let Ok(Some(message)) = tokio::time::timeout(CHILD_ANSWER, self.messages.recv()).await
+        {
+            rest.push(message);
+        }
+        rest
+    }
+
+    pub(crate) fn send(&mut self, command: &str) {
         let stdin = self.stdin.as_mut().expect("stdin open");
         writeln!(stdin, "{command}").expect("write to the child");
         stdin.flush().expect("flush to the child");
     }
 
     /// `stop`, then every acknowledgement line until `stopped`.
-    async fn stop(&mut self, process: usize) -> Vec<Ack> {
+    pub(crate) async fn stop(&mut self, process: usize) -> Vec<Ack> {
         self.send("stop");
         let mut acks = Vec::new();
         loop {
@@ -332,7 +356,7 @@ impl Child {
         }
     }
 
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         self.process.kill().expect("kill the child");
         self.process.wait().expect("reap the child");
     }
@@ -347,15 +371,15 @@ impl Drop for Child {
 
 /// One write a child's writer made: acknowledged (`store` set) or failed.
 #[derive(Debug, Clone)]
-struct Ack {
-    process: usize,
-    writer: usize,
-    id: Uuid,
-    store: Option<String>,
-    lock_wait: Duration,
-    requested_at_us: u128,
-    admitted_at_us: u128,
-    error: Option<String>,
+pub(crate) struct Ack {
+    pub(crate) process: usize,
+    pub(crate) writer: usize,
+    pub(crate) id: Uuid,
+    pub(crate) store: Option<String>,
+    pub(crate) lock_wait: Duration,
+    pub(crate) requested_at_us: u128,
+    pub(crate) admitted_at_us: u128,
+    pub(crate) error: Option<String>,
 }
 
 impl Ack {
@@ -403,18 +427,24 @@ async fn writing_pair(name: &str) -> (Fleet, Uuid, Instance, Child, Child) {
         .put(TenantRoute::normal(tenant, SOURCE))
         .await
         .unwrap();
+    let (a, b) = writers(&fleet, tenant).await;
+    (fleet, tenant, instance, a, b)
+}
+
+/// Two instance processes with two writers each, writing to `tenant`.
+pub(crate) async fn writers(fleet: &Fleet, tenant: Uuid) -> (Child, Child) {
     let vars = [(TENANT, tenant.to_string()), (WRITERS, "2".to_owned())];
-    let mut a = Child::spawn("instance A", "instance", &fleet, &vars);
-    let mut b = Child::spawn("instance B", "instance", &fleet, &vars);
+    let mut a = Child::spawn("instance A", "instance", fleet, &vars);
+    let mut b = Child::spawn("instance B", "instance", fleet, &vars);
     for child in [&mut a, &mut b] {
         child.expect("ready").await;
         child.send("go");
         child.expect("going").await;
     }
-    (fleet, tenant, instance, a, b)
+    (a, b)
 }
 
-async fn all_events(store: &impl EventStore, tenant: Uuid) -> Vec<Uuid> {
+pub(crate) async fn all_events(store: &impl EventStore, tenant: Uuid) -> Vec<Uuid> {
     let events = store
         .read(tenant, 0, usize::MAX)
         .await
@@ -431,7 +461,7 @@ async fn all_events(store: &impl EventStore, tenant: Uuid) -> Vec<Uuid> {
 
 /// Every acknowledged write is in `stream` exactly once, and each writer's writes are in
 /// the order it made them.
-fn assert_exactly_once_in_order(acks: &[Ack], stream: &[Uuid], name: &str) {
+pub(crate) fn assert_exactly_once_in_order(acks: &[Ack], stream: &[Uuid], name: &str) {
     let mut positions: HashMap<Uuid, Vec<usize>> = HashMap::new();
     for (index, id) in stream.iter().enumerate() {
         positions.entry(*id).or_default().push(index);

@@ -1,5 +1,7 @@
 //! Integration tests of the PostgreSQL adapters, on a real server and real processes.
 
 mod adapters;
+mod crash;
 mod fleet;
 mod support;
+mod uncertain;

@@ -93,6 +93,17 @@ pub(crate) struct Instance {
     pub(crate) migrations: PostgresMigrationRepository,
 }
 
+/// What an instance is made of, before it is put together.
+pub(crate) struct Parts {
+    pub(crate) stores: Stores<PostgresEventStore>,
+    pub(crate) source: PostgresEventStore,
+    pub(crate) target: PostgresEventStore,
+    pub(crate) routing: PostgresRoutingRepository,
+    pub(crate) pause: PostgresWritePause,
+    pub(crate) migrations: PostgresMigrationRepository,
+    pub(crate) locks: PostgresLockManager,
+}
+
 /// The settings of every test instance: the default 500 ms pause budget, a cutover lock
 /// waited for long enough that a racing instance gets it after the winner.
 pub(crate) fn test_config() -> MigrationConfig {
@@ -145,8 +156,9 @@ impl Fleet {
         ]
     }
 
-    /// An instance with `config` and a pause that waits `acquire` for writes under way.
-    pub(crate) fn instance(&self, config: MigrationConfig, acquire: Duration) -> Instance {
+    /// The ports of an instance, with a pause that waits `acquire` for writes under
+    /// way, and its lock manager: each on its own pools.
+    pub(crate) fn parts(&self, acquire: Duration) -> Parts {
         let (a, b) = (pool(&self.a, 8), pool(&self.b, 8));
         let source = PostgresEventStore::new(a.clone(), table("shared.events"));
         let target = PostgresEventStore::new(b, table("dedicated.events"));
@@ -156,20 +168,39 @@ impl Fleet {
         let routing = PostgresRoutingRepository::new(a.clone(), table("fleet.routes"));
         let pause = PostgresWritePause::new(&stores, &routing).with_acquire_timeout(acquire);
         let migrations = PostgresMigrationRepository::new(a, table("fleet.migrations"));
-        let ports = MigrationPorts::new(stores, routing.clone(), pause.clone(), migrations.clone());
         let locks = PostgresLockManager::builder(pool(&self.a, 2))
             .holder_id(format!("instance-{}", std::process::id()))
             .build();
-        let coordinator = MigrationCoordinator::new(ports, locks).with_config(config);
+        Parts {
+            stores,
+            source,
+            target,
+            routing,
+            pause,
+            migrations,
+            locks,
+        }
+    }
+
+    /// An instance with `config` and a pause that waits `acquire` for writes under way.
+    pub(crate) fn instance(&self, config: MigrationConfig, acquire: Duration) -> Instance {
+        let parts = self.parts(acquire);
+        let ports = MigrationPorts::new(
+            parts.stores,
+            parts.routing.clone(),
+            parts.pause.clone(),
+            parts.migrations.clone(),
+        );
+        let coordinator = MigrationCoordinator::new(ports, parts.locks).with_config(config);
         let router = PostgresWriteRouter::new(coordinator.ports(), &config);
         Instance {
             coordinator,
             router,
-            pause,
-            source,
-            target,
-            routing,
-            migrations,
+            pause: parts.pause,
+            source: parts.source,
+            target: parts.target,
+            routing: parts.routing,
+            migrations: parts.migrations,
         }
     }
 

@@ -6,11 +6,11 @@ use tracing::{Instrument, info};
 use uuid::Uuid;
 
 use super::{MigrationCoordinator, cutover_lock_key};
-use crate::Phase;
 use crate::error::{MigrationError, StateError};
 use crate::ports::{
     EventStore, Migration, MigrationRepository, RoutingRepository, TenantRoute, WritePause,
 };
+use crate::{Phase, RoutingState};
 
 impl<L, S, R, P, M> MigrationCoordinator<L, S, R, P, M>
 where
@@ -24,9 +24,17 @@ where
     /// `aborted`. The target keeps what was copied. Takes the cutover lock when the
     /// coordinator has a lock manager, so it cannot interleave with a cutover.
     ///
+    /// A migration left in `cutover` by a cutover that died is aborted too, as long as
+    /// the flip had not taken effect (the route is still on the source, in `dual_write`
+    /// or `cutover_paused`); this needs the lock manager, so that no live cutover is
+    /// running.
+    ///
     /// # Errors
     /// [`MigrationError::Transition`] for a finished migration;
-    /// [`MigrationError::State`] in `cutover` (call `cutover` to resolve it first);
+    /// [`MigrationError::AlreadyFlipped`] in `cutover` with the route `migrated` on the
+    /// target, and [`MigrationError::UnexpectedRoute`] with it half-flipped (in both
+    /// cases call `cutover` again, which completes the migration);
+    /// [`MigrationError::State`] in `cutover` on a coordinator without a lock manager;
     /// [`MigrationError::Lock`] when the lock could not be taken; port failures.
     ///
     /// # Cancel safety
@@ -56,16 +64,11 @@ where
     /// The abort itself, with the cutover lock held (when there is a lock manager).
     async fn abort_under_lock(&self, migration_id: Uuid) -> Result<Migration, MigrationError> {
         let mut migration = self.migration(migration_id).await?;
-        if migration.phase == Phase::Cutover {
-            return Err(StateError {
-                migration_id,
-                expected: Phase::DualWrite,
-                actual: migration.phase,
-            }
-            .into());
-        }
         let next = migration.phase.transition_to(Phase::Aborted)?;
         let route = self.route(migration.tenant_id).await?;
+        if migration.phase == Phase::Cutover {
+            self.refuse_abort_in_cutover(&migration, &route)?;
+        }
         if route.migration_id == Some(migration.id) {
             let normal =
                 TenantRoute::normal(migration.tenant_id, migration.source_store_id.clone());
@@ -79,5 +82,39 @@ where
         self.save(&mut migration).await?;
         info!("migration aborted");
         Ok(migration)
+    }
+
+    /// Why a migration left in `cutover` cannot be aborted, if it cannot.
+    fn refuse_abort_in_cutover(
+        &self,
+        migration: &Migration,
+        route: &TenantRoute,
+    ) -> Result<(), MigrationError> {
+        if self.lock_manager.is_none() {
+            return Err(StateError {
+                migration_id: migration.id,
+                expected: Phase::DualWrite,
+                actual: migration.phase,
+            }
+            .into());
+        }
+        if route.store_id != migration.target_store_id {
+            return Ok(());
+        }
+        if route.state == RoutingState::Migrated {
+            return Err(MigrationError::AlreadyFlipped {
+                migration_id: migration.id,
+                tenant_id: migration.tenant_id,
+                target: route.store_id.clone(),
+            });
+        }
+        Err(MigrationError::UnexpectedRoute {
+            migration_id: migration.id,
+            tenant_id: migration.tenant_id,
+            state: route.state,
+            store_id: route.store_id.clone(),
+            resolves: "the flip is half-written (two writes, by an older version) and the \
+                       target holds every event: call `cutover` again to complete it",
+        })
     }
 }

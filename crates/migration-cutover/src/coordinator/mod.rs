@@ -38,6 +38,8 @@ macro_rules! step_span {
 mod abort;
 mod bulk_copy;
 mod cutover;
+
+pub use cutover::CUTOVER_STEP_TARGET;
 mod dual_write;
 mod readiness;
 mod start;

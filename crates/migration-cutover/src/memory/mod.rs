@@ -3,7 +3,7 @@
 
 mod pause;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::{Future, ready};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -76,7 +76,11 @@ fn stored(stream: &[Event], after: u64, limit: usize) -> Vec<StoredEvent> {
 }
 
 fn head(stream: &[Event]) -> u64 {
-    u64::try_from(stream.len()).unwrap_or(u64::MAX)
+    head_of(stream.len())
+}
+
+fn head_of(count: usize) -> u64 {
+    u64::try_from(count).unwrap_or(u64::MAX)
 }
 
 impl EventStore for InMemoryEventStore {
@@ -89,8 +93,20 @@ impl EventStore for InMemoryEventStore {
         let mut streams = lock(&self.streams);
         let stream = streams.entry(tenant_id).or_default();
         let actual = head(stream);
+        let ids: HashSet<Uuid> = events.iter().map(|event| event.id).collect();
+        let stored: Vec<u64> = (1..)
+            .zip(stream.iter())
+            .filter(|(_, event)| ids.contains(&event.id))
+            .map(|(position, _)| position)
+            .collect();
+        let (stored_count, of) = (head_of(stored.len()), head_of(events.len()));
         let result = match expected {
             Some(expected) if expected != actual => Err(StoreError::Conflict { expected, actual }),
+            None if stored_count == of && of > 0 => Ok(stored.last().copied().unwrap_or(actual)),
+            _ if stored_count > 0 => Err(StoreError::PartlyStored {
+                stored: stored_count,
+                of,
+            }),
             _ => {
                 stream.extend_from_slice(events);
                 Ok(head(stream))
@@ -156,6 +172,22 @@ impl RoutingRepository for InMemoryRoutingRepository {
     fn put(&self, route: TenantRoute) -> impl Future<Output = Result<(), RepositoryError>> + Send {
         lock(&self.routes).insert(route.tenant_id, route);
         ready(Ok(()))
+    }
+
+    fn compare_and_set(
+        &self,
+        expected: &TenantRoute,
+        next: TenantRoute,
+    ) -> impl Future<Output = Result<bool, RepositoryError>> + Send {
+        let mut routes = lock(&self.routes);
+        let replaced = match routes.get_mut(&next.tenant_id) {
+            Some(stored) if stored == expected => {
+                *stored = next;
+                true
+            }
+            _ => false,
+        };
+        ready(Ok(replaced))
     }
 }
 
@@ -230,5 +262,34 @@ mod tests {
             }
         ));
         assert_eq!(store.events(tenant).len(), 1);
+    }
+
+    #[tokio::test]
+    async fn appending_events_already_stored_lands_them_once() {
+        let store = InMemoryEventStore::new();
+        let tenant = Uuid::new_v4();
+        let (a, b) = (Event::new("A", ""), Event::new("B", ""));
+        let both = [a.clone(), b.clone()];
+        assert_eq!(store.append(tenant, None, &both).await.unwrap(), 2);
+        store
+            .append(tenant, None, &[Event::new("C", "")])
+            .await
+            .unwrap();
+        // A retry of the whole batch: nothing appended, the batch's position answered.
+        assert_eq!(store.append(tenant, None, &both).await.unwrap(), 2);
+        let partly = store
+            .append(tenant, None, &[b, Event::new("D", "")])
+            .await
+            .unwrap_err();
+        assert!(matches!(
+            partly,
+            StoreError::PartlyStored { stored: 1, of: 2 }
+        ));
+        let conditional = store.append(tenant, Some(3), &[a]).await.unwrap_err();
+        assert!(matches!(
+            conditional,
+            StoreError::PartlyStored { stored: 1, of: 1 }
+        ));
+        assert_eq!(store.events(tenant).len(), 3);
     }
 }

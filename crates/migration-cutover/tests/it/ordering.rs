@@ -151,9 +151,12 @@ async fn writes_resume_before_the_lock_is_released_on_success_failure_and_cancel
     assert!(!h.is_paused(), "dropping the cutover resumed writes");
     assert!(h.table.is_empty(), "and released the lock");
 
-    // The routing says cutover_paused now, with the record in cutover: the next call
-    // resolves it and succeeds.
+    // The routing says cutover_paused now, with the record in cutover, and no pause
+    // holds it: the next write rolls the route back by itself, and the next call
+    // resolves the record and succeeds.
     assert_eq!(h.route().state, RoutingState::CutoverPaused);
+    h.write(1).await;
+    assert_eq!(h.route().state, RoutingState::DualWrite);
     let result = coordinator.cutover(migration.id).await.unwrap();
     assert!(result.success(), "{}", result.message());
 

@@ -160,6 +160,32 @@ impl RoutingRepository for FaultyRouting {
             inner.put(route).await
         }
     }
+
+    /// Refused like [`put`](Self::put) for the refused state; recorded as a put when it
+    /// replaced the route.
+    fn compare_and_set(
+        &self,
+        expected: &TenantRoute,
+        next: TenantRoute,
+    ) -> impl Future<Output = Result<bool, RepositoryError>> + Send {
+        let refused = *self.fail_puts_of.lock().unwrap() == Some(next.state);
+        let inner = self.inner.clone();
+        let puts = self.puts.clone();
+        let expected = expected.clone();
+        async move {
+            if refused {
+                return Err(RepositoryError::new(
+                    "routing update",
+                    format!("injected failure writing state {}", next.state),
+                ));
+            }
+            let replaced = inner.compare_and_set(&expected, next.clone()).await?;
+            if replaced {
+                puts.lock().unwrap().push(next);
+            }
+            Ok(replaced)
+        }
+    }
 }
 
 pub(crate) type Ports =

@@ -1,17 +1,18 @@
-//! Cutover, the last step under pause: point routing at the target and set it
-//! `migrated` (pointing it back at the source if that fails); then, with writes about
-//! to resume, the migration `completed`.
+//! Cutover, the last step under pause: the flip, routing `cutover_paused` on the source
+//! to `migrated` on the target in **one** compare-and-set (so no crash can leave it
+//! half-written); then, with writes about to resume, the migration `completed`.
 
 use locks_port::DistributedLock;
 use tracing::error;
 
-use super::PausedCutover;
+use super::{PausedCutover, step};
+use crate::RoutingState;
 use crate::coordinator::MigrationCoordinator;
 use crate::error::{CutoverError, MigrationError};
 use crate::ports::{
-    EventStore, Migration, MigrationRepository, RoutingRepository, TenantRoute, WritePause,
+    EventStore, Migration, MigrationRepository, RepositoryError, RoutingRepository, TenantRoute,
+    WritePause,
 };
-use crate::{Phase, RoutingState};
 
 impl<L, S, R, P, M> MigrationCoordinator<L, S, R, P, M>
 where
@@ -21,43 +22,35 @@ where
     P: WritePause,
     M: MigrationRepository,
 {
-    /// The routing flip. When setting `migrated` fails, routing is pointed back at the
-    /// source before the failure is reported (`compensated` says whether that worked).
+    /// The routing flip: one compare-and-set from the `cutover_paused` route this
+    /// cutover wrote to `migrated` on the target. A failure changed nothing (a lost
+    /// answer is sorted out by the rollback, which reads the route again).
     pub(super) async fn flip_routing_to_target(
         &self,
         paused: &mut PausedCutover<'_, S>,
     ) -> Result<(), CutoverError> {
-        let routing = self.ports.routing();
-        let migration = paused.migration;
-        let route = &mut paused.route;
-        route.store_id = migration.target_store_id.clone();
-        routing
-            .put(route.clone())
-            .await
-            .map_err(|source| CutoverError::RoutingUpdateFailed {
-                source,
-                compensated: false,
-            })?;
         let migrated = TenantRoute {
+            store_id: paused.migration.target_store_id.clone(),
             state: RoutingState::Migrated,
             target_store_id: None,
-            ..route.clone()
+            ..paused.route.clone()
         };
-        if let Err(error) = routing.put(migrated).await {
-            // Compensate: point routing back at the source before reporting.
-            route.store_id = migration.source_store_id.clone();
-            let compensated = match routing.put(route.clone()).await {
-                Ok(()) => true,
-                Err(compensation) => {
-                    error!(error = %compensation, "could not point routing back at the source");
-                    false
-                }
-            };
+        let flipped = self
+            .ports
+            .routing()
+            .compare_and_set(&paused.route, migrated.clone())
+            .await
+            .map_err(|source| CutoverError::RoutingUpdateFailed { source })?;
+        if !flipped {
             return Err(CutoverError::RoutingUpdateFailed {
-                source: error,
-                compensated,
+                source: RepositoryError::new(
+                    "routing flip",
+                    "the route is no longer the `cutover_paused` route this cutover wrote",
+                ),
             });
         }
+        paused.route = migrated;
+        step("flipped");
         Ok(())
     }
 
@@ -70,12 +63,11 @@ where
         &self,
         migration: &mut Migration,
     ) -> Result<(), MigrationError> {
-        migration.phase = migration.phase.transition_to(Phase::Completed)?;
-        migration.last_error = None;
-        if let Err(error) = self.save(migration).await {
+        if let Err(error) = self.complete_record(migration).await {
             error!(error = %error, "cutover took effect but the migration record could not be completed");
             return Err(error);
         }
+        step("recorded");
         Ok(())
     }
 }

@@ -50,6 +50,7 @@ impl<G: LockGuard, W: PauseGuard> Held<G, W> {
     pub(super) async fn resume_then_release(mut self) {
         if let Some(pause) = self.pause.take() {
             pause.resume().await;
+            super::step("resumed");
         }
         self.lock.release().await;
     }

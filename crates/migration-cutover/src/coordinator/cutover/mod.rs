@@ -56,6 +56,18 @@ struct PausedCutover<'a, S> {
     target: Endpoint<'a, S>,
 }
 
+/// The tracing target of the cutover's step events: a DEBUG event with this target and a
+/// field `step` marks each step boundary, named `phase_cutover` (the record says
+/// `cutover`), `pause_granted`, `routing_paused`, `caught_up` (final catch-up done),
+/// `flipped`, `recorded` (the record says `completed`), `resumed` (before the lock is
+/// released) or `rolled_back`. For logs, and for tests that stop a process at a step.
+pub const CUTOVER_STEP_TARGET: &str = "migration_cutover::cutover_step";
+
+/// Marks a step boundary (see [`CUTOVER_STEP_TARGET`]).
+fn step(name: &'static str) {
+    tracing::debug!(target: CUTOVER_STEP_TARGET, step = name, "cutover step done");
+}
+
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
@@ -95,27 +107,42 @@ where
     /// may have finished meanwhile: [`CutoverOutcome::AlreadyCompleted`]), moves the
     /// phase to `cutover`, pauses the tenant's writes and waits for those under way,
     /// measures the lag (refusing above the maximum), sets routing `cutover_paused`,
-    /// copies the rest, checks the target answers, points routing at the target and
-    /// sets it `migrated` (pointing it back at the source if that fails). All of that
-    /// must fit in the pause budget. On success the migration is `completed`; on any
+    /// copies the rest, checks the target answers, and flips routing to `migrated` on the
+    /// target in one write. All of that must fit in the pause budget. On success the migration is `completed`; on any
     /// failure routing goes back to the source in `dual_write`, the migration back to
     /// `dual_write`, and the result says why. Writes resume before the lock is
     /// released, on every path.
     ///
-    /// A migration left in `cutover` by an instance that died (or could not write the
-    /// final record) is accepted too: under the lock the cutover is run again, or the
-    /// record completed when routing already points at the target.
+    /// Every routing transition is one compare-and-set
+    /// ([`RoutingRepository::compare_and_set`]), the flip included (`cutover_paused` on
+    /// the source to `migrated` on the target in one write), so a cutover that dies at
+    /// any instant leaves one of these, each resolved without a person:
+    ///
+    /// | record | route | who resolves it, and how |
+    /// | --- | --- | --- |
+    /// | `cutover` | `dual_write` on the source | writers are not held back; `cutover` runs again, or `abort` aborts |
+    /// | `cutover` | `cutover_paused` on the source | the next write, once no cutover holds the write pause, rolls the route back to `dual_write` (one compare-and-set, see [`TenantRoute::abandoned_pause_rollback`]); or `cutover` / `abort` |
+    /// | `cutover` | `migrated` on the target | writers go to the target; `cutover` completes the record (`abort` refuses: [`MigrationError::AlreadyFlipped`]) |
+    /// | `completed` | `migrated` on the target | nothing to resolve |
+    ///
+    /// A migration left in `cutover` is therefore accepted: under the lock the cutover is
+    /// run again, or the record completed when routing already points at the target (or,
+    /// from a two-write flip of an older version, `cutover_paused` on the target: the flip
+    /// is completed). Each step boundary is a DEBUG event (see [`CUTOVER_STEP_TARGET`]).
     ///
     /// # Errors
-    /// [`MigrationError::State`] outside `dual_write`;
-    /// [`MigrationError::LockManagerRequired`]; port failures before anything changed.
+    /// [`MigrationError::State`] outside `dual_write` and `cutover`;
+    /// [`MigrationError::LockManagerRequired`];
+    /// [`MigrationError::UnexpectedRoute`] (naming the state found and what resolves it)
+    /// for a route the cutover cannot start from; port failures before anything changed.
     /// [`MigrationError::Record`] when the flip took effect but the record could not
     /// say so (calling `cutover` again completes it).
     ///
     /// # Cancel safety
     /// Dropping the future resumes writes and then releases the lock (guards drop in
     /// that order). Routing may then be left in `cutover_paused` with the migration in
-    /// `cutover`, which refuses writes until the next `cutover` call resolves it.
+    /// `cutover`: the next write rolls the route back (see the table above), and the next
+    /// `cutover` or `abort` resolves the record.
     pub async fn cutover(&self, migration_id: Uuid) -> Result<CutoverResult, MigrationError> {
         let started = Instant::now();
         let migration = self.migration(migration_id).await?;
@@ -176,9 +203,13 @@ where
             let source = self.store(&source_id)?;
             let target = self.store(&target_id)?;
             self.enter_cutover_phase(&mut migration).await?;
+            step("phase_cutover");
 
             let pause = match self.pause_writes(&migration).await {
-                Ok(pause) => held.hold_pause(pause),
+                Ok(pause) => {
+                    step("pause_granted");
+                    held.hold_pause(pause)
+                }
                 Err(error) => {
                     let outcome = self.roll_back(&mut migration, error).await;
                     return Ok(result(&migration, outcome, started, 0));
@@ -225,6 +256,7 @@ where
             self.enter_cutover_paused(&mut paused).await?;
             budget.check()?;
             synced = self.final_catch_up(&paused).await?;
+            step("caught_up");
             budget.check()?;
             self.check_target_health(&paused).await?;
             self.flip_routing_to_target(&mut paused).await

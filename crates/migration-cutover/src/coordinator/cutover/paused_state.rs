@@ -5,11 +5,13 @@ use std::time::{Duration, Instant};
 
 use locks_port::DistributedLock;
 
-use super::{PausedCutover, millis};
+use super::{PausedCutover, millis, step};
 use crate::RoutingState;
 use crate::coordinator::MigrationCoordinator;
 use crate::error::{CutoverError, CutoverTimeout};
-use crate::ports::{EventStore, MigrationRepository, RoutingRepository, WritePause};
+use crate::ports::{
+    EventStore, MigrationRepository, RepositoryError, RoutingRepository, TenantRoute, WritePause,
+};
 
 /// How long writes may stay paused, from the moment they were paused.
 #[derive(Debug, Clone, Copy)]
@@ -63,22 +65,51 @@ where
     P: WritePause,
     M: MigrationRepository,
 {
-    /// Routing state `cutover_paused` (already so for a cutover run again).
+    /// Routing state `cutover_paused`, by a compare-and-set from the route as it is now
+    /// that writes are paused: read again, because before the pause a writer may have
+    /// rolled back a `cutover_paused` left by a cutover that died (already so for a
+    /// cutover run again, when no writer did).
     pub(super) async fn enter_cutover_paused(
         &self,
         paused: &mut PausedCutover<'_, S>,
     ) -> Result<(), CutoverError> {
-        if paused.route.state != RoutingState::CutoverPaused {
-            paused.route.state = RoutingState::CutoverPaused;
-            self.ports
-                .routing()
-                .put(paused.route.clone())
-                .await
-                .map_err(|source| CutoverError::RoutingUpdateFailed {
-                    source,
-                    compensated: false,
-                })?;
+        let routing = self.ports.routing();
+        let failed = |source| CutoverError::RoutingUpdateFailed { source };
+        let moved = |route: &TenantRoute| {
+            failed(RepositoryError::new(
+                "routing update",
+                format!(
+                    "the route moved before the pause: `{}` on `{}`",
+                    route.state, route.store_id
+                ),
+            ))
+        };
+        let route = routing
+            .get(paused.migration.tenant_id)
+            .await
+            .map_err(failed)?
+            .unwrap_or_else(|| paused.route.clone());
+        let ours = route.migration_id == Some(paused.migration.id)
+            && route.store_id == paused.migration.source_store_id;
+        let next = TenantRoute {
+            state: RoutingState::CutoverPaused,
+            ..route.clone()
+        };
+        match route.state {
+            RoutingState::CutoverPaused if ours => {}
+            RoutingState::DualWrite if ours => {
+                if !routing
+                    .compare_and_set(&route, next.clone())
+                    .await
+                    .map_err(failed)?
+                {
+                    return Err(moved(&route));
+                }
+            }
+            _ => return Err(moved(&route)),
         }
+        paused.route = next;
+        step("routing_paused");
         Ok(())
     }
 }

@@ -5,7 +5,7 @@
 use locks_port::DistributedLock;
 use tracing::{error, warn};
 
-use super::millis;
+use super::{millis, step};
 use crate::coordinator::MigrationCoordinator;
 use crate::error::{CutoverError, MigrationError};
 use crate::ports::{
@@ -54,12 +54,23 @@ where
         }
     }
 
+    /// Routing back to `dual_write` on the source (one compare-and-set from the route
+    /// as it is now), then the record. A route found `migrated` on the target means the
+    /// flip took effect although its answer was lost: nothing is rolled back then, and
+    /// `cutover` run again completes the record.
     async fn route_and_record_back_to_dual_write(
         &self,
         migration: &mut Migration,
         error: &CutoverError,
     ) -> Result<(), MigrationError> {
         let route = self.route(migration.tenant_id).await?;
+        if route.state == RoutingState::Migrated && route.store_id == migration.target_store_id {
+            return Err(MigrationError::AlreadyFlipped {
+                migration_id: migration.id,
+                tenant_id: migration.tenant_id,
+                target: route.store_id,
+            });
+        }
         let back = TenantRoute {
             tenant_id: migration.tenant_id,
             store_id: migration.source_store_id.clone(),
@@ -67,18 +78,35 @@ where
             migration_id: Some(migration.id),
             target_store_id: Some(migration.target_store_id.clone()),
         };
-        if route.state != RoutingState::DualWrite {
-            route.state.transition_to(RoutingState::DualWrite)?;
-        }
         if route != back {
-            self.ports
+            let ours = route.migration_id == Some(migration.id)
+                && route.store_id == migration.source_store_id
+                && route.state == RoutingState::CutoverPaused;
+            let unexpected = || MigrationError::UnexpectedRoute {
+                migration_id: migration.id,
+                tenant_id: migration.tenant_id,
+                state: route.state,
+                store_id: route.store_id.clone(),
+                resolves: "the rollback found a route it did not write: call `cutover` or \
+                           `abort` again",
+            };
+            if !ours {
+                return Err(unexpected());
+            }
+            let rolled_back = self
+                .ports
                 .routing()
-                .put(back)
+                .compare_and_set(&route, back)
                 .await
                 .map_err(MigrationError::Routing)?;
+            if !rolled_back {
+                return Err(unexpected());
+            }
         }
         migration.phase = migration.phase.transition_to(Phase::DualWrite)?;
         migration.last_error = Some(error.to_string());
-        self.save(migration).await
+        self.save(migration).await?;
+        step("rolled_back");
+        Ok(())
     }
 }

@@ -1,0 +1,550 @@
+//! A coordinator process SIGKILLed at every step boundary of the cutover, and at random
+//! moments, while two other processes keep writing: writers resume by themselves within
+//! the documented bound, the route is never half-written, no acknowledged write is lost
+//! or duplicated, and a second coordinator completes or aborts the migration.
+//!
+//! # How the coordinator is stopped at a step
+//!
+//! The coordinator is a child process of this test binary (role `coordinator`, see
+//! `fleet.rs` for how children are made). It installs a tracing layer that listens to the
+//! cutover's step events ([`CUTOVER_STEP_TARGET`], public and emitted in every build):
+//! it prints each step as `step NAME`, and at the step named in `MCP_STOP_AT` it blocks
+//! the thread that emitted the event, inside the cutover, until the parent SIGKILLs the
+//! process. The library has no test hook: the events are its ordinary DEBUG logs.
+//!
+//! # The negative control
+//!
+//! With `MCP_TWO_WRITE_FLIP=1` the coordinator's routing repository makes the flip in two
+//! writes (first the store, then the state), emitting a step `flip_half` in between, as
+//! the flip was written before this test existed. Killed there, it leaves
+//! `cutover_paused` on the target, which no writer may resolve: the round must fail.
+
+use std::fmt::Write as _;
+use std::future::Future;
+use std::time::{Duration, SystemTime};
+
+use migration_cutover::uuid::Uuid;
+use migration_cutover::{
+    CUTOVER_STEP_TARGET, CutoverOutcome, MigrationCoordinator, MigrationError, MigrationPorts,
+    Phase, RepositoryError, RoutingRepository, RoutingState, TenantRoute,
+};
+use migration_cutover_postgres::{PostgresRoutingRepository, PostgresWritePause};
+use tracing::field::{Field, Visit};
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::{Layer, Registry};
+
+use crate::fleet::{
+    ACQUIRE, Ack, BUDGET, Child, TENANT, all_events, assert_exactly_once_in_order, command, env,
+    micros, outcome, prepare, say, writers,
+};
+use crate::support::{Fleet, Instance, SOURCE, TARGET, test_config};
+
+const STOP_AT: &str = "MCP_STOP_AT";
+const TWO_WRITE_FLIP: &str = "MCP_TWO_WRITE_FLIP";
+
+/// Every step boundary of the cutover, in order (see [`CUTOVER_STEP_TARGET`]).
+const STEPS: [&str; 7] = [
+    "phase_cutover",
+    "pause_granted",
+    "routing_paused",
+    "caught_up",
+    "flipped",
+    "recorded",
+    "resumed",
+];
+
+/// The documented bound: once the coordinator is dead, a writer waits at most for the
+/// server to end its sessions and for its own next attempt; while it was alive, at most
+/// the pause's acquire timeout plus the pause budget. Both are inside this, with
+/// scheduling slack for a loaded 2-core machine.
+const RESUME_BOUND: Duration = ACQUIRE
+    .saturating_add(BUDGET)
+    .saturating_add(Duration::from_millis(500));
+
+/// How much longer than the bound the writers are watched after the kill before the route
+/// is inspected, so a stuck tenant shows as writers that did not resume.
+const WATCH_BEYOND_BOUND: Duration = Duration::from_millis(350);
+
+/// The documented bound for a coordinator that stops without closing its sockets: the
+/// server ends its pause once it has sat idle for the pause's maximum hold (so a writer
+/// waits at most the acquire timeout plus that), with the same slack.
+const FROZEN_BOUND: Duration = ACQUIRE
+    .saturating_add(PostgresWritePause::DEFAULT_MAX_HOLD)
+    .saturating_add(Duration::from_millis(500));
+
+// ---------------------------------------------------------------------------------
+// The child side.
+
+/// Prints each cutover step and blocks at the one to stop at.
+struct Steps {
+    stop_at: Option<String>,
+}
+
+struct StepName(Option<String>);
+
+impl Visit for StepName {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "step" {
+            self.0 = Some(value.to_owned());
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "step" {
+            self.0 = Some(format!("{value:?}").trim_matches('"').to_owned());
+        }
+    }
+}
+
+impl<S: tracing::Subscriber> Layer<S> for Steps {
+    fn enabled(&self, metadata: &tracing::Metadata<'_>, _: Context<'_, S>) -> bool {
+        metadata.target() == CUTOVER_STEP_TARGET
+    }
+
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        let mut name = StepName(None);
+        event.record(&mut name);
+        let Some(step) = name.0 else { return };
+        say(&format!("step {step}"));
+        if self.stop_at.as_deref() == Some(step.as_str()) {
+            // Stopped inside the cutover, holding whatever it holds, until SIGKILL.
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
+    }
+}
+
+/// A routing repository whose flip is two writes, the store first, then the state: the
+/// flip as it was before, for the negative control.
+#[derive(Debug, Clone)]
+struct TwoWriteFlip(PostgresRoutingRepository);
+
+impl RoutingRepository for TwoWriteFlip {
+    fn get(
+        &self,
+        tenant_id: Uuid,
+    ) -> impl Future<Output = Result<Option<TenantRoute>, RepositoryError>> + Send {
+        self.0.get(tenant_id)
+    }
+
+    fn put(&self, route: TenantRoute) -> impl Future<Output = Result<(), RepositoryError>> + Send {
+        self.0.put(route)
+    }
+
+    async fn compare_and_set(
+        &self,
+        expected: &TenantRoute,
+        next: TenantRoute,
+    ) -> Result<bool, RepositoryError> {
+        let flip =
+            expected.state == RoutingState::CutoverPaused && next.state == RoutingState::Migrated;
+        if !flip {
+            return self.0.compare_and_set(expected, next).await;
+        }
+        let half = TenantRoute {
+            store_id: next.store_id.clone(),
+            ..expected.clone()
+        };
+        if !self.0.compare_and_set(expected, half.clone()).await? {
+            return Ok(false);
+        }
+        tracing::debug!(target: CUTOVER_STEP_TARGET, step = "flip_half", "cutover step done");
+        self.0.compare_and_set(&half, next).await
+    }
+}
+
+/// The coordinator process: prepares the migration to dual write, says `prepared ID`,
+/// and runs the cutover on `cutover`, printing its steps.
+pub(crate) async fn child_coordinator() {
+    let steps = Steps {
+        stop_at: std::env::var(STOP_AT).ok(),
+    };
+    tracing::subscriber::set_global_default(Registry::default().with(steps))
+        .expect("the only subscriber");
+    let fleet = Fleet::from_env();
+    let tenant = Uuid::parse_str(&env(TENANT)).expect("tenant id");
+    let instance = fleet.instance(test_config(), ACQUIRE);
+    let migration = prepare(&instance.coordinator, tenant).await;
+    say(&format!("prepared {migration}"));
+    let Some(line) = tokio::task::spawn_blocking(command).await.expect("stdin") else {
+        return;
+    };
+    assert_eq!(line, "cutover");
+    let result = if std::env::var(TWO_WRITE_FLIP).is_ok() {
+        let parts = fleet.parts(ACQUIRE);
+        let ports = MigrationPorts::new(
+            parts.stores,
+            TwoWriteFlip(parts.routing),
+            parts.pause,
+            parts.migrations,
+        );
+        MigrationCoordinator::new(ports, parts.locks)
+            .with_config(test_config())
+            .cutover(migration)
+            .await
+    } else {
+        instance.coordinator.cutover(migration).await
+    };
+    say(&format!("cutover {}", outcome(&result)));
+}
+
+// ---------------------------------------------------------------------------------
+// The parent side.
+
+/// When the coordinator is killed.
+#[derive(Debug, Clone, Copy)]
+enum Kill {
+    /// Stopped at this step, then killed.
+    At(&'static str),
+    /// This long after it said `pause_granted` (it may have finished by then).
+    After(Duration),
+    /// Stopped at this step and left alive (its sockets open) while the fleet is
+    /// watched; killed only before the second coordinator runs.
+    FreezeAt(&'static str),
+}
+
+/// How the second coordinator resolves what the first left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Resolve {
+    Cutover,
+    Abort,
+}
+
+impl Resolve {
+    /// Cutover in even rounds, abort in odd ones.
+    fn alternating(round: usize) -> Self {
+        if round.is_multiple_of(2) {
+            Self::Cutover
+        } else {
+            Self::Abort
+        }
+    }
+}
+
+/// What one round measured.
+#[derive(Debug)]
+struct Round {
+    /// The last step the coordinator reported before it was killed.
+    last_step: String,
+    /// The route after the kill, once the writers had had the bound and a little more.
+    route_after_kill: String,
+    /// From the kill to the first write admitted afterwards, per writer process.
+    resumed_after: [Duration; 2],
+    /// How the migration ended.
+    ended: Phase,
+}
+
+/// The shared set-up of the rounds: a fleet and an instance of the parent's, which is
+/// also the second coordinator.
+struct World {
+    fleet: Fleet,
+    instance: Instance,
+}
+
+impl World {
+    async fn new(name: &str) -> Self {
+        let fleet = Fleet::create(name).await;
+        let instance = fleet.instance(test_config(), ACQUIRE);
+        Self { fleet, instance }
+    }
+
+    /// One round on a fresh tenant: writers in two processes, a coordinator process
+    /// killed as `kill` says, the fleet watched, the migration resolved by `resolve`,
+    /// everything checked. `Err` lists what broke the documented behaviour (the
+    /// negative control expects it); the data checks panic.
+    async fn round(
+        &self,
+        kill: Kill,
+        resolve: Resolve,
+        two_write_flip: bool,
+    ) -> Result<Round, String> {
+        let tenant = Uuid::new_v4();
+        let routing = &self.instance.routing;
+        routing
+            .put(TenantRoute::normal(tenant, SOURCE))
+            .await
+            .expect("route");
+        let (mut a, mut b) = writers(&self.fleet, tenant).await;
+        let mut vars = vec![(TENANT, tenant.to_string())];
+        if let Kill::At(step) | Kill::FreezeAt(step) = kill {
+            vars.push((STOP_AT, step.to_owned()));
+        }
+        if two_write_flip {
+            vars.push((TWO_WRITE_FLIP, "1".to_owned()));
+        }
+        let mut coordinator = Child::spawn("coordinator", "coordinator", &self.fleet, &vars);
+        let migration = Uuid::parse_str(&coordinator.expect("prepared").await).expect("id");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        coordinator.send("cutover");
+
+        let (killed_at, mut last_step) = loop {
+            let message = coordinator.next().await;
+            let Some(step) = message.strip_prefix("step ") else {
+                // The cutover finished before the kill (a late random kill).
+                break (SystemTime::now(), format!("finished: {message}"));
+            };
+            match kill {
+                Kill::At(stop) | Kill::FreezeAt(stop) if stop == step => {
+                    break (SystemTime::now(), step.to_owned());
+                }
+                Kill::After(delay) if step == "pause_granted" => {
+                    tokio::time::sleep(delay).await;
+                    break (SystemTime::now(), format!("{step} + {delay:?}"));
+                }
+                _ => {}
+            }
+        };
+        let (frozen, bound) = match kill {
+            Kill::FreezeAt(_) => (true, FROZEN_BOUND),
+            _ => (false, RESUME_BOUND),
+        };
+        if !frozen {
+            coordinator.kill();
+        }
+        tokio::time::sleep(bound + WATCH_BEYOND_BOUND).await;
+
+        let mut problems = Vec::new();
+        let route = routing.get(tenant).await.expect("read").expect("a route");
+        let route_after_kill = format!("{} on {}", route.state, route.store_id);
+        let consistent = matches!(
+            (route.state, route.store_id.as_str()),
+            (RoutingState::DualWrite, SOURCE) | (RoutingState::Migrated, TARGET)
+        );
+        if !consistent {
+            problems.push(format!(
+                "after the kill and the watch the route is {route_after_kill}: writers cannot write"
+            ));
+        }
+
+        coordinator.kill();
+        if let Some(step) = coordinator
+            .rest()
+            .await
+            .iter()
+            .rev()
+            .find_map(|message| message.strip_prefix("step "))
+        {
+            // What it reached before the kill landed (a random kill).
+            last_step = format!("{last_step}, reached {step}");
+        }
+        let ended = self.resolve(migration, resolve, &mut problems).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut acks = a.stop(0).await;
+        acks.extend(b.stop(1).await);
+        drop((a, b));
+
+        let killed_us = micros(killed_at);
+        let mut resumed_after = [Duration::MAX; 2];
+        for (process, resumed) in resumed_after.iter_mut().enumerate() {
+            let first = acks
+                .iter()
+                .filter(|ack| ack.process == process && ack.store.is_some())
+                .map(|ack| ack.admitted_at_us)
+                .filter(|admitted| *admitted >= killed_us)
+                .min();
+            if let Some(first) = first {
+                *resumed =
+                    Duration::from_micros(u64::try_from(first - killed_us).unwrap_or(u64::MAX));
+            }
+            if *resumed > bound {
+                problems.push(format!(
+                    "the writers of process {process} did not resume within {bound:?} of \
+                     the kill (first write after it: {resumed:?})"
+                ));
+            }
+        }
+        let failed: Vec<&Ack> = acks.iter().filter(|ack| ack.error.is_some()).collect();
+        if !failed.is_empty() {
+            problems.push(format!(
+                "{} writes failed, e.g. {:?}",
+                failed.len(),
+                failed[0].error
+            ));
+        }
+        if !problems.is_empty() {
+            return Err(format!("killed at {last_step}: {}", problems.join("; ")));
+        }
+        self.assert_nothing_lost(tenant, ended, &acks).await;
+        Ok(Round {
+            last_step,
+            route_after_kill,
+            resumed_after,
+            ended,
+        })
+    }
+
+    /// The second coordinator: completes or aborts what the first left, as `resolve`
+    /// says (an abort refused because the flip took effect is followed by a cutover).
+    /// Returns the phase the migration ended in.
+    async fn resolve(
+        &self,
+        migration: Uuid,
+        resolve: Resolve,
+        problems: &mut Vec<String>,
+    ) -> Phase {
+        let coordinator = &self.instance.coordinator;
+        let record = coordinator.migration(migration).await.expect("record");
+        let mut cut_over = resolve == Resolve::Cutover;
+        if record.phase != Phase::Completed && resolve == Resolve::Abort {
+            match coordinator.abort(migration).await {
+                Ok(record) => return record.phase,
+                Err(MigrationError::AlreadyFlipped { .. }) => cut_over = true,
+                Err(error) => problems.push(format!("abort by a second coordinator: {error}")),
+            }
+        }
+        if cut_over && record.phase != Phase::Completed {
+            match coordinator.cutover(migration).await {
+                Ok(result)
+                    if matches!(
+                        result.outcome(),
+                        CutoverOutcome::Completed | CutoverOutcome::AlreadyCompleted
+                    ) => {}
+                Ok(result) => problems.push(format!("second cutover: {}", result.message())),
+                Err(error) => problems.push(format!("second cutover: {error}")),
+            }
+        }
+        coordinator
+            .migration(migration)
+            .await
+            .expect("record")
+            .phase
+    }
+
+    /// The migration ended completed on the target or aborted on the source, and every
+    /// acknowledged write is in the store of record exactly once, in its writer's order.
+    async fn assert_nothing_lost(&self, tenant: Uuid, ended: Phase, acks: &[Ack]) {
+        let route = self
+            .instance
+            .routing
+            .get(tenant)
+            .await
+            .expect("read")
+            .expect("a route");
+        let source = all_events(&self.instance.source, tenant).await;
+        let target = all_events(&self.instance.target, tenant).await;
+        match ended {
+            Phase::Completed => {
+                assert_eq!(
+                    (route.state, route.store_id.as_str()),
+                    (RoutingState::Migrated, TARGET)
+                );
+                assert_exactly_once_in_order(acks, &target, "target");
+                assert_eq!(
+                    &target[..source.len().min(target.len())],
+                    &source[..],
+                    "the source holds writes the target lacks"
+                );
+            }
+            Phase::Aborted => {
+                assert_eq!(
+                    (route.state, route.store_id.as_str()),
+                    (RoutingState::Normal, SOURCE)
+                );
+                assert_exactly_once_in_order(acks, &source, "source");
+            }
+            other => panic!("the migration ended in {other}"),
+        }
+        assert!(acks.len() > 20, "the writers wrote ({} writes)", acks.len());
+    }
+}
+
+fn report(rounds: &[(String, Round)]) -> String {
+    let mut text =
+        String::from("killed at | route after the kill | writers resumed after (A, B) | ended\n");
+    for (name, round) in rounds {
+        let _ = writeln!(
+            text,
+            "{name} (last step {}) | {} | {:?}, {:?} | {}",
+            round.last_step,
+            round.route_after_kill,
+            round.resumed_after[0],
+            round.resumed_after[1],
+            round.ended
+        );
+    }
+    text
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_killed_at_every_step_leaves_nothing_a_writer_or_a_second_coordinator_cannot_resolve()
+ {
+    let world = World::new("crash").await;
+    let mut rounds = Vec::new();
+    for (index, step) in STEPS.into_iter().enumerate() {
+        let resolve = Resolve::alternating(index);
+        let round = world
+            .round(Kill::At(step), resolve, false)
+            .await
+            .unwrap_or_else(|problems| panic!("{problems}"));
+        assert_eq!(
+            round.last_step, step,
+            "stopped at the step, nothing after it"
+        );
+        rounds.push((format!("{step}, then {resolve:?}"), round));
+    }
+    println!("{}", report(&rounds));
+    world.fleet.drop_databases().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_killed_at_random_moments_under_load_leaves_nothing_stuck() {
+    let world = World::new("random").await;
+    let mut rounds = Vec::new();
+    let mut random =
+        u64::try_from(micros(SystemTime::now()) % u128::from(u64::MAX)).unwrap_or(1) | 1;
+    for index in 0..8usize {
+        // 0–49 ms after the parent heard `pause_granted` (xorshift): the paused window of
+        // a debug build under load, the pipe's delay included, falls in it.
+        random ^= random << 13;
+        random ^= random >> 7;
+        random ^= random << 17;
+        let delay = Duration::from_millis(random % 50);
+        let resolve = Resolve::alternating(index);
+        let round = world
+            .round(Kill::After(delay), resolve, false)
+            .await
+            .unwrap_or_else(|problems| panic!("random kill {delay:?} after the pause: {problems}"));
+        rounds.push((
+            format!("{delay:?} after pause_granted, then {resolve:?}"),
+            round,
+        ));
+    }
+    println!("{}", report(&rounds));
+    world.fleet.drop_databases().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_crash_test_catches_a_flip_written_in_two_statements() {
+    let world = World::new("two_writes").await;
+    let failure = world
+        .round(Kill::At("flip_half"), Resolve::Cutover, true)
+        .await
+        .expect_err("a coordinator killed between the two writes of the flip must be caught");
+    println!("negative control: {failure}");
+    assert!(
+        failure.contains("cutover_paused on dedicated") && failure.contains("did not resume"),
+        "{failure}"
+    );
+    world.fleet.drop_databases().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_coordinator_holds_the_writers_no_longer_than_the_pause_s_max_hold() {
+    let world = World::new("frozen").await;
+    let round = world
+        .round(Kill::FreezeAt("routing_paused"), Resolve::Cutover, false)
+        .await
+        .unwrap_or_else(|problems| panic!("{problems}"));
+    // Held while the frozen coordinator's pause lived, freed when the server ended it.
+    let held = PostgresWritePause::DEFAULT_MAX_HOLD / 2;
+    assert!(
+        round.resumed_after.iter().all(|after| *after > held),
+        "{round:?}"
+    );
+    println!(
+        "{}",
+        report(&[("routing_paused, frozen".to_owned(), round)]).trim_end()
+    );
+    world.fleet.drop_databases().await;
+}
