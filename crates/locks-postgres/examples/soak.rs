@@ -57,12 +57,8 @@ async fn main() -> Result<(), Error> {
     match args.first().map(String::as_str) {
         Some("--worker") => worker(&args[1], &args[2], &args[3]).await,
         Some("--in-namespace") => {
-            let net = Net {
-                far: args[1].clone(),
-                far_link: args[2].clone(),
-                db_address: args[3].clone(),
-            };
-            driver(Duration::from_secs(args[4].parse()?), &net).await
+            let net = throwaway_pg::NetworkPair::attach(&args[1])?;
+            driver(Duration::from_secs(args[2].parse()?), &net).await
         }
         _ => {
             let seconds: u64 = match (args.first().map(String::as_str), args.get(1)) {
@@ -200,112 +196,39 @@ struct Faults {
     partitions: u32,
 }
 
-/// The network the soak runs on: the driver and the server in a namespace `db`, the
-/// workers in `far`, joined by a veth pair whose far end the partition fault takes down
-/// (packets dropped both ways, no socket closed).
-struct Net {
-    far: String,
-    far_link: String,
-    db_address: String,
-}
-
-impl Net {
-    fn link(&self, state: &str) {
-        let _ = Command::new("ip")
-            .args(["-n", &self.far, "link", "set", &self.far_link, state])
-            .status();
-    }
-}
-
-/// Runs `ip`; namespaces are the soak's precondition, so a failure says what is missing.
-fn ip(args: &[&str]) -> Result<(), Error> {
-    let output = Command::new("ip").args(args).output().map_err(|error| {
-        format!("network namespaces cannot be made here: `ip` did not run ({error}); the soak's partitions need root and iproute2")
-    })?;
-    if output.status.success() {
+/// Makes the network the soak runs on (the driver and the server in the pair's near
+/// namespace, the workers in the far one; the partition fault takes the link down), runs
+/// the driver inside it, and removes it.
+fn in_namespaces(seconds: u64) -> Result<(), Error> {
+    let net = throwaway_pg::NetworkPair::make("soak", 214)?;
+    let status = throwaway_pg::NetworkPair::command_in(net.near(), std::env::current_exe()?)
+        .args(["--in-namespace", &net.describe(), &seconds.to_string()])
+        .status()?;
+    if status.success() {
         Ok(())
     } else {
-        Err(format!(
-            "network namespaces cannot be made here: `ip {}` failed: {}; the soak's partitions need root and iproute2",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr).trim()
-        )
-        .into())
+        Err(format!("the soak driver failed ({status})").into())
     }
 }
 
-/// Makes the namespaces, runs the driver inside `db`, and removes them.
-fn in_namespaces(seconds: u64) -> Result<(), Error> {
-    let id = std::process::id();
-    let (db, far) = (format!("soak-db-{id}"), format!("soak-far-{id}"));
-    let (db_link, far_link) = (
-        format!("skd{}", id % 100_000),
-        format!("skf{}", id % 100_000),
-    );
-    let net = id % 250;
-    let made = (|| {
-        ip(&["netns", "add", &db])?;
-        ip(&["netns", "add", &far])?;
-        ip(&[
-            "link", "add", &db_link, "type", "veth", "peer", "name", &far_link,
-        ])?;
-        ip(&["link", "set", &db_link, "netns", &db])?;
-        ip(&["link", "set", &far_link, "netns", &far])?;
-        for (namespace, link, host) in [(&db, &db_link, 1), (&far, &far_link, 2)] {
-            ip(&[
-                "-n",
-                namespace,
-                "addr",
-                "add",
-                &format!("10.214.{net}.{host}/30"),
-                "dev",
-                link,
-            ])?;
-            ip(&["-n", namespace, "link", "set", "lo", "up"])?;
-            ip(&["-n", namespace, "link", "set", link, "up"])?;
-        }
-        Ok::<(), Error>(())
-    })();
-    let outcome = made.and_then(|()| {
-        let status = Command::new("ip")
-            .args(["netns", "exec", &db])
-            .arg(std::env::current_exe()?)
+fn spawn_worker(
+    url: &str,
+    index: usize,
+    dir: &Path,
+    net: &throwaway_pg::NetworkPair,
+) -> Result<Child, Error> {
+    Ok(
+        throwaway_pg::NetworkPair::command_in(net.far(), std::env::current_exe()?)
             .args([
-                "--in-namespace",
-                &far,
-                &far_link,
-                &format!("10.214.{net}.1"),
+                "--worker",
+                url,
+                &format!("soak-{index}"),
+                &dir.join(format!("worker-{index}.log"))
+                    .display()
+                    .to_string(),
             ])
-            .arg(seconds.to_string())
-            .status()?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(format!("the soak driver failed ({status})").into())
-        }
-    });
-    for namespace in [&far, &db] {
-        let _ = Command::new("ip")
-            .args(["netns", "del", namespace])
-            .status();
-    }
-    outcome
-}
-
-fn spawn_worker(url: &str, index: usize, dir: &Path, net: &Net) -> Result<Child, Error> {
-    let exe = std::env::current_exe()?;
-    Ok(Command::new("ip")
-        .args(["netns", "exec", &net.far])
-        .arg(exe)
-        .args([
-            "--worker",
-            url,
-            &format!("soak-{index}"),
-            &dir.join(format!("worker-{index}.log"))
-                .display()
-                .to_string(),
-        ])
-        .spawn()?)
+            .spawn()?,
+    )
 }
 
 async fn admin(url: &str) -> Option<tokio_postgres::Client> {
@@ -333,8 +256,8 @@ fn signal(pid: i32, name: &str) {
         .status();
 }
 
-async fn driver(duration: Duration, net: &Net) -> Result<(), Error> {
-    let listen = format!("'127.0.0.1,{}'", net.db_address);
+async fn driver(duration: Duration, net: &throwaway_pg::NetworkPair) -> Result<(), Error> {
+    let listen = format!("'127.0.0.1,{}'", net.near_address());
     let cluster = tokio::task::spawn_blocking(move || {
         throwaway_pg::ThrowawayPostgres::builder()
             .setting("listen_addresses", listen)
@@ -342,19 +265,11 @@ async fn driver(duration: Duration, net: &Net) -> Result<(), Error> {
     })
     .await??;
     // The workers connect from the far side.
-    let far_net = net
-        .db_address
-        .rsplit_once('.')
-        .map(|(net, _)| format!("{net}.0/30"));
-    std::fs::OpenOptions::new()
-        .append(true)
-        .open(cluster.data_dir().join("pg_hba.conf"))?
-        .write_all(format!("host all all {} trust\n", far_net.unwrap_or_default()).as_bytes())?;
-    cluster.psql("SELECT pg_reload_conf()")?;
+    cluster.trust(&net.network())?;
     let url = cluster.url();
     let worker_url = format!(
         "postgres://postgres@{}:{}/postgres",
-        net.db_address,
+        net.near_address(),
         cluster.port()
     );
     let dir = std::env::temp_dir().join(format!("lock-soak-{}", std::process::id()));
@@ -416,9 +331,9 @@ async fn driver(duration: Duration, net: &Net) -> Result<(), Error> {
             7..=8 => {
                 // A partition: the workers' link down for 2-12 s, long enough at times
                 // for the server to free a silent holder's lock (its lease).
-                net.link("down");
+                net.cut()?;
                 tokio::time::sleep(Duration::from_millis(2000 + random.below(10_000))).await;
-                net.link("up");
+                net.heal()?;
                 faults.partitions += 1;
             }
             _ => {
@@ -431,7 +346,7 @@ async fn driver(duration: Duration, net: &Net) -> Result<(), Error> {
             }
         }
     }
-    net.link("up");
+    net.heal()?;
     for worker in &mut workers {
         let _ = worker.kill();
         let _ = worker.wait();

@@ -1,8 +1,9 @@
 //! The lease under a real network partition: a host that vanishes without closing its
 //! sockets (no FIN, no RST), as a power loss, a frozen VM or a cut cable does.
 //!
-//! The test makes two network namespaces joined by a veth pair: `db`, where a throwaway
-//! PostgreSQL listens on its veth address, and `far`, where a holder and a queued waiter
+//! The test makes two network namespaces joined by a veth pair
+//! ([`throwaway_pg::NetworkPair`]): the near one, where a throwaway
+//! PostgreSQL listens on its veth address, and the far one, where a holder and a queued waiter
 //! (child processes: this test binary run again inside the namespace) reach it over real
 //! TCP. The test itself plays the other hosts through the server's Unix socket. Then the
 //! far side's link goes down, which drops packets both ways and closes neither socket.
@@ -19,12 +20,13 @@
 //! Its own test binary: it starts its own cluster inside the namespace.
 
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use locks_port::{DistributedLock, LockGuard};
 use locks_postgres::{Lease, PostgresLockManager};
+use throwaway_pg::NetworkPair;
 
 /// The child's role, and what it needs.
 const ROLE: &str = "LOCKS_PARTITION_ROLE";
@@ -32,6 +34,7 @@ const URL: &str = "LOCKS_PARTITION_URL";
 const KEY: &str = "LOCKS_PARTITION_KEY";
 const LEASE_SECS: &str = "LOCKS_PARTITION_LEASE";
 const LISTEN: &str = "LOCKS_PARTITION_LISTEN";
+const NETWORK: &str = "LOCKS_PARTITION_NETWORK";
 const PREFIX: &str = "PARTITION:";
 
 /// The short lease measured beside the default one.
@@ -76,18 +79,9 @@ fn child_server() {
         .setting("listen_addresses", format!("'127.0.0.1,{listen}'"))
         .start()
         .expect("a throwaway PostgreSQL in the namespace");
-    // Trust the far side's address too (the cluster trusts loopback only).
-    let far = listen
-        .rsplit_once('.')
-        .map(|(net, _)| format!("{net}.0/30"))
-        .unwrap();
-    let hba = server.data_dir().join("pg_hba.conf");
-    let mut rules = std::fs::OpenOptions::new()
-        .append(true)
-        .open(&hba)
-        .expect("pg_hba.conf");
-    writeln!(rules, "host all all {far} trust").expect("write pg_hba.conf");
-    server.psql("SELECT pg_reload_conf()").expect("reload");
+    // Trust the far side too (the cluster trusts loopback only).
+    let network = std::env::var(NETWORK).expect(NETWORK);
+    server.trust(&network).expect("trust the far side");
     say(&format!(
         "ready {} {}",
         server.port(),
@@ -131,83 +125,6 @@ async fn child_lock(hold: bool) {
 // ---------------------------------------------------------------------------------
 // The parent side.
 
-/// Runs `ip` with `args`; the namespaces are the test's precondition, so a failure says
-/// what is missing instead of skipping.
-fn ip(args: &[&str]) {
-    let output = Command::new("ip")
-        .args(args)
-        .output()
-        .unwrap_or_else(|error| {
-            panic!(
-                "network namespaces cannot be made here: `ip` did not run ({error}); the \
-             partition test needs root and iproute2"
-            )
-        });
-    assert!(
-        output.status.success(),
-        "network namespaces cannot be made here: `ip {}` failed: {}; the partition test \
-         needs root and iproute2",
-        args.join(" "),
-        String::from_utf8_lossy(&output.stderr).trim()
-    );
-}
-
-/// Two namespaces joined by a veth pair, removed on drop.
-struct Namespaces {
-    db: String,
-    far: String,
-    far_link: String,
-    /// The database side's address.
-    db_address: String,
-}
-
-impl Namespaces {
-    fn make() -> Self {
-        let id = std::process::id();
-        let (db, far) = (format!("locks-db-{id}"), format!("locks-far-{id}"));
-        let (db_link, far_link) = (
-            format!("lkd{}", id % 100_000),
-            format!("lkf{}", id % 100_000),
-        );
-        let net = id % 250;
-        let made = Self {
-            db: db.clone(),
-            far: far.clone(),
-            far_link: far_link.clone(),
-            db_address: format!("10.213.{net}.1"),
-        };
-        ip(&["netns", "add", &db]);
-        ip(&["netns", "add", &far]);
-        ip(&[
-            "link", "add", &db_link, "type", "veth", "peer", "name", &far_link,
-        ]);
-        ip(&["link", "set", &db_link, "netns", &db]);
-        ip(&["link", "set", &far_link, "netns", &far]);
-        for (namespace, link, host) in [(&db, &db_link, 1), (&far, &far_link, 2)] {
-            let address = format!("10.213.{net}.{host}/30");
-            ip(&["-n", namespace, "addr", "add", &address, "dev", link]);
-            ip(&["-n", namespace, "link", "set", "lo", "up"]);
-            ip(&["-n", namespace, "link", "set", link, "up"]);
-        }
-        made
-    }
-
-    /// Takes the far side's link down: packets are dropped both ways, no socket closes.
-    fn cut(&self) {
-        ip(&["-n", &self.far, "link", "set", &self.far_link, "down"]);
-    }
-}
-
-impl Drop for Namespaces {
-    fn drop(&mut self) {
-        for namespace in [&self.far, &self.db] {
-            let _ = Command::new("ip")
-                .args(["netns", "del", namespace])
-                .status();
-        }
-    }
-}
-
 /// A child process in a namespace, and its messages as they arrive.
 struct InNamespace {
     child: Child,
@@ -219,10 +136,8 @@ impl InNamespace {
         let exe = std::fs::read_link("/proc/self/exe")
             .or_else(|_| std::env::current_exe())
             .expect("this test binary");
-        let mut command = Command::new("ip");
+        let mut command = NetworkPair::command_in(namespace, exe);
         command
-            .args(["netns", "exec", namespace])
-            .arg(exe)
             .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
             .envs(env.iter().copied())
             .stdin(Stdio::piped())
@@ -272,19 +187,21 @@ struct Scenario {
 
 #[test]
 fn a_cut_off_holder_is_told_first_and_its_lock_is_free_within_the_lease() {
-    let namespaces = Namespaces::make();
+    let pair = NetworkPair::make("locks", 213).unwrap_or_else(|error| panic!("{error}"));
+    let (near_address, network) = (pair.near_address(), pair.network());
     let server = InNamespace::spawn(
-        &namespaces.db,
-        &[(ROLE, "server"), (LISTEN, &namespaces.db_address)],
+        pair.near(),
+        &[
+            (ROLE, "server"),
+            (LISTEN, &near_address),
+            (NETWORK, &network),
+        ],
     );
     let (_, ready) = server.next(Duration::from_secs(120), "the server started");
     let mut words = ready.split(' ').skip(1);
     let port: u16 = words.next().unwrap().parse().unwrap();
     let socket_dir = words.next().unwrap().to_owned();
-    let far_url = format!(
-        "postgres://postgres@{}:{port}/postgres",
-        namespaces.db_address
-    );
+    let far_url = format!("postgres://postgres@{near_address}:{port}/postgres");
     let near_url = format!("host={socket_dir} port={port} user=postgres dbname=postgres");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -325,10 +242,10 @@ fn a_cut_off_holder_is_told_first_and_its_lock_is_free_within_the_lease() {
                 (LEASE_SECS, secs.as_str()),
             ]
         };
-        let holder = InNamespace::spawn(&namespaces.far, &env("hold"));
+        let holder = InNamespace::spawn(pair.far(), &env("hold"));
         let (_, held) = holder.next(Duration::from_secs(30), "the holder took the lock");
         assert_eq!(held, "held");
-        let waiter = InNamespace::spawn(&namespaces.far, &env("wait"));
+        let waiter = InNamespace::spawn(pair.far(), &env("wait"));
         let lock_id = near.lock_id(&key);
         let queued = Instant::now();
         while waiting(lock_id) == 0 {
@@ -358,7 +275,7 @@ fn a_cut_off_holder_is_told_first_and_its_lock_is_free_within_the_lease() {
     }
     // Let the holders' keepalives run as they would, then cut.
     std::thread::sleep(Duration::from_secs(2));
-    namespaces.cut();
+    pair.cut().unwrap_or_else(|error| panic!("{error}"));
     let cut = Instant::now();
     let watch_until = cut + Duration::from_secs(60) + Duration::from_secs(10);
     let control_until = cut + SHORT_LEASE + Duration::from_secs(10);
@@ -436,4 +353,5 @@ fn a_cut_off_holder_is_told_first_and_its_lock_is_free_within_the_lease() {
     }
     drop(scenarios);
     drop(server);
+    drop(pair);
 }

@@ -287,6 +287,23 @@ impl ThrowawayPostgres {
         self.start_again()
     }
 
+    /// Lets clients from `network` (a CIDR such as `10.1.2.0/30`) in with trust
+    /// authentication, as loopback already is, and reloads the configuration; for a server
+    /// that listens on more than loopback (see [`crate::NetworkPair`]).
+    ///
+    /// # Errors
+    /// [`Error::Io`] when `pg_hba.conf` cannot be written, [`Error::Command`] when the
+    /// reload fails.
+    pub fn trust(&self, network: &str) -> Result<(), Error> {
+        let path = self.data_dir().join("pg_hba.conf");
+        OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .and_then(|mut file| writeln!(file, "host all all {network} trust"))
+            .map_err(|source| Error::io(format!("append to {}", path.display()), source))?;
+        self.psql("SELECT pg_reload_conf()").map(drop)
+    }
+
     /// Runs `sql` with `psql` (over TCP, `ON_ERROR_STOP`) and returns its unaligned,
     /// tuples-only output, trimmed: `psql("select 1")` is `"1"`.
     pub fn psql(&self, sql: &str) -> Result<String, Error> {

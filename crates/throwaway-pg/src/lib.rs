@@ -4,6 +4,7 @@
 mod binaries;
 mod cluster;
 mod error;
+mod netns;
 mod pgbouncer;
 mod process;
 mod replication;
@@ -13,6 +14,7 @@ mod watchdog;
 pub use binaries::BINDIR_ENV;
 pub use cluster::{Builder, ThrowawayPostgres};
 pub use error::Error;
+pub use netns::{NetworkError, NetworkPair};
 pub use pgbouncer::{PGBOUNCER_ENV, PgBouncer, PgBouncerBuilder, PgBouncerError, PoolMode};
 pub use replication::{PrimaryWithStandby, ReplicationBuilder};
 pub use shared::{DATABASE_URL_ENV, database_url, shared_cluster};
