@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs what the tests need beyond Rust and the PostgreSQL server binaries: PgBouncer
 # (Debian's `pgbouncer` package), for the tests of transaction-scoped locks behind a
-# transaction-pooling proxy. `cargo xtask test` runs this when no pgbouncer is found.
+# transaction-pooling proxy, and iproute2 (`ip`), for the partition test and the soak's
+# partitions (network namespaces). `cargo xtask test` runs this when either is missing.
 #
-# Quiet on success; does nothing when pgbouncer is already installed. Needs apt-get and
+# Quiet on success; does nothing when both are already installed. Needs apt-get and
 # root (or password-less sudo); anywhere else it says what to install and fails.
 set -euo pipefail
 
@@ -11,13 +12,20 @@ have_pgbouncer() {
     command -v pgbouncer >/dev/null 2>&1 || [[ -x /usr/sbin/pgbouncer ]]
 }
 
-if have_pgbouncer; then
+have_ip() {
+    command -v ip >/dev/null 2>&1 || [[ -x /usr/sbin/ip ]] || [[ -x /sbin/ip ]]
+}
+
+packages=()
+have_pgbouncer || packages+=(pgbouncer)
+have_ip || packages+=(iproute2)
+if [[ ${#packages[@]} == 0 ]]; then
     exit 0
 fi
 
 if ! command -v apt-get >/dev/null 2>&1; then
-    echo "error: pgbouncer is not installed and there is no apt-get here; install PgBouncer" \
-        "(e.g. \`dnf install pgbouncer\`, \`brew install pgbouncer\`) or set" \
+    echo "error: ${packages[*]} not installed and there is no apt-get here; install them" \
+        "(e.g. \`dnf install pgbouncer iproute\`), or for PgBouncer set" \
         "THROWAWAY_PGBOUNCER to its path" >&2
     exit 1
 fi
@@ -27,7 +35,7 @@ if [[ "$(id -u)" != 0 ]]; then
     if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
         sudo=(sudo -n)
     else
-        echo "error: pgbouncer is not installed; run \`apt-get install pgbouncer\` as root" >&2
+        echo "error: ${packages[*]} not installed; run \`apt-get install ${packages[*]}\` as root" >&2
         exit 1
     fi
 fi
@@ -49,19 +57,23 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "install-test-deps: installing pgbouncer with apt-get" >&2
+echo "install-test-deps: installing ${packages[*]} with apt-get" >&2
 log=$(mktemp)
 if ! { "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-        --no-install-recommends pgbouncer; } >"$log" 2>&1; then
+        --no-install-recommends "${packages[@]}"; } >"$log" 2>&1; then
     cat "$log" >&2
     rm -f "$log"
-    echo "error: could not install pgbouncer with apt-get (output above)" >&2
+    echo "error: could not install ${packages[*]} with apt-get (output above)" >&2
     exit 1
 fi
 rm -f "$log"
 
 if ! have_pgbouncer; then
     echo "error: apt-get installed pgbouncer but no pgbouncer binary was found" >&2
+    exit 1
+fi
+if ! have_ip; then
+    echo "error: apt-get installed iproute2 but no ip binary was found" >&2
     exit 1
 fi

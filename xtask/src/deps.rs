@@ -1,8 +1,9 @@
 //! What the tests need beyond Rust and PostgreSQL, installed by `scripts/install-test-deps.sh`.
 //!
 //! Today that is PgBouncer, for the tests of transaction-scoped locks behind a
-//! transaction-pooling proxy. The tests never skip when it is missing (they fail saying what
-//! to install), so `cargo xtask test` installs it first.
+//! transaction-pooling proxy, and iproute2 (`ip`), for the partition test and the soak's
+//! partitions. The tests never skip when one is missing (they fail saying what to install),
+//! so `cargo xtask test` installs them first.
 
 use std::path::Path;
 use std::process::Command;
@@ -15,13 +16,13 @@ const PGBOUNCER_ENV: &str = "THROWAWAY_PGBOUNCER";
 const DEBIAN_PGBOUNCER: &str = "/usr/sbin/pgbouncer";
 const SCRIPT: &str = "scripts/install-test-deps.sh";
 
-/// Runs the install script when no `pgbouncer` is found; quiet when there is one.
+/// Runs the install script when no `pgbouncer` or no `ip` is found; quiet when both are.
 pub(crate) fn ensure_test_deps() -> crate::Result {
-    if pgbouncer_installed() {
+    if pgbouncer_installed() && on_path("ip") {
         return Ok(());
     }
     let script = workspace_root().join(SCRIPT);
-    eprintln!("xtask: no pgbouncer found; running {SCRIPT}");
+    eprintln!("xtask: pgbouncer or ip missing; running {SCRIPT}");
     let status = Command::new("bash")
         .arg(&script)
         .status()
@@ -30,8 +31,8 @@ pub(crate) fn ensure_test_deps() -> crate::Result {
         Ok(())
     } else {
         Err(format!(
-            "{SCRIPT} failed ({status}); install PgBouncer (`apt-get install pgbouncer`) \
-             or set {PGBOUNCER_ENV} to its path"
+            "{SCRIPT} failed ({status}); install PgBouncer and iproute2 (`apt-get install \
+             pgbouncer iproute2`), or set {PGBOUNCER_ENV} to PgBouncer's path"
         )
         .into())
     }
@@ -41,9 +42,14 @@ fn pgbouncer_installed() -> bool {
     if let Some(path) = std::env::var_os(PGBOUNCER_ENV).filter(|path| !path.is_empty()) {
         return Path::new(&path).is_file();
     }
-    Path::new(DEBIAN_PGBOUNCER).is_file()
-        || std::env::var_os("PATH")
-            .iter()
-            .flat_map(std::env::split_paths)
-            .any(|dir| dir.join("pgbouncer").is_file())
+    Path::new(DEBIAN_PGBOUNCER).is_file() || on_path("pgbouncer")
+}
+
+/// Whether `program` is in a folder of `PATH` or of root's usual `sbin` folders.
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .chain(["/usr/sbin".into(), "/sbin".into()])
+        .any(|dir| dir.join(program).is_file())
 }
