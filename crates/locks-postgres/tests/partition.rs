@@ -16,6 +16,10 @@
 //! `lease(None)` is the negative control: its lock must still be held well after the
 //! short lease, or the test is not measuring the lease.
 //!
+//! A second test puts two session-pooling PgBouncers on the near side: one with its
+//! client-side TCP settings set to the lease's server timers (the same bounds must hold)
+//! and one with its defaults (the negative control: still held).
+//!
 //! It needs root (`ip netns`); where namespaces cannot be made it fails and says so.
 //! Its own test binary: it starts its own cluster inside the namespace.
 
@@ -35,6 +39,7 @@ const KEY: &str = "LOCKS_PARTITION_KEY";
 const LEASE_SECS: &str = "LOCKS_PARTITION_LEASE";
 const LISTEN: &str = "LOCKS_PARTITION_LISTEN";
 const NETWORK: &str = "LOCKS_PARTITION_NETWORK";
+const BOUNCER_TIMERS: &str = "LOCKS_PARTITION_BOUNCER_TIMERS";
 const PREFIX: &str = "PARTITION:";
 
 /// The short lease measured beside the default one.
@@ -82,10 +87,47 @@ fn child_server() {
     // Trust the far side too (the cluster trusts loopback only).
     let network = std::env::var(NETWORK).expect(NETWORK);
     server.trust(&network).expect("trust the far side");
+    // With BOUNCER_TIMERS: two session-pooling PgBouncers in front of it, listening on the
+    // far side's link too, one with its client-side TCP timers set to the lease's, one
+    // with its defaults.
+    let bouncers: Vec<throwaway_pg::PgBouncer> = std::env::var(BOUNCER_TIMERS)
+        .ok()
+        .map(|timers| {
+            let timers: Vec<&str> = timers.split(',').collect();
+            let settings = [
+                ("tcp_keepalive", "1"),
+                ("tcp_keepidle", timers[0]),
+                ("tcp_keepintvl", timers[1]),
+                ("tcp_keepcnt", timers[2]),
+                ("tcp_user_timeout", timers[3]),
+            ];
+            [true, false]
+                .into_iter()
+                .map(|leased| {
+                    let mut builder = throwaway_pg::PgBouncer::builder()
+                        .pool_mode(throwaway_pg::PoolMode::Session)
+                        .setting("listen_addr", format!("127.0.0.1,{listen}"));
+                    if leased {
+                        for (name, value) in settings {
+                            builder = builder.setting(name, value);
+                        }
+                    }
+                    builder
+                        .start(&server.url())
+                        .expect("a PgBouncer in the namespace")
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let ports: Vec<String> = bouncers
+        .iter()
+        .map(|bouncer| bouncer.port().to_string())
+        .collect();
     say(&format!(
-        "ready {} {}",
+        "ready {} {} {}",
         server.port(),
-        server.dir().display()
+        server.dir().display(),
+        ports.join(" ")
     ));
     let mut line = String::new();
     while std::io::stdin()
@@ -94,6 +136,7 @@ fn child_server() {
     {
         line.clear();
     }
+    drop(bouncers);
     drop(server);
 }
 
@@ -177,7 +220,8 @@ impl Drop for InNamespace {
 struct Scenario {
     name: &'static str,
     key: String,
-    /// The holder's lease (`None`: the server's timers left alone).
+    /// The bounds the scenario must keep (`None`: the negative control, whose lock must
+    /// stay held).
     lease: Option<Lease>,
     holder: InNamespace,
     _waiter: InNamespace,
@@ -185,23 +229,90 @@ struct Scenario {
     free: Option<Instant>,
 }
 
+/// One lock on the far side.
+struct Plan {
+    name: &'static str,
+    /// The far holder's and waiter's lease.
+    lease: Option<Duration>,
+    /// Whether the bounds of that lease must hold (else: the negative control).
+    bounded: bool,
+    /// Through which PgBouncer (by its place in the server child's list), or straight
+    /// to the server.
+    bouncer: Option<usize>,
+}
+
 #[test]
 fn a_cut_off_holder_is_told_first_and_its_lock_is_free_within_the_lease() {
-    let pair = NetworkPair::make("locks", 213).unwrap_or_else(|error| panic!("{error}"));
-    let (near_address, network) = (pair.near_address(), pair.network());
-    let server = InNamespace::spawn(
-        pair.near(),
-        &[
-            (ROLE, "server"),
-            (LISTEN, &near_address),
-            (NETWORK, &network),
-        ],
+    let plans = [
+        ("default lease", Some(Duration::from_secs(60)), true),
+        ("short lease", Some(SHORT_LEASE), true),
+        ("no lease (negative control)", None, false),
+    ]
+    .map(|(name, lease, bounded)| Plan {
+        name,
+        lease,
+        bounded,
+        bouncer: None,
+    });
+    partition("locks", 213, None, &plans);
+}
+
+/// Behind PgBouncer in session pooling the server's timers face PgBouncer: PgBouncer's own
+/// client-side TCP settings, set to the lease's server timers, give the same bound (a
+/// client PgBouncer finds dead has its server connection reset, which frees its locks),
+/// and a PgBouncer left with its defaults (the negative control) keeps the lock.
+#[test]
+fn behind_pgbouncer_in_session_pooling_its_own_timers_give_the_same_bound() {
+    let lease =
+        PostgresLockManager::builder(locks_postgres::plain_pool("postgres://x@h/d", 1).unwrap())
+            .try_build()
+            .unwrap()
+            .lease()
+            .unwrap();
+    let timers = format!(
+        "{},{},{},{}",
+        lease.server.keepalives_idle.as_secs(),
+        lease.server.keepalives_interval.as_secs(),
+        lease.server.keepalives_count,
+        lease.server.user_timeout.as_millis()
     );
+    let plans = [
+        Plan {
+            name: "PgBouncer with the lease's timers",
+            lease: Some(lease.duration),
+            bounded: true,
+            bouncer: Some(0),
+        },
+        Plan {
+            name: "PgBouncer with its defaults (negative control)",
+            lease: Some(lease.duration),
+            bounded: false,
+            bouncer: Some(1),
+        },
+    ];
+    partition("bouncer", 215, Some(&timers), &plans);
+}
+
+/// Makes a network pair, a server (and PgBouncers, given their timers) on its near side,
+/// runs each plan's holder and queued waiter on the far side, cuts the link, and checks
+/// the bounds.
+fn partition(name: &str, octet: u8, bouncer_timers: Option<&str>, plans: &[Plan]) {
+    let pair = NetworkPair::make(name, octet).unwrap_or_else(|error| panic!("{error}"));
+    let (near_address, network) = (pair.near_address(), pair.network());
+    let mut env = vec![
+        (ROLE, "server"),
+        (LISTEN, near_address.as_str()),
+        (NETWORK, network.as_str()),
+    ];
+    if let Some(timers) = bouncer_timers {
+        env.push((BOUNCER_TIMERS, timers));
+    }
+    let server = InNamespace::spawn(pair.near(), &env);
     let (_, ready) = server.next(Duration::from_secs(120), "the server started");
     let mut words = ready.split(' ').skip(1);
     let port: u16 = words.next().unwrap().parse().unwrap();
     let socket_dir = words.next().unwrap().to_owned();
-    let far_url = format!("postgres://postgres@{near_address}:{port}/postgres");
+    let bouncer_ports: Vec<String> = words.map(str::to_owned).collect();
     let near_url = format!("host={socket_dir} port={port} user=postgres dbname=postgres");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -225,13 +336,13 @@ fn a_cut_off_holder_is_told_first_and_its_lock_is_free_within_the_lease() {
         })
     };
 
-    let leases = [
-        ("default lease", Some(Duration::from_secs(60))),
-        ("short lease", Some(SHORT_LEASE)),
-        ("no lease (negative control)", None),
-    ];
     let mut scenarios: Vec<Scenario> = Vec::new();
-    for (name, lease) in leases {
+    for plan in plans {
+        let (name, lease) = (plan.name, plan.lease);
+        let far_port = plan
+            .bouncer
+            .map_or_else(|| port.to_string(), |index| bouncer_ports[index].clone());
+        let far_url = format!("postgres://postgres@{near_address}:{far_port}/postgres");
         let key = format!("partition:{name}:{}", std::process::id());
         let secs = lease.map_or(0, |lease| lease.as_secs()).to_string();
         let env = |role| {
@@ -255,7 +366,7 @@ fn a_cut_off_holder_is_told_first_and_its_lock_is_free_within_the_lease() {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        let lease = lease.map(|lease| {
+        let lease = lease.filter(|_| plan.bounded).map(|lease| {
             PostgresLockManager::builder(near.pool().clone())
                 .lease(Some(lease))
                 .try_build()
