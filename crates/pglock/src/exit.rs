@@ -74,6 +74,19 @@ pub(crate) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     one_line(&text)
 }
 
+/// What went wrong beneath `error`: its sources joined as [`chain`] joins them, or its own
+/// text when it has none.
+///
+/// For the parent's message to add its own words in front of: a driver error's own text
+/// starts with its kind ("invalid connection string", "error connecting to server"), which
+/// the parent message already says in its own words.
+pub(crate) fn causes(error: &(dyn std::error::Error + 'static)) -> String {
+    match error.source() {
+        Some(source) => chain(source),
+        None => one_line(&error.to_string()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,5 +102,8 @@ mod tests {
     fn chains_name_each_cause_once() {
         let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
         assert_eq!(chain(&io), "refused");
+        assert_eq!(causes(&io), "refused");
+        let wrapped = std::io::Error::other(io);
+        assert_eq!(causes(&wrapped), "refused");
     }
 }

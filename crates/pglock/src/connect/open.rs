@@ -7,7 +7,7 @@ use locks_postgres::deadpool_postgres::{
 use locks_postgres::tokio_postgres::{self, NoTls};
 
 use super::Target;
-use crate::exit::{CONFIG, Failure, NOPERM, SOFTWARE, UNAVAILABLE, chain};
+use crate::exit::{CONFIG, Failure, NOPERM, SOFTWARE, UNAVAILABLE, causes};
 use crate::tls;
 
 /// A pool of at most `size` connections to `target`, each open bounded by its connect
@@ -78,7 +78,7 @@ pub(crate) fn connect_failure(error: &tokio_postgres::Error, shown: &str) -> Fai
         };
         return Failure::new(exit, format!("cannot connect to {shown}: {}", db.message()));
     }
-    let text = chain(error);
+    let text = causes(error);
     let exit = if tls_source(error) {
         CONFIG
     } else {
