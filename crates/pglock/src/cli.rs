@@ -75,9 +75,16 @@ pub(crate) enum Command {
     Who {
         /// The lock key.
         key: String,
+        /// Print one JSON document instead of a table (fields in the manual).
+        #[arg(long)]
+        json: bool,
     },
     /// List every advisory lock on the database, held or awaited.
-    List,
+    List {
+        /// Print one JSON document instead of a table (fields in the manual).
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the advisory lock id of KEY (no database needed).
     Id {
         /// The lock key.

@@ -9,6 +9,7 @@ mod connect;
 mod duration;
 mod exit;
 mod inspect;
+mod json;
 mod run;
 mod status;
 mod tls;
@@ -61,15 +62,20 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
     runtime.block_on(async move {
         match cli.command {
             Command::Run(args) => run::run(target, args, say).await,
-            Command::Who { key } => show(&target, say, Some(&key)).await,
-            Command::List => show(&target, say, None).await,
+            Command::Who { key, json } => show(&target, say, Some(&key), json).await,
+            Command::List { json } => show(&target, say, None, json).await,
             Command::Id { .. } => Ok(0),
         }
     })
 }
 
-/// `pglock who KEY` (with a key) and `pglock list` (without).
-async fn show(target: &connect::Target, say: Say, key: Option<&str>) -> Result<u8, Failure> {
+/// `pglock who KEY` (with a key) and `pglock list` (without); `--json` for scripts.
+async fn show(
+    target: &connect::Target,
+    say: Say,
+    key: Option<&str>,
+    json: bool,
+) -> Result<u8, Failure> {
     say.say(format!("connecting to {}", target.shown));
     let pool = connect::pool(target, 1, "pglock")?;
     let client = pool
@@ -82,7 +88,9 @@ async fn show(target: &connect::Target, say: Say, key: Option<&str>) -> Result<u
         Some(key) => {
             let lock_id = locks_port::lock_id(key);
             let entries = inspect::of(&client, lock_id).await.map_err(query_failure)?;
-            if entries.is_empty() {
+            if json {
+                print!("{}", json::who(key, lock_id, &entries));
+            } else if entries.is_empty() {
                 println!("nobody holds or waits for '{key}' (lock id {lock_id})");
             } else {
                 println!("'{key}' (lock id {lock_id}):");
@@ -91,7 +99,9 @@ async fn show(target: &connect::Target, say: Say, key: Option<&str>) -> Result<u
         }
         None => {
             let entries = inspect::all(&client).await.map_err(query_failure)?;
-            if entries.is_empty() {
+            if json {
+                print!("{}", json::list(&entries));
+            } else if entries.is_empty() {
                 println!("no advisory locks on this database");
             } else {
                 print!("{}", inspect::table(&entries, true));

@@ -131,6 +131,19 @@ async fn release_foreign(foreign: &tokio_postgres::Client, lock_id: i64) {
         .expect("foreign unlock");
 }
 
+/// A plain session holding the lock on `key`, its pid, and `pglock run KEY -- true` waiting
+/// in the server's queue behind it.
+async fn held_and_awaited(key: &str) -> (tokio_postgres::Client, i32, Child) {
+    let lock_id = locks_port::lock_id(key);
+    let (foreign, foreign_pid) = foreign_holder(lock_id).await;
+    let waiter = pglock()
+        .args(["run", key, "--", "true"])
+        .spawn()
+        .expect("spawn");
+    wait_for_a_waiter(&admin().await, lock_id).await;
+    (foreign, foreign_pid, waiter)
+}
+
 /// Waits until some session waits in the server's queue for `lock_id`.
 async fn wait_for_a_waiter(observer: &tokio_postgres::Client, lock_id: i64) {
     eventually("a session waiting in the server's queue", || async {
@@ -437,13 +450,7 @@ async fn who_list_and_id_show_the_lock() {
     assert_eq!(code(&nobody), 0, "{}", stderr(&nobody));
     assert!(String::from_utf8_lossy(&nobody.stdout).starts_with("nobody holds"));
 
-    let (foreign, foreign_pid) = foreign_holder(lock_id).await;
-    let waiter = pglock()
-        .args(["run", &key, "--", "true"])
-        .spawn()
-        .expect("spawn");
-    let observer = admin().await;
-    wait_for_a_waiter(&observer, lock_id).await;
+    let (foreign, foreign_pid, waiter) = held_and_awaited(&key).await;
 
     let who = output(pglock().args(["who", &key])).await;
     assert_eq!(code(&who), 0, "{}", stderr(&who));
@@ -763,4 +770,76 @@ async fn error_lines_say_each_cause_once() {
             "{what}: {repeated:?} said twice in: {said}"
         );
     }
+}
+
+/// Stdout parsed as one JSON document.
+fn json(output: &Output) -> serde_json::Value {
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|error| {
+        panic!(
+            "not one JSON document ({error}): {}",
+            String::from_utf8_lossy(&output.stdout)
+        )
+    })
+}
+
+#[tokio::test]
+async fn who_and_list_json_parse_back_to_the_holder_and_the_waiter() {
+    let (key, _dir) = unique("json");
+    let lock_id = locks_port::lock_id(&key);
+    let nobody = output(pglock().args(["who", &key, "--json"])).await;
+    assert_eq!(code(&nobody), 0, "{}", stderr(&nobody));
+    let document = json(&nobody);
+    assert_eq!(document["key"], key.as_str());
+    assert_eq!(document["lock_id"], lock_id);
+    assert_eq!(document["sessions"], serde_json::json!([]));
+
+    let (foreign, foreign_pid, waiter) = held_and_awaited(&key).await;
+
+    let who = output(pglock().args(["who", "--json", &key])).await;
+    assert_eq!(code(&who), 0, "{}", stderr(&who));
+    let document = json(&who);
+    let sessions = document["sessions"].as_array().expect("sessions");
+    assert_eq!(sessions.len(), 2, "{document:#}");
+    let holder = &sessions[0];
+    assert_eq!(holder["state"], "holds", "{document:#}");
+    assert_eq!(holder["granted"], true);
+    assert_eq!(holder["pid"], foreign_pid);
+    assert_eq!(holder["mode"], "exclusive");
+    assert_eq!(holder["lock"], lock_id.to_string());
+    assert_eq!(holder["lock_id"], lock_id);
+    assert!(
+        holder["holder_id"].is_null(),
+        "a plain session: {document:#}"
+    );
+    let since = holder["since"].as_str().expect("since");
+    assert!(
+        since.len() == 20 && since.as_bytes()[10] == b'T' && since.ends_with('Z'),
+        "RFC 3339: {since}"
+    );
+    assert!(holder["seconds"].as_f64().expect("seconds") >= 0.0);
+    let waiting = &sessions[1];
+    assert_eq!(waiting["state"], "waits", "{document:#}");
+    assert_eq!(waiting["granted"], false);
+    let holder_id = waiting["holder_id"].as_str().expect("pglock's holder id");
+    assert!(holder_id.starts_with("pglock@"), "{document:#}");
+    assert_eq!(
+        waiting["application_name"],
+        format!("locks:{holder_id}").as_str()
+    );
+
+    let list = output(pglock().args(["list", "--json"])).await;
+    assert_eq!(code(&list), 0, "{}", stderr(&list));
+    let listed = json(&list);
+    let ours: Vec<&serde_json::Value> = listed["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .filter(|session| session["lock_id"] == lock_id)
+        .collect();
+    assert_eq!(ours.len(), 2, "{listed:#}");
+    assert_eq!(ours[0]["pid"], foreign_pid);
+
+    release_foreign(&foreign, lock_id).await;
+    let done = finish(waiter).await;
+    assert_eq!(code(&done), 0, "{}", stderr(&done));
 }
