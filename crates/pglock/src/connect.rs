@@ -12,7 +12,7 @@ use std::time::Duration;
 use locks_postgres::tokio_postgres::Config;
 use locks_postgres::tokio_postgres::config::{Host, SslMode};
 
-pub(crate) use self::open::{check, pool, pool_failure};
+pub(crate) use self::open::{check, one_client, pool, pool_failure};
 
 use self::conninfo::split_ssl_params;
 use self::passfile::pgpass_password;

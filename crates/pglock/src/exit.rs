@@ -6,6 +6,8 @@
 /// The lock was not acquired (`-n` or `-w` and someone else holds it): the default of
 /// `-E, --conflict-exit-code`, as in `flock(1)`.
 pub(crate) const DEFAULT_CONFLICT: u8 = 1;
+/// `pglock break`: the answer to "terminate?" was not yes.
+pub(crate) const DECLINED: u8 = 1;
 /// `EX_USAGE`: bad command line (unknown option, bad duration, missing command).
 pub(crate) const USAGE: u8 = 64;
 /// `EX_UNAVAILABLE`: the server could not be reached (refused, no route, connect timeout,
@@ -16,7 +18,8 @@ pub(crate) const SOFTWARE: u8 = 70;
 /// `EX_TEMPFAIL`: the lock was lost while the command ran; the command was stopped as
 /// `--on-lost` says.
 pub(crate) const LOST: u8 = 75;
-/// `EX_NOPERM`: authentication failed or the role may not connect.
+/// `EX_NOPERM`: authentication failed or the role may not connect; `pglock break`: the
+/// role may not terminate the holder's session.
 pub(crate) const NOPERM: u8 = 77;
 /// `EX_CONFIG`: the connection settings are wrong (malformed URL, unknown database,
 /// unreadable `sslrootcert`, a certificate that does not verify).

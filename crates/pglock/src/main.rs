@@ -4,6 +4,7 @@
 
 #![forbid(unsafe_code)]
 
+mod break_lock;
 mod cli;
 mod connect;
 mod duration;
@@ -64,6 +65,7 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
             Command::Run(args) => run::run(target, args, say).await,
             Command::Who { key, json } => show(&target, say, Some(&key), json).await,
             Command::List { json } => show(&target, say, None, json).await,
+            Command::Break(args) => break_lock::run(&target, args, say).await,
             Command::Id { .. } => Ok(0),
         }
     })
@@ -76,12 +78,7 @@ async fn show(
     key: Option<&str>,
     json: bool,
 ) -> Result<u8, Failure> {
-    say.say(format!("connecting to {}", target.shown));
-    let pool = connect::pool(target, 1, "pglock")?;
-    let client = pool
-        .get()
-        .await
-        .map_err(|error| connect::pool_failure(&error, target))?;
+    let client = connect::one_client(target, say).await?;
     let query_failure =
         |error: locks_postgres::InspectError| Failure::new(SOFTWARE, exit::chain(&error));
     match key {
