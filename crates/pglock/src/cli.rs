@@ -94,6 +94,20 @@ pub(crate) enum Command {
         /// The lock key.
         key: String,
     },
+    /// Print the completion script for SHELL (bash, zsh, fish, elvish, powershell).
+    #[command(hide = true)]
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page pglock(1), in roff; with --dir, write every page there.
+    #[command(hide = true)]
+    Man {
+        /// Write pglock.1 and a page per subcommand (pglock-run.1, …) into this folder.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<std::path::PathBuf>,
+    },
 }
 
 /// The exit codes of `pglock break`, at the end of `pglock break --help`.

@@ -21,6 +21,8 @@ pub(crate) const LOST: u8 = 75;
 /// `EX_NOPERM`: authentication failed or the role may not connect; `pglock break`: the
 /// role may not terminate the holder's session.
 pub(crate) const NOPERM: u8 = 77;
+/// `EX_CANTCREAT`: `pglock man --dir`: a page could not be written.
+pub(crate) const CANT_CREATE: u8 = 73;
 /// `EX_CONFIG`: the connection settings are wrong (malformed URL, unknown database,
 /// unreadable `sslrootcert`, a certificate that does not verify).
 pub(crate) const CONFIG: u8 = 78;

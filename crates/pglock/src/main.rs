@@ -9,6 +9,7 @@ mod cli;
 mod connect;
 mod duration;
 mod exit;
+mod generate;
 mod inspect;
 mod json;
 mod run;
@@ -47,9 +48,15 @@ fn main() -> ExitCode {
 
 fn dispatch(cli: Cli) -> Result<u8, Failure> {
     let say = Say(cli.verbose);
-    if let Command::Id { key } = &cli.command {
-        println!("{}", locks_port::lock_id(key));
-        return Ok(0);
+    // The commands that need no database.
+    match &cli.command {
+        Command::Id { key } => {
+            println!("{}", locks_port::lock_id(key));
+            return Ok(0);
+        }
+        Command::Completions { shell } => return generate::completions(*shell),
+        Command::Man { dir } => return generate::man(dir.as_deref()),
+        _ => {}
     }
     let target = connect::resolve(
         cli.connection.url.as_deref(),
@@ -66,7 +73,7 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
             Command::Who { key, json } => show(&target, say, Some(&key), json).await,
             Command::List { json } => show(&target, say, None, json).await,
             Command::Break(args) => break_lock::run(&target, args, say).await,
-            Command::Id { .. } => Ok(0),
+            Command::Id { .. } | Command::Completions { .. } | Command::Man { .. } => Ok(0),
         }
     })
 }
