@@ -83,8 +83,11 @@ pub(crate) enum Command {
     /// List every advisory lock on the database, held or awaited.
     List {
         /// Print one JSON document instead of a table (fields in the manual).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "watch")]
         json: bool,
+        /// Redraw the list every DURATION (at least 100ms) until interrupted.
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+        watch: Option<Duration>,
     },
     /// Terminate the session that holds the lock on KEY, after showing it and asking.
     #[command(after_help = BREAK_EXIT_CODES)]
@@ -263,6 +266,8 @@ mod tests {
             &["run", "k", "--on-lost", "shrug", "--", "true"][..],
             &["who"][..],
             &["break"][..],
+            &["list", "--json", "--watch", "1s"][..],
+            &["list", "--watch", "soon"][..],
             &["break", "k", "--yes", "extra"][..],
         ] {
             assert!(parse(args).is_err(), "{args:?} was accepted");

@@ -13,6 +13,7 @@ mod generate;
 mod inspect;
 mod json;
 mod run;
+mod show;
 mod status;
 mod tls;
 
@@ -70,47 +71,10 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
     runtime.block_on(async move {
         match cli.command {
             Command::Run(args) => run::run(target, args, say).await,
-            Command::Who { key, json } => show(&target, say, Some(&key), json).await,
-            Command::List { json } => show(&target, say, None, json).await,
+            Command::Who { key, json } => show::who(&target, say, &key, json).await,
+            Command::List { json, watch } => show::list(&target, say, json, watch).await,
             Command::Break(args) => break_lock::run(&target, args, say).await,
             Command::Id { .. } | Command::Completions { .. } | Command::Man { .. } => Ok(0),
         }
     })
-}
-
-/// `pglock who KEY` (with a key) and `pglock list` (without); `--json` for scripts.
-async fn show(
-    target: &connect::Target,
-    say: Say,
-    key: Option<&str>,
-    json: bool,
-) -> Result<u8, Failure> {
-    let client = connect::one_client(target, say).await?;
-    let query_failure =
-        |error: locks_postgres::InspectError| Failure::new(SOFTWARE, exit::chain(&error));
-    match key {
-        Some(key) => {
-            let lock_id = locks_port::lock_id(key);
-            let entries = inspect::of(&client, lock_id).await.map_err(query_failure)?;
-            if json {
-                print!("{}", json::who(key, lock_id, &entries));
-            } else if entries.is_empty() {
-                println!("nobody holds or waits for '{key}' (lock id {lock_id})");
-            } else {
-                println!("'{key}' (lock id {lock_id}):");
-                print!("{}", inspect::table(&entries, false));
-            }
-        }
-        None => {
-            let entries = inspect::all(&client).await.map_err(query_failure)?;
-            if json {
-                print!("{}", json::list(&entries));
-            } else if entries.is_empty() {
-                println!("no advisory locks on this database");
-            } else {
-                print!("{}", inspect::table(&entries, true));
-            }
-        }
-    }
-    Ok(0)
 }

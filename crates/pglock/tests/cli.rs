@@ -1092,3 +1092,82 @@ async fn completions_and_man_pages_know_every_command() {
     let unwritable = output(pglock().args(["man", "--dir"]).arg(dir.join("no/such/dir"))).await;
     assert_eq!(code(&unwritable), 73, "{}", stderr(&unwritable));
 }
+
+#[tokio::test]
+async fn list_watch_shows_a_lock_come_and_go() {
+    use tokio::io::AsyncReadExt;
+    let (key, _dir) = unique("watch");
+    let lock_id = locks_port::lock_id(&key);
+    let too_often = output(pglock().args(["list", "--watch", "10ms"])).await;
+    assert_eq!(code(&too_often), 64, "{}", stderr(&too_often));
+    assert!(
+        stderr(&too_often).contains("100ms"),
+        "{}",
+        stderr(&too_often)
+    );
+
+    let mut watcher = pglock()
+        .args(["list", "--watch", "100ms"])
+        .spawn()
+        .expect("spawn");
+    let mut stdout = watcher.stdout.take().expect("stdout");
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = {
+        let seen = seen.clone();
+        tokio::spawn(async move {
+            let mut chunk = [0_u8; 4096];
+            while let Ok(read) = stdout.read(&mut chunk).await {
+                if read == 0 {
+                    break;
+                }
+                seen.lock()
+                    .expect("buffer")
+                    .push_str(&String::from_utf8_lossy(&chunk[..read]));
+            }
+        })
+    };
+    // The rounds written so far that are complete (another header follows them).
+    let rounds = |seen: &str| -> Vec<String> {
+        let mut rounds: Vec<String> = seen
+            .split("every 100ms: pglock list")
+            .skip(1)
+            .map(str::to_owned)
+            .collect();
+        rounds.pop();
+        rounds
+    };
+    let held_line = |round: &str, pid: i32| {
+        round
+            .lines()
+            .any(|line| line.starts_with(&lock_id.to_string()) && line.contains(&pid.to_string()))
+    };
+
+    let (foreign, foreign_pid) = foreign_holder(lock_id).await;
+    eventually("a round that shows the holder", || async {
+        rounds(&seen.lock().expect("buffer"))
+            .iter()
+            .any(|round| held_line(round, foreign_pid))
+    })
+    .await;
+    release_foreign(&foreign, lock_id).await;
+    let released_after = rounds(&seen.lock().expect("buffer")).len();
+    eventually("a later round without the lock", || async {
+        let rounds = rounds(&seen.lock().expect("buffer"));
+        rounds.len() > released_after + 1
+            && !rounds
+                .last()
+                .is_some_and(|round| round.contains(&lock_id.to_string()))
+    })
+    .await;
+    assert!(
+        watcher.try_wait().expect("status").is_none(),
+        "--watch keeps going until interrupted"
+    );
+    signal(&watcher, Signal::SIGTERM);
+    let status = tokio::time::timeout(SOON, watcher.wait())
+        .await
+        .expect("stopped in time")
+        .expect("status");
+    assert!(!status.success());
+    reader.await.expect("reader");
+}
