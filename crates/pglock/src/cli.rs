@@ -17,7 +17,8 @@ Exit codes:
   70         the server answered with an unexpected error
   75         the lock was lost while the command ran; the command was stopped as
              --on-lost says (also with --on-lost ignore, after it ends)
-  77         authentication failed, or the role may not log in
+  77         authentication failed, or the role may not log in; pglock break: the
+             role may not terminate the holder's session
   78         bad connection settings: malformed URL, unknown database, unreadable
              sslrootcert, a server certificate that does not verify
   126, 127   the command could not be executed / was not found
@@ -75,14 +76,66 @@ pub(crate) enum Command {
     Who {
         /// The lock key.
         key: String,
+        /// Print one JSON document instead of a table (fields in the manual).
+        #[arg(long)]
+        json: bool,
     },
     /// List every advisory lock on the database, held or awaited.
-    List,
+    List {
+        /// Print one JSON document instead of a table (fields in the manual).
+        #[arg(long, conflicts_with = "watch")]
+        json: bool,
+        /// Redraw the list every DURATION (at least 100ms) until interrupted.
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+        watch: Option<Duration>,
+    },
+    /// Terminate the session that holds the lock on KEY, after showing it and asking.
+    #[command(after_help = BREAK_EXIT_CODES)]
+    Break(BreakArgs),
     /// Print the advisory lock id of KEY (no database needed).
     Id {
         /// The lock key.
         key: String,
     },
+    /// Print the completion script for SHELL (bash, zsh, fish, elvish, powershell).
+    #[command(hide = true)]
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page pglock(1), in roff; with --dir, write every page there.
+    #[command(hide = true)]
+    Man {
+        /// Write pglock.1 and a page per subcommand (pglock-run.1, …) into this folder.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<std::path::PathBuf>,
+    },
+}
+
+/// The exit codes of `pglock break`, at the end of `pglock break --help`.
+pub(crate) const BREAK_EXIT_CODES: &str = "\
+Exit codes:
+  0    the sessions were terminated, or nobody held the lock
+  1    the answer was not yes: nothing was terminated
+  64   bad usage, or no terminal to ask on and no --yes
+  69   the server is unreachable
+  70   the server answered with an unexpected error, or a terminated session did not go
+  77   the role may not terminate that session (only a superuser may end a superuser's
+       session; others need pg_signal_backend, or to be the same role)
+  78   bad connection settings";
+
+/// `pglock break`.
+#[derive(Debug, Args)]
+pub(crate) struct BreakArgs {
+    /// The lock key.
+    pub(crate) key: String,
+    /// Do not ask: terminate at once (for scripts; needed when stdin is not a terminal).
+    #[arg(short = 'y', long)]
+    pub(crate) yes: bool,
+    /// Terminate the sessions waiting for the lock too (left alone without this).
+    #[arg(long)]
+    pub(crate) waiters: bool,
 }
 
 /// `pglock run`.
@@ -212,6 +265,10 @@ mod tests {
             &["run", "k", "-c", "true", "--", "true"][..],
             &["run", "k", "--on-lost", "shrug", "--", "true"][..],
             &["who"][..],
+            &["break"][..],
+            &["list", "--json", "--watch", "1s"][..],
+            &["list", "--watch", "soon"][..],
+            &["break", "k", "--yes", "extra"][..],
         ] {
             assert!(parse(args).is_err(), "{args:?} was accepted");
         }

@@ -12,11 +12,11 @@ use std::time::Duration;
 use locks_postgres::tokio_postgres::Config;
 use locks_postgres::tokio_postgres::config::{Host, SslMode};
 
-pub(crate) use self::open::{check, pool, pool_failure};
+pub(crate) use self::open::{check, one_client, pool, pool_failure};
 
 use self::conninfo::split_ssl_params;
 use self::passfile::pgpass_password;
-use crate::exit::{CONFIG, Failure, chain};
+use crate::exit::{CONFIG, Failure, causes};
 
 /// How long connecting may take when neither `--connect-timeout`, `connect_timeout` in
 /// the URL nor `PGCONNECT_TIMEOUT` says.
@@ -103,7 +103,7 @@ pub(crate) fn resolve(
     let mut config = Config::from_str(&rest).map_err(|error| {
         Failure::new(
             CONFIG,
-            format!("invalid connection string: {}", chain(&error)),
+            format!("invalid connection string: {}", causes(&error)),
         )
     })?;
 

@@ -6,6 +6,8 @@
 /// The lock was not acquired (`-n` or `-w` and someone else holds it): the default of
 /// `-E, --conflict-exit-code`, as in `flock(1)`.
 pub(crate) const DEFAULT_CONFLICT: u8 = 1;
+/// `pglock break`: the answer to "terminate?" was not yes.
+pub(crate) const DECLINED: u8 = 1;
 /// `EX_USAGE`: bad command line (unknown option, bad duration, missing command).
 pub(crate) const USAGE: u8 = 64;
 /// `EX_UNAVAILABLE`: the server could not be reached (refused, no route, connect timeout,
@@ -16,8 +18,11 @@ pub(crate) const SOFTWARE: u8 = 70;
 /// `EX_TEMPFAIL`: the lock was lost while the command ran; the command was stopped as
 /// `--on-lost` says.
 pub(crate) const LOST: u8 = 75;
-/// `EX_NOPERM`: authentication failed or the role may not connect.
+/// `EX_NOPERM`: authentication failed or the role may not connect; `pglock break`: the
+/// role may not terminate the holder's session.
 pub(crate) const NOPERM: u8 = 77;
+/// `EX_CANTCREAT`: `pglock man --dir`: a page could not be written.
+pub(crate) const CANT_CREATE: u8 = 73;
 /// `EX_CONFIG`: the connection settings are wrong (malformed URL, unknown database,
 /// unreadable `sslrootcert`, a certificate that does not verify).
 pub(crate) const CONFIG: u8 = 78;
@@ -74,6 +79,19 @@ pub(crate) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     one_line(&text)
 }
 
+/// What went wrong beneath `error`: its sources joined as [`chain`] joins them, or its own
+/// text when it has none.
+///
+/// For the parent's message to add its own words in front of: a driver error's own text
+/// starts with its kind ("invalid connection string", "error connecting to server"), which
+/// the parent message already says in its own words.
+pub(crate) fn causes(error: &(dyn std::error::Error + 'static)) -> String {
+    match error.source() {
+        Some(source) => chain(source),
+        None => one_line(&error.to_string()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,5 +107,8 @@ mod tests {
     fn chains_name_each_cause_once() {
         let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
         assert_eq!(chain(&io), "refused");
+        assert_eq!(causes(&io), "refused");
+        let wrapped = std::io::Error::other(io);
+        assert_eq!(causes(&wrapped), "refused");
     }
 }

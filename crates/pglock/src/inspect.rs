@@ -12,8 +12,10 @@ use locks_postgres::{
 pub(crate) struct Entry {
     /// The lock: a 64-bit id, or `a,b` for the two-`int4` form.
     pub(crate) lock: String,
-    /// The backend process id.
-    pub(crate) pid: i32,
+    /// The 64-bit lock id, when the lock has that form.
+    pub(crate) lock_id: Option<i64>,
+    /// The backend process id (none for a prepared transaction).
+    pub(crate) pid: Option<i32>,
     /// Held (`true`) or awaited.
     pub(crate) granted: bool,
     /// `exclusive` or `shared`.
@@ -23,16 +25,40 @@ pub(crate) struct Entry {
     /// The client's address, or `local` for a Unix socket.
     pub(crate) client: String,
     /// For a waiter, since when it waits; for a holder, since its session started
-    /// (PostgreSQL does not record when an advisory lock was granted). UTC.
-    pub(crate) since: String,
+    /// (PostgreSQL does not record when an advisory lock was granted).
+    pub(crate) since: Option<OffsetDateTime>,
     /// Seconds since `since`.
     pub(crate) seconds: f64,
 }
 
 impl Entry {
     /// The holder id, for sessions of this library (`application_name` `locks:<id>`).
-    pub(crate) fn holder_id(&self) -> &str {
-        self.application.strip_prefix("locks:").unwrap_or("")
+    pub(crate) fn holder_id(&self) -> Option<&str> {
+        self.application.strip_prefix("locks:")
+    }
+
+    /// The pid as text, `-` for a prepared transaction (which has no session).
+    pub(crate) fn pid_text(&self) -> String {
+        self.pid
+            .map_or_else(|| "-".to_owned(), |pid| pid.to_string())
+    }
+}
+
+#[cfg(test)]
+impl Entry {
+    /// A library session `job@web1:9` (pid 7) holding lock 42 since 2026-12-02 18:00:00Z.
+    pub(crate) fn held_by_a_job() -> Self {
+        Self {
+            lock: "42".into(),
+            lock_id: Some(42),
+            pid: Some(7),
+            granted: true,
+            mode: "exclusive",
+            application: "locks:job@web1:9".into(),
+            client: "local".into(),
+            since: OffsetDateTime::from_unix_timestamp(1_796_234_400).ok(),
+            seconds: 72.0,
+        }
     }
 }
 
@@ -76,10 +102,10 @@ pub(crate) async fn pids_of_application(
 }
 
 fn entry(holder: &LockHolder, now: OffsetDateTime) -> Entry {
-    let lock = match holder.lock {
-        AdvisoryLockId::Int8(id) => id.to_string(),
-        AdvisoryLockId::Int4Pair(high, low) => format!("{high},{low}"),
-        _ => "?".to_owned(),
+    let (lock, lock_id) = match holder.lock {
+        AdvisoryLockId::Int8(id) => (id.to_string(), Some(id)),
+        AdvisoryLockId::Int4Pair(high, low) => (format!("{high},{low}"), None),
+        _ => ("?".to_owned(), None),
     };
     let since = if holder.granted {
         holder.backend_start
@@ -88,7 +114,8 @@ fn entry(holder: &LockHolder, now: OffsetDateTime) -> Entry {
     };
     Entry {
         lock,
-        pid: holder.pid.unwrap_or(0),
+        lock_id,
+        pid: holder.pid,
         granted: holder.granted,
         mode: if holder.mode == AdvisoryLockMode::Shared {
             "shared"
@@ -101,16 +128,25 @@ fn entry(holder: &LockHolder, now: OffsetDateTime) -> Entry {
             (None, Some(_)) => "local".to_owned(),
             (None, None) => "prepared transaction".to_owned(),
         },
-        since: since.map(utc).unwrap_or_default(),
+        since,
         seconds: since.map_or(0.0, |since| (now - since).as_seconds_f64().max(0.0)),
     }
 }
 
-/// `2026-12-02 18:40:01Z`.
+/// `2026-12-02 18:40:01Z`, for people.
 fn utc(time: OffsetDateTime) -> String {
+    timestamp(time, ' ')
+}
+
+/// `2026-12-02T18:40:01Z` (RFC 3339, whole seconds, UTC), for programs.
+pub(crate) fn rfc3339(time: OffsetDateTime) -> String {
+    timestamp(time, 'T')
+}
+
+fn timestamp(time: OffsetDateTime, separator: char) -> String {
     let time = time.to_offset(locks_port::time::UtcOffset::UTC);
     format!(
-        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}Z",
+        "{:04}-{:02}-{:02}{separator}{:02}:{:02}:{:02}Z",
         time.year(),
         u8::from(time.month()),
         time.day(),
@@ -140,13 +176,13 @@ pub(crate) fn table(entries: &[Entry], with_lock: bool) -> String {
     for entry in entries {
         let mut row = vec![
             if entry.granted { "holds" } else { "waits" }.to_owned(),
-            entry.pid.to_string(),
+            entry.pid_text(),
             entry.mode.to_owned(),
-            entry.since.clone(),
+            entry.since.map(utc).unwrap_or_default(),
             crate::duration::show(std::time::Duration::from_secs_f64(entry.seconds.max(0.0))),
             entry.application.clone(),
             entry.client.clone(),
-            entry.holder_id().to_owned(),
+            entry.holder_id().unwrap_or_default().to_owned(),
         ];
         if with_lock {
             row.insert(0, entry.lock.clone());
@@ -183,21 +219,13 @@ mod tests {
     fn times_are_shown_in_utc() {
         let time = OffsetDateTime::from_unix_timestamp(1_796_300_000).unwrap();
         assert_eq!(utc(time), "2026-12-03 12:13:20Z");
+        assert_eq!(rfc3339(time), "2026-12-03T12:13:20Z");
     }
 
     #[test]
     fn the_table_aligns_columns() {
-        let entry = Entry {
-            lock: "42".into(),
-            pid: 7,
-            granted: true,
-            mode: "exclusive",
-            application: "locks:job@web1:9".into(),
-            client: "local".into(),
-            since: "2026-12-02 18:00:00Z".into(),
-            seconds: 72.0,
-        };
-        assert_eq!(entry.holder_id(), "job@web1:9");
+        let entry = Entry::held_by_a_job();
+        assert_eq!(entry.holder_id(), Some("job@web1:9"));
         let text = table(&[entry], false);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 2);

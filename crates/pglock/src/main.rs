@@ -4,12 +4,16 @@
 
 #![forbid(unsafe_code)]
 
+mod break_lock;
 mod cli;
 mod connect;
 mod duration;
 mod exit;
+mod generate;
 mod inspect;
+mod json;
 mod run;
+mod show;
 mod status;
 mod tls;
 
@@ -45,9 +49,15 @@ fn main() -> ExitCode {
 
 fn dispatch(cli: Cli) -> Result<u8, Failure> {
     let say = Say(cli.verbose);
-    if let Command::Id { key } = &cli.command {
-        println!("{}", locks_port::lock_id(key));
-        return Ok(0);
+    // The commands that need no database.
+    match &cli.command {
+        Command::Id { key } => {
+            println!("{}", locks_port::lock_id(key));
+            return Ok(0);
+        }
+        Command::Completions { shell } => return generate::completions(*shell),
+        Command::Man { dir } => return generate::man(dir.as_deref()),
+        _ => {}
     }
     let target = connect::resolve(
         cli.connection.url.as_deref(),
@@ -61,42 +71,10 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
     runtime.block_on(async move {
         match cli.command {
             Command::Run(args) => run::run(target, args, say).await,
-            Command::Who { key } => show(&target, say, Some(&key)).await,
-            Command::List => show(&target, say, None).await,
-            Command::Id { .. } => Ok(0),
+            Command::Who { key, json } => show::who(&target, say, &key, json).await,
+            Command::List { json, watch } => show::list(&target, say, json, watch).await,
+            Command::Break(args) => break_lock::run(&target, args, say).await,
+            Command::Id { .. } | Command::Completions { .. } | Command::Man { .. } => Ok(0),
         }
     })
-}
-
-/// `pglock who KEY` (with a key) and `pglock list` (without).
-async fn show(target: &connect::Target, say: Say, key: Option<&str>) -> Result<u8, Failure> {
-    say.say(format!("connecting to {}", target.shown));
-    let pool = connect::pool(target, 1, "pglock")?;
-    let client = pool
-        .get()
-        .await
-        .map_err(|error| connect::pool_failure(&error, target))?;
-    let query_failure =
-        |error: locks_postgres::InspectError| Failure::new(SOFTWARE, exit::chain(&error));
-    match key {
-        Some(key) => {
-            let lock_id = locks_port::lock_id(key);
-            let entries = inspect::of(&client, lock_id).await.map_err(query_failure)?;
-            if entries.is_empty() {
-                println!("nobody holds or waits for '{key}' (lock id {lock_id})");
-            } else {
-                println!("'{key}' (lock id {lock_id}):");
-                print!("{}", inspect::table(&entries, false));
-            }
-        }
-        None => {
-            let entries = inspect::all(&client).await.map_err(query_failure)?;
-            if entries.is_empty() {
-                println!("no advisory locks on this database");
-            } else {
-                print!("{}", inspect::table(&entries, true));
-            }
-        }
-    }
-    Ok(0)
 }

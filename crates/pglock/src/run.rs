@@ -415,9 +415,9 @@ async fn holder_note(pool: &Pool, lock_id: i64) -> String {
         .filter(|entry| entry.granted)
         .map(|entry| {
             if entry.application.is_empty() {
-                format!("pid {}", entry.pid)
+                format!("pid {}", entry.pid_text())
             } else {
-                format!("pid {} {}", entry.pid, entry.application)
+                format!("pid {} {}", entry.pid_text(), entry.application)
             }
         })
         .collect();

@@ -93,7 +93,7 @@ fn render(key: &str, waited: Duration, entries: &[Entry], own: &str) -> String {
         .filter(|entry| !entry.granted && entry.application != own)
         .count();
     if let Some(first) = holders.first() {
-        line.push_str(&format!(" — held by pid {}", first.pid));
+        line.push_str(&format!(" — held by pid {}", first.pid_text()));
         let mut about = Vec::new();
         if !first.application.is_empty() {
             about.push(first.application.clone());
@@ -124,16 +124,17 @@ mod tests {
     fn the_line_names_the_holder_and_leaves_out_our_own_wait() {
         let holder = Entry {
             lock: "1".into(),
-            pid: 4242,
+            lock_id: Some(1),
+            pid: Some(4242),
             granted: true,
             mode: "exclusive",
             application: "locks:deploy@web1:7".into(),
             client: "10.0.0.5".into(),
-            since: String::new(),
+            since: None,
             seconds: 75.0,
         };
         let ours = Entry {
-            pid: 4243,
+            pid: Some(4243),
             granted: false,
             application: "locks:pglock@web2:8".into(),
             ..holder.clone()

@@ -2,12 +2,13 @@
 //! the target, and the exit code and message for a connection that could not be opened.
 
 use locks_postgres::deadpool_postgres::{
-    Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime,
+    Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime,
 };
 use locks_postgres::tokio_postgres::{self, NoTls};
 
 use super::Target;
-use crate::exit::{CONFIG, Failure, NOPERM, SOFTWARE, UNAVAILABLE, chain};
+use crate::exit::{CONFIG, Failure, NOPERM, SOFTWARE, UNAVAILABLE, causes};
+use crate::run::Say;
 use crate::tls;
 
 /// A pool of at most `size` connections to `target`, each open bounded by its connect
@@ -33,6 +34,16 @@ pub(crate) fn pool(target: &Target, size: usize, application_name: &str) -> Resu
                 format!("could not build the connection pool: {error}"),
             )
         })
+}
+
+/// One connection named `pglock`, for the commands that look at locks or end sessions
+/// (`who`, `list`, `break`) rather than take a lock.
+pub(crate) async fn one_client(target: &Target, say: Say) -> Result<Object, Failure> {
+    say.say(format!("connecting to {}", target.shown));
+    let pool = pool(target, 1, "pglock")?;
+    pool.get()
+        .await
+        .map_err(|error| pool_failure(&error, target))
 }
 
 /// Opens one connection (it goes back to the pool for the lock), so a wrong password or
@@ -78,7 +89,7 @@ pub(crate) fn connect_failure(error: &tokio_postgres::Error, shown: &str) -> Fai
         };
         return Failure::new(exit, format!("cannot connect to {shown}: {}", db.message()));
     }
-    let text = chain(error);
+    let text = causes(error);
     let exit = if tls_source(error) {
         CONFIG
     } else {

@@ -1,0 +1,50 @@
+//! `pglock completions SHELL` and `pglock man`: the shell completion scripts and the man
+//! page, generated from the same clap definitions that parse the command line, so they
+//! cannot drift from it.
+
+use std::io::Write;
+use std::path::Path;
+
+use clap::CommandFactory;
+use clap_complete::Shell;
+
+use crate::cli::Cli;
+use crate::exit::{CANT_CREATE, Failure, SOFTWARE};
+
+/// Writes the completion script for `shell` to stdout.
+pub(crate) fn completions(shell: Shell) -> Result<u8, Failure> {
+    let mut command = Cli::command();
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut command, "pglock", &mut out);
+    write_out(&out)
+}
+
+/// Writes the man page `pglock(1)` (roff) to stdout, or with `dir` every page (`pglock.1`,
+/// `pglock-run.1`, `pglock-who.1`, …) into that folder.
+pub(crate) fn man(dir: Option<&Path>) -> Result<u8, Failure> {
+    // No `pglock help` subcommand in the pages: `man` is the help there.
+    let command = Cli::command().disable_help_subcommand(true);
+    if let Some(dir) = dir {
+        clap_mangen::generate_to(command, dir).map_err(|error| {
+            Failure::new(
+                CANT_CREATE,
+                format!("cannot write the man pages to {}: {error}", dir.display()),
+            )
+        })?;
+        return Ok(0);
+    }
+    let mut out = Vec::new();
+    clap_mangen::Man::new(command)
+        .render(&mut out)
+        .map_err(|error| Failure::new(SOFTWARE, format!("cannot render the man page: {error}")))?;
+    write_out(&out)
+}
+
+fn write_out(bytes: &[u8]) -> Result<u8, Failure> {
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(bytes)
+        .and_then(|()| stdout.flush())
+        .map_err(|error| Failure::new(SOFTWARE, format!("cannot write to stdout: {error}")))?;
+    Ok(0)
+}

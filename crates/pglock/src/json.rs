@@ -1,0 +1,133 @@
+//! `--json` on `who` and `list`: one JSON document on stdout, for scripts.
+//!
+//! The field names are a contract (the crate README's manual lists them): fields may be
+//! added, none is renamed or removed, and a field that has no value is `null`, never
+//! missing.
+
+use serde::Serialize;
+
+use crate::inspect::{Entry, rfc3339};
+
+/// `pglock who KEY --json`.
+#[derive(Debug, Serialize)]
+struct Who<'a> {
+    key: &'a str,
+    lock_id: i64,
+    sessions: Vec<Session<'a>>,
+}
+
+/// `pglock list --json`.
+#[derive(Debug, Serialize)]
+struct List<'a> {
+    sessions: Vec<Session<'a>>,
+}
+
+/// One session's grant of, or wait for, an advisory lock.
+#[derive(Debug, Serialize)]
+struct Session<'a> {
+    lock: &'a str,
+    lock_id: Option<i64>,
+    state: &'static str,
+    granted: bool,
+    mode: &'static str,
+    pid: Option<i32>,
+    since: Option<String>,
+    seconds: f64,
+    application_name: &'a str,
+    client: &'a str,
+    holder_id: Option<&'a str>,
+}
+
+impl<'a> From<&'a Entry> for Session<'a> {
+    fn from(entry: &'a Entry) -> Self {
+        Self {
+            lock: &entry.lock,
+            lock_id: entry.lock_id,
+            state: if entry.granted { "holds" } else { "waits" },
+            granted: entry.granted,
+            mode: entry.mode,
+            pid: entry.pid,
+            since: entry.since.map(rfc3339),
+            seconds: entry.seconds,
+            application_name: &entry.application,
+            client: &entry.client,
+            holder_id: entry.holder_id(),
+        }
+    }
+}
+
+/// The document for `who KEY`, and a newline.
+pub(crate) fn who(key: &str, lock_id: i64, entries: &[Entry]) -> String {
+    document(&Who {
+        key,
+        lock_id,
+        sessions: entries.iter().map(Session::from).collect(),
+    })
+}
+
+/// The document for `list`, and a newline.
+pub(crate) fn list(entries: &[Entry]) -> String {
+    document(&List {
+        sessions: entries.iter().map(Session::from).collect(),
+    })
+}
+
+fn document(value: &impl Serialize) -> String {
+    // Serializing these plain structs (strings, numbers, no maps with non-string keys)
+    // cannot fail.
+    let mut text = serde_json::to_string_pretty(value).unwrap_or_else(|_| "null".to_owned());
+    text.push('\n');
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_keep_their_names_and_missing_values_are_null() {
+        let entry = Entry {
+            lock: "1,2".into(),
+            lock_id: None,
+            pid: None,
+            granted: false,
+            mode: "shared",
+            application: String::new(),
+            client: "prepared transaction".into(),
+            since: None,
+            seconds: 0.0,
+        };
+        let value: serde_json::Value = serde_json::from_str(&list(&[entry])).unwrap();
+        let session = &value["sessions"][0];
+        let names: Vec<&str> = session
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let mut expected = [
+            "lock",
+            "lock_id",
+            "state",
+            "granted",
+            "mode",
+            "pid",
+            "since",
+            "seconds",
+            "application_name",
+            "client",
+            "holder_id",
+        ];
+        expected.sort_unstable();
+        assert_eq!(names, expected);
+        assert_eq!(session["state"], "waits");
+        assert!(session["pid"].is_null() && session["holder_id"].is_null());
+
+        let held = Entry::held_by_a_job();
+        let value: serde_json::Value = serde_json::from_str(&who("k", 42, &[held])).unwrap();
+        assert_eq!(value["key"], "k");
+        assert_eq!(value["lock_id"], 42);
+        assert_eq!(value["sessions"][0]["since"], "2026-12-02T18:00:00Z");
+        assert_eq!(value["sessions"][0]["holder_id"], "job@web1:9");
+    }
+}

@@ -1,0 +1,96 @@
+//! `pglock who KEY` and `pglock list`: who holds and who waits, as a table for people or
+//! one JSON document for scripts; `list --watch` redraws the list until interrupted.
+
+use std::io::{IsTerminal, Write};
+use std::time::Duration;
+
+use locks_postgres::InspectError;
+
+use crate::connect::{self, Target};
+use crate::exit::{Failure, SOFTWARE, USAGE, chain};
+use crate::inspect::{self, Entry};
+use crate::json;
+use crate::run::Say;
+
+/// The shortest `--watch` interval: a live view, not a load test of `pg_locks`.
+const SHORTEST_WATCH: Duration = Duration::from_millis(100);
+
+fn query_failure(error: InspectError) -> Failure {
+    Failure::new(SOFTWARE, chain(&error))
+}
+
+/// `pglock who KEY [--json]`.
+pub(crate) async fn who(target: &Target, say: Say, key: &str, json: bool) -> Result<u8, Failure> {
+    let client = connect::one_client(target, say).await?;
+    let lock_id = locks_port::lock_id(key);
+    let entries = inspect::of(&client, lock_id).await.map_err(query_failure)?;
+    if json {
+        print!("{}", json::who(key, lock_id, &entries));
+    } else if entries.is_empty() {
+        println!("nobody holds or waits for '{key}' (lock id {lock_id})");
+    } else {
+        println!("'{key}' (lock id {lock_id}):");
+        print!("{}", inspect::table(&entries, false));
+    }
+    Ok(0)
+}
+
+/// `pglock list [--json | --watch DURATION]`.
+pub(crate) async fn list(
+    target: &Target,
+    say: Say,
+    json: bool,
+    watch: Option<Duration>,
+) -> Result<u8, Failure> {
+    if let Some(every) = watch
+        && every < SHORTEST_WATCH
+    {
+        return Err(Failure::new(
+            USAGE,
+            format!(
+                "--watch: {} is too often; the shortest interval is {}",
+                crate::duration::show(every),
+                crate::duration::show(SHORTEST_WATCH)
+            ),
+        ));
+    }
+    let client = connect::one_client(target, say).await?;
+    let Some(every) = watch else {
+        let entries = inspect::all(&client).await.map_err(query_failure)?;
+        print!("{}", list_text(&entries, json));
+        return Ok(0);
+    };
+    // On a terminal each round replaces the screen, as watch(1) does; into a pipe or a file
+    // each round is appended after a header line, so a log of it reads in order.
+    let terminal = std::io::stdout().is_terminal();
+    loop {
+        let entries = inspect::all(&client).await.map_err(query_failure)?;
+        let header = format!(
+            "every {}: pglock list    {}",
+            crate::duration::show(every),
+            inspect::rfc3339(locks_port::time::OffsetDateTime::now_utc())
+        );
+        let mut out = std::io::stdout().lock();
+        let clear = if terminal { "\x1b[H\x1b[2J" } else { "" };
+        let written = write!(out, "{clear}{header}\n\n{}", list_text(&entries, false))
+            .and_then(|()| if terminal { Ok(()) } else { writeln!(out) })
+            .and_then(|()| out.flush());
+        if written.is_err() {
+            // The reader went away (`pglock list --watch 1s | head`): done.
+            return Ok(0);
+        }
+        drop(out);
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// The list as a table, `no advisory locks` line, or JSON document.
+fn list_text(entries: &[Entry], json: bool) -> String {
+    if json {
+        json::list(entries)
+    } else if entries.is_empty() {
+        "no advisory locks on this database\n".to_owned()
+    } else {
+        inspect::table(entries, true)
+    }
+}

@@ -1,0 +1,183 @@
+//! `pglock break`: ending a holder's session, asking first, refused without the privilege.
+
+use super::*;
+
+/// Whether the session `pid` still exists.
+async fn session_exists(admin: &tokio_postgres::Client, pid: i32) -> bool {
+    !admin
+        .query("SELECT 1 FROM pg_stat_activity WHERE pid = $1", &[&pid])
+        .await
+        .expect("pg_stat_activity")
+        .is_empty()
+}
+
+#[tokio::test]
+async fn break_terminates_the_holder_and_leaves_the_waiter_alone() {
+    let (key, _dir) = unique("break");
+    let lock_id = locks_port::lock_id(&key);
+    let free = output(pglock().args(["break", "--yes", &key])).await;
+    assert_eq!(code(&free), 0, "{}", stderr(&free));
+    assert!(
+        String::from_utf8_lossy(&free.stdout).contains("nothing to break"),
+        "{free:?}"
+    );
+
+    let (foreign, foreign_pid, waiter) = held_and_awaited(&key).await;
+    let broken = output(pglock().args(["break", "--yes", &key])).await;
+    assert_eq!(code(&broken), 0, "{}", stderr(&broken));
+    let said = String::from_utf8_lossy(&broken.stdout).into_owned();
+    let shown = said
+        .lines()
+        .find(|line| line.starts_with("holds"))
+        .unwrap_or_else(|| panic!("the holder is shown: {said}"));
+    assert!(shown.contains(&format!(" {foreign_pid} ")), "{said}");
+    assert!(
+        said.contains(&format!("terminated pid {foreign_pid}")),
+        "{said}"
+    );
+    assert!(said.contains("1 waiting session(s) left alone"), "{said}");
+
+    let admin = admin().await;
+    assert!(!session_exists(&admin, foreign_pid).await);
+    assert!(
+        foreign.simple_query("SELECT 1").await.is_err(),
+        "the holder's session is gone"
+    );
+    // The waiter was not touched: it got the lock and ran its command.
+    let done = finish(waiter).await;
+    assert_eq!(code(&done), 0, "{}", stderr(&done));
+    assert_eq!(lock_rows(&admin, lock_id).await, [], "the lock is free");
+}
+
+#[tokio::test]
+async fn break_with_waiters_ends_the_waiting_sessions_too() {
+    let (key, _dir) = unique("break-waiters");
+    let lock_id = locks_port::lock_id(&key);
+    let (_foreign, foreign_pid, waiter) = held_and_awaited(&key).await;
+    let broken = output(pglock().args(["break", "--yes", "--waiters", &key])).await;
+    assert_eq!(code(&broken), 0, "{}", stderr(&broken));
+    let said = String::from_utf8_lossy(&broken.stdout).into_owned();
+    assert_eq!(said.matches("terminated pid").count(), 2, "{said}");
+    let done = finish(waiter).await;
+    assert_eq!(
+        code(&done),
+        69,
+        "the waiter's session broke: {}",
+        stderr(&done)
+    );
+    let admin = admin().await;
+    assert!(!session_exists(&admin, foreign_pid).await);
+    assert_eq!(lock_rows(&admin, lock_id).await, []);
+}
+
+#[tokio::test]
+async fn break_without_a_terminal_or_yes_is_refused_and_ends_nothing() {
+    let (key, _dir) = unique("break-notty");
+    let lock_id = locks_port::lock_id(&key);
+    let (foreign, foreign_pid) = foreign_holder(lock_id).await;
+    let refused = output(pglock().args(["break", &key])).await;
+    assert_eq!(code(&refused), 64, "{}", stderr(&refused));
+    assert!(stderr(&refused).contains("--yes"), "{}", stderr(&refused));
+    let admin = admin().await;
+    assert_eq!(lock_rows(&admin, lock_id).await, [(foreign_pid, true)]);
+    release_foreign(&foreign, lock_id).await;
+}
+
+/// `pglock break KEY` with a pseudo-terminal as stdin, answering `answer`.
+async fn break_answering(key: &str, answer: &str) -> Output {
+    use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
+    use std::io::Write;
+    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY).expect("openpt");
+    grantpt(&master).expect("grantpt");
+    unlockpt(&master).expect("unlockpt");
+    let name = ptsname(&master, Vec::new()).expect("ptsname");
+    let terminal = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(name.to_str().expect("a UTF-8 name"))
+        .expect("the terminal");
+    let mut master = std::fs::File::from(master);
+    master
+        .write_all(format!("{answer}\n").as_bytes())
+        .expect("answered");
+    let done = output(pglock().args(["break", key]).stdin(terminal)).await;
+    drop(master);
+    done
+}
+
+#[tokio::test]
+async fn break_asks_on_a_terminal_and_only_yes_ends_the_session() {
+    let (key, _dir) = unique("break-ask");
+    let lock_id = locks_port::lock_id(&key);
+    let (_foreign, foreign_pid) = foreign_holder(lock_id).await;
+    let admin = admin().await;
+
+    let declined = break_answering(&key, "n").await;
+    assert_eq!(code(&declined), 1, "{}", stderr(&declined));
+    assert!(
+        stderr(&declined).contains("terminate this session? [y/N]"),
+        "{}",
+        stderr(&declined)
+    );
+    assert_eq!(lock_rows(&admin, lock_id).await, [(foreign_pid, true)]);
+
+    let accepted = break_answering(&key, "yes").await;
+    assert_eq!(code(&accepted), 0, "{}", stderr(&accepted));
+    assert!(!session_exists(&admin, foreign_pid).await);
+    assert_eq!(lock_rows(&admin, lock_id).await, []);
+}
+
+#[tokio::test]
+async fn break_without_the_privilege_exits_77_and_ends_nothing() {
+    use std::str::FromStr;
+    let (key, _dir) = unique("break-noperm");
+    let lock_id = locks_port::lock_id(&key);
+    // The holder is a superuser session; the breaker an ordinary role.
+    let (foreign, foreign_pid) = foreign_holder(lock_id).await;
+    let admin = admin().await;
+    let superuser: bool = admin
+        .query_one(
+            "SELECT rolsuper FROM pg_roles WHERE rolname = current_user",
+            &[],
+        )
+        .await
+        .expect("rolsuper")
+        .get(0);
+    assert!(superuser, "the test server's role must be a superuser");
+    let role = format!("pglock_breaker_{}", std::process::id());
+    let password = "breaker-secret";
+    admin
+        .batch_execute(&format!(
+            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN PASSWORD '{password}'"
+        ))
+        .await
+        .expect("a role without privileges");
+    let config = tokio_postgres::Config::from_str(&database_url()).expect("the test URL");
+    let host = match config.get_hosts().first().expect("a host") {
+        tokio_postgres::config::Host::Tcp(host) => host.clone(),
+        tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let dbname = config.get_dbname().unwrap_or("postgres");
+    let url = format!("host={host} port={port} dbname={dbname} user={role} password={password}");
+
+    let refused = output(pglock().args(["--url", &url, "break", "--yes", &key])).await;
+    let said = stderr(&refused);
+    assert_eq!(code(&refused), 77, "{said}");
+    assert_eq!(said.lines().count(), 1, "{said}");
+    assert!(
+        said.starts_with(&format!("pglock: cannot end pid {foreign_pid}: ")),
+        "{said}"
+    );
+    // The server's words vary by version ("must be a superuser to terminate superuser
+    // process", "permission denied to terminate process"); the code is what scripts see.
+    assert!(!said.contains(password), "{said}");
+    assert_eq!(lock_rows(&admin, lock_id).await, [(foreign_pid, true)]);
+
+    release_foreign(&foreign, lock_id).await;
+    drop(foreign);
+    admin
+        .batch_execute(&format!("DROP ROLE {role}"))
+        .await
+        .expect("drop the role");
+}

@@ -1,0 +1,146 @@
+//! Connection failures: their exit codes, and error lines that say each cause once.
+
+use super::*;
+
+#[tokio::test]
+async fn an_unreachable_server_and_an_unknown_database_have_their_own_codes() {
+    let (key, _dir) = unique("unreachable");
+    // Nothing listens on port 1 of the loopback: the connection is refused at once.
+    let refused = output(
+        pglock()
+            .args(["--url", "postgres://postgres@127.0.0.1:1/postgres"])
+            .args(["run", &key, "--", "true"]),
+    )
+    .await;
+    assert_eq!(code(&refused), 69, "{}", stderr(&refused));
+    let message = stderr(&refused);
+    assert!(
+        message.starts_with("pglock: cannot connect to postgres@127.0.0.1:1/postgres"),
+        "{message}"
+    );
+    assert_eq!(message.lines().count(), 1, "{message}");
+
+    let url = database_url();
+    let (base, _) = url.rsplit_once('/').expect("a URL with a database");
+    let unknown = output(
+        pglock()
+            .args(["--url", &format!("{base}/no_such_database_here")])
+            .args(["run", &key, "--", "true"]),
+    )
+    .await;
+    assert_eq!(code(&unknown), 78, "{}", stderr(&unknown));
+    assert!(
+        stderr(&unknown).contains("no_such_database_here"),
+        "{}",
+        stderr(&unknown)
+    );
+
+    let secret = output(
+        pglock()
+            .args(["--url", "postgres://someone:hunter2@127.0.0.1:1/postgres"])
+            .args(["who", &key]),
+    )
+    .await;
+    assert_eq!(code(&secret), 69, "{}", stderr(&secret));
+    assert!(!stderr(&secret).contains("hunter2"), "{}", stderr(&secret));
+}
+
+/// The two-word phrases that occur more than once in `line` (case and punctuation ignored).
+fn repeated_phrases(line: &str) -> Vec<String> {
+    let words: Vec<String> = line
+        .split(|c: char| c.is_whitespace() || matches!(c, ':' | ',' | '(' | ')' | '`' | '"'))
+        .filter(|word| !word.is_empty())
+        .map(str::to_lowercase)
+        .collect();
+    let pairs: Vec<String> = words.windows(2).map(|pair| pair.join(" ")).collect();
+    let mut repeated: Vec<String> = pairs
+        .iter()
+        .enumerate()
+        .filter(|(index, pair)| pairs[..*index].contains(pair))
+        .map(|(_, pair)| pair.clone())
+        .collect();
+    repeated.dedup();
+    repeated
+}
+
+#[test]
+fn the_phrase_check_catches_a_cause_said_twice() {
+    assert_eq!(
+        repeated_phrases(
+            "pglock: invalid connection string: invalid connection string: invalid value"
+        ),
+        ["invalid connection", "connection string", "string invalid"]
+    );
+    assert!(repeated_phrases("pglock: cannot connect to a@h:1/d: Connection refused").is_empty());
+}
+
+#[tokio::test]
+async fn error_lines_say_each_cause_once() {
+    let (key, _dir) = unique("error-text");
+    let url = database_url();
+    let (base, _) = url.rsplit_once('/').expect("a URL with a database");
+    let cases: [(&str, String, &str, i32); 8] = [
+        (
+            "bad port",
+            "postgres://a@127.0.0.1:notaport/d".into(),
+            "port",
+            78,
+        ),
+        (
+            "port out of range",
+            "host=127.0.0.1 port=99999".into(),
+            "port",
+            78,
+        ),
+        (
+            "unknown option",
+            "postgres://a@127.0.0.1/d?frob=1".into(),
+            "frob",
+            78,
+        ),
+        (
+            "bad connect_timeout",
+            "host=127.0.0.1 connect_timeout=x".into(),
+            "connect_timeout",
+            78,
+        ),
+        (
+            "bad sslmode",
+            "postgres://a@127.0.0.1/d?sslmode=sometimes".into(),
+            "sometimes",
+            78,
+        ),
+        (
+            "unterminated quote",
+            "host=127.0.0.1 user='open".into(),
+            "key=value",
+            78,
+        ),
+        (
+            "unreachable host",
+            "postgres://a@127.0.0.1:1/d".into(),
+            "refused",
+            69,
+        ),
+        (
+            "unknown database",
+            format!("{base}/no_such_database_here"),
+            "no_such_database_here",
+            78,
+        ),
+    ];
+    for (what, url, named, expected) in cases {
+        let failed = output(pglock().args(["--url", &url, "who", &key])).await;
+        let said = stderr(&failed);
+        assert_eq!(code(&failed), expected, "{what}: {said}");
+        let lines: Vec<&str> = said.lines().collect();
+        assert_eq!(lines.len(), 1, "{what}: one line: {said}");
+        assert!(lines[0].starts_with("pglock: "), "{what}: {said}");
+        assert!(lines[0].contains(named), "{what}: names {named}: {said}");
+        let repeated = repeated_phrases(lines[0]);
+        assert!(
+            repeated.is_empty(),
+            "{what}: {repeated:?} said twice in: {said}"
+        );
+    }
+}

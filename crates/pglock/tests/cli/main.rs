@@ -1,0 +1,191 @@
+//! `pglock` as a user runs it: the built binary in real processes, on real PostgreSQL
+//! (`LOCKS_DATABASE_URL`, or a throwaway cluster started for this test process).
+
+mod break_lock;
+mod errors;
+mod generate;
+mod inspect;
+mod lost;
+mod run;
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use locks_postgres::tokio_postgres::{self, NoTls};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+/// Generous bound for things that happen "at once" on a loaded machine.
+const SOON: Duration = Duration::from_secs(30);
+
+fn database_url() -> String {
+    throwaway_pg::database_url().unwrap_or_else(|error| {
+        panic!("no PostgreSQL for the tests: set LOCKS_DATABASE_URL or install PostgreSQL: {error}")
+    })
+}
+
+/// `pglock --url <test server>`, with no connection settings from the environment.
+fn pglock() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_pglock"));
+    for name in [
+        "DATABASE_URL",
+        "PGHOST",
+        "PGPORT",
+        "PGUSER",
+        "PGPASSWORD",
+        "PGDATABASE",
+        "PGAPPNAME",
+        "PGSSLMODE",
+        "PGSSLROOTCERT",
+        "PGCONNECT_TIMEOUT",
+        "PGPASSFILE",
+    ] {
+        command.env_remove(name);
+    }
+    command
+        .arg("--url")
+        .arg(database_url())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    command
+}
+
+async fn output(command: &mut Command) -> Output {
+    tokio::time::timeout(SOON, command.output())
+        .await
+        .expect("pglock finished in time")
+        .expect("pglock ran")
+}
+
+fn code(output: &Output) -> i32 {
+    output
+        .status
+        .code()
+        .unwrap_or_else(|| panic!("no exit code: {output:?}"))
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// A key and a scratch folder no other test uses.
+fn unique(name: &str) -> (String, PathBuf) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_nanos());
+    let tag = format!(
+        "{}-{nanos}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let dir = std::env::temp_dir().join(format!("pglock-test-{name}-{tag}"));
+    std::fs::create_dir_all(&dir).expect("scratch folder");
+    (format!("pglock-test:{name}:{tag}"), dir)
+}
+
+async fn admin() -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(&database_url(), NoTls)
+        .await
+        .expect("admin connection");
+    tokio::spawn(connection);
+    client
+}
+
+/// `(pid, granted)` of every session holding or waiting for the advisory lock `lock_id`.
+async fn lock_rows(admin: &tokio_postgres::Client, lock_id: i64) -> Vec<(i32, bool)> {
+    let bits = u64::from_be_bytes(lock_id.to_be_bytes());
+    let high = i64::try_from(bits >> 32).expect("32 bits");
+    let low = i64::try_from(bits & 0xFFFF_FFFF).expect("32 bits");
+    admin
+        .query(
+            "SELECT pid, granted FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
+             AND classid::bigint = $1 AND objid::bigint = $2 ORDER BY granted DESC, pid",
+            &[&high, &low],
+        )
+        .await
+        .expect("pg_locks")
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect()
+}
+
+/// A plain session (as a Python eventsource process would be) holding `lock_id`, and its pid.
+async fn foreign_holder(lock_id: i64) -> (tokio_postgres::Client, i32) {
+    let foreign = admin().await;
+    foreign
+        .execute("SELECT pg_advisory_lock($1)", &[&lock_id])
+        .await
+        .expect("foreign lock");
+    let pid: i32 = foreign
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .expect("pid")
+        .get(0);
+    (foreign, pid)
+}
+
+async fn release_foreign(foreign: &tokio_postgres::Client, lock_id: i64) {
+    foreign
+        .execute("SELECT pg_advisory_unlock($1)", &[&lock_id])
+        .await
+        .expect("foreign unlock");
+}
+
+/// A plain session holding the lock on `key`, its pid, and `pglock run KEY -- true` waiting
+/// in the server's queue behind it.
+async fn held_and_awaited(key: &str) -> (tokio_postgres::Client, i32, Child) {
+    let lock_id = locks_port::lock_id(key);
+    let (foreign, foreign_pid) = foreign_holder(lock_id).await;
+    let waiter = pglock()
+        .args(["run", key, "--", "true"])
+        .spawn()
+        .expect("spawn");
+    wait_for_a_waiter(&admin().await, lock_id).await;
+    (foreign, foreign_pid, waiter)
+}
+
+/// Waits until some session waits in the server's queue for `lock_id`.
+async fn wait_for_a_waiter(observer: &tokio_postgres::Client, lock_id: i64) {
+    eventually("a session waiting in the server's queue", || async {
+        lock_rows(observer, lock_id)
+            .await
+            .iter()
+            .any(|(_, granted)| !granted)
+    })
+    .await;
+}
+
+/// Polls `check` until it is true, failing after [`SOON`].
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + SOON;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn wait_for_file(path: &Path) {
+    eventually(&format!("{}", path.display()), || async { path.exists() }).await;
+}
+
+async fn finish(child: Child) -> Output {
+    tokio::time::timeout(SOON, child.wait_with_output())
+        .await
+        .expect("pglock finished in time")
+        .expect("pglock ran")
+}
+
+fn signal(child: &Child, signal: Signal) {
+    let pid = i32::try_from(child.id().expect("running")).expect("pid");
+    kill(Pid::from_raw(pid), signal).expect("signal sent");
+}

@@ -1,0 +1,306 @@
+//! `pglock run`: exit statuses, conflicts, bad usage, turns, signals, shared locks, fencing.
+
+use super::*;
+
+#[tokio::test]
+async fn success_and_the_commands_status_pass_through() {
+    let (key, _dir) = unique("status");
+    let done = output(pglock().args(["run", &key, "--", "true"])).await;
+    assert_eq!(code(&done), 0, "{}", stderr(&done));
+
+    let failed = output(pglock().args(["run", &key, "-c", "exit 3"])).await;
+    assert_eq!(code(&failed), 3, "{}", stderr(&failed));
+    let killed = output(pglock().args(["run", &key, "--", "sh", "-c", "kill -9 $$"])).await;
+    assert_eq!(code(&killed), 128 + 9, "{}", stderr(&killed));
+
+    let shown =
+        output(pglock().args(["run", &key, "-c", "echo \"$PGLOCK_KEY $PGLOCK_LOCK_ID\""])).await;
+    assert_eq!(code(&shown), 0, "{}", stderr(&shown));
+    let lock_id = locks_port::lock_id(&key);
+    assert_eq!(
+        String::from_utf8_lossy(&shown.stdout).trim(),
+        format!("{key} {lock_id}")
+    );
+
+    let missing = output(pglock().args(["run", &key, "--", "/nonexistent/command"])).await;
+    assert_eq!(code(&missing), 127, "{}", stderr(&missing));
+
+    let admin = admin().await;
+    assert_eq!(
+        lock_rows(&admin, lock_id).await,
+        [],
+        "released after each run"
+    );
+}
+
+#[tokio::test]
+async fn a_foreign_session_keeps_it_out_and_a_conflict_exits_with_the_e_code() {
+    let (key, dir) = unique("conflict");
+    let lock_id = locks_port::lock_id(&key);
+    // Any plain session holding the same id, as a Python eventsource process would.
+    let (foreign, foreign_pid) = foreign_holder(lock_id).await;
+    let ran = dir.join("ran");
+    let ran_text = ran.display().to_string();
+
+    let busy = output(pglock().args(["run", "-n", &key, "--", "touch", &ran_text])).await;
+    assert_eq!(code(&busy), 1, "{}", stderr(&busy));
+    assert!(
+        stderr(&busy).contains(&format!("held by pid {foreign_pid}")),
+        "{}",
+        stderr(&busy)
+    );
+    assert_eq!(stderr(&busy).lines().count(), 1, "{}", stderr(&busy));
+
+    let custom =
+        output(pglock().args(["run", "-n", "-E", "9", &key, "--", "touch", &ran_text])).await;
+    assert_eq!(code(&custom), 9, "{}", stderr(&custom));
+
+    let started = Instant::now();
+    let timed_out =
+        output(pglock().args(["run", "-w", "300ms", &key, "--", "touch", &ran_text])).await;
+    assert_eq!(code(&timed_out), 1, "{}", stderr(&timed_out));
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert!(
+        stderr(&timed_out).contains("timed out after"),
+        "{}",
+        stderr(&timed_out)
+    );
+    assert!(!ran.exists(), "the command ran without the lock");
+
+    release_foreign(&foreign, lock_id).await;
+    let free = output(pglock().args(["run", "-n", &key, "--", "touch", &ran_text])).await;
+    assert_eq!(code(&free), 0, "{}", stderr(&free));
+    assert!(ran.exists());
+}
+
+#[tokio::test]
+async fn bad_usage_exits_64_and_help_exits_0() {
+    for args in [
+        &["run", "k"][..],
+        &["run", "k", "-w", "soon", "--", "true"][..],
+        &["run", "k", "-n", "-w", "1s", "--", "true"][..],
+        &["run", "k", "-c", "true", "--", "true"][..],
+        &["run", "k", "--on-lost", "shrug", "--", "true"][..],
+        &["frobnicate"][..],
+        &["run", "k", "--lease", "5s", "--", "true"][..],
+        &[
+            "run",
+            "k",
+            "--keepalive",
+            "0",
+            "--lease",
+            "60s",
+            "--",
+            "true",
+        ][..],
+    ] {
+        let refused = output(pglock().args(args)).await;
+        assert_eq!(code(&refused), 64, "{args:?}: {}", stderr(&refused));
+    }
+    let short = output(pglock().args(["run", "k", "--lease", "5s", "--", "true"])).await;
+    let said = stderr(&short);
+    assert!(
+        said.contains("--lease: a lease of 5s is too short"),
+        "{said}"
+    );
+    let help = output(pglock().args(["run", "--help"])).await;
+    assert_eq!(code(&help), 0);
+    let text = String::from_utf8_lossy(&help.stdout);
+    for documented in [
+        "Exit codes:",
+        "75",
+        "64",
+        "69",
+        "77",
+        "78",
+        "--on-lost",
+        "--fencing",
+        "--lease",
+    ] {
+        assert!(text.contains(documented), "--help lacks {documented}");
+    }
+}
+
+#[tokio::test]
+async fn runs_on_one_key_take_turns() {
+    let (key, dir) = unique("turns");
+    let mut children = Vec::new();
+    for index in 0..3 {
+        let file = dir.join(format!("run-{index}"));
+        let script = format!(
+            "date +%s%N > {file}; sleep 0.3; date +%s%N >> {file}",
+            file = file.display()
+        );
+        children.push(
+            pglock()
+                .args(["run", &key, "-c", &script])
+                .spawn()
+                .expect("spawn"),
+        );
+    }
+    for child in children {
+        let done = finish(child).await;
+        assert_eq!(code(&done), 0, "{}", stderr(&done));
+    }
+    let mut spans: Vec<(u128, u128)> = (0..3)
+        .map(|index| {
+            let text = std::fs::read_to_string(dir.join(format!("run-{index}"))).expect("times");
+            let times: Vec<u128> = text.lines().map(|line| line.parse().expect("ns")).collect();
+            assert_eq!(times.len(), 2, "{text}");
+            (times[0], times[1])
+        })
+        .collect();
+    spans.sort_unstable();
+    for pair in spans.windows(2) {
+        assert!(pair[0].1 <= pair[1].0, "two commands overlapped: {spans:?}");
+    }
+}
+
+#[tokio::test]
+async fn sigterm_to_pglock_reaches_the_command() {
+    let (key, dir) = unique("sigterm");
+    let ready = dir.join("ready");
+    let got = dir.join("got");
+    let script = format!(
+        "trap 'echo TERM > {got}; exit 7' TERM; touch {ready}; while :; do sleep 0.05; done",
+        got = got.display(),
+        ready = ready.display()
+    );
+    let child = pglock()
+        .args(["run", &key, "-c", &script])
+        .spawn()
+        .expect("spawn");
+    wait_for_file(&ready).await;
+    signal(&child, Signal::SIGTERM);
+    let done = finish(child).await;
+    assert_eq!(code(&done), 7, "the command's status: {}", stderr(&done));
+    assert_eq!(
+        std::fs::read_to_string(&got).expect("trap ran").trim(),
+        "TERM"
+    );
+    let admin = admin().await;
+    assert_eq!(lock_rows(&admin, locks_port::lock_id(&key)).await, []);
+}
+
+#[tokio::test]
+async fn sigint_while_waiting_leaves_nothing_held_and_exits_130() {
+    let (key, dir) = unique("sigint");
+    let lock_id = locks_port::lock_id(&key);
+    let (foreign, _) = foreign_holder(lock_id).await;
+    let ran = dir.join("ran");
+    let child = pglock()
+        .args(["run", &key, "--", "touch"])
+        .arg(&ran)
+        .spawn()
+        .expect("spawn");
+    let observer = admin().await;
+    wait_for_a_waiter(&observer, lock_id).await;
+    signal(&child, Signal::SIGINT);
+    let done = finish(child).await;
+    assert_eq!(code(&done), 130, "{}", stderr(&done));
+    // Only the foreign holder is left: pglock's wait left the queue before it exited.
+    let rows = lock_rows(&observer, lock_id).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert!(rows[0].1, "{rows:?}");
+    release_foreign(&foreign, lock_id).await;
+    assert_eq!(lock_rows(&observer, lock_id).await, []);
+    assert!(
+        !ran.exists(),
+        "the command ran after the wait was cancelled"
+    );
+}
+
+#[tokio::test]
+async fn shared_lets_readers_in_together_and_keeps_a_writer_out() {
+    let (key, dir) = unique("shared");
+    let lock_id = locks_port::lock_id(&key);
+    let first_in = dir.join("first-in");
+    let go = dir.join("go");
+    let script = format!(
+        "touch {first_in}; while [ ! -e {go} ]; do sleep 0.05; done",
+        first_in = first_in.display(),
+        go = go.display()
+    );
+    let reader = pglock()
+        .args(["run", "-s", &key, "-c", &script])
+        .spawn()
+        .expect("spawn");
+    wait_for_file(&first_in).await;
+
+    let second_in = dir.join("second-in");
+    let second = output(
+        pglock()
+            .args(["run", "-s", "-n", &key, "--", "touch"])
+            .arg(&second_in),
+    )
+    .await;
+    assert_eq!(code(&second), 0, "a second reader: {}", stderr(&second));
+    assert!(second_in.exists());
+
+    let writer_in = dir.join("writer-in");
+    let writer = output(
+        pglock()
+            .args(["run", "-n", &key, "--", "touch"])
+            .arg(&writer_in),
+    )
+    .await;
+    assert_eq!(
+        code(&writer),
+        1,
+        "a writer beside a reader: {}",
+        stderr(&writer)
+    );
+    assert!(!writer_in.exists());
+    let timed = output(
+        pglock()
+            .args(["run", "-x", "-w", "200ms", &key, "--", "touch"])
+            .arg(&writer_in),
+    )
+    .await;
+    assert_eq!(code(&timed), 1, "{}", stderr(&timed));
+    assert!(!writer_in.exists());
+
+    std::fs::write(&go, "").expect("go");
+    let done = finish(reader).await;
+    assert_eq!(code(&done), 0, "{}", stderr(&done));
+    let admin = admin().await;
+    assert_eq!(lock_rows(&admin, lock_id).await, []);
+    let writer = output(
+        pglock()
+            .args(["run", "-n", &key, "--", "touch"])
+            .arg(&writer_in),
+    )
+    .await;
+    assert_eq!(
+        code(&writer),
+        0,
+        "the writer once the readers left: {}",
+        stderr(&writer)
+    );
+}
+
+#[tokio::test]
+async fn fencing_tokens_grow_with_every_grant() {
+    let (key, _dir) = unique("fencing");
+    let mut tokens = Vec::new();
+    for _ in 0..2 {
+        let run = output(pglock().args([
+            "run",
+            "--fencing",
+            &key,
+            "-c",
+            "echo \"$PGLOCK_FENCING_TOKEN\"",
+        ]))
+        .await;
+        assert_eq!(code(&run), 0, "{}", stderr(&run));
+        let token: i64 = String::from_utf8_lossy(&run.stdout)
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("a token: {run:?}"));
+        tokens.push(token);
+    }
+    assert!(tokens[0] >= 1 && tokens[1] > tokens[0], "{tokens:?}");
+    let plain =
+        output(pglock().args(["run", &key, "-c", "echo \"${PGLOCK_FENCING_TOKEN-unset}\""])).await;
+    assert_eq!(String::from_utf8_lossy(&plain.stdout).trim(), "unset");
+}
