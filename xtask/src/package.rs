@@ -25,10 +25,6 @@ which packages and verifies (builds) each crate as `cargo publish` would. Argume
 /// The fields each published manifest must set, in `[package]`.
 const REQUIRED: [&str; 4] = ["keywords", "categories", "documentation", "readme"];
 
-/// Published crates whose manifest metadata another branch of issue 23 owns: the check
-/// refuses them once they have it, so the exception cannot outlive its reason.
-const METADATA_PENDING: [&str; 1] = ["locks-postgres"];
-
 /// A workspace member's manifest, as far as this task reads it.
 #[derive(Debug, PartialEq, Eq)]
 struct Manifest {
@@ -165,15 +161,6 @@ fn check(manifest: &Manifest, dir: &Path) -> Vec<String> {
         .copied()
         .filter(|field| !manifest.has.contains(field))
         .collect();
-    if METADATA_PENDING.contains(&name.as_str()) {
-        return if missing.is_empty() {
-            vec![format!(
-                "{name} has its metadata now: take it out of METADATA_PENDING in xtask/src/package.rs"
-            )]
-        } else {
-            Vec::new()
-        };
-    }
     let mut problems: Vec<String> = missing
         .iter()
         .map(|field| format!("{name}: no `{field}` in [package]"))
@@ -240,18 +227,6 @@ mod tests {
              categories = [\"database\"]\ndocumentation = \"https://docs.rs/wrong\"\n",
         );
         assert_eq!(check(&wrong, &dir).len(), 3, "{:?}", check(&wrong, &dir));
-    }
-
-    #[test]
-    fn a_pending_crate_may_lack_metadata_until_it_has_it() {
-        let dir = crate::workspace_root();
-        let lacking = parse("[package]\nname = \"locks-postgres\"\n");
-        assert_eq!(check(&lacking, &dir), [] as [String; 0]);
-        let done = parse(
-            "[package]\nname = \"locks-postgres\"\nreadme = \"README.md\"\nkeywords = []\n\
-             categories = []\ndocumentation = \"x\"\n",
-        );
-        assert!(check(&done, &dir)[0].contains("METADATA_PENDING"));
     }
 
     #[test]
