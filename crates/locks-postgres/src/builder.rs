@@ -211,8 +211,10 @@ impl PostgresLockManagerBuilder {
     /// sockets (power loss, a frozen VM, a cut network), the server frees its locks
     /// within this, and the holder's [`lost`](locks_port::LockGuard::lost) signal fires
     /// at least the [`lease_margin`](Self::lease_margin) before the server can free
-    /// them. A waiter whose host vanished leaves the server's queue within the lease
-    /// too; one the server granted before noticing frees the lock within
+    /// them. A waiter whose host vanished leaves the server's queue once the server
+    /// finds its socket dead: within [`Lease::server_frees_within`] plus one
+    /// `client_connection_check_interval` of its last traffic (inside the lease for the
+    /// derived settings); one the server granted before noticing frees the lock within
     /// [`Lease::server_frees_after`] of the grant.
     ///
     /// From it the manager derives the keepalive cadence and the answer timeout (unless
