@@ -328,11 +328,6 @@ impl Session {
         }
     }
 
-    /// The connection's session marker (for statements of its own that must check it).
-    pub(crate) fn marker(&self) -> &str {
-        self.conn.as_deref().map_or("", |known| &known.marker)
-    }
-
     /// Whether the connection has ended (a local check, no I/O): the server closed it
     /// or the socket failed.
     pub(crate) fn is_closed(&self) -> bool {
@@ -448,6 +443,12 @@ async fn execute(
                 rows => rows?,
             }
         }
+        Statement::UnlockAll => match object.execute(prepared, &[]).await {
+            Err(error) if reached_another_session(&error) => {
+                return Ok(Answer::WrongSession);
+            }
+            rows => rows?,
+        },
         Statement::Ping => {
             return Ok(match object.execute(prepared, &[]).await? {
                 0 => Answer::WrongSession,

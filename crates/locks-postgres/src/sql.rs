@@ -13,8 +13,8 @@
 use locks_port::LockMode;
 
 /// How many statements a connection can have prepared: four kinds of lock statement in
-/// two modes, the keepalive and the set-up.
-pub(crate) const PREPARED_KINDS: usize = 10;
+/// two modes, the keepalive, the set-up and the unlock of everything.
+pub(crate) const PREPARED_KINDS: usize = 11;
 /// The slot of [`SESSION_SETUP`] among a connection's prepared statements.
 pub(crate) const SETUP_SLOT: usize = 9;
 
@@ -107,6 +107,9 @@ pub(crate) enum Statement {
     UnlockIfHeld { lock_id: i64, mode: LockMode },
     /// The keepalive of a held lock's idle connection; answers `true`.
     Ping,
+    /// Releases every advisory lock of the session (`release_all` on a shared
+    /// connection whose every lock is being released); answers `true`.
+    UnlockAll,
 }
 
 impl Statement {
@@ -165,6 +168,10 @@ impl Statement {
             ),
             // One row on the connection's own session, none elsewhere.
             Self::Ping => "SELECT WHERE current_setting('locks.session', true) = :marker",
+            // Like every lock statement it checks the session marker first (ADR 0014):
+            // on a server session not the connection's own it frees nothing (another
+            // client's locks above all).
+            Self::UnlockAll => counted!("pg_advisory_unlock_all()::text = ''"),
         }
     }
 
@@ -178,6 +185,7 @@ impl Statement {
             Self::Unlock { .. } => 4 + shared,
             Self::UnlockIfHeld { .. } => 6 + shared,
             Self::Ping => 8,
+            Self::UnlockAll => 10,
         }
     }
 
@@ -188,7 +196,7 @@ impl Statement {
             | Self::TryLock { mode, .. }
             | Self::Unlock { mode, .. }
             | Self::UnlockIfHeld { mode, .. } => mode,
-            Self::Ping => LockMode::Exclusive,
+            Self::Ping | Self::UnlockAll => LockMode::Exclusive,
         }
     }
 }
@@ -212,6 +220,9 @@ mod tests {
         assert!(lock.sql(marker).contains("$2") && !lock.sql(marker).contains("$3"));
         assert!(Statement::Ping.sql(marker).contains("= '0123456789abcdef'"));
         assert!(!Statement::Ping.sql(marker).contains('$'));
+        let unlock_all = Statement::UnlockAll.sql(marker);
+        assert!(unlock_all.contains("= '0123456789abcdef'") && !unlock_all.contains('$'));
+        assert!(Statement::UnlockAll.slot() < PREPARED_KINDS);
         for mode in [LockMode::Exclusive, LockMode::Shared] {
             for statement in [
                 Statement::TryLock {
