@@ -4,6 +4,7 @@
 //! step inside the call's deadline. The wait is the same for one key and for the next
 //! key of an `acquire_many`.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +22,7 @@ use crate::errors::{
 use crate::guard::PostgresLockGuard;
 use crate::limit::{Deadline, Expired, Limit};
 use crate::manager::Inner;
-use crate::multiplex::{Membership, SharedTry};
+use crate::multiplex::{HostFailure, Membership, SharedTry};
 use crate::sql::Statement;
 
 /// A granted lock before the bookkeeping: on a session of its own, or on a shared
@@ -117,10 +118,8 @@ impl Inner {
         let mode = options.mode();
         let multiplexer = self.multiplexer().expect("called only when multiplexing");
         let limit = self.step_limit(deadline);
-        match multiplexer
-            .try_on_host(key, lock_id, mode, deadline, limit)
-            .await?
-        {
+        let tried = multiplexer.try_on_host(lock_id, mode, limit).await;
+        match tried.map_err(|failure| self.host_failure(key, failure, deadline))? {
             SharedTry::Granted(member) => return Ok(member),
             SharedTry::Busy => {
                 if let Some(deadline) = deadline.filter(|deadline| deadline.passed()) {
@@ -145,16 +144,28 @@ impl Inner {
     ) -> Result<Option<Membership>, LockAcquisitionError> {
         let multiplexer = self.multiplexer().expect("called only when multiplexing");
         let limit = self.step_limit(None);
-        match multiplexer
-            .try_on_host(key, lock_id, mode, None, limit)
-            .await?
-        {
+        let tried = multiplexer.try_on_host(lock_id, mode, limit).await;
+        match tried.map_err(|failure| self.host_failure(key, failure, None))? {
             SharedTry::Granted(member) => Ok(Some(member)),
             SharedTry::Busy => Ok(None),
             SharedTry::NoHost => Ok(self
                 .try_session(key, lock_id, mode)
                 .await?
                 .map(|session| multiplexer.adopt(session, lock_id, mode))),
+        }
+    }
+
+    /// The error of a failed try on a shared connection.
+    fn host_failure(
+        &self,
+        key: &str,
+        failure: HostFailure,
+        deadline: Option<Deadline>,
+    ) -> LockAcquisitionError {
+        match failure {
+            HostFailure::MovedBetweenSessions => refused(key, MOVED_BETWEEN_SESSIONS, deadline),
+            HostFailure::Failed(error) => with_timeout(driver_error(key, error), deadline),
+            HostFailure::NoAnswer => no_answer(key, deadline, self.settings().answer_timeout),
         }
     }
 
@@ -207,6 +218,32 @@ impl Inner {
                 Box::pin(waiting).await
             }
         }
+    }
+
+    /// Takes every lock of `ordered` on one session, in order; on any failure the
+    /// session is closed, which frees what it took.
+    pub(crate) async fn acquire_group(
+        &self,
+        ordered: &BTreeMap<i64, &str>,
+        options: AcquireOptions,
+    ) -> Result<Session, LockAcquisitionError> {
+        let deadline = options.timeout().map(Deadline::after);
+        let mode = options.mode();
+        let first = ordered.values().next().copied().unwrap_or("");
+        let wait = deadline.map_or(PoolWait::Forever, PoolWait::Until);
+        let mut session = self.checkout(first, wait, deadline).await?;
+        for (index, (&lock_id, &key)) in ordered.iter().enumerate() {
+            session = match self.try_lock(key, lock_id, mode, session, deadline).await? {
+                Tried::Granted(session) => session,
+                Tried::Busy(session) => {
+                    let holds_others = index > 0;
+                    let waiting =
+                        self.wait_in_queue(key, lock_id, mode, session, deadline, holds_others);
+                    Box::pin(waiting).await?
+                }
+            };
+        }
+        Ok(session)
     }
 
     /// `try_acquire`: a checkout that never waits for a slot and one try.

@@ -321,6 +321,21 @@ impl Inner {
         drained
     }
 
+    /// Takes every entry out and unlocks it; how many there were. A shared connection
+    /// whose every lock is among them gets one `pg_advisory_unlock_all()`.
+    pub(crate) async fn release_all(&self) -> usize {
+        let drained = self.take_all();
+        let count = drained.len();
+        let drained = match self.multiplexer() {
+            Some(multiplexer) => multiplexer.unlock_whole_hosts(drained).await,
+            None => drained,
+        };
+        for held in drained {
+            self.unlock(held).await;
+        }
+        count
+    }
+
     /// Records a granted lock (on the session in `slot`, owned as `holding` says) and
     /// hands out its guard; with fencing on, first takes the grant's token (on failure
     /// the session is closed, which frees the lock).

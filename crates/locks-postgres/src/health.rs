@@ -13,7 +13,7 @@
 //! drops), its guard's signal fires, its connection is discarded, a WARNING event in
 //! an `eventsource.lock.lost` span says so, and the per-reason count grows.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use locks_port::LostReason;
@@ -23,7 +23,7 @@ use crate::bookkeeping::{Held, SessionSlot, Ticket};
 use crate::connection::Answer;
 use crate::errors::{MOVED_BETWEEN_SESSIONS, describe};
 use crate::limit::Limit;
-use crate::manager::Inner;
+use crate::manager::{Inner, PostgresLockManager};
 use crate::sql::Statement;
 use crate::telemetry::lost_span;
 use crate::watchdog::Watch;
@@ -47,8 +47,26 @@ impl LostLockCounts {
     }
 }
 
+impl PostgresLockManager {
+    /// How many locks this manager has lost since it was built, by reason: the figure
+    /// to alert on (also counted in the `eventsource.lock.lost` span's
+    /// `lock.lost_reason` attribute). Releases through the manager are not counted.
+    #[must_use]
+    pub fn lost_lock_counts(&self) -> crate::LostLockCounts {
+        self.inner.health().lost.snapshot()
+    }
+}
+
+/// The monitor's state in the manager.
 #[derive(Default)]
-pub(crate) struct LostCounts {
+pub(crate) struct Health {
+    /// Whether the monitor task runs.
+    monitor_running: AtomicBool,
+    lost: LostCounts,
+}
+
+#[derive(Default)]
+struct LostCounts {
     connection_closed: AtomicU64,
     keepalive_failed: AtomicU64,
 }
@@ -61,7 +79,7 @@ impl LostCounts {
         }
     }
 
-    pub(crate) fn snapshot(&self) -> LostLockCounts {
+    fn snapshot(&self) -> LostLockCounts {
         LostLockCounts {
             connection_closed: self.connection_closed.load(Ordering::Relaxed),
             keepalive_failed: self.keepalive_failed.load(Ordering::Relaxed),
@@ -81,14 +99,17 @@ impl Inner {
     /// Starts the monitor if it is not running (called after each grant). Without a
     /// Tokio runtime at hand nothing is started; the next grant inside one starts it.
     pub(crate) fn ensure_monitor(self: &Arc<Self>) {
-        if self.monitor_running().swap(true, Ordering::AcqRel) {
+        if self.health().monitor_running.swap(true, Ordering::AcqRel) {
             return;
         }
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(monitor(Arc::downgrade(self)));
             }
-            Err(_) => self.monitor_running().store(false, Ordering::Release),
+            Err(_) => self
+                .health()
+                .monitor_running
+                .store(false, Ordering::Release),
         }
     }
 
@@ -167,7 +188,7 @@ impl Inner {
         // Counted (one per lock) before the signal fires, so a holder woken by it
         // already sees the count; taken back if another reason (a release) got there
         // first.
-        let counter = self.lost_counts().counter(reason);
+        let counter = self.health().lost.counter(reason);
         let count = u64::try_from(taken.len()).unwrap_or(u64::MAX);
         counter.fetch_add(count, Ordering::AcqRel);
         if !first.notifier().notify(reason) {
@@ -280,10 +301,15 @@ async fn monitor(manager: Weak<Inner>) {
             tokio::spawn(async move { inner.keepalive(entries, slot).await });
         }
         if inner.book().is_empty() {
-            inner.monitor_running().store(false, Ordering::Release);
+            inner
+                .health()
+                .monitor_running
+                .store(false, Ordering::Release);
             // A grant between the look and the store found the flag set and started
             // nothing: take the monitor back up for it.
-            if inner.book().is_empty() || inner.monitor_running().swap(true, Ordering::AcqRel) {
+            if inner.book().is_empty()
+                || inner.health().monitor_running.swap(true, Ordering::AcqRel)
+            {
                 return;
             }
         }

@@ -20,7 +20,7 @@
 //!   [`telemetry`](crate::telemetry): spans and events.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -35,7 +35,7 @@ use crate::bookkeeping::Book;
 use crate::builder::{KeyVisibility, PostgresLockManagerBuilder, Settings, published_holder_id};
 use crate::connection::{Connections, SetupValues};
 use crate::guard::PostgresLockGuard;
-use crate::health::LostCounts;
+use crate::health::Health;
 use crate::lease::{Lease, LeaseError};
 use crate::lock_ids::LockIds;
 use crate::multiplex::Multiplexer;
@@ -98,8 +98,8 @@ pub(crate) struct Inner {
     connections: Arc<Connections>,
     /// The number of the next bookkeeping ticket (one per acquisition).
     next_ticket: AtomicU64,
-    monitor_running: AtomicBool,
-    lost: LostCounts,
+    /// The lost-lock monitor's state and the per-reason counts of lost locks.
+    health: Health,
     /// The shared connections, when multiplexing is on.
     multiplexer: Option<Multiplexer>,
 }
@@ -172,14 +172,6 @@ impl PostgresLockManager {
     pub fn lease(&self) -> Option<Lease> {
         self.inner.lease().ok().flatten().copied()
     }
-
-    /// How many locks this manager has lost since it was built, by reason: the figure
-    /// to alert on (also counted in the `eventsource.lock.lost` span's
-    /// `lock.lost_reason` attribute). Releases through the manager are not counted.
-    #[must_use]
-    pub fn lost_lock_counts(&self) -> crate::LostLockCounts {
-        self.inner.lost.snapshot()
-    }
 }
 
 impl fmt::Debug for PostgresLockManager {
@@ -216,8 +208,7 @@ impl Inner {
             book: Mutex::new(Book::default()),
             connections,
             next_ticket: AtomicU64::new(1),
-            monitor_running: AtomicBool::new(false),
-            lost: LostCounts::default(),
+            health: Health::default(),
             multiplexer: Multiplexer::new(settings.locks_per_connection, settings.answer_timeout),
         }
     }
@@ -264,14 +255,9 @@ impl Inner {
         self.next_ticket.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Whether the health monitor runs (see [`crate::health`]).
-    pub(crate) fn monitor_running(&self) -> &AtomicBool {
-        &self.monitor_running
-    }
-
-    /// The per-reason counts of lost locks.
-    pub(crate) fn lost_counts(&self) -> &LostCounts {
-        &self.lost
+    /// The lost-lock monitor's state (see [`crate::health`]).
+    pub(crate) fn health(&self) -> &Health {
+        &self.health
     }
 
     /// What the set-up gives each of the manager's sessions.
@@ -437,16 +423,7 @@ impl LockRegistry for PostgresLockManager {
     /// dropped, the sessions not yet unlocked are closed, which frees their locks (on a
     /// shared connection not yet freed, a task unlocks them instead).
     async fn release_all(&self) -> usize {
-        let drained = self.inner.take_all();
-        let count = drained.len();
-        let drained = match self.inner.multiplexer() {
-            Some(multiplexer) => multiplexer.unlock_whole_hosts(drained).await,
-            None => drained,
-        };
-        for held in drained {
-            self.inner.unlock(held).await;
-        }
-        count
+        self.inner.release_all().await
     }
 
     fn held_lock_count(&self) -> usize {

@@ -11,11 +11,9 @@ use locks_port::{
 };
 use tracing::{Instrument, Span};
 
-use crate::acquire::{PoolWait, Tried};
 use crate::bookkeeping::{Group, Held, Holding, new_slot};
 use crate::connection::Session;
 use crate::guard::gone;
-use crate::limit::Deadline;
 use crate::manager::{Inner, PostgresLockManager};
 use crate::telemetry::{finish_acquire_span, manager_acquire_span, started};
 
@@ -84,32 +82,6 @@ impl PostgresLockManager {
 }
 
 impl Inner {
-    /// Takes every lock of `ordered` on one session, in order; on any failure the
-    /// session is closed, which frees what it took.
-    async fn acquire_group(
-        &self,
-        ordered: &BTreeMap<i64, &str>,
-        options: AcquireOptions,
-    ) -> Result<Session, LockAcquisitionError> {
-        let deadline = options.timeout().map(Deadline::after);
-        let mode = options.mode();
-        let first = ordered.values().next().copied().unwrap_or("");
-        let wait = deadline.map_or(PoolWait::Forever, PoolWait::Until);
-        let mut session = self.checkout(first, wait, deadline).await?;
-        for (index, (&lock_id, &key)) in ordered.iter().enumerate() {
-            session = match self.try_lock(key, lock_id, mode, session, deadline).await? {
-                Tried::Granted(session) => session,
-                Tried::Busy(session) => {
-                    let holds_others = index > 0;
-                    let waiting =
-                        self.wait_in_queue(key, lock_id, mode, session, deadline, holds_others);
-                    Box::pin(waiting).await?
-                }
-            };
-        }
-        Ok(session)
-    }
-
     /// Records a group: one entry per key, one shared session and one shared signal;
     /// with fencing on, first takes a token per key (one round trip; on failure the
     /// session is closed, which frees them all).

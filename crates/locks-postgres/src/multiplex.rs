@@ -24,12 +24,11 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use locks_port::{LockAcquisitionError, LockMode};
+use locks_port::LockMode;
 
 use crate::bookkeeping::{Held, Holding, SessionSlot, new_slot};
 use crate::connection::{Answer, Session};
-use crate::errors::{MOVED_BETWEEN_SESSIONS, driver_error, no_answer, refused, with_timeout};
-use crate::limit::{Deadline, Expired, Limit};
+use crate::limit::{Expired, Limit};
 use crate::sql::Statement;
 
 /// The shared connections of one manager.
@@ -64,6 +63,18 @@ pub(crate) struct Membership {
 
 /// The bookkeeping of `release_all`'s fast path: by shared connection, its locks.
 type ByHost = HashMap<usize, (Arc<Host>, Vec<Held>)>;
+
+/// Why a try on a shared connection failed (the caller says so in an error).
+pub(crate) enum HostFailure {
+    /// The statement reached another server session (ADR 0014): the connection cannot
+    /// hold session locks; it is closed, with the others on it.
+    MovedBetweenSessions,
+    /// The statement failed: refused by the server (the session is fine), or with the
+    /// connection (closed, with the others on it).
+    Failed(tokio_postgres::Error),
+    /// No answer within the limit: the connection is closed, with the others on it.
+    NoAnswer,
+}
 
 /// What a try on a shared connection found.
 pub(crate) enum SharedTry {
@@ -259,12 +270,10 @@ impl Multiplexer {
     /// within `limit`.
     pub(crate) async fn try_on_host(
         &self,
-        key: &str,
         lock_id: i64,
         mode: LockMode,
-        deadline: Option<Deadline>,
         limit: Limit,
-    ) -> Result<SharedTry, LockAcquisitionError> {
+    ) -> Result<SharedTry, HostFailure> {
         let Some(member) = self.reserve(lock_id, mode) else {
             return Ok(SharedTry::NoHost);
         };
@@ -289,7 +298,7 @@ impl Multiplexer {
             // cannot hold session locks, nor the others on it.
             Ok(Ok(Answer::WrongSession)) => {
                 member.close_host(&mut slot);
-                Err(refused(key, MOVED_BETWEEN_SESSIONS, deadline))
+                Err(HostFailure::MovedBetweenSessions)
             }
             Ok(Ok(_)) => {
                 member.vacate(&mut slot);
@@ -299,15 +308,15 @@ impl Multiplexer {
             // nothing was taken and the session is fine.
             Ok(Err(error)) if !error.is_closed() && error.code().is_some() => {
                 member.vacate(&mut slot);
-                Err(with_timeout(driver_error(key, error), deadline))
+                Err(HostFailure::Failed(error))
             }
             Ok(Err(error)) => {
                 member.close_host(&mut slot);
-                Err(with_timeout(driver_error(key, error), deadline))
+                Err(HostFailure::Failed(error))
             }
             Err(Expired) => {
                 member.close_host(&mut slot);
-                Err(no_answer(key, deadline, self.answer_timeout))
+                Err(HostFailure::NoAnswer)
             }
         }
     }
