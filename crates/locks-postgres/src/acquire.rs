@@ -4,12 +4,14 @@
 //! step inside the call's deadline. The wait is the same for one key and for the next
 //! key of an `acquire_many`.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Object, PoolError, TimeoutType, Timeouts};
-use locks_port::{AcquireOptions, LockAcquisitionError, LockMode, WaitStrategy, timeout_reason};
+use locks_port::{
+    AcquireOptions, AcquisitionErrorKind, LockAcquisitionError, LockMode, WaitStrategy,
+    timeout_reason,
+};
 use tokio_postgres::error::SqlState;
 use tracing::Span;
 
@@ -220,30 +222,104 @@ impl Inner {
         }
     }
 
-    /// Takes every lock of `ordered` on one session, in order; on any failure the
-    /// session is closed, which frees what it took.
+    /// Takes every lock of `lock_ids` (in the global order; `keys` are theirs, to name
+    /// in errors) on one session; on any failure the session is closed, which frees
+    /// what it took. Uncontended, that is one checkout and one round trip: the tries of
+    /// every key go in one statement. When a key is busy the session keeps the keys
+    /// before it, the statement itself frees those after it (never held while waiting
+    /// out of order), and the wait for it is the single key's wait; then the tries of
+    /// the rest go in one statement again.
     pub(crate) async fn acquire_group(
         &self,
-        ordered: &BTreeMap<i64, &str>,
+        keys: &[&str],
+        lock_ids: &[i64],
         options: AcquireOptions,
     ) -> Result<Session, LockAcquisitionError> {
         let deadline = options.timeout().map(Deadline::after);
         let mode = options.mode();
-        let first = ordered.values().next().copied().unwrap_or("");
+        let first = keys.first().copied().unwrap_or("");
         let wait = deadline.map_or(PoolWait::Forever, PoolWait::Until);
         let mut session = self.checkout(first, wait, deadline).await?;
-        for (index, (&lock_id, &key)) in ordered.iter().enumerate() {
-            session = match self.try_lock(key, lock_id, mode, session, deadline).await? {
-                Tried::Granted(session) => session,
-                Tried::Busy(session) => {
-                    let holds_others = index > 0;
-                    let waiting =
-                        self.wait_in_queue(key, lock_id, mode, session, deadline, holds_others);
-                    Box::pin(waiting).await?
-                }
+        let mut next = 0;
+        while next < lock_ids.len() {
+            let (rest_keys, rest) = (&keys[next..], &lock_ids[next..]);
+            let (tried, first_busy);
+            (session, first_busy) = if self.settings().group_tries_one_by_one {
+                tried = 1;
+                self.try_first(rest_keys[0], rest[0], mode, session, deadline)
+                    .await?
+            } else {
+                tried = rest.len();
+                self.try_each(rest_keys, rest, mode, session, deadline)
+                    .await?
             };
+            let Some(busy) = first_busy else {
+                next += tried;
+                continue;
+            };
+            let at = next + busy;
+            let waiting =
+                self.wait_in_queue(keys[at], lock_ids[at], mode, session, deadline, at > 0);
+            session = Box::pin(waiting).await?;
+            next = at + 1;
         }
         Ok(session)
+    }
+
+    /// The tries of every lock of `lock_ids` in one round trip (see
+    /// [`Statement::TryLockEach`]); the index of the first busy one, if any. On an
+    /// error the session is closed, which frees whatever it held.
+    async fn try_each(
+        &self,
+        keys: &[&str],
+        lock_ids: &[i64],
+        mode: LockMode,
+        session: Session,
+        deadline: Option<Deadline>,
+    ) -> Result<(Session, Option<usize>), LockAcquisitionError> {
+        if lock_ids.len() == 1 {
+            return self
+                .try_first(keys[0], lock_ids[0], mode, session, deadline)
+                .await;
+        }
+        let statement = Statement::TryLockEach { lock_ids, mode };
+        let limit = self.step_limit(deadline);
+        match self
+            .answered(keys[0], session, statement, limit, deadline)
+            .await?
+        {
+            (session, Ok(Answer::FirstBusy(first_busy))) => Ok((session, first_busy)),
+            (session, Ok(answer)) => {
+                session.close();
+                let reason = format!("Database error: unexpected answer {answer:?}");
+                Err(with_timeout(
+                    LockAcquisitionError::new(keys[0], AcquisitionErrorKind::Backend, reason),
+                    deadline,
+                ))
+            }
+            (session, Err(error)) => {
+                session.close();
+                Err(with_timeout(driver_error(keys[0], error), deadline))
+            }
+        }
+    }
+
+    /// The try of the first of the locks left (`acquire_many` one key at a time: a
+    /// group of one, or the setting that measures the old way).
+    async fn try_first(
+        &self,
+        key: &str,
+        lock_id: i64,
+        mode: LockMode,
+        session: Session,
+        deadline: Option<Deadline>,
+    ) -> Result<(Session, Option<usize>), LockAcquisitionError> {
+        Ok(
+            match self.try_lock(key, lock_id, mode, session, deadline).await? {
+                Tried::Granted(session) => (session, None),
+                Tried::Busy(session) => (session, Some(0)),
+            },
+        )
     }
 
     /// `try_acquire`: a checkout that never waits for a slot and one try.
@@ -352,7 +428,7 @@ impl Inner {
         &self,
         key: &str,
         mut session: Session,
-        statement: Statement,
+        statement: Statement<'_>,
         limit: Limit,
         deadline: Option<Deadline>,
     ) -> Result<(Session, Result<Answer, tokio_postgres::Error>), LockAcquisitionError> {
@@ -444,7 +520,8 @@ impl Inner {
                 }
                 Some(session)
             }
-            Ok(Ok(Answer::Locked | Answer::WrongSession) | Err(_)) | Err(Expired) => {
+            Ok(Ok(Answer::Locked | Answer::FirstBusy(_) | Answer::WrongSession) | Err(_))
+            | Err(Expired) => {
                 session.close();
                 None
             }

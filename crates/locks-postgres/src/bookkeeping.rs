@@ -163,6 +163,10 @@ impl Group {
             lock_ids,
         }
     }
+
+    pub(crate) fn lock_ids(&self) -> &[i64] {
+        &self.lock_ids
+    }
 }
 
 /// One acquisition, as the health monitor finds it again.
@@ -428,35 +432,59 @@ impl Inner {
     }
 
     /// Unlocks, on a task of their own, locks a dropped guard took out of the
-    /// bookkeeping; with no runtime at hand their sessions are closed instead, which
-    /// frees them on the server just the same. (If the runtime drops the task before it
-    /// runs, the sessions inside are closed by their own drop.)
-    pub(crate) fn unlock_later<T>(self: &Arc<Self>, taken: T)
-    where
-        T: IntoIterator<Item = Held> + Send + 'static,
-        T::IntoIter: Send,
-    {
+    /// bookkeeping (one lock, or what is left of a group); with no runtime at hand their
+    /// sessions are closed instead, which frees them on the server just the same. (If
+    /// the runtime drops the task before it runs, the sessions inside are closed by
+    /// their own drop.)
+    pub(crate) fn unlock_later(self: &Arc<Self>, taken: Entries) {
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 let inner = Arc::clone(self);
-                runtime.spawn(async move {
-                    for held in taken {
-                        inner.unlock(held).await;
-                    }
-                });
+                runtime.spawn(async move { inner.unlock_together(taken).await });
             }
-            Err(_) => drop(taken.into_iter().collect::<Vec<_>>()),
+            Err(_) => drop(taken),
         }
+    }
+
+    /// Unlocks locks taken out of the bookkeeping that share one session (one lock, or
+    /// what is left of a group) in one round trip; `Unlocked` for none. Never fails:
+    /// otherwise as [`unlock`](Self::unlock).
+    pub(crate) async fn unlock_together(&self, mut taken: Entries) -> ReleaseOutcome {
+        if taken.len() <= 1 {
+            return match taken.pop() {
+                Some(held) => self.unlock(held).await,
+                None => ReleaseOutcome::Unlocked,
+            };
+        }
+        let first = &taken[0];
+        debug_assert!(
+            taken
+                .iter()
+                .all(|held| Arc::ptr_eq(&held.slot, &first.slot))
+        );
+        let span = release_span(
+            self.settings().span_level,
+            self.shown(&first.key),
+            first.lock_id,
+            first.mode,
+        );
+        let lock_ids: SmallVec<[i64; 8]> = taken.iter().map(|held| held.lock_id).collect();
+        let statement = Statement::UnlockEach {
+            lock_ids: &lock_ids,
+            mode: first.mode,
+        };
+        let recorder = span.clone();
+        let unlocking = self.unlock_on_session(&mut taken, statement, &recorder);
+        Box::pin(unlocking).instrument(span).await
     }
 
     /// Unlocks a lock taken out of the bookkeeping. Never fails: when the unlock fails
     /// or the session did not hold the lock, the session is closed instead of being
     /// given back, which frees whatever it held.
     pub(crate) async fn unlock(&self, mut held: Held) -> ReleaseOutcome {
-        let key = Arc::clone(&held.key);
         let span = release_span(
             self.settings().span_level,
-            self.shown(&key),
+            self.shown(&held.key),
             held.lock_id,
             held.mode,
         );
@@ -467,53 +495,69 @@ impl Inner {
             lock_id: held.lock_id,
             mode: held.mode,
         };
-        let unlocking = std::pin::pin!(async {
-            // Waits for a keepalive in flight (bounded by the answer timeout).
-            let slot = Arc::clone(&held.slot);
-            let mut slot = slot.lock().await;
-            let Some(session) = slot.as_mut() else {
-                // The health monitor took it: the lock was lost meanwhile.
-                record_released(&recorder, false);
-                return ReleaseOutcome::AlreadyReleased;
-            };
-            // Pinned where made (the statement's future is large), and gone after.
-            let answer = {
-                let limit = Limit::Waiting(self.settings().answer_timeout);
-                let running = std::pin::pin!(session.run_within(statement, limit));
-                running.await
-            };
-            let unlocked = matches!(answer, Ok(Ok(Answer::Bool(true))));
-            // The session of a group, or a shared connection's, holds the others' locks
-            // until the last unlock: then it stays in the slot.
-            let last = held.leave_session();
-            if unlocked {
-                record_released(&recorder, true);
-                tracing::debug!(
-                    key = self.shown(&key),
-                    lock_id = held.lock_id,
-                    "lock released"
-                );
-            }
-            if unlocked && !last {
-                return ReleaseOutcome::Unlocked;
-            }
-            let Some(session) = slot.take() else {
-                return ReleaseOutcome::AlreadyReleased;
-            };
-            drop(slot);
-            if unlocked {
-                session.into_pool();
-                return ReleaseOutcome::Unlocked;
-            }
-            // Every path but a confirmed unlock closes the session, which frees
-            // whatever it held.
-            let (kind, code) = self.failed_unlock(&held, &answer);
-            session.close();
-            record_released(&recorder, false);
-            record_failure(&recorder, kind, code);
-            ReleaseOutcome::SessionClosed
-        });
+        let unlocking = std::pin::pin!(self.unlock_on_session(
+            std::slice::from_mut(&mut held),
+            statement,
+            &recorder
+        ));
         unlocking.instrument(span).await
+    }
+
+    /// Runs the unlock `statement` of `held` (locks of one session), then gives the
+    /// session back when it holds nothing more, or closes it when the unlock failed.
+    async fn unlock_on_session(
+        &self,
+        held: &mut [Held],
+        statement: Statement<'_>,
+        recorder: &Span,
+    ) -> ReleaseOutcome {
+        let Some(first) = held.first() else {
+            return ReleaseOutcome::Unlocked;
+        };
+        let (key, lock_id) = (Arc::clone(&first.key), first.lock_id);
+        // Waits for a keepalive in flight (bounded by the answer timeout).
+        let slot = Arc::clone(&first.slot);
+        let mut slot = slot.lock().await;
+        let Some(session) = slot.as_mut() else {
+            // The health monitor took it: the lock was lost meanwhile.
+            record_released(recorder, false);
+            return ReleaseOutcome::AlreadyReleased;
+        };
+        // Pinned where made (the statement's future is large), and gone after.
+        let answer = {
+            let limit = Limit::Waiting(self.settings().answer_timeout);
+            let running = std::pin::pin!(session.run_within(statement, limit));
+            running.await
+        };
+        let unlocked = matches!(answer, Ok(Ok(Answer::Bool(true))));
+        // The session of a group, or a shared connection's, holds the others' locks
+        // until the last unlock: then it stays in the slot.
+        let mut last = false;
+        for held in held.iter_mut() {
+            last |= held.leave_session();
+        }
+        if unlocked {
+            record_released(recorder, true);
+            tracing::debug!(key = self.shown(&key), lock_id, "lock released");
+        }
+        if unlocked && !last {
+            return ReleaseOutcome::Unlocked;
+        }
+        let Some(session) = slot.take() else {
+            return ReleaseOutcome::AlreadyReleased;
+        };
+        drop(slot);
+        if unlocked {
+            session.into_pool();
+            return ReleaseOutcome::Unlocked;
+        }
+        // Every path but a confirmed unlock closes the session, which frees whatever
+        // it held.
+        let (kind, code) = self.failed_unlock(&held[0], &answer);
+        session.close();
+        record_released(recorder, false);
+        record_failure(recorder, kind, code);
+        ReleaseOutcome::SessionClosed
     }
 
     /// Says why an unlock failed (the session is closed next); its kind and SQLSTATE.

@@ -7,6 +7,7 @@ use std::task::Poll;
 
 use locks_port::{LockGuard, LockInfo, LostReason, LostSignal, ReleaseOutcome};
 
+use crate::bookkeeping::Entries;
 use crate::manager::Inner;
 
 /// A lock held by a [`PostgresLockManager`](crate::PostgresLockManager).
@@ -117,7 +118,7 @@ impl Drop for PostgresLockGuard {
             return;
         }
         if let Some(held) = self.inner.take_one(self.info.lock_id(), self.ticket) {
-            self.inner.unlock_later([held]);
+            self.inner.unlock_later(Entries::from_buf([held]));
         }
     }
 }

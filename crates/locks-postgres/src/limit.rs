@@ -79,7 +79,7 @@ impl Deadline {
         lock_id: i64,
         mode: LockMode,
         margin: Duration,
-    ) -> Option<(Statement, Limit)> {
+    ) -> Option<(Statement<'static>, Limit)> {
         let (lock_timeout_ms, limit) = match deadline {
             None => (0, Limit::None),
             Some(bounded) => (

@@ -1,7 +1,6 @@
 //! Several keys at once: all or nothing, in one global order, within one deadline, on
 //! one session.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -11,7 +10,7 @@ use locks_port::{
 };
 use tracing::{Instrument, Span};
 
-use crate::bookkeeping::{Group, Held, Holding, new_slot};
+use crate::bookkeeping::{Entries, Group, Held, Holding, new_slot};
 use crate::connection::Session;
 use crate::guard::gone;
 use crate::manager::{Inner, PostgresLockManager};
@@ -68,10 +67,12 @@ impl PostgresLockManager {
             &options,
         );
         let started = started(&span);
+        let keys: Vec<&str> = ordered.values().copied().collect();
+        let lock_ids: Box<[i64]> = ordered.keys().copied().collect();
         let attempt = async {
-            let session = inner.acquire_group(&ordered, options).await?;
+            let session = inner.acquire_group(&keys, &lock_ids, options).await?;
             inner
-                .register_group(&ordered, options.mode(), session, &span)
+                .register_group(&keys, lock_ids, options.mode(), session, &span)
                 .await
         }
         .instrument(span.clone())
@@ -87,14 +88,14 @@ impl Inner {
     /// session is closed, which frees them all).
     async fn register_group(
         self: &Arc<Self>,
-        ordered: &BTreeMap<i64, &str>,
+        keys: &[&str],
+        lock_ids: Box<[i64]>,
         mode: LockMode,
         mut session: Session,
         span: &Span,
     ) -> Result<PostgresLocks, LockAcquisitionError> {
-        let lock_ids: Box<[i64]> = ordered.keys().copied().collect();
         let fencing_tokens = if self.settings().fencing && !lock_ids.is_empty() {
-            let first = ordered.values().next().copied().unwrap_or("");
+            let first = keys.first().copied().unwrap_or("");
             Some(Box::pin(self.next_fencing_tokens(first, &lock_ids, &mut session)).await?)
         } else {
             None
@@ -103,9 +104,9 @@ impl Inner {
         let notifier = LossNotifier::new();
         let slot = new_slot(session);
         let group = Arc::new(Group::new(lock_ids));
-        let mut infos = Vec::with_capacity(ordered.len());
-        let mut entries = Vec::with_capacity(ordered.len());
-        for (&lock_id, &key) in ordered {
+        let mut infos = Vec::with_capacity(keys.len());
+        let mut entries = Vec::with_capacity(keys.len());
+        for (&lock_id, &key) in group.lock_ids().iter().zip(keys) {
             let shared_key: Arc<str> = Arc::from(key);
             let mut info =
                 LockInfo::acquired_now(Arc::clone(&shared_key), lock_id, self.holder_id().cloned())
@@ -201,8 +202,9 @@ impl PostgresLocks {
         self.lost.is_lost()
     }
 
-    /// Releases every lock now: `Unlocked` when each was unlocked, else the first other
-    /// outcome (a lock lost or released meanwhile, a session closed instead).
+    /// Releases every lock now, in one round trip: `Unlocked` when each was unlocked,
+    /// else what happened instead (a lock lost or released meanwhile, a session closed
+    /// instead).
     ///
     /// # Cancel safety
     /// The entries leave the bookkeeping before the first await; if the future is
@@ -210,15 +212,9 @@ impl PostgresLocks {
     pub async fn release(mut self) -> ReleaseOutcome {
         self.armed = false;
         let taken = self.take();
-        let mut outcome = ReleaseOutcome::Unlocked;
         let expected = self.infos.len();
         let found = taken.len();
-        for held in taken {
-            let result = self.inner.unlock(held).await;
-            if outcome == ReleaseOutcome::Unlocked {
-                outcome = result;
-            }
-        }
+        let mut outcome = self.inner.unlock_together(Entries::from_vec(taken)).await;
         if found < expected && outcome == ReleaseOutcome::Unlocked {
             outcome = gone(&self.lost);
         }
@@ -240,7 +236,7 @@ impl Drop for PostgresLocks {
         }
         let taken = self.take();
         if !taken.is_empty() {
-            self.inner.unlock_later(taken);
+            self.inner.unlock_later(Entries::from_vec(taken));
         }
     }
 }

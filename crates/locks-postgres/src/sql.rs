@@ -12,9 +12,9 @@
 
 use locks_port::LockMode;
 
-/// How many statements a connection can have prepared: four kinds of lock statement in
+/// How many statements a connection can have prepared: six kinds of lock statement in
 /// two modes, the keepalive, the set-up and the unlock of everything.
-pub(crate) const PREPARED_KINDS: usize = 11;
+pub(crate) const PREPARED_KINDS: usize = 15;
 /// The slot of [`SESSION_SETUP`] among a connection's prepared statements.
 pub(crate) const SETUP_SLOT: usize = 9;
 
@@ -92,7 +92,7 @@ pub(crate) const WRONG_SESSION: &str = "\"locks: another server session: ";
 
 /// One lock statement and its parameters.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Statement {
+pub(crate) enum Statement<'a> {
     /// Blocks until the lock is granted or `lock_timeout_ms` passes (0 = forever).
     Lock {
         lock_id: i64,
@@ -110,9 +110,40 @@ pub(crate) enum Statement {
     /// Releases every advisory lock of the session (`release_all` on a shared
     /// connection whose every lock is being released); answers `true`.
     UnlockAll,
+    /// `acquire_many`'s try, one round trip for every key: takes each lock that is free,
+    /// in the order given (the global order), then frees again those after the first
+    /// busy one, which that order does not allow to be held while waiting for it.
+    /// Answers the index of the first busy lock (the locks before it are held, none
+    /// after it), or that every lock was granted.
+    TryLockEach { lock_ids: &'a [i64], mode: LockMode },
+    /// Releases one hold of each lock, one round trip; answers whether every one was
+    /// held.
+    UnlockEach { lock_ids: &'a [i64], mode: LockMode },
 }
 
-impl Statement {
+/// The text of [`Statement::TryLockEach`] for `$try` and `$unlock` (the mode's
+/// functions). `tried` is materialised, so each try runs once, in the array's order (a
+/// scan of `unnest` in ordinality order); the unlocks of the locks after the first busy
+/// one run in the same statement, so the caller never holds them while it waits.
+macro_rules! try_each {
+    ($try:literal, $unlock:literal) => {
+        concat!(
+            "WITH tried AS MATERIALIZED (SELECT t.ord, t.id, ",
+            $try,
+            "(t.id) AS got \
+             FROM unnest($1::bigint[]) WITH ORDINALITY AS t(id, ord) \
+             WHERE current_setting('locks.session', true) = :marker), \
+             busy AS (SELECT min(ord) AS at FROM tried WHERE NOT got) \
+             SELECT CASE WHEN current_setting('locks.session', true) = :marker \
+             THEN coalesce((SELECT at FROM busy), 0) END, \
+             (SELECT count(",
+            $unlock,
+            "(tried.id)) FROM tried, busy WHERE tried.got AND tried.ord > busy.at)"
+        )
+    };
+}
+
+impl Statement<'_> {
     /// The SQL text of a connection whose marker is `marker` (see [`Statement::text`]).
     pub(crate) fn sql(self, marker: &str) -> String {
         debug_assert!(marker.bytes().all(|byte| byte.is_ascii_hexdigit()));
@@ -172,6 +203,18 @@ impl Statement {
             // on a server session not the connection's own it frees nothing (another
             // client's locks above all).
             Self::UnlockAll => counted!("pg_advisory_unlock_all()::text = ''"),
+            Self::TryLockEach { .. } if shared => {
+                try_each!("pg_try_advisory_lock_shared", "pg_advisory_unlock_shared")
+            }
+            Self::TryLockEach { .. } => try_each!("pg_try_advisory_lock", "pg_advisory_unlock"),
+            Self::UnlockEach { .. } if shared => counted!(
+                "(SELECT coalesce(bool_and(pg_advisory_unlock_shared(t.id)), true) \
+                 FROM unnest($1::bigint[]) AS t(id))"
+            ),
+            Self::UnlockEach { .. } => counted!(
+                "(SELECT coalesce(bool_and(pg_advisory_unlock(t.id)), true) \
+                 FROM unnest($1::bigint[]) AS t(id))"
+            ),
         }
     }
 
@@ -186,6 +229,8 @@ impl Statement {
             Self::UnlockIfHeld { .. } => 6 + shared,
             Self::Ping => 8,
             Self::UnlockAll => 10,
+            Self::TryLockEach { .. } => 11 + shared,
+            Self::UnlockEach { .. } => 13 + shared,
         }
     }
 
@@ -195,7 +240,9 @@ impl Statement {
             Self::Lock { mode, .. }
             | Self::TryLock { mode, .. }
             | Self::Unlock { mode, .. }
-            | Self::UnlockIfHeld { mode, .. } => mode,
+            | Self::UnlockIfHeld { mode, .. }
+            | Self::TryLockEach { mode, .. }
+            | Self::UnlockEach { mode, .. } => mode,
             Self::Ping | Self::UnlockAll => LockMode::Exclusive,
         }
     }
@@ -231,6 +278,14 @@ mod tests {
                 },
                 Statement::Unlock { lock_id: 0, mode },
                 Statement::UnlockIfHeld { lock_id: 1, mode },
+                Statement::TryLockEach {
+                    lock_ids: &[1, 2],
+                    mode,
+                },
+                Statement::UnlockEach {
+                    lock_ids: &[1, 2],
+                    mode,
+                },
             ] {
                 let sql = statement.sql(marker);
                 assert!(sql.contains("$1"));
