@@ -10,7 +10,7 @@ use serde_json::json;
 use crate::db::{Database, RawStatements};
 use crate::report::{Check, Outcome, Section, verdict};
 use crate::stats::{Latencies, as_f64, fmt_ns, fmt_rate, fmt_ratio, median, ratio};
-use crate::{BoxError, Plan};
+use crate::{BoxError, Plan, interleave};
 
 /// The least library throughput allowed, as a fraction of raw.
 const THROUGHPUT_LIMIT: f64 = 0.9;
@@ -143,15 +143,15 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     let mut library = Vec::new();
     let mut baseline = Vec::new();
     let mut text = Vec::new();
-    for round in 0..plan.throughput_rounds {
-        for step in 0..3 {
-            match (round + step) % 3 {
-                0 => library.push(library_window(length).await?),
-                1 => baseline.push(raw_window(length).await?),
-                _ => text.push(text_window(length).await?),
-            }
+    interleave::rounds(plan.throughput_rounds, 3, async |_, side| {
+        match side {
+            0 => library.push(library_window(length).await?),
+            1 => baseline.push(raw_window(length).await?),
+            _ => text.push(text_window(length).await?),
         }
-    }
+        Ok(())
+    })
+    .await?;
 
     let rates = |windows: &[Window]| windows.iter().map(Window::rate).collect::<Vec<_>>();
     let merged = |windows: &[Window]| {
