@@ -45,6 +45,22 @@ pub(crate) async fn time(
     Ok(())
 }
 
+/// Calls `op` until `end`, timing each call: how many calls it made, and their latencies.
+pub(crate) async fn until(
+    end: Instant,
+    mut op: impl AsyncFnMut() -> Result<(), BoxError>,
+) -> Result<(u64, Latencies), BoxError> {
+    let mut latencies = Latencies::new();
+    let mut ops = 0;
+    while Instant::now() < end {
+        let started = Instant::now();
+        op().await?;
+        latencies.record(started.elapsed());
+        ops += 1;
+    }
+    Ok((ops, latencies))
+}
+
 /// What the batches of one side measured.
 #[derive(Debug)]
 pub(crate) struct Batches {
