@@ -31,20 +31,6 @@ pub(crate) async fn rounds(
     Ok(())
 }
 
-/// Times each of `count` calls of `op` into `latencies`.
-pub(crate) async fn time(
-    latencies: &mut Latencies,
-    count: usize,
-    mut op: impl AsyncFnMut() -> Result<(), BoxError>,
-) -> Result<(), BoxError> {
-    for _ in 0..count {
-        let started = Instant::now();
-        op().await?;
-        latencies.record(started.elapsed());
-    }
-    Ok(())
-}
-
 /// Calls `op` until `end`, timing each call: how many calls it made, and their latencies.
 pub(crate) async fn until(
     end: Instant,
@@ -82,10 +68,14 @@ impl Batches {
     pub(crate) async fn batch(
         &mut self,
         count: usize,
-        op: impl AsyncFnMut() -> Result<(), BoxError>,
+        mut op: impl AsyncFnMut() -> Result<(), BoxError>,
     ) -> Result<(), BoxError> {
         let mut batch = Latencies::new();
-        time(&mut batch, count, op).await?;
+        for _ in 0..count {
+            let started = Instant::now();
+            op().await?;
+            batch.record(started.elapsed());
+        }
         self.runs.push(batch.p50());
         self.pooled.merge(&batch);
         Ok(())
@@ -93,7 +83,10 @@ impl Batches {
 
     /// The median of the runs, in nanoseconds.
     pub(crate) fn median(&self) -> u64 {
-        median_ns(&self.runs)
+        let values: Vec<f64> = self.runs.iter().map(|&v| as_f64(v)).collect();
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let value = median(&values).round() as u64;
+        value
     }
 
     /// The runs' spread, `183 µs–201 µs`, or `—`.
@@ -148,14 +141,6 @@ impl Ratios {
             },
         )
     }
-}
-
-/// The median of some nanosecond figures.
-pub(crate) fn median_ns(runs: &[u64]) -> u64 {
-    let values: Vec<f64> = runs.iter().map(|&v| as_f64(v)).collect();
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let value = median(&values).round() as u64;
-    value
 }
 
 #[cfg(test)]
