@@ -73,7 +73,7 @@ async fn a_foreign_session_holding_the_same_lock_id_keeps_the_cutover_out() {
         Duration::from_millis(100),
     );
     world.write(5).await;
-    let migration = world.in_dual_write(&coordinator).await;
+    let migration = world.to_dual_write(&coordinator).await;
 
     // A Python instance derives the same id for the same key and holds it on its session.
     let python_like = admin().await;
