@@ -14,6 +14,7 @@ mod cpu;
 mod cutover_append;
 mod cycle;
 mod db;
+mod groups;
 mod handoff;
 mod hold;
 mod instructions;
@@ -55,17 +56,18 @@ usage: lock-bench [--url URL] [--quick] [--out FILE.json] [--only LIST]
                 the markdown and handoff.svg are written next to it
   --only LIST   comma-separated scenarios: cycle, try, shared, many, throughput, handoff,
                 hold, memory, instructions (needs valgrind), latency, cutover-append,
-                multiplex
+                multiplex, groups
 
   --count-instructions VARIANT --cycles N
                 the child that `instructions` runs under callgrind: N cycles of VARIANT
                 (raw, library, library-timeout, library-fencing, library-keepalive-off,
+                library-lease-off,
                 library-otel, library-timeout-otel, library-otel-spans,
                 library-timeout-otel-spans, raw-shared, library-shared, raw-many,
                 library-many)
 ";
 
-const SCENARIOS: [&str; 12] = [
+const SCENARIOS: [&str; 13] = [
     "cycle",
     "try",
     "shared",
@@ -78,6 +80,7 @@ const SCENARIOS: [&str; 12] = [
     "latency",
     "cutover-append",
     "multiplex",
+    "groups",
 ];
 
 /// Live heap bytes of this process.
@@ -345,6 +348,7 @@ async fn run(args: &Args) -> Result<(), BoxError> {
             "latency" => latency::run(&db, plan).await?,
             "cutover-append" => cutover_append::run(&db, plan).await?,
             "multiplex" => multiplex::run(&db, plan).await?,
+            "groups" => groups::run(&db, plan).await?,
             _ => unreachable!("scenario names are checked when parsing"),
         };
         outcomes.push(outcome);

@@ -1,0 +1,300 @@
+//! Scenario 13: `acquire_many` over a simulated network (a delaying proxy at a ~2 ms
+//! round trip). Uncontended: one key's `acquire` against `acquire_many` of 1 and of 8
+//! keys, and 8 keys the old way (one try per round trip, the setting kept for this
+//! comparison). Contended: 4 tasks taking overlapping subsets of 6 keys, the
+//! one-statement tries against the old way, in alternating windows.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use locks_port::{AcquireOptions, conformance::Lcg};
+use locks_postgres::PostgresLockManager;
+use serde_json::json;
+
+use crate::db::Database;
+use crate::interleave::{self, Batches, Ratios};
+use crate::ops::Op;
+use crate::proxy::Proxy;
+use crate::report::{Check, Outcome, Section, verdict};
+use crate::stats::{Latencies, fmt_ns, fmt_rate};
+use crate::{BoxError, Plan};
+
+/// The round trip to simulate (issue 24's ~2 ms).
+const ROUND_TRIP: Duration = Duration::from_millis(2);
+/// Issue 24's target: `acquire_many` of 8 uncontended keys + release at most this
+/// multiple of one `acquire` + release.
+const LIMIT: f64 = 1.5;
+/// Keys of the contended run, and tasks taking subsets of them.
+const CONTENDED_KEYS: usize = 6;
+const CONTENDED_TASKS: usize = 4;
+
+struct Variant {
+    name: &'static str,
+    op: Op,
+    batches: Batches,
+}
+
+fn keys(prefix: &str, count: usize) -> Vec<String> {
+    (0..count)
+        .map(|n| format!("bench:groups:{prefix}:{n}"))
+        .collect()
+}
+
+/// The round trip of a prepared `SELECT 1`, p50 of 50.
+async fn round_trip(db: &Database) -> Result<u64, BoxError> {
+    let client = db.connect("lock-bench-groups").await?;
+    let statement = client.prepare("SELECT 1").await?;
+    let mut latencies = Latencies::new();
+    for _ in 0..50 {
+        let started = Instant::now();
+        client.query_one(&statement, &[]).await?;
+        latencies.record(started.elapsed());
+    }
+    Ok(latencies.p50())
+}
+
+/// One window of the contended run: `CONTENDED_TASKS` tasks, each with a manager of
+/// its own, taking random subsets of 2 to 4 of the keys until `window` ends. Each
+/// acquisition's latency, and how many there were.
+async fn contended_window(
+    through: &Database,
+    one_by_one: bool,
+    window: Duration,
+    seed: u64,
+) -> Result<(u64, Latencies), BoxError> {
+    let keys = Arc::new(keys("contended", CONTENDED_KEYS));
+    let end = Instant::now() + window;
+    let mut tasks = Vec::new();
+    for task in 0..CONTENDED_TASKS {
+        let manager = PostgresLockManager::builder(through.pool(1, "lock-bench-groups"))
+            .group_tries_one_by_one(one_by_one)
+            .build();
+        let keys = Arc::clone(&keys);
+        let seed = seed * 16 + u64::try_from(task).unwrap_or(0) + 1;
+        tasks.push(tokio::spawn(async move {
+            let mut random = Lcg::new(seed);
+            let mut latencies = Latencies::new();
+            let mut ops = 0_u64;
+            while Instant::now() < end {
+                let started = Instant::now();
+                let subset = random.subset(&keys, 2, 4);
+                let locks = manager
+                    .acquire_many(&subset, Duration::from_secs(30))
+                    .await?;
+                locks.release().await;
+                latencies.record(started.elapsed());
+                ops += 1;
+            }
+            Ok::<_, BoxError>((ops, latencies))
+        }));
+    }
+    let mut total = 0;
+    let mut latencies = Latencies::new();
+    for task in tasks {
+        let (ops, task_latencies) = task.await??;
+        total += ops;
+        latencies.merge(&task_latencies);
+    }
+    Ok((total, latencies))
+}
+
+/// Scenario 13.
+pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
+    let upstream = db.tcp_address()?;
+    let bare = {
+        let proxy = Proxy::start(upstream.clone(), Duration::ZERO)?;
+        round_trip(&db.through(proxy.port())).await?
+    };
+    let one_way = ROUND_TRIP.saturating_sub(Duration::from_nanos(bare)) / 2;
+    let proxy = Proxy::start(upstream, one_way)?;
+    let through = db.through(proxy.port());
+    let rtt = round_trip(&through).await?;
+    let manager = || PostgresLockManager::new(through.pool(1, "lock-bench-groups"));
+    let options = AcquireOptions::new();
+    let mut variants = vec![
+        Variant {
+            name: "acquire 1 key + release",
+            op: Op::library(manager(), "bench:groups:one".to_owned(), options),
+            batches: Batches::new(),
+        },
+        Variant {
+            name: "acquire_many of 1 key + release",
+            op: Op::library_many(manager(), keys("many-1", 1), options),
+            batches: Batches::new(),
+        },
+        Variant {
+            name: "acquire_many of 8 keys + release (tries in one statement)",
+            op: Op::library_many(manager(), keys("many-8", 8), options),
+            batches: Batches::new(),
+        },
+        Variant {
+            name: "acquire_many of 8 keys + release, the old way (one try per round trip)",
+            op: Op::library_many(
+                PostgresLockManager::builder(through.pool(1, "lock-bench-groups"))
+                    .group_tries_one_by_one(true)
+                    .build(),
+                keys("many-8-old", 8),
+                options,
+            ),
+            batches: Batches::new(),
+        },
+    ];
+    for variant in &variants {
+        for _ in 0..3 {
+            variant.op.cycle().await?;
+        }
+    }
+    let count = variants.len();
+    let batch = (plan.latency_batch / 4).max(10);
+    interleave::rounds(plan.latency_rounds, count, async |_, side| {
+        let Variant { op, batches, .. } = &mut variants[side];
+        batches.batch(batch, async || op.cycle().await).await
+    })
+    .await?;
+    let mut rows = Vec::new();
+    let mut checks = Vec::new();
+    let mut json_variants = Vec::new();
+    let single = &variants[0].batches;
+    for (index, variant) in variants.iter().enumerate() {
+        let ratios = variant.batches.ratios_to(single);
+        let (ratio, spread) = Ratios::fmt(ratios);
+        let (target, result) = if index == 2 {
+            let measured = ratios.map_or(f64::INFINITY, |ratios| ratios.median);
+            let pass = measured <= LIMIT;
+            checks.push(Check::new(
+                "acquire_many of 8 uncontended keys + release vs one acquire + release, \
+                 ~2 ms round trip"
+                    .to_owned(),
+                format!(
+                    "{ratio} ({} vs {}; runs {spread})",
+                    fmt_ns(variant.batches.median()),
+                    fmt_ns(single.median())
+                ),
+                format!("≤ {LIMIT:.1}×"),
+                pass,
+            ));
+            (format!("≤ {LIMIT:.1}×"), verdict(pass).to_owned())
+        } else if index == 0 {
+            ("baseline".to_owned(), String::new())
+        } else {
+            (String::new(), String::new())
+        };
+        rows.push(vec![
+            variant.name.to_owned(),
+            fmt_ns(variant.batches.median()),
+            variant.batches.spread(),
+            fmt_ns(variant.batches.pooled.p99()),
+            ratio,
+            spread,
+            target,
+            result,
+        ]);
+        json_variants.push(json!({
+            "name": variant.name,
+            "run_p50s_ns": variant.batches.runs,
+            "latency": variant.batches.pooled.to_json(),
+            "ratio_median": ratios.map(|ratios| ratios.median),
+        }));
+    }
+    drop(variants);
+
+    // Contended: alternating windows of the two ways.
+    let window = plan.throughput_window;
+    let mut sides = [
+        (
+            "tries in one statement",
+            0_u64,
+            Latencies::new(),
+            Vec::new(),
+        ),
+        (
+            "the old way (one try per round trip)",
+            0_u64,
+            Latencies::new(),
+            Vec::new(),
+        ),
+    ];
+    interleave::rounds(plan.throughput_rounds, 2, async |round, side| {
+        let seed = u64::try_from(round * 2 + side).unwrap_or(0);
+        let (ops, latencies) = contended_window(&through, side == 1, window, seed).await?;
+        let (_, total, pooled, rates) = &mut sides[side];
+        *total += ops;
+        pooled.merge(&latencies);
+        #[allow(clippy::cast_precision_loss)]
+        rates.push(ops as f64 / window.as_secs_f64());
+        Ok(())
+    })
+    .await?;
+    let median_rate = |rates: &[f64]| crate::stats::median(rates);
+    let new_rate = median_rate(&sides[0].3);
+    let old_rate = median_rate(&sides[1].3);
+    for (name, total, pooled, rates) in &sides {
+        rows.push(vec![
+            format!("contended, {name}: {total} groups"),
+            fmt_ns(pooled.p50()),
+            format!("{} (median of windows)", fmt_rate(median_rate(rates))),
+            fmt_ns(pooled.p99()),
+            String::new(),
+            String::new(),
+            String::new(),
+            String::new(),
+        ]);
+    }
+    let faster = new_rate >= old_rate * 0.95;
+    checks.push(Check::new(
+        format!(
+            "contended acquire_many ({CONTENDED_TASKS} tasks, overlapping subsets of \
+             {CONTENDED_KEYS} keys): groups per second vs the old way"
+        ),
+        format!(
+            "{:.2}× ({} vs {})",
+            new_rate / old_rate.max(f64::MIN_POSITIVE),
+            fmt_rate(new_rate),
+            fmt_rate(old_rate)
+        ),
+        "≥ 0.95× (not slower)".to_owned(),
+        faster,
+    ));
+    Ok(Outcome {
+        id: "groups",
+        section: Section {
+            title: "13. acquire_many over a simulated network (~2 ms round trip)".to_owned(),
+            notes: vec![
+                format!(
+                    "Through the delaying proxy: measured round trip {} ({} added each \
+                     way). Uncontended: {} rounds, the variants interleaved, batches of \
+                     {batch}; ÷ one key's acquire, batch p50 by batch p50.",
+                    fmt_ns(rtt),
+                    fmt_ns(u64::try_from(one_way.as_nanos()).unwrap_or(u64::MAX)),
+                    plan.latency_rounds
+                ),
+                format!(
+                    "Contended: {CONTENDED_TASKS} tasks (a manager and a connection each) \
+                     take random subsets of 2–4 of {CONTENDED_KEYS} keys (timeout 30 s) \
+                     for {} windows of {:?} per way, alternating; p50/p99 per group.",
+                    plan.throughput_rounds, window
+                ),
+            ],
+            header: vec![
+                "Variant",
+                "p50",
+                "run p50s",
+                "p99",
+                "÷ acquire",
+                "runs",
+                "Target",
+                "Result",
+            ],
+            rows,
+        },
+        checks,
+        json: json!({
+            "round_trip_ns": rtt,
+            "uncontended": json_variants,
+            "contended": {
+                "new_rate_median": new_rate,
+                "old_rate_median": old_rate,
+            },
+        }),
+    })
+}
