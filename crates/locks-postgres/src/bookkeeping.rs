@@ -12,7 +12,7 @@ use locks_port::{
     ReleaseOutcome,
 };
 use smallvec::SmallVec;
-use tokio::sync::Mutex as AsyncMutex;
+use futures_util::lock::{Mutex as AsyncMutex, MutexGuard, MutexLockFuture};
 use tokio::time::Instant;
 use tracing::{Instrument, Span};
 
@@ -27,11 +27,33 @@ use crate::telemetry::{record_failure, record_released, release_span};
 
 /// The session of a held lock. Shared between the bookkeeping entry and the health
 /// monitor's keepalive; whoever takes it out owns the connection. `None` once taken.
-pub(crate) type SessionSlot = Arc<AsyncMutex<Option<Session>>>;
+pub(crate) type SessionSlot = Arc<Slot>;
 
 /// The slot of a session that has just taken its first lock.
 pub(crate) fn new_slot(session: Session) -> SessionSlot {
-    Arc::new(AsyncMutex::new(Some(session)))
+    Arc::new(Slot(AsyncMutex::new(Some(session))))
+}
+
+/// An async mutex around a held lock's session. `futures`' mutex, not tokio's: its
+/// unlock is one atomic operation when nobody waits (tokio's takes its waiter list's
+/// lock on every release), and a slot is nearly always free when it is taken (only a
+/// keepalive in flight can hold it).
+pub(crate) struct Slot(AsyncMutex<Option<Session>>);
+
+/// The slot is held by someone else.
+#[derive(Debug)]
+pub(crate) struct Busy;
+
+impl Slot {
+    /// Waits for the slot.
+    pub(crate) fn lock(&self) -> MutexLockFuture<'_, Option<Session>> {
+        self.0.lock()
+    }
+
+    /// The slot, if it is free now.
+    pub(crate) fn try_lock(&self) -> Result<MutexGuard<'_, Option<Session>>, Busy> {
+        self.0.try_lock().ok_or(Busy)
+    }
 }
 
 /// How a held lock owns its session.
