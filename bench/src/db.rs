@@ -15,6 +15,20 @@ pub(crate) struct Database {
 }
 
 impl Database {
+    /// The round trip of a prepared `SELECT 1` on a connection of `application_name`,
+    /// p50 of 50.
+    pub(crate) async fn round_trip(&self, application_name: &str) -> Result<u64, BoxError> {
+        let client = self.connect(application_name).await?;
+        let statement = client.prepare("SELECT 1").await?;
+        let mut latencies = crate::stats::Latencies::new();
+        for _ in 0..50 {
+            let started = std::time::Instant::now();
+            client.query_one(&statement, &[]).await?;
+            latencies.record(started.elapsed());
+        }
+        Ok(latencies.p50())
+    }
+
     pub(crate) fn new(url: &str) -> Result<Self, BoxError> {
         let config = tokio_postgres::Config::from_str(url)
             .map_err(|error| format!("invalid database URL: {error}"))?;

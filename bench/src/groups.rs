@@ -40,19 +40,6 @@ fn keys(prefix: &str, count: usize) -> Vec<String> {
         .collect()
 }
 
-/// The round trip of a prepared `SELECT 1`, p50 of 50.
-async fn round_trip(db: &Database) -> Result<u64, BoxError> {
-    let client = db.connect("lock-bench-groups").await?;
-    let statement = client.prepare("SELECT 1").await?;
-    let mut latencies = Latencies::new();
-    for _ in 0..50 {
-        let started = Instant::now();
-        client.query_one(&statement, &[]).await?;
-        latencies.record(started.elapsed());
-    }
-    Ok(latencies.p50())
-}
-
 /// One window of the contended run: `CONTENDED_TASKS` tasks, each with a manager of
 /// its own, taking random subsets of 2 to 4 of the keys until `window` ends. Each
 /// acquisition's latency, and how many there were.
@@ -103,12 +90,14 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     let upstream = db.tcp_address()?;
     let bare = {
         let proxy = Proxy::start(upstream.clone(), Duration::ZERO)?;
-        round_trip(&db.through(proxy.port())).await?
+        db.through(proxy.port())
+            .round_trip("lock-bench-groups")
+            .await?
     };
     let one_way = ROUND_TRIP.saturating_sub(Duration::from_nanos(bare)) / 2;
     let proxy = Proxy::start(upstream, one_way)?;
     let through = db.through(proxy.port());
-    let rtt = round_trip(&through).await?;
+    let rtt = through.round_trip("lock-bench-groups").await?;
     let manager = || PostgresLockManager::new(through.pool(1, "lock-bench-groups"));
     let options = AcquireOptions::new();
     let mut variants = vec![

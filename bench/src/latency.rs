@@ -1,7 +1,7 @@
 //! Scenario 8: the caller-visible acquire + release time over a simulated network, the
 //! library against the raw two-statement cycle, through the same delaying proxy.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use locks_port::{AcquireOptions, lock_id};
 use locks_postgres::PostgresLockManager;
@@ -13,7 +13,7 @@ use crate::interleave::{self, Batches, Ratios};
 use crate::ops::Op;
 use crate::proxy::Proxy;
 use crate::report::{Check, Outcome, Section, verdict};
-use crate::stats::{Latencies, fmt_ns};
+use crate::stats::fmt_ns;
 use crate::{BoxError, Plan};
 
 /// The round trips to simulate. Each one-way delay is set to half of what the proxy must
@@ -30,26 +30,15 @@ struct Variant {
     batches: Batches,
 }
 
-/// The round trip of a prepared `SELECT 1` through the proxy, p50 of 50.
-async fn round_trip(db: &Database) -> Result<u64, BoxError> {
-    let client = db.connect("lock-bench-latency").await?;
-    let statement = client.prepare("SELECT 1").await?;
-    let mut latencies = Latencies::new();
-    for _ in 0..50 {
-        let started = Instant::now();
-        client.query_one(&statement, &[]).await?;
-        latencies.record(started.elapsed());
-    }
-    Ok(latencies.p50())
-}
-
 /// Scenario 8.
 pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
     let upstream = db.tcp_address()?;
-    let direct = round_trip(db).await?;
+    let direct = db.round_trip("lock-bench-latency").await?;
     let bare = {
         let proxy = Proxy::start(upstream.clone(), Duration::ZERO)?;
-        round_trip(&db.through(proxy.port())).await?
+        db.through(proxy.port())
+            .round_trip("lock-bench-latency")
+            .await?
     };
     let mut rows = Vec::new();
     let mut checks = Vec::new();
@@ -59,7 +48,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         let is_last = index + 1 == ROUND_TRIPS.len();
         let proxy = Proxy::start(upstream.clone(), one_way)?;
         let through = db.through(proxy.port());
-        let rtt = round_trip(&through).await?;
+        let rtt = through.round_trip("lock-bench-latency").await?;
         let key = |n: usize| format!("bench:latency:{n}");
         let manager = || PostgresLockManager::new(through.pool(1, "lock-bench-latency"));
         let mut variants = vec![

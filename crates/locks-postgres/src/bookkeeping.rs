@@ -7,12 +7,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use futures_util::lock::{Mutex as AsyncMutex, MutexGuard, MutexLockFuture};
 use locks_port::{
     AcquisitionErrorKind, LockAcquisitionError, LockInfo, LockMode, LossNotifier, LostReason,
     ReleaseOutcome,
 };
 use smallvec::SmallVec;
-use futures_util::lock::{Mutex as AsyncMutex, MutexGuard, MutexLockFuture};
 use tokio::time::Instant;
 use tracing::{Instrument, Span};
 
