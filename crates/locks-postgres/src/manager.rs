@@ -23,6 +23,7 @@ use crate::guard::PostgresLockGuard;
 use crate::health::LostCounts;
 use crate::lease::{Lease, LeaseError};
 use crate::lock_ids::LockIds;
+use crate::metrics::Metrics;
 use crate::multiplex::Multiplexer;
 use crate::telemetry::{finish_acquire_span, manager_acquire_span, started};
 
@@ -112,6 +113,8 @@ pub(crate) struct Inner {
     pub(crate) lost: LostCounts,
     /// The shared connections, when multiplexing is on.
     pub(crate) multiplexer: Option<Multiplexer>,
+    /// The instruments (the bookkeeping holds them too, for the locks-held count).
+    pub(crate) metrics: Arc<Metrics>,
 }
 
 impl PostgresLockManager {
@@ -130,6 +133,7 @@ impl PostgresLockManager {
             key_visibility: KeyVisibility::default(),
             derivation: KeyDerivation::CURRENT,
             settings: Settings::DEFAULT,
+            meter: None,
         }
     }
 
@@ -219,6 +223,7 @@ impl PostgresLockManagerBuilder {
         };
         let application_name = self.holder_id.as_deref().map(published_holder_id);
         let connections = Arc::new(Connections::new(self.pool.status().max_size));
+        let metrics = Arc::new(Metrics::new(self.meter.as_ref(), settings.metrics_lock_id));
         PostgresLockManager {
             inner: Arc::new(Inner {
                 pool: self.pool,
@@ -229,7 +234,7 @@ impl PostgresLockManagerBuilder {
                 lease,
                 server_timers,
                 application_name,
-                held: Mutex::new(Book::default()),
+                held: Mutex::new(Book::new(Arc::clone(&metrics))),
                 connections,
                 next_token: AtomicU64::new(1),
                 monitor_running: AtomicBool::new(false),
@@ -238,6 +243,7 @@ impl PostgresLockManagerBuilder {
                     settings.locks_per_connection,
                     settings.answer_timeout,
                 ),
+                metrics,
             }),
         }
     }
@@ -317,6 +323,7 @@ impl DistributedLock for PostgresLockManager {
             &options,
         );
         let started = started(&span);
+        let began = tokio::time::Instant::now();
         // Pinned where it is made and awaited through the pin: the acquisition's
         // future is large, and wrapping it by value would copy it twice per call.
         let acquiring = std::pin::pin!(inner.acquire_grant(key, lock_id, options));
@@ -330,6 +337,10 @@ impl DistributedLock for PostgresLockManager {
             Err(error) => Err(error),
         };
         finish_acquire_span(&span, started, attempt.as_ref().map(|_| true));
+        let outcome = attempt.as_ref().map(|_| true);
+        inner
+            .metrics
+            .acquisition(options.mode(), lock_id, began.elapsed(), outcome);
         attempt
     }
 
@@ -362,6 +373,7 @@ impl DistributedLock for PostgresLockManager {
             &options.with_timeout(Duration::ZERO),
         );
         let started = started(&span);
+        let began = tokio::time::Instant::now();
         let trying = std::pin::pin!(inner.try_grant(key, lock_id, mode));
         let attempt = trying.instrument(span.clone()).await;
         let attempt = match attempt {
@@ -373,6 +385,10 @@ impl DistributedLock for PostgresLockManager {
             Err(error) => Err(error),
         };
         finish_acquire_span(&span, started, attempt.as_ref().map(Option::is_some));
+        let outcome = attempt.as_ref().map(Option::is_some);
+        inner
+            .metrics
+            .acquisition(mode, lock_id, began.elapsed(), outcome);
         attempt
     }
 

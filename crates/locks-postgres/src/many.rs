@@ -73,6 +73,7 @@ impl PostgresLockManager {
             &options,
         );
         let started = started(&span);
+        let began = tokio::time::Instant::now();
         let attempt = async {
             let session = inner.acquire_group(&ordered, options).await?;
             inner
@@ -82,6 +83,11 @@ impl PostgresLockManager {
         .instrument(span.clone())
         .await;
         finish_acquire_span(&span, started, attempt.as_ref().map(|_| true));
+        let first_id = ordered.keys().next().copied().unwrap_or(0);
+        let outcome = attempt.as_ref().map(|_| true);
+        inner
+            .metrics
+            .acquisition(options.mode(), first_id, began.elapsed(), outcome);
         attempt
     }
 }

@@ -9,6 +9,7 @@ mod inspect;
 mod lease;
 
 mod many;
+mod metrics;
 mod multiplex;
 mod poolers;
 mod processes;
