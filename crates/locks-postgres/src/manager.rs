@@ -223,7 +223,11 @@ impl PostgresLockManagerBuilder {
         };
         let application_name = self.holder_id.as_deref().map(published_holder_id);
         let connections = Arc::new(Connections::new(self.pool.status().max_size));
-        let metrics = Arc::new(Metrics::new(self.meter.as_ref(), settings.metrics_lock_id));
+        let metrics = Arc::new(Metrics::new(
+            settings.metrics,
+            self.meter.as_ref(),
+            settings.metrics_lock_id,
+        ));
         PostgresLockManager {
             inner: Arc::new(Inner {
                 pool: self.pool,
@@ -323,7 +327,7 @@ impl DistributedLock for PostgresLockManager {
             &options,
         );
         let started = started(&span);
-        let began = tokio::time::Instant::now();
+        let began = inner.metrics.started();
         // Pinned where it is made and awaited through the pin: the acquisition's
         // future is large, and wrapping it by value would copy it twice per call.
         let acquiring = std::pin::pin!(inner.acquire_grant(key, lock_id, options));
@@ -340,7 +344,7 @@ impl DistributedLock for PostgresLockManager {
         let outcome = attempt.as_ref().map(|_| true);
         inner
             .metrics
-            .acquisition(options.mode(), lock_id, began.elapsed(), outcome);
+            .acquisition(options.mode(), lock_id, began, outcome);
         attempt
     }
 
@@ -373,7 +377,7 @@ impl DistributedLock for PostgresLockManager {
             &options.with_timeout(Duration::ZERO),
         );
         let started = started(&span);
-        let began = tokio::time::Instant::now();
+        let began = inner.metrics.started();
         let trying = std::pin::pin!(inner.try_grant(key, lock_id, mode));
         let attempt = trying.instrument(span.clone()).await;
         let attempt = match attempt {
@@ -386,9 +390,7 @@ impl DistributedLock for PostgresLockManager {
         };
         finish_acquire_span(&span, started, attempt.as_ref().map(Option::is_some));
         let outcome = attempt.as_ref().map(Option::is_some);
-        inner
-            .metrics
-            .acquisition(mode, lock_id, began.elapsed(), outcome);
+        inner.metrics.acquisition(mode, lock_id, began, outcome);
         attempt
     }
 

@@ -73,7 +73,7 @@ impl PostgresLockManager {
             &options,
         );
         let started = started(&span);
-        let began = tokio::time::Instant::now();
+        let began = inner.metrics.started();
         let attempt = async {
             let session = inner.acquire_group(&ordered, options).await?;
             inner
@@ -87,7 +87,7 @@ impl PostgresLockManager {
         let outcome = attempt.as_ref().map(|_| true);
         inner
             .metrics
-            .acquisition(options.mode(), first_id, began.elapsed(), outcome);
+            .acquisition(options.mode(), first_id, began, outcome);
         attempt
     }
 }

@@ -34,6 +34,7 @@ use locks_port::{AcquisitionErrorKind, LockAcquisitionError, LockMode, LostReaso
 use opentelemetry::metrics::{Counter, Histogram, Meter, UpDownCounter};
 use opentelemetry::{InstrumentationScope, KeyValue};
 use smallvec::SmallVec;
+use tokio::time::Instant;
 
 use crate::telemetry::kind_name;
 
@@ -86,8 +87,13 @@ const ERROR_KINDS: [AcquisitionErrorKind; 7] = [
 /// Acquired, busy, timeout, then one per error kind.
 const OUTCOMES: usize = 3 + ERROR_KINDS.len();
 
-/// The manager's instruments, and every attribute set they record with.
+/// The manager's instruments, or none when the builder turned metrics off.
 pub(crate) struct Metrics {
+    instruments: Option<Instruments>,
+}
+
+/// The instruments, and every attribute set they record with.
+struct Instruments {
     acquisitions: Counter<u64>,
     acquire_duration: Histogram<f64>,
     held: UpDownCounter<i64>,
@@ -102,8 +108,64 @@ pub(crate) struct Metrics {
 }
 
 impl Metrics {
-    /// The instruments, on `meter` or else on the global provider's meter for this crate.
-    pub(crate) fn new(meter: Option<&Meter>, with_lock_id: bool) -> Self {
+    /// The instruments, on `meter` or else on the global provider's meter for this crate;
+    /// none when `on` is false.
+    pub(crate) fn new(on: bool, meter: Option<&Meter>, with_lock_id: bool) -> Self {
+        Self {
+            instruments: on.then(|| Instruments::new(meter, with_lock_id)),
+        }
+    }
+
+    /// When an acquisition started, for its wait; `None` (no clock read) when metrics
+    /// are off.
+    pub(crate) fn started(&self) -> Option<Instant> {
+        self.instruments.as_ref().map(|_| Instant::now())
+    }
+
+    /// One acquisition call that began at `started` ended: granted (`Ok(true)`), busy
+    /// (`Ok(false)`, a try that found the lock held) or failed.
+    pub(crate) fn acquisition(
+        &self,
+        mode: LockMode,
+        lock_id: i64,
+        started: Option<Instant>,
+        outcome: Result<bool, &LockAcquisitionError>,
+    ) {
+        if let (Some(instruments), Some(started)) = (&self.instruments, started) {
+            instruments.acquisition(mode, lock_id, started.elapsed(), outcome);
+        }
+    }
+
+    /// `count` locks of `mode` were added to (positive) or taken out of (negative) the
+    /// bookkeeping.
+    pub(crate) fn held_changed(&self, mode: LockMode, count: i64) {
+        if let Some(instruments) = &self.instruments {
+            instruments
+                .held
+                .add(count, &instruments.mode_attributes[mode_index(mode)]);
+        }
+    }
+
+    /// A held lock was lost (called once its lost signal has fired: a loss that finds
+    /// the signal already fired, by a release of its group, is not one).
+    pub(crate) fn lost(&self, mode: LockMode, lock_id: i64, reason: LostReason) {
+        if let Some(instruments) = &self.instruments {
+            instruments.lost(mode, lock_id, reason);
+        }
+    }
+
+    /// A keepalive was answered after `round_trip`.
+    pub(crate) fn keepalive_answered(&self, round_trip: Duration) {
+        if let Some(instruments) = &self.instruments {
+            instruments
+                .keepalive_duration
+                .record(round_trip.as_secs_f64(), &[]);
+        }
+    }
+}
+
+impl Instruments {
+    fn new(meter: Option<&Meter>, with_lock_id: bool) -> Self {
         let global;
         let meter = match meter {
             Some(meter) => meter,
@@ -155,9 +217,7 @@ impl Metrics {
         }
     }
 
-    /// One acquisition call ended: granted (`Ok(true)`), busy (`Ok(false)`, a try that
-    /// found the lock held) or failed, after `wait`.
-    pub(crate) fn acquisition(
+    fn acquisition(
         &self,
         mode: LockMode,
         lock_id: i64,
@@ -177,15 +237,7 @@ impl Metrics {
         }
     }
 
-    /// `count` locks of `mode` were added to (positive) or taken out of (negative) the
-    /// bookkeeping.
-    pub(crate) fn held_changed(&self, mode: LockMode, count: i64) {
-        self.held
-            .add(count, &self.mode_attributes[mode_index(mode)]);
-    }
-
-    /// A held lock was lost.
-    pub(crate) fn lost(&self, mode: LockMode, lock_id: i64, reason: LostReason) {
+    fn lost(&self, mode: LockMode, lock_id: i64, reason: LostReason) {
         let attributes = [
             KeyValue::new(MODE, mode.as_str()),
             KeyValue::new(LOST_REASON, reason.as_str()),
@@ -195,12 +247,6 @@ impl Metrics {
         } else {
             self.lost.add(1, &attributes);
         }
-    }
-
-    /// A keepalive was answered after `round_trip`.
-    pub(crate) fn keepalive_answered(&self, round_trip: Duration) {
-        self.keepalive_duration
-            .record(round_trip.as_secs_f64(), &[]);
     }
 }
 
@@ -261,7 +307,7 @@ mod tests {
 
     #[test]
     fn every_outcome_has_its_own_attributes_and_no_two_are_alike() {
-        let metrics = Metrics::new(None, false);
+        let metrics = Instruments::new(None, false);
         assert_eq!(metrics.outcome_attributes.len(), 2 * OUTCOMES);
         let rendered: Vec<String> = metrics
             .outcome_attributes

@@ -67,8 +67,11 @@ impl Recorded {
         self.exporter.reset();
         self.provider.force_flush().expect("flush");
         let exported = self.exporter.get_finished_metrics().expect("exported");
-        let last = exported.last().expect("one export");
         let mut points = Vec::new();
+        // Nothing recorded yet: the reader may export nothing at all.
+        let Some(last) = exported.last() else {
+            return points;
+        };
         for scope in last.scope_metrics() {
             for metric in scope.metrics() {
                 let mut push = |attributes: Vec<(String, String)>, value: f64, count: u64| {
@@ -308,6 +311,12 @@ async fn a_lock_lost_to_pg_terminate_backend_is_counted_and_no_longer_held() {
         .await
         .expect("lost in time");
     assert_eq!(reason, LostReason::ConnectionClosed);
+    // Recorded once the signal has fired (only a loss that fires it counts): a moment
+    // after the guard can see it.
+    wait_for("the loss recorded", || async {
+        total(&recorded.points(), LOST, &[]) > 0.0
+    })
+    .await;
 
     let points = recorded.points();
     let [lost] = find(&points, LOST, &[])[..] else {
@@ -407,4 +416,17 @@ async fn acquire_many_counts_one_acquisition_and_every_lock_held() {
     assert_eq!(total(&points, HELD, &[]), 2.0, "{points:#?}");
     locks.release().await;
     assert_eq!(total(&recorded.points(), HELD, &[]), 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_off_records_nothing() {
+    let recorded = Recorded::new();
+    let manager = recorded.manager(1).metrics(false).build();
+    let guard = manager
+        .acquire(&unique_key("metrics-off"), AcquireOptions::new())
+        .await
+        .expect("acquire");
+    let points = recorded.points();
+    assert!(points.is_empty(), "{points:#?}");
+    guard.release().await;
 }
