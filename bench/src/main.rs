@@ -20,6 +20,7 @@ mod instructions;
 mod kinds;
 mod latency;
 mod memory;
+mod metrics_cost;
 mod multiplex;
 mod ops;
 mod otel;
@@ -53,18 +54,18 @@ usage: lock-bench [--url URL] [--quick] [--out FILE.json] [--only LIST]
   --out FILE    the JSON results (default: target/bench/lock-bench-{quick,full}.json);
                 the markdown and handoff.svg are written next to it
   --only LIST   comma-separated scenarios: cycle, try, shared, many, throughput, handoff,
-                hold, memory, instructions (needs valgrind), latency, cutover-append,
-                multiplex
+                hold, memory, instructions (needs valgrind), metrics (valgrind),
+                latency, cutover-append, multiplex
 
   --count-instructions VARIANT --cycles N
                 the child that `instructions` runs under callgrind: N cycles of VARIANT
                 (raw, library, library-timeout, library-fencing, library-keepalive-off,
                 library-otel, library-timeout-otel, library-otel-spans,
                 library-timeout-otel-spans, raw-shared, library-shared, raw-many,
-                library-many)
+                library-many; `metrics`: library-metrics-off, library-metrics-sdk)
 ";
 
-const SCENARIOS: [&str; 12] = [
+const SCENARIOS: [&str; 13] = [
     "cycle",
     "try",
     "shared",
@@ -74,6 +75,7 @@ const SCENARIOS: [&str; 12] = [
     "hold",
     "memory",
     "instructions",
+    "metrics",
     "latency",
     "cutover-append",
     "multiplex",
@@ -340,6 +342,10 @@ async fn run(args: &Args) -> Result<(), BoxError> {
             "instructions" => {
                 let out_dir = args.out.parent().unwrap_or_else(|| Path::new("."));
                 tokio::task::block_in_place(|| instructions::run(&args.url, plan, out_dir))?
+            }
+            "metrics" => {
+                let out_dir = args.out.parent().unwrap_or_else(|| Path::new("."));
+                tokio::task::block_in_place(|| metrics_cost::run(&args.url, plan, out_dir))?
             }
             "latency" => latency::run(&db, plan).await?,
             "cutover-append" => cutover_append::run(&db, plan).await?,
