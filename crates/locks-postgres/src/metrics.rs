@@ -201,6 +201,14 @@ impl Instruments {
             .with_description("Round trip of the keepalive on a held lock's connection.")
             .with_boundaries(KEEPALIVE_BOUNDARIES.to_vec())
             .build();
+        // Each loss series starts at zero when the manager is built, so that a query of
+        // its increase sees the first loss (a counter series that appears at 1 has no
+        // increase to show).
+        for mode in MODES {
+            for reason in [LostReason::ConnectionClosed, LostReason::KeepaliveFailed] {
+                lost.add(0, &lost_set(mode, reason));
+            }
+        }
         let outcome_attributes = MODES
             .iter()
             .flat_map(|mode| (0..OUTCOMES).map(move |outcome| outcome_set(*mode, outcome)))
@@ -238,10 +246,7 @@ impl Instruments {
     }
 
     fn lost(&self, mode: LockMode, lock_id: i64, reason: LostReason) {
-        let attributes = [
-            KeyValue::new(MODE, mode.as_str()),
-            KeyValue::new(LOST_REASON, reason.as_str()),
-        ];
+        let attributes = lost_set(mode, reason);
         if self.with_lock_id {
             self.lost.add(1, &with_lock_id(&attributes, lock_id));
         } else {
@@ -290,6 +295,14 @@ fn outcome_set(mode: LockMode, outcome: usize) -> Box<[KeyValue]> {
             KeyValue::new(ERROR_TYPE, kind_name(ERROR_KINDS[error - 3])),
         ]),
     }
+}
+
+/// The attributes of a loss.
+fn lost_set(mode: LockMode, reason: LostReason) -> [KeyValue; 2] {
+    [
+        KeyValue::new(MODE, mode.as_str()),
+        KeyValue::new(LOST_REASON, reason.as_str()),
+    ]
 }
 
 /// `attributes` and `lock.id`, on the stack.
