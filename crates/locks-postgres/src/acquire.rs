@@ -1,7 +1,10 @@
-//! Acquisition up to the bookkeeping: a pool checkout, one `pg_try_advisory_lock`, and
-//! if the lock is busy a wait in the server's queue (or the original's polling), every
-//! step inside the call's deadline.
+//! Acquisition up to the bookkeeping, multiplexed or not: a pool checkout (or a place
+//! on a shared connection), one `pg_try_advisory_lock`, and if the lock is busy a wait
+//! in the server's queue (or the polling of the Python `eventsource` library), every
+//! step inside the call's deadline. The wait is the same for one key and for the next
+//! key of an `acquire_many`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Object, PoolError, TimeoutType, Timeouts};
@@ -9,93 +12,26 @@ use locks_port::{
     AcquireOptions, AcquisitionErrorKind, LockAcquisitionError, LockMode, WaitStrategy,
     timeout_reason,
 };
-use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
+use tracing::Span;
 
-use crate::classify::{driver_error, pool_error};
-use crate::connection::{Answer, Session, SetUp, SetupValues};
-use crate::limit::{Expired, Limit};
+use crate::bookkeeping::{Holding, new_slot};
+use crate::connection::{Answer, Session, SetUp};
+use crate::errors::{
+    MOVED_BETWEEN_SESSIONS, STANDBY, driver_error, lease_refused, no_answer, pool_error,
+    pool_exhausted, refused, unreachable, with_timeout,
+};
+use crate::guard::PostgresLockGuard;
+use crate::limit::{Deadline, Expired, Limit};
 use crate::manager::Inner;
+use crate::multiplex::{HostFailure, Membership, SharedTry};
 use crate::sql::Statement;
 
-/// The deadline of a bounded call: when the call started and its timeout (kept apart:
-/// the uncontended path never needs the sum, only the contended one does).
-#[derive(Clone, Copy)]
-pub(crate) struct Deadline {
-    started: Instant,
-    pub(crate) timeout: Duration,
-}
-
-impl Deadline {
-    /// `timeout` from now.
-    pub(crate) fn after(timeout: Duration) -> Self {
-        Self {
-            started: Instant::now(),
-            timeout,
-        }
-    }
-
-    /// The deadline, saturating (a `Duration::MAX` timeout is centuries away).
-    pub(crate) fn at(self) -> Instant {
-        crate::limit::after(self.started, self.timeout)
-    }
-
-    pub(crate) fn remaining(self) -> Duration {
-        self.at().saturating_duration_since(Instant::now())
-    }
-
-    /// The `lock_timeout` of a wait that must end by this deadline, in whole ms
-    /// rounded up, capped at `i32::MAX` ms (about 24.8 days: the server's limit);
-    /// `None` when no time is left.
-    pub(crate) fn lock_timeout_ms(self) -> Option<u32> {
-        let ms = self.remaining().as_micros().div_ceil(1000);
-        if ms == 0 {
-            return None;
-        }
-        Some(u32::try_from(ms).map_or(i32::MAX.unsigned_abs(), |ms| {
-            ms.min(i32::MAX.unsigned_abs())
-        }))
-    }
-
-    /// The wait's `Lock` statement and the limit of its answer: the deadline plus the
-    /// margin, or none for an unbounded wait (it waits as long as it takes; a
-    /// connection that ends meanwhile fails the statement). `None` when no time is
-    /// left.
-    pub(crate) fn wait_statement(
-        deadline: Option<Self>,
-        lock_id: i64,
-        mode: LockMode,
-        margin: Duration,
-    ) -> Option<(Statement, Limit)> {
-        let (lock_timeout_ms, limit) = match deadline {
-            None => (0, Limit::None),
-            Some(bounded) => (
-                bounded.lock_timeout_ms()?,
-                Deadline::limit(deadline, margin, Duration::ZERO),
-            ),
-        };
-        let statement = Statement::Lock {
-            lock_id,
-            mode,
-            lock_timeout_ms,
-        };
-        Some((statement, limit))
-    }
-
-    pub(crate) fn passed(self) -> bool {
-        Instant::now() >= self.at()
-    }
-
-    /// The limit of a step of a call with this deadline (`None`: an unbounded call):
-    /// the deadline plus `margin`, or `otherwise` from when the step has to wait.
-    pub(crate) fn limit(deadline: Option<Self>, margin: Duration, otherwise: Duration) -> Limit {
-        match deadline {
-            Some(deadline) => {
-                Limit::From(deadline.started, deadline.timeout.saturating_add(margin))
-            }
-            None => Limit::For(otherwise),
-        }
-    }
+/// A granted lock before the bookkeeping: on a session of its own, or on a shared
+/// connection.
+pub(crate) enum Grant {
+    Own(Session),
+    Shared(Membership),
 }
 
 /// How long a checkout may wait for a free pool slot.
@@ -117,46 +53,133 @@ pub(crate) enum Tried {
     Busy(Session),
 }
 
-/// Records the call's timeout on an error, when it had one.
-pub(crate) fn with_timeout(
-    error: LockAcquisitionError,
-    deadline: Option<Deadline>,
-) -> LockAcquisitionError {
-    match deadline {
-        Some(deadline) => error.with_timeout(deadline.timeout),
-        None => error,
-    }
-}
-
-/// Why a standby is refused.
-const STANDBY: &str = "Database error: the server is a read-only standby (in recovery); \
-     advisory locks there exclude nothing on the primary (use target_session_attrs=read-write)";
-
-/// Why a connection whose statements reach different server sessions is refused.
-pub(crate) const MOVED_BETWEEN_SESSIONS: &str = "the statements of one connection ran on \
-     different server sessions, so a session advisory lock would exclude nothing: session locks \
-     need a direct connection or a session-pooling proxy (PgBouncer pool_mode=session); behind \
-     transaction pooling, use TransactionLocks";
-
-/// Closes `session` and fails the call with a [`AcquisitionErrorKind::Configuration`]
-/// error.
-pub(crate) fn refuse(
-    key: &str,
-    session: Session,
-    deadline: Option<Deadline>,
-    reason: &'static str,
-) -> LockAcquisitionError {
-    drop(session);
-    let error = LockAcquisitionError::new(key, AcquisitionErrorKind::Configuration, reason);
-    with_timeout(error, deadline)
-}
-
 /// How an acquisition attempt ends before the bookkeeping.
 pub(crate) type Attempt = Result<Session, LockAcquisitionError>;
 
 impl Inner {
-    /// The whole acquisition up to the bookkeeping, within `deadline` (already
-    /// running; `None` for an unbounded call).
+    /// The acquisition up to the bookkeeping, multiplexed or not.
+    pub(crate) async fn acquire_grant(
+        &self,
+        key: &str,
+        lock_id: i64,
+        options: AcquireOptions,
+    ) -> Result<Grant, LockAcquisitionError> {
+        let deadline = options.timeout().map(Deadline::after);
+        match self.multiplexer() {
+            // Boxed: the opt-in path stays out of the default path's future.
+            Some(_) => Box::pin(self.acquire_member(key, lock_id, options, deadline))
+                .await
+                .map(Grant::Shared),
+            None => self
+                .acquire_session_until(key, lock_id, options, deadline)
+                .await
+                .map(Grant::Own),
+        }
+    }
+
+    /// `try_acquire` up to the bookkeeping, multiplexed or not.
+    pub(crate) async fn try_grant(
+        &self,
+        key: &str,
+        lock_id: i64,
+        mode: LockMode,
+    ) -> Result<Option<Grant>, LockAcquisitionError> {
+        match self.multiplexer() {
+            Some(_) => Ok(Box::pin(self.try_member(key, lock_id, mode))
+                .await?
+                .map(Grant::Shared)),
+            None => Ok(self.try_session(key, lock_id, mode).await?.map(Grant::Own)),
+        }
+    }
+
+    /// Records a granted lock and hands out its guard.
+    pub(crate) async fn register_grant(
+        self: &Arc<Self>,
+        key: Arc<str>,
+        lock_id: i64,
+        mode: LockMode,
+        grant: Grant,
+        span: &Span,
+    ) -> Result<PostgresLockGuard, LockAcquisitionError> {
+        let (slot, holding) = match grant {
+            Grant::Own(session) => (new_slot(session), Holding::Alone),
+            Grant::Shared(member) => (Arc::clone(member.slot()), Holding::Shared(member)),
+        };
+        self.register(key, lock_id, mode, slot, holding, span).await
+    }
+
+    /// `acquire` with multiplexing: a try on a shared connection, else the whole
+    /// acquisition on a connection of its own, which then becomes a host.
+    async fn acquire_member(
+        &self,
+        key: &str,
+        lock_id: i64,
+        options: AcquireOptions,
+        deadline: Option<Deadline>,
+    ) -> Result<Membership, LockAcquisitionError> {
+        let mode = options.mode();
+        let multiplexer = self.multiplexer().expect("called only when multiplexing");
+        let limit = self.step_limit(deadline);
+        let tried = multiplexer.try_on_host(lock_id, mode, limit).await;
+        match tried.map_err(|failure| self.host_failure(key, failure, deadline))? {
+            SharedTry::Granted(member) => return Ok(member),
+            SharedTry::Busy => {
+                if let Some(deadline) = deadline.filter(|deadline| deadline.passed()) {
+                    return Err(LockAcquisitionError::timed_out(key, deadline.timeout));
+                }
+            }
+            SharedTry::NoHost => {}
+        }
+        let session = self
+            .acquire_session_until(key, lock_id, options, deadline)
+            .await?;
+        Ok(multiplexer.adopt(session, lock_id, mode))
+    }
+
+    /// `try_acquire` with multiplexing: one try, on a shared connection if one has
+    /// room, else on a connection of its own (which then becomes a host).
+    async fn try_member(
+        &self,
+        key: &str,
+        lock_id: i64,
+        mode: LockMode,
+    ) -> Result<Option<Membership>, LockAcquisitionError> {
+        let multiplexer = self.multiplexer().expect("called only when multiplexing");
+        let limit = self.step_limit(None);
+        let tried = multiplexer.try_on_host(lock_id, mode, limit).await;
+        match tried.map_err(|failure| self.host_failure(key, failure, None))? {
+            SharedTry::Granted(member) => Ok(Some(member)),
+            SharedTry::Busy => Ok(None),
+            SharedTry::NoHost => Ok(self
+                .try_session(key, lock_id, mode)
+                .await?
+                .map(|session| multiplexer.adopt(session, lock_id, mode))),
+        }
+    }
+
+    /// The error of a failed try on a shared connection.
+    fn host_failure(
+        &self,
+        key: &str,
+        failure: HostFailure,
+        deadline: Option<Deadline>,
+    ) -> LockAcquisitionError {
+        match failure {
+            HostFailure::MovedBetweenSessions => refused(key, MOVED_BETWEEN_SESSIONS, deadline),
+            HostFailure::Failed(error) => with_timeout(driver_error(key, error), deadline),
+            HostFailure::NoAnswer => no_answer(key, deadline, self.settings().answer_timeout),
+        }
+    }
+
+    /// The limit of one statement's answer in a call with `deadline`: the deadline plus
+    /// the margin, or (an unbounded call) the answer timeout.
+    pub(crate) fn step_limit(&self, deadline: Option<Deadline>) -> Limit {
+        let settings = self.settings();
+        Deadline::limit(deadline, settings.deadline_margin, settings.answer_timeout)
+    }
+
+    /// The whole acquisition on a session of its own, up to the bookkeeping, within
+    /// `deadline` (already running; `None` for an unbounded call).
     pub(crate) async fn acquire_session_until(
         &self,
         key: &str,
@@ -190,9 +213,113 @@ impl Inner {
                 ))
                 .await
             }
-            // Without a timeout every strategy waits in the queue, as in the original.
-            _ => Box::pin(self.wait_in_queue(key, lock_id, mode, session, deadline)).await,
+            // Without a timeout every strategy waits in the queue, as in the Python
+            // library.
+            _ => {
+                let waiting = self.wait_in_queue(key, lock_id, mode, session, deadline, false);
+                Box::pin(waiting).await
+            }
         }
+    }
+
+    /// Takes every lock of `lock_ids` (in the global order; `keys` are theirs, to name
+    /// in errors) on one session; on any failure the session is closed, which frees
+    /// what it took. Uncontended, that is one checkout and one round trip: the tries of
+    /// every key go in one statement. When a key is busy the session keeps the keys
+    /// before it, the statement itself frees those after it (never held while waiting
+    /// out of order), and the wait for it is the single key's wait; then the tries of
+    /// the rest go in one statement again.
+    pub(crate) async fn acquire_group(
+        &self,
+        keys: &[&str],
+        lock_ids: &[i64],
+        options: AcquireOptions,
+    ) -> Result<Session, LockAcquisitionError> {
+        let deadline = options.timeout().map(Deadline::after);
+        let mode = options.mode();
+        let first = keys.first().copied().unwrap_or("");
+        let wait = deadline.map_or(PoolWait::Forever, PoolWait::Until);
+        let mut session = self.checkout(first, wait, deadline).await?;
+        let mut next = 0;
+        while next < lock_ids.len() {
+            let (rest_keys, rest) = (&keys[next..], &lock_ids[next..]);
+            let (tried, first_busy);
+            (session, first_busy) = if self.settings().group_tries_one_by_one {
+                tried = 1;
+                self.try_first(rest_keys[0], rest[0], mode, session, deadline)
+                    .await?
+            } else {
+                tried = rest.len();
+                self.try_each(rest_keys, rest, mode, session, deadline)
+                    .await?
+            };
+            let Some(busy) = first_busy else {
+                next += tried;
+                continue;
+            };
+            let at = next + busy;
+            let waiting =
+                self.wait_in_queue(keys[at], lock_ids[at], mode, session, deadline, at > 0);
+            session = Box::pin(waiting).await?;
+            next = at + 1;
+        }
+        Ok(session)
+    }
+
+    /// The tries of every lock of `lock_ids` in one round trip (see
+    /// [`Statement::TryLockEach`]); the index of the first busy one, if any. On an
+    /// error the session is closed, which frees whatever it held.
+    async fn try_each(
+        &self,
+        keys: &[&str],
+        lock_ids: &[i64],
+        mode: LockMode,
+        session: Session,
+        deadline: Option<Deadline>,
+    ) -> Result<(Session, Option<usize>), LockAcquisitionError> {
+        if lock_ids.len() == 1 {
+            return self
+                .try_first(keys[0], lock_ids[0], mode, session, deadline)
+                .await;
+        }
+        let statement = Statement::TryLockEach { lock_ids, mode };
+        let limit = self.step_limit(deadline);
+        match self
+            .answered(keys[0], session, statement, limit, deadline)
+            .await?
+        {
+            (session, Ok(Answer::FirstBusy(first_busy))) => Ok((session, first_busy)),
+            (session, Ok(answer)) => {
+                session.close();
+                let reason = format!("Database error: unexpected answer {answer:?}");
+                Err(with_timeout(
+                    LockAcquisitionError::new(keys[0], AcquisitionErrorKind::Backend, reason),
+                    deadline,
+                ))
+            }
+            (session, Err(error)) => {
+                session.close();
+                Err(with_timeout(driver_error(keys[0], error), deadline))
+            }
+        }
+    }
+
+    /// The try of the first of the locks left (`acquire_many` one key at a time: a
+    /// group of one, or the setting that measures the old way).
+    async fn try_first(
+        &self,
+        key: &str,
+        lock_id: i64,
+        mode: LockMode,
+        session: Session,
+        deadline: Option<Deadline>,
+    ) -> Result<(Session, Option<usize>), LockAcquisitionError> {
+        Ok(
+            match self.try_lock(key, lock_id, mode, session, deadline).await? {
+                Tried::Granted(session) => (session, None),
+                Tried::Busy(session) => (session, Some(0)),
+            },
+        )
     }
 
     /// `try_acquire`: a checkout that never waits for a slot and one try.
@@ -214,23 +341,18 @@ impl Inner {
 
     /// Checks a connection out. Waiting for a free slot and opening a new connection
     /// both count against the deadline (without one, or with a zero timeout, opening is
-    /// bounded by the connect timeout). The pool's own timeouts are not used, so a pool built
-    /// without a runtime works too.
+    /// bounded by the connect timeout). The pool's own timeouts are not used, so a pool
+    /// built without a runtime works too.
     pub(crate) async fn checkout(
         &self,
         key: &str,
         wait: PoolWait,
         deadline: Option<Deadline>,
     ) -> Attempt {
-        if let Err(error) = &self.lease {
-            let error = LockAcquisitionError::new(
-                key,
-                AcquisitionErrorKind::Configuration,
-                format!("the manager's lease cannot hold: {error}"),
-            );
-            return Err(with_timeout(error, deadline));
+        if let Err(lease) = self.lease() {
+            return Err(lease_refused(key, lease, deadline));
         }
-        let settings = &self.settings;
+        let settings = self.settings();
         // Opening a connection is held to the caller's deadline itself: the margin is
         // for a live session's answer, which decides whether a lock was granted. A zero
         // timeout is a try (it waits for nobody) and opens as `try_acquire` does.
@@ -241,27 +363,29 @@ impl Inner {
             create: None,
             recycle: None,
         };
+        let pool_size = || self.pool().status().max_size;
         // Not boxed: the pool's future (it may open a connection) is large, but copying
         // it into the limit costs less than allocating it on every checkout.
-        let checked_out = match connecting.run(self.pool.timeout_get(&no_wait)).await {
+        let checked_out = match connecting.run(self.pool().timeout_get(&no_wait)).await {
             // An idle connection: the common case, made into a session at once.
-            Ok(Ok(object)) => return Ok(Session::new(object, &self.connections)),
-            Err(Expired) => return Err(self.unreachable(key, deadline)),
+            Ok(Ok(object)) => return Ok(Session::new(object, self.connections())),
+            Err(Expired) => return Err(unreachable(key, deadline, settings.connect_timeout)),
             Ok(Err(PoolError::Timeout(TimeoutType::Wait))) => match wait {
                 PoolWait::No => {
-                    return Err(self.pool_exhausted(key, "no pool connection was free", None));
+                    let what = "no pool connection was free";
+                    return Err(pool_exhausted(key, what, pool_size(), None));
                 }
                 PoolWait::Forever => Box::pin(self.wait_for_slot()).await,
                 PoolWait::Until(deadline) => {
-                    let limit = Limit::From(deadline.started, deadline.timeout);
-                    match limit.run(Box::pin(self.wait_for_slot())).await.ok() {
-                        Some(result) => result,
-                        None => {
-                            let reason = format!(
+                    let limit = Deadline::limit(Some(deadline), Duration::ZERO, Duration::ZERO);
+                    match limit.run(Box::pin(self.wait_for_slot())).await {
+                        Ok(result) => result,
+                        Err(Expired) => {
+                            let what = format!(
                                 "{} waiting for a pool connection",
                                 timeout_reason(deadline.timeout)
                             );
-                            return Err(self.pool_exhausted(key, &reason, Some(deadline)));
+                            return Err(pool_exhausted(key, &what, pool_size(), Some(deadline)));
                         }
                     }
                 }
@@ -269,7 +393,7 @@ impl Inner {
             Ok(Err(error)) => Err(error),
         };
         match checked_out {
-            Ok(object) => Ok(Session::new(object, &self.connections)),
+            Ok(object) => Ok(Session::new(object, self.connections())),
             Err(error) => Err(with_timeout(pool_error(key, error), deadline)),
         }
     }
@@ -279,40 +403,15 @@ impl Inner {
     async fn wait_for_slot(&self) -> Result<Object, PoolError> {
         let bounded = Timeouts {
             wait: None,
-            create: Some(self.settings.connect_timeout),
-            recycle: Some(self.settings.answer_timeout),
+            create: Some(self.settings().connect_timeout),
+            recycle: Some(self.settings().answer_timeout),
         };
-        match self.pool.timeout_get(&bounded).await {
-            Err(PoolError::NoRuntimeSpecified) => self.pool.timeout_get(&Timeouts::default()).await,
+        match self.pool().timeout_get(&bounded).await {
+            Err(PoolError::NoRuntimeSpecified) => {
+                self.pool().timeout_get(&Timeouts::default()).await
+            }
             other => other,
         }
-    }
-
-    fn unreachable(&self, key: &str, deadline: Option<Deadline>) -> LockAcquisitionError {
-        let waited = deadline.map_or(self.settings.connect_timeout, |deadline| deadline.timeout);
-        let error = LockAcquisitionError::new(
-            key,
-            AcquisitionErrorKind::Unreachable,
-            format!(
-                "{} opening a connection (the server did not answer)",
-                timeout_reason(waited)
-            ),
-        );
-        with_timeout(error, deadline)
-    }
-
-    fn pool_exhausted(
-        &self,
-        key: &str,
-        what: &str,
-        deadline: Option<Deadline>,
-    ) -> LockAcquisitionError {
-        let reason = format!(
-            "{what} (all {} in use; each held lock keeps one)",
-            self.pool.status().max_size
-        );
-        let error = LockAcquisitionError::new(key, AcquisitionErrorKind::PoolUnavailable, reason);
-        with_timeout(error, deadline)
     }
 
     /// Runs `statement` within `limit`. A connection not set up yet is set up first,
@@ -322,16 +421,18 @@ impl Inner {
     /// session's settings), and if it misses again, or the set-up finds the session
     /// marked by another connection, the statements are being moved between server
     /// sessions (a transaction-pooling proxy) and the call fails with
-    /// [`AcquisitionErrorKind::Configuration`]. On expiry the session is dropped: the
-    /// statement cancelled, the connection closed, which undoes whatever it did.
+    /// [`Configuration`](locks_port::AcquisitionErrorKind::Configuration). On expiry
+    /// the session is dropped: the statement cancelled, the connection closed, which
+    /// undoes whatever it did. The answer is never [`Answer::WrongSession`].
     pub(crate) async fn answered(
         &self,
         key: &str,
         mut session: Session,
-        statement: Statement,
+        statement: Statement<'_>,
         limit: Limit,
         deadline: Option<Deadline>,
     ) -> Result<(Session, Result<Answer, tokio_postgres::Error>), LockAcquisitionError> {
+        let answer_timeout = self.settings().answer_timeout;
         if session.is_set_up() {
             let fresh = session.is_fresh();
             // Pinned where made (the statement's future is large), and gone after.
@@ -340,12 +441,16 @@ impl Inner {
                 running.await.ok()
             };
             match answer {
-                None => return Err(self.no_answer(key, session, deadline)),
+                None => {
+                    drop(session);
+                    return Err(no_answer(key, deadline, answer_timeout));
+                }
                 // It did nothing. Straight after checkout the pool's recycling may
                 // have reset the session: once more, behind a fresh set-up.
                 Some(Ok(Answer::WrongSession)) if fresh => session.mark_set_up(false),
                 Some(Ok(Answer::WrongSession)) => {
-                    return Err(refuse(key, session, deadline, MOVED_BETWEEN_SESSIONS));
+                    drop(session);
+                    return Err(refused(key, MOVED_BETWEEN_SESSIONS, deadline));
                 }
                 Some(answer) => return Ok((session, answer)),
             }
@@ -353,48 +458,20 @@ impl Inner {
         // Once per connection: boxed, out of the common path's future.
         let setup = Box::pin(session.run_after_setup(self.setup_values(), statement, limit));
         let Some((setup, answer)) = setup.await.ok() else {
-            return Err(self.no_answer(key, session, deadline));
+            drop(session);
+            return Err(no_answer(key, deadline, answer_timeout));
         };
-        match setup {
+        let refusal = match setup {
             Ok(SetUp::Done) if !matches!(answer, Ok(Answer::WrongSession)) => {
                 session.mark_set_up(true);
-                Ok((session, answer))
+                return Ok((session, answer));
             }
-            Ok(SetUp::Standby) => Err(refuse(key, session, deadline, STANDBY)),
-            Ok(SetUp::Done | SetUp::Foreign) => {
-                Err(refuse(key, session, deadline, MOVED_BETWEEN_SESSIONS))
-            }
-            Err(error) => {
-                drop(session);
-                Err(with_timeout(driver_error(key, error), deadline))
-            }
-        }
-    }
-
-    /// What the set-up gives each of the manager's sessions.
-    pub(crate) fn setup_values(&self) -> SetupValues<'_> {
-        SetupValues {
-            application_name: self.application_name.as_deref(),
-            timers: self.server_timers.as_ref(),
-        }
-    }
-
-    /// A statement's answer did not come within its limit: the session is dropped
-    /// (statement cancelled, connection closed).
-    fn no_answer(
-        &self,
-        key: &str,
-        session: Session,
-        deadline: Option<Deadline>,
-    ) -> LockAcquisitionError {
+            Ok(SetUp::Standby) => refused(key, STANDBY, deadline),
+            Ok(SetUp::Done | SetUp::Foreign) => refused(key, MOVED_BETWEEN_SESSIONS, deadline),
+            Err(error) => with_timeout(driver_error(key, error), deadline),
+        };
         drop(session);
-        let waited = deadline.map_or(self.settings.answer_timeout, |deadline| deadline.timeout);
-        let error = LockAcquisitionError::new(
-            key,
-            AcquisitionErrorKind::ConnectionLost,
-            format!("{} (the server did not answer)", timeout_reason(waited)),
-        );
-        with_timeout(error, deadline)
+        Err(refusal)
     }
 
     /// One `pg_try_advisory_lock`. On an error the session is closed (whatever the
@@ -408,11 +485,7 @@ impl Inner {
         deadline: Option<Deadline>,
     ) -> Result<Tried, LockAcquisitionError> {
         let statement = Statement::TryLock { lock_id, mode };
-        let limit = Deadline::limit(
-            deadline,
-            self.settings.deadline_margin,
-            self.settings.answer_timeout,
-        );
+        let limit = self.step_limit(deadline);
         match self
             .answered(key, session, statement, limit, deadline)
             .await?
@@ -427,45 +500,61 @@ impl Inner {
     }
 
     /// After a wait ended in an error on a live connection, makes sure the session
-    /// does not hold the lock (it can be granted just as the wait is cancelled), then
-    /// gives the connection back; if that cannot be shown in time, closes it.
-    async fn settle_after_failed_wait(&self, lock_id: i64, mode: LockMode, mut session: Session) {
+    /// does not hold the lock (it can be granted just as the wait is cancelled). The
+    /// session, when that is shown; else it is closed.
+    async fn settle_after_failed_wait(
+        &self,
+        lock_id: i64,
+        mode: LockMode,
+        mut session: Session,
+    ) -> Option<Session> {
         let check = Statement::UnlockIfHeld { lock_id, mode };
-        let answer = session
-            .run_within(check, Limit::For(self.settings.answer_timeout))
-            .await
-            .ok();
-        match answer {
-            Some(Ok(Answer::Bool(was_held))) => {
+        let limit = Limit::Waiting(self.settings().answer_timeout);
+        match session.run_within(check, limit).await {
+            Ok(Ok(Answer::Bool(was_held))) => {
                 if was_held {
                     tracing::debug!(
                         lock_id,
                         "the lock was granted as the wait ended; released it"
                     );
                 }
-                session.into_pool();
+                Some(session)
             }
-            Some(Ok(Answer::Locked | Answer::WrongSession) | Err(_)) | None => session.close(),
+            Ok(Ok(Answer::Locked | Answer::FirstBusy(_) | Answer::WrongSession) | Err(_))
+            | Err(Expired) => {
+                session.close();
+                None
+            }
         }
     }
 
     /// Waits in the server's queue: one `pg_advisory_lock` bounded by `lock_timeout`.
-    async fn wait_in_queue(
+    /// `holds_others`: the session holds the first locks of an `acquire_many`, so it is
+    /// never given back to the pool, only closed on failure (which frees them all).
+    pub(crate) async fn wait_in_queue(
         &self,
         key: &str,
         lock_id: i64,
         mode: LockMode,
         mut session: Session,
         deadline: Option<Deadline>,
+        holds_others: bool,
     ) -> Attempt {
+        let give_back = |session: Session| {
+            if holds_others {
+                session.close();
+            } else {
+                session.into_pool();
+            }
+        };
         loop {
-            let margin = self.settings.deadline_margin;
+            let margin = self.settings().deadline_margin;
             let Some((statement, limit)) =
                 Deadline::wait_statement(deadline, lock_id, mode, margin)
             else {
-                // No time left to wait; the first try has been made. The session
-                // holds nothing.
-                session.into_pool();
+                // No time left to wait; the first try has been made, so the session
+                // does not hold this lock.
+                give_back(session);
                 let timeout = deadline.map_or(Duration::ZERO, |deadline| deadline.timeout);
                 return Err(LockAcquisitionError::timed_out(key, timeout));
             };
@@ -477,29 +566,31 @@ impl Inner {
                 Ok(_) => return Ok(session),
                 Err(error) => error,
             };
-            if error.is_closed() {
-                session.close();
-                return Err(with_timeout(driver_error(key, error), deadline));
-            }
-            self.settle_after_failed_wait(lock_id, mode, session).await;
             let timed_out = error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE);
-            match deadline {
-                Some(deadline) if timed_out => {
-                    if deadline.passed() {
-                        return Err(LockAcquisitionError::timed_out(key, deadline.timeout));
-                    }
-                    // lock_timeout fired early (it is capped at ~24.8 days): wait again.
-                    session = self
-                        .checkout(key, PoolWait::Until(deadline), Some(deadline))
-                        .await?;
+            // lock_timeout can fire before the deadline: it is capped at ~24.8 days.
+            let early = timed_out && deadline.is_some_and(|deadline| !deadline.passed());
+            if error.is_closed() || (holds_others && !early) {
+                session.close();
+            } else if let Some(settled) =
+                self.settle_after_failed_wait(lock_id, mode, session).await
+            {
+                if early {
+                    session = settled;
+                    continue;
                 }
-                _ => return Err(with_timeout(driver_error(key, error), deadline)),
+                give_back(settled);
             }
+            return Err(match deadline {
+                Some(deadline) if timed_out => {
+                    LockAcquisitionError::timed_out(key, deadline.timeout)
+                }
+                _ => with_timeout(driver_error(key, error), deadline),
+            });
         }
     }
 
-    /// The original's strategy, after the first try: `pg_try_advisory_lock` every
-    /// `retry_interval` on one session until the deadline.
+    /// The strategy of the Python library, after the first try: `pg_try_advisory_lock`
+    /// every `retry_interval` on one session until the deadline.
     async fn poll(
         &self,
         key: &str,

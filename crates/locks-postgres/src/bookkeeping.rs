@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use locks_port::{
     AcquisitionErrorKind, LockAcquisitionError, LockInfo, LockMode, LossNotifier, LostReason,
@@ -15,10 +16,10 @@ use tokio::sync::Mutex as AsyncMutex;
 use tokio::time::Instant;
 use tracing::{Instrument, Span};
 
-use crate::classify::{driver_kind, sqlstate};
 use crate::connection::{Answer, Session};
+use crate::errors::{MOVED_BETWEEN_SESSIONS, describe, driver_kind, sqlstate};
 use crate::guard::PostgresLockGuard;
-use crate::limit::Limit;
+use crate::limit::{Expired, Limit};
 use crate::manager::Inner;
 use crate::metrics::Metrics;
 use crate::multiplex::Membership;
@@ -29,53 +30,151 @@ use crate::telemetry::{record_failure, record_released, release_span};
 /// monitor's keepalive; whoever takes it out owns the connection. `None` once taken.
 pub(crate) type SessionSlot = Arc<AsyncMutex<Option<Session>>>;
 
-/// The bookkeeping entry of one held lock.
+/// The slot of a session that has just taken its first lock.
+pub(crate) fn new_slot(session: Session) -> SessionSlot {
+    Arc::new(AsyncMutex::new(Some(session)))
+}
+
+/// How a held lock owns its session.
+pub(crate) enum Holding {
+    /// The session is the lock's own: the unlock gives it back.
+    Alone,
+    /// The session holds the locks of one `acquire_many`: the last unlock gives it back.
+    Group(Arc<Group>),
+    /// A shared connection (multiplexing), at the lock's place there: the connection
+    /// goes back when its last lock leaves.
+    Shared(Membership),
+}
+
+/// The bookkeeping entry of one held lock. Made by [`Held::new`] only.
 pub(crate) struct Held {
     /// The key, shared with the guard's [`LockInfo`]: booking a grant copies none.
-    pub(crate) key: Arc<str>,
-    pub(crate) token: u64,
-    pub(crate) lock_id: i64,
-    pub(crate) mode: LockMode,
-    pub(crate) slot: SessionSlot,
-    pub(crate) notifier: LossNotifier,
+    key: Arc<str>,
+    /// The acquisition's bookkeeping ticket (not a fencing token).
+    ticket: u64,
+    lock_id: i64,
+    mode: LockMode,
+    slot: SessionSlot,
+    notifier: LossNotifier,
     /// When the connection last answered (the last keepalive), or, until the first,
     /// when the monitor first saw the lock: `None` until then (a grant reads no clock;
     /// the first keepalive comes at most one health-check interval later for it).
-    pub(crate) last_answer: Option<Instant>,
+    last_answer: Option<Instant>,
     /// Whether a keepalive is in flight on the connection.
-    pub(crate) pinging: bool,
-    /// For locks taken together by `acquire_many` on one session: the group.
-    pub(crate) group: Option<Arc<Group>>,
-    /// For a lock on a shared connection (multiplexing): its place there.
-    pub(crate) host: Option<Membership>,
+    pinging: bool,
+    holding: Holding,
 }
 
 impl Held {
+    pub(crate) fn new(
+        key: Arc<str>,
+        ticket: u64,
+        lock_id: i64,
+        mode: LockMode,
+        slot: SessionSlot,
+        notifier: LossNotifier,
+        holding: Holding,
+    ) -> Self {
+        Self {
+            key,
+            ticket,
+            lock_id,
+            mode,
+            slot,
+            notifier,
+            last_answer: None,
+            pinging: false,
+            holding,
+        }
+    }
+
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+
+    pub(crate) fn lock_id(&self) -> i64 {
+        self.lock_id
+    }
+
+    pub(crate) fn mode(&self) -> LockMode {
+        self.mode
+    }
+
+    pub(crate) fn slot(&self) -> &SessionSlot {
+        &self.slot
+    }
+
+    pub(crate) fn notifier(&self) -> &LossNotifier {
+        &self.notifier
+    }
+
+    pub(crate) fn holding_mut(&mut self) -> &mut Holding {
+        &mut self.holding
+    }
+
     /// Which acquisition this is, to find its entry again.
     pub(crate) fn ticket(&self) -> Ticket {
         Ticket {
             lock_id: self.lock_id,
-            token: self.token,
+            number: self.ticket,
+        }
+    }
+
+    /// Whether a keepalive is due at `now` at this `cadence`; if so it counts as in
+    /// flight until [`answered`](Self::answered).
+    pub(crate) fn keepalive_due(&mut self, now: Instant, cadence: Duration) -> bool {
+        let due = !self.pinging
+            && now.saturating_duration_since(*self.last_answer.get_or_insert(now)) >= cadence;
+        self.pinging |= due;
+        due
+    }
+
+    /// The connection answered a keepalive at `now`.
+    pub(crate) fn answered(&mut self, now: Instant) {
+        self.last_answer = Some(now);
+        self.pinging = false;
+    }
+
+    /// Leaves the session, unlocked or gone: `true` when it now holds nothing of
+    /// this manager (the caller, holding the slot, gives it back or closes it).
+    fn leave_session(&mut self) -> bool {
+        match &mut self.holding {
+            Holding::Alone => true,
+            Holding::Group(group) => group.left.fetch_sub(1, Ordering::AcqRel) == 1,
+            Holding::Shared(member) => member.leave(),
         }
     }
 }
 
-/// The locks of one `acquire_many`, held on one session under one ticket number and
-/// one lost signal.
+/// The locks of one `acquire_many`, held on one session under one ticket and one lost
+/// signal.
 pub(crate) struct Group {
     /// How many of the group are still held: the session goes back to the pool with
     /// the last unlock.
-    pub(crate) left: AtomicUsize,
+    left: AtomicUsize,
     /// The lock ids of the group: a lost session takes every one of them out of the
     /// bookkeeping before the group's signal fires.
-    pub(crate) lock_ids: Box<[i64]>,
+    lock_ids: Box<[i64]>,
+}
+
+impl Group {
+    pub(crate) fn new(lock_ids: Box<[i64]>) -> Self {
+        Self {
+            left: AtomicUsize::new(lock_ids.len()),
+            lock_ids,
+        }
+    }
+
+    pub(crate) fn lock_ids(&self) -> &[i64] {
+        &self.lock_ids
+    }
 }
 
 /// One acquisition, as the health monitor finds it again.
 #[derive(Clone, Debug)]
 pub(crate) struct Ticket {
     pub(crate) lock_id: i64,
-    pub(crate) token: u64,
+    pub(crate) number: u64,
 }
 
 /// The entries of one lock id: almost always one, kept inline (no allocation per
@@ -138,14 +237,14 @@ impl Book {
         displaced
     }
 
-    /// Takes out the entry of the acquisition `token` of `lock_id`. The id is looked
-    /// up once: its entries come out whole, and the rest (other shared holds, rare) go
-    /// back.
-    pub(crate) fn remove_one(&mut self, lock_id: i64, token: u64) -> Option<Held> {
+    /// Takes out the entry of the acquisition with `ticket` of `lock_id`. The id is
+    /// looked up once: its entries come out whole, and the rest (other shared holds,
+    /// rare) go back.
+    pub(crate) fn remove_one(&mut self, lock_id: i64, ticket: u64) -> Option<Held> {
         let mut entries = self.by_id.remove(&lock_id)?;
         let taken = entries
             .iter()
-            .position(|held| held.token == token)
+            .position(|held| held.ticket == ticket)
             .map(|index| entries.swap_remove(index));
         if !entries.is_empty() {
             self.by_id.insert(lock_id, entries);
@@ -157,17 +256,24 @@ impl Book {
         taken
     }
 
-    /// Takes out the entry of the acquisition `token` of `lock_id` and, when it
-    /// belongs to a group, the rest of its group: a lost session loses them all at once.
-    pub(crate) fn remove_with_group(&mut self, lock_id: i64, token: u64) -> Vec<Held> {
-        let Some(first) = self.remove_one(lock_id, token) else {
+    /// Takes out the entry of `ticket` and, when it belongs to a group, the rest of
+    /// its group: a lost session loses them all at once.
+    pub(crate) fn remove_with_group(&mut self, ticket: &Ticket) -> Vec<Held> {
+        let Some(first) = self.remove_one(ticket.lock_id, ticket.number) else {
             return Vec::new();
         };
-        let group = first.group.clone();
+        let group = match &first.holding {
+            Holding::Group(group) => Some(Arc::clone(group)),
+            Holding::Alone | Holding::Shared(_) => None,
+        };
         let mut taken = vec![first];
         if let Some(group) = group {
-            for &other in group.lock_ids.iter().filter(|&&other| other != lock_id) {
-                taken.extend(self.remove_one(other, token));
+            for &other in group
+                .lock_ids
+                .iter()
+                .filter(|&&other| other != ticket.lock_id)
+            {
+                taken.extend(self.remove_one(other, ticket.number));
             }
         }
         taken
@@ -209,26 +315,26 @@ impl Book {
     }
 
     /// The entry of one acquisition.
-    pub(crate) fn get_mut(&mut self, lock_id: i64, token: u64) -> Option<&mut Held> {
+    pub(crate) fn get_mut(&mut self, ticket: &Ticket) -> Option<&mut Held> {
         self.by_id
-            .get_mut(&lock_id)?
+            .get_mut(&ticket.lock_id)?
             .iter_mut()
-            .find(|held| held.token == token)
+            .find(|held| held.ticket == ticket.number)
     }
 }
 
 impl Inner {
-    /// Takes the entry of the acquisition `token` of `lock_id` out of the bookkeeping;
-    /// its guard's signal fires ([`LostReason::Released`]).
-    pub(crate) fn take_one(&self, lock_id: i64, token: u64) -> Option<Held> {
-        let taken = self.held().remove_one(lock_id, token)?;
+    /// Takes the entry of the acquisition with `ticket` of `lock_id` out of the
+    /// bookkeeping; its guard's signal fires ([`LostReason::Released`]).
+    pub(crate) fn take_one(&self, lock_id: i64, ticket: u64) -> Option<Held> {
+        let taken = self.book().remove_one(lock_id, ticket)?;
         taken.notifier.notify(LostReason::Released);
         Some(taken)
     }
 
     /// Takes every entry of `key` out of the bookkeeping; their guards' signals fire.
     pub(crate) fn take_all_of(&self, key: &str, lock_id: i64) -> Entries {
-        let taken = self.held().remove_all(key, lock_id);
+        let taken = self.book().remove_all(key, lock_id);
         for held in &taken {
             held.notifier.notify(LostReason::Released);
         }
@@ -237,43 +343,45 @@ impl Inner {
 
     /// Takes every entry out (a shutdown): every guard's signal fires.
     pub(crate) fn take_all(&self) -> Vec<Held> {
-        let drained = self.held().drain();
+        let drained = self.book().drain();
         for held in &drained {
             held.notifier.notify(LostReason::Released);
         }
         drained
     }
 
-    /// Records a granted lock and hands out its guard; with fencing on, first takes
-    /// the grant's token (on failure the session is closed, which frees the lock).
-    pub(crate) async fn register(
-        self: &Arc<Self>,
-        key: Arc<str>,
-        lock_id: i64,
-        mode: LockMode,
-        session: Session,
-        span: &Span,
-    ) -> Result<PostgresLockGuard, LockAcquisitionError> {
-        let slot = Arc::new(AsyncMutex::new(Some(session)));
-        self.register_in(key, lock_id, mode, slot, None, span).await
+    /// Takes every entry out and unlocks it; how many there were. A shared connection
+    /// whose every lock is among them gets one `pg_advisory_unlock_all()`.
+    pub(crate) async fn release_all(&self) -> usize {
+        let drained = self.take_all();
+        let count = drained.len();
+        let drained = match self.multiplexer() {
+            Some(multiplexer) => multiplexer.unlock_whole_hosts(drained).await,
+            None => drained,
+        };
+        for held in drained {
+            self.unlock(held).await;
+        }
+        count
     }
 
-    /// [`register`](Self::register) for a session in a slot: its own, or a shared
-    /// connection's (`host`).
-    pub(crate) async fn register_in(
+    /// Records a granted lock (on the session in `slot`, owned as `holding` says) and
+    /// hands out its guard; with fencing on, first takes the grant's token (on failure
+    /// the session is closed, which frees the lock).
+    pub(crate) async fn register(
         self: &Arc<Self>,
         shared_key: Arc<str>,
         lock_id: i64,
         mode: LockMode,
         slot: SessionSlot,
-        host: Option<Membership>,
+        holding: Holding,
         span: &Span,
     ) -> Result<PostgresLockGuard, LockAcquisitionError> {
         let key: &str = &shared_key;
         let mut info =
-            LockInfo::acquired_now(Arc::clone(&shared_key), lock_id, self.holder_id.clone())
+            LockInfo::acquired_now(Arc::clone(&shared_key), lock_id, self.holder_id().cloned())
                 .with_mode(mode);
-        if self.settings.fencing {
+        if self.settings().fencing {
             let mut session = slot.lock().await;
             let Some(session) = session.as_mut() else {
                 return Err(LockAcquisitionError::new(
@@ -282,37 +390,59 @@ impl Inner {
                     "Database error: the connection ended before the fencing token",
                 ));
             };
-            let token = Box::pin(
+            let fencing_token = Box::pin(
                 self.next_fencing_token(key, lock_id, session)
                     .instrument(span.clone()),
             )
             .await?;
-            info = info.with_fencing_token(token);
+            info = info.with_fencing_token(fencing_token);
         }
-        let token = self.next_token.fetch_add(1, Ordering::Relaxed);
+        let ticket = self.next_ticket();
         let notifier = LossNotifier::new();
         let lost = notifier.signal();
-        let entry = Held {
-            key: Arc::clone(&shared_key),
-            token,
+        let entry = Held::new(
+            Arc::clone(&shared_key),
+            ticket,
             lock_id,
             mode,
             slot,
             notifier,
-            last_answer: None,
-            pinging: false,
-            group: None,
-            host,
-        };
-        let displaced = self.held().insert(entry);
+            holding,
+        );
+        self.book_entries(std::iter::once(entry), span);
+        tracing::debug!(
+            parent: span,
+            key = self.shown(key),
+            lock_id,
+            mode = mode.as_str(),
+            holder_id = self.holder_id().map(String::as_str),
+            "lock acquired"
+        );
+        Ok(PostgresLockGuard::new(Arc::clone(self), info, ticket, lost))
+    }
+
+    /// Adds the entries of a grant to the bookkeeping and makes sure the health
+    /// monitor runs.
+    pub(crate) fn book_entries(
+        self: &Arc<Self>,
+        entries: impl IntoIterator<Item = Held>,
+        span: &Span,
+    ) {
+        let mut displaced = Vec::new();
+        {
+            let mut book = self.book();
+            for entry in entries {
+                displaced.extend(book.insert(entry));
+            }
+        }
         for previous in displaced {
             // Two sessions of one manager were both granted one exclusive advisory
             // lock: the sessions are not real (a transaction-pooling proxy). Do not
             // orphan the older one.
             tracing::error!(
                 parent: span,
-                key = self.shown(key),
-                lock_id,
+                key = self.shown(&previous.key),
+                lock_id = previous.lock_id,
                 "two sessions were granted one exclusive advisory lock: session locks \
                  need a direct connection or session pooling, not a transaction-pooling \
                  proxy (closing the older session)"
@@ -324,125 +454,184 @@ impl Inner {
             );
         }
         self.ensure_monitor();
-        tracing::debug!(
-            parent: span,
-            key = self.shown(key),
-            lock_id,
-            mode = mode.as_str(),
-            holder_id = self.holder_id.as_deref(),
-            "lock acquired"
+    }
+
+    /// Unlocks, on a task of their own, locks a dropped guard took out of the
+    /// bookkeeping (one lock, or what is left of a group); with no runtime at hand their
+    /// sessions are closed instead, which frees them on the server just the same. (If
+    /// the runtime drops the task before it runs, the sessions inside are closed by
+    /// their own drop.)
+    pub(crate) fn unlock_later(self: &Arc<Self>, taken: Entries) {
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let inner = Arc::clone(self);
+                runtime.spawn(async move { inner.unlock_together(taken).await });
+            }
+            Err(_) => drop(taken),
+        }
+    }
+
+    /// Unlocks locks taken out of the bookkeeping that share one session (one lock, or
+    /// what is left of a group) in one round trip; `Unlocked` for none. Never fails:
+    /// otherwise as [`unlock`](Self::unlock).
+    pub(crate) async fn unlock_together(&self, mut taken: Entries) -> ReleaseOutcome {
+        if taken.len() <= 1 {
+            return match taken.pop() {
+                Some(held) => self.unlock(held).await,
+                None => ReleaseOutcome::Unlocked,
+            };
+        }
+        let first = &taken[0];
+        debug_assert!(
+            taken
+                .iter()
+                .all(|held| Arc::ptr_eq(&held.slot, &first.slot))
         );
-        Ok(PostgresLockGuard::new(Arc::clone(self), info, token, lost))
+        let span = release_span(
+            self.settings().span_level,
+            self.shown(&first.key),
+            first.lock_id,
+            first.mode,
+        );
+        let lock_ids: SmallVec<[i64; 8]> = taken.iter().map(|held| held.lock_id).collect();
+        let statement = Statement::UnlockEach {
+            lock_ids: &lock_ids,
+            mode: first.mode,
+        };
+        let recorder = span.clone();
+        let unlocking = self.unlock_on_session(&mut taken, statement, &recorder);
+        Box::pin(unlocking).instrument(span).await
     }
 
     /// Unlocks a lock taken out of the bookkeeping. Never fails: when the unlock fails
     /// or the session did not hold the lock, the session is closed instead of being
     /// given back, which frees whatever it held.
     pub(crate) async fn unlock(&self, mut held: Held) -> ReleaseOutcome {
-        let key = Arc::clone(&held.key);
-        let key: &str = &key;
         let span = release_span(
-            self.settings.span_level,
-            self.shown(key),
+            self.settings().span_level,
+            self.shown(&held.key),
             held.lock_id,
             held.mode,
         );
         // The span's own handle, to record the outcome on (cheaper than looking up the
         // current span).
         let recorder = span.clone();
-        let lock_id = held.lock_id;
         let statement = Statement::Unlock {
-            lock_id,
+            lock_id: held.lock_id,
             mode: held.mode,
         };
-        let unlocking = std::pin::pin!(async {
-            let current = &recorder;
-            // Waits for a keepalive in flight (bounded by the answer timeout).
-            let mut slot = held.slot.lock().await;
-            let Some(session) = slot.as_mut() else {
-                // The health monitor took it: the lock was lost meanwhile.
-                record_released(current, false);
-                return ReleaseOutcome::AlreadyReleased;
-            };
-            // Pinned where made (the statement's future is large), and gone after.
-            let answer = {
-                let running = std::pin::pin!(
-                    session.run_within(statement, Limit::For(self.settings.answer_timeout))
-                );
-                running.await
-            };
-            // The session of a group, or a shared connection's, holds the others' locks
-            // until the last unlock.
-            let last = match (held.host.as_mut(), held.group.as_ref()) {
-                (Some(member), _) => member.leave(),
-                (None, group) => {
-                    group.is_none_or(|group| group.left.fetch_sub(1, Ordering::AcqRel) == 1)
-                }
-            };
-            if !last && matches!(answer, Ok(Ok(Answer::Bool(true)))) {
-                // The session still holds the rest of its group: it stays in the slot.
-                record_released(current, true);
-                tracing::debug!(key = self.shown(key), lock_id, "lock released");
-                return ReleaseOutcome::Unlocked;
-            }
-            let Some(session) = slot.take() else {
-                return ReleaseOutcome::AlreadyReleased;
-            };
-            drop(slot);
-            // Every path but a confirmed unlock closes the session, which frees
-            // whatever it held; each says why first.
-            let (kind, code) = match &answer {
-                Ok(Ok(Answer::Bool(true))) => {
-                    session.into_pool();
-                    record_released(current, true);
-                    tracing::debug!(key = self.shown(key), lock_id, "lock released");
-                    return ReleaseOutcome::Unlocked;
-                }
-                Ok(Ok(Answer::WrongSession)) => {
-                    tracing::error!(
-                        key = self.shown(key),
-                        lock_id,
-                        reason = crate::acquire::MOVED_BETWEEN_SESSIONS,
-                        "Error releasing advisory lock: the unlock reached another server \
-                         session and did nothing; closed the connection, but the server \
-                         session that took the lock may still hold it"
-                    );
-                    (AcquisitionErrorKind::Configuration, None)
-                }
-                Ok(Ok(_)) => {
-                    tracing::warn!(
-                        key = self.shown(key),
-                        lock_id,
-                        "Error releasing advisory lock: the session no longer held it; \
-                         closed the session"
-                    );
-                    (AcquisitionErrorKind::Backend, None)
-                }
-                Ok(Err(error)) => {
-                    tracing::warn!(
-                        key = self.shown(key),
-                        lock_id,
-                        error = %crate::classify::describe(error),
-                        sqlstate = sqlstate(error),
-                        "Error releasing advisory lock; closed the session, which frees it"
-                    );
-                    (driver_kind(error), sqlstate(error))
-                }
-                Err(_elapsed) => {
-                    tracing::warn!(
-                        key = self.shown(key),
-                        lock_id,
-                        "Error releasing advisory lock: the server did not answer; closed \
-                         the session, which frees it"
-                    );
-                    (AcquisitionErrorKind::ConnectionLost, None)
-                }
-            };
-            session.close();
-            record_released(current, false);
-            record_failure(current, kind, code);
-            ReleaseOutcome::SessionClosed
-        });
+        let unlocking = std::pin::pin!(self.unlock_on_session(
+            std::slice::from_mut(&mut held),
+            statement,
+            &recorder
+        ));
         unlocking.instrument(span).await
+    }
+
+    /// Runs the unlock `statement` of `held` (locks of one session), then gives the
+    /// session back when it holds nothing more, or closes it when the unlock failed.
+    async fn unlock_on_session(
+        &self,
+        held: &mut [Held],
+        statement: Statement<'_>,
+        recorder: &Span,
+    ) -> ReleaseOutcome {
+        let Some(first) = held.first() else {
+            return ReleaseOutcome::Unlocked;
+        };
+        let (key, lock_id) = (Arc::clone(&first.key), first.lock_id);
+        // Waits for a keepalive in flight (bounded by the answer timeout).
+        let slot = Arc::clone(&first.slot);
+        let mut slot = slot.lock().await;
+        let Some(session) = slot.as_mut() else {
+            // The health monitor took it: the lock was lost meanwhile.
+            record_released(recorder, false);
+            return ReleaseOutcome::AlreadyReleased;
+        };
+        // Pinned where made (the statement's future is large), and gone after.
+        let answer = {
+            let limit = Limit::Waiting(self.settings().answer_timeout);
+            let running = std::pin::pin!(session.run_within(statement, limit));
+            running.await
+        };
+        let unlocked = matches!(answer, Ok(Ok(Answer::Bool(true))));
+        // The session of a group, or a shared connection's, holds the others' locks
+        // until the last unlock: then it stays in the slot.
+        let mut last = false;
+        for held in held.iter_mut() {
+            last |= held.leave_session();
+        }
+        if unlocked {
+            record_released(recorder, true);
+            tracing::debug!(key = self.shown(&key), lock_id, "lock released");
+        }
+        if unlocked && !last {
+            return ReleaseOutcome::Unlocked;
+        }
+        let Some(session) = slot.take() else {
+            return ReleaseOutcome::AlreadyReleased;
+        };
+        drop(slot);
+        if unlocked {
+            session.into_pool();
+            return ReleaseOutcome::Unlocked;
+        }
+        // Every path but a confirmed unlock closes the session, which frees whatever
+        // it held.
+        let (kind, code) = self.failed_unlock(&held[0], &answer);
+        session.close();
+        record_released(recorder, false);
+        record_failure(recorder, kind, code);
+        ReleaseOutcome::SessionClosed
+    }
+
+    /// Says why an unlock failed (the session is closed next); its kind and SQLSTATE.
+    fn failed_unlock<'a>(
+        &self,
+        held: &Held,
+        answer: &'a Result<Result<Answer, tokio_postgres::Error>, Expired>,
+    ) -> (AcquisitionErrorKind, Option<&'a str>) {
+        let (key, lock_id) = (self.shown(&held.key), held.lock_id);
+        match answer {
+            Ok(Ok(Answer::WrongSession)) => {
+                tracing::error!(
+                    key,
+                    lock_id,
+                    reason = MOVED_BETWEEN_SESSIONS,
+                    "Error releasing advisory lock: the unlock reached another server \
+                     session and did nothing; closed the connection, but the server \
+                     session that took the lock may still hold it"
+                );
+                (AcquisitionErrorKind::Configuration, None)
+            }
+            Ok(Ok(_)) => {
+                tracing::warn!(
+                    key,
+                    lock_id,
+                    "Error releasing advisory lock: the session no longer held it; \
+                     closed the session"
+                );
+                (AcquisitionErrorKind::Backend, None)
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(
+                    key,
+                    lock_id,
+                    error = %describe(error),
+                    sqlstate = sqlstate(error),
+                    "Error releasing advisory lock; closed the session, which frees it"
+                );
+                (driver_kind(error), sqlstate(error))
+            }
+            Err(Expired) => {
+                tracing::warn!(
+                    key,
+                    lock_id,
+                    "Error releasing advisory lock: the server did not answer; closed \
+                     the session, which frees it"
+                );
+                (AcquisitionErrorKind::ConnectionLost, None)
+            }
+        }
     }
 }

@@ -1,14 +1,43 @@
-//! The manager's builder and the settings it gathers.
+//! The manager's builder, the settings it gathers, and how keys are shown.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use locks_port::KeyDerivation;
 
 use crate::lease::{Lease, LeaseError};
-use crate::manager::KeyVisibility;
+use crate::manager::{Inner, PostgresLockManager};
 
-/// Builds a [`PostgresLockManager`](crate::PostgresLockManager) with options.
+/// Whether lock keys appear in spans and log events.
+///
+/// Keys often carry tenant ids. With [`KeyVisibility::Hidden`] no span, event or log
+/// record of the manager carries key text, on any path (success or failure): only the
+/// derived lock id, which is enough to find the lock in `pg_locks`. Error values
+/// returned to the caller still name the key (they are the caller's own); log them
+/// with care.
+///
+/// ```
+/// use locks_postgres::{KeyVisibility, PostgresLockManager};
+///
+/// let pool = locks_postgres::plain_pool("postgres://app@localhost/app", 4)?;
+/// let locks = PostgresLockManager::builder(pool)
+///     .key_visibility(KeyVisibility::Hidden)
+///     .build();
+/// # drop(locks);
+/// # Ok::<(), locks_postgres::PoolConfigError>(())
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum KeyVisibility {
+    /// Keys are recorded as `lock.key` (the default).
+    #[default]
+    Shown,
+    /// Keys are left out of spans and events.
+    Hidden,
+}
+
+/// Builds a [`PostgresLockManager`] with options.
 ///
 /// ```
 /// use std::time::Duration;
@@ -45,6 +74,9 @@ pub(crate) struct Settings {
     pub(crate) deadline_margin: Duration,
     pub(crate) fencing: bool,
     pub(crate) release_in_background: bool,
+    /// `acquire_many` tries its keys one round trip each, the old way (for the
+    /// benchmark's comparison only).
+    pub(crate) group_tries_one_by_one: bool,
     /// How many locks may share one connection (1: one connection per lock).
     pub(crate) locks_per_connection: usize,
     /// The level of the acquire and release spans.
@@ -83,6 +115,7 @@ impl Settings {
         deadline_margin: Self::DEADLINE_MARGIN,
         fencing: false,
         release_in_background: false,
+        group_tries_one_by_one: false,
         locks_per_connection: 1,
         span_level: crate::telemetry::DEFAULT_SPAN_LEVEL,
         lease: Some(crate::lease::DEFAULT_LEASE),
@@ -338,6 +371,15 @@ impl PostgresLockManagerBuilder {
         self
     }
 
+    /// Makes `acquire_many` try its keys one round trip each, as it did before the tries
+    /// went into one statement. For the benchmark's comparison with the old way only;
+    /// not part of the API.
+    #[doc(hidden)]
+    pub fn group_tries_one_by_one(mut self, on: bool) -> Self {
+        self.settings.group_tries_one_by_one = on;
+        self
+    }
+
     /// Lets held locks share connections, up to `locks_per_connection` locks on each
     /// (0 and 1 mean one connection per held lock: the default). Off by default.
     ///
@@ -372,6 +414,32 @@ impl PostgresLockManagerBuilder {
 /// The prefix of the `application_name` of lock connections of managers with a
 /// holder id: `locks:<holder id>`.
 pub const HOLDER_APPLICATION_NAME_PREFIX: &str = "locks:";
+
+impl PostgresLockManagerBuilder {
+    /// Builds the manager, or says why its [`lease`](Self::lease) cannot hold with the
+    /// other settings. Does no I/O.
+    ///
+    /// # Errors
+    /// A [`LeaseError`] naming the settings that break the lease's order.
+    pub fn try_build(self) -> Result<PostgresLockManager, LeaseError> {
+        let manager = self.build();
+        match manager.inner.lease() {
+            Ok(_) => Ok(manager),
+            Err(error) => Err(error.clone()),
+        }
+    }
+
+    /// Builds the manager. Does no I/O. A [`lease`](Self::lease) that cannot hold makes
+    /// every acquisition fail with a
+    /// [`Configuration`](locks_port::AcquisitionErrorKind::Configuration) error that says
+    /// why; [`try_build`](Self::try_build) reports it at once.
+    #[must_use]
+    pub fn build(self) -> PostgresLockManager {
+        PostgresLockManager {
+            inner: Arc::new(Inner::new(self)),
+        }
+    }
+}
 
 /// `locks:<holder id>` as the server will keep it: no NUL bytes (the protocol cannot
 /// carry them), at most 63 bytes (the server's limit), cut at a character boundary.

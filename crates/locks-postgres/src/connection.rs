@@ -133,6 +133,10 @@ pub(crate) enum Answer {
     Locked,
     /// A boolean function answered (`pg_try_advisory_lock`, `pg_advisory_unlock`).
     Bool(bool),
+    /// `acquire_many`'s try ([`Statement::TryLockEach`]): the index of the first busy
+    /// lock (the ones before it are held, none after it), `None` when every lock was
+    /// granted.
+    FirstBusy(Option<usize>),
     /// The statement reached a server session whose `locks.session` is not this
     /// connection's marker, so it did nothing: a transaction-pooling proxy moved it to
     /// another server session, or something reset the session's settings.
@@ -229,7 +233,7 @@ impl Session {
     /// it and closes the connection.
     pub(crate) async fn run_within(
         &mut self,
-        statement: Statement,
+        statement: Statement<'_>,
         limit: Limit,
     ) -> Result<Result<Answer, tokio_postgres::Error>, Expired> {
         let (object, marker, cached, watch, in_flight) = self.parts();
@@ -260,7 +264,7 @@ impl Session {
     pub(crate) async fn run_after_setup(
         &mut self,
         values: SetupValues<'_>,
-        statement: Statement,
+        statement: Statement<'_>,
         limit: Limit,
     ) -> Result<
         (
@@ -326,11 +330,6 @@ impl Session {
             }) => object,
             _ => unreachable!("a session holds its connection until it is consumed"),
         }
-    }
-
-    /// The connection's session marker (for statements of its own that must check it).
-    pub(crate) fn marker(&self) -> &str {
-        self.conn.as_deref().map_or("", |known| &known.marker)
     }
 
     /// Whether the connection has ended (a local check, no I/O): the server closed it
@@ -420,7 +419,7 @@ async fn prepared(
 async fn execute(
     object: &Object,
     prepared: &tokio_postgres::Statement,
-    statement: Statement,
+    statement: Statement<'_>,
 ) -> Result<Answer, tokio_postgres::Error> {
     let rows = match statement {
         Statement::Lock {
@@ -448,6 +447,30 @@ async fn execute(
                 rows => rows?,
             }
         }
+        Statement::TryLockEach { lock_ids, .. } => {
+            let row = object.query_one(prepared, &[&lock_ids]).await?;
+            let first_busy: Option<i64> = row.try_get(0)?;
+            return Ok(match first_busy {
+                None => Answer::WrongSession,
+                Some(0) => Answer::FirstBusy(None),
+                // Ordinality counts from 1; an index past usize is not possible.
+                Some(at) => Answer::FirstBusy(Some(usize::try_from(at - 1).unwrap_or(usize::MAX))),
+            });
+        }
+        Statement::UnlockEach { lock_ids, .. } => {
+            match object.execute(prepared, &[&lock_ids]).await {
+                Err(error) if reached_another_session(&error) => {
+                    return Ok(Answer::WrongSession);
+                }
+                rows => rows?,
+            }
+        }
+        Statement::UnlockAll => match object.execute(prepared, &[]).await {
+            Err(error) if reached_another_session(&error) => {
+                return Ok(Answer::WrongSession);
+            }
+            rows => rows?,
+        },
         Statement::Ping => {
             return Ok(match object.execute(prepared, &[]).await? {
                 0 => Answer::WrongSession,

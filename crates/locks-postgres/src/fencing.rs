@@ -12,8 +12,8 @@ use std::collections::HashMap;
 
 use locks_port::{AcquisitionErrorKind, LockAcquisitionError};
 
-use crate::classify::driver_error;
 use crate::connection::Session;
+use crate::errors::driver_error;
 use crate::manager::Inner;
 
 /// The table of fencing tokens (in the connection's `search_path` schema).
@@ -76,7 +76,7 @@ impl Inner {
         session: &mut Session,
     ) -> Result<i64, LockAcquisitionError> {
         let object = session.object();
-        let answer = tokio::time::timeout(self.settings.answer_timeout, async {
+        let answer = tokio::time::timeout(self.settings().answer_timeout, async {
             let statement = object.prepare_cached(NEXT_TOKEN).await?;
             let row = object.query_one(&statement, &[&lock_id]).await?;
             row.try_get::<_, i64>(0)
@@ -95,7 +95,7 @@ impl Inner {
         session: &mut Session,
     ) -> Result<HashMap<i64, i64>, LockAcquisitionError> {
         let object = session.object();
-        let answer = tokio::time::timeout(self.settings.answer_timeout, async {
+        let answer = tokio::time::timeout(self.settings().answer_timeout, async {
             let statement = object.prepare_cached(NEXT_TOKENS).await?;
             object
                 .query(&statement, &[&lock_ids])

@@ -7,6 +7,7 @@ use std::task::Poll;
 
 use locks_port::{LockGuard, LockInfo, LostReason, LostSignal, ReleaseOutcome};
 
+use crate::bookkeeping::Entries;
 use crate::manager::Inner;
 
 /// A lock held by a [`PostgresLockManager`](crate::PostgresLockManager).
@@ -37,28 +38,29 @@ use crate::manager::Inner;
 pub struct PostgresLockGuard {
     inner: Arc<Inner>,
     info: LockInfo,
-    token: u64,
+    /// The acquisition's bookkeeping ticket.
+    ticket: u64,
     lost: LostSignal,
     armed: bool,
 }
 
 impl PostgresLockGuard {
-    pub(crate) fn new(inner: Arc<Inner>, info: LockInfo, token: u64, lost: LostSignal) -> Self {
+    pub(crate) fn new(inner: Arc<Inner>, info: LockInfo, ticket: u64, lost: LostSignal) -> Self {
         Self {
             inner,
             info,
-            token,
+            ticket,
             lost,
             armed: true,
         }
     }
+}
 
-    /// What a release finds when the entry is gone: lost, or released elsewhere.
-    fn gone(&self) -> ReleaseOutcome {
-        match self.lost.reason() {
-            Some(reason) if reason != LostReason::Released => ReleaseOutcome::Lost(reason),
-            _ => ReleaseOutcome::AlreadyReleased,
-        }
+/// What a release finds when the entry is gone: lost, or released elsewhere.
+pub(crate) fn gone(lost: &LostSignal) -> ReleaseOutcome {
+    match lost.reason() {
+        Some(reason) if reason != LostReason::Released => ReleaseOutcome::Lost(reason),
+        _ => ReleaseOutcome::AlreadyReleased,
     }
 }
 
@@ -84,10 +86,10 @@ impl LockGuard for PostgresLockGuard {
     /// connection's other locks stay).
     async fn release(mut self) -> ReleaseOutcome {
         self.armed = false;
-        let Some(held) = self.inner.take_one(self.info.lock_id(), self.token) else {
-            return self.gone();
+        let Some(held) = self.inner.take_one(self.info.lock_id(), self.ticket) else {
+            return gone(&self.lost);
         };
-        if !self.inner.settings.release_in_background {
+        if !self.inner.settings().release_in_background {
             return self.inner.unlock(held).await;
         }
         // Polled once here, the unlock takes the session and hands its statement to
@@ -115,19 +117,8 @@ impl Drop for PostgresLockGuard {
         if !self.armed {
             return;
         }
-        let Some(held) = self.inner.take_one(self.info.lock_id(), self.token) else {
-            return;
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                let inner = Arc::clone(&self.inner);
-                // If the runtime drops this task before it runs, the session inside is
-                // closed by its own drop: the lock is freed either way.
-                runtime.spawn(async move {
-                    inner.unlock(held).await;
-                });
-            }
-            Err(_) => drop(held),
+        if let Some(held) = self.inner.take_one(self.info.lock_id(), self.ticket) {
+            self.inner.unlock_later(Entries::from_buf([held]));
         }
     }
 }

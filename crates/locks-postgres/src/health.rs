@@ -13,17 +13,17 @@
 //! drops), its guard's signal fires, its connection is discarded, a WARNING event in
 //! an `eventsource.lock.lost` span says so, and the per-reason count grows.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use locks_port::LostReason;
 use tokio::time::Instant;
 
 use crate::bookkeeping::{Held, SessionSlot, Ticket};
-use crate::classify::describe;
 use crate::connection::Answer;
+use crate::errors::{MOVED_BETWEEN_SESSIONS, describe};
 use crate::limit::Limit;
-use crate::manager::Inner;
+use crate::manager::{Inner, PostgresLockManager};
 use crate::sql::Statement;
 use crate::telemetry::lost_span;
 use crate::watchdog::Watch;
@@ -47,8 +47,26 @@ impl LostLockCounts {
     }
 }
 
+impl PostgresLockManager {
+    /// How many locks this manager has lost since it was built, by reason: the figure
+    /// to alert on (also counted in the `eventsource.lock.lost` span's
+    /// `lock.lost_reason` attribute). Releases through the manager are not counted.
+    #[must_use]
+    pub fn lost_lock_counts(&self) -> crate::LostLockCounts {
+        self.inner.health().lost.snapshot()
+    }
+}
+
+/// The monitor's state in the manager.
 #[derive(Default)]
-pub(crate) struct LostCounts {
+pub(crate) struct Health {
+    /// Whether the monitor task runs.
+    monitor_running: AtomicBool,
+    lost: LostCounts,
+}
+
+#[derive(Default)]
+struct LostCounts {
     connection_closed: AtomicU64,
     keepalive_failed: AtomicU64,
 }
@@ -61,7 +79,7 @@ impl LostCounts {
         }
     }
 
-    pub(crate) fn snapshot(&self) -> LostLockCounts {
+    fn snapshot(&self) -> LostLockCounts {
         LostLockCounts {
             connection_closed: self.connection_closed.load(Ordering::Relaxed),
             keepalive_failed: self.keepalive_failed.load(Ordering::Relaxed),
@@ -81,25 +99,28 @@ impl Inner {
     /// Starts the monitor if it is not running (called after each grant). Without a
     /// Tokio runtime at hand nothing is started; the next grant inside one starts it.
     pub(crate) fn ensure_monitor(self: &Arc<Self>) {
-        if self.monitor_running.swap(true, Ordering::AcqRel) {
+        if self.health().monitor_running.swap(true, Ordering::AcqRel) {
             return;
         }
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(monitor(Arc::downgrade(self)));
             }
-            Err(_) => self.monitor_running.store(false, Ordering::Release),
+            Err(_) => self
+                .health()
+                .monitor_running
+                .store(false, Ordering::Release),
         }
     }
 
     /// Looks at every held lock: which connections ended, which are due a keepalive.
     fn inspect(&self, now: Instant) -> Findings {
         let mut findings = Findings::default();
-        let cadence = self.settings.keepalive;
-        let mut book = self.held();
+        let cadence = self.settings().keepalive;
+        let mut book = self.book();
         for held in book.entries_mut() {
             // A session being released or pinged is skipped this round.
-            let Ok(session) = held.slot.try_lock() else {
+            let Ok(session) = held.slot().try_lock() else {
                 continue;
             };
             match session.as_ref() {
@@ -107,20 +128,19 @@ impl Inner {
                     findings.ended.push(held.ticket());
                 }
                 Some(_) => {
+                    drop(session);
                     if let Some(cadence) = cadence
-                        && !held.pinging
-                        && now.saturating_duration_since(*held.last_answer.get_or_insert(now))
-                            >= cadence
+                        && held.keepalive_due(now, cadence)
                     {
-                        held.pinging = true;
                         let entry = held.ticket();
+                        let slot = held.slot();
                         match findings
                             .due
                             .iter_mut()
-                            .find(|(slot, _)| Arc::ptr_eq(slot, &held.slot))
+                            .find(|(due, _)| Arc::ptr_eq(due, slot))
                         {
                             Some((_, entries)) => entries.push(entry),
-                            None => findings.due.push((Arc::clone(&held.slot), vec![entry])),
+                            None => findings.due.push((Arc::clone(slot), vec![entry])),
                         }
                     }
                 }
@@ -136,8 +156,8 @@ impl Inner {
     /// of the bookkeeping, then tells its guard.
     fn lose_entry(&self, ticket: &Ticket, reason: LostReason, detail: &str) {
         let taken = {
-            let mut book = self.held();
-            let taken = book.remove_with_group(ticket.lock_id, ticket.token);
+            let mut book = self.book();
+            let taken = book.remove_with_group(ticket);
             // The session goes before the entry is seen gone: whoever finds the key no
             // longer held also finds its pool slot free.
             taken.iter().for_each(discard);
@@ -168,21 +188,21 @@ impl Inner {
         // Counted (one per lock) before the signal fires, so a holder woken by it
         // already sees the count; taken back if another reason (a release) got there
         // first.
-        let counter = self.lost.counter(reason);
+        let counter = self.health().lost.counter(reason);
         let count = u64::try_from(taken.len()).unwrap_or(u64::MAX);
         counter.fetch_add(count, Ordering::AcqRel);
-        if !first.notifier.notify(reason) {
+        if !first.notifier().notify(reason) {
             counter.fetch_sub(count, Ordering::AcqRel);
             return;
         }
         for held in taken {
-            self.metrics.lost(held.mode, held.lock_id, reason);
-            let key = self.shown(&held.key);
-            let span = lost_span(key, held.lock_id, held.mode, reason);
+            self.metrics().lost(held.mode(), held.lock_id(), reason);
+            let key = self.shown(held.key());
+            let span = lost_span(key, held.lock_id(), held.mode(), reason);
             tracing::warn!(
                 parent: &span,
                 key,
-                lock_id = held.lock_id,
+                lock_id = held.lock_id(),
                 reason = reason.as_str(),
                 detail,
                 "advisory lock lost: {reason}"
@@ -199,25 +219,28 @@ impl Inner {
             };
             let sent = Instant::now();
             let answer = session
-                .run_within(Statement::Ping, Limit::For(self.settings.answer_timeout))
+                .run_within(
+                    Statement::Ping,
+                    Limit::Waiting(self.settings().answer_timeout),
+                )
                 .await;
             (answer, sent)
         };
         match outcome {
             Ok(Ok(Answer::Bool(true))) => {
-                self.metrics.keepalive_answered(sent.elapsed());
-                let mut book = self.held();
+                self.metrics().keepalive_answered(sent.elapsed());
+                let mut book = self.book();
+                let now = Instant::now();
                 for ticket in &entries {
-                    if let Some(held) = book.get_mut(ticket.lock_id, ticket.token) {
-                        held.last_answer = Some(Instant::now());
-                        held.pinging = false;
+                    if let Some(held) = book.get_mut(ticket) {
+                        held.answered(now);
                     }
                 }
             }
             Ok(Ok(Answer::WrongSession)) => self.lose_entries(
                 &entries,
                 LostReason::KeepaliveFailed,
-                crate::acquire::MOVED_BETWEEN_SESSIONS,
+                MOVED_BETWEEN_SESSIONS,
             ),
             Ok(Ok(_)) => {
                 self.lose_entries(&entries, LostReason::KeepaliveFailed, "unexpected answer")
@@ -233,7 +256,7 @@ impl Inner {
             Err(_elapsed) => {
                 let detail = format!(
                     "no answer to a keepalive within {:?}",
-                    self.settings.answer_timeout
+                    self.settings().answer_timeout
                 );
                 self.lose_entries(&entries, LostReason::KeepaliveFailed, &detail);
             }
@@ -245,10 +268,10 @@ impl Inner {
 /// slot may be busy (a keepalive that is timing out); then the keepalive's own end
 /// drops it.
 fn discard(held: &Held) {
-    if let Ok(mut session) = held.slot.try_lock() {
+    if let Ok(mut session) = held.slot().try_lock() {
         drop(session.take());
     } else if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        let slot = Arc::clone(&held.slot);
+        let slot = Arc::clone(held.slot());
         runtime.spawn(async move {
             drop(slot.lock().await.take());
         });
@@ -263,7 +286,7 @@ async fn monitor(manager: Weak<Inner>) {
     let watch = Watch::new();
     loop {
         let interval = match manager.upgrade() {
-            Some(inner) => inner.settings.health_check_interval,
+            Some(inner) => inner.settings().health_check_interval,
             None => return,
         };
         match &watch {
@@ -281,11 +304,16 @@ async fn monitor(manager: Weak<Inner>) {
             let inner = Arc::clone(&inner);
             tokio::spawn(async move { inner.keepalive(entries, slot).await });
         }
-        if inner.held().is_empty() {
-            inner.monitor_running.store(false, Ordering::Release);
+        if inner.book().is_empty() {
+            inner
+                .health()
+                .monitor_running
+                .store(false, Ordering::Release);
             // A grant between the look and the store found the flag set and started
             // nothing: take the monitor back up for it.
-            if inner.held().is_empty() || inner.monitor_running.swap(true, Ordering::AcqRel) {
+            if inner.book().is_empty()
+                || inner.health().monitor_running.swap(true, Ordering::AcqRel)
+            {
                 return;
             }
         }

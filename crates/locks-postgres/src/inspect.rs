@@ -15,7 +15,7 @@ use tokio_postgres::{Client, SimpleQueryMessage, SimpleQueryRow};
 
 use crate::AdvisoryLockMode;
 use crate::PostgresLockManager;
-use crate::xact::server_words;
+use crate::errors::describe;
 
 /// The prefix of `application_name` on the manager's lock connections: `locks:<holder id>`.
 const OUR_APPLICATION_PREFIX: &str = "locks:";
@@ -259,7 +259,7 @@ async fn query(client: &Client, filter: &str) -> Result<Vec<LockHolder>, Inspect
         .simple_query(&sql)
         .await
         .map_err(|source| InspectError::Query {
-            reason: server_words(&source),
+            reason: describe(&source),
             source,
         })?;
     messages

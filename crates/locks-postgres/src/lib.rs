@@ -4,8 +4,8 @@
 mod acquire;
 mod bookkeeping;
 mod builder;
-mod classify;
 mod connection;
+mod errors;
 mod fencing;
 mod guard;
 mod health;
@@ -23,13 +23,13 @@ mod telemetry;
 mod watchdog;
 mod xact;
 
-pub use builder::{HOLDER_APPLICATION_NAME_PREFIX, PostgresLockManagerBuilder};
+pub use builder::{HOLDER_APPLICATION_NAME_PREFIX, KeyVisibility, PostgresLockManagerBuilder};
 pub use fencing::{FENCING_SCHEMA, FENCING_TABLE, install_fencing};
 pub use guard::PostgresLockGuard;
 pub use health::LostLockCounts;
 pub use inspect::{AdvisoryLockId, InspectError, LockHolder, all_lock_holders, lock_holders};
 pub use lease::{Lease, LeaseError, ServerTimers};
-pub use manager::{KeyVisibility, PostgresLockManager};
+pub use manager::PostgresLockManager;
 pub use many::PostgresLocks;
 pub use pool::{
     PLAIN_POOL_CONNECT_TIMEOUT, PLAIN_POOL_KEEPALIVES_IDLE, PoolConfigError, plain_pool,

@@ -1,5 +1,6 @@
-//! How long one step may take, and a timer that holds a step to it, armed only once
-//! the step has to wait.
+//! How long a call and each of its steps may take: the call's [`Deadline`], the
+//! [`Limit`] of one step, and a timer that holds a step to it, armed only once the step
+//! has to wait.
 //!
 //! Lock statements are held to their limits by the watchdog
 //! ([`crate::watchdog`]); the other steps (a pool checkout, waiting for a shared
@@ -11,7 +12,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use locks_port::deadline_after;
+use locks_port::{LockMode, deadline_after};
+
+use crate::sql::Statement;
 use tokio::time::{Instant, Sleep};
 
 /// How long one step may take.
@@ -19,13 +22,93 @@ use tokio::time::{Instant, Sleep};
 pub(crate) enum Limit {
     /// This long from that instant (a bounded call: its start, and its timeout plus
     /// the margin), saturating.
-    From(Instant, Duration),
+    Since(Instant, Duration),
     /// This long from when the step first has to wait (a step of an unbounded call,
     /// bounded by the connect or the answer timeout).
-    For(Duration),
+    Waiting(Duration),
     /// No limit (an unbounded wait for the lock: it waits as long as it takes, and a
     /// connection that ends meanwhile fails the statement).
     None,
+}
+
+/// The deadline of a bounded call: when the call started and its timeout (kept apart:
+/// the uncontended path never needs the sum, only the contended one does).
+#[derive(Clone, Copy)]
+pub(crate) struct Deadline {
+    started: Instant,
+    pub(crate) timeout: Duration,
+}
+
+impl Deadline {
+    /// `timeout` from now.
+    pub(crate) fn after(timeout: Duration) -> Self {
+        Self {
+            started: Instant::now(),
+            timeout,
+        }
+    }
+
+    /// The deadline, saturating (a `Duration::MAX` timeout is centuries away).
+    pub(crate) fn at(self) -> Instant {
+        after(self.started, self.timeout)
+    }
+
+    pub(crate) fn remaining(self) -> Duration {
+        self.at().saturating_duration_since(Instant::now())
+    }
+
+    /// The `lock_timeout` of a wait that must end by this deadline, in whole ms
+    /// rounded up, capped at `i32::MAX` ms (about 24.8 days: the server's limit);
+    /// `None` when no time is left.
+    pub(crate) fn lock_timeout_ms(self) -> Option<u32> {
+        let ms = self.remaining().as_micros().div_ceil(1000);
+        if ms == 0 {
+            return None;
+        }
+        Some(u32::try_from(ms).map_or(i32::MAX.unsigned_abs(), |ms| {
+            ms.min(i32::MAX.unsigned_abs())
+        }))
+    }
+
+    /// The wait's `Lock` statement and the limit of its answer: the deadline plus the
+    /// margin, or none for an unbounded wait (it waits as long as it takes; a
+    /// connection that ends meanwhile fails the statement). `None` when no time is
+    /// left.
+    pub(crate) fn wait_statement(
+        deadline: Option<Self>,
+        lock_id: i64,
+        mode: LockMode,
+        margin: Duration,
+    ) -> Option<(Statement<'static>, Limit)> {
+        let (lock_timeout_ms, limit) = match deadline {
+            None => (0, Limit::None),
+            Some(bounded) => (
+                bounded.lock_timeout_ms()?,
+                Deadline::limit(deadline, margin, Duration::ZERO),
+            ),
+        };
+        let statement = Statement::Lock {
+            lock_id,
+            mode,
+            lock_timeout_ms,
+        };
+        Some((statement, limit))
+    }
+
+    pub(crate) fn passed(self) -> bool {
+        Instant::now() >= self.at()
+    }
+
+    /// The limit of a step of a call with this deadline (`None`: an unbounded call):
+    /// the deadline plus `margin`, or `otherwise` from when the step has to wait.
+    pub(crate) fn limit(deadline: Option<Self>, margin: Duration, otherwise: Duration) -> Limit {
+        match deadline {
+            Some(deadline) => {
+                Limit::Since(deadline.started, deadline.timeout.saturating_add(margin))
+            }
+            None => Limit::Waiting(otherwise),
+        }
+    }
 }
 
 /// The step did not finish within its [`Limit`].
@@ -42,8 +125,8 @@ impl Limit {
     /// The instant the limit passes, counted from now; `None` without a limit.
     fn at(self) -> Option<Instant> {
         match self {
-            Self::From(start, duration) => Some(after(start, duration)),
-            Self::For(duration) => Some(after(Instant::now(), duration)),
+            Self::Since(start, duration) => Some(after(start, duration)),
+            Self::Waiting(duration) => Some(after(Instant::now(), duration)),
             Self::None => None,
         }
     }
@@ -100,18 +183,18 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_ready_future_makes_no_timer_and_a_waiting_one_expires() {
-        let ready = Limit::For(Duration::from_secs(1)).run(async { 7 });
+        let ready = Limit::Waiting(Duration::from_secs(1)).run(async { 7 });
         assert_eq!(ready.await, Ok(7));
 
         let started = Instant::now();
-        let waiting = Limit::For(Duration::from_secs(1))
+        let waiting = Limit::Waiting(Duration::from_secs(1))
             .run(std::future::pending::<()>())
             .await;
         assert_eq!(waiting, Err(Expired));
         assert_eq!(started.elapsed(), Duration::from_secs(1));
 
         let started = Instant::now();
-        let until = Limit::From(started, Duration::from_secs(3))
+        let until = Limit::Since(started, Duration::from_secs(3))
             .run(std::future::pending::<()>())
             .await;
         assert_eq!(until, Err(Expired));
@@ -122,7 +205,7 @@ mod tests {
     async fn no_limit_never_expires_and_a_far_limit_saturates() {
         let step = Limit::None.run(tokio::time::sleep(Duration::from_secs(3600)));
         assert_eq!(step.await, Ok(()));
-        let far = Limit::For(Duration::MAX).run(tokio::time::sleep(Duration::from_secs(60)));
+        let far = Limit::Waiting(Duration::MAX).run(tokio::time::sleep(Duration::from_secs(60)));
         assert_eq!(far.await, Ok(()));
     }
 }

@@ -1,11 +1,26 @@
-//! The PostgreSQL lock manager: its public type and the port's traits on it; its
-//! builder and settings are in [`builder`](crate::builder). The work is in rooms of its
-//! own: [`acquire`](crate::acquire) (checkout, try, wait),
-//! [`bookkeeping`](crate::bookkeeping) (what is held, release),
-//! [`health`](crate::health) (the lost-lock monitor) and [`fencing`](crate::fencing).
+//! The PostgreSQL lock manager: its public type, the state its clones share
+//! ([`Inner`], fields private behind a few methods) and the port's traits on it. The
+//! work is in rooms of its own, each with its `impl Inner` block where it needs one:
+//!
+//! - [`builder`](crate::builder): the builder, its settings, key visibility;
+//!   [`lease`](crate::lease): the lease's bounds and server timers;
+//! - [`acquire`](crate::acquire): checkout, try, the wait in the server's queue, and
+//!   the choice of a shared connection; [`many`](crate::many): `acquire_many`;
+//! - [`limit`](crate::limit): a call's deadline and each step's limit;
+//!   [`watchdog`](crate::watchdog): the thread that holds statements to them;
+//! - [`connection`](crate::connection): a checked-out connection, its set-up and
+//!   prepared statements; [`sql`](crate::sql): every statement;
+//! - [`bookkeeping`](crate::bookkeeping): what is held, registering a grant, the
+//!   unlock; [`guard`](crate::guard): the guard;
+//! - [`health`](crate::health): the lost-lock monitor and keepalives;
+//! - [`multiplex`](crate::multiplex): the shared connections (opt-in);
+//! - [`fencing`](crate::fencing): fencing tokens; [`xact`](crate::xact):
+//!   transaction-scoped locks; [`inspect`](crate::inspect): who holds and waits;
+//! - [`errors`](crate::errors): errors in the server's words, and the adapter's own;
+//!   [`telemetry`](crate::telemetry): spans and events.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -17,43 +32,15 @@ use locks_port::{
 use tracing::Instrument;
 
 use crate::bookkeeping::Book;
-use crate::builder::{PostgresLockManagerBuilder, Settings, published_holder_id};
-use crate::connection::Connections;
+use crate::builder::{KeyVisibility, PostgresLockManagerBuilder, Settings, published_holder_id};
+use crate::connection::{Connections, SetupValues};
 use crate::guard::PostgresLockGuard;
-use crate::health::LostCounts;
+use crate::health::Health;
 use crate::lease::{Lease, LeaseError};
 use crate::lock_ids::LockIds;
 use crate::metrics::Metrics;
 use crate::multiplex::Multiplexer;
 use crate::telemetry::{finish_acquire_span, manager_acquire_span, started};
-
-/// Whether lock keys appear in spans and log events.
-///
-/// Keys often carry tenant ids. With [`KeyVisibility::Hidden`] no span, event or log
-/// record of the manager carries key text, on any path (success or failure): only the
-/// derived lock id, which is enough to find the lock in `pg_locks`. Error values
-/// returned to the caller still name the key (they are the caller's own); log them
-/// with care.
-///
-/// ```
-/// use locks_postgres::{KeyVisibility, PostgresLockManager};
-///
-/// let pool = locks_postgres::plain_pool("postgres://app@localhost/app", 4)?;
-/// let locks = PostgresLockManager::builder(pool)
-///     .key_visibility(KeyVisibility::Hidden)
-///     .build();
-/// # drop(locks);
-/// # Ok::<(), locks_postgres::PoolConfigError>(())
-/// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum KeyVisibility {
-    /// Keys are recorded as `lock.key` (the default).
-    #[default]
-    Shown,
-    /// Keys are left out of spans and events.
-    Hidden,
-}
 
 /// String-keyed distributed locks on PostgreSQL session-level advisory locks.
 ///
@@ -91,30 +78,33 @@ pub struct PostgresLockManager {
     pub(crate) inner: Arc<Inner>,
 }
 
+/// What the manager's clones share. Its fields are private: the rooms of the adapter
+/// reach them through the methods below (and add their own `impl Inner` blocks).
 pub(crate) struct Inner {
-    pub(crate) pool: Pool,
-    pub(crate) holder_id: Option<String>,
-    pub(crate) key_visibility: KeyVisibility,
+    pool: Pool,
+    holder_id: Option<String>,
+    key_visibility: KeyVisibility,
     /// The key derivation, and the ids of recently used keys.
-    pub(crate) lock_ids: LockIds,
-    pub(crate) settings: Settings,
+    lock_ids: LockIds,
+    settings: Settings,
     /// The lease in force, or why the one asked for cannot hold.
-    pub(crate) lease: Result<Option<Lease>, LeaseError>,
+    lease: Result<Option<Lease>, LeaseError>,
     /// The lease's server timers as the set-up binds them.
-    pub(crate) server_timers: Option<[String; 5]>,
+    server_timers: Option<[String; 5]>,
     /// `locks:<holder id>`, set on every connection the manager uses when it has a
     /// holder id (else the connection's own `application_name` is left alone).
-    pub(crate) application_name: Option<String>,
-    held: Mutex<Book>,
+    application_name: Option<String>,
+    book: Mutex<Book>,
     /// What is known of the pool's idle connections (set up, prepared statements).
-    pub(crate) connections: Arc<Connections>,
-    pub(crate) next_token: AtomicU64,
-    pub(crate) monitor_running: AtomicBool,
-    pub(crate) lost: LostCounts,
+    connections: Arc<Connections>,
+    /// The number of the next bookkeeping ticket (one per acquisition).
+    next_ticket: AtomicU64,
+    /// The lost-lock monitor's state and the per-reason counts of lost locks.
+    health: Health,
     /// The shared connections, when multiplexing is on.
-    pub(crate) multiplexer: Option<Multiplexer>,
-    /// The instruments (the bookkeeping holds them too, for the locks-held count).
-    pub(crate) metrics: Arc<Metrics>,
+    multiplexer: Option<Multiplexer>,
+    /// The instruments (the book holds them too, for the locks-held count).
+    metrics: Arc<Metrics>,
 }
 
 impl PostgresLockManager {
@@ -160,7 +150,7 @@ impl PostgresLockManager {
     /// ```
     #[must_use]
     pub fn lock_id(&self, key: &str) -> i64 {
-        self.inner.lock_ids.lock_id(key)
+        self.inner.lock_ids().lock_id(key)
     }
 
     /// Transaction-scoped locks keyed as this manager keys its session locks (same
@@ -176,7 +166,7 @@ impl PostgresLockManager {
     #[must_use]
     pub fn transaction_locks(&self) -> crate::TransactionLocks {
         crate::TransactionLocks::new()
-            .key_derivation(self.inner.lock_ids.derivation())
+            .key_derivation(self.inner.lock_ids().derivation())
             .key_visibility(self.inner.key_visibility)
     }
 
@@ -184,72 +174,7 @@ impl PostgresLockManager {
     /// when the lease asked for cannot hold: then every acquisition fails and says why).
     #[must_use]
     pub fn lease(&self) -> Option<Lease> {
-        self.inner.lease.as_ref().ok().copied().flatten()
-    }
-
-    /// How many locks this manager has lost since it was built, by reason: the figure
-    /// to alert on (also counted in the `eventsource.lock.lost` span's
-    /// `lock.lost_reason` attribute). Releases through the manager are not counted.
-    #[must_use]
-    pub fn lost_lock_counts(&self) -> crate::LostLockCounts {
-        self.inner.lost.snapshot()
-    }
-}
-
-impl PostgresLockManagerBuilder {
-    /// Builds the manager, or says why its [`lease`](Self::lease) cannot hold with the
-    /// other settings. Does no I/O.
-    ///
-    /// # Errors
-    /// A [`LeaseError`] naming the settings that break the lease's order.
-    pub fn try_build(self) -> Result<PostgresLockManager, LeaseError> {
-        let manager = self.build();
-        match &manager.inner.lease {
-            Ok(_) => Ok(manager),
-            Err(error) => Err(error.clone()),
-        }
-    }
-
-    /// Builds the manager. Does no I/O. A [`lease`](Self::lease) that cannot hold makes
-    /// every acquisition fail with a
-    /// [`Configuration`](locks_port::AcquisitionErrorKind::Configuration) error that says
-    /// why; [`try_build`](Self::try_build) reports it at once.
-    #[must_use]
-    pub fn build(self) -> PostgresLockManager {
-        let (settings, lease) = self.settings.with_lease();
-        let server_timers = match &lease {
-            Ok(Some(lease)) => Some(lease.server.as_settings()),
-            _ => None,
-        };
-        let application_name = self.holder_id.as_deref().map(published_holder_id);
-        let connections = Arc::new(Connections::new(self.pool.status().max_size));
-        let metrics = Arc::new(Metrics::new(
-            settings.metrics,
-            self.meter.as_ref(),
-            settings.metrics_lock_id,
-        ));
-        PostgresLockManager {
-            inner: Arc::new(Inner {
-                pool: self.pool,
-                holder_id: self.holder_id,
-                key_visibility: self.key_visibility,
-                lock_ids: LockIds::new(self.derivation),
-                settings,
-                lease,
-                server_timers,
-                application_name,
-                held: Mutex::new(Book::new(Arc::clone(&metrics))),
-                connections,
-                next_token: AtomicU64::new(1),
-                monitor_running: AtomicBool::new(false),
-                lost: LostCounts::default(),
-                multiplexer: Multiplexer::new(
-                    settings.locks_per_connection,
-                    settings.answer_timeout,
-                ),
-                metrics,
-            }),
-        }
+        self.inner.lease().ok().flatten().copied()
     }
 }
 
@@ -258,18 +183,104 @@ impl fmt::Debug for PostgresLockManager {
         f.debug_struct("PostgresLockManager")
             .field("holder_id", &self.inner.holder_id)
             .field("key_visibility", &self.inner.key_visibility)
-            .field("derivation", &self.inner.lock_ids.derivation())
+            .field("derivation", &self.inner.lock_ids().derivation())
             .field("settings", &self.inner.settings)
-            .field("held_lock_count", &self.inner.held().len())
+            .field("held_lock_count", &self.inner.book().len())
             .field("pool", &self.inner.pool.status())
             .finish()
     }
 }
 
 impl Inner {
-    pub(crate) fn held(&self) -> MutexGuard<'_, Book> {
-        // The map stays consistent even if a holder panicked: every change is one call.
-        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The shared state of a manager built by `builder`. Does no I/O.
+    pub(crate) fn new(builder: PostgresLockManagerBuilder) -> Self {
+        let (settings, lease) = builder.settings.with_lease();
+        let server_timers = match &lease {
+            Ok(Some(lease)) => Some(lease.server.as_settings()),
+            _ => None,
+        };
+        let connections = Arc::new(Connections::new(builder.pool.status().max_size));
+        let metrics = Arc::new(Metrics::new(
+            settings.metrics,
+            builder.meter.as_ref(),
+            settings.metrics_lock_id,
+        ));
+        Self {
+            application_name: builder.holder_id.as_deref().map(published_holder_id),
+            pool: builder.pool,
+            holder_id: builder.holder_id,
+            key_visibility: builder.key_visibility,
+            lock_ids: LockIds::new(builder.derivation),
+            settings,
+            lease,
+            server_timers,
+            book: Mutex::new(Book::new(Arc::clone(&metrics))),
+            connections,
+            next_ticket: AtomicU64::new(1),
+            health: Health::default(),
+            multiplexer: Multiplexer::new(settings.locks_per_connection, settings.answer_timeout),
+            metrics,
+        }
+    }
+
+    /// What the manager holds.
+    pub(crate) fn book(&self) -> MutexGuard<'_, Book> {
+        // The book stays consistent even if a holder panicked: every change is one call.
+        self.book.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    pub(crate) fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    pub(crate) fn holder_id(&self) -> Option<&String> {
+        self.holder_id.as_ref()
+    }
+
+    pub(crate) fn lock_ids(&self) -> &LockIds {
+        &self.lock_ids
+    }
+
+    pub(crate) fn connections(&self) -> &Arc<Connections> {
+        &self.connections
+    }
+
+    /// The manager's instruments.
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The shared connections, when multiplexing is on.
+    pub(crate) fn multiplexer(&self) -> Option<&Multiplexer> {
+        self.multiplexer.as_ref()
+    }
+
+    /// The lease in force, or why the one asked for cannot hold.
+    pub(crate) fn lease(&self) -> Result<Option<&Lease>, &LeaseError> {
+        self.lease.as_ref().map(Option::as_ref)
+    }
+
+    /// A new bookkeeping ticket: the number that tells one acquisition's entry from
+    /// another's of the same lock id.
+    pub(crate) fn next_ticket(&self) -> u64 {
+        self.next_ticket.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The lost-lock monitor's state (see [`crate::health`]).
+    pub(crate) fn health(&self) -> &Health {
+        &self.health
+    }
+
+    /// What the set-up gives each of the manager's sessions.
+    pub(crate) fn setup_values(&self) -> SetupValues<'_> {
+        SetupValues {
+            application_name: self.application_name.as_deref(),
+            timers: self.server_timers.as_ref(),
+        }
     }
 
     /// The key as spans and events may show it.
@@ -319,9 +330,9 @@ impl DistributedLock for PostgresLockManager {
     ) -> Result<PostgresLockGuard, LockAcquisitionError> {
         let options = options.into();
         let inner = &self.inner;
-        let (lock_id, shared_key) = inner.lock_ids.lookup(key);
+        let (lock_id, shared_key) = inner.lock_ids().lookup(key);
         let span = manager_acquire_span(
-            inner.settings.span_level,
+            inner.settings().span_level,
             inner.shown(key),
             lock_id,
             &options,
@@ -368,10 +379,10 @@ impl DistributedLock for PostgresLockManager {
         mode: LockMode,
     ) -> Result<Option<PostgresLockGuard>, LockAcquisitionError> {
         let inner = &self.inner;
-        let (lock_id, shared_key) = inner.lock_ids.lookup(key);
+        let (lock_id, shared_key) = inner.lock_ids().lookup(key);
         let options = AcquireOptions::new().with_mode(mode);
         let span = manager_acquire_span(
-            inner.settings.span_level,
+            inner.settings().span_level,
             inner.shown(key),
             lock_id,
             &options.with_timeout(Duration::ZERO),
@@ -409,7 +420,7 @@ impl DistributedLock for PostgresLockManager {
     async fn release(&self, key: &str) -> Result<(), LockNotHeldError> {
         let taken = self
             .inner
-            .take_all_of(key, self.inner.lock_ids.lock_id(key));
+            .take_all_of(key, self.inner.lock_ids().lock_id(key));
         if taken.is_empty() {
             return Err(LockNotHeldError::new(key));
         }
@@ -420,8 +431,8 @@ impl DistributedLock for PostgresLockManager {
     }
 
     fn is_held(&self, key: &str) -> bool {
-        let lock_id = self.inner.lock_ids.lock_id(key);
-        self.inner.held().contains(key, lock_id)
+        let lock_id = self.inner.lock_ids().lock_id(key);
+        self.inner.book().contains(key, lock_id)
     }
 }
 
@@ -435,16 +446,10 @@ impl LockRegistry for PostgresLockManager {
     /// dropped, the sessions not yet unlocked are closed, which frees their locks (on a
     /// shared connection not yet freed, a task unlocks them instead).
     async fn release_all(&self) -> usize {
-        let drained = self.inner.take_all();
-        let count = drained.len();
-        let drained = self.inner.unlock_whole_connections(drained).await;
-        for held in drained {
-            self.inner.unlock(held).await;
-        }
-        count
+        self.inner.release_all().await
     }
 
     fn held_lock_count(&self) -> usize {
-        self.inner.held().len()
+        self.inner.book().len()
     }
 }

@@ -1,24 +1,18 @@
 //! Several keys at once: all or nothing, in one global order, within one deadline, on
 //! one session.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use locks_port::{
     AcquireMany, AcquireOptions, LockAcquisitionError, LockGroup, LockInfo, LockMode, LossNotifier,
-    LostReason, LostSignal, ReleaseOutcome,
+    LostSignal, ReleaseOutcome,
 };
-use tokio::sync::Mutex as AsyncMutex;
-use tokio_postgres::error::SqlState;
-use tracing::Instrument;
+use tracing::{Instrument, Span};
 
-use crate::acquire::{Deadline, MOVED_BETWEEN_SESSIONS, PoolWait, Tried, refuse, with_timeout};
-use crate::bookkeeping::{Group, Held};
-use crate::classify::driver_error;
-use crate::connection::{Answer, Session};
+use crate::bookkeeping::{Entries, Group, Held, Holding, new_slot};
+use crate::connection::Session;
+use crate::guard::gone;
 use crate::manager::{Inner, PostgresLockManager};
 use crate::telemetry::{finish_acquire_span, manager_acquire_span, started};
 
@@ -64,20 +58,22 @@ impl PostgresLockManager {
         let options = options.into();
         let inner = &self.inner;
         // One global order (the port's), with the lock ids from the manager's cache.
-        let ordered = locks_port::lock_order_with(keys, |key| inner.lock_ids.lock_id(key));
+        let ordered = locks_port::lock_order_with(keys, |key| inner.lock_ids().lock_id(key));
         let first = ordered.values().next().copied().unwrap_or("");
         let span = manager_acquire_span(
-            self.inner.settings.span_level,
+            self.inner.settings().span_level,
             inner.shown(first),
             *ordered.keys().next().unwrap_or(&0),
             &options,
         );
         let started = started(&span);
-        let began = inner.metrics.started();
+        let began = inner.metrics().started();
+        let keys: Vec<&str> = ordered.values().copied().collect();
+        let lock_ids: Box<[i64]> = ordered.keys().copied().collect();
         let attempt = async {
-            let session = inner.acquire_group(&ordered, options).await?;
+            let session = inner.acquire_group(&keys, &lock_ids, options).await?;
             inner
-                .register_group(&ordered, options.mode(), session)
+                .register_group(&keys, lock_ids, options.mode(), session, &span)
                 .await
         }
         .instrument(span.clone())
@@ -86,138 +82,63 @@ impl PostgresLockManager {
         let first_id = ordered.keys().next().copied().unwrap_or(0);
         let outcome = attempt.as_ref().map(|_| true);
         inner
-            .metrics
+            .metrics()
             .acquisition(options.mode(), first_id, began, outcome);
         attempt
     }
 }
 
 impl Inner {
-    /// Takes every lock of `ordered` on one session, in order; on any failure the
-    /// session is dropped (closed), which frees what it took.
-    async fn acquire_group(
-        &self,
-        ordered: &BTreeMap<i64, &str>,
-        options: AcquireOptions,
-    ) -> Result<Session, LockAcquisitionError> {
-        let deadline = options.timeout().map(Deadline::after);
-        let mode = options.mode();
-        let first = ordered.values().next().copied().unwrap_or("");
-        let wait = deadline.map_or(PoolWait::Forever, PoolWait::Until);
-        let mut session = self.checkout(first, wait, deadline).await?;
-        for (&lock_id, &key) in ordered {
-            session = match self.try_lock(key, lock_id, mode, session, deadline).await? {
-                Tried::Granted(session) => session,
-                Tried::Busy(session) => {
-                    self.wait_holding(key, lock_id, mode, session, deadline)
-                        .await?
-                }
-            };
-        }
-        Ok(session)
-    }
-
-    /// Waits for one more lock on a session that may hold others: one
-    /// `pg_advisory_lock` under the remaining time. On any failure the session is
-    /// closed (never pooled: it holds the group's first locks).
-    async fn wait_holding(
-        &self,
-        key: &str,
-        lock_id: i64,
-        mode: LockMode,
-        session: Session,
-        deadline: Option<Deadline>,
-    ) -> Result<Session, LockAcquisitionError> {
-        let margin = self.settings.deadline_margin;
-        let Some((statement, limit)) = Deadline::wait_statement(deadline, lock_id, mode, margin)
-        else {
-            drop(session);
-            let timeout = deadline.map_or(Duration::ZERO, |deadline| deadline.timeout);
-            return Err(LockAcquisitionError::timed_out(key, timeout));
-        };
-        let (session, outcome) = self
-            .answered(key, session, statement, limit, deadline)
-            .await?;
-        match outcome {
-            Ok(Answer::Locked | Answer::Bool(_)) => Ok(session),
-            // `answered` refuses a moved session itself; kept for completeness.
-            Ok(Answer::WrongSession) => Err(refuse(key, session, deadline, MOVED_BETWEEN_SESSIONS)),
-            Err(error) => {
-                drop(session);
-                match deadline {
-                    Some(deadline) if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
-                        Err(LockAcquisitionError::timed_out(key, deadline.timeout))
-                    }
-                    _ => Err(with_timeout(driver_error(key, error), deadline)),
-                }
-            }
-        }
-    }
-
     /// Records a group: one entry per key, one shared session and one shared signal;
     /// with fencing on, first takes a token per key (one round trip; on failure the
     /// session is closed, which frees them all).
     async fn register_group(
         self: &Arc<Self>,
-        ordered: &BTreeMap<i64, &str>,
+        keys: &[&str],
+        lock_ids: Box<[i64]>,
         mode: LockMode,
         mut session: Session,
+        span: &Span,
     ) -> Result<PostgresLocks, LockAcquisitionError> {
-        let lock_ids: Box<[i64]> = ordered.keys().copied().collect();
-        let tokens = if self.settings.fencing && !lock_ids.is_empty() {
-            let first = ordered.values().next().copied().unwrap_or("");
+        let fencing_tokens = if self.settings().fencing && !lock_ids.is_empty() {
+            let first = keys.first().copied().unwrap_or("");
             Some(Box::pin(self.next_fencing_tokens(first, &lock_ids, &mut session)).await?)
         } else {
             None
         };
-        let token = self.next_token.fetch_add(1, Ordering::Relaxed);
+        let ticket = self.next_ticket();
         let notifier = LossNotifier::new();
-        let slot = Arc::new(AsyncMutex::new(Some(session)));
-        let group = Arc::new(Group {
-            left: AtomicUsize::new(ordered.len()),
-            lock_ids,
-        });
-        let mut infos = Vec::with_capacity(ordered.len());
-        {
-            let mut book = self.held();
-            for (&lock_id, &key) in ordered {
-                let shared_key: Arc<str> = Arc::from(key);
-                let mut info = LockInfo::acquired_now(
-                    Arc::clone(&shared_key),
-                    lock_id,
-                    self.holder_id.clone(),
-                )
-                .with_mode(mode);
-                if let Some(fencing) = tokens.as_ref().and_then(|tokens| tokens.get(&lock_id)) {
-                    info = info.with_fencing_token(*fencing);
-                }
-                infos.push(info);
-                let displaced = book.insert(Held {
-                    key: shared_key,
-                    token,
-                    lock_id,
-                    mode,
-                    slot: Arc::clone(&slot),
-                    notifier: notifier.clone(),
-                    last_answer: None,
-                    pinging: false,
-                    group: Some(Arc::clone(&group)),
-                    host: None,
-                });
-                for previous in displaced {
-                    self.lose(
-                        previous,
-                        LostReason::ConnectionClosed,
-                        "a second grant displaced it",
-                    );
-                }
+        let slot = new_slot(session);
+        let group = Arc::new(Group::new(lock_ids));
+        let mut infos = Vec::with_capacity(keys.len());
+        let mut entries = Vec::with_capacity(keys.len());
+        for (&lock_id, &key) in group.lock_ids().iter().zip(keys) {
+            let shared_key: Arc<str> = Arc::from(key);
+            let mut info =
+                LockInfo::acquired_now(Arc::clone(&shared_key), lock_id, self.holder_id().cloned())
+                    .with_mode(mode);
+            if let Some(&token) = fencing_tokens
+                .as_ref()
+                .and_then(|tokens| tokens.get(&lock_id))
+            {
+                info = info.with_fencing_token(token);
             }
+            infos.push(info);
+            entries.push(Held::new(
+                shared_key,
+                ticket,
+                lock_id,
+                mode,
+                Arc::clone(&slot),
+                notifier.clone(),
+                Holding::Group(Arc::clone(&group)),
+            ));
         }
-        self.ensure_monitor();
+        self.book_entries(entries, span);
         Ok(PostgresLocks {
             inner: Arc::clone(self),
             infos,
-            token,
+            ticket,
             lost: notifier.signal(),
             armed: true,
         })
@@ -261,7 +182,8 @@ impl LockGroup for PostgresLocks {
 pub struct PostgresLocks {
     inner: Arc<Inner>,
     infos: Vec<LockInfo>,
-    token: u64,
+    /// The group's bookkeeping ticket.
+    ticket: u64,
     lost: LostSignal,
     armed: bool,
 }
@@ -286,8 +208,9 @@ impl PostgresLocks {
         self.lost.is_lost()
     }
 
-    /// Releases every lock now: `Unlocked` when each was unlocked, else the first other
-    /// outcome (a lock lost or released meanwhile, a session closed instead).
+    /// Releases every lock now, in one round trip: `Unlocked` when each was unlocked,
+    /// else what happened instead (a lock lost or released meanwhile, a session closed
+    /// instead).
     ///
     /// # Cancel safety
     /// The entries leave the bookkeeping before the first await; if the future is
@@ -295,20 +218,11 @@ impl PostgresLocks {
     pub async fn release(mut self) -> ReleaseOutcome {
         self.armed = false;
         let taken = self.take();
-        let mut outcome = ReleaseOutcome::Unlocked;
         let expected = self.infos.len();
         let found = taken.len();
-        for held in taken {
-            let result = self.inner.unlock(held).await;
-            if outcome == ReleaseOutcome::Unlocked {
-                outcome = result;
-            }
-        }
+        let mut outcome = self.inner.unlock_together(Entries::from_vec(taken)).await;
         if found < expected && outcome == ReleaseOutcome::Unlocked {
-            outcome = match self.lost.reason() {
-                Some(reason) if reason != LostReason::Released => ReleaseOutcome::Lost(reason),
-                _ => ReleaseOutcome::AlreadyReleased,
-            };
+            outcome = gone(&self.lost);
         }
         outcome
     }
@@ -316,7 +230,7 @@ impl PostgresLocks {
     fn take(&self) -> Vec<Held> {
         self.infos
             .iter()
-            .filter_map(|info| self.inner.take_one(info.lock_id(), self.token))
+            .filter_map(|info| self.inner.take_one(info.lock_id(), self.ticket))
             .collect()
     }
 }
@@ -327,19 +241,8 @@ impl Drop for PostgresLocks {
             return;
         }
         let taken = self.take();
-        if taken.is_empty() {
-            return;
-        }
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                let inner = Arc::clone(&self.inner);
-                runtime.spawn(async move {
-                    for held in taken {
-                        inner.unlock(held).await;
-                    }
-                });
-            }
-            Err(_) => drop(taken),
+        if !taken.is_empty() {
+            self.inner.unlock_later(Entries::from_vec(taken));
         }
     }
 }

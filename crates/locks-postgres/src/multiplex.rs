@@ -1,5 +1,7 @@
-//! Many locks, few connections (opt-in:
-//! [`multiplex`](crate::PostgresLockManagerBuilder::multiplex)), DistributedLock's rules:
+//! The shared connections of many locks (opt-in:
+//! [`multiplex`](crate::PostgresLockManagerBuilder::multiplex)), on the rules of the
+//! .NET DistributedLock library's multiplexed connections (the acquisition that uses
+//! them is in [`crate::acquire`]):
 //!
 //! - an acquisition first tries (`pg_try_advisory_lock`, never a blocking wait) on a
 //!   connection that already holds other locks of this manager and has room;
@@ -22,27 +24,12 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use locks_port::{
-    AcquireOptions, AcquisitionErrorKind, LockAcquisitionError, LockMode, timeout_reason,
-};
-use tokio::sync::Mutex as AsyncMutex;
-use tracing::Span;
+use locks_port::LockMode;
 
-use crate::acquire::{Deadline, MOVED_BETWEEN_SESSIONS, with_timeout};
-use crate::bookkeeping::{Held, SessionSlot};
-use crate::classify::driver_error;
+use crate::bookkeeping::{Held, Holding, SessionSlot, new_slot};
 use crate::connection::{Answer, Session};
-use crate::guard::PostgresLockGuard;
-use crate::limit::Limit;
-use crate::manager::Inner;
+use crate::limit::{Expired, Limit};
 use crate::sql::Statement;
-
-/// Releases every advisory lock of the session: `release_all` on a connection whose
-/// every lock is being released. Like every lock statement it checks the session marker
-/// first (ADR 0014): on a server session that is not the connection's own it frees
-/// nothing (another client's locks above all) and answers NULL.
-const UNLOCK_ALL: &str = "SELECT CASE WHEN current_setting('locks.session', true) = $1 \
-     THEN (SELECT true FROM pg_advisory_unlock_all()) END";
 
 /// The shared connections of one manager.
 pub(crate) struct Multiplexer {
@@ -74,18 +61,23 @@ pub(crate) struct Membership {
     left: bool,
 }
 
-/// A granted lock before the bookkeeping: on a session of its own, or on a shared
-/// connection.
-pub(crate) enum Grant {
-    Own(Session),
-    Shared(Membership),
-}
-
 /// The bookkeeping of `release_all`'s fast path: by shared connection, its locks.
 type ByHost = HashMap<usize, (Arc<Host>, Vec<Held>)>;
 
+/// Why a try on a shared connection failed (the caller says so in an error).
+pub(crate) enum HostFailure {
+    /// The statement reached another server session (ADR 0014): the connection cannot
+    /// hold session locks; it is closed, with the others on it.
+    MovedBetweenSessions,
+    /// The statement failed: refused by the server (the session is fine), or with the
+    /// connection (closed, with the others on it).
+    Failed(tokio_postgres::Error),
+    /// No answer within the limit: the connection is closed, with the others on it.
+    NoAnswer,
+}
+
 /// What a try on a shared connection found.
-enum SharedTry {
+pub(crate) enum SharedTry {
     Granted(Membership),
     Busy,
     /// No connection with room for this lock id (or the chosen one had ended).
@@ -128,9 +120,9 @@ impl Multiplexer {
     }
 
     /// Makes a connection granted `lock_id` on its own a host for further tries.
-    fn adopt(&self, session: Session, lock_id: i64, mode: LockMode) -> Membership {
+    pub(crate) fn adopt(&self, session: Session, lock_id: i64, mode: LockMode) -> Membership {
         let host = Arc::new(Host {
-            slot: Arc::new(AsyncMutex::new(Some(session))),
+            slot: new_slot(session),
             answer_timeout: self.answer_timeout,
             state: Mutex::new(HostState {
                 ids: HashSet::from([lock_id]),
@@ -259,7 +251,7 @@ async fn settle(host: Arc<Host>, lock_id: i64, mode: LockMode) {
     if let Some(session) = slot.as_mut() {
         let check = Statement::UnlockIfHeld { lock_id, mode };
         let answer = session
-            .run_within(check, Limit::For(host.answer_timeout))
+            .run_within(check, Limit::Waiting(host.answer_timeout))
             .await;
         if !matches!(answer, Ok(Ok(Answer::Bool(_)))) {
             drop(slot.take());
@@ -273,25 +265,19 @@ async fn settle(host: Arc<Host>, lock_id: i64, mode: LockMode) {
     }
 }
 
-impl Inner {
-    /// One `pg_try_advisory_lock` on a shared connection, within the deadline plus the
-    /// margin (without one, the answer timeout).
-    async fn try_shared(
+impl Multiplexer {
+    /// One `pg_try_advisory_lock` on a shared connection with room for `lock_id`,
+    /// within `limit`.
+    pub(crate) async fn try_on_host(
         &self,
-        key: &str,
         lock_id: i64,
         mode: LockMode,
-        deadline: Option<Deadline>,
-    ) -> Result<SharedTry, LockAcquisitionError> {
-        let Some(multiplexer) = self.multiplexer.as_ref() else {
-            return Ok(SharedTry::NoHost);
-        };
-        let Some(member) = multiplexer.reserve(lock_id, mode) else {
+        limit: Limit,
+    ) -> Result<SharedTry, HostFailure> {
+        let Some(member) = self.reserve(lock_id, mode) else {
             return Ok(SharedTry::NoHost);
         };
         let host = Arc::clone(&member.host);
-        let settings = &self.settings;
-        let limit = Deadline::limit(deadline, settings.deadline_margin, settings.answer_timeout);
         // The connection may be busy with another lock's statement (a keepalive that
         // gets no answer, say): that counts against the same limit.
         let Ok(mut slot) = limit.run(host.slot.lock()).await else {
@@ -312,12 +298,7 @@ impl Inner {
             // cannot hold session locks, nor the others on it.
             Ok(Ok(Answer::WrongSession)) => {
                 member.close_host(&mut slot);
-                let error = LockAcquisitionError::new(
-                    key,
-                    AcquisitionErrorKind::Configuration,
-                    MOVED_BETWEEN_SESSIONS,
-                );
-                Err(with_timeout(error, deadline))
+                Err(HostFailure::MovedBetweenSessions)
             }
             Ok(Ok(_)) => {
                 member.vacate(&mut slot);
@@ -327,149 +308,36 @@ impl Inner {
             // nothing was taken and the session is fine.
             Ok(Err(error)) if !error.is_closed() && error.code().is_some() => {
                 member.vacate(&mut slot);
-                Err(with_timeout(driver_error(key, error), deadline))
+                Err(HostFailure::Failed(error))
             }
             Ok(Err(error)) => {
                 member.close_host(&mut slot);
-                Err(with_timeout(driver_error(key, error), deadline))
+                Err(HostFailure::Failed(error))
             }
-            Err(_elapsed) => {
+            Err(Expired) => {
                 member.close_host(&mut slot);
-                let waited = deadline.map_or(settings.answer_timeout, |deadline| deadline.timeout);
-                let error = LockAcquisitionError::new(
-                    key,
-                    AcquisitionErrorKind::ConnectionLost,
-                    format!("{} (the server did not answer)", timeout_reason(waited)),
-                );
-                Err(with_timeout(error, deadline))
+                Err(HostFailure::NoAnswer)
             }
-        }
-    }
-
-    /// The acquisition up to the bookkeeping, multiplexed or not.
-    pub(crate) async fn acquire_grant(
-        &self,
-        key: &str,
-        lock_id: i64,
-        options: AcquireOptions,
-    ) -> Result<Grant, LockAcquisitionError> {
-        if self.multiplexer.is_some() {
-            // Boxed: the opt-in path stays out of the default path's future.
-            Box::pin(self.acquire_member(key, lock_id, options))
-                .await
-                .map(Grant::Shared)
-        } else {
-            let deadline = options.timeout().map(Deadline::after);
-            self.acquire_session_until(key, lock_id, options, deadline)
-                .await
-                .map(Grant::Own)
-        }
-    }
-
-    /// `try_acquire` up to the bookkeeping, multiplexed or not.
-    pub(crate) async fn try_grant(
-        &self,
-        key: &str,
-        lock_id: i64,
-        mode: LockMode,
-    ) -> Result<Option<Grant>, LockAcquisitionError> {
-        if self.multiplexer.is_some() {
-            Ok(Box::pin(self.try_member(key, lock_id, mode))
-                .await?
-                .map(Grant::Shared))
-        } else {
-            Ok(self.try_session(key, lock_id, mode).await?.map(Grant::Own))
-        }
-    }
-
-    /// Records a granted lock and hands out its guard (see `register`).
-    pub(crate) async fn register_grant(
-        self: &Arc<Self>,
-        key: Arc<str>,
-        lock_id: i64,
-        mode: LockMode,
-        grant: Grant,
-        span: &Span,
-    ) -> Result<PostgresLockGuard, LockAcquisitionError> {
-        match grant {
-            Grant::Own(session) => self.register(key, lock_id, mode, session, span).await,
-            Grant::Shared(member) => {
-                let slot = Arc::clone(member.slot());
-                self.register_in(key, lock_id, mode, slot, Some(member), span)
-                    .await
-            }
-        }
-    }
-
-    /// `acquire` with multiplexing: a try on a shared connection, else the whole
-    /// acquisition on a connection of its own, which then becomes a host.
-    async fn acquire_member(
-        &self,
-        key: &str,
-        lock_id: i64,
-        options: AcquireOptions,
-    ) -> Result<Membership, LockAcquisitionError> {
-        let deadline = options.timeout().map(Deadline::after);
-        let mode = options.mode();
-        match self.try_shared(key, lock_id, mode, deadline).await? {
-            SharedTry::Granted(member) => return Ok(member),
-            SharedTry::Busy => {
-                if let Some(deadline) = deadline.filter(|deadline| deadline.passed()) {
-                    return Err(LockAcquisitionError::timed_out(key, deadline.timeout));
-                }
-            }
-            SharedTry::NoHost => {}
-        }
-        let session = self
-            .acquire_session_until(key, lock_id, options, deadline)
-            .await?;
-        Ok(self.adopt(session, lock_id, mode))
-    }
-
-    /// `try_acquire` with multiplexing: one try, on a shared connection if one has
-    /// room, else on a connection of its own (which then becomes a host).
-    async fn try_member(
-        &self,
-        key: &str,
-        lock_id: i64,
-        mode: LockMode,
-    ) -> Result<Option<Membership>, LockAcquisitionError> {
-        match self.try_shared(key, lock_id, mode, None).await? {
-            SharedTry::Granted(member) => Ok(Some(member)),
-            SharedTry::Busy => Ok(None),
-            SharedTry::NoHost => Ok(self
-                .try_session(key, lock_id, mode)
-                .await?
-                .map(|session| self.adopt(session, lock_id, mode))),
-        }
-    }
-
-    fn adopt(&self, session: Session, lock_id: i64, mode: LockMode) -> Membership {
-        match self.multiplexer.as_ref() {
-            Some(multiplexer) => multiplexer.adopt(session, lock_id, mode),
-            None => unreachable!("only a multiplexing manager adopts connections"),
         }
     }
 
     /// `release_all`'s fast path: a shared connection whose every lock is among
     /// `drained` gets one `pg_advisory_unlock_all()` and goes back to the pool; the
     /// other entries are handed back for one unlock each.
-    pub(crate) async fn unlock_whole_connections(&self, drained: Vec<Held>) -> Vec<Held> {
-        if self.multiplexer.is_none() {
-            return drained;
-        }
+    pub(crate) async fn unlock_whole_hosts(&self, drained: Vec<Held>) -> Vec<Held> {
         let mut rest = Vec::new();
         let mut by_host = ByHost::new();
-        for held in drained {
-            match held.host.as_ref().map(|member| Arc::clone(&member.host)) {
-                Some(host) => {
+        for mut held in drained {
+            match held.holding_mut() {
+                Holding::Shared(member) => {
+                    let host = Arc::clone(&member.host);
                     by_host
                         .entry(Arc::as_ptr(&host).addr())
                         .or_insert_with(|| (host, Vec::new()))
                         .1
                         .push(held);
                 }
-                None => rest.push(held),
+                Holding::Alone | Holding::Group(_) => rest.push(held),
             }
         }
         for (host, mut members) in by_host.into_values() {
@@ -480,24 +348,18 @@ impl Inner {
                 continue;
             }
             for held in &mut members {
-                if let Some(member) = held.host.as_mut() {
+                if let Holding::Shared(member) = held.holding_mut() {
                     member.left = true;
                 }
             }
             // From here the session is ours: dropped, it is closed, which frees all.
-            let Some(session) = slot.take() else {
+            let Some(mut session) = slot.take() else {
                 continue;
             };
             drop(slot);
-            let unlock_all = async {
-                let row = session
-                    .object()
-                    .query_one(UNLOCK_ALL, &[&session.marker()])
-                    .await?;
-                row.try_get::<_, Option<bool>>(0)
-            };
-            let answer = tokio::time::timeout(self.settings.answer_timeout, unlock_all).await;
-            if matches!(answer, Ok(Ok(Some(true)))) {
+            let limit = Limit::Waiting(self.answer_timeout);
+            let answer = session.run_within(Statement::UnlockAll, limit).await;
+            if matches!(answer, Ok(Ok(Answer::Bool(true)))) {
                 session.into_pool();
                 tracing::debug!(
                     locks = members.len(),

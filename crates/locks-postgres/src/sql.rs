@@ -12,9 +12,9 @@
 
 use locks_port::LockMode;
 
-/// How many statements a connection can have prepared: four kinds of lock statement in
-/// two modes, the keepalive and the set-up.
-pub(crate) const PREPARED_KINDS: usize = 10;
+/// How many statements a connection can have prepared: six kinds of lock statement in
+/// two modes, the keepalive, the set-up and the unlock of everything.
+pub(crate) const PREPARED_KINDS: usize = 15;
 /// The slot of [`SESSION_SETUP`] among a connection's prepared statements.
 pub(crate) const SETUP_SLOT: usize = 9;
 
@@ -92,7 +92,7 @@ pub(crate) const WRONG_SESSION: &str = "\"locks: another server session: ";
 
 /// One lock statement and its parameters.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Statement {
+pub(crate) enum Statement<'a> {
     /// Blocks until the lock is granted or `lock_timeout_ms` passes (0 = forever).
     Lock {
         lock_id: i64,
@@ -107,9 +107,43 @@ pub(crate) enum Statement {
     UnlockIfHeld { lock_id: i64, mode: LockMode },
     /// The keepalive of a held lock's idle connection; answers `true`.
     Ping,
+    /// Releases every advisory lock of the session (`release_all` on a shared
+    /// connection whose every lock is being released); answers `true`.
+    UnlockAll,
+    /// `acquire_many`'s try, one round trip for every key: takes each lock that is free,
+    /// in the order given (the global order), then frees again those after the first
+    /// busy one, which that order does not allow to be held while waiting for it.
+    /// Answers the index of the first busy lock (the locks before it are held, none
+    /// after it), or that every lock was granted.
+    TryLockEach { lock_ids: &'a [i64], mode: LockMode },
+    /// Releases one hold of each lock, one round trip; answers whether every one was
+    /// held.
+    UnlockEach { lock_ids: &'a [i64], mode: LockMode },
 }
 
-impl Statement {
+/// The text of [`Statement::TryLockEach`] for `$try` and `$unlock` (the mode's
+/// functions). `tried` is materialised, so each try runs once, in the array's order (a
+/// scan of `unnest` in ordinality order); the unlocks of the locks after the first busy
+/// one run in the same statement, so the caller never holds them while it waits.
+macro_rules! try_each {
+    ($try:literal, $unlock:literal) => {
+        concat!(
+            "WITH tried AS MATERIALIZED (SELECT t.ord, t.id, ",
+            $try,
+            "(t.id) AS got \
+             FROM unnest($1::bigint[]) WITH ORDINALITY AS t(id, ord) \
+             WHERE current_setting('locks.session', true) = :marker), \
+             busy AS (SELECT min(ord) AS at FROM tried WHERE NOT got) \
+             SELECT CASE WHEN current_setting('locks.session', true) = :marker \
+             THEN coalesce((SELECT at FROM busy), 0) END, \
+             (SELECT count(",
+            $unlock,
+            "(tried.id)) FROM tried, busy WHERE tried.got AND tried.ord > busy.at)"
+        )
+    };
+}
+
+impl Statement<'_> {
     /// The SQL text of a connection whose marker is `marker` (see [`Statement::text`]).
     pub(crate) fn sql(self, marker: &str) -> String {
         debug_assert!(marker.bytes().all(|byte| byte.is_ascii_hexdigit()));
@@ -165,6 +199,22 @@ impl Statement {
             ),
             // One row on the connection's own session, none elsewhere.
             Self::Ping => "SELECT WHERE current_setting('locks.session', true) = :marker",
+            // Like every lock statement it checks the session marker first (ADR 0014):
+            // on a server session not the connection's own it frees nothing (another
+            // client's locks above all).
+            Self::UnlockAll => counted!("pg_advisory_unlock_all()::text = ''"),
+            Self::TryLockEach { .. } if shared => {
+                try_each!("pg_try_advisory_lock_shared", "pg_advisory_unlock_shared")
+            }
+            Self::TryLockEach { .. } => try_each!("pg_try_advisory_lock", "pg_advisory_unlock"),
+            Self::UnlockEach { .. } if shared => counted!(
+                "(SELECT coalesce(bool_and(pg_advisory_unlock_shared(t.id)), true) \
+                 FROM unnest($1::bigint[]) AS t(id))"
+            ),
+            Self::UnlockEach { .. } => counted!(
+                "(SELECT coalesce(bool_and(pg_advisory_unlock(t.id)), true) \
+                 FROM unnest($1::bigint[]) AS t(id))"
+            ),
         }
     }
 
@@ -178,6 +228,9 @@ impl Statement {
             Self::Unlock { .. } => 4 + shared,
             Self::UnlockIfHeld { .. } => 6 + shared,
             Self::Ping => 8,
+            Self::UnlockAll => 10,
+            Self::TryLockEach { .. } => 11 + shared,
+            Self::UnlockEach { .. } => 13 + shared,
         }
     }
 
@@ -187,8 +240,10 @@ impl Statement {
             Self::Lock { mode, .. }
             | Self::TryLock { mode, .. }
             | Self::Unlock { mode, .. }
-            | Self::UnlockIfHeld { mode, .. } => mode,
-            Self::Ping => LockMode::Exclusive,
+            | Self::UnlockIfHeld { mode, .. }
+            | Self::TryLockEach { mode, .. }
+            | Self::UnlockEach { mode, .. } => mode,
+            Self::Ping | Self::UnlockAll => LockMode::Exclusive,
         }
     }
 }
@@ -212,6 +267,9 @@ mod tests {
         assert!(lock.sql(marker).contains("$2") && !lock.sql(marker).contains("$3"));
         assert!(Statement::Ping.sql(marker).contains("= '0123456789abcdef'"));
         assert!(!Statement::Ping.sql(marker).contains('$'));
+        let unlock_all = Statement::UnlockAll.sql(marker);
+        assert!(unlock_all.contains("= '0123456789abcdef'") && !unlock_all.contains('$'));
+        assert!(Statement::UnlockAll.slot() < PREPARED_KINDS);
         for mode in [LockMode::Exclusive, LockMode::Shared] {
             for statement in [
                 Statement::TryLock {
@@ -220,6 +278,14 @@ mod tests {
                 },
                 Statement::Unlock { lock_id: 0, mode },
                 Statement::UnlockIfHeld { lock_id: 1, mode },
+                Statement::TryLockEach {
+                    lock_ids: &[1, 2],
+                    mode,
+                },
+                Statement::UnlockEach {
+                    lock_ids: &[1, 2],
+                    mode,
+                },
             ] {
                 let sql = statement.sql(marker);
                 assert!(sql.contains("$1"));

@@ -116,7 +116,7 @@ pub(crate) fn finish_acquire_span(
             span.record("lock.acquired", false);
             let sqlstate = std::error::Error::source(error)
                 .and_then(|source| source.downcast_ref::<tokio_postgres::Error>())
-                .and_then(crate::classify::sqlstate)
+                .and_then(crate::errors::sqlstate)
                 .or_else(|| error.is_timeout().then_some("55P03"));
             record_failure(span, error.kind(), sqlstate);
             let kind = kind_name(error.kind());

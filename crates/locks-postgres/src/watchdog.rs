@@ -82,7 +82,7 @@ impl Watch {
     /// Sleeps for `duration`.
     pub(crate) async fn sleep(&self, duration: Duration) {
         let _expired = self
-            .run(Limit::For(duration), std::future::pending::<()>())
+            .run(Limit::Waiting(duration), std::future::pending::<()>())
             .await;
     }
 
@@ -252,10 +252,10 @@ impl Watchdog {
     fn deadline_ms(&self, limit: Limit) -> Option<u64> {
         let ms = match limit {
             Limit::None => return None,
-            Limit::From(start, duration) => {
+            Limit::Since(start, duration) => {
                 self.ms(start.into_std()).saturating_add(millis(duration))
             }
-            Limit::For(duration) => self.ms(Instant::now()).saturating_add(millis(duration)),
+            Limit::Waiting(duration) => self.ms(Instant::now()).saturating_add(millis(duration)),
         };
         Some(ms.saturating_add(1).clamp(1, EXPIRED - 1))
     }
@@ -341,7 +341,7 @@ mod tests {
         let started = Instant::now();
         let outcome = tokio::time::timeout(
             Duration::from_secs(10),
-            watch.run(Limit::For(limit), std::future::pending::<()>()),
+            watch.run(Limit::Waiting(limit), std::future::pending::<()>()),
         )
         .await
         .expect("the watchdog expired the wait");
@@ -357,7 +357,7 @@ mod tests {
             assert!(waited >= limit, "{waited:?} < {limit:?}");
             assert!(waited < limit + Duration::from_millis(900), "{waited:?}");
         }
-        let until = Limit::From(tokio::time::Instant::now(), Duration::from_millis(50));
+        let until = Limit::Since(tokio::time::Instant::now(), Duration::from_millis(50));
         let started = Instant::now();
         let outcome = watch.run(until, std::future::pending::<()>()).await;
         assert_eq!(outcome, Err(Expired));
@@ -369,7 +369,7 @@ mod tests {
         let watch = Watch::on(watchdog(NAP, IDLE));
         let answered = watch
             .run(
-                Limit::For(Duration::from_millis(500)),
+                Limit::Waiting(Duration::from_millis(500)),
                 tokio::time::sleep(Duration::from_millis(20)),
             )
             .await;
@@ -377,7 +377,7 @@ mod tests {
         assert_eq!(watch.word.load(Ordering::SeqCst), DISARMED);
 
         let dropped = watch.run(
-            Limit::For(Duration::from_secs(5)),
+            Limit::Waiting(Duration::from_secs(5)),
             std::future::pending::<()>(),
         );
         let mut dropped = Box::pin(dropped);
@@ -396,7 +396,7 @@ mod tests {
         let dog = watchdog(Duration::from_secs(5), Duration::from_secs(60));
         let long = Watch::on(dog);
         let mut long_wait = Box::pin(long.run(
-            Limit::For(Duration::from_secs(30)),
+            Limit::Waiting(Duration::from_secs(30)),
             std::future::pending::<()>(),
         ));
         assert!(futures_util::poll!(long_wait.as_mut()).is_pending());

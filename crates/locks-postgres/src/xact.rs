@@ -16,7 +16,7 @@ use tokio_postgres::{SimpleQueryMessage, Transaction};
 use tracing::{Instrument, Span};
 
 use crate::KeyVisibility;
-use crate::classify::{driver_kind, sqlstate};
+use crate::errors::{describe, driver_kind, sqlstate};
 use crate::telemetry::{acquire_span, record_failure};
 
 /// The savepoint a bounded wait runs in; rolled back to (and released) when the wait fails,
@@ -353,22 +353,6 @@ fn first_row(messages: &[SimpleQueryMessage]) -> Option<&tokio_postgres::SimpleQ
     })
 }
 
-/// The server's own words for a driver error: message, SQLSTATE and detail for a database
-/// error, else the driver's short description (its cause stays in `source()`).
-pub(crate) fn server_words(error: &tokio_postgres::Error) -> String {
-    match error.as_db_error() {
-        Some(db) => {
-            let mut words = format!("{} (SQLSTATE {})", db.message(), db.code().code());
-            if let Some(detail) = db.detail() {
-                words.push_str(": ");
-                words.push_str(detail);
-            }
-            words
-        }
-        None => error.to_string(),
-    }
-}
-
 /// A transaction lock could not be taken.
 ///
 /// The message is the manager's: `Failed to acquire lock '{key}': {reason}`, with the
@@ -420,7 +404,7 @@ pub enum TransactionLockError {
 impl TransactionLockError {
     fn from_driver(key: &str, timeout: Option<Duration>, source: tokio_postgres::Error) -> Self {
         let key = key.to_owned();
-        let reason = server_words(&source);
+        let reason = describe(&source);
         match source.code() {
             Some(code) if *code == SqlState::LOCK_NOT_AVAILABLE => match timeout {
                 Some(timeout) => Self::Timeout { key, timeout },

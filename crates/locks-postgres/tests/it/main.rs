@@ -5,6 +5,7 @@ mod basics;
 mod conformance;
 mod counter;
 mod faults;
+mod group_waits;
 mod inspect;
 mod lease;
 

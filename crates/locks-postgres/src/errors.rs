@@ -1,12 +1,107 @@
-//! Turning driver and pool errors into the port's error kinds, by SQLSTATE and by the
-//! driver's own predicates, never by message text; and describing them in the
-//! server's own words.
+//! The adapter's errors: driver and pool errors turned into the port's error kinds (by
+//! SQLSTATE and by the driver's own predicates, never by message text) and described in
+//! the server's own words, and the errors the adapter raises itself.
 
 use std::error::Error as _;
+use std::time::Duration;
 
 use deadpool_postgres::PoolError;
-use locks_port::{AcquisitionErrorKind, LockAcquisitionError};
+use locks_port::{AcquisitionErrorKind, LockAcquisitionError, timeout_reason};
 use tokio_postgres::error::SqlState;
+
+use crate::lease::LeaseError;
+use crate::limit::Deadline;
+
+/// Why a standby is refused.
+pub(crate) const STANDBY: &str = "Database error: the server is a read-only standby (in \
+     recovery); advisory locks there exclude nothing on the primary (use \
+     target_session_attrs=read-write)";
+
+/// Why a connection whose statements reach different server sessions is refused.
+pub(crate) const MOVED_BETWEEN_SESSIONS: &str = "the statements of one connection ran on \
+     different server sessions, so a session advisory lock would exclude nothing: session locks \
+     need a direct connection or a session-pooling proxy (PgBouncer pool_mode=session); behind \
+     transaction pooling, use TransactionLocks";
+
+/// Records the call's timeout on an error, when it had one.
+pub(crate) fn with_timeout(
+    error: LockAcquisitionError,
+    deadline: Option<Deadline>,
+) -> LockAcquisitionError {
+    match deadline {
+        Some(deadline) => error.with_timeout(deadline.timeout),
+        None => error,
+    }
+}
+
+/// A [`AcquisitionErrorKind::Configuration`] refusal (the caller closes the session).
+pub(crate) fn refused(
+    key: &str,
+    reason: &'static str,
+    deadline: Option<Deadline>,
+) -> LockAcquisitionError {
+    let error = LockAcquisitionError::new(key, AcquisitionErrorKind::Configuration, reason);
+    with_timeout(error, deadline)
+}
+
+/// Every acquisition of a manager whose lease cannot hold fails with this.
+pub(crate) fn lease_refused(
+    key: &str,
+    lease: &LeaseError,
+    deadline: Option<Deadline>,
+) -> LockAcquisitionError {
+    let error = LockAcquisitionError::new(
+        key,
+        AcquisitionErrorKind::Configuration,
+        format!("the manager's lease cannot hold: {lease}"),
+    );
+    with_timeout(error, deadline)
+}
+
+/// A connection could not be opened in time: the call's timeout, else `connect_timeout`.
+pub(crate) fn unreachable(
+    key: &str,
+    deadline: Option<Deadline>,
+    connect_timeout: Duration,
+) -> LockAcquisitionError {
+    let waited = deadline.map_or(connect_timeout, |deadline| deadline.timeout);
+    let error = LockAcquisitionError::new(
+        key,
+        AcquisitionErrorKind::Unreachable,
+        format!(
+            "{} opening a connection (the server did not answer)",
+            timeout_reason(waited)
+        ),
+    );
+    with_timeout(error, deadline)
+}
+
+/// No pool slot (`what` says how it was looked for) in a pool of `pool_size`.
+pub(crate) fn pool_exhausted(
+    key: &str,
+    what: &str,
+    pool_size: usize,
+    deadline: Option<Deadline>,
+) -> LockAcquisitionError {
+    let reason = format!("{what} (all {pool_size} in use; each held lock keeps one)");
+    let error = LockAcquisitionError::new(key, AcquisitionErrorKind::PoolUnavailable, reason);
+    with_timeout(error, deadline)
+}
+
+/// A statement's answer did not come in time: the call's timeout, else `answer_timeout`.
+pub(crate) fn no_answer(
+    key: &str,
+    deadline: Option<Deadline>,
+    answer_timeout: Duration,
+) -> LockAcquisitionError {
+    let waited = deadline.map_or(answer_timeout, |deadline| deadline.timeout);
+    let error = LockAcquisitionError::new(
+        key,
+        AcquisitionErrorKind::ConnectionLost,
+        format!("{} (the server did not answer)", timeout_reason(waited)),
+    );
+    with_timeout(error, deadline)
+}
 
 /// The port's kind for a driver error.
 pub(crate) fn driver_kind(error: &tokio_postgres::Error) -> AcquisitionErrorKind {
