@@ -19,7 +19,10 @@
 //!
 //! `lock.id` joins the acquisition and loss attributes only when the builder's
 //! [`metrics_lock_id`](crate::PostgresLockManagerBuilder::metrics_lock_id) asks for it:
-//! one series per lock id is the user's choice to make.
+//! one series per lock id is the user's choice to make. The loss series start at zero
+//! when the manager is built. With
+//! [`metrics(false)`](crate::PostgresLockManagerBuilder::metrics) no instrument is made
+//! and the hooks do nothing (the bench's baseline for what the no-ops cost).
 //!
 //! To come with the semaphore and leader-election primitives (not here yet): the
 //! permits held per semaphore class (an up-down counter, `eventsource.semaphore.permits`)
