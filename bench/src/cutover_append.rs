@@ -18,7 +18,7 @@ use serde_json::json;
 use crate::db::Database;
 use crate::report::{Outcome, Section};
 use crate::stats::{Latencies, as_f64, fmt_ns, fmt_ratio, ratio};
-use crate::{BoxError, Plan};
+use crate::{BoxError, Plan, interleave};
 
 const SCHEMA: &str = "lock_bench_cutover";
 
@@ -51,21 +51,21 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         }
     }
     let (mut with_lock, mut without_lock) = (Latencies::new(), Latencies::new());
-    for round in 0..rounds {
-        let order = if round % 2 == 0 {
-            [(&locked, &mut with_lock), (&unlocked, &mut without_lock)]
-        } else {
-            [(&unlocked, &mut without_lock), (&locked, &mut with_lock)]
+    interleave::rounds(rounds, 2, async |_, side| {
+        let (router, latencies) = match side {
+            0 => (&locked, &mut with_lock),
+            _ => (&unlocked, &mut without_lock),
         };
-        for (router, latencies) in order {
-            for _ in 0..batch {
-                let event = Event::new("Bench", "payload");
-                let started = Instant::now();
-                router.append(tenant, &[event]).await?;
-                latencies.record(started.elapsed());
-            }
+        for _ in 0..batch {
+            // The event is made before the clock starts: only the append is timed.
+            let event = Event::new("Bench", "payload");
+            let started = Instant::now();
+            router.append(tenant, &[event]).await?;
+            latencies.record(started.elapsed());
         }
-    }
+        Ok(())
+    })
+    .await?;
     let cleanup = db.connect("lock-bench-cutover-append").await?;
     cleanup
         .batch_execute(&format!("DROP SCHEMA {SCHEMA} CASCADE"))

@@ -24,7 +24,6 @@ use crate::otel::Pipeline;
 use crate::report::Outcome;
 use crate::{BoxError, Plan};
 
-pub(crate) use self::report::median_ns;
 pub(crate) use self::schedule::{on_cycle_thread, run};
 pub(crate) use self::variant::{Role, Variant};
 

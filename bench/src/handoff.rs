@@ -24,7 +24,7 @@ use crate::chart::Series;
 use crate::db::{Database, RawStatements};
 use crate::report::{Check, Outcome, Section, verdict};
 use crate::stats::{Latencies, fmt_ns};
-use crate::{BoxError, Plan};
+use crate::{BoxError, Plan, interleave};
 
 const HOLD: Duration = Duration::from_millis(2);
 const BOUNDED: Duration = Duration::from_secs(5);
@@ -372,8 +372,8 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<(Outcome, Vec<Seri
 
     for round in 0..plan.handoff_rounds {
         for &tasks in &CONTENDERS {
-            for step in 0..Contender::ALL.len() {
-                let contender = Contender::ALL[(round + step) % Contender::ALL.len()];
+            for side in interleave::order(round, Contender::ALL.len()) {
+                let contender = Contender::ALL[side];
                 let cell = cells
                     .iter_mut()
                     .find(|c| c.contender == contender && c.tasks == tasks)

@@ -11,7 +11,7 @@ use serde_json::json;
 use crate::db::{Database, granted_advisory_locks};
 use crate::report::{Check, Outcome, Section, verdict};
 use crate::stats::{as_f64, fmt_bytes, fmt_ns, fmt_ratio, median, ratio};
-use crate::{BoxError, Plan, allocated_bytes, rss_bytes};
+use crate::{BoxError, Plan, allocated_bytes, interleave, rss_bytes};
 
 /// "A small client-side footprint": the manager's own bookkeeping per held lock, on top
 /// of the connection the lock needs anyway.
@@ -193,15 +193,14 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     let admin = db.connect("lock-bench-admin").await?;
     let mut library = Vec::new();
     let mut raw = Vec::new();
-    for round in 0..plan.hold_rounds {
-        if round % 2 == 0 {
-            library.push(library_round(db, &admin, count, round).await?);
-            raw.push(raw_round(db, &admin, count, round).await?);
-        } else {
-            raw.push(raw_round(db, &admin, count, round).await?);
-            library.push(library_round(db, &admin, count, round).await?);
+    interleave::rounds(plan.hold_rounds, 2, async |round, side| {
+        match side {
+            0 => library.push(library_round(db, &admin, count, round).await?),
+            _ => raw.push(raw_round(db, &admin, count, round).await?),
         }
-    }
+        Ok(())
+    })
+    .await?;
 
     let med = |values: Vec<f64>| median(&values);
     let med_opt = |values: Vec<Option<f64>>| {

@@ -7,12 +7,13 @@ use locks_port::{AcquireOptions, lock_id};
 use locks_postgres::PostgresLockManager;
 use serde_json::json;
 
-use crate::cycle::{BOUNDED, median_ns};
+use crate::cycle::BOUNDED;
 use crate::db::Database;
+use crate::interleave::{self, Batches, Ratios};
 use crate::ops::Op;
 use crate::proxy::Proxy;
 use crate::report::{Check, Outcome, Section, verdict};
-use crate::stats::{Latencies, as_f64, fmt_ns, median};
+use crate::stats::{Latencies, fmt_ns};
 use crate::{BoxError, Plan};
 
 /// The round trips to simulate. Each one-way delay is set to half of what the proxy must
@@ -26,8 +27,7 @@ const LIMIT: f64 = 0.6;
 struct Variant {
     name: &'static str,
     op: Op,
-    pooled: Latencies,
-    runs: Vec<u64>,
+    batches: Batches,
 }
 
 /// The round trip of a prepared `SELECT 1` through the proxy, p50 of 50.
@@ -70,14 +70,12 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
                     lock_id(&key(0)),
                 )
                 .await?,
-                pooled: Latencies::new(),
-                runs: Vec::new(),
+                batches: Batches::new(),
             },
             Variant {
                 name: "library: acquire (no timeout) + release",
                 op: Op::library(manager(), key(1), AcquireOptions::new()),
-                pooled: Latencies::new(),
-                runs: Vec::new(),
+                batches: Batches::new(),
             },
             Variant {
                 name: "library: acquire (timeout 5 s) + release",
@@ -86,8 +84,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
                     key(2),
                     AcquireOptions::new().with_timeout(BOUNDED),
                 ),
-                pooled: Latencies::new(),
-                runs: Vec::new(),
+                batches: Batches::new(),
             },
             Variant {
                 // ADR 0010: release returns once the unlock is sent; a pool of 2, so the
@@ -100,8 +97,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
                     key(3),
                     AcquireOptions::new(),
                 ),
-                pooled: Latencies::new(),
-                runs: Vec::new(),
+                batches: Batches::new(),
             },
         ];
         for variant in &variants {
@@ -110,20 +106,13 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             }
         }
         let count = variants.len();
-        for round in 0..plan.latency_rounds {
-            for step in 0..count {
-                let variant = &mut variants[(round + step) % count];
-                let mut batch = Latencies::new();
-                for _ in 0..plan.latency_batch {
-                    let started = Instant::now();
-                    variant.op.cycle().await?;
-                    batch.record(started.elapsed());
-                }
-                variant.runs.push(batch.p50());
-                variant.pooled.merge(&batch);
-            }
-        }
-        let raw_runs = variants[0].runs.clone();
+        interleave::rounds(plan.latency_rounds, count, async |_, side| {
+            let Variant { op, batches, .. } = &mut variants[side];
+            batches
+                .batch(plan.latency_batch, async || op.cycle().await)
+                .await
+        })
+        .await?;
         let rtt_label = format!(
             "{} (aimed at {}; {} added each way)",
             fmt_ns(rtt),
@@ -132,15 +121,16 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         );
         let mut json_variants = Vec::new();
         for variant in &variants {
-            let ratios: Vec<f64> = variant
-                .runs
-                .iter()
-                .zip(&raw_runs)
-                .map(|(v, r)| as_f64(*v) / as_f64((*r).max(1)))
-                .collect();
-            let ratio = median(&ratios);
-            let low = ratios.iter().copied().fold(f64::INFINITY, f64::min);
-            let high = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let raw = &variants[0].batches;
+            let Ratios {
+                median: ratio,
+                low,
+                high,
+            } = variant.batches.ratios_to(raw).unwrap_or(Ratios {
+                median: 0.0,
+                low: f64::INFINITY,
+                high: f64::NEG_INFINITY,
+            });
             let is_raw = std::ptr::eq(variant, &variants[0]);
             let (target, result) = if is_raw {
                 ("baseline".to_owned(), String::new())
@@ -150,8 +140,8 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
                     format!("{} under a 1 ms round trip vs raw", variant.name),
                     format!(
                         "{ratio:.2}× ({} vs {})",
-                        fmt_ns(median_ns(&variant.runs)),
-                        fmt_ns(median_ns(&raw_runs))
+                        fmt_ns(variant.batches.median()),
+                        fmt_ns(raw.median())
                     ),
                     format!("≤ {LIMIT:.1}×"),
                     pass,
@@ -163,13 +153,9 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             rows.push(vec![
                 rtt_label.clone(),
                 variant.name.to_owned(),
-                fmt_ns(median_ns(&variant.runs)),
-                format!(
-                    "{}–{}",
-                    fmt_ns(variant.runs.iter().copied().min().unwrap_or(0)),
-                    fmt_ns(variant.runs.iter().copied().max().unwrap_or(0))
-                ),
-                fmt_ns(variant.pooled.p99()),
+                fmt_ns(variant.batches.median()),
+                variant.batches.spread(),
+                fmt_ns(variant.batches.pooled.p99()),
                 format!("{ratio:.2}×"),
                 format!("{low:.2}–{high:.2}×"),
                 target,
@@ -177,8 +163,8 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             ]);
             json_variants.push(json!({
                 "name": variant.name,
-                "run_p50s_ns": variant.runs,
-                "latency": variant.pooled.to_json(),
+                "run_p50s_ns": variant.batches.runs,
+                "latency": variant.batches.pooled.to_json(),
                 "ratio_median": ratio,
                 "ratio_min": low,
                 "ratio_max": high,

@@ -17,6 +17,7 @@ mod db;
 mod handoff;
 mod hold;
 mod instructions;
+mod interleave;
 mod kinds;
 mod latency;
 mod memory;

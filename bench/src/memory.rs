@@ -10,7 +10,7 @@ use tokio::sync::Mutex;
 
 use crate::report::{Outcome, Section};
 use crate::stats::{Latencies, as_f64, fmt_ns, fmt_rate, fmt_ratio, median, ratio};
-use crate::{BoxError, Plan};
+use crate::{BoxError, Plan, interleave};
 
 const TASKS: usize = 16;
 const KEY: &str = "bench:memory";
@@ -67,19 +67,16 @@ pub(crate) async fn run(plan: &Plan) -> Result<Outcome, BoxError> {
     mutex_batch(&mutex, batch).await;
     let mut library = Latencies::new();
     let mut baseline = Latencies::new();
-    for round in 0..plan.memory_rounds {
-        for step in 0..2 {
-            if (round + step) % 2 == 0 {
-                for _ in 0..plan.memory_batches {
-                    library.record_ns(per_op(library_batch(&manager, batch).await?, batch));
-                }
-            } else {
-                for _ in 0..plan.memory_batches {
-                    baseline.record_ns(per_op(mutex_batch(&mutex, batch).await, batch));
-                }
+    interleave::rounds(plan.memory_rounds, 2, async |_, side| {
+        for _ in 0..plan.memory_batches {
+            match side {
+                0 => library.record_ns(per_op(library_batch(&manager, batch).await?, batch)),
+                _ => baseline.record_ns(per_op(mutex_batch(&mutex, batch).await, batch)),
             }
         }
-    }
+        Ok(())
+    })
+    .await?;
 
     // Contended throughput: 16 tasks, one key, alternating rounds.
     let library_window = || {
@@ -112,15 +109,14 @@ pub(crate) async fn run(plan: &Plan) -> Result<Outcome, BoxError> {
     };
     let mut library_rates = Vec::new();
     let mut mutex_rates = Vec::new();
-    for round in 0..plan.memory_windows {
-        if round % 2 == 0 {
-            library_rates.push(library_window().await?);
-            mutex_rates.push(mutex_window().await?);
-        } else {
-            mutex_rates.push(mutex_window().await?);
-            library_rates.push(library_window().await?);
+    interleave::rounds(plan.memory_windows, 2, async |_, side| {
+        match side {
+            0 => library_rates.push(library_window().await?),
+            _ => mutex_rates.push(mutex_window().await?),
         }
-    }
+        Ok(())
+    })
+    .await?;
     let (library_rate, mutex_rate) = (median(&library_rates), median(&mutex_rates));
 
     let cycle_ratio = ratio(as_f64(library.p50()), as_f64(baseline.p50()));

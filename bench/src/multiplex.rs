@@ -12,7 +12,7 @@ use serde_json::json;
 use crate::db::{Database, granted_advisory_locks};
 use crate::report::{Check, Outcome, Section};
 use crate::stats::{Latencies, as_f64, fmt_ns, fmt_ratio, ratio};
-use crate::{BoxError, Plan};
+use crate::{BoxError, Plan, interleave};
 
 /// Held locks, connections, and locks per connection (the target's figures).
 const LOCKS: usize = 10_000;
@@ -104,12 +104,11 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     for batch in 0..batches {
         let mux_prefix = format!("bench:mux:{run_id}:{batch}");
         let plain_prefix = format!("bench:mux-plain:{run_id}:{batch}");
-        if batch % 2 == 0 {
-            acquire_batch(&mux, &mux_prefix, BATCH, &mut mux_acquire).await?;
-            acquire_batch(&plain, &plain_prefix, BATCH, &mut plain_acquire).await?;
-        } else {
-            acquire_batch(&plain, &plain_prefix, BATCH, &mut plain_acquire).await?;
-            acquire_batch(&mux, &mux_prefix, BATCH, &mut mux_acquire).await?;
+        for side in interleave::order(batch, 2) {
+            match side {
+                0 => acquire_batch(&mux, &mux_prefix, BATCH, &mut mux_acquire).await?,
+                _ => acquire_batch(&plain, &plain_prefix, BATCH, &mut plain_acquire).await?,
+            }
         }
         plain.release_all().await;
     }

@@ -10,7 +10,7 @@ use serde_json::json;
 use crate::db::{Database, RawStatements};
 use crate::report::{Check, Outcome, Section, verdict};
 use crate::stats::{Latencies, as_f64, fmt_ns, fmt_rate, fmt_ratio, median, ratio};
-use crate::{BoxError, Plan};
+use crate::{BoxError, Plan, interleave};
 
 /// The least library throughput allowed, as a fraction of raw.
 const THROUGHPUT_LIMIT: f64 = 0.9;
@@ -73,40 +73,26 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         window(length, |index, end| {
             let manager = manager.clone();
             let key = keys[index].clone();
-            async move {
-                let mut latencies = Latencies::new();
-                let mut ops = 0;
-                while Instant::now() < end {
-                    let started = Instant::now();
-                    let guard = manager.acquire(&key, AcquireOptions::new()).await?;
-                    guard.release().await;
-                    latencies.record(started.elapsed());
-                    ops += 1;
-                }
-                Ok((ops, latencies))
-            }
+            interleave::until(end, async move || {
+                let guard = manager.acquire(&key, AcquireOptions::new()).await?;
+                guard.release().await;
+                Ok(())
+            })
         })
     };
     let raw_window = |length: Duration| {
         window(length, |index, end| {
             let connection = Arc::clone(&raw[index]);
             let id = lock_id(&keys[index]);
-            async move {
+            interleave::until(end, async move || {
                 let (client, statements) = &*connection;
-                let mut latencies = Latencies::new();
-                let mut ops = 0;
-                while Instant::now() < end {
-                    let started = Instant::now();
-                    client.execute(&statements.lock, &[&id]).await?;
-                    let released: bool = client.query_one(&statements.unlock, &[&id]).await?.get(0);
-                    if !released {
-                        return Err("pg_advisory_unlock answered false".into());
-                    }
-                    latencies.record(started.elapsed());
-                    ops += 1;
+                client.execute(&statements.lock, &[&id]).await?;
+                let released: bool = client.query_one(&statements.unlock, &[&id]).await?.get(0);
+                if !released {
+                    return Err("pg_advisory_unlock answered false".into());
                 }
-                Ok((ops, latencies))
-            }
+                Ok(())
+            })
         })
     };
 
@@ -114,24 +100,17 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         window(length, |index, end| {
             let connection = Arc::clone(&raw[index]);
             let id = lock_id(&keys[index]);
-            async move {
+            let lock = format!(
+                "SELECT pg_advisory_lock({id}) \
+                 FROM (SELECT set_config('lock_timeout', '0', true)) AS options"
+            );
+            let unlock = format!("SELECT pg_advisory_unlock({id})");
+            interleave::until(end, async move || {
                 let (client, _) = &*connection;
-                let lock = format!(
-                    "SELECT pg_advisory_lock({id}) \
-                     FROM (SELECT set_config('lock_timeout', '0', true)) AS options"
-                );
-                let unlock = format!("SELECT pg_advisory_unlock({id})");
-                let mut latencies = Latencies::new();
-                let mut ops = 0;
-                while Instant::now() < end {
-                    let started = Instant::now();
-                    client.simple_query(&lock).await?;
-                    client.simple_query(&unlock).await?;
-                    latencies.record(started.elapsed());
-                    ops += 1;
-                }
-                Ok((ops, latencies))
-            }
+                client.simple_query(&lock).await?;
+                client.simple_query(&unlock).await?;
+                Ok(())
+            })
         })
     };
 
@@ -143,15 +122,15 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     let mut library = Vec::new();
     let mut baseline = Vec::new();
     let mut text = Vec::new();
-    for round in 0..plan.throughput_rounds {
-        for step in 0..3 {
-            match (round + step) % 3 {
-                0 => library.push(library_window(length).await?),
-                1 => baseline.push(raw_window(length).await?),
-                _ => text.push(text_window(length).await?),
-            }
+    interleave::rounds(plan.throughput_rounds, 3, async |_, side| {
+        match side {
+            0 => library.push(library_window(length).await?),
+            1 => baseline.push(raw_window(length).await?),
+            _ => text.push(text_window(length).await?),
         }
-    }
+        Ok(())
+    })
+    .await?;
 
     let rates = |windows: &[Window]| windows.iter().map(Window::rate).collect::<Vec<_>>();
     let merged = |windows: &[Window]| {

@@ -16,11 +16,10 @@ use locks_port::{
     AcquireOptions, DistributedLock, LockAcquisitionError, LockMode, LockNotHeldError,
     LockRegistry, migration_lock_key,
 };
+use migration_cutover::testing::{self, WorldCoordinator};
 use migration_cutover::{
-    CutoverOutcome, Event, InMemoryEventStore, InMemoryMigrationRepository,
-    InMemoryRoutingRepository, InMemoryWritePause, MigrationConfig, MigrationCoordinator,
-    MigrationPorts, Phase, RepositoryError, RoutingRepository, RoutingState, Stores, TenantRoute,
-    WritePause, WriteRouter,
+    CutoverOutcome, InMemoryEventStore, InMemoryRoutingRepository, MigrationConfig, Phase,
+    RepositoryError, RoutingRepository, RoutingState, TenantRoute, WritePause,
 };
 use tokio::sync::Barrier;
 use uuid::Uuid;
@@ -101,57 +100,35 @@ impl RoutingRepository for CountingRouting {
     }
 }
 
-type Ports = MigrationPorts<
-    InMemoryEventStore,
-    CountingRouting,
-    InMemoryWritePause,
-    InMemoryMigrationRepository,
->;
-
 /// An instance of the service: a coordinator with its own lock manager.
-pub(crate) type Coordinator<L> = MigrationCoordinator<
-    L,
-    InMemoryEventStore,
-    CountingRouting,
-    InMemoryWritePause,
-    InMemoryMigrationRepository,
->;
+pub(crate) type Coordinator<L> = WorldCoordinator<L, InMemoryEventStore, CountingRouting>;
 
-/// One tenant routed to the source, an empty target, one routing table and migration
-/// record shared by every instance.
-pub(crate) struct World {
-    pub(crate) tenant: Uuid,
-    pub(crate) source: InMemoryEventStore,
-    pub(crate) target: InMemoryEventStore,
-    pub(crate) routing: CountingRouting,
-    ports: Ports,
+/// The shared in-memory world ([`migration_cutover::testing::World`]) with the counting
+/// routing table: one tenant routed to the source, an empty target, one routing table and
+/// migration record shared by every instance.
+pub(crate) struct World(testing::World<InMemoryEventStore, CountingRouting>);
+
+impl std::ops::Deref for World {
+    type Target = testing::World<InMemoryEventStore, CountingRouting>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
 }
 
 impl World {
     pub(crate) async fn new() -> Self {
-        let source = InMemoryEventStore::new();
-        let target = InMemoryEventStore::new();
-        let routing = CountingRouting::default();
-        let ports = MigrationPorts::new(
-            Stores::new()
-                .with_store(SOURCE, source.clone())
-                .with_store(TARGET, target.clone()),
-            routing.clone(),
-            InMemoryWritePause::new(),
-            InMemoryMigrationRepository::new(),
+        let world = testing::World::new(
+            (SOURCE, InMemoryEventStore::new()),
+            (TARGET, InMemoryEventStore::new()),
+            CountingRouting::default(),
         );
-        let tenant = Uuid::new_v4();
-        routing
-            .put(TenantRoute::normal(tenant, SOURCE))
+        world
+            .routing
+            .put(TenantRoute::normal(world.tenant, SOURCE))
             .await
             .expect("route");
-        Self {
-            tenant,
-            source,
-            target,
-            routing,
-            ports,
-        }
+        Self(world)
     }
 
     /// The cutover lock's key for the tenant.
@@ -165,35 +142,8 @@ impl World {
         locks: L,
         lock_timeout: Duration,
     ) -> Coordinator<L> {
-        MigrationCoordinator::new(self.ports.clone(), locks)
-            .with_config(MigrationConfig::new().with_lock_timeout(lock_timeout))
-    }
-
-    pub(crate) async fn write(&self, n: usize) {
-        let router = WriteRouter::new(&self.ports, &MigrationConfig::new());
-        for i in 0..n {
-            router
-                .append(self.tenant, &[Event::new("Written", i.to_string())])
-                .await
-                .expect("write");
-        }
-    }
-
-    /// Started, copied and in dual write; returns the migration id.
-    pub(crate) async fn in_dual_write<L: DistributedLock>(
-        &self,
-        coordinator: &Coordinator<L>,
-    ) -> Uuid {
-        let migration = coordinator
-            .start_migration(self.tenant, SOURCE, TARGET)
-            .await
-            .expect("start");
-        coordinator.bulk_copy(migration.id).await.expect("copy");
-        coordinator
-            .enable_dual_write(migration.id)
-            .await
-            .expect("dual write");
-        migration.id
+        let config = MigrationConfig::new().with_lock_timeout(lock_timeout);
+        self.coordinator(locks, config)
     }
 
     fn ids(&self, store: &InMemoryEventStore) -> Vec<Uuid> {
@@ -235,7 +185,7 @@ pub(crate) async fn race_round<B: Backend>(
     let first = Arc::new(world.instance(backend.instance("instance-a").await, lock_timeout));
     let second = Arc::new(world.instance(backend.instance("instance-b").await, lock_timeout));
     world.write(25).await;
-    let migration = world.in_dual_write(&first).await;
+    let migration = world.to_dual_write(&first).await;
 
     let barrier = Arc::new(Barrier::new(2));
     let racers: Vec<_> = [first.clone(), second.clone()]

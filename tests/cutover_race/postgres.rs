@@ -9,29 +9,16 @@ use std::time::Duration;
 use locks_port::{lock_id, migration_lock_key};
 use locks_postgres::PostgresLockManager;
 use locks_postgres::deadpool_postgres::Pool;
-use locks_postgres::tokio_postgres::{self, NoTls};
+use locks_postgres::tokio_postgres;
 use migration_cutover::{CutoverOutcome, Phase, RoutingState};
+use throwaway_pg::testing::{admin, database_url};
 
 use crate::harness::{
     Backend, World, a_lock_that_does_not_exclude_is_caught, exactly_one_cuts_over,
 };
 
-fn database_url() -> String {
-    throwaway_pg::database_url().unwrap_or_else(|error| {
-        panic!("no PostgreSQL for the tests: set LOCKS_DATABASE_URL or install PostgreSQL: {error}")
-    })
-}
-
 fn pool() -> Pool {
     locks_postgres::plain_pool(&database_url(), 4).expect("pool")
-}
-
-async fn admin() -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(&database_url(), NoTls)
-        .await
-        .expect("admin");
-    tokio::spawn(connection);
-    client
 }
 
 /// One server; an admin session reads `pg_locks`.
@@ -61,17 +48,9 @@ impl Backend for Postgres {
     fn leftover(&self, key: &str) -> impl Future<Output = usize> + Send {
         let id = lock_id(key);
         async move {
-            let held: i64 = self
-                .admin
-                .query_one(
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
-                     AND ((classid::bigint << 32) | objid::bigint) = $1",
-                    &[&id],
-                )
+            throwaway_pg::testing::advisory_lock(&self.admin, id)
                 .await
-                .expect("pg_locks")
-                .get(0);
-            usize::try_from(held).expect("a count")
+                .len()
         }
     }
 }
@@ -94,7 +73,7 @@ async fn a_foreign_session_holding_the_same_lock_id_keeps_the_cutover_out() {
         Duration::from_millis(100),
     );
     world.write(5).await;
-    let migration = world.in_dual_write(&coordinator).await;
+    let migration = world.to_dual_write(&coordinator).await;
 
     // A Python instance derives the same id for the same key and holds it on its session.
     let python_like = admin().await;

@@ -3,52 +3,12 @@
 
 use serde_json::json;
 
+use crate::interleave::Ratios;
 use crate::report::{Check, Outcome, Section, verdict};
-use crate::stats::{as_f64, fmt_ns, median};
+use crate::stats::fmt_ns;
 use crate::{Plan, cpu};
 
 use super::variant::{Pass, Role, Variant};
-
-/// Median and (min, max) of some ratios.
-fn summary(values: &[f64]) -> Option<(f64, f64, f64)> {
-    if values.is_empty() {
-        return None;
-    }
-    let low = values.iter().copied().fold(f64::INFINITY, f64::min);
-    let high = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    Some((median(values), low, high))
-}
-
-/// `lib / base` run by run (the runs of one round are neighbours in time).
-fn run_ratios(lib: &[u64], base: &[u64]) -> Vec<f64> {
-    lib.iter()
-        .zip(base)
-        .filter(|(_, b)| **b > 0)
-        .map(|(l, b)| as_f64(*l) / as_f64(*b))
-        .collect()
-}
-
-/// The median of some nanosecond figures.
-pub(crate) fn median_ns(runs: &[u64]) -> u64 {
-    let values: Vec<f64> = runs.iter().map(|&v| as_f64(v)).collect();
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let value = median(&values).round() as u64;
-    value
-}
-
-fn fmt_spread_ns(runs: &[u64]) -> String {
-    match (runs.iter().min(), runs.iter().max()) {
-        (Some(&low), Some(&high)) => format!("{}–{}", fmt_ns(low), fmt_ns(high)),
-        _ => "—".to_owned(),
-    }
-}
-
-fn fmt_summary(summary: Option<(f64, f64, f64)>) -> (String, String) {
-    summary.map_or_else(
-        || ("—".to_owned(), "—".to_owned()),
-        |(mid, low, high)| (format!("{mid:.2}×"), format!("{low:.2}–{high:.2}×")),
-    )
-}
 
 pub(super) fn report(
     title: &str,
@@ -63,7 +23,7 @@ pub(super) fn report(
     let baseline = variants
         .iter()
         .filter(|v| v.role == Role::Baseline)
-        .min_by_key(|v| median_ns(&v.passes[pinned].runs))
+        .min_by_key(|v| v.passes[pinned].batches.median())
         .expect("every cycle scenario has a baseline");
     let mut rows = Vec::new();
     let mut checks = Vec::new();
@@ -71,10 +31,9 @@ pub(super) fn report(
     for variant in variants {
         let is_baseline = variant.name == baseline.name;
         let ratios = |pass: usize| {
-            summary(&run_ratios(
-                &variant.passes[pass].runs,
-                &baseline.passes[pass].runs,
-            ))
+            variant.passes[pass]
+                .batches
+                .ratios_to(&baseline.passes[pass].batches)
         };
         let (pinned_ratio, unpinned_ratio) = (ratios(pinned), ratios(unpinned));
         let (client_cpu, server_cpu) = variant.cpu_per_cycle(Pass::Pinned);
@@ -82,14 +41,14 @@ pub(super) fn report(
             |value: Option<f64>| value.map_or_else(|| "—".to_owned(), |v| format!("{v:.0} µs"));
         let (target, result) = match variant.role {
             Role::Library => {
-                let pass = pinned_ratio.is_some_and(|(mid, _, _)| mid <= limit);
-                let (mid, spread) = fmt_summary(pinned_ratio);
+                let pass = pinned_ratio.is_some_and(|r| r.median <= limit);
+                let (mid, spread) = Ratios::fmt(pinned_ratio);
                 checks.push(Check::new(
                     format!("{}: pinned p50 vs raw", variant.name),
                     format!(
                         "{mid} (runs {spread}; {} vs {})",
-                        fmt_ns(median_ns(&variant.passes[pinned].runs)),
-                        fmt_ns(median_ns(&baseline.passes[pinned].runs))
+                        fmt_ns(variant.passes[pinned].batches.median()),
+                        fmt_ns(baseline.passes[pinned].batches.median())
                     ),
                     format!("≤ {limit:.2}×"),
                     pass,
@@ -100,16 +59,16 @@ pub(super) fn report(
             Role::Traced => ("on instructions (7)".to_owned(), String::new()),
             Role::Baseline | Role::Reference | Role::Setting => (String::new(), String::new()),
         };
-        let (pinned_mid, pinned_spread) = fmt_summary(pinned_ratio);
-        let (unpinned_mid, unpinned_spread) = fmt_summary(unpinned_ratio);
+        let (pinned_mid, pinned_spread) = Ratios::fmt(pinned_ratio);
+        let (unpinned_mid, unpinned_spread) = Ratios::fmt(unpinned_ratio);
         rows.push(vec![
             variant.name.to_owned(),
-            fmt_ns(median_ns(&variant.passes[pinned].runs)),
-            fmt_spread_ns(&variant.passes[pinned].runs),
+            fmt_ns(variant.passes[pinned].batches.median()),
+            variant.passes[pinned].batches.spread(),
             pinned_mid,
             pinned_spread,
-            fmt_ns(variant.passes[pinned].pooled.p99()),
-            fmt_ns(median_ns(&variant.passes[unpinned].runs)),
+            fmt_ns(variant.passes[pinned].batches.pooled.p99()),
+            fmt_ns(variant.passes[unpinned].batches.median()),
             unpinned_mid,
             unpinned_spread,
             micros(client_cpu),
@@ -118,16 +77,16 @@ pub(super) fn report(
             result,
         ]);
         let pass_json = |pass: Pass| {
-            let data = &variant.passes[pass.index()];
+            let data = &variant.passes[pass.index()].batches;
             let (client, server) = variant.cpu_per_cycle(pass);
             let ratio = ratios(pass.index());
             json!({
                 "run_p50s_ns": data.runs,
-                "median_run_p50_ns": median_ns(&data.runs),
+                "median_run_p50_ns": data.median(),
                 "latency": data.pooled.to_json(),
-                "ratio_median": ratio.map(|r| r.0),
-                "ratio_min": ratio.map(|r| r.1),
-                "ratio_max": ratio.map(|r| r.2),
+                "ratio_median": ratio.map(|r| r.median),
+                "ratio_min": ratio.map(|r| r.low),
+                "ratio_max": ratio.map(|r| r.high),
                 "client_cpu_us_per_cycle": client,
                 "server_cpu_us_per_cycle": server,
             })

@@ -3,7 +3,7 @@
 
 use crate::db::Database;
 use crate::report::Outcome;
-use crate::{BoxError, Plan, pin};
+use crate::{BoxError, Plan, interleave, pin};
 
 use super::report::report;
 use super::variant::{Pass, Variant};
@@ -100,13 +100,10 @@ pub(crate) async fn run(
                 variant.op.cycle().await?;
             }
         }
-        for round in 0..plan.cycle_rounds {
-            for step in 0..count {
-                variants[(round + step) % count]
-                    .batch(pass, plan.cycle_batch)
-                    .await?;
-            }
-        }
+        interleave::rounds(plan.cycle_rounds, count, async |_, side| {
+            variants[side].batch(pass, plan.cycle_batch).await
+        })
+        .await?;
     }
     apply(Pass::Unpinned, &variants, &all, one)?;
     Ok(report(title, id, &variants, plan, &placements, limit))

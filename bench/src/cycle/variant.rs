@@ -1,11 +1,10 @@
 //! What a cycle scenario measures: a variant (one way of taking and giving back a lock),
 //! its role against the baseline, and what each pass (unpinned, pinned) recorded of it.
 
-use std::time::Instant;
-
+use crate::interleave::Batches;
 use crate::ops::Op;
 use crate::otel::Pipeline;
-use crate::stats::{Latencies, as_f64};
+use crate::stats::as_f64;
 use crate::{BoxError, cpu};
 
 /// What a variant is for.
@@ -42,9 +41,7 @@ impl Pass {
 /// What one pass measured of one variant.
 #[derive(Debug)]
 pub(super) struct PassData {
-    pub(super) pooled: Latencies,
-    /// The p50 of each round's batch, in nanoseconds.
-    pub(super) runs: Vec<u64>,
+    pub(super) batches: Batches,
     pub(super) client_ticks: u64,
     pub(super) server_ticks: u64,
 }
@@ -52,8 +49,7 @@ pub(super) struct PassData {
 impl PassData {
     fn new() -> Self {
         Self {
-            pooled: Latencies::new(),
-            runs: Vec::new(),
+            batches: Batches::new(),
             client_ticks: 0,
             server_ticks: 0,
         }
@@ -100,29 +96,25 @@ impl Variant {
     pub(super) async fn batch(&mut self, pass: Pass, cycles: usize) -> Result<(), BoxError> {
         let _tracing = self.tracing.as_ref().map(tracing::dispatcher::set_default);
         let data = &mut self.passes[pass.index()];
-        let mut batch = Latencies::new();
         let client_before = cpu::process_ticks(None).unwrap_or(0);
         let server_before = self.backend.and_then(|pid| cpu::process_ticks(Some(pid)));
-        for _ in 0..cycles {
-            let started = Instant::now();
-            self.op.cycle().await?;
-            batch.record(started.elapsed());
-        }
+        let op = &self.op;
+        data.batches
+            .batch(cycles, async || op.cycle().await)
+            .await?;
         let client_after = cpu::process_ticks(None).unwrap_or(0);
         data.client_ticks += client_after.saturating_sub(client_before);
         if let (Some(pid), Some(before)) = (self.backend, server_before) {
             let after = cpu::process_ticks(Some(pid)).unwrap_or(before);
             data.server_ticks += after.saturating_sub(before);
         }
-        data.runs.push(batch.p50());
-        data.pooled.merge(&batch);
         Ok(())
     }
 
     /// CPU per cycle in microseconds in `pass`: (client, server).
     pub(super) fn cpu_per_cycle(&self, pass: Pass) -> (Option<f64>, Option<f64>) {
         let data = &self.passes[pass.index()];
-        let cycles = data.pooled.count();
+        let cycles = data.batches.pooled.count();
         let per = |ticks: u64| cpu::ticks_to_micros(ticks) / as_f64(cycles.max(1));
         let client = cpu::process_ticks(None).map(|_| per(data.client_ticks));
         let server = self.backend.map(|_| per(data.server_ticks));

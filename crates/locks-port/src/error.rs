@@ -55,13 +55,31 @@ pub enum AcquisitionErrorKind {
 /// assert_eq!(error.kind(), AcquisitionErrorKind::Timeout);
 /// assert_eq!(error.timeout(), Some(Duration::from_millis(200)));
 /// ```
-#[derive(Debug)]
 pub struct LockAcquisitionError {
+    // Boxed: one pointer wide, so every `Result<Guard, LockAcquisitionError>` on an
+    // acquisition's success path stays small (it is moved through every layer).
+    repr: Box<Repr>,
+}
+
+struct Repr {
     key: String,
     kind: AcquisitionErrorKind,
     reason: String,
     timeout: Option<Duration>,
     source: Option<BoxError>,
+}
+
+impl fmt::Debug for LockAcquisitionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let repr = &self.repr;
+        f.debug_struct("LockAcquisitionError")
+            .field("key", &repr.key)
+            .field("kind", &repr.kind)
+            .field("reason", &repr.reason)
+            .field("timeout", &repr.timeout)
+            .field("source", &repr.source)
+            .finish()
+    }
 }
 
 impl LockAcquisitionError {
@@ -73,11 +91,13 @@ impl LockAcquisitionError {
         reason: impl Into<String>,
     ) -> Self {
         Self {
-            key: key.into(),
-            kind,
-            reason: reason.into(),
-            timeout: None,
-            source: None,
+            repr: Box::new(Repr {
+                key: key.into(),
+                kind,
+                reason: reason.into(),
+                timeout: None,
+                source: None,
+            }),
         }
     }
 
@@ -133,45 +153,45 @@ impl LockAcquisitionError {
     /// Records the timeout the call was made with.
     #[must_use]
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = Some(timeout);
+        self.repr.timeout = Some(timeout);
         self
     }
 
     /// Records the error that caused this one.
     #[must_use]
     pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
-        self.source = Some(source.into());
+        self.repr.source = Some(source.into());
         self
     }
 
     /// The key that could not be acquired.
     #[must_use]
     pub fn key(&self) -> &str {
-        &self.key
+        &self.repr.key
     }
 
     /// What went wrong.
     #[must_use]
     pub fn kind(&self) -> AcquisitionErrorKind {
-        self.kind
+        self.repr.kind
     }
 
     /// The reason text of the message.
     #[must_use]
     pub fn reason(&self) -> &str {
-        &self.reason
+        &self.repr.reason
     }
 
     /// The timeout of the failed call, if it had one.
     #[must_use]
     pub fn timeout(&self) -> Option<Duration> {
-        self.timeout
+        self.repr.timeout
     }
 
     /// Whether the failure was a timeout (the lock or a connection stayed busy).
     #[must_use]
     pub fn is_timeout(&self) -> bool {
-        self.kind == AcquisitionErrorKind::Timeout
+        self.repr.kind == AcquisitionErrorKind::Timeout
     }
 }
 
@@ -184,13 +204,18 @@ pub fn timeout_reason(timeout: Duration) -> String {
 
 impl fmt::Display for LockAcquisitionError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Failed to acquire lock '{}': {}", self.key, self.reason)
+        write!(
+            f,
+            "Failed to acquire lock '{}': {}",
+            self.repr.key, self.repr.reason
+        )
     }
 }
 
 impl StdError for LockAcquisitionError {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        self.source
+        self.repr
+            .source
             .as_deref()
             .map(|source| source as &(dyn StdError + 'static))
     }

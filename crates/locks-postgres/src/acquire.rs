@@ -92,7 +92,8 @@ impl Inner {
         }
     }
 
-    /// Records a granted lock and hands out its guard.
+    /// Records a granted lock and hands out its guard: at once, or after taking its
+    /// fencing token when fencing is on.
     pub(crate) async fn register_grant(
         self: &Arc<Self>,
         key: Arc<str>,
@@ -105,7 +106,11 @@ impl Inner {
             Grant::Own(session) => (new_slot(session), Holding::Alone),
             Grant::Shared(member) => (Arc::clone(member.slot()), Holding::Shared(member)),
         };
-        self.register(key, lock_id, mode, slot, holding, span).await
+        if self.settings().fencing {
+            let fencing = self.register_fenced(key, lock_id, mode, slot, holding, span);
+            return Box::pin(fencing).await;
+        }
+        Ok(self.record((key, lock_id, mode, slot, holding), None, span))
     }
 
     /// `acquire` with multiplexing: a try on a shared connection, else the whole

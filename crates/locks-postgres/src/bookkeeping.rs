@@ -365,10 +365,10 @@ impl Inner {
         count
     }
 
-    /// Records a granted lock (on the session in `slot`, owned as `holding` says) and
-    /// hands out its guard; with fencing on, first takes the grant's token (on failure
-    /// the session is closed, which frees the lock).
-    pub(crate) async fn register(
+    /// Takes the fencing token of a granted lock (on the session in `slot`), then
+    /// records it as [`record`](Self::record) does. On failure the session is closed,
+    /// which frees the lock.
+    pub(crate) async fn register_fenced(
         self: &Arc<Self>,
         shared_key: Arc<str>,
         lock_id: i64,
@@ -378,10 +378,7 @@ impl Inner {
         span: &Span,
     ) -> Result<PostgresLockGuard, LockAcquisitionError> {
         let key: &str = &shared_key;
-        let mut info =
-            LockInfo::acquired_now(Arc::clone(&shared_key), lock_id, self.holder_id().cloned())
-                .with_mode(mode);
-        if self.settings().fencing {
+        let fencing_token = {
             let mut session = slot.lock().await;
             let Some(session) = session.as_mut() else {
                 return Err(LockAcquisitionError::new(
@@ -390,35 +387,43 @@ impl Inner {
                     "Database error: the connection ended before the fencing token",
                 ));
             };
-            let fencing_token = Box::pin(
-                self.next_fencing_token(key, lock_id, session)
-                    .instrument(span.clone()),
-            )
-            .await?;
+            let taking = self
+                .next_fencing_token(key, lock_id, session)
+                .instrument(span.clone());
+            Box::pin(taking).await?
+        };
+        let grant = (shared_key, lock_id, mode, slot, holding);
+        Ok(self.record(grant, Some(fencing_token), span))
+    }
+
+    /// Records a granted lock (its key, lock id and mode, on the session in a slot,
+    /// owned as the [`Holding`] says) and hands out its guard. No I/O.
+    pub(crate) fn record(
+        self: &Arc<Self>,
+        (shared_key, lock_id, mode, slot, holding): (Arc<str>, i64, LockMode, SessionSlot, Holding),
+        fencing_token: Option<i64>,
+        span: &Span,
+    ) -> PostgresLockGuard {
+        let mut info =
+            LockInfo::acquired_now(Arc::clone(&shared_key), lock_id, self.holder_id().cloned())
+                .with_mode(mode);
+        if let Some(fencing_token) = fencing_token {
             info = info.with_fencing_token(fencing_token);
         }
         let ticket = self.next_ticket();
         let notifier = LossNotifier::new();
         let lost = notifier.signal();
-        let entry = Held::new(
-            Arc::clone(&shared_key),
-            ticket,
-            lock_id,
-            mode,
-            slot,
-            notifier,
-            holding,
-        );
-        self.book_entries(std::iter::once(entry), span);
         tracing::debug!(
             parent: span,
-            key = self.shown(key),
+            key = self.shown(&shared_key),
             lock_id,
             mode = mode.as_str(),
             holder_id = self.holder_id().map(String::as_str),
             "lock acquired"
         );
-        Ok(PostgresLockGuard::new(Arc::clone(self), info, ticket, lost))
+        let entry = Held::new(shared_key, ticket, lock_id, mode, slot, notifier, holding);
+        self.book_entries(std::iter::once(entry), span);
+        PostgresLockGuard::new(Arc::clone(self), info, ticket, lost)
     }
 
     /// Adds the entries of a grant to the bookkeeping and makes sure the health
@@ -540,9 +545,13 @@ impl Inner {
             return ReleaseOutcome::Unlocked;
         };
         let (key, lock_id) = (Arc::clone(&first.key), first.lock_id);
-        // Waits for a keepalive in flight (bounded by the answer timeout).
+        // Waits for a keepalive in flight (bounded by the answer timeout); free, as it
+        // nearly always is, the slot is taken without the lock's future.
         let slot = Arc::clone(&first.slot);
-        let mut slot = slot.lock().await;
+        let mut slot = match slot.try_lock() {
+            Ok(slot) => slot,
+            Err(_) => slot.lock().await,
+        };
         let Some(session) = slot.as_mut() else {
             // The health monitor took it: the lock was lost meanwhile.
             record_released(recorder, false);

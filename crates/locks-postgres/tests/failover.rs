@@ -14,13 +14,14 @@ use locks_port::{
     ReleaseOutcome,
 };
 use locks_postgres::deadpool_postgres::Pool;
-use locks_postgres::tokio_postgres::{self, NoTls};
+use locks_postgres::tokio_postgres;
 use locks_postgres::{PostgresLockGuard, PostgresLockManager};
+use throwaway_pg::testing::granted_advisory_locks;
 use throwaway_pg::{PrimaryWithStandby, ThrowawayPostgres};
 
 // The `it` binary's helpers; only `holders` (granted sessions of one lock in pg_locks) is
 // used here, the rest serves the shared test server this binary does not use.
-#[allow(dead_code)]
+#[allow(dead_code, unused_imports)]
 #[path = "it/support.rs"]
 mod support;
 use support::holders;
@@ -69,23 +70,7 @@ fn pool(url: &str, size: usize) -> Pool {
 }
 
 async fn admin(server: &ThrowawayPostgres) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(&server.url(), NoTls)
-        .await
-        .expect("admin connection");
-    tokio::spawn(connection);
-    client
-}
-
-/// The advisory locks granted on the server the admin session is connected to.
-async fn advisory_locks(admin: &tokio_postgres::Client) -> i64 {
-    admin
-        .query_one(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted",
-            &[],
-        )
-        .await
-        .expect("pg_locks")
-        .get(0)
+    throwaway_pg::testing::connect(&server.url()).await
 }
 
 fn keys(name: &str, count: usize) -> Vec<String> {
@@ -141,7 +126,7 @@ async fn a_failover_loses_every_lock_and_new_ones_land_on_the_promoted_standby()
         assert_eq!(holders(&on_primary, manager.lock_id(key)).await, 1, "{key}");
     }
     assert_eq!(
-        advisory_locks(&on_standby).await,
+        granted_advisory_locks(&on_standby).await,
         0,
         "advisory locks are not replicated to the standby"
     );
@@ -205,7 +190,7 @@ async fn a_failover_loses_every_lock_and_new_ones_land_on_the_promoted_standby()
     for guard in new_guards {
         assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
     }
-    assert_eq!(advisory_locks(&on_standby).await, 0);
+    assert_eq!(granted_advisory_locks(&on_standby).await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -293,7 +278,7 @@ async fn a_manager_on_a_read_only_standby_refuses_to_lock() {
     // The refused session is closed, not pooled: whatever its pipelined try took on the
     // standby is gone once the backend sees the connection end.
     let started = Instant::now();
-    while advisory_locks(&on_standby).await != 0 {
+    while granted_advisory_locks(&on_standby).await != 0 {
         assert!(
             started.elapsed() < DETECTION_BOUND,
             "a refused session left an advisory lock on the standby"

@@ -324,15 +324,7 @@ fn partition(name: &str, octet: u8, bouncer_timers: Option<&str>, plans: &[Plan]
     let waiting = |lock_id: i64| -> i64 {
         runtime.block_on(async {
             let client = pool.get().await.expect("near connection");
-            client
-                .query_one(
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
-                     AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = $1",
-                    &[&lock_id],
-                )
-                .await
-                .unwrap()
-                .get(0)
+            throwaway_pg::testing::advisory_count(&client, lock_id, false).await
         })
     };
 

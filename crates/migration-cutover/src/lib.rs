@@ -12,6 +12,8 @@ mod ports;
 mod report;
 mod router;
 mod state;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod timer;
 
 pub use config::{ConfigError, MigrationConfig};

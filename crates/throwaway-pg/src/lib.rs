@@ -9,6 +9,8 @@ mod pgbouncer;
 mod process;
 mod replication;
 mod shared;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod watchdog;
 
 pub use binaries::BINDIR_ENV;

@@ -88,10 +88,7 @@ fn transaction_pooler() -> PgBouncer {
 async fn occupy_all_but(bouncer: &PgBouncer, pid: i32, keep_pid: bool) -> tokio_postgres::Client {
     let mut occupied = Vec::new();
     for _ in 0..2 {
-        let (client, connection) = tokio_postgres::connect(&bouncer.url(), tokio_postgres::NoTls)
-            .await
-            .expect("connect through pgbouncer");
-        tokio::spawn(connection);
+        let client = throwaway_pg::testing::connect(&bouncer.url()).await;
         client.batch_execute("BEGIN").await.expect("begin");
         let backend: i32 = client
             .query_one("SELECT pg_backend_pid()", &[])

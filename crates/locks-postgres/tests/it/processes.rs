@@ -3,31 +3,17 @@
 //!
 //! # How the child processes are made
 //!
-//! Integration tests cannot run example binaries, so this test binary re-executes
-//! itself. [`Child::spawn`] starts its own executable (`/proc/self/exe`, else
-//! `std::env::current_exe()`) with
-//! `--exact processes::child_entry --nocapture --test-threads=1` and the role in
-//! `LOCKS_CHILD_ROLE`; in that process libtest runs only [`child_entry`], which sees
-//! the role, plays it and leaves with `std::process::exit` (so nothing is dropped: a
-//! lock still held is freed only because the process's connections close). In a
-//! normal test run `child_entry` finds no role and passes at once.
-//!
-//! The parent passes its own database URL in `LOCKS_DATABASE_URL`, so every child
-//! talks to the same server. Parent and child talk over the child's stdin (one
-//! command a line) and stdout (messages after `CHILD:`; libtest's own output is
-//! skipped). The child's stderr is inherited, so its panics show in the test output.
+//! This test binary re-executes itself through `throwaway_pg::testing::child` (see there):
+//! [`spawn`] starts it running only [`child_entry`] with the role in `LOCKS_CHILD_ROLE`;
+//! in a normal test run `child_entry` finds no role and passes at once.
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
-use std::process::{ChildStdin, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use locks_port::{
     AcquireOptions, AcquisitionErrorKind, DistributedLock, LockGuard, LockRegistry, ReleaseOutcome,
 };
 use locks_postgres::PostgresLockManager;
-use locks_postgres::tokio_postgres::{self, NoTls};
-use tokio::sync::mpsc;
+use throwaway_pg::testing::child::{Child, command, env, say};
 
 use crate::faults::{wait_for, waiting_pids};
 use crate::support::{admin, database_url, holders, pool, unique_key};
@@ -36,10 +22,6 @@ const ROLE: &str = "LOCKS_CHILD_ROLE";
 const KEY: &str = "LOCKS_CHILD_KEY";
 const TABLE: &str = "LOCKS_CHILD_TABLE";
 const ITERATIONS: &str = "LOCKS_CHILD_ITERATIONS";
-const PREFIX: &str = "CHILD:";
-
-/// How long the parent waits for any one message of a child (a liveness bound).
-const CHILD_ANSWER: Duration = Duration::from_secs(60);
 
 // ---------------------------------------------------------------------------------
 // The child side.
@@ -48,38 +30,11 @@ const CHILD_ANSWER: Duration = Duration::from_secs(60);
 /// documentation).
 #[test]
 fn child_entry() {
-    let Ok(role) = std::env::var(ROLE) else {
-        return;
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("child runtime");
-    match role.as_str() {
-        "hold" => child_hold(&runtime),
+    throwaway_pg::testing::child::entry(ROLE, |role, runtime| match role {
+        "hold" => child_hold(runtime),
         "counter" => runtime.block_on(child_counter()),
         other => panic!("unknown {ROLE} {other:?}"),
-    }
-    std::process::exit(0);
-}
-
-fn say(message: &str) {
-    println!("{PREFIX}{message}");
-    std::io::stdout().flush().expect("child stdout");
-}
-
-/// The next command from the parent; `None` at end of input.
-fn command() -> Option<String> {
-    let mut line = String::new();
-    match std::io::stdin().read_line(&mut line) {
-        Ok(0) | Err(_) => None,
-        Ok(_) => Some(line.trim().to_owned()),
-    }
-}
-
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("child needs {name}"))
+    });
 }
 
 /// Takes the key, says `held {lock_id}`, then on `release` releases it and says
@@ -113,10 +68,7 @@ async fn child_counter() {
     let table = env(TABLE);
     let iterations: u32 = env(ITERATIONS).parse().expect("a number of iterations");
     let manager = PostgresLockManager::new(pool(2));
-    let (client, connection) = tokio_postgres::connect(&database_url(), NoTls)
-        .await
-        .expect("child data connection");
-    tokio::spawn(connection);
+    let client = throwaway_pg::testing::connect(&database_url()).await;
     let read = format!("SELECT value FROM {table} WHERE id = 1");
     let write = format!("UPDATE {table} SET value = $1 WHERE id = 1");
     say("ready");
@@ -144,120 +96,14 @@ async fn child_counter() {
 // ---------------------------------------------------------------------------------
 // The parent side.
 
-/// A child process of this test binary; killed and reaped on drop.
-struct Child {
-    role: &'static str,
-    process: std::process::Child,
-    stdin: Option<ChildStdin>,
-    messages: mpsc::UnboundedReceiver<String>,
-}
-
-impl Child {
-    fn spawn(role: &'static str, vars: &[(&str, &str)]) -> Self {
-        let mut command = Command::new(this_test_binary());
-        command
-            .args([
-                "--exact",
-                "processes::child_entry",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(ROLE, role)
-            .env("LOCKS_DATABASE_URL", database_url())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        for (name, value) in vars {
-            command.env(name, value);
-        }
-        let mut process = command.spawn().expect("spawn a child test process");
-        let stdout = process.stdout.take().expect("piped stdout");
-        let (sender, messages) = mpsc::unbounded_channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                // libtest prints `test processes::child_entry ... ` without a newline
-                // before the test runs, so the first message shares its line.
-                if let Some((_, message)) = line.split_once(PREFIX)
-                    && sender.send(message.to_owned()).is_err()
-                {
-                    break;
-                }
-            }
-        });
-        Self {
-            role,
-            stdin: process.stdin.take(),
-            process,
-            messages,
-        }
-    }
-
-    /// Waits for the child's next message, which must start with `word`; returns the
-    /// rest of it.
-    async fn expect(&mut self, word: &str) -> String {
-        let message = tokio::time::timeout(CHILD_ANSWER, self.messages.recv())
-            .await
-            .unwrap_or_else(|_| panic!("{} child: no {word:?} within {CHILD_ANSWER:?}", self.role));
-        let Some(message) = message else {
-            let status = self.process.wait().expect("reap the child");
-            panic!(
-                "{} child exited ({status}) before saying {word:?}",
-                self.role
-            );
-        };
-        let rest = message
-            .strip_prefix(word)
-            .unwrap_or_else(|| panic!("{} child said {message:?}, expected {word:?}", self.role));
-        rest.trim().to_owned()
-    }
-
-    fn send(&mut self, command: &str) {
-        let stdin = self.stdin.as_mut().expect("stdin still open");
-        writeln!(stdin, "{command}").expect("write to the child");
-        stdin.flush().expect("flush to the child");
-    }
-
-    /// Waits (polling, so no runtime thread blocks) for the child to exit.
-    async fn exit_status(&mut self) -> ExitStatus {
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.process.try_wait().expect("child status") {
-                return status;
-            }
-            assert!(
-                started.elapsed() < CHILD_ANSWER,
-                "{} child did not exit within {CHILD_ANSWER:?}",
-                self.role
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    /// SIGKILL (what `Child::kill` sends on Unix) and reap.
-    fn kill(&mut self) {
-        self.process.kill().expect("kill the child");
-        self.process.wait().expect("reap the child");
-    }
-}
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.process.kill();
-        let _ = self.process.wait();
-    }
-}
-
-/// The running test binary. Other builds in a shared target directory can replace
-/// the file while the tests run; on Linux `/proc/self/exe` still names the running
-/// image, so prefer it.
-fn this_test_binary() -> PathBuf {
-    let running = Path::new("/proc/self/exe");
-    if running.exists() {
-        running.to_owned()
-    } else {
-        std::env::current_exe().expect("the test binary's path")
-    }
+/// A child process of this test binary playing `role`, with `vars` in its environment.
+fn spawn(role: &str, vars: &[(&str, &str)]) -> Child {
+    let role_var = [(ROLE, role)];
+    Child::spawn(
+        format!("{role} child"),
+        "processes::child_entry",
+        role_var.iter().chain(vars).copied(),
+    )
 }
 
 fn timeout(duration: Duration) -> AcquireOptions {
@@ -304,7 +150,7 @@ async fn a_lock_held_by_another_process_excludes_until_it_releases() {
     let key = unique_key("process-release");
     let lock_id = locks_port::lock_id(&key);
 
-    let mut child = Child::spawn("hold", &[(KEY, &key)]);
+    let mut child = spawn("hold", &[(KEY, &key)]);
     assert_eq!(child.expect("held").await, lock_id.to_string());
     assert_eq!(holders(&admin, lock_id).await, 1);
     assert!(manager.try_acquire(&key).await.unwrap().is_none());
@@ -348,7 +194,7 @@ async fn a_lock_is_freed_when_its_process_exits_without_releasing() {
     let key = unique_key("process-exit");
     let lock_id = locks_port::lock_id(&key);
 
-    let mut child = Child::spawn("hold", &[(KEY, &key)]);
+    let mut child = spawn("hold", &[(KEY, &key)]);
     child.expect("held").await;
     assert!(manager.try_acquire(&key).await.unwrap().is_none());
     child.send("exit");
@@ -368,7 +214,7 @@ async fn a_holder_killed_with_sigkill_frees_its_lock() {
     let key = unique_key("sigkill");
     let lock_id = locks_port::lock_id(&key);
 
-    let mut child = Child::spawn("hold", &[(KEY, &key)]);
+    let mut child = spawn("hold", &[(KEY, &key)]);
     child.expect("held").await;
     assert_eq!(holders(&admin, lock_id).await, 1);
     assert!(manager.try_acquire(&key).await.unwrap().is_none());
@@ -403,13 +249,7 @@ async fn processes_incrementing_under_the_lock_lose_no_update() {
     const ITERATIONS_EACH: i64 = 30;
     let admin = admin().await;
     let key = unique_key("counter");
-    let table = format!(
-        "it_counter_{}_{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |elapsed| elapsed.as_nanos())
-    );
+    let table = throwaway_pg::testing::unique("it_counter");
     admin
         .batch_execute(&format!(
             "CREATE TABLE IF NOT EXISTS {table} (id int PRIMARY KEY, value bigint NOT NULL); \
@@ -421,7 +261,7 @@ async fn processes_incrementing_under_the_lock_lose_no_update() {
     let iterations = ITERATIONS_EACH.to_string();
     let mut children: Vec<Child> = (0..PROCESSES)
         .map(|_| {
-            Child::spawn(
+            spawn(
                 "counter",
                 &[(KEY, &key), (TABLE, &table), (ITERATIONS, &iterations)],
             )

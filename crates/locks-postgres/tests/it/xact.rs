@@ -3,22 +3,15 @@
 
 use std::time::{Duration, Instant};
 
-use locks_postgres::tokio_postgres::{self, Client, NoTls, Transaction};
+use locks_postgres::tokio_postgres::{Client, Transaction};
 use locks_postgres::{AdvisoryLockMode, TransactionLockError, TransactionLocks};
+use throwaway_pg::testing::connect;
 use throwaway_pg::{PgBouncer, PoolMode};
 
 use crate::support::{admin, database_url, holders, unique_key};
 
 const EXCLUSIVE: AdvisoryLockMode = AdvisoryLockMode::Exclusive;
 const SHARED: AdvisoryLockMode = AdvisoryLockMode::Shared;
-
-async fn connect(url: &str) -> Client {
-    let (client, connection) = tokio_postgres::connect(url, NoTls)
-        .await
-        .expect("connection");
-    tokio::spawn(connection);
-    client
-}
 
 async fn client() -> Client {
     connect(&database_url()).await

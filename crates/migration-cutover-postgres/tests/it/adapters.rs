@@ -223,19 +223,12 @@ pub(crate) async fn advisory(
     mode: &str,
     granted: bool,
 ) -> i64 {
-    let bits = u64::from_be_bytes(lock_id.to_be_bytes());
-    let high = i64::try_from(bits >> 32).unwrap();
-    let low = i64::try_from(bits & 0xFFFF_FFFF).unwrap();
-    client
-        .query_one(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
-             AND classid::bigint = $1 AND objid::bigint = $2 AND mode = $3 AND granted = $4 \
-             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-            &[&high, &low, &mode, &granted],
-        )
-        .await
-        .unwrap()
-        .get(0)
+    let rows = throwaway_pg::testing::advisory_lock(client, lock_id).await;
+    let count = rows
+        .iter()
+        .filter(|row| row.here && row.mode == mode && row.granted == granted)
+        .count();
+    i64::try_from(count).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

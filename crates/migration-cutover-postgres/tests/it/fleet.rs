@@ -3,14 +3,10 @@
 //!
 //! # How the child processes are made
 //!
-//! This test binary re-executes itself (`/proc/self/exe`, else `current_exe()`) with
-//! `--exact fleet::child_entry --nocapture --test-threads=1` and the role in
-//! `MCP_CHILD_ROLE`; in that process only [`child_entry`] runs, plays the role and leaves
-//! with `std::process::exit`. In a normal run `child_entry` finds no role and passes. The
-//! parent passes the server (`LOCKS_DATABASE_URL`) and the fleet's databases in the
-//! environment; commands go to the child's stdin one a line, answers come back on its
-//! stdout after `CHILD:`.
-//!
+//! This test binary re-executes itself through `throwaway_pg::testing::child` (see there)
+//! running only [`child_entry`], with the role in `MCP_CHILD_ROLE` and the fleet's
+//! databases in the environment; in a normal run `child_entry` finds no role and passes.
+
 //! # The negative control
 //!
 //! With `MCP_NO_WRITE_LOCK=1` in the environment, instance processes write through
@@ -18,9 +14,6 @@
 //! accepted by the source after the cutover's final copy are missing from the target).
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
-use std::process::{ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -29,17 +22,14 @@ use migration_cutover::uuid::Uuid;
 use migration_cutover::{CutoverOutcome, Event, EventStore, RoutingRepository, TenantRoute};
 use migration_cutover::{Phase, RoutingState};
 use migration_cutover_postgres::write_lock_id;
-use tokio::sync::mpsc;
+pub(crate) use throwaway_pg::testing::child::{command, env, say};
 
 use crate::adapters::advisory;
-use crate::support::{Fleet, Instance, SOURCE, TARGET, connect, database_url, test_config};
+use crate::support::{Fleet, Instance, SOURCE, TARGET, connect, test_config};
 
 const ROLE: &str = "MCP_CHILD_ROLE";
 pub(crate) const TENANT: &str = "MCP_TENANT";
 pub(crate) const WRITERS: &str = "MCP_WRITERS";
-const PREFIX: &str = "CHILD:";
-/// How long the parent waits for any one message of a child (a liveness bound).
-const CHILD_ANSWER: Duration = Duration::from_secs(60);
 /// The pause budget of the tests (the default).
 pub(crate) const BUDGET: Duration = Duration::from_millis(500);
 /// How long a pause waits for the writes under way (the default).
@@ -55,38 +45,12 @@ const MARGIN: Duration = Duration::from_millis(250 + 250);
 /// The entry point of child processes; a no-op in a normal test run.
 #[test]
 fn child_entry() {
-    let Ok(role) = std::env::var(ROLE) else {
-        return;
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("child runtime");
-    match role.as_str() {
+    throwaway_pg::testing::child::entry(ROLE, |role, runtime| match role {
         "instance" => runtime.block_on(child_instance()),
         "holder" => runtime.block_on(child_holder()),
         "coordinator" => runtime.block_on(crate::crash::child_coordinator()),
         other => panic!("unknown {ROLE} {other:?}"),
-    }
-    std::process::exit(0);
-}
-
-pub(crate) fn say(message: &str) {
-    println!("{PREFIX}{message}");
-    std::io::stdout().flush().expect("child stdout");
-}
-
-pub(crate) fn command() -> Option<String> {
-    let mut line = String::new();
-    match std::io::stdin().read_line(&mut line) {
-        Ok(0) | Err(_) => None,
-        Ok(_) => Some(line.trim().to_owned()),
-    }
-}
-
-pub(crate) fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("child needs {name}"))
+    });
 }
 
 pub(crate) fn micros(at: SystemTime) -> u128 {
@@ -245,99 +209,33 @@ async fn child_holder() {
 // ---------------------------------------------------------------------------------
 // The parent side.
 
-/// A child process of this test binary; killed and reaped on drop.
-pub(crate) struct Child {
-    name: String,
-    process: std::process::Child,
-    stdin: Option<ChildStdin>,
-    messages: mpsc::UnboundedReceiver<String>,
+/// A child process of this test binary with the fleet in its environment; killed and
+/// reaped on drop.
+pub(crate) struct Child(throwaway_pg::testing::child::Child);
+
+impl std::ops::Deref for Child {
+    type Target = throwaway_pg::testing::child::Child;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
 }
 
-fn this_test_binary() -> PathBuf {
-    let running = Path::new("/proc/self/exe");
-    if running.exists() {
-        running.to_owned()
-    } else {
-        std::env::current_exe().expect("the test binary's path")
+impl std::ops::DerefMut for Child {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
     }
 }
 
 impl Child {
     pub(crate) fn spawn(name: &str, role: &str, fleet: &Fleet, vars: &[(&str, String)]) -> Self {
-        let mut command = Command::new(this_test_binary());
-        command
-            .args([
-                "--exact",
-                "fleet::child_entry",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(ROLE, role)
-            .env("LOCKS_DATABASE_URL", database_url())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        for (name, value) in fleet.vars().iter().chain(vars) {
-            command.env(name, value);
-        }
-        let mut process = command.spawn().expect("spawn a child test process");
-        let stdout = process.stdout.take().expect("piped stdout");
-        let (sender, messages) = mpsc::unbounded_channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some((_, message)) = line.split_once(PREFIX)
-                    && sender.send(message.to_owned()).is_err()
-                {
-                    break;
-                }
-            }
-        });
-        Self {
-            name: name.to_owned(),
-            stdin: process.stdin.take(),
-            process,
-            messages,
-        }
-    }
-
-    pub(crate) async fn expect(&mut self, word: &str) -> String {
-        let message = tokio::time::timeout(CHILD_ANSWER, self.messages.recv())
-            .await
-            .unwrap_or_else(|_| panic!("{}: no {word:?} within {CHILD_ANSWER:?}", self.name));
-        let Some(message) = message else {
-            let status = self.process.wait().expect("reap the child");
-            panic!("{} exited ({status}) before saying {word:?}", self.name);
-        };
-        message
-            .strip_prefix(word)
-            .unwrap_or_else(|| panic!("{} said {message:?}, expected {word:?}", self.name))
-            .trim()
-            .to_owned()
-    }
-
-    /// The child's next message, whatever it is.
-    pub(crate) async fn next(&mut self) -> String {
-        tokio::time::timeout(CHILD_ANSWER, self.messages.recv())
-            .await
-            .unwrap_or_else(|_| panic!("{}: silent for {CHILD_ANSWER:?}", self.name))
-            .unwrap_or_else(|| panic!("{} exited", self.name))
-    }
-
-    /// Every message the child still had to say, once it is gone (killed).
-    pub(crate) async fn rest(&mut self) -> Vec<String> {
-        let mut rest = Vec::new();
-        while let Ok(Some(message)) = tokio::time::timeout(CHILD_ANSWER, self.messages.recv()).await
-        {
-            rest.push(message);
-        }
-        rest
-    }
-
-    pub(crate) fn send(&mut self, command: &str) {
-        let stdin = self.stdin.as_mut().expect("stdin open");
-        writeln!(stdin, "{command}").expect("write to the child");
-        stdin.flush().expect("flush to the child");
+        let role = (ROLE, role.to_owned());
+        let vars = fleet.vars().into_iter().chain(vars.iter().cloned());
+        Self(throwaway_pg::testing::child::Child::spawn(
+            name,
+            "fleet::child_entry",
+            std::iter::once(role).chain(vars),
+        ))
     }
 
     /// `stop`, then every acknowledgement line until `stopped`.
@@ -345,27 +243,12 @@ impl Child {
         self.send("stop");
         let mut acks = Vec::new();
         loop {
-            let message = tokio::time::timeout(CHILD_ANSWER, self.messages.recv())
-                .await
-                .unwrap_or_else(|_| panic!("{}: no acks within {CHILD_ANSWER:?}", self.name))
-                .unwrap_or_else(|| panic!("{} exited while stopping", self.name));
+            let message = self.next().await;
             if message.starts_with("stopped") {
                 return acks;
             }
             acks.push(Ack::parse(process, &message));
         }
-    }
-
-    pub(crate) fn kill(&mut self) {
-        self.process.kill().expect("kill the child");
-        self.process.wait().expect("reap the child");
-    }
-}
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.process.kill();
-        let _ = self.process.wait();
     }
 }
 

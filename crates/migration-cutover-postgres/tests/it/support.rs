@@ -1,7 +1,6 @@
 //! Shared set-up: a fleet of two databases on the test server, and instances over it.
 
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use locks_postgres::PostgresLockManager;
@@ -12,18 +11,11 @@ use migration_cutover_postgres::{
     PostgresEventStore, PostgresMigrationRepository, PostgresRoutingRepository, PostgresWritePause,
     PostgresWriteRouter, TableName, install_fleet, install_store,
 };
+pub(crate) use throwaway_pg::testing::{database_url, unique};
 
 /// The store ids of every test fleet.
 pub(crate) const SOURCE: &str = "shared";
 pub(crate) const TARGET: &str = "dedicated";
-
-/// The URL of the test server: `LOCKS_DATABASE_URL`, or a throwaway cluster started
-/// once for this test process.
-pub(crate) fn database_url() -> String {
-    throwaway_pg::database_url().unwrap_or_else(|error| {
-        panic!("no PostgreSQL for the tests: set LOCKS_DATABASE_URL or install PostgreSQL: {error}")
-    })
-}
 
 fn config_for(database: Option<&str>) -> tokio_postgres::Config {
     let mut config = tokio_postgres::Config::from_str(&database_url()).expect("test URL");
@@ -50,19 +42,6 @@ pub(crate) fn pool(database: &str, size: usize) -> Pool {
 
 pub(crate) fn table(name: &str) -> TableName {
     TableName::new(name).expect("a valid table name")
-}
-
-/// A name no other test (or test process) uses.
-pub(crate) fn unique(name: &str) -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_nanos() % 1_000_000_000);
-    format!(
-        "{name}_{}_{nanos}_{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
 }
 
 /// Two databases: `a` holds the source store `shared.events` and the fleet's tables

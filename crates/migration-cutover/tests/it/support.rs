@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use locks_memory::{InMemoryLockManager, InMemoryLockTable};
+use migration_cutover::testing::{World, WorldCoordinator};
 use migration_cutover::{
-    Event, EventStore, InMemoryEventStore, InMemoryMigrationRepository, InMemoryRoutingRepository,
-    InMemoryWritePause, MigrationConfig, MigrationCoordinator, MigrationPorts, RepositoryError,
-    RoutingRepository, RoutingState, StoreError, StoredEvent, Stores, TenantRoute, WritePause,
-    WriteRouter,
+    Event, EventStore, InMemoryEventStore, InMemoryRoutingRepository, MigrationConfig,
+    RepositoryError, RoutingRepository, RoutingState, StoreError, StoredEvent, TenantRoute,
+    WritePause,
 };
 use uuid::Uuid;
 
@@ -188,67 +188,49 @@ impl RoutingRepository for FaultyRouting {
     }
 }
 
-pub(crate) type Ports =
-    MigrationPorts<FaultyStore, FaultyRouting, InMemoryWritePause, InMemoryMigrationRepository>;
-pub(crate) type Coordinator = MigrationCoordinator<
-    InMemoryLockManager,
-    FaultyStore,
-    FaultyRouting,
-    InMemoryWritePause,
-    InMemoryMigrationRepository,
->;
-pub(crate) type Router = WriteRouter<FaultyStore, FaultyRouting, InMemoryWritePause>;
+pub(crate) type Coordinator = WorldCoordinator<InMemoryLockManager, FaultyStore, FaultyRouting>;
 
 pub(crate) const SOURCE: &str = "source";
 pub(crate) const TARGET: &str = "target";
 
-/// One tenant routed to `source`, an empty `target`, and one lock table that every
+/// The shared world ([`World`]) on fault-injecting stores and routing, its tenant routed
+/// to `source` (a write the routing table does not record), and one lock table that every
 /// coordinator of the harness shares (like instances sharing one database).
 pub(crate) struct Harness {
-    pub(crate) tenant: Uuid,
-    pub(crate) source: FaultyStore,
-    pub(crate) target: FaultyStore,
-    pub(crate) routing: FaultyRouting,
-    pub(crate) ports: Ports,
+    world: World<FaultyStore, FaultyRouting>,
     pub(crate) table: InMemoryLockTable,
+}
+
+impl std::ops::Deref for Harness {
+    type Target = World<FaultyStore, FaultyRouting>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.world
+    }
 }
 
 impl Harness {
     pub(crate) async fn new() -> Self {
-        let source = FaultyStore::default();
-        let target = FaultyStore::default();
-        let routing = FaultyRouting::default();
-        let ports = MigrationPorts::new(
-            Stores::new()
-                .with_store(SOURCE, source.clone())
-                .with_store(TARGET, target.clone()),
-            routing.clone(),
-            InMemoryWritePause::new(),
-            InMemoryMigrationRepository::new(),
+        let world = World::new(
+            (SOURCE, FaultyStore::default()),
+            (TARGET, FaultyStore::default()),
+            FaultyRouting::default(),
         );
-        let tenant = Uuid::new_v4();
-        routing
+        world
+            .routing
             .inner
-            .put(TenantRoute::normal(tenant, SOURCE))
+            .put(TenantRoute::normal(world.tenant, SOURCE))
             .await
             .unwrap();
         Self {
-            tenant,
-            source,
-            target,
-            routing,
-            ports,
+            world,
             table: InMemoryLockTable::new(),
         }
     }
 
     /// A coordinator (one "instance") on the shared lock table.
     pub(crate) fn coordinator(&self, config: MigrationConfig) -> Coordinator {
-        MigrationCoordinator::new(self.ports.clone(), self.table.manager()).with_config(config)
-    }
-
-    pub(crate) fn router(&self) -> Router {
-        WriteRouter::new(&self.ports, &MigrationConfig::new())
+        self.world.coordinator(self.table.manager(), config)
     }
 
     pub(crate) fn route(&self) -> TenantRoute {
@@ -260,32 +242,6 @@ impl Harness {
 
     pub(crate) fn is_paused(&self) -> bool {
         self.ports.pause().is_paused(self.tenant)
-    }
-
-    /// Writes `n` events one by one through the router; returns their ids in order.
-    pub(crate) async fn write(&self, n: usize) -> Vec<Uuid> {
-        let router = self.router();
-        let mut ids = Vec::new();
-        for i in 0..n {
-            let event = Event::new("Written", i.to_string());
-            router
-                .append(self.tenant, std::slice::from_ref(&event))
-                .await
-                .unwrap();
-            ids.push(event.id);
-        }
-        ids
-    }
-
-    /// Start, bulk copy and dual write; returns the migration id.
-    pub(crate) async fn to_dual_write(&self, coordinator: &Coordinator) -> Uuid {
-        let migration = coordinator
-            .start_migration(self.tenant, SOURCE, TARGET)
-            .await
-            .unwrap();
-        coordinator.bulk_copy(migration.id).await.unwrap();
-        coordinator.enable_dual_write(migration.id).await.unwrap();
-        migration.id
     }
 
     /// Waits (up to 5 s) until the tenant's writes are paused.

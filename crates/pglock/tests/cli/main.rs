@@ -11,20 +11,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use locks_postgres::tokio_postgres::{self, NoTls};
+use locks_postgres::tokio_postgres;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use throwaway_pg::testing::{admin, database_url};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
 /// Generous bound for things that happen "at once" on a loaded machine.
 const SOON: Duration = Duration::from_secs(30);
-
-fn database_url() -> String {
-    throwaway_pg::database_url().unwrap_or_else(|error| {
-        panic!("no PostgreSQL for the tests: set LOCKS_DATABASE_URL or install PostgreSQL: {error}")
-    })
-}
 
 /// `pglock --url <test server>`, with no connection settings from the environment.
 fn pglock() -> Command {
@@ -74,44 +69,18 @@ fn stderr(output: &Output) -> String {
 
 /// A key and a scratch folder no other test uses.
 fn unique(name: &str) -> (String, PathBuf) {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_nanos());
-    let tag = format!(
-        "{}-{nanos}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    );
-    let dir = std::env::temp_dir().join(format!("pglock-test-{name}-{tag}"));
+    let tag = throwaway_pg::testing::unique(name);
+    let dir = std::env::temp_dir().join(format!("pglock-test-{tag}"));
     std::fs::create_dir_all(&dir).expect("scratch folder");
-    (format!("pglock-test:{name}:{tag}"), dir)
-}
-
-async fn admin() -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(&database_url(), NoTls)
-        .await
-        .expect("admin connection");
-    tokio::spawn(connection);
-    client
+    (format!("pglock-test:{tag}"), dir)
 }
 
 /// `(pid, granted)` of every session holding or waiting for the advisory lock `lock_id`.
 async fn lock_rows(admin: &tokio_postgres::Client, lock_id: i64) -> Vec<(i32, bool)> {
-    let bits = u64::from_be_bytes(lock_id.to_be_bytes());
-    let high = i64::try_from(bits >> 32).expect("32 bits");
-    let low = i64::try_from(bits & 0xFFFF_FFFF).expect("32 bits");
-    admin
-        .query(
-            "SELECT pid, granted FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
-             AND classid::bigint = $1 AND objid::bigint = $2 ORDER BY granted DESC, pid",
-            &[&high, &low],
-        )
+    throwaway_pg::testing::advisory_lock(admin, lock_id)
         .await
-        .expect("pg_locks")
-        .iter()
-        .map(|row| (row.get(0), row.get(1)))
+        .into_iter()
+        .map(|row| (row.pid, row.granted))
         .collect()
 }
 

@@ -46,9 +46,10 @@ use std::time::{Duration, Instant};
 
 use locks_port::{AcquireOptions, DistributedLock, LockGuard, LostReason, ReleaseOutcome};
 use locks_postgres::deadpool_postgres::Pool;
-use locks_postgres::tokio_postgres::{self, NoTls};
+use locks_postgres::tokio_postgres;
 use locks_postgres::{PostgresLockGuard, PostgresLockManager, PostgresLockManagerBuilder};
 use throwaway_pg::ThrowawayPostgres;
+pub(crate) use throwaway_pg::testing::connect as admin_at;
 
 use crate::support::{admin, holders, pool, unique_key};
 
@@ -71,22 +72,16 @@ where
     }
 }
 
-/// The `pg_locks` rows of the bigint advisory lock `lock_id` with this `granted`.
+/// The backends holding (`granted`) or queued for the advisory lock `lock_id`, by pid.
 async fn lock_pids(admin: &tokio_postgres::Client, lock_id: i64, granted: bool) -> Vec<i32> {
-    let bits = u64::from_be_bytes(lock_id.to_be_bytes());
-    let high = i64::try_from(bits >> 32).expect("32 bits");
-    let low = i64::try_from(bits & 0xFFFF_FFFF).expect("32 bits");
-    admin
-        .query(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted = $3 \
-             AND objsubid = 1 AND classid::bigint = $1 AND objid::bigint = $2 ORDER BY pid",
-            &[&high, &low, &granted],
-        )
+    let mut pids: Vec<i32> = throwaway_pg::testing::advisory_lock(admin, lock_id)
         .await
-        .expect("pg_locks")
-        .iter()
-        .map(|row| row.get(0))
-        .collect()
+        .into_iter()
+        .filter(|row| row.granted == granted)
+        .map(|row| row.pid)
+        .collect();
+    pids.sort_unstable();
+    pids
 }
 
 /// The backends holding the advisory lock `lock_id`.
@@ -384,14 +379,6 @@ fn pool_from(config: tokio_postgres::Config, size: usize) -> Pool {
 /// The test server's connection settings, for a pool with settings a URL does not carry.
 fn test_server_config() -> tokio_postgres::Config {
     tokio_postgres::Config::from_str(&crate::support::database_url()).expect("a valid database URL")
-}
-
-async fn admin_at(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, NoTls)
-        .await
-        .expect("admin connection");
-    tokio::spawn(connection);
-    client
 }
 
 /// A cluster of one test alone (`what` it is for), for faults the shared server must
