@@ -20,7 +20,7 @@ use crate::cycle::{BOUNDED, fencing_manager, quiet_manager, traced_manager};
 use crate::db::Database;
 use crate::kinds::group_keys;
 use crate::ops::Op;
-use crate::otel::Pipeline;
+use crate::otel::{MetricsPipeline, Pipeline};
 use crate::report::{Check, Outcome, Section, verdict};
 use crate::stats::{as_f64, fmt_ratio, ratio};
 use crate::{BoxError, DATABASE_URL_ENV, Plan};
@@ -31,7 +31,7 @@ const LIBRARY_LIMIT: f64 = 1.2;
 /// With a tracing + OpenTelemetry pipeline installed.
 const TRACED_LIMIT: f64 = 1.5;
 /// Cycles before the counted ones, in both runs.
-const WARMUP: usize = 50;
+pub(crate) const WARMUP: usize = 50;
 
 /// The variants a child can run, and what each is. The `-shared` and `-many` ones are
 /// compared with their own raw variant (see [`baseline_of`]).
@@ -100,9 +100,13 @@ fn baseline_of(variant: &str) -> &'static str {
 
 /// The child: `cycles` cycles of `variant` after a warm-up, on a current-thread runtime.
 pub(crate) fn child(url: &str, variant: &str, cycles: usize) -> Result<(), BoxError> {
-    if !VARIANTS.iter().any(|(id, _)| *id == variant) {
+    let known = VARIANTS.iter().chain(&crate::metrics_cost::VARIANTS);
+    if !known.clone().any(|(id, _)| *id == variant) {
         return Err(format!("unknown instruction-count variant `{variant}`").into());
     }
+    // Installed before the manager is built: its instruments are made on the global
+    // meter provider as it is then.
+    let metrics = (variant == crate::metrics_cost::SDK).then(MetricsPipeline::install);
     let pipeline = variant.contains("-otel").then(Pipeline::new);
     if let Some(pipeline) = &pipeline {
         tracing::subscriber::set_global_default(pipeline.subscriber())
@@ -139,6 +143,11 @@ pub(crate) fn child(url: &str, variant: &str, cycles: usize) -> Result<(), BoxEr
                         .lease(None)
                         .build()
                 }
+                crate::metrics_cost::OFF => {
+                    PostgresLockManager::builder(db.pool(1, "lock-bench-instructions"))
+                        .metrics(false)
+                        .build()
+                }
                 v if v.ends_with("-spans") => traced_manager(&db, "lock-bench-instructions"),
                 _ => PostgresLockManager::new(db.pool(1, "lock-bench-instructions")),
             };
@@ -156,11 +165,14 @@ pub(crate) fn child(url: &str, variant: &str, cycles: usize) -> Result<(), BoxEr
     if let Some(pipeline) = &pipeline {
         println!("spans exported: {}", pipeline.flush());
     }
+    if let Some(metrics) = &metrics {
+        println!("metric exports: {}", metrics.flush());
+    }
     Ok(())
 }
 
 /// valgrind's version, or why it cannot be used.
-fn valgrind_version() -> Result<String, BoxError> {
+pub(crate) fn valgrind_version() -> Result<String, BoxError> {
     let output = Command::new("valgrind")
         .arg("--version")
         .output()
@@ -174,7 +186,7 @@ fn valgrind_version() -> Result<String, BoxError> {
 }
 
 /// The total instruction count of one child run, from its callgrind output file.
-fn count(url: &str, variant: &str, cycles: usize, dir: &Path) -> Result<u64, BoxError> {
+pub(crate) fn count(url: &str, variant: &str, cycles: usize, dir: &Path) -> Result<u64, BoxError> {
     let out = dir.join(format!("{variant}-{cycles}.out"));
     let exe = std::env::current_exe()?;
     let output = Command::new("valgrind")

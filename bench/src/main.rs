@@ -22,6 +22,7 @@ mod interleave;
 mod kinds;
 mod latency;
 mod memory;
+mod metrics_cost;
 mod multiplex;
 mod ops;
 mod otel;
@@ -55,8 +56,8 @@ usage: lock-bench [--url URL] [--quick] [--out FILE.json] [--only LIST]
   --out FILE    the JSON results (default: target/bench/lock-bench-{quick,full}.json);
                 the markdown and handoff.svg are written next to it
   --only LIST   comma-separated scenarios: cycle, try, shared, many, throughput, handoff,
-                hold, memory, instructions (needs valgrind), latency, cutover-append,
-                multiplex, groups
+                hold, memory, instructions (needs valgrind), metrics (valgrind),
+                latency, cutover-append, multiplex, groups
 
   --count-instructions VARIANT --cycles N
                 the child that `instructions` runs under callgrind: N cycles of VARIANT
@@ -64,10 +65,10 @@ usage: lock-bench [--url URL] [--quick] [--out FILE.json] [--only LIST]
                 library-lease-off,
                 library-otel, library-timeout-otel, library-otel-spans,
                 library-timeout-otel-spans, raw-shared, library-shared, raw-many,
-                library-many)
+                library-many; `metrics`: library-metrics-off, library-metrics-sdk)
 ";
 
-const SCENARIOS: [&str; 13] = [
+const SCENARIOS: [&str; 14] = [
     "cycle",
     "try",
     "shared",
@@ -77,6 +78,7 @@ const SCENARIOS: [&str; 13] = [
     "hold",
     "memory",
     "instructions",
+    "metrics",
     "latency",
     "cutover-append",
     "multiplex",
@@ -344,6 +346,10 @@ async fn run(args: &Args) -> Result<(), BoxError> {
             "instructions" => {
                 let out_dir = args.out.parent().unwrap_or_else(|| Path::new("."));
                 tokio::task::block_in_place(|| instructions::run(&args.url, plan, out_dir))?
+            }
+            "metrics" => {
+                let out_dir = args.out.parent().unwrap_or_else(|| Path::new("."));
+                tokio::task::block_in_place(|| metrics_cost::run(&args.url, plan, out_dir))?
             }
             "latency" => latency::run(&db, plan).await?,
             "cutover-append" => cutover_append::run(&db, plan).await?,

@@ -1,13 +1,17 @@
 //! A tracing + OpenTelemetry pipeline as users install it (tracing-opentelemetry's layer on
 //! the SDK's batch span processor, behind an INFO level filter, as `RUST_LOG=info`), with an
 //! exporter that counts the spans it is handed and drops them: everything up to the wire is
-//! done, nothing accumulates.
+//! done, nothing accumulates. Beside it, the metrics SDK as applications install it
+//! ([`MetricsPipeline`]), for the `metrics` scenario.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::metrics::data::ResourceMetrics;
+use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider, Temporality};
 use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::prelude::*;
@@ -67,6 +71,68 @@ impl Pipeline {
 }
 
 impl Drop for Pipeline {
+    fn drop(&mut self) {
+        let _ = self.provider.shutdown();
+    }
+}
+
+/// Counts the metric exports it is handed and drops them.
+#[derive(Debug, Clone, Default)]
+struct CountingMetricExporter {
+    exports: Arc<AtomicU64>,
+}
+
+impl PushMetricExporter for CountingMetricExporter {
+    fn export(
+        &self,
+        _metrics: &ResourceMetrics,
+    ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
+        self.exports.fetch_add(1, Ordering::Relaxed);
+        std::future::ready(Ok(()))
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        Ok(())
+    }
+
+    fn shutdown_with_timeout(&self, _timeout: std::time::Duration) -> OTelSdkResult {
+        Ok(())
+    }
+
+    fn temporality(&self) -> Temporality {
+        Temporality::Cumulative
+    }
+}
+
+/// The OpenTelemetry metrics SDK as an application installs it: a global meter provider
+/// with a periodic reader (its own thread, exporting every 60 s by default) in front of
+/// an exporter that counts and drops.
+#[derive(Debug)]
+pub(crate) struct MetricsPipeline {
+    provider: SdkMeterProvider,
+    exports: Arc<AtomicU64>,
+}
+
+impl MetricsPipeline {
+    /// Installs the provider as the global one.
+    pub(crate) fn install() -> Self {
+        let exporter = CountingMetricExporter::default();
+        let exports = Arc::clone(&exporter.exports);
+        let provider = SdkMeterProvider::builder()
+            .with_reader(PeriodicReader::builder(exporter).build())
+            .build();
+        opentelemetry::global::set_meter_provider(provider.clone());
+        Self { provider, exports }
+    }
+
+    /// Exports what was recorded and returns how many exports there were.
+    pub(crate) fn flush(&self) -> u64 {
+        let _ = self.provider.force_flush();
+        self.exports.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for MetricsPipeline {
     fn drop(&mut self) {
         let _ = self.provider.shutdown();
     }

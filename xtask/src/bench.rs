@@ -27,7 +27,7 @@ target/bench/handoff.svg. Installs valgrind (apt-get) when it is missing.
   --quick       small iteration counts (about a minute of measuring)
   --out FILE    where the JSON goes (the .md and handoff.svg go beside it)
   --only LIST   comma-separated scenarios: cycle, try, shared, many, throughput, handoff,
-                hold, memory, instructions, latency, cutover-append, multiplex
+                hold, memory, instructions, metrics, latency, cutover-append, multiplex
 ";
 
 /// Runs the benchmarks with `args`.
@@ -60,13 +60,14 @@ pub(crate) fn run(args: &[String]) -> crate::Result {
     })
 }
 
-/// Whether the run includes the callgrind scenario (every run does unless `--only` leaves
-/// it out).
+/// Whether the run includes a callgrind scenario (`instructions`, `metrics`; every run
+/// does unless `--only` leaves them out).
 fn counts_instructions(forwarded: &[String]) -> bool {
     match forwarded.iter().position(|arg| arg == "--only") {
-        Some(index) => forwarded
-            .get(index + 1)
-            .is_some_and(|list| list.split(',').any(|s| s.trim() == "instructions")),
+        Some(index) => forwarded.get(index + 1).is_some_and(|list| {
+            list.split(',')
+                .any(|s| matches!(s.trim(), "instructions" | "metrics"))
+        }),
         None => true,
     }
 }

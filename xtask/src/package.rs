@@ -7,8 +7,8 @@
 //! packages them all and builds each from its `.crate` file, with the workspace crates it
 //! depends on taken from the packages just made (cargo's local overlay registry), so
 //! `pglock` is verified against the `locks-postgres` it would be published with. It needs
-//! the crates.io index, as `cargo publish` does. `.ci/run` calls it; `cargo xtask test`
-//! does not, to keep the test loop short.
+//! the crates.io index, as `cargo publish` does. `cargo xtask test` runs it (with
+//! `--allow-dirty`, so work in progress can be tested) after the tests, and so `.ci/run`.
 
 use std::path::Path;
 use std::time::Instant;

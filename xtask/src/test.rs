@@ -5,7 +5,10 @@
 //! shares one server instead of starting its own. Both run even if the first fails; the task
 //! fails if either does. The throwaway server, if one was started, is stopped in every case
 //! (on Ctrl-C by its watchdog). First, when PgBouncer is missing, it runs
-//! `scripts/install-test-deps.sh` (see [`crate::deps`]).
+//! `scripts/install-test-deps.sh` (see [`crate::deps`]). A full run (no arguments for
+//! cargo) then checks the packaging ([`crate::package`], about a minute: every published
+//! crate packaged and built from its `.crate` file, as `cargo publish` would) and runs the
+//! one-minute chaos soak.
 //!
 //! `--postgres <major>` and `--all-postgres` run the PostgreSQL crates' tests on other major
 //! versions instead; see [`crate::pgversions`].
@@ -19,7 +22,9 @@ usage: cargo xtask test [-- <cargo test args>]
 Runs `cargo test --workspace --all-targets`, then `cargo test --workspace --doc`, with
 LOCKS_DATABASE_URL set: to its current value if set, else to a throwaway PostgreSQL started for
 the run and stopped after it. Arguments after `--` go to both cargo commands, e.g.
-`cargo xtask test -- -- --nocapture`.
+`cargo xtask test -- -- --nocapture`. Without such arguments it also runs `cargo xtask package`
+(every published crate packaged and verified, a dirty tree allowed) and the one-minute chaos
+soak.
 
        cargo xtask test --postgres <major> [-- <cargo test args>]
        cargo xtask test --all-postgres [-- <cargo test args>]
@@ -56,6 +61,14 @@ pub(crate) fn run(args: &[String]) -> crate::Result {
                 .collect();
             if !cargo_on_database(url, &args)? {
                 failed.push(args.join(" "));
+            }
+        }
+        if extra.is_empty() {
+            // The packaging check, whatever the tests said: it is about the manifests.
+            eprintln!("xtask: the packaging check (cargo xtask package)");
+            let allow_dirty = ["--".to_owned(), "--allow-dirty".to_owned()];
+            if let Err(error) = crate::package::run(&allow_dirty) {
+                failed.push(format!("package: {error}"));
             }
         }
         if failed.is_empty() && extra.is_empty() {

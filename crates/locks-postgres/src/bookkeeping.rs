@@ -21,6 +21,7 @@ use crate::errors::{MOVED_BETWEEN_SESSIONS, describe, driver_kind, sqlstate};
 use crate::guard::PostgresLockGuard;
 use crate::limit::{Expired, Limit};
 use crate::manager::Inner;
+use crate::metrics::Metrics;
 use crate::multiplex::Membership;
 use crate::sql::Statement;
 use crate::telemetry::{record_failure, record_released, release_span};
@@ -206,14 +207,23 @@ pub(crate) type Entries = SmallVec<[Held; 1]>;
 /// hash, where a key is a string (the lock id of a key is known on every path that
 /// looks it up). An id has one entry, or several when the manager holds it shared more
 /// than once (one per guard), or, by a 64-bit collision, holds another key of the same
-/// id (the server sees one lock).
-#[derive(Default)]
+/// id (the server sees one lock). Every change of the count is told to the locks-held
+/// instrument.
 pub(crate) struct Book {
     by_id: HashMap<i64, Entries, foldhash::fast::RandomState>,
     count: usize,
+    metrics: Arc<Metrics>,
 }
 
 impl Book {
+    pub(crate) fn new(metrics: Arc<Metrics>) -> Self {
+        Self {
+            by_id: HashMap::default(),
+            count: 0,
+            metrics,
+        }
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.count
     }
@@ -240,8 +250,12 @@ impl Book {
         } else {
             Entries::new()
         };
+        self.metrics.held_changed(entry.mode, 1);
         entries.push(entry);
         self.count = self.count + 1 - displaced.len();
+        displaced
+            .iter()
+            .for_each(|held| self.metrics.held_changed(held.mode, -1));
         displaced
     }
 
@@ -258,6 +272,9 @@ impl Book {
             self.by_id.insert(lock_id, entries);
         }
         self.count -= usize::from(taken.is_some());
+        if let Some(held) = &taken {
+            self.metrics.held_changed(held.mode, -1);
+        }
         taken
     }
 
@@ -296,14 +313,22 @@ impl Book {
         }
         self.count -= taken.len();
         taken
+            .iter()
+            .for_each(|held| self.metrics.held_changed(held.mode, -1));
+        taken
     }
 
     fn drain(&mut self) -> Vec<Held> {
         self.count = 0;
-        self.by_id
+        let drained: Vec<Held> = self
+            .by_id
             .drain()
             .flat_map(|(_, entries)| entries)
-            .collect()
+            .collect();
+        drained
+            .iter()
+            .for_each(|held| self.metrics.held_changed(held.mode, -1));
+        drained
     }
 
     /// Every entry, for the health monitor.

@@ -60,6 +60,8 @@ pub struct PostgresLockManagerBuilder {
     pub(crate) key_visibility: KeyVisibility,
     pub(crate) derivation: KeyDerivation,
     pub(crate) settings: Settings,
+    /// The meter of the manager's instruments (`None`: the global provider's).
+    pub(crate) meter: Option<opentelemetry::metrics::Meter>,
 }
 
 /// The manager's timings and options (see the builder for each).
@@ -88,6 +90,9 @@ pub(crate) struct Settings {
     pub(crate) answer_timeout_set: bool,
     /// Whether the lease was set explicitly (else `keepalive(None)` turns it off).
     pub(crate) lease_set: bool,
+    /// Whether the manager records metrics, and whether they carry `lock.id`.
+    pub(crate) metrics: bool,
+    pub(crate) metrics_lock_id: bool,
 }
 
 impl Settings {
@@ -118,6 +123,8 @@ impl Settings {
         keepalive_set: false,
         answer_timeout_set: false,
         lease_set: false,
+        metrics: true,
+        metrics_lock_id: false,
     };
 
     /// Settles the timings a lease derives (those not set explicitly) and derives the
@@ -192,6 +199,43 @@ impl PostgresLockManagerBuilder {
     /// ```
     pub fn span_level(mut self, level: tracing::Level) -> Self {
         self.settings.span_level = level;
+        self
+    }
+
+    /// The meter the manager's instruments are made on (see the crate's *Metrics*
+    /// section). Without one, they are made on the global meter provider as it is when
+    /// the manager is built (scope `locks-postgres`): install the provider first, or
+    /// they are no-ops for good.
+    ///
+    /// ```
+    /// use locks_postgres::PostgresLockManager;
+    /// use locks_postgres::opentelemetry::{InstrumentationScope, global};
+    ///
+    /// let meter = global::meter_with_scope(InstrumentationScope::builder("billing").build());
+    /// let pool = locks_postgres::plain_pool("postgres://app@db/app", 8)?;
+    /// let locks = PostgresLockManager::builder(pool).meter(meter).build();
+    /// # drop(locks);
+    /// # Ok::<(), locks_postgres::PoolConfigError>(())
+    /// ```
+    pub fn meter(mut self, meter: opentelemetry::metrics::Meter) -> Self {
+        self.meter = Some(meter);
+        self
+    }
+
+    /// Whether the manager records metrics at all (default on). Off, no instrument is
+    /// made and the lock cycle reads no clock for them; on with no meter provider
+    /// installed, the instruments are OpenTelemetry's no-ops (about 1 % of the cycle's
+    /// client instructions, see `docs/benchmarks.md`).
+    pub fn metrics(mut self, on: bool) -> Self {
+        self.settings.metrics = on;
+        self
+    }
+
+    /// Adds the lock id (`lock.id`) to the acquisition and loss metrics (off by default).
+    /// Each lock id becomes a series of its own: turn it on only where the keys are few.
+    /// Key text is never an attribute.
+    pub fn metrics_lock_id(mut self, on: bool) -> Self {
+        self.settings.metrics_lock_id = on;
         self
     }
 

@@ -196,6 +196,7 @@ impl Inner {
             return;
         }
         for held in taken {
+            self.metrics().lost(held.mode(), held.lock_id(), reason);
             let key = self.shown(held.key());
             let span = lost_span(key, held.lock_id(), held.mode(), reason);
             tracing::warn!(
@@ -211,20 +212,23 @@ impl Inner {
 
     /// One keepalive on a held, idle connection, for the locks `entries` on it.
     async fn keepalive(&self, entries: Vec<Ticket>, slot: SessionSlot) {
-        let outcome = {
+        let (outcome, sent) = {
             let mut session = slot.lock().await;
             let Some(session) = session.as_mut() else {
                 return; // released meanwhile
             };
-            session
+            let sent = Instant::now();
+            let answer = session
                 .run_within(
                     Statement::Ping,
                     Limit::Waiting(self.settings().answer_timeout),
                 )
-                .await
+                .await;
+            (answer, sent)
         };
         match outcome {
             Ok(Ok(Answer::Bool(true))) => {
+                self.metrics().keepalive_answered(sent.elapsed());
                 let mut book = self.book();
                 let now = Instant::now();
                 for ticket in &entries {

@@ -15,6 +15,7 @@ mod limit;
 mod lock_ids;
 mod manager;
 mod many;
+mod metrics;
 mod multiplex;
 mod pool;
 mod sql;
@@ -57,5 +58,8 @@ pub mod prelude {
 pub use deadpool_postgres;
 /// The port this adapter implements, re-exported so one dependency is enough.
 pub use locks_port;
+/// Re-exported so callers name the same [`Meter`](opentelemetry::metrics::Meter) type as
+/// [`PostgresLockManagerBuilder::meter`] (the API crate only, with its `metrics` feature).
+pub use opentelemetry;
 /// Re-exported so callers can inspect driver errors (`SqlState`, `Error::code`).
 pub use tokio_postgres;

@@ -38,6 +38,7 @@ use crate::guard::PostgresLockGuard;
 use crate::health::Health;
 use crate::lease::{Lease, LeaseError};
 use crate::lock_ids::LockIds;
+use crate::metrics::Metrics;
 use crate::multiplex::Multiplexer;
 use crate::telemetry::{finish_acquire_span, manager_acquire_span, started};
 
@@ -102,6 +103,8 @@ pub(crate) struct Inner {
     health: Health,
     /// The shared connections, when multiplexing is on.
     multiplexer: Option<Multiplexer>,
+    /// The instruments (the book holds them too, for the locks-held count).
+    metrics: Arc<Metrics>,
 }
 
 impl PostgresLockManager {
@@ -120,6 +123,7 @@ impl PostgresLockManager {
             key_visibility: KeyVisibility::default(),
             derivation: KeyDerivation::CURRENT,
             settings: Settings::DEFAULT,
+            meter: None,
         }
     }
 
@@ -196,6 +200,11 @@ impl Inner {
             _ => None,
         };
         let connections = Arc::new(Connections::new(builder.pool.status().max_size));
+        let metrics = Arc::new(Metrics::new(
+            settings.metrics,
+            builder.meter.as_ref(),
+            settings.metrics_lock_id,
+        ));
         Self {
             application_name: builder.holder_id.as_deref().map(published_holder_id),
             pool: builder.pool,
@@ -205,11 +214,12 @@ impl Inner {
             settings,
             lease,
             server_timers,
-            book: Mutex::new(Book::default()),
+            book: Mutex::new(Book::new(Arc::clone(&metrics))),
             connections,
             next_ticket: AtomicU64::new(1),
             health: Health::default(),
             multiplexer: Multiplexer::new(settings.locks_per_connection, settings.answer_timeout),
+            metrics,
         }
     }
 
@@ -237,6 +247,11 @@ impl Inner {
 
     pub(crate) fn connections(&self) -> &Arc<Connections> {
         &self.connections
+    }
+
+    /// The manager's instruments.
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// The shared connections, when multiplexing is on.
@@ -323,6 +338,7 @@ impl DistributedLock for PostgresLockManager {
             &options,
         );
         let started = started(&span);
+        let began = inner.metrics.started();
         // Pinned where it is made and awaited through the pin: the acquisition's
         // future is large, and wrapping it by value would copy it twice per call.
         let acquiring = std::pin::pin!(inner.acquire_grant(key, lock_id, options));
@@ -336,6 +352,10 @@ impl DistributedLock for PostgresLockManager {
             Err(error) => Err(error),
         };
         finish_acquire_span(&span, started, attempt.as_ref().map(|_| true));
+        let outcome = attempt.as_ref().map(|_| true);
+        inner
+            .metrics
+            .acquisition(options.mode(), lock_id, began, outcome);
         attempt
     }
 
@@ -368,6 +388,7 @@ impl DistributedLock for PostgresLockManager {
             &options.with_timeout(Duration::ZERO),
         );
         let started = started(&span);
+        let began = inner.metrics.started();
         let trying = std::pin::pin!(inner.try_grant(key, lock_id, mode));
         let attempt = trying.instrument(span.clone()).await;
         let attempt = match attempt {
@@ -379,6 +400,8 @@ impl DistributedLock for PostgresLockManager {
             Err(error) => Err(error),
         };
         finish_acquire_span(&span, started, attempt.as_ref().map(Option::is_some));
+        let outcome = attempt.as_ref().map(Option::is_some);
+        inner.metrics.acquisition(mode, lock_id, began, outcome);
         attempt
     }
 

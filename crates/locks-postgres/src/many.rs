@@ -72,6 +72,7 @@ impl PostgresLockManager {
             &options,
         );
         let started = started(&span);
+        let began = inner.metrics().started();
         let keys: Vec<&str> = ordered.values().copied().collect();
         let lock_ids: Box<[i64]> = ordered.keys().copied().collect();
         let attempt = async {
@@ -83,6 +84,11 @@ impl PostgresLockManager {
         .instrument(span.clone())
         .await;
         finish_acquire_span(&span, started, attempt.as_ref().map(|_| true));
+        let first_id = ordered.keys().next().copied().unwrap_or(0);
+        let outcome = attempt.as_ref().map(|_| true);
+        inner
+            .metrics()
+            .acquisition(options.mode(), first_id, began, outcome);
         attempt
     }
 }

@@ -408,3 +408,64 @@ async fn a_failed_unlock_is_a_warning_event_on_an_error_span() {
         warning.attributes
     );
 }
+
+/// Without `builder.meter(..)` the instruments are made on the global meter provider as
+/// it is when the manager is built: a manager built before the application installs one
+/// records nothing (OpenTelemetry's no-ops), one built after records through it. The
+/// managers record `lock.id`, so this test finds its own points among those of the other
+/// tests of this binary (which record through the global provider once it is installed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_meter_the_global_provider_at_build_time_is_used() {
+    use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
+    use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
+
+    let before = PostgresLockManager::builder(pool(1))
+        .metrics_lock_id(true)
+        .build();
+    let exporter = InMemoryMetricExporter::default();
+    let provider = SdkMeterProvider::builder()
+        .with_reader(PeriodicReader::builder(exporter.clone()).build())
+        .build();
+    opentelemetry::global::set_meter_provider(provider.clone());
+    let after = PostgresLockManager::builder(pool(1))
+        .metrics_lock_id(true)
+        .build();
+    let mut ids = Vec::new();
+    for manager in [&before, &after] {
+        let key = unique_key("global-meter");
+        ids.push(manager.lock_id(&key).to_string());
+        let guard = manager
+            .acquire(&key, AcquireOptions::new())
+            .await
+            .expect("acquire");
+        guard.release().await;
+    }
+    provider.force_flush().expect("flush");
+    let exported = exporter.get_finished_metrics().expect("exported");
+    let acquisitions_of = |id: &str| -> u64 {
+        let Some(last) = exported.last() else {
+            return 0;
+        };
+        let mut total = 0;
+        for metric in last.scope_metrics().flat_map(|scope| scope.metrics()) {
+            if metric.name() != "eventsource.lock.acquisitions" {
+                continue;
+            }
+            let AggregatedMetrics::U64(MetricData::Sum(sum)) = metric.data() else {
+                panic!("a u64 counter: {:?}", metric.data());
+            };
+            total += sum
+                .data_points()
+                .filter(|point| {
+                    point
+                        .attributes()
+                        .any(|kv| kv.key.as_str() == "lock.id" && kv.value.to_string() == id)
+                })
+                .map(|point| point.value())
+                .sum::<u64>();
+        }
+        total
+    };
+    assert_eq!(acquisitions_of(&ids[0]), 0, "built before the provider");
+    assert_eq!(acquisitions_of(&ids[1]), 1, "built after the provider");
+}

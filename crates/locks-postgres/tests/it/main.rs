@@ -10,6 +10,7 @@ mod inspect;
 mod lease;
 
 mod many;
+mod metrics;
 mod multiplex;
 mod poolers;
 mod processes;

@@ -1,0 +1,350 @@
+//! Metrics through the OpenTelemetry metrics API (the `opentelemetry` crate only: the
+//! application installs the SDK and an exporter, as OpenTelemetry's guidance for
+//! libraries says).
+//!
+//! The instruments are made once per manager, from the meter given to
+//! [`PostgresLockManagerBuilder::meter`](crate::PostgresLockManagerBuilder::meter) or
+//! else from the global meter provider as it is when the manager is built. With no
+//! provider installed they are OpenTelemetry's no-ops, and the cost on the lock cycle is
+//! a few indirect calls: every attribute set is made here once (no key text ever, and
+//! nothing allocated per measurement), so the hot path passes a slice it already has.
+//!
+//! | instrument | kind | unit | attributes |
+//! | --- | --- | --- | --- |
+//! | [`ACQUISITIONS`] | counter | `{acquisition}` | `lock.mode`, `lock.outcome`, `error.type` (failures) |
+//! | [`ACQUIRE_DURATION`] | histogram | `s` | as above |
+//! | [`HELD`] | up-down counter | `{lock}` | `lock.mode` |
+//! | [`LOST`] | counter | `{lock}` | `lock.mode`, `lock.lost_reason` |
+//! | [`KEEPALIVE_DURATION`] | histogram | `s` | none |
+//!
+//! `lock.id` joins the acquisition and loss attributes only when the builder's
+//! [`metrics_lock_id`](crate::PostgresLockManagerBuilder::metrics_lock_id) asks for it:
+//! one series per lock id is the user's choice to make. The loss series start at zero
+//! when the manager is built. With
+//! [`metrics(false)`](crate::PostgresLockManagerBuilder::metrics) no instrument is made
+//! and the hooks do nothing (the bench's baseline for what the no-ops cost).
+//!
+//! To come with the semaphore and leader-election primitives (not here yet): the
+//! permits held per semaphore class (an up-down counter, `eventsource.semaphore.permits`)
+//! and whether this process leads (`eventsource.leader.is_leader`, an up-down counter of
+//! 0/1 per election name the user opts in, as Kubernetes' leader gauge). They should take
+//! their grants through the acquisition path, so [`ACQUISITIONS`], [`HELD`] and [`LOST`]
+//! count them as locks already.
+
+use std::time::Duration;
+
+use locks_port::{AcquisitionErrorKind, LockAcquisitionError, LockMode, LostReason};
+use opentelemetry::metrics::{Counter, Histogram, Meter, UpDownCounter};
+use opentelemetry::{InstrumentationScope, KeyValue};
+use smallvec::SmallVec;
+use tokio::time::Instant;
+
+use crate::telemetry::kind_name;
+
+/// The name of the instrumentation scope (the meter), with the crate's version.
+pub(crate) const SCOPE: &str = "locks-postgres";
+
+/// Acquisition calls by outcome (`acquire`, `try_acquire`, `acquire_many`).
+pub(crate) const ACQUISITIONS: &str = "eventsource.lock.acquisitions";
+/// How long each acquisition call took, from the call to its outcome: the wait.
+pub(crate) const ACQUIRE_DURATION: &str = "eventsource.lock.acquire.duration";
+/// Locks held by the manager now.
+pub(crate) const HELD: &str = "eventsource.lock.held";
+/// Locks lost while held (not released by their holder), by reason.
+pub(crate) const LOST: &str = "eventsource.lock.lost";
+/// The round trip of each answered keepalive on a held connection.
+pub(crate) const KEEPALIVE_DURATION: &str = "eventsource.lock.keepalive.duration";
+
+/// The attribute names.
+const MODE: &str = "lock.mode";
+const OUTCOME: &str = "lock.outcome";
+const ERROR_TYPE: &str = "error.type";
+const LOST_REASON: &str = "lock.lost_reason";
+const LOCK_ID: &str = "lock.id";
+
+/// Bucket boundaries of the acquisition histogram, in seconds: an uncontended grant
+/// takes a fraction of a millisecond, a wait in the queue up to the call's timeout.
+const ACQUIRE_BOUNDARIES: [f64; 18] = [
+    0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+    10.0, 30.0, 60.0, 300.0,
+];
+/// Bucket boundaries of the keepalive histogram, in seconds, up to the default answer
+/// timeout.
+const KEEPALIVE_BOUNDARIES: [f64; 15] = [
+    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0,
+];
+
+/// The modes, in the order of the attribute tables.
+const MODES: [LockMode; 2] = [LockMode::Exclusive, LockMode::Shared];
+/// The error kinds with an `error.type` of their own (a timeout is an outcome).
+const ERROR_KINDS: [AcquisitionErrorKind; 7] = [
+    AcquisitionErrorKind::PoolUnavailable,
+    AcquisitionErrorKind::Unreachable,
+    AcquisitionErrorKind::Configuration,
+    AcquisitionErrorKind::Deadlock,
+    AcquisitionErrorKind::ConnectionLost,
+    AcquisitionErrorKind::Cancelled,
+    AcquisitionErrorKind::Backend,
+];
+/// Acquired, busy, timeout, then one per error kind.
+const OUTCOMES: usize = 3 + ERROR_KINDS.len();
+
+/// The manager's instruments, or none when the builder turned metrics off.
+pub(crate) struct Metrics {
+    instruments: Option<Instruments>,
+}
+
+/// The instruments, and every attribute set they record with.
+struct Instruments {
+    acquisitions: Counter<u64>,
+    acquire_duration: Histogram<f64>,
+    held: UpDownCounter<i64>,
+    lost: Counter<u64>,
+    keepalive_duration: Histogram<f64>,
+    /// Whether `lock.id` is recorded (the builder's opt-in).
+    with_lock_id: bool,
+    /// Per mode and outcome (`mode * OUTCOMES + outcome`).
+    outcome_attributes: Box<[Box<[KeyValue]>]>,
+    /// Per mode.
+    mode_attributes: [[KeyValue; 1]; 2],
+}
+
+impl Metrics {
+    /// The instruments, on `meter` or else on the global provider's meter for this crate;
+    /// none when `on` is false.
+    pub(crate) fn new(on: bool, meter: Option<&Meter>, with_lock_id: bool) -> Self {
+        Self {
+            instruments: on.then(|| Instruments::new(meter, with_lock_id)),
+        }
+    }
+
+    /// When an acquisition started, for its wait; `None` (no clock read) when metrics
+    /// are off.
+    pub(crate) fn started(&self) -> Option<Instant> {
+        self.instruments.as_ref().map(|_| Instant::now())
+    }
+
+    /// One acquisition call that began at `started` ended: granted (`Ok(true)`), busy
+    /// (`Ok(false)`, a try that found the lock held) or failed.
+    pub(crate) fn acquisition(
+        &self,
+        mode: LockMode,
+        lock_id: i64,
+        started: Option<Instant>,
+        outcome: Result<bool, &LockAcquisitionError>,
+    ) {
+        if let (Some(instruments), Some(started)) = (&self.instruments, started) {
+            instruments.acquisition(mode, lock_id, started.elapsed(), outcome);
+        }
+    }
+
+    /// `count` locks of `mode` were added to (positive) or taken out of (negative) the
+    /// bookkeeping.
+    pub(crate) fn held_changed(&self, mode: LockMode, count: i64) {
+        if let Some(instruments) = &self.instruments {
+            instruments
+                .held
+                .add(count, &instruments.mode_attributes[mode_index(mode)]);
+        }
+    }
+
+    /// A held lock was lost (called once its lost signal has fired: a loss that finds
+    /// the signal already fired, by a release of its group, is not one).
+    pub(crate) fn lost(&self, mode: LockMode, lock_id: i64, reason: LostReason) {
+        if let Some(instruments) = &self.instruments {
+            instruments.lost(mode, lock_id, reason);
+        }
+    }
+
+    /// A keepalive was answered after `round_trip`.
+    pub(crate) fn keepalive_answered(&self, round_trip: Duration) {
+        if let Some(instruments) = &self.instruments {
+            instruments
+                .keepalive_duration
+                .record(round_trip.as_secs_f64(), &[]);
+        }
+    }
+}
+
+impl Instruments {
+    fn new(meter: Option<&Meter>, with_lock_id: bool) -> Self {
+        let global;
+        let meter = match meter {
+            Some(meter) => meter,
+            None => {
+                global = opentelemetry::global::meter_with_scope(scope());
+                &global
+            }
+        };
+        let acquisitions = meter
+            .u64_counter(ACQUISITIONS)
+            .with_unit("{acquisition}")
+            .with_description("Lock acquisition calls, by outcome.")
+            .build();
+        let acquire_duration = meter
+            .f64_histogram(ACQUIRE_DURATION)
+            .with_unit("s")
+            .with_description("How long a lock acquisition call took, until granted or not.")
+            .with_boundaries(ACQUIRE_BOUNDARIES.to_vec())
+            .build();
+        let held = meter
+            .i64_up_down_counter(HELD)
+            .with_unit("{lock}")
+            .with_description("Locks held by the lock manager.")
+            .build();
+        let lost = meter
+            .u64_counter(LOST)
+            .with_unit("{lock}")
+            .with_description("Locks lost while held, by reason.")
+            .build();
+        let keepalive_duration = meter
+            .f64_histogram(KEEPALIVE_DURATION)
+            .with_unit("s")
+            .with_description("Round trip of the keepalive on a held lock's connection.")
+            .with_boundaries(KEEPALIVE_BOUNDARIES.to_vec())
+            .build();
+        // Each loss series starts at zero when the manager is built, so that a query of
+        // its increase sees the first loss (a counter series that appears at 1 has no
+        // increase to show).
+        for mode in MODES {
+            for reason in [LostReason::ConnectionClosed, LostReason::KeepaliveFailed] {
+                lost.add(0, &lost_set(mode, reason));
+            }
+        }
+        let outcome_attributes = MODES
+            .iter()
+            .flat_map(|mode| (0..OUTCOMES).map(move |outcome| outcome_set(*mode, outcome)))
+            .collect();
+        Self {
+            acquisitions,
+            acquire_duration,
+            held,
+            lost,
+            keepalive_duration,
+            with_lock_id,
+            outcome_attributes,
+            mode_attributes: MODES.map(|mode| [KeyValue::new(MODE, mode.as_str())]),
+        }
+    }
+
+    fn acquisition(
+        &self,
+        mode: LockMode,
+        lock_id: i64,
+        wait: Duration,
+        outcome: Result<bool, &LockAcquisitionError>,
+    ) {
+        let index = mode_index(mode) * OUTCOMES + outcome_index(outcome);
+        let attributes = &self.outcome_attributes[index];
+        if self.with_lock_id {
+            let attributes = with_lock_id(attributes, lock_id);
+            self.acquisitions.add(1, &attributes);
+            self.acquire_duration
+                .record(wait.as_secs_f64(), &attributes);
+        } else {
+            self.acquisitions.add(1, attributes);
+            self.acquire_duration.record(wait.as_secs_f64(), attributes);
+        }
+    }
+
+    fn lost(&self, mode: LockMode, lock_id: i64, reason: LostReason) {
+        let attributes = lost_set(mode, reason);
+        if self.with_lock_id {
+            self.lost.add(1, &with_lock_id(&attributes, lock_id));
+        } else {
+            self.lost.add(1, &attributes);
+        }
+    }
+}
+
+/// This crate's instrumentation scope: its name and version.
+fn scope() -> InstrumentationScope {
+    InstrumentationScope::builder(SCOPE)
+        .with_version(env!("CARGO_PKG_VERSION"))
+        .build()
+}
+
+fn mode_index(mode: LockMode) -> usize {
+    usize::from(mode == LockMode::Shared)
+}
+
+/// The index of an outcome in the attribute table: acquired, busy, timeout, then
+/// [`ERROR_KINDS`] (a kind added later counts as `backend`).
+fn outcome_index(outcome: Result<bool, &LockAcquisitionError>) -> usize {
+    match outcome {
+        Ok(true) => 0,
+        Ok(false) => 1,
+        Err(error) if error.is_timeout() => 2,
+        Err(error) => {
+            3 + ERROR_KINDS
+                .iter()
+                .position(|kind| *kind == error.kind())
+                .unwrap_or(ERROR_KINDS.len() - 1)
+        }
+    }
+}
+
+/// The attributes of one mode and outcome index.
+fn outcome_set(mode: LockMode, outcome: usize) -> Box<[KeyValue]> {
+    let mode = KeyValue::new(MODE, mode.as_str());
+    match outcome {
+        0 => Box::new([mode, KeyValue::new(OUTCOME, "acquired")]),
+        1 => Box::new([mode, KeyValue::new(OUTCOME, "busy")]),
+        2 => Box::new([mode, KeyValue::new(OUTCOME, "timeout")]),
+        error => Box::new([
+            mode,
+            KeyValue::new(OUTCOME, "error"),
+            KeyValue::new(ERROR_TYPE, kind_name(ERROR_KINDS[error - 3])),
+        ]),
+    }
+}
+
+/// The attributes of a loss.
+fn lost_set(mode: LockMode, reason: LostReason) -> [KeyValue; 2] {
+    [
+        KeyValue::new(MODE, mode.as_str()),
+        KeyValue::new(LOST_REASON, reason.as_str()),
+    ]
+}
+
+/// `attributes` and `lock.id`, on the stack.
+fn with_lock_id(attributes: &[KeyValue], lock_id: i64) -> SmallVec<[KeyValue; 4]> {
+    attributes
+        .iter()
+        .cloned()
+        .chain(std::iter::once(KeyValue::new(LOCK_ID, lock_id)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_outcome_has_its_own_attributes_and_no_two_are_alike() {
+        let metrics = Instruments::new(None, false);
+        assert_eq!(metrics.outcome_attributes.len(), 2 * OUTCOMES);
+        let rendered: Vec<String> = metrics
+            .outcome_attributes
+            .iter()
+            .map(|set| format!("{set:?}"))
+            .collect();
+        for (index, set) in rendered.iter().enumerate() {
+            assert!(
+                !rendered[index + 1..].contains(set),
+                "{set} appears twice in the table"
+            );
+        }
+        let timeout = LockAcquisitionError::timed_out("k", Duration::from_secs(1));
+        let backend = LockAcquisitionError::new("k", AcquisitionErrorKind::Backend, "x");
+        let pool = LockAcquisitionError::new("k", AcquisitionErrorKind::PoolUnavailable, "x");
+        assert_eq!(outcome_index(Ok(true)), 0);
+        assert_eq!(outcome_index(Ok(false)), 1);
+        assert_eq!(outcome_index(Err(&timeout)), 2);
+        assert!(rendered[outcome_index(Err(&pool))].contains("pool_unavailable"));
+        assert!(rendered[outcome_index(Err(&backend))].contains("backend"));
+        let shared = OUTCOMES + outcome_index(Ok(true));
+        assert!(rendered[shared].contains("shared"), "{}", rendered[shared]);
+    }
+}

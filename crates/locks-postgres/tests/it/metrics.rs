@@ -1,0 +1,433 @@
+//! The metrics reach an OpenTelemetry SDK (its in-memory exporter) from a real server:
+//! acquisitions by outcome, the wait, locks held, a lock lost to `pg_terminate_backend`,
+//! keepalives; and no attribute carries key text. Each test has a meter provider of its
+//! own, given to the manager with `builder.meter(..)` (the global one is tested in the
+//! `observability` binary, which owns the process's globals).
+
+use std::time::Duration;
+
+use locks_port::{AcquireOptions, DistributedLock, LockGuard, LockMode, LostReason};
+use locks_postgres::PostgresLockManager;
+use opentelemetry::metrics::MeterProvider as _;
+use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
+use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
+
+use crate::faults::{holder_pids, terminate_backend, wait_for};
+use crate::support::{admin, pool, unique_key};
+
+/// One data point as exported: the instrument, its attributes as text, and the value
+/// (a sum's value, or a histogram's count and sum).
+#[derive(Debug, Clone)]
+struct Point {
+    name: String,
+    unit: String,
+    attributes: Vec<(String, String)>,
+    value: f64,
+    count: u64,
+}
+
+impl Point {
+    fn attribute(&self, name: &str) -> Option<&str> {
+        self.attributes
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    }
+
+    fn has(&self, wanted: &[(&str, &str)]) -> bool {
+        wanted
+            .iter()
+            .all(|(name, value)| self.attribute(name) == Some(value))
+    }
+}
+
+/// A meter provider of one test, with the SDK's in-memory exporter behind a periodic
+/// reader (flushed on demand).
+struct Recorded {
+    exporter: InMemoryMetricExporter,
+    provider: SdkMeterProvider,
+}
+
+impl Recorded {
+    fn new() -> Self {
+        let exporter = InMemoryMetricExporter::default();
+        let provider = SdkMeterProvider::builder()
+            .with_reader(PeriodicReader::builder(exporter.clone()).build())
+            .build();
+        Self { exporter, provider }
+    }
+
+    /// A manager builder on a pool of `size` whose instruments record here.
+    fn manager(&self, size: usize) -> locks_postgres::PostgresLockManagerBuilder {
+        PostgresLockManager::builder(pool(size)).meter(self.provider.meter("it-metrics"))
+    }
+
+    /// Every data point recorded so far (cumulative).
+    fn points(&self) -> Vec<Point> {
+        self.exporter.reset();
+        self.provider.force_flush().expect("flush");
+        let exported = self.exporter.get_finished_metrics().expect("exported");
+        let mut points = Vec::new();
+        // Nothing recorded yet: the reader may export nothing at all.
+        let Some(last) = exported.last() else {
+            return points;
+        };
+        for scope in last.scope_metrics() {
+            for metric in scope.metrics() {
+                let mut push = |attributes: Vec<(String, String)>, value: f64, count: u64| {
+                    points.push(Point {
+                        name: metric.name().to_owned(),
+                        unit: metric.unit().to_owned(),
+                        attributes,
+                        value,
+                        count,
+                    });
+                };
+                #[allow(clippy::cast_precision_loss)] // small test counts
+                match metric.data() {
+                    AggregatedMetrics::U64(MetricData::Sum(sum)) => {
+                        for point in sum.data_points() {
+                            push(text(point.attributes()), point.value() as f64, 0);
+                        }
+                    }
+                    AggregatedMetrics::I64(MetricData::Sum(sum)) => {
+                        for point in sum.data_points() {
+                            push(text(point.attributes()), point.value() as f64, 0);
+                        }
+                    }
+                    AggregatedMetrics::F64(MetricData::Histogram(histogram)) => {
+                        for point in histogram.data_points() {
+                            push(text(point.attributes()), point.sum(), point.count());
+                        }
+                    }
+                    other => panic!("unexpected data for {}: {other:?}", metric.name()),
+                }
+            }
+        }
+        points
+    }
+}
+
+fn text<'a>(
+    attributes: impl Iterator<Item = &'a opentelemetry::KeyValue>,
+) -> Vec<(String, String)> {
+    attributes
+        .map(|kv| (kv.key.as_str().to_owned(), kv.value.to_string()))
+        .collect()
+}
+
+/// The points of instrument `name` whose attributes include `wanted`.
+fn find<'p>(points: &'p [Point], name: &str, wanted: &[(&str, &str)]) -> Vec<&'p Point> {
+    points
+        .iter()
+        .filter(|point| point.name == name && point.has(wanted))
+        .collect()
+}
+
+/// The summed value of the counter `name` over the points with `wanted`.
+fn total(points: &[Point], name: &str, wanted: &[(&str, &str)]) -> f64 {
+    find(points, name, wanted).iter().map(|p| p.value).sum()
+}
+
+/// The summed count of the histogram `name` over the points with `wanted`.
+fn observations(points: &[Point], name: &str, wanted: &[(&str, &str)]) -> u64 {
+    find(points, name, wanted).iter().map(|p| p.count).sum()
+}
+
+/// The only attributes the instruments may carry.
+const ATTRIBUTES: [&str; 5] = [
+    "lock.mode",
+    "lock.outcome",
+    "error.type",
+    "lock.lost_reason",
+    "lock.id",
+];
+
+/// Every attribute is one of [`ATTRIBUTES`] and no value carries any of `keys`.
+fn assert_no_key_text(points: &[Point], keys: &[&str]) {
+    for point in points {
+        for (name, value) in &point.attributes {
+            assert!(ATTRIBUTES.contains(&name.as_str()), "{point:?}");
+            for key in keys {
+                assert!(!value.contains(key), "{point:?} carries key text");
+            }
+        }
+    }
+}
+
+const ACQUISITIONS: &str = "eventsource.lock.acquisitions";
+const ACQUIRE_DURATION: &str = "eventsource.lock.acquire.duration";
+const HELD: &str = "eventsource.lock.held";
+const LOST: &str = "eventsource.lock.lost";
+const KEEPALIVE_DURATION: &str = "eventsource.lock.keepalive.duration";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquired_busy_and_timed_out_acquisitions_are_counted_with_their_wait() {
+    let recorded = Recorded::new();
+    let holder = recorded.manager(2).build();
+    let other = recorded.manager(2).build();
+    let key = unique_key("metrics-outcomes");
+
+    let guard = holder
+        .acquire(&key, AcquireOptions::new())
+        .await
+        .expect("acquire");
+    let shared_key = unique_key("metrics-shared");
+    let reader = holder
+        .acquire(&shared_key, AcquireOptions::shared())
+        .await
+        .expect("shared");
+    assert!(other.try_acquire(&key).await.expect("no error").is_none());
+    let waited = Duration::from_millis(300);
+    let error = other
+        .acquire(&key, AcquireOptions::new().with_timeout(waited))
+        .await
+        .expect_err("held elsewhere");
+    assert!(error.is_timeout(), "{error}");
+
+    let points = recorded.points();
+    let exclusive = ("lock.mode", "exclusive");
+    assert_eq!(
+        total(
+            &points,
+            ACQUISITIONS,
+            &[exclusive, ("lock.outcome", "acquired")]
+        ),
+        1.0,
+        "{points:#?}"
+    );
+    assert_eq!(
+        total(
+            &points,
+            ACQUISITIONS,
+            &[("lock.mode", "shared"), ("lock.outcome", "acquired")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        total(
+            &points,
+            ACQUISITIONS,
+            &[exclusive, ("lock.outcome", "busy")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        total(
+            &points,
+            ACQUISITIONS,
+            &[exclusive, ("lock.outcome", "timeout")]
+        ),
+        1.0
+    );
+    for point in find(&points, ACQUISITIONS, &[]) {
+        assert_eq!(point.unit, "{acquisition}");
+        assert_eq!(point.attribute("error.type"), None, "{point:?}");
+        assert_eq!(point.attribute("lock.id"), None, "{point:?}");
+    }
+    // The wait: one observation per call; the timed-out one waited its timeout.
+    assert_eq!(observations(&points, ACQUIRE_DURATION, &[]), 4);
+    let [timed_out] = find(
+        &points,
+        ACQUIRE_DURATION,
+        &[exclusive, ("lock.outcome", "timeout")],
+    )[..] else {
+        panic!("one timeout series: {points:#?}");
+    };
+    assert_eq!(timed_out.unit, "s");
+    assert!(
+        timed_out.value >= waited.as_secs_f64() && timed_out.value < 5.0,
+        "waited {} s",
+        timed_out.value
+    );
+    // Held: the two locks, by mode.
+    assert_eq!(total(&points, HELD, &[exclusive]), 1.0);
+    assert_eq!(total(&points, HELD, &[("lock.mode", "shared")]), 1.0);
+    assert_no_key_text(&points, &[&key, &shared_key]);
+
+    guard.release().await;
+    reader.release().await;
+    let points = recorded.points();
+    assert_eq!(total(&points, HELD, &[]), 0.0, "{points:#?}");
+    // The loss series exist from the start, at zero: a release is not a loss.
+    let losses = find(&points, LOST, &[]);
+    assert_eq!(losses.len(), 4, "two modes, two reasons: {losses:#?}");
+    assert_eq!(total(&points, LOST, &[]), 0.0, "a release is not a loss");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_acquisition_is_counted_with_its_error_type() {
+    let recorded = Recorded::new();
+    // A pool of one, in use: a try fails at once with PoolUnavailable.
+    let manager = recorded.manager(1).build();
+    let key = unique_key("metrics-error");
+    let guard = manager
+        .acquire(&key, AcquireOptions::new())
+        .await
+        .expect("acquire");
+    let error = manager
+        .try_acquire(&unique_key("metrics-error-2"))
+        .await
+        .expect_err("no free connection");
+    assert_eq!(
+        error.kind(),
+        locks_port::AcquisitionErrorKind::PoolUnavailable
+    );
+    let points = recorded.points();
+    assert_eq!(
+        total(
+            &points,
+            ACQUISITIONS,
+            &[
+                ("lock.outcome", "error"),
+                ("error.type", "pool_unavailable")
+            ]
+        ),
+        1.0,
+        "{points:#?}"
+    );
+    guard.release().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_lost_to_pg_terminate_backend_is_counted_and_no_longer_held() {
+    let recorded = Recorded::new();
+    let manager = recorded
+        .manager(2)
+        .health_check_interval(Duration::from_millis(20))
+        .build();
+    let admin = admin().await;
+    let key = unique_key("metrics-lost");
+    let lock_id = manager.lock_id(&key);
+    let guard = manager
+        .acquire(&key, AcquireOptions::new())
+        .await
+        .expect("acquire");
+    let [pid] = holder_pids(&admin, lock_id).await[..] else {
+        panic!("one holder");
+    };
+    terminate_backend(&admin, pid).await;
+    let reason = tokio::time::timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("lost in time");
+    assert_eq!(reason, LostReason::ConnectionClosed);
+    // Recorded once the signal has fired (only a loss that fires it counts): a moment
+    // after the guard can see it.
+    wait_for("the loss recorded", || async {
+        total(&recorded.points(), LOST, &[]) > 0.0
+    })
+    .await;
+
+    let points = recorded.points();
+    let wanted = [
+        ("lock.mode", "exclusive"),
+        ("lock.lost_reason", "connection_closed"),
+    ];
+    let [lost] = find(&points, LOST, &wanted)[..] else {
+        panic!("one lost series: {points:#?}");
+    };
+    assert_eq!(lost.value, 1.0);
+    assert_eq!(lost.unit, "{lock}");
+    assert_eq!(lost.attribute("lock.id"), None);
+    assert_eq!(total(&points, LOST, &[]), 1.0, "no other loss: {points:#?}");
+    assert_eq!(total(&points, HELD, &[]), 0.0, "{points:#?}");
+    assert_no_key_text(&points, &[&key]);
+    drop(guard);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalive_round_trips_are_recorded() {
+    let recorded = Recorded::new();
+    let manager = recorded
+        .manager(1)
+        .lease(None)
+        .keepalive(Some(Duration::from_millis(50)))
+        .health_check_interval(Duration::from_millis(10))
+        .build();
+    let key = unique_key("metrics-keepalive");
+    let guard = manager
+        .acquire(&key, AcquireOptions::new())
+        .await
+        .expect("acquire");
+    wait_for("two keepalives", || async {
+        observations(&recorded.points(), KEEPALIVE_DURATION, &[]) >= 2
+    })
+    .await;
+    let points = recorded.points();
+    let [keepalive] = find(&points, KEEPALIVE_DURATION, &[])[..] else {
+        panic!("one keepalive series: {points:#?}");
+    };
+    assert_eq!(keepalive.unit, "s");
+    assert!(keepalive.attributes.is_empty(), "{keepalive:?}");
+    assert!(
+        keepalive.value > 0.0 && keepalive.value < 5.0 * keepalive.count as f64,
+        "{keepalive:?}"
+    );
+    assert!(!guard.is_lost());
+    guard.release().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lock_id_is_an_attribute_only_when_asked_for() {
+    let recorded = Recorded::new();
+    let manager = recorded.manager(1).metrics_lock_id(true).build();
+    let key = unique_key("metrics-lock-id");
+    let lock_id = manager.lock_id(&key);
+    let guard = manager
+        .acquire(&key, AcquireOptions::new().with_mode(LockMode::Exclusive))
+        .await
+        .expect("acquire");
+    let points = recorded.points();
+    let id = lock_id.to_string();
+    let [acquired] = find(
+        &points,
+        ACQUISITIONS,
+        &[("lock.outcome", "acquired"), ("lock.id", &id)],
+    )[..] else {
+        panic!("the acquisition with its lock id: {points:#?}");
+    };
+    assert_eq!(acquired.value, 1.0);
+    assert_eq!(
+        find(&points, ACQUIRE_DURATION, &[("lock.id", &id)]).len(),
+        1
+    );
+    // Locks held stays one series per mode, whatever the switch.
+    for point in find(&points, HELD, &[]) {
+        assert_eq!(point.attribute("lock.id"), None, "{point:?}");
+    }
+    assert_no_key_text(&points, &[&key]);
+    guard.release().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_many_counts_one_acquisition_and_every_lock_held() {
+    let recorded = Recorded::new();
+    let manager = recorded.manager(1).build();
+    let keys = [unique_key("metrics-many-a"), unique_key("metrics-many-b")];
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let locks = manager
+        .acquire_many(&refs, AcquireOptions::new())
+        .await
+        .expect("acquire_many");
+    let points = recorded.points();
+    assert_eq!(
+        total(&points, ACQUISITIONS, &[("lock.outcome", "acquired")]),
+        1.0
+    );
+    assert_eq!(total(&points, HELD, &[]), 2.0, "{points:#?}");
+    locks.release().await;
+    assert_eq!(total(&recorded.points(), HELD, &[]), 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_off_records_nothing() {
+    let recorded = Recorded::new();
+    let manager = recorded.manager(1).metrics(false).build();
+    let guard = manager
+        .acquire(&unique_key("metrics-off"), AcquireOptions::new())
+        .await
+        .expect("acquire");
+    let points = recorded.points();
+    assert!(points.is_empty(), "{points:#?}");
+    guard.release().await;
+}
