@@ -652,7 +652,14 @@ impl Inner {
                     sqlstate = sqlstate(error),
                     "Error releasing advisory lock; closed the session, which frees it"
                 );
-                (driver_kind(error), sqlstate(error))
+                let kind = driver_kind(error);
+                if kind == AcquisitionErrorKind::ConnectionLost {
+                    // The session had ended under the holder before the monitor saw it:
+                    // the lock was lost while held, and the loss metric says so.
+                    self.metrics()
+                        .lost(held.mode, held.lock_id, LostReason::ConnectionClosed);
+                }
+                (kind, sqlstate(error))
             }
             Err(Expired) => {
                 tracing::warn!(

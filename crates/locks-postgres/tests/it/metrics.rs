@@ -6,7 +6,9 @@
 
 use std::time::Duration;
 
-use locks_port::{AcquireOptions, DistributedLock, LockGuard, LockMode, LostReason};
+use locks_port::{
+    AcquireOptions, DistributedLock, LockGuard, LockMode, LostReason, ReleaseOutcome,
+};
 use locks_postgres::PostgresLockManager;
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
@@ -333,6 +335,39 @@ async fn a_lock_lost_to_pg_terminate_backend_is_counted_and_no_longer_held() {
     assert_eq!(total(&points, HELD, &[]), 0.0, "{points:#?}");
     assert_no_key_text(&points, &[&key]);
     drop(guard);
+}
+
+/// A session that ended before the monitor looked, found by the holder's own release:
+/// the lock was lost while held, and the loss is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_finds_the_session_ended_counts_a_loss() {
+    let recorded = Recorded::new();
+    let manager = recorded
+        .manager(1)
+        .lease(None)
+        .keepalive(None)
+        .health_check_interval(Duration::from_secs(3600))
+        .build();
+    let admin = admin().await;
+    let key = unique_key("metrics-lost-at-release");
+    let lock_id = manager.lock_id(&key);
+    let guard = manager
+        .acquire(&key, AcquireOptions::new())
+        .await
+        .expect("acquire");
+    let [pid] = holder_pids(&admin, lock_id).await[..] else {
+        panic!("one holder");
+    };
+    terminate_backend(&admin, pid).await;
+    wait_for("the lock to be freed", || async {
+        holder_pids(&admin, lock_id).await.is_empty()
+    })
+    .await;
+    assert_eq!(guard.release().await, ReleaseOutcome::SessionClosed);
+    let points = recorded.points();
+    let wanted = [("lock.lost_reason", "connection_closed")];
+    assert_eq!(total(&points, LOST, &wanted), 1.0, "{points:#?}");
+    assert_eq!(total(&points, HELD, &[]), 0.0, "{points:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
