@@ -4,7 +4,7 @@ use std::time::Duration;
 
 /// Settings of a [`MigrationCoordinator`](crate::MigrationCoordinator).
 ///
-/// The defaults are the original library's: the cutover lock is waited for 500 ms,
+/// The defaults are the Python `eventsource` library's: the cutover lock is waited for 500 ms,
 /// writes are paused for at most 500 ms, and the cutover needs the target fully caught
 /// up (lag 0) before it pauses.
 ///

@@ -82,7 +82,7 @@ impl Phase {
         }
     }
 
-    /// The snake-case name the original library stores (`dual_write`).
+    /// The snake-case name the Python `eventsource` library stores (`dual_write`).
     #[must_use]
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -178,7 +178,7 @@ impl RoutingState {
         !matches!(self, Self::CutoverPaused)
     }
 
-    /// The snake-case name the original library stores (`cutover_paused`).
+    /// The snake-case name the Python `eventsource` library stores (`cutover_paused`).
     #[must_use]
     pub const fn as_str(self) -> &'static str {
         match self {

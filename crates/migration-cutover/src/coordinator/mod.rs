@@ -112,7 +112,7 @@ where
         Self::with_optional_lock_manager(ports, Some(lock_manager))
     }
 
-    /// A coordinator with or without a lock manager (the original's
+    /// A coordinator with or without a lock manager (the Python library's
     /// `lock_manager=None`).
     #[must_use]
     pub fn with_optional_lock_manager(
