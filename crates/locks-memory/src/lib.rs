@@ -4,11 +4,13 @@
 mod guard;
 mod manager;
 mod many;
+mod semaphore;
 mod table;
 
 pub use guard::InMemoryLockGuard;
 pub use manager::{InMemoryLockManager, InMemoryLockManagerBuilder};
 pub use many::InMemoryLocks;
+pub use semaphore::InMemoryPermit;
 pub use table::InMemoryLockTable;
 
 /// Re-exported so callers name the same port version (traits, options, errors).

@@ -37,6 +37,8 @@ pub struct InMemoryLockTable {
 pub(crate) struct TableInner {
     derivation: KeyDerivation,
     locks: Mutex<HashMap<i64, Arc<Semaphore>>>,
+    /// The counting semaphores (`acquire_permit`), apart from the locks as on the server.
+    pub(crate) semaphores: Arc<crate::semaphore::Semaphores>,
 }
 
 impl InMemoryLockTable {
@@ -54,6 +56,7 @@ impl InMemoryLockTable {
             inner: Arc::new(TableInner {
                 derivation,
                 locks: Mutex::new(HashMap::new()),
+                semaphores: Arc::default(),
             }),
         }
     }
@@ -82,10 +85,11 @@ impl InMemoryLockTable {
         self.inner.derivation
     }
 
-    /// How many locks are held or waited for right now (for diagnostics and tests).
+    /// How many locks and semaphores are held or waited for right now (for diagnostics
+    /// and tests).
     #[must_use]
     pub fn len(&self) -> usize {
-        self.inner.lock_map().len()
+        self.inner.lock_map().len() + self.inner.semaphores.len()
     }
 
     /// Whether no lock is held or waited for.

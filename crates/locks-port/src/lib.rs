@@ -8,6 +8,7 @@ mod key;
 mod lock;
 mod many;
 mod options;
+mod semaphore;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -25,6 +26,11 @@ pub use key::{
 pub use lock::{DistributedLock, LockGuard, LockRegistry, ReleaseOutcome};
 pub use many::{AcquireMany, LockGroup};
 pub use options::{AcquireOptions, InvalidTimeoutError, LockMode, WaitStrategy, deadline_after};
+pub use semaphore::{
+    MAX_PERMITS, PermitDerivation, PermitGuard, PermitHolder, PermitHolders, PermitInfo,
+    SINCE_EPOCH_UNIX, Semaphore, TURNSTILE_SLOT, check_permits, marker_slot, permits_disagree,
+    permits_of_marker,
+};
 
 /// The lock API in one `use`: `use locks_port::prelude::*;` (or the adapter's
 /// re-export, `use locks_postgres::prelude::*;`). The traits, so their methods are in
@@ -33,7 +39,8 @@ pub mod prelude {
     pub use crate::{
         AcquireMany, AcquireOptions, AcquisitionErrorKind, DistributedLock, LockAcquisitionError,
         LockError, LockGroup, LockGuard, LockInfo, LockMode, LockRegistry, LostReason, LostSignal,
-        ReleaseOutcome, WaitStrategy, lock_id, migration_lock_key_for,
+        PermitGuard, PermitInfo, ReleaseOutcome, Semaphore, WaitStrategy, lock_id,
+        migration_lock_key_for,
     };
     pub use uuid::Uuid;
 }

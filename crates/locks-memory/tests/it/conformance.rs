@@ -39,3 +39,4 @@ impl Drop for MemoryHarness {
 
 locks_port::conformance_suite!(MemoryHarness::new());
 locks_port::acquire_many_suite!(MemoryHarness::new());
+locks_port::semaphore_suite!(MemoryHarness::new());

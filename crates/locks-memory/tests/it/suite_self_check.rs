@@ -98,3 +98,15 @@ fn cases_can_run_in_a_spawned_task() {
             .unwrap();
     });
 }
+
+#[test]
+#[should_panic(expected = "more than 3 permit holders were inside at once")]
+fn permits_case_catches_a_permit_that_does_not_exclude() {
+    run(conformance::permits_admit_at_most_n(&NoExclusion));
+}
+
+#[test]
+#[should_panic(expected = "a different N must be caught")]
+fn disagreeing_permits_case_catches_a_silent_max() {
+    run(conformance::bad_or_disagreeing_permits_are_configuration_errors(&NoExclusion));
+}

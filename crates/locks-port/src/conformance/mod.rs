@@ -63,6 +63,7 @@ mod many;
 mod modes;
 mod random;
 mod release;
+mod semaphore;
 mod waiting;
 
 pub use basics::{
@@ -90,6 +91,12 @@ pub use random::Lcg;
 pub use release::{
     guard_release_reports_outcome, release_all_returns_count_and_empties,
     release_makes_key_acquirable_again, release_of_unheld_key_fails,
+};
+pub use semaphore::{
+    bad_or_disagreeing_permits_are_configuration_errors, dropped_permit_acquisition_leaves_nothing,
+    permit_times_out_like_a_lock, permits_admit_at_most_n,
+    semaphore_and_lock_of_one_name_are_apart, try_acquire_permit_takes_up_to_n,
+    waiters_are_served_in_arrival_order,
 };
 pub use waiting::{
     acquire_times_out_on_held_key, cancelled_acquire_leaves_nothing_held,
@@ -225,6 +232,23 @@ macro_rules! acquire_many_suite {
             dropped_acquire_many_leaves_nothing_held,
             acquire_many_of_nothing_holds_nothing,
             acquire_many_tells_of_a_member_taken_away,
+        );
+    };
+}
+
+/// Stamps out one `#[test]` per case of [`Semaphore`](crate::Semaphore), for a harness
+/// whose manager offers it; like [`conformance_suite!`](crate::conformance_suite).
+#[macro_export]
+macro_rules! semaphore_suite {
+    ($harness:expr $(,)?) => {
+        $crate::conformance_suite!(@cases $harness;
+            permits_admit_at_most_n,
+            try_acquire_permit_takes_up_to_n,
+            permit_times_out_like_a_lock,
+            bad_or_disagreeing_permits_are_configuration_errors,
+            dropped_permit_acquisition_leaves_nothing,
+            waiters_are_served_in_arrival_order,
+            semaphore_and_lock_of_one_name_are_apart,
         );
     };
 }
