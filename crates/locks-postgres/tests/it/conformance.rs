@@ -34,9 +34,11 @@ fn harness(locks_per_connection: usize) -> PostgresHarness {
 
 locks_port::conformance_suite!(harness(1));
 locks_port::acquire_many_suite!(harness(1));
+locks_port::semaphore_suite!(harness(1));
 
 /// The same contract with locks sharing connections (up to 4 on each).
 mod multiplexed {
     locks_port::conformance_suite!(super::harness(4));
     locks_port::acquire_many_suite!(super::harness(4));
+    locks_port::semaphore_suite!(super::harness(4));
 }

@@ -1,0 +1,68 @@
+//! Who holds and who waits for a semaphore's permits, from `pg_locks`.
+
+use std::collections::{BTreeSet, HashMap};
+
+use locks_port::{
+    AcquisitionErrorKind, LockAcquisitionError, PermitDerivation, PermitHolder, PermitHolders,
+    SINCE_EPOCH_UNIX, TURNSTILE_SLOT, permits_of_marker,
+};
+use time::OffsetDateTime;
+
+use crate::inspect::{AdvisoryLockId, all_lock_holders};
+use crate::manager::PostgresLockManager;
+
+/// The permits of `name` held (by slot, with the holder id and the second it was
+/// granted) and how many sessions wait for one (they hold the marker, not a slot).
+pub(super) async fn permit_holders(
+    manager: &PostgresLockManager,
+    name: &str,
+) -> Result<PermitHolders, LockAcquisitionError> {
+    let failed =
+        |reason: String| LockAcquisitionError::new(name, AcquisitionErrorKind::Backend, reason);
+    let client = manager
+        .pool()
+        .get()
+        .await
+        .map_err(|error| failed(format!("no pool connection to look with: {error}")))?;
+    let locks = all_lock_holders(&client)
+        .await
+        .map_err(|error| failed(error.to_string()))?;
+    let class = PermitDerivation::CURRENT.class(name);
+    let mut permits = BTreeSet::new();
+    let mut participants = BTreeSet::new();
+    let mut slots: Vec<(u32, Option<i32>, Option<String>)> = Vec::new();
+    let mut since: HashMap<i32, i32> = HashMap::new();
+    for lock in locks.into_iter().filter(|lock| lock.granted) {
+        let AdvisoryLockId::Int4Pair(of, slot) = lock.lock else {
+            continue;
+        };
+        if of == class | 1 {
+            if let Some(pid) = lock.pid {
+                since.insert(pid, slot);
+            }
+        } else if of == class {
+            if let Some(n) = permits_of_marker(slot) {
+                permits.insert(n);
+                participants.extend(lock.pid);
+            } else if slot != TURNSTILE_SLOT
+                && let Ok(slot) = u32::try_from(slot)
+            {
+                slots.push((slot, lock.pid, lock.holder_id));
+            }
+        }
+    }
+    let mut holders = PermitHolders::default();
+    holders.waiting = participants.len().saturating_sub(slots.len());
+    holders.permits = permits.into_iter().collect();
+    slots.sort_by_key(|(slot, ..)| *slot);
+    holders.held = slots
+        .into_iter()
+        .map(|(slot, pid, holder_id)| {
+            let granted = pid.and_then(|pid| since.get(&pid)).and_then(|&seconds| {
+                OffsetDateTime::from_unix_timestamp(SINCE_EPOCH_UNIX + i64::from(seconds)).ok()
+            });
+            PermitHolder::new(slot, holder_id, granted)
+        })
+        .collect();
+    Ok(holders)
+}
