@@ -14,5 +14,6 @@ mod metrics;
 mod multiplex;
 mod poolers;
 mod processes;
+mod semaphores;
 mod support;
 mod xact;

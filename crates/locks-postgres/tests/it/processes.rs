@@ -33,6 +33,7 @@ fn child_entry() {
     throwaway_pg::testing::child::entry(ROLE, |role, runtime| match role {
         "hold" => child_hold(runtime),
         "counter" => runtime.block_on(child_counter()),
+        "permits" => runtime.block_on(crate::semaphores::child_permits()),
         other => panic!("unknown {ROLE} {other:?}"),
     });
 }
@@ -97,7 +98,7 @@ async fn child_counter() {
 // The parent side.
 
 /// A child process of this test binary playing `role`, with `vars` in its environment.
-fn spawn(role: &str, vars: &[(&str, &str)]) -> Child {
+pub(crate) fn spawn(role: &str, vars: &[(&str, &str)]) -> Child {
     let role_var = [(ROLE, role)];
     Child::spawn(
         format!("{role} child"),
