@@ -10,6 +10,7 @@ mod fencing;
 mod guard;
 mod health;
 mod inspect;
+mod leader;
 mod lease;
 mod limit;
 mod lock_ids;
@@ -29,6 +30,9 @@ pub use fencing::{FENCING_SCHEMA, FENCING_TABLE, install_fencing};
 pub use guard::PostgresLockGuard;
 pub use health::LostLockCounts;
 pub use inspect::{AdvisoryLockId, InspectError, LockHolder, all_lock_holders, lock_holders};
+pub use leader::{
+    DEFAULT_BACKOFF, DEFAULT_TAKEOVER_DELAY, Leader, LeaderElection, Leadership, TermEnd,
+};
 pub use lease::{Lease, LeaseError, ServerTimers};
 pub use manager::PostgresLockManager;
 pub use many::PostgresLocks;

@@ -186,16 +186,7 @@ async fn a_terminated_permit_holder_is_told_and_its_permit_goes_to_a_waiter() {
     );
 
     let terminated_at = Instant::now();
-    let terminated: bool = admin
-        .query_one(
-            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' \
-             AND objsubid = 2 AND classid = $1::int4::oid AND objid = 0 AND granted",
-            &[&class],
-        )
-        .await
-        .expect("terminate the holder's backend")
-        .get(0);
-    assert!(terminated);
+    terminate_slot_holder(&admin, class, 0).await;
     let reason = tokio::time::timeout(Duration::from_secs(5), permit.lost())
         .await
         .expect("the holder is told within 5 s");
@@ -249,4 +240,18 @@ async fn dropped_waits_and_permits_leave_no_advisory_lock() {
         locks_of_class(&admin, class).await == 0
     })
     .await;
+}
+
+/// Terminates the backend that holds permit `slot` of `class`.
+pub(crate) async fn terminate_slot_holder(admin: &tokio_postgres::Client, class: i32, slot: i32) {
+    let terminated: bool = admin
+        .query_one(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' \
+             AND objsubid = 2 AND classid = $1::int4::oid AND objid = $2::int4::oid AND granted",
+            &[&class, &slot],
+        )
+        .await
+        .expect("terminate the permit holder's backend")
+        .get(0);
+    assert!(terminated, "the holder of ({class}, {slot}) was terminated");
 }

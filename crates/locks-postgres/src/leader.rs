@@ -1,0 +1,226 @@
+//! Leader election on a semaphore of one permit: campaign, run a task while leading,
+//! stop it the moment the permit is lost, back off, campaign again (ADR 0018).
+//!
+//! Generic over the port's [`Semaphore`], so it runs on the in-memory manager too.
+
+use std::future::Future;
+use std::time::Duration;
+
+use locks_port::{
+    AcquireOptions, AcquisitionErrorKind, LockAcquisitionError, LostReason, LostSignal,
+    PermitGuard, ReleaseOutcome, Semaphore,
+};
+use time::OffsetDateTime;
+use tokio::sync::watch;
+
+/// Where this process stands, as [`LeaderElection::subscribe`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Leadership {
+    /// Not leading: campaigning, backing off, or not started.
+    Following,
+    /// Leading since `since`; `fencing_token` when the manager hands them out.
+    Leading {
+        /// When this process won.
+        since: OffsetDateTime,
+        /// The grant's fencing token, when fencing is on.
+        fencing_token: Option<i64>,
+    },
+}
+
+impl Leadership {
+    /// Whether this process leads.
+    #[must_use]
+    pub fn is_leading(&self) -> bool {
+        matches!(self, Self::Leading { .. })
+    }
+}
+
+/// Who leads now, as the backend shows it (see [`LeaderElection::who_leads`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Leader {
+    /// The leader's holder id, when its manager has one.
+    pub holder_id: Option<String>,
+    /// Since when it leads (to the second on PostgreSQL), when known.
+    pub since: Option<OffsetDateTime>,
+}
+
+/// How one term ended.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum TermEnd<T> {
+    /// The task finished while leading; leadership was released.
+    Finished(T),
+    /// Leadership was lost; the task was stopped (its future dropped) first.
+    Lost(LostReason),
+}
+
+/// Campaigns for the leadership of `name`: the holder of the one permit of the
+/// semaphore `name` leads.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use locks_postgres::{LeaderElection, PostgresLockManager};
+///
+/// # async fn run(manager: PostgresLockManager) -> Result<(), Box<dyn std::error::Error>> {
+/// let election = LeaderElection::new(manager, "scheduler");
+/// let mut changes = election.subscribe();
+/// tokio::spawn(async move {
+///     while changes.changed().await.is_ok() {
+///         println!("leading: {}", changes.borrow().is_leading());
+///     }
+/// });
+/// // Runs the scheduler while leading; a lost leadership stops it, and the election
+/// // campaigns again after the back-off. Returns only when the task finishes.
+/// let output = election
+///     .run(|lost| async move {
+///         // ... schedule; `lost` can be awaited or checked too ...
+///         let _ = lost;
+///         tokio::time::sleep(Duration::from_secs(3600)).await;
+///     })
+///     .await?;
+/// # let _ = output; Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct LeaderElection<S> {
+    semaphores: S,
+    name: String,
+    backoff: Duration,
+    takeover_delay: Duration,
+    state: watch::Sender<Leadership>,
+}
+
+/// The back-off between a lost term (or a failed campaign) and the next campaign.
+pub const DEFAULT_BACKOFF: Duration = Duration::from_secs(1);
+
+/// How long a winner waits before it starts its task, so that a leader whose session
+/// was ended has noticed and stopped first: above the leader's health-check interval
+/// (200 ms by default) with room for scheduling.
+pub const DEFAULT_TAKEOVER_DELAY: Duration = Duration::from_millis(500);
+
+impl<S: Semaphore> LeaderElection<S> {
+    /// An election for `name` on `semaphores`, with the default back-off and takeover
+    /// delay.
+    pub fn new(semaphores: S, name: impl Into<String>) -> Self {
+        Self {
+            semaphores,
+            name: name.into(),
+            backoff: DEFAULT_BACKOFF,
+            takeover_delay: DEFAULT_TAKEOVER_DELAY,
+            state: watch::Sender::new(Leadership::Following),
+        }
+    }
+
+    /// The pause before campaigning again after a lost term or a failed campaign.
+    #[must_use]
+    pub fn backoff(mut self, backoff: Duration) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// How long a winner waits before starting its task (see
+    /// [`DEFAULT_TAKEOVER_DELAY`]). It must exceed the time a leader needs to notice a
+    /// loss (its manager's health-check interval); zero gives up the ordering.
+    #[must_use]
+    pub fn takeover_delay(mut self, delay: Duration) -> Self {
+        self.takeover_delay = delay;
+        self
+    }
+
+    /// Follows this process's leadership: every change, starting with `Following`.
+    #[must_use]
+    pub fn subscribe(&self) -> watch::Receiver<Leadership> {
+        self.state.subscribe()
+    }
+
+    /// Who leads `name` now, without campaigning; `None` when nobody does.
+    ///
+    /// # Errors
+    /// A backend failure, as from [`Semaphore::permit_holders`].
+    pub async fn who_leads(&self) -> Result<Option<Leader>, LockAcquisitionError> {
+        let holders = self.semaphores.permit_holders(&self.name).await?;
+        Ok(holders.held.into_iter().next().map(|held| Leader {
+            holder_id: held.holder_id,
+            since: held.since,
+        }))
+    }
+
+    /// One term: waits to lead, runs `task` while leading, and says how it ended.
+    ///
+    /// # Errors
+    /// The campaign's error (the permit could not be waited for).
+    ///
+    /// # Cancel safety
+    /// Dropping the future stops the task and gives up the leadership.
+    pub async fn term<F, Fut, T>(&self, task: F) -> Result<TermEnd<T>, LockAcquisitionError>
+    where
+        F: FnOnce(LostSignal) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let permit = self
+            .semaphores
+            .acquire_permit(&self.name, 1, AcquireOptions::new())
+            .await?;
+        let lost = permit.lost();
+        // A leader whose session just ended may not know yet: let it stop first.
+        if tokio::time::timeout(self.takeover_delay, lost.clone())
+            .await
+            .is_ok()
+        {
+            return Ok(TermEnd::Lost(
+                lost.reason().unwrap_or(LostReason::ConnectionClosed),
+            ));
+        }
+        self.state.send_replace(Leadership::Leading {
+            since: OffsetDateTime::now_utc(),
+            fencing_token: permit.info().fencing_token(),
+        });
+        let ended = tokio::select! {
+            biased;
+            reason = lost.clone() => TermEnd::Lost(reason),
+            output = task(lost) => TermEnd::Finished(output),
+        };
+        // The task's future is dropped by now: it stopped before anyone hears of it.
+        self.state.send_replace(Leadership::Following);
+        if let TermEnd::Lost(reason) = &ended {
+            tracing::warn!(
+                reason = reason.as_str(),
+                "leadership lost; the task was stopped"
+            );
+        }
+        let released = permit.release().await;
+        debug_assert!(!matches!(released, ReleaseOutcome::InBackground));
+        Ok(ended)
+    }
+
+    /// Campaigns until the task finishes while leading: each lost term stops the task
+    /// and, after the back-off, campaigns again with a new task from `task`. Failed
+    /// campaigns are retried after the back-off too, except configuration errors.
+    ///
+    /// # Errors
+    /// A [`Configuration`](AcquisitionErrorKind::Configuration) error of the campaign
+    /// (for example, other processes use `name` as a semaphore of more permits).
+    ///
+    /// # Cancel safety
+    /// Dropping the future stops the task and gives up the leadership.
+    pub async fn run<F, Fut, T>(&self, mut task: F) -> Result<T, LockAcquisitionError>
+    where
+        F: FnMut(LostSignal) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        loop {
+            match self.term(&mut task).await {
+                Ok(TermEnd::Finished(output)) => return Ok(output),
+                Ok(TermEnd::Lost(_)) => {}
+                Err(error) if error.kind() == AcquisitionErrorKind::Configuration => {
+                    return Err(error);
+                }
+                Err(error) => {
+                    tracing::warn!(error = %error, "campaign failed; retrying after the back-off");
+                }
+            }
+            tokio::time::sleep(self.backoff).await;
+        }
+    }
+}

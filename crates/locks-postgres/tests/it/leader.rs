@@ -1,0 +1,166 @@
+//! Leader election on a real server: failover after a killed leader process, and the
+//! order of stop and start when the leader's session is terminated.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use locks_postgres::{LeaderElection, Leadership, PostgresLockManager};
+
+use crate::processes::Child;
+use crate::support::{admin, pool, unique_key};
+
+const NAME: &str = "LOCKS_CHILD_LEADER";
+
+fn unix_ms(at: SystemTime) -> u128 {
+    at.duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis())
+}
+
+/// Says `stopped {unix ms}` when dropped: the task's future was dropped.
+struct SayStopped;
+
+impl Drop for SayStopped {
+    fn drop(&mut self) {
+        crate::processes::say(&format!("stopped {}", unix_ms(SystemTime::now())));
+    }
+}
+
+/// The child role `lead`: campaigns for the leadership of `NAME`, says
+/// `leading {unix ms}` when its task starts, and leads until killed.
+pub(crate) async fn child_lead() {
+    let name = std::env::var(NAME).expect("child needs a name");
+    let manager = PostgresLockManager::builder(pool(2))
+        .holder_id(format!("child-{}", std::process::id()))
+        .build();
+    let election = LeaderElection::new(manager, name);
+    crate::processes::say("campaigning");
+    let _never = election
+        .run(|_lost| async {
+            let _stopped = SayStopped;
+            crate::processes::say(&format!("leading {}", unix_ms(SystemTime::now())));
+            std::future::pending::<()>().await;
+        })
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_process_takes_over_within_one_second_of_the_leader_being_killed() {
+    let name = unique_key("leader-kill");
+    let mut first = Child::spawn("lead", &[(NAME, &name)]);
+    first.expect("campaigning").await;
+    first.expect("leading").await;
+    let mut standby = Child::spawn("lead", &[(NAME, &name)]);
+    standby.expect("campaigning").await;
+    // Let the standby queue behind the leader.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let observer = LeaderElection::new(PostgresLockManager::new(pool(1)), name.clone());
+    let leader = observer
+        .who_leads()
+        .await
+        .expect("who leads")
+        .expect("a leader");
+    assert!(leader.holder_id.is_some_and(|id| id.starts_with("child-")));
+    assert!(leader.since.is_some());
+
+    let killed = SystemTime::now();
+    first.kill();
+    let started: u128 = standby.expect("leading").await.parse().expect("ms");
+    let gap = started.saturating_sub(unix_ms(killed));
+    println!("the standby led {gap} ms after the leader process was killed");
+    assert!(gap < 1000, "failover took {gap} ms, more than 1 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminated_leader_stops_its_task_before_the_standby_starts_its_own() {
+    let admin = admin().await;
+    let name = unique_key("leader-terminate");
+    let events: Arc<Mutex<Vec<(&'static str, SystemTime)>>> = Arc::default();
+    let record = |events: &Arc<Mutex<Vec<(&'static str, SystemTime)>>>, what| {
+        events
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((what, SystemTime::now()));
+    };
+    struct Recorder(Arc<Mutex<Vec<(&'static str, SystemTime)>>>, &'static str);
+    impl Drop for Recorder {
+        fn drop(&mut self) {
+            self.0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push((self.1, SystemTime::now()));
+        }
+    }
+    let elect = |holder: &'static str| {
+        let manager = PostgresLockManager::builder(pool(2))
+            .holder_id(holder)
+            .build();
+        Arc::new(LeaderElection::new(manager, name.clone()))
+    };
+    let (one, two) = (elect("one"), elect("two"));
+    let mut one_state = one.subscribe();
+    let mut two_state = two.subscribe();
+    let run = |election: Arc<LeaderElection<PostgresLockManager>>, started, stopped| {
+        let events = Arc::clone(&events);
+        tokio::spawn(async move {
+            election
+                .run(|_lost| {
+                    let events = Arc::clone(&events);
+                    async move {
+                        record(&events, started);
+                        let _stopped = Recorder(events, stopped);
+                        std::future::pending::<()>().await;
+                    }
+                })
+                .await
+        })
+    };
+    let one_task = run(Arc::clone(&one), "one started", "one stopped");
+    one_state
+        .wait_for(Leadership::is_leading)
+        .await
+        .expect("one leads");
+    let two_task = run(Arc::clone(&two), "two started", "two stopped");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let leader = two.who_leads().await.expect("who leads").expect("a leader");
+    assert_eq!(leader.holder_id.as_deref(), Some("one"));
+
+    let class = PostgresLockManager::new(pool(1)).semaphore_class(&name);
+    let terminated_at = SystemTime::now();
+    crate::semaphores::terminate_slot_holder(&admin, class, 0).await;
+    two_state
+        .wait_for(Leadership::is_leading)
+        .await
+        .expect("two leads");
+    // The state says "leading" as the task is handed over; it starts when first polled.
+    crate::faults::wait_for("two's task to start", || async {
+        let events = events.lock().unwrap_or_else(PoisonError::into_inner);
+        events.iter().any(|(what, _)| *what == "two started")
+    })
+    .await;
+    let events = events
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    for (what, at) in &events {
+        let relative = i128::try_from(unix_ms(*at)).unwrap_or(0)
+            - i128::try_from(unix_ms(terminated_at)).unwrap_or(0);
+        println!(
+            "{what:>12} at {} ({relative:+} ms from the termination)",
+            unix_ms(*at)
+        );
+    }
+    let at = |what: &str| {
+        events
+            .iter()
+            .find(|(event, _)| *event == what)
+            .map(|(_, at)| *at)
+            .unwrap_or_else(|| panic!("no {what:?} in {events:?}"))
+    };
+    assert!(
+        at("one stopped") < at("two started"),
+        "the old leader must stop before the new one starts: {events:?}"
+    );
+    assert!(!one_state.borrow().is_leading());
+    one_task.abort();
+    two_task.abort();
+}
