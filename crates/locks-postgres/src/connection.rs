@@ -332,6 +332,12 @@ impl Session {
         }
     }
 
+    /// The connection's session marker, for statements of its own that must check it
+    /// (the semaphore's).
+    pub(crate) fn marker(&self) -> &str {
+        self.conn.as_deref().map_or("", |known| &known.marker)
+    }
+
     /// Whether the connection has ended (a local check, no I/O): the server closed it
     /// or the socket failed.
     pub(crate) fn is_closed(&self) -> bool {

@@ -31,10 +31,10 @@ use tokio_postgres::types::ToSql;
 
 pub use permit::PostgresPermit;
 
-use crate::acquire::{Deadline, MOVED_BETWEEN_SESSIONS, PoolWait, refuse, with_timeout};
-use crate::classify::driver_error;
+use crate::acquire::PoolWait;
 use crate::connection::Session;
-use crate::limit::Limit;
+use crate::errors::{MOVED_BETWEEN_SESSIONS, driver_error, refused, with_timeout};
+use crate::limit::{Deadline, Limit};
 use crate::manager::{Inner, PostgresLockManager};
 use crate::sql::Statement;
 
@@ -76,16 +76,16 @@ impl Call<'_> {
 
     /// The limit of a statement that does not wait for a lock.
     fn quick(&self) -> Limit {
-        Limit::For(self.inner.settings.answer_timeout)
+        Limit::Waiting(self.inner.settings().answer_timeout)
     }
 
     /// The limit of a wait bounded by `lock_timeout` ms (0: none).
     fn waiting(&self, lock_timeout_ms: u32) -> Limit {
         match lock_timeout_ms {
             0 => Limit::None,
-            ms => Limit::For(
+            ms => Limit::Waiting(
                 Duration::from_millis(u64::from(ms))
-                    .saturating_add(self.inner.settings.deadline_margin),
+                    .saturating_add(self.inner.settings().deadline_margin),
             ),
         }
     }
@@ -143,8 +143,8 @@ impl Call<'_> {
                 // The set-up, pipelined with a ping (see `Inner::answered`).
                 let limit = Deadline::limit(
                     self.deadline,
-                    self.inner.settings.deadline_margin,
-                    self.inner.settings.answer_timeout,
+                    self.inner.settings().deadline_margin,
+                    self.inner.settings().answer_timeout,
                 );
                 let (set_up, answer) = self
                     .inner
@@ -176,12 +176,8 @@ impl Call<'_> {
                     session.mark_set_up(false);
                     continue;
                 }
-                return Err(refuse(
-                    self.name,
-                    session,
-                    self.deadline,
-                    MOVED_BETWEEN_SESSIONS,
-                ));
+                session.close();
+                return Err(refused(self.name, MOVED_BETWEEN_SESSIONS, self.deadline));
             }
             let others: Option<Vec<i64>> = row.try_get(1).map_err(|error| self.error(error))?;
             let mut others: Vec<u32> = others
@@ -198,12 +194,8 @@ impl Call<'_> {
             }
             return Ok(session);
         }
-        Err(refuse(
-            self.name,
-            session,
-            self.deadline,
-            MOVED_BETWEEN_SESSIONS,
-        ))
+        session.close();
+        Err(refused(self.name, MOVED_BETWEEN_SESSIONS, self.deadline))
     }
 
     /// Holding the turnstile: the first free slot, leaving the turnstile.
@@ -384,8 +376,8 @@ impl PostgresLockManager {
         let Some((mut session, slot)) = call.acquire(wait).await? else {
             return Ok(None);
         };
-        let mut info = PermitInfo::acquired_now(name, permits, slot, inner.holder_id.clone());
-        if inner.settings.fencing {
+        let mut info = PermitInfo::acquired_now(name, permits, slot, inner.holder_id().cloned());
+        if inner.settings().fencing {
             // Tokens of a semaphore are kept under a negative id, apart from every lock id.
             let token_id = -1 - i64::from(call.class);
             let token = inner

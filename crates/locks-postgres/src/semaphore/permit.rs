@@ -92,7 +92,7 @@ async fn release(shared: &Shared) -> ReleaseOutcome {
         };
     };
     let object = session.object();
-    let answer = tokio::time::timeout(shared.inner.settings.answer_timeout, async {
+    let answer = tokio::time::timeout(shared.inner.settings().answer_timeout, async {
         let statement = object.prepare_cached(sql::LEAVE).await?;
         let row = object.query_one(&statement, &[&session.marker()]).await?;
         row.try_get::<_, Option<bool>>(0)
@@ -112,7 +112,7 @@ async fn release(shared: &Shared) -> ReleaseOutcome {
 /// Watches one permit's connection until it is released or lost.
 async fn watch(shared: Weak<Shared>) {
     let Some((check, keepalive)) = shared.upgrade().map(|shared| {
-        let settings = &shared.inner.settings;
+        let settings = shared.inner.settings();
         (settings.health_check_interval, settings.keepalive)
     }) else {
         return;
@@ -141,7 +141,7 @@ async fn watch(shared: Weak<Shared>) {
         let due = keepalive.is_some_and(|cadence| last_answer.elapsed() >= cadence);
         if due {
             let object = session.object();
-            let answer = tokio::time::timeout(shared.inner.settings.answer_timeout, async {
+            let answer = tokio::time::timeout(shared.inner.settings().answer_timeout, async {
                 let statement = object.prepare_cached(sql::PING).await?;
                 object.query_one(&statement, &[&session.marker()]).await
             })
