@@ -40,7 +40,7 @@ pub use pool::{
     PLAIN_POOL_CONNECT_TIMEOUT, PLAIN_POOL_KEEPALIVES_IDLE, PoolConfigError, plain_pool,
     plain_pool_with_config,
 };
-pub use semaphore::PostgresPermit;
+pub use semaphore::{PostgresPermit, semaphore_holders};
 pub use xact::{AdvisoryLockMode, TransactionLockError, TransactionLocks};
 
 /// The lock API in one `use`: the port's traits and types (see

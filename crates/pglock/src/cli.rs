@@ -180,6 +180,18 @@ pub(crate) struct RunArgs {
     /// Hand the command a fencing token (PGLOCK_FENCING_TOKEN) that grows with every grant.
     #[arg(long)]
     pub(crate) fencing: bool,
+    /// Take one of N permits of the semaphore KEY instead of its lock: at most N commands
+    /// run at once, fleet-wide (every pglock and library user of KEY must give the same N).
+    #[arg(long, value_name = "N", conflicts_with_all = ["shared", "exclusive"])]
+    pub(crate) permits: Option<u32>,
+    /// Lead: wait to be the one holder of KEY (a semaphore of one permit), run the command,
+    /// and when leadership is lost stop the command as --on-lost says and campaign again
+    /// after --backoff; exits when the command exits on its own.
+    #[arg(long, conflicts_with_all = ["no_wait", "timeout", "permits", "shared"])]
+    pub(crate) leader: bool,
+    /// With --leader: the pause before campaigning again after a lost leadership.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1s")]
+    pub(crate) backoff: Duration,
     /// Run this through `sh -c` instead of CMD.
     #[arg(
         short = 'c',

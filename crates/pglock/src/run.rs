@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use locks_port::{
     AcquireOptions, AcquisitionErrorKind, DistributedLock, LockAcquisitionError, LockGuard,
-    LockMode, ReleaseOutcome,
+    LockMode, LostSignal, PermitGuard, ReleaseOutcome, Semaphore,
 };
-use locks_postgres::PostgresLockManager;
 use locks_postgres::deadpool_postgres::Pool;
+use locks_postgres::{PostgresLockGuard, PostgresLockManager, PostgresPermit};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::signal::unix::{SignalKind, signal};
@@ -133,7 +133,63 @@ fn holder_id(target: &Target) -> String {
 const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 
 /// `pglock run`: the exit code, or the failure that ended it.
+/// What `run` holds while the command runs: the lock, or a permit (`--permits`,
+/// `--leader`).
+enum Held {
+    Lock(PostgresLockGuard),
+    Permit(PostgresPermit),
+}
+
+impl Held {
+    fn fencing_token(&self) -> Option<i64> {
+        match self {
+            Self::Lock(guard) => guard.info().fencing_token(),
+            Self::Permit(permit) => permit.info().fencing_token(),
+        }
+    }
+
+    fn lost(&self) -> LostSignal {
+        match self {
+            Self::Lock(guard) => guard.lost(),
+            Self::Permit(permit) => permit.lost(),
+        }
+    }
+
+    async fn release(self) -> ReleaseOutcome {
+        match self {
+            Self::Lock(guard) => guard.release().await,
+            Self::Permit(permit) => permit.release().await,
+        }
+    }
+}
+
+/// `pglock run`; with `--leader`, one term after another until the command exits on
+/// its own (a lost leadership stops it, and pglock campaigns again after `--backoff`).
 pub(crate) async fn run(target: Target, args: RunArgs, say: Say) -> Result<u8, Failure> {
+    if !args.leader {
+        return run_once(&target, &args, say).await;
+    }
+    loop {
+        match run_once(&target, &args, say).await {
+            Err(failure) if failure.code == LOST => {
+                eprintln!(
+                    "pglock: {}; campaigning again in {}",
+                    failure.message,
+                    show(args.backoff)
+                );
+                tokio::time::sleep(args.backoff).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// A leader waits this long after winning before it starts the command, so that a
+/// leader whose session just ended has noticed and stopped its own (ADR 0018).
+const TAKEOVER_DELAY: Duration = Duration::from_millis(500);
+
+async fn run_once(target: &Target, args: &RunArgs, say: Say) -> Result<u8, Failure> {
+    let permits = if args.leader { Some(1) } else { args.permits };
     let mode = if args.shared {
         LockMode::Shared
     } else {
@@ -141,9 +197,9 @@ pub(crate) async fn run(target: Target, args: RunArgs, say: Say) -> Result<u8, F
     };
     let program = args.program();
     let key = args.key.as_str();
-    let holder = holder_id(&target);
+    let holder = holder_id(target);
     let application = format!("locks:{holder}");
-    let pool = connect::pool(&target, POOL_SIZE, &application)?;
+    let pool = connect::pool(target, POOL_SIZE, &application)?;
     let keepalive = (!args.keepalive.is_zero()).then_some(args.keepalive);
     // The default lease needs keepalives; `--keepalive 0` alone turns both off.
     let lease = match (args.lease, keepalive) {
@@ -168,10 +224,10 @@ pub(crate) async fn run(target: Target, args: RunArgs, say: Say) -> Result<u8, F
             say.say(format!("{number} while connecting: giving up"));
             return Ok(signal_code(number));
         }
-        checked = connect::check(&pool, &target) => checked?,
+        checked = connect::check(&pool, target) => checked?,
     }
     if args.fencing {
-        ensure_fencing_table(&pool, &target, say).await?;
+        ensure_fencing_table(&pool, target, say).await?;
     }
 
     let started = Instant::now();
@@ -192,15 +248,35 @@ pub(crate) async fn run(target: Target, args: RunArgs, say: Say) -> Result<u8, F
             (false, None) => say.say(format!("waiting for '{key}' (lock id {lock_id})")),
         }
         let acquire = async {
-            if args.no_wait {
-                manager.try_acquire_with(key, mode).await
-            } else {
-                let options = match args.timeout {
-                    Some(timeout) => AcquireOptions::new().with_timeout(timeout),
-                    None => AcquireOptions::new(),
+            let options = match args.timeout {
+                Some(timeout) => AcquireOptions::new().with_timeout(timeout),
+                None => AcquireOptions::new(),
+            }
+            .with_mode(mode);
+            match (permits, args.no_wait) {
+                (None, true) => manager
+                    .try_acquire_with(key, mode)
+                    .await
+                    .map(|guard| guard.map(Held::Lock)),
+                (None, false) => manager
+                    .acquire(key, options)
+                    .await
+                    .map(|g| Some(Held::Lock(g))),
+                (Some(permits), true) => manager
+                    .try_acquire_permit(key, permits)
+                    .await
+                    .map(|permit| permit.map(Held::Permit)),
+                (Some(permits), false) => {
+                    let permit = manager.acquire_permit(key, permits, options).await?;
+                    if args.leader {
+                        // Let a leader whose session just ended notice and stop first.
+                        let lost = permit.lost();
+                        if tokio::time::timeout(TAKEOVER_DELAY, lost).await.is_ok() {
+                            return Ok(None);
+                        }
+                    }
+                    Ok(Some(Held::Permit(permit)))
                 }
-                .with_mode(mode);
-                manager.acquire(key, options).await.map(Some)
             }
         };
         let outcome = tokio::select! {
@@ -219,6 +295,12 @@ pub(crate) async fn run(target: Target, args: RunArgs, say: Say) -> Result<u8, F
             return Ok(signal_code(number));
         }
         Ok(Ok(Some(guard))) => guard,
+        Ok(Ok(None)) if args.leader => {
+            return Err(Failure::new(
+                LOST,
+                format!("the leadership of '{key}' was lost before the command started"),
+            ));
+        }
         Ok(Ok(None)) => {
             let holder = holder_note(&pool, lock_id).await;
             return Err(Failure::new(
@@ -238,10 +320,14 @@ pub(crate) async fn run(target: Target, args: RunArgs, say: Say) -> Result<u8, F
         }
         Ok(Err(error)) => return Err(acquisition_failure(&error)),
     };
-    let fencing_token = guard.info().fencing_token();
+    let fencing_token = guard.fencing_token();
+    let what = match permits {
+        Some(permits) => format!("a permit of {permits}"),
+        None if args.shared => "shared".to_owned(),
+        None => "exclusive".to_owned(),
+    };
     say.say(format!(
-        "acquired '{key}' (lock id {lock_id}, {}{}) after {}",
-        if args.shared { "shared" } else { "exclusive" },
+        "acquired '{key}' (lock id {lock_id}, {what}{}) after {}",
         fencing_token.map_or_else(String::new, |token| format!(", fencing token {token}")),
         show(started.elapsed())
     ));
@@ -251,6 +337,9 @@ pub(crate) async fn run(target: Target, args: RunArgs, say: Say) -> Result<u8, F
         .args(&program[1..])
         .env("PGLOCK_KEY", key)
         .env("PGLOCK_LOCK_ID", lock_id.to_string());
+    if let Some(permits) = permits {
+        command.env("PGLOCK_PERMITS", permits.to_string());
+    }
     if let Some(token) = fencing_token {
         command.env("PGLOCK_FENCING_TOKEN", token.to_string());
     }

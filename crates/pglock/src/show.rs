@@ -26,13 +26,48 @@ pub(crate) async fn who(target: &Target, say: Say, key: &str, json: bool) -> Res
     let entries = inspect::of(&client, lock_id).await.map_err(query_failure)?;
     if json {
         print!("{}", json::who(key, lock_id, &entries));
-    } else if entries.is_empty() {
+        return Ok(0);
+    }
+    let permits = locks_postgres::semaphore_holders(&client, key)
+        .await
+        .map_err(query_failure)?;
+    let semaphore = !permits.permits.is_empty();
+    if entries.is_empty() && !semaphore {
         println!("nobody holds or waits for '{key}' (lock id {lock_id})");
-    } else {
+    } else if !entries.is_empty() {
         println!("'{key}' (lock id {lock_id}):");
         print!("{}", inspect::table(&entries, false));
     }
+    if semaphore {
+        print!("{}", permits_text(key, &permits));
+    }
     Ok(0)
+}
+
+/// The permits of the semaphore `key`: N, each held slot with its holder and since when,
+/// and how many wait.
+fn permits_text(key: &str, holders: &locks_port::PermitHolders) -> String {
+    let numbers: Vec<String> = holders.permits.iter().map(u32::to_string).collect();
+    let mut text = format!(
+        "semaphore '{key}' ({} permits{}): {} held, {} waiting\n",
+        numbers.join(" and "),
+        if numbers.len() > 1 {
+            ", DISAGREEING"
+        } else {
+            ""
+        },
+        holders.held.len(),
+        holders.waiting
+    );
+    for held in &holders.held {
+        text.push_str(&format!(
+            "  permit {:<4} {:<24} since {}\n",
+            held.slot,
+            held.holder_id.as_deref().unwrap_or("-"),
+            held.since.map_or_else(|| "?".to_owned(), inspect::rfc3339)
+        ));
+    }
+    text
 }
 
 /// `pglock list [--json | --watch DURATION]`.

@@ -8,11 +8,13 @@ use locks_port::{
 };
 use time::OffsetDateTime;
 
-use crate::inspect::{AdvisoryLockId, all_lock_holders};
+use tokio_postgres::Client;
+
+use crate::inspect::{AdvisoryLockId, InspectError, all_lock_holders};
 use crate::manager::PostgresLockManager;
 
-/// The permits of `name` held (by slot, with the holder id and the second it was
-/// granted) and how many sessions wait for one (they hold the marker, not a slot).
+/// [`Semaphore::permit_holders`](locks_port::Semaphore::permit_holders) of a manager:
+/// one pooled connection, one query.
 pub(super) async fn permit_holders(
     manager: &PostgresLockManager,
     name: &str,
@@ -24,9 +26,21 @@ pub(super) async fn permit_holders(
         .get()
         .await
         .map_err(|error| failed(format!("no pool connection to look with: {error}")))?;
-    let locks = all_lock_holders(&client)
+    semaphore_holders(&client, name)
         .await
-        .map_err(|error| failed(error.to_string()))?;
+        .map_err(|error| failed(error.to_string()))
+}
+
+/// Who holds and who waits for the permits of the semaphore `name` on `client`'s
+/// database, without a manager (for a CLI or a health endpoint): the permits held (by
+/// slot, with the holder id and the second each was granted), how many sessions wait
+/// for one (they hold the marker of N, not a slot), and the N in use. A deadpool
+/// `Object` derefs to a [`Client`].
+///
+/// # Errors
+/// [`InspectError::Query`] when the server refuses.
+pub async fn semaphore_holders(client: &Client, name: &str) -> Result<PermitHolders, InspectError> {
+    let locks = all_lock_holders(client).await?;
     let class = PermitDerivation::CURRENT.class(name);
     let mut permits = BTreeSet::new();
     let mut participants = BTreeSet::new();

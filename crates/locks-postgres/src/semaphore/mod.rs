@@ -29,6 +29,7 @@ use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
+pub use holders::semaphore_holders;
 pub use permit::PostgresPermit;
 
 use crate::acquire::PoolWait;

@@ -6,6 +6,7 @@ mod errors;
 mod generate;
 mod inspect;
 mod lost;
+mod permits;
 mod run;
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
