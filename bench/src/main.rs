@@ -26,6 +26,7 @@ mod metrics_cost;
 mod multiplex;
 mod ops;
 mod otel;
+mod permits;
 mod pin;
 mod proxy;
 mod report;
@@ -57,7 +58,7 @@ usage: lock-bench [--url URL] [--quick] [--out FILE.json] [--only LIST]
                 the markdown and handoff.svg are written next to it
   --only LIST   comma-separated scenarios: cycle, try, shared, many, throughput, handoff,
                 hold, memory, instructions (needs valgrind), metrics (valgrind),
-                latency, cutover-append, multiplex, groups
+                latency, cutover-append, multiplex, groups, permits
 
   --count-instructions VARIANT --cycles N
                 the child that `instructions` runs under callgrind: N cycles of VARIANT
@@ -68,7 +69,7 @@ usage: lock-bench [--url URL] [--quick] [--out FILE.json] [--only LIST]
                 library-many; `metrics`: library-metrics-off, library-metrics-sdk)
 ";
 
-const SCENARIOS: [&str; 14] = [
+const SCENARIOS: [&str; 15] = [
     "cycle",
     "try",
     "shared",
@@ -83,6 +84,7 @@ const SCENARIOS: [&str; 14] = [
     "cutover-append",
     "multiplex",
     "groups",
+    "permits",
 ];
 
 /// Live heap bytes of this process.
@@ -355,6 +357,7 @@ async fn run(args: &Args) -> Result<(), BoxError> {
             "cutover-append" => cutover_append::run(&db, plan).await?,
             "multiplex" => multiplex::run(&db, plan).await?,
             "groups" => groups::run(&db, plan).await?,
+            "permits" => permits::run(&db, plan).await?,
             _ => unreachable!("scenario names are checked when parsing"),
         };
         outcomes.push(outcome);

@@ -11,7 +11,8 @@ const HELP: &str = "\
 usage: cargo xtask demo
 
 Runs the lock demo: two instances contending on one key, a bounded wait timing out,
-a process holding a lock killed with SIGKILL, a dropped wait leaving nothing behind.
+a process holding a lock killed with SIGKILL, a dropped wait leaving nothing behind,
+a semaphore of two permits among three instances and a leader replaced by its standby.
 Uses the server in LOCKS_DATABASE_URL, or a throwaway PostgreSQL when it is not set.
 ";
 

@@ -9,15 +9,19 @@
 //! a process holding a lock killed with SIGKILL and the lock freed by the server; a
 //! dropped wait leaving nothing behind; a holder whose session is terminated under it
 //! noticing the loss at once and stopping its work; shared readers with a writer that
-//! is not starved, and several keys taken at once in one global order.
+//! is not starved, and several keys taken at once in one global order; a semaphore of two
+//! permits among three instances, and a leader whose session ends replaced by a standby.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use locks_postgres::PostgresLockManager;
-use locks_postgres::locks_port::{AcquireOptions, DistributedLock, LockGuard, LockRegistry};
+use locks_postgres::locks_port::{
+    AcquireOptions, DistributedLock, LockGuard, LockRegistry, PermitGuard, Semaphore,
+};
 use locks_postgres::tokio_postgres::{self, NoTls};
+use locks_postgres::{LeaderElection, Leadership};
 use time::OffsetDateTime;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -95,6 +99,7 @@ async fn main() -> Result<(), Error> {
     dropped_wait(&url, &admin, &clock).await?;
     lost_lock(&url, &admin, &clock).await?;
     readers_and_groups(&url, &clock).await?;
+    permits_and_a_leader(&url, &admin, &clock).await?;
     println!("\nDone: every lock of this demo is released.");
     Ok(())
 }
@@ -451,4 +456,96 @@ fn redact(url: &str) -> String {
         }
         _ => url.to_owned(),
     }
+}
+
+async fn permits_and_a_leader(
+    url: &str,
+    admin: &tokio_postgres::Client,
+    clock: &Clock,
+) -> Result<(), Error> {
+    println!("\n7. A semaphore of 2 among three instances, then a leader and its standby");
+    let name = "demo:reports";
+    let (a, b, c) = (
+        instance(url, "instance-a")?,
+        instance(url, "instance-b")?,
+        instance(url, "instance-c")?,
+    );
+    let first = a.acquire_permit(name, 2, AcquireOptions::new()).await?;
+    let second = b.acquire_permit(name, 2, AcquireOptions::new()).await?;
+    clock.say(
+        "instance-a",
+        format_args!("holds permit {} of 2", first.info().slot()),
+    );
+    clock.say(
+        "instance-b",
+        format_args!("holds permit {} of 2", second.info().slot()),
+    );
+    let waiter = tokio::spawn({
+        let c = c.clone();
+        async move {
+            let permit = c.acquire_permit(name, 2, Duration::from_secs(10)).await;
+            (Instant::now(), permit)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let holders = c.permit_holders(name).await?;
+    clock.say(
+        "observer",
+        format_args!("{} held, {} waiting", holders.held.len(), holders.waiting),
+    );
+    match c.acquire_permit(name, 3, Duration::ZERO).await {
+        Err(error) => clock.say("instance-c", format_args!("asking with N = 3: {error}")),
+        Ok(_) => return Err("a different N must be refused".into()),
+    }
+    clock.say("instance-a", "releasing its permit");
+    let released_at = Instant::now();
+    first.release().await;
+    let (granted_at, permit) = waiter.await?;
+    let permit = permit?;
+    clock.say(
+        "instance-c",
+        format_args!(
+            "got permit {} {:.2} ms after the release call began",
+            permit.info().slot(),
+            granted_at.duration_since(released_at).as_secs_f64() * 1000.0
+        ),
+    );
+    drop((second, permit));
+
+    let leadership = "demo:scheduler";
+    let leader = LeaderElection::new(a.clone(), leadership);
+    let standby = LeaderElection::new(b.clone(), leadership);
+    let (mut leads, mut stands) = (leader.subscribe(), standby.subscribe());
+    let leading = tokio::spawn(async move {
+        leader
+            .run(|_lost| async { std::future::pending::<()>().await })
+            .await
+    });
+    leads.wait_for(Leadership::is_leading).await?;
+    clock.say("instance-a", "leads; instance-b campaigns as a standby");
+    let standing = tokio::spawn(async move {
+        standby
+            .run(|_lost| async { std::future::pending::<()>().await })
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let class = a.semaphore_class(leadership);
+    admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' \
+             AND objsubid = 2 AND classid = $1::int4::oid AND objid = 0 AND granted",
+            &[&class],
+        )
+        .await?;
+    clock.say("operator", "terminated the leader's session");
+    leads.wait_for(|state| !state.is_leading()).await?;
+    clock.say(
+        "instance-a",
+        "noticed: its task is stopped, it follows and campaigns again",
+    );
+    stands.wait_for(Leadership::is_leading).await?;
+    clock.say("instance-b", "leads (after the 500 ms takeover delay)");
+    leading.abort();
+    standing.abort();
+    Ok(())
 }

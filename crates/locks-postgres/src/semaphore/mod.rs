@@ -40,7 +40,7 @@ use crate::manager::{Inner, PostgresLockManager};
 use crate::sql::Statement;
 
 /// The first round a turnstile holder waits on one slot before it scans them all again.
-pub(crate) const FIRST_ROUND: Duration = Duration::from_millis(2);
+pub(crate) const FIRST_ROUND: Duration = Duration::from_millis(1);
 /// The longest round: an idle turnstile holder sends about one statement a second
 /// (a scan and a wait every [`LONGEST_ROUND`]); every other waiter sends none.
 pub(crate) const LONGEST_ROUND: Duration = Duration::from_secs(1);

@@ -1,0 +1,264 @@
+//! Scenario `permits`: the semaphore's handoff under contention. 16 tasks loop acquire
+//! (timeout 5 s) / hold 2 ms / release on one semaphore of N = 4, each with its own
+//! manager and pool of one connection, as separate processes would; the plain lock's
+//! handoff (the same 16 tasks on one lock) runs in the same run, window after window.
+//!
+//! - **handoff gap**: from the instant just before a holder calls release, while others
+//!   wait, to the instant a waiter's acquisition returns, releases and grants matched in
+//!   order (each grant consumes the oldest release not yet handed on);
+//! - **fairness**: most turns / fewest turns among the tasks of one window (the worst
+//!   window is reported);
+//! - **most inside**: the most tasks holding at once, which must never exceed N.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use locks_port::{
+    AcquireOptions, DistributedLock, LockGuard, PermitGuard, ReleaseOutcome, Semaphore,
+};
+use locks_postgres::PostgresLockManager;
+use serde_json::json;
+
+use crate::db::Database;
+use crate::report::{Check, Outcome, Section};
+use crate::stats::{Latencies, as_f64, fmt_ns};
+use crate::{BoxError, Plan};
+
+const TASKS: usize = 16;
+const PERMITS: u32 = 4;
+const HOLD: Duration = Duration::from_millis(2);
+const BOUNDED: Duration = Duration::from_secs(5);
+const GAP_P99_LIMIT: Duration = Duration::from_millis(5);
+const FAIRNESS_LIMIT: f64 = 1.5;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Lock,
+    Permits,
+}
+
+#[derive(Default)]
+struct State {
+    waiting: usize,
+    inside: usize,
+    most_inside: usize,
+    /// Releases made while someone waited, not yet handed on.
+    pending: VecDeque<Instant>,
+    gaps: Vec<u64>,
+    turns: Vec<u64>,
+    timeouts: u64,
+}
+
+struct Recorder(Mutex<State>);
+
+impl Recorder {
+    fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+        f(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
+enum Held {
+    Lock(locks_postgres::PostgresLockGuard),
+    Permit(locks_postgres::PostgresPermit),
+}
+
+async fn take(manager: &PostgresLockManager, kind: Kind, key: &str) -> Option<Held> {
+    let options = AcquireOptions::new().with_timeout(BOUNDED);
+    match kind {
+        Kind::Lock => manager.acquire(key, options).await.ok().map(Held::Lock),
+        Kind::Permits => manager
+            .acquire_permit(key, PERMITS, options)
+            .await
+            .ok()
+            .map(Held::Permit),
+    }
+}
+
+async fn give_back(held: Held) -> ReleaseOutcome {
+    match held {
+        Held::Lock(guard) => guard.release().await,
+        Held::Permit(permit) => permit.release().await,
+    }
+}
+
+/// One window of `TASKS` tasks on a fresh key; the state at its end.
+async fn window(db: &Database, kind: Kind, length: Duration) -> Result<State, BoxError> {
+    let key: Arc<str> = format!("bench:permits:{}", uuid_like()).into();
+    let recorder = Arc::new(Recorder(Mutex::new(State {
+        turns: vec![0; TASKS],
+        ..State::default()
+    })));
+    let mut managers = Vec::with_capacity(TASKS);
+    for _ in 0..TASKS {
+        let pool = db.pool(1, "lock-bench-permits");
+        db.warm(&pool, 1).await?;
+        managers.push(PostgresLockManager::new(pool));
+    }
+    let end = Instant::now() + length;
+    let mut running = tokio::task::JoinSet::new();
+    for (task, manager) in managers.into_iter().enumerate() {
+        let (recorder, key) = (Arc::clone(&recorder), Arc::clone(&key));
+        running.spawn(async move {
+            while Instant::now() < end {
+                recorder.with(|s| s.waiting += 1);
+                let taken = tokio::time::timeout_at(end.into(), take(&manager, kind, &key)).await;
+                let at = Instant::now();
+                let Ok(taken) = taken else {
+                    recorder.with(|s| s.waiting -= 1);
+                    break;
+                };
+                let Some(held) = taken else {
+                    recorder.with(|s| {
+                        s.waiting -= 1;
+                        s.timeouts += 1;
+                    });
+                    continue;
+                };
+                recorder.with(|s| {
+                    s.waiting -= 1;
+                    s.inside += 1;
+                    s.most_inside = s.most_inside.max(s.inside);
+                    s.turns[task] += 1;
+                    if let Some(released) = s.pending.pop_front() {
+                        s.gaps.push(nanos(at.saturating_duration_since(released)));
+                    }
+                });
+                tokio::time::sleep(HOLD).await;
+                recorder.with(|s| {
+                    s.inside -= 1;
+                    if s.waiting > 0 {
+                        s.pending.push_back(Instant::now());
+                    }
+                });
+                give_back(held).await;
+            }
+        });
+    }
+    while let Some(joined) = running.join_next().await {
+        joined?;
+    }
+    let state = std::mem::take(&mut *recorder.0.lock().unwrap_or_else(PoisonError::into_inner));
+    Ok(state)
+}
+
+fn uuid_like() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_nanos());
+    format!("{}-{nanos}", std::process::id())
+}
+
+fn fairness(turns: &[u64]) -> f64 {
+    let most = turns.iter().copied().max().unwrap_or(0);
+    let fewest = turns.iter().copied().min().unwrap_or(0);
+    if fewest == 0 {
+        f64::INFINITY
+    } else {
+        as_f64(most) / as_f64(fewest)
+    }
+}
+
+/// The scenario.
+pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
+    let mut rows = Vec::new();
+    let mut checks = Vec::new();
+    let mut json = serde_json::Map::new();
+    let mut results = [
+        (Kind::Lock, Latencies::new(), 0.0_f64, 0, 0, 0_u64),
+        (Kind::Permits, Latencies::new(), 0.0, 0, 0, 0),
+    ];
+    for _ in 0..plan.handoff_rounds {
+        for (kind, gaps, worst, most, turns, timeouts) in &mut results {
+            let state = window(db, *kind, plan.handoff_window).await?;
+            for &gap in &state.gaps {
+                gaps.record_ns(gap);
+            }
+            *worst = worst.max(fairness(&state.turns));
+            *most = (*most).max(state.most_inside);
+            *turns += state.turns.iter().sum::<u64>();
+            *timeouts += state.timeouts;
+        }
+    }
+    for (kind, gaps, worst, most, turns, timeouts) in &results {
+        let label = match kind {
+            Kind::Lock => "lock (N = 1)",
+            Kind::Permits => "semaphore, N = 4",
+        };
+        rows.push(vec![
+            label.to_owned(),
+            fmt_ns(gaps.p50()),
+            fmt_ns(gaps.p99()),
+            format!("{worst:.2}"),
+            most.to_string(),
+            turns.to_string(),
+            timeouts.to_string(),
+        ]);
+        json.insert(
+            match kind {
+                Kind::Lock => "lock".to_owned(),
+                Kind::Permits => "permits".to_owned(),
+            },
+            json!({
+                "gap": gaps.to_json(),
+                "fairness": if worst.is_finite() { json!(worst) } else { json!(null) },
+                "most_inside": most,
+                "turns": turns,
+                "timeouts": timeouts,
+            }),
+        );
+        if *kind == Kind::Permits {
+            checks.push(Check::new(
+                "permits: handoff gap p99, 16 contenders on N = 4",
+                fmt_ns(gaps.p99()),
+                format!("≤ {}", fmt_ns(nanos(GAP_P99_LIMIT))),
+                gaps.p99() <= nanos(GAP_P99_LIMIT),
+            ));
+            checks.push(Check::new(
+                "permits: fairness (most / fewest turns), 16 contenders on N = 4",
+                format!("{worst:.2}"),
+                format!("≤ {FAIRNESS_LIMIT}"),
+                *worst <= FAIRNESS_LIMIT,
+            ));
+            checks.push(Check::new(
+                "permits: most inside at once",
+                most.to_string(),
+                format!("≤ {PERMITS}"),
+                *most <= PERMITS as usize,
+            ));
+        }
+    }
+    Ok(Outcome {
+        id: "permits",
+        section: Section {
+            title: format!(
+                "Semaphore handoff: {TASKS} contenders, hold {} ms, windows of {:?} × {}",
+                HOLD.as_millis(),
+                plan.handoff_window,
+                plan.handoff_rounds
+            ),
+            notes: vec![
+                "Gap: from a release while others wait to a waiter's grant, releases and \
+                 grants matched in order. The lock row is the same 16 tasks on one lock, in \
+                 the same run."
+                    .to_owned(),
+            ],
+            header: vec![
+                "contenders on",
+                "gap p50",
+                "gap p99",
+                "fairness (worst window)",
+                "most inside",
+                "turns",
+                "timeouts",
+            ],
+            rows,
+        },
+        checks,
+        json: serde_json::Value::Object(json),
+    })
+}
