@@ -316,7 +316,7 @@ async fn window(
 }
 
 /// Most turns / fewest turns; infinite when a task got none.
-fn fairness(turns: &[u64]) -> f64 {
+pub(crate) fn fairness(turns: &[u64]) -> f64 {
     let most = turns.iter().copied().max().unwrap_or(0);
     let fewest = turns.iter().copied().min().unwrap_or(0);
     if fewest == 0 {

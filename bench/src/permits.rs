@@ -21,8 +21,9 @@ use locks_postgres::PostgresLockManager;
 use serde_json::json;
 
 use crate::db::Database;
+use crate::handoff::fairness;
 use crate::report::{Check, Outcome, Section};
-use crate::stats::{Latencies, as_f64, fmt_ns};
+use crate::stats::{Latencies, fmt_ns};
 use crate::{BoxError, Plan};
 
 const TASKS: usize = 16;
@@ -151,16 +152,6 @@ fn uuid_like() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |elapsed| elapsed.as_nanos());
     format!("{}-{nanos}", std::process::id())
-}
-
-fn fairness(turns: &[u64]) -> f64 {
-    let most = turns.iter().copied().max().unwrap_or(0);
-    let fewest = turns.iter().copied().min().unwrap_or(0);
-    if fewest == 0 {
-        f64::INFINITY
-    } else {
-        as_f64(most) / as_f64(fewest)
-    }
 }
 
 /// The scenario.
