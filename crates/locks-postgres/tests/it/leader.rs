@@ -6,8 +6,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use locks_postgres::{LeaderElection, Leadership, PostgresLockManager};
 
-use crate::processes::Child;
 use crate::support::{admin, pool, unique_key};
+use throwaway_pg::testing::child::say;
 
 const NAME: &str = "LOCKS_CHILD_LEADER";
 
@@ -21,7 +21,7 @@ struct SayStopped;
 
 impl Drop for SayStopped {
     fn drop(&mut self) {
-        crate::processes::say(&format!("stopped {}", unix_ms(SystemTime::now())));
+        say(&format!("stopped {}", unix_ms(SystemTime::now())));
     }
 }
 
@@ -33,11 +33,11 @@ pub(crate) async fn child_lead() {
         .holder_id(format!("child-{}", std::process::id()))
         .build();
     let election = LeaderElection::new(manager, name);
-    crate::processes::say("campaigning");
+    say("campaigning");
     let _never = election
         .run(|_lost| async {
             let _stopped = SayStopped;
-            crate::processes::say(&format!("leading {}", unix_ms(SystemTime::now())));
+            say(&format!("leading {}", unix_ms(SystemTime::now())));
             std::future::pending::<()>().await;
         })
         .await;
@@ -46,10 +46,10 @@ pub(crate) async fn child_lead() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_process_takes_over_within_one_second_of_the_leader_being_killed() {
     let name = unique_key("leader-kill");
-    let mut first = Child::spawn("lead", &[(NAME, &name)]);
+    let mut first = crate::processes::spawn("lead", &[(NAME, &name)]);
     first.expect("campaigning").await;
     first.expect("leading").await;
-    let mut standby = Child::spawn("lead", &[(NAME, &name)]);
+    let mut standby = crate::processes::spawn("lead", &[(NAME, &name)]);
     standby.expect("campaigning").await;
     // Let the standby queue behind the leader.
     tokio::time::sleep(Duration::from_millis(300)).await;
