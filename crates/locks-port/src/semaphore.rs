@@ -344,8 +344,9 @@ pub trait Semaphore: Send + Sync {
     /// The guard of a held permit.
     type Permit: PermitGuard;
 
-    /// Takes one of the `permits` permits of `name`, waiting as `options` say (its mode
-    /// is ignored).
+    /// Takes one of the `permits` permits of `name`, waiting as `options` say: its
+    /// timeout as for a lock; its mode and wait strategy are ignored (a permit is
+    /// exclusive, and waiters always queue).
     ///
     /// # Errors
     /// As [`DistributedLock::acquire`](crate::DistributedLock::acquire), plus

@@ -14,6 +14,22 @@ struct Who<'a> {
     key: &'a str,
     lock_id: i64,
     sessions: Vec<Session<'a>>,
+    semaphore: Option<Permits<'a>>,
+}
+
+/// The permits of the semaphore KEY, when anyone holds or waits for one.
+#[derive(Debug, Serialize)]
+struct Permits<'a> {
+    permits: &'a [u32],
+    held: Vec<Permit<'a>>,
+    waiting: usize,
+}
+
+#[derive(Debug, Serialize)]
+struct Permit<'a> {
+    slot: u32,
+    holder_id: Option<&'a str>,
+    since: Option<String>,
 }
 
 /// `pglock list --json`.
@@ -57,11 +73,30 @@ impl<'a> From<&'a Entry> for Session<'a> {
 }
 
 /// The document for `who KEY`, and a newline.
-pub(crate) fn who(key: &str, lock_id: i64, entries: &[Entry]) -> String {
+pub(crate) fn who(
+    key: &str,
+    lock_id: i64,
+    entries: &[Entry],
+    permits: &locks_port::PermitHolders,
+) -> String {
+    let semaphore = (!permits.permits.is_empty()).then(|| Permits {
+        permits: &permits.permits,
+        held: permits
+            .held
+            .iter()
+            .map(|held| Permit {
+                slot: held.slot,
+                holder_id: held.holder_id.as_deref(),
+                since: held.since.map(rfc3339),
+            })
+            .collect(),
+        waiting: permits.waiting,
+    });
     document(&Who {
         key,
         lock_id,
         sessions: entries.iter().map(Session::from).collect(),
+        semaphore,
     })
 }
 
@@ -124,10 +159,36 @@ mod tests {
         assert!(session["pid"].is_null() && session["holder_id"].is_null());
 
         let held = Entry::held_by_a_job();
-        let value: serde_json::Value = serde_json::from_str(&who("k", 42, &[held])).unwrap();
+        let none = locks_port::PermitHolders::default();
+        let value: serde_json::Value = serde_json::from_str(&who("k", 42, &[held], &none)).unwrap();
+        assert!(
+            value["semaphore"].is_null(),
+            "present, null without permits"
+        );
         assert_eq!(value["key"], "k");
         assert_eq!(value["lock_id"], 42);
         assert_eq!(value["sessions"][0]["since"], "2026-12-02T18:00:00Z");
         assert_eq!(value["sessions"][0]["holder_id"], "job@web1:9");
+    }
+
+    #[test]
+    fn who_shows_a_semaphores_permits() {
+        let mut permits = locks_port::PermitHolders::default();
+        permits.permits = vec![2];
+        permits.held = vec![locks_port::PermitHolder::new(
+            1,
+            Some("job@web1:9".into()),
+            None,
+        )];
+        permits.waiting = 3;
+        let value: serde_json::Value = serde_json::from_str(&who("k", 42, &[], &permits)).unwrap();
+        assert_eq!(
+            value["semaphore"],
+            serde_json::json!({
+                "permits": [2],
+                "held": [{"slot": 1, "holder_id": "job@web1:9", "since": null}],
+                "waiting": 3
+            })
+        );
     }
 }

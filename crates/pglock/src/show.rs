@@ -24,13 +24,13 @@ pub(crate) async fn who(target: &Target, say: Say, key: &str, json: bool) -> Res
     let client = connect::one_client(target, say).await?;
     let lock_id = locks_port::lock_id(key);
     let entries = inspect::of(&client, lock_id).await.map_err(query_failure)?;
-    if json {
-        print!("{}", json::who(key, lock_id, &entries));
-        return Ok(0);
-    }
     let permits = locks_postgres::semaphore_holders(&client, key)
         .await
         .map_err(query_failure)?;
+    if json {
+        print!("{}", json::who(key, lock_id, &entries, &permits));
+        return Ok(0);
+    }
     let semaphore = !permits.permits.is_empty();
     if entries.is_empty() && !semaphore {
         println!("nobody holds or waits for '{key}' (lock id {lock_id})");

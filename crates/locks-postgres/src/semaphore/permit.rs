@@ -196,6 +196,15 @@ impl PermitGuard for PostgresPermit {
 
 impl Drop for PostgresPermit {
     fn drop(&mut self) {
+        // Released or lost: nothing to do. (Busy: the watch is pinging; release after it.)
+        if self
+            .shared
+            .session
+            .try_lock()
+            .is_ok_and(|slot| slot.is_none())
+        {
+            return;
+        }
         let shared = Arc::clone(&self.shared);
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {

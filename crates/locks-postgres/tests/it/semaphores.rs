@@ -255,3 +255,37 @@ pub(crate) async fn terminate_slot_holder(admin: &tokio_postgres::Client, class:
         .get(0);
     assert!(terminated, "the holder of ({class}, {slot}) was terminated");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_carry_fencing_tokens_that_grow_with_every_grant() {
+    let admin = admin().await;
+    locks_postgres::install_fencing(&admin)
+        .await
+        .expect("the token table");
+    let manager = PostgresLockManager::builder(pool(3)).fencing(true).build();
+    let name = unique_key("fenced-permits");
+    let first = manager
+        .acquire_permit(&name, 2, AcquireOptions::new())
+        .await
+        .expect("a permit");
+    let second = manager
+        .acquire_permit(&name, 2, AcquireOptions::new())
+        .await
+        .expect("another");
+    let (a, b) = (first.info().fencing_token(), second.info().fencing_token());
+    assert!(
+        a.is_some() && b > a,
+        "tokens grow across the permits: {a:?} then {b:?}"
+    );
+    drop(first);
+    let third = manager
+        .acquire_permit(&name, 2, Duration::from_secs(10))
+        .await
+        .expect("a freed permit");
+    assert!(third.info().fencing_token() > b);
+    // A lock of the same name keeps its own tokens (its id is never negative).
+    let lock = locks_port::DistributedLock::acquire(&manager, &name, AcquireOptions::new())
+        .await
+        .expect("the lock of the same name");
+    assert_eq!(locks_port::LockGuard::info(&lock).fencing_token(), Some(1));
+}

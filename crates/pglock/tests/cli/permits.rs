@@ -46,6 +46,14 @@ async fn permits_admit_n_refuse_the_next_and_show_in_who() {
         shown.contains("permit 0") && shown.contains("permit 1"),
         "{shown}"
     );
+    let json = output(pglock().args(["who", "--json", &key])).await;
+    let document: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON");
+    assert_eq!(document["semaphore"]["permits"], serde_json::json!([2]));
+    assert_eq!(
+        document["semaphore"]["held"].as_array().map(Vec::len),
+        Some(2)
+    );
+    assert_eq!(document["semaphore"]["waiting"], 0);
 
     std::fs::write(&stop, "").expect("stop");
     for child in [first, second] {
