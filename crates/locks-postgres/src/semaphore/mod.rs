@@ -28,6 +28,7 @@ use locks_port::{
 use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
+use tracing::Instrument;
 
 pub use holders::semaphore_holders;
 pub use permit::PostgresPermit;
@@ -38,6 +39,7 @@ use crate::errors::{MOVED_BETWEEN_SESSIONS, driver_error, refused, with_timeout}
 use crate::limit::{Deadline, Limit};
 use crate::manager::{Inner, PostgresLockManager};
 use crate::sql::Statement;
+use crate::telemetry::{acquire_span, finish_acquire_span, started};
 
 /// The first round a turnstile holder waits on one slot before it scans them all again.
 pub(crate) const FIRST_ROUND: Duration = Duration::from_millis(1);
@@ -359,6 +361,36 @@ impl PostgresLockManager {
     }
 
     async fn permit(
+        &self,
+        name: &str,
+        permits: u32,
+        deadline: Option<Deadline>,
+        wait: bool,
+    ) -> Result<Option<PostgresPermit>, LockAcquisitionError> {
+        let inner = &self.inner;
+        let class = PermitDerivation::CURRENT.class(name);
+        // The lock's acquire span (`lock.id` is the semaphore's class), and its events.
+        let span = acquire_span(
+            inner.settings().span_level,
+            inner.shown(name),
+            i64::from(class),
+            if wait {
+                "pg_advisory_lock(int, int)"
+            } else {
+                "pg_try_advisory_lock(int, int)"
+            },
+            deadline.map(|deadline| deadline.timeout),
+        );
+        let started = started(&span);
+        let granted = self
+            .granted_permit(name, permits, deadline, wait)
+            .instrument(span.clone())
+            .await;
+        finish_acquire_span(&span, started, granted.as_ref().map(Option::is_some));
+        granted
+    }
+
+    async fn granted_permit(
         &self,
         name: &str,
         permits: u32,
