@@ -22,6 +22,7 @@ use serde_json::json;
 
 use crate::db::Database;
 use crate::handoff::fairness;
+use crate::interleave;
 use crate::report::{Check, Outcome, Section};
 use crate::stats::{Latencies, fmt_ns};
 use crate::{BoxError, Plan};
@@ -163,18 +164,20 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         (Kind::Lock, Latencies::new(), 0.0_f64, 0, 0, 0_u64),
         (Kind::Permits, Latencies::new(), 0.0, 0, 0, 0),
     ];
-    for _ in 0..plan.handoff_rounds {
-        for (kind, gaps, worst, most, turns, timeouts) in &mut results {
-            let state = window(db, *kind, plan.handoff_window).await?;
-            for &gap in &state.gaps {
-                gaps.record_ns(gap);
-            }
-            *worst = worst.max(fairness(&state.turns));
-            *most = (*most).max(state.most_inside);
-            *turns += state.turns.iter().sum::<u64>();
-            *timeouts += state.timeouts;
+    // The lock and the semaphore take turns, the order rotating round by round.
+    interleave::rounds(plan.handoff_rounds, results.len(), async |_, side| {
+        let (kind, gaps, worst, most, turns, timeouts) = &mut results[side];
+        let state = window(db, *kind, plan.handoff_window).await?;
+        for &gap in &state.gaps {
+            gaps.record_ns(gap);
         }
-    }
+        *worst = worst.max(fairness(&state.turns));
+        *most = (*most).max(state.most_inside);
+        *turns += state.turns.iter().sum::<u64>();
+        *timeouts += state.timeouts;
+        Ok(())
+    })
+    .await?;
     for (kind, gaps, worst, most, turns, timeouts) in &results {
         let label = match kind {
             Kind::Lock => "lock (N = 1)",
