@@ -3,13 +3,13 @@
 //! pairs of the two-`integer` key space, which never meets a lock id.
 //!
 //! One acquisition, on a connection of its own:
-//! 1. take the marker of N shared, and look for markers of another N (a `Configuration`
-//!    error);
-//! 2. take the turnstile: at once when free, else wait in its queue (bounded by the
-//!    call's deadline, as a lock's wait);
-//! 3. holding it, take the first free slot and leave the turnstile in one statement;
-//! 4. when every slot is busy, wait on one slot (round robin) for a round, scan again
-//!    after it, and double the round up to [`LONGEST_ROUND`].
+//! 1. one statement ([`sql::ENTER`]): take the marker of N shared, look for markers of
+//!    another N (a `Configuration` error), try the turnstile and, holding it, take the
+//!    first free slot and leave the turnstile;
+//! 2. when the turnstile was busy, wait in its queue (bounded by the call's deadline, as a
+//!    lock's wait) and scan the slots in the same statement once granted;
+//! 3. when every slot is busy, wait on one slot (round robin) for a round, scan again
+//!    after it, and double the round from [`FIRST_ROUND`] up to [`LONGEST_ROUND`].
 //!
 //! A permit freed on the slot being waited on is granted by the server at once; one
 //! freed on another slot is found at the end of the round. See the ADR for the bound.
@@ -43,8 +43,8 @@ use crate::telemetry::{acquire_span, finish_acquire_span, started};
 
 /// The first round a turnstile holder waits on one slot before it scans them all again.
 pub(crate) const FIRST_ROUND: Duration = Duration::from_millis(1);
-/// The longest round: an idle turnstile holder sends about one statement a second
-/// (a scan and a wait every [`LONGEST_ROUND`]); every other waiter sends none.
+/// The longest round: an idle turnstile holder sends two statements a second (a wait
+/// and a scan every [`LONGEST_ROUND`]); every other waiter sends none.
 pub(crate) const LONGEST_ROUND: Duration = Duration::from_secs(1);
 
 /// What a statement of one acquisition may end in.
@@ -93,9 +93,8 @@ impl Call<'_> {
         }
     }
 
-    /// Runs `sql` (prepared once per connection) within `limit`: `None` on another
-    /// server session. A wait in flight when the future is dropped is cancelled on the
-    /// server (the session is closed too, by its owner).
+    /// Runs `sql` (prepared once per connection) within `limit` and reads its first
+    /// column: `None` on another server session (see [`row`](Self::row)).
     async fn run<T: for<'r> tokio_postgres::types::FromSql<'r>>(
         &self,
         session: &Session,
@@ -103,25 +102,9 @@ impl Call<'_> {
         params: &[&(dyn ToSql + Sync)],
         limit: Limit,
     ) -> Result<Step<Option<T>>, LockAcquisitionError> {
-        let object = session.object();
-        let cancel = permit::CancelOnDrop::new(object.cancel_token());
-        let answer = limit
-            .run(async {
-                let statement = object.prepare_cached(sql).await?;
-                object.query_one(&statement, params).await
-            })
-            .await;
-        cancel.disarm();
-        match answer {
-            Err(_expired) => Err(self.no_answer()),
-            Ok(Ok(row)) => row
-                .try_get::<_, Option<T>>(0)
-                .map(Step::Done)
-                .map_err(|e| self.error(e)),
-            Ok(Err(error)) if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
-                Ok(Step::TimedOut)
-            }
-            Ok(Err(error)) => Err(self.error(error)),
+        match self.row(session, sql, params, limit).await? {
+            Some(row) => self.get(&row, 0).map(Step::Done),
+            None => Ok(Step::TimedOut),
         }
     }
 
@@ -138,9 +121,50 @@ impl Call<'_> {
         }
     }
 
-    /// A set-up session with the marker of N taken; the other N in use are an error.
-    async fn join(&self, mut session: Session) -> Result<Session, LockAcquisitionError> {
+    /// Runs `sql` within `limit` and hands back its one row; `None` when `lock_timeout`
+    /// ended a wait (55P03). A statement in flight when the future is dropped is
+    /// cancelled on the server.
+    async fn row(
+        &self,
+        session: &Session,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        limit: Limit,
+    ) -> Result<Option<tokio_postgres::Row>, LockAcquisitionError> {
+        let object = session.object();
+        let cancel = permit::CancelOnDrop::new(object.cancel_token());
+        let answer = limit
+            .run(async {
+                let statement = object.prepare_cached(sql).await?;
+                object.query_one(&statement, params).await
+            })
+            .await;
+        cancel.disarm();
+        match answer {
+            Err(_expired) => Err(self.no_answer()),
+            Ok(Ok(row)) => Ok(Some(row)),
+            Ok(Err(error)) if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => Ok(None),
+            Ok(Err(error)) => Err(self.error(error)),
+        }
+    }
+
+    fn get<T: for<'r> tokio_postgres::types::FromSql<'r>>(
+        &self,
+        row: &tokio_postgres::Row,
+        index: usize,
+    ) -> Result<T, LockAcquisitionError> {
+        row.try_get(index).map_err(|error| self.error(error))
+    }
+
+    /// The first statement on a set-up session ([`sql::ENTER`]): the marker of N (the
+    /// other N in use are an error), then, if the turnstile is free, a slot. Answers
+    /// whether the turnstile is still held (every slot busy) and the slot taken.
+    async fn enter(
+        &self,
+        mut session: Session,
+    ) -> Result<(Session, bool, Option<u32>), LockAcquisitionError> {
         let marker = marker_slot(self.permits);
+        let permits = i32::try_from(self.permits).unwrap_or(i32::MAX);
         for attempt in 0..2 {
             if !session.is_set_up() || attempt > 0 {
                 // The set-up, pipelined with a ping (see `Inner::answered`).
@@ -157,23 +181,20 @@ impl Call<'_> {
                 session = set_up;
             }
             let fresh = session.is_fresh();
-            let object = session.object();
-            let cancel = permit::CancelOnDrop::new(object.cancel_token());
-            let answer = self
-                .quick()
-                .run(async {
-                    let statement = object.prepare_cached(sql::MARK).await?;
-                    object
-                        .query_one(&statement, &[&session.marker(), &self.class, &marker])
-                        .await
-                })
-                .await;
-            cancel.disarm();
-            let row = match answer {
-                Err(_expired) => return Err(self.no_answer()),
-                Ok(row) => row.map_err(|error| self.error(error))?,
+            let params: [&(dyn ToSql + Sync); 5] = [
+                &session.marker(),
+                &self.class,
+                &marker,
+                &permits,
+                &since_now(),
+            ];
+            let Some(row) = self
+                .row(&session, sql::ENTER, &params, self.quick())
+                .await?
+            else {
+                return Err(self.no_answer());
             };
-            let marked: Option<bool> = row.try_get(0).map_err(|error| self.error(error))?;
+            let marked: Option<bool> = self.get(&row, 0)?;
             if marked.is_none() {
                 if fresh && attempt == 0 {
                     session.mark_set_up(false);
@@ -182,7 +203,7 @@ impl Call<'_> {
                 session.close();
                 return Err(refused(self.name, MOVED_BETWEEN_SESSIONS, self.deadline));
             }
-            let others: Option<Vec<i64>> = row.try_get(1).map_err(|error| self.error(error))?;
+            let others: Option<Vec<i64>> = self.get(&row, 1)?;
             let mut others: Vec<u32> = others
                 .unwrap_or_default()
                 .into_iter()
@@ -195,7 +216,10 @@ impl Call<'_> {
                 leave(session, self).await;
                 return Err(with_timeout(error, self.deadline));
             }
-            return Ok(session);
+            let gate: Option<bool> = self.get(&row, 2)?;
+            let slot: Option<i32> = self.get(&row, 3)?;
+            let slot = slot.and_then(|slot| u32::try_from(slot).ok());
+            return Ok((session, gate == Some(true) && slot.is_none(), slot));
         }
         session.close();
         Err(refused(self.name, MOVED_BETWEEN_SESSIONS, self.deadline))
@@ -214,14 +238,12 @@ impl Call<'_> {
         Ok(slot.and_then(|slot| u32::try_from(slot).ok()))
     }
 
-    /// Holding the turnstile: waits for a slot until granted or the deadline, in rounds.
+    /// Holding the turnstile after a scan found every slot busy: waits on one slot for a
+    /// round, scans, and again, until granted or the deadline.
     async fn wait_for_slot(&self, session: &Session) -> Result<Option<u32>, LockAcquisitionError> {
         let mut round = FIRST_ROUND;
         let mut next = 0_u32;
         loop {
-            if let Some(slot) = self.scan(session).await? {
-                return Ok(Some(slot));
-            }
             let lock_timeout_ms = match self.deadline {
                 None => round_ms(round),
                 Some(deadline) => match deadline.lock_timeout_ms() {
@@ -264,38 +286,53 @@ impl Call<'_> {
                     round = round.saturating_mul(2).min(LONGEST_ROUND);
                 }
             }
+            if let Some(slot) = self.scan(session).await? {
+                return Ok(Some(slot));
+            }
         }
     }
 
-    /// Takes the turnstile: at once, or (when `wait`) in its queue until the deadline.
-    async fn gate(&self, session: &Session, wait: bool) -> Result<bool, LockAcquisitionError> {
-        let tried: Option<bool> = self
-            .quick_answer(session, sql::TRY_GATE, &[&session.marker(), &self.class])
-            .await?;
-        if tried == Some(true) || !wait {
-            return Ok(tried == Some(true));
-        }
+    /// Waits in the turnstile's queue until the deadline, then scans in the same
+    /// statement ([`sql::WAIT_GATE_THEN_SCAN`]). `None`: the deadline passed (nothing
+    /// taken); `Some((true, slot))`: the turnstile is still held (every slot busy).
+    async fn wait_gate(
+        &self,
+        session: &Session,
+    ) -> Result<Option<(bool, Option<u32>)>, LockAcquisitionError> {
         let lock_timeout_ms = match self.deadline {
             None => 0,
             Some(deadline) => match deadline.lock_timeout_ms() {
-                None => return Ok(false),
+                None => return Ok(None),
                 Some(ms) => ms,
             },
         };
+        let permits = i32::try_from(self.permits).unwrap_or(i32::MAX);
         let timeout_text = lock_timeout_ms.to_string();
-        let params: [&(dyn ToSql + Sync); 3] = [&session.marker(), &self.class, &timeout_text];
-        match self
-            .run::<bool>(
+        let params: [&(dyn ToSql + Sync); 5] = [
+            &session.marker(),
+            &self.class,
+            &timeout_text,
+            &permits,
+            &since_now(),
+        ];
+        let Some(row) = self
+            .row(
                 session,
-                sql::WAIT_GATE,
+                sql::WAIT_GATE_THEN_SCAN,
                 &params,
                 self.waiting(lock_timeout_ms),
             )
             .await?
-        {
-            Step::Done(answer) => Ok(answer.is_some()),
-            Step::TimedOut => Ok(false),
+        else {
+            return Ok(None);
+        };
+        let gated: Option<bool> = self.get(&row, 0)?;
+        if gated.is_none() {
+            return Err(refused(self.name, MOVED_BETWEEN_SESSIONS, self.deadline));
         }
+        let slot: Option<i32> = self.get(&row, 1)?;
+        let slot = slot.and_then(|slot| u32::try_from(slot).ok());
+        Ok(Some((slot.is_none(), slot)))
     }
 
     /// The whole acquisition: `Ok(None)` when no permit could be had in time (or at
@@ -310,16 +347,16 @@ impl Call<'_> {
             .inner
             .checkout(self.name, pool_wait, self.deadline)
             .await?;
-        let session = self.join(session).await?;
-        let granted = if self.gate(&session, wait).await? {
-            if wait {
-                self.wait_for_slot(&session).await?
-            } else {
-                self.scan(&session).await?
+        let (session, mut gated, mut granted) = self.enter(session).await?;
+        if granted.is_none() && !gated && wait {
+            match self.wait_gate(&session).await? {
+                Some((still_gated, slot)) => (gated, granted) = (still_gated, slot),
+                None => gated = false,
             }
-        } else {
-            None
-        };
+        }
+        if granted.is_none() && gated && wait {
+            granted = self.wait_for_slot(&session).await?;
+        }
         match granted {
             Some(slot) => Ok(Some((session, slot))),
             None => {
