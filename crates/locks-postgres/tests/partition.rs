@@ -28,7 +28,7 @@ use std::process::{Child, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use locks_port::{DistributedLock, LockGuard};
+use locks_port::{DistributedLock, LockGuard, Semaphore};
 use locks_postgres::{Lease, PostgresLockManager};
 use throwaway_pg::NetworkPair;
 
@@ -40,6 +40,8 @@ const LEASE_SECS: &str = "LOCKS_PARTITION_LEASE";
 const LISTEN: &str = "LOCKS_PARTITION_LISTEN";
 const NETWORK: &str = "LOCKS_PARTITION_NETWORK";
 const BOUNCER_TIMERS: &str = "LOCKS_PARTITION_BOUNCER_TIMERS";
+/// Set: the holder and the waiter take the one permit of a semaphore, not the lock.
+const PERMIT: &str = "LOCKS_PARTITION_PERMIT";
 const PREFIX: &str = "PARTITION:";
 
 /// The short lease measured beside the default one.
@@ -155,12 +157,31 @@ async fn child_lock(hold: bool) {
         .lease((lease > 0).then(|| Duration::from_secs(lease)))
         .try_build()
         .expect("a lease that holds");
-    let guard = manager
-        .acquire(&key, locks_port::AcquireOptions::new())
-        .await
-        .expect("acquire");
+    let lost = if std::env::var(PERMIT).is_ok() {
+        // A permit's wait is in rounds of at most 1 s, each bounded by the answer it
+        // waits for: a cut-off waiter's fails (ConnectionLost) where a lock's waits on.
+        let Ok(permit) = manager
+            .acquire_permit(&key, 1, locks_port::AcquireOptions::new())
+            .await
+        else {
+            say("gave up");
+            std::future::pending::<()>().await;
+            return;
+        };
+        let lost = locks_port::PermitGuard::lost(&permit);
+        std::mem::forget(permit);
+        lost
+    } else {
+        let guard = manager
+            .acquire(&key, locks_port::AcquireOptions::new())
+            .await
+            .expect("acquire");
+        let lost = guard.lost();
+        std::mem::forget(guard);
+        lost
+    };
     say("held");
-    let reason = guard.lost().await;
+    let reason = lost.await;
     say(&format!("told {reason}"));
     std::future::pending::<()>().await;
 }
@@ -220,6 +241,8 @@ impl Drop for InNamespace {
 struct Scenario {
     name: &'static str,
     key: String,
+    /// A semaphore's one permit instead of the lock.
+    permit: bool,
     /// The bounds the scenario must keep (`None`: the negative control, whose lock must
     /// stay held).
     lease: Option<Lease>,
@@ -239,20 +262,29 @@ struct Plan {
     /// Through which PgBouncer (by its place in the server child's list), or straight
     /// to the server.
     bouncer: Option<usize>,
+    /// A semaphore's one permit instead of the lock.
+    permit: bool,
 }
 
 #[test]
 fn a_cut_off_holder_is_told_first_and_its_lock_is_free_within_the_lease() {
     let plans = [
-        ("default lease", Some(Duration::from_secs(60)), true),
-        ("short lease", Some(SHORT_LEASE), true),
-        ("no lease (negative control)", None, false),
+        ("default lease", Some(Duration::from_secs(60)), true, false),
+        ("short lease", Some(SHORT_LEASE), true, false),
+        (
+            "a semaphore's permit, short lease",
+            Some(SHORT_LEASE),
+            true,
+            true,
+        ),
+        ("no lease (negative control)", None, false, false),
     ]
-    .map(|(name, lease, bounded)| Plan {
+    .map(|(name, lease, bounded, permit)| Plan {
         name,
         lease,
         bounded,
         bouncer: None,
+        permit,
     });
     partition("locks", 213, None, &plans);
 }
@@ -282,12 +314,14 @@ fn behind_pgbouncer_in_session_pooling_its_own_timers_give_the_same_bound() {
             lease: Some(lease.duration),
             bounded: true,
             bouncer: Some(0),
+            permit: false,
         },
         Plan {
             name: "PgBouncer with its defaults (negative control)",
             lease: Some(lease.duration),
             bounded: false,
             bouncer: Some(1),
+            permit: false,
         },
     ];
     partition("bouncer", 215, Some(&timers), &plans);
@@ -338,12 +372,16 @@ fn partition(name: &str, octet: u8, bouncer_timers: Option<&str>, plans: &[Plan]
         let key = format!("partition:{name}:{}", std::process::id());
         let secs = lease.map_or(0, |lease| lease.as_secs()).to_string();
         let env = |role| {
-            [
+            let mut env = vec![
                 (ROLE, role),
                 (URL, far_url.as_str()),
                 (KEY, key.as_str()),
                 (LEASE_SECS, secs.as_str()),
-            ]
+            ];
+            if plan.permit {
+                env.push((PERMIT, "1"));
+            }
+            env
         };
         let holder = InNamespace::spawn(pair.far(), &env("hold"));
         let (_, held) = holder.next(Duration::from_secs(30), "the holder took the lock");
@@ -351,7 +389,14 @@ fn partition(name: &str, octet: u8, bouncer_timers: Option<&str>, plans: &[Plan]
         let waiter = InNamespace::spawn(pair.far(), &env("wait"));
         let lock_id = near.lock_id(&key);
         let queued = Instant::now();
-        while waiting(lock_id) == 0 {
+        while if plan.permit {
+            let holders = runtime
+                .block_on(near.permit_holders(&key))
+                .expect("holders");
+            holders.waiting == 0
+        } else {
+            waiting(lock_id) == 0
+        } {
             assert!(
                 queued.elapsed() < Duration::from_secs(30),
                 "the waiter never queued"
@@ -369,6 +414,7 @@ fn partition(name: &str, octet: u8, bouncer_timers: Option<&str>, plans: &[Plan]
         scenarios.push(Scenario {
             name,
             key,
+            permit: plan.permit,
             lease,
             holder,
             _waiter: waiter,
@@ -392,12 +438,19 @@ fn partition(name: &str, octet: u8, bouncer_timers: Option<&str>, plans: &[Plan]
                 scenario.told = Some(at);
             }
             if scenario.free.is_none() && (scenario.lease.is_some() || now < control_until) {
-                let taken = runtime
-                    .block_on(near.try_acquire(&scenario.key))
-                    .expect("try");
-                if let Some(guard) = taken {
+                let free = if scenario.permit {
+                    runtime
+                        .block_on(near.try_acquire_permit(&scenario.key, 1))
+                        .expect("try a permit")
+                        .is_some()
+                } else {
+                    runtime
+                        .block_on(near.try_acquire(&scenario.key))
+                        .expect("try")
+                        .is_some()
+                };
+                if free {
                     scenario.free = Some(Instant::now());
-                    runtime.block_on(guard.release());
                 }
             }
         }
