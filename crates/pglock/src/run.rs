@@ -232,20 +232,22 @@ async fn run_once(target: &Target, args: &RunArgs, say: Say) -> Result<u8, Failu
 
     let started = Instant::now();
     let acquired = {
-        let status = if args.no_wait {
+        // The status line follows the lock's queue; a semaphore's waiters show in `who`.
+        let status = if args.no_wait || permits.is_some() {
             None
         } else {
             StatusLine::start(pool.clone(), key, lock_id, &application)
         };
+        let wanted = match permits {
+            Some(permits) => format!("a permit of {permits} of '{key}'"),
+            None => format!("'{key}' (lock id {lock_id})"),
+        };
         match (args.no_wait, args.timeout) {
-            (true, _) => say.say(format!(
-                "trying '{key}' (lock id {lock_id}) without waiting"
-            )),
-            (false, Some(timeout)) => say.say(format!(
-                "waiting up to {} for '{key}' (lock id {lock_id})",
-                show(timeout)
-            )),
-            (false, None) => say.say(format!("waiting for '{key}' (lock id {lock_id})")),
+            (true, _) => say.say(format!("trying {wanted} without waiting")),
+            (false, Some(timeout)) => {
+                say.say(format!("waiting up to {} for {wanted}", show(timeout)));
+            }
+            (false, None) => say.say(format!("waiting for {wanted}")),
         }
         let acquire = async {
             let options = match args.timeout {
@@ -302,14 +304,14 @@ async fn run_once(target: &Target, args: &RunArgs, say: Say) -> Result<u8, Failu
             ));
         }
         Ok(Ok(None)) => {
-            let holder = holder_note(&pool, lock_id).await;
+            let holder = busy_note(&pool, lock_id, permits).await;
             return Err(Failure::new(
                 args.conflict_exit_code,
                 format!("'{key}' is busy{holder}: not waiting (-n)"),
             ));
         }
         Ok(Err(error)) if error.kind() == AcquisitionErrorKind::Timeout => {
-            let holder = holder_note(&pool, lock_id).await;
+            let holder = busy_note(&pool, lock_id, permits).await;
             return Err(Failure::new(
                 args.conflict_exit_code,
                 format!(
@@ -443,6 +445,15 @@ async fn run_once(target: &Target, args: &RunArgs, say: Say) -> Result<u8, Failu
         ));
     }
     Ok(code)
+}
+
+/// Who keeps the lock, as [`holder_note`] says; for a semaphore, that its permits are all
+/// held (`pglock who` lists them).
+async fn busy_note(pool: &Pool, lock_id: i64, permits: Option<u32>) -> String {
+    match permits {
+        Some(permits) => format!(" (all {permits} permits held)"),
+        None => holder_note(pool, lock_id).await,
+    }
 }
 
 /// Sleeps until `deadline` (forever without one).
