@@ -190,7 +190,9 @@ mod tests {
         assert!(svg.trim_start().starts_with("<svg"), "{}", &svg[..80]);
         assert!(svg.trim_end().ends_with("</svg>"));
         assert!(svg.contains("library, Queue (server-side wait), 4 contenders (n = 3)"));
-        assert!(svg.contains("library, Poll (100 ms, the original), 16 contenders (n = 1)"));
+        assert!(
+            svg.contains("library, Poll (100 ms, as the Python library), 16 contenders (n = 1)")
+        );
         assert!(svg.contains("quick run"));
         assert!(!svg.contains("NaN"));
     }

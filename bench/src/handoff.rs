@@ -41,7 +41,7 @@ pub(crate) enum Contender {
     Raw,
     /// The library, `WaitStrategy::Queue`: one server-side wait.
     Queue,
-    /// The library, `WaitStrategy::Poll`: the original's `pg_try_advisory_lock` every 100 ms.
+    /// The library, `WaitStrategy::Poll`: the Python library's `pg_try_advisory_lock` every 100 ms.
     Poll,
 }
 
@@ -52,7 +52,7 @@ impl Contender {
         match self {
             Self::Raw => "raw pg_advisory_lock (server queue)",
             Self::Queue => "library, Queue (server-side wait)",
-            Self::Poll => "library, Poll (100 ms, the original)",
+            Self::Poll => "library, Poll (100 ms, as the Python library)",
         }
     }
 

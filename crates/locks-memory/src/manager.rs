@@ -130,7 +130,7 @@ impl InMemoryLockManager {
         Self::builder().build()
     }
 
-    /// A manager on a fresh table of its own, with a holder id (the original's
+    /// A manager on a fresh table of its own, with a holder id (the Python library's
     /// `InMemoryLockManager(holder_id="test-worker")`).
     #[must_use]
     pub fn with_holder_id(holder_id: impl Into<String>) -> Self {
@@ -177,7 +177,7 @@ impl InMemoryLockManager {
             (Some(timeout), WaitStrategy::Poll) => {
                 Self::poll(slot, key, wanted, options.retry_interval(), timeout).await
             }
-            // Without a timeout every strategy waits in the queue, as in the original
+            // Without a timeout every strategy waits in the queue, as in the Python library
             // (and the PostgreSQL manager): polling is for bounded waits.
             (None, _) => {
                 let permit = semaphore
@@ -215,7 +215,7 @@ impl InMemoryLockManager {
         }
     }
 
-    /// The original's strategy: try, sleep, try again until the deadline. Never joins
+    /// The Python library's strategy: try, sleep, try again until the deadline. Never joins
     /// the queue, so it can be overtaken by queued waiters.
     async fn poll(
         slot: &Slot,
@@ -324,7 +324,7 @@ impl DistributedLock for InMemoryLockManager {
     ///
     /// [`WaitStrategy::Queue`] waits first-come first-served; [`WaitStrategy::Poll`]
     /// tries every `retry_interval` (at least 1 ms) without joining the queue, like the
-    /// original. A zero timeout makes exactly one attempt.
+    /// Python library. A zero timeout makes exactly one attempt.
     ///
     /// # Errors
     /// A timeout, as [`LockAcquisitionError::timed_out`].

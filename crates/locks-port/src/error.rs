@@ -41,7 +41,7 @@ pub enum AcquisitionErrorKind {
 
 /// A lock could not be acquired.
 ///
-/// Its message is the original library's: `Failed to acquire lock '{key}': {reason}`,
+/// Its message is the Python `eventsource` library's: `Failed to acquire lock '{key}': {reason}`,
 /// with the reason `Timeout after {seconds}s` for a timeout and
 /// `Database error: {driver message}` for a backend failure. The backend's own error
 /// stays reachable through [`source`](StdError::source).
@@ -195,7 +195,7 @@ impl LockAcquisitionError {
     }
 }
 
-/// The original's reason text for a timeout: `Timeout after 0.2s`, `Timeout after 5.0s`.
+/// The Python library's reason text for a timeout: `Timeout after 0.2s`, `Timeout after 5.0s`.
 #[must_use]
 pub fn timeout_reason(timeout: Duration) -> String {
     // `{:?}` on f64 prints like Python's `str(float)` for these values: 0.2, 5.0, 0.05.

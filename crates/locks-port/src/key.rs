@@ -135,7 +135,7 @@ pub const DEFAULT_MIGRATION_OPERATION: &str = "migration";
 /// );
 /// ```
 ///
-/// Kept for compatibility with the original's signature; for a named operation
+/// Kept for compatibility with the Python library's signature; for a named operation
 /// [`migration_lock_key_for`] reads more plainly.
 #[must_use]
 pub fn migration_lock_key(tenant_id: Uuid, operation: Option<&str>) -> String {

@@ -1,4 +1,4 @@
-//! The two traits of the port, split along the original's two consumer groups.
+//! The two traits of the port, split along the Python library's two consumer groups.
 
 use std::fmt;
 use std::future::{Future, IntoFuture, poll_fn};
@@ -71,12 +71,12 @@ pub trait LockGuard: Send + fmt::Debug {
     fn release(self) -> impl Future<Output = ReleaseOutcome> + Send;
 
     /// Stops managing the lock through this guard and leaves it held by the manager,
-    /// like the original's `try_acquire`: it stays held until
+    /// like the Python library's `try_acquire`: it stays held until
     /// [`DistributedLock::release`] for its key or [`LockRegistry::release_all`].
     fn into_held(self) -> LockInfo;
 }
 
-/// Acquire and release string-keyed locks (the original's `DistributedLock`).
+/// Acquire and release string-keyed locks (the Python library's `DistributedLock`).
 ///
 /// The traits use `async fn`-style methods returning `impl Future`, so they are not
 /// dyn-compatible: write code that takes locks generic over `L: DistributedLock`
@@ -204,7 +204,7 @@ pub trait DistributedLock: Send + Sync {
     fn is_held(&self, key: &str) -> bool;
 
     /// Runs `body` while holding the lock for `key` and releases it afterwards, the
-    /// original's `async with manager.acquire(key):`. Whatever `body` returns, an
+    /// Python library's `async with manager.acquire(key):`. Whatever `body` returns, an
     /// error included, is handed back unchanged once the lock is released.
     ///
     /// The [`ReleaseOutcome`] of that release is not returned. When it matters (to
@@ -309,7 +309,7 @@ pub trait DistributedLock: Send + Sync {
     }
 }
 
-/// Bulk operations over what one manager holds (the original's `LockRegistry`).
+/// Bulk operations over what one manager holds (the Python library's `LockRegistry`).
 pub trait LockRegistry: Send + Sync {
     /// Releases every lock this manager holds and returns how many there were.
     ///

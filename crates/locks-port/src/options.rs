@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum LockMode {
-    /// One holder at a time (the default; the original's only mode).
+    /// One holder at a time (the default; the Python library's only mode).
     #[default]
     Exclusive,
     /// Many shared holders at once, excluded by an exclusive one.
@@ -65,12 +65,12 @@ pub enum WaitStrategy {
     /// order waiters arrived. The default.
     #[default]
     Queue,
-    /// The original library's strategy: try, sleep [`AcquireOptions::retry_interval`],
+    /// The Python `eventsource` library's strategy: try, sleep [`AcquireOptions::retry_interval`],
     /// try again until the timeout. Slower to hand over (up to one interval late) and
     /// unfair (a poller never joins the queue, so it can starve). Kept for comparison
     /// and for backends without a queue.
     ///
-    /// As in the original, polling applies to bounded waits only: without a timeout
+    /// As in the Python library, polling applies to bounded waits only: without a timeout
     /// every manager waits in the queue, whatever the strategy.
     Poll,
 }
@@ -90,7 +90,7 @@ pub enum WaitStrategy {
 /// let bounded = AcquireOptions::new().with_timeout(Duration::from_millis(500));
 /// assert_eq!(bounded.timeout(), Some(Duration::from_millis(500)));
 ///
-/// // From a float, as in the original's `timeout=0.5`; bad input is an error, not a panic.
+/// // From a float, as in the Python library's `timeout=0.5`; bad input is an error, not a panic.
 /// assert!(AcquireOptions::new().with_timeout_secs(0.5).is_ok());
 /// assert!(AcquireOptions::new().with_timeout_secs(f64::NAN).is_err());
 /// assert!(AcquireOptions::new().with_timeout_secs(-1.0).is_err());
@@ -107,7 +107,7 @@ pub struct AcquireOptions {
 }
 
 impl AcquireOptions {
-    /// The original's retry interval for [`WaitStrategy::Poll`]: 100 ms.
+    /// The Python library's retry interval for [`WaitStrategy::Poll`]: 100 ms.
     pub const DEFAULT_RETRY_INTERVAL: Duration = Duration::from_millis(100);
 
     /// Wait forever, in the backend's queue.
@@ -163,7 +163,7 @@ impl AcquireOptions {
         self
     }
 
-    /// Sets the timeout from seconds as a float, like the original's `timeout=0.5`.
+    /// Sets the timeout from seconds as a float, like the Python library's `timeout=0.5`.
     ///
     /// # Errors
     /// [`InvalidTimeoutError`] when `seconds` is NaN, negative, infinite or too large

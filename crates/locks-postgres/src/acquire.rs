@@ -7,19 +7,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Object, PoolError, TimeoutType, Timeouts};
 use locks_port::{
     AcquireOptions, AcquisitionErrorKind, LockAcquisitionError, LockMode, WaitStrategy,
-    timeout_reason,
 };
 use tokio_postgres::error::SqlState;
 use tracing::Span;
 
 use crate::bookkeeping::{Holding, new_slot};
+use crate::checkout::PoolWait;
 use crate::connection::{Answer, Session, SetUp};
 use crate::errors::{
-    MOVED_BETWEEN_SESSIONS, STANDBY, driver_error, lease_refused, no_answer, pool_error,
-    pool_exhausted, refused, unreachable, with_timeout,
+    MOVED_BETWEEN_SESSIONS, STANDBY, driver_error, no_answer, refused, with_timeout,
 };
 use crate::guard::PostgresLockGuard;
 use crate::limit::{Deadline, Expired, Limit};
@@ -32,17 +30,6 @@ use crate::sql::Statement;
 pub(crate) enum Grant {
     Own(Session),
     Shared(Membership),
-}
-
-/// How long a checkout may wait for a free pool slot.
-#[derive(Clone, Copy)]
-pub(crate) enum PoolWait {
-    /// As long as it takes (an acquire without timeout).
-    Forever,
-    /// Until the acquisition's deadline.
-    Until(Deadline),
-    /// Not at all (`try_acquire` never waits).
-    No,
 }
 
 /// What one `pg_try_advisory_lock` found; either way the caller owns the session.
@@ -341,81 +328,6 @@ impl Inner {
                 session.into_pool();
                 Ok(None)
             }
-        }
-    }
-
-    /// Checks a connection out. Waiting for a free slot and opening a new connection
-    /// both count against the deadline (without one, or with a zero timeout, opening is
-    /// bounded by the connect timeout). The pool's own timeouts are not used, so a pool
-    /// built without a runtime works too.
-    pub(crate) async fn checkout(
-        &self,
-        key: &str,
-        wait: PoolWait,
-        deadline: Option<Deadline>,
-    ) -> Attempt {
-        if let Err(lease) = self.lease() {
-            return Err(lease_refused(key, lease, deadline));
-        }
-        let settings = self.settings();
-        // Opening a connection is held to the caller's deadline itself: the margin is
-        // for a live session's answer, which decides whether a lock was granted. A zero
-        // timeout is a try (it waits for nobody) and opens as `try_acquire` does.
-        let opening = deadline.filter(|deadline| !deadline.timeout.is_zero());
-        let connecting = Deadline::limit(opening, Duration::ZERO, settings.connect_timeout);
-        let no_wait = Timeouts {
-            wait: Some(Duration::ZERO),
-            create: None,
-            recycle: None,
-        };
-        let pool_size = || self.pool().status().max_size;
-        // Not boxed: the pool's future (it may open a connection) is large, but copying
-        // it into the limit costs less than allocating it on every checkout.
-        let checked_out = match connecting.run(self.pool().timeout_get(&no_wait)).await {
-            // An idle connection: the common case, made into a session at once.
-            Ok(Ok(object)) => return Ok(Session::new(object, self.connections())),
-            Err(Expired) => return Err(unreachable(key, deadline, settings.connect_timeout)),
-            Ok(Err(PoolError::Timeout(TimeoutType::Wait))) => match wait {
-                PoolWait::No => {
-                    let what = "no pool connection was free";
-                    return Err(pool_exhausted(key, what, pool_size(), None));
-                }
-                PoolWait::Forever => Box::pin(self.wait_for_slot()).await,
-                PoolWait::Until(deadline) => {
-                    let limit = Deadline::limit(Some(deadline), Duration::ZERO, Duration::ZERO);
-                    match limit.run(Box::pin(self.wait_for_slot())).await {
-                        Ok(result) => result,
-                        Err(Expired) => {
-                            let what = format!(
-                                "{} waiting for a pool connection",
-                                timeout_reason(deadline.timeout)
-                            );
-                            return Err(pool_exhausted(key, &what, pool_size(), Some(deadline)));
-                        }
-                    }
-                }
-            },
-            Ok(Err(error)) => Err(error),
-        };
-        match checked_out {
-            Ok(object) => Ok(Session::new(object, self.connections())),
-            Err(error) => Err(with_timeout(pool_error(key, error), deadline)),
-        }
-    }
-
-    /// Waits for a free pool slot for as long as it takes; a connection opened for it
-    /// is bounded by the connect timeout where the pool has a runtime for timeouts.
-    async fn wait_for_slot(&self) -> Result<Object, PoolError> {
-        let bounded = Timeouts {
-            wait: None,
-            create: Some(self.settings().connect_timeout),
-            recycle: Some(self.settings().answer_timeout),
-        };
-        match self.pool().timeout_get(&bounded).await {
-            Err(PoolError::NoRuntimeSpecified) => {
-                self.pool().timeout_get(&Timeouts::default()).await
-            }
-            other => other,
         }
     }
 

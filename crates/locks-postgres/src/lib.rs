@@ -4,6 +4,7 @@
 mod acquire;
 mod bookkeeping;
 mod builder;
+mod checkout;
 mod connection;
 mod errors;
 mod fencing;
@@ -19,6 +20,7 @@ mod many;
 mod metrics;
 mod multiplex;
 mod pool;
+mod release;
 mod semaphore;
 mod sql;
 mod telemetry;

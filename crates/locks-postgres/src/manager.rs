@@ -4,16 +4,19 @@
 //!
 //! - [`builder`](crate::builder): the builder, its settings, key visibility;
 //!   [`lease`](crate::lease): the lease's bounds and server timers;
-//! - [`acquire`](crate::acquire): checkout, try, the wait in the server's queue, and
-//!   the choice of a shared connection; [`many`](crate::many): `acquire_many`;
+//! - [`acquire`](crate::acquire): try, the wait in the server's queue, the choice of a
+//!   shared connection, and a group's tries; [`checkout`](crate::checkout): the pool
+//!   checkout; [`many`](crate::many): `acquire_many` and its guard;
 //! - [`limit`](crate::limit): a call's deadline and each step's limit;
 //!   [`watchdog`](crate::watchdog): the thread that holds statements to them;
 //! - [`connection`](crate::connection): a checked-out connection, its set-up and
 //!   prepared statements; [`sql`](crate::sql): every statement;
-//! - [`bookkeeping`](crate::bookkeeping): what is held, registering a grant, the
-//!   unlock; [`guard`](crate::guard): the guard;
+//! - [`bookkeeping`](crate::bookkeeping): what is held, registering a grant;
+//!   [`release`](crate::release): the unlock; [`guard`](crate::guard): the guard;
 //! - [`health`](crate::health): the lost-lock monitor and keepalives;
 //! - [`multiplex`](crate::multiplex): the shared connections (opt-in);
+//!   [`semaphore`](crate::semaphore): counting semaphores; [`leader`](crate::leader):
+//!   leader election; [`metrics`](crate::metrics): the OpenTelemetry instruments;
 //! - [`fencing`](crate::fencing): fencing tokens; [`xact`](crate::xact):
 //!   transaction-scoped locks; [`inspect`](crate::inspect): who holds and waits;
 //! - [`errors`](crate::errors): errors in the server's words, and the adapter's own;

@@ -103,7 +103,7 @@ fn panic_in_body() {
     );
 }
 
-/// Aborting the task that holds a guard releases the lock (the original's "release on
+/// Aborting the task that holds a guard releases the lock (the Python library's "release on
 /// cancellation of the holding task").
 pub async fn aborted_holder_task_releases<H: Harness>(harness: &H) {
     let a = harness.manager();

@@ -132,6 +132,6 @@ pub(crate) fn assert_timeout_error(
             "Failed to acquire lock '{key}': {}",
             crate::timeout_reason(timeout)
         ),
-        "{why}: the message must be the original library's"
+        "{why}: the message must be the Python `eventsource` library's"
     );
 }

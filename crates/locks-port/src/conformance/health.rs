@@ -156,7 +156,7 @@ pub async fn huge_timeouts_saturate<H: Harness>(harness: &H) {
     must_release(guard, "huge timeouts").await;
 }
 
-/// [`WaitStrategy::Poll`] without a timeout waits in the queue, as in the original and
+/// [`WaitStrategy::Poll`] without a timeout waits in the queue, as in the Python library and
 /// in every manager: queued behind an earlier waiter, it is served after it, and a
 /// later queued waiter is served after it.
 pub async fn poll_without_timeout_waits_in_queue<H: Harness>(harness: &H) {

@@ -8,7 +8,7 @@ use super::fixtures::{must_acquire, must_be_busy, must_release, must_take, uniqu
 use crate::{DistributedLock, LockGuard, LockRegistry, ReleaseOutcome};
 
 /// (5) `release(key)` makes the key acquirable again, after `try_acquire` and
-/// [`LockGuard::into_held`] as in the original; so does a guard's release.
+/// [`LockGuard::into_held`] as in the Python library; so does a guard's release.
 pub async fn release_makes_key_acquirable_again<H: Harness>(harness: &H) {
     let a = harness.manager();
     let b = harness.manager();
@@ -45,7 +45,7 @@ pub async fn release_makes_key_acquirable_again<H: Harness>(harness: &H) {
 }
 
 /// (6) `release` of a key this manager does not hold fails with
-/// [`LockNotHeldError`](crate::LockNotHeldError) naming the key, with the original's
+/// [`LockNotHeldError`](crate::LockNotHeldError) naming the key, with the Python library's
 /// message; so does a second release of the same key.
 pub async fn release_of_unheld_key_fails<H: Harness>(harness: &H) {
     let manager = harness.manager();
@@ -58,7 +58,7 @@ pub async fn release_of_unheld_key_fails<H: Harness>(harness: &H) {
     assert_eq!(
         error.to_string(),
         format!("Lock '{key}' is not held by this session"),
-        "LockNotHeldError's message must be the original library's"
+        "LockNotHeldError's message must be the Python `eventsource` library's"
     );
 
     let guard = must_take(&manager, &key, "try_acquire of a free key").await;

@@ -13,7 +13,7 @@ use crate::LockAcquisitionError;
 use crate::{AcquireOptions, DistributedLock, LockRegistry, WaitStrategy};
 
 /// (7) `acquire` with a 50 ms timeout on a held key fails with a timeout
-/// [`LockAcquisitionError`]: kind, timeout, key, reason and message as the original's.
+/// [`LockAcquisitionError`]: kind, timeout, key, reason and message as the Python library's.
 pub async fn acquire_times_out_on_held_key<H: Harness>(harness: &H) {
     let a = harness.manager();
     let b = harness.manager();

@@ -33,7 +33,7 @@ use tracing::Instrument;
 pub use holders::semaphore_holders;
 pub use permit::PostgresPermit;
 
-use crate::acquire::PoolWait;
+use crate::checkout::PoolWait;
 use crate::connection::Session;
 use crate::errors::{MOVED_BETWEEN_SESSIONS, driver_error, refused, with_timeout};
 use crate::limit::{Deadline, Limit};
