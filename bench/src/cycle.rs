@@ -89,9 +89,21 @@ pub(crate) async fn acquire(db: Database, plan: Plan) -> Result<Outcome, BoxErro
             Op::library(fencing_manager(&db), key(9), AcquireOptions::new()),
         ),
         Variant::new(
-            "library, keepalive off: acquire (no timeout) + release",
+            "library, keepalive off (and so no lease): acquire (no timeout) + release",
             Role::Setting,
             Op::library(quiet_manager(&db), key(10), AcquireOptions::new()),
+        ),
+        Variant::new(
+            "library, lease off (keepalive on; the server's TCP timers left alone): acquire \
+             (no timeout) + release",
+            Role::Setting,
+            Op::library(
+                PostgresLockManager::builder(db.pool(1, "lock-bench-cycle"))
+                    .lease(None)
+                    .build(),
+                key(12),
+                AcquireOptions::new(),
+            ),
         ),
         Variant::new(
             "library + OpenTelemetry at INFO: acquire (no timeout) + release",
