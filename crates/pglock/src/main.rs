@@ -14,6 +14,7 @@ mod inspect;
 mod json;
 mod run;
 mod show;
+mod signals;
 mod status;
 mod tls;
 

@@ -12,7 +12,6 @@ use locks_postgres::deadpool_postgres::Pool;
 use locks_postgres::{PostgresLockGuard, PostgresLockManager, PostgresPermit};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
 
 use crate::cli::{OnLost, RunArgs};
@@ -23,6 +22,7 @@ use crate::exit::{
     chain,
 };
 use crate::inspect;
+use crate::signals::{Signals, signal_code};
 use crate::status::StatusLine;
 
 /// Connections: the lock's, the status line's, and one to check that a cancelled wait
@@ -44,71 +44,6 @@ impl Say {
             eprintln!("pglock: {}", message.as_ref());
         }
     }
-}
-
-/// The signals pglock forwards to the command, and that cancel a wait.
-pub(crate) struct Signals {
-    streams: Vec<(Signal, tokio::signal::unix::Signal)>,
-}
-
-impl std::fmt::Debug for Signals {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Signals").finish_non_exhaustive()
-    }
-}
-
-impl Signals {
-    /// Installs the handlers for INT, TERM, HUP and QUIT (their default action, ending
-    /// pglock at once, is off from here on).
-    pub(crate) fn install() -> Result<Self, Failure> {
-        let mut streams = Vec::new();
-        for (number, kind) in [
-            (Signal::SIGINT, SignalKind::interrupt()),
-            (Signal::SIGTERM, SignalKind::terminate()),
-            (Signal::SIGHUP, SignalKind::hangup()),
-            (Signal::SIGQUIT, SignalKind::quit()),
-        ] {
-            let stream = signal(kind).map_err(|error| {
-                Failure::new(SOFTWARE, format!("cannot handle {number}: {error}"))
-            })?;
-            streams.push((number, stream));
-        }
-        Ok(Self { streams })
-    }
-
-    /// The next of the signals to arrive. Cancel safe.
-    pub(crate) async fn recv(&mut self) -> Signal {
-        let waits = self.streams.iter_mut().map(|(number, stream)| {
-            let number = *number;
-            Box::pin(async move {
-                stream.recv().await;
-                number
-            })
-        });
-        futures_select_all(waits).await
-    }
-}
-
-/// The first of `futures` to finish.
-async fn futures_select_all<F>(futures: impl Iterator<Item = F>) -> Signal
-where
-    F: std::future::Future<Output = Signal> + Unpin,
-{
-    let mut futures: Vec<F> = futures.collect();
-    std::future::poll_fn(move |cx| {
-        for future in &mut futures {
-            if let std::task::Poll::Ready(number) = std::pin::Pin::new(future).poll(cx) {
-                return std::task::Poll::Ready(number);
-            }
-        }
-        std::task::Poll::Pending
-    })
-    .await
-}
-
-/// The exit code for a signal number.
-fn signal_code(number: Signal) -> u8 {
-    SIGNAL_BASE.saturating_add(u8::try_from(number as i32).unwrap_or(0))
 }
 
 /// The holder id and `application_name` of this process: unique on the server, so its
