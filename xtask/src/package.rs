@@ -10,7 +10,7 @@
 //! the crates.io index, as `cargo publish` does. `cargo xtask test` runs it (with
 //! `--allow-dirty`, so work in progress can be tested) after the tests, and so `.ci/run`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 const HELP: &str = "\
@@ -66,9 +66,30 @@ pub(crate) fn run(args: &[String]) -> crate::Result {
     if published.is_empty() {
         return Err("no published crate found in the workspace".into());
     }
+    let unpacked = forget_unpacked(&cargo_home(), &published)?;
+    if !unpacked.is_empty() {
+        eprintln!(
+            "xtask: removed {} copies of this workspace's crates that earlier packaging runs \
+             unpacked under {} (cargo would reuse them)",
+            unpacked.len(),
+            cargo_home().join("registry").join("src").display()
+        );
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| root.join("target"), PathBuf::from)
+        .join("package-check");
+    let built = forget_built(&target, &published)?;
+    if !built.is_empty() {
+        eprintln!(
+            "xtask: removed {} build records of this workspace's crates from {}",
+            built.len(),
+            target.display()
+        );
+    }
     let started = Instant::now();
     let mut command = crate::cargo();
-    command.args(["package", "--locked"]);
+    command.args(["package", "--locked", "--target-dir"]);
+    command.arg(&target);
     for name in &published {
         command.args(["-p", name]);
     }
@@ -88,6 +109,79 @@ pub(crate) fn run(args: &[String]) -> crate::Result {
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// Cargo's home: `$CARGO_HOME`, else `~/.cargo`.
+fn cargo_home() -> PathBuf {
+    std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| Path::new(&home).join(".cargo")))
+        .unwrap_or_else(|| PathBuf::from(".cargo"))
+}
+
+/// Removes the copies of `crates` that cargo unpacked from local (overlay) registries into
+/// `cargo_home/registry/src/-*/name-version`, and answers what it removed. Copies unpacked
+/// from crates.io (`index.crates.io-…`) are never touched.
+fn forget_unpacked(cargo_home: &Path, crates: &[String]) -> std::io::Result<Vec<PathBuf>> {
+    let sources = cargo_home.join("registry").join("src");
+    let mut removed = Vec::new();
+    let Ok(registries) = std::fs::read_dir(&sources) else {
+        return Ok(removed);
+    };
+    for registry in registries {
+        let registry = registry?;
+        if !registry.file_name().to_string_lossy().starts_with('-') {
+            continue;
+        }
+        for unpacked in std::fs::read_dir(registry.path())? {
+            let unpacked = unpacked?;
+            let ours = is_ours(&unpacked.file_name().to_string_lossy(), crates, |version| {
+                version.starts_with(|c: char| c.is_ascii_digit())
+            });
+            if ours && unpacked.file_type()?.is_dir() {
+                std::fs::remove_dir_all(unpacked.path())?;
+                removed.push(unpacked.path());
+            }
+        }
+    }
+    removed.sort();
+    Ok(removed)
+}
+
+/// Removes the build records (`<target>/<profile>/.fingerprint/<name>-<hash>`) of `crates`
+/// from the packaging's own target folder, so cargo rebuilds them; answers what it removed.
+fn forget_built(target: &Path, crates: &[String]) -> std::io::Result<Vec<PathBuf>> {
+    let mut removed = Vec::new();
+    let Ok(profiles) = std::fs::read_dir(target) else {
+        return Ok(removed);
+    };
+    for profile in profiles {
+        let fingerprints = profile?.path().join(".fingerprint");
+        let Ok(records) = std::fs::read_dir(&fingerprints) else {
+            continue;
+        };
+        for record in records {
+            let record = record?;
+            if is_ours(&record.file_name().to_string_lossy(), crates, |rest| {
+                rest.chars().all(|c| c.is_ascii_hexdigit())
+            }) {
+                std::fs::remove_dir_all(record.path())?;
+                removed.push(record.path());
+            }
+        }
+    }
+    removed.sort();
+    Ok(removed)
+}
+
+/// Whether `folder` is `<one of crates>-<rest>` with `rest` as `suffix` wants it.
+fn is_ours(folder: &str, crates: &[String], suffix: impl Fn(&str) -> bool) -> bool {
+    crates.iter().any(|name| {
+        folder
+            .strip_prefix(name.as_str())
+            .and_then(|rest| rest.strip_prefix('-'))
+            .is_some_and(|rest| !rest.is_empty() && suffix(rest))
+    })
 }
 
 /// The paths in the root manifest's `[workspace] members = [ … ]`.
@@ -227,6 +321,66 @@ mod tests {
              categories = [\"database\"]\ndocumentation = \"https://docs.rs/wrong\"\n",
         );
         assert_eq!(check(&wrong, &dir).len(), 3, "{:?}", check(&wrong, &dir));
+    }
+
+    #[test]
+    fn only_our_crates_unpacked_from_local_registries_are_forgotten() {
+        let home = std::env::temp_dir().join(format!("xtask-package-{}", std::process::id()));
+        let src = home.join("registry").join("src");
+        let folders = [
+            "-1a32e80f12c17dc4/locks-port-0.1.0",
+            "-1a32e80f12c17dc4/locks-port-extra-0.1.0",
+            "-1a32e80f12c17dc4/tokio-1.0.0",
+            "-7d36319c136135d3/pglock-0.2.0",
+            "index.crates.io-1949cf8c6b5b557f/locks-port-0.1.0",
+        ];
+        for folder in folders {
+            std::fs::create_dir_all(src.join(folder).join("src")).unwrap();
+        }
+        let crates = ["locks-port".to_owned(), "pglock".to_owned()];
+        let removed = forget_unpacked(&home, &crates).unwrap();
+        assert_eq!(
+            removed,
+            [
+                src.join("-1a32e80f12c17dc4/locks-port-0.1.0"),
+                src.join("-7d36319c136135d3/pglock-0.2.0"),
+            ]
+        );
+        for kept in &folders[1..=2] {
+            assert!(src.join(kept).is_dir(), "{kept} was removed");
+        }
+        assert!(
+            src.join(folders[4]).is_dir(),
+            "crates.io's copy was removed"
+        );
+        assert_eq!(forget_unpacked(&home, &crates).unwrap(), [] as [PathBuf; 0]);
+        assert_eq!(
+            forget_unpacked(&home.join("nowhere"), &crates).unwrap(),
+            [] as [PathBuf; 0]
+        );
+        std::fs::remove_dir_all(&home).unwrap();
+    }
+
+    #[test]
+    fn only_our_crates_build_records_are_forgotten() {
+        let target = std::env::temp_dir().join(format!("xtask-built-{}", std::process::id()));
+        let records = [
+            "debug/.fingerprint/locks-port-0c27a4db74e6e8f0",
+            "debug/.fingerprint/locks-port-extra-0c27a4db74e6e8f0",
+            "debug/.fingerprint/tokio-0c27a4db74e6e8f0",
+            "release/.fingerprint/pglock-10cde59a0bbd67ac",
+        ];
+        for record in records {
+            std::fs::create_dir_all(target.join(record)).unwrap();
+        }
+        std::fs::create_dir_all(target.join("package")).unwrap();
+        let crates = ["locks-port".to_owned(), "pglock".to_owned()];
+        assert_eq!(
+            forget_built(&target, &crates).unwrap(),
+            [target.join(records[0]), target.join(records[3])]
+        );
+        assert!(target.join(records[1]).is_dir() && target.join(records[2]).is_dir());
+        std::fs::remove_dir_all(&target).unwrap();
     }
 
     #[test]
