@@ -50,7 +50,11 @@ impl LostLockCounts {
 impl PostgresLockManager {
     /// How many locks this manager has lost since it was built, by reason: the figure
     /// to alert on (also counted in the `eventsource.lock.lost` span's
-    /// `lock.lost_reason` attribute). Releases through the manager are not counted.
+    /// `lock.lost_reason` attribute, and in the `eventsource.lock.lost` and
+    /// `eventsource.semaphore.permits.lost` metrics). Semaphore permits count too: each
+    /// is an advisory lock held on a session of its own. Releases are not counted,
+    /// except one that finds the session already ended (the lock was lost while held,
+    /// before the monitor saw it).
     #[must_use]
     pub fn lost_lock_counts(&self) -> crate::LostLockCounts {
         self.inner.health().lost.snapshot()
@@ -177,6 +181,27 @@ impl Inner {
     pub(crate) fn lose(&self, held: Held, reason: LostReason, detail: &str) {
         discard(&held);
         self.report_lost(std::slice::from_ref(&held), reason, detail);
+    }
+
+    /// A lock whose release found its session already ended: lost while held, before
+    /// the monitor saw it (the release tells its guard); counted as such.
+    pub(crate) fn lost_at_release(&self, held: &Held) {
+        let reason = LostReason::ConnectionClosed;
+        self.health()
+            .lost
+            .counter(reason)
+            .fetch_add(1, Ordering::AcqRel);
+        self.metrics().lost(held.mode(), held.lock_id(), reason);
+    }
+
+    /// A permit of the semaphore of `class` lost while held: counted with the locks,
+    /// and in the permits' own metric.
+    pub(crate) fn permit_lost(&self, class: i32, reason: LostReason) {
+        self.health()
+            .lost
+            .counter(reason)
+            .fetch_add(1, Ordering::AcqRel);
+        self.metrics().permit_lost(class, reason);
     }
 
     /// Counts and reports locks already out of the bookkeeping that share one lost

@@ -10,8 +10,15 @@ use locks_port::{
     AcquireOptions, AcquisitionErrorKind, LockAcquisitionError, LostReason, LostSignal,
     PermitGuard, ReleaseOutcome, Semaphore,
 };
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::{Meter, UpDownCounter};
 use time::OffsetDateTime;
 use tokio::sync::watch;
+
+/// Whether this process leads: an up-down counter, 1 while a term runs its task and 0
+/// otherwise (Kubernetes' leader gauge), `{leader}`; attribute `leader.election` (the
+/// election's name) only when [`LeaderElection::metrics_name`] asks for it.
+pub(crate) const IS_LEADER: &str = "eventsource.leader.is_leader";
 
 /// Where this process stands, as [`LeaderElection::subscribe`] reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,6 +96,9 @@ pub struct LeaderElection<S> {
     backoff: Duration,
     takeover_delay: Duration,
     state: watch::Sender<Leadership>,
+    is_leader: UpDownCounter<i64>,
+    /// `leader.election`, when asked for.
+    attributes: Vec<KeyValue>,
 }
 
 /// The back-off between a lost term (or a failed campaign) and the next campaign.
@@ -102,14 +112,39 @@ pub const DEFAULT_TAKEOVER_DELAY: Duration = Duration::from_millis(500);
 impl<S: Semaphore> LeaderElection<S> {
     /// An election for `name` on `semaphores`, with the default back-off and takeover
     /// delay.
+    ///
+    /// Its `eventsource.leader.is_leader` instrument is made on the global meter provider as it is now
+    /// (a no-op when none is installed); [`meter`](Self::meter) gives another meter.
     pub fn new(semaphores: S, name: impl Into<String>) -> Self {
+        let meter = opentelemetry::global::meter_with_scope(crate::metrics::scope());
         Self {
             semaphores,
             name: name.into(),
             backoff: DEFAULT_BACKOFF,
             takeover_delay: DEFAULT_TAKEOVER_DELAY,
             state: watch::Sender::new(Leadership::Following),
+            is_leader: is_leader(&meter),
+            attributes: Vec::new(),
         }
+    }
+
+    /// Records `eventsource.leader.is_leader` on `meter` instead of the global provider's.
+    #[must_use]
+    pub fn meter(mut self, meter: &Meter) -> Self {
+        self.is_leader = is_leader(meter);
+        self
+    }
+
+    /// Adds the election's name to `eventsource.leader.is_leader` as `leader.election` (off by default:
+    /// names are key text, so this is the user's choice; one series per election).
+    #[must_use]
+    pub fn metrics_name(mut self, on: bool) -> Self {
+        self.attributes = if on {
+            vec![KeyValue::new("leader.election", self.name.clone())]
+        } else {
+            Vec::new()
+        };
+        self
     }
 
     /// The pause before campaigning again after a lost term or a failed campaign.
@@ -176,13 +211,17 @@ impl<S: Semaphore> LeaderElection<S> {
             since: OffsetDateTime::now_utc(),
             fencing_token: permit.info().fencing_token(),
         });
+        self.is_leader.add(1, &self.attributes);
+        // Says `Following` again when the term ends, or when this future is dropped
+        // mid-term (after the task's future, made later, is dropped).
+        let leading = Term(self);
         let ended = tokio::select! {
             biased;
             reason = lost.clone() => TermEnd::Lost(reason),
             output = task(lost) => TermEnd::Finished(output),
         };
         // The task's future is dropped by now: it stopped before anyone hears of it.
-        self.state.send_replace(Leadership::Following);
+        drop(leading);
         if let TermEnd::Lost(reason) = &ended {
             tracing::warn!(
                 reason = reason.as_str(),
@@ -223,4 +262,23 @@ impl<S: Semaphore> LeaderElection<S> {
             tokio::time::sleep(self.backoff).await;
         }
     }
+}
+
+/// A term running its task: dropped, the election follows again.
+struct Term<'a, S>(&'a LeaderElection<S>);
+
+impl<S> Drop for Term<'_, S> {
+    fn drop(&mut self) {
+        let election = self.0;
+        election.state.send_replace(Leadership::Following);
+        election.is_leader.add(-1, &election.attributes);
+    }
+}
+
+fn is_leader(meter: &Meter) -> UpDownCounter<i64> {
+    meter
+        .i64_up_down_counter(IS_LEADER)
+        .with_unit("{leader}")
+        .with_description("Whether this process leads the election: 1 while leading, else 0.")
+        .build()
 }

@@ -16,6 +16,14 @@
 //! | [`HELD`] | up-down counter | `{lock}` | `lock.mode` |
 //! | [`LOST`] | counter | `{lock}` | `lock.mode`, `lock.lost_reason` |
 //! | [`KEEPALIVE_DURATION`] | histogram | `s` | none |
+//! | [`PERMIT_ACQUISITIONS`] | counter | `{acquisition}` | `lock.outcome`, `error.type` (failures) |
+//! | [`PERMIT_ACQUIRE_DURATION`] | histogram | `s` | as above |
+//! | [`PERMITS_HELD`] | up-down counter | `{permit}` | none |
+//! | [`PERMITS_LOST`] | counter | `{permit}` | `lock.lost_reason` |
+//!
+//! Whether this process leads an election is
+//! [`LeaderElection`](crate::LeaderElection)'s own instrument, `eventsource.leader.is_leader`
+//! (see there).
 //!
 //! `lock.id` joins the acquisition and loss attributes only when the builder's
 //! [`metrics_lock_id`](crate::PostgresLockManagerBuilder::metrics_lock_id) asks for it:
@@ -24,12 +32,9 @@
 //! [`metrics(false)`](crate::PostgresLockManagerBuilder::metrics) no instrument is made
 //! and the hooks do nothing (the bench's baseline for what the no-ops cost).
 //!
-//! To come with the semaphore and leader-election primitives (not here yet): the
-//! permits held per semaphore class (an up-down counter, `eventsource.semaphore.permits`)
-//! and whether this process leads (`eventsource.leader.is_leader`, an up-down counter of
-//! 0/1 per election name the user opts in, as Kubernetes' leader gauge). They should take
-//! their grants through the acquisition path, so [`ACQUISITIONS`], [`HELD`] and [`LOST`]
-//! count them as locks already.
+//! A semaphore's permits have instruments of their own (a permit is not a lock: it
+//! never shows in [`HELD`]), with `lock.id` (the semaphore's class) under the same
+//! opt-in.
 
 use std::time::Duration;
 
@@ -54,6 +59,15 @@ pub(crate) const HELD: &str = "eventsource.lock.held";
 pub(crate) const LOST: &str = "eventsource.lock.lost";
 /// The round trip of each answered keepalive on a held connection.
 pub(crate) const KEEPALIVE_DURATION: &str = "eventsource.lock.keepalive.duration";
+
+/// Permit acquisition calls by outcome (`acquire_permit`, `try_acquire_permit`).
+pub(crate) const PERMIT_ACQUISITIONS: &str = "eventsource.semaphore.acquisitions";
+/// How long each permit acquisition call took.
+pub(crate) const PERMIT_ACQUIRE_DURATION: &str = "eventsource.semaphore.acquire.duration";
+/// Permits held by the manager now.
+pub(crate) const PERMITS_HELD: &str = "eventsource.semaphore.permits";
+/// Permits lost while held, by reason.
+pub(crate) const PERMITS_LOST: &str = "eventsource.semaphore.permits.lost";
 
 /// The attribute names.
 const MODE: &str = "lock.mode";
@@ -102,10 +116,16 @@ struct Instruments {
     held: UpDownCounter<i64>,
     lost: Counter<u64>,
     keepalive_duration: Histogram<f64>,
+    permit_acquisitions: Counter<u64>,
+    permit_acquire_duration: Histogram<f64>,
+    permits_held: UpDownCounter<i64>,
+    permits_lost: Counter<u64>,
     /// Whether `lock.id` is recorded (the builder's opt-in).
     with_lock_id: bool,
     /// Per mode and outcome (`mode * OUTCOMES + outcome`).
     outcome_attributes: Box<[Box<[KeyValue]>]>,
+    /// Per outcome, for permits (no mode).
+    permit_outcome_attributes: Box<[Box<[KeyValue]>]>,
     /// Per mode.
     mode_attributes: [[KeyValue; 1]; 2],
 }
@@ -165,6 +185,39 @@ impl Metrics {
                 .record(round_trip.as_secs_f64(), &[]);
         }
     }
+
+    /// One permit acquisition call on the semaphore of `class` that began at `started`
+    /// ended, as [`acquisition`](Self::acquisition) says for a lock.
+    pub(crate) fn permit_acquisition(
+        &self,
+        class: i32,
+        started: Option<Instant>,
+        outcome: Result<bool, &LockAcquisitionError>,
+    ) {
+        if let (Some(instruments), Some(started)) = (&self.instruments, started) {
+            instruments.permit_acquisition(class, started.elapsed(), outcome);
+        }
+    }
+
+    /// A permit was granted (`1`) or given back or lost (`-1`).
+    pub(crate) fn permits_changed(&self, count: i64) {
+        if let Some(instruments) = &self.instruments {
+            instruments.permits_held.add(count, &[]);
+        }
+    }
+
+    /// A held permit of the semaphore of `class` was lost.
+    pub(crate) fn permit_lost(&self, class: i32, reason: LostReason) {
+        if let Some(instruments) = &self.instruments {
+            let reason = [KeyValue::new(LOST_REASON, reason.as_str())];
+            if instruments.with_lock_id {
+                let attributes = with_lock_id(&reason, i64::from(class));
+                instruments.permits_lost.add(1, &attributes);
+            } else {
+                instruments.permits_lost.add(1, &reason);
+            }
+        }
+    }
 }
 
 impl Instruments {
@@ -204,17 +257,42 @@ impl Instruments {
             .with_description("Round trip of the keepalive on a held lock's connection.")
             .with_boundaries(KEEPALIVE_BOUNDARIES.to_vec())
             .build();
+        let permit_acquisitions = meter
+            .u64_counter(PERMIT_ACQUISITIONS)
+            .with_unit("{acquisition}")
+            .with_description("Semaphore permit acquisition calls, by outcome.")
+            .build();
+        let permit_acquire_duration = meter
+            .f64_histogram(PERMIT_ACQUIRE_DURATION)
+            .with_unit("s")
+            .with_description("How long a permit acquisition call took, until granted or not.")
+            .with_boundaries(ACQUIRE_BOUNDARIES.to_vec())
+            .build();
+        let permits_held = meter
+            .i64_up_down_counter(PERMITS_HELD)
+            .with_unit("{permit}")
+            .with_description("Semaphore permits held by the lock manager.")
+            .build();
+        let permits_lost = meter
+            .u64_counter(PERMITS_LOST)
+            .with_unit("{permit}")
+            .with_description("Semaphore permits lost while held, by reason.")
+            .build();
         // Each loss series starts at zero when the manager is built, so that a query of
         // its increase sees the first loss (a counter series that appears at 1 has no
         // increase to show).
-        for mode in MODES {
-            for reason in [LostReason::ConnectionClosed, LostReason::KeepaliveFailed] {
+        for reason in [LostReason::ConnectionClosed, LostReason::KeepaliveFailed] {
+            for mode in MODES {
                 lost.add(0, &lost_set(mode, reason));
             }
+            permits_lost.add(0, &[KeyValue::new(LOST_REASON, reason.as_str())]);
         }
         let outcome_attributes = MODES
             .iter()
-            .flat_map(|mode| (0..OUTCOMES).map(move |outcome| outcome_set(*mode, outcome)))
+            .flat_map(|mode| (0..OUTCOMES).map(move |outcome| outcome_set(Some(*mode), outcome)))
+            .collect();
+        let permit_outcome_attributes = (0..OUTCOMES)
+            .map(|outcome| outcome_set(None, outcome))
             .collect();
         Self {
             acquisitions,
@@ -222,8 +300,13 @@ impl Instruments {
             held,
             lost,
             keepalive_duration,
+            permit_acquisitions,
+            permit_acquire_duration,
+            permits_held,
+            permits_lost,
             with_lock_id,
             outcome_attributes,
+            permit_outcome_attributes,
             mode_attributes: MODES.map(|mode| [KeyValue::new(MODE, mode.as_str())]),
         }
     }
@@ -236,15 +319,43 @@ impl Instruments {
         outcome: Result<bool, &LockAcquisitionError>,
     ) {
         let index = mode_index(mode) * OUTCOMES + outcome_index(outcome);
-        let attributes = &self.outcome_attributes[index];
+        self.record_acquisition(
+            (&self.acquisitions, &self.acquire_duration),
+            &self.outcome_attributes[index],
+            lock_id,
+            wait,
+        );
+    }
+
+    fn permit_acquisition(
+        &self,
+        class: i32,
+        wait: Duration,
+        outcome: Result<bool, &LockAcquisitionError>,
+    ) {
+        self.record_acquisition(
+            (&self.permit_acquisitions, &self.permit_acquire_duration),
+            &self.permit_outcome_attributes[outcome_index(outcome)],
+            i64::from(class),
+            wait,
+        );
+    }
+
+    /// One acquisition on `counter` and `histogram`, with `lock.id` if asked for.
+    fn record_acquisition(
+        &self,
+        (counter, histogram): (&Counter<u64>, &Histogram<f64>),
+        attributes: &[KeyValue],
+        lock_id: i64,
+        wait: Duration,
+    ) {
         if self.with_lock_id {
             let attributes = with_lock_id(attributes, lock_id);
-            self.acquisitions.add(1, &attributes);
-            self.acquire_duration
-                .record(wait.as_secs_f64(), &attributes);
+            counter.add(1, &attributes);
+            histogram.record(wait.as_secs_f64(), &attributes);
         } else {
-            self.acquisitions.add(1, attributes);
-            self.acquire_duration.record(wait.as_secs_f64(), attributes);
+            counter.add(1, attributes);
+            histogram.record(wait.as_secs_f64(), attributes);
         }
     }
 
@@ -259,7 +370,7 @@ impl Instruments {
 }
 
 /// This crate's instrumentation scope: its name and version.
-fn scope() -> InstrumentationScope {
+pub(crate) fn scope() -> InstrumentationScope {
     InstrumentationScope::builder(SCOPE)
         .with_version(env!("CARGO_PKG_VERSION"))
         .build()
@@ -285,19 +396,19 @@ fn outcome_index(outcome: Result<bool, &LockAcquisitionError>) -> usize {
     }
 }
 
-/// The attributes of one mode and outcome index.
-fn outcome_set(mode: LockMode, outcome: usize) -> Box<[KeyValue]> {
-    let mode = KeyValue::new(MODE, mode.as_str());
-    match outcome {
-        0 => Box::new([mode, KeyValue::new(OUTCOME, "acquired")]),
-        1 => Box::new([mode, KeyValue::new(OUTCOME, "busy")]),
-        2 => Box::new([mode, KeyValue::new(OUTCOME, "timeout")]),
-        error => Box::new([
-            mode,
+/// The attributes of one outcome index, with the mode for a lock (`None`: a permit).
+fn outcome_set(mode: Option<LockMode>, outcome: usize) -> Box<[KeyValue]> {
+    let mode = mode.map(|mode| KeyValue::new(MODE, mode.as_str()));
+    let outcome = match outcome {
+        0 => vec![KeyValue::new(OUTCOME, "acquired")],
+        1 => vec![KeyValue::new(OUTCOME, "busy")],
+        2 => vec![KeyValue::new(OUTCOME, "timeout")],
+        error => vec![
             KeyValue::new(OUTCOME, "error"),
             KeyValue::new(ERROR_TYPE, kind_name(ERROR_KINDS[error - 3])),
-        ]),
-    }
+        ],
+    };
+    mode.into_iter().chain(outcome).collect()
 }
 
 /// The attributes of a loss.
@@ -346,5 +457,11 @@ mod tests {
         assert!(rendered[outcome_index(Err(&backend))].contains("backend"));
         let shared = OUTCOMES + outcome_index(Ok(true));
         assert!(rendered[shared].contains("shared"), "{}", rendered[shared]);
+        // A permit's outcomes are the lock's without the mode.
+        assert_eq!(metrics.permit_outcome_attributes.len(), OUTCOMES);
+        for (index, set) in metrics.permit_outcome_attributes.iter().enumerate() {
+            assert_eq!(set.len(), metrics.outcome_attributes[index].len() - 1);
+            assert!(set.iter().all(|kv| kv.key.as_str() != MODE), "{set:?}");
+        }
     }
 }

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use locks_port::{AcquisitionErrorKind, LostReason, ReleaseOutcome};
+use locks_port::{AcquisitionErrorKind, ReleaseOutcome};
 use smallvec::SmallVec;
 use tracing::{Instrument, Span};
 
@@ -205,9 +205,8 @@ impl Inner {
                 let kind = driver_kind(error);
                 if kind == AcquisitionErrorKind::ConnectionLost {
                     // The session had ended under the holder before the monitor saw it:
-                    // the lock was lost while held, and the loss metric says so.
-                    self.metrics()
-                        .lost(held.mode(), held.lock_id(), LostReason::ConnectionClosed);
+                    // the lock was lost while held, and the loss counts say so.
+                    self.lost_at_release(held);
                 }
                 (kind, sqlstate(error))
             }

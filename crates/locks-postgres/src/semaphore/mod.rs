@@ -419,11 +419,23 @@ impl PostgresLockManager {
             deadline.map(|deadline| deadline.timeout),
         );
         let started = started(&span);
-        let granted = self
+        let metered = inner.metrics().started();
+        let called = Instant::now();
+        let granted = match self
             .granted_permit(name, permits, deadline, wait)
             .instrument(span.clone())
-            .await;
+            .await
+        {
+            Ok(None) if wait => Err(LockAcquisitionError::timed_out(
+                name,
+                deadline.map_or_else(|| called.elapsed(), |deadline| deadline.timeout),
+            )),
+            granted => granted,
+        };
         finish_acquire_span(&span, started, granted.as_ref().map(Option::is_some));
+        inner
+            .metrics()
+            .permit_acquisition(class, metered, granted.as_ref().map(Option::is_some));
         granted
     }
 
@@ -455,7 +467,12 @@ impl PostgresLockManager {
                 .await?;
             info = info.with_fencing_token(token);
         }
-        Ok(Some(PostgresPermit::new(Arc::clone(inner), session, info)))
+        Ok(Some(PostgresPermit::new(
+            Arc::clone(inner),
+            session,
+            info,
+            call.class,
+        )))
     }
 }
 
@@ -484,13 +501,10 @@ impl Semaphore for PostgresLockManager {
         let options = options.into();
         let deadline = options.timeout().map(Deadline::after);
         let started = Instant::now();
-        match self.permit(name, permits, deadline, true).await? {
-            Some(permit) => Ok(permit),
-            None => {
-                let timeout = options.timeout().unwrap_or_else(|| started.elapsed());
-                Err(LockAcquisitionError::timed_out(name, timeout))
-            }
-        }
+        // A wait that ends without a permit is a timeout error already.
+        self.permit(name, permits, deadline, true)
+            .await?
+            .ok_or_else(|| LockAcquisitionError::timed_out(name, started.elapsed()))
     }
 
     /// Takes a permit if one is free and nobody waits (or scans) for one.

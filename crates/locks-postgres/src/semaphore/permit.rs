@@ -45,6 +45,8 @@ impl Drop for CancelOnDrop {
 struct Shared {
     inner: Arc<Inner>,
     name: Arc<str>,
+    /// The semaphore's class (for the metrics).
+    class: i32,
     /// The permit's connection; `None` once released or lost.
     session: AsyncMutex<Option<Session>>,
     notifier: LossNotifier,
@@ -65,12 +67,14 @@ pub struct PostgresPermit {
 }
 
 impl PostgresPermit {
-    pub(super) fn new(inner: Arc<Inner>, session: Session, info: PermitInfo) -> Self {
+    pub(super) fn new(inner: Arc<Inner>, session: Session, info: PermitInfo, class: i32) -> Self {
         let notifier = LossNotifier::new();
         let lost = notifier.signal();
+        inner.metrics().permits_changed(1);
         let shared = Arc::new(Shared {
             inner,
             name: Arc::from(info.name()),
+            class,
             session: AsyncMutex::new(Some(session)),
             notifier,
         });
@@ -91,6 +95,7 @@ async fn release(shared: &Shared) -> ReleaseOutcome {
             _ => ReleaseOutcome::AlreadyReleased,
         };
     };
+    shared.inner.metrics().permits_changed(-1);
     let object = session.object();
     let answer = tokio::time::timeout(shared.inner.settings().answer_timeout, async {
         let statement = object.prepare_cached(sql::LEAVE).await?;
@@ -102,6 +107,13 @@ async fn release(shared: &Shared) -> ReleaseOutcome {
         session.into_pool();
         ReleaseOutcome::Unlocked
     } else {
+        if session.is_closed() {
+            // The session had ended under the holder before the watch saw it: the
+            // permit was lost while held, and the loss counts say so.
+            shared
+                .inner
+                .permit_lost(shared.class, LostReason::ConnectionClosed);
+        }
         session.close();
         ReleaseOutcome::SessionClosed
     };
@@ -130,7 +142,7 @@ async fn watch(shared: Weak<Shared>) {
         if session.is_closed() {
             slot.take();
             drop(slot);
-            shared.notifier.notify(LostReason::ConnectionClosed);
+            shared.lose(LostReason::ConnectionClosed);
             tracing::warn!(
                 semaphore = %shared_name(&shared),
                 reason = LostReason::ConnectionClosed.as_str(),
@@ -158,7 +170,7 @@ async fn watch(shared: Weak<Shared>) {
                     session.close();
                 }
                 drop(slot);
-                shared.notifier.notify(reason);
+                shared.lose(reason);
                 tracing::warn!(
                     semaphore = %shared_name(&shared),
                     reason = reason.as_str(),
@@ -167,6 +179,15 @@ async fn watch(shared: Weak<Shared>) {
                 return;
             }
         }
+    }
+}
+
+impl Shared {
+    /// The permit was lost (its session already taken out): counted, then its guard told.
+    fn lose(&self, reason: LostReason) {
+        self.inner.metrics().permits_changed(-1);
+        self.inner.permit_lost(self.class, reason);
+        self.notifier.notify(reason);
     }
 }
 
@@ -213,8 +234,10 @@ impl Drop for PostgresPermit {
                 });
             }
             Err(_) => {
-                if let Ok(mut slot) = shared.session.try_lock() {
-                    slot.take();
+                if let Ok(mut slot) = shared.session.try_lock()
+                    && slot.take().is_some()
+                {
+                    shared.inner.metrics().permits_changed(-1);
                 }
             }
         }

@@ -9,7 +9,8 @@ use std::time::Duration;
 use locks_port::{
     AcquireOptions, DistributedLock, LockGuard, LockMode, LostReason, ReleaseOutcome,
 };
-use locks_postgres::PostgresLockManager;
+use locks_port::{PermitGuard, Semaphore};
+use locks_postgres::{LeaderElection, Leadership, PostgresLockManager, TermEnd};
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
@@ -162,6 +163,11 @@ const ACQUIRE_DURATION: &str = "eventsource.lock.acquire.duration";
 const HELD: &str = "eventsource.lock.held";
 const LOST: &str = "eventsource.lock.lost";
 const KEEPALIVE_DURATION: &str = "eventsource.lock.keepalive.duration";
+const PERMIT_ACQUISITIONS: &str = "eventsource.semaphore.acquisitions";
+const PERMIT_ACQUIRE_DURATION: &str = "eventsource.semaphore.acquire.duration";
+const PERMITS: &str = "eventsource.semaphore.permits";
+const PERMITS_LOST: &str = "eventsource.semaphore.permits.lost";
+const IS_LEADER: &str = "eventsource.leader.is_leader";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquired_busy_and_timed_out_acquisitions_are_counted_with_their_wait() {
@@ -368,6 +374,9 @@ async fn a_release_that_finds_the_session_ended_counts_a_loss() {
     let wanted = [("lock.lost_reason", "connection_closed")];
     assert_eq!(total(&points, LOST, &wanted), 1.0, "{points:#?}");
     assert_eq!(total(&points, HELD, &[]), 0.0, "{points:#?}");
+    // The manager's own count agrees with the metric.
+    assert_eq!(manager.lost_lock_counts().connection_closed, 1);
+    assert_eq!(manager.lost_lock_counts().total(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -465,4 +474,171 @@ async fn metrics_off_records_nothing() {
     let points = recorded.points();
     assert!(points.is_empty(), "{points:#?}");
     guard.release().await;
+}
+
+/// The server process holding slot `slot` of the semaphore `class` (a two-`int`
+/// advisory lock: `objsubid` 2).
+async fn permit_pid(admin: &tokio_postgres::Client, class: i32, slot: u32) -> i32 {
+    let rows = admin
+        .query(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 \
+             AND granted AND classid = $1::int8::oid AND objid = $2::int8::oid",
+            &[&i64::from(class), &i64::from(slot)],
+        )
+        .await
+        .expect("pg_locks");
+    let [row] = &rows[..] else {
+        panic!("one holder of slot {slot}: {rows:?}");
+    };
+    row.get(0)
+}
+
+/// Permits have instruments of their own: acquisitions by outcome and their wait,
+/// permits held, a permit lost to `pg_terminate_backend` (counted in
+/// `lost_lock_counts` too); none of it shows in the lock instruments.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_are_counted_by_outcome_held_and_lost_apart_from_locks() {
+    let recorded = Recorded::new();
+    let manager = recorded
+        .manager(6)
+        .health_check_interval(Duration::from_millis(20))
+        .build();
+    let admin = admin().await;
+    let name = unique_key("metrics-permits");
+    let first = manager
+        .acquire_permit(&name, 2, AcquireOptions::new())
+        .await
+        .expect("first permit");
+    let second = manager
+        .try_acquire_permit(&name, 2)
+        .await
+        .expect("try")
+        .expect("second permit");
+    assert!(
+        manager
+            .try_acquire_permit(&name, 2)
+            .await
+            .expect("try")
+            .is_none()
+    );
+    let timed_out = manager
+        .acquire_permit(&name, 2, Duration::from_millis(100))
+        .await
+        .expect_err("no third permit");
+    assert!(timed_out.is_timeout(), "{timed_out}");
+    let refused = manager
+        .acquire_permit(&name, 3, AcquireOptions::new())
+        .await
+        .expect_err("a different N");
+
+    let points = recorded.points();
+    let outcome = |outcome: &str| total(&points, PERMIT_ACQUISITIONS, &[("lock.outcome", outcome)]);
+    assert_eq!(outcome("acquired"), 2.0, "{points:#?}");
+    assert_eq!(outcome("busy"), 1.0, "{points:#?}");
+    assert_eq!(outcome("timeout"), 1.0, "{points:#?}");
+    assert_eq!(
+        total(
+            &points,
+            PERMIT_ACQUISITIONS,
+            &[("error.type", "configuration")]
+        ),
+        1.0,
+        "{refused}: {points:#?}"
+    );
+    assert_eq!(observations(&points, PERMIT_ACQUIRE_DURATION, &[]), 5);
+    let [held] = find(&points, PERMITS, &[])[..] else {
+        panic!("one permits series: {points:#?}");
+    };
+    assert_eq!((held.value, held.unit.as_str()), (2.0, "{permit}"));
+    for lock_instrument in [ACQUISITIONS, HELD] {
+        assert_eq!(total(&points, lock_instrument, &[]), 0.0, "{points:#?}");
+    }
+
+    assert_eq!(first.release().await, ReleaseOutcome::Unlocked);
+    assert_eq!(total(&recorded.points(), PERMITS, &[]), 1.0);
+
+    let class = manager.semaphore_class(&name);
+    terminate_backend(
+        &admin,
+        permit_pid(&admin, class, second.info().slot()).await,
+    )
+    .await;
+    let reason = tokio::time::timeout(Duration::from_secs(10), second.lost())
+        .await
+        .expect("lost in time");
+    assert_eq!(reason, LostReason::ConnectionClosed);
+    let points = recorded.points();
+    let wanted = [("lock.lost_reason", "connection_closed")];
+    assert_eq!(total(&points, PERMITS_LOST, &wanted), 1.0, "{points:#?}");
+    assert_eq!(total(&points, PERMITS_LOST, &[]), 1.0, "{points:#?}");
+    assert_eq!(total(&points, PERMITS, &[]), 0.0, "{points:#?}");
+    assert_eq!(
+        total(&points, LOST, &[]),
+        0.0,
+        "a permit is not a lock: {points:#?}"
+    );
+    assert_eq!(manager.lost_lock_counts().connection_closed, 1);
+    assert_eq!(second.release().await, ReleaseOutcome::Lost(reason));
+    assert_eq!(
+        total(&recorded.points(), PERMITS, &[]),
+        0.0,
+        "released twice"
+    );
+    assert_no_key_text(&recorded.points(), &[&name]);
+}
+
+/// `eventsource.leader.is_leader` is 1 while a term runs its task and 0 after, also when
+/// the term is dropped mid-task; the election's name is an attribute only when asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn is_leader_follows_each_term_and_names_the_election_only_when_asked() {
+    let recorded = Recorded::new();
+    let manager = recorded.manager(2).build();
+    let meter = recorded.provider.meter("it-leader");
+    let name = unique_key("metrics-leader");
+    let election = LeaderElection::new(manager.clone(), name.clone())
+        .takeover_delay(Duration::ZERO)
+        .meter(&meter);
+    let (started, mut running) = tokio::sync::mpsc::unbounded_channel();
+    let (finish, finished) = tokio::sync::oneshot::channel::<()>();
+    let term = election.term(|_lost| async move {
+        started.send(()).expect("the test listens");
+        finished.await.expect("told to finish");
+    });
+    let mut term = Box::pin(term);
+    tokio::select! {
+        _ = &mut term => panic!("the term ended before its task was told to"),
+        _ = running.recv() => {}
+    }
+    let points = recorded.points();
+    let [leading] = find(&points, IS_LEADER, &[])[..] else {
+        panic!("one is_leader series: {points:#?}");
+    };
+    assert_eq!((leading.value, leading.unit.as_str()), (1.0, "{leader}"));
+    assert!(leading.attributes.is_empty(), "{leading:?}");
+    assert_no_key_text(&points, &[&name]);
+    finish.send(()).expect("the task waits");
+    assert!(matches!(term.await, Ok(TermEnd::Finished(()))));
+    assert_eq!(total(&recorded.points(), IS_LEADER, &[]), 0.0);
+
+    // Named, and dropped mid-term: back to 0, and `Following`.
+    let named = LeaderElection::new(manager, name.clone())
+        .takeover_delay(Duration::ZERO)
+        .meter(&meter)
+        .metrics_name(true);
+    let changes = named.subscribe();
+    let (started, mut running) = tokio::sync::mpsc::unbounded_channel();
+    let mut term = Box::pin(named.term(|_lost| async move {
+        started.send(()).expect("the test listens");
+        std::future::pending::<()>().await;
+    }));
+    tokio::select! {
+        _ = &mut term => panic!("the term ended"),
+        _ = running.recv() => {}
+    }
+    let wanted = [("leader.election", name.as_str())];
+    assert_eq!(total(&recorded.points(), IS_LEADER, &wanted), 1.0);
+    assert!(changes.borrow().is_leading());
+    drop(term);
+    assert_eq!(total(&recorded.points(), IS_LEADER, &wanted), 0.0);
+    assert_eq!(*changes.borrow(), Leadership::Following);
 }
