@@ -182,14 +182,29 @@ impl Inner {
         let mode = options.mode();
         let wait = deadline.map_or(PoolWait::Forever, PoolWait::Until);
         let session = self.checkout(key, wait, deadline).await?;
+        let polls = deadline.is_some() && options.wait_strategy() == WaitStrategy::Poll;
         // Every acquisition starts with one pg_try_advisory_lock: uncontended, that is
         // the only statement (and the cheapest). It cannot jump the server's queue: a
         // released lock is granted to the first waiter at release, and a request that
         // conflicts with a queued waiter waits behind it, so it is never seen free
-        // while others wait.
-        let session = match self.try_lock(key, lock_id, mode, session, deadline).await? {
-            Tried::Granted(session) => return Ok(session),
-            Tried::Busy(session) => session,
+        // while others wait. Except when this manager's own unlock of the key is still
+        // in flight on another connection (a release in the background): a try could
+        // reach the server first and find the key busy, so the acquisition waits in
+        // the queue at once and is granted the moment the unlock lands.
+        let own_unlock_in_flight =
+            self.settings().release_in_background && !polls && self.book().is_releasing(lock_id);
+        let session = if own_unlock_in_flight {
+            tracing::debug!(
+                key = self.shown(key),
+                lock_id,
+                "this manager's unlock of the key is in flight: waiting in the queue for it"
+            );
+            session
+        } else {
+            match self.try_lock(key, lock_id, mode, session, deadline).await? {
+                Tried::Granted(session) => return Ok(session),
+                Tried::Busy(session) => session,
+            }
         };
         match (deadline, options.wait_strategy()) {
             // The waits are boxed: kept out of the uncontended path's future, which

@@ -213,6 +213,9 @@ pub(crate) struct Book {
     by_id: HashMap<i64, Entries, foldhash::fast::RandomState>,
     count: usize,
     metrics: Arc<Metrics>,
+    /// The lock ids whose unlock runs in the background now (once per unlock), with
+    /// [`release_in_background`](crate::PostgresLockManagerBuilder::release_in_background).
+    releasing: Vec<i64>,
 }
 
 impl Book {
@@ -221,7 +224,25 @@ impl Book {
             by_id: HashMap::default(),
             count: 0,
             metrics,
+            releasing: Vec::new(),
         }
+    }
+
+    /// An unlock of `lock_id` was handed to its connection; its answer is not read yet.
+    pub(crate) fn releasing(&mut self, lock_id: i64) {
+        self.releasing.push(lock_id);
+    }
+
+    /// The unlock of `lock_id` said [`releasing`](Self::releasing) is over.
+    pub(crate) fn released(&mut self, lock_id: i64) {
+        if let Some(at) = self.releasing.iter().position(|id| *id == lock_id) {
+            self.releasing.swap_remove(at);
+        }
+    }
+
+    /// Whether an unlock of `lock_id` runs in the background.
+    pub(crate) fn is_releasing(&self, lock_id: i64) -> bool {
+        self.releasing.contains(&lock_id)
     }
 
     pub(crate) fn len(&self) -> usize {

@@ -366,6 +366,12 @@ impl PostgresLockManagerBuilder {
     /// once the server reads the unlock, and statements on one connection run in order.
     /// What changes: a key is free a moment after `release` returns, not at once, and a
     /// failed unlock is only logged. Off by default.
+    ///
+    /// An acquisition of a key whose unlock this manager still has in flight waits in
+    /// the server's queue at once instead of trying first (a try on another connection
+    /// can reach the server before the unlock and find the key busy, which cost a
+    /// second round trip): it is granted the moment the unlock lands. Such a wait is
+    /// bounded as any wait in the queue is (by the call's timeout, if any).
     pub fn release_in_background(mut self, on: bool) -> Self {
         self.settings.release_in_background = on;
         self

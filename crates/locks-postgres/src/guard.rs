@@ -94,9 +94,16 @@ impl LockGuard for PostgresLockGuard {
         }
         // Polled once here, the unlock takes the session and hands its statement to
         // the connection; the answer is read by a task of its own. The connection
-        // goes back to the pool only after that answer (ADR 0010).
+        // goes back to the pool only after that answer (ADR 0010). Until then the
+        // book knows the unlock is in flight, so that an acquisition of the same key
+        // waits in the server's queue for it instead of racing it with a try.
         let inner = Arc::clone(&self.inner);
-        let mut unlock = Box::pin(async move { inner.unlock(held).await });
+        let releasing = Releasing::new(&inner, held.lock_id());
+        let mut unlock = Box::pin(async move {
+            let outcome = inner.unlock(held).await;
+            drop(releasing);
+            outcome
+        });
         match std::future::poll_fn(|cx| Poll::Ready(unlock.as_mut().poll(cx))).await {
             Poll::Ready(outcome) => outcome,
             Poll::Pending => {
@@ -109,6 +116,29 @@ impl LockGuard for PostgresLockGuard {
     fn into_held(mut self) -> LockInfo {
         self.armed = false;
         self.info.clone()
+    }
+}
+
+/// An unlock in flight in the background, in the book until dropped (answered, or the
+/// task dropped with its runtime).
+struct Releasing {
+    inner: Arc<Inner>,
+    lock_id: i64,
+}
+
+impl Releasing {
+    fn new(inner: &Arc<Inner>, lock_id: i64) -> Self {
+        inner.book().releasing(lock_id);
+        Self {
+            inner: Arc::clone(inner),
+            lock_id,
+        }
+    }
+}
+
+impl Drop for Releasing {
+    fn drop(&mut self) {
+        self.inner.book().released(self.lock_id);
     }
 }
 

@@ -205,3 +205,121 @@ async fn a_bounded_acquire_on_a_server_that_stops_answering_fails_with_connectio
     drop((lock, manager));
     drop_cluster(cluster);
 }
+
+/// Counts the events whose message starts with `prefix`, from any thread.
+struct Counting {
+    prefix: &'static str,
+    seen: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Counting {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message<'a>(&'static str, &'a mut bool);
+        impl tracing::field::Visit for Message<'_> {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    *self.1 |= format!("{value:?}").starts_with(self.0);
+                }
+            }
+        }
+        let mut matched = false;
+        event.record(&mut Message(self.prefix, &mut matched));
+        if matched {
+            self.seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+/// With `release_in_background`, an acquisition of a key whose unlock this manager still
+/// has in flight does not race it with a try (which reaches the server first whenever the
+/// unlock's connection is slower, and then costs a second round trip to queue): it waits
+/// in the server's queue at once and is granted the moment the unlock lands. Here the
+/// unlock's backend is SIGSTOPped, so the unlock cannot land first; meanwhile no one
+/// else gets the key, and once the backend continues the acquisition is granted.
+#[test]
+fn an_acquisition_waits_for_its_own_unlock_in_flight_instead_of_racing_it() {
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    // Started before the test's runtime (which is current-thread, so that the subscriber
+    // sees every event): `own_cluster` needs a multi-thread one.
+    let cluster = throwaway_pg::ThrowawayPostgres::start()
+        .unwrap_or_else(|error| panic!("a cluster for the unlock-in-flight test: {error}"));
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let subscriber = tracing_subscriber::registry().with(Counting {
+        prefix: "this manager's unlock of the key is in flight",
+        seen: std::sync::Arc::clone(&seen),
+    });
+    let _default = tracing::subscriber::set_default(subscriber);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let config = tokio_postgres::Config::from_str(&cluster.url()).expect("URL");
+        let manager = locks_postgres::PostgresLockManager::builder(pool_from(config.clone(), 2))
+            .release_in_background(true)
+            .span_level(tracing::Level::TRACE)
+            .build();
+        let other = locks_postgres::PostgresLockManager::new(pool_from(config, 1));
+        let lock = Watched::on(
+            admin_at(&cluster.url()).await,
+            unique_key("unlock-in-flight"),
+        );
+
+        // Nothing in flight: the first acquisition tries, as always.
+        let guard = manager
+            .acquire(&lock.key, AcquireOptions::new())
+            .await
+            .unwrap();
+        let pid = lock.the_holder().await;
+        let stopped = Continue(pid);
+        signal(pid, "STOP");
+        assert_eq!(guard.release().await, ReleaseOutcome::InBackground);
+        assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 0);
+
+        let mut again = Box::pin(manager.acquire(&lock.key, AcquireOptions::new()));
+        let waiting = async {
+            wait_for(
+                "the acquisition to queue behind the stopped unlock",
+                || async { !lock.waiting_pids().await.is_empty() },
+            )
+            .await;
+        };
+        tokio::select! {
+            granted = &mut again => panic!("granted before the unlock landed: {granted:?}"),
+            () = waiting => {}
+        }
+        assert_eq!(
+            seen.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "the acquisition waited in the queue without trying first"
+        );
+        assert_eq!(
+            lock.holder_pids().await,
+            [pid],
+            "the stopped unlock still holds it"
+        );
+        assert!(other.try_acquire(&lock.key).await.unwrap().is_none());
+
+        drop(stopped); // SIGCONT: the unlock lands, the queued acquisition is granted.
+        let guard = tokio::time::timeout(Duration::from_secs(10), again)
+            .await
+            .expect("granted once the unlock landed")
+            .unwrap();
+        assert!(manager.is_held(&lock.key));
+        assert_ne!(
+            lock.the_holder().await,
+            pid,
+            "granted to the waiting session"
+        );
+        assert!(other.try_acquire(&lock.key).await.unwrap().is_none());
+        guard.release().await;
+        wait_for("the key to be free", || async {
+            lock.holder_pids().await.is_empty()
+        })
+        .await;
+        assert!(!manager.is_held(&lock.key));
+    });
+    drop(runtime);
+    drop(cluster);
+}
