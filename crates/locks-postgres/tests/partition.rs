@@ -20,16 +20,23 @@
 //! client-side TCP settings set to the lease's server timers (the same bounds must hold)
 //! and one with its defaults (the negative control: still held).
 //!
+//! A third runs a [`LeaderElection`] on the far side (the short lease) and a standby on
+//! the near side, and asserts issue 22's order: the cut-off leader's task is stopped at
+//! least the margin before the standby's task starts, and the standby starts within the
+//! lease of the cut. Its negative controls were run by hand (a library that stops a lost
+//! leader's task 10 s late, or never, fails the order check; a leader with `lease(None)`
+//! fails the "within the lease" one).
+//!
 //! It needs root (`ip netns`); where namespaces cannot be made it fails and says so.
 //! Its own test binary: it starts its own cluster inside the namespace.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use locks_port::{DistributedLock, LockGuard, Semaphore};
-use locks_postgres::{Lease, PostgresLockManager};
+use locks_postgres::{LeaderElection, Lease, PostgresLockManager};
 use throwaway_pg::NetworkPair;
 
 /// The child's role, and what it needs.
@@ -67,6 +74,14 @@ fn child_entry() {
                 .build()
                 .expect("child runtime");
             runtime.block_on(child_lock(role == "hold"));
+        }
+        "lead" => {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("child runtime");
+            runtime.block_on(child_leader());
         }
         other => panic!("unknown {ROLE} {other:?}"),
     }
@@ -186,6 +201,54 @@ async fn child_lock(hold: bool) {
     std::future::pending::<()>().await;
 }
 
+/// Microseconds since the Unix epoch: comparable between processes on one host.
+fn wall_micros(at: SystemTime) -> u64 {
+    let since = at.duration_since(UNIX_EPOCH).expect("a clock after 1970");
+    u64::try_from(since.as_micros()).expect("microseconds fit")
+}
+
+/// Campaigns in a [`LeaderElection`] for the key, with the lease asked for; its task says
+/// when it starts (`leading`), when the election tells it leadership is lost (`told`),
+/// and when the election stops it (`stopped`: its future dropped), each with the wall
+/// clock in microseconds. Never gives the leadership up: the parent kills it.
+async fn child_leader() {
+    let url = std::env::var(URL).expect(URL);
+    let key = std::env::var(KEY).expect(KEY);
+    let lease: u64 = std::env::var(LEASE_SECS)
+        .expect(LEASE_SECS)
+        .parse()
+        .unwrap();
+    let pool = locks_postgres::plain_pool(&url, 1).expect("pool");
+    let manager = PostgresLockManager::builder(pool)
+        .holder_id("far-leader")
+        .lease((lease > 0).then(|| Duration::from_secs(lease)))
+        .try_build()
+        .expect("a lease that holds");
+
+    /// Says `stopped` when the task's future is dropped, which is how the election stops it.
+    struct Stopped;
+    impl Drop for Stopped {
+        fn drop(&mut self) {
+            say(&format!("stopped {}", wall_micros(SystemTime::now())));
+        }
+    }
+
+    let election = LeaderElection::new(manager, key);
+    let outcome = election
+        .run(|lost| async move {
+            let _stopped = Stopped;
+            say(&format!("leading {}", wall_micros(SystemTime::now())));
+            tokio::spawn(async move {
+                let reason = lost.await;
+                say(&format!("told {} {reason}", wall_micros(SystemTime::now())));
+            });
+            std::future::pending::<()>().await;
+        })
+        .await;
+    say(&format!("the election ended: {outcome:?}"));
+    std::future::pending::<()>().await;
+}
+
 // ---------------------------------------------------------------------------------
 // The parent side.
 
@@ -234,6 +297,75 @@ impl Drop for InNamespace {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A network pair, and a server (and PgBouncers, given their timers) in a child process
+/// on its near side. Dropping it stops the child, then removes the namespaces.
+struct NearServer {
+    /// Declared before the pair: dropped (killed) before the namespaces go.
+    _child: InNamespace,
+    pair: NetworkPair,
+    /// The server's port, on loopback and the near address.
+    port: u16,
+    /// The server's Unix socket directory.
+    socket_dir: String,
+    /// The PgBouncers' ports, in the order of the child's list.
+    bouncer_ports: Vec<String>,
+}
+
+impl NearServer {
+    /// Makes the pair (see [`NetworkPair::make`]) and starts the server on its near side.
+    fn start(name: &str, octet: u8, bouncer_timers: Option<&str>) -> Self {
+        let pair = NetworkPair::make(name, octet).unwrap_or_else(|error| panic!("{error}"));
+        let (near_address, network) = (pair.near_address(), pair.network());
+        let mut env = vec![
+            (ROLE, "server"),
+            (LISTEN, near_address.as_str()),
+            (NETWORK, network.as_str()),
+        ];
+        if let Some(timers) = bouncer_timers {
+            env.push((BOUNCER_TIMERS, timers));
+        }
+        let child = InNamespace::spawn(pair.near(), &env);
+        let (_, ready) = child.next(Duration::from_secs(120), "the server started");
+        let mut words = ready.split(' ').skip(1);
+        let port: u16 = words.next().unwrap().parse().unwrap();
+        let socket_dir = words.next().unwrap().to_owned();
+        let bouncer_ports = words.map(str::to_owned).collect();
+        Self {
+            _child: child,
+            pair,
+            port,
+            socket_dir,
+            bouncer_ports,
+        }
+    }
+
+    /// Through the server's Unix socket: how the test plays the other hosts.
+    fn socket_url(&self) -> String {
+        format!(
+            "host={} port={} user=postgres dbname=postgres",
+            self.socket_dir, self.port
+        )
+    }
+
+    /// Over TCP to the near address, as the far side connects: to the server, or through
+    /// the PgBouncer at `bouncer` in the child's list.
+    fn far_url(&self, bouncer: Option<usize>) -> String {
+        let port = bouncer.map_or_else(
+            || self.port.to_string(),
+            |index| self.bouncer_ports[index].clone(),
+        );
+        format!(
+            "postgres://postgres@{}:{port}/postgres",
+            self.pair.near_address()
+        )
+    }
+
+    /// Takes the far end of the link down.
+    fn cut(&self) {
+        self.pair.cut().unwrap_or_else(|error| panic!("{error}"));
     }
 }
 
@@ -331,29 +463,14 @@ fn behind_pgbouncer_in_session_pooling_its_own_timers_give_the_same_bound() {
 /// runs each plan's holder and queued waiter on the far side, cuts the link, and checks
 /// the bounds.
 fn partition(name: &str, octet: u8, bouncer_timers: Option<&str>, plans: &[Plan]) {
-    let pair = NetworkPair::make(name, octet).unwrap_or_else(|error| panic!("{error}"));
-    let (near_address, network) = (pair.near_address(), pair.network());
-    let mut env = vec![
-        (ROLE, "server"),
-        (LISTEN, near_address.as_str()),
-        (NETWORK, network.as_str()),
-    ];
-    if let Some(timers) = bouncer_timers {
-        env.push((BOUNCER_TIMERS, timers));
-    }
-    let server = InNamespace::spawn(pair.near(), &env);
-    let (_, ready) = server.next(Duration::from_secs(120), "the server started");
-    let mut words = ready.split(' ').skip(1);
-    let port: u16 = words.next().unwrap().parse().unwrap();
-    let socket_dir = words.next().unwrap().to_owned();
-    let bouncer_ports: Vec<String> = words.map(str::to_owned).collect();
-    let near_url = format!("host={socket_dir} port={port} user=postgres dbname=postgres");
+    let server = NearServer::start(name, octet, bouncer_timers);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
-    let near = PostgresLockManager::new(locks_postgres::plain_pool(&near_url, 4).unwrap());
+    let near =
+        PostgresLockManager::new(locks_postgres::plain_pool(&server.socket_url(), 4).unwrap());
     let pool = near.pool().clone();
     let waiting = |lock_id: i64| -> i64 {
         runtime.block_on(async {
@@ -365,10 +482,7 @@ fn partition(name: &str, octet: u8, bouncer_timers: Option<&str>, plans: &[Plan]
     let mut scenarios: Vec<Scenario> = Vec::new();
     for plan in plans {
         let (name, lease) = (plan.name, plan.lease);
-        let far_port = plan
-            .bouncer
-            .map_or_else(|| port.to_string(), |index| bouncer_ports[index].clone());
-        let far_url = format!("postgres://postgres@{near_address}:{far_port}/postgres");
+        let far_url = server.far_url(plan.bouncer);
         let key = format!("partition:{name}:{}", std::process::id());
         let secs = lease.map_or(0, |lease| lease.as_secs()).to_string();
         let env = |role| {
@@ -383,10 +497,10 @@ fn partition(name: &str, octet: u8, bouncer_timers: Option<&str>, plans: &[Plan]
             }
             env
         };
-        let holder = InNamespace::spawn(pair.far(), &env("hold"));
+        let holder = InNamespace::spawn(server.pair.far(), &env("hold"));
         let (_, held) = holder.next(Duration::from_secs(30), "the holder took the lock");
         assert_eq!(held, "held");
-        let waiter = InNamespace::spawn(pair.far(), &env("wait"));
+        let waiter = InNamespace::spawn(server.pair.far(), &env("wait"));
         let lock_id = near.lock_id(&key);
         let queued = Instant::now();
         while if plan.permit {
@@ -424,7 +538,7 @@ fn partition(name: &str, octet: u8, bouncer_timers: Option<&str>, plans: &[Plan]
     }
     // Let the holders' keepalives run as they would, then cut.
     std::thread::sleep(Duration::from_secs(2));
-    pair.cut().unwrap_or_else(|error| panic!("{error}"));
+    server.cut();
     let cut = Instant::now();
     let watch_until = cut + Duration::from_secs(60) + Duration::from_secs(10);
     let control_until = cut + SHORT_LEASE + Duration::from_secs(10);
@@ -509,5 +623,171 @@ fn partition(name: &str, octet: u8, bouncer_timers: Option<&str>, plans: &[Plan]
     }
     drop(scenarios);
     drop(server);
-    drop(pair);
+}
+
+/// Issue 22's standby under a real partition: a leader on the far side (a
+/// [`LeaderElection`] with the short lease) whose host vanishes, and a standby on the
+/// near side. The cut-off leader's task must be stopped (its future dropped) before the
+/// standby's task starts, by at least the lease's margin, and the standby must start
+/// within the lease of the cut (the bound the README gives `pglock run --leader`). Both
+/// ends note the wall clock, so the two processes' moments compare.
+#[test]
+fn a_cut_off_leader_stops_its_task_before_a_standby_takes_over_within_the_lease() {
+    let server = NearServer::start("leader", 216, None);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let near =
+        PostgresLockManager::new(locks_postgres::plain_pool(&server.socket_url(), 4).unwrap());
+    let key = format!("partition:leader:{}", std::process::id());
+    let (far_url, secs) = (server.far_url(None), SHORT_LEASE.as_secs().to_string());
+    let leader = InNamespace::spawn(
+        server.pair.far(),
+        &[
+            (ROLE, "lead"),
+            (URL, far_url.as_str()),
+            (KEY, key.as_str()),
+            (LEASE_SECS, secs.as_str()),
+        ],
+    );
+    let (_, leading) = leader.next(Duration::from_secs(30), "the far leader leads");
+    assert!(leading.starts_with("leading "), "{leading}");
+
+    // The standby: another host, through the Unix socket. Its task notes when it starts.
+    let (started, starts) = mpsc::channel::<SystemTime>();
+    let standby = LeaderElection::new(near.clone(), key.clone());
+    let _standing = runtime.spawn(async move {
+        standby
+            .run(move |_lost| {
+                let started = started.clone();
+                async move {
+                    let _ = started.send(SystemTime::now());
+                    std::future::pending::<()>().await;
+                }
+            })
+            .await
+    });
+    let queued = Instant::now();
+    while runtime
+        .block_on(near.permit_holders(&key))
+        .expect("holders")
+        .waiting
+        == 0
+    {
+        assert!(
+            queued.elapsed() < Duration::from_secs(30),
+            "the standby never queued"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        starts.try_recv().is_err(),
+        "the standby led while the far leader did"
+    );
+    let lease = PostgresLockManager::builder(near.pool().clone())
+        .lease(Some(SHORT_LEASE))
+        .try_build()
+        .unwrap()
+        .lease()
+        .unwrap();
+
+    // Let the leader's keepalives run as they would, then cut.
+    std::thread::sleep(Duration::from_secs(2));
+    server.cut();
+    let cut = SystemTime::now();
+    let watch_until = Instant::now() + SHORT_LEASE + Duration::from_secs(10);
+    let (mut told, mut stopped, mut standby_started) = (None, None, None);
+    while (told.is_none() || stopped.is_none() || standby_started.is_none())
+        && Instant::now() < watch_until
+    {
+        if let Ok((_, message)) = leader.messages.recv_timeout(Duration::from_millis(50)) {
+            let mut words = message.split(' ');
+            let (what, micros) = (words.next(), words.next().map(str::parse::<u64>));
+            let at = |micros: u64| UNIX_EPOCH + Duration::from_micros(micros);
+            match (what, micros) {
+                (Some("told"), Some(Ok(micros))) => told = Some(at(micros)),
+                (Some("stopped"), Some(Ok(micros))) => stopped = Some(at(micros)),
+                _ => panic!("the far leader said {message:?}"),
+            }
+        }
+        if let Ok(at) = starts.try_recv() {
+            standby_started = Some(at);
+        }
+    }
+
+    // Signed, in case a moment precedes the cut.
+    let since_cut = |at: Option<SystemTime>| {
+        at.map(|at| match at.duration_since(cut) {
+            Ok(after) => format!("+{after:?}"),
+            Err(before) => format!("-{:?}", before.duration()),
+        })
+    };
+    let gap = stopped.zip(standby_started).map(|(stopped, started)| {
+        started.duration_since(stopped).map_or_else(
+            |before| format!("-{:?}", before.duration()),
+            |after| format!("+{after:?}"),
+        )
+    });
+    eprintln!(
+        "leader election, short lease: the cut-off leader was told {:?} and its task stopped \
+         {:?} after the cut; the standby's task started {:?} after the cut, {:?} after the \
+         leader's stopped; documented: {lease:?}",
+        since_cut(told),
+        since_cut(stopped),
+        since_cut(standby_started),
+        gap
+    );
+
+    let after_cut = |at: SystemTime, what: &str| {
+        at.duration_since(cut)
+            .unwrap_or_else(|_| panic!("{what} before the cut"))
+    };
+    let started = after_cut(
+        standby_started.unwrap_or_else(|| {
+            panic!(
+                "the standby never led (watched {:?} after the cut; lease {:?})",
+                SHORT_LEASE + Duration::from_secs(10),
+                lease.duration
+            )
+        }),
+        "the standby led",
+    );
+    let stopped = stopped.unwrap_or_else(|| {
+        panic!(
+            "the cut-off leader's task never stopped, and the standby's started {started:?} \
+             after the cut: two leaders"
+        )
+    });
+    let stopped = after_cut(stopped, "the cut-off leader stopped");
+    assert!(
+        stopped < started,
+        "the standby's task started {started:?} after the cut, {:?} before the cut-off \
+         leader's task stopped ({stopped:?} after the cut): two leaders",
+        stopped - started
+    );
+    assert!(
+        started >= stopped + lease.margin.saturating_sub(SLACK),
+        "the standby's task started only {:?} after the cut-off leader's stopped \
+         ({stopped:?} and {started:?} after the cut); documented: at least the margin {:?}",
+        started - stopped,
+        lease.margin
+    );
+    let told = after_cut(told.expect("the far leader was told"), "the leader told");
+    assert!(
+        told <= lease.holder_told_within + SLACK && stopped <= lease.holder_told_within + SLACK,
+        "the cut-off leader was told {told:?} and stopped {stopped:?} after the cut; \
+         documented: told within {:?}",
+        lease.holder_told_within
+    );
+    assert!(
+        started <= lease.duration,
+        "the standby's task started {started:?} after the cut; documented: within the \
+         lease {:?}",
+        lease.duration
+    );
+    drop(leader);
+    drop(runtime);
+    drop(server);
 }
