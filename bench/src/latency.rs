@@ -21,13 +21,17 @@ use crate::{BoxError, Plan};
 /// few hundred microseconds on a busy two-core VM.
 const ROUND_TRIPS: [Duration; 2] = [Duration::from_micros(500), Duration::from_millis(1)];
 /// Issue 12's target at a 1 ms round trip: the library's cycle at most this multiple of
-/// raw's two statements (it needs the unlock off the caller's path).
+/// raw's two statements. Only a release in the background can meet it (ADR 0010: the
+/// unlock off the caller's path); the default release waits for the unlock's answer, as
+/// raw does, so those variants are shown beside it without the target.
 const LIMIT: f64 = 0.6;
 
 struct Variant {
     name: &'static str,
     op: Op,
     batches: Batches,
+    /// Whether [`LIMIT`] applies (a release in the background).
+    gated: bool,
 }
 
 /// Scenario 8.
@@ -60,11 +64,13 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
                 )
                 .await?,
                 batches: Batches::new(),
+                gated: false,
             },
             Variant {
                 name: "library: acquire (no timeout) + release",
                 op: Op::library(manager(), key(1), AcquireOptions::new()),
                 batches: Batches::new(),
+                gated: false,
             },
             Variant {
                 name: "library: acquire (timeout 5 s) + release",
@@ -74,6 +80,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
                     AcquireOptions::new().with_timeout(BOUNDED),
                 ),
                 batches: Batches::new(),
+                gated: false,
             },
             Variant {
                 // ADR 0010: release returns once the unlock is sent; a pool of 2, so the
@@ -87,6 +94,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
                     AcquireOptions::new(),
                 ),
                 batches: Batches::new(),
+                gated: true,
             },
         ];
         for variant in &variants {
@@ -123,7 +131,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             let is_raw = std::ptr::eq(variant, &variants[0]);
             let (target, result) = if is_raw {
                 ("baseline".to_owned(), String::new())
-            } else if is_last {
+            } else if is_last && variant.gated {
                 let pass = ratio <= LIMIT;
                 checks.push(Check::new(
                     format!("{} under a 1 ms round trip vs raw", variant.name),

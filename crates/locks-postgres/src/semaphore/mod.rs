@@ -500,11 +500,12 @@ impl Semaphore for PostgresLockManager {
     ) -> Result<PostgresPermit, LockAcquisitionError> {
         let options = options.into();
         let deadline = options.timeout().map(Deadline::after);
-        let started = Instant::now();
-        // A wait that ends without a permit is a timeout error already.
+        // A wait that ends without a permit is a timeout error already (from `permit`).
         self.permit(name, permits, deadline, true)
             .await?
-            .ok_or_else(|| LockAcquisitionError::timed_out(name, started.elapsed()))
+            .ok_or_else(|| {
+                LockAcquisitionError::timed_out(name, options.timeout().unwrap_or_default())
+            })
     }
 
     /// Takes a permit if one is free and nobody waits (or scans) for one.
