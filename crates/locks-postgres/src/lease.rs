@@ -55,7 +55,10 @@ pub struct Lease {
     pub holder_told_within: Duration,
     /// The server frees the lock of a silent holder no sooner than this.
     pub server_frees_after: Duration,
-    /// The server frees the lock of a silent holder within this (at most the lease).
+    /// The server's TCP timers close a silent holder's session within this; the lock is
+    /// free a moment later (the kernel's timer tick, the backend's exit: the partition
+    /// test saw a permit free 70 ms past it). The lease keeps a second of slack above
+    /// it, and the lease is the bound the tests hold the library to.
     pub server_frees_within: Duration,
     /// The per-session server settings that enforce it.
     pub server: ServerTimers,
