@@ -642,3 +642,39 @@ async fn is_leader_follows_each_term_and_names_the_election_only_when_asked() {
     assert_eq!(total(&recorded.points(), IS_LEADER, &wanted), 0.0);
     assert_eq!(*changes.borrow(), Leadership::Following);
 }
+
+/// A permit whose session ended before its watch looked, found by the holder's own
+/// release: lost while held, and counted as such (as for a lock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_release_that_finds_the_session_ended_counts_a_loss() {
+    let recorded = Recorded::new();
+    let manager = recorded
+        .manager(2)
+        .lease(None)
+        .keepalive(None)
+        .health_check_interval(Duration::from_secs(3600))
+        .build();
+    let admin = admin().await;
+    let name = unique_key("metrics-permit-lost-at-release");
+    let permit = manager
+        .acquire_permit(&name, 1, AcquireOptions::new())
+        .await
+        .expect("a permit");
+    let class = manager.semaphore_class(&name);
+    let pid = permit_pid(&admin, class, permit.info().slot()).await;
+    terminate_backend(&admin, pid).await;
+    wait_for("the permit's backend to be gone", || async {
+        admin
+            .query("SELECT 1 FROM pg_stat_activity WHERE pid = $1", &[&pid])
+            .await
+            .expect("pg_stat_activity")
+            .is_empty()
+    })
+    .await;
+    assert_eq!(permit.release().await, ReleaseOutcome::SessionClosed);
+    let points = recorded.points();
+    let wanted = [("lock.lost_reason", "connection_closed")];
+    assert_eq!(total(&points, PERMITS_LOST, &wanted), 1.0, "{points:#?}");
+    assert_eq!(total(&points, PERMITS, &[]), 0.0, "{points:#?}");
+    assert_eq!(manager.lost_lock_counts().connection_closed, 1);
+}
