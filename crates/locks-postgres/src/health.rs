@@ -83,6 +83,11 @@ impl LostCounts {
         }
     }
 
+    /// Adds `count` losses of `reason`.
+    fn add(&self, reason: LostReason, count: u64) {
+        self.counter(reason).fetch_add(count, Ordering::AcqRel);
+    }
+
     fn snapshot(&self) -> LostLockCounts {
         LostLockCounts {
             connection_closed: self.connection_closed.load(Ordering::Relaxed),
@@ -187,20 +192,14 @@ impl Inner {
     /// the monitor saw it (the release tells its guard); counted as such.
     pub(crate) fn lost_at_release(&self, held: &Held) {
         let reason = LostReason::ConnectionClosed;
-        self.health()
-            .lost
-            .counter(reason)
-            .fetch_add(1, Ordering::AcqRel);
+        self.health().lost.add(reason, 1);
         self.metrics().lost(held.mode(), held.lock_id(), reason);
     }
 
     /// A permit of the semaphore of `class` lost while held: counted with the locks,
     /// and in the permits' own metric.
     pub(crate) fn permit_lost(&self, class: i32, reason: LostReason) {
-        self.health()
-            .lost
-            .counter(reason)
-            .fetch_add(1, Ordering::AcqRel);
+        self.health().lost.add(reason, 1);
         self.metrics().permit_lost(class, reason);
     }
 

@@ -113,8 +113,9 @@ impl<S: Semaphore> LeaderElection<S> {
     /// An election for `name` on `semaphores`, with the default back-off and takeover
     /// delay.
     ///
-    /// Its `eventsource.leader.is_leader` instrument is made on the global meter provider as it is now
-    /// (a no-op when none is installed); [`meter`](Self::meter) gives another meter.
+    /// Its `eventsource.leader.is_leader` instrument is made on the global meter provider
+    /// as it is now (a no-op when none is installed); [`meter`](Self::meter) gives
+    /// another meter.
     pub fn new(semaphores: S, name: impl Into<String>) -> Self {
         let meter = opentelemetry::global::meter_with_scope(crate::metrics::scope());
         Self {
@@ -135,8 +136,9 @@ impl<S: Semaphore> LeaderElection<S> {
         self
     }
 
-    /// Adds the election's name to `eventsource.leader.is_leader` as `leader.election` (off by default:
-    /// names are key text, so this is the user's choice; one series per election).
+    /// Adds the election's name to `eventsource.leader.is_leader` as `leader.election`
+    /// (off by default: names are key text, so this is the user's choice; one series per
+    /// election).
     #[must_use]
     pub fn metrics_name(mut self, on: bool) -> Self {
         self.attributes = if on {
