@@ -16,6 +16,7 @@ use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
 
 use crate::faults::{holder_pids, terminate_backend, wait_for};
+use crate::semaphores::{locks_of_class, terminate_slot_holder};
 use crate::support::{admin, pool, unique_key};
 
 /// One data point as exported: the instrument, its attributes as text, and the value
@@ -476,23 +477,6 @@ async fn metrics_off_records_nothing() {
     guard.release().await;
 }
 
-/// The server process holding slot `slot` of the semaphore `class` (a two-`int`
-/// advisory lock: `objsubid` 2).
-async fn permit_pid(admin: &tokio_postgres::Client, class: i32, slot: u32) -> i32 {
-    let rows = admin
-        .query(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 \
-             AND granted AND classid = $1::int8::oid AND objid = $2::int8::oid",
-            &[&i64::from(class), &i64::from(slot)],
-        )
-        .await
-        .expect("pg_locks");
-    let [row] = &rows[..] else {
-        panic!("one holder of slot {slot}: {rows:?}");
-    };
-    row.get(0)
-}
-
 /// Permits have instruments of their own: acquisitions by outcome and their wait,
 /// permits held, a permit lost to `pg_terminate_backend` (counted in
 /// `lost_lock_counts` too); none of it shows in the lock instruments.
@@ -558,11 +542,7 @@ async fn permits_are_counted_by_outcome_held_and_lost_apart_from_locks() {
     assert_eq!(total(&recorded.points(), PERMITS, &[]), 1.0);
 
     let class = manager.semaphore_class(&name);
-    terminate_backend(
-        &admin,
-        permit_pid(&admin, class, second.info().slot()).await,
-    )
-    .await;
+    terminate_slot_holder(&admin, class, slot_of(&second)).await;
     let reason = tokio::time::timeout(Duration::from_secs(10), second.lost())
         .await
         .expect("lost in time");
@@ -661,14 +641,9 @@ async fn a_permit_release_that_finds_the_session_ended_counts_a_loss() {
         .await
         .expect("a permit");
     let class = manager.semaphore_class(&name);
-    let pid = permit_pid(&admin, class, permit.info().slot()).await;
-    terminate_backend(&admin, pid).await;
+    terminate_slot_holder(&admin, class, slot_of(&permit)).await;
     wait_for("the permit's backend to be gone", || async {
-        admin
-            .query("SELECT 1 FROM pg_stat_activity WHERE pid = $1", &[&pid])
-            .await
-            .expect("pg_stat_activity")
-            .is_empty()
+        locks_of_class(&admin, class).await == 0
     })
     .await;
     assert_eq!(permit.release().await, ReleaseOutcome::SessionClosed);
@@ -677,4 +652,9 @@ async fn a_permit_release_that_finds_the_session_ended_counts_a_loss() {
     assert_eq!(total(&points, PERMITS_LOST, &wanted), 1.0, "{points:#?}");
     assert_eq!(total(&points, PERMITS, &[]), 0.0, "{points:#?}");
     assert_eq!(manager.lost_lock_counts().connection_closed, 1);
+}
+
+/// A permit's slot, as `pg_locks` has it.
+fn slot_of(permit: &impl PermitGuard) -> i32 {
+    i32::try_from(permit.info().slot()).expect("slots are below 65,536")
 }

@@ -136,7 +136,7 @@ async fn the_check_fails_when_a_permit_does_not_exclude() {
 }
 
 /// How many advisory locks of `class` (any slot) the server has, held or waited for.
-async fn locks_of_class(admin: &tokio_postgres::Client, class: i32) -> i64 {
+pub(crate) async fn locks_of_class(admin: &tokio_postgres::Client, class: i32) -> i64 {
     admin
         .query_one(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 \
