@@ -67,22 +67,8 @@ fn child_entry() {
     };
     match role.as_str() {
         "server" => child_server(),
-        "hold" | "wait" => {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("child runtime");
-            runtime.block_on(child_lock(role == "hold"));
-        }
-        "lead" => {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("child runtime");
-            runtime.block_on(child_leader());
-        }
+        "hold" | "wait" => runtime().block_on(child_lock(role == "hold")),
+        "lead" => runtime().block_on(child_leader()),
         other => panic!("unknown {ROLE} {other:?}"),
     }
     std::process::exit(0);
@@ -310,7 +296,21 @@ struct NearServer {
     bouncer_ports: Vec<String>,
 }
 
+/// A runtime of two worker threads (the test's, or a child's).
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
 impl NearServer {
+    /// A manager on the near side, through the server's Unix socket (the other hosts).
+    fn manager(&self) -> PostgresLockManager {
+        PostgresLockManager::new(locks_postgres::plain_pool(&self.socket_url(), 4).unwrap())
+    }
+
     /// Makes the pair (see [`NetworkPair::make`]) and starts the server on its near side.
     fn start(name: &str, octet: u8, bouncer_timers: Option<&str>) -> Self {
         let pair = NetworkPair::make(name, octet).unwrap_or_else(|error| panic!("{error}"));
@@ -460,13 +460,8 @@ fn behind_pgbouncer_in_session_pooling_its_own_timers_give_the_same_bound() {
 /// the bounds.
 fn partition(name: &str, octet: u8, bouncer_timers: Option<&str>, plans: &[Plan]) {
     let server = NearServer::start(name, octet, bouncer_timers);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let near =
-        PostgresLockManager::new(locks_postgres::plain_pool(&server.socket_url(), 4).unwrap());
+    let runtime = runtime();
+    let near = server.manager();
     let pool = near.pool().clone();
     let waiting = |lock_id: i64| -> i64 {
         runtime.block_on(async {
@@ -630,13 +625,8 @@ fn partition(name: &str, octet: u8, bouncer_timers: Option<&str>, plans: &[Plan]
 #[test]
 fn a_cut_off_leader_stops_its_task_before_a_standby_takes_over_within_the_lease() {
     let server = NearServer::start("leader", 216, None);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let near =
-        PostgresLockManager::new(locks_postgres::plain_pool(&server.socket_url(), 4).unwrap());
+    let runtime = runtime();
+    let near = server.manager();
     let key = format!("partition:leader:{}", std::process::id());
     let (far_url, secs) = (server.far_url(None), SHORT_LEASE.as_secs().to_string());
     let leader = InNamespace::spawn(
