@@ -62,6 +62,8 @@ pub struct PostgresLockManagerBuilder {
     pub(crate) settings: Settings,
     /// The meter of the manager's instruments (`None`: the global provider's).
     pub(crate) meter: Option<opentelemetry::metrics::Meter>,
+    /// The pool's cancel path, when set by [`tls`](Self::tls) (else found from the pool).
+    pub(crate) canceller: Option<crate::connect::Canceller>,
 }
 
 /// The manager's timings and options (see the builder for each).
@@ -334,6 +336,44 @@ impl PostgresLockManagerBuilder {
     /// fires, at least (default 5 s). See [`lease`](Self::lease).
     pub fn lease_margin(mut self, margin: Duration) -> Self {
         self.settings.lease_margin = margin;
+        self
+    }
+
+    /// The TLS connector the pool's connections are opened with, for a pool built by hand
+    /// (not by [`plain_pool`](crate::plain_pool) or [`tls_pool`](crate::tls_pool), which
+    /// the manager recognises). A dropped wait is cancelled on the server with a cancel
+    /// request, which opens a connection of its own: where the server takes TLS
+    /// connections only (`sslmode=require`), it needs the pool's connector, and without
+    /// it the wait stays in the server's queue until the server notices the closed
+    /// socket (and may be granted meanwhile).
+    ///
+    /// ```
+    /// use locks_postgres::deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+    /// use locks_postgres::tokio_postgres::NoTls; // your TLS connector here
+    ///
+    /// let config = "postgres://app@localhost/app".parse()?;
+    /// let manager = Manager::from_connect(
+    ///     config,
+    ///     locks_postgres::LockConnect::new(NoTls),
+    ///     ManagerConfig { recycling_method: RecyclingMethod::Fast },
+    /// );
+    /// let pool = Pool::builder(manager).max_size(8).build()?;
+    /// let locks = locks_postgres::PostgresLockManager::builder(pool).tls(NoTls).build();
+    /// # drop(locks);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn tls<T>(mut self, tls: T) -> Self
+    where
+        T: tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>
+            + Clone
+            + Sync
+            + Send
+            + 'static,
+        T::Stream: Sync + Send,
+        T::TlsConnect: Sync + Send,
+        <T::TlsConnect as tokio_postgres::tls::TlsConnect<tokio_postgres::Socket>>::Future: Send,
+    {
+        self.canceller = Some(crate::connect::Canceller::with(tls));
         self
     }
 

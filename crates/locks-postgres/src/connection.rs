@@ -10,8 +10,8 @@ use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use deadpool_postgres::{Object, ObjectId};
-use tokio_postgres::NoTls;
 
+use crate::connect::Canceller;
 use crate::limit::{Bounded, Expired, Limit};
 use crate::sql::{PREPARED_KINDS, SESSION_SETUP, SETUP_SLOT, Statement, WRONG_SESSION};
 use crate::watchdog::{Watch, Watched};
@@ -75,14 +75,22 @@ pub(crate) struct Connections {
     /// More entries than this means some connections were closed by the pool while
     /// idle: the oldest are forgotten (those still alive are set up again at next use).
     limit: usize,
+    /// The pool's cancel path, with its TLS connector.
+    canceller: Canceller,
 }
 
 impl Connections {
-    pub(crate) fn new(pool_size: usize) -> Self {
+    pub(crate) fn new(pool_size: usize, canceller: Canceller) -> Self {
         Self {
             idle: Mutex::default(),
             limit: pool_size.saturating_mul(2).max(16),
+            canceller,
         }
+    }
+
+    /// The pool's cancel path.
+    pub(crate) fn canceller(&self) -> &Canceller {
+        &self.canceller
     }
 
     fn take(&self, object: &Object) -> Box<Known> {
@@ -502,19 +510,11 @@ impl Drop for Session {
             return;
         };
         let client = Object::take(object);
-        if self.in_flight
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            let token = client.cancel_token();
-            runtime.spawn(async move {
-                // Best effort: ends a server-side wait at once. If it fails (no
-                // plain-text cancel path), closing the socket still frees the lock
-                // once the backend notices.
-                let _ = token.cancel_query(NoTls).await;
-                drop(client);
-            });
-            return;
+        if self.in_flight {
+            // Ends a server-side wait at once, with the pool's TLS connector.
+            self.home.canceller().cancel_and_close(client);
+        } else {
+            drop(client);
         }
-        drop(client);
     }
 }

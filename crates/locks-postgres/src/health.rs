@@ -1,6 +1,9 @@
 //! The lost-lock monitor: one background task per manager, alive while it holds locks.
 //!
-//! Every [`health_check_interval`](crate::PostgresLockManagerBuilder::health_check_interval)
+//! When a connection of a pool built on [`LockConnect`](crate::LockConnect) ends (as
+//! every pool of [`plain_pool`](crate::plain_pool) and [`tls_pool`](crate::tls_pool)),
+//! and otherwise every
+//! [`health_check_interval`](crate::PostgresLockManagerBuilder::health_check_interval),
 //! it looks, locally and without I/O, at each held lock's connection: one that has
 //! ended (the server terminated the backend, restarted, failed over, or the socket
 //! was reset) loses its lock with [`LostReason::ConnectionClosed`]. Every
@@ -20,6 +23,7 @@ use locks_port::LostReason;
 use tokio::time::Instant;
 
 use crate::bookkeeping::{Held, SessionSlot, Ticket};
+use crate::connect::connection_ended;
 use crate::connection::Answer;
 use crate::errors::{MOVED_BETWEEN_SESSIONS, describe};
 use crate::limit::Limit;
@@ -308,14 +312,22 @@ fn discard(held: &Held) {
 /// held.
 async fn monitor(manager: Weak<Inner>) {
     let watch = Watch::new();
+    let mut ended = connection_ended();
     loop {
         let interval = match manager.upgrade() {
             Some(inner) => inner.settings().health_check_interval,
             None => return,
         };
-        match &watch {
-            Some(watch) => watch.sleep(interval).await,
-            None => tokio::time::sleep(interval).await,
+        let sleep = async {
+            match &watch {
+                Some(watch) => watch.sleep(interval).await,
+                None => tokio::time::sleep(interval).await,
+            }
+        };
+        // A connection of this crate's pools that ends says so at once: look now.
+        tokio::select! {
+            () = sleep => {}
+            _ = ended.changed() => {}
         }
         let Some(inner) = manager.upgrade() else {
             return;

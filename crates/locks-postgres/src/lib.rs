@@ -5,6 +5,7 @@ mod acquire;
 mod bookkeeping;
 mod builder;
 mod checkout;
+mod connect;
 mod connection;
 mod errors;
 mod fencing;
@@ -28,6 +29,7 @@ mod watchdog;
 mod xact;
 
 pub use builder::{HOLDER_APPLICATION_NAME_PREFIX, KeyVisibility, PostgresLockManagerBuilder};
+pub use connect::LockConnect;
 pub use fencing::{FENCING_SCHEMA, FENCING_TABLE, install_fencing};
 pub use guard::PostgresLockGuard;
 pub use health::LostLockCounts;
@@ -40,7 +42,7 @@ pub use manager::PostgresLockManager;
 pub use many::PostgresLocks;
 pub use pool::{
     PLAIN_POOL_CONNECT_TIMEOUT, PLAIN_POOL_KEEPALIVES_IDLE, PoolConfigError, plain_pool,
-    plain_pool_with_config,
+    plain_pool_with_config, tls_pool,
 };
 pub use semaphore::{PostgresPermit, semaphore_holders};
 pub use xact::{AdvisoryLockMode, TransactionLockError, TransactionLocks};

@@ -127,6 +127,7 @@ impl PostgresLockManager {
             derivation: KeyDerivation::CURRENT,
             settings: Settings::DEFAULT,
             meter: None,
+            canceller: None,
         }
     }
 
@@ -202,7 +203,10 @@ impl Inner {
             Ok(Some(lease)) => Some(lease.server.as_settings()),
             _ => None,
         };
-        let connections = Arc::new(Connections::new(builder.pool.status().max_size));
+        let canceller = builder
+            .canceller
+            .unwrap_or_else(|| crate::connect::canceller_of(&builder.pool));
+        let connections = Arc::new(Connections::new(builder.pool.status().max_size, canceller));
         let metrics = Arc::new(Metrics::new(
             settings.metrics,
             builder.meter.as_ref(),

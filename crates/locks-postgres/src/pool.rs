@@ -4,7 +4,10 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use deadpool_postgres::{BuildError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use tokio_postgres::NoTls;
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::{NoTls, Socket};
+
+use crate::connect::{Canceller, LockConnect, register};
 
 /// Why [`plain_pool`] could not build a pool.
 #[derive(Debug, thiserror::Error)]
@@ -75,9 +78,41 @@ pub fn plain_pool(url: &str, max_size: usize) -> Result<Pool, PoolConfigError> {
 /// # Errors
 /// [`PoolConfigError::Build`] if deadpool refuses the configuration.
 pub fn plain_pool_with_config(
-    mut config: tokio_postgres::Config,
+    config: tokio_postgres::Config,
     max_size: usize,
 ) -> Result<Pool, PoolConfigError> {
+    tls_pool(config, NoTls, max_size)
+}
+
+/// [`plain_pool_with_config`] with TLS: connections opened with `tls` (for example
+/// `tokio_postgres_rustls::MakeRustlsConnect`), and cancel requests sent with it too, so
+/// a dropped wait leaves the server's queue at once even where the server accepts TLS
+/// connections only (`sslmode=require`). The same defaults: connect timeout
+/// [`PLAIN_POOL_CONNECT_TIMEOUT`] and TCP keepalives unless `config` says otherwise,
+/// the Tokio runtime, `RecyclingMethod::Fast`. Does no I/O.
+///
+/// ```
+/// use locks_postgres::tokio_postgres::{Config, NoTls};
+///
+/// let config: Config = "postgres://app@localhost/app?sslmode=disable".parse()?;
+/// let pool = locks_postgres::tls_pool(config, NoTls, 4)?;
+/// assert_eq!(pool.status().max_size, 4);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+/// [`PoolConfigError::Build`] if deadpool refuses the configuration.
+pub fn tls_pool<T>(
+    mut config: tokio_postgres::Config,
+    tls: T,
+    max_size: usize,
+) -> Result<Pool, PoolConfigError>
+where
+    T: MakeTlsConnect<Socket> + Clone + Sync + Send + 'static,
+    T::Stream: Sync + Send,
+    T::TlsConnect: Sync + Send,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(PLAIN_POOL_CONNECT_TIMEOUT);
     }
@@ -93,18 +128,20 @@ pub fn plain_pool_with_config(
             .keepalives_interval(Duration::from_secs(10))
             .keepalives_retries(3);
     }
-    let manager = Manager::from_config(
+    let manager = Manager::from_connect(
         config,
-        NoTls,
+        LockConnect::new(tls.clone()),
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },
     );
-    Pool::builder(manager)
+    let pool = Pool::builder(manager)
         .max_size(max_size)
         .runtime(Runtime::Tokio1)
         .create_timeout(Some(connect_timeout))
         .recycle_timeout(Some(connect_timeout))
         .build()
-        .map_err(PoolConfigError::Build)
+        .map_err(PoolConfigError::Build)?;
+    register(&pool, Canceller::with(tls));
+    Ok(pool)
 }

@@ -132,7 +132,8 @@ impl Call<'_> {
         limit: Limit,
     ) -> Result<Option<tokio_postgres::Row>, LockAcquisitionError> {
         let object = session.object();
-        let cancel = permit::CancelOnDrop::new(object.cancel_token());
+        let cancel =
+            permit::CancelOnDrop::new(self.inner.connections().canceller(), object.cancel_token());
         let answer = limit
             .run(async {
                 let statement = object.prepare_cached(sql).await?;

@@ -8,19 +8,21 @@ use std::sync::{Arc, Weak};
 use locks_port::{LossNotifier, LostReason, LostSignal, PermitGuard, PermitInfo, ReleaseOutcome};
 use tokio::sync::Mutex as AsyncMutex;
 use tokio::time::Instant;
-use tokio_postgres::{CancelToken, NoTls};
+use tokio_postgres::CancelToken;
 
 use super::sql;
+use crate::connect::{Canceller, connection_ended};
 use crate::connection::Session;
 use crate::manager::Inner;
 
-/// Sends a cancel request for the statement in flight if dropped before
-/// [`disarm`](Self::disarm): a dropped wait leaves the server's queue at once.
-pub(super) struct CancelOnDrop(Option<CancelToken>);
+/// Sends a cancel request (with the pool's TLS connector) for the statement in flight if
+/// dropped before [`disarm`](Self::disarm): a dropped wait leaves the server's queue at
+/// once.
+pub(super) struct CancelOnDrop<'a>(Option<(&'a Canceller, CancelToken)>);
 
-impl CancelOnDrop {
-    pub(super) fn new(token: CancelToken) -> Self {
-        Self(Some(token))
+impl<'a> CancelOnDrop<'a> {
+    pub(super) fn new(canceller: &'a Canceller, token: CancelToken) -> Self {
+        Self(Some((canceller, token)))
     }
 
     pub(super) fn disarm(mut self) {
@@ -28,15 +30,10 @@ impl CancelOnDrop {
     }
 }
 
-impl Drop for CancelOnDrop {
+impl Drop for CancelOnDrop<'_> {
     fn drop(&mut self) {
-        if let Some(token) = self.0.take()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            runtime.spawn(async move {
-                // Best effort; closing the connection frees the locks in any case.
-                let _ = token.cancel_query(NoTls).await;
-            });
+        if let Some((canceller, token)) = self.0.take() {
+            canceller.cancel(token);
         }
     }
 }
@@ -130,8 +127,13 @@ async fn watch(shared: Weak<Shared>) {
         return;
     };
     let mut last_answer = Instant::now();
+    let mut ended = connection_ended();
     loop {
-        tokio::time::sleep(check).await;
+        // A connection of this crate's pools that ends says so at once: look now.
+        tokio::select! {
+            () = tokio::time::sleep(check) => {}
+            _ = ended.changed() => {}
+        }
         let Some(shared) = shared.upgrade() else {
             return;
         };

@@ -17,4 +17,5 @@ mod poolers;
 mod processes;
 mod semaphores;
 mod support;
+mod told;
 mod xact;

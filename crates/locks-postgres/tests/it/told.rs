@@ -1,0 +1,114 @@
+//! A holder whose backend is terminated is told at once: the connection's I/O task ends
+//! the moment the server closes the socket and wakes the monitor, for a lock, a group, a
+//! permit and a multiplexed lock alike. The periodic check is set to 30 s here, so only
+//! that wake-up can tell the holder in time.
+
+use std::time::{Duration, Instant};
+
+use locks_postgres::PostgresLockManager;
+use locks_postgres::prelude::*;
+
+use crate::support::{admin, pool, unique_key};
+
+/// Generous for a shared machine; the figures this test prints are typically a few ms.
+const TOLD_WITHIN: Duration = Duration::from_secs(1);
+
+fn manager(holder: &str, multiplex: usize) -> PostgresLockManager {
+    PostgresLockManager::builder(pool(4))
+        .holder_id(holder)
+        .lease(None)
+        .keepalive(None)
+        .health_check_interval(Duration::from_secs(30))
+        .multiplex(multiplex)
+        .build()
+}
+
+/// Terminates the backends of `holder`'s lock connections and waits for `lost`; how long
+/// the holder took to be told, counted from the terminate request.
+async fn told_after_terminate(holder: &str, lost: LostSignal) -> Duration {
+    let admin = admin().await;
+    let started = Instant::now();
+    let terminated: i64 = admin
+        .query_one(
+            // OFFSET 0 keeps the filter below the terminate (a plain WHERE may run
+            // pg_terminate_backend on every row first).
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM \
+             (SELECT pid FROM pg_stat_activity WHERE application_name = $1 OFFSET 0) AS s",
+            &[&format!("locks:{holder}")],
+        )
+        .await
+        .expect("terminate")
+        .get(0);
+    assert!(terminated >= 1, "no backend of {holder} found");
+    let reason = tokio::time::timeout(Duration::from_secs(40), lost)
+        .await
+        .expect("the holder is told");
+    let told = started.elapsed();
+    assert_eq!(reason, LostReason::ConnectionClosed);
+    told
+}
+
+#[tokio::test]
+async fn a_lock_a_group_a_permit_and_a_multiplexed_lock_are_told_at_once() {
+    let mut figures = Vec::new();
+
+    let holder = unique_key("told-lock");
+    let locks = manager(&holder, 1);
+    let guard = locks
+        .acquire(&unique_key("k"), Duration::from_secs(5))
+        .await
+        .expect("lock");
+    figures.push(("lock", told_after_terminate(&holder, guard.lost()).await));
+    assert!(guard.is_lost());
+
+    let holder = unique_key("told-group");
+    let locks = manager(&holder, 1);
+    let (a, b, c) = (unique_key("a"), unique_key("b"), unique_key("c"));
+    let group = locks
+        .acquire_many(
+            &[a.as_str(), b.as_str(), c.as_str()],
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("group");
+    figures.push((
+        "group of 3",
+        told_after_terminate(&holder, group.lost()).await,
+    ));
+    assert_eq!(locks.held_lock_count(), 0, "the group left the bookkeeping");
+
+    let holder = unique_key("told-permit");
+    let locks = manager(&holder, 1);
+    let permit = locks
+        .acquire_permit(&unique_key("sem"), 2, Duration::from_secs(5))
+        .await
+        .expect("permit");
+    figures.push(("permit", told_after_terminate(&holder, permit.lost()).await));
+
+    let holder = unique_key("told-multiplexed");
+    let locks = manager(&holder, 10);
+    let first = locks
+        .acquire(&unique_key("m1"), Duration::from_secs(5))
+        .await
+        .expect("lock");
+    let second = locks
+        .acquire(&unique_key("m2"), Duration::from_secs(5))
+        .await
+        .expect("lock");
+    figures.push((
+        "multiplexed",
+        told_after_terminate(&holder, first.lost()).await,
+    ));
+    assert!(
+        second.is_lost(),
+        "the other lock on the shared connection is lost too"
+    );
+
+    eprintln!("told after pg_terminate_backend: {figures:?}");
+    for (what, told) in figures {
+        assert!(
+            told < TOLD_WITHIN,
+            "{what} told after {told:?}, not within {TOLD_WITHIN:?}"
+        );
+    }
+}
