@@ -1,0 +1,233 @@
+//! A server that takes TLS connections only (`ssl = on`, `hostssl` lines only in
+//! `pg_hba.conf`, a certificate from a CA made here): a dropped unbounded wait, of a lock
+//! and of a permit, leaves the server's lock queue at once, because its cancel request
+//! goes with the pool's TLS connector. (A cancel request in plain text is refused by the
+//! driver under `sslmode=require`, and the wait would stay queued until granted.)
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use locks_postgres::PostgresLockManager;
+use locks_postgres::prelude::*;
+use locks_postgres::tokio_postgres::{self, Client, Config};
+use throwaway_pg::ThrowawayPostgres;
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+/// How soon a dropped wait must be gone from `pg_locks`.
+const LEFT_WITHIN: Duration = Duration::from_millis(200);
+const ROUNDS: usize = 20;
+
+/// A CA and a server certificate for `localhost` signed by it, as PEM files in `dir`;
+/// the CA's certificate.
+fn certificates(dir: &Path) -> rustls::pki_types::CertificateDer<'static> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+        KeyPair, KeyUsagePurpose,
+    };
+    let ca_params = || {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "locks test CA");
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        params
+    };
+    let ca_key = KeyPair::generate().expect("key");
+    let ca = ca_params().self_signed(&ca_key).expect("CA");
+    let issuer = Issuer::new(ca_params(), ca_key);
+    let server_key = KeyPair::generate().expect("key");
+    let mut params = CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "localhost");
+    params.is_ca = IsCa::ExplicitNoCa;
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let server = params.signed_by(&server_key, &issuer).expect("certificate");
+    std::fs::write(dir.join("server.crt"), server.pem()).expect("write");
+    let key = dir.join("server.key");
+    std::fs::write(&key, server_key.serialize_pem()).expect("write");
+    // The server reads its key as the user it runs as, and wants it private.
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .expect("chmod");
+    let _ = std::process::Command::new("chown")
+        .arg("postgres")
+        .arg(&key)
+        .status();
+    ca.der().clone()
+}
+
+struct TlsServer {
+    pg: ThrowawayPostgres,
+    tls: MakeRustlsConnect,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for TlsServer {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl TlsServer {
+    fn start() -> Self {
+        let dir = std::env::temp_dir().join(format!("locks-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("folder");
+        let ca = certificates(&dir);
+        let quoted = |name: &str| format!("'{}'", dir.join(name).display());
+        let pg = ThrowawayPostgres::builder()
+            .setting("ssl", "on")
+            .setting("ssl_cert_file", quoted("server.crt"))
+            .setting("ssl_key_file", quoted("server.key"))
+            .start()
+            .expect("a throwaway PostgreSQL with TLS");
+        // TLS connections only over TCP.
+        std::fs::write(
+            pg.data_dir().join("pg_hba.conf"),
+            "local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostssl all all ::1/128 trust\n",
+        )
+        .expect("pg_hba.conf");
+        pg.psql("SELECT pg_reload_conf()").expect("reload");
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca).expect("CA");
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("protocols")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        Self {
+            pg,
+            tls: MakeRustlsConnect::new(config),
+            dir,
+        }
+    }
+
+    fn config(&self, sslmode: &str) -> Config {
+        format!(
+            "host=localhost hostaddr=127.0.0.1 port={} user=postgres dbname=postgres sslmode={sslmode}",
+            self.pg.port()
+        )
+        .parse()
+        .expect("config")
+    }
+
+    fn manager(&self) -> PostgresLockManager {
+        let pool =
+            locks_postgres::tls_pool(self.config("require"), self.tls.clone(), 4).expect("pool");
+        PostgresLockManager::builder(pool).build()
+    }
+
+    async fn admin(&self) -> Client {
+        let (client, connection) = self
+            .config("require")
+            .connect(self.tls.clone())
+            .await
+            .expect("admin connection over TLS");
+        tokio::spawn(connection);
+        client
+    }
+}
+
+async fn waiting(admin: &Client) -> i64 {
+    admin
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+            &[],
+        )
+        .await
+        .expect("pg_locks")
+        .get(0)
+}
+
+/// Starts `wait`, waits until the server queues it, drops it, and measures how long its
+/// entry stays in `pg_locks`.
+async fn dropped_wait_left_after<F>(admin: &Client, wait: F) -> Duration
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send,
+{
+    let task = tokio::spawn(wait);
+    let queued_by = Instant::now() + Duration::from_secs(10);
+    while waiting(admin).await == 0 {
+        assert!(
+            Instant::now() < queued_by,
+            "the wait never reached the server's queue"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    task.abort();
+    let _ = task.await;
+    let dropped = Instant::now();
+    while waiting(admin).await > 0 {
+        if dropped.elapsed() > Duration::from_secs(5) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    dropped.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_wait_leaves_the_queue_at_once_on_a_tls_only_server() {
+    let server = TlsServer::start();
+    // Plain text is refused: the server really takes TLS only.
+    assert!(
+        server
+            .config("disable")
+            .connect(tokio_postgres::NoTls)
+            .await
+            .is_err(),
+        "a plain-text connection was accepted"
+    );
+    let admin = server.admin().await;
+    let holder = server.manager();
+    let waiter = server.manager();
+
+    let mut lock_figures = Vec::new();
+    let guard = holder
+        .acquire("tls:lock", Duration::from_secs(5))
+        .await
+        .expect("lock");
+    for _ in 0..ROUNDS {
+        let waiter = waiter.clone();
+        lock_figures.push(
+            dropped_wait_left_after(&admin, async move {
+                waiter.acquire("tls:lock", AcquireOptions::new()).await
+            })
+            .await,
+        );
+    }
+    guard.release().await;
+
+    let mut permit_figures = Vec::new();
+    let permit = holder
+        .acquire_permit("tls:permit", 1, Duration::from_secs(5))
+        .await
+        .expect("permit");
+    for _ in 0..ROUNDS {
+        let waiter = waiter.clone();
+        permit_figures.push(
+            dropped_wait_left_after(&admin, async move {
+                waiter
+                    .acquire_permit("tls:permit", 1, AcquireOptions::new())
+                    .await
+            })
+            .await,
+        );
+    }
+    permit.release().await;
+
+    eprintln!("dropped lock waits left pg_locks after {lock_figures:?}");
+    eprintln!("dropped permit waits left pg_locks after {permit_figures:?}");
+    for (what, figures) in [("lock", &lock_figures), ("permit", &permit_figures)] {
+        for (round, left) in figures.iter().enumerate() {
+            assert!(
+                *left <= LEFT_WITHIN,
+                "round {round}: a dropped {what} wait stayed in pg_locks for {left:?}"
+            );
+        }
+    }
+}
