@@ -169,6 +169,37 @@ impl Canceller {
     }
 }
 
+/// The cancel path of a pool's connections, for code that runs its own statements on
+/// them (the cutover's transactions): a cancel request with the TLS connector the pool
+/// was built with (see [`tls_pool`](crate::tls_pool)), then the connection closed.
+///
+/// ```
+/// let pool = locks_postgres::plain_pool("postgres://app@localhost/app", 2)?;
+/// let cancel = locks_postgres::CancelPath::of(&pool);
+/// // ... on a path that gives up on a statement in flight:
+/// // cancel.cancel_and_close(object);
+/// # drop(cancel);
+/// # Ok::<(), locks_postgres::PoolConfigError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct CancelPath(Canceller);
+
+impl CancelPath {
+    /// The cancel path of `pool`'s connections: the one [`plain_pool`](crate::plain_pool)
+    /// or [`tls_pool`](crate::tls_pool) registered, or plain text.
+    #[must_use]
+    pub fn of(pool: &Pool) -> Self {
+        Self(canceller_of(pool))
+    }
+
+    /// Detaches `object` from its pool, cancels what runs on it (in a task on the
+    /// current Tokio runtime; without one, nothing is sent) and closes it.
+    pub fn cancel_and_close(&self, object: deadpool_postgres::Object) {
+        self.0
+            .cancel_and_close(deadpool_postgres::Object::take(object));
+    }
+}
+
 /// The cancellers of the pools this crate built, by pool (held weakly: a pool dropped is
 /// forgotten at the next registration).
 static POOLS: LazyLock<Mutex<Vec<(WeakPool, Canceller)>>> = LazyLock::new(Mutex::default);

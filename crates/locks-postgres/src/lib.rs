@@ -29,7 +29,7 @@ mod watchdog;
 mod xact;
 
 pub use builder::{HOLDER_APPLICATION_NAME_PREFIX, KeyVisibility, PostgresLockManagerBuilder};
-pub use connect::LockConnect;
+pub use connect::{CancelPath, LockConnect};
 pub use fencing::{FENCING_SCHEMA, FENCING_TABLE, install_fencing};
 pub use guard::PostgresLockGuard;
 pub use health::LostLockCounts;

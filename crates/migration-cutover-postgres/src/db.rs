@@ -5,7 +5,7 @@ use std::fmt;
 
 use deadpool_postgres::{Object, Pool, PoolError};
 use locks_port::BoxError;
-use tokio_postgres::NoTls;
+use locks_postgres::CancelPath;
 use tokio_postgres::error::SqlState;
 
 /// A database operation failed; the text is the operation and the server's own words
@@ -171,6 +171,8 @@ pub(crate) fn server_words(error: &tokio_postgres::Error) -> String {
 pub(crate) struct Transaction {
     object: Option<Object>,
     in_flight: bool,
+    /// The pool's cancel path (its TLS connector), for a statement in flight at drop.
+    cancel: CancelPath,
 }
 
 impl fmt::Debug for Transaction {
@@ -196,6 +198,7 @@ impl Transaction {
         let mut transaction = Self {
             object: Some(object),
             in_flight: false,
+            cancel: CancelPath::of(pool),
         };
         let batch = format!("BEGIN; {setup}");
         transaction.batch(what, &batch).await?;
@@ -245,19 +248,12 @@ impl Drop for Transaction {
         let Some(object) = self.object.take() else {
             return;
         };
-        let client = Object::take(object);
-        if self.in_flight
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            let token = client.cancel_token();
-            runtime.spawn(async move {
-                // Best effort: the close below frees the locks in any case.
-                let _ = token.cancel_query(NoTls).await;
-                drop(client);
-            });
-            return;
+        if self.in_flight {
+            // Best effort: closing the connection frees the locks in any case.
+            self.cancel.cancel_and_close(object);
+        } else {
+            drop(Object::take(object));
         }
-        drop(client);
     }
 }
 
