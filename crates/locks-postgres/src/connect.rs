@@ -60,12 +60,19 @@ where
         let pg_config = pg_config.clone();
         Box::pin(async move {
             let (client, connection) = pg_config.connect(tls).await?;
+            // The connection's I/O runs in a task of its own, unwrapped (no layer on its
+            // every poll); a second task, polled only at its start and at the
+            // connection's end, announces the end. Deadpool aborts the second one when
+            // it discards the connection: a discarded connection wakes no monitor (its
+            // I/O task then ends by itself, its client being gone).
+            let io = tokio::spawn(connection);
             let task = tokio::spawn(async move {
-                if let Err(error) = connection.await {
-                    tracing::debug!(%error, "PostgreSQL connection ended with an error");
+                match io.await {
+                    Ok(Err(error)) => {
+                        tracing::debug!(%error, "PostgreSQL connection ended with an error");
+                    }
+                    Ok(Ok(())) | Err(_) => {}
                 }
-                // The connection is dropped: its client now says `is_closed`. (A task
-                // aborted because the pool discarded the connection never gets here.)
                 announce_connection_ended();
             });
             Ok((client, task))

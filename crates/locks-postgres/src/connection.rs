@@ -13,7 +13,7 @@ use deadpool_postgres::{Object, ObjectId};
 
 use crate::connect::Canceller;
 use crate::limit::{Bounded, Expired, Limit};
-use crate::sql::{PREPARED_KINDS, SESSION_SETUP, SETUP_SLOT, Statement, WRONG_SESSION};
+use crate::sql::{PREPARED_KINDS, SESSION_SETUP, SETUP_SLOT, Statement};
 use crate::watchdog::{Watch, Watched};
 
 /// One pooled connection while checked out, and what the manager knows of it: whether
@@ -427,15 +427,15 @@ async fn prepared(
 }
 
 /// Binds and runs one prepared lock statement (prepared with the connection's session
-/// marker, which every lock statement checks before it takes or frees anything). The
-/// wait answers a value; the others answer by their row count (see
-/// [`Statement::text`]).
+/// marker, which every lock statement checks before it takes or frees anything) and
+/// reads its answer column: NULL means the statement reached another server session and
+/// did nothing there (see [`Statement::text`]).
 async fn execute(
     object: &Object,
     prepared: &tokio_postgres::Statement,
     statement: Statement<'_>,
 ) -> Result<Answer, tokio_postgres::Error> {
-    let rows = match statement {
+    let row = match statement {
         Statement::Lock {
             lock_id,
             lock_timeout_ms,
@@ -451,16 +451,6 @@ async fn execute(
                 None => Answer::WrongSession,
             });
         }
-        Statement::TryLock { lock_id, .. }
-        | Statement::Unlock { lock_id, .. }
-        | Statement::UnlockIfHeld { lock_id, .. } => {
-            match object.execute(prepared, &[&lock_id]).await {
-                Err(error) if reached_another_session(&error) => {
-                    return Ok(Answer::WrongSession);
-                }
-                rows => rows?,
-            }
-        }
         Statement::TryLockEach { lock_ids, .. } => {
             let row = object.query_one(prepared, &[&lock_ids]).await?;
             let first_busy: Option<i64> = row.try_get(0)?;
@@ -471,37 +461,16 @@ async fn execute(
                 Some(at) => Answer::FirstBusy(Some(usize::try_from(at - 1).unwrap_or(usize::MAX))),
             });
         }
-        Statement::UnlockEach { lock_ids, .. } => {
-            match object.execute(prepared, &[&lock_ids]).await {
-                Err(error) if reached_another_session(&error) => {
-                    return Ok(Answer::WrongSession);
-                }
-                rows => rows?,
-            }
+        Statement::TryLock { lock_id, .. }
+        | Statement::Unlock { lock_id, .. }
+        | Statement::UnlockIfHeld { lock_id, .. } => {
+            object.query_one(prepared, &[&lock_id]).await?
         }
-        Statement::UnlockAll => match object.execute(prepared, &[]).await {
-            Err(error) if reached_another_session(&error) => {
-                return Ok(Answer::WrongSession);
-            }
-            rows => rows?,
-        },
-        Statement::Ping => {
-            return Ok(match object.execute(prepared, &[]).await? {
-                0 => Answer::WrongSession,
-                _ => Answer::Bool(true),
-            });
-        }
+        Statement::UnlockEach { lock_ids, .. } => object.query_one(prepared, &[&lock_ids]).await?,
+        Statement::UnlockAll | Statement::Ping => object.query_one(prepared, &[]).await?,
     };
-    Ok(Answer::Bool(rows > 0))
-}
-
-/// Whether `error` is a lock statement's refusal to run on a server session that is not
-/// its connection's (see [`crate::sql`]).
-fn reached_another_session(error: &tokio_postgres::Error) -> bool {
-    error.as_db_error().is_some_and(|db| {
-        *db.code() == tokio_postgres::error::SqlState::INVALID_TEXT_REPRESENTATION
-            && db.message().contains(WRONG_SESSION)
-    })
+    let answer: Option<bool> = row.try_get(0)?;
+    Ok(answer.map_or(Answer::WrongSession, Answer::Bool))
 }
 
 impl Drop for Session {

@@ -65,30 +65,18 @@ pub(crate) const SESSION_SETUP: &str = "SELECT pg_is_in_recovery(), owner \
      AND current_setting('client_connection_check_interval', true) IS NOT NULL \
      THEN set_config('client_connection_check_interval', $7, false) END) AS settings";
 
-/// A statement that answers a boolean by whether it returns a row (an empty one): one
-/// for true, none for false. Read with `execute`, which counts rows without building
-/// them: cheaper on the client than reading a value, and as cheap on the server (a
-/// one-time filter; a set-returning function that counted 0, 1 or 2 rows cost the
-/// server about 1.7 µs more per lock+unlock cycle). `$bool` (the lock call) runs only
-/// on the connection's own session; on any other the statement fails, doing nothing,
-/// with SQLSTATE 22P02 and the message `invalid input syntax for type integer: "locks:
-/// another server session: <its marker, or unmarked>"`, which the server's log shows
-/// too (see [`WRONG_SESSION`]).
-macro_rules! counted {
+/// A statement whose one row's one column is the answer: `$bool` (the lock call) on the
+/// connection's own session, NULL on any other, where nothing is done. The refusal is
+/// data, never an error.
+macro_rules! answered {
     ($bool:literal) => {
         concat!(
-            "SELECT WHERE CASE WHEN current_setting('locks.session', true) = :marker \
-             THEN ",
+            "SELECT CASE WHEN current_setting('locks.session', true) = :marker THEN ",
             $bool,
-            " ELSE ('locks: another server session: ' || \
-             coalesce(current_setting('locks.session', true), 'unmarked'))::int::boolean END"
+            " END"
         )
     };
 }
-
-/// The start of the text in the error of a [`counted!`] statement that reached a server
-/// session not the connection's own.
-pub(crate) const WRONG_SESSION: &str = "\"locks: another server session: ";
 
 /// One lock statement and its parameters.
 #[derive(Debug, Clone, Copy)]
@@ -151,11 +139,9 @@ impl Statement<'_> {
     }
 
     /// The SQL text with `:marker` for the connection's marker: `$1` the lock id, then
-    /// (for [`Statement::Lock`]) `$2` the timeout in ms as text. [`Statement::Lock`]
-    /// answers a value, NULL when the server session is not the connection's own; the
-    /// others answer by their row count (see `counted!`), failing on another session
-    /// (the keepalive answers no row there).
-    /// Either way, on another session nothing was done.
+    /// (for [`Statement::Lock`]) `$2` the timeout in ms as text. Each answers one row:
+    /// its answer column is NULL when the server session is not the connection's own
+    /// (and nothing was done there); [`Statement::TryLockEach`] adds a second column.
     pub(crate) fn text(self) -> &'static str {
         let shared = matches!(self.mode(), LockMode::Shared);
         match self {
@@ -175,43 +161,43 @@ impl Statement<'_> {
                  THEN pg_advisory_lock($1)::text = '' END \
                  FROM (SELECT set_config('lock_timeout', $2, true)) AS options"
             }
-            Self::TryLock { .. } if shared => counted!("pg_try_advisory_lock_shared($1)"),
-            Self::TryLock { .. } => counted!("pg_try_advisory_lock($1)"),
-            Self::Unlock { .. } if shared => counted!("pg_advisory_unlock_shared($1)"),
-            Self::Unlock { .. } => counted!("pg_advisory_unlock($1)"),
+            Self::TryLock { .. } if shared => answered!("pg_try_advisory_lock_shared($1)"),
+            Self::TryLock { .. } => answered!("pg_try_advisory_lock($1)"),
+            Self::Unlock { .. } if shared => answered!("pg_advisory_unlock_shared($1)"),
+            Self::Unlock { .. } => answered!("pg_advisory_unlock($1)"),
             // Used after a wait ended in an error: the server can grant the lock just as
             // the wait is cancelled. pg_locks shows a bigint key as classid (high 32
             // bits) and objid (low 32 bits) with objsubid = 1; checking first avoids the
             // server's WARNING for unlocking a lock that is not held.
-            Self::UnlockIfHeld { .. } if shared => counted!(
+            Self::UnlockIfHeld { .. } if shared => answered!(
                 "CASE WHEN EXISTS (SELECT 1 FROM pg_locks \
                  WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted \
                  AND mode = 'ShareLock' \
                  AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = $1) \
                  THEN pg_advisory_unlock_shared($1) ELSE false END"
             ),
-            Self::UnlockIfHeld { .. } => counted!(
+            Self::UnlockIfHeld { .. } => answered!(
                 "CASE WHEN EXISTS (SELECT 1 FROM pg_locks \
                  WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted \
                  AND mode = 'ExclusiveLock' \
                  AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = $1) \
                  THEN pg_advisory_unlock($1) ELSE false END"
             ),
-            // One row on the connection's own session, none elsewhere.
-            Self::Ping => "SELECT WHERE current_setting('locks.session', true) = :marker",
+            // True on the connection's own session, NULL elsewhere.
+            Self::Ping => answered!("true"),
             // Like every lock statement it checks the session marker first (ADR 0014):
             // on a server session not the connection's own it frees nothing (another
             // client's locks above all).
-            Self::UnlockAll => counted!("pg_advisory_unlock_all()::text = ''"),
+            Self::UnlockAll => answered!("pg_advisory_unlock_all()::text = ''"),
             Self::TryLockEach { .. } if shared => {
                 try_each!("pg_try_advisory_lock_shared", "pg_advisory_unlock_shared")
             }
             Self::TryLockEach { .. } => try_each!("pg_try_advisory_lock", "pg_advisory_unlock"),
-            Self::UnlockEach { .. } if shared => counted!(
+            Self::UnlockEach { .. } if shared => answered!(
                 "(SELECT coalesce(bool_and(pg_advisory_unlock_shared(t.id)), true) \
                  FROM unnest($1::bigint[]) AS t(id))"
             ),
-            Self::UnlockEach { .. } => counted!(
+            Self::UnlockEach { .. } => answered!(
                 "(SELECT coalesce(bool_and(pg_advisory_unlock(t.id)), true) \
                  FROM unnest($1::bigint[]) AS t(id))"
             ),
@@ -265,7 +251,11 @@ mod tests {
              THEN pg_advisory_lock($1)"
         ));
         assert!(lock.sql(marker).contains("$2") && !lock.sql(marker).contains("$3"));
-        assert!(Statement::Ping.sql(marker).contains("= '0123456789abcdef'"));
+        assert!(
+            Statement::Ping
+                .sql(marker)
+                .contains("= '0123456789abcdef' THEN true END")
+        );
         assert!(!Statement::Ping.sql(marker).contains('$'));
         let unlock_all = Statement::UnlockAll.sql(marker);
         assert!(unlock_all.contains("= '0123456789abcdef'") && !unlock_all.contains('$'));

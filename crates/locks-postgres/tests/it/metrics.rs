@@ -17,7 +17,7 @@ use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMete
 
 use crate::faults::{holder_pids, terminate_backend, wait_for};
 use crate::semaphores::{locks_of_class, terminate_slot_holder};
-use crate::support::{admin, pool, unique_key};
+use crate::support::{admin, pool, unannounced_pool, unique_key};
 
 /// One data point as exported: the instrument, its attributes as text, and the value
 /// (a sum's value, or a histogram's count and sum).
@@ -64,6 +64,12 @@ impl Recorded {
     /// A manager builder on a pool of `size` whose instruments record here.
     fn manager(&self, size: usize) -> locks_postgres::PostgresLockManagerBuilder {
         PostgresLockManager::builder(pool(size)).meter(self.provider.meter("it-metrics"))
+    }
+
+    /// [`manager`](Self::manager) on a pool whose connections' end wakes no monitor.
+    fn unannounced_manager(&self, size: usize) -> locks_postgres::PostgresLockManagerBuilder {
+        PostgresLockManager::builder(unannounced_pool(size))
+            .meter(self.provider.meter("it-metrics"))
     }
 
     /// Every data point recorded so far (cumulative).
@@ -344,13 +350,14 @@ async fn a_lock_lost_to_pg_terminate_backend_is_counted_and_no_longer_held() {
     drop(guard);
 }
 
-/// A session that ended before the monitor looked, found by the holder's own release:
+/// A session that ended before the monitor looked (a pool whose connections do not
+/// announce their end), found by the holder's own release:
 /// the lock was lost while held, and the loss is counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_that_finds_the_session_ended_counts_a_loss() {
     let recorded = Recorded::new();
     let manager = recorded
-        .manager(1)
+        .unannounced_manager(1)
         .lease(None)
         .keepalive(None)
         .health_check_interval(Duration::from_secs(3600))
@@ -629,7 +636,7 @@ async fn is_leader_follows_each_term_and_names_the_election_only_when_asked() {
 async fn a_permit_release_that_finds_the_session_ended_counts_a_loss() {
     let recorded = Recorded::new();
     let manager = recorded
-        .manager(2)
+        .unannounced_manager(2)
         .lease(None)
         .keepalive(None)
         .health_check_interval(Duration::from_secs(3600))

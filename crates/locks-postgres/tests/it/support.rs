@@ -9,6 +9,27 @@ pub(crate) fn pool(size: usize) -> Pool {
     locks_postgres::plain_pool(&database_url(), size).expect("pool")
 }
 
+/// A pool of `size` connections on the test server built by hand with deadpool's own
+/// connector, not [`locks_postgres::LockConnect`]: the end of a connection wakes no
+/// monitor, so only the periodic check (or a release) finds it. For tests of what a
+/// release finds before the monitor looks.
+pub(crate) fn unannounced_pool(size: usize) -> Pool {
+    use locks_postgres::deadpool_postgres::{Manager, ManagerConfig, RecyclingMethod, Runtime};
+    let config: tokio_postgres::Config = database_url().parse().expect("URL");
+    let manager = Manager::from_config(
+        config,
+        tokio_postgres::NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(size)
+        .runtime(Runtime::Tokio1)
+        .build()
+        .expect("pool")
+}
+
 /// The server's `server_version_num` (`130023` for 13.23): tests of features that differ
 /// by version branch on it and assert each side.
 pub(crate) async fn server_version_num(admin: &tokio_postgres::Client) -> i32 {
