@@ -67,11 +67,8 @@ where
             // I/O task then ends by itself, its client being gone).
             let io = tokio::spawn(connection);
             let task = tokio::spawn(async move {
-                match io.await {
-                    Ok(Err(error)) => {
-                        tracing::debug!(%error, "PostgreSQL connection ended with an error");
-                    }
-                    Ok(Ok(())) | Err(_) => {}
+                if let Ok(Err(error)) = io.await {
+                    tracing::debug!(%error, "PostgreSQL connection ended with an error");
                 }
                 announce_connection_ended();
             });
