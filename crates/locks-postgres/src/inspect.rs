@@ -13,9 +13,9 @@ use deadpool_postgres::PoolError;
 use time::OffsetDateTime;
 use tokio_postgres::{Client, SimpleQueryMessage, SimpleQueryRow};
 
-use crate::AdvisoryLockMode;
 use crate::PostgresLockManager;
 use crate::errors::describe;
+use locks_port::LockMode;
 
 /// The prefix of `application_name` on the manager's lock connections: `locks:<holder id>`.
 const OUR_APPLICATION_PREFIX: &str = "locks:";
@@ -72,7 +72,7 @@ pub struct LockHolder {
     /// The backend's process id; `None` for a prepared transaction.
     pub pid: Option<i32>,
     /// Exclusive or shared.
-    pub mode: AdvisoryLockMode,
+    pub mode: LockMode,
     /// Whether it holds the lock (`true`) or waits for it (`false`).
     pub granted: bool,
     /// When it started waiting (`pg_locks.waitstart`), for a waiter on PostgreSQL 14 and
@@ -292,8 +292,8 @@ fn read_row(row: &SimpleQueryRow) -> Result<LockHolder, InspectError> {
         .map(|pid| i32::try_from(pid).map_err(|_| unexpected("pid")))
         .transpose()?;
     let mode = match row.get(4) {
-        Some("ExclusiveLock") => AdvisoryLockMode::Exclusive,
-        Some("ShareLock") => AdvisoryLockMode::Shared,
+        Some("ExclusiveLock") => LockMode::Exclusive,
+        Some("ShareLock") => LockMode::Shared,
         _ => return Err(unexpected("mode")),
     };
     let granted = match row.get(5) {

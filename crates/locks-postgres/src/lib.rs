@@ -38,6 +38,9 @@ pub use leader::{
     DEFAULT_BACKOFF, DEFAULT_TAKEOVER_DELAY, Leader, LeaderElection, Leadership, TermEnd,
 };
 pub use lease::{Lease, LeaseError, ServerTimers};
+/// The mode of a lock (exclusive or shared), the port's: named here too, as every
+/// call that takes a mode does.
+pub use locks_port::LockMode;
 pub use manager::PostgresLockManager;
 pub use many::PostgresLocks;
 pub use pool::{
@@ -45,7 +48,9 @@ pub use pool::{
     plain_pool_with_config, tls_pool,
 };
 pub use semaphore::{PostgresPermit, semaphore_holders};
-pub use xact::{AdvisoryLockMode, TransactionLockError, TransactionLocks};
+#[allow(deprecated)]
+pub use xact::AdvisoryLockMode;
+pub use xact::{TransactionLockError, TransactionLocks};
 
 /// The lock API in one `use`: the port's traits and types (see
 /// [`locks_port::prelude`]) and this adapter's manager.
@@ -58,8 +63,7 @@ pub use xact::{AdvisoryLockMode, TransactionLockError, TransactionLocks};
 /// ```
 pub mod prelude {
     pub use crate::{
-        AdvisoryLockMode, KeyVisibility, LockHolder, PostgresLockGuard, PostgresLockManager,
-        TransactionLocks,
+        KeyVisibility, LockHolder, PostgresLockGuard, PostgresLockManager, TransactionLocks,
     };
     pub use locks_port::prelude::*;
 }

@@ -29,8 +29,8 @@ const SAVED_STATEMENT_TIMEOUT: &str = "locks_xact.statement_timeout";
 /// The largest `lock_timeout` PostgreSQL accepts, in milliseconds (`INT_MAX`).
 const MAX_LOCK_TIMEOUT_MS: u128 = i32::MAX as u128;
 
-/// The mode of an advisory lock: the port's [`LockMode`], under the name this crate used
-/// before the port had one (a [`TransactionLocks`] call, a [`LockHolder`](crate::LockHolder)).
+/// The port's [`LockMode`], under the name this crate used before the port had one.
+#[deprecated(since = "0.2.0", note = "use `LockMode` (one name for one thing)")]
 pub type AdvisoryLockMode = LockMode;
 
 /// The SQL function suffix of a mode (`_shared` or nothing).
@@ -62,14 +62,15 @@ fn suffix(mode: LockMode) -> &'static str {
 /// ```no_run
 /// use std::time::Duration;
 ///
-/// use locks_postgres::{AdvisoryLockMode, TransactionLocks};
+/// use locks_postgres::TransactionLocks;
+/// use locks_postgres::locks_port::LockMode;
 ///
 /// # async fn run(pool: locks_postgres::deadpool_postgres::Pool) -> Result<(), Box<dyn std::error::Error>> {
 /// let locks = TransactionLocks::new();
 /// let mut client = pool.get().await?;
 /// let tx = client.transaction().await?;
 /// locks
-///     .lock_with_timeout(&tx, "cutover:tenant-1", AdvisoryLockMode::Exclusive, Duration::from_secs(5))
+///     .lock_with_timeout(&tx, "cutover:tenant-1", LockMode::Exclusive, Duration::from_secs(5))
 ///     .await?;
 /// tx.execute("UPDATE routing SET store = 'dedicated' WHERE tenant = 1", &[]).await?;
 /// tx.commit().await?; // releases the lock
@@ -149,7 +150,7 @@ impl TransactionLocks {
         &self,
         tx: &Transaction<'_>,
         key: &str,
-        mode: AdvisoryLockMode,
+        mode: LockMode,
     ) -> Result<bool, TransactionLockError> {
         let lock_id = self.lock_id(key);
         let span = self.span(key, lock_id, "pg_try_advisory_xact_lock", None);
@@ -181,7 +182,7 @@ impl TransactionLocks {
         &self,
         tx: &Transaction<'_>,
         key: &str,
-        mode: AdvisoryLockMode,
+        mode: LockMode,
     ) -> Result<(), TransactionLockError> {
         self.acquire(tx, key, mode, None).await
     }
@@ -201,7 +202,7 @@ impl TransactionLocks {
         &self,
         tx: &Transaction<'_>,
         key: &str,
-        mode: AdvisoryLockMode,
+        mode: LockMode,
         timeout: Duration,
     ) -> Result<(), TransactionLockError> {
         self.acquire(tx, key, mode, Some(timeout)).await
@@ -211,7 +212,7 @@ impl TransactionLocks {
         &self,
         tx: &Transaction<'_>,
         key: &str,
-        mode: AdvisoryLockMode,
+        mode: LockMode,
         timeout: Option<Duration>,
     ) -> Result<(), TransactionLockError> {
         let lock_id = self.lock_id(key);
@@ -286,7 +287,7 @@ fn lock_timeout_ms(timeout: Duration) -> Option<u128> {
 async fn try_once(
     tx: &Transaction<'_>,
     lock_id: i64,
-    mode: AdvisoryLockMode,
+    mode: LockMode,
 ) -> Result<Attempt, tokio_postgres::Error> {
     let sql = format!(
         "SELECT pg_try_advisory_xact_lock{}({lock_id})",
@@ -314,7 +315,7 @@ async fn try_once(
 async fn wait(
     tx: &Transaction<'_>,
     lock_id: i64,
-    mode: AdvisoryLockMode,
+    mode: LockMode,
     lock_timeout_ms: u128,
 ) -> Result<(), tokio_postgres::Error> {
     let sql = format!(

@@ -4,7 +4,7 @@
 use locks_port::time::OffsetDateTime;
 use locks_postgres::tokio_postgres;
 use locks_postgres::{
-    AdvisoryLockId, AdvisoryLockMode, InspectError, LockHolder, all_lock_holders, lock_holders,
+    AdvisoryLockId, InspectError, LockHolder, LockMode, all_lock_holders, lock_holders,
 };
 
 /// One session's grant of, or wait for, an advisory lock.
@@ -117,7 +117,7 @@ fn entry(holder: &LockHolder, now: OffsetDateTime) -> Entry {
         lock_id,
         pid: holder.pid,
         granted: holder.granted,
-        mode: if holder.mode == AdvisoryLockMode::Shared {
+        mode: if holder.mode == LockMode::Shared {
             "shared"
         } else {
             "exclusive"

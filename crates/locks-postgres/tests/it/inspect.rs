@@ -5,8 +5,7 @@ use std::time::Duration;
 
 use locks_postgres::tokio_postgres::{self, Client, NoTls};
 use locks_postgres::{
-    AdvisoryLockId, AdvisoryLockMode, LockHolder, PostgresLockManager, all_lock_holders,
-    lock_holders,
+    AdvisoryLockId, LockHolder, LockMode, PostgresLockManager, all_lock_holders, lock_holders,
 };
 use time::OffsetDateTime;
 
@@ -108,17 +107,17 @@ async fn a_foreign_holder_and_two_waiters_in_queue_order() {
     };
     assert_session(held, holder_pid, "foreign-app");
     assert!(held.granted);
-    assert_eq!(held.mode, AdvisoryLockMode::Exclusive);
+    assert_eq!(held.mode, LockMode::Exclusive);
     assert_eq!(held.waiting_since, None);
     assert!(!held.ours);
     assert_eq!(held.holder_id, None);
 
     assert_session(waiting_first, first_pid, "waiter-1");
     assert!(!waiting_first.granted);
-    assert_eq!(waiting_first.mode, AdvisoryLockMode::Exclusive);
+    assert_eq!(waiting_first.mode, LockMode::Exclusive);
     assert_session(waiting_second, second_pid, "waiter-2");
     assert!(!waiting_second.granted);
-    assert_eq!(waiting_second.mode, AdvisoryLockMode::Shared);
+    assert_eq!(waiting_second.mode, LockMode::Shared);
     // Version-gated: `pg_locks.waitstart` exists from PostgreSQL 14; before, a waiter has no
     // start time and the queue order comes from pg_blocking_pids alone (checked above).
     if crate::support::server_version_num(&admin).await >= 140_000 {
@@ -180,7 +179,7 @@ async fn our_sessions_are_told_apart_by_application_name() {
     };
     assert!(by_pid(pid).ours);
     assert_eq!(by_pid(pid).holder_id.as_deref(), Some("worker-7"));
-    assert_eq!(by_pid(pid).mode, AdvisoryLockMode::Shared);
+    assert_eq!(by_pid(pid).mode, LockMode::Shared);
     assert!(by_pid(anonymous_pid).ours);
     assert_eq!(by_pid(anonymous_pid).holder_id, None);
     assert!(holders.iter().all(|holder| holder.granted));

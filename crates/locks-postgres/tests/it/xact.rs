@@ -4,14 +4,14 @@
 use std::time::{Duration, Instant};
 
 use locks_postgres::tokio_postgres::{Client, Transaction};
-use locks_postgres::{AdvisoryLockMode, TransactionLockError, TransactionLocks};
+use locks_postgres::{LockMode, TransactionLockError, TransactionLocks};
 use throwaway_pg::testing::connect;
 use throwaway_pg::{PgBouncer, PoolMode};
 
 use crate::support::{admin, database_url, holders, unique_key};
 
-const EXCLUSIVE: AdvisoryLockMode = AdvisoryLockMode::Exclusive;
-const SHARED: AdvisoryLockMode = AdvisoryLockMode::Shared;
+const EXCLUSIVE: LockMode = LockMode::Exclusive;
+const SHARED: LockMode = LockMode::Shared;
 
 async fn client() -> Client {
     connect(&database_url()).await
