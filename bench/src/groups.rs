@@ -1,14 +1,15 @@
 //! Scenario 13: `acquire_many` over a simulated network (a delaying proxy at a ~2 ms
 //! round trip). Uncontended: one key's `acquire` against `acquire_many` of 1 and of 8
-//! keys, and 8 keys the old way (one try per round trip, the setting kept for this
-//! comparison). Contended: 4 tasks taking overlapping subsets of 6 keys, the
+//! keys, and 8 keys the old way (one try per round trip, written here on a plain
+//! connection: [`OldWay`]). Contended: 4 tasks taking overlapping subsets of 6 keys, the
 //! one-statement tries against the old way, in alternating windows.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use locks_port::{AcquireOptions, conformance::Lcg};
+use locks_port::{AcquireOptions, KeyDerivation, conformance::Lcg};
 use locks_postgres::PostgresLockManager;
+use locks_postgres::deadpool_postgres::Object;
 use serde_json::json;
 
 use crate::db::Database;
@@ -34,10 +35,71 @@ struct Variant {
     batches: Batches,
 }
 
+/// `acquire_many` as it was before its tries went into one statement, on one connection:
+/// the keys in the one global order, a `pg_try_advisory_lock` round trip each, a
+/// `pg_advisory_lock` wait on a busy one (holding those before it, none after), then one
+/// unlock each.
+pub(crate) struct OldWay {
+    client: Object,
+}
+
+impl OldWay {
+    pub(crate) fn new(client: Object) -> Self {
+        Self { client }
+    }
+
+    pub(crate) async fn backend_pid(&self) -> Result<i32, BoxError> {
+        Ok(self
+            .client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await?
+            .get(0))
+    }
+
+    pub(crate) async fn cycle(&self, keys: &[String]) -> Result<(), BoxError> {
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let ids: Vec<i64> = KeyDerivation::CURRENT
+            .lock_order(&keys)
+            .into_keys()
+            .collect();
+        let try_lock = self
+            .client
+            .prepare_cached("SELECT pg_try_advisory_lock($1)")
+            .await?;
+        let lock = self
+            .client
+            .prepare_cached("SELECT pg_advisory_lock($1)")
+            .await?;
+        let unlock = self
+            .client
+            .prepare_cached("SELECT pg_advisory_unlock($1)")
+            .await?;
+        for id in &ids {
+            let granted: bool = self.client.query_one(&try_lock, &[id]).await?.get(0);
+            if !granted {
+                self.client.execute(&lock, &[id]).await?;
+            }
+        }
+        for id in &ids {
+            let released: bool = self.client.query_one(&unlock, &[id]).await?.get(0);
+            if !released {
+                return Err("pg_advisory_unlock answered false".into());
+            }
+        }
+        Ok(())
+    }
+}
+
 fn keys(prefix: &str, count: usize) -> Vec<String> {
     (0..count)
         .map(|n| format!("bench:groups:{prefix}:{n}"))
         .collect()
+}
+
+/// One task's way of taking a group.
+enum Way {
+    New(PostgresLockManager),
+    Old(Box<OldWay>),
 }
 
 /// One window of the contended run: `CONTENDED_TASKS` tasks, each with a manager of
@@ -53,9 +115,12 @@ async fn contended_window(
     let end = Instant::now() + window;
     let mut tasks = Vec::new();
     for task in 0..CONTENDED_TASKS {
-        let manager = PostgresLockManager::builder(through.pool(1, "lock-bench-groups"))
-            .group_tries_one_by_one(one_by_one)
-            .build();
+        let pool = through.pool(1, "lock-bench-groups");
+        let way = if one_by_one {
+            Way::Old(Box::new(OldWay::new(pool.get().await?)))
+        } else {
+            Way::New(PostgresLockManager::new(pool))
+        };
         let keys = Arc::clone(&keys);
         let seed = seed * 16 + u64::try_from(task).unwrap_or(0) + 1;
         tasks.push(tokio::spawn(async move {
@@ -65,10 +130,19 @@ async fn contended_window(
             while Instant::now() < end {
                 let started = Instant::now();
                 let subset = random.subset(&keys, 2, 4);
-                let locks = manager
-                    .acquire_many(&subset, Duration::from_secs(30))
-                    .await?;
-                locks.release().await;
+                match &way {
+                    Way::New(manager) => {
+                        let locks = manager
+                            .acquire_many(&subset, Duration::from_secs(30))
+                            .await?;
+                        locks.release().await;
+                    }
+                    Way::Old(old) => {
+                        let subset: Vec<String> =
+                            subset.iter().map(|key| (*key).to_owned()).collect();
+                        old.cycle(&subset).await?;
+                    }
+                }
                 latencies.record(started.elapsed());
                 ops += 1;
             }
@@ -118,13 +192,10 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         },
         Variant {
             name: "acquire_many of 8 keys + release, the old way (one try per round trip)",
-            op: Op::library_many(
-                PostgresLockManager::builder(through.pool(1, "lock-bench-groups"))
-                    .group_tries_one_by_one(true)
-                    .build(),
-                keys("many-8-old", 8),
-                options,
-            ),
+            op: Op::OldWay {
+                old: OldWay::new(through.pool(1, "lock-bench-groups").get().await?),
+                keys: keys("many-8-old", 8),
+            },
             batches: Batches::new(),
         },
     ];

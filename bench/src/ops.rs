@@ -13,6 +13,7 @@ use locks_postgres::tokio_postgres::{Client, SimpleQueryMessage};
 
 use crate::BoxError;
 use crate::db::RawStatements;
+use crate::groups::OldWay;
 
 /// One way of taking and giving back a lock.
 pub(crate) enum Op {
@@ -47,6 +48,8 @@ pub(crate) enum Op {
         keys: Vec<String>,
         options: AcquireOptions,
     },
+    /// `acquire_many` of `keys` the old way (see [`OldWay`]).
+    OldWay { old: OldWay, keys: Vec<String> },
     /// The locks of `ids` (ascending) and then their unlocks, prepared, on one
     /// connection: one after another, or each set `pipelined` (sent at once).
     RawMany {
@@ -129,6 +132,7 @@ impl Op {
                     return Err("pg_advisory_unlock answered false".into());
                 }
             }
+            Self::OldWay { old, keys } => old.cycle(keys).await?,
             Self::AcquireMany {
                 manager,
                 keys,
@@ -305,6 +309,7 @@ impl Op {
                 .query_one("SELECT pg_backend_pid()", &[])
                 .await?
                 .get(0),
+            Self::OldWay { old, .. } => old.backend_pid().await?,
         })
     }
 }

@@ -250,16 +250,11 @@ impl Inner {
         let mut next = 0;
         while next < lock_ids.len() {
             let (rest_keys, rest) = (&keys[next..], &lock_ids[next..]);
-            let (tried, first_busy);
-            (session, first_busy) = if self.settings().group_tries_one_by_one {
-                tried = 1;
-                self.try_first(rest_keys[0], rest[0], mode, session, deadline)
-                    .await?
-            } else {
-                tried = rest.len();
-                self.try_each(rest_keys, rest, mode, session, deadline)
-                    .await?
-            };
+            let tried = rest.len();
+            let first_busy;
+            (session, first_busy) = self
+                .try_each(rest_keys, rest, mode, session, deadline)
+                .await?;
             let Some(busy) = first_busy else {
                 next += tried;
                 continue;

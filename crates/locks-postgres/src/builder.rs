@@ -78,7 +78,6 @@ pub(crate) struct Settings {
     pub(crate) release_in_background: bool,
     /// `acquire_many` tries its keys one round trip each, the old way (for the
     /// benchmark's comparison only).
-    pub(crate) group_tries_one_by_one: bool,
     /// How many locks may share one connection (1: one connection per lock).
     pub(crate) locks_per_connection: usize,
     /// The level of the acquire and release spans.
@@ -117,7 +116,6 @@ impl Settings {
         deadline_margin: Self::DEADLINE_MARGIN,
         fencing: false,
         release_in_background: false,
-        group_tries_one_by_one: false,
         locks_per_connection: 1,
         span_level: crate::telemetry::DEFAULT_SPAN_LEVEL,
         lease: Some(crate::lease::DEFAULT_LEASE),
@@ -414,15 +412,6 @@ impl PostgresLockManagerBuilder {
     /// bounded as any wait in the queue is (by the call's timeout, if any).
     pub fn release_in_background(mut self, on: bool) -> Self {
         self.settings.release_in_background = on;
-        self
-    }
-
-    /// Makes `acquire_many` try its keys one round trip each, as it did before the tries
-    /// went into one statement. For the benchmark's comparison with the old way only;
-    /// not part of the API.
-    #[doc(hidden)]
-    pub fn group_tries_one_by_one(mut self, on: bool) -> Self {
-        self.settings.group_tries_one_by_one = on;
         self
     }
 

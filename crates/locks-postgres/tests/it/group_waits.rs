@@ -80,14 +80,6 @@ async fn a_waiting_group_holds_the_keys_before_the_busy_one_and_none_after() {
     waits_holding_only_the_keys_before_the_busy_one(PostgresLockManager::new(pool(1))).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_old_way_one_try_per_round_trip_keeps_the_same_rule() {
-    let manager = PostgresLockManager::builder(pool(1))
-        .group_tries_one_by_one(true)
-        .build();
-    waits_holding_only_the_keys_before_the_busy_one(manager).await;
-}
-
 /// A group whose keys are all free is granted whole, and a busy last key times out with
 /// nothing held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
