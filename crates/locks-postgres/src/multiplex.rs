@@ -84,6 +84,24 @@ pub(crate) enum SharedTry {
     NoHost,
 }
 
+/// Which host takes a lock: of the hosts, given as (locks held, whether it holds this
+/// lock id already), the first of the fullest that has room for one more and does not
+/// hold the id (a session's advisory locks are re-entrant: a second try would succeed
+/// on it).
+fn fullest_with_room(
+    hosts: impl Iterator<Item = (usize, bool)>,
+    per_connection: usize,
+) -> Option<usize> {
+    let mut best: Option<(usize, usize)> = None;
+    for (index, (held, holds_id)) in hosts.enumerate() {
+        let room = held < per_connection && !holds_id;
+        if room && best.is_none_or(|(_, most)| held > most) {
+            best = Some((index, held));
+        }
+    }
+    best.map(|(index, _)| index)
+}
+
 impl Multiplexer {
     /// `None` unless more than one lock may share a connection.
     pub(crate) fn new(per_connection: usize, answer_timeout: Duration) -> Option<Self> {
@@ -99,15 +117,14 @@ impl Multiplexer {
     fn reserve(&self, lock_id: i64, mode: LockMode) -> Option<Membership> {
         let mut hosts = lock(&self.hosts);
         hosts.retain(|host| !host.state().retired);
-        let mut best: Option<(&Arc<Host>, usize)> = None;
-        for host in hosts.iter() {
-            let state = host.state();
-            let room = state.ids.len() < self.per_connection && !state.ids.contains(&lock_id);
-            if room && best.is_none_or(|(_, most)| state.ids.len() > most) {
-                best = Some((host, state.ids.len()));
-            }
-        }
-        let (host, _) = best?;
+        let chosen = fullest_with_room(
+            hosts.iter().map(|host| {
+                let state = host.state();
+                (state.ids.len(), state.ids.contains(&lock_id))
+            }),
+            self.per_connection,
+        )?;
+        let host = &hosts[chosen];
         let mut state = host.state();
         state.ids.insert(lock_id);
         drop(state);
@@ -375,5 +392,24 @@ impl Multiplexer {
             }
         }
         rest
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fullest_with_room;
+
+    #[test]
+    fn locks_gather_on_the_fullest_host_with_room_that_does_not_hold_the_id() {
+        let choose = |hosts: &[(usize, bool)], cap| fullest_with_room(hosts.iter().copied(), cap);
+        assert_eq!(choose(&[], 10), None);
+        assert_eq!(choose(&[(3, false), (7, false), (5, false)], 10), Some(1));
+        // Full hosts and hosts that hold the id already are passed over.
+        assert_eq!(choose(&[(3, false), (10, false), (7, true)], 10), Some(0));
+        assert_eq!(choose(&[(10, false), (4, true)], 10), None);
+        // Ties go to the first.
+        assert_eq!(choose(&[(2, false), (2, false)], 10), Some(0));
+        assert_eq!(choose(&[(0, false)], 1), Some(0));
+        assert_eq!(choose(&[(1, false)], 1), None);
     }
 }
