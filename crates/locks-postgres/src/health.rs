@@ -17,14 +17,15 @@
 //! an `eventsource.lock.lost` span says so, and the per-reason count grows.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
 
-use locks_port::LostReason;
+use locks_port::{LossNotifier, LostReason};
 use tokio::time::Instant;
 
-use crate::bookkeeping::{Held, SessionSlot, Ticket};
+use crate::bookkeeping::{Held, SessionSlot, Ticket, new_slot};
 use crate::connect::connection_ended;
-use crate::connection::Answer;
+use crate::connection::{Answer, Session};
 use crate::errors::{MOVED_BETWEEN_SESSIONS, describe};
 use crate::limit::Limit;
 use crate::manager::{Inner, PostgresLockManager};
@@ -71,6 +72,85 @@ pub(crate) struct Health {
     /// Whether the monitor task runs.
     monitor_running: AtomicBool,
     lost: LostCounts,
+    /// The held connections outside the bookkeeping (permits), while held.
+    watched: Mutex<Vec<Weak<Watched>>>,
+}
+
+impl Health {
+    fn watched(&self) -> MutexGuard<'_, Vec<Weak<Watched>>> {
+        self.watched.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A held connection outside the bookkeeping: a semaphore's permit (its slot lock on a
+/// session of its own). The monitor looks at it and keeps it alive exactly as it does a
+/// lock's connection, and is the one that decides it is lost: the session is taken out
+/// of the slot and discarded, the loss counted, the owner's signal fired.
+pub(crate) struct Watched {
+    slot: SessionSlot,
+    notifier: LossNotifier,
+    /// The semaphore's class (for the permits' metrics) and name (for events).
+    class: i32,
+    name: Arc<str>,
+    keepalive: Mutex<Keepalive>,
+}
+
+/// What one look at a watched connection's slot found.
+enum Look {
+    /// Released or pinged right now.
+    Busy,
+    /// Released (or lost) already.
+    Gone,
+    Ended,
+    Open,
+}
+
+/// When a watched connection last answered, and whether a keepalive is in flight.
+#[derive(Default)]
+struct Keepalive {
+    last_answer: Option<Instant>,
+    pinging: bool,
+}
+
+impl Watched {
+    pub(crate) fn new(session: Session, class: i32, name: Arc<str>) -> Arc<Self> {
+        Arc::new(Self {
+            slot: new_slot(session),
+            notifier: LossNotifier::new(),
+            class,
+            name,
+            keepalive: Mutex::default(),
+        })
+    }
+
+    /// The session, `None` once released or lost.
+    pub(crate) fn slot(&self) -> &SessionSlot {
+        &self.slot
+    }
+
+    pub(crate) fn notifier(&self) -> &LossNotifier {
+        &self.notifier
+    }
+
+    fn keepalive_due(&self, now: Instant, cadence: Duration) -> bool {
+        let mut state = self
+            .keepalive
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let due = !state.pinging
+            && now.saturating_duration_since(*state.last_answer.get_or_insert(now)) >= cadence;
+        state.pinging |= due;
+        due
+    }
+
+    fn answered(&self, now: Instant) {
+        let mut state = self
+            .keepalive
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        state.last_answer = Some(now);
+        state.pinging = false;
+    }
 }
 
 #[derive(Default)]
@@ -100,12 +180,15 @@ impl LostCounts {
     }
 }
 
-/// What one look at the bookkeeping found.
+/// What one look at the bookkeeping and the watched connections found.
 #[derive(Default)]
 struct Findings {
     ended: Vec<Ticket>,
     /// Per connection due a keepalive, the locks it holds (several when they share it).
     due: Vec<(SessionSlot, Vec<Ticket>)>,
+    /// Watched connections (permits) that ended, and those due a keepalive.
+    ended_watched: Vec<Arc<Watched>>,
+    due_watched: Vec<Arc<Watched>>,
 }
 
 impl Inner {
@@ -126,9 +209,99 @@ impl Inner {
         }
     }
 
+    /// Watches `watched` (a permit's connection) until it is released or lost.
+    pub(crate) fn watch(self: &Arc<Self>, watched: &Arc<Watched>) {
+        let mut list = self.health().watched();
+        list.retain(|weak| weak.strong_count() > 0);
+        list.push(Arc::downgrade(watched));
+        drop(list);
+        self.ensure_monitor();
+    }
+
+    /// Looks at every watched connection (permits); forgets those released or dropped.
+    fn inspect_watched(&self, now: Instant, findings: &mut Findings) {
+        let cadence = self.settings().keepalive;
+        self.health().watched().retain(|weak| {
+            let Some(watched) = weak.upgrade() else {
+                return false;
+            };
+            // A session being released or pinged is looked at next round.
+            let look = match watched.slot.try_lock() {
+                Err(_) => Look::Busy,
+                Ok(session) => match session.as_ref() {
+                    None => Look::Gone,
+                    Some(session) if session.is_closed() => Look::Ended,
+                    Some(_) => Look::Open,
+                },
+            };
+            match look {
+                Look::Busy => true,
+                Look::Gone => false,
+                Look::Ended => {
+                    findings.ended_watched.push(watched);
+                    true
+                }
+                Look::Open => {
+                    if cadence.is_some_and(|cadence| watched.keepalive_due(now, cadence)) {
+                        findings.due_watched.push(watched);
+                    }
+                    true
+                }
+            }
+        });
+    }
+
+    /// A watched connection is lost: its session comes out of the slot and is
+    /// discarded, and, unless a release took it first, the loss is counted and its owner
+    /// told.
+    async fn lose_watched(&self, watched: &Watched, reason: LostReason) {
+        let taken = watched.slot.lock().await.take();
+        if taken.is_none() {
+            return;
+        }
+        drop(taken);
+        self.metrics().permits_changed(-1);
+        self.permit_lost(watched.class, reason);
+        watched.notifier.notify(reason);
+        tracing::warn!(
+            semaphore = %self.shown(&watched.name).unwrap_or(""),
+            reason = reason.as_str(),
+            "permit lost"
+        );
+    }
+
+    /// One keepalive on a watched connection.
+    async fn keepalive_watched(&self, watched: &Watched) {
+        let outcome = {
+            let mut session = watched.slot.lock().await;
+            let Some(session) = session.as_mut() else {
+                return; // released meanwhile
+            };
+            let answer = session
+                .run_within(
+                    Statement::Ping,
+                    Limit::Waiting(self.settings().answer_timeout),
+                )
+                .await;
+            match answer {
+                Ok(Ok(Answer::Bool(true))) => None,
+                Ok(Err(error)) if error.is_closed() || error.code().is_some() => {
+                    Some(LostReason::ConnectionClosed)
+                }
+                _ if session.is_closed() => Some(LostReason::ConnectionClosed),
+                _ => Some(LostReason::KeepaliveFailed),
+            }
+        };
+        match outcome {
+            None => watched.answered(Instant::now()),
+            Some(reason) => self.lose_watched(watched, reason).await,
+        }
+    }
+
     /// Looks at every held lock: which connections ended, which are due a keepalive.
     fn inspect(&self, now: Instant) -> Findings {
         let mut findings = Findings::default();
+        self.inspect_watched(now, &mut findings);
         let cadence = self.settings().keepalive;
         let mut book = self.book();
         for held in book.entries_mut() {
@@ -292,6 +465,13 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// Whether nothing is held: no lock in the bookkeeping, no watched connection.
+    fn is_idle(&self) -> bool {
+        self.book().is_empty() && self.health().watched().is_empty()
+    }
+}
+
 /// Drops a lost lock's session: detached from the pool and closed, never reused. The
 /// slot may be busy (a keepalive that is timing out); then the keepalive's own end
 /// drops it.
@@ -340,16 +520,26 @@ async fn monitor(manager: Weak<Inner>) {
             let inner = Arc::clone(&inner);
             tokio::spawn(async move { inner.keepalive(entries, slot).await });
         }
-        if inner.book().is_empty() {
+        for watched in findings.ended_watched {
+            let inner = Arc::clone(&inner);
+            tokio::spawn(async move {
+                inner
+                    .lose_watched(&watched, LostReason::ConnectionClosed)
+                    .await;
+            });
+        }
+        for watched in findings.due_watched {
+            let inner = Arc::clone(&inner);
+            tokio::spawn(async move { inner.keepalive_watched(&watched).await });
+        }
+        if inner.is_idle() {
             inner
                 .health()
                 .monitor_running
                 .store(false, Ordering::Release);
             // A grant between the look and the store found the flag set and started
             // nothing: take the monitor back up for it.
-            if inner.book().is_empty()
-                || inner.health().monitor_running.swap(true, Ordering::AcqRel)
-            {
+            if inner.is_idle() || inner.health().monitor_running.swap(true, Ordering::AcqRel) {
                 return;
             }
         }

@@ -20,7 +20,7 @@ use tracing_subscriber::prelude::*;
 #[allow(dead_code)] // shared with the `it` binary, which uses all of it
 mod support;
 
-use support::{pool, unique_key};
+use support::{pool, unannounced_pool, unique_key};
 
 /// The process-wide exporter behind the global subscriber, installed once.
 fn exporter() -> &'static (InMemorySpanExporter, SdkTracerProvider) {
@@ -342,10 +342,15 @@ async fn hidden_keys_stay_out_of_spans() {
 }
 
 /// A failed unlock is visible in the pipeline: the release span is an error, and the
-/// WARNING `Error releasing advisory lock` is an event on it.
+/// WARNING `Error releasing advisory lock` is an event on it. (On a pool whose
+/// connections' end wakes no monitor, so the release is the first to find it.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_unlock_is_a_warning_event_on_an_error_span() {
-    let manager = PostgresLockManager::new(pool(1));
+    let manager = PostgresLockManager::builder(unannounced_pool(1))
+        .health_check_interval(Duration::from_secs(3600))
+        .lease(None)
+        .keepalive(None)
+        .build();
     let admin = support::admin().await;
     let key = unique_key("otel-terminated");
     let id = locks_port::lock_id(&key);

@@ -1,18 +1,17 @@
-//! The guard of a held permit and its watch: the connection checked every health-check
-//! interval (ended: lost) and pinged every keepalive cadence (no answer: lost), as a
-//! held lock's.
+//! The guard of a held permit. Its connection is watched by the manager's one
+//! lost-lock monitor ([`crate::health::Watched`]), exactly as a held lock's: the monitor
+//! decides when it is lost.
 
 use std::fmt;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
-use locks_port::{LossNotifier, LostReason, LostSignal, PermitGuard, PermitInfo, ReleaseOutcome};
-use tokio::sync::Mutex as AsyncMutex;
-use tokio::time::Instant;
+use locks_port::{LostReason, LostSignal, PermitGuard, PermitInfo, ReleaseOutcome};
 use tokio_postgres::CancelToken;
 
 use super::sql;
-use crate::connect::{Canceller, connection_ended};
+use crate::connect::Canceller;
 use crate::connection::Session;
+use crate::health::Watched;
 use crate::manager::Inner;
 
 /// Sends a cancel request (with the pool's TLS connector) for the statement in flight if
@@ -38,15 +37,13 @@ impl Drop for CancelOnDrop<'_> {
     }
 }
 
-/// What the guard and its watch share.
+/// What the guard and its release share.
 struct Shared {
     inner: Arc<Inner>,
-    name: Arc<str>,
     /// The semaphore's class (for the metrics).
     class: i32,
-    /// The permit's connection; `None` once released or lost.
-    session: AsyncMutex<Option<Session>>,
-    notifier: LossNotifier,
+    /// The permit's connection (`None` once released or lost), as the monitor watches it.
+    watched: Arc<Watched>,
 }
 
 /// A permit held through a [`PostgresLockManager`](crate::PostgresLockManager): a slot
@@ -65,19 +62,15 @@ pub struct PostgresPermit {
 
 impl PostgresPermit {
     pub(super) fn new(inner: Arc<Inner>, session: Session, info: PermitInfo, class: i32) -> Self {
-        let notifier = LossNotifier::new();
-        let lost = notifier.signal();
+        let watched = Watched::new(session, class, Arc::from(info.name()));
+        let lost = watched.notifier().signal();
         inner.metrics().permits_changed(1);
+        inner.watch(&watched);
         let shared = Arc::new(Shared {
             inner,
-            name: Arc::from(info.name()),
             class,
-            session: AsyncMutex::new(Some(session)),
-            notifier,
+            watched,
         });
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(watch(Arc::downgrade(&shared)));
-        }
         Self { shared, info, lost }
     }
 }
@@ -85,9 +78,9 @@ impl PostgresPermit {
 /// Frees the permit on its connection and gives the connection back; closes it when
 /// the unlock is not confirmed.
 async fn release(shared: &Shared) -> ReleaseOutcome {
-    let session = shared.session.lock().await.take();
+    let session = shared.watched.slot().lock().await.take();
     let Some(session) = session else {
-        return match shared.notifier.signal().reason() {
+        return match shared.watched.notifier().signal().reason() {
             Some(reason) if reason != LostReason::Released => ReleaseOutcome::Lost(reason),
             _ => ReleaseOutcome::AlreadyReleased,
         };
@@ -105,7 +98,7 @@ async fn release(shared: &Shared) -> ReleaseOutcome {
         ReleaseOutcome::Unlocked
     } else {
         if session.is_closed() {
-            // The session had ended under the holder before the watch saw it: the
+            // The session had ended under the holder before the monitor saw it: the
             // permit was lost while held, and the loss counts say so.
             shared
                 .inner
@@ -114,88 +107,8 @@ async fn release(shared: &Shared) -> ReleaseOutcome {
         session.close();
         ReleaseOutcome::SessionClosed
     };
-    shared.notifier.notify(LostReason::Released);
+    shared.watched.notifier().notify(LostReason::Released);
     outcome
-}
-
-/// Watches one permit's connection until it is released or lost.
-async fn watch(shared: Weak<Shared>) {
-    let Some((check, keepalive)) = shared.upgrade().map(|shared| {
-        let settings = shared.inner.settings();
-        (settings.health_check_interval, settings.keepalive)
-    }) else {
-        return;
-    };
-    let mut last_answer = Instant::now();
-    let mut ended = connection_ended();
-    loop {
-        // A connection of this crate's pools that ends says so at once: look now.
-        tokio::select! {
-            () = tokio::time::sleep(check) => {}
-            _ = ended.changed() => {}
-        }
-        let Some(shared) = shared.upgrade() else {
-            return;
-        };
-        let mut slot = shared.session.lock().await;
-        let Some(session) = slot.as_ref() else {
-            return;
-        };
-        if session.is_closed() {
-            slot.take();
-            drop(slot);
-            shared.lose(LostReason::ConnectionClosed);
-            tracing::warn!(
-                semaphore = %shared_name(&shared),
-                reason = LostReason::ConnectionClosed.as_str(),
-                "permit lost"
-            );
-            return;
-        }
-        let due = keepalive.is_some_and(|cadence| last_answer.elapsed() >= cadence);
-        if due {
-            let object = session.object();
-            let answer = tokio::time::timeout(shared.inner.settings().answer_timeout, async {
-                let statement = object.prepare_cached(sql::PING).await?;
-                object.query_one(&statement, &[&session.marker()]).await
-            })
-            .await;
-            if matches!(answer, Ok(Ok(_))) {
-                last_answer = Instant::now();
-            } else {
-                let reason = if session.is_closed() {
-                    LostReason::ConnectionClosed
-                } else {
-                    LostReason::KeepaliveFailed
-                };
-                if let Some(session) = slot.take() {
-                    session.close();
-                }
-                drop(slot);
-                shared.lose(reason);
-                tracing::warn!(
-                    semaphore = %shared_name(&shared),
-                    reason = reason.as_str(),
-                    "permit lost"
-                );
-                return;
-            }
-        }
-    }
-}
-
-impl Shared {
-    /// The permit was lost (its session already taken out): counted, then its guard told.
-    fn lose(&self, reason: LostReason) {
-        self.inner.metrics().permits_changed(-1);
-        self.inner.permit_lost(self.class, reason);
-        self.notifier.notify(reason);
-    }
-}
-
-/// The semaphore's name for events, unless the manager keeps keys out of them.
-fn shared_name(shared: &Shared) -> &str {
-    shared.inner.shown(&shared.name).unwrap_or("")
 }
 
 impl PermitGuard for PostgresPermit {
@@ -219,10 +132,12 @@ impl PermitGuard for PostgresPermit {
 
 impl Drop for PostgresPermit {
     fn drop(&mut self) {
-        // Released or lost: nothing to do. (Busy: the watch is pinging; release after it.)
+        // Released or lost: nothing to do. (Busy: the monitor is pinging; release after
+        // it.)
         if self
             .shared
-            .session
+            .watched
+            .slot()
             .try_lock()
             .is_ok_and(|slot| slot.is_none())
         {
@@ -236,7 +151,7 @@ impl Drop for PostgresPermit {
                 });
             }
             Err(_) => {
-                if let Ok(mut slot) = shared.session.try_lock()
+                if let Ok(mut slot) = shared.watched.slot().try_lock()
                     && slot.take().is_some()
                 {
                     shared.inner.metrics().permits_changed(-1);

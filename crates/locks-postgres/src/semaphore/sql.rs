@@ -86,6 +86,3 @@ pub(super) const WAIT_SLOT: &str = "SELECT CASE WHEN current_setting('locks.sess
 /// connection), so this is exact.
 pub(super) const LEAVE: &str = "SELECT CASE WHEN current_setting('locks.session', true) = $1 \
      THEN pg_advisory_unlock_all()::text = '' END";
-
-/// The keepalive of a held permit's connection.
-pub(super) const PING: &str = "SELECT current_setting('locks.session', true) = $1";
