@@ -28,9 +28,9 @@ pub(crate) use self::schedule::{on_cycle_thread, run};
 pub(crate) use self::variant::{Role, Variant};
 
 /// The most a pinned library `acquire` cycle may cost, as a multiple of the raw cycle's
-/// (median of the per-run ratios): issue 12's target.
+/// (median of the per-run ratios): the pinned-cycle target.
 const CYCLE_LIMIT: f64 = 1.10;
-/// The same for `try_acquire` (no target of its own in issue 12: the earlier one).
+/// The same for `try_acquire` (no pinned-cycle target of its own: the earlier one).
 const TRY_LIMIT: f64 = 1.15;
 
 /// The timeout of the bounded variants.

@@ -20,9 +20,9 @@ use crate::report::{Check, Outcome, Section, verdict};
 use crate::stats::{Latencies, fmt_ns, fmt_rate};
 use crate::{BoxError, Plan};
 
-/// The round trip to simulate (issue 24's ~2 ms).
+/// The round trip to simulate (~2 ms, as the target below is stated).
 const ROUND_TRIP: Duration = Duration::from_millis(2);
-/// Issue 24's target: `acquire_many` of 8 uncontended keys + release at most this
+/// The target: `acquire_many` of 8 uncontended keys + release at most this
 /// multiple of one `acquire` + release.
 const LIMIT: f64 = 1.5;
 /// Keys of the contended run, and tasks taking subsets of them.

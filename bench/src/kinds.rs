@@ -1,4 +1,4 @@
-//! Scenarios 9 and 10: the kinds of lock of issue 9 against raw statements, pinned and
+//! Scenarios 9 and 10: shared locks and `acquire_many` against raw statements, pinned and
 //! unpinned, interleaved round by round like scenarios 1 and 2 (the same runner).
 //!
 //! 9 is a shared (reader) lock cycle; 10 is `acquire_many` of eight keys and the
@@ -17,7 +17,7 @@ use crate::ops::Op;
 use crate::report::Outcome;
 use crate::{BoxError, Plan};
 
-/// Issue 9's target for both: pinned p50 at most this multiple of raw.
+/// The target for both: pinned p50 at most this multiple of raw.
 const KINDS_LIMIT: f64 = 1.2;
 
 /// How many keys scenario 10 takes at once.

@@ -20,7 +20,7 @@ use crate::{BoxError, Plan};
 /// add to its own cost (measured with no delay): the proxy's thread hand-offs cost a
 /// few hundred microseconds on a busy two-core VM.
 const ROUND_TRIPS: [Duration; 2] = [Duration::from_micros(500), Duration::from_millis(1)];
-/// Issue 12's target at a 1 ms round trip: the library's cycle at most this multiple of
+/// The target at a 1 ms round trip: the library's cycle at most this multiple of
 /// raw's two statements. Only a release in the background can meet it (ADR 0010: the
 /// unlock off the caller's path); the default release waits for the unlock's answer, as
 /// raw does, so those variants are shown beside it without the target.

@@ -12,8 +12,8 @@ use crate::report::{Check, Outcome, Section, verdict};
 use crate::stats::{Latencies, as_f64, fmt_ns, fmt_rate, fmt_ratio, median, ratio};
 use crate::{BoxError, Plan, interleave};
 
-/// The least library throughput allowed, as a fraction of raw (issue 24's 0.95×; issue
-/// 12's was 0.9×).
+/// The least library throughput allowed, as a fraction of raw (0.95×; the
+/// earlier target was 0.9×).
 const THROUGHPUT_LIMIT: f64 = 0.95;
 const TASKS: usize = 16;
 
