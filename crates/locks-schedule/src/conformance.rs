@@ -1,0 +1,376 @@
+//! The schedule's contract, run by every ledger (feature `conformance`): the in-memory
+//! one on a manual clock, the PostgreSQL one on the server's clock.
+//!
+//! Each case takes a [`Harness`]: two hosts' lock managers (which may be one manager in a
+//! single-process double), one ledger, and a way to move to the start of the next slot.
+//! Every case panics with what broke.
+
+use std::future::Future;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use locks_port::DistributedLock;
+
+use crate::{
+    CrashPolicy, JobContext, Ledger, MissedSlots, Outcome, Overlap, RunReport, Schedule,
+    ScheduledJob, Verdict,
+};
+
+/// What a contract case needs of a ledger under test.
+pub trait Harness: Send + Sync {
+    /// The lock manager type.
+    type Locks: DistributedLock;
+    /// The ledger type.
+    type Ledger: Ledger;
+
+    /// Host `host`'s lock manager (`host` is 0 or 1).
+    fn locks(&self, host: usize) -> &Self::Locks;
+    /// The ledger every host shares.
+    fn ledger(&self) -> &Self::Ledger;
+    /// The schedule the cases use; slots long enough for a case's few firings (the
+    /// PostgreSQL harness: a few seconds).
+    fn schedule(&self) -> Schedule;
+    /// A job name no other case uses.
+    fn job_name(&self, case: &str) -> String;
+    /// Returns once the ledger's clock is just past the start of the next slot.
+    fn next_slot(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// Every case, in order.
+pub async fn run_all<H: Harness>(harness: &H) {
+    one_run_per_slot(harness).await;
+    overlap_skip_is_busy(harness).await;
+    at_most_once_abandons_a_dead_run(harness).await;
+    at_least_once_reruns_a_dead_run(harness).await;
+    at_least_once_retries_failures_up_to_the_bound(harness).await;
+    a_dead_run_is_settled_in_the_next_slot(harness).await;
+    missed_slots_are_recorded(harness).await;
+    the_latest_missed_slot_runs_once(harness).await;
+}
+
+fn job<H: Harness>(harness: &H, case: &str) -> ScheduledJob {
+    ScheduledJob::new(harness.job_name(case), harness.schedule()).holder(case.to_owned())
+}
+
+async fn fire<H: Harness>(
+    harness: &H,
+    host: usize,
+    job: &ScheduledJob,
+    runs: &Arc<AtomicU32>,
+) -> RunReport {
+    let runs = Arc::clone(runs);
+    job.run_once_per_slot(harness.locks(host), harness.ledger(), move |_context| {
+        let runs = Arc::clone(&runs);
+        async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<(), std::convert::Infallible>(())
+        }
+    })
+    .await
+    .expect("a firing")
+}
+
+/// A firing whose job never returns, dropped part-way: a runner that dies mid-job.
+/// Returns once the job had started.
+async fn die_mid_job<H: Harness>(harness: &H, host: usize, job: &ScheduledJob) {
+    let started = Arc::new(tokio::sync::Notify::new());
+    let signal = Arc::clone(&started);
+    let firing = job.run_once_per_slot(harness.locks(host), harness.ledger(), move |_context| {
+        let signal = Arc::clone(&signal);
+        async move {
+            signal.notify_one();
+            std::future::pending::<Result<(), std::convert::Infallible>>().await
+        }
+    });
+    tokio::select! {
+        result = firing => panic!("the job never returns, yet the firing did: {result:?}"),
+        () = started.notified() => {}
+    }
+}
+
+/// Fires until the lock a dead firing left behind is free (its release may run in the
+/// background), for up to 5 s.
+async fn fire_when_free<H: Harness>(
+    harness: &H,
+    host: usize,
+    job: &ScheduledJob,
+    runs: &Arc<AtomicU32>,
+) -> RunReport {
+    for _ in 0..100 {
+        let report = fire(harness, host, job, runs).await;
+        if report.verdict != Verdict::Busy {
+            return report;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the job's lock stayed held for 5 s after its holder was dropped");
+}
+
+/// Two hosts fire in one slot: one runs, the other finds it run; the next slot runs again.
+pub async fn one_run_per_slot<H: Harness>(harness: &H) {
+    let job = job(harness, "one_run");
+    let runs = Arc::new(AtomicU32::new(0));
+    harness.next_slot().await;
+    let first = fire(harness, 0, &job, &runs).await;
+    assert!(
+        matches!(
+            first.verdict,
+            Verdict::Ran {
+                attempt: 1,
+                outcome: Outcome::Succeeded,
+                lock_lost: false,
+                recorded: true
+            }
+        ),
+        "{first:?}"
+    );
+    assert_eq!(first.previous, None, "a new job has nothing to catch up");
+    let second = fire(harness, 1, &job, &runs).await;
+    assert_eq!(second.slot, first.slot);
+    assert_eq!(second.verdict, Verdict::AlreadyRun(Outcome::Succeeded));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    harness.next_slot().await;
+    let next = fire(harness, 1, &job, &runs).await;
+    assert!(next.verdict.ran(), "{next:?}");
+    assert!(next.slot.start() > first.slot.start());
+    assert_eq!(next.previous, None, "the slot before ran");
+    let rows = harness
+        .ledger()
+        .runs(Some(job.name()), 10)
+        .await
+        .expect("runs");
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert!(
+        rows.iter()
+            .all(|row| row.outcome == Outcome::Succeeded && row.finished.is_some())
+    );
+}
+
+/// A firing that finds the job's lock held does nothing.
+pub async fn overlap_skip_is_busy<H: Harness>(harness: &H) {
+    let job = job(harness, "busy").overlap(Overlap::Skip);
+    let runs = Arc::new(AtomicU32::new(0));
+    let guard = harness
+        .locks(1)
+        .try_acquire(&job.lock_key(None))
+        .await
+        .expect("lock")
+        .expect("free");
+    let report = fire(harness, 0, &job, &runs).await;
+    assert_eq!(report.verdict, Verdict::Busy);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    drop(guard);
+}
+
+/// At-most-once: a dead runner's slot is marked abandoned, not run again.
+pub async fn at_most_once_abandons_a_dead_run<H: Harness>(harness: &H) {
+    let job = job(harness, "at_most_once").crash(CrashPolicy::AtMostOnce);
+    let runs = Arc::new(AtomicU32::new(0));
+    harness.next_slot().await;
+    die_mid_job(harness, 0, &job).await;
+    let report = fire_when_free(harness, 1, &job, &runs).await;
+    assert_eq!(
+        report.verdict,
+        Verdict::Settled(Outcome::Abandoned),
+        "{report:?}"
+    );
+    let again = fire(harness, 1, &job, &runs).await;
+    assert_eq!(again.verdict, Verdict::AlreadyRun(Outcome::Abandoned));
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+/// At-least-once: the next firing runs a dead runner's slot again, as attempt 2, told
+/// the previous attempt was abandoned.
+pub async fn at_least_once_reruns_a_dead_run<H: Harness>(harness: &H) {
+    let max_attempts = NonZeroU32::new(2).expect("2");
+    let job = job(harness, "at_least_once").crash(CrashPolicy::AtLeastOnce { max_attempts });
+    harness.next_slot().await;
+    die_mid_job(harness, 0, &job).await;
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let report = loop {
+        let seen = Arc::clone(&seen);
+        let report = job
+            .run_once_per_slot(
+                harness.locks(1),
+                harness.ledger(),
+                move |context: JobContext| {
+                    *seen.lock().expect("seen") = Some((context.attempt, context.previous));
+                    async { Ok::<(), std::convert::Infallible>(()) }
+                },
+            )
+            .await
+            .expect("a firing");
+        if report.verdict != Verdict::Busy {
+            break report;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        matches!(
+            report.verdict,
+            Verdict::Ran {
+                attempt: 2,
+                outcome: Outcome::Succeeded,
+                ..
+            }
+        ),
+        "{report:?}"
+    );
+    assert_eq!(
+        *seen.lock().expect("seen"),
+        Some((2, Some(Outcome::Abandoned)))
+    );
+}
+
+/// At-least-once retries a failed run up to `max_attempts` attempts in all.
+pub async fn at_least_once_retries_failures_up_to_the_bound<H: Harness>(harness: &H) {
+    let max_attempts = NonZeroU32::new(2).expect("2");
+    let job = job(harness, "retries").crash(CrashPolicy::AtLeastOnce { max_attempts });
+    harness.next_slot().await;
+    let mut verdicts = Vec::new();
+    for host in [0, 1, 0] {
+        let report = job
+            .run_once_per_slot(
+                harness.locks(host),
+                harness.ledger(),
+                |context: JobContext| async move {
+                    Err::<(), String>(format!("attempt {} failed", context.attempt))
+                },
+            )
+            .await
+            .expect("a firing");
+        verdicts.push(report.verdict);
+    }
+    assert!(
+        matches!(
+            verdicts[0],
+            Verdict::Ran {
+                attempt: 1,
+                outcome: Outcome::Failed,
+                ..
+            }
+        ),
+        "{verdicts:?}"
+    );
+    assert!(
+        matches!(
+            verdicts[1],
+            Verdict::Ran {
+                attempt: 2,
+                outcome: Outcome::Failed,
+                ..
+            }
+        ),
+        "{verdicts:?}"
+    );
+    assert_eq!(
+        verdicts[2],
+        Verdict::AlreadyRun(Outcome::Failed),
+        "the bound of 2 attempts"
+    );
+    let rows = harness
+        .ledger()
+        .runs(Some(job.name()), 1)
+        .await
+        .expect("runs");
+    assert_eq!(rows[0].detail.as_deref(), Some("attempt 2 failed"));
+}
+
+/// A dead run is settled by the first firing of the next slot: re-run (at-least-once) as
+/// a catch-up, before the current slot runs.
+pub async fn a_dead_run_is_settled_in_the_next_slot<H: Harness>(harness: &H) {
+    let max_attempts = NonZeroU32::new(3).expect("3");
+    let job = job(harness, "dead_then_next").crash(CrashPolicy::AtLeastOnce { max_attempts });
+    let runs = Arc::new(AtomicU32::new(0));
+    harness.next_slot().await;
+    die_mid_job(harness, 0, &job).await;
+    harness.next_slot().await;
+    let report = fire_when_free(harness, 1, &job, &runs).await;
+    let (_, previous) = report.previous.clone().expect("the dead slot settled");
+    assert!(
+        matches!(
+            previous,
+            Verdict::Ran {
+                attempt: 2,
+                outcome: Outcome::Succeeded,
+                ..
+            }
+        ),
+        "{report:?}"
+    );
+    assert!(report.verdict.ran(), "{report:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+async fn miss_three_slots<H: Harness>(
+    harness: &H,
+    job: &ScheduledJob,
+    runs: &Arc<AtomicU32>,
+) -> RunReport {
+    harness.next_slot().await;
+    assert!(fire(harness, 0, job, runs).await.verdict.ran());
+    for _ in 0..4 {
+        harness.next_slot().await;
+    }
+    fire(harness, 1, job, runs).await
+}
+
+/// Every host down for three slots, `MissedSlots::Skip`: the next firing records the
+/// latest missed slot as missed and runs only the current one.
+pub async fn missed_slots_are_recorded<H: Harness>(harness: &H) {
+    let job = job(harness, "missed_skip").missed(MissedSlots::Skip);
+    let runs = Arc::new(AtomicU32::new(0));
+    let report = miss_three_slots(harness, &job, &runs).await;
+    let (_, previous) = report.previous.clone().expect("the gap found");
+    assert_eq!(previous, Verdict::Settled(Outcome::Missed), "{report:?}");
+    assert!(report.verdict.ran());
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    let again = fire(harness, 0, &job, &runs).await;
+    assert_eq!(again.previous, None, "the gap is recorded once");
+    assert_eq!(again.verdict, Verdict::AlreadyRun(Outcome::Succeeded));
+}
+
+/// Every host down for three slots, `MissedSlots::RunLatest`: the next firing runs the
+/// latest missed slot once (not the three), then the current one.
+pub async fn the_latest_missed_slot_runs_once<H: Harness>(harness: &H) {
+    let job = job(harness, "missed_run_latest").missed(MissedSlots::RunLatest);
+    let runs = Arc::new(AtomicU32::new(0));
+    let report = miss_three_slots(harness, &job, &runs).await;
+    let (slot, previous) = report.previous.clone().expect("the gap found");
+    assert!(
+        matches!(
+            previous,
+            Verdict::Ran {
+                attempt: 1,
+                outcome: Outcome::Succeeded,
+                ..
+            }
+        ),
+        "{report:?}"
+    );
+    assert_eq!(
+        harness.schedule().previous(&report.slot).expect("previous"),
+        slot
+    );
+    assert!(report.verdict.ran());
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        3,
+        "one run, one catch-up, the current slot"
+    );
+    let again = fire(harness, 0, &job, &runs).await;
+    assert_eq!(again.previous, None, "the catch-up runs once");
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    let rows = harness
+        .ledger()
+        .runs(Some(job.name()), 10)
+        .await
+        .expect("runs");
+    assert_eq!(
+        rows.len(),
+        3,
+        "no row for the two earlier missed slots: {rows:?}"
+    );
+}
