@@ -1,0 +1,6 @@
+//! Integration tests of the PostgreSQL ledger, on a real server.
+
+mod contract;
+mod crash;
+mod skew;
+mod support;
