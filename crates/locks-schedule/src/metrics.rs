@@ -104,11 +104,11 @@ impl Metrics {
     }
 
     pub(crate) fn missed(&self) {
-        self.missed.add(1, &[self.job.clone()]);
+        self.missed.add(1, std::slice::from_ref(&self.job));
     }
 
     pub(crate) fn busy(&self) {
-        self.busy.add(1, &[self.job.clone()]);
+        self.busy.add(1, std::slice::from_ref(&self.job));
     }
 
     pub(crate) fn late(&self, lateness: Duration, catch_up: bool) {

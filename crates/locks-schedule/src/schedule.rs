@@ -147,7 +147,7 @@ impl Schedule {
                 format!("the period must be from {MIN_PERIOD:?} to {MAX_PERIOD:?}"),
             ));
         }
-        if period.subsec_nanos() % 1000 != 0 {
+        if !period.subsec_nanos().is_multiple_of(1000) {
             return Err(ScheduleError::new(
                 text,
                 "the period must be a whole number of microseconds",
@@ -176,7 +176,7 @@ impl Schedule {
         };
         let text = format!("{} at +{offset:?}", self.text);
         let nanos = i128::try_from(offset.as_nanos()).unwrap_or(i128::MAX);
-        if nanos >= period || offset.subsec_nanos() % 1000 != 0 {
+        if nanos >= period || !offset.subsec_nanos().is_multiple_of(1000) {
             return Err(ScheduleError::new(
                 text,
                 "the offset must be shorter than the period, in whole microseconds",

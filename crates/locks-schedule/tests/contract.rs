@@ -2,13 +2,13 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use locks_memory::InMemoryLockManager;
+use locks_memory::{InMemoryLockManager, InMemoryLockTable};
 use locks_schedule::conformance::{self, Harness};
 use locks_schedule::{Clock, ManualClock, MemoryLedger, Schedule};
 use time::macros::datetime;
 
 struct Memory {
-    locks: InMemoryLockManager,
+    hosts: [InMemoryLockManager; 2],
     clock: ManualClock,
     ledger: MemoryLedger<ManualClock>,
     next: AtomicU64,
@@ -18,9 +18,8 @@ impl Harness for Memory {
     type Locks = InMemoryLockManager;
     type Ledger = MemoryLedger<ManualClock>;
 
-    fn locks(&self, _host: usize) -> &InMemoryLockManager {
-        // One process, one manager: its locks contend with each other like two hosts'.
-        &self.locks
+    fn locks(&self, host: usize) -> &InMemoryLockManager {
+        &self.hosts[host]
     }
 
     fn ledger(&self) -> &Self::Ledger {
@@ -44,9 +43,14 @@ impl Harness for Memory {
 
 #[tokio::test]
 async fn the_memory_ledger_keeps_the_contract() {
+    let table = InMemoryLockTable::new();
     let clock = ManualClock::new(datetime!(2026-12-04 06:00:00 UTC));
     let harness = Memory {
-        locks: InMemoryLockManager::new(),
+        // Two managers on one table contend like two hosts on one database.
+        hosts: [
+            table.manager_with_holder_id("host-0"),
+            table.manager_with_holder_id("host-1"),
+        ],
         ledger: MemoryLedger::new(clock.clone()),
         clock,
         next: AtomicU64::new(0),
