@@ -358,3 +358,165 @@ pub trait Ledger: Send + Sync {
         before: OffsetDateTime,
     ) -> impl Future<Output = Result<u64, LedgerError>> + Send;
 }
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU32;
+
+    use time::macros::datetime;
+
+    use super::*;
+
+    fn claim(kind: SlotKind, crash: CrashPolicy, missed: MissedSlots) -> Claim<'static> {
+        Claim {
+            name: "job",
+            slot: Slot::new(
+                datetime!(2026-01-01 00:00:10 UTC),
+                datetime!(2026-01-01 00:00:11 UTC),
+            )
+            .expect("a slot"),
+            kind,
+            holder: "me",
+            crash,
+            missed,
+        }
+    }
+
+    fn row(attempt: u32, outcome: Outcome) -> SlotRow {
+        SlotRow { attempt, outcome }
+    }
+
+    const IN_SLOT: OffsetDateTime = datetime!(2026-01-01 00:00:10.5 UTC);
+    const AFTER: OffsetDateTime = datetime!(2026-01-01 00:00:11 UTC);
+
+    #[test]
+    fn the_current_slot_is_claimed_only_while_the_ledger_clock_is_in_it() {
+        let current = claim(
+            SlotKind::Current,
+            CrashPolicy::AtMostOnce,
+            MissedSlots::Skip,
+        );
+        assert_eq!(current.decide(IN_SLOT, None, None), Decision::Run);
+        assert_eq!(
+            current.decide(AFTER, None, None),
+            Decision::NotDue,
+            "the boundary passed"
+        );
+        assert_eq!(
+            current.decide(datetime!(2026-01-01 00:00:09.999 UTC), None, None),
+            Decision::NotDue,
+            "not yet"
+        );
+        let previous = claim(
+            SlotKind::Previous,
+            CrashPolicy::AtMostOnce,
+            MissedSlots::Skip,
+        );
+        assert_eq!(previous.decide(IN_SLOT, None, None), Decision::NotDue);
+    }
+
+    #[test]
+    fn a_settled_slot_is_not_run_again() {
+        let current = claim(
+            SlotKind::Current,
+            CrashPolicy::AtMostOnce,
+            MissedSlots::Skip,
+        );
+        for outcome in [
+            Outcome::Succeeded,
+            Outcome::Failed,
+            Outcome::Abandoned,
+            Outcome::Missed,
+        ] {
+            assert_eq!(
+                current.decide(IN_SLOT, Some(&row(1, outcome)), None),
+                Decision::AlreadyDone(outcome)
+            );
+        }
+        assert_eq!(
+            current.decide(IN_SLOT, Some(&row(1, Outcome::Running)), None),
+            Decision::Abandon
+        );
+    }
+
+    #[test]
+    fn at_least_once_retries_up_to_max_attempts() {
+        let max_attempts = NonZeroU32::new(2).expect("2");
+        let current = claim(
+            SlotKind::Current,
+            CrashPolicy::AtLeastOnce { max_attempts },
+            MissedSlots::Skip,
+        );
+        assert_eq!(
+            current.decide(IN_SLOT, Some(&row(1, Outcome::Running)), None),
+            Decision::Retry {
+                attempt: 2,
+                previous: Outcome::Abandoned
+            }
+        );
+        assert_eq!(
+            current.decide(IN_SLOT, Some(&row(1, Outcome::Failed)), None),
+            Decision::Retry {
+                attempt: 2,
+                previous: Outcome::Failed
+            }
+        );
+        assert_eq!(
+            current.decide(IN_SLOT, Some(&row(2, Outcome::Running)), None),
+            Decision::Abandon
+        );
+        assert_eq!(
+            current.decide(IN_SLOT, Some(&row(2, Outcome::Failed)), None),
+            Decision::AlreadyDone(Outcome::Failed)
+        );
+        let max = NonZeroU32::new(u32::MAX).expect("max");
+        let unbounded = claim(
+            SlotKind::Current,
+            CrashPolicy::AtLeastOnce { max_attempts: max },
+            MissedSlots::Skip,
+        );
+        assert_eq!(
+            unbounded.decide(IN_SLOT, Some(&row(u32::MAX - 1, Outcome::Failed)), None),
+            Decision::Retry {
+                attempt: u32::MAX,
+                previous: Outcome::Failed
+            }
+        );
+        assert_eq!(
+            unbounded.decide(IN_SLOT, Some(&row(u32::MAX, Outcome::Failed)), None),
+            Decision::AlreadyDone(Outcome::Failed)
+        );
+    }
+
+    #[test]
+    fn a_gap_before_the_current_slot_follows_the_missed_slot_policy() {
+        let earlier = Some(datetime!(2026-01-01 00:00:05 UTC));
+        let skip = claim(
+            SlotKind::Previous,
+            CrashPolicy::AtMostOnce,
+            MissedSlots::Skip,
+        );
+        let run = claim(
+            SlotKind::Previous,
+            CrashPolicy::AtMostOnce,
+            MissedSlots::RunLatest,
+        );
+        assert_eq!(skip.decide(AFTER, None, earlier), Decision::RecordMissed);
+        assert_eq!(run.decide(AFTER, None, earlier), Decision::Run);
+        assert_eq!(
+            run.decide(AFTER, None, None),
+            Decision::NothingToDo,
+            "a new job missed nothing"
+        );
+        let later = Some(datetime!(2026-01-01 00:00:11 UTC));
+        assert_eq!(
+            run.decide(AFTER, None, later),
+            Decision::NothingToDo,
+            "a later slot ran"
+        );
+        assert_eq!(
+            run.decide(AFTER, Some(&row(1, Outcome::Succeeded)), earlier),
+            Decision::NothingToDo
+        );
+    }
+}
