@@ -42,12 +42,15 @@ pub trait Harness: Send + Sync {
 pub async fn run_all<H: Harness>(harness: &H) {
     one_run_per_slot(harness).await;
     overlap_skip_is_busy(harness).await;
+    overlap_wait_runs_once_the_lock_frees(harness).await;
+    overlap_allow_runs_beside_another_slot(harness).await;
     at_most_once_abandons_a_dead_run(harness).await;
     at_least_once_reruns_a_dead_run(harness).await;
     at_least_once_retries_failures_up_to_the_bound(harness).await;
     a_dead_run_is_settled_in_the_next_slot(harness).await;
     missed_slots_are_recorded(harness).await;
     the_latest_missed_slot_runs_once(harness).await;
+    prune_keeps_each_jobs_latest_row(harness).await;
 }
 
 fn job<H: Harness>(harness: &H, case: &str) -> ScheduledJob {
@@ -372,5 +375,100 @@ pub async fn the_latest_missed_slot_runs_once<H: Harness>(harness: &H) {
         rows.len(),
         3,
         "no row for the two earlier missed slots: {rows:?}"
+    );
+}
+
+/// `Overlap::Wait`: a firing waits for the holder, then runs; past its timeout it is busy.
+pub async fn overlap_wait_runs_once_the_lock_frees<H: Harness>(harness: &H) {
+    let job = job(harness, "wait").overlap(Overlap::Wait(Duration::from_secs(5)));
+    let runs = Arc::new(AtomicU32::new(0));
+    harness.next_slot().await;
+    let guard = harness
+        .locks(1)
+        .try_acquire(&job.lock_key(None))
+        .await
+        .expect("lock")
+        .expect("free");
+    let (report, ()) = tokio::join!(fire(harness, 0, &job, &runs), async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        drop(guard);
+    });
+    assert!(report.verdict.ran(), "{report:?}");
+    let short = job
+        .clone()
+        .overlap(Overlap::Wait(Duration::from_millis(100)));
+    let guard = harness
+        .locks(1)
+        .try_acquire(&short.lock_key(None))
+        .await
+        .expect("lock")
+        .expect("free");
+    assert_eq!(fire(harness, 0, &short, &runs).await.verdict, Verdict::Busy);
+    drop(guard);
+    let longest = job.clone().overlap(Overlap::Wait(Duration::MAX));
+    let report = fire_when_free(harness, 0, &longest, &runs).await;
+    assert_eq!(
+        report.verdict,
+        Verdict::AlreadyRun(Outcome::Succeeded),
+        "a wait of Duration::MAX saturates"
+    );
+}
+
+/// `Overlap::Allow`: a slot's run holds only that slot's lock, so the next slot runs
+/// beside it.
+pub async fn overlap_allow_runs_beside_another_slot<H: Harness>(harness: &H) {
+    let job = job(harness, "allow").overlap(Overlap::Allow);
+    let runs = Arc::new(AtomicU32::new(0));
+    harness.next_slot().await;
+    let now = harness.ledger().now().await.expect("now");
+    let current = harness.schedule().slot_at(now).expect("slot");
+    let previous = harness.schedule().previous(&current).expect("previous");
+    let still_running = harness
+        .locks(1)
+        .try_acquire(&job.lock_key(Some(&previous)))
+        .await
+        .expect("lock")
+        .expect("free");
+    let report = fire(harness, 0, &job, &runs).await;
+    assert!(report.verdict.ran(), "{report:?}");
+    assert_eq!(report.previous, Some((previous, Verdict::Busy)));
+    let same_slot = harness
+        .locks(1)
+        .try_acquire(&job.lock_key(Some(&current)))
+        .await
+        .expect("lock")
+        .expect("free");
+    assert_eq!(
+        fire(harness, 0, &job, &runs).await.verdict,
+        Verdict::Busy,
+        "the slot's own lock still excludes"
+    );
+    drop((still_running, same_slot));
+}
+
+/// Retention: `prune` deletes rows of slots before the cut-off, except each job's latest.
+pub async fn prune_keeps_each_jobs_latest_row<H: Harness>(harness: &H) {
+    let job = job(harness, "prune");
+    let runs = Arc::new(AtomicU32::new(0));
+    harness.next_slot().await;
+    assert!(fire(harness, 0, &job, &runs).await.verdict.ran());
+    harness.next_slot().await;
+    let latest = fire(harness, 0, &job, &runs).await;
+    assert!(latest.verdict.ran());
+    // Not later: other tests may share the ledger, and their rows are theirs.
+    let cut_off = latest.slot.start();
+    let deleted = harness.ledger().prune(cut_off).await.expect("prune");
+    assert!(deleted >= 1, "deleted {deleted}");
+    let rows = harness
+        .ledger()
+        .runs(Some(job.name()), 10)
+        .await
+        .expect("runs");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].slot, latest.slot.start());
+    let missed = fire(harness, 0, &job, &runs).await;
+    assert_eq!(
+        missed.previous, None,
+        "the kept row still says nothing was missed"
     );
 }

@@ -2,5 +2,6 @@
 
 mod contract;
 mod crash;
+mod errors;
 mod skew;
 mod support;
