@@ -12,11 +12,11 @@ use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
 use time::macros::datetime;
 
-/// `(instrument, attributes, value or sum, count)` of every point exported.
-fn points(
-    exporter: &InMemoryMetricExporter,
-    provider: &SdkMeterProvider,
-) -> Vec<(String, Vec<(String, String)>, f64, u64)> {
+/// One exported point: instrument, attributes, value (or a histogram's sum), count.
+type Point = (String, Vec<(String, String)>, f64, u64);
+
+/// Every point exported.
+fn points(exporter: &InMemoryMetricExporter, provider: &SdkMeterProvider) -> Vec<Point> {
     exporter.reset();
     provider.force_flush().expect("flush");
     let exported = exporter.get_finished_metrics().expect("exported");
@@ -57,11 +57,7 @@ fn points(
     points
 }
 
-fn value(
-    points: &[(String, Vec<(String, String)>, f64, u64)],
-    name: &str,
-    attribute: Option<(&str, &str)>,
-) -> f64 {
+fn value(points: &[Point], name: &str, attribute: Option<(&str, &str)>) -> f64 {
     points
         .iter()
         .filter(|(n, attributes, _, _)| {
