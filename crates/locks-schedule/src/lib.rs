@@ -1,17 +1,17 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+mod claim;
 mod ledger;
 mod memory;
 pub mod metrics;
+mod parse;
 mod policy;
 mod runner;
 mod schedule;
 
-pub use ledger::{
-    Attempt, Claim, ClaimAnswer, Decision, Ledger, LedgerError, Outcome, RunRecord, SlotKind,
-    SlotRow,
-};
+pub use claim::{Claim, Decision, SlotKind, SlotRow};
+pub use ledger::{Attempt, ClaimAnswer, Ledger, LedgerError, Outcome, RunRecord};
 pub use memory::{Clock, ManualClock, MemoryLedger, SystemClock};
 pub use policy::{CrashPolicy, MissedSlots, Overlap};
 pub use runner::{JobContext, RunError, RunReport, ScheduledJob, Verdict};

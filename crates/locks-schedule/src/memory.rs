@@ -8,9 +8,8 @@ use std::time::Duration;
 
 use time::OffsetDateTime;
 
-use crate::ledger::{
-    Attempt, Claim, ClaimAnswer, Decision, Ledger, LedgerError, Outcome, RunRecord, SlotRow,
-};
+use crate::claim::{Claim, Decision, SlotRow};
+use crate::ledger::{Attempt, ClaimAnswer, Ledger, LedgerError, Outcome, RunRecord};
 
 /// Where the in-memory ledger reads the time: the stand-in for the database's clock.
 pub trait Clock: Send + Sync {

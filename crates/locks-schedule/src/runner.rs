@@ -10,7 +10,8 @@ use locks_port::{
 use opentelemetry::metrics::Meter;
 use time::OffsetDateTime;
 
-use crate::ledger::{Attempt, Claim, ClaimAnswer, Ledger, LedgerError, Outcome, SlotKind};
+use crate::claim::{Claim, SlotKind};
+use crate::ledger::{Attempt, ClaimAnswer, Ledger, LedgerError, Outcome};
 use crate::metrics::Metrics;
 use crate::policy::{CrashPolicy, MissedSlots, Overlap};
 use crate::{Schedule, ScheduleError, Slot};
