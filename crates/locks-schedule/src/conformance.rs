@@ -8,7 +8,7 @@
 use std::future::Future;
 use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use locks_port::DistributedLock;
@@ -53,23 +53,38 @@ pub async fn run_all<H: Harness>(harness: &H) {
     prune_keeps_each_jobs_latest_row(harness).await;
 }
 
+/// What the jobs of a case were told, run by run.
+#[derive(Debug, Default)]
+struct Seen {
+    runs: Mutex<Vec<(u32, Option<Outcome>)>>,
+}
+
+impl Seen {
+    fn record(&self, context: &JobContext) {
+        let mut runs = self.runs.lock().unwrap_or_else(PoisonError::into_inner);
+        runs.push((context.attempt, context.previous));
+    }
+
+    fn attempts(&self) -> Vec<(u32, Option<Outcome>)> {
+        self.runs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn count(&self) -> usize {
+        self.attempts().len()
+    }
+}
+
 fn job<H: Harness>(harness: &H, case: &str) -> ScheduledJob {
     ScheduledJob::new(harness.job_name(case), harness.schedule()).holder(case.to_owned())
 }
 
-async fn fire<H: Harness>(
-    harness: &H,
-    host: usize,
-    job: &ScheduledJob,
-    runs: &Arc<AtomicU32>,
-) -> RunReport {
-    let runs = Arc::clone(runs);
-    job.run_once_per_slot(harness.locks(host), harness.ledger(), move |_context| {
-        let runs = Arc::clone(&runs);
-        async move {
-            runs.fetch_add(1, Ordering::SeqCst);
-            Ok::<(), std::convert::Infallible>(())
-        }
+async fn fire<H: Harness>(harness: &H, host: usize, job: &ScheduledJob, runs: &Seen) -> RunReport {
+    job.run_once_per_slot(harness.locks(host), harness.ledger(), |context| {
+        runs.record(&context);
+        async { Ok::<(), std::convert::Infallible>(()) }
     })
     .await
     .expect("a firing")
@@ -99,7 +114,7 @@ async fn fire_when_free<H: Harness>(
     harness: &H,
     host: usize,
     job: &ScheduledJob,
-    runs: &Arc<AtomicU32>,
+    runs: &Seen,
 ) -> RunReport {
     for _ in 0..100 {
         let report = fire(harness, host, job, runs).await;
@@ -114,7 +129,7 @@ async fn fire_when_free<H: Harness>(
 /// Two hosts fire in one slot: one runs, the other finds it run; the next slot runs again.
 pub async fn one_run_per_slot<H: Harness>(harness: &H) {
     let job = job(harness, "one_run");
-    let runs = Arc::new(AtomicU32::new(0));
+    let runs = Seen::default();
     harness.next_slot().await;
     let first = fire(harness, 0, &job, &runs).await;
     assert!(
@@ -133,7 +148,7 @@ pub async fn one_run_per_slot<H: Harness>(harness: &H) {
     let second = fire(harness, 1, &job, &runs).await;
     assert_eq!(second.slot, first.slot);
     assert_eq!(second.verdict, Verdict::AlreadyRun(Outcome::Succeeded));
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(runs.count(), 1);
     harness.next_slot().await;
     let next = fire(harness, 1, &job, &runs).await;
     assert!(next.verdict.ran(), "{next:?}");
@@ -154,7 +169,7 @@ pub async fn one_run_per_slot<H: Harness>(harness: &H) {
 /// A firing that finds the job's lock held does nothing.
 pub async fn overlap_skip_is_busy<H: Harness>(harness: &H) {
     let job = job(harness, "busy").overlap(Overlap::Skip);
-    let runs = Arc::new(AtomicU32::new(0));
+    let runs = Seen::default();
     let guard = harness
         .locks(1)
         .try_acquire(&job.lock_key(None))
@@ -163,14 +178,14 @@ pub async fn overlap_skip_is_busy<H: Harness>(harness: &H) {
         .expect("free");
     let report = fire(harness, 0, &job, &runs).await;
     assert_eq!(report.verdict, Verdict::Busy);
-    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    assert_eq!(runs.count(), 0);
     drop(guard);
 }
 
 /// At-most-once: a dead runner's slot is marked abandoned, not run again.
 pub async fn at_most_once_abandons_a_dead_run<H: Harness>(harness: &H) {
     let job = job(harness, "at_most_once").crash(CrashPolicy::AtMostOnce);
-    let runs = Arc::new(AtomicU32::new(0));
+    let runs = Seen::default();
     harness.next_slot().await;
     die_mid_job(harness, 0, &job).await;
     let report = fire_when_free(harness, 1, &job, &runs).await;
@@ -181,7 +196,7 @@ pub async fn at_most_once_abandons_a_dead_run<H: Harness>(harness: &H) {
     );
     let again = fire(harness, 1, &job, &runs).await;
     assert_eq!(again.verdict, Verdict::AlreadyRun(Outcome::Abandoned));
-    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    assert_eq!(runs.count(), 0);
 }
 
 /// At-least-once: the next firing runs a dead runner's slot again, as attempt 2, told
@@ -191,25 +206,8 @@ pub async fn at_least_once_reruns_a_dead_run<H: Harness>(harness: &H) {
     let job = job(harness, "at_least_once").crash(CrashPolicy::AtLeastOnce { max_attempts });
     harness.next_slot().await;
     die_mid_job(harness, 0, &job).await;
-    let seen = Arc::new(std::sync::Mutex::new(None));
-    let report = loop {
-        let seen = Arc::clone(&seen);
-        let report = job
-            .run_once_per_slot(
-                harness.locks(1),
-                harness.ledger(),
-                move |context: JobContext| {
-                    *seen.lock().expect("seen") = Some((context.attempt, context.previous));
-                    async { Ok::<(), std::convert::Infallible>(()) }
-                },
-            )
-            .await
-            .expect("a firing");
-        if report.verdict != Verdict::Busy {
-            break report;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let runs = Seen::default();
+    let report = fire_when_free(harness, 1, &job, &runs).await;
     assert!(
         matches!(
             report.verdict,
@@ -221,10 +219,7 @@ pub async fn at_least_once_reruns_a_dead_run<H: Harness>(harness: &H) {
         ),
         "{report:?}"
     );
-    assert_eq!(
-        *seen.lock().expect("seen"),
-        Some((2, Some(Outcome::Abandoned)))
-    );
+    assert_eq!(runs.attempts(), [(2, Some(Outcome::Abandoned))]);
 }
 
 /// At-least-once retries a failed run up to `max_attempts` attempts in all.
@@ -286,7 +281,7 @@ pub async fn at_least_once_retries_failures_up_to_the_bound<H: Harness>(harness:
 pub async fn a_dead_run_is_settled_in_the_next_slot<H: Harness>(harness: &H) {
     let max_attempts = NonZeroU32::new(3).expect("3");
     let job = job(harness, "dead_then_next").crash(CrashPolicy::AtLeastOnce { max_attempts });
-    let runs = Arc::new(AtomicU32::new(0));
+    let runs = Seen::default();
     harness.next_slot().await;
     die_mid_job(harness, 0, &job).await;
     harness.next_slot().await;
@@ -304,14 +299,10 @@ pub async fn a_dead_run_is_settled_in_the_next_slot<H: Harness>(harness: &H) {
         "{report:?}"
     );
     assert!(report.verdict.ran(), "{report:?}");
-    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(runs.count(), 2);
 }
 
-async fn miss_three_slots<H: Harness>(
-    harness: &H,
-    job: &ScheduledJob,
-    runs: &Arc<AtomicU32>,
-) -> RunReport {
+async fn miss_three_slots<H: Harness>(harness: &H, job: &ScheduledJob, runs: &Seen) -> RunReport {
     harness.next_slot().await;
     assert!(fire(harness, 0, job, runs).await.verdict.ran());
     for _ in 0..4 {
@@ -324,12 +315,12 @@ async fn miss_three_slots<H: Harness>(
 /// latest missed slot as missed and runs only the current one.
 pub async fn missed_slots_are_recorded<H: Harness>(harness: &H) {
     let job = job(harness, "missed_skip").missed(MissedSlots::Skip);
-    let runs = Arc::new(AtomicU32::new(0));
+    let runs = Seen::default();
     let report = miss_three_slots(harness, &job, &runs).await;
     let (_, previous) = report.previous.clone().expect("the gap found");
     assert_eq!(previous, Verdict::Settled(Outcome::Missed), "{report:?}");
     assert!(report.verdict.ran());
-    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(runs.count(), 2);
     let again = fire(harness, 0, &job, &runs).await;
     assert_eq!(again.previous, None, "the gap is recorded once");
     assert_eq!(again.verdict, Verdict::AlreadyRun(Outcome::Succeeded));
@@ -339,7 +330,7 @@ pub async fn missed_slots_are_recorded<H: Harness>(harness: &H) {
 /// latest missed slot once (not the three), then the current one.
 pub async fn the_latest_missed_slot_runs_once<H: Harness>(harness: &H) {
     let job = job(harness, "missed_run_latest").missed(MissedSlots::RunLatest);
-    let runs = Arc::new(AtomicU32::new(0));
+    let runs = Seen::default();
     let report = miss_three_slots(harness, &job, &runs).await;
     let (slot, previous) = report.previous.clone().expect("the gap found");
     assert!(
@@ -358,14 +349,10 @@ pub async fn the_latest_missed_slot_runs_once<H: Harness>(harness: &H) {
         slot
     );
     assert!(report.verdict.ran());
-    assert_eq!(
-        runs.load(Ordering::SeqCst),
-        3,
-        "one run, one catch-up, the current slot"
-    );
+    assert_eq!(runs.count(), 3, "one run, one catch-up, the current slot");
     let again = fire(harness, 0, &job, &runs).await;
     assert_eq!(again.previous, None, "the catch-up runs once");
-    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    assert_eq!(runs.count(), 3);
     let rows = harness
         .ledger()
         .runs(Some(job.name()), 10)
@@ -381,7 +368,7 @@ pub async fn the_latest_missed_slot_runs_once<H: Harness>(harness: &H) {
 /// `Overlap::Wait`: a firing waits for the holder, then runs; past its timeout it is busy.
 pub async fn overlap_wait_runs_once_the_lock_frees<H: Harness>(harness: &H) {
     let job = job(harness, "wait").overlap(Overlap::Wait(Duration::from_secs(5)));
-    let runs = Arc::new(AtomicU32::new(0));
+    let runs = Seen::default();
     harness.next_slot().await;
     let guard = harness
         .locks(1)
@@ -418,7 +405,7 @@ pub async fn overlap_wait_runs_once_the_lock_frees<H: Harness>(harness: &H) {
 /// beside it.
 pub async fn overlap_allow_runs_beside_another_slot<H: Harness>(harness: &H) {
     let job = job(harness, "allow").overlap(Overlap::Allow);
-    let runs = Arc::new(AtomicU32::new(0));
+    let runs = Seen::default();
     harness.next_slot().await;
     let now = harness.ledger().now().await.expect("now");
     let current = harness.schedule().slot_at(now).expect("slot");
@@ -449,7 +436,7 @@ pub async fn overlap_allow_runs_beside_another_slot<H: Harness>(harness: &H) {
 /// Retention: `prune` deletes rows of slots before the cut-off, except each job's latest.
 pub async fn prune_keeps_each_jobs_latest_row<H: Harness>(harness: &H) {
     let job = job(harness, "prune");
-    let runs = Arc::new(AtomicU32::new(0));
+    let runs = Seen::default();
     harness.next_slot().await;
     assert!(fire(harness, 0, &job, &runs).await.verdict.ran());
     harness.next_slot().await;

@@ -287,43 +287,31 @@ impl ScheduledJob {
                 }
             },
         };
-        let previous_verdict = match &shared {
-            Some(guard) => {
-                self.settle(ledger, guard, previous, SlotKind::Previous, &mut run)
-                    .await?
-            }
-            None => match self.lock(locks, &self.lock_key(Some(&previous))).await? {
-                Some(guard) => {
-                    let settled = self
-                        .settle(ledger, &guard, previous, SlotKind::Previous, &mut run)
-                        .await;
-                    guard.release().await;
-                    settled?
-                }
-                None => Settle::Verdict(Some(Verdict::Busy)),
-            },
-        };
+        let previous_verdict = self
+            .settle_locked(
+                locks,
+                ledger,
+                shared.as_ref(),
+                previous,
+                SlotKind::Previous,
+                &mut run,
+            )
+            .await?;
         let previous = match previous_verdict {
             Settle::Verdict(verdict) => verdict.map(|verdict| (previous, verdict)),
             Settle::NotDue(_) => None,
         };
         for _ in 0..MAX_CLAIMS {
-            let settled = match &shared {
-                Some(guard) => {
-                    self.settle(ledger, guard, current, SlotKind::Current, &mut run)
-                        .await?
-                }
-                None => match self.lock(locks, &self.lock_key(Some(&current))).await? {
-                    Some(guard) => {
-                        let settled = self
-                            .settle(ledger, &guard, current, SlotKind::Current, &mut run)
-                            .await;
-                        guard.release().await;
-                        settled?
-                    }
-                    None => Settle::Verdict(Some(Verdict::Busy)),
-                },
-            };
+            let settled = self
+                .settle_locked(
+                    locks,
+                    ledger,
+                    shared.as_ref(),
+                    current,
+                    SlotKind::Current,
+                    &mut run,
+                )
+                .await?;
             match settled {
                 Settle::NotDue(now) => current = self.schedule.slot_at(now)?,
                 Settle::Verdict(verdict) => {
@@ -356,6 +344,36 @@ impl ScheduledJob {
             },
             Overlap::Skip | Overlap::Allow => locks.try_acquire(key).await.map_err(RunError::Lock),
         }
+    }
+
+    /// Settles `slot` holding `shared` (the job's lock), or else (under
+    /// [`Overlap::Allow`]) holding the slot's own lock, taken here and released after.
+    async fn settle_locked<L, G, F, Fut, E>(
+        &self,
+        locks: &L,
+        ledger: &G,
+        shared: Option<&L::Guard>,
+        slot: Slot,
+        kind: SlotKind,
+        run: &mut F,
+    ) -> Result<Settle, RunError>
+    where
+        L: DistributedLock,
+        G: Ledger,
+        F: FnMut(JobContext) -> Fut + Send,
+        Fut: Future<Output = Result<(), E>> + Send,
+        E: fmt::Display,
+    {
+        if let Some(guard) = shared {
+            return self.settle(ledger, guard, slot, kind, run).await;
+        }
+        let Some(guard) = self.lock(locks, &self.lock_key(Some(&slot))).await? else {
+            self.metrics.busy();
+            return Ok(Settle::Verdict(Some(Verdict::Busy)));
+        };
+        let settled = self.settle(ledger, &guard, slot, kind, run).await;
+        guard.release().await;
+        settled
     }
 
     /// Claims `slot` holding `guard` and runs the job if granted.
