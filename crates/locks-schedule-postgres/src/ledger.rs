@@ -55,7 +55,10 @@ const PRUNE: &str = "DELETE FROM scheduled_job_runs r WHERE slot < $1 \
      AND slot < (SELECT max(slot) FROM scheduled_job_runs l WHERE l.name = r.name)";
 
 /// Creates the ledger table if it does not exist. Run it once per database (a migration,
-/// a deploy step); the ledger never creates it on its own. Idempotent.
+/// a deploy step); the ledger never creates it on its own. Idempotent, and safe to run
+/// from several processes at once: the statement runs in a transaction holding a
+/// transaction-scoped advisory lock, because two concurrent `CREATE TABLE IF NOT EXISTS`
+/// of a new table can fail with a unique violation in the catalog.
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -73,7 +76,17 @@ const PRUNE: &str = "DELETE FROM scheduled_job_runs r WHERE slot < $1 \
 /// # Errors
 /// The driver's error when the statement fails (for example, no `CREATE` privilege).
 pub async fn install_ledger(client: &tokio_postgres::Client) -> Result<(), tokio_postgres::Error> {
-    client.batch_execute(LEDGER_SCHEMA).await
+    let installed = client
+        .batch_execute(&format!(
+            "BEGIN; SELECT pg_advisory_xact_lock(hashtext('locks_schedule_postgres.install_ledger')); \
+             {LEDGER_SCHEMA}; COMMIT"
+        ))
+        .await;
+    if installed.is_err() {
+        // Leave the session usable (no aborted transaction) for whoever reuses it.
+        let _ = client.batch_execute("ROLLBACK").await;
+    }
+    installed
 }
 
 /// The [`Ledger`] on PostgreSQL: the table [`LEDGER_TABLE`] and the server's

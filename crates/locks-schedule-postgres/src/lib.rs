@@ -12,3 +12,5 @@ pub use ledger::{
 pub use deadpool_postgres;
 /// The schedule crate this ledger serves, re-exported so one dependency is enough.
 pub use locks_schedule;
+/// Re-exported so callers can inspect driver errors (`SqlState`, `Error::code`).
+pub use tokio_postgres;

@@ -92,6 +92,18 @@ pub(crate) enum Command {
     /// Terminate the session that holds the lock on KEY, after showing it and asking.
     #[command(after_help = BREAK_EXIT_CODES)]
     Break(BreakArgs),
+    /// Show the latest runs of scheduled jobs (`run --once-per`): slot, outcome, attempt,
+    /// duration, holder.
+    Jobs {
+        /// Only this job (its KEY).
+        key: Option<String>,
+        /// Print one JSON array instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Create the ledger table (once per database) and exit.
+        #[arg(long, conflicts_with_all = ["key", "json"])]
+        install: bool,
+    },
     /// Print the advisory lock id of KEY (no database needed).
     Id {
         /// The lock key.
@@ -192,6 +204,13 @@ pub(crate) struct RunArgs {
     /// With --leader: the pause before campaigning again after a lost leadership.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1s")]
     pub(crate) backoff: Duration,
+    /// Run at most once per slot of DURATION across every host: slots divide the server's
+    /// clock from the Unix epoch (2s slots start at even seconds), the slot is recorded in
+    /// the ledger table (`pglock jobs --install`), and a host whose slot already ran, or is
+    /// running, exits 0 and prints nothing.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration,
+          conflicts_with_all = ["permits", "leader", "shared", "timeout", "fencing"])]
+    pub(crate) once_per: Option<Duration>,
     /// Run this through `sh -c` instead of CMD.
     #[arg(
         short = 'c',

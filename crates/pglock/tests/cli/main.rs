@@ -6,6 +6,7 @@ mod errors;
 mod generate;
 mod inspect;
 mod lost;
+mod once_per;
 mod permits;
 mod run;
 use std::path::{Path, PathBuf};
