@@ -6,12 +6,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use locks_postgres::PostgresLockManager;
-use locks_schedule_postgres::PostgresLedger;
 use locks_schedule_postgres::locks_schedule::{
     JobContext, LedgerError, RunError, Schedule, ScheduledJob, Verdict,
 };
 use locks_schedule_postgres::tokio_postgres;
 use locks_schedule_postgres::tokio_postgres::error::SqlState;
+use locks_schedule_postgres::{LEDGER_TABLE, PostgresLedger, install_ledger};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
@@ -41,14 +41,15 @@ pub(crate) async fn run(
         .keepalive(keepalive)
         .connect_timeout(target.connect_timeout)
         .build();
-    let ledger = PostgresLedger::new(pool);
+    let ledger = PostgresLedger::new(pool.clone());
     let job = ScheduledJob::new(args.key.clone(), schedule).holder(holder);
     let program = args.program();
     let ended: Arc<Mutex<Option<u8>>> = Arc::default();
-    let status = Arc::clone(&ended);
     let grace = args.grace;
-    let report = job
-        .run_once_per_slot(&locks, &ledger, move |context: JobContext| {
+    let fire = || {
+        let program = program.clone();
+        let status = Arc::clone(&ended);
+        job.run_once_per_slot(&locks, &ledger, move |context: JobContext| {
             let program = program.clone();
             let status = Arc::clone(&status);
             async move {
@@ -65,8 +66,30 @@ pub(crate) async fn run(
                 }
             }
         })
-        .await
-        .map_err(|error| failure(&error))?;
+    };
+    let report = match fire().await {
+        // No ledger yet: create it (as --fencing creates its table) and fire again;
+        // nothing ran, and the failed claim wrote nothing.
+        Err(RunError::Ledger(error)) if undefined_table(&error) => {
+            say.say(format!("creating the ledger table {LEDGER_TABLE}"));
+            let client = pool
+                .get()
+                .await
+                .map_err(|error| connect::pool_failure(&error, &target))?;
+            install_ledger(&client).await.map_err(|error| {
+                Failure::new(
+                    CONFIG,
+                    format!(
+                        "the ledger table {LEDGER_TABLE} is missing and cannot be created: {}",
+                        crate::exit::chain(&error)
+                    ),
+                )
+            })?;
+            fire().await
+        }
+        other => other,
+    }
+    .map_err(|error| failure(&error))?;
     match report.verdict {
         Verdict::Ran { lock_lost, .. } => {
             let code = ended
@@ -147,10 +170,7 @@ fn failure(error: &RunError) -> Failure {
 /// A ledger error by its SQLSTATE: a missing table is a configuration to fix (with the
 /// install step), another server error unexpected, no server error an unreachable server.
 pub(crate) fn ledger_failure(error: &LedgerError) -> Failure {
-    let state = std::error::Error::source(error)
-        .and_then(|source| source.downcast_ref::<tokio_postgres::Error>())
-        .and_then(tokio_postgres::Error::code);
-    match state {
+    match sqlstate(error) {
         Some(state) if *state == SqlState::UNDEFINED_TABLE => Failure::new(
             CONFIG,
             format!("{}; or run `pglock jobs --install`", error.message()),
@@ -158,4 +178,15 @@ pub(crate) fn ledger_failure(error: &LedgerError) -> Failure {
         Some(_) => Failure::new(SOFTWARE, error.message().to_owned()),
         None => Failure::new(UNAVAILABLE, error.message().to_owned()),
     }
+}
+
+/// The server's SQLSTATE behind a ledger error, if the server answered.
+fn sqlstate(error: &LedgerError) -> Option<&SqlState> {
+    std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<tokio_postgres::Error>())
+        .and_then(tokio_postgres::Error::code)
+}
+
+fn undefined_table(error: &LedgerError) -> bool {
+    sqlstate(error) == Some(&SqlState::UNDEFINED_TABLE)
 }

@@ -86,6 +86,35 @@ async fn five_processes_run_each_slot_once_and_the_others_stay_silent() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_ledger_is_created_on_first_use() {
+    let schema = throwaway_pg::testing::unique("fresh_schema");
+    let admin = throwaway_pg::testing::admin().await;
+    admin
+        .batch_execute(&format!("CREATE SCHEMA {schema}"))
+        .await
+        .expect("a schema");
+    let url = throwaway_pg::testing::database_url();
+    let separator = if url.contains('?') { '&' } else { '?' };
+    let url = format!("{url}{separator}options=-csearch_path%3D{schema}");
+    let (key, dir) = unique("once-per-install");
+    let first =
+        output(pglock().args(["--url", &url, "run", "--once-per", "1h", &key, "--", "true"])).await;
+    assert_eq!(code(&first), 0, "{}", stderr(&first));
+    let rows: i64 = admin
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM {schema}.scheduled_job_runs WHERE outcome = 'succeeded'"
+            ),
+            &[],
+        )
+        .await
+        .expect("the new ledger")
+        .get(0);
+    assert_eq!(rows, 1);
+    std::fs::remove_dir_all(dir).expect("clean up");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_runner_exits_with_the_command_and_bad_periods_are_usage_errors() {
     let install = output(pglock().args(["jobs", "--install"])).await;
     assert_eq!(code(&install), 0, "{}", stderr(&install));
