@@ -15,6 +15,7 @@ mod jobs;
 mod json;
 mod once_per;
 mod run;
+mod schedule;
 mod show;
 mod signals;
 mod status;
@@ -77,6 +78,7 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
                 Some(period) => once_per::run(target, args, period, say).await,
                 None => run::run(target, args, say).await,
             },
+            Command::Schedule(args) => schedule::run(target, args, say).await,
             Command::Jobs { key, json, install } => {
                 jobs::run(&target, say, key.as_deref(), json, install).await
             }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use locks_postgres::PostgresLockManager;
 use locks_schedule_postgres::locks_schedule::{
-    JobContext, LedgerError, RunError, Schedule, ScheduledJob, Verdict,
+    JobContext, LedgerError, RunError, RunReport, Schedule, ScheduledJob, Verdict,
 };
 use locks_schedule_postgres::tokio_postgres;
 use locks_schedule_postgres::tokio_postgres::error::SqlState;
@@ -33,75 +33,132 @@ pub(crate) async fn run(
 ) -> Result<u8, Failure> {
     let schedule = Schedule::every(period)
         .map_err(|error| Failure::new(USAGE, format!("--once-per: {error}")))?;
-    let holder = holder_id(&target);
-    let pool = connect::pool(&target, POOL_SIZE, &format!("locks:{holder}"))?;
-    let keepalive = (!args.keepalive.is_zero()).then_some(args.keepalive);
-    let locks = PostgresLockManager::builder(pool.clone())
-        .holder_id(holder.clone())
-        .keepalive(keepalive)
-        .connect_timeout(target.connect_timeout)
-        .build();
-    let ledger = PostgresLedger::new(pool.clone());
-    let job = ScheduledJob::new(args.key.clone(), schedule).holder(holder);
-    let program = args.program();
-    let ended: Arc<Mutex<Option<u8>>> = Arc::default();
-    let grace = args.grace;
-    let fire = || {
-        let program = program.clone();
-        let status = Arc::clone(&ended);
-        job.run_once_per_slot(&locks, &ledger, move |context: JobContext| {
-            let program = program.clone();
-            let status = Arc::clone(&status);
-            async move {
-                say.say(format!(
-                    "slot {} is ours (attempt {})",
-                    context.slot, context.attempt
-                ));
-                let code = run_command(&program, &context, grace).await;
-                *status.lock().unwrap_or_else(PoisonError::into_inner) = Some(code);
-                if code == 0 {
-                    Ok(())
-                } else {
-                    Err(format!("exit code {code}"))
-                }
-            }
+    let firing = Firing::new(
+        target,
+        &args.key,
+        schedule,
+        args.program(),
+        args.grace,
+        args.keepalive,
+        say,
+    )?;
+    firing.fire().await
+}
+
+/// A job, its command and its connections: what each firing of `run --once-per` and of
+/// `schedule` uses.
+pub(crate) struct Firing {
+    target: Target,
+    locks: PostgresLockManager,
+    ledger: PostgresLedger,
+    pool: locks_postgres::deadpool_postgres::Pool,
+    job: ScheduledJob,
+    program: Vec<String>,
+    grace: Duration,
+    say: Say,
+}
+
+impl Firing {
+    /// Connections (made on first use) for the job KEY on `schedule`.
+    pub(crate) fn new(
+        target: Target,
+        key: &str,
+        schedule: Schedule,
+        program: Vec<String>,
+        grace: Duration,
+        keepalive: Duration,
+        say: Say,
+    ) -> Result<Self, Failure> {
+        let holder = holder_id(&target);
+        let pool = connect::pool(&target, POOL_SIZE, &format!("locks:{holder}"))?;
+        let locks = PostgresLockManager::builder(pool.clone())
+            .holder_id(holder.clone())
+            .keepalive((!keepalive.is_zero()).then_some(keepalive))
+            .connect_timeout(target.connect_timeout)
+            .build();
+        Ok(Self {
+            target,
+            locks,
+            ledger: PostgresLedger::new(pool.clone()),
+            pool,
+            job: ScheduledJob::new(key, schedule).holder(holder),
+            program,
+            grace,
+            say,
         })
-    };
-    let report = match fire().await {
-        // No ledger yet: create it (as --fencing creates its table) and fire again;
-        // nothing ran, and the failed claim wrote nothing.
-        Err(RunError::Ledger(error)) if undefined_table(&error) => {
-            say.say(format!("creating the ledger table {LEDGER_TABLE}"));
-            let client = pool
-                .get()
-                .await
-                .map_err(|error| connect::pool_failure(&error, &target))?;
-            install_ledger(&client).await.map_err(|error| {
-                Failure::new(
-                    CONFIG,
-                    format!(
-                        "the ledger table {LEDGER_TABLE} is missing and cannot be created: {}",
-                        crate::exit::chain(&error)
-                    ),
-                )
-            })?;
-            fire().await
-        }
-        other => other,
     }
-    .map_err(|error| failure(&error))?;
-    match report.verdict {
-        Verdict::Ran { lock_lost, .. } => {
-            let code = ended
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .unwrap_or(SOFTWARE);
-            Ok(if lock_lost { LOST } else { code })
+
+    /// The job's schedule.
+    pub(crate) fn schedule(&self) -> &Schedule {
+        self.job.schedule()
+    }
+
+    /// One firing: the command's exit code if this host ran the slot (75 if the lock was
+    /// lost meanwhile), else 0.
+    pub(crate) async fn fire(&self) -> Result<u8, Failure> {
+        let ended: Arc<Mutex<Option<u8>>> = Arc::default();
+        let report = match self.fire_once(&ended).await {
+            // No ledger yet: create it (as --fencing creates its table) and fire again;
+            // nothing ran, and the failed claim wrote nothing.
+            Err(RunError::Ledger(error)) if undefined_table(&error) => {
+                self.say
+                    .say(format!("creating the ledger table {LEDGER_TABLE}"));
+                let client = self
+                    .pool
+                    .get()
+                    .await
+                    .map_err(|error| connect::pool_failure(&error, &self.target))?;
+                install_ledger(&client).await.map_err(|error| {
+                    Failure::new(
+                        CONFIG,
+                        format!(
+                            "the ledger table {LEDGER_TABLE} is missing and cannot be created: {}",
+                            crate::exit::chain(&error)
+                        ),
+                    )
+                })?;
+                self.fire_once(&ended).await
+            }
+            other => other,
         }
-        other => {
-            say.say(format!("slot {}: {other:?}; nothing to run", report.slot));
-            Ok(0)
+        .map_err(|error| failure(&error))?;
+        match report.verdict {
+            Verdict::Ran { lock_lost, .. } => {
+                let code = ended
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .unwrap_or(SOFTWARE);
+                Ok(if lock_lost { LOST } else { code })
+            }
+            other => {
+                self.say
+                    .say(format!("slot {}: {other:?}; nothing to run", report.slot));
+                Ok(0)
+            }
         }
+    }
+
+    async fn fire_once(&self, ended: &Arc<Mutex<Option<u8>>>) -> Result<RunReport, RunError> {
+        let (say, grace) = (self.say, self.grace);
+        self.job
+            .run_once_per_slot(&self.locks, &self.ledger, |context: JobContext| {
+                let program = self.program.clone();
+                let status = Arc::clone(ended);
+                async move {
+                    say.say(format!(
+                        "slot {} is ours (attempt {})",
+                        context.slot, context.attempt
+                    ));
+                    let code = run_command(&program, &context, grace).await;
+                    *status.lock().unwrap_or_else(PoisonError::into_inner) = Some(code);
+                    if code == 0 {
+                        Ok(())
+                    } else {
+                        Err(format!("exit code {code}"))
+                    }
+                }
+            })
+            .await
     }
 }
 

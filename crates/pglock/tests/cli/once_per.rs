@@ -133,3 +133,45 @@ async fn the_runner_exits_with_the_command_and_bad_periods_are_usage_errors() {
     assert!(stderr(&zero).contains("--once-per"), "{}", stderr(&zero));
     std::fs::remove_dir_all(dir).expect("clean up");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_schedulers_run_each_slot_once_until_terminated() {
+    let install = output(pglock().args(["jobs", "--install"])).await;
+    assert_eq!(code(&install), 0, "{}", stderr(&install));
+    let (key, dir) = unique("schedule");
+    let log = dir.join("runs");
+    let script = format!("echo \"$PGLOCK_SLOT\" >> {}", log.display());
+    let mut schedulers: Vec<tokio::process::Child> = (0..3)
+        .map(|_| {
+            pglock()
+                .args(["schedule", "every 2s", &key, "-c", &script])
+                .spawn()
+                .expect("spawn")
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(7_500)).await;
+    for scheduler in &mut schedulers {
+        let pid = nix::unistd::Pid::from_raw(
+            i32::try_from(scheduler.id().expect("running")).expect("pid"),
+        );
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    }
+    for scheduler in schedulers {
+        let done = tokio::time::timeout(Duration::from_secs(10), scheduler.wait_with_output())
+            .await
+            .expect("exited on SIGTERM")
+            .expect("waited");
+        assert_eq!(code(&done), 143, "{}", stderr(&done));
+    }
+    let runs = std::fs::read_to_string(&log).expect("the runs");
+    let slots: Vec<&str> = runs.lines().collect();
+    let mut distinct = slots.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), slots.len(), "a slot ran twice: {runs}");
+    assert!(
+        (3..=4).contains(&slots.len()),
+        "one run per 2 s slot over 7.5 s: {runs}"
+    );
+    std::fs::remove_dir_all(dir).expect("clean up");
+}
