@@ -83,7 +83,7 @@ pub enum ClaimAnswer {
     /// runner's row and the crash policy allows no other attempt) or `Missed` (it
     /// recorded a gap).
     Settled(Outcome),
-    /// Nothing to do about a [`SlotKind::Previous`] slot: it ran or was settled, or
+    /// Nothing to do about a [`SlotKind::Previous`](crate::SlotKind::Previous) slot: it ran or was settled, or
     /// nothing was missed.
     NothingToDo,
     /// The ledger's clock is not in the slot the claim named (it has moved on); nothing
