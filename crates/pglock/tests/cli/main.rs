@@ -9,6 +9,7 @@ mod lost;
 mod once_per;
 mod permits;
 mod run;
+mod skewed;
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::Duration;

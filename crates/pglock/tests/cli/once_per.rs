@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::{code, output, pglock, stderr, unique};
 
 /// Waits until the server's clock is `into` past an even second (a 2 s slot's start).
-async fn next_even_second(into: Duration) {
+pub(crate) async fn next_even_second(into: Duration) {
     let admin = throwaway_pg::testing::admin().await;
     let millis: f64 = admin
         .query_one(
