@@ -77,6 +77,16 @@ impl Seen {
     }
 }
 
+/// The attempt and outcome of a verdict that ran the job.
+fn ran(verdict: &Verdict) -> Option<(u32, Outcome)> {
+    match verdict {
+        Verdict::Ran {
+            attempt, outcome, ..
+        } => Some((*attempt, *outcome)),
+        _ => None,
+    }
+}
+
 fn job<H: Harness>(harness: &H, case: &str) -> ScheduledJob {
     ScheduledJob::new(harness.job_name(case), harness.schedule()).holder(case.to_owned())
 }
@@ -132,17 +142,14 @@ pub async fn one_run_per_slot<H: Harness>(harness: &H) {
     let runs = Seen::default();
     harness.next_slot().await;
     let first = fire(harness, 0, &job, &runs).await;
-    assert!(
-        matches!(
-            first.verdict,
-            Verdict::Ran {
-                attempt: 1,
-                outcome: Outcome::Succeeded,
-                lock_lost: false,
-                recorded: true
-            }
-        ),
-        "{first:?}"
+    assert_eq!(
+        first.verdict,
+        Verdict::Ran {
+            attempt: 1,
+            outcome: Outcome::Succeeded,
+            lock_lost: false,
+            recorded: true
+        }
     );
     assert_eq!(first.previous, None, "a new job has nothing to catch up");
     let second = fire(harness, 1, &job, &runs).await;
@@ -208,15 +215,9 @@ pub async fn at_least_once_reruns_a_dead_run<H: Harness>(harness: &H) {
     die_mid_job(harness, 0, &job).await;
     let runs = Seen::default();
     let report = fire_when_free(harness, 1, &job, &runs).await;
-    assert!(
-        matches!(
-            report.verdict,
-            Verdict::Ran {
-                attempt: 2,
-                outcome: Outcome::Succeeded,
-                ..
-            }
-        ),
+    assert_eq!(
+        ran(&report.verdict),
+        Some((2, Outcome::Succeeded)),
         "{report:?}"
     );
     assert_eq!(runs.attempts(), [(2, Some(Outcome::Abandoned))]);
@@ -241,26 +242,14 @@ pub async fn at_least_once_retries_failures_up_to_the_bound<H: Harness>(harness:
             .expect("a firing");
         verdicts.push(report.verdict);
     }
-    assert!(
-        matches!(
-            verdicts[0],
-            Verdict::Ran {
-                attempt: 1,
-                outcome: Outcome::Failed,
-                ..
-            }
-        ),
+    assert_eq!(
+        ran(&verdicts[0]),
+        Some((1, Outcome::Failed)),
         "{verdicts:?}"
     );
-    assert!(
-        matches!(
-            verdicts[1],
-            Verdict::Ran {
-                attempt: 2,
-                outcome: Outcome::Failed,
-                ..
-            }
-        ),
+    assert_eq!(
+        ran(&verdicts[1]),
+        Some((2, Outcome::Failed)),
         "{verdicts:?}"
     );
     assert_eq!(
@@ -287,17 +276,7 @@ pub async fn a_dead_run_is_settled_in_the_next_slot<H: Harness>(harness: &H) {
     harness.next_slot().await;
     let report = fire_when_free(harness, 1, &job, &runs).await;
     let (_, previous) = report.previous.clone().expect("the dead slot settled");
-    assert!(
-        matches!(
-            previous,
-            Verdict::Ran {
-                attempt: 2,
-                outcome: Outcome::Succeeded,
-                ..
-            }
-        ),
-        "{report:?}"
-    );
+    assert_eq!(ran(&previous), Some((2, Outcome::Succeeded)), "{report:?}");
     assert!(report.verdict.ran(), "{report:?}");
     assert_eq!(runs.count(), 2);
 }
@@ -333,17 +312,7 @@ pub async fn the_latest_missed_slot_runs_once<H: Harness>(harness: &H) {
     let runs = Seen::default();
     let report = miss_three_slots(harness, &job, &runs).await;
     let (slot, previous) = report.previous.clone().expect("the gap found");
-    assert!(
-        matches!(
-            previous,
-            Verdict::Ran {
-                attempt: 1,
-                outcome: Outcome::Succeeded,
-                ..
-            }
-        ),
-        "{report:?}"
-    );
+    assert_eq!(ran(&previous), Some((1, Outcome::Succeeded)), "{report:?}");
     assert_eq!(
         harness.schedule().previous(&report.slot).expect("previous"),
         slot
