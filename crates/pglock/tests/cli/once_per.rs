@@ -1,7 +1,13 @@
 //! `pglock run --once-per`: five processes fired together at every slot, one runs the
 //! command per slot, the others exit 0 and print nothing; `pglock jobs` shows the runs.
 
+use std::path::Path;
+use std::process::Output;
 use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::process::Child;
 
 use crate::{code, output, pglock, stderr, unique};
 
@@ -21,10 +27,59 @@ pub(crate) async fn next_even_second(into: Duration) {
     tokio::time::sleep(Duration::from_millis(to_next) + into).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn five_processes_run_each_slot_once_and_the_others_stay_silent() {
+/// `pglock jobs --install`, which must succeed (and may run again).
+pub(crate) async fn install() {
     let install = output(pglock().args(["jobs", "--install"])).await;
     assert_eq!(code(&install), 0, "{}", stderr(&install));
+}
+
+/// Waits for one round of firings: each must exit 0 and print nothing, whether it ran the
+/// slot or not.
+pub(crate) async fn all_silent(round: usize, hosts: Vec<tokio::task::JoinHandle<Output>>) {
+    for (host, firing) in hosts.into_iter().enumerate() {
+        let firing = firing.await.expect("join");
+        assert_eq!(
+            code(&firing),
+            0,
+            "round {round} host {host}: {}",
+            stderr(&firing)
+        );
+        assert!(
+            firing.stdout.is_empty() && firing.stderr.is_empty(),
+            "round {round} host {host} said something: {firing:?}"
+        );
+    }
+}
+
+/// SIGTERMs every scheduler; each must exit 143.
+pub(crate) async fn terminate(schedulers: Vec<Child>) {
+    for scheduler in &schedulers {
+        let pid = i32::try_from(scheduler.id().expect("running")).expect("pid");
+        kill(Pid::from_raw(pid), Signal::SIGTERM).expect("SIGTERM");
+    }
+    for scheduler in schedulers {
+        let done = tokio::time::timeout(Duration::from_secs(10), scheduler.wait_with_output())
+            .await
+            .expect("exited on SIGTERM")
+            .expect("waited");
+        assert_eq!(code(&done), 143, "{}", stderr(&done));
+    }
+}
+
+/// The lines the commands appended to `log`; fails if a line (a slot) is there twice.
+pub(crate) fn runs_once_each(log: &Path) -> Vec<String> {
+    let runs = std::fs::read_to_string(log).expect("the runs");
+    let slots: Vec<String> = runs.lines().map(str::to_owned).collect();
+    let mut distinct = slots.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), slots.len(), "a slot ran twice: {runs}");
+    slots
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_processes_run_each_slot_once_and_the_others_stay_silent() {
+    install().await;
     let (key, dir) = unique("once-per");
     let log = dir.join("runs");
     let script = format!(
@@ -41,29 +96,13 @@ async fn five_processes_run_each_slot_once_and_the_others_stay_silent() {
             command.args(["run", "--once-per", "2s", &key, "-c", &script]);
             hosts.push(tokio::spawn(async move { output(&mut command).await }));
         }
-        for (host, firing) in hosts.into_iter().enumerate() {
-            let firing = firing.await.expect("join");
-            assert_eq!(
-                code(&firing),
-                0,
-                "round {round} host {host}: {}",
-                stderr(&firing)
-            );
-            assert!(
-                firing.stdout.is_empty() && firing.stderr.is_empty(),
-                "round {round} host {host} said something: {firing:?}"
-            );
-        }
+        all_silent(round, hosts).await;
     }
-    let runs = std::fs::read_to_string(&log).expect("the runs");
-    let slots: Vec<&str> = runs.lines().collect();
-    assert_eq!(slots.len(), 4, "one run per round: {runs}");
-    let mut distinct = slots.clone();
-    distinct.dedup();
-    assert_eq!(distinct.len(), 4, "four different slots: {runs}");
+    let slots = runs_once_each(&log);
+    assert_eq!(slots.len(), 4, "one run per round: {slots:?}");
     assert!(
         slots.iter().all(|line| line.ends_with(".000000Z 1")),
-        "even-second slots, first attempts: {runs}"
+        "even-second slots, first attempts: {slots:?}"
     );
 
     let jobs = output(pglock().args(["jobs", &key, "--json"])).await;
@@ -116,8 +155,7 @@ async fn a_missing_ledger_is_created_on_first_use() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_runner_exits_with_the_command_and_bad_periods_are_usage_errors() {
-    let install = output(pglock().args(["jobs", "--install"])).await;
-    assert_eq!(code(&install), 0, "{}", stderr(&install));
+    install().await;
     let (key, dir) = unique("once-per-exit");
     let failing = output(pglock().args(["run", "--once-per", "1h", &key, "-c", "exit 3"])).await;
     assert_eq!(code(&failing), 3, "{}", stderr(&failing));
@@ -136,12 +174,11 @@ async fn the_runner_exits_with_the_command_and_bad_periods_are_usage_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_schedulers_run_each_slot_once_until_terminated() {
-    let install = output(pglock().args(["jobs", "--install"])).await;
-    assert_eq!(code(&install), 0, "{}", stderr(&install));
+    install().await;
     let (key, dir) = unique("schedule");
     let log = dir.join("runs");
     let script = format!("echo \"$PGLOCK_SLOT\" >> {}", log.display());
-    let mut schedulers: Vec<tokio::process::Child> = (0..3)
+    let schedulers: Vec<Child> = (0..3)
         .map(|_| {
             pglock()
                 .args(["schedule", "every 2s", &key, "-c", &script])
@@ -150,28 +187,11 @@ async fn three_schedulers_run_each_slot_once_until_terminated() {
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(7_500)).await;
-    for scheduler in &mut schedulers {
-        let pid = nix::unistd::Pid::from_raw(
-            i32::try_from(scheduler.id().expect("running")).expect("pid"),
-        );
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
-    }
-    for scheduler in schedulers {
-        let done = tokio::time::timeout(Duration::from_secs(10), scheduler.wait_with_output())
-            .await
-            .expect("exited on SIGTERM")
-            .expect("waited");
-        assert_eq!(code(&done), 143, "{}", stderr(&done));
-    }
-    let runs = std::fs::read_to_string(&log).expect("the runs");
-    let slots: Vec<&str> = runs.lines().collect();
-    let mut distinct = slots.clone();
-    distinct.sort_unstable();
-    distinct.dedup();
-    assert_eq!(distinct.len(), slots.len(), "a slot ran twice: {runs}");
+    terminate(schedulers).await;
+    let slots = runs_once_each(&log);
     assert!(
         (3..=4).contains(&slots.len()),
-        "one run per 2 s slot over 7.5 s: {runs}"
+        "one run per 2 s slot over 7.5 s: {slots:?}"
     );
     std::fs::remove_dir_all(dir).expect("clean up");
 }
