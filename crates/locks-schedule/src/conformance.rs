@@ -87,6 +87,15 @@ fn ran(verdict: &Verdict) -> Option<(u32, Outcome)> {
     }
 }
 
+/// The latest `limit` ledger rows of `job`.
+async fn rows<H: Harness>(harness: &H, job: &ScheduledJob, limit: u32) -> Vec<crate::RunRecord> {
+    harness
+        .ledger()
+        .runs(Some(job.name()), limit)
+        .await
+        .expect("runs")
+}
+
 fn job<H: Harness>(harness: &H, case: &str) -> ScheduledJob {
     ScheduledJob::new(harness.job_name(case), harness.schedule()).holder(case.to_owned())
 }
@@ -161,11 +170,7 @@ pub async fn one_run_per_slot<H: Harness>(harness: &H) {
     assert!(next.verdict.ran(), "{next:?}");
     assert!(next.slot.start() > first.slot.start());
     assert_eq!(next.previous, None, "the slot before ran");
-    let rows = harness
-        .ledger()
-        .runs(Some(job.name()), 10)
-        .await
-        .expect("runs");
+    let rows = rows(harness, &job, 10).await;
     assert_eq!(rows.len(), 2, "{rows:?}");
     assert!(
         rows.iter()
@@ -257,11 +262,7 @@ pub async fn at_least_once_retries_failures_up_to_the_bound<H: Harness>(harness:
         Verdict::AlreadyRun(Outcome::Failed),
         "the bound of 2 attempts"
     );
-    let rows = harness
-        .ledger()
-        .runs(Some(job.name()), 1)
-        .await
-        .expect("runs");
+    let rows = rows(harness, &job, 1).await;
     assert_eq!(rows[0].detail.as_deref(), Some("attempt 2 failed"));
 }
 
@@ -322,11 +323,7 @@ pub async fn the_latest_missed_slot_runs_once<H: Harness>(harness: &H) {
     let again = fire(harness, 0, &job, &runs).await;
     assert_eq!(again.previous, None, "the catch-up runs once");
     assert_eq!(runs.count(), 3);
-    let rows = harness
-        .ledger()
-        .runs(Some(job.name()), 10)
-        .await
-        .expect("runs");
+    let rows = rows(harness, &job, 10).await;
     assert_eq!(
         rows.len(),
         3,
@@ -415,11 +412,7 @@ pub async fn prune_keeps_each_jobs_latest_row<H: Harness>(harness: &H) {
     let cut_off = latest.slot.start();
     let deleted = harness.ledger().prune(cut_off).await.expect("prune");
     assert!(deleted >= 1, "deleted {deleted}");
-    let rows = harness
-        .ledger()
-        .runs(Some(job.name()), 10)
-        .await
-        .expect("runs");
+    let rows = rows(harness, &job, 10).await;
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0].slot, latest.slot.start());
     let missed = fire(harness, 0, &job, &runs).await;
