@@ -397,6 +397,22 @@ mod tests {
     }
 
     #[test]
+    fn counts_stop_at_their_bound() {
+        let start = datetime!(2026-01-01 00:00 UTC);
+        let day = datetime!(2026-01-02 00:00 UTC);
+        let fast: Schedule = "1ms".parse().unwrap();
+        assert_eq!(fast.slots_between(start, day), MAX_COUNTED_SLOTS);
+        let every_second = Schedule::cron("* * * * * *").unwrap();
+        assert_eq!(every_second.slots_between(start, day), 86_399);
+        let two_days = datetime!(2026-01-03 00:00 UTC);
+        assert_eq!(
+            every_second.slots_between(start, two_days),
+            MAX_COUNTED_SLOTS
+        );
+        assert_eq!(fast.slots_between(day, start), 0, "backwards is none");
+    }
+
+    #[test]
     fn cron_slots_and_counts() {
         let schedule = Schedule::cron("*/15 * * * *").unwrap();
         let slot = schedule.slot_at(datetime!(2026-01-01 10:20 UTC)).unwrap();
