@@ -2,7 +2,8 @@
 # Installs what the tests need beyond Rust and the PostgreSQL server binaries: PgBouncer
 # (Debian's `pgbouncer` package), for the tests of transaction-scoped locks behind a
 # transaction-pooling proxy, and iproute2 (`ip`), for the partition test and the soak's
-# partitions (network namespaces). `cargo xtask test` runs this when either is missing.
+# partitions (network namespaces), and libfaketime (`faketime`), for pglock's scheduled-job
+# test of hosts whose clocks disagree. `cargo xtask test` runs this when one is missing.
 #
 # Quiet on success; does nothing when both are already installed. Needs apt-get and
 # root (or password-less sudo); anywhere else it says what to install and fails.
@@ -16,9 +17,14 @@ have_ip() {
     command -v ip >/dev/null 2>&1 || [[ -x /usr/sbin/ip ]] || [[ -x /sbin/ip ]]
 }
 
+have_faketime() {
+    command -v faketime >/dev/null 2>&1
+}
+
 packages=()
 have_pgbouncer || packages+=(pgbouncer)
 have_ip || packages+=(iproute2)
+have_faketime || packages+=(faketime)
 if [[ ${#packages[@]} == 0 ]]; then
     exit 0
 fi

@@ -17,8 +17,20 @@ const WORKSPACE_TESTS: &str = "workspace-tests";
 const LOCK_BENCH: &str = "lock-bench";
 const PGLOCK: &str = "pglock";
 const CUTOVER_POSTGRES: &str = "migration-cutover-postgres";
+const SCHEDULE: &str = "locks-schedule";
+const SCHEDULE_POSTGRES: &str = "locks-schedule-postgres";
 
-const LIBRARIES: &[&str] = &[PORT, POSTGRES, MEMORY, CUTOVER, CUTOVER_POSTGRES];
+const LIBRARIES: &[&str] = &[
+    PORT,
+    POSTGRES,
+    MEMORY,
+    CUTOVER,
+    CUTOVER_POSTGRES,
+    SCHEDULE,
+    SCHEDULE_POSTGRES,
+];
+/// The workspace crates the schedule's PostgreSQL ledger may use outside its tests.
+const SCHEDULE_ADAPTER_MAY_USE: &[&str] = &[SCHEDULE, PORT, POSTGRES];
 const ADAPTERS: &[&str] = &[POSTGRES, MEMORY];
 const TOOLING: &[&str] = &[XTASK, THROWAWAY_PG, WORKSPACE_TESTS, LOCK_BENCH];
 /// Adapters of the cutover's ports (event stores, repositories, write pause).
@@ -76,6 +88,7 @@ const INVARIANTS: &[&str] = &[
     "Every crate has a ring.",
     "Applications stand on the libraries.",
     "The cutover's adapters stand on the cutover's ports.",
+    "The schedule knows only the port; its ledger stands on it.",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -413,6 +426,57 @@ fn check(crates: &[Crate]) -> Vec<Violation> {
         }
     }
 
+    // 12. The schedule knows only the port; its ledger stands on it.
+    if let Some(schedule) = get(SCHEDULE) {
+        for dep in schedule.normal() {
+            let package = dep.package.as_str();
+            if is_workspace(package) && package != PORT {
+                broken(
+                    12,
+                    schedule,
+                    format!("depends on workspace crate `{package}`"),
+                );
+            } else if DATABASE_CRATES.contains(&package) {
+                broken(12, schedule, format!("database crate `{package}`"));
+            } else if !dep.optional && RUNTIME_CRATES.contains(&package) {
+                broken(
+                    12,
+                    schedule,
+                    format!(
+                        "runtime crate `{package}` as a non-optional dependency (only behind \
+                         the `conformance` feature)"
+                    ),
+                );
+            }
+        }
+    }
+    if let Some(adapter) = get(SCHEDULE_POSTGRES) {
+        if !adapter
+            .dependencies
+            .iter()
+            .any(|dep| dep.package == SCHEDULE && dep.table == Table::Normal && !dep.optional)
+        {
+            broken(
+                12,
+                adapter,
+                format!("`{SCHEDULE}` is not a (non-optional) dependency"),
+            );
+        }
+        for dep in adapter.normal() {
+            let package = dep.package.as_str();
+            if is_workspace(package) && !SCHEDULE_ADAPTER_MAY_USE.contains(&package) {
+                broken(
+                    12,
+                    adapter,
+                    format!(
+                        "depends on workspace crate `{package}` (only {})",
+                        SCHEDULE_ADAPTER_MAY_USE.join(", ")
+                    ),
+                );
+            }
+        }
+    }
+
     violations.sort_by_key(|v| v.invariant);
     violations
 }
@@ -558,6 +622,24 @@ fn good_workspace() -> BTreeMap<&'static str, String> {
             "[package]\nname = \"migration-cutover-postgres\"\n\
              [dependencies]\nmigration-cutover = {{ workspace = true }}\n\
              locks-port = {{ workspace = true }}\nlocks-postgres = {{ workspace = true }}\n\
+             deadpool-postgres = \"0.14\"\ntokio = \"1\"\n\
+             [dev-dependencies]\nthrowaway-pg = {{ workspace = true }}\n{lints}"
+        ),
+    );
+    manifests.insert(
+        SCHEDULE,
+        format!(
+            "[package]\nname = \"locks-schedule\"\n\
+             [dependencies]\nlocks-port = {{ workspace = true }}\ncroner = \"3\"\n\
+             tokio = {{ version = \"1\", optional = true }}\n\
+             [dev-dependencies]\nlocks-memory = {{ workspace = true }}\n{lints}"
+        ),
+    );
+    manifests.insert(
+        SCHEDULE_POSTGRES,
+        format!(
+            "[package]\nname = \"locks-schedule-postgres\"\n\
+             [dependencies]\nlocks-schedule = {{ workspace = true }}\n\
              deadpool-postgres = \"0.14\"\ntokio = \"1\"\n\
              [dev-dependencies]\nthrowaway-pg = {{ workspace = true }}\n{lints}"
         ),
@@ -846,5 +928,45 @@ fn the_cutover_adapter_outside_its_ring_breaks_invariant_11() {
             "[build-dependencies]"
         ),
         [6, 11]
+    );
+}
+
+#[test]
+fn the_schedule_using_a_database_an_adapter_or_a_runtime_breaks_invariant_12() {
+    assert_eq!(
+        broken_after(SCHEDULE, "croner = \"3\"", "tokio-postgres = \"0.7\""),
+        [12]
+    );
+    assert_eq!(
+        broken_after(
+            SCHEDULE,
+            "croner = \"3\"",
+            "locks-postgres = { workspace = true }"
+        ),
+        [12]
+    );
+    assert_eq!(
+        broken_after(
+            SCHEDULE,
+            "tokio = { version = \"1\", optional = true }",
+            "tokio = \"1\""
+        ),
+        [12]
+    );
+    assert_eq!(
+        broken_after(
+            SCHEDULE_POSTGRES,
+            "locks-schedule = { workspace = true }\n",
+            ""
+        ),
+        [12]
+    );
+    assert_eq!(
+        broken_after(
+            SCHEDULE_POSTGRES,
+            "tokio = \"1\"",
+            "migration-cutover = { workspace = true }"
+        ),
+        [12]
     );
 }

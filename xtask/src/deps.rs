@@ -1,8 +1,8 @@
 //! What the tests need beyond Rust and PostgreSQL, installed by `scripts/install-test-deps.sh`.
 //!
 //! Today that is PgBouncer, for the tests of transaction-scoped locks behind a
-//! transaction-pooling proxy, and iproute2 (`ip`), for the partition test and the soak's
-//! partitions. The tests never skip when one is missing (they fail saying what to install),
+//! transaction-pooling proxy, iproute2 (`ip`), for the partition test and the soak's
+//! partitions, and libfaketime (`faketime`), for pglock's test of skewed host clocks. The tests never skip when one is missing (they fail saying what to install),
 //! so `cargo xtask test` installs them first.
 
 use std::path::Path;
@@ -18,11 +18,11 @@ const SCRIPT: &str = "scripts/install-test-deps.sh";
 
 /// Runs the install script when no `pgbouncer` or no `ip` is found; quiet when both are.
 pub(crate) fn ensure_test_deps() -> crate::Result {
-    if pgbouncer_installed() && on_path("ip") {
+    if pgbouncer_installed() && on_path("ip") && on_path("faketime") {
         return Ok(());
     }
     let script = workspace_root().join(SCRIPT);
-    eprintln!("xtask: pgbouncer or ip missing; running {SCRIPT}");
+    eprintln!("xtask: pgbouncer, ip or faketime missing; running {SCRIPT}");
     let status = Command::new("bash")
         .arg(&script)
         .status()
@@ -31,8 +31,8 @@ pub(crate) fn ensure_test_deps() -> crate::Result {
         Ok(())
     } else {
         Err(format!(
-            "{SCRIPT} failed ({status}); install PgBouncer and iproute2 (`apt-get install \
-             pgbouncer iproute2`), or set {PGBOUNCER_ENV} to PgBouncer's path"
+            "{SCRIPT} failed ({status}); install PgBouncer, iproute2 and libfaketime \
+             (`apt-get install pgbouncer iproute2 faketime`), or set {PGBOUNCER_ENV} to PgBouncer's path"
         )
         .into())
     }

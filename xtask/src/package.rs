@@ -410,6 +410,8 @@ mod tests {
                 "locks-memory",
                 "migration-cutover",
                 "migration-cutover-postgres",
+                "locks-schedule",
+                "locks-schedule-postgres",
                 "pglock"
             ]
         );

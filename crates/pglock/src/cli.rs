@@ -92,6 +92,21 @@ pub(crate) enum Command {
     /// Terminate the session that holds the lock on KEY, after showing it and asking.
     #[command(after_help = BREAK_EXIT_CODES)]
     Break(BreakArgs),
+    /// Run CMD once per occurrence of SCHEDULE across every host, until INT or TERM: a
+    /// long-running scheduler to run on every host (see ONCE PER SLOT in the manual).
+    Schedule(ScheduleArgs),
+    /// Show the latest runs of scheduled jobs (`run --once-per`): slot, outcome, attempt,
+    /// duration, holder.
+    Jobs {
+        /// Only this job (its KEY).
+        key: Option<String>,
+        /// Print one JSON array instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Create the ledger table (once per database) and exit.
+        #[arg(long, conflicts_with_all = ["key", "json"])]
+        install: bool,
+    },
     /// Print the advisory lock id of KEY (no database needed).
     Id {
         /// The lock key.
@@ -192,6 +207,48 @@ pub(crate) struct RunArgs {
     /// With --leader: the pause before campaigning again after a lost leadership.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1s")]
     pub(crate) backoff: Duration,
+    /// Run at most once per slot of DURATION across every host: slots divide the server's
+    /// clock from the Unix epoch (2s slots start at even seconds), the slot is recorded in
+    /// the ledger table (`pglock jobs --install`), and a host whose slot already ran, or is
+    /// running, exits 0 and prints nothing.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration,
+          conflicts_with_all = ["permits", "leader", "shared", "timeout", "fencing"])]
+    pub(crate) once_per: Option<Duration>,
+    /// Run this through `sh -c` instead of CMD.
+    #[arg(
+        short = 'c',
+        long = "command",
+        value_name = "SHELL_COMMAND",
+        conflicts_with = "argv"
+    )]
+    pub(crate) shell_command: Option<String>,
+    /// The command and its arguments.
+    #[arg(
+        value_name = "CMD",
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        required_unless_present = "shell_command"
+    )]
+    pub(crate) argv: Vec<String>,
+}
+
+/// `pglock schedule`.
+#[derive(Debug, Args)]
+#[command(
+    override_usage = "pglock schedule [OPTIONS] SCHEDULE KEY [--] CMD [ARGS]...\n       pglock schedule [OPTIONS] SCHEDULE KEY -c SHELL_COMMAND"
+)]
+pub(crate) struct ScheduleArgs {
+    /// A cron expression (`30 2 * * *`, six fields with seconds first) or a period
+    /// (`every 1h at :05`, `2s`), in UTC.
+    pub(crate) schedule: String,
+    /// The job's key (its lock and ledger name).
+    pub(crate) key: String,
+    /// How long after SIGTERM a command whose lock was lost gets SIGKILL.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "5s")]
+    pub(crate) grace: Duration,
+    /// How often the held session is checked while the command runs; 0 turns it off.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "5s")]
+    pub(crate) keepalive: Duration,
     /// Run this through `sh -c` instead of CMD.
     #[arg(
         short = 'c',

@@ -11,8 +11,11 @@ mod duration;
 mod exit;
 mod generate;
 mod inspect;
+mod jobs;
 mod json;
+mod once_per;
 mod run;
+mod schedule;
 mod show;
 mod signals;
 mod status;
@@ -71,7 +74,14 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
         .map_err(|error| Failure::new(SOFTWARE, format!("cannot start the runtime: {error}")))?;
     runtime.block_on(async move {
         match cli.command {
-            Command::Run(args) => run::run(target, args, say).await,
+            Command::Run(args) => match args.once_per {
+                Some(period) => once_per::run(target, args, period, say).await,
+                None => run::run(target, args, say).await,
+            },
+            Command::Schedule(args) => schedule::run(target, args, say).await,
+            Command::Jobs { key, json, install } => {
+                jobs::run(&target, say, key.as_deref(), json, install).await
+            }
             Command::Who { key, json } => show::who(&target, say, &key, json).await,
             Command::List { json, watch } => show::list(&target, say, json, watch).await,
             Command::Break(args) => break_lock::run(&target, args, say).await,

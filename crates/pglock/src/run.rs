@@ -48,7 +48,7 @@ impl Say {
 
 /// The holder id and `application_name` of this process: unique on the server, so its
 /// sessions can be found in `pg_stat_activity`.
-fn holder_id(target: &Target) -> String {
+pub(crate) fn holder_id(target: &Target) -> String {
     let prefix: String = target
         .config
         .get_application_name()
@@ -505,7 +505,7 @@ async fn settle(pool: &Pool, application: &str, say: Say) {
 }
 
 /// The failure for an acquisition error other than a timeout.
-fn acquisition_failure(error: &LockAcquisitionError) -> Failure {
+pub(crate) fn acquisition_failure(error: &LockAcquisitionError) -> Failure {
     let code = match error.kind() {
         AcquisitionErrorKind::PoolUnavailable
         | AcquisitionErrorKind::ConnectionLost
@@ -517,7 +517,7 @@ fn acquisition_failure(error: &LockAcquisitionError) -> Failure {
 }
 
 /// The shell's exit code for a finished command: its status, or 128+N for signal N.
-fn exit_code(status: ExitStatus) -> u8 {
+pub(crate) fn exit_code(status: ExitStatus) -> u8 {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
         (Some(code), _) => u8::try_from(code & 0xFF).unwrap_or(SOFTWARE),
@@ -527,7 +527,7 @@ fn exit_code(status: ExitStatus) -> u8 {
 }
 
 /// `exit 3` or `signal SIGTERM`.
-fn describe(status: ExitStatus) -> String {
+pub(crate) fn describe(status: ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
         (Some(code), _) => format!("exit {code}"),

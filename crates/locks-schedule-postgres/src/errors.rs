@@ -1,0 +1,56 @@
+//! Ledger errors in the server's own words, classified by SQLSTATE.
+
+use std::error::Error as _;
+
+use deadpool_postgres::PoolError;
+use locks_schedule::LedgerError;
+use tokio_postgres::error::SqlState;
+
+/// A driver error as a ledger error: the server's message and SQLSTATE (its DETAIL
+/// appended), or the driver's own chain for a connection failure; a hint when the table
+/// is missing.
+pub(crate) fn driver(what: &str, error: tokio_postgres::Error) -> LedgerError {
+    let mut text = if let Some(db) = error.as_db_error() {
+        let mut text = format!("{what}: {} ({})", db.message(), db.code().code());
+        if let Some(detail) = db.detail() {
+            text.push_str(": ");
+            text.push_str(detail);
+        }
+        text
+    } else {
+        let mut text = format!("{what}: {error}");
+        let mut source = error.source();
+        while let Some(cause) = source {
+            let cause_text = cause.to_string();
+            if !text.contains(&cause_text) {
+                text.push_str(": ");
+                text.push_str(&cause_text);
+            }
+            source = cause.source();
+        }
+        text
+    };
+    if error.code() == Some(&SqlState::UNDEFINED_TABLE) {
+        text.push_str("; create the ledger once with locks_schedule_postgres::install_ledger");
+    }
+    LedgerError::new(text, Some(Box::new(error)))
+}
+
+/// A failed checkout: the driver's error when there is one.
+pub(crate) fn pool(what: &str, error: PoolError) -> LedgerError {
+    match error {
+        PoolError::Backend(error) => driver(what, error),
+        other => {
+            let text = format!("{what}: {other}");
+            LedgerError::new(text, Some(Box::new(other)))
+        }
+    }
+}
+
+/// No answer within the ledger's answer timeout.
+pub(crate) fn timed_out(what: &str, timeout: std::time::Duration) -> LedgerError {
+    LedgerError::new(
+        format!("{what}: the server did not answer within {timeout:?}"),
+        None,
+    )
+}

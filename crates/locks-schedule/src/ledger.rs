@@ -1,0 +1,235 @@
+//! The ledger port: a durable record of which slot of which job ran, by whom, how often
+//! and with what outcome, and the clock that names the current slot.
+//!
+//! A ledger decides a claim with [`Claim::decide`](crate::Claim::decide), reading the
+//! slot's row and writing the decision in one transaction (or under one mutex), so every
+//! implementation makes the same decisions and none leaves a half-written claim.
+
+use std::fmt;
+use std::future::Future;
+
+use time::OffsetDateTime;
+
+use crate::claim::Claim;
+
+/// How a slot's run ended (or that it has not yet).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// Claimed and running, or its runner died (which only a runner that holds the job's
+    /// lock can conclude).
+    Running,
+    /// The job returned `Ok`.
+    Succeeded,
+    /// The job returned an error (its text is the row's detail).
+    Failed,
+    /// The runner died mid-job; under at-most-once the slot counts as done.
+    Abandoned,
+    /// No instance fired during the slot; recorded when the next firing found the gap.
+    Missed,
+}
+
+impl Outcome {
+    /// The outcome's name in the ledger table and in metrics.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::Abandoned => "abandoned",
+            Self::Missed => "missed",
+        }
+    }
+
+    /// The outcome named `text` (see [`as_str`](Self::as_str)).
+    #[must_use]
+    pub fn from_name(text: &str) -> Option<Self> {
+        [
+            Self::Running,
+            Self::Succeeded,
+            Self::Failed,
+            Self::Abandoned,
+            Self::Missed,
+        ]
+        .into_iter()
+        .find(|outcome| outcome.as_str() == text)
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a ledger answered a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClaimAnswer {
+    /// The slot is the caller's to run, as `attempt`; `previous` is the outcome of the
+    /// attempt before, if any. `started` is the ledger's clock at the claim.
+    Claimed {
+        /// 1 for the first run of the slot.
+        attempt: u32,
+        /// The outcome of the attempt before (`Abandoned` for a runner that died).
+        previous: Option<Outcome>,
+        /// The ledger's clock when the claim was written.
+        started: OffsetDateTime,
+    },
+    /// Nothing to run: the slot had already run or been settled, with this outcome.
+    Done(Outcome),
+    /// Nothing to run: this claim settled the slot, as `Abandoned` (it found a dead
+    /// runner's row and the crash policy allows no other attempt) or `Missed` (it
+    /// recorded a gap).
+    Settled(Outcome),
+    /// Nothing to do about a [`SlotKind::Previous`](crate::SlotKind::Previous) slot: it ran or was settled, or
+    /// nothing was missed.
+    NothingToDo,
+    /// The ledger's clock is not in the slot the claim named (it has moved on); nothing
+    /// was written.
+    NotDue {
+        /// The ledger's clock.
+        now: OffsetDateTime,
+    },
+}
+
+/// One slot's row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RunRecord {
+    /// The job's name.
+    pub name: String,
+    /// The slot's start.
+    pub slot: OffsetDateTime,
+    /// Who claimed the last attempt.
+    pub holder: String,
+    /// Attempts claimed.
+    pub attempt: u32,
+    /// When the last attempt was claimed (ledger clock).
+    pub started: OffsetDateTime,
+    /// When it finished, if it did.
+    pub finished: Option<OffsetDateTime>,
+    /// Its outcome.
+    pub outcome: Outcome,
+    /// The job's error for `failed`, or what the ledger noted.
+    pub detail: Option<String>,
+}
+
+impl RunRecord {
+    /// A record (for ledger implementations).
+    #[must_use]
+    pub fn new(
+        name: &str,
+        slot: OffsetDateTime,
+        holder: &str,
+        attempt: u32,
+        started: OffsetDateTime,
+        outcome: Outcome,
+    ) -> Self {
+        Self {
+            name: name.to_owned(),
+            slot,
+            holder: holder.to_owned(),
+            attempt,
+            started,
+            finished: None,
+            outcome,
+            detail: None,
+        }
+    }
+}
+
+/// Identifies one attempt of one slot, to record how it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attempt<'a> {
+    /// The job's name.
+    pub name: &'a str,
+    /// The slot's start.
+    pub slot: OffsetDateTime,
+    /// The attempt.
+    pub attempt: u32,
+    /// Who claimed it.
+    pub holder: &'a str,
+}
+
+/// A ledger operation failed; the backend's error is the source, its words in the
+/// message.
+#[derive(Debug, thiserror::Error)]
+#[error("schedule ledger: {message}")]
+pub struct LedgerError {
+    message: String,
+    #[source]
+    source: Option<locks_port::BoxError>,
+}
+
+impl LedgerError {
+    /// An error saying `message`, caused by `source`.
+    #[must_use]
+    pub fn new(message: impl Into<String>, source: Option<locks_port::BoxError>) -> Self {
+        Self {
+            message: message.into(),
+            source,
+        }
+    }
+
+    /// What failed, in the backend's words.
+    #[must_use]
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+/// A durable record of slots and the clock that names them: the port the runner uses,
+/// implemented on PostgreSQL by `locks-schedule-postgres` and in memory by
+/// [`MemoryLedger`](crate::MemoryLedger).
+pub trait Ledger: Send + Sync {
+    /// The ledger's clock now (the database's `clock_timestamp()`).
+    ///
+    /// # Errors
+    /// [`LedgerError`] from the backend.
+    fn now(&self) -> impl Future<Output = Result<OffsetDateTime, LedgerError>> + Send;
+
+    /// Decides `claim` with [`Claim::decide`] on the ledger's clock at the claim and
+    /// writes the decision atomically. Call it holding the slot's lock.
+    ///
+    /// # Errors
+    /// [`LedgerError`] from the backend; then nothing was written.
+    fn claim(
+        &self,
+        claim: &Claim<'_>,
+    ) -> impl Future<Output = Result<ClaimAnswer, LedgerError>> + Send;
+
+    /// Records how `attempt` ended, if the row still belongs to it (still `running`, same
+    /// attempt and holder); `false` when another runner has settled the slot since.
+    ///
+    /// # Errors
+    /// [`LedgerError`] from the backend.
+    fn finish(
+        &self,
+        attempt: &Attempt<'_>,
+        outcome: Outcome,
+        detail: Option<&str>,
+    ) -> impl Future<Output = Result<bool, LedgerError>> + Send;
+
+    /// The latest `limit` rows of the job `name` (every job's when `None`), newest slot
+    /// first.
+    ///
+    /// # Errors
+    /// [`LedgerError`] from the backend.
+    fn runs(
+        &self,
+        name: Option<&str>,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<RunRecord>, LedgerError>> + Send;
+
+    /// Deletes rows of slots that started before `before`, except each job's latest row
+    /// (which the missed-slot check needs); returns how many were deleted.
+    ///
+    /// # Errors
+    /// [`LedgerError`] from the backend.
+    fn prune(
+        &self,
+        before: OffsetDateTime,
+    ) -> impl Future<Output = Result<u64, LedgerError>> + Send;
+}

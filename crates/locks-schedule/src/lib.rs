@@ -1,0 +1,29 @@
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+
+mod claim;
+mod ledger;
+mod memory;
+pub mod metrics;
+mod parse;
+mod policy;
+mod runner;
+mod schedule;
+
+pub use claim::{Claim, Decision, SlotKind, SlotRow};
+pub use ledger::{Attempt, ClaimAnswer, Ledger, LedgerError, Outcome, RunRecord};
+pub use memory::{Clock, ManualClock, MemoryLedger, SystemClock};
+pub use policy::{CrashPolicy, MissedSlots, Overlap};
+pub use runner::{JobContext, RunError, RunReport, ScheduledJob, Verdict};
+pub use schedule::{MAX_COUNTED_SLOTS, MAX_PERIOD, MIN_PERIOD, Schedule, ScheduleError, Slot};
+
+/// The port this crate runs on, re-exported so one dependency is enough.
+pub use locks_port;
+/// Re-exported so callers name the same [`Meter`](opentelemetry::metrics::Meter) type as
+/// [`ScheduledJob::meter`].
+pub use opentelemetry;
+/// Re-exported: slots and ledger times are `time::OffsetDateTime`.
+pub use time;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;

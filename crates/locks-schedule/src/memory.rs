@@ -1,0 +1,219 @@
+//! The in-memory ledger: the same decisions as the PostgreSQL one, in one process, on a
+//! clock the test controls.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use time::OffsetDateTime;
+
+use crate::claim::{Claim, Decision, SlotRow};
+use crate::ledger::{Attempt, ClaimAnswer, Ledger, LedgerError, Outcome, RunRecord};
+
+/// Where the in-memory ledger reads the time: the stand-in for the database's clock.
+pub trait Clock: Send + Sync {
+    /// Now.
+    fn now(&self) -> OffsetDateTime;
+}
+
+/// The system clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> OffsetDateTime {
+        OffsetDateTime::now_utc()
+    }
+}
+
+/// A clock that moves only when told: for tests.
+///
+/// ```
+/// use locks_schedule::{Clock, ManualClock};
+/// let clock = ManualClock::new(time::macros::datetime!(2026-01-01 00:00 UTC));
+/// clock.advance(std::time::Duration::from_secs(90));
+/// assert_eq!(clock.now(), time::macros::datetime!(2026-01-01 00:01:30 UTC));
+/// ```
+#[derive(Debug, Clone)]
+pub struct ManualClock {
+    now: Arc<Mutex<OffsetDateTime>>,
+}
+
+impl ManualClock {
+    /// A clock stopped at `now`.
+    #[must_use]
+    pub fn new(now: OffsetDateTime) -> Self {
+        Self {
+            now: Arc::new(Mutex::new(now)),
+        }
+    }
+
+    /// Sets the time.
+    pub fn set(&self, now: OffsetDateTime) {
+        *self.now.lock().unwrap_or_else(PoisonError::into_inner) = now;
+    }
+
+    /// Moves the time on by `by` (saturating at the largest date `time` represents).
+    pub fn advance(&self, by: Duration) {
+        let mut now = self.now.lock().unwrap_or_else(PoisonError::into_inner);
+        *now = now
+            .checked_add(time::Duration::try_from(by).unwrap_or(time::Duration::MAX))
+            .unwrap_or(time::PrimitiveDateTime::MAX.assume_utc());
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> OffsetDateTime {
+        *self.now.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A [`Ledger`] in memory, on an injected [`Clock`]: the schedule's contract for users'
+/// tests, with no database. Clones share the rows.
+#[derive(Clone)]
+pub struct MemoryLedger<C = SystemClock> {
+    clock: C,
+    rows: Arc<Mutex<BTreeMap<(String, OffsetDateTime), RunRecord>>>,
+}
+
+impl<C> fmt::Debug for MemoryLedger<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryLedger").finish_non_exhaustive()
+    }
+}
+
+impl<C: Clock> MemoryLedger<C> {
+    /// An empty ledger on `clock`.
+    #[must_use]
+    pub fn new(clock: C) -> Self {
+        Self {
+            clock,
+            rows: Arc::default(),
+        }
+    }
+}
+
+impl<C: Clock> Ledger for MemoryLedger<C> {
+    async fn now(&self) -> Result<OffsetDateTime, LedgerError> {
+        Ok(self.clock.now())
+    }
+
+    async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimAnswer, LedgerError> {
+        let mut rows = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = self.clock.now();
+        let key = (claim.name.to_owned(), claim.slot.start());
+        let row = rows.get(&key).map(|record| SlotRow {
+            attempt: record.attempt,
+            outcome: record.outcome,
+        });
+        let latest = rows
+            .keys()
+            .filter(|(name, _)| name == claim.name)
+            .map(|(_, slot)| *slot)
+            .max();
+        Ok(match claim.decide(now, row.as_ref(), latest) {
+            Decision::NotDue => ClaimAnswer::NotDue { now },
+            Decision::NothingToDo => ClaimAnswer::NothingToDo,
+            Decision::AlreadyDone(outcome) => ClaimAnswer::Done(outcome),
+            Decision::Run => {
+                let record = RunRecord::new(
+                    claim.name,
+                    claim.slot.start(),
+                    claim.holder,
+                    1,
+                    now,
+                    Outcome::Running,
+                );
+                rows.insert(key, record);
+                ClaimAnswer::Claimed {
+                    attempt: 1,
+                    previous: None,
+                    started: now,
+                }
+            }
+            Decision::Retry { attempt, previous } => {
+                let record = RunRecord::new(
+                    claim.name,
+                    claim.slot.start(),
+                    claim.holder,
+                    attempt,
+                    now,
+                    Outcome::Running,
+                );
+                rows.insert(key, record);
+                ClaimAnswer::Claimed {
+                    attempt,
+                    previous: Some(previous),
+                    started: now,
+                }
+            }
+            Decision::Abandon => {
+                if let Some(record) = rows.get_mut(&key) {
+                    record.outcome = Outcome::Abandoned;
+                    record.finished = Some(now);
+                }
+                ClaimAnswer::Settled(Outcome::Abandoned)
+            }
+            Decision::RecordMissed => {
+                let mut record = RunRecord::new(
+                    claim.name,
+                    claim.slot.start(),
+                    claim.holder,
+                    0,
+                    now,
+                    Outcome::Missed,
+                );
+                record.finished = Some(now);
+                rows.insert(key, record);
+                ClaimAnswer::Settled(Outcome::Missed)
+            }
+        })
+    }
+
+    async fn finish(
+        &self,
+        attempt: &Attempt<'_>,
+        outcome: Outcome,
+        detail: Option<&str>,
+    ) -> Result<bool, LedgerError> {
+        let mut rows = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = self.clock.now();
+        match rows.get_mut(&(attempt.name.to_owned(), attempt.slot)) {
+            Some(record)
+                if record.outcome == Outcome::Running
+                    && record.attempt == attempt.attempt
+                    && record.holder == attempt.holder =>
+            {
+                record.outcome = outcome;
+                record.finished = Some(now);
+                record.detail = detail.map(str::to_owned);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn runs(&self, name: Option<&str>, limit: u32) -> Result<Vec<RunRecord>, LedgerError> {
+        let rows = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut records: Vec<RunRecord> = rows
+            .values()
+            .filter(|record| name.is_none_or(|name| record.name == name))
+            .cloned()
+            .collect();
+        records.sort_by(|a, b| b.slot.cmp(&a.slot).then_with(|| a.name.cmp(&b.name)));
+        records.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+        Ok(records)
+    }
+
+    async fn prune(&self, before: OffsetDateTime) -> Result<u64, LedgerError> {
+        let mut rows = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut latest: BTreeMap<String, OffsetDateTime> = BTreeMap::new();
+        for (name, slot) in rows.keys() {
+            latest.insert(name.clone(), *slot);
+        }
+        let count = rows.len();
+        rows.retain(|(name, slot), _| *slot >= before || latest.get(name) == Some(slot));
+        Ok(u64::try_from(count - rows.len()).unwrap_or(u64::MAX))
+    }
+}

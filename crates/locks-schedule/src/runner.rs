@@ -1,0 +1,467 @@
+//! `run_once_per_slot`: one firing of a scheduled job on one host.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use locks_port::{
+    AcquisitionErrorKind, DistributedLock, LockAcquisitionError, LockGuard, LostSignal,
+};
+use opentelemetry::metrics::Meter;
+use time::OffsetDateTime;
+
+use crate::claim::{Claim, SlotKind};
+use crate::ledger::{Attempt, ClaimAnswer, Ledger, LedgerError, Outcome};
+use crate::metrics::Metrics;
+use crate::policy::{CrashPolicy, MissedSlots, Overlap};
+use crate::{Schedule, ScheduleError, Slot};
+
+/// How many times a firing re-reads the ledger's clock when a slot boundary passes
+/// between reading it and claiming.
+const MAX_CLAIMS: usize = 3;
+
+/// A job on a schedule, with its policies: what every host's scheduler fires.
+///
+/// ```
+/// use std::num::NonZeroU32;
+/// use locks_schedule::{CrashPolicy, MissedSlots, Overlap, ScheduledJob};
+///
+/// let job = ScheduledJob::new("nightly-report", "0 2 * * *".parse().unwrap())
+///     .overlap(Overlap::Skip)
+///     .crash(CrashPolicy::AtLeastOnce { max_attempts: NonZeroU32::new(3).unwrap() })
+///     .missed(MissedSlots::RunLatest);
+/// assert_eq!(job.lock_key(None), "schedule:nightly-report");
+/// ```
+#[derive(Clone)]
+pub struct ScheduledJob {
+    name: String,
+    schedule: Schedule,
+    overlap: Overlap,
+    crash: CrashPolicy,
+    missed: MissedSlots,
+    holder: String,
+    metrics: Metrics,
+}
+
+impl fmt::Debug for ScheduledJob {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScheduledJob")
+            .field("name", &self.name)
+            .field("schedule", &self.schedule)
+            .field("overlap", &self.overlap)
+            .field("crash", &self.crash)
+            .field("missed", &self.missed)
+            .field("holder", &self.holder)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the job is told when it runs.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct JobContext {
+    /// The slot being run.
+    pub slot: Slot,
+    /// 1 for the slot's first attempt.
+    pub attempt: u32,
+    /// How the attempt before ended (`Abandoned` for a runner that died), if any.
+    pub previous: Option<Outcome>,
+    /// Whether this run is of a slot before the current one (a missed slot caught up, or
+    /// a crashed run re-run).
+    pub catch_up: bool,
+    /// How long after the slot began the run started, on the ledger's clock.
+    pub lateness: Duration,
+    /// Fires if the job's lock is lost while the job runs: stop, the slot may be taken
+    /// over (at-least-once) or marked abandoned (at-most-once).
+    pub lost: LostSignal,
+}
+
+/// What a firing did with one slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Verdict {
+    /// This firing ran the job.
+    Ran {
+        /// The attempt it ran.
+        attempt: u32,
+        /// How it ended.
+        outcome: Outcome,
+        /// Whether the lock was lost before the job returned.
+        lock_lost: bool,
+        /// Whether the outcome was recorded (`false`: another runner settled the slot
+        /// meanwhile, after the lock was lost).
+        recorded: bool,
+    },
+    /// The slot had already run (or been settled) with this outcome: nothing ran.
+    AlreadyRun(Outcome),
+    /// This firing settled the slot without running it: `Abandoned` (a dead runner's
+    /// slot, no attempts left) or `Missed` (a gap recorded).
+    Settled(Outcome),
+    /// The job's lock was held (an earlier run still going): nothing ran.
+    Busy,
+}
+
+impl Verdict {
+    /// Whether this firing ran the job.
+    #[must_use]
+    pub fn ran(&self) -> bool {
+        matches!(self, Self::Ran { .. })
+    }
+}
+
+/// What one firing did: with the current slot, and with the slot before it (a missed slot
+/// or a crashed run, per the policies; `None` when there was nothing to do about it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RunReport {
+    /// The current slot on the ledger's clock.
+    pub slot: Slot,
+    /// What happened to it.
+    pub verdict: Verdict,
+    /// The slot before, and what happened to it, if anything did.
+    pub previous: Option<(Slot, Verdict)>,
+}
+
+/// A firing failed: nothing ran after the failure (a run that had started is recorded
+/// as `running` and settled by the next firing under the crash policy).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// The lock could not be taken (not contention: a backend failure).
+    #[error("the schedule's lock")]
+    Lock(#[source] LockAcquisitionError),
+    /// The ledger failed.
+    #[error("the schedule's ledger")]
+    Ledger(#[source] LedgerError),
+    /// The schedule has no slot at the ledger's time.
+    #[error("the schedule")]
+    Schedule(#[source] ScheduleError),
+    /// The ledger's clock left the slot between reading it and claiming, three times
+    /// running (a period shorter than a round trip).
+    #[error("the ledger's clock passed a slot boundary at every claim; the period is too short")]
+    ClockRacing,
+}
+
+impl From<LedgerError> for RunError {
+    fn from(error: LedgerError) -> Self {
+        Self::Ledger(error)
+    }
+}
+
+impl From<ScheduleError> for RunError {
+    fn from(error: ScheduleError) -> Self {
+        Self::Schedule(error)
+    }
+}
+
+enum Settle {
+    NotDue(OffsetDateTime),
+    Verdict(Option<Verdict>),
+}
+
+impl ScheduledJob {
+    /// A job named `name` (its ledger rows and its lock key) on `schedule`, with the
+    /// default policies: overlap [`Skip`](Overlap::Skip), crash
+    /// [`AtMostOnce`](CrashPolicy::AtMostOnce), missed slots
+    /// [`Skip`](MissedSlots::Skip), the holder `pid@host`, metrics from the global meter
+    /// provider.
+    #[must_use]
+    pub fn new(name: impl Into<String>, schedule: Schedule) -> Self {
+        let name = name.into();
+        Self {
+            metrics: Metrics::new(&name, None),
+            name,
+            schedule,
+            overlap: Overlap::Skip,
+            crash: CrashPolicy::AtMostOnce,
+            missed: MissedSlots::Skip,
+            holder: default_holder(),
+        }
+    }
+
+    /// What a firing does while an earlier run holds the lock.
+    #[must_use]
+    pub fn overlap(mut self, overlap: Overlap) -> Self {
+        self.overlap = overlap;
+        self
+    }
+
+    /// What a run that died or failed means for its slot.
+    #[must_use]
+    pub fn crash(mut self, crash: CrashPolicy) -> Self {
+        self.crash = crash;
+        self
+    }
+
+    /// What a slot nobody fired in means.
+    #[must_use]
+    pub fn missed(mut self, missed: MissedSlots) -> Self {
+        self.missed = missed;
+        self
+    }
+
+    /// Who this runner is, in the ledger's `holder` column.
+    #[must_use]
+    pub fn holder(mut self, holder: impl Into<String>) -> Self {
+        self.holder = holder.into();
+        self
+    }
+
+    /// The meter the job's instruments come from (see the crate's metrics table).
+    #[must_use]
+    pub fn meter(mut self, meter: &Meter) -> Self {
+        self.metrics = Metrics::new(&self.name, Some(meter));
+        self
+    }
+
+    /// The job's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The job's schedule.
+    #[must_use]
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    /// The lock key of the job (`schedule:{name}`), or of one slot of it under
+    /// [`Overlap::Allow`] (`schedule:{name}@{slot}`).
+    #[must_use]
+    pub fn lock_key(&self, slot: Option<&Slot>) -> String {
+        match slot {
+            Some(slot) => format!("schedule:{}@{slot}", self.name),
+            None => format!("schedule:{}", self.name),
+        }
+    }
+
+    /// One firing: takes the job's lock, settles the slot before the current one (a dead
+    /// or failed run under the crash policy, a gap under the missed-slot policy), then
+    /// claims the current slot in the ledger and runs `run` if the claim is granted.
+    /// Call it when this host's scheduler fires (at each slot boundary of its own clock,
+    /// from cron, or in a loop); which slot is current is the ledger's clock's answer.
+    ///
+    /// # Skew
+    /// Hosts' clocks only decide when they fire: a slot runs at most once whatever they
+    /// say, and every slot in which at least one host fires runs. A host whose clock is
+    /// off by `d` fires `d` early or late, so with every host off by less than a period
+    /// each slot still gets a firing from each host, in the slot or just after it; beyond
+    /// a period a host fires in another slot than it means to (still at most once; a slot
+    /// no host fired in is recorded as missed by the next firing).
+    ///
+    /// # Errors
+    /// [`RunError`] when the lock's backend, the ledger or the schedule fails.
+    ///
+    /// # Cancel safety
+    /// Dropping the future releases the lock (the guard drops). If the job had been
+    /// claimed, its row stays `running` and the next firing settles it under the crash
+    /// policy, as it would a crashed runner's.
+    pub async fn run_once_per_slot<L, G, F, Fut, E>(
+        &self,
+        locks: &L,
+        ledger: &G,
+        mut run: F,
+    ) -> Result<RunReport, RunError>
+    where
+        L: DistributedLock,
+        G: Ledger,
+        F: FnMut(JobContext) -> Fut + Send,
+        Fut: Future<Output = Result<(), E>> + Send,
+        E: fmt::Display,
+    {
+        let now = ledger.now().await?;
+        let mut current = self.schedule.slot_at(now)?;
+        let previous = self.schedule.previous(&current)?;
+        let shared = match self.overlap {
+            Overlap::Allow => None,
+            _ => match self.lock(locks, &self.lock_key(None)).await? {
+                Some(guard) => Some(guard),
+                None => {
+                    self.metrics.busy();
+                    return Ok(RunReport {
+                        slot: current,
+                        verdict: Verdict::Busy,
+                        previous: None,
+                    });
+                }
+            },
+        };
+        let previous_verdict = self
+            .settle_locked(
+                locks,
+                ledger,
+                shared.as_ref(),
+                previous,
+                SlotKind::Previous,
+                &mut run,
+            )
+            .await?;
+        let previous = match previous_verdict {
+            Settle::Verdict(verdict) => verdict.map(|verdict| (previous, verdict)),
+            Settle::NotDue(_) => None,
+        };
+        for _ in 0..MAX_CLAIMS {
+            let settled = self
+                .settle_locked(
+                    locks,
+                    ledger,
+                    shared.as_ref(),
+                    current,
+                    SlotKind::Current,
+                    &mut run,
+                )
+                .await?;
+            match settled {
+                Settle::NotDue(now) => current = self.schedule.slot_at(now)?,
+                Settle::Verdict(verdict) => {
+                    if let Some(guard) = shared {
+                        guard.release().await;
+                    }
+                    return Ok(RunReport {
+                        slot: current,
+                        verdict: verdict.unwrap_or(Verdict::AlreadyRun(Outcome::Missed)),
+                        previous,
+                    });
+                }
+            }
+        }
+        Err(RunError::ClockRacing)
+    }
+
+    /// The lock, or `None` when it is held elsewhere (at once under `Skip` and `Allow`,
+    /// after the wait under `Wait`).
+    async fn lock<L: DistributedLock>(
+        &self,
+        locks: &L,
+        key: &str,
+    ) -> Result<Option<L::Guard>, RunError> {
+        match self.overlap {
+            Overlap::Wait(timeout) => match locks.acquire(key, timeout).await {
+                Ok(guard) => Ok(Some(guard)),
+                Err(error) if error.kind() == AcquisitionErrorKind::Timeout => Ok(None),
+                Err(error) => Err(RunError::Lock(error)),
+            },
+            Overlap::Skip | Overlap::Allow => locks.try_acquire(key).await.map_err(RunError::Lock),
+        }
+    }
+
+    /// Settles `slot` holding `shared` (the job's lock), or else (under
+    /// [`Overlap::Allow`]) holding the slot's own lock, taken here and released after.
+    async fn settle_locked<L, G, F, Fut, E>(
+        &self,
+        locks: &L,
+        ledger: &G,
+        shared: Option<&L::Guard>,
+        slot: Slot,
+        kind: SlotKind,
+        run: &mut F,
+    ) -> Result<Settle, RunError>
+    where
+        L: DistributedLock,
+        G: Ledger,
+        F: FnMut(JobContext) -> Fut + Send,
+        Fut: Future<Output = Result<(), E>> + Send,
+        E: fmt::Display,
+    {
+        if let Some(guard) = shared {
+            return self.settle(ledger, guard, slot, kind, run).await;
+        }
+        let Some(guard) = self.lock(locks, &self.lock_key(Some(&slot))).await? else {
+            self.metrics.busy();
+            return Ok(Settle::Verdict(Some(Verdict::Busy)));
+        };
+        let settled = self.settle(ledger, &guard, slot, kind, run).await;
+        guard.release().await;
+        settled
+    }
+
+    /// Claims `slot` holding `guard` and runs the job if granted.
+    async fn settle<G, F, Fut, E>(
+        &self,
+        ledger: &G,
+        guard: &impl LockGuard,
+        slot: Slot,
+        kind: SlotKind,
+        run: &mut F,
+    ) -> Result<Settle, RunError>
+    where
+        G: Ledger,
+        F: FnMut(JobContext) -> Fut + Send,
+        Fut: Future<Output = Result<(), E>> + Send,
+        E: fmt::Display,
+    {
+        let claim = Claim {
+            name: &self.name,
+            slot,
+            kind,
+            holder: &self.holder,
+            crash: self.crash,
+            missed: self.missed,
+        };
+        let (attempt, previous, started) = match ledger.claim(&claim).await? {
+            ClaimAnswer::NotDue { now } => return Ok(Settle::NotDue(now)),
+            ClaimAnswer::NothingToDo => return Ok(Settle::Verdict(None)),
+            ClaimAnswer::Done(outcome) => {
+                self.metrics.already_run(outcome);
+                return Ok(Settle::Verdict(Some(Verdict::AlreadyRun(outcome))));
+            }
+            ClaimAnswer::Settled(outcome) => {
+                if outcome == Outcome::Missed {
+                    self.metrics.missed();
+                } else {
+                    self.metrics.ran(outcome);
+                }
+                return Ok(Settle::Verdict(Some(Verdict::Settled(outcome))));
+            }
+            ClaimAnswer::Claimed {
+                attempt,
+                previous,
+                started,
+            } => (attempt, previous, started),
+        };
+        let lateness = Duration::try_from(started - slot.start()).unwrap_or(Duration::ZERO);
+        let catch_up = kind == SlotKind::Previous;
+        self.metrics.late(lateness, catch_up);
+        let context = JobContext {
+            slot,
+            attempt,
+            previous,
+            catch_up,
+            lateness,
+            lost: guard.lost(),
+        };
+        let (outcome, detail) = match run(context).await {
+            Ok(()) => (Outcome::Succeeded, None),
+            Err(error) => (Outcome::Failed, Some(error.to_string())),
+        };
+        let lock_lost = guard.is_lost();
+        let attempt_id = Attempt {
+            name: &self.name,
+            slot: slot.start(),
+            attempt,
+            holder: &self.holder,
+        };
+        let recorded = ledger
+            .finish(&attempt_id, outcome, detail.as_deref())
+            .await?;
+        self.metrics.ran(outcome);
+        Ok(Settle::Verdict(Some(Verdict::Ran {
+            attempt,
+            outcome,
+            lock_lost,
+            recorded,
+        })))
+    }
+}
+
+/// `pid@host`: the host from `/proc/sys/kernel/hostname` (Linux) or `$HOSTNAME`.
+fn default_holder() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|host| host.trim().to_owned())
+        .filter(|host| !host.is_empty())
+        .unwrap_or_else(|| "unknown-host".to_owned());
+    format!("{}@{host}", std::process::id())
+}
