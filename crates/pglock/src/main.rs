@@ -10,12 +10,14 @@ mod connect;
 mod duration;
 mod exit;
 mod generate;
+mod group;
 mod inspect;
 mod json;
 mod run;
 mod show;
 mod signals;
 mod status;
+mod supervise;
 mod tls;
 
 use std::process::ExitCode;
@@ -29,6 +31,10 @@ use crate::exit::{Failure, SOFTWARE, USAGE};
 use crate::run::Say;
 
 fn main() -> ExitCode {
+    let raw: Vec<String> = std::env::args().collect();
+    if raw.get(1).map(String::as_str) == Some(supervise::MODE) {
+        return supervise::main(&raw[2..]);
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => {

@@ -1,7 +1,5 @@
 //! `pglock run`: take the lock, run the command, release when it exits.
 
-use std::io::ErrorKind;
-use std::process::ExitStatus;
 use std::time::Duration;
 
 use locks_port::{
@@ -10,17 +8,14 @@ use locks_port::{
 };
 use locks_postgres::deadpool_postgres::Pool;
 use locks_postgres::{PostgresLockGuard, PostgresLockManager, PostgresPermit};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use tokio::time::Instant;
 
 use crate::cli::{OnLost, RunArgs};
 use crate::connect::{self, Target};
 use crate::duration::show;
-use crate::exit::{
-    CANNOT_EXECUTE, CONFIG, Failure, LOST, NOPERM, NOT_FOUND, SIGNAL_BASE, SOFTWARE, UNAVAILABLE,
-    chain,
-};
+use crate::exit::{CONFIG, Failure, LOST, NOPERM, SOFTWARE, UNAVAILABLE, chain};
+use crate::group::Group;
 use crate::inspect;
 use crate::signals::{Signals, signal_code};
 use crate::status::StatusLine;
@@ -269,63 +264,41 @@ async fn run_once(target: &Target, args: &RunArgs, say: Say) -> Result<u8, Failu
         show(started.elapsed())
     ));
 
-    let mut command = tokio::process::Command::new(&program[0]);
-    command
-        .args(&program[1..])
-        .env("PGLOCK_KEY", key)
-        .env("PGLOCK_LOCK_ID", lock_id.to_string());
+    let mut env = vec![
+        ("PGLOCK_KEY", key.to_owned()),
+        ("PGLOCK_LOCK_ID", lock_id.to_string()),
+    ];
     if let Some(permits) = permits {
-        command.env("PGLOCK_PERMITS", permits.to_string());
+        env.push(("PGLOCK_PERMITS", permits.to_string()));
     }
     if let Some(token) = fencing_token {
-        command.env("PGLOCK_FENCING_TOKEN", token.to_string());
+        env.push(("PGLOCK_FENCING_TOKEN", token.to_string()));
     }
-    let mut child = match command.spawn() {
-        Ok(child) => child,
-        Err(error) => {
+    let mut group = match Group::spawn(&program, &env).await {
+        Ok(group) => group,
+        Err(failure) => {
             guard.release().await;
-            let code = if error.kind() == ErrorKind::NotFound {
-                NOT_FOUND
-            } else {
-                CANNOT_EXECUTE
-            };
-            return Err(Failure::new(
-                code,
-                format!("cannot run {}: {error}", program[0]),
-            ));
+            return Err(failure);
         }
     };
-    let pid = child
-        .id()
-        .and_then(|id| i32::try_from(id).ok())
-        .map(Pid::from_raw);
     say.say(format!(
-        "running {} (pid {})",
+        "running {} (process group {})",
         program.join(" "),
-        pid.map_or_else(|| "?".to_owned(), |pid| pid.to_string())
+        group.pgid()
     ));
-    let send = |number: Signal| {
-        if let Some(pid) = pid {
-            // The child is not reaped before `wait` returns, so the pid is still its.
-            let _ = kill(pid, number);
-        }
-    };
 
     let lost = guard.lost().into_future();
     tokio::pin!(lost);
     let mut lost_reason: Option<String> = None;
     let mut kill_at: Option<Instant> = None;
-    let status: ExitStatus = loop {
+    // The lock is kept until no process of the group is left, whatever the command's
+    // own process does.
+    let status = loop {
         tokio::select! {
-            status = child.wait() => match status {
-                Ok(status) => break status,
-                Err(error) => {
-                    return Err(Failure::new(SOFTWARE, format!("cannot wait for the command: {error}")));
-                }
-            },
+            status = group.wait() => break status,
             number = signals.recv() => {
-                say.say(format!("forwarding {number} to the command"));
-                send(number);
+                say.say(format!("forwarding {number} to the command's process group"));
+                group.signal(number);
             }
             reason = &mut lost, if lost_reason.is_none() => {
                 let reason = reason.to_string();
@@ -336,12 +309,12 @@ async fn run_once(target: &Target, args: &RunArgs, say: Say) -> Result<u8, Failu
                              (SIGTERM, SIGKILL after {})",
                             show(args.grace)
                         );
-                        send(Signal::SIGTERM);
+                        group.signal(Signal::SIGTERM);
                         kill_at = Some(Instant::now() + args.grace);
                     }
                     OnLost::Kill => {
                         eprintln!("pglock: lost the lock on '{key}' ({reason}): killing the command");
-                        send(Signal::SIGKILL);
+                        group.signal(Signal::SIGKILL);
                     }
                     OnLost::Ignore => {
                         eprintln!("pglock: lost the lock on '{key}' ({reason}): letting the command run (--on-lost ignore)");
@@ -351,26 +324,23 @@ async fn run_once(target: &Target, args: &RunArgs, say: Say) -> Result<u8, Failu
             }
             () = sleep_until(kill_at), if kill_at.is_some() => {
                 say.say(format!("the command outlived the {} grace: SIGKILL", show(args.grace)));
-                send(Signal::SIGKILL);
+                group.signal(Signal::SIGKILL);
                 kill_at = None;
             }
         }
     };
-    let code = exit_code(status);
+    let code = status.code();
     if let Some(reason) = lost_reason {
         say.say(format!(
             "the command ended ({}) after the lock was lost",
-            describe(status)
+            status
         ));
         return Err(Failure::new(
             LOST,
             format!("the lock on '{key}' was lost while the command ran: {reason}"),
         ));
     }
-    say.say(format!(
-        "the command ended ({}): releasing '{key}'",
-        describe(status)
-    ));
+    say.say(format!("the command ended ({}): releasing '{key}'", status));
     if let ReleaseOutcome::Lost(reason) = guard.release().await {
         // Lost before the release, unnoticed while the command ran: it may have run
         // unprotected for a moment, so say so.
@@ -514,25 +484,4 @@ fn acquisition_failure(error: &LockAcquisitionError) -> Failure {
         _ => SOFTWARE,
     };
     Failure::new(code, chain(error))
-}
-
-/// The shell's exit code for a finished command: its status, or 128+N for signal N.
-fn exit_code(status: ExitStatus) -> u8 {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(code), _) => u8::try_from(code & 0xFF).unwrap_or(SOFTWARE),
-        (None, Some(number)) => SIGNAL_BASE.saturating_add(u8::try_from(number).unwrap_or(0)),
-        (None, None) => SOFTWARE,
-    }
-}
-
-/// `exit 3` or `signal SIGTERM`.
-fn describe(status: ExitStatus) -> String {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(code), _) => format!("exit {code}"),
-        (None, Some(number)) => Signal::try_from(number)
-            .map_or_else(|_| format!("signal {number}"), |signal| format!("{signal}")),
-        (None, None) => "unknown status".to_owned(),
-    }
 }

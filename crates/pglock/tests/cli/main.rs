@@ -4,6 +4,7 @@
 mod break_lock;
 mod errors;
 mod generate;
+mod group;
 mod inspect;
 mod lost;
 mod permits;
