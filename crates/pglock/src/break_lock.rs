@@ -30,6 +30,7 @@ pub(crate) async fn run(target: &Target, args: BreakArgs, say: Say) -> Result<u8
         ));
     }
     let key = &args.key;
+    let quoted = crate::text::quoted(key);
     let lock_id = locks_port::lock_id(key);
     let client = connect::one_client(target, say).await?;
     let entries = inspect::of(&client, lock_id)
@@ -45,11 +46,14 @@ pub(crate) async fn run(target: &Target, args: BreakArgs, say: Say) -> Result<u8
         } else {
             "holds"
         };
-        println!("nobody {what} '{key}' (lock id {lock_id}): nothing to break");
+        println!("nobody {what} {quoted} (lock id {lock_id}): nothing to break");
         return Ok(0);
     }
-    println!("'{key}' (lock id {lock_id}):");
+    println!("{quoted} (lock id {lock_id}):");
     print!("{}", inspect::table(&targets, false));
+    if let Some(hint) = inspect::hidden_hint(&targets) {
+        eprintln!("pglock: {hint}");
+    }
     if !spared.is_empty() {
         println!(
             "{} waiting session(s) left alone (--waiters terminates them too)",

@@ -13,11 +13,14 @@ mod generate;
 mod group;
 mod inspect;
 mod json;
+mod lease;
+mod queue;
 mod run;
 mod show;
 mod signals;
 mod status;
 mod supervise;
+mod text;
 mod tls;
 
 use std::process::ExitCode;
@@ -48,7 +51,9 @@ fn main() -> ExitCode {
     match dispatch(cli) {
         Ok(code) => ExitCode::from(code),
         Err(failure) => {
-            eprintln!("pglock: {}", failure.message);
+            if !failure.message.is_empty() {
+                eprintln!("pglock: {}", text::escaped(&failure.message));
+            }
             ExitCode::from(failure.code)
         }
     }

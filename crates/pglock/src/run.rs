@@ -7,7 +7,8 @@ use locks_port::{
     LockMode, LostSignal, PermitGuard, ReleaseOutcome, Semaphore,
 };
 use locks_postgres::deadpool_postgres::Pool;
-use locks_postgres::{PostgresLockGuard, PostgresLockManager, PostgresPermit};
+use locks_postgres::tokio_postgres::{self, error::DbError, error::SqlState};
+use locks_postgres::{PostgresLockGuard, PostgresPermit};
 use nix::sys::signal::Signal;
 use tokio::time::Instant;
 
@@ -16,17 +17,13 @@ use crate::connect::{self, Target};
 use crate::duration::show;
 use crate::exit::{CONFIG, Failure, LOST, NOPERM, SOFTWARE, UNAVAILABLE, chain};
 use crate::group::Group;
-use crate::inspect;
+use crate::queue::{CANCEL_SETTLE, busy_note, settle};
 use crate::signals::{Signals, signal_code};
 use crate::status::StatusLine;
 
 /// Connections: the lock's, the status line's, and one to check that a cancelled wait
 /// left nothing behind.
 const POOL_SIZE: usize = 3;
-/// How long a cancelled wait is given to leave the server's queue on its own.
-const CANCEL_GRACE: Duration = Duration::from_millis(500);
-/// How long pglock waits at most, after cancelling, for the queue to show nothing of it.
-const CANCEL_SETTLE: Duration = Duration::from_secs(5);
 
 /// Says what pglock does, with `-v`.
 #[derive(Debug, Clone, Copy)]
@@ -36,7 +33,7 @@ impl Say {
     /// Prints `message` on stderr with `-v`.
     pub(crate) fn say(self, message: impl AsRef<str>) {
         if self.0 {
-            eprintln!("pglock: {}", message.as_ref());
+            eprintln!("pglock: {}", crate::text::escaped(message.as_ref()));
         }
     }
 }
@@ -127,6 +124,7 @@ async fn run_once(target: &Target, args: &RunArgs, say: Say) -> Result<u8, Failu
     };
     let program = args.program();
     let key = args.key.as_str();
+    let quoted = crate::text::quoted(key);
     let holder = holder_id(target);
     let application = format!("locks:{holder}");
     let pool = connect::pool(target, POOL_SIZE, &application)?;
@@ -137,14 +135,16 @@ async fn run_once(target: &Target, args: &RunArgs, say: Say) -> Result<u8, Failu
         (None, Some(_)) => Some(DEFAULT_LEASE),
         (None, None) => None,
     };
-    let manager = PostgresLockManager::builder(pool.clone())
-        .holder_id(holder.clone())
-        .keepalive(keepalive)
-        .lease(lease)
-        .connect_timeout(target.connect_timeout)
-        .fencing(args.fencing)
-        .try_build()
-        .map_err(|error| Failure::new(crate::exit::USAGE, format!("--lease: {error}")))?;
+    let manager = crate::lease::Settings {
+        pool: &pool,
+        holder: &holder,
+        keepalive,
+        lease,
+        lease_given: args.lease.is_some(),
+        connect_timeout: target.connect_timeout,
+        fencing: args.fencing,
+    }
+    .manager()?;
     let lock_id = manager.lock_id(key);
     let mut signals = Signals::install()?;
 
@@ -169,8 +169,8 @@ async fn run_once(target: &Target, args: &RunArgs, say: Say) -> Result<u8, Failu
             StatusLine::start(pool.clone(), key, lock_id, &application)
         };
         let wanted = match permits {
-            Some(permits) => format!("a permit of {permits} of '{key}'"),
-            None => format!("'{key}' (lock id {lock_id})"),
+            Some(permits) => format!("a permit of {permits} of {quoted}"),
+            None => format!("{quoted} (lock id {lock_id})"),
         };
         match (args.no_wait, args.timeout) {
             (true, _) => say.say(format!("trying {wanted} without waiting")),
@@ -223,34 +223,45 @@ async fn run_once(target: &Target, args: &RunArgs, say: Say) -> Result<u8, Failu
             // The wait's future is dropped: the library cancels the server-side wait and
             // closes the session. Exit only once the server shows nothing of ours.
             say.say(format!("{number} while waiting: cancelling the wait"));
-            settle(&pool, &application, say).await;
+            if tokio::time::timeout(CANCEL_SETTLE, settle(&pool, &application, say))
+                .await
+                .is_err()
+            {
+                say.say("the server did not answer in time after cancelling; exiting anyway");
+            }
             return Ok(signal_code(number));
         }
         Ok(Ok(Some(guard))) => guard,
         Ok(Ok(None)) if args.leader => {
             return Err(Failure::new(
                 LOST,
-                format!("the leadership of '{key}' was lost before the command started"),
+                format!("the leadership of {quoted} was lost before the command started"),
             ));
         }
         Ok(Ok(None)) => {
+            if args.silent_conflict() {
+                return Err(Failure::silent(args.conflict_exit_code));
+            }
             let holder = busy_note(&pool, lock_id, permits).await;
             return Err(Failure::new(
                 args.conflict_exit_code,
-                format!("'{key}' is busy{holder}: not waiting (-n)"),
+                format!("{quoted} is busy{holder}: not waiting (-n)"),
             ));
         }
         Ok(Err(error)) if error.kind() == AcquisitionErrorKind::Timeout => {
+            if args.silent_conflict() {
+                return Err(Failure::silent(args.conflict_exit_code));
+            }
             let holder = busy_note(&pool, lock_id, permits).await;
             return Err(Failure::new(
                 args.conflict_exit_code,
                 format!(
-                    "timed out after {} waiting for '{key}'{holder}",
+                    "timed out after {} waiting for {quoted}{holder}",
                     show(started.elapsed())
                 ),
             ));
         }
-        Ok(Err(error)) => return Err(acquisition_failure(&error)),
+        Ok(Err(error)) => return Err(acquisition_failure(&error, target)),
     };
     let fencing_token = guard.fencing_token();
     let what = match permits {
@@ -259,7 +270,7 @@ async fn run_once(target: &Target, args: &RunArgs, say: Say) -> Result<u8, Failu
         None => "exclusive".to_owned(),
     };
     say.say(format!(
-        "acquired '{key}' (lock id {lock_id}, {what}{}) after {}",
+        "acquired {quoted} (lock id {lock_id}, {what}{}) after {}",
         fencing_token.map_or_else(String::new, |token| format!(", fencing token {token}")),
         show(started.elapsed())
     ));
@@ -305,7 +316,7 @@ async fn run_once(target: &Target, args: &RunArgs, say: Say) -> Result<u8, Failu
                 match args.on_lost {
                     OnLost::Term => {
                         eprintln!(
-                            "pglock: lost the lock on '{key}' ({reason}): stopping the command \
+                            "pglock: lost the lock on {quoted} ({reason}): stopping the command \
                              (SIGTERM, SIGKILL after {})",
                             show(args.grace)
                         );
@@ -313,11 +324,11 @@ async fn run_once(target: &Target, args: &RunArgs, say: Say) -> Result<u8, Failu
                         kill_at = Some(Instant::now() + args.grace);
                     }
                     OnLost::Kill => {
-                        eprintln!("pglock: lost the lock on '{key}' ({reason}): killing the command");
+                        eprintln!("pglock: lost the lock on {quoted} ({reason}): killing the command");
                         group.signal(Signal::SIGKILL);
                     }
                     OnLost::Ignore => {
-                        eprintln!("pglock: lost the lock on '{key}' ({reason}): letting the command run (--on-lost ignore)");
+                        eprintln!("pglock: lost the lock on {quoted} ({reason}): letting the command run (--on-lost ignore)");
                     }
                 }
                 lost_reason = Some(reason);
@@ -337,31 +348,24 @@ async fn run_once(target: &Target, args: &RunArgs, say: Say) -> Result<u8, Failu
         ));
         return Err(Failure::new(
             LOST,
-            format!("the lock on '{key}' was lost while the command ran: {reason}"),
+            format!("the lock on {quoted} was lost while the command ran: {reason}"),
         ));
     }
-    say.say(format!("the command ended ({}): releasing '{key}'", status));
+    say.say(format!(
+        "the command ended ({}): releasing {quoted}",
+        status
+    ));
     if let ReleaseOutcome::Lost(reason) = guard.release().await {
         // Lost before the release, unnoticed while the command ran: it may have run
         // unprotected for a moment, so say so.
         return Err(Failure::new(
             LOST,
-            format!("the lock on '{key}' was lost while the command ran: {reason}"),
+            format!("the lock on {quoted} was lost while the command ran: {reason}"),
         ));
     }
     Ok(code)
 }
 
-/// Who keeps the lock, as [`holder_note`] says; for a semaphore, that its permits are all
-/// held (`pglock who` lists them).
-async fn busy_note(pool: &Pool, lock_id: i64, permits: Option<u32>) -> String {
-    match permits {
-        Some(permits) => format!(" (all {permits} permits held)"),
-        None => holder_note(pool, lock_id).await,
-    }
-}
-
-/// Sleeps until `deadline` (forever without one).
 async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
@@ -407,75 +411,38 @@ async fn ensure_fencing_table(pool: &Pool, target: &Target, say: Say) -> Result<
     Ok(())
 }
 
-/// ` (held by pid N, APPLICATION)` for a busy lock, or nothing if the server cannot say.
-async fn holder_note(pool: &Pool, lock_id: i64) -> String {
-    let Ok(client) = pool.get().await else {
-        return String::new();
-    };
-    let Ok(entries) = inspect::of(&client, lock_id).await else {
-        return String::new();
-    };
-    let holders: Vec<String> = entries
-        .iter()
-        .filter(|entry| entry.granted)
-        .map(|entry| {
-            if entry.application.is_empty() {
-                format!("pid {}", entry.pid_text())
-            } else {
-                format!("pid {} {}", entry.pid_text(), entry.application)
-            }
-        })
-        .collect();
-    if holders.is_empty() {
-        String::new()
-    } else {
-        format!(" (held by {})", holders.join(", "))
+/// The server's error beneath `error`, if the server answered with one.
+fn db_error<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a DbError> {
+    let mut source = Some(error);
+    while let Some(cause) = source {
+        if let Some(db) = cause
+            .downcast_ref::<tokio_postgres::Error>()
+            .and_then(tokio_postgres::Error::as_db_error)
+        {
+            return Some(db);
+        }
+        source = cause.source();
     }
-}
-
-/// Waits (a bounded time) until the server shows no lock or wait of this process's
-/// sessions. The library cancels a dropped wait with a plain-text cancel request, which a
-/// server that insists on TLS refuses; a session still queued after [`CANCEL_GRACE`] is
-/// terminated over our own (TLS) connection.
-async fn settle(pool: &Pool, application: &str, say: Say) {
-    let started = Instant::now();
-    let Ok(client) = pool.get().await else {
-        say.say("cannot check the server after cancelling");
-        return;
-    };
-    let mut terminated = false;
-    loop {
-        let pids = match inspect::pids_of_application(&client, application).await {
-            Ok(pids) => pids,
-            Err(error) => {
-                say.say(format!("cannot check the server after cancelling: {error}"));
-                return;
-            }
-        };
-        if pids.is_empty() {
-            return;
-        }
-        if started.elapsed() >= CANCEL_SETTLE {
-            say.say(format!("sessions {pids:?} still queued; exiting anyway"));
-            return;
-        }
-        if !terminated && started.elapsed() >= CANCEL_GRACE {
-            say.say(format!(
-                "terminating our sessions {pids:?} still in the queue"
-            ));
-            for pid in &pids {
-                let _ = client
-                    .execute("SELECT pg_terminate_backend($1)", &[pid])
-                    .await;
-            }
-            terminated = true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    None
 }
 
 /// The failure for an acquisition error other than a timeout.
-fn acquisition_failure(error: &LockAcquisitionError) -> Failure {
+fn acquisition_failure(error: &LockAcquisitionError, target: &Target) -> Failure {
+    if let Some(db) = db_error(error)
+        && *db.code() == SqlState::INSUFFICIENT_PRIVILEGE
+    {
+        // The one statement of a grant that needs a privilege beyond connecting: the
+        // fencing token's (--fencing).
+        let role = target.config.get_user().unwrap_or("the role");
+        return Failure::new(
+            NOPERM,
+            format!(
+                "--fencing: {}; the role needs: GRANT SELECT, INSERT, UPDATE ON {} TO {role}",
+                db.message(),
+                locks_postgres::FENCING_TABLE
+            ),
+        );
+    }
     let code = match error.kind() {
         AcquisitionErrorKind::PoolUnavailable
         | AcquisitionErrorKind::ConnectionLost
