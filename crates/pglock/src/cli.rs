@@ -92,7 +92,8 @@ pub(crate) enum Command {
         #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
         watch: Option<Duration>,
     },
-    /// Terminate the session that holds the lock on KEY, after showing it and asking.
+    /// Terminate the session that holds the lock on KEY (or the permits of the semaphore
+    /// or leadership KEY), after showing it and asking.
     #[command(after_help = BREAK_EXIT_CODES)]
     Break(BreakArgs),
     /// Print the advisory lock id of KEY (no database needed).
@@ -120,7 +121,7 @@ pub(crate) enum Command {
 /// The exit codes of `pglock break`, at the end of `pglock break --help`.
 pub(crate) const BREAK_EXIT_CODES: &str = "\
 Exit codes:
-  0    the sessions were terminated, or nobody held the lock
+  0    the sessions were terminated, or nobody held the lock or a permit of KEY
   1    the answer was not yes: nothing was terminated
   64   bad usage, or no terminal to ask on and no --yes
   69   the server is unreachable

@@ -91,6 +91,39 @@ pub(crate) async fn of(
         .collect())
 }
 
+/// The sessions of the semaphore whose locks have `class` (`pglock run --permits`,
+/// `--leader`): those holding a permit (a slot `0..N`), and those waiting for one.
+/// A session appears once, as a holder if it holds a permit.
+pub(crate) async fn semaphore_of(
+    client: &tokio_postgres::Client,
+    class: i32,
+) -> Result<Vec<Entry>, InspectError> {
+    let now = OffsetDateTime::now_utc();
+    let holders = all_lock_holders(client).await?;
+    let of_class = |holder: &&LockHolder| matches!(holder.lock, AdvisoryLockId::Int4Pair(of, _) if of == class);
+    let permit = |holder: &&LockHolder| {
+        holder.granted && matches!(holder.lock, AdvisoryLockId::Int4Pair(_, slot) if slot >= 0)
+    };
+    let mut entries: Vec<Entry> = holders
+        .iter()
+        .filter(of_class)
+        .filter(permit)
+        .map(|holder| entry(holder, now))
+        .collect();
+    let mut seen: Vec<Option<i32>> = entries.iter().map(|entry| entry.pid).collect();
+    for holder in holders
+        .iter()
+        .filter(of_class)
+        .filter(|holder| !holder.granted)
+    {
+        if !seen.contains(&holder.pid) {
+            seen.push(holder.pid);
+            entries.push(entry(holder, now));
+        }
+    }
+    Ok(entries)
+}
+
 /// The pids of sessions named `application_name` that hold or wait for an advisory lock.
 pub(crate) async fn pids_of_application(
     client: &tokio_postgres::Client,

@@ -93,18 +93,24 @@ impl Held {
 /// `pglock run`; with `--leader`, one term after another until the command exits on
 /// its own (a lost leadership stops it, and pglock campaigns again after `--backoff`).
 pub(crate) async fn run(target: Target, args: RunArgs, say: Say) -> Result<u8, Failure> {
+    // Installed once: the handlers stay, so a signal between two terms is not lost.
+    let mut signals = Signals::install()?;
     if !args.leader {
-        return run_once(&target, &args, say).await;
+        return run_once(&target, &args, say, &mut signals).await;
     }
     loop {
-        match run_once(&target, &args, say).await {
+        match run_once(&target, &args, say, &mut signals).await {
             Err(failure) if failure.code == LOST => {
                 eprintln!(
                     "pglock: {}; campaigning again in {}",
                     failure.message,
                     show(args.backoff)
                 );
-                tokio::time::sleep(args.backoff).await;
+                // A signal in the pause ends pglock as one while waiting does.
+                tokio::select! {
+                    number = signals.recv() => return Ok(signal_code(number)),
+                    () = tokio::time::sleep(args.backoff) => {}
+                }
             }
             other => return other,
         }
@@ -115,7 +121,12 @@ pub(crate) async fn run(target: Target, args: RunArgs, say: Say) -> Result<u8, F
 /// leader whose session just ended has noticed and stopped its own (ADR 0018).
 const TAKEOVER_DELAY: Duration = Duration::from_millis(500);
 
-async fn run_once(target: &Target, args: &RunArgs, say: Say) -> Result<u8, Failure> {
+async fn run_once(
+    target: &Target,
+    args: &RunArgs,
+    say: Say,
+    signals: &mut Signals,
+) -> Result<u8, Failure> {
     let permits = if args.leader { Some(1) } else { args.permits };
     let mode = if args.shared {
         LockMode::Shared
@@ -146,7 +157,6 @@ async fn run_once(target: &Target, args: &RunArgs, say: Say) -> Result<u8, Failu
     }
     .manager()?;
     let lock_id = manager.lock_id(key);
-    let mut signals = Signals::install()?;
 
     say.say(format!("connecting to {} as {holder}", target.shown));
     tokio::select! {

@@ -170,3 +170,61 @@ async fn break_without_the_privilege_exits_77_and_ends_nothing() {
         .await
         .expect("drop the role");
 }
+
+#[tokio::test]
+async fn break_ends_the_permit_holders_of_a_semaphore_and_a_leader() {
+    for (name, options) in [
+        ("break-permits", &["--permits", "2"][..]),
+        ("break-leader", &["--leader", "--backoff", "30s"][..]),
+    ] {
+        let (key, dir) = unique(name);
+        let (ready, stopped) = (dir.join("ready"), dir.join("stopped"));
+        let script = format!(
+            "trap 'touch {}; exit 0' TERM; touch {}; sleep 60 & wait",
+            stopped.display(),
+            ready.display()
+        );
+        let holder = pglock()
+            .arg("run")
+            .args(options)
+            .args([&key, "-c", &script])
+            .spawn()
+            .expect("spawn");
+        wait_for_file(&ready).await;
+        let who = output(pglock().args(["who", "--json", &key])).await;
+        let document: serde_json::Value = serde_json::from_slice(&who.stdout).expect("JSON");
+        assert_eq!(
+            document["semaphore"]["held"].as_array().map(Vec::len),
+            Some(1),
+            "{document}"
+        );
+
+        let broken = output(pglock().args(["break", "--yes", &key])).await;
+        let said = String::from_utf8_lossy(&broken.stdout).into_owned();
+        assert_eq!(code(&broken), 0, "{name}: {said}{}", stderr(&broken));
+        assert!(
+            said.contains("the permits of the semaphore"),
+            "{name}: {said}"
+        );
+        assert_eq!(said.matches("terminated pid").count(), 1, "{name}: {said}");
+
+        // The holder lost its permit: its command is stopped (a leader then waits out its
+        // backoff before campaigning again).
+        let who = output(pglock().args(["who", "--json", &key])).await;
+        let document: serde_json::Value = serde_json::from_slice(&who.stdout).expect("JSON");
+        assert!(document["semaphore"].is_null(), "{name}: {document}");
+        if options[0] == "--leader" {
+            wait_for_file(&stopped).await;
+            signal(&holder, Signal::SIGTERM);
+            let done = finish(holder).await;
+            assert!(
+                stderr(&done).contains("campaigning again in 30s"),
+                "{name}: {}",
+                stderr(&done)
+            );
+        } else {
+            let done = finish(holder).await;
+            assert_eq!(code(&done), 75, "{name}: {}", stderr(&done));
+        }
+    }
+}
