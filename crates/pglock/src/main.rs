@@ -14,6 +14,7 @@ mod group;
 mod inspect;
 mod json;
 mod lease;
+mod manual;
 mod queue;
 mod run;
 mod show;
