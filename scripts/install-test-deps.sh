@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs what the tests need beyond Rust and the PostgreSQL server binaries: PgBouncer
 # (Debian's `pgbouncer` package), for the tests of transaction-scoped locks behind a
-# transaction-pooling proxy, and iproute2 (`ip`), for the partition test and the soak's
-# partitions (network namespaces). `cargo xtask test` runs this when either is missing.
+# transaction-pooling proxy; iproute2 (`ip`), for the partition test and the soak's
+# partitions (network namespaces); and man-db (`man`), for the pglock package's check
+# (`cargo xtask dist --check`). `cargo xtask test` runs this when PgBouncer or ip is missing.
 #
-# Quiet on success; does nothing when both are already installed. Needs apt-get and
+# Quiet on success; does nothing when all are already installed. Needs apt-get and
 # root (or password-less sudo); anywhere else it says what to install and fails.
 set -euo pipefail
 
@@ -16,9 +17,14 @@ have_ip() {
     command -v ip >/dev/null 2>&1 || [[ -x /usr/sbin/ip ]] || [[ -x /sbin/ip ]]
 }
 
+have_man() {
+    command -v man >/dev/null 2>&1
+}
+
 packages=()
 have_pgbouncer || packages+=(pgbouncer)
 have_ip || packages+=(iproute2)
+have_man || packages+=(man-db)
 if [[ ${#packages[@]} == 0 ]]; then
     exit 0
 fi
@@ -75,5 +81,9 @@ if ! have_pgbouncer; then
 fi
 if ! have_ip; then
     echo "error: apt-get installed iproute2 but no ip binary was found" >&2
+    exit 1
+fi
+if ! have_man; then
+    echo "error: apt-get installed man-db but no man binary was found" >&2
     exit 1
 fi

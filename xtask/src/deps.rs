@@ -21,8 +21,14 @@ pub(crate) fn ensure_test_deps() -> crate::Result {
     if pgbouncer_installed() && on_path("ip") {
         return Ok(());
     }
+    run_install_script("pgbouncer or ip missing")
+}
+
+/// Runs the install script (which installs whatever of PgBouncer, iproute2 and man-db is
+/// missing), saying `why` first.
+pub(crate) fn run_install_script(why: &str) -> crate::Result {
     let script = workspace_root().join(SCRIPT);
-    eprintln!("xtask: pgbouncer or ip missing; running {SCRIPT}");
+    eprintln!("xtask: {why}; running {SCRIPT}");
     let status = Command::new("bash")
         .arg(&script)
         .status()
@@ -32,7 +38,7 @@ pub(crate) fn ensure_test_deps() -> crate::Result {
     } else {
         Err(format!(
             "{SCRIPT} failed ({status}); install PgBouncer and iproute2 (`apt-get install \
-             pgbouncer iproute2`), or set {PGBOUNCER_ENV} to PgBouncer's path"
+             pgbouncer iproute2 man-db`), or set {PGBOUNCER_ENV} to PgBouncer's path"
         )
         .into())
     }
@@ -46,7 +52,7 @@ fn pgbouncer_installed() -> bool {
 }
 
 /// Whether `program` is in a folder of `PATH` or of root's usual `sbin` folders.
-fn on_path(program: &str) -> bool {
+pub(crate) fn on_path(program: &str) -> bool {
     std::env::var_os("PATH")
         .iter()
         .flat_map(std::env::split_paths)
