@@ -219,3 +219,55 @@ async fn a_signal_reaches_the_whole_group_and_the_lock_outlives_it() {
         );
     }
 }
+
+#[tokio::test]
+async fn on_a_terminal_the_command_reads_it_and_gets_ctrl_c() {
+    use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
+    use std::io::Write;
+    let (key, dir) = unique("terminal");
+    let got = dir.join("got");
+    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY).expect("openpt");
+    grantpt(&master).expect("grantpt");
+    unlockpt(&master).expect("unlockpt");
+    let name = ptsname(&master, Vec::new()).expect("ptsname");
+    let terminal = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(name.to_str().expect("a UTF-8 name"))
+        .expect("the terminal");
+    let mut master = std::fs::File::from(master);
+    // pglock in a session of its own with the terminal as its controlling terminal, as a
+    // login shell would run it; its command reads a line, then sleeps until ^C.
+    let script = format!("read line; echo \"$line\" > {}; sleep 30", got.display());
+    let child = Command::new("setsid")
+        .args([
+            "-w",
+            "-c",
+            env!("CARGO_BIN_EXE_pglock"),
+            "--url",
+            &database_url(),
+        ])
+        .args(["run", &key, "-c", &script])
+        .stdin(terminal)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("setsid pglock");
+    master.write_all(b"typed\n").expect("typed");
+    // A command in a background group would be stopped (SIGTTIN) by its read instead.
+    wait_for_file(&got).await;
+    eventually("the line", || async {
+        std::fs::read_to_string(&got).is_ok_and(|text| text == "typed\n")
+    })
+    .await;
+    let sent = Instant::now();
+    master.write_all(b"\x03").expect("^C");
+    let done = finish(child).await;
+    assert_eq!(code(&done), 130, "{}", stderr(&done));
+    assert!(
+        sent.elapsed() < Duration::from_secs(5),
+        "^C took {:?}",
+        sent.elapsed()
+    );
+}
