@@ -146,28 +146,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_manual_has_the_sections_a_man_page_needs() {
-        let headings: Vec<String> = sections().into_iter().map(|(heading, _)| heading).collect();
-        for wanted in [
-            "NAME",
-            "SYNOPSIS",
-            "DESCRIPTION",
-            "OPTIONS",
-            "EXIT STATUS",
-            "SIGNALS",
-            "ENVIRONMENT",
-            "FILES",
-            "LEASE",
-            "EXAMPLES",
-        ] {
-            assert!(
-                headings.iter().any(|heading| heading == wanted),
-                "{wanted}: {headings:?}"
-            );
-        }
-    }
-
-    #[test]
     fn markdown_inlines_become_roff() {
         assert_eq!(unlink("see [ADR 7](../adr/7.md) now"), "see ADR 7 now");
         assert_eq!(unlink("a [b] c"), "a [b] c");

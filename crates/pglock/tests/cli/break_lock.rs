@@ -85,18 +85,8 @@ async fn break_without_a_terminal_or_yes_is_refused_and_ends_nothing() {
 
 /// `pglock break KEY` with a pseudo-terminal as stdin, answering `answer`.
 async fn break_answering(key: &str, answer: &str) -> Output {
-    use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
     use std::io::Write;
-    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY).expect("openpt");
-    grantpt(&master).expect("grantpt");
-    unlockpt(&master).expect("unlockpt");
-    let name = ptsname(&master, Vec::new()).expect("ptsname");
-    let terminal = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(name.to_str().expect("a UTF-8 name"))
-        .expect("the terminal");
-    let mut master = std::fs::File::from(master);
+    let (mut master, terminal) = pseudo_terminal();
     master
         .write_all(format!("{answer}\n").as_bytes())
         .expect("answered");

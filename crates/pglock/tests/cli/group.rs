@@ -222,20 +222,10 @@ async fn a_signal_reaches_the_whole_group_and_the_lock_outlives_it() {
 
 #[tokio::test]
 async fn on_a_terminal_the_command_reads_it_and_gets_ctrl_c() {
-    use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
     use std::io::Write;
     let (key, dir) = unique("terminal");
     let got = dir.join("got");
-    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY).expect("openpt");
-    grantpt(&master).expect("grantpt");
-    unlockpt(&master).expect("unlockpt");
-    let name = ptsname(&master, Vec::new()).expect("ptsname");
-    let terminal = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(name.to_str().expect("a UTF-8 name"))
-        .expect("the terminal");
-    let mut master = std::fs::File::from(master);
+    let (mut master, terminal) = pseudo_terminal();
     // pglock in a session of its own with the terminal as its controlling terminal, as a
     // login shell would run it; its command reads a line, then sleeps until ^C.
     let script = format!("read line; echo \"$line\" > {}; sleep 30", got.display());

@@ -186,3 +186,18 @@ async fn ordinary_role(name: &str, password: &str) -> (String, String) {
         format!("host={host} port={port} dbname={dbname} user={role}"),
     )
 }
+
+/// A pseudo-terminal: its master side (what a user types goes in here) and the terminal.
+fn pseudo_terminal() -> (std::fs::File, std::fs::File) {
+    use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
+    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY).expect("openpt");
+    grantpt(&master).expect("grantpt");
+    unlockpt(&master).expect("unlockpt");
+    let name = ptsname(&master, Vec::new()).expect("ptsname");
+    let terminal = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(name.to_str().expect("a UTF-8 name"))
+        .expect("the terminal");
+    (std::fs::File::from(master), terminal)
+}
