@@ -16,7 +16,7 @@ use crate::cli::{OnLost, RunArgs};
 use crate::connect::{self, Target};
 use crate::duration::show;
 use crate::exit::{CONFIG, Failure, LOST, NOPERM, SOFTWARE, UNAVAILABLE, chain};
-use crate::group::Group;
+use crate::group::{Group, Status};
 use crate::queue::{CANCEL_SETTLE, busy_note, settle};
 use crate::signals::{Signals, signal_code};
 use crate::status::StatusLine;
@@ -350,6 +350,14 @@ async fn run_once(
             }
         }
     };
+    if status == Status::Unknown {
+        guard.release().await;
+        return Err(Failure::new(
+            SOFTWARE,
+            "the command's supervisor died (was it killed?): the command's process group was \
+             killed, and its status is unknown",
+        ));
+    }
     let code = status.code();
     if let Some(reason) = lost_reason {
         say.say(format!(

@@ -261,3 +261,28 @@ async fn on_a_terminal_the_command_reads_it_and_gets_ctrl_c() {
         sent.elapsed()
     );
 }
+
+#[tokio::test]
+async fn a_killed_supervisor_takes_the_group_with_it_and_pglock_exits_70() {
+    let (key, _dir) = unique("supervisor");
+    let (child, pids) = started(&[], &key, &["-c", PIPELINE], 2).await;
+    let pglock_pid = i32::try_from(child.id().expect("running")).expect("pid");
+    // The supervisor is pglock's only child; the command's processes are below it.
+    let table = processes();
+    let supervisor = *pids
+        .iter()
+        .find(|pid| {
+            table
+                .get(pid)
+                .is_some_and(|(parent, _, _)| *parent == pglock_pid)
+        })
+        .expect("the supervisor");
+    kill(Pid::from_raw(supervisor), Signal::SIGKILL).expect("SIGKILL the supervisor");
+    let done = finish(child).await;
+    assert_eq!(code(&done), 70, "{}", stderr(&done));
+    assert_eq!(
+        running(&pids),
+        Vec::<i32>::new(),
+        "the group outlived the supervisor"
+    );
+}
