@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs what the tests need beyond Rust and the PostgreSQL server binaries: PgBouncer
 # (Debian's `pgbouncer` package), for the tests of transaction-scoped locks behind a
-# transaction-pooling proxy, and iproute2 (`ip`), for the partition test and the soak's
-# partitions (network namespaces), and libfaketime (`faketime`), for pglock's scheduled-job
-# test of hosts whose clocks disagree. `cargo xtask test` runs this when one is missing.
+# transaction-pooling proxy; iproute2 (`ip`), for the partition test and the soak's
+# partitions (network namespaces); libfaketime (`faketime`), for pglock's scheduled-job
+# test of hosts whose clocks disagree; and man-db (`man`), for the pglock package's check
+# (`cargo xtask dist --check`). `cargo xtask test` runs this when one is missing.
 #
-# Quiet on success; does nothing when both are already installed. Needs apt-get and
+# Quiet on success; does nothing when all are already installed. Needs apt-get and
 # root (or password-less sudo); anywhere else it says what to install and fails.
 set -euo pipefail
 
@@ -21,10 +22,15 @@ have_faketime() {
     command -v faketime >/dev/null 2>&1
 }
 
+have_man() {
+    command -v man >/dev/null 2>&1
+}
+
 packages=()
 have_pgbouncer || packages+=(pgbouncer)
 have_ip || packages+=(iproute2)
 have_faketime || packages+=(faketime)
+have_man || packages+=(man-db)
 if [[ ${#packages[@]} == 0 ]]; then
     exit 0
 fi
@@ -81,5 +87,9 @@ if ! have_pgbouncer; then
 fi
 if ! have_ip; then
     echo "error: apt-get installed iproute2 but no ip binary was found" >&2
+    exit 1
+fi
+if ! have_man; then
+    echo "error: apt-get installed man-db but no man binary was found" >&2
     exit 1
 fi

@@ -21,8 +21,14 @@ pub(crate) fn ensure_test_deps() -> crate::Result {
     if pgbouncer_installed() && on_path("ip") && on_path("faketime") {
         return Ok(());
     }
+    run_install_script("pgbouncer, ip or faketime missing")
+}
+
+/// Runs the install script (which installs whatever of PgBouncer, iproute2 and man-db is
+/// missing), saying `why` first.
+pub(crate) fn run_install_script(why: &str) -> crate::Result {
     let script = workspace_root().join(SCRIPT);
-    eprintln!("xtask: pgbouncer, ip or faketime missing; running {SCRIPT}");
+    eprintln!("xtask: {why}; running {SCRIPT}");
     let status = Command::new("bash")
         .arg(&script)
         .status()
@@ -31,8 +37,8 @@ pub(crate) fn ensure_test_deps() -> crate::Result {
         Ok(())
     } else {
         Err(format!(
-            "{SCRIPT} failed ({status}); install PgBouncer, iproute2 and libfaketime \
-             (`apt-get install pgbouncer iproute2 faketime`), or set {PGBOUNCER_ENV} to PgBouncer's path"
+            "{SCRIPT} failed ({status}); install PgBouncer, iproute2, libfaketime and man-db \
+             (`apt-get install pgbouncer iproute2 faketime man-db`), or set {PGBOUNCER_ENV} to PgBouncer's path"
         )
         .into())
     }
@@ -46,7 +52,7 @@ fn pgbouncer_installed() -> bool {
 }
 
 /// Whether `program` is in a folder of `PATH` or of root's usual `sbin` folders.
-fn on_path(program: &str) -> bool {
+pub(crate) fn on_path(program: &str) -> bool {
     std::env::var_os("PATH")
         .iter()
         .flat_map(std::env::split_paths)

@@ -7,6 +7,7 @@
 mod bench;
 mod demo;
 mod deps;
+mod dist;
 mod package;
 mod pg;
 mod pgversions;
@@ -31,6 +32,9 @@ tasks:
   bench [args]                  the lock benchmarks, likewise
   package [-- <cargo args>]     check the published crates' metadata, then `cargo package`
                                 (verified) for every published crate
+  dist [--check]                a Debian package of pglock in target/dist (release build, man
+                                pages, completions, a systemd unit example); --check installs
+                                it with dpkg -i, runs pglock --version and man -w, removes it
   soak [--minutes N]            the chaos soak on a throwaway PostgreSQL of its own (default 1 minute)
   pg start                      start a throwaway PostgreSQL and leave it running; prints its URL
   pg status [dir]               whether it (or the cluster in <dir>) is running
@@ -47,6 +51,7 @@ fn main() -> ExitCode {
         Some("bench") => bench::run(&rest),
         Some("soak") => soak::run(&rest),
         Some("package") => package::run(&rest),
+        Some("dist") => dist::run(&rest),
         Some("pg") => pg::run(&rest),
         Some("help" | "-h" | "--help") => {
             print!("{HELP}");

@@ -1,4 +1,5 @@
-//! `pglock break KEY`: end the session that holds a stuck lock, after showing it and asking.
+//! `pglock break KEY`: end the session that holds a stuck lock, or the permits of the
+//! semaphore KEY (`--permits`, `--leader`), after showing them and asking.
 //!
 //! The server frees a session-level advisory lock only when its session ends, so breaking
 //! a lock means `pg_terminate_backend` of the holder's session. Each session is terminated
@@ -30,11 +31,24 @@ pub(crate) async fn run(target: &Target, args: BreakArgs, say: Say) -> Result<u8
         ));
     }
     let key = &args.key;
+    let quoted = crate::text::quoted(key);
     let lock_id = locks_port::lock_id(key);
     let client = connect::one_client(target, say).await?;
-    let entries = inspect::of(&client, lock_id)
+    let inspect_failure =
+        |error: locks_postgres::InspectError| Failure::new(SOFTWARE, chain(&error));
+    let mut entries = inspect::of(&client, lock_id)
         .await
-        .map_err(|error| Failure::new(SOFTWARE, chain(&error)))?;
+        .map_err(inspect_failure)?;
+    let mut of = Of::Lock(lock_id);
+    if entries.is_empty() {
+        // Not a lock: perhaps the semaphore KEY (`--permits`) or the leadership of KEY
+        // (`--leader`, a semaphore of one permit).
+        let class = locks_port::PermitDerivation::CURRENT.class(key);
+        entries = inspect::semaphore_of(&client, class)
+            .await
+            .map_err(inspect_failure)?;
+        of = Of::Semaphore(class);
+    }
     let (targets, spared): (Vec<Entry>, Vec<Entry>) = entries
         .into_iter()
         .filter(|entry| entry.pid.is_some())
@@ -45,11 +59,19 @@ pub(crate) async fn run(target: &Target, args: BreakArgs, say: Say) -> Result<u8
         } else {
             "holds"
         };
-        println!("nobody {what} '{key}' (lock id {lock_id}): nothing to break");
+        println!("nobody {what} {quoted} (lock id {lock_id}): nothing to break");
         return Ok(0);
     }
-    println!("'{key}' (lock id {lock_id}):");
+    match of {
+        Of::Lock(_) => println!("{quoted} (lock id {lock_id}):"),
+        Of::Semaphore(_) => {
+            println!("the permits of the semaphore {quoted} (pglock run --permits or --leader):")
+        }
+    }
     print!("{}", inspect::table(&targets, false));
+    if let Some(hint) = inspect::hidden_hint(&targets) {
+        eprintln!("pglock: {hint}");
+    }
     if !spared.is_empty() {
         println!(
             "{} waiting session(s) left alone (--waiters terminates them too)",
@@ -67,7 +89,7 @@ pub(crate) async fn run(target: &Target, args: BreakArgs, say: Say) -> Result<u8
         .chain(targets.iter().filter(|entry| entry.granted));
     for entry in waiters_first {
         let Some(pid) = entry.pid else { continue };
-        if terminate(&client, lock_id, pid, args.waiters).await? {
+        if terminate(&client, of, pid, args.waiters).await? {
             if gone(&client, pid).await? {
                 println!("terminated pid {pid}");
             } else {
@@ -105,25 +127,45 @@ async fn confirmed(count: usize) -> bool {
     )
 }
 
-/// `pg_terminate_backend(pid)` if `pid` still holds `lock_id` (or waits for it, with
-/// `waiters`); `false` when it no longer does.
+/// What `break` ends the sessions of.
+#[derive(Debug, Clone, Copy)]
+enum Of {
+    /// The lock with this 64-bit id.
+    Lock(i64),
+    /// The semaphore whose locks have this class: its permits (slots `0..N`).
+    Semaphore(i32),
+}
+
+/// `pg_terminate_backend(pid)` if `pid` still holds the lock or a permit of the semaphore
+/// (or waits for it, with `waiters`); `false` when it no longer does.
 async fn terminate(
     client: &tokio_postgres::Client,
-    lock_id: i64,
+    of: Of,
     pid: i32,
     waiters: bool,
 ) -> Result<bool, Failure> {
-    let bits = u64::from_be_bytes(lock_id.to_be_bytes());
-    let high = i64::try_from(bits >> 32).unwrap_or_default();
-    let low = i64::try_from(bits & 0xFFFF_FFFF).unwrap_or_default();
+    // pg_locks shows a 64-bit key as (classid, objid) = (high, low) with objsubid 1, and a
+    // two-`integer` key (class, slot) with objsubid 2; a permit is a slot below 2^31.
+    let (subid, high, low_below): (i16, i64, Option<i64>) = match of {
+        Of::Lock(lock_id) => {
+            let bits = u64::from_be_bytes(lock_id.to_be_bytes());
+            let high = i64::try_from(bits >> 32).unwrap_or_default();
+            let low = i64::try_from(bits & 0xFFFF_FFFF).unwrap_or_default();
+            (1, high, Some(low))
+        }
+        Of::Semaphore(class) => (2, i64::from(class), None),
+    };
     let rows = client
         .query(
             "SELECT pg_terminate_backend(l.pid) FROM pg_locks l \
-             WHERE l.locktype = 'advisory' AND l.objsubid = 1 \
-               AND l.classid::int8 = $1 AND l.objid::int8 = $2 AND l.pid = $3 \
-               AND (l.granted OR $4) \
-               AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-            &[&high, &low, &pid, &waiters],
+             WHERE l.locktype = 'advisory' AND l.objsubid = $1 \
+               AND l.classid::int8 = $2 AND l.pid = $4 \
+               AND CASE WHEN $3::int8 IS NULL \
+                        THEN (l.granted AND l.objid::int8 < 2147483648) OR (NOT l.granted AND $5) \
+                        ELSE l.objid::int8 = $3 AND (l.granted OR $5) END \
+               AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+             LIMIT 1",
+            &[&subid, &high, &low_below, &pid, &waiters],
         )
         .await
         .map_err(|error| refused(&error, pid))?;

@@ -11,13 +11,15 @@ pub(crate) const EXIT_CODES: &str = "\
 Exit codes:
   (child's)  pglock run: the command's own exit status; 128+N if it died of signal N
   1          the lock was not acquired: busy with -n, or -w ran out (change with -E)
-  64         bad usage: unknown option, bad duration, no command
+  64         bad usage: unknown option, bad duration, no command, an empty key,
+             --permits outside 1..=65536, a --lease too short for --keepalive
   69         the server is unreachable (refused, no route, connect timeout, shutting
              down, too many connections), or the session broke while waiting
   70         the server answered with an unexpected error
   75         the lock was lost while the command ran; the command was stopped as
              --on-lost says (also with --on-lost ignore, after it ends)
-  77         authentication failed, or the role may not log in; pglock break: the
+  77         credentials: a wrong or missing password, a role that may not log in,
+             --fencing without the grant on the token table; pglock break: the
              role may not terminate the holder's session
   78         bad connection settings: malformed URL, unknown database, unreadable
              sslrootcert, a server certificate that does not verify
@@ -75,6 +77,7 @@ pub(crate) enum Command {
     /// Show who holds the lock on KEY and who waits for it.
     Who {
         /// The lock key.
+        #[arg(value_parser = parse_key)]
         key: String,
         /// Print one JSON document instead of a table (fields in the manual).
         #[arg(long)]
@@ -89,7 +92,8 @@ pub(crate) enum Command {
         #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
         watch: Option<Duration>,
     },
-    /// Terminate the session that holds the lock on KEY, after showing it and asking.
+    /// Terminate the session that holds the lock on KEY (or the permits of the semaphore
+    /// or leadership KEY), after showing it and asking.
     #[command(after_help = BREAK_EXIT_CODES)]
     Break(BreakArgs),
     /// Run CMD once per occurrence of SCHEDULE across every host, until INT or TERM: a
@@ -110,6 +114,7 @@ pub(crate) enum Command {
     /// Print the advisory lock id of KEY (no database needed).
     Id {
         /// The lock key.
+        #[arg(value_parser = parse_key)]
         key: String,
     },
     /// Print the completion script for SHELL (bash, zsh, fish, elvish, powershell).
@@ -131,7 +136,7 @@ pub(crate) enum Command {
 /// The exit codes of `pglock break`, at the end of `pglock break --help`.
 pub(crate) const BREAK_EXIT_CODES: &str = "\
 Exit codes:
-  0    the sessions were terminated, or nobody held the lock
+  0    the sessions were terminated, or nobody held the lock or a permit of KEY
   1    the answer was not yes: nothing was terminated
   64   bad usage, or no terminal to ask on and no --yes
   69   the server is unreachable
@@ -144,6 +149,7 @@ Exit codes:
 #[derive(Debug, Args)]
 pub(crate) struct BreakArgs {
     /// The lock key.
+    #[arg(value_parser = parse_key)]
     pub(crate) key: String,
     /// Do not ask: terminate at once (for scripts; needed when stdin is not a terminal).
     #[arg(short = 'y', long)]
@@ -160,6 +166,7 @@ pub(crate) struct BreakArgs {
 )]
 pub(crate) struct RunArgs {
     /// The lock key.
+    #[arg(value_parser = parse_key)]
     pub(crate) key: String,
     /// Wait at most this long (500ms, 2s, 1m, or seconds like 1.5) [default: forever].
     #[arg(short = 'w', long = "timeout", value_name = "DURATION", value_parser = parse_duration)]
@@ -176,6 +183,10 @@ pub(crate) struct RunArgs {
     /// Exit code when the lock is not acquired (busy with -n, or -w ran out).
     #[arg(short = 'E', long, value_name = "N", default_value_t = crate::exit::DEFAULT_CONFLICT)]
     pub(crate) conflict_exit_code: u8,
+    /// Say nothing when the lock is not acquired (also the case with -E 0, as a skipped
+    /// cron run should not send mail).
+    #[arg(short = 'q', long)]
+    pub(crate) quiet: bool,
     /// What to do with the command when the lock is lost.
     #[arg(long, value_enum, value_name = "ACTION", default_value_t = OnLost::Term)]
     pub(crate) on_lost: OnLost,
@@ -197,7 +208,12 @@ pub(crate) struct RunArgs {
     pub(crate) fencing: bool,
     /// Take one of N permits of the semaphore KEY instead of its lock: at most N commands
     /// run at once, fleet-wide (every pglock and library user of KEY must give the same N).
-    #[arg(long, value_name = "N", conflicts_with_all = ["shared", "exclusive"])]
+    #[arg(
+        long,
+        value_name = "N",
+        conflicts_with_all = ["shared", "exclusive"],
+        value_parser = clap::value_parser!(u32).range(1..=i64::from(locks_port::MAX_PERMITS))
+    )]
     pub(crate) permits: Option<u32>,
     /// Lead: wait to be the one holder of KEY (a semaphore of one permit), run the command,
     /// and when leadership is lost stop the command as --on-lost says and campaign again
@@ -278,7 +294,22 @@ pub(crate) enum OnLost {
     Ignore,
 }
 
+/// A lock key: any text but the empty one, which an unset `$KEY` would give every job.
+fn parse_key(text: &str) -> Result<String, String> {
+    if text.is_empty() {
+        return Err(
+            "the key is empty (an unset variable?): every job would share one lock".to_owned(),
+        );
+    }
+    Ok(text.to_owned())
+}
+
 impl RunArgs {
+    /// Whether a lock not acquired goes unsaid: `-q`, or `-E 0` (a skip, not a failure).
+    pub(crate) fn silent_conflict(&self) -> bool {
+        self.quiet || self.conflict_exit_code == 0
+    }
+
     /// The program and its arguments: `sh -c SHELL_COMMAND`, or CMD ARGS.
     pub(crate) fn program(&self) -> Vec<String> {
         match &self.shell_command {
@@ -338,6 +369,12 @@ mod tests {
             &["list", "--json", "--watch", "1s"][..],
             &["list", "--watch", "soon"][..],
             &["break", "k", "--yes", "extra"][..],
+            &["run", "", "--", "true"][..],
+            &["who", ""][..],
+            &["break", ""][..],
+            &["id", ""][..],
+            &["run", "--permits", "0", "k", "--", "true"][..],
+            &["run", "--permits", "65537", "k", "--", "true"][..],
         ] {
             assert!(parse(args).is_err(), "{args:?} was accepted");
         }

@@ -44,6 +44,14 @@ pub(crate) struct Failure {
 }
 
 impl Failure {
+    /// A failure with `code` that prints nothing (`-q`, `-E 0`).
+    pub(crate) fn silent(code: u8) -> Self {
+        Self {
+            code,
+            message: String::new(),
+        }
+    }
+
     /// A failure with `code`; newlines in `message` become spaces so it stays one line.
     pub(crate) fn new(code: u8, message: impl Into<String>) -> Self {
         let message: String = message.into();

@@ -1,6 +1,6 @@
-//! `pglock completions SHELL` and `pglock man`: the shell completion scripts and the man
-//! page, generated from the same clap definitions that parse the command line, so they
-//! cannot drift from it.
+//! `pglock completions SHELL` and `pglock man`: the shell completion scripts and the
+//! subcommands' man pages, generated from the same clap definitions that parse the command
+//! line, and `pglock(1)` from the README's manual, so none can drift.
 
 use std::io::Write;
 use std::path::Path;
@@ -24,20 +24,19 @@ pub(crate) fn completions(shell: Shell) -> Result<u8, Failure> {
 pub(crate) fn man(dir: Option<&Path>) -> Result<u8, Failure> {
     // No `pglock help` subcommand in the pages: `man` is the help there.
     let command = Cli::command().disable_help_subcommand(true);
+    // pglock(1) is the README's manual; the subcommands' pages come from clap.
     if let Some(dir) = dir {
-        clap_mangen::generate_to(command, dir).map_err(|error| {
-            Failure::new(
-                CANT_CREATE,
-                format!("cannot write the man pages to {}: {error}", dir.display()),
-            )
-        })?;
+        clap_mangen::generate_to(command, dir)
+            .and_then(|()| std::fs::write(dir.join("pglock.1"), crate::manual::page()))
+            .map_err(|error| {
+                Failure::new(
+                    CANT_CREATE,
+                    format!("cannot write the man pages to {}: {error}", dir.display()),
+                )
+            })?;
         return Ok(0);
     }
-    let mut out = Vec::new();
-    clap_mangen::Man::new(command)
-        .render(&mut out)
-        .map_err(|error| Failure::new(SOFTWARE, format!("cannot render the man page: {error}")))?;
-    write_out(&out)
+    write_out(crate::manual::page().as_bytes())
 }
 
 fn write_out(bytes: &[u8]) -> Result<u8, Failure> {

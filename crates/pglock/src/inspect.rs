@@ -2,6 +2,8 @@
 //! (`pg_locks` joined with `pg_stat_activity`), as lines for people.
 
 use locks_port::time::OffsetDateTime;
+
+use crate::text::escaped;
 use locks_postgres::tokio_postgres;
 use locks_postgres::{
     AdvisoryLockId, InspectError, LockHolder, LockMode, all_lock_holders, lock_holders,
@@ -22,13 +24,16 @@ pub(crate) struct Entry {
     pub(crate) mode: &'static str,
     /// `application_name` of the session.
     pub(crate) application: String,
-    /// The client's address, or `local` for a Unix socket.
-    pub(crate) client: String,
+    /// The client's address, or `local` for a Unix socket; `None` when the server hides it.
+    pub(crate) client: Option<String>,
     /// For a waiter, since when it waits; for a holder, since its session started
     /// (PostgreSQL does not record when an advisory lock was granted).
     pub(crate) since: Option<OffsetDateTime>,
-    /// Seconds since `since`.
-    pub(crate) seconds: f64,
+    /// Seconds since `since`; `None` when the server hides it.
+    pub(crate) seconds: Option<f64>,
+    /// Whether the server hides this session's details from our role (another role's
+    /// session, without `pg_read_all_stats`).
+    pub(crate) hidden: bool,
 }
 
 impl Entry {
@@ -55,9 +60,10 @@ impl Entry {
             granted: true,
             mode: "exclusive",
             application: "locks:job@web1:9".into(),
-            client: "local".into(),
+            client: Some("local".into()),
             since: OffsetDateTime::from_unix_timestamp(1_796_234_400).ok(),
-            seconds: 72.0,
+            seconds: Some(72.0),
+            hidden: false,
         }
     }
 }
@@ -85,6 +91,39 @@ pub(crate) async fn of(
         .collect())
 }
 
+/// The sessions of the semaphore whose locks have `class` (`pglock run --permits`,
+/// `--leader`): those holding a permit (a slot `0..N`), and those waiting for one.
+/// A session appears once, as a holder if it holds a permit.
+pub(crate) async fn semaphore_of(
+    client: &tokio_postgres::Client,
+    class: i32,
+) -> Result<Vec<Entry>, InspectError> {
+    let now = OffsetDateTime::now_utc();
+    let holders = all_lock_holders(client).await?;
+    let of_class = |holder: &&LockHolder| matches!(holder.lock, AdvisoryLockId::Int4Pair(of, _) if of == class);
+    let permit = |holder: &&LockHolder| {
+        holder.granted && matches!(holder.lock, AdvisoryLockId::Int4Pair(_, slot) if slot >= 0)
+    };
+    let mut entries: Vec<Entry> = holders
+        .iter()
+        .filter(of_class)
+        .filter(permit)
+        .map(|holder| entry(holder, now))
+        .collect();
+    let mut seen: Vec<Option<i32>> = entries.iter().map(|entry| entry.pid).collect();
+    for holder in holders
+        .iter()
+        .filter(of_class)
+        .filter(|holder| !holder.granted)
+    {
+        if !seen.contains(&holder.pid) {
+            seen.push(holder.pid);
+            entries.push(entry(holder, now));
+        }
+    }
+    Ok(entries)
+}
+
 /// The pids of sessions named `application_name` that hold or wait for an advisory lock.
 pub(crate) async fn pids_of_application(
     client: &tokio_postgres::Client,
@@ -107,6 +146,9 @@ fn entry(holder: &LockHolder, now: OffsetDateTime) -> Entry {
         AdvisoryLockId::Int4Pair(high, low) => (format!("{high},{low}"), None),
         _ => ("?".to_owned(), None),
     };
+    // A session always has a start; the server leaves it out only when it hides the
+    // session's details from this role.
+    let hidden = holder.pid.is_some() && holder.backend_start.is_none();
     let since = if holder.granted {
         holder.backend_start
     } else {
@@ -124,12 +166,14 @@ fn entry(holder: &LockHolder, now: OffsetDateTime) -> Entry {
         },
         application: holder.application_name.clone().unwrap_or_default(),
         client: match (holder.client_addr, holder.pid) {
-            (Some(address), _) => address.to_string(),
-            (None, Some(_)) => "local".to_owned(),
-            (None, None) => "prepared transaction".to_owned(),
+            (Some(address), _) => Some(address.to_string()),
+            (None, Some(_)) if hidden => None,
+            (None, Some(_)) => Some("local".to_owned()),
+            (None, None) => Some("prepared transaction".to_owned()),
         },
         since,
-        seconds: since.map_or(0.0, |since| (now - since).as_seconds_f64().max(0.0)),
+        seconds: since.map(|since| (now - since).as_seconds_f64().max(0.0)),
+        hidden,
     }
 }
 
@@ -156,6 +200,17 @@ fn timestamp(time: OffsetDateTime, separator: char) -> String {
     )
 }
 
+/// How a table shows a value the server did not give.
+const UNKNOWN: &str = "?";
+
+/// The hint for when the server hid some sessions' details, or `None`.
+pub(crate) fn hidden_hint(entries: &[Entry]) -> Option<&'static str> {
+    entries.iter().any(|entry| entry.hidden).then_some(
+        "the server hides other roles' sessions from this role (shown as ?, null in JSON); \
+         grant it pg_read_all_stats to see them",
+    )
+}
+
 /// Aligned columns, one line per entry, with a header; `with_lock` adds the LOCK column.
 pub(crate) fn table(entries: &[Entry], with_lock: bool) -> String {
     let mut rows: Vec<Vec<String>> = Vec::new();
@@ -178,11 +233,17 @@ pub(crate) fn table(entries: &[Entry], with_lock: bool) -> String {
             if entry.granted { "holds" } else { "waits" }.to_owned(),
             entry.pid_text(),
             entry.mode.to_owned(),
-            entry.since.map(utc).unwrap_or_default(),
-            crate::duration::show(std::time::Duration::from_secs_f64(entry.seconds.max(0.0))),
-            entry.application.clone(),
-            entry.client.clone(),
-            entry.holder_id().unwrap_or_default().to_owned(),
+            entry.since.map_or_else(|| UNKNOWN.to_owned(), utc),
+            entry.seconds.map_or_else(
+                || UNKNOWN.to_owned(),
+                |seconds| crate::duration::show(std::time::Duration::from_secs_f64(seconds)),
+            ),
+            escaped(&entry.application),
+            entry
+                .client
+                .as_deref()
+                .map_or_else(|| UNKNOWN.to_owned(), escaped),
+            escaped(entry.holder_id().unwrap_or_default()),
         ];
         if with_lock {
             row.insert(0, entry.lock.clone());

@@ -48,9 +48,9 @@ struct Session<'a> {
     mode: &'static str,
     pid: Option<i32>,
     since: Option<String>,
-    seconds: f64,
+    seconds: Option<f64>,
     application_name: &'a str,
-    client: &'a str,
+    client: Option<&'a str>,
     holder_id: Option<&'a str>,
 }
 
@@ -66,7 +66,7 @@ impl<'a> From<&'a Entry> for Session<'a> {
             since: entry.since.map(rfc3339),
             seconds: entry.seconds,
             application_name: &entry.application,
-            client: &entry.client,
+            client: entry.client.as_deref(),
             holder_id: entry.holder_id(),
         }
     }
@@ -128,9 +128,10 @@ mod tests {
             granted: false,
             mode: "shared",
             application: String::new(),
-            client: "prepared transaction".into(),
+            client: Some("prepared transaction".into()),
             since: None,
-            seconds: 0.0,
+            seconds: Some(0.0),
+            hidden: false,
         };
         let value: serde_json::Value = serde_json::from_str(&list(&[entry])).unwrap();
         let session = &value["sessions"][0];

@@ -10,15 +10,21 @@ mod connect;
 mod duration;
 mod exit;
 mod generate;
+mod group;
 mod inspect;
 mod jobs;
 mod json;
+mod lease;
+mod manual;
 mod once_per;
+mod queue;
 mod run;
 mod schedule;
 mod show;
 mod signals;
 mod status;
+mod supervise;
+mod text;
 mod tls;
 
 use std::process::ExitCode;
@@ -32,6 +38,10 @@ use crate::exit::{Failure, SOFTWARE, USAGE};
 use crate::run::Say;
 
 fn main() -> ExitCode {
+    let raw: Vec<String> = std::env::args().collect();
+    if raw.get(1).map(String::as_str) == Some(supervise::MODE) {
+        return supervise::main(&raw[2..]);
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => {
@@ -45,7 +55,9 @@ fn main() -> ExitCode {
     match dispatch(cli) {
         Ok(code) => ExitCode::from(code),
         Err(failure) => {
-            eprintln!("pglock: {}", failure.message);
+            if !failure.message.is_empty() {
+                eprintln!("pglock: {}", text::escaped(&failure.message));
+            }
             ExitCode::from(failure.code)
         }
     }

@@ -121,7 +121,7 @@ impl Firing {
             }
             other => other,
         }
-        .map_err(|error| failure(&error))?;
+        .map_err(|error| failure(&error, &self.target))?;
         match report.verdict {
             Verdict::Ran { lock_lost, .. } => {
                 let code = ended
@@ -216,9 +216,9 @@ async fn run_command(program: &[String], context: &JobContext, grace: Duration) 
 }
 
 /// The exit code and message of a failed firing.
-fn failure(error: &RunError) -> Failure {
+fn failure(error: &RunError, target: &Target) -> Failure {
     match error {
-        RunError::Lock(error) => acquisition_failure(error),
+        RunError::Lock(error) => acquisition_failure(error, target),
         RunError::Ledger(error) => ledger_failure(error),
         other => Failure::new(SOFTWARE, crate::exit::chain(other)),
     }

@@ -1,6 +1,5 @@
 //! `pglock run`: take the lock, run the command, release when it exits.
 
-use std::io::ErrorKind;
 use std::process::ExitStatus;
 use std::time::Duration;
 
@@ -9,29 +8,23 @@ use locks_port::{
     LockMode, LostSignal, PermitGuard, ReleaseOutcome, Semaphore,
 };
 use locks_postgres::deadpool_postgres::Pool;
-use locks_postgres::{PostgresLockGuard, PostgresLockManager, PostgresPermit};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use locks_postgres::tokio_postgres::{self, error::DbError, error::SqlState};
+use locks_postgres::{PostgresLockGuard, PostgresPermit};
+use nix::sys::signal::Signal;
 use tokio::time::Instant;
 
 use crate::cli::{OnLost, RunArgs};
 use crate::connect::{self, Target};
 use crate::duration::show;
-use crate::exit::{
-    CANNOT_EXECUTE, CONFIG, Failure, LOST, NOPERM, NOT_FOUND, SIGNAL_BASE, SOFTWARE, UNAVAILABLE,
-    chain,
-};
-use crate::inspect;
+use crate::exit::{CONFIG, Failure, LOST, NOPERM, SIGNAL_BASE, SOFTWARE, UNAVAILABLE, chain};
+use crate::group::{Group, Status};
+use crate::queue::{CANCEL_SETTLE, busy_note, settle};
 use crate::signals::{Signals, signal_code};
 use crate::status::StatusLine;
 
 /// Connections: the lock's, the status line's, and one to check that a cancelled wait
 /// left nothing behind.
 const POOL_SIZE: usize = 3;
-/// How long a cancelled wait is given to leave the server's queue on its own.
-const CANCEL_GRACE: Duration = Duration::from_millis(500);
-/// How long pglock waits at most, after cancelling, for the queue to show nothing of it.
-const CANCEL_SETTLE: Duration = Duration::from_secs(5);
 
 /// Says what pglock does, with `-v`.
 #[derive(Debug, Clone, Copy)]
@@ -41,7 +34,7 @@ impl Say {
     /// Prints `message` on stderr with `-v`.
     pub(crate) fn say(self, message: impl AsRef<str>) {
         if self.0 {
-            eprintln!("pglock: {}", message.as_ref());
+            eprintln!("pglock: {}", crate::text::escaped(message.as_ref()));
         }
     }
 }
@@ -101,18 +94,24 @@ impl Held {
 /// `pglock run`; with `--leader`, one term after another until the command exits on
 /// its own (a lost leadership stops it, and pglock campaigns again after `--backoff`).
 pub(crate) async fn run(target: Target, args: RunArgs, say: Say) -> Result<u8, Failure> {
+    // Installed once: the handlers stay, so a signal between two terms is not lost.
+    let mut signals = Signals::install()?;
     if !args.leader {
-        return run_once(&target, &args, say).await;
+        return run_once(&target, &args, say, &mut signals).await;
     }
     loop {
-        match run_once(&target, &args, say).await {
+        match run_once(&target, &args, say, &mut signals).await {
             Err(failure) if failure.code == LOST => {
                 eprintln!(
                     "pglock: {}; campaigning again in {}",
                     failure.message,
                     show(args.backoff)
                 );
-                tokio::time::sleep(args.backoff).await;
+                // A signal in the pause ends pglock as one while waiting does.
+                tokio::select! {
+                    number = signals.recv() => return Ok(signal_code(number)),
+                    () = tokio::time::sleep(args.backoff) => {}
+                }
             }
             other => return other,
         }
@@ -123,7 +122,12 @@ pub(crate) async fn run(target: Target, args: RunArgs, say: Say) -> Result<u8, F
 /// leader whose session just ended has noticed and stopped its own (ADR 0018).
 const TAKEOVER_DELAY: Duration = Duration::from_millis(500);
 
-async fn run_once(target: &Target, args: &RunArgs, say: Say) -> Result<u8, Failure> {
+async fn run_once(
+    target: &Target,
+    args: &RunArgs,
+    say: Say,
+    signals: &mut Signals,
+) -> Result<u8, Failure> {
     let permits = if args.leader { Some(1) } else { args.permits };
     let mode = if args.shared {
         LockMode::Shared
@@ -132,6 +136,7 @@ async fn run_once(target: &Target, args: &RunArgs, say: Say) -> Result<u8, Failu
     };
     let program = args.program();
     let key = args.key.as_str();
+    let quoted = crate::text::quoted(key);
     let holder = holder_id(target);
     let application = format!("locks:{holder}");
     let pool = connect::pool(target, POOL_SIZE, &application)?;
@@ -142,16 +147,17 @@ async fn run_once(target: &Target, args: &RunArgs, say: Say) -> Result<u8, Failu
         (None, Some(_)) => Some(DEFAULT_LEASE),
         (None, None) => None,
     };
-    let manager = PostgresLockManager::builder(pool.clone())
-        .holder_id(holder.clone())
-        .keepalive(keepalive)
-        .lease(lease)
-        .connect_timeout(target.connect_timeout)
-        .fencing(args.fencing)
-        .try_build()
-        .map_err(|error| Failure::new(crate::exit::USAGE, format!("--lease: {error}")))?;
+    let manager = crate::lease::Settings {
+        pool: &pool,
+        holder: &holder,
+        keepalive,
+        lease,
+        lease_given: args.lease.is_some(),
+        connect_timeout: target.connect_timeout,
+        fencing: args.fencing,
+    }
+    .manager()?;
     let lock_id = manager.lock_id(key);
-    let mut signals = Signals::install()?;
 
     say.say(format!("connecting to {} as {holder}", target.shown));
     tokio::select! {
@@ -174,8 +180,8 @@ async fn run_once(target: &Target, args: &RunArgs, say: Say) -> Result<u8, Failu
             StatusLine::start(pool.clone(), key, lock_id, &application)
         };
         let wanted = match permits {
-            Some(permits) => format!("a permit of {permits} of '{key}'"),
-            None => format!("'{key}' (lock id {lock_id})"),
+            Some(permits) => format!("a permit of {permits} of {quoted}"),
+            None => format!("{quoted} (lock id {lock_id})"),
         };
         match (args.no_wait, args.timeout) {
             (true, _) => say.say(format!("trying {wanted} without waiting")),
@@ -228,34 +234,45 @@ async fn run_once(target: &Target, args: &RunArgs, say: Say) -> Result<u8, Failu
             // The wait's future is dropped: the library cancels the server-side wait and
             // closes the session. Exit only once the server shows nothing of ours.
             say.say(format!("{number} while waiting: cancelling the wait"));
-            settle(&pool, &application, say).await;
+            if tokio::time::timeout(CANCEL_SETTLE, settle(&pool, &application, say))
+                .await
+                .is_err()
+            {
+                say.say("the server did not answer in time after cancelling; exiting anyway");
+            }
             return Ok(signal_code(number));
         }
         Ok(Ok(Some(guard))) => guard,
         Ok(Ok(None)) if args.leader => {
             return Err(Failure::new(
                 LOST,
-                format!("the leadership of '{key}' was lost before the command started"),
+                format!("the leadership of {quoted} was lost before the command started"),
             ));
         }
         Ok(Ok(None)) => {
+            if args.silent_conflict() {
+                return Err(Failure::silent(args.conflict_exit_code));
+            }
             let holder = busy_note(&pool, lock_id, permits).await;
             return Err(Failure::new(
                 args.conflict_exit_code,
-                format!("'{key}' is busy{holder}: not waiting (-n)"),
+                format!("{quoted} is busy{holder}: not waiting (-n)"),
             ));
         }
         Ok(Err(error)) if error.kind() == AcquisitionErrorKind::Timeout => {
+            if args.silent_conflict() {
+                return Err(Failure::silent(args.conflict_exit_code));
+            }
             let holder = busy_note(&pool, lock_id, permits).await;
             return Err(Failure::new(
                 args.conflict_exit_code,
                 format!(
-                    "timed out after {} waiting for '{key}'{holder}",
+                    "timed out after {} waiting for {quoted}{holder}",
                     show(started.elapsed())
                 ),
             ));
         }
-        Ok(Err(error)) => return Err(acquisition_failure(&error)),
+        Ok(Err(error)) => return Err(acquisition_failure(&error, target)),
     };
     let fencing_token = guard.fencing_token();
     let what = match permits {
@@ -264,134 +281,110 @@ async fn run_once(target: &Target, args: &RunArgs, say: Say) -> Result<u8, Failu
         None => "exclusive".to_owned(),
     };
     say.say(format!(
-        "acquired '{key}' (lock id {lock_id}, {what}{}) after {}",
+        "acquired {quoted} (lock id {lock_id}, {what}{}) after {}",
         fencing_token.map_or_else(String::new, |token| format!(", fencing token {token}")),
         show(started.elapsed())
     ));
 
-    let mut command = tokio::process::Command::new(&program[0]);
-    command
-        .args(&program[1..])
-        .env("PGLOCK_KEY", key)
-        .env("PGLOCK_LOCK_ID", lock_id.to_string());
+    let mut env = vec![
+        ("PGLOCK_KEY", key.to_owned()),
+        ("PGLOCK_LOCK_ID", lock_id.to_string()),
+    ];
     if let Some(permits) = permits {
-        command.env("PGLOCK_PERMITS", permits.to_string());
+        env.push(("PGLOCK_PERMITS", permits.to_string()));
     }
     if let Some(token) = fencing_token {
-        command.env("PGLOCK_FENCING_TOKEN", token.to_string());
+        env.push(("PGLOCK_FENCING_TOKEN", token.to_string()));
     }
-    let mut child = match command.spawn() {
-        Ok(child) => child,
-        Err(error) => {
+    let mut group = match Group::spawn(&program, &env).await {
+        Ok(group) => group,
+        Err(failure) => {
             guard.release().await;
-            let code = if error.kind() == ErrorKind::NotFound {
-                NOT_FOUND
-            } else {
-                CANNOT_EXECUTE
-            };
-            return Err(Failure::new(
-                code,
-                format!("cannot run {}: {error}", program[0]),
-            ));
+            return Err(failure);
         }
     };
-    let pid = child
-        .id()
-        .and_then(|id| i32::try_from(id).ok())
-        .map(Pid::from_raw);
     say.say(format!(
-        "running {} (pid {})",
+        "running {} (process group {})",
         program.join(" "),
-        pid.map_or_else(|| "?".to_owned(), |pid| pid.to_string())
+        group.pgid()
     ));
-    let send = |number: Signal| {
-        if let Some(pid) = pid {
-            // The child is not reaped before `wait` returns, so the pid is still its.
-            let _ = kill(pid, number);
-        }
-    };
 
     let lost = guard.lost().into_future();
     tokio::pin!(lost);
     let mut lost_reason: Option<String> = None;
     let mut kill_at: Option<Instant> = None;
-    let status: ExitStatus = loop {
+    // The lock is kept until no process of the group is left, whatever the command's
+    // own process does.
+    let status = loop {
         tokio::select! {
-            status = child.wait() => match status {
-                Ok(status) => break status,
-                Err(error) => {
-                    return Err(Failure::new(SOFTWARE, format!("cannot wait for the command: {error}")));
-                }
-            },
+            status = group.wait() => break status,
             number = signals.recv() => {
-                say.say(format!("forwarding {number} to the command"));
-                send(number);
+                say.say(format!("forwarding {number} to the command's process group"));
+                group.signal(number);
             }
             reason = &mut lost, if lost_reason.is_none() => {
                 let reason = reason.to_string();
                 match args.on_lost {
                     OnLost::Term => {
                         eprintln!(
-                            "pglock: lost the lock on '{key}' ({reason}): stopping the command \
+                            "pglock: lost the lock on {quoted} ({reason}): stopping the command \
                              (SIGTERM, SIGKILL after {})",
                             show(args.grace)
                         );
-                        send(Signal::SIGTERM);
+                        group.signal(Signal::SIGTERM);
                         kill_at = Some(Instant::now() + args.grace);
                     }
                     OnLost::Kill => {
-                        eprintln!("pglock: lost the lock on '{key}' ({reason}): killing the command");
-                        send(Signal::SIGKILL);
+                        eprintln!("pglock: lost the lock on {quoted} ({reason}): killing the command");
+                        group.signal(Signal::SIGKILL);
                     }
                     OnLost::Ignore => {
-                        eprintln!("pglock: lost the lock on '{key}' ({reason}): letting the command run (--on-lost ignore)");
+                        eprintln!("pglock: lost the lock on {quoted} ({reason}): letting the command run (--on-lost ignore)");
                     }
                 }
                 lost_reason = Some(reason);
             }
             () = sleep_until(kill_at), if kill_at.is_some() => {
                 say.say(format!("the command outlived the {} grace: SIGKILL", show(args.grace)));
-                send(Signal::SIGKILL);
+                group.signal(Signal::SIGKILL);
                 kill_at = None;
             }
         }
     };
-    let code = exit_code(status);
+    if status == Status::Unknown {
+        guard.release().await;
+        return Err(Failure::new(
+            SOFTWARE,
+            "the command's supervisor died (was it killed?): the command's process group was \
+             killed, and its status is unknown",
+        ));
+    }
+    let code = status.code();
     if let Some(reason) = lost_reason {
         say.say(format!(
             "the command ended ({}) after the lock was lost",
-            describe(status)
+            status
         ));
         return Err(Failure::new(
             LOST,
-            format!("the lock on '{key}' was lost while the command ran: {reason}"),
+            format!("the lock on {quoted} was lost while the command ran: {reason}"),
         ));
     }
     say.say(format!(
-        "the command ended ({}): releasing '{key}'",
-        describe(status)
+        "the command ended ({}): releasing {quoted}",
+        status
     ));
     if let ReleaseOutcome::Lost(reason) = guard.release().await {
         // Lost before the release, unnoticed while the command ran: it may have run
         // unprotected for a moment, so say so.
         return Err(Failure::new(
             LOST,
-            format!("the lock on '{key}' was lost while the command ran: {reason}"),
+            format!("the lock on {quoted} was lost while the command ran: {reason}"),
         ));
     }
     Ok(code)
 }
 
-/// Who keeps the lock, as [`holder_note`] says; for a semaphore, that its permits are all
-/// held (`pglock who` lists them).
-async fn busy_note(pool: &Pool, lock_id: i64, permits: Option<u32>) -> String {
-    match permits {
-        Some(permits) => format!(" (all {permits} permits held)"),
-        None => holder_note(pool, lock_id).await,
-    }
-}
-
-/// Sleeps until `deadline` (forever without one).
 async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
@@ -437,75 +430,38 @@ async fn ensure_fencing_table(pool: &Pool, target: &Target, say: Say) -> Result<
     Ok(())
 }
 
-/// ` (held by pid N, APPLICATION)` for a busy lock, or nothing if the server cannot say.
-async fn holder_note(pool: &Pool, lock_id: i64) -> String {
-    let Ok(client) = pool.get().await else {
-        return String::new();
-    };
-    let Ok(entries) = inspect::of(&client, lock_id).await else {
-        return String::new();
-    };
-    let holders: Vec<String> = entries
-        .iter()
-        .filter(|entry| entry.granted)
-        .map(|entry| {
-            if entry.application.is_empty() {
-                format!("pid {}", entry.pid_text())
-            } else {
-                format!("pid {} {}", entry.pid_text(), entry.application)
-            }
-        })
-        .collect();
-    if holders.is_empty() {
-        String::new()
-    } else {
-        format!(" (held by {})", holders.join(", "))
+/// The server's error beneath `error`, if the server answered with one.
+fn db_error<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a DbError> {
+    let mut source = Some(error);
+    while let Some(cause) = source {
+        if let Some(db) = cause
+            .downcast_ref::<tokio_postgres::Error>()
+            .and_then(tokio_postgres::Error::as_db_error)
+        {
+            return Some(db);
+        }
+        source = cause.source();
     }
-}
-
-/// Waits (a bounded time) until the server shows no lock or wait of this process's
-/// sessions. The library cancels a dropped wait with a plain-text cancel request, which a
-/// server that insists on TLS refuses; a session still queued after [`CANCEL_GRACE`] is
-/// terminated over our own (TLS) connection.
-async fn settle(pool: &Pool, application: &str, say: Say) {
-    let started = Instant::now();
-    let Ok(client) = pool.get().await else {
-        say.say("cannot check the server after cancelling");
-        return;
-    };
-    let mut terminated = false;
-    loop {
-        let pids = match inspect::pids_of_application(&client, application).await {
-            Ok(pids) => pids,
-            Err(error) => {
-                say.say(format!("cannot check the server after cancelling: {error}"));
-                return;
-            }
-        };
-        if pids.is_empty() {
-            return;
-        }
-        if started.elapsed() >= CANCEL_SETTLE {
-            say.say(format!("sessions {pids:?} still queued; exiting anyway"));
-            return;
-        }
-        if !terminated && started.elapsed() >= CANCEL_GRACE {
-            say.say(format!(
-                "terminating our sessions {pids:?} still in the queue"
-            ));
-            for pid in &pids {
-                let _ = client
-                    .execute("SELECT pg_terminate_backend($1)", &[pid])
-                    .await;
-            }
-            terminated = true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    None
 }
 
 /// The failure for an acquisition error other than a timeout.
-pub(crate) fn acquisition_failure(error: &LockAcquisitionError) -> Failure {
+pub(crate) fn acquisition_failure(error: &LockAcquisitionError, target: &Target) -> Failure {
+    if let Some(db) = db_error(error)
+        && *db.code() == SqlState::INSUFFICIENT_PRIVILEGE
+    {
+        // The one statement of a grant that needs a privilege beyond connecting: the
+        // fencing token's (--fencing).
+        let role = target.config.get_user().unwrap_or("the role");
+        return Failure::new(
+            NOPERM,
+            format!(
+                "--fencing: {}; the role needs: GRANT SELECT, INSERT, UPDATE ON {} TO {role}",
+                db.message(),
+                locks_postgres::FENCING_TABLE
+            ),
+        );
+    }
     let code = match error.kind() {
         AcquisitionErrorKind::PoolUnavailable
         | AcquisitionErrorKind::ConnectionLost

@@ -29,15 +29,18 @@ pub(crate) async fn who(target: &Target, say: Say, key: &str, json: bool) -> Res
         .map_err(query_failure)?;
     if json {
         print!("{}", json::who(key, lock_id, &entries, &permits));
+        hint(&entries);
         return Ok(0);
     }
+    let quoted = crate::text::quoted(key);
     let semaphore = !permits.permits.is_empty();
     if entries.is_empty() && !semaphore {
-        println!("nobody holds or waits for '{key}' (lock id {lock_id})");
+        println!("nobody holds or waits for {quoted} (lock id {lock_id})");
     } else if !entries.is_empty() {
-        println!("'{key}' (lock id {lock_id}):");
+        println!("{quoted} (lock id {lock_id}):");
         print!("{}", inspect::table(&entries, false));
     }
+    hint(&entries);
     if semaphore {
         print!("{}", permits_text(key, &permits));
     }
@@ -49,7 +52,8 @@ pub(crate) async fn who(target: &Target, say: Say, key: &str, json: bool) -> Res
 fn permits_text(key: &str, holders: &locks_port::PermitHolders) -> String {
     let numbers: Vec<String> = holders.permits.iter().map(u32::to_string).collect();
     let mut text = format!(
-        "semaphore '{key}' ({} permits{}): {} held, {} waiting\n",
+        "semaphore {} ({} permits{}): {} held, {} waiting\n",
+        crate::text::quoted(key),
         numbers.join(" and "),
         if numbers.len() > 1 {
             ", DISAGREEING"
@@ -63,7 +67,7 @@ fn permits_text(key: &str, holders: &locks_port::PermitHolders) -> String {
         text.push_str(&format!(
             "  permit {:<4} {:<24} since {}\n",
             held.slot,
-            held.holder_id.as_deref().unwrap_or("-"),
+            crate::text::escaped(held.holder_id.as_deref().unwrap_or("-")),
             held.since.map_or_else(|| "?".to_owned(), inspect::rfc3339)
         ));
     }
@@ -93,6 +97,7 @@ pub(crate) async fn list(
     let Some(every) = watch else {
         let entries = inspect::all(&client).await.map_err(query_failure)?;
         print!("{}", list_text(&entries, json));
+        hint(&entries);
         return Ok(0);
     };
     // On a terminal each round replaces the screen, as watch(1) does; into a pipe or a file
@@ -116,6 +121,13 @@ pub(crate) async fn list(
         }
         drop(out);
         tokio::time::sleep(every).await;
+    }
+}
+
+/// The `pg_read_all_stats` hint on stderr, when the server hid some sessions' details.
+fn hint(entries: &[Entry]) {
+    if let Some(hint) = inspect::hidden_hint(entries) {
+        eprintln!("pglock: {hint}");
     }
 }
 

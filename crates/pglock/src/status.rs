@@ -86,7 +86,11 @@ fn draw(line: &str) {
 
 /// The status text.
 fn render(key: &str, waited: Duration, entries: &[Entry], own: &str) -> String {
-    let mut line = format!("pglock: waiting {} for '{key}'", show(waited));
+    let mut line = format!(
+        "pglock: waiting {} for {}",
+        show(waited),
+        crate::text::quoted(key)
+    );
     let holders: Vec<&Entry> = entries.iter().filter(|entry| entry.granted).collect();
     let others_waiting = entries
         .iter()
@@ -96,15 +100,17 @@ fn render(key: &str, waited: Duration, entries: &[Entry], own: &str) -> String {
         line.push_str(&format!(" — held by pid {}", first.pid_text()));
         let mut about = Vec::new();
         if !first.application.is_empty() {
-            about.push(first.application.clone());
+            about.push(crate::text::escaped(&first.application));
         }
-        if !first.client.is_empty() {
-            about.push(first.client.clone());
+        if let Some(client) = &first.client {
+            about.push(crate::text::escaped(client));
         }
-        about.push(format!(
-            "session {} old",
-            show(Duration::from_secs_f64(first.seconds.max(0.0)))
-        ));
+        if let Some(seconds) = first.seconds {
+            about.push(format!(
+                "session {} old",
+                show(Duration::from_secs_f64(seconds))
+            ));
+        }
         line.push_str(&format!(" ({})", about.join(", ")));
         if holders.len() > 1 {
             line.push_str(&format!(" and {} more", holders.len() - 1));
@@ -129,9 +135,10 @@ mod tests {
             granted: true,
             mode: "exclusive",
             application: "locks:deploy@web1:7".into(),
-            client: "10.0.0.5".into(),
+            client: Some("10.0.0.5".into()),
             since: None,
-            seconds: 75.0,
+            seconds: Some(75.0),
+            hidden: false,
         };
         let ours = Entry {
             pid: Some(4243),

@@ -62,7 +62,7 @@ pub(crate) async fn check(pool: &Pool, target: &Target) -> Result<(), Failure> {
 pub(crate) fn pool_failure(error: &PoolError, target: &Target) -> Failure {
     let shown = &target.shown;
     match error {
-        PoolError::Backend(error) => connect_failure(error, shown),
+        PoolError::Backend(error) => connect_failure(error, target),
         PoolError::Timeout(_) => Failure::new(
             UNAVAILABLE,
             format!(
@@ -75,7 +75,8 @@ pub(crate) fn pool_failure(error: &PoolError, target: &Target) -> Failure {
 }
 
 /// The failure for a driver error while connecting, by SQLSTATE and error source.
-pub(crate) fn connect_failure(error: &tokio_postgres::Error, shown: &str) -> Failure {
+pub(crate) fn connect_failure(error: &tokio_postgres::Error, target: &Target) -> Failure {
+    let shown = &target.shown;
     if let Some(db) = error.as_db_error() {
         let code = db.code().code();
         let exit = match code {
@@ -92,10 +93,37 @@ pub(crate) fn connect_failure(error: &tokio_postgres::Error, shown: &str) -> Fai
     let text = causes(error);
     let exit = if tls_source(error) {
         CONFIG
+    } else if target.config.get_password().is_none()
+        && std::error::Error::source(error).is_some()
+        && !error.is_closed()
+        && !io_source(error)
+    {
+        // The server answered, asked for a password (the driver's configuration error,
+        // before anything is sent), and none is set: missing credentials, not a network
+        // problem to retry.
+        return Failure::new(
+            NOPERM,
+            format!(
+                "cannot connect to {shown}: the server asks for a password and none is set \
+                 (PGPASSWORD, ~/.pgpass or PGPASSFILE, or the URL)"
+            ),
+        );
     } else {
         UNAVAILABLE
     };
     Failure::new(exit, format!("cannot connect to {shown}: {text}"))
+}
+
+/// Whether an I/O error (a refused or broken connection) is among the causes of `error`.
+fn io_source(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(error);
+    while let Some(cause) = source {
+        if cause.is::<std::io::Error>() {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
 }
 
 /// Whether a certificate problem is among the causes of `error`.

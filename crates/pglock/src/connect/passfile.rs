@@ -15,7 +15,7 @@ pub(super) fn pgpass_password(config: &Config, env: &dyn Env) -> Option<String> 
         .var("PGPASSFILE")
         .map(PathBuf::from)
         .or_else(|| env.var("HOME").map(|home| Path::new(&home).join(".pgpass")))?;
-    let text = std::fs::read_to_string(path).ok()?;
+    let text = read_private(&path)?;
     let host = match config.get_hosts().first() {
         Some(Host::Tcp(host)) => host.clone(),
         // libpq matches a socket directory as `localhost`.
@@ -30,6 +30,29 @@ pub(super) fn pgpass_password(config: &Config, env: &dyn Env) -> Option<String> 
     let user = config.get_user().unwrap_or_default();
     let dbname = config.get_dbname().unwrap_or(user);
     pgpass_lookup(&text, [&host, &port, dbname, user])
+}
+
+/// The password file's text, unless it is missing, not a plain file, or readable by the
+/// group or others, which libpq refuses with a warning (and so does pglock).
+fn read_private(path: &Path) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let metadata = std::fs::metadata(path).ok()?;
+    if !metadata.is_file() {
+        eprintln!(
+            "pglock: WARNING: password file \"{}\" is not a plain file",
+            crate::text::escaped(&path.display().to_string())
+        );
+        return None;
+    }
+    if metadata.permissions().mode() & 0o077 != 0 {
+        eprintln!(
+            "pglock: WARNING: password file \"{}\" has group or world access; permissions \
+             should be u=rw (0600) or less",
+            crate::text::escaped(&path.display().to_string())
+        );
+        return None;
+    }
+    std::fs::read_to_string(path).ok()
 }
 
 /// The first line of a password file matching `wanted` (host, port, database, user).

@@ -85,18 +85,8 @@ async fn break_without_a_terminal_or_yes_is_refused_and_ends_nothing() {
 
 /// `pglock break KEY` with a pseudo-terminal as stdin, answering `answer`.
 async fn break_answering(key: &str, answer: &str) -> Output {
-    use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
     use std::io::Write;
-    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY).expect("openpt");
-    grantpt(&master).expect("grantpt");
-    unlockpt(&master).expect("unlockpt");
-    let name = ptsname(&master, Vec::new()).expect("ptsname");
-    let terminal = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(name.to_str().expect("a UTF-8 name"))
-        .expect("the terminal");
-    let mut master = std::fs::File::from(master);
+    let (mut master, terminal) = pseudo_terminal();
     master
         .write_all(format!("{answer}\n").as_bytes())
         .expect("answered");
@@ -129,7 +119,6 @@ async fn break_asks_on_a_terminal_and_only_yes_ends_the_session() {
 
 #[tokio::test]
 async fn break_without_the_privilege_exits_77_and_ends_nothing() {
-    use std::str::FromStr;
     let (key, _dir) = unique("break-noperm");
     let lock_id = locks_port::lock_id(&key);
     // The holder is a superuser session; the breaker an ordinary role.
@@ -144,29 +133,19 @@ async fn break_without_the_privilege_exits_77_and_ends_nothing() {
         .expect("rolsuper")
         .get(0);
     assert!(superuser, "the test server's role must be a superuser");
-    let role = format!("pglock_breaker_{}", std::process::id());
     let password = "breaker-secret";
-    admin
-        .batch_execute(&format!(
-            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN PASSWORD '{password}'"
-        ))
-        .await
-        .expect("a role without privileges");
-    let config = tokio_postgres::Config::from_str(&database_url()).expect("the test URL");
-    let host = match config.get_hosts().first().expect("a host") {
-        tokio_postgres::config::Host::Tcp(host) => host.clone(),
-        tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    let dbname = config.get_dbname().unwrap_or("postgres");
-    let url = format!("host={host} port={port} dbname={dbname} user={role} password={password}");
+    let (role, url) = ordinary_role("breaker", password).await;
+    let url = format!("{url} password={password}");
 
     let refused = output(pglock().args(["--url", &url, "break", "--yes", &key])).await;
     let said = stderr(&refused);
     assert_eq!(code(&refused), 77, "{said}");
-    assert_eq!(said.lines().count(), 1, "{said}");
+    // The hint that the server hides the superuser's session details, and the error.
+    let lines: Vec<&str> = said.lines().collect();
+    assert_eq!(lines.len(), 2, "{said}");
+    assert!(lines[0].contains("pg_read_all_stats"), "{said}");
     assert!(
-        said.starts_with(&format!("pglock: cannot end pid {foreign_pid}: ")),
+        lines[1].starts_with(&format!("pglock: cannot end pid {foreign_pid}: ")),
         "{said}"
     );
     // The server's words vary by version ("must be a superuser to terminate superuser
@@ -180,4 +159,62 @@ async fn break_without_the_privilege_exits_77_and_ends_nothing() {
         .batch_execute(&format!("DROP ROLE {role}"))
         .await
         .expect("drop the role");
+}
+
+#[tokio::test]
+async fn break_ends_the_permit_holders_of_a_semaphore_and_a_leader() {
+    for (name, options) in [
+        ("break-permits", &["--permits", "2"][..]),
+        ("break-leader", &["--leader", "--backoff", "30s"][..]),
+    ] {
+        let (key, dir) = unique(name);
+        let (ready, stopped) = (dir.join("ready"), dir.join("stopped"));
+        let script = format!(
+            "trap 'touch {}; exit 0' TERM; touch {}; sleep 60 & wait",
+            stopped.display(),
+            ready.display()
+        );
+        let holder = pglock()
+            .arg("run")
+            .args(options)
+            .args([&key, "-c", &script])
+            .spawn()
+            .expect("spawn");
+        wait_for_file(&ready).await;
+        let who = output(pglock().args(["who", "--json", &key])).await;
+        let document: serde_json::Value = serde_json::from_slice(&who.stdout).expect("JSON");
+        assert_eq!(
+            document["semaphore"]["held"].as_array().map(Vec::len),
+            Some(1),
+            "{document}"
+        );
+
+        let broken = output(pglock().args(["break", "--yes", &key])).await;
+        let said = String::from_utf8_lossy(&broken.stdout).into_owned();
+        assert_eq!(code(&broken), 0, "{name}: {said}{}", stderr(&broken));
+        assert!(
+            said.contains("the permits of the semaphore"),
+            "{name}: {said}"
+        );
+        assert_eq!(said.matches("terminated pid").count(), 1, "{name}: {said}");
+
+        // The holder lost its permit: its command is stopped (a leader then waits out its
+        // backoff before campaigning again).
+        let who = output(pglock().args(["who", "--json", &key])).await;
+        let document: serde_json::Value = serde_json::from_slice(&who.stdout).expect("JSON");
+        assert!(document["semaphore"].is_null(), "{name}: {document}");
+        if options[0] == "--leader" {
+            wait_for_file(&stopped).await;
+            signal(&holder, Signal::SIGTERM);
+            let done = finish(holder).await;
+            assert!(
+                stderr(&done).contains("campaigning again in 30s"),
+                "{name}: {}",
+                stderr(&done)
+            );
+        } else {
+            let done = finish(holder).await;
+            assert_eq!(code(&done), 75, "{name}: {}", stderr(&done));
+        }
+    }
 }

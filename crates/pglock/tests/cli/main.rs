@@ -4,9 +4,11 @@
 mod break_lock;
 mod errors;
 mod generate;
+mod group;
 mod inspect;
 mod lost;
 mod once_per;
+mod operator;
 mod permits;
 mod run;
 mod skewed;
@@ -160,4 +162,44 @@ async fn finish(child: Child) -> Output {
 fn signal(child: &Child, signal: Signal) {
     let pid = i32::try_from(child.id().expect("running")).expect("pid");
     kill(Pid::from_raw(pid), signal).expect("signal sent");
+}
+
+/// An ordinary role (no superuser, no `pg_read_all_stats`) named after `name`, with
+/// `password`, created afresh, and a `key=value` URL for it without the password.
+async fn ordinary_role(name: &str, password: &str) -> (String, String) {
+    use std::str::FromStr;
+    let role = format!("pglock_{name}_{}", std::process::id());
+    admin()
+        .await
+        .batch_execute(&format!(
+            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN PASSWORD '{password}'"
+        ))
+        .await
+        .expect("a role without privileges");
+    let config = tokio_postgres::Config::from_str(&database_url()).expect("the test URL");
+    let host = match config.get_hosts().first().expect("a host") {
+        tokio_postgres::config::Host::Tcp(host) => host.clone(),
+        tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let dbname = config.get_dbname().unwrap_or("postgres");
+    (
+        role.clone(),
+        format!("host={host} port={port} dbname={dbname} user={role}"),
+    )
+}
+
+/// A pseudo-terminal: its master side (what a user types goes in here) and the terminal.
+fn pseudo_terminal() -> (std::fs::File, std::fs::File) {
+    use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
+    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY).expect("openpt");
+    grantpt(&master).expect("grantpt");
+    unlockpt(&master).expect("unlockpt");
+    let name = ptsname(&master, Vec::new()).expect("ptsname");
+    let terminal = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(name.to_str().expect("a UTF-8 name"))
+        .expect("the terminal");
+    (std::fs::File::from(master), terminal)
 }

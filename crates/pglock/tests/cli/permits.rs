@@ -36,7 +36,12 @@ async fn permits_admit_n_refuse_the_next_and_show_in_who() {
         stderr(&other_n)
     );
     let zero = output(pglock().args(["run", "--permits", "0", &key, "--", "true"])).await;
-    assert_eq!(code(&zero), 78, "no permits: {}", stderr(&zero));
+    assert_eq!(
+        code(&zero),
+        64,
+        "no permits is bad usage: {}",
+        stderr(&zero)
+    );
 
     let who = output(pglock().args(["who", &key])).await;
     assert_eq!(code(&who), 0, "{}", stderr(&who));

@@ -1,0 +1,86 @@
+//! The lock manager of `pglock run`, and a refused `--lease`/`--keepalive` pair said in the
+//! CLI's own flags, with the shortest lease that would do.
+
+use std::time::Duration;
+
+use locks_postgres::PostgresLockManager;
+use locks_postgres::deadpool_postgres::Pool;
+
+use crate::duration::show;
+use crate::exit::{Failure, USAGE};
+
+/// The longest lease searched for when saying what `--keepalive` needs (a year).
+const LONGEST: u64 = 365 * 24 * 3600;
+
+/// The settings of `pglock run` that the manager is built from.
+#[derive(Debug)]
+pub(crate) struct Settings<'a> {
+    pub(crate) pool: &'a Pool,
+    pub(crate) holder: &'a str,
+    pub(crate) keepalive: Option<Duration>,
+    /// The lease in force, and whether it was given (else it is the default).
+    pub(crate) lease: Option<Duration>,
+    pub(crate) lease_given: bool,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) fencing: bool,
+}
+
+impl Settings<'_> {
+    fn build(&self, lease: Option<Duration>) -> Option<PostgresLockManager> {
+        PostgresLockManager::builder(self.pool.clone())
+            .holder_id(self.holder.to_owned())
+            .keepalive(self.keepalive)
+            .lease(lease)
+            .connect_timeout(self.connect_timeout)
+            .fencing(self.fencing)
+            .try_build()
+            .ok()
+    }
+
+    /// The manager, or a usage failure that says which flag to change and to what.
+    pub(crate) fn manager(&self) -> Result<PostgresLockManager, Failure> {
+        if let Some(manager) = self.build(self.lease) {
+            return Ok(manager);
+        }
+        let lease = self.lease.map_or_else(|| "0".to_owned(), show);
+        let named = if self.lease_given {
+            format!("--lease {lease}")
+        } else {
+            format!("the default --lease {lease}")
+        };
+        let Some(keepalive) = self.keepalive else {
+            return Err(Failure::new(
+                USAGE,
+                format!(
+                    "{named} needs keepalives, which --keepalive 0 turns off: give a \
+                     --keepalive, or --lease 0 to leave the server's timers alone"
+                ),
+            ));
+        };
+        // The shortest whole-second lease this keepalive allows (the check is monotone).
+        let (mut low, mut high) = (1_u64, LONGEST);
+        if self.build(Some(Duration::from_secs(high))).is_none() {
+            return Err(Failure::new(
+                USAGE,
+                format!("--keepalive {} is too long for any lease", show(keepalive)),
+            ));
+        }
+        while low < high {
+            let middle = low + (high - low) / 2;
+            if self.build(Some(Duration::from_secs(middle))).is_some() {
+                high = middle;
+            } else {
+                low = middle + 1;
+            }
+        }
+        Err(Failure::new(
+            USAGE,
+            format!(
+                "{named} is too short for --keepalive {}: it needs at least {}; lengthen \
+                 --lease or shorten --keepalive",
+                show(keepalive),
+                show(Duration::from_secs(high))
+            ),
+        ))
+    }
+}

@@ -1,0 +1,35 @@
+//! Text from outside (keys, application names, server messages) made safe to print: a
+//! control character (a newline, an ANSI escape) is shown escaped, never sent raw to the
+//! terminal.
+
+/// `text` with each control character escaped as Rust escapes it (`\n`, `\u{1b}`).
+pub(crate) fn escaped(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// `'text'`, escaped, for a key in a message.
+pub(crate) fn quoted(text: &str) -> String {
+    format!("'{}'", escaped(text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_are_escaped() {
+        assert_eq!(
+            escaped("a\nb\u{1b}[31mc\u{9b}d\u{7f}"),
+            "a\\nb\\u{1b}[31mc\\u{9b}d\\u{7f}"
+        );
+        assert_eq!(quoted("déjà vu"), "'déjà vu'");
+    }
+}
