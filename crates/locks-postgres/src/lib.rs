@@ -15,6 +15,7 @@ mod leader;
 mod lease;
 mod limit;
 mod lock_ids;
+mod lock_table;
 mod manager;
 mod many;
 mod metrics;
@@ -36,6 +37,7 @@ pub use leader::{
     DEFAULT_BACKOFF, DEFAULT_TAKEOVER_DELAY, Leader, LeaderElection, Leadership, TermEnd,
 };
 pub use lease::{Lease, LeaseError, ServerTimers};
+pub use lock_table::{LockTableUsage, is_lock_table_full, lock_table_usage};
 pub use manager::PostgresLockManager;
 pub use many::PostgresLocks;
 pub use pool::{
