@@ -4,9 +4,20 @@
 # transaction-pooling proxy, and iproute2 (`ip`), for the partition test and the soak's
 # partitions (network namespaces). `cargo xtask test` runs this when either is missing.
 #
-# Quiet on success; does nothing when both are already installed. Needs apt-get and
-# root (or password-less sudo); anywhere else it says what to install and fails.
+# With `--ha` it also installs Patroni and etcd (Debian's `patroni` and `etcd-server`), for
+# the Patroni tests (`cargo xtask test --ha`, throwaway_pg::PatroniCluster); their services
+# are not started (the tests start their own, on loopback ports).
+#
+# Quiet on success; does nothing when everything asked for is already installed. Needs
+# apt-get and root (or password-less sudo); anywhere else it says what to install and fails.
 set -euo pipefail
+
+ha=false
+case "${1:-}" in
+    --ha) ha=true ;;
+    "") ;;
+    *) echo "usage: $0 [--ha]" >&2; exit 2 ;;
+esac
 
 have_pgbouncer() {
     command -v pgbouncer >/dev/null 2>&1 || [[ -x /usr/sbin/pgbouncer ]]
@@ -16,9 +27,21 @@ have_ip() {
     command -v ip >/dev/null 2>&1 || [[ -x /usr/sbin/ip ]] || [[ -x /sbin/ip ]]
 }
 
+have_patroni() {
+    command -v patroni >/dev/null 2>&1 && command -v patronictl >/dev/null 2>&1
+}
+
+have_etcd() {
+    command -v etcd >/dev/null 2>&1
+}
+
 packages=()
 have_pgbouncer || packages+=(pgbouncer)
 have_ip || packages+=(iproute2)
+if [[ "$ha" == true ]]; then
+    have_patroni || packages+=(patroni)
+    have_etcd || packages+=(etcd-server)
+fi
 if [[ ${#packages[@]} == 0 ]]; then
     exit 0
 fi
@@ -75,5 +98,9 @@ if ! have_pgbouncer; then
 fi
 if ! have_ip; then
     echo "error: apt-get installed iproute2 but no ip binary was found" >&2
+    exit 1
+fi
+if [[ "$ha" == true ]] && ! { have_patroni && have_etcd; }; then
+    echo "error: apt-get installed patroni and etcd-server but no patroni, patronictl or etcd was found" >&2
     exit 1
 fi
