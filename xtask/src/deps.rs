@@ -53,3 +53,26 @@ fn on_path(program: &str) -> bool {
         .chain(["/usr/sbin".into(), "/sbin".into()])
         .any(|dir| dir.join(program).is_file())
 }
+
+/// Runs the install script with `--ha` when Patroni or etcd is missing.
+pub(crate) fn ensure_ha_deps() -> crate::Result {
+    if on_path("patroni") && on_path("patronictl") && on_path("etcd") {
+        return Ok(());
+    }
+    let script = workspace_root().join(SCRIPT);
+    eprintln!("xtask: patroni or etcd missing; running {SCRIPT} --ha");
+    let status = Command::new("bash")
+        .arg(&script)
+        .arg("--ha")
+        .status()
+        .map_err(|error| format!("could not run {}: {error}", script.display()))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{SCRIPT} --ha failed ({status}); install Patroni and etcd \
+             (`apt-get install patroni etcd-server`)"
+        )
+        .into())
+    }
+}

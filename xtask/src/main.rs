@@ -7,6 +7,7 @@
 mod bench;
 mod demo;
 mod deps;
+mod ha;
 mod package;
 mod pg;
 mod pgversions;

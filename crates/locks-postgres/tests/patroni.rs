@@ -1,0 +1,291 @@
+//! Failovers made by Patroni, as users run it: etcd and two PostgreSQL nodes under Patroni
+//! in synchronous mode (`throwaway_pg::PatroniCluster`), the manager on the multi-host URL
+//! with `target_session_attrs=read-write` and fencing on. One cluster goes through a crash
+//! of the primary's postmaster (`kill -9`), a `patronictl switchover` and a `patronictl
+//! failover`; after each: every holder told within the bound, new acquisitions on the
+//! primary Patroni names within the failover bound, nothing granted on the other node,
+//! fencing tokens strictly above every token before. Its own test binary (run by
+//! `cargo xtask test --ha`): it needs Patroni and etcd and starts its own cluster.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use locks_port::{AcquireOptions, AcquisitionErrorKind, DistributedLock, LockGuard};
+use locks_postgres::deadpool_postgres::Pool;
+use locks_postgres::tokio_postgres;
+use locks_postgres::{PostgresLockGuard, PostgresLockManager};
+use throwaway_pg::PatroniCluster;
+use throwaway_pg::testing::granted_advisory_locks;
+
+/// Holders of a lock learn of its loss within this, once the old primary's sessions end
+/// (the README's bound for a failover that closes connections).
+const TOLD: Duration = Duration::from_secs(5);
+/// A new acquisition succeeds within this after the fault: Patroni's TTL (20 s), its
+/// loop and the restart or promotion, with room for a loaded machine.
+const FAILOVER: Duration = Duration::from_secs(45);
+/// The keepalive the manager runs with.
+const KEEPALIVE: Duration = Duration::from_secs(1);
+/// Locks held across each fault.
+const HELD: usize = 4;
+
+fn pool(url: &str, size: usize) -> Pool {
+    let config = tokio_postgres::Config::from_str(url).expect("a valid URL");
+    locks_postgres::plain_pool_with_config(config, size).expect("pool")
+}
+
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(work)
+        .await
+        .expect("a blocking task")
+}
+
+fn keys(phase: &str) -> Vec<String> {
+    (0..HELD)
+        .map(|n| format!("patroni:{phase}:{}:{n}", std::process::id()))
+        .collect()
+}
+
+/// A `patronictl` hand-over, retried while Patroni refuses it (its synchronous standby
+/// is named a moment after the standby streams again).
+fn retried(hand_over: impl Fn() -> Result<(), throwaway_pg::Error>) {
+    let started = Instant::now();
+    loop {
+        match hand_over() {
+            Ok(()) => return,
+            Err(error) if started.elapsed() < Duration::from_secs(30) => {
+                eprintln!("retrying the hand-over: {error}");
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(error) => panic!("the hand-over: {error}"),
+        }
+    }
+}
+
+/// What one fault did, measured.
+#[derive(Debug)]
+struct Figures {
+    phase: &'static str,
+    leader_before: usize,
+    leader_after: usize,
+    /// From the fault until the last holder was told.
+    told: Duration,
+    /// From the fault until the first new lock was granted.
+    first_new_lock: Duration,
+    /// The highest token before and the lowest after, over the phase's keys.
+    highest_before: i64,
+    lowest_after: i64,
+}
+
+/// Granted advisory locks on node `node`, asked of that node alone; `None` when it does
+/// not answer (restarting).
+async fn granted_on(cluster: &PatroniCluster, node: usize) -> Option<i64> {
+    let url = cluster.url(node);
+    let (client, connection) = tokio::time::timeout(
+        Duration::from_secs(2),
+        tokio_postgres::connect(&url, tokio_postgres::NoTls),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    tokio::spawn(connection);
+    Some(granted_advisory_locks(&client).await)
+}
+
+/// Holds the phase's keys, runs `fault`, and measures what the README promises.
+async fn through(
+    cluster: &Arc<PatroniCluster>,
+    manager: &PostgresLockManager,
+    phase: &'static str,
+    fault: impl FnOnce(&PatroniCluster, usize) + Send + 'static,
+) -> Figures {
+    let leader_before = {
+        let cluster = cluster.clone();
+        blocking(move || cluster.wait_until_replicating(Duration::from_secs(120)))
+            .await
+            .expect("a leader and a synchronous standby before the fault")
+    };
+    let keys = keys(phase);
+    let mut guards: Vec<PostgresLockGuard> = Vec::new();
+    for key in &keys {
+        guards.push(
+            manager
+                .acquire(key, AcquireOptions::new().with_timeout(FAILOVER))
+                .await
+                .expect("a lock before the fault"),
+        );
+    }
+    let highest_before = guards
+        .iter()
+        .map(|guard| guard.info().fencing_token().expect("fencing is on"))
+        .max()
+        .expect("locks");
+    assert_eq!(
+        granted_on(cluster, leader_before).await,
+        Some(i64::try_from(HELD).expect("small")),
+        "{phase}: the locks are on the leader"
+    );
+    assert_eq!(
+        granted_on(cluster, 1 - leader_before).await,
+        Some(0),
+        "{phase}: nothing granted on the standby"
+    );
+
+    let started = Instant::now();
+    let faulted = {
+        let cluster = cluster.clone();
+        tokio::task::spawn_blocking(move || fault(&cluster, leader_before))
+    };
+    let mut told = Duration::ZERO;
+    for guard in &guards {
+        let lost = guard.lost();
+        tokio::time::timeout(TOLD + FAILOVER, lost)
+            .await
+            .unwrap_or_else(|_| panic!("{phase}: a holder was never told"));
+        told = told.max(started.elapsed());
+    }
+    faulted.await.expect("the fault");
+
+    // New acquisitions: retried until the primary Patroni names takes them.
+    let mut first_new_lock = None;
+    let mut after = Vec::new();
+    for key in &keys {
+        let guard = loop {
+            match manager
+                .acquire(
+                    key,
+                    AcquireOptions::new().with_timeout(Duration::from_secs(2)),
+                )
+                .await
+            {
+                Ok(guard) => break guard,
+                Err(error) => {
+                    assert!(
+                        started.elapsed() < FAILOVER,
+                        "{phase}: no acquisition within {FAILOVER:?}: {error}"
+                    );
+                    assert_ne!(
+                        error.kind(),
+                        AcquisitionErrorKind::Configuration,
+                        "{phase}: {error}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        first_new_lock.get_or_insert_with(|| started.elapsed());
+        after.push(guard);
+    }
+    let leader_after = {
+        let cluster = cluster.clone();
+        blocking(move || cluster.leader())
+            .await
+            .expect("a leader after the fault")
+    };
+    assert_eq!(
+        granted_on(cluster, leader_after).await,
+        Some(i64::try_from(HELD).expect("small")),
+        "{phase}: the new locks are on the node Patroni names primary"
+    );
+    // The other node may be down or rewinding; when it answers, it holds nothing.
+    let other = granted_on(cluster, 1 - leader_after).await;
+    assert!(
+        matches!(other, None | Some(0)),
+        "{phase}: a lock granted on the node that is not the primary: {other:?}"
+    );
+    let lowest_after = after
+        .iter()
+        .map(|guard| guard.info().fencing_token().expect("fencing is on"))
+        .min()
+        .expect("locks");
+    for guard in after {
+        guard.release().await;
+    }
+    drop(guards);
+    Figures {
+        phase,
+        leader_before,
+        leader_after,
+        told,
+        first_new_lock: first_new_lock.expect("locks"),
+        highest_before,
+        lowest_after,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn patroni_crash_switchover_and_failover() {
+    let cluster = Arc::new(
+        blocking(|| PatroniCluster::start().expect("start etcd and two Patroni nodes")).await,
+    );
+    let url = cluster.multi_host_url();
+    let setup = pool(&url, 1);
+    locks_postgres::install_fencing(&setup.get().await.expect("a connection"))
+        .await
+        .expect("install the fencing table");
+    drop(setup);
+    let manager = PostgresLockManager::builder(pool(&url, HELD * 2))
+        .holder_id("patroni-test")
+        .keepalive(Some(KEEPALIVE))
+        .fencing(true)
+        .build();
+
+    // A manager on the standby alone is refused: it grants nothing there.
+    let leader = cluster.leader().expect("a leader");
+    let on_standby = PostgresLockManager::new(pool(&cluster.url(1 - leader), 1));
+    let refused = on_standby
+        .acquire("patroni:standby", AcquireOptions::new())
+        .await
+        .expect_err("a standby grants no lock");
+    assert_eq!(
+        refused.kind(),
+        AcquisitionErrorKind::Configuration,
+        "{refused}"
+    );
+
+    let mut figures = Vec::new();
+    figures.push(
+        through(
+            &cluster,
+            &manager,
+            "kill -9 postmaster",
+            |cluster, leader| {
+                cluster
+                    .kill_postmaster(leader)
+                    .expect("kill the postmaster");
+            },
+        )
+        .await,
+    );
+    figures.push(
+        through(&cluster, &manager, "switchover", |cluster, leader| {
+            retried(|| cluster.switchover(1 - leader));
+        })
+        .await,
+    );
+    figures.push(
+        through(&cluster, &manager, "failover", |cluster, leader| {
+            retried(|| cluster.failover(1 - leader));
+        })
+        .await,
+    );
+    for figure in &figures {
+        eprintln!("{figure:?}");
+        assert!(figure.told <= TOLD, "{}: {figure:?}", figure.phase);
+        assert!(figure.first_new_lock <= FAILOVER, "{figure:?}");
+        assert!(
+            figure.lowest_after > figure.highest_before,
+            "fencing tokens must grow: {figure:?}"
+        );
+    }
+    assert_ne!(
+        figures[1].leader_after, figures[1].leader_before,
+        "{figures:?}"
+    );
+    assert_ne!(
+        figures[2].leader_after, figures[2].leader_before,
+        "{figures:?}"
+    );
+    drop(manager);
+    blocking(move || drop(cluster)).await;
+}
