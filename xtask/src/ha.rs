@@ -3,8 +3,9 @@
 //!
 //! Installs Patroni and etcd first when they are missing (`scripts/install-test-deps.sh
 //! --ha`), then runs `cargo test -p locks-postgres --features ha-tests --test patroni`: a
-//! crash of the primary's postmaster, a switchover and a failover on one cluster (about
-//! 35 s on two cores, the cluster's start included). Not part of the default run, which
+//! crash of the primary's postmaster, a switchover and a failover on one cluster, and a
+//! primary cut off from Patroni's consensus on another (about 50 s on two cores, the
+//! clusters' start included). Not part of the default run, which
 //! needs neither Patroni nor etcd.
 
 use crate::{cargo, display};

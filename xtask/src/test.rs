@@ -30,8 +30,9 @@ soak.
        cargo xtask test --ha [-- <cargo test args>]
 
 Run only the Patroni tests (`cargo test -p locks-postgres --features ha-tests --test patroni`):
-etcd and two PostgreSQL nodes under Patroni of their own; a crash, a switchover and a failover.
-Installs Patroni and etcd first when missing (scripts/install-test-deps.sh --ha). About 35 s.
+etcd and two PostgreSQL nodes under Patroni of their own; a crash, a switchover, a failover and
+a primary cut off from Patroni. Installs Patroni and etcd first when missing
+(scripts/install-test-deps.sh --ha). About 50 s.
 
        cargo xtask test --postgres <major> [-- <cargo test args>]
        cargo xtask test --all-postgres [-- <cargo test args>]

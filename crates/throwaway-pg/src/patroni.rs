@@ -267,6 +267,42 @@ impl PatroniCluster {
         Ok(pid)
     }
 
+    /// Freezes node `node`'s Patroni (`SIGSTOP`) while its PostgreSQL runs on: it can no
+    /// longer renew its leader key, as when cut off from etcd and from the other node,
+    /// while clients that reach its PostgreSQL are still served. After the TTL the other
+    /// node takes over; [`resume_patroni`](Self::resume_patroni) lets it find out and demote.
+    ///
+    /// # Errors
+    /// The node's Patroni is not running, or `kill` failed.
+    pub fn pause_patroni(&self, node: usize) -> Result<(), Error> {
+        self.signal_patroni(node, "-STOP")
+    }
+
+    /// Lets node `node`'s Patroni run again (`SIGCONT`).
+    ///
+    /// # Errors
+    /// As [`pause_patroni`](Self::pause_patroni).
+    pub fn resume_patroni(&self, node: usize) -> Result<(), Error> {
+        self.signal_patroni(node, "-CONT")
+    }
+
+    fn signal_patroni(&self, node: usize, signal: &str) -> Result<(), Error> {
+        let pid = self.nodes[node]
+            .process
+            .as_ref()
+            .map(Child::id)
+            .ok_or_else(|| {
+                Error::io(
+                    format!("signal node{node}'s Patroni"),
+                    io::Error::new(io::ErrorKind::NotFound, "not running"),
+                )
+            })?;
+        run(Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .stdin(Stdio::null()))
+        .map(drop)
+    }
+
     /// Node `node`'s data folder.
     fn data_dir(&self, node: usize) -> PathBuf {
         self.root.join(&self.nodes[node].name).join("data")
@@ -471,6 +507,10 @@ impl PatroniCluster {
     }
 
     fn teardown(&mut self) {
+        for node in 0..2 {
+            // A paused Patroni would not act on SIGTERM.
+            let _ = self.resume_patroni(node);
+        }
         for node in &mut self.nodes {
             if let Some(process) = node.process.take() {
                 stop(process);
