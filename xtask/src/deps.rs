@@ -21,20 +21,28 @@ pub(crate) fn ensure_test_deps() -> crate::Result {
     if pgbouncer_installed() && on_path("ip") {
         return Ok(());
     }
-    let script = workspace_root().join(SCRIPT);
     eprintln!("xtask: pgbouncer or ip missing; running {SCRIPT}");
+    install(
+        &[],
+        &format!(
+            "install PgBouncer and iproute2 (`apt-get install pgbouncer iproute2`), or set \
+             {PGBOUNCER_ENV} to PgBouncer's path"
+        ),
+    )
+}
+
+/// Runs the install script with `args`; on failure, says so with `advice`.
+fn install(args: &[&str], advice: &str) -> crate::Result {
+    let script = workspace_root().join(SCRIPT);
     let status = Command::new("bash")
         .arg(&script)
+        .args(args)
         .status()
         .map_err(|error| format!("could not run {}: {error}", script.display()))?;
     if status.success() {
         Ok(())
     } else {
-        Err(format!(
-            "{SCRIPT} failed ({status}); install PgBouncer and iproute2 (`apt-get install \
-             pgbouncer iproute2`), or set {PGBOUNCER_ENV} to PgBouncer's path"
-        )
-        .into())
+        Err(format!("{SCRIPT} {} failed ({status}); {advice}", args.join(" ")).into())
     }
 }
 
@@ -59,20 +67,9 @@ pub(crate) fn ensure_ha_deps() -> crate::Result {
     if on_path("patroni") && on_path("patronictl") && on_path("etcd") {
         return Ok(());
     }
-    let script = workspace_root().join(SCRIPT);
     eprintln!("xtask: patroni or etcd missing; running {SCRIPT} --ha");
-    let status = Command::new("bash")
-        .arg(&script)
-        .arg("--ha")
-        .status()
-        .map_err(|error| format!("could not run {}: {error}", script.display()))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{SCRIPT} --ha failed ({status}); install Patroni and etcd \
-             (`apt-get install patroni etcd-server`)"
-        )
-        .into())
-    }
+    install(
+        &["--ha"],
+        "install Patroni and etcd (`apt-get install patroni etcd-server`)",
+    )
 }

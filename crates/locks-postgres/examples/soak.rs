@@ -304,34 +304,18 @@ async fn driver(duration: Duration, net: &throwaway_pg::NetworkPair) -> Result<(
             continue;
         };
         match random.below(10) {
-            0..=1 => {
-                let index = usize::try_from(random.below(WORKERS as u64)).unwrap_or(0);
-                let _ = workers[index].kill();
-                let _ = workers[index].wait();
-                workers[index] = spawn_worker(&worker_url, index, &dir, Some(net))?;
-                faults.kills += 1;
-            }
-            2..=4 => {
-                let backends = worker_backends(&admin).await;
-                if let Some(&pid) =
-                    backends.get(usize::try_from(random.below(backends.len() as u64)).unwrap_or(0))
-                {
-                    let _ = admin
-                        .execute("SELECT pg_terminate_backend($1)", &[&pid])
-                        .await;
-                    faults.terminations += 1;
-                }
-            }
-            5..=6 => {
-                let backends = worker_backends(&admin).await;
-                if let Some(&pid) =
-                    backends.get(usize::try_from(random.below(backends.len() as u64)).unwrap_or(0))
-                {
-                    signal(pid, "STOP");
-                    tokio::time::sleep(Duration::from_millis(500 + random.below(2500))).await;
-                    signal(pid, "CONT");
-                    faults.stops += 1;
-                }
+            roll @ 0..=6 => {
+                worker_fault(
+                    roll,
+                    &admin,
+                    &mut workers,
+                    &worker_url,
+                    &dir,
+                    Some(net),
+                    &mut faults,
+                    &mut random,
+                )
+                .await?;
             }
             7..=8 => {
                 // A partition: the workers' link down for 2-12 s, long enough at times
@@ -355,6 +339,54 @@ async fn driver(duration: Duration, net: &throwaway_pg::NetworkPair) -> Result<(
     let outcome = finish(&url, &mut workers, &dir, &faults).await;
     drop(cluster);
     outcome
+}
+
+/// The faults both drivers make on the workers, by `roll` (0 to 6): kill a worker and start
+/// it again (0-1), terminate (2-4) or SIGSTOP for a while (5-6) a worker's backend.
+#[allow(clippy::too_many_arguments)]
+async fn worker_fault(
+    roll: u64,
+    admin: &tokio_postgres::Client,
+    workers: &mut [Child],
+    worker_url: &str,
+    dir: &Path,
+    net: Option<&throwaway_pg::NetworkPair>,
+    faults: &mut Faults,
+    random: &mut Lcg,
+) -> Result<(), Error> {
+    match roll {
+        0..=1 => {
+            let index = usize::try_from(random.below(WORKERS as u64)).unwrap_or(0);
+            let _ = workers[index].kill();
+            let _ = workers[index].wait();
+            workers[index] = spawn_worker(worker_url, index, dir, net)?;
+            faults.kills += 1;
+        }
+        2..=4 => {
+            let backends = worker_backends(admin).await;
+            if let Some(&pid) =
+                backends.get(usize::try_from(random.below(backends.len() as u64)).unwrap_or(0))
+            {
+                let _ = admin
+                    .execute("SELECT pg_terminate_backend($1)", &[&pid])
+                    .await;
+                faults.terminations += 1;
+            }
+        }
+        5..=6 => {
+            let backends = worker_backends(admin).await;
+            if let Some(&pid) =
+                backends.get(usize::try_from(random.below(backends.len() as u64)).unwrap_or(0))
+            {
+                signal(pid, "STOP");
+                tokio::time::sleep(Duration::from_millis(500 + random.below(2500))).await;
+                signal(pid, "CONT");
+                faults.stops += 1;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// The soak's folder for the workers' logs, and on the server at `url` the fencing table

@@ -11,8 +11,7 @@ use std::time::{Duration, Instant};
 use throwaway_pg::PatroniCluster;
 
 use super::{
-    Error, Faults, KEYS, Lcg, WORKERS, admin, finish, prepare, signal, spawn_worker,
-    worker_backends,
+    Error, Faults, KEYS, Lcg, WORKERS, admin, finish, prepare, spawn_worker, worker_fault,
 };
 
 /// How long the pair may take to have a leader and a synchronous standby again.
@@ -36,34 +35,18 @@ pub(super) async fn driver(duration: Duration) -> Result<(), Error> {
             continue;
         };
         match random.below(10) {
-            0..=1 => {
-                let index = usize::try_from(random.below(WORKERS as u64)).unwrap_or(0);
-                let _ = workers[index].kill();
-                let _ = workers[index].wait();
-                workers[index] = spawn_worker(&url, index, &dir, None)?;
-                faults.kills += 1;
-            }
-            2..=4 => {
-                let backends = worker_backends(&admin).await;
-                if let Some(&pid) =
-                    backends.get(usize::try_from(random.below(backends.len() as u64)).unwrap_or(0))
-                {
-                    let _ = admin
-                        .execute("SELECT pg_terminate_backend($1)", &[&pid])
-                        .await;
-                    faults.terminations += 1;
-                }
-            }
-            5..=6 => {
-                let backends = worker_backends(&admin).await;
-                if let Some(&pid) =
-                    backends.get(usize::try_from(random.below(backends.len() as u64)).unwrap_or(0))
-                {
-                    signal(pid, "STOP");
-                    tokio::time::sleep(Duration::from_millis(500 + random.below(2500))).await;
-                    signal(pid, "CONT");
-                    faults.stops += 1;
-                }
+            roll @ 0..=6 => {
+                worker_fault(
+                    roll,
+                    &admin,
+                    &mut workers,
+                    &url,
+                    &dir,
+                    None,
+                    &mut faults,
+                    &mut random,
+                )
+                .await?;
             }
             _ => {
                 drop(admin);
