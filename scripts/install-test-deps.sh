@@ -6,9 +6,20 @@
 # test of hosts whose clocks disagree; and man-db (`man`), for the pglock package's check
 # (`cargo xtask dist --check`). `cargo xtask test` runs this when one is missing.
 #
-# Quiet on success; does nothing when all are already installed. Needs apt-get and
-# root (or password-less sudo); anywhere else it says what to install and fails.
+# With `--ha` it also installs Patroni and etcd (Debian's `patroni` and `etcd-server`), for
+# the Patroni tests (`cargo xtask test --ha`, throwaway_pg::PatroniCluster); their services
+# are not started (the tests start their own, on loopback ports).
+#
+# Quiet on success; does nothing when everything asked for is already installed. Needs
+# apt-get and root (or password-less sudo); anywhere else it says what to install and fails.
 set -euo pipefail
+
+ha=false
+case "${1:-}" in
+    --ha) ha=true ;;
+    "") ;;
+    *) echo "usage: $0 [--ha]" >&2; exit 2 ;;
+esac
 
 have_pgbouncer() {
     command -v pgbouncer >/dev/null 2>&1 || [[ -x /usr/sbin/pgbouncer ]]
@@ -26,11 +37,23 @@ have_man() {
     command -v man >/dev/null 2>&1
 }
 
+have_patroni() {
+    command -v patroni >/dev/null 2>&1 && command -v patronictl >/dev/null 2>&1
+}
+
+have_etcd() {
+    command -v etcd >/dev/null 2>&1
+}
+
 packages=()
 have_pgbouncer || packages+=(pgbouncer)
 have_ip || packages+=(iproute2)
 have_faketime || packages+=(faketime)
 have_man || packages+=(man-db)
+if [[ "$ha" == true ]]; then
+    have_patroni || packages+=(patroni)
+    have_etcd || packages+=(etcd-server)
+fi
 if [[ ${#packages[@]} == 0 ]]; then
     exit 0
 fi
@@ -91,5 +114,9 @@ if ! have_ip; then
 fi
 if ! have_man; then
     echo "error: apt-get installed man-db but no man binary was found" >&2
+    exit 1
+fi
+if [[ "$ha" == true ]] && ! { have_patroni && have_etcd; }; then
+    echo "error: apt-get installed patroni and etcd-server but no patroni, patronictl or etcd was found" >&2
     exit 1
 fi

@@ -24,23 +24,31 @@ pub(crate) fn ensure_test_deps() -> crate::Result {
     run_install_script("pgbouncer, ip or faketime missing")
 }
 
-/// Runs the install script (which installs whatever of PgBouncer, iproute2 and man-db is
-/// missing), saying `why` first.
+/// Runs the install script (which installs whatever of PgBouncer, iproute2, libfaketime
+/// and man-db is missing), saying `why` first.
 pub(crate) fn run_install_script(why: &str) -> crate::Result {
-    let script = workspace_root().join(SCRIPT);
     eprintln!("xtask: {why}; running {SCRIPT}");
+    install(
+        &[],
+        &format!(
+            "install PgBouncer, iproute2, libfaketime and man-db (`apt-get install pgbouncer \
+             iproute2 faketime man-db`), or set {PGBOUNCER_ENV} to PgBouncer's path"
+        ),
+    )
+}
+
+/// Runs the install script with `args`; on failure, says so with `advice`.
+fn install(args: &[&str], advice: &str) -> crate::Result {
+    let script = workspace_root().join(SCRIPT);
     let status = Command::new("bash")
         .arg(&script)
+        .args(args)
         .status()
         .map_err(|error| format!("could not run {}: {error}", script.display()))?;
     if status.success() {
         Ok(())
     } else {
-        Err(format!(
-            "{SCRIPT} failed ({status}); install PgBouncer, iproute2, libfaketime and man-db \
-             (`apt-get install pgbouncer iproute2 faketime man-db`), or set {PGBOUNCER_ENV} to PgBouncer's path"
-        )
-        .into())
+        Err(format!("{SCRIPT} {} failed ({status}); {advice}", args.join(" ")).into())
     }
 }
 
@@ -58,4 +66,16 @@ pub(crate) fn on_path(program: &str) -> bool {
         .flat_map(std::env::split_paths)
         .chain(["/usr/sbin".into(), "/sbin".into()])
         .any(|dir| dir.join(program).is_file())
+}
+
+/// Runs the install script with `--ha` when Patroni or etcd is missing.
+pub(crate) fn ensure_ha_deps() -> crate::Result {
+    if on_path("patroni") && on_path("patronictl") && on_path("etcd") {
+        return Ok(());
+    }
+    eprintln!("xtask: patroni or etcd missing; running {SCRIPT} --ha");
+    install(
+        &["--ha"],
+        "install Patroni and etcd (`apt-get install patroni etcd-server`)",
+    )
 }

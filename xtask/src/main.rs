@@ -8,6 +8,7 @@ mod bench;
 mod demo;
 mod deps;
 mod dist;
+mod ha;
 mod package;
 mod pg;
 mod pgversions;

@@ -1,4 +1,4 @@
-//! `cargo xtask soak [--minutes N]`: the chaos soak
+//! `cargo xtask soak [--minutes N] [--patroni]`: the chaos soak
 //! (`crates/locks-postgres/examples/soak.rs`) on a throwaway PostgreSQL of its own (the
 //! server-restart fault needs a server the soak owns, so `LOCKS_DATABASE_URL` is not
 //! used). `cargo xtask test` runs a one-minute soak after the tests.
@@ -6,30 +6,44 @@
 use std::time::Duration;
 
 const HELP: &str = "\
-usage: cargo xtask soak [--minutes N] [--seconds N]
+usage: cargo xtask soak [--minutes N] [--seconds N] [--patroni]
 
 Worker processes take random keys with random waits and increment a counter per key
 under the lock, with fencing tokens, while a chaos driver SIGKILLs workers, terminates
 and SIGSTOPs their backends and restarts the server. Fails on any lost update, double
 apply, repeated or backward fencing token, or advisory lock left held. Default: 1 minute.
+
+--patroni: on an HA pair under Patroni instead (etcd and two PostgreSQL nodes in synchronous
+mode, installed by scripts/install-test-deps.sh --ha when missing), on the multi-host URL;
+the server restarts and partitions give way to Patroni failovers (a kill -9 of the primary's
+postmaster, a switchover, a failover, in turn). Same checks.
 ";
 
 /// Runs the soak for `duration`.
 pub(crate) fn soak(duration: Duration) -> crate::Result {
+    soak_on(duration, false)
+}
+
+/// Runs the soak for `duration`, on a Patroni pair when `patroni`.
+fn soak_on(duration: Duration, patroni: bool) -> crate::Result {
+    if patroni {
+        crate::deps::ensure_ha_deps()?;
+    }
     let seconds = duration.as_secs().to_string();
-    let status = crate::cargo()
-        .args([
-            "run",
-            "--quiet",
-            "--package",
-            "locks-postgres",
-            "--example",
-            "soak",
-            "--",
-            "--seconds",
-            &seconds,
-        ])
-        .status()?;
+    let mut command = crate::cargo();
+    command.args([
+        "run",
+        "--quiet",
+        "--package",
+        "locks-postgres",
+        "--example",
+        "soak",
+        "--",
+    ]);
+    if patroni {
+        command.arg("--patroni");
+    }
+    let status = command.args(["--seconds", &seconds]).status()?;
     if status.success() {
         Ok(())
     } else {
@@ -40,9 +54,14 @@ pub(crate) fn soak(duration: Duration) -> crate::Result {
 /// `cargo xtask soak`.
 pub(crate) fn run(args: &[String]) -> crate::Result {
     let mut seconds = 60;
+    let mut patroni = false;
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         let scale = match arg.as_str() {
+            "--patroni" => {
+                patroni = true;
+                continue;
+            }
             "--minutes" => 60,
             "--seconds" => 1,
             "-h" | "--help" => {
@@ -58,5 +77,5 @@ pub(crate) fn run(args: &[String]) -> crate::Result {
             .map_err(|error| format!("{arg}: {error}\n\n{HELP}"))?;
         seconds = value.saturating_mul(scale);
     }
-    soak(Duration::from_secs(seconds))
+    soak_on(Duration::from_secs(seconds), patroni)
 }

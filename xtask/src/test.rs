@@ -10,7 +10,8 @@
 //! crate packaged and built from its `.crate` file, as `cargo publish` would) and runs the
 //! one-minute chaos soak.
 //!
-//! `--postgres <major>` and `--all-postgres` run the PostgreSQL crates' tests on other major
+//! `--ha` runs the Patroni tests instead ([`crate::ha`]). `--postgres <major>` and
+//! `--all-postgres` run the PostgreSQL crates' tests on other major
 //! versions instead; see [`crate::pgversions`].
 
 use crate::cargo_on_database;
@@ -26,6 +27,13 @@ the run and stopped after it. Arguments after `--` go to both cargo commands, e.
 (every published crate packaged and verified, a dirty tree allowed) and the one-minute chaos
 soak.
 
+       cargo xtask test --ha [-- <cargo test args>]
+
+Run only the Patroni tests (`cargo test -p locks-postgres --features ha-tests --test patroni`):
+etcd and two PostgreSQL nodes under Patroni of their own; a crash, a switchover, a failover and
+a primary cut off from Patroni. Installs Patroni and etcd first when missing
+(scripts/install-test-deps.sh --ha). About 50 s.
+
        cargo xtask test --postgres <major> [-- <cargo test args>]
        cargo xtask test --all-postgres [-- <cargo test args>]
 
@@ -38,6 +46,15 @@ LOCKS_DATABASE_URL (its current value is ignored). Prints a table of what passed
 
 /// Runs the tests.
 pub(crate) fn run(args: &[String]) -> crate::Result {
+    if let Some((first, rest)) = args.split_first()
+        && first == "--ha"
+    {
+        let Some(extra) = parse(rest)? else {
+            print!("{HELP}");
+            return Ok(());
+        };
+        return crate::ha::run(extra);
+    }
     let (majors, args) = crate::pgversions::parse_version_flags(args)
         .map_err(|error| format!("{error}\n\n{HELP}"))?;
     let Some(extra) = parse(args)? else {

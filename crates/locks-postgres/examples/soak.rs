@@ -7,7 +7,9 @@
 //!
 //! `cargo run -p locks-postgres --example soak -- --seconds 60` (the driver starts a
 //! throwaway PostgreSQL of its own: the restart fault needs a server it owns).
-//! Workers are this binary again, with `--worker`.
+//! Workers are this binary again, with `--worker`. With `--patroni` the server is an HA
+//! pair under Patroni instead (`throwaway_pg::PatroniCluster`) and the faults include
+//! Patroni failovers (see `soak/patroni.rs`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
@@ -18,6 +20,9 @@ use std::time::{Duration, Instant};
 use locks_postgres::PostgresLockManager;
 use locks_postgres::prelude::*;
 use locks_postgres::tokio_postgres::{self, NoTls};
+
+#[path = "soak/patroni.rs"]
+mod patroni;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -56,6 +61,14 @@ async fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("--worker") => worker(&args[1], &args[2], &args[3]).await,
+        Some("--patroni") => {
+            let seconds: u64 = match &args[1..] {
+                [] => 60,
+                [flag, n] if flag == "--seconds" => n.parse()?,
+                _ => return Err("usage: soak --patroni [--seconds N]".into()),
+            };
+            patroni::driver(Duration::from_secs(seconds)).await
+        }
         Some("--in-namespace") => {
             let net = throwaway_pg::NetworkPair::attach(&args[1])?;
             driver(Duration::from_secs(args[2].parse()?), &net).await
@@ -194,6 +207,8 @@ struct Faults {
     stops: u32,
     restarts: u32,
     partitions: u32,
+    /// Patroni failovers (`--patroni`): crashes, switchovers, failovers.
+    failovers: u32,
 }
 
 /// Makes the network the soak runs on (the driver and the server in the pair's near
@@ -211,24 +226,27 @@ fn in_namespaces(seconds: u64) -> Result<(), Error> {
     }
 }
 
+/// A worker process, in the pair's far namespace when there is one (`net`).
 fn spawn_worker(
     url: &str,
     index: usize,
     dir: &Path,
-    net: &throwaway_pg::NetworkPair,
+    net: Option<&throwaway_pg::NetworkPair>,
 ) -> Result<Child, Error> {
-    Ok(
-        throwaway_pg::NetworkPair::command_in(net.far(), std::env::current_exe()?)
-            .args([
-                "--worker",
-                url,
-                &format!("soak-{index}"),
-                &dir.join(format!("worker-{index}.log"))
-                    .display()
-                    .to_string(),
-            ])
-            .spawn()?,
-    )
+    let mut command = match net {
+        Some(net) => throwaway_pg::NetworkPair::command_in(net.far(), std::env::current_exe()?),
+        None => Command::new(std::env::current_exe()?),
+    };
+    Ok(command
+        .args([
+            "--worker",
+            url,
+            &format!("soak-{index}"),
+            &dir.join(format!("worker-{index}.log"))
+                .display()
+                .to_string(),
+        ])
+        .spawn()?)
 }
 
 async fn admin(url: &str) -> Option<tokio_postgres::Client> {
@@ -272,22 +290,9 @@ async fn driver(duration: Duration, net: &throwaway_pg::NetworkPair) -> Result<(
         net.near_address(),
         cluster.port()
     );
-    let dir = std::env::temp_dir().join(format!("lock-soak-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    {
-        let admin = admin(&url).await.ok_or("no admin connection")?;
-        locks_postgres::install_fencing(&admin).await?;
-        admin
-            .batch_execute("CREATE TABLE soak_counters (key text PRIMARY KEY, n bigint NOT NULL, token bigint NOT NULL)")
-            .await?;
-        for n in 0..KEYS as u64 {
-            admin
-                .execute("INSERT INTO soak_counters VALUES ($1, 0, 0)", &[&key(n)])
-                .await?;
-        }
-    }
+    let dir = prepare(&url).await?;
     let mut workers: Vec<Child> = (0..WORKERS)
-        .map(|i| spawn_worker(&worker_url, i, &dir, net))
+        .map(|i| spawn_worker(&worker_url, i, &dir, Some(net)))
         .collect::<Result<_, _>>()?;
     let mut faults = Faults::default();
     let mut random = Lcg::seeded();
@@ -299,34 +304,18 @@ async fn driver(duration: Duration, net: &throwaway_pg::NetworkPair) -> Result<(
             continue;
         };
         match random.below(10) {
-            0..=1 => {
-                let index = usize::try_from(random.below(WORKERS as u64)).unwrap_or(0);
-                let _ = workers[index].kill();
-                let _ = workers[index].wait();
-                workers[index] = spawn_worker(&worker_url, index, &dir, net)?;
-                faults.kills += 1;
-            }
-            2..=4 => {
-                let backends = worker_backends(&admin).await;
-                if let Some(&pid) =
-                    backends.get(usize::try_from(random.below(backends.len() as u64)).unwrap_or(0))
-                {
-                    let _ = admin
-                        .execute("SELECT pg_terminate_backend($1)", &[&pid])
-                        .await;
-                    faults.terminations += 1;
-                }
-            }
-            5..=6 => {
-                let backends = worker_backends(&admin).await;
-                if let Some(&pid) =
-                    backends.get(usize::try_from(random.below(backends.len() as u64)).unwrap_or(0))
-                {
-                    signal(pid, "STOP");
-                    tokio::time::sleep(Duration::from_millis(500 + random.below(2500))).await;
-                    signal(pid, "CONT");
-                    faults.stops += 1;
-                }
+            roll @ 0..=6 => {
+                worker_fault(
+                    roll,
+                    &admin,
+                    &mut workers,
+                    &worker_url,
+                    &dir,
+                    Some(net),
+                    &mut faults,
+                    &mut random,
+                )
+                .await?;
             }
             7..=8 => {
                 // A partition: the workers' link down for 2-12 s, long enough at times
@@ -347,12 +336,100 @@ async fn driver(duration: Duration, net: &throwaway_pg::NetworkPair) -> Result<(
         }
     }
     net.heal()?;
-    for worker in &mut workers {
+    let outcome = finish(&url, &mut workers, &dir, &faults).await;
+    drop(cluster);
+    outcome
+}
+
+/// The faults both drivers make on the workers, by `roll` (0 to 6): kill a worker and start
+/// it again (0-1), terminate (2-4) or SIGSTOP for a while (5-6) a worker's backend.
+#[allow(clippy::too_many_arguments)]
+async fn worker_fault(
+    roll: u64,
+    admin: &tokio_postgres::Client,
+    workers: &mut [Child],
+    worker_url: &str,
+    dir: &Path,
+    net: Option<&throwaway_pg::NetworkPair>,
+    faults: &mut Faults,
+    random: &mut Lcg,
+) -> Result<(), Error> {
+    match roll {
+        0..=1 => {
+            let index = usize::try_from(random.below(WORKERS as u64)).unwrap_or(0);
+            let _ = workers[index].kill();
+            let _ = workers[index].wait();
+            workers[index] = spawn_worker(worker_url, index, dir, net)?;
+            faults.kills += 1;
+        }
+        2..=4 => {
+            let backends = worker_backends(admin).await;
+            if let Some(&pid) =
+                backends.get(usize::try_from(random.below(backends.len() as u64)).unwrap_or(0))
+            {
+                let _ = admin
+                    .execute("SELECT pg_terminate_backend($1)", &[&pid])
+                    .await;
+                faults.terminations += 1;
+            }
+        }
+        5..=6 => {
+            let backends = worker_backends(admin).await;
+            if let Some(&pid) =
+                backends.get(usize::try_from(random.below(backends.len() as u64)).unwrap_or(0))
+            {
+                signal(pid, "STOP");
+                tokio::time::sleep(Duration::from_millis(500 + random.below(2500))).await;
+                signal(pid, "CONT");
+                faults.stops += 1;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// The soak's folder for the workers' logs, and on the server at `url` the fencing table
+/// and the counters.
+async fn prepare(url: &str) -> Result<std::path::PathBuf, Error> {
+    let dir = std::env::temp_dir().join(format!("lock-soak-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let admin = admin(url).await.ok_or("no admin connection")?;
+    locks_postgres::install_fencing(&admin).await?;
+    admin
+        .batch_execute("CREATE TABLE soak_counters (key text PRIMARY KEY, n bigint NOT NULL, token bigint NOT NULL)")
+        .await?;
+    for n in 0..KEYS as u64 {
+        admin
+            .execute("INSERT INTO soak_counters VALUES ($1, 0, 0)", &[&key(n)])
+            .await?;
+    }
+    Ok(dir)
+}
+
+/// Stops the workers, waits for their locks to go, checks the invariants and prints the
+/// report; an error when any was violated.
+async fn finish(
+    url: &str,
+    workers: &mut [Child],
+    dir: &Path,
+    faults: &Faults,
+) -> Result<(), Error> {
+    for worker in workers.iter_mut() {
         let _ = worker.kill();
         let _ = worker.wait();
     }
-    // Every worker process is gone: nothing may be left held.
-    let admin = admin(&url).await.ok_or("no admin connection at the end")?;
+    // Every worker process is gone: nothing may be left held. (After a failover the
+    // first connections may still fail: retried.)
+    let mut admin_client = None;
+    for _ in 0..100 {
+        admin_client = admin(url).await;
+        if admin_client.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let admin = admin_client.ok_or("no admin connection at the end")?;
     let mut left = 1_i64;
     for _ in 0..50 {
         left = admin
@@ -373,10 +450,10 @@ async fn driver(duration: Duration, net: &throwaway_pg::NetworkPair) -> Result<(
         .iter()
         .map(|row| (row.get(0), row.get(1)))
         .collect();
-    let report = check(&dir, &counters, left)?;
+    let report = check(dir, &counters, left)?;
     println!(
         "soak: {} grants, {} acknowledged increments, {} refused by the fencing check, {} unacknowledged; \
-         losses: {}; faults: {} kills, {} terminations, {} stops, {} restarts, {} partitions; advisory locks left: {left}; violations: {}",
+         losses: {}; faults: {} kills, {} terminations, {} stops, {} restarts, {} partitions, {} failovers; advisory locks left: {left}; violations: {}",
         report.grants,
         report.acks,
         report.refused,
@@ -387,15 +464,15 @@ async fn driver(duration: Duration, net: &throwaway_pg::NetworkPair) -> Result<(
         faults.stops,
         faults.restarts,
         faults.partitions,
+        faults.failovers,
         report.violations.len()
     );
     for violation in &report.violations {
         println!("violation: {violation}");
     }
     drop(admin);
-    drop(cluster);
     if std::env::var_os("SOAK_KEEP_LOGS").is_none() {
-        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(dir);
     }
     if report.violations.is_empty() {
         Ok(())

@@ -123,6 +123,10 @@ fn code_kind(code: &SqlState) -> AcquisitionErrorKind {
         AcquisitionErrorKind::Cancelled
     } else if *code == SqlState::T_R_DEADLOCK_DETECTED {
         AcquisitionErrorKind::Deadlock
+    } else if *code == SqlState::OUT_OF_MEMORY {
+        // The lock table is full (`lock_table::is_lock_table_full`): nothing the caller
+        // can fix by retrying at once, nor the configuration of this client.
+        AcquisitionErrorKind::Backend
     } else if *code == SqlState::CANNOT_CONNECT_NOW || *code == SqlState::TOO_MANY_CONNECTIONS {
         AcquisitionErrorKind::Unreachable
     } else if *code == SqlState::ADMIN_SHUTDOWN
@@ -177,7 +181,8 @@ pub(crate) fn sqlstate(error: &tokio_postgres::Error) -> Option<&str> {
 }
 
 /// A driver error in the server's own words: `role "x" does not exist (28000)` for a
-/// server error (its DETAIL appended when there is one), else the driver's message
+/// server error (its DETAIL and HINT appended when there are any: `out of shared memory
+/// (53200) (hint: You might need to increase max_locks_per_transaction.)`), else the driver's message
 /// with its cause (`error connecting to server: Connection refused (os error 111)`).
 /// `tokio_postgres::Error`'s own `Display` says only `db error` for server errors.
 pub(crate) fn describe(error: &tokio_postgres::Error) -> String {
@@ -186,6 +191,11 @@ pub(crate) fn describe(error: &tokio_postgres::Error) -> String {
         if let Some(detail) = db.detail() {
             text.push_str(": ");
             text.push_str(detail);
+        }
+        if let Some(hint) = db.hint() {
+            text.push_str(" (hint: ");
+            text.push_str(hint);
+            text.push(')');
         }
         return text;
     }

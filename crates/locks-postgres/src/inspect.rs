@@ -8,13 +8,15 @@
 
 use std::fmt;
 use std::net::IpAddr;
+use std::time::Duration;
 
-use deadpool_postgres::PoolError;
+use deadpool_postgres::{Object, PoolError, TimeoutType};
 use time::OffsetDateTime;
 use tokio_postgres::{Client, SimpleQueryMessage, SimpleQueryRow};
 
 use crate::PostgresLockManager;
 use crate::errors::describe;
+use crate::limit::{Deadline, Expired};
 use locks_port::LockMode;
 
 /// The prefix of `application_name` on the manager's lock connections: `locks:<holder id>`.
@@ -98,7 +100,10 @@ pub struct LockHolder {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum InspectError {
-    /// No connection could be had from the manager's pool.
+    /// No connection could be had from the manager's pool within its
+    /// [`connect_timeout`](crate::PostgresLockManagerBuilder::connect_timeout): every
+    /// connection is in use (`PoolError::Timeout(TimeoutType::Wait)`: each held lock keeps
+    /// one), or the server did not let one be opened.
     Pool(PoolError),
     /// The query failed.
     Query {
@@ -157,13 +162,15 @@ impl PostgresLockManager {
     /// ```
     ///
     /// # Errors
-    /// [`InspectError::Pool`] without a connection, [`InspectError::Query`] when the server
-    /// refuses.
+    /// [`InspectError::Pool`] without a connection within the manager's
+    /// [`connect_timeout`](crate::PostgresLockManagerBuilder::connect_timeout) (waiting for
+    /// a free pool connection and opening one both count; a pool whose every connection
+    /// holds a lock answers so), [`InspectError::Query`] when the server refuses.
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn holders(&self, key: &str) -> Result<Vec<LockHolder>, InspectError> {
-        let client = self.pool().get().await.map_err(InspectError::Pool)?;
+        let client = self.inspection_client().await.map_err(InspectError::Pool)?;
         lock_holders(&client, self.lock_id(key)).await
     }
 
@@ -189,8 +196,24 @@ impl PostgresLockManager {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn holders_of_all(&self) -> Result<Vec<LockHolder>, InspectError> {
-        let client = self.pool().get().await.map_err(InspectError::Pool)?;
+        let client = self.inspection_client().await.map_err(InspectError::Pool)?;
         all_lock_holders(&client).await
+    }
+
+    /// A pooled connection for one read, within the manager's connect timeout: waiting
+    /// for a free slot and opening a connection both count, so a read on a pool whose
+    /// every connection holds a lock answers `PoolError::Timeout(TimeoutType::Wait)`
+    /// instead of waiting for a release. Bounded here rather than by the pool's own
+    /// timeouts, so a pool built without a runtime is bounded too.
+    pub(crate) async fn inspection_client(&self) -> Result<Object, PoolError> {
+        let bound = self.inner.settings().connect_timeout;
+        match Deadline::limit(None, Duration::ZERO, bound)
+            .run(self.pool().get())
+            .await
+        {
+            Ok(checked_out) => checked_out,
+            Err(Expired) => Err(PoolError::Timeout(TimeoutType::Wait)),
+        }
     }
 }
 

@@ -16,6 +16,7 @@ mod leader;
 mod lease;
 mod limit;
 mod lock_ids;
+mod lock_table;
 mod manager;
 mod many;
 mod metrics;
@@ -38,6 +39,7 @@ pub use leader::{
     DEFAULT_BACKOFF, DEFAULT_TAKEOVER_DELAY, Leader, LeaderElection, Leadership, TermEnd,
 };
 pub use lease::{Lease, LeaseError, ServerTimers};
+pub use lock_table::{LockTableUsage, is_lock_table_full, lock_table_usage};
 /// The mode of a lock (exclusive or shared), the port's: named here too, as every
 /// call that takes a mode does.
 pub use locks_port::LockMode;

@@ -20,6 +20,12 @@
 //! | [`PERMIT_ACQUIRE_DURATION`] | histogram | `s` | as above |
 //! | [`PERMITS_HELD`] | up-down counter | `{permit}` | none |
 //! | [`PERMITS_LOST`] | counter | `{permit}` | `lock.lost_reason` |
+//! | [`LOCK_TABLE_ADVISORY`] | gauge | `{lock}` | none |
+//! | [`LOCK_TABLE_CAPACITY`] | gauge | `{lock}` | none |
+//!
+//! The two lock table gauges are the server's, not the manager's: each call of
+//! [`lock_table_usage`](crate::PostgresLockManager::lock_table_usage) records them, so
+//! an application that wants them on a dashboard calls it periodically.
 //!
 //! Whether this process leads an election is
 //! [`LeaderElection`](crate::LeaderElection)'s own instrument, `eventsource.leader.is_leader`
@@ -39,7 +45,7 @@
 use std::time::Duration;
 
 use locks_port::{AcquisitionErrorKind, LockAcquisitionError, LockMode, LostReason};
-use opentelemetry::metrics::{Counter, Histogram, Meter, UpDownCounter};
+use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter, UpDownCounter};
 use opentelemetry::{InstrumentationScope, KeyValue};
 use smallvec::SmallVec;
 use tokio::time::Instant;
@@ -68,6 +74,10 @@ pub(crate) const PERMIT_ACQUIRE_DURATION: &str = "eventsource.semaphore.acquire.
 pub(crate) const PERMITS_HELD: &str = "eventsource.semaphore.permits";
 /// Permits lost while held, by reason.
 pub(crate) const PERMITS_LOST: &str = "eventsource.semaphore.permits.lost";
+/// Advisory lock entries in the server's lock table (everyone's), when last asked.
+pub(crate) const LOCK_TABLE_ADVISORY: &str = "eventsource.server.lock_table.advisory";
+/// The server's documented lock table capacity, when last asked.
+pub(crate) const LOCK_TABLE_CAPACITY: &str = "eventsource.server.lock_table.capacity";
 
 /// The attribute names.
 const MODE: &str = "lock.mode";
@@ -120,6 +130,8 @@ struct Instruments {
     permit_acquire_duration: Histogram<f64>,
     permits_held: UpDownCounter<i64>,
     permits_lost: Counter<u64>,
+    lock_table_advisory: Gauge<u64>,
+    lock_table_capacity: Gauge<u64>,
     /// Whether `lock.id` is recorded (the builder's opt-in).
     with_lock_id: bool,
     /// Per mode and outcome (`mode * OUTCOMES + outcome`).
@@ -206,6 +218,14 @@ impl Metrics {
         }
     }
 
+    /// The server's lock table was read.
+    pub(crate) fn lock_table(&self, usage: &crate::LockTableUsage) {
+        if let Some(instruments) = &self.instruments {
+            instruments.lock_table_advisory.record(usage.advisory, &[]);
+            instruments.lock_table_capacity.record(usage.capacity, &[]);
+        }
+    }
+
     /// A held permit of the semaphore of `class` was lost.
     pub(crate) fn permit_lost(&self, class: i32, reason: LostReason) {
         if let Some(instruments) = &self.instruments {
@@ -278,6 +298,19 @@ impl Instruments {
             .with_unit("{permit}")
             .with_description("Semaphore permits lost while held, by reason.")
             .build();
+        let lock_table_advisory = meter
+            .u64_gauge(LOCK_TABLE_ADVISORY)
+            .with_unit("{lock}")
+            .with_description("Advisory locks in the server's lock table, held or waited for.")
+            .build();
+        let lock_table_capacity = meter
+            .u64_gauge(LOCK_TABLE_CAPACITY)
+            .with_unit("{lock}")
+            .with_description(
+                "The server's lock table capacity: max_locks_per_transaction \
+                 * (max_connections + max_prepared_transactions).",
+            )
+            .build();
         // Each loss series starts at zero when the manager is built, so that a query of
         // its increase sees the first loss (a counter series that appears at 1 has no
         // increase to show).
@@ -304,6 +337,8 @@ impl Instruments {
             permit_acquire_duration,
             permits_held,
             permits_lost,
+            lock_table_advisory,
+            lock_table_capacity,
             with_lock_id,
             outcome_attributes,
             permit_outcome_attributes,

@@ -4,7 +4,7 @@
 use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
-use locks_postgres::InspectError;
+use locks_postgres::{InspectError, LockTableUsage, lock_table_usage};
 
 use crate::connect::{self, Target};
 use crate::exit::{Failure, SOFTWARE, USAGE, chain};
@@ -96,7 +96,12 @@ pub(crate) async fn list(
     let client = connect::one_client(target, say).await?;
     let Some(every) = watch else {
         let entries = inspect::all(&client).await.map_err(query_failure)?;
-        print!("{}", list_text(&entries, json));
+        let usage = if json {
+            None
+        } else {
+            Some(lock_table_usage(&client).await.map_err(query_failure)?)
+        };
+        print!("{}", list_text(&entries, json, usage));
         hint(&entries);
         return Ok(0);
     };
@@ -105,6 +110,7 @@ pub(crate) async fn list(
     let terminal = std::io::stdout().is_terminal();
     loop {
         let entries = inspect::all(&client).await.map_err(query_failure)?;
+        let usage = lock_table_usage(&client).await.map_err(query_failure)?;
         let header = format!(
             "every {}: pglock list    {}",
             crate::duration::show(every),
@@ -112,9 +118,13 @@ pub(crate) async fn list(
         );
         let mut out = std::io::stdout().lock();
         let clear = if terminal { "\x1b[H\x1b[2J" } else { "" };
-        let written = write!(out, "{clear}{header}\n\n{}", list_text(&entries, false))
-            .and_then(|()| if terminal { Ok(()) } else { writeln!(out) })
-            .and_then(|()| out.flush());
+        let written = write!(
+            out,
+            "{clear}{header}\n\n{}",
+            list_text(&entries, false, Some(usage))
+        )
+        .and_then(|()| if terminal { Ok(()) } else { writeln!(out) })
+        .and_then(|()| out.flush());
         if written.is_err() {
             // The reader went away (`pglock list --watch 1s | head`): done.
             return Ok(0);
@@ -131,13 +141,29 @@ fn hint(entries: &[Entry]) {
     }
 }
 
-/// The list as a table, `no advisory locks` line, or JSON document.
-fn list_text(entries: &[Entry], json: bool) -> String {
-    if json {
+/// The list as a table, `no advisory locks` line, or JSON document; the text ends with
+/// how full the server's lock table is, when `usage` is given.
+fn list_text(entries: &[Entry], json: bool, usage: Option<LockTableUsage>) -> String {
+    let mut text = if json {
         json::list(entries)
     } else if entries.is_empty() {
         "no advisory locks on this database\n".to_owned()
     } else {
         inspect::table(entries, true)
+    };
+    if let Some(usage) = usage {
+        text.push_str(&lock_table_line(usage));
     }
+    text
+}
+
+/// `lock table: 624 advisory entries (all databases) of 200 documented (312%; …)`.
+fn lock_table_line(usage: LockTableUsage) -> String {
+    format!(
+        "lock table: {} advisory entries (all databases) of {} documented ({:.0}%; \
+         max_locks_per_transaction x (max_connections + max_prepared_transactions))\n",
+        usage.advisory,
+        usage.capacity,
+        usage.fraction() * 100.0
+    )
 }

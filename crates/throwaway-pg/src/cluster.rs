@@ -510,7 +510,7 @@ impl Drop for ThrowawayPostgres {
 }
 
 /// A new, empty folder under the temporary folder, readable only by its owner.
-fn create_root() -> Result<PathBuf, Error> {
+pub(crate) fn create_root() -> Result<PathBuf, Error> {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
     let base = std::env::temp_dir();
     loop {
@@ -546,7 +546,7 @@ fn create_root() -> Result<PathBuf, Error> {
 }
 
 /// A port that was free a moment ago: bind 127.0.0.1:0, read the port, close.
-fn free_port() -> Result<u16, Error> {
+pub(crate) fn free_port() -> Result<u16, Error> {
     TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .and_then(|listener| listener.local_addr())
         .map(|addr| addr.port())

@@ -13,6 +13,12 @@ pub enum Error {
         /// The places that were searched, in order.
         looked_in: Vec<String>,
     },
+    /// [`PatroniCluster`](crate::PatroniCluster) needs Patroni and etcd, and these were
+    /// not found on `PATH` nor in `/usr/bin`.
+    HaNotInstalled {
+        /// The programs missing (`etcd`, `patroni`, `patronictl`).
+        missing: Vec<String>,
+    },
     /// The process runs as root, which PostgreSQL refuses, and there is no `postgres` user to
     /// run the server as.
     NoPostgresUser,
@@ -59,6 +65,12 @@ impl fmt::Display for Error {
                  `brew install postgresql` (macOS), or set THROWAWAY_PG_BINDIR to the folder \
                  that holds initdb",
                 looked_in.join(", ")
+            ),
+            Self::HaNotInstalled { missing } => write!(
+                f,
+                "{} not found; install Debian's `patroni` and `etcd-server` packages \
+                 (`scripts/install-test-deps.sh --ha` does, as root)",
+                missing.join(", ")
             ),
             Self::NoPostgresUser => f.write_str(
                 "running as root, which PostgreSQL refuses, and there is no `postgres` user to \

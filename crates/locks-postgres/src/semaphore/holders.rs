@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use deadpool_postgres::{PoolError, TimeoutType};
 use locks_port::{
     AcquisitionErrorKind, LockAcquisitionError, PermitDerivation, PermitHolder, PermitHolders,
     SINCE_EPOCH_UNIX, TURNSTILE_SLOT, permits_of_marker,
@@ -10,6 +11,7 @@ use time::OffsetDateTime;
 
 use tokio_postgres::Client;
 
+use crate::errors::{pool_error, pool_exhausted};
 use crate::inspect::{AdvisoryLockId, InspectError, all_lock_holders};
 use crate::manager::PostgresLockManager;
 
@@ -22,10 +24,15 @@ pub(super) async fn permit_holders(
     let failed =
         |reason: String| LockAcquisitionError::new(name, AcquisitionErrorKind::Backend, reason);
     let client = manager
-        .pool()
-        .get()
+        .inspection_client()
         .await
-        .map_err(|error| failed(format!("no pool connection to look with: {error}")))?;
+        .map_err(|error| match error {
+            PoolError::Timeout(TimeoutType::Wait) => {
+                let size = manager.pool().status().max_size;
+                pool_exhausted(name, "no pool connection was free to look with", size, None)
+            }
+            other => pool_error(name, other),
+        })?;
     semaphore_holders(&client, name)
         .await
         .map_err(|error| failed(error.to_string()))

@@ -199,3 +199,73 @@ async fn two_integer_locks_are_listed_with_their_own_ids() {
     assert_eq!(mine[0].lock, AdvisoryLockId::Int4Pair(-7, i32::MAX));
     assert_eq!(mine[0].lock.as_int8(), None);
 }
+
+/// Every read of a manager whose every pool connection holds a lock answers within the
+/// connect timeout, with the documented pool error, instead of waiting for a release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_on_a_full_pool_answer_within_the_connect_timeout() {
+    use locks_port::{AcquireOptions, AcquisitionErrorKind, DistributedLock, Semaphore};
+    use locks_postgres::InspectError;
+    use locks_postgres::LeaderElection;
+    use locks_postgres::deadpool_postgres::{PoolError, TimeoutType};
+
+    let bound = Duration::from_millis(500);
+    // Generous: the bound plus a loaded machine's scheduling.
+    let within = bound + Duration::from_secs(3);
+    let manager = PostgresLockManager::builder(pool(2))
+        .connect_timeout(bound)
+        .build();
+    let mut guards = Vec::new();
+    for n in 0..2 {
+        let key = unique_key(&format!("full-pool-{n}"));
+        let guard = manager.acquire(&key, AcquireOptions::new()).await;
+        guards.push(guard.expect("a lock per pool connection"));
+    }
+    let key = unique_key("full-pool-read");
+
+    let started = std::time::Instant::now();
+    let read = tokio::time::timeout(within, manager.holders(&key)).await;
+    let error = read
+        .expect("holders answered in time")
+        .expect_err("no connection");
+    assert!(
+        matches!(
+            error,
+            InspectError::Pool(PoolError::Timeout(TimeoutType::Wait))
+        ),
+        "{error:?}"
+    );
+    assert!(started.elapsed() >= bound, "waited {:?}", started.elapsed());
+
+    let read = tokio::time::timeout(within, manager.holders_of_all()).await;
+    let error = read
+        .expect("holders_of_all answered in time")
+        .expect_err("no connection");
+    assert!(matches!(error, InspectError::Pool(_)), "{error:?}");
+
+    let read = tokio::time::timeout(within, manager.permit_holders(&key)).await;
+    let error = read
+        .expect("permit_holders answered in time")
+        .expect_err("no connection");
+    assert_eq!(
+        error.kind(),
+        AcquisitionErrorKind::PoolUnavailable,
+        "{error}"
+    );
+
+    let election = LeaderElection::new(manager.clone(), key.clone());
+    let read = tokio::time::timeout(within, election.who_leads()).await;
+    let error = read
+        .expect("who_leads answered in time")
+        .expect_err("no connection");
+    assert_eq!(
+        error.kind(),
+        AcquisitionErrorKind::PoolUnavailable,
+        "{error}"
+    );
+
+    // Once a lock is released, the reads work again.
+    drop(guards.pop());
+    let answered = tokio::time::timeout(within, manager.holders(&key)).await;
+    assert!(answered.expect("in time").expect("a connection").is_empty());
+}

@@ -105,6 +105,11 @@ impl Recorded {
                             push(text(point.attributes()), point.value() as f64, 0);
                         }
                     }
+                    AggregatedMetrics::U64(MetricData::Gauge(gauge)) => {
+                        for point in gauge.data_points() {
+                            push(text(point.attributes()), point.value() as f64, 0);
+                        }
+                    }
                     AggregatedMetrics::F64(MetricData::Histogram(histogram)) => {
                         for point in histogram.data_points() {
                             push(text(point.attributes()), point.sum(), point.count());
@@ -664,4 +669,37 @@ async fn a_permit_release_that_finds_the_session_ended_counts_a_loss() {
 /// A permit's slot, as `pg_locks` has it.
 fn slot_of(permit: &impl PermitGuard) -> i32 {
     i32::try_from(permit.info().slot()).expect("slots are below 65,536")
+}
+
+/// `lock_table_usage()` records the server's lock table in two gauges: the advisory
+/// entries and the capacity it read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_table_usage_records_its_gauges() {
+    let recorded = Recorded::new();
+    let manager = recorded.manager(2).build();
+    let guard = manager
+        .acquire(&unique_key("lock-table-gauge"), AcquireOptions::new())
+        .await
+        .expect("a lock");
+    let usage = manager.lock_table_usage().await.expect("usage");
+    assert!(usage.advisory >= 1, "{usage:?}");
+    let points = recorded.points();
+    let gauge = |name: &str| -> f64 {
+        let found = find(&points, name, &[]);
+        assert_eq!(found.len(), 1, "{name}: {points:#?}");
+        assert_eq!(found[0].unit, "{lock}");
+        found[0].value
+    };
+    #[allow(clippy::cast_precision_loss)] // small counts
+    {
+        assert_eq!(
+            gauge("eventsource.server.lock_table.advisory"),
+            usage.advisory as f64
+        );
+        assert_eq!(
+            gauge("eventsource.server.lock_table.capacity"),
+            usage.capacity as f64
+        );
+    }
+    drop(guard);
 }

@@ -47,6 +47,11 @@ async fn who_list_and_id_show_the_lock() {
                 && line.contains(&foreign_pid.to_string())),
         "{listed}"
     );
+    assert!(
+        listed.lines().any(|line| line.starts_with("lock table: ")
+            && line.contains("advisory entries (all databases) of ")),
+        "how full the server's lock table is: {listed}"
+    );
 
     release_foreign(&foreign, lock_id).await;
     let done = finish(waiter).await;

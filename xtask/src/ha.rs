@@ -1,0 +1,39 @@
+//! `cargo xtask test --ha [-- <cargo test args>]`: the Patroni tests, on an HA pair of their
+//! own (etcd and two PostgreSQL nodes under Patroni, `throwaway_pg::PatroniCluster`).
+//!
+//! Installs Patroni and etcd first when they are missing (`scripts/install-test-deps.sh
+//! --ha`), then runs `cargo test -p locks-postgres --features ha-tests --test patroni`: a
+//! crash of the primary's postmaster, a switchover and a failover on one cluster, and a
+//! primary cut off from Patroni's consensus on another (about 50 s on two cores, the
+//! clusters' start included). Not part of the default run, which
+//! needs neither Patroni nor etcd.
+
+use crate::{cargo, display};
+
+/// Runs the Patroni tests, with `extra` for cargo.
+pub(crate) fn run(extra: &[String]) -> crate::Result {
+    crate::deps::ensure_ha_deps()?;
+    let mut command = cargo();
+    command
+        .args([
+            "test",
+            "-p",
+            "locks-postgres",
+            "--features",
+            "ha-tests",
+            "--test",
+            "patroni",
+        ])
+        .args(extra);
+    let line = display(&command);
+    eprintln!("xtask: running `{line}`");
+    let status = command
+        .status()
+        .map_err(|error| format!("could not run `{line}`: {error}"))?;
+    if status.success() {
+        eprintln!("xtask: the Patroni tests passed");
+        Ok(())
+    } else {
+        Err(format!("`{line}` exited with {status}").into())
+    }
+}
