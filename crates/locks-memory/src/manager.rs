@@ -338,6 +338,7 @@ impl DistributedLock for InMemoryLockManager {
         key: &str,
         options: impl Into<AcquireOptions> + Send,
     ) -> Result<InMemoryLockGuard, LockAcquisitionError> {
+        locks_port::check_key(key)?;
         let options = options.into();
         let slot = Slot::join(&self.inner.table.inner, self.inner.table.inner.lock_id(key));
         if Self::wait_for_permit(&slot, key, options).await? {
@@ -365,6 +366,7 @@ impl DistributedLock for InMemoryLockManager {
         key: &str,
         mode: LockMode,
     ) -> Result<Option<InMemoryLockGuard>, LockAcquisitionError> {
+        locks_port::check_key(key)?;
         let slot = Slot::join(&self.inner.table.inner, self.inner.table.inner.lock_id(key));
         if Self::try_permit(&slot, key, permits(mode))? {
             Ok(Some(self.book(key, slot, mode)))

@@ -58,6 +58,7 @@ impl InMemoryLockManager {
         keys: &[&str],
         options: impl Into<AcquireOptions> + Send,
     ) -> Result<InMemoryLocks, LockAcquisitionError> {
+        keys.iter().try_for_each(|key| locks_port::check_key(key))?;
         let options = options.into();
         let table = &self.inner.table.inner;
         let ordered = self.inner.table.key_derivation().lock_order(keys);

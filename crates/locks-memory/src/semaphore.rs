@@ -183,7 +183,8 @@ impl Semaphore for InMemoryLockManager {
             false => Err(LockAcquisitionError::timed_out(
                 name,
                 options.timeout().unwrap_or_default(),
-            )),
+            )
+            .for_permit()),
         }
     }
 

@@ -60,6 +60,7 @@ impl PostgresLockManager {
         keys: &[&str],
         options: impl Into<AcquireOptions> + Send,
     ) -> Result<PostgresLocks, LockAcquisitionError> {
+        keys.iter().try_for_each(|key| locks_port::check_key(key))?;
         let options = options.into();
         let inner = &self.inner;
         // One global order (the port's), with the lock ids from the manager's cache.

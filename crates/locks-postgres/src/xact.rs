@@ -151,6 +151,7 @@ impl TransactionLocks {
         key: &str,
         mode: AdvisoryLockMode,
     ) -> Result<bool, TransactionLockError> {
+        refuse_empty(key)?;
         let lock_id = self.lock_id(key);
         let span = self.span(key, lock_id, "pg_try_advisory_xact_lock", None);
         let result = try_once(tx, lock_id, mode)
@@ -214,6 +215,7 @@ impl TransactionLocks {
         mode: AdvisoryLockMode,
         timeout: Option<Duration>,
     ) -> Result<(), TransactionLockError> {
+        refuse_empty(key)?;
         let lock_id = self.lock_id(key);
         let span = self.span(key, lock_id, "pg_advisory_xact_lock", timeout);
         let result = async {
@@ -353,6 +355,16 @@ fn first_row(messages: &[SimpleQueryMessage]) -> Option<&tokio_postgres::SimpleQ
     })
 }
 
+/// The empty key, refused as the managers refuse it.
+fn refuse_empty(key: &str) -> Result<(), TransactionLockError> {
+    match locks_port::check_key(key) {
+        Ok(()) => Ok(()),
+        Err(_) => Err(TransactionLockError::InvalidKey {
+            key: key.to_owned(),
+        }),
+    }
+}
+
 /// A transaction lock could not be taken.
 ///
 /// The message is the manager's: `Failed to acquire lock '{key}': {reason}`, with the
@@ -388,6 +400,12 @@ pub enum TransactionLockError {
         reason: String,
         /// The driver's error.
         source: tokio_postgres::Error,
+    },
+    /// The key is empty (see [`locks_port::check_key`]); nothing was sent and the
+    /// transaction is as before.
+    InvalidKey {
+        /// The key (empty).
+        key: String,
     },
     /// Any other failure: the connection, the transaction's state (an already aborted
     /// transaction), the server. The transaction may be aborted or gone.
@@ -438,6 +456,7 @@ impl TransactionLockError {
     pub fn key(&self) -> &str {
         match self {
             Self::Timeout { key, .. }
+            | Self::InvalidKey { key }
             | Self::Deadlock { key, .. }
             | Self::Cancelled { key, .. }
             | Self::Backend { key, .. } => key,
@@ -462,6 +481,7 @@ impl TransactionLockError {
     pub fn kind(&self) -> AcquisitionErrorKind {
         match self {
             Self::Timeout { .. } => AcquisitionErrorKind::Timeout,
+            Self::InvalidKey { .. } => AcquisitionErrorKind::InvalidKey,
             Self::Cancelled { .. } => AcquisitionErrorKind::Cancelled,
             Self::Deadlock { .. } => AcquisitionErrorKind::Backend,
             Self::Backend { source, .. } => match driver_kind(source) {
@@ -475,6 +495,10 @@ impl TransactionLockError {
     fn reason(&self) -> String {
         match self {
             Self::Timeout { timeout, .. } => timeout_reason(*timeout),
+            Self::InvalidKey { key } => locks_port::check_key(key)
+                .err()
+                .map(|error| error.reason().to_owned())
+                .unwrap_or_default(),
             Self::Deadlock { reason, .. } => format!("deadlock detected: {reason}"),
             Self::Cancelled { reason, .. } => format!("cancelled: {reason}"),
             Self::Backend { reason, .. } => format!("Database error: {reason}"),
@@ -483,7 +507,7 @@ impl TransactionLockError {
 
     fn source_error(&self) -> Option<&tokio_postgres::Error> {
         match self {
-            Self::Timeout { .. } => None,
+            Self::Timeout { .. } | Self::InvalidKey { .. } => None,
             Self::Deadlock { source, .. }
             | Self::Cancelled { source, .. }
             | Self::Backend { source, .. } => Some(source),
@@ -516,6 +540,7 @@ impl From<TransactionLockError> for LockAcquisitionError {
         let reason = error.reason();
         match error {
             TransactionLockError::Timeout { key, timeout } => Self::timed_out(key, timeout),
+            TransactionLockError::InvalidKey { key } => Self::new(key, kind, reason),
             TransactionLockError::Deadlock { key, source, .. }
             | TransactionLockError::Cancelled { key, source, .. }
             | TransactionLockError::Backend { key, source, .. } => {

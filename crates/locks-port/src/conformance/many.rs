@@ -172,3 +172,28 @@ pub async fn acquire_many_tells_of_a_member_taken_away<H: Harness<Manager: Acqui
         must_release(free, "a released group's key").await;
     }
 }
+
+/// A group with the empty key among its keys is refused (`InvalidKey`) and nothing of
+/// it is held.
+pub async fn acquire_many_refuses_an_empty_key<H: Harness<Manager: AcquireMany>>(harness: &H) {
+    let keys = keys_by_lock_id("acquire_many_refuses_an_empty_key");
+    let manager = harness.manager();
+    let error = manager
+        .acquire_many(&[keys[0].as_str(), "", keys[1].as_str()], bounded(WAIT))
+        .await
+        .expect_err("a group with the empty key must be refused");
+    assert_eq!(
+        error.kind(),
+        crate::AcquisitionErrorKind::InvalidKey,
+        "{error}"
+    );
+    assert_eq!(
+        manager.held_lock_count(),
+        0,
+        "nothing of the group may be held"
+    );
+    for key in &keys {
+        let guard = must_take(&harness.manager(), key, "a key of the refused group").await;
+        must_release(guard, "a key of the refused group").await;
+    }
+}
