@@ -252,3 +252,32 @@ pub async fn empty_key_is_refused<H: Harness>(harness: &H) {
     assert_eq!(guard.info().lock_id(), lock_id(&prefix));
     must_release(guard, "a key ending in ':'").await;
 }
+
+/// `try_with_lock` runs the body when the key is free and gives its output; it skips
+/// the body (`Ok(None)`) while another manager holds the key, and releases afterwards.
+pub async fn try_with_lock_skips_a_held_key<H: Harness>(harness: &H) {
+    let key = unique_key("try_with_lock_skips_a_held_key");
+    let (manager, other) = (harness.manager(), harness.manager());
+    let ran = manager
+        .try_with_lock(&key, |info| async move { info.key().to_owned() })
+        .await
+        .expect("try_with_lock of a free key");
+    assert_eq!(
+        ran.as_deref(),
+        Some(key.as_str()),
+        "the body must run on a free key"
+    );
+    assert!(
+        !manager.is_held(&key),
+        "try_with_lock must release afterwards"
+    );
+    let holder = must_acquire(&other, &key, "the other holder").await;
+    let skipped = manager
+        .try_with_lock(&key, |_| async {
+            panic!("the body must not run on a held key")
+        })
+        .await
+        .expect("contention is not an error");
+    assert!(skipped.is_none(), "a held key must be skipped");
+    must_release(holder, "the other holder").await;
+}

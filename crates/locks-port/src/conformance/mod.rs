@@ -69,6 +69,7 @@ mod waiting;
 pub use basics::{
     acquire_yields_info_for_the_key, bookkeeping_is_per_manager, different_keys_are_independent,
     empty_key_is_refused, is_held_inside_and_not_after, try_acquire_takes_free_and_refuses_held,
+    try_with_lock_skips_a_held_key,
 };
 pub use cleanup::{
     aborted_holder_task_releases, dropped_guard_releases,
@@ -217,6 +218,7 @@ macro_rules! conformance_suite {
             exclusive_excludes_shared,
             queued_writer_is_not_starved,
             empty_key_is_refused,
+            try_with_lock_skips_a_held_key,
         );
     };
 }
