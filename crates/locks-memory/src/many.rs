@@ -1,6 +1,7 @@
 //! Several keys at once: all or nothing, in one global order, within one deadline.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -53,13 +54,26 @@ impl InMemoryLockManager {
     /// Cancel safe as a whole: dropping the future at any await gives back every lock
     /// it took and leaves the queue it waits in; nothing is booked until every lock is
     /// taken, and the booking does not await.
-    pub async fn acquire_many(
+    pub fn acquire_many<K: AsRef<str>>(
+        &self,
+        keys: impl IntoIterator<Item = K>,
+        options: impl Into<AcquireOptions> + Send,
+    ) -> impl Future<Output = Result<InMemoryLocks, LockAcquisitionError>> + Send {
+        let keys = locks_port::owned_keys(keys);
+        let options = options.into();
+        async move {
+            let keys = keys?;
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            self.acquire_group(&keys, options).await
+        }
+    }
+
+    /// [`acquire_many`](Self::acquire_many) of checked keys.
+    async fn acquire_group(
         &self,
         keys: &[&str],
-        options: impl Into<AcquireOptions> + Send,
+        options: AcquireOptions,
     ) -> Result<InMemoryLocks, LockAcquisitionError> {
-        keys.iter().try_for_each(|key| locks_port::check_key(key))?;
-        let options = options.into();
         let table = &self.inner.table.inner;
         let ordered = self.inner.table.key_derivation().lock_order(keys);
         let deadline = options
@@ -111,12 +125,12 @@ impl InMemoryLockManager {
 impl AcquireMany for InMemoryLockManager {
     type Locks = InMemoryLocks;
 
-    async fn acquire_many(
+    fn acquire_many<K: AsRef<str>>(
         &self,
-        keys: &[&str],
+        keys: impl IntoIterator<Item = K>,
         options: impl Into<AcquireOptions> + Send,
-    ) -> Result<InMemoryLocks, LockAcquisitionError> {
-        Self::acquire_many(self, keys, options).await
+    ) -> impl Future<Output = Result<InMemoryLocks, LockAcquisitionError>> + Send {
+        Self::acquire_many(self, keys, options)
     }
 }
 

@@ -24,7 +24,7 @@ pub use key::{
     migration_lock_key, migration_lock_key_for,
 };
 pub use lock::{DistributedLock, LockGuard, LockRegistry, ReleaseOutcome};
-pub use many::{AcquireMany, LockGroup};
+pub use many::{AcquireMany, LockGroup, owned_keys};
 pub use options::{AcquireOptions, InvalidTimeoutError, LockMode, WaitStrategy, deadline_after};
 pub use semaphore::{
     MAX_PERMITS, PermitDerivation, PermitGuard, PermitHolder, PermitHolders, PermitInfo,

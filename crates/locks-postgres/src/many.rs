@@ -2,6 +2,7 @@
 //! one session.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 
 use locks_port::{
@@ -55,13 +56,26 @@ impl PostgresLockManager {
     /// # Cancel safety
     /// Cancel safe as a whole: dropping the future at any point closes the session,
     /// which frees every key it took, and cancels a wait in progress.
-    pub async fn acquire_many(
+    pub fn acquire_many<K: AsRef<str>>(
+        &self,
+        keys: impl IntoIterator<Item = K>,
+        options: impl Into<AcquireOptions> + Send,
+    ) -> impl Future<Output = Result<PostgresLocks, LockAcquisitionError>> + Send {
+        let keys = locks_port::owned_keys(keys);
+        let options = options.into();
+        async move {
+            let keys = keys?;
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            self.acquire_checked(&keys, options).await
+        }
+    }
+
+    /// [`acquire_many`](Self::acquire_many) of checked keys.
+    async fn acquire_checked(
         &self,
         keys: &[&str],
-        options: impl Into<AcquireOptions> + Send,
+        options: AcquireOptions,
     ) -> Result<PostgresLocks, LockAcquisitionError> {
-        keys.iter().try_for_each(|key| locks_port::check_key(key))?;
-        let options = options.into();
         let inner = &self.inner;
         // One global order (the port's), with the lock ids from the manager's cache.
         let ordered = locks_port::lock_order_with(keys, |key| inner.lock_ids().lock_id(key));
@@ -155,12 +169,12 @@ impl Inner {
 impl AcquireMany for PostgresLockManager {
     type Locks = PostgresLocks;
 
-    async fn acquire_many(
+    fn acquire_many<K: AsRef<str>>(
         &self,
-        keys: &[&str],
+        keys: impl IntoIterator<Item = K>,
         options: impl Into<AcquireOptions> + Send,
-    ) -> Result<PostgresLocks, LockAcquisitionError> {
-        Self::acquire_many(self, keys, options).await
+    ) -> impl Future<Output = Result<PostgresLocks, LockAcquisitionError>> + Send {
+        Self::acquire_many(self, keys, options)
     }
 }
 

@@ -129,7 +129,7 @@ pub async fn dropped_acquire_many_leaves_nothing_held<H: Harness<Manager: Acquir
 pub async fn acquire_many_of_nothing_holds_nothing<H: Harness<Manager: AcquireMany>>(harness: &H) {
     let manager = harness.manager();
     let locks = manager
-        .acquire_many(&[], bounded(Duration::ZERO))
+        .acquire_many(&[] as &[&str], bounded(Duration::ZERO))
         .await
         .expect("an empty list has nothing to wait for");
     assert!(locks.infos().is_empty());
