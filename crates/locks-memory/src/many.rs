@@ -22,8 +22,8 @@ impl InMemoryLockManager {
     /// `acquire_many`.
     ///
     /// An empty `keys` is granted at once: the guard holds nothing, its
-    /// [`release`](InMemoryLocks::release) reports `Unlocked` and its
-    /// [`lost`](InMemoryLocks::lost) never fires.
+    /// [`release`](InMemoryLockGroup::release) reports `Unlocked` and its
+    /// [`lost`](InMemoryLockGroup::lost) never fires.
     ///
     /// ```
     /// use std::time::Duration;
@@ -58,7 +58,7 @@ impl InMemoryLockManager {
         &self,
         keys: impl IntoIterator<Item = K>,
         options: impl Into<AcquireOptions> + Send,
-    ) -> impl Future<Output = Result<InMemoryLocks, LockAcquisitionError>> + Send {
+    ) -> impl Future<Output = Result<InMemoryLockGroup, LockAcquisitionError>> + Send {
         let keys = locks_port::owned_keys(keys);
         let options = options.into();
         async move {
@@ -73,7 +73,7 @@ impl InMemoryLockManager {
         &self,
         keys: &[&str],
         options: AcquireOptions,
-    ) -> Result<InMemoryLocks, LockAcquisitionError> {
+    ) -> Result<InMemoryLockGroup, LockAcquisitionError> {
         let table = &self.inner.table.inner;
         let ordered = self.inner.table.key_derivation().lock_order(keys);
         let deadline = options
@@ -102,7 +102,11 @@ impl InMemoryLockManager {
     }
 
     /// Books every taken lock under one token and one loss signal. No await.
-    fn book_group(&self, taken: Vec<(&str, HeldPermit)>, options: AcquireOptions) -> InMemoryLocks {
+    fn book_group(
+        &self,
+        taken: Vec<(&str, HeldPermit)>,
+        options: AcquireOptions,
+    ) -> InMemoryLockGroup {
         let inner = &self.inner;
         let token = inner.next_token();
         let notifier = LossNotifier::new();
@@ -111,7 +115,7 @@ impl InMemoryLockManager {
             infos.push(inner.info(key, permit.lock_id(), options.mode()));
             inner.insert(key, token, notifier.clone(), permit);
         }
-        InMemoryLocks {
+        InMemoryLockGroup {
             manager: Arc::clone(inner),
             infos,
             token,
@@ -123,13 +127,13 @@ impl InMemoryLockManager {
 
 /// For code generic over the manager: the inherent [`InMemoryLockManager::acquire_many`].
 impl AcquireMany for InMemoryLockManager {
-    type Locks = InMemoryLocks;
+    type Locks = InMemoryLockGroup;
 
     fn acquire_many<K: AsRef<str>>(
         &self,
         keys: impl IntoIterator<Item = K>,
         options: impl Into<AcquireOptions> + Send,
-    ) -> impl Future<Output = Result<InMemoryLocks, LockAcquisitionError>> + Send {
+    ) -> impl Future<Output = Result<InMemoryLockGroup, LockAcquisitionError>> + Send {
         Self::acquire_many(self, keys, options)
     }
 }
@@ -142,7 +146,7 @@ impl AcquireMany for InMemoryLockManager {
 /// of them is no longer held: here, when the manager's `release(key)` or `release_all`
 /// took one away.
 #[must_use = "dropping the guard releases the locks at once"]
-pub struct InMemoryLocks {
+pub struct InMemoryLockGroup {
     manager: Arc<ManagerInner>,
     infos: Vec<LockInfo>,
     token: u64,
@@ -151,7 +155,7 @@ pub struct InMemoryLocks {
     armed: bool,
 }
 
-impl InMemoryLocks {
+impl InMemoryLockGroup {
     /// The locks, in the order they were taken (ascending lock id).
     #[must_use]
     pub fn infos(&self) -> &[LockInfo] {
@@ -197,7 +201,7 @@ impl InMemoryLocks {
 }
 
 /// The inherent methods, for code generic over the manager.
-impl LockGroup for InMemoryLocks {
+impl LockGroup for InMemoryLockGroup {
     fn infos(&self) -> &[LockInfo] {
         Self::infos(self)
     }
@@ -211,15 +215,15 @@ impl LockGroup for InMemoryLocks {
     }
 }
 
-impl Drop for InMemoryLocks {
+impl Drop for InMemoryLockGroup {
     fn drop(&mut self) {
         self.release_now();
     }
 }
 
-impl fmt::Debug for InMemoryLocks {
+impl fmt::Debug for InMemoryLockGroup {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("InMemoryLocks")
+        f.debug_struct("InMemoryLockGroup")
             .field("infos", &self.infos)
             .field("token", &self.token)
             .field("lost", &self.lost.reason())

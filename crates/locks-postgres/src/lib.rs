@@ -37,7 +37,12 @@ pub use leader::{
 };
 pub use lease::{Lease, LeaseError, ServerTimers};
 pub use manager::PostgresLockManager;
-pub use many::PostgresLocks;
+pub use many::PostgresLockGroup;
+
+/// The old name of [`PostgresLockGroup`] (it read like a manager beside
+/// `PostgresLockGuard`); kept for one release.
+#[deprecated(since = "0.2.0", note = "renamed to `PostgresLockGroup`")]
+pub type PostgresLocks = PostgresLockGroup;
 pub use pool::{
     PLAIN_POOL_CONNECT_TIMEOUT, PLAIN_POOL_KEEPALIVES_IDLE, PoolConfigError, plain_pool,
     plain_pool_with_config,
