@@ -63,6 +63,9 @@ impl InMemoryLockManager {
         let options = options.into();
         async move {
             let keys = keys?;
+            if let Some(first) = keys.first() {
+                self.inner.injected_failure(first)?;
+            }
             let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
             self.acquire_group(&keys, options).await
         }
@@ -177,7 +180,8 @@ impl InMemoryLockGroup {
 
     /// Releases every lock now: `Unlocked` when each one still held was unlocked by
     /// this call, `AlreadyReleased` when the manager took one away first (the others are
-    /// released all the same).
+    /// released all the same), `Lost(reason)` when the group was lost (see
+    /// [`InMemoryLockManager::lose`]).
     ///
     /// # Cancel safety
     /// The release happens on the first poll, without waiting; a future dropped before
@@ -193,7 +197,7 @@ impl InMemoryLockGroup {
         let mut outcome = ReleaseOutcome::Unlocked;
         for info in &self.infos {
             if !self.manager.release_token(info.key(), self.token) {
-                outcome = ReleaseOutcome::AlreadyReleased;
+                outcome = crate::faults::not_released(&self.lost);
             }
         }
         outcome

@@ -51,9 +51,10 @@ pub trait LockGuard: Send + fmt::Debug {
     /// in a `select!` beside the protected work) to learn the [`LostReason`], or ask
     /// [`LostSignal::is_lost`]. It never fires while the lock is held.
     ///
-    /// How fast a loss is noticed depends on the manager: the in-memory manager's only
-    /// losses are its own `release(key)` and `release_all()`, noticed at once; the
-    /// PostgreSQL manager documents its detection bounds.
+    /// How fast a loss is noticed depends on the manager: the in-memory manager loses a
+    /// lock only when told to (its `release(key)`, `release_all()`, and for tests
+    /// `lose(key, reason)` and `end_session(reason)`), noticed at once; the PostgreSQL
+    /// manager documents its detection bounds.
     fn lost(&self) -> LostSignal;
 
     /// Whether the lock is no longer held (a cheap local check).
