@@ -7,6 +7,7 @@
 mod bench;
 mod demo;
 mod deps;
+mod first_day;
 mod package;
 mod pg;
 mod pgversions;
@@ -35,6 +36,8 @@ tasks:
   pg start                      start a throwaway PostgreSQL and leave it running; prints its URL
   pg status [dir]               whether it (or the cluster in <dir>) is running
   pg stop [dir]                 stop it (or the cluster in <dir>) and remove its folder
+  first-day                     the top README's first example (a service), built outside the
+                                workspace as a user builds it: checks the README's copy, runs its tests
 ";
 
 fn main() -> ExitCode {
@@ -48,6 +51,7 @@ fn main() -> ExitCode {
         Some("soak") => soak::run(&rest),
         Some("package") => package::run(&rest),
         Some("pg") => pg::run(&rest),
+        Some("first-day") => first_day::run(&rest),
         Some("help" | "-h" | "--help") => {
             print!("{HELP}");
             Ok(())
