@@ -8,6 +8,7 @@ mod bench;
 mod demo;
 mod deps;
 mod dist;
+mod first_day;
 mod ha;
 mod package;
 mod pg;
@@ -40,6 +41,8 @@ tasks:
   pg start                      start a throwaway PostgreSQL and leave it running; prints its URL
   pg status [dir]               whether it (or the cluster in <dir>) is running
   pg stop [dir]                 stop it (or the cluster in <dir>) and remove its folder
+  first-day                     the top README's first example (a service), built outside the
+                                workspace as a user builds it: checks the README's copy, runs its tests
 ";
 
 fn main() -> ExitCode {
@@ -54,6 +57,7 @@ fn main() -> ExitCode {
         Some("package") => package::run(&rest),
         Some("dist") => dist::run(&rest),
         Some("pg") => pg::run(&rest),
+        Some("first-day") => first_day::run(&rest),
         Some("help" | "-h" | "--help") => {
             print!("{HELP}");
             Ok(())

@@ -14,7 +14,9 @@ const HELP: &str = "\
 usage: cargo xtask pg <start | status [dir] | stop [dir]>
 
   start          start a throwaway PostgreSQL and leave it running; prints its URL and folder
-  status [dir]   whether the cluster started by `pg start` (or the one in <dir>) is running
+  status [dir]   whether the cluster started by `pg start` (or the one in <dir>) is running:
+                 prints `running: <url>` (exit 0) or `not running` (exit 3, as `pg_ctl status`),
+                 also after `pg stop` or when nothing was started
   stop [dir]     stop that cluster and remove its folder
 ";
 
@@ -23,8 +25,8 @@ pub(crate) fn run(args: &[String]) -> crate::Result {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     match args.as_slice() {
         ["start"] => start(),
-        ["status"] => status(&recorded_dir()?),
-        ["status", dir] => status(Path::new(dir)),
+        ["status"] => status(recorded_dir().ok().as_deref()),
+        ["status", dir] => status(Some(Path::new(dir))),
         ["stop"] => stop(&recorded_dir()?),
         ["stop", dir] => stop(Path::new(dir)),
         [] | ["help" | "-h" | "--help"] => {
@@ -99,17 +101,39 @@ fn start() -> crate::Result {
     Ok(())
 }
 
-fn status(dir: &Path) -> crate::Result {
+/// The exit code of `pg status` when no cluster runs (`pg_ctl status` uses 3 too).
+const NOT_RUNNING_EXIT_CODE: i32 = 3;
+
+fn status(dir: Option<&Path>) -> crate::Result {
+    match running_url(dir)? {
+        Some(url) => {
+            println!(
+                "running: {url} (folder {})",
+                dir.unwrap_or(Path::new("")).display()
+            );
+            Ok(())
+        }
+        None => {
+            match dir {
+                Some(dir) => println!("not running (folder {})", dir.display()),
+                None => println!("not running (no server recorded by `cargo xtask pg start`)"),
+            }
+            std::process::exit(NOT_RUNNING_EXIT_CODE)
+        }
+    }
+}
+
+/// The URL of the cluster in `dir` if it runs; `None` when nothing was recorded, the
+/// folder is gone (after `pg stop`) or the server is down.
+fn running_url(dir: Option<&Path>) -> crate::Result<Option<String>> {
+    let Some(dir) = dir.filter(|dir| dir.exists()) else {
+        return Ok(None);
+    };
     let pg = ThrowawayPostgres::attach(dir)?;
     let running = pg.is_running();
     let url = pg.url();
     pg.detach();
-    if running {
-        println!("running: {url} (folder {})", dir.display());
-        Ok(())
-    } else {
-        Err(format!("not running (folder {})", dir.display()).into())
-    }
+    Ok(running.then_some(url))
 }
 
 fn stop(dir: &Path) -> crate::Result {
@@ -175,6 +199,14 @@ fn redact(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn status_after_stop_is_not_running() {
+        assert_eq!(running_url(None).unwrap(), None);
+        let gone = std::env::temp_dir().join("xtask-pg-status-no-such-folder");
+        assert!(!gone.exists());
+        assert_eq!(running_url(Some(&gone)).unwrap(), None);
+    }
 
     #[test]
     fn passwords_are_not_printed() {

@@ -12,8 +12,10 @@ use crate::manager::ManagerInner;
 /// Dropping it releases the lock at once, synchronously: no runtime is needed, so a
 /// guard may be dropped anywhere, after its runtime is gone included.
 /// [`release`](LockGuard::release) does the same and reports
-/// [`ReleaseOutcome::Unlocked`], or [`ReleaseOutcome::AlreadyReleased`] when
-/// `release(key)` or `release_all` got there first. A guard only ever releases the
+/// [`ReleaseOutcome::Unlocked`], [`ReleaseOutcome::AlreadyReleased`] when
+/// `release(key)` or `release_all` got there first, or [`ReleaseOutcome::Lost`] after
+/// [`lose`](crate::InMemoryLockManager::lose) or
+/// [`end_session`](crate::InMemoryLockManager::end_session). A guard only ever releases the
 /// acquisition it came from, never a later acquisition of the same key.
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct InMemoryLockGuard {
@@ -47,7 +49,7 @@ impl InMemoryLockGuard {
         {
             ReleaseOutcome::Unlocked
         } else {
-            ReleaseOutcome::AlreadyReleased
+            crate::faults::not_released(&self.lost)
         }
     }
 }

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+mod faults;
 mod guard;
 mod manager;
 mod many;
@@ -9,7 +10,11 @@ mod table;
 
 pub use guard::InMemoryLockGuard;
 pub use manager::{InMemoryLockManager, InMemoryLockManagerBuilder};
-pub use many::InMemoryLocks;
+pub use many::InMemoryLockGroup;
+
+/// The old name of [`InMemoryLockGroup`]; kept for one release.
+#[deprecated(since = "0.2.0", note = "renamed to `InMemoryLockGroup`")]
+pub type InMemoryLocks = InMemoryLockGroup;
 pub use semaphore::InMemoryPermit;
 pub use table::InMemoryLockTable;
 

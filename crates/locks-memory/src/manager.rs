@@ -32,10 +32,15 @@ const MIN_RETRY_INTERVAL: Duration = Duration::from_millis(1);
 /// together; an exclusive waiter queued behind them keeps later shared requests
 /// waiting behind it, so writers are not starved.
 ///
-/// The only way a guard's lock is lost here is through its manager:
+/// A guard's lock is lost here only through its manager:
 /// [`release`](DistributedLock::release) or [`release_all`](LockRegistry::release_all)
 /// of a key whose guard is still in use fires that guard's
-/// [`lost`](locks_port::LockGuard::lost) signal with [`LostReason::Released`].
+/// [`lost`](locks_port::LockGuard::lost) signal with [`LostReason::Released`]; and, for
+/// tests of the caller's loss path, [`lose`](Self::lose) and
+/// [`end_session`](Self::end_session) take locks, groups and permits away with any
+/// [`LostReason`] (`ConnectionClosed`, `KeepaliveFailed`, a server restart), while
+/// [`fail_next_acquire`](Self::fail_next_acquire) makes the next acquisition fail with a
+/// chosen [`AcquisitionErrorKind`].
 ///
 /// # Runtime
 /// `acquire` with a timeout and the [`WaitStrategy::Poll`] strategy use Tokio's timer
@@ -51,14 +56,18 @@ pub(crate) struct ManagerInner {
     holder_id: Option<String>,
     next_token: AtomicU64,
     held: Mutex<HashMap<String, Held>>,
+    /// The permits held through this manager, so its "session" can end them.
+    pub(crate) permits: crate::faults::LivePermits,
+    /// The failure the next acquisition returns (see `fail_next_acquire`).
+    pub(crate) next_failure: Mutex<Option<AcquisitionErrorKind>>,
 }
 
 /// One lock this manager holds.
-struct Held {
+pub(crate) struct Held {
     /// Which acquisition this is: a guard only releases the acquisition it came from.
-    token: u64,
+    pub(crate) token: u64,
     /// Tells the guard when the lock is taken away.
-    notifier: LossNotifier,
+    pub(crate) notifier: LossNotifier,
     /// Dropping it releases the lock.
     _permit: HeldPermit,
 }
@@ -118,6 +127,8 @@ impl InMemoryLockManagerBuilder {
                 holder_id: self.holder_id,
                 next_token: AtomicU64::new(0),
                 held: Mutex::new(HashMap::new()),
+                permits: crate::faults::LivePermits::default(),
+                next_failure: Mutex::new(None),
             }),
         }
     }
@@ -254,7 +265,7 @@ impl InMemoryLockManager {
 
 impl ManagerInner {
     /// The bookkeeping, even if a panic elsewhere poisoned its mutex.
-    fn held_map(&self) -> MutexGuard<'_, HashMap<String, Held>> {
+    pub(crate) fn held_map(&self) -> MutexGuard<'_, HashMap<String, Held>> {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -338,6 +349,8 @@ impl DistributedLock for InMemoryLockManager {
         key: &str,
         options: impl Into<AcquireOptions> + Send,
     ) -> Result<InMemoryLockGuard, LockAcquisitionError> {
+        locks_port::check_key(key)?;
+        self.inner.injected_failure(key)?;
         let options = options.into();
         let slot = Slot::join(&self.inner.table.inner, self.inner.table.inner.lock_id(key));
         if Self::wait_for_permit(&slot, key, options).await? {
@@ -365,6 +378,8 @@ impl DistributedLock for InMemoryLockManager {
         key: &str,
         mode: LockMode,
     ) -> Result<Option<InMemoryLockGuard>, LockAcquisitionError> {
+        locks_port::check_key(key)?;
+        self.inner.injected_failure(key)?;
         let slot = Slot::join(&self.inner.table.inner, self.inner.table.inner.lock_id(key));
         if Self::try_permit(&slot, key, permits(mode))? {
             Ok(Some(self.book(key, slot, mode)))

@@ -1,6 +1,7 @@
 //! Several keys at once: all or nothing, in one global order, within one deadline.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -21,8 +22,8 @@ impl InMemoryLockManager {
     /// `acquire_many`.
     ///
     /// An empty `keys` is granted at once: the guard holds nothing, its
-    /// [`release`](InMemoryLocks::release) reports `Unlocked` and its
-    /// [`lost`](InMemoryLocks::lost) never fires.
+    /// [`release`](InMemoryLockGroup::release) reports `Unlocked` and its
+    /// [`lost`](InMemoryLockGroup::lost) never fires.
     ///
     /// ```
     /// use std::time::Duration;
@@ -53,12 +54,29 @@ impl InMemoryLockManager {
     /// Cancel safe as a whole: dropping the future at any await gives back every lock
     /// it took and leaves the queue it waits in; nothing is booked until every lock is
     /// taken, and the booking does not await.
-    pub async fn acquire_many(
+    pub fn acquire_many<K: AsRef<str>>(
+        &self,
+        keys: impl IntoIterator<Item = K>,
+        options: impl Into<AcquireOptions> + Send,
+    ) -> impl Future<Output = Result<InMemoryLockGroup, LockAcquisitionError>> + Send {
+        let keys = locks_port::owned_keys(keys);
+        let options = options.into();
+        async move {
+            let keys = keys?;
+            if let Some(first) = keys.first() {
+                self.inner.injected_failure(first)?;
+            }
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            self.acquire_group(&keys, options).await
+        }
+    }
+
+    /// [`acquire_many`](Self::acquire_many) of checked keys.
+    async fn acquire_group(
         &self,
         keys: &[&str],
-        options: impl Into<AcquireOptions> + Send,
-    ) -> Result<InMemoryLocks, LockAcquisitionError> {
-        let options = options.into();
+        options: AcquireOptions,
+    ) -> Result<InMemoryLockGroup, LockAcquisitionError> {
         let table = &self.inner.table.inner;
         let ordered = self.inner.table.key_derivation().lock_order(keys);
         let deadline = options
@@ -87,7 +105,11 @@ impl InMemoryLockManager {
     }
 
     /// Books every taken lock under one token and one loss signal. No await.
-    fn book_group(&self, taken: Vec<(&str, HeldPermit)>, options: AcquireOptions) -> InMemoryLocks {
+    fn book_group(
+        &self,
+        taken: Vec<(&str, HeldPermit)>,
+        options: AcquireOptions,
+    ) -> InMemoryLockGroup {
         let inner = &self.inner;
         let token = inner.next_token();
         let notifier = LossNotifier::new();
@@ -96,7 +118,7 @@ impl InMemoryLockManager {
             infos.push(inner.info(key, permit.lock_id(), options.mode()));
             inner.insert(key, token, notifier.clone(), permit);
         }
-        InMemoryLocks {
+        InMemoryLockGroup {
             manager: Arc::clone(inner),
             infos,
             token,
@@ -108,14 +130,14 @@ impl InMemoryLockManager {
 
 /// For code generic over the manager: the inherent [`InMemoryLockManager::acquire_many`].
 impl AcquireMany for InMemoryLockManager {
-    type Locks = InMemoryLocks;
+    type Locks = InMemoryLockGroup;
 
-    async fn acquire_many(
+    fn acquire_many<K: AsRef<str>>(
         &self,
-        keys: &[&str],
+        keys: impl IntoIterator<Item = K>,
         options: impl Into<AcquireOptions> + Send,
-    ) -> Result<InMemoryLocks, LockAcquisitionError> {
-        Self::acquire_many(self, keys, options).await
+    ) -> impl Future<Output = Result<InMemoryLockGroup, LockAcquisitionError>> + Send {
+        Self::acquire_many(self, keys, options)
     }
 }
 
@@ -127,7 +149,7 @@ impl AcquireMany for InMemoryLockManager {
 /// of them is no longer held: here, when the manager's `release(key)` or `release_all`
 /// took one away.
 #[must_use = "dropping the guard releases the locks at once"]
-pub struct InMemoryLocks {
+pub struct InMemoryLockGroup {
     manager: Arc<ManagerInner>,
     infos: Vec<LockInfo>,
     token: u64,
@@ -136,7 +158,7 @@ pub struct InMemoryLocks {
     armed: bool,
 }
 
-impl InMemoryLocks {
+impl InMemoryLockGroup {
     /// The locks, in the order they were taken (ascending lock id).
     #[must_use]
     pub fn infos(&self) -> &[LockInfo] {
@@ -158,7 +180,8 @@ impl InMemoryLocks {
 
     /// Releases every lock now: `Unlocked` when each one still held was unlocked by
     /// this call, `AlreadyReleased` when the manager took one away first (the others are
-    /// released all the same).
+    /// released all the same), `Lost(reason)` when the group was lost (see
+    /// [`InMemoryLockManager::lose`]).
     ///
     /// # Cancel safety
     /// The release happens on the first poll, without waiting; a future dropped before
@@ -174,7 +197,7 @@ impl InMemoryLocks {
         let mut outcome = ReleaseOutcome::Unlocked;
         for info in &self.infos {
             if !self.manager.release_token(info.key(), self.token) {
-                outcome = ReleaseOutcome::AlreadyReleased;
+                outcome = crate::faults::not_released(&self.lost);
             }
         }
         outcome
@@ -182,7 +205,7 @@ impl InMemoryLocks {
 }
 
 /// The inherent methods, for code generic over the manager.
-impl LockGroup for InMemoryLocks {
+impl LockGroup for InMemoryLockGroup {
     fn infos(&self) -> &[LockInfo] {
         Self::infos(self)
     }
@@ -196,15 +219,15 @@ impl LockGroup for InMemoryLocks {
     }
 }
 
-impl Drop for InMemoryLocks {
+impl Drop for InMemoryLockGroup {
     fn drop(&mut self) {
         self.release_now();
     }
 }
 
-impl fmt::Debug for InMemoryLocks {
+impl fmt::Debug for InMemoryLockGroup {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("InMemoryLocks")
+        f.debug_struct("InMemoryLockGroup")
             .field("infos", &self.infos)
             .field("token", &self.token)
             .field("lost", &self.lost.reason())

@@ -104,6 +104,9 @@ impl Drop for Waiting<'_> {
 impl InMemoryLockManager {
     fn semaphore_use(&self, name: &str, permits: u32) -> Result<Use, LockAcquisitionError> {
         let permits = check_permits(name, permits)?;
+        self.inner
+            .injected_failure(name)
+            .map_err(LockAcquisitionError::for_permit)?;
         let class = PermitDerivation::CURRENT.class(name);
         self.inner
             .table
@@ -126,11 +129,21 @@ impl InMemoryLockManager {
         };
         let slot = u32::try_from(slot).unwrap_or(0);
         let notifier = LossNotifier::new();
-        InMemoryPermit {
-            info: PermitInfo::acquired_now(name, taken.entry.permits, slot, holder_id),
-            lost: notifier.signal(),
+        let info = PermitInfo::acquired_now(name, taken.entry.permits, slot, holder_id);
+        let lost = notifier.signal();
+        let cell = Arc::new(PermitCell {
+            taken: Mutex::new(Some(taken)),
+            slot,
             notifier,
-            taken: Some(taken),
+        });
+        let token = self.inner.next_token();
+        self.inner.permits.insert(token, Arc::clone(&cell));
+        InMemoryPermit {
+            info,
+            lost,
+            cell,
+            manager: Arc::clone(&self.inner),
+            token,
         }
     }
 }
@@ -183,7 +196,8 @@ impl Semaphore for InMemoryLockManager {
             false => Err(LockAcquisitionError::timed_out(
                 name,
                 options.timeout().unwrap_or_default(),
-            )),
+            )
+            .for_permit()),
         }
     }
 
@@ -229,26 +243,53 @@ impl Semaphore for InMemoryLockManager {
 
 /// A permit held through an [`InMemoryLockManager`]. Dropping it gives the permit to
 /// the first waiter at once, synchronously (no runtime needed). Its
-/// [`lost`](PermitGuard::lost) signal fires only when the guard itself releases it.
+/// [`lost`](PermitGuard::lost) signal fires when the guard itself releases it, or with
+/// the reason given to [`end_session`](InMemoryLockManager::end_session).
 #[must_use = "dropping the permit releases it at once"]
 pub struct InMemoryPermit {
     info: PermitInfo,
-    notifier: LossNotifier,
     lost: LostSignal,
-    taken: Option<Use>,
+    cell: Arc<PermitCell>,
+    manager: Arc<crate::manager::ManagerInner>,
+    token: u64,
+}
+
+/// A held permit, shared by its guard and its manager (whose `end_session` can take it).
+pub(crate) struct PermitCell {
+    taken: Mutex<Option<Use>>,
+    slot: u32,
+    notifier: LossNotifier,
+}
+
+impl PermitCell {
+    /// Gives the permit back, its guard told `reason` first; `false` when it was given
+    /// back already.
+    pub(crate) fn give_back(&self, reason: locks_port::LostReason) -> bool {
+        let taken = self
+            .taken
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let Some(taken) = taken else {
+            return false;
+        };
+        self.notifier.notify(reason);
+        if let Some(place) = taken.entry.slots().get_mut(self.slot as usize) {
+            *place = None;
+        }
+        taken.entry.queue.add_permits(1);
+        true
+    }
 }
 
 impl InMemoryPermit {
     fn release_now(&mut self) -> ReleaseOutcome {
-        let Some(taken) = self.taken.take() else {
-            return ReleaseOutcome::AlreadyReleased;
-        };
-        if let Some(place) = taken.entry.slots().get_mut(self.info.slot() as usize) {
-            *place = None;
+        self.manager.permits.remove(self.token);
+        if self.cell.give_back(locks_port::LostReason::Released) {
+            ReleaseOutcome::Unlocked
+        } else {
+            crate::faults::not_released(&self.lost)
         }
-        taken.entry.queue.add_permits(1);
-        self.notifier.notify(locks_port::LostReason::Released);
-        ReleaseOutcome::Unlocked
     }
 }
 
@@ -281,7 +322,7 @@ impl fmt::Debug for InMemoryPermit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("InMemoryPermit")
             .field("info", &self.info)
-            .field("held", &self.taken.is_some())
+            .field("lost", &self.lost.is_lost())
             .finish()
     }
 }

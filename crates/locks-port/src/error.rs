@@ -37,6 +37,10 @@ pub enum AcquisitionErrorKind {
     Cancelled,
     /// Any other backend failure; the source error says what.
     Backend,
+    /// The key (or semaphore name) cannot name a lock: it is empty. Nothing was asked
+    /// of the backend. A key built as `format!("job:{}", id)` from an empty `id` is
+    /// still a valid key; only `""` itself is refused (see [`check_key`](crate::check_key)).
+    InvalidKey,
 }
 
 /// A lock could not be acquired.
@@ -67,6 +71,8 @@ struct Repr {
     reason: String,
     timeout: Option<Duration>,
     source: Option<BoxError>,
+    /// A semaphore's permit, not a lock, could not be had (the message says so).
+    permit: bool,
 }
 
 impl fmt::Debug for LockAcquisitionError {
@@ -78,6 +84,7 @@ impl fmt::Debug for LockAcquisitionError {
             .field("reason", &repr.reason)
             .field("timeout", &repr.timeout)
             .field("source", &repr.source)
+            .field("permit", &repr.permit)
             .finish()
     }
 }
@@ -97,6 +104,7 @@ impl LockAcquisitionError {
                 reason: reason.into(),
                 timeout: None,
                 source: None,
+                permit: false,
             }),
         }
     }
@@ -164,6 +172,33 @@ impl LockAcquisitionError {
         self
     }
 
+    /// Marks the error as a semaphore's: its message says
+    /// `Failed to acquire a permit of semaphore '{name}': {reason}` instead of
+    /// `Failed to acquire lock '{key}': …`. Kind, reason and source are unchanged.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use locks_port::LockAcquisitionError;
+    ///
+    /// let error = LockAcquisitionError::timed_out("exports", Duration::from_secs(1)).for_permit();
+    /// assert_eq!(
+    ///     error.to_string(),
+    ///     "Failed to acquire a permit of semaphore 'exports': Timeout after 1.0s"
+    /// );
+    /// assert!(error.is_permit());
+    /// ```
+    #[must_use]
+    pub fn for_permit(mut self) -> Self {
+        self.repr.permit = true;
+        self
+    }
+
+    /// Whether this is a semaphore's error (see [`for_permit`](Self::for_permit)).
+    #[must_use]
+    pub fn is_permit(&self) -> bool {
+        self.repr.permit
+    }
+
     /// The key that could not be acquired.
     #[must_use]
     pub fn key(&self) -> &str {
@@ -204,11 +239,16 @@ pub fn timeout_reason(timeout: Duration) -> String {
 
 impl fmt::Display for LockAcquisitionError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Failed to acquire lock '{}': {}",
-            self.repr.key, self.repr.reason
-        )
+        let repr = &self.repr;
+        if repr.permit {
+            write!(
+                f,
+                "Failed to acquire a permit of semaphore '{}': {}",
+                repr.key, repr.reason
+            )
+        } else {
+            write!(f, "Failed to acquire lock '{}': {}", repr.key, repr.reason)
+        }
     }
 }
 

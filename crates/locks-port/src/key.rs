@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
+use crate::{AcquisitionErrorKind, LockAcquisitionError};
+
 /// How a string key becomes the signed 64-bit id that PostgreSQL's advisory-lock
 /// functions take.
 ///
@@ -31,8 +33,13 @@ impl KeyDerivation {
     /// The derivation used when none is chosen: [`KeyDerivation::Sha256V1`].
     pub const CURRENT: Self = Self::Sha256V1;
 
-    /// Derives the lock id of `key`. Every `&str` is a valid key, the empty one and
-    /// very long ones included; the result is always in `0..=i64::MAX`.
+    /// Derives the lock id of `key`; the result is always in `0..=i64::MAX`.
+    ///
+    /// The derivation itself takes every `&str`, the empty one and very long ones
+    /// included, exactly as the Python library does (it derives an id for `""` too).
+    /// The managers refuse the empty key before deriving anything (see [`check_key`]),
+    /// so `""` never silently becomes one lock shared by every caller whose key text
+    /// came out empty; every non-empty key keeps its bit-exact id.
     #[must_use]
     pub fn lock_id(self, key: &str) -> i64 {
         match self {
@@ -69,6 +76,41 @@ impl KeyDerivation {
         match self {
             Self::Sha256V1 => "sha256-v1",
         }
+    }
+}
+
+/// Checks that `key` can name a lock: any non-empty string. The empty key is refused
+/// with [`AcquisitionErrorKind::InvalidKey`] by every manager's acquisition (locks,
+/// groups, permits, transaction locks), before anything is asked of the backend.
+///
+/// Why: a key built from data that came out empty (`""` where a tenant id was
+/// expected) would otherwise be one lock shared by every such caller. The Python
+/// library accepts `""`; a Rust process refuses it, and for every other key derives the
+/// same id as Python does.
+///
+/// ```
+/// use locks_port::{AcquisitionErrorKind, check_key};
+///
+/// assert!(check_key("job:nightly").is_ok());
+/// let error = check_key("").unwrap_err();
+/// assert_eq!(error.kind(), AcquisitionErrorKind::InvalidKey);
+/// assert_eq!(
+///     error.to_string(),
+///     "Failed to acquire lock '': the key is empty; a lock needs a non-empty key"
+/// );
+/// ```
+///
+/// # Errors
+/// As above.
+pub fn check_key(key: &str) -> Result<(), LockAcquisitionError> {
+    if key.is_empty() {
+        Err(LockAcquisitionError::new(
+            key,
+            AcquisitionErrorKind::InvalidKey,
+            "the key is empty; a lock needs a non-empty key",
+        ))
+    } else {
+        Ok(())
     }
 }
 

@@ -20,11 +20,11 @@ pub use error::{
 pub use health::{LossNotifier, Lost, LostReason, LostSignal};
 pub use info::LockInfo;
 pub use key::{
-    DEFAULT_MIGRATION_OPERATION, KeyDerivation, lock_id, lock_order_with, migration_lock_key,
-    migration_lock_key_for,
+    DEFAULT_MIGRATION_OPERATION, KeyDerivation, check_key, lock_id, lock_order_with,
+    migration_lock_key, migration_lock_key_for,
 };
 pub use lock::{DistributedLock, LockGuard, LockRegistry, ReleaseOutcome};
-pub use many::{AcquireMany, LockGroup};
+pub use many::{AcquireMany, LockGroup, owned_keys};
 pub use options::{AcquireOptions, InvalidTimeoutError, LockMode, WaitStrategy, deadline_after};
 pub use semaphore::{
     MAX_PERMITS, PermitDerivation, PermitGuard, PermitHolder, PermitHolders, PermitInfo,

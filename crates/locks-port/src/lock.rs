@@ -51,9 +51,10 @@ pub trait LockGuard: Send + fmt::Debug {
     /// in a `select!` beside the protected work) to learn the [`LostReason`], or ask
     /// [`LostSignal::is_lost`]. It never fires while the lock is held.
     ///
-    /// How fast a loss is noticed depends on the manager: the in-memory manager's only
-    /// losses are its own `release(key)` and `release_all()`, noticed at once; the
-    /// PostgreSQL manager documents its detection bounds.
+    /// How fast a loss is noticed depends on the manager: the in-memory manager loses a
+    /// lock only when told to (its `release(key)`, `release_all()`, and for tests
+    /// `lose(key, reason)` and `end_session(reason)`), noticed at once; the PostgreSQL
+    /// manager documents its detection bounds.
     fn lost(&self) -> LostSignal;
 
     /// Whether the lock is no longer held (a cheap local check).
@@ -235,6 +236,65 @@ pub trait DistributedLock: Send + Sync {
             let output = body(guard.info().clone()).await;
             guard.release().await;
             Ok(output)
+        }
+    }
+
+    /// Runs `body` while holding the lock for `key` if the lock is free right now, and
+    /// releases it afterwards; `Ok(None)` when someone holds it ("skip if already
+    /// running"). One [`try_acquire`](DistributedLock::try_acquire): it never waits.
+    ///
+    /// ```
+    /// use locks_port::prelude::*;
+    ///
+    /// /// Runs the nightly job unless another instance is running it.
+    /// async fn nightly<L: DistributedLock>(locks: &L) -> Result<(), LockAcquisitionError> {
+    ///     match locks.try_with_lock("job:nightly", |_info| async { /* the job */ }).await? {
+    ///         Some(()) => println!("done"),
+    ///         None => println!("another instance is running it; skipped"),
+    ///     }
+    ///     Ok(())
+    /// }
+    /// # let _ = nightly::<NoLocks>;
+    /// # struct NoLocks;
+    /// # impl DistributedLock for NoLocks {
+    /// #     type Guard = G;
+    /// #     async fn acquire(&self, key: &str, _: impl Into<AcquireOptions> + Send) -> Result<G, LockAcquisitionError> { unimplemented!("{key}") }
+    /// #     async fn try_acquire_with(&self, key: &str, _: LockMode) -> Result<Option<G>, LockAcquisitionError> { unimplemented!("{key}") }
+    /// #     async fn release(&self, key: &str) -> Result<(), locks_port::LockNotHeldError> { unimplemented!("{key}") }
+    /// #     fn is_held(&self, _: &str) -> bool { false }
+    /// # }
+    /// # #[derive(Debug)] struct G;
+    /// # impl LockGuard for G {
+    /// #     fn info(&self) -> &locks_port::LockInfo { unimplemented!() }
+    /// #     fn lost(&self) -> locks_port::LostSignal { unimplemented!() }
+    /// #     async fn release(self) -> locks_port::ReleaseOutcome { unimplemented!() }
+    /// #     fn into_held(self) -> locks_port::LockInfo { unimplemented!() }
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// A backend failure (or the empty key), as
+    /// [`try_acquire`](DistributedLock::try_acquire); contention is `Ok(None)`.
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops the guard, which releases the lock.
+    fn try_with_lock<F, Fut, T>(
+        &self,
+        key: &str,
+        body: F,
+    ) -> impl Future<Output = Result<Option<T>, LockAcquisitionError>> + Send
+    where
+        F: FnOnce(LockInfo) -> Fut + Send,
+        Fut: Future<Output = T> + Send,
+        T: Send,
+    {
+        async move {
+            let Some(guard) = self.try_acquire(key).await? else {
+                return Ok(None);
+            };
+            let output = body(guard.info().clone()).await;
+            guard.release().await;
+            Ok(Some(output))
         }
     }
 

@@ -42,15 +42,54 @@ pub trait AcquireMany: DistributedLock {
     /// The guard of one group.
     type Locks: LockGroup;
 
-    /// Takes the locks of all `keys`, or none (see the trait's contract).
+    /// Takes the locks of all `keys`, or none (see the trait's contract). Any list of
+    /// strings will do: `&["a", "b"]`, `&Vec<String>`, `vec![key]`, an iterator of
+    /// `format!`ed keys.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use locks_port::{AcquireMany, LockAcquisitionError};
+    ///
+    /// async fn pay<L: AcquireMany>(locks: &L, accounts: &[u64]) -> Result<(), LockAcquisitionError> {
+    ///     let keys: Vec<String> = accounts.iter().map(|id| format!("account:{id}")).collect();
+    ///     let group = locks.acquire_many(&keys, Duration::from_secs(2)).await?;
+    ///     drop(group);
+    ///     let _by_iterator = locks
+    ///         .acquire_many(accounts.iter().map(|id| format!("account:{id}")), Duration::ZERO)
+    ///         .await?;
+    ///     Ok(())
+    /// }
+    /// ```
     ///
     /// # Errors
     /// As [`DistributedLock::acquire`], naming the key that could not be had.
-    fn acquire_many(
+    fn acquire_many<K: AsRef<str>>(
         &self,
-        keys: &[&str],
+        keys: impl IntoIterator<Item = K>,
         options: impl Into<AcquireOptions> + Send,
     ) -> impl Future<Output = Result<Self::Locks, LockAcquisitionError>> + Send;
+}
+
+/// The keys of an [`AcquireMany::acquire_many`] call as owned strings, each checked with
+/// [`check_key`](crate::check_key): the adapters' shared first step, so the returned
+/// future borrows nothing of the caller's iterator.
+///
+/// ```
+/// assert_eq!(locks_port::owned_keys(["a", "b"]).unwrap(), ["a", "b"]);
+/// assert!(locks_port::owned_keys(vec![String::new()]).is_err());
+/// ```
+///
+/// # Errors
+/// The first empty key, as `check_key` reports it.
+pub fn owned_keys<K: AsRef<str>>(
+    keys: impl IntoIterator<Item = K>,
+) -> Result<Vec<String>, LockAcquisitionError> {
+    keys.into_iter()
+        .map(|key| {
+            let key = key.as_ref();
+            crate::check_key(key).map(|()| key.to_owned())
+        })
+        .collect()
 }
 
 /// The locks of one [`AcquireMany::acquire_many`], released together; dropping it

@@ -110,7 +110,10 @@ impl AcquireOptions {
     /// The Python library's retry interval for [`WaitStrategy::Poll`]: 100 ms.
     pub const DEFAULT_RETRY_INTERVAL: Duration = Duration::from_millis(100);
 
-    /// Wait forever, in the backend's queue.
+    /// Wait forever, in the backend's queue: the same as
+    /// [`wait_forever`](Self::wait_forever), which says so at the call site. Kept as the
+    /// starting point of the `with_*` chain; for a bounded wait pass a [`Duration`]
+    /// (`acquire(key, Duration::from_secs(2))`).
     #[must_use]
     pub const fn new() -> Self {
         Self {
@@ -119,6 +122,19 @@ impl AcquireOptions {
             wait_strategy: WaitStrategy::Queue,
             mode: LockMode::Exclusive,
         }
+    }
+
+    /// Wait as long as it takes, in the backend's queue (no timeout): what
+    /// [`new`](Self::new) and [`Default`] give, named for what it does.
+    ///
+    /// ```
+    /// use locks_port::AcquireOptions;
+    /// assert_eq!(AcquireOptions::wait_forever().timeout(), None);
+    /// assert_eq!(AcquireOptions::wait_forever(), AcquireOptions::new());
+    /// ```
+    #[must_use]
+    pub const fn wait_forever() -> Self {
+        Self::new()
     }
 
     /// A shared (reader) lock, waiting forever: `AcquireOptions::new().with_mode(LockMode::Shared)`.

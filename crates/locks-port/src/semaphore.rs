@@ -131,8 +131,11 @@ pub fn permits_of_marker(slot: i32) -> Option<u32> {
     (slot <= -2).then(|| u32::try_from(-1_i64 - i64::from(slot)).unwrap_or(0))
 }
 
-/// Checks `permits` for a call on `name`: `1..=MAX_PERMITS`, else a
-/// [`Configuration`](AcquisitionErrorKind::Configuration) error naming the input.
+/// Checks a call on semaphore `name` with `permits`: the name non-empty (else an
+/// [`InvalidKey`](AcquisitionErrorKind::InvalidKey) error, as [`check_key`](crate::check_key))
+/// and `permits` in `1..=MAX_PERMITS` (else a
+/// [`Configuration`](AcquisitionErrorKind::Configuration) error naming the input). Both
+/// errors speak of a permit (see [`LockAcquisitionError::for_permit`]).
 ///
 /// ```
 /// use locks_port::{check_permits, AcquisitionErrorKind};
@@ -140,21 +143,27 @@ pub fn permits_of_marker(slot: i32) -> Option<u32> {
 /// assert!(check_permits("jobs", 3).is_ok());
 /// let zero = check_permits("jobs", 0).unwrap_err();
 /// assert_eq!(zero.kind(), AcquisitionErrorKind::Configuration);
-/// assert!(zero.to_string().contains("0 permits"), "{zero}");
+/// assert_eq!(
+///     zero.to_string(),
+///     "Failed to acquire a permit of semaphore 'jobs': a semaphore needs 1 to 65536 permits, not 0"
+/// );
 /// assert!(check_permits("jobs", u32::MAX).is_err());
+/// assert_eq!(check_permits("", 3).unwrap_err().kind(), AcquisitionErrorKind::InvalidKey);
 /// ```
 ///
 /// # Errors
 /// As above.
 pub fn check_permits(name: &str, permits: u32) -> Result<u32, LockAcquisitionError> {
+    crate::check_key(name).map_err(LockAcquisitionError::for_permit)?;
     if (1..=MAX_PERMITS).contains(&permits) {
         Ok(permits)
     } else {
         Err(LockAcquisitionError::new(
             name,
             AcquisitionErrorKind::Configuration,
-            format!("a semaphore needs 1 to {MAX_PERMITS} permits, not {permits} permits"),
-        ))
+            format!("a semaphore needs 1 to {MAX_PERMITS} permits, not {permits}"),
+        )
+        .for_permit())
     }
 }
 
@@ -171,6 +180,7 @@ pub fn permits_disagree(name: &str, asked: u32, others: &[u32]) -> LockAcquisiti
             others.join(" and ")
         ),
     )
+    .for_permit()
 }
 
 /// What a manager hands back with a permit.
@@ -421,12 +431,13 @@ mod tests {
         for bad in [0, MAX_PERMITS + 1, u32::MAX] {
             let error = check_permits("n", bad).unwrap_err();
             assert_eq!(error.kind(), AcquisitionErrorKind::Configuration);
-            assert!(error.to_string().contains(&format!("{bad} permits")));
+            assert!(error.is_permit());
+            assert!(error.to_string().contains(&format!("permits, not {bad}")));
         }
         let error = permits_disagree("n", 3, &[4]);
         assert_eq!(
             error.to_string(),
-            "Failed to acquire lock 'n': the semaphore is in use with 4 permits, this call \
+            "Failed to acquire a permit of semaphore 'n': the semaphore is in use with 4 permits, this call \
              asked for 3: every process must use the same number"
         );
     }

@@ -44,7 +44,12 @@ pub use lock_table::{LockTableUsage, is_lock_table_full, lock_table_usage};
 /// call that takes a mode does.
 pub use locks_port::LockMode;
 pub use manager::PostgresLockManager;
-pub use many::PostgresLocks;
+pub use many::PostgresLockGroup;
+
+/// The old name of [`PostgresLockGroup`] (it read like a manager beside
+/// `PostgresLockGuard`); kept for one release.
+#[deprecated(since = "0.2.0", note = "renamed to `PostgresLockGroup`")]
+pub type PostgresLocks = PostgresLockGroup;
 pub use pool::{
     PLAIN_POOL_CONNECT_TIMEOUT, PLAIN_POOL_KEEPALIVES_IDLE, PoolConfigError, plain_pool,
     plain_pool_with_config, tls_pool,

@@ -335,6 +335,7 @@ impl DistributedLock for PostgresLockManager {
         key: &str,
         options: impl Into<AcquireOptions> + Send,
     ) -> Result<PostgresLockGuard, LockAcquisitionError> {
+        locks_port::check_key(key)?;
         let options = options.into();
         let inner = &self.inner;
         let (lock_id, shared_key) = inner.lock_ids().lookup(key);
@@ -385,6 +386,7 @@ impl DistributedLock for PostgresLockManager {
         key: &str,
         mode: LockMode,
     ) -> Result<Option<PostgresLockGuard>, LockAcquisitionError> {
+        locks_port::check_key(key)?;
         let inner = &self.inner;
         let (lock_id, shared_key) = inner.lock_ids().lookup(key);
         let options = AcquireOptions::new().with_mode(mode);

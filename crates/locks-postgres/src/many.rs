@@ -2,6 +2,7 @@
 //! one session.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 
 use locks_port::{
@@ -24,7 +25,7 @@ impl PostgresLockManager {
     /// deadlock on each other.
     ///
     /// Uncontended it costs what one key costs: one checkout and one round trip (the
-    /// tries of every key go in one statement), and [`PostgresLocks::release`] is one
+    /// tries of every key go in one statement), and [`PostgresLockGroup::release`] is one
     /// more. A busy key is waited for in the server's queue, holding only the keys
     /// before it in the order (ADR 0019).
     ///
@@ -55,12 +56,26 @@ impl PostgresLockManager {
     /// # Cancel safety
     /// Cancel safe as a whole: dropping the future at any point closes the session,
     /// which frees every key it took, and cancels a wait in progress.
-    pub async fn acquire_many(
+    pub fn acquire_many<K: AsRef<str>>(
+        &self,
+        keys: impl IntoIterator<Item = K>,
+        options: impl Into<AcquireOptions> + Send,
+    ) -> impl Future<Output = Result<PostgresLockGroup, LockAcquisitionError>> + Send {
+        let keys = locks_port::owned_keys(keys);
+        let options = options.into();
+        async move {
+            let keys = keys?;
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            self.acquire_checked(&keys, options).await
+        }
+    }
+
+    /// [`acquire_many`](Self::acquire_many) of checked keys.
+    async fn acquire_checked(
         &self,
         keys: &[&str],
-        options: impl Into<AcquireOptions> + Send,
-    ) -> Result<PostgresLocks, LockAcquisitionError> {
-        let options = options.into();
+        options: AcquireOptions,
+    ) -> Result<PostgresLockGroup, LockAcquisitionError> {
         let inner = &self.inner;
         // One global order (the port's), with the lock ids from the manager's cache.
         let ordered = locks_port::lock_order_with(keys, |key| inner.lock_ids().lock_id(key));
@@ -104,7 +119,7 @@ impl Inner {
         mode: LockMode,
         mut session: Session,
         span: &Span,
-    ) -> Result<PostgresLocks, LockAcquisitionError> {
+    ) -> Result<PostgresLockGroup, LockAcquisitionError> {
         let fencing_tokens = if self.settings().fencing && !lock_ids.is_empty() {
             let first = keys.first().copied().unwrap_or("");
             Some(Box::pin(self.next_fencing_tokens(first, &lock_ids, &mut session)).await?)
@@ -140,7 +155,7 @@ impl Inner {
             ));
         }
         self.book_entries(entries, span);
-        Ok(PostgresLocks {
+        Ok(PostgresLockGroup {
             inner: Arc::clone(self),
             infos,
             ticket,
@@ -152,19 +167,19 @@ impl Inner {
 
 /// For code generic over the manager: the inherent [`PostgresLockManager::acquire_many`].
 impl AcquireMany for PostgresLockManager {
-    type Locks = PostgresLocks;
+    type Locks = PostgresLockGroup;
 
-    async fn acquire_many(
+    fn acquire_many<K: AsRef<str>>(
         &self,
-        keys: &[&str],
+        keys: impl IntoIterator<Item = K>,
         options: impl Into<AcquireOptions> + Send,
-    ) -> Result<PostgresLocks, LockAcquisitionError> {
-        Self::acquire_many(self, keys, options).await
+    ) -> impl Future<Output = Result<PostgresLockGroup, LockAcquisitionError>> + Send {
+        Self::acquire_many(self, keys, options)
     }
 }
 
 /// The inherent methods, for code generic over the manager.
-impl LockGroup for PostgresLocks {
+impl LockGroup for PostgresLockGroup {
     fn infos(&self) -> &[LockInfo] {
         Self::infos(self)
     }
@@ -184,7 +199,7 @@ impl LockGroup for PostgresLocks {
 /// Dropping it releases them all (spawned onto the runtime, or by closing the session
 /// when there is none). [`lost`](Self::lost) fires when any of them is no longer held.
 #[must_use = "dropping the guard releases the locks at once"]
-pub struct PostgresLocks {
+pub struct PostgresLockGroup {
     inner: Arc<Inner>,
     infos: Vec<LockInfo>,
     /// The group's bookkeeping ticket.
@@ -193,7 +208,7 @@ pub struct PostgresLocks {
     armed: bool,
 }
 
-impl PostgresLocks {
+impl PostgresLockGroup {
     /// The locks, in the order they were taken (ascending lock id).
     #[must_use]
     pub fn infos(&self) -> &[LockInfo] {
@@ -240,7 +255,7 @@ impl PostgresLocks {
     }
 }
 
-impl Drop for PostgresLocks {
+impl Drop for PostgresLockGroup {
     fn drop(&mut self) {
         if !self.armed {
             return;
@@ -252,9 +267,9 @@ impl Drop for PostgresLocks {
     }
 }
 
-impl fmt::Debug for PostgresLocks {
+impl fmt::Debug for PostgresLockGroup {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostgresLocks")
+        f.debug_struct("PostgresLockGroup")
             .field("infos", &self.infos)
             .field("lost", &self.lost.reason())
             .finish_non_exhaustive()

@@ -10,15 +10,44 @@ use tokio_postgres::{NoTls, Socket};
 use crate::connect::{Canceller, LockConnect, register};
 
 /// Why [`plain_pool`] could not build a pool.
+///
+/// ```
+/// use std::error::Error;
+///
+/// let error = locks_postgres::plain_pool("post gres://x", 4).unwrap_err();
+/// // The message says where the URL goes wrong; the driver's error stays the source.
+/// assert!(error.to_string().starts_with("invalid PostgreSQL URL: "), "{error}");
+/// assert!(error.source().is_some());
+///
+/// let error = locks_postgres::plain_pool("postgres://app@localhost/app", 0).unwrap_err();
+/// assert_eq!(
+///     error.to_string(),
+///     "a lock pool needs at least 1 connection (each held lock keeps one), not 0"
+/// );
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PoolConfigError {
-    /// The URL is not a valid PostgreSQL connection string.
-    #[error("invalid PostgreSQL URL: {0}")]
+    /// The URL is not a valid PostgreSQL connection string. The message carries the
+    /// parser's own words (`unexpected character at byte 4`), which the driver's error
+    /// (the [`source`](std::error::Error::source)) keeps one level further down.
+    #[error("invalid PostgreSQL URL: {}", url_detail(.0))]
     InvalidUrl(#[source] tokio_postgres::Error),
+    /// `max_size` was 0: no lock could ever be taken.
+    #[error("a lock pool needs at least 1 connection (each held lock keeps one), not 0")]
+    ZeroSize,
     /// The pool could not be built from it.
     #[error("could not build the connection pool: {0}")]
     Build(#[source] BuildError),
+}
+
+/// What is wrong with a URL, in the parser's words: the driver's own message says only
+/// "invalid connection string" and leaves the position to its source.
+fn url_detail(error: &tokio_postgres::Error) -> String {
+    match std::error::Error::source(error) {
+        Some(cause) => cause.to_string(),
+        None => error.to_string(),
+    }
 }
 
 /// How long opening a connection may take (TCP, TLS, start-up), unless the URL says.
@@ -32,23 +61,28 @@ pub const PLAIN_POOL_KEEPALIVES_IDLE: Duration = Duration::from_secs(30);
 /// runtime set (so pool timeouts work) and `RecyclingMethod::Fast`. Does no I/O:
 /// connections open on first use.
 ///
-/// Bounded by default: a connection must be open within
-/// [`PLAIN_POOL_CONNECT_TIMEOUT`] (5 s; `connect_timeout` in the URL overrides it) and
-/// a checkout's create and recycle steps within the same, and sockets use TCP
-/// keepalives ([`PLAIN_POOL_KEEPALIVES_IDLE`], every 10 s, 3 probes).
+/// Connections are bounded by default. A bounded
+/// [`acquire`](locks_port::DistributedLock::acquire) opens its connection within its
+/// own timeout (an `acquire(8 s)` against a silent server fails after 8 s, not 5 s).
+/// Calls without a deadline of their own (`try_acquire`, an unbounded `acquire`) open
+/// one within the manager's connect timeout
+/// ([`connect_timeout`](crate::PostgresLockManagerBuilder::connect_timeout), 5 s). The
+/// pool itself also bounds a checkout's create and recycle steps by
+/// [`PLAIN_POOL_CONNECT_TIMEOUT`] (5 s; `connect_timeout` in the URL overrides it) for
+/// other users of the pool, and its sockets use TCP keepalives
+/// ([`PLAIN_POOL_KEEPALIVES_IDLE`], every 10 s, 3 probes).
 ///
-/// For TLS, build the [`deadpool_postgres::Pool`] yourself with a TLS connector (for
-/// example `tokio-postgres-rustls`) and pass it to
-/// [`PostgresLockManager::new`](crate::PostgresLockManager::new).
+/// Each held lock keeps one connection: `max_size` is the most locks the manager can
+/// hold at once, and must be at least 1.
 ///
-/// Remember that each held lock keeps one connection: `max_size` is the most locks
-/// the manager can hold at once. For TLS or other settings, build the
-/// [`deadpool_postgres::Pool`] yourself and pass it to
+/// For TLS, [`tls_pool`] is the same pool with a TLS connector; for other settings, build
+/// the [`deadpool_postgres::Pool`] yourself (see
+/// [`PostgresLockManagerBuilder::tls`](crate::PostgresLockManagerBuilder::tls)) and pass it to
 /// [`PostgresLockManager::new`](crate::PostgresLockManager::new).
 ///
 /// # Errors
-/// [`PoolConfigError::InvalidUrl`] for a malformed URL, [`PoolConfigError::Build`] if
-/// deadpool refuses the configuration.
+/// [`PoolConfigError::InvalidUrl`] for a malformed URL, [`PoolConfigError::ZeroSize`]
+/// for `max_size` 0, [`PoolConfigError::Build`] if deadpool refuses the configuration.
 ///
 /// ```
 /// let pool = locks_postgres::plain_pool("postgres://app@localhost/app", 8)?;
@@ -76,7 +110,8 @@ pub fn plain_pool(url: &str, max_size: usize) -> Result<Pool, PoolConfigError> {
 /// ```
 ///
 /// # Errors
-/// [`PoolConfigError::Build`] if deadpool refuses the configuration.
+/// [`PoolConfigError::ZeroSize`] for `max_size` 0, [`PoolConfigError::Build`] if
+/// deadpool refuses the configuration.
 pub fn plain_pool_with_config(
     config: tokio_postgres::Config,
     max_size: usize,
@@ -101,7 +136,8 @@ pub fn plain_pool_with_config(
 /// ```
 ///
 /// # Errors
-/// [`PoolConfigError::Build`] if deadpool refuses the configuration.
+/// [`PoolConfigError::ZeroSize`] for `max_size` 0, [`PoolConfigError::Build`] if deadpool
+/// refuses the configuration.
 pub fn tls_pool<T>(
     mut config: tokio_postgres::Config,
     tls: T,
@@ -113,6 +149,9 @@ where
     T::TlsConnect: Sync + Send,
     <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
 {
+    if max_size == 0 {
+        return Err(PoolConfigError::ZeroSize);
+    }
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(PLAIN_POOL_CONNECT_TIMEOUT);
     }
@@ -144,4 +183,36 @@ where
         .map_err(PoolConfigError::Build)?;
     register(&pool, Canceller::with(tls));
     Ok(pool)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+
+    use super::*;
+
+    #[test]
+    fn a_malformed_url_says_where_once() {
+        let error = plain_pool("post gres://x", 4).unwrap_err();
+        let text = error.to_string();
+        assert!(matches!(error, PoolConfigError::InvalidUrl(_)));
+        let driver = error.source().expect("the driver's error is the source");
+        assert!(driver.downcast_ref::<tokio_postgres::Error>().is_some());
+        let detail = driver.source().expect("the parser's words").to_string();
+        assert_eq!(text, format!("invalid PostgreSQL URL: {detail}"));
+        assert!(detail.contains("byte"), "{detail}");
+        assert!(!text.contains(&driver.to_string()), "no text twice: {text}");
+    }
+
+    #[test]
+    fn zero_connections_are_refused() {
+        let url = "postgres://app@localhost/app";
+        assert!(matches!(plain_pool(url, 0), Err(PoolConfigError::ZeroSize)));
+        let config: tokio_postgres::Config = url.parse().unwrap();
+        assert!(matches!(
+            plain_pool_with_config(config, 0),
+            Err(PoolConfigError::ZeroSize)
+        ));
+        assert_eq!(plain_pool(url, 1).unwrap().status().max_size, 1);
+    }
 }

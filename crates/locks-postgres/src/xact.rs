@@ -152,6 +152,7 @@ impl TransactionLocks {
         key: &str,
         mode: LockMode,
     ) -> Result<bool, TransactionLockError> {
+        refuse_empty(key)?;
         let lock_id = self.lock_id(key);
         let span = self.span(key, lock_id, "pg_try_advisory_xact_lock", None);
         let result = try_once(tx, lock_id, mode)
@@ -215,6 +216,7 @@ impl TransactionLocks {
         mode: LockMode,
         timeout: Option<Duration>,
     ) -> Result<(), TransactionLockError> {
+        refuse_empty(key)?;
         let lock_id = self.lock_id(key);
         let span = self.span(key, lock_id, "pg_advisory_xact_lock", timeout);
         let result = async {
@@ -354,6 +356,16 @@ fn first_row(messages: &[SimpleQueryMessage]) -> Option<&tokio_postgres::SimpleQ
     })
 }
 
+/// The empty key, refused as the managers refuse it.
+fn refuse_empty(key: &str) -> Result<(), TransactionLockError> {
+    match locks_port::check_key(key) {
+        Ok(()) => Ok(()),
+        Err(_) => Err(TransactionLockError::InvalidKey {
+            key: key.to_owned(),
+        }),
+    }
+}
+
 /// A transaction lock could not be taken.
 ///
 /// The message is the manager's: `Failed to acquire lock '{key}': {reason}`, with the
@@ -389,6 +401,12 @@ pub enum TransactionLockError {
         reason: String,
         /// The driver's error.
         source: tokio_postgres::Error,
+    },
+    /// The key is empty (see [`locks_port::check_key`]); nothing was sent and the
+    /// transaction is as before.
+    InvalidKey {
+        /// The key (empty).
+        key: String,
     },
     /// Any other failure: the connection, the transaction's state (an already aborted
     /// transaction), the server. The transaction may be aborted or gone.
@@ -439,6 +457,7 @@ impl TransactionLockError {
     pub fn key(&self) -> &str {
         match self {
             Self::Timeout { key, .. }
+            | Self::InvalidKey { key }
             | Self::Deadlock { key, .. }
             | Self::Cancelled { key, .. }
             | Self::Backend { key, .. } => key,
@@ -463,6 +482,7 @@ impl TransactionLockError {
     pub fn kind(&self) -> AcquisitionErrorKind {
         match self {
             Self::Timeout { .. } => AcquisitionErrorKind::Timeout,
+            Self::InvalidKey { .. } => AcquisitionErrorKind::InvalidKey,
             Self::Cancelled { .. } => AcquisitionErrorKind::Cancelled,
             Self::Deadlock { .. } => AcquisitionErrorKind::Backend,
             Self::Backend { source, .. } => match driver_kind(source) {
@@ -476,6 +496,10 @@ impl TransactionLockError {
     fn reason(&self) -> String {
         match self {
             Self::Timeout { timeout, .. } => timeout_reason(*timeout),
+            Self::InvalidKey { key } => locks_port::check_key(key)
+                .err()
+                .map(|error| error.reason().to_owned())
+                .unwrap_or_default(),
             Self::Deadlock { reason, .. } => format!("deadlock detected: {reason}"),
             Self::Cancelled { reason, .. } => format!("cancelled: {reason}"),
             Self::Backend { reason, .. } => format!("Database error: {reason}"),
@@ -484,7 +508,7 @@ impl TransactionLockError {
 
     fn source_error(&self) -> Option<&tokio_postgres::Error> {
         match self {
-            Self::Timeout { .. } => None,
+            Self::Timeout { .. } | Self::InvalidKey { .. } => None,
             Self::Deadlock { source, .. }
             | Self::Cancelled { source, .. }
             | Self::Backend { source, .. } => Some(source),
@@ -517,6 +541,7 @@ impl From<TransactionLockError> for LockAcquisitionError {
         let reason = error.reason();
         match error {
             TransactionLockError::Timeout { key, timeout } => Self::timed_out(key, timeout),
+            TransactionLockError::InvalidKey { key } => Self::new(key, kind, reason),
             TransactionLockError::Deadlock { key, source, .. }
             | TransactionLockError::Cancelled { key, source, .. }
             | TransactionLockError::Backend { key, source, .. } => {

@@ -4,6 +4,7 @@
 mod conformance;
 mod fifo;
 mod lifecycle;
+mod losses;
 mod many;
 mod suite_self_check;
 

@@ -271,3 +271,53 @@ async fn shared_groups_hold_together() {
             .all(|i| i.mode() == LockMode::Exclusive)
     );
 }
+
+/// Any list of strings names a group: arrays, slices, `&Vec<String>`, owned vectors,
+/// iterators of `format!`ed keys; through the inherent method and the port's trait.
+#[tokio::test]
+async fn acquire_many_takes_any_list_of_strings() {
+    async fn through_the_trait<L: locks_port::AcquireMany>(locks: &L, keys: &[String]) -> usize {
+        use locks_port::LockGroup;
+        let group = locks
+            .acquire_many(keys, Duration::ZERO)
+            .await
+            .expect("trait");
+        group.infos().len()
+    }
+    let locks = InMemoryLockManager::new();
+    let owned: Vec<String> = (0..3).map(|n| format!("account:{n}")).collect();
+    let borrowed: Vec<&str> = owned.iter().map(String::as_str).collect();
+    let sizes = [
+        locks
+            .acquire_many(&owned, Duration::ZERO)
+            .await
+            .map(|g| g.infos().len()),
+        locks
+            .acquire_many(owned.clone(), Duration::ZERO)
+            .await
+            .map(|g| g.infos().len()),
+        locks
+            .acquire_many(&borrowed[..], Duration::ZERO)
+            .await
+            .map(|g| g.infos().len()),
+        locks
+            .acquire_many(["a", "b"], Duration::ZERO)
+            .await
+            .map(|g| g.infos().len()),
+        locks
+            .acquire_many((0..4).map(|n| format!("k:{n}")), Duration::ZERO)
+            .await
+            .map(|g| g.infos().len()),
+    ];
+    let sizes: Vec<usize> = sizes
+        .into_iter()
+        .map(|size| size.expect("granted"))
+        .collect();
+    assert_eq!(sizes, [3, 3, 3, 2, 4]);
+    assert_eq!(through_the_trait(&locks, &owned).await, 3);
+    assert_eq!(
+        locks.held_lock_count(),
+        0,
+        "every group was released on drop"
+    );
+}

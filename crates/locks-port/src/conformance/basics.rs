@@ -10,7 +10,7 @@ use super::Harness;
 use super::fixtures::{
     WAIT, bounded, must_acquire, must_be_busy, must_release, must_take, unique_key,
 };
-use crate::{DistributedLock, LockGuard, LockRegistry, lock_id};
+use crate::{AcquisitionErrorKind, DistributedLock, LockGuard, LockRegistry, lock_id};
 
 /// How far `acquired_at` may be from the local clock.
 const CLOCK_SLACK: time::Duration = time::Duration::seconds(5);
@@ -223,4 +223,61 @@ pub async fn bookkeeping_is_per_manager<H: Harness>(harness: &H) {
     )
     .await;
     must_release(guard, "per manager").await;
+}
+
+/// The empty key is refused by every acquisition (`InvalidKey`, nothing asked of the
+/// backend, nothing held), while a key that merely ends empty (`"job:"`) is a key.
+pub async fn empty_key_is_refused<H: Harness>(harness: &H) {
+    let manager = harness.manager();
+    let error = manager
+        .acquire("", Duration::from_secs(1))
+        .await
+        .expect_err("acquire(\"\") must be refused");
+    assert_eq!(error.kind(), AcquisitionErrorKind::InvalidKey, "{error}");
+    assert_eq!(error.key(), "");
+    let error = manager
+        .try_acquire("")
+        .await
+        .expect_err("try_acquire(\"\") must be refused");
+    assert_eq!(error.kind(), AcquisitionErrorKind::InvalidKey, "{error}");
+    let error = manager
+        .with_lock("", Duration::from_secs(1), |_| async {})
+        .await
+        .expect_err("with_lock(\"\") must be refused");
+    assert_eq!(error.kind(), AcquisitionErrorKind::InvalidKey, "{error}");
+    assert!(!manager.is_held(""));
+    assert_eq!(manager.held_lock_count(), 0);
+    let prefix = format!("{}:", unique_key("empty_key_is_refused"));
+    let guard = must_acquire(&manager, &prefix, "a key ending in ':' is a key").await;
+    assert_eq!(guard.info().lock_id(), lock_id(&prefix));
+    must_release(guard, "a key ending in ':'").await;
+}
+
+/// `try_with_lock` runs the body when the key is free and gives its output; it skips
+/// the body (`Ok(None)`) while another manager holds the key, and releases afterwards.
+pub async fn try_with_lock_skips_a_held_key<H: Harness>(harness: &H) {
+    let key = unique_key("try_with_lock_skips_a_held_key");
+    let (manager, other) = (harness.manager(), harness.manager());
+    let ran = manager
+        .try_with_lock(&key, |info| async move { info.key().to_owned() })
+        .await
+        .expect("try_with_lock of a free key");
+    assert_eq!(
+        ran.as_deref(),
+        Some(key.as_str()),
+        "the body must run on a free key"
+    );
+    assert!(
+        !manager.is_held(&key),
+        "try_with_lock must release afterwards"
+    );
+    let holder = must_acquire(&other, &key, "the other holder").await;
+    let skipped = manager
+        .try_with_lock(&key, |_| async {
+            panic!("the body must not run on a held key")
+        })
+        .await
+        .expect("contention is not an error");
+    assert!(skipped.is_none(), "a held key must be skipped");
+    must_release(holder, "the other holder").await;
 }

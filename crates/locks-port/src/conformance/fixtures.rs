@@ -109,6 +109,35 @@ pub(crate) fn assert_timeout_error(
     timeout: Duration,
     why: &str,
 ) {
+    assert!(
+        !error.is_permit(),
+        "{why}: a lock's error must speak of a lock"
+    );
+    assert_timeout_error_of(error, key, timeout, why, "Failed to acquire lock");
+}
+
+/// [`assert_timeout_error`] for a semaphore's permit: the message speaks of a permit.
+pub(crate) fn assert_permit_timeout_error(
+    error: &LockAcquisitionError,
+    name: &str,
+    timeout: Duration,
+    why: &str,
+) {
+    assert!(
+        error.is_permit(),
+        "{why}: a permit's error must speak of a permit"
+    );
+    let subject = "Failed to acquire a permit of semaphore";
+    assert_timeout_error_of(error, name, timeout, why, subject);
+}
+
+fn assert_timeout_error_of(
+    error: &LockAcquisitionError,
+    key: &str,
+    timeout: Duration,
+    why: &str,
+    subject: &str,
+) {
     assert_eq!(
         error.kind(),
         AcquisitionErrorKind::Timeout,
@@ -128,10 +157,7 @@ pub(crate) fn assert_timeout_error(
     );
     assert_eq!(
         error.to_string(),
-        format!(
-            "Failed to acquire lock '{key}': {}",
-            crate::timeout_reason(timeout)
-        ),
+        format!("{subject} '{key}': {}", crate::timeout_reason(timeout)),
         "{why}: the message must be the Python `eventsource` library's"
     );
 }

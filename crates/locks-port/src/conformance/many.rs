@@ -129,7 +129,7 @@ pub async fn dropped_acquire_many_leaves_nothing_held<H: Harness<Manager: Acquir
 pub async fn acquire_many_of_nothing_holds_nothing<H: Harness<Manager: AcquireMany>>(harness: &H) {
     let manager = harness.manager();
     let locks = manager
-        .acquire_many(&[], bounded(Duration::ZERO))
+        .acquire_many(&[] as &[&str], bounded(Duration::ZERO))
         .await
         .expect("an empty list has nothing to wait for");
     assert!(locks.infos().is_empty());
@@ -170,5 +170,30 @@ pub async fn acquire_many_tells_of_a_member_taken_away<H: Harness<Manager: Acqui
     for key in &keys {
         let free = eventually_acquirable(&other, key, "a released group's key").await;
         must_release(free, "a released group's key").await;
+    }
+}
+
+/// A group with the empty key among its keys is refused (`InvalidKey`) and nothing of
+/// it is held.
+pub async fn acquire_many_refuses_an_empty_key<H: Harness<Manager: AcquireMany>>(harness: &H) {
+    let keys = keys_by_lock_id("acquire_many_refuses_an_empty_key");
+    let manager = harness.manager();
+    let error = manager
+        .acquire_many(&[keys[0].as_str(), "", keys[1].as_str()], bounded(WAIT))
+        .await
+        .expect_err("a group with the empty key must be refused");
+    assert_eq!(
+        error.kind(),
+        crate::AcquisitionErrorKind::InvalidKey,
+        "{error}"
+    );
+    assert_eq!(
+        manager.held_lock_count(),
+        0,
+        "nothing of the group may be held"
+    );
+    for key in &keys {
+        let guard = must_take(&harness.manager(), key, "a key of the refused group").await;
+        must_release(guard, "a key of the refused group").await;
     }
 }

@@ -68,7 +68,8 @@ mod waiting;
 
 pub use basics::{
     acquire_yields_info_for_the_key, bookkeeping_is_per_manager, different_keys_are_independent,
-    is_held_inside_and_not_after, try_acquire_takes_free_and_refuses_held,
+    empty_key_is_refused, is_held_inside_and_not_after, try_acquire_takes_free_and_refuses_held,
+    try_with_lock_skips_a_held_key,
 };
 pub use cleanup::{
     aborted_holder_task_releases, dropped_guard_releases,
@@ -83,8 +84,8 @@ pub use health::{
 };
 pub use many::{
     acquire_many_is_all_or_nothing, acquire_many_of_nothing_holds_nothing,
-    acquire_many_takes_all_in_lock_id_order, acquire_many_tells_of_a_member_taken_away,
-    dropped_acquire_many_leaves_nothing_held,
+    acquire_many_refuses_an_empty_key, acquire_many_takes_all_in_lock_id_order,
+    acquire_many_tells_of_a_member_taken_away, dropped_acquire_many_leaves_nothing_held,
 };
 pub use modes::{exclusive_excludes_shared, queued_writer_is_not_starved, shared_holders_coexist};
 pub use random::Lcg;
@@ -216,6 +217,8 @@ macro_rules! conformance_suite {
             shared_holders_coexist,
             exclusive_excludes_shared,
             queued_writer_is_not_starved,
+            empty_key_is_refused,
+            try_with_lock_skips_a_held_key,
         );
     };
 }
@@ -232,6 +235,7 @@ macro_rules! acquire_many_suite {
             dropped_acquire_many_leaves_nothing_held,
             acquire_many_of_nothing_holds_nothing,
             acquire_many_tells_of_a_member_taken_away,
+            acquire_many_refuses_an_empty_key,
         );
     };
 }

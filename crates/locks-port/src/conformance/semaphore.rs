@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::Harness;
-use super::fixtures::{WAIT, assert_timeout_error, bounded, join, unique_key};
+use super::fixtures::{WAIT, assert_permit_timeout_error, bounded, join, unique_key};
 use crate::{
     AcquireOptions, AcquisitionErrorKind, DistributedLock, MAX_PERMITS, PermitGuard,
     ReleaseOutcome, Semaphore,
@@ -139,7 +139,7 @@ pub async fn try_acquire_permit_takes_up_to_n<H: Harness<Manager: Semaphore>>(ha
     drop((again, b));
 }
 
-/// A full semaphore times out with the lock's error; a zero timeout is one try.
+/// A full semaphore times out as a lock does (its message speaks of a permit); a zero timeout is one try.
 pub async fn permit_times_out_like_a_lock<H: Harness<Manager: Semaphore>>(harness: &H) {
     let name = unique_key("permit_times_out_like_a_lock");
     let holder = must_permit(&harness.manager(), &name, 1, "the only permit").await;
@@ -150,14 +150,15 @@ pub async fn permit_times_out_like_a_lock<H: Harness<Manager: Semaphore>>(harnes
             .acquire_permit(&name, 1, bounded(timeout))
             .await
             .expect_err("a full semaphore must not grant");
-        assert_timeout_error(&error, &name, timeout, "a full semaphore");
+        assert_permit_timeout_error(&error, &name, timeout, "a full semaphore");
         assert!(started.elapsed() >= timeout);
     }
     drop(holder);
 }
 
 /// 0 permits, more than [`MAX_PERMITS`], and a number that differs from the one in use
-/// are `Configuration` errors naming the semaphore.
+/// are `Configuration` errors naming the semaphore; the empty name is refused
+/// (`InvalidKey`); every one of these errors speaks of a permit, not a lock.
 pub async fn bad_or_disagreeing_permits_are_configuration_errors<H: Harness<Manager: Semaphore>>(
     harness: &H,
 ) {
@@ -170,6 +171,10 @@ pub async fn bad_or_disagreeing_permits_are_configuration_errors<H: Harness<Mana
             .expect_err("a bad number of permits");
         assert_eq!(error.kind(), AcquisitionErrorKind::Configuration, "{error}");
         assert_eq!(error.key(), name);
+        assert!(
+            error.is_permit(),
+            "a semaphore's error speaks of a permit: {error}"
+        );
         let error = manager
             .try_acquire_permit(&name, bad)
             .await
@@ -190,8 +195,22 @@ pub async fn bad_or_disagreeing_permits_are_configuration_errors<H: Harness<Mana
         );
     }
     drop(holder);
-    let empty = must_permit(&manager, "", 1, "the empty name is a name").await;
-    drop(empty);
+    let error = manager
+        .acquire_permit("", 1, bounded(WAIT))
+        .await
+        .expect_err("the empty name must be refused");
+    assert_eq!(error.kind(), AcquisitionErrorKind::InvalidKey, "{error}");
+    let error = manager
+        .try_acquire_permit("", 1)
+        .await
+        .expect_err("the empty name must be refused");
+    assert_eq!(error.kind(), AcquisitionErrorKind::InvalidKey, "{error}");
+    assert!(
+        error
+            .to_string()
+            .starts_with("Failed to acquire a permit of semaphore '':"),
+        "a semaphore's error speaks of a permit: {error}"
+    );
 }
 
 /// A dropped acquisition leaves nothing held and no wait queued; a dropped permit is

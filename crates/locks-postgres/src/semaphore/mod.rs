@@ -503,10 +503,13 @@ impl Semaphore for PostgresLockManager {
         let deadline = options.timeout().map(Deadline::after);
         // A wait that ends without a permit is a timeout error already (from `permit`).
         self.permit(name, permits, deadline, true)
-            .await?
-            .ok_or_else(|| {
-                LockAcquisitionError::timed_out(name, options.timeout().unwrap_or_default())
+            .await
+            .and_then(|granted| {
+                granted.ok_or_else(|| {
+                    LockAcquisitionError::timed_out(name, options.timeout().unwrap_or_default())
+                })
             })
+            .map_err(LockAcquisitionError::for_permit)
     }
 
     /// Takes a permit if one is free and nobody waits (or scans) for one.
@@ -518,7 +521,9 @@ impl Semaphore for PostgresLockManager {
         name: &str,
         permits: u32,
     ) -> Result<Option<PostgresPermit>, LockAcquisitionError> {
-        self.permit(name, permits, None, false).await
+        self.permit(name, permits, None, false)
+            .await
+            .map_err(LockAcquisitionError::for_permit)
     }
 
     async fn permit_holders(

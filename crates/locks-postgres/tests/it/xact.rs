@@ -334,3 +334,31 @@ async fn through_pgbouncer_in_transaction_mode_it_excludes_across_two_clients() 
     tx.commit().await.expect("commit");
     assert_eq!(holders(&admin, locks_port::lock_id(&key)).await, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_empty_key_is_refused_and_the_transaction_stays_usable() {
+    let locks = TransactionLocks::new();
+    let mut client = client().await;
+    let tx = client.transaction().await.expect("begin");
+    for error in [
+        locks.try_lock(&tx, "", EXCLUSIVE).await.map(|_| ()),
+        locks.lock(&tx, "", SHARED).await,
+        locks
+            .lock_with_timeout(&tx, "", EXCLUSIVE, Duration::from_millis(200))
+            .await,
+    ] {
+        let error = error.expect_err("the empty key must be refused");
+        assert!(
+            matches!(error, TransactionLockError::InvalidKey { .. }),
+            "{error:?}"
+        );
+        assert_eq!(error.kind(), locks_port::AcquisitionErrorKind::InvalidKey);
+        assert_eq!(
+            error.to_string(),
+            "Failed to acquire lock '': the key is empty; a lock needs a non-empty key"
+        );
+    }
+    let one: i32 = tx.query_one("SELECT 1", &[]).await.expect("usable").get(0);
+    assert_eq!(one, 1);
+    tx.rollback().await.expect("rollback");
+}

@@ -1,0 +1,175 @@
+//! Making the double lose, so callers can test their own loss and error paths: end a
+//! manager's "session" (its locks, groups and permits lost with any [`LostReason`]) and
+//! make the next acquisition fail with a chosen [`AcquisitionErrorKind`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use locks_port::{
+    AcquisitionErrorKind, LockAcquisitionError, LostReason, LostSignal, ReleaseOutcome,
+};
+
+use crate::manager::{Held, InMemoryLockManager, ManagerInner};
+use crate::semaphore::PermitCell;
+
+/// The permits held through one manager, by acquisition token.
+#[derive(Default)]
+pub(crate) struct LivePermits {
+    map: Mutex<HashMap<u64, Arc<PermitCell>>>,
+}
+
+impl LivePermits {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<PermitCell>>> {
+        self.map.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn insert(&self, token: u64, cell: Arc<PermitCell>) {
+        self.map().insert(token, cell);
+    }
+
+    pub(crate) fn remove(&self, token: u64) {
+        self.map().remove(&token);
+    }
+
+    fn drain(&self) -> Vec<Arc<PermitCell>> {
+        self.map().drain().map(|(_, cell)| cell).collect()
+    }
+}
+
+/// What a guard's release reports when its lock was no longer booked: `Lost(reason)`
+/// after a loss, `AlreadyReleased` after the manager's `release`/`release_all`.
+pub(crate) fn not_released(lost: &LostSignal) -> ReleaseOutcome {
+    match lost.reason() {
+        Some(reason) if reason != LostReason::Released => ReleaseOutcome::Lost(reason),
+        _ => ReleaseOutcome::AlreadyReleased,
+    }
+}
+
+impl ManagerInner {
+    /// The failure [`InMemoryLockManager::fail_next_acquire`] armed, once.
+    pub(crate) fn injected_failure(&self, key: &str) -> Result<(), LockAcquisitionError> {
+        let kind = self
+            .next_failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        match kind {
+            None => Ok(()),
+            Some(AcquisitionErrorKind::Timeout) => {
+                Err(LockAcquisitionError::timed_out(key, Duration::ZERO))
+            }
+            Some(kind) => Err(LockAcquisitionError::new(
+                key,
+                kind,
+                format!("Database error: {kind:?}, injected by fail_next_acquire"),
+            )),
+        }
+    }
+}
+
+impl InMemoryLockManager {
+    /// Takes the lock of `key` away from this manager as a PostgreSQL manager loses it
+    /// when its session ends: the guard's [`lost`](locks_port::LockGuard::lost) signal
+    /// fires with `reason`, the key is free for others at once, and the guard's release
+    /// reports [`ReleaseOutcome::Lost`]. A key held as part of a group loses the whole
+    /// group (one session holds them all). `false` when this manager does not hold `key`.
+    ///
+    /// For tests of the caller's loss path; see also [`end_session`](Self::end_session).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use locks_memory::InMemoryLockManager;
+    /// use locks_memory::locks_port::{DistributedLock, LockGuard, LostReason, ReleaseOutcome};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let locks = InMemoryLockManager::new();
+    /// let guard = locks.acquire("job:nightly", Duration::from_secs(1)).await?;
+    /// assert!(locks.lose("job:nightly", LostReason::ConnectionClosed));
+    /// assert_eq!(guard.lost().await, LostReason::ConnectionClosed);
+    /// assert_eq!(guard.release().await, ReleaseOutcome::Lost(LostReason::ConnectionClosed));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn lose(&self, key: &str, reason: LostReason) -> bool {
+        let taken: Vec<Held> = {
+            let mut held = self.inner.held_map();
+            let Some(token) = held.get(key).map(|entry| entry.token) else {
+                return false;
+            };
+            let keys: Vec<String> = held
+                .iter()
+                .filter(|(_, entry)| entry.token == token)
+                .map(|(key, _)| key.clone())
+                .collect();
+            keys.iter().filter_map(|key| held.remove(key)).collect()
+        };
+        for entry in &taken {
+            entry.notifier.notify(reason);
+        }
+        // Dropped outside the bookkeeping mutex: frees the keys for the next holder.
+        drop(taken);
+        true
+    }
+
+    /// Ends this manager's "session": every lock, group and permit it holds is lost
+    /// with `reason` (their `lost()` signals fire with it, their keys and permits are
+    /// free at once). Returns how many locks and permits were lost. The manager stays
+    /// usable, as a PostgreSQL manager opens new connections after one ends.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use locks_memory::InMemoryLockManager;
+    /// use locks_memory::locks_port::{LostReason, PermitGuard, Semaphore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let locks = InMemoryLockManager::new();
+    /// let permit = locks.acquire_permit("exports", 2, Duration::from_secs(1)).await?;
+    /// assert_eq!(locks.end_session(LostReason::KeepaliveFailed), 1);
+    /// assert_eq!(permit.lost().await, LostReason::KeepaliveFailed);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn end_session(&self, reason: LostReason) -> usize {
+        let held = std::mem::take(&mut *self.inner.held_map());
+        for entry in held.values() {
+            entry.notifier.notify(reason);
+        }
+        let permits = self.inner.permits.drain();
+        let lost_permits = permits.iter().filter(|cell| cell.give_back(reason)).count();
+        let count = held.len() + lost_permits;
+        drop(held);
+        count
+    }
+
+    /// Makes the next acquisition through this manager (`acquire`, `try_acquire`,
+    /// `acquire_many`, `acquire_permit`, `try_acquire_permit`) fail with `kind`, once,
+    /// without touching any lock: a test can drive its code through the
+    /// `Unreachable`, `PoolUnavailable`, `ConnectionLost`… branches. A `Timeout` reads
+    /// as a zero-timeout one (`Timeout after 0.0s`); the other kinds say
+    /// `Database error: {kind:?}, injected by fail_next_acquire`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use locks_memory::InMemoryLockManager;
+    /// use locks_memory::locks_port::{AcquisitionErrorKind, DistributedLock};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let locks = InMemoryLockManager::new();
+    /// locks.fail_next_acquire(AcquisitionErrorKind::Unreachable);
+    /// let error = locks.acquire("k", Duration::from_secs(1)).await.unwrap_err();
+    /// assert_eq!(error.kind(), AcquisitionErrorKind::Unreachable);
+    /// assert!(locks.acquire("k", Duration::from_secs(1)).await.is_ok(), "once only");
+    /// # }
+    /// ```
+    pub fn fail_next_acquire(&self, kind: AcquisitionErrorKind) {
+        *self
+            .inner
+            .next_failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(kind);
+    }
+}
