@@ -20,6 +20,7 @@
 //! | [`PERMIT_ACQUIRE_DURATION`] | histogram | `s` | as above |
 //! | [`PERMITS_HELD`] | up-down counter | `{permit}` | none |
 //! | [`PERMITS_LOST`] | counter | `{permit}` | `lock.lost_reason` |
+//! | [`PERMITS_IDLE_WAITING`] | counter | `s` | `lock.id` (opt-in) |
 //!
 //! Whether this process leads an election is
 //! [`LeaderElection`](crate::LeaderElection)'s own instrument, `eventsource.leader.is_leader`
@@ -68,6 +69,11 @@ pub(crate) const PERMIT_ACQUIRE_DURATION: &str = "eventsource.semaphore.acquire.
 pub(crate) const PERMITS_HELD: &str = "eventsource.semaphore.permits";
 /// Permits lost while held, by reason.
 pub(crate) const PERMITS_LOST: &str = "eventsource.semaphore.permits.lost";
+/// Permit time left idle while a waiter of this manager queued: for each permit granted
+/// after a wait, how long the slot may have been free before the waiter took it (the
+/// time since its last look found every slot busy, an upper bound). Its rate over the
+/// rate of permit time held is the idle share an operator should see near zero.
+pub(crate) const PERMITS_IDLE_WAITING: &str = "eventsource.semaphore.idle_waiting";
 
 /// The attribute names.
 const MODE: &str = "lock.mode";
@@ -120,6 +126,7 @@ struct Instruments {
     permit_acquire_duration: Histogram<f64>,
     permits_held: UpDownCounter<i64>,
     permits_lost: Counter<u64>,
+    permits_idle_waiting: Counter<f64>,
     /// Whether `lock.id` is recorded (the builder's opt-in).
     with_lock_id: bool,
     /// Per mode and outcome (`mode * OUTCOMES + outcome`).
@@ -206,6 +213,22 @@ impl Metrics {
         }
     }
 
+    /// A permit of the semaphore of `class` was granted after a wait, `idle` seconds at
+    /// most after it was freed (see [`PERMITS_IDLE_WAITING`]).
+    pub(crate) fn permit_idle_while_waiting(&self, class: i32, idle: f64) {
+        if let Some(instruments) = &self.instruments
+            && idle.is_finite()
+            && idle >= 0.0
+        {
+            if instruments.with_lock_id {
+                let attributes = with_lock_id(&[], i64::from(class));
+                instruments.permits_idle_waiting.add(idle, &attributes);
+            } else {
+                instruments.permits_idle_waiting.add(idle, &[]);
+            }
+        }
+    }
+
     /// A held permit of the semaphore of `class` was lost.
     pub(crate) fn permit_lost(&self, class: i32, reason: LostReason) {
         if let Some(instruments) = &self.instruments {
@@ -278,6 +301,13 @@ impl Instruments {
             .with_unit("{permit}")
             .with_description("Semaphore permits lost while held, by reason.")
             .build();
+        let permits_idle_waiting = meter
+            .f64_counter(PERMITS_IDLE_WAITING)
+            .with_unit("s")
+            .with_description(
+                "Permit time left idle while a waiter queued (an upper bound per grant).",
+            )
+            .build();
         // Each loss series starts at zero when the manager is built, so that a query of
         // its increase sees the first loss (a counter series that appears at 1 has no
         // increase to show).
@@ -304,6 +334,7 @@ impl Instruments {
             permit_acquire_duration,
             permits_held,
             permits_lost,
+            permits_idle_waiting,
             with_lock_id,
             outcome_attributes,
             permit_outcome_attributes,
