@@ -44,6 +44,9 @@ pub(super) const ENTER: &str = "SELECT m.marked, o.others, t.gate, g.slot \
 
 /// The shortest pause between two looks at the slots of a turnstile holder.
 pub(super) const POLL_MS: u32 = 1;
+/// The longest pause a long wait grows to (a hundredth of the time waited so far), so
+/// that an idle turnstile holder costs the server less.
+pub(super) const SLOWEST_POLL_MS: u32 = 5;
 
 /// A wait for a permit, in one server-side statement that ends only with a permit, at
 /// the deadline, or cancelled: queue on the turnstile (the server's FIFO queue, bounded
@@ -52,8 +55,9 @@ pub(super) const POLL_MS: u32 = 1;
 /// it leaves the turnstile itself. The server grants the permit even when the client is
 /// stopped or cut off, so a waiter never holds the turnstile while nobody runs its wait.
 ///
-/// The pause is [`POLL_MS`], or four times the last look when that is longer (a large
-/// N): the looking backend spends at most a fifth of its time looking.
+/// The pause is [`POLL_MS`], growing to a hundredth of the time the turnstile has been
+/// held up to [`SLOWEST_POLL_MS`]; or four times the last look when that is longer (a
+/// large N), so that the looking backend spends at most a fifth of its time looking.
 ///
 /// A `DO` block takes no parameters: every value is a number formatted here, and the
 /// session marker (16 hex digits) is checked before use. The answer is the setting
@@ -71,7 +75,7 @@ pub(super) fn wait(marker: &str, class: i32, permits: u32, lock_timeout_ms: u32)
            c int4 := {class}; n int4 := {permits}; \
            stop timestamptz := CASE WHEN {lock_timeout_ms} > 0 \
              THEN clock_timestamp() + {lock_timeout_ms} * interval '1 ms' END; \
-           s int4; missed timestamptz; looked timestamptz; \
+           s int4; missed timestamptz; looked timestamptz; began timestamptz; \
          BEGIN \
            IF current_setting('locks.session', true) IS DISTINCT FROM '{marker}' THEN \
              RETURN; \
@@ -88,6 +92,7 @@ pub(super) fn wait(marker: &str, class: i32, permits: u32, lock_timeout_ms: u32)
                RETURN; \
              END; \
            END IF; \
+           began := clock_timestamp(); \
            LOOP \
              looked := clock_timestamp(); \
              SELECT g INTO s FROM generate_series(0, n - 1) AS g \
@@ -105,13 +110,16 @@ pub(super) fn wait(marker: &str, class: i32, permits: u32, lock_timeout_ms: u32)
                PERFORM pg_advisory_unlock(c, -1); \
                RETURN; \
              END IF; \
-             PERFORM pg_sleep(greatest({poll}, 4 * extract(epoch FROM missed - looked))); \
+             PERFORM pg_sleep(greatest({poll}, least({slowest}, \
+               extract(epoch FROM missed - began) / 100), \
+               4 * extract(epoch FROM missed - looked))); \
            END LOOP; \
          END $locks$; \
          SELECT CASE WHEN current_setting('locks.session', true) = '{marker}' \
            THEN current_setting('locks.semaphore', true) END",
         epoch = super::encoding::SINCE_EPOCH_UNIX,
         poll = f64::from(POLL_MS) / 1000.0,
+        slowest = f64::from(SLOWEST_POLL_MS) / 1000.0,
     );
     Some(sql)
 }

