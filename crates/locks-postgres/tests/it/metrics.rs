@@ -22,7 +22,7 @@ use crate::support::{admin, pool, unique_key};
 /// One data point as exported: the instrument, its attributes as text, and the value
 /// (a sum's value, or a histogram's count and sum).
 #[derive(Debug, Clone)]
-struct Point {
+pub(crate) struct Point {
     name: String,
     unit: String,
     attributes: Vec<(String, String)>,
@@ -47,13 +47,13 @@ impl Point {
 
 /// A meter provider of one test, with the SDK's in-memory exporter behind a periodic
 /// reader (flushed on demand).
-struct Recorded {
+pub(crate) struct Recorded {
     exporter: InMemoryMetricExporter,
     provider: SdkMeterProvider,
 }
 
 impl Recorded {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let exporter = InMemoryMetricExporter::default();
         let provider = SdkMeterProvider::builder()
             .with_reader(PeriodicReader::builder(exporter.clone()).build())
@@ -62,12 +62,12 @@ impl Recorded {
     }
 
     /// A manager builder on a pool of `size` whose instruments record here.
-    fn manager(&self, size: usize) -> locks_postgres::PostgresLockManagerBuilder {
+    pub(crate) fn manager(&self, size: usize) -> locks_postgres::PostgresLockManagerBuilder {
         PostgresLockManager::builder(pool(size)).meter(self.provider.meter("it-metrics"))
     }
 
     /// Every data point recorded so far (cumulative).
-    fn points(&self) -> Vec<Point> {
+    pub(crate) fn points(&self) -> Vec<Point> {
         self.exporter.reset();
         self.provider.force_flush().expect("flush");
         let exported = self.exporter.get_finished_metrics().expect("exported");
@@ -97,6 +97,11 @@ impl Recorded {
                     AggregatedMetrics::I64(MetricData::Sum(sum)) => {
                         for point in sum.data_points() {
                             push(text(point.attributes()), point.value() as f64, 0);
+                        }
+                    }
+                    AggregatedMetrics::F64(MetricData::Sum(sum)) => {
+                        for point in sum.data_points() {
+                            push(text(point.attributes()), point.value(), 0);
                         }
                     }
                     AggregatedMetrics::F64(MetricData::Histogram(histogram)) => {
@@ -129,7 +134,7 @@ fn find<'p>(points: &'p [Point], name: &str, wanted: &[(&str, &str)]) -> Vec<&'p
 }
 
 /// The summed value of the counter `name` over the points with `wanted`.
-fn total(points: &[Point], name: &str, wanted: &[(&str, &str)]) -> f64 {
+pub(crate) fn total(points: &[Point], name: &str, wanted: &[(&str, &str)]) -> f64 {
     find(points, name, wanted).iter().map(|p| p.value).sum()
 }
 

@@ -9,6 +9,7 @@ use locks_postgres::PostgresLockManager;
 use throwaway_pg::testing::child::{command, env, say};
 
 use crate::faults::wait_for;
+use crate::metrics::{Recorded, total};
 use crate::support::{pool, unique_key};
 
 const NAME: &str = "LOCKS_CHILD_SEMAPHORE";
@@ -185,4 +186,36 @@ async fn a_freed_permit_reaches_a_waiter_at_once_whatever_its_slot() {
     assert!(gaps.len() >= 50, "{} handoffs", gaps.len());
     assert!(p99 < Duration::from_millis(60), "gap p99 {p99:?}");
     assert!(idle < 0.04, "idle while waiting {:.3}%", idle * 100.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_idle_time_of_a_permit_granted_after_a_wait_is_counted() {
+    let recorded = Recorded::new();
+    let waiter = recorded.manager(1).build();
+    let holder = PostgresLockManager::new(pool(1));
+    let name = unique_key("idle-metric");
+    let held = holder
+        .acquire_permit(&name, 1, AcquireOptions::new())
+        .await
+        .expect("the only permit");
+    let queued = tokio::spawn({
+        let (waiter, name) = (waiter.clone(), name.clone());
+        async move {
+            waiter
+                .acquire_permit(&name, 1, Duration::from_secs(10))
+                .await
+        }
+    });
+    // Long enough for the wait's pause to reach its longest (5 ms).
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(held.release().await, ReleaseOutcome::Unlocked);
+    let granted = queued.await.expect("waiter").expect("the freed permit");
+    let idle = total(
+        &recorded.points(),
+        "eventsource.semaphore.idle_waiting",
+        &[],
+    );
+    println!("idle before the grant, as counted: {idle} s");
+    assert!(idle > 0.0 && idle < 0.05, "idle {idle} s");
+    assert_eq!(granted.release().await, ReleaseOutcome::Unlocked);
 }
