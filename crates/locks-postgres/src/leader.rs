@@ -171,12 +171,18 @@ impl<S: Semaphore> LeaderElection<S> {
         self.state.subscribe()
     }
 
-    /// Who leads `name` now, without campaigning; `None` when nobody does.
+    /// Who leads `name` now, without campaigning; `None` when nobody does. It names a
+    /// process only while its task runs: the leader holds a second permit, of
+    /// [`leading_name`], from just before its task starts until just after it stops, and
+    /// this reads that one (a winner waiting out the takeover delay is not named).
     ///
     /// # Errors
     /// A backend failure, as from [`Semaphore::permit_holders`].
     pub async fn who_leads(&self) -> Result<Option<Leader>, LockAcquisitionError> {
-        let holders = self.semaphores.permit_holders(&self.name).await?;
+        let holders = self
+            .semaphores
+            .permit_holders(&leading_name(&self.name))
+            .await?;
         Ok(holders.held.into_iter().next().map(|held| Leader {
             holder_id: held.holder_id,
             since: held.since,
@@ -209,6 +215,27 @@ impl<S: Semaphore> LeaderElection<S> {
                 lost.reason().unwrap_or(LostReason::ConnectionClosed),
             ));
         }
+        // The second permit, held while the task runs: it names this process to
+        // `who_leads`, and a predecessor still running its task holds it until the
+        // task stops, so two leaders' tasks never overlap.
+        let leading_key = leading_name(&self.name);
+        let leading = tokio::select! {
+            biased;
+            reason = lost.clone() => {
+                permit.release().await;
+                return Ok(TermEnd::Lost(reason));
+            }
+            leading = self.semaphores.acquire_permit(&leading_key, 1, AcquireOptions::new()) => {
+                leading
+            }
+        };
+        let leading = match leading {
+            Ok(leading) => leading,
+            Err(error) => {
+                permit.release().await;
+                return Err(error);
+            }
+        };
         self.state.send_replace(Leadership::Leading {
             since: OffsetDateTime::now_utc(),
             fencing_token: permit.info().fencing_token(),
@@ -216,14 +243,15 @@ impl<S: Semaphore> LeaderElection<S> {
         self.is_leader.add(1, &self.attributes);
         // Says `Following` again when the term ends, or when this future is dropped
         // mid-term (after the task's future, made later, is dropped).
-        let leading = Term(self);
+        let term = Term(self);
         let ended = tokio::select! {
             biased;
             reason = lost.clone() => TermEnd::Lost(reason),
             output = task(lost) => TermEnd::Finished(output),
         };
         // The task's future is dropped by now: it stopped before anyone hears of it.
-        drop(leading);
+        drop(term);
+        leading.release().await;
         if let TermEnd::Lost(reason) = &ended {
             tracing::warn!(
                 reason = reason.as_str(),
@@ -267,6 +295,13 @@ impl<S: Semaphore> LeaderElection<S> {
 }
 
 /// A term running its task: dropped, the election follows again.
+/// The name of the semaphore a leader holds while its task runs: `name` and the suffix
+/// `"\u{0}leading"` (no election name a user picks is likely to end so).
+#[must_use]
+pub fn leading_name(name: &str) -> String {
+    format!("{name}\u{0}leading")
+}
+
 struct Term<'a, S>(&'a LeaderElection<S>);
 
 impl<S> Drop for Term<'_, S> {
