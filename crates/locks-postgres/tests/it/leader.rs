@@ -70,6 +70,9 @@ async fn a_standby_process_takes_over_within_one_second_of_the_leader_being_kill
     assert!(gap < 1000, "failover took {gap} ms, more than 1 s");
 }
 
+/// When an observer asked `who_leads`, and the holder id it was told.
+type Look = (SystemTime, Option<String>);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_terminated_leader_stops_its_task_before_the_standby_starts_its_own() {
     let admin = admin().await;
@@ -130,7 +133,7 @@ async fn a_terminated_leader_stops_its_task_before_the_standby_starts_its_own() 
         PostgresLockManager::new(pool(1)),
         name.clone(),
     ));
-    let seen: Arc<Mutex<Vec<(SystemTime, Option<String>)>>> = Arc::default();
+    let seen: Arc<Mutex<Vec<Look>>> = Arc::default();
     let watching = tokio::spawn({
         let (observer, seen) = (Arc::clone(&observer), Arc::clone(&seen));
         async move {
