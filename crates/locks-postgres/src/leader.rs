@@ -113,6 +113,11 @@ impl<S: Semaphore> LeaderElection<S> {
     /// An election for `name` on `semaphores`, with the default back-off and takeover
     /// delay.
     ///
+    /// A leader holds two permits (the election's, and the one of [`leading_name`]
+    /// while its task runs): on PostgreSQL that is two pool connections, and a third for
+    /// [`who_leads`](Self::who_leads) meanwhile. With a pool of one connection the
+    /// winner would wait for the second forever.
+    ///
     /// Its `eventsource.leader.is_leader` instrument is made on the global meter provider
     /// as it is now (a no-op when none is installed); [`meter`](Self::meter) gives
     /// another meter.
