@@ -11,7 +11,7 @@ use locks_port::{
     PermitGuard, ReleaseOutcome, Semaphore,
 };
 use opentelemetry::KeyValue;
-use opentelemetry::metrics::{Meter, UpDownCounter};
+use opentelemetry::metrics::{Counter, Meter, UpDownCounter};
 use time::OffsetDateTime;
 use tokio::sync::watch;
 
@@ -19,6 +19,9 @@ use tokio::sync::watch;
 /// otherwise (Kubernetes' leader gauge), `{leader}`; attribute `leader.election` (the
 /// election's name) only when [`LeaderElection::metrics_name`] asks for it.
 pub(crate) const IS_LEADER: &str = "eventsource.leader.is_leader";
+/// Terms this process has led (each a transition to leading; their sum over a fleet's
+/// processes is the election's transitions, as Kubernetes' `leaseTransitions`).
+pub(crate) const TERMS: &str = "eventsource.leader.terms";
 
 /// Where this process stands, as [`LeaderElection::subscribe`] reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,6 +100,7 @@ pub struct LeaderElection<S> {
     takeover_delay: Duration,
     state: watch::Sender<Leadership>,
     is_leader: UpDownCounter<i64>,
+    terms: Counter<u64>,
     /// `leader.election`, when asked for.
     attributes: Vec<KeyValue>,
 }
@@ -118,9 +122,10 @@ impl<S: Semaphore> LeaderElection<S> {
     /// [`who_leads`](Self::who_leads) meanwhile. With a pool of one connection the
     /// winner would wait for the second forever.
     ///
-    /// Its `eventsource.leader.is_leader` instrument is made on the global meter provider
-    /// as it is now (a no-op when none is installed); [`meter`](Self::meter) gives
-    /// another meter.
+    /// Its instruments, `eventsource.leader.is_leader` and `eventsource.leader.terms` (a
+    /// counter of the terms this process led), are made on the global meter provider as
+    /// it is now (a no-op when none is installed); [`meter`](Self::meter) gives another
+    /// meter.
     pub fn new(semaphores: S, name: impl Into<String>) -> Self {
         let meter = opentelemetry::global::meter_with_scope(crate::metrics::scope());
         Self {
@@ -130,14 +135,16 @@ impl<S: Semaphore> LeaderElection<S> {
             takeover_delay: DEFAULT_TAKEOVER_DELAY,
             state: watch::Sender::new(Leadership::Following),
             is_leader: is_leader(&meter),
+            terms: terms(&meter),
             attributes: Vec::new(),
         }
     }
 
-    /// Records `eventsource.leader.is_leader` on `meter` instead of the global provider's.
+    /// Records the election's instruments on `meter` instead of the global provider's.
     #[must_use]
     pub fn meter(mut self, meter: &Meter) -> Self {
         self.is_leader = is_leader(meter);
+        self.terms = terms(meter);
         self
     }
 
@@ -246,6 +253,7 @@ impl<S: Semaphore> LeaderElection<S> {
             fencing_token: permit.info().fencing_token(),
         });
         self.is_leader.add(1, &self.attributes);
+        self.terms.add(1, &self.attributes);
         // Says `Following` again when the term ends, or when this future is dropped
         // mid-term (after the task's future, made later, is dropped).
         let term = Term(self);
@@ -322,5 +330,13 @@ fn is_leader(meter: &Meter) -> UpDownCounter<i64> {
         .i64_up_down_counter(IS_LEADER)
         .with_unit("{leader}")
         .with_description("Whether this process leads the election: 1 while leading, else 0.")
+        .build()
+}
+
+fn terms(meter: &Meter) -> Counter<u64> {
+    meter
+        .u64_counter(TERMS)
+        .with_unit("{term}")
+        .with_description("Terms this process has led: each one a transition to leading.")
         .build()
 }

@@ -600,6 +600,7 @@ async fn is_leader_follows_each_term_and_names_the_election_only_when_asked() {
     };
     assert_eq!((leading.value, leading.unit.as_str()), (1.0, "{leader}"));
     assert!(leading.attributes.is_empty(), "{leading:?}");
+    assert_eq!(total(&points, "eventsource.leader.terms", &[]), 1.0);
     assert_no_key_text(&points, &[&name]);
     finish.send(()).expect("the task waits");
     assert!(matches!(term.await, Ok(TermEnd::Finished(()))));
@@ -622,10 +623,20 @@ async fn is_leader_follows_each_term_and_names_the_election_only_when_asked() {
     }
     let wanted = [("leader.election", name.as_str())];
     assert_eq!(total(&recorded.points(), IS_LEADER, &wanted), 1.0);
+    assert_eq!(
+        total(&recorded.points(), "eventsource.leader.terms", &wanted),
+        1.0,
+        "the named election's first term"
+    );
     assert!(changes.borrow().is_leading());
     drop(term);
     assert_eq!(total(&recorded.points(), IS_LEADER, &wanted), 0.0);
     assert_eq!(*changes.borrow(), Leadership::Following);
+    assert_eq!(
+        total(&recorded.points(), "eventsource.leader.terms", &[]),
+        2.0,
+        "two terms led in all"
+    );
 }
 
 /// A permit whose session ended before its watch looked, found by the holder's own
