@@ -22,9 +22,9 @@
 //! | [`PERMITS_LOST`] | counter | `{permit}` | `lock.lost_reason` |
 //! | [`PERMITS_IDLE_WAITING`] | counter | `s` | `lock.id` (opt-in) |
 //!
-//! Whether this process leads an election is
-//! [`LeaderElection`](crate::LeaderElection)'s own instrument, `eventsource.leader.is_leader`
-//! (see there).
+//! Whether this process leads an election, and how many terms it has led, are
+//! [`LeaderElection`](crate::LeaderElection)'s own instruments,
+//! `eventsource.leader.is_leader` and `eventsource.leader.terms` (see there).
 //!
 //! `lock.id` joins the acquisition and loss attributes only when the builder's
 //! [`metrics_lock_id`](crate::PostgresLockManagerBuilder::metrics_lock_id) asks for it:
