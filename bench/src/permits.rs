@@ -9,6 +9,13 @@
 //! - **fairness**: most turns / fewest turns among the tasks of one window (the worst
 //!   window is reported);
 //! - **most inside**: the most tasks holding at once, which must never exceed N.
+//!
+//! Then one window of long jobs on the semaphore alone: 8 tasks with jobs of 100-400 ms
+//! (spread by task and turn) for 8 s on N = 4, where a permit freed on a slot nobody
+//! watches shows. Beside the gap it reports the **idle share**: the permit time left
+//! free while someone waited (`min(free permits, waiters)` over time, from the instant a
+//! holder calls release to the instant a waiter's acquisition returns) over all permit
+//! time (N × the window).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -33,6 +40,10 @@ const HOLD: Duration = Duration::from_millis(2);
 const BOUNDED: Duration = Duration::from_secs(5);
 const GAP_P99_LIMIT: Duration = Duration::from_millis(5);
 const FAIRNESS_LIMIT: f64 = 1.5;
+const JOB_TASKS: usize = 8;
+const JOB_WINDOW: Duration = Duration::from_secs(8);
+const JOB_GAP_P99_LIMIT: Duration = Duration::from_millis(10);
+const JOB_IDLE_LIMIT: f64 = 0.01;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -50,6 +61,33 @@ struct State {
     gaps: Vec<u64>,
     turns: Vec<u64>,
     timeouts: u64,
+    /// Permit time left free while someone waited, up to `last`.
+    idle: Duration,
+    last: Option<Instant>,
+}
+
+impl State {
+    /// Adds the idle permit time since the last change, up to `now`.
+    fn advance(&mut self, now: Instant) {
+        if let Some(last) = self.last {
+            let free = (PERMITS as usize).saturating_sub(self.inside);
+            let idle = u32::try_from(free.min(self.waiting)).unwrap_or(0);
+            self.idle += now.saturating_duration_since(last) * idle;
+        }
+        self.last = Some(now);
+    }
+}
+
+/// How long a task holds on its `turn`: [`HOLD`], or a job of 100-400 ms.
+fn hold(jobs: bool, task: usize, turn: u64) -> Duration {
+    if jobs {
+        let spread = (task as u64)
+            .wrapping_mul(7_919)
+            .wrapping_add(turn.wrapping_mul(104_729));
+        Duration::from_millis(100 + spread % 301)
+    } else {
+        HOLD
+    }
 }
 
 struct Recorder(Mutex<State>);
@@ -88,15 +126,22 @@ async fn give_back(held: Held) -> ReleaseOutcome {
     }
 }
 
-/// One window of `TASKS` tasks on a fresh key; the state at its end.
-async fn window(db: &Database, kind: Kind, length: Duration) -> Result<State, BoxError> {
+/// One window of `TASKS` tasks (holding [`HOLD`]), or of `JOB_TASKS` tasks with long
+/// `jobs`, on a fresh key; the state at its end.
+async fn window(
+    db: &Database,
+    kind: Kind,
+    length: Duration,
+    jobs: bool,
+) -> Result<State, BoxError> {
     let key: Arc<str> = format!("bench:permits:{}", uuid_like()).into();
+    let tasks = if jobs { JOB_TASKS } else { TASKS };
     let recorder = Arc::new(Recorder(Mutex::new(State {
-        turns: vec![0; TASKS],
+        turns: vec![0; tasks],
         ..State::default()
     })));
-    let mut managers = Vec::with_capacity(TASKS);
-    for _ in 0..TASKS {
+    let mut managers = Vec::with_capacity(tasks);
+    for _ in 0..tasks {
         let pool = db.pool(1, "lock-bench-permits");
         db.warm(&pool, 1).await?;
         managers.push(PostgresLockManager::new(pool));
@@ -106,22 +151,31 @@ async fn window(db: &Database, kind: Kind, length: Duration) -> Result<State, Bo
     for (task, manager) in managers.into_iter().enumerate() {
         let (recorder, key) = (Arc::clone(&recorder), Arc::clone(&key));
         running.spawn(async move {
+            let mut turn = 0_u64;
             while Instant::now() < end {
-                recorder.with(|s| s.waiting += 1);
+                recorder.with(|s| {
+                    s.advance(Instant::now());
+                    s.waiting += 1;
+                });
                 let taken = tokio::time::timeout_at(end.into(), take(&manager, kind, &key)).await;
                 let at = Instant::now();
                 let Ok(taken) = taken else {
-                    recorder.with(|s| s.waiting -= 1);
+                    recorder.with(|s| {
+                        s.advance(at);
+                        s.waiting -= 1;
+                    });
                     break;
                 };
                 let Some(held) = taken else {
                     recorder.with(|s| {
+                        s.advance(at);
                         s.waiting -= 1;
                         s.timeouts += 1;
                     });
                     continue;
                 };
                 recorder.with(|s| {
+                    s.advance(at);
                     s.waiting -= 1;
                     s.inside += 1;
                     s.most_inside = s.most_inside.max(s.inside);
@@ -130,8 +184,10 @@ async fn window(db: &Database, kind: Kind, length: Duration) -> Result<State, Bo
                         s.gaps.push(nanos(at.saturating_duration_since(released)));
                     }
                 });
-                tokio::time::sleep(HOLD).await;
+                tokio::time::sleep(hold(jobs, task, turn)).await;
+                turn += 1;
                 recorder.with(|s| {
+                    s.advance(Instant::now());
                     s.inside -= 1;
                     if s.waiting > 0 {
                         s.pending.push_back(Instant::now());
@@ -167,7 +223,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     // The lock and the semaphore take turns, the order rotating round by round.
     interleave::rounds(plan.handoff_rounds, results.len(), async |_, side| {
         let (kind, gaps, worst, most, turns, timeouts) = &mut results[side];
-        let state = window(db, *kind, plan.handoff_window).await?;
+        let state = window(db, *kind, plan.handoff_window, false).await?;
         for &gap in &state.gaps {
             gaps.record_ns(gap);
         }
@@ -226,6 +282,49 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             ));
         }
     }
+    let jobs = window(db, Kind::Permits, JOB_WINDOW, true).await?;
+    let mut gaps = Latencies::new();
+    for &gap in &jobs.gaps {
+        gaps.record_ns(gap);
+    }
+    let idle = jobs.idle.as_secs_f64() / (JOB_WINDOW.as_secs_f64() * f64::from(PERMITS));
+    rows.push(vec![
+        format!("semaphore, N = 4, {JOB_TASKS} tasks, 100-400 ms jobs"),
+        fmt_ns(gaps.p50()),
+        fmt_ns(gaps.p99()),
+        format!("{:.2}", fairness(&jobs.turns)),
+        jobs.most_inside.to_string(),
+        jobs.turns.iter().sum::<u64>().to_string(),
+        jobs.timeouts.to_string(),
+    ]);
+    json.insert(
+        "permits_jobs".to_owned(),
+        json!({
+            "gap": gaps.to_json(),
+            "idle_share": idle,
+            "most_inside": jobs.most_inside,
+            "turns": jobs.turns.iter().sum::<u64>(),
+            "timeouts": jobs.timeouts,
+        }),
+    );
+    checks.push(Check::new(
+        "permits: handoff gap p99, 100-400 ms jobs on N = 4",
+        fmt_ns(gaps.p99()),
+        format!("≤ {}", fmt_ns(nanos(JOB_GAP_P99_LIMIT))),
+        gaps.p99() <= nanos(JOB_GAP_P99_LIMIT),
+    ));
+    checks.push(Check::new(
+        "permits: idle permit time while waiters queue, 100-400 ms jobs on N = 4",
+        format!("{:.2}%", idle * 100.0),
+        format!("≤ {:.0}%", JOB_IDLE_LIMIT * 100.0),
+        idle <= JOB_IDLE_LIMIT,
+    ));
+    checks.push(Check::new(
+        "permits: most inside at once, 100-400 ms jobs",
+        jobs.most_inside.to_string(),
+        format!("≤ {PERMITS}"),
+        jobs.most_inside <= PERMITS as usize,
+    ));
     Ok(Outcome {
         id: "permits",
         section: Section {
@@ -240,6 +339,11 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
                  grants matched in order. The lock row is the same 16 tasks on one lock, in \
                  the same run."
                     .to_owned(),
+                format!(
+                    "The jobs row: one window of {JOB_WINDOW:?}; idle permit time while \
+                     waiters queued: {:.2}% of the permit time.",
+                    idle * 100.0
+                ),
             ],
             header: vec![
                 "contenders on",

@@ -27,9 +27,8 @@ pub use lock::{DistributedLock, LockGuard, LockRegistry, ReleaseOutcome};
 pub use many::{AcquireMany, LockGroup, owned_keys};
 pub use options::{AcquireOptions, InvalidTimeoutError, LockMode, WaitStrategy, deadline_after};
 pub use semaphore::{
-    MAX_PERMITS, PermitDerivation, PermitGuard, PermitHolder, PermitHolders, PermitInfo,
-    SINCE_EPOCH_UNIX, Semaphore, TURNSTILE_SLOT, check_permits, marker_slot, permits_disagree,
-    permits_of_marker,
+    MAX_PERMITS, PermitDerivation, PermitGuard, PermitHolder, PermitHolders, PermitInfo, Semaphore,
+    check_permits, permits_disagree,
 };
 
 /// The lock API in one `use`: `use locks_port::prelude::*;` (or the adapter's

@@ -38,8 +38,6 @@ pub const MAX_PERMITS: u32 = 1 << 16;
 /// let class = v1.class("reports");
 /// assert!(class >= 0 && class % 2 == 0);
 /// assert_eq!(v1.slot_key("reports", 2), (class, 2));
-/// assert_eq!(v1.turnstile_key("reports"), (class, -1));
-/// assert_eq!(v1.marker_key("reports", 3), (class, -4));
 /// assert_eq!(v1.since_class("reports"), class + 1);
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -47,20 +45,13 @@ pub const MAX_PERMITS: u32 = 1 << 16;
 pub enum PermitDerivation {
     /// Version 1: the class is the first four bytes of SHA-256 over
     /// `"locks-semaphore-v1:"` and the name's UTF-8 bytes, read big-endian, with the top
-    /// bit and the lowest bit cleared (a non-negative, even `integer`). Within the class:
-    /// - slots `0..N` are the permits;
-    /// - slot `-1` is the turnstile, the queue waiters wait in;
-    /// - slot `-1 - N` is the marker every participant holds shared, so that two
-    ///   processes using different N are caught.
-    ///
-    /// The odd class `class + 1` records when each permit was granted: its holder also
-    /// holds `(class + 1, seconds since 2020-01-01 UTC)` shared.
+    /// bit and the lowest bit cleared (a non-negative, even `integer`). Within the class,
+    /// slots `0..N` are the permits; the odd class `class + 1` is the adapter's to use
+    /// (the PostgreSQL adapter records there when each permit was granted). How an
+    /// adapter queues waiters on the negative slots of the class is the adapter's own.
     #[default]
     V1,
 }
-
-/// 2020-01-01T00:00:00Z in Unix seconds: the origin of the "since" slots.
-pub const SINCE_EPOCH_UNIX: i64 = 1_577_836_800;
 
 impl PermitDerivation {
     /// The derivation used when none is chosen.
@@ -95,18 +86,6 @@ impl PermitDerivation {
         (self.class(name), i32::try_from(slot).unwrap_or(i32::MAX))
     }
 
-    /// The turnstile lock of `name`, the queue waiters wait in.
-    #[must_use]
-    pub fn turnstile_key(self, name: &str) -> (i32, i32) {
-        (self.class(name), TURNSTILE_SLOT)
-    }
-
-    /// The marker lock of `name` for `permits` permits.
-    #[must_use]
-    pub fn marker_key(self, name: &str, permits: u32) -> (i32, i32) {
-        (self.class(name), marker_slot(permits))
-    }
-
     /// A stable, human-readable name for this derivation.
     #[must_use]
     pub const fn name(self) -> &'static str {
@@ -114,21 +93,6 @@ impl PermitDerivation {
             Self::V1 => "semaphore-v1",
         }
     }
-}
-
-/// The turnstile's slot in every derivation so far.
-pub const TURNSTILE_SLOT: i32 = -1;
-
-/// The marker slot of `permits` (at most [`MAX_PERMITS`]): `-1 - permits`.
-#[must_use]
-pub fn marker_slot(permits: u32) -> i32 {
-    -1 - i32::try_from(permits.min(MAX_PERMITS)).unwrap_or(0)
-}
-
-/// The number of permits a marker slot stands for, if it is one (`slot <= -2`).
-#[must_use]
-pub fn permits_of_marker(slot: i32) -> Option<u32> {
-    (slot <= -2).then(|| u32::try_from(-1_i64 - i64::from(slot)).unwrap_or(0))
 }
 
 /// Checks a call on semaphore `name` with `permits`: the name non-empty (else an
@@ -412,18 +376,6 @@ mod tests {
         // The golden vector of version 1: changing it breaks every running fleet.
         assert_eq!(v1.class("reports"), 1_210_612_880);
         assert_ne!(v1.class("a"), v1.class("b"));
-    }
-
-    #[test]
-    fn markers_round_trip_and_never_meet_the_turnstile_or_slots() {
-        for permits in [1, 2, 3, 1000, MAX_PERMITS] {
-            let slot = marker_slot(permits);
-            assert!(slot <= -2);
-            assert_ne!(slot, TURNSTILE_SLOT);
-            assert_eq!(permits_of_marker(slot), Some(permits));
-        }
-        assert_eq!(permits_of_marker(TURNSTILE_SLOT), None);
-        assert_eq!(permits_of_marker(0), None);
     }
 
     #[test]

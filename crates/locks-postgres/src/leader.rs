@@ -11,7 +11,7 @@ use locks_port::{
     PermitGuard, ReleaseOutcome, Semaphore,
 };
 use opentelemetry::KeyValue;
-use opentelemetry::metrics::{Meter, UpDownCounter};
+use opentelemetry::metrics::{Counter, Meter, UpDownCounter};
 use time::OffsetDateTime;
 use tokio::sync::watch;
 
@@ -19,6 +19,9 @@ use tokio::sync::watch;
 /// otherwise (Kubernetes' leader gauge), `{leader}`; attribute `leader.election` (the
 /// election's name) only when [`LeaderElection::metrics_name`] asks for it.
 pub(crate) const IS_LEADER: &str = "eventsource.leader.is_leader";
+/// Terms this process has led (each a transition to leading; their sum over a fleet's
+/// processes is the election's transitions, as Kubernetes' `leaseTransitions`).
+pub(crate) const TERMS: &str = "eventsource.leader.terms";
 
 /// Where this process stands, as [`LeaderElection::subscribe`] reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,6 +100,7 @@ pub struct LeaderElection<S> {
     takeover_delay: Duration,
     state: watch::Sender<Leadership>,
     is_leader: UpDownCounter<i64>,
+    terms: Counter<u64>,
     /// `leader.election`, when asked for.
     attributes: Vec<KeyValue>,
 }
@@ -113,9 +117,15 @@ impl<S: Semaphore> LeaderElection<S> {
     /// An election for `name` on `semaphores`, with the default back-off and takeover
     /// delay.
     ///
-    /// Its `eventsource.leader.is_leader` instrument is made on the global meter provider
-    /// as it is now (a no-op when none is installed); [`meter`](Self::meter) gives
-    /// another meter.
+    /// A leader holds two permits (the election's, and the one of [`leading_name`]
+    /// while its task runs): on PostgreSQL that is two pool connections, and a third for
+    /// [`who_leads`](Self::who_leads) meanwhile. With a pool of one connection the
+    /// winner would wait for the second forever.
+    ///
+    /// Its instruments, `eventsource.leader.is_leader` and `eventsource.leader.terms` (a
+    /// counter of the terms this process led), are made on the global meter provider as
+    /// it is now (a no-op when none is installed); [`meter`](Self::meter) gives another
+    /// meter.
     pub fn new(semaphores: S, name: impl Into<String>) -> Self {
         let meter = opentelemetry::global::meter_with_scope(crate::metrics::scope());
         Self {
@@ -125,14 +135,16 @@ impl<S: Semaphore> LeaderElection<S> {
             takeover_delay: DEFAULT_TAKEOVER_DELAY,
             state: watch::Sender::new(Leadership::Following),
             is_leader: is_leader(&meter),
+            terms: terms(&meter),
             attributes: Vec::new(),
         }
     }
 
-    /// Records `eventsource.leader.is_leader` on `meter` instead of the global provider's.
+    /// Records the election's instruments on `meter` instead of the global provider's.
     #[must_use]
     pub fn meter(mut self, meter: &Meter) -> Self {
         self.is_leader = is_leader(meter);
+        self.terms = terms(meter);
         self
     }
 
@@ -171,12 +183,18 @@ impl<S: Semaphore> LeaderElection<S> {
         self.state.subscribe()
     }
 
-    /// Who leads `name` now, without campaigning; `None` when nobody does.
+    /// Who leads `name` now, without campaigning; `None` when nobody does. It names a
+    /// process only while its task runs: the leader holds a second permit, of
+    /// [`leading_name`], from just before its task starts until just after it stops, and
+    /// this reads that one (a winner waiting out the takeover delay is not named).
     ///
     /// # Errors
     /// A backend failure, as from [`Semaphore::permit_holders`].
     pub async fn who_leads(&self) -> Result<Option<Leader>, LockAcquisitionError> {
-        let holders = self.semaphores.permit_holders(&self.name).await?;
+        let holders = self
+            .semaphores
+            .permit_holders(&leading_name(&self.name))
+            .await?;
         Ok(holders.held.into_iter().next().map(|held| Leader {
             holder_id: held.holder_id,
             since: held.since,
@@ -209,21 +227,44 @@ impl<S: Semaphore> LeaderElection<S> {
                 lost.reason().unwrap_or(LostReason::ConnectionClosed),
             ));
         }
+        // The second permit, held while the task runs: it names this process to
+        // `who_leads`, and a predecessor still running its task holds it until the
+        // task stops, so two leaders' tasks never overlap.
+        let leading_key = leading_name(&self.name);
+        let leading = tokio::select! {
+            biased;
+            reason = lost.clone() => {
+                permit.release().await;
+                return Ok(TermEnd::Lost(reason));
+            }
+            leading = self.semaphores.acquire_permit(&leading_key, 1, AcquireOptions::new()) => {
+                leading
+            }
+        };
+        let leading = match leading {
+            Ok(leading) => leading,
+            Err(error) => {
+                permit.release().await;
+                return Err(error);
+            }
+        };
         self.state.send_replace(Leadership::Leading {
             since: OffsetDateTime::now_utc(),
             fencing_token: permit.info().fencing_token(),
         });
         self.is_leader.add(1, &self.attributes);
+        self.terms.add(1, &self.attributes);
         // Says `Following` again when the term ends, or when this future is dropped
         // mid-term (after the task's future, made later, is dropped).
-        let leading = Term(self);
+        let term = Term(self);
         let ended = tokio::select! {
             biased;
             reason = lost.clone() => TermEnd::Lost(reason),
             output = task(lost) => TermEnd::Finished(output),
         };
         // The task's future is dropped by now: it stopped before anyone hears of it.
-        drop(leading);
+        drop(term);
+        leading.release().await;
         if let TermEnd::Lost(reason) = &ended {
             tracing::warn!(
                 reason = reason.as_str(),
@@ -267,6 +308,13 @@ impl<S: Semaphore> LeaderElection<S> {
 }
 
 /// A term running its task: dropped, the election follows again.
+/// The name of the semaphore a leader holds while its task runs: `name` and the suffix
+/// `"\u{0}leading"` (no election name a user picks is likely to end so).
+#[must_use]
+pub fn leading_name(name: &str) -> String {
+    format!("{name}\u{0}leading")
+}
+
 struct Term<'a, S>(&'a LeaderElection<S>);
 
 impl<S> Drop for Term<'_, S> {
@@ -282,5 +330,13 @@ fn is_leader(meter: &Meter) -> UpDownCounter<i64> {
         .i64_up_down_counter(IS_LEADER)
         .with_unit("{leader}")
         .with_description("Whether this process leads the election: 1 while leading, else 0.")
+        .build()
+}
+
+fn terms(meter: &Meter) -> Counter<u64> {
+    meter
+        .u64_counter(TERMS)
+        .with_unit("{term}")
+        .with_description("Terms this process has led: each one a transition to leading.")
         .build()
 }

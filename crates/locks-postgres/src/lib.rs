@@ -37,6 +37,7 @@ pub use health::LostLockCounts;
 pub use inspect::{AdvisoryLockId, InspectError, LockHolder, all_lock_holders, lock_holders};
 pub use leader::{
     DEFAULT_BACKOFF, DEFAULT_TAKEOVER_DELAY, Leader, LeaderElection, Leadership, TermEnd,
+    leading_name,
 };
 pub use lease::{Lease, LeaseError, ServerTimers};
 pub use lock_table::{LockTableUsage, is_lock_table_full, lock_table_usage};

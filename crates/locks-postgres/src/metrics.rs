@@ -26,10 +26,11 @@
 //! The two lock table gauges are the server's, not the manager's: each call of
 //! [`lock_table_usage`](crate::PostgresLockManager::lock_table_usage) records them, so
 //! an application that wants them on a dashboard calls it periodically.
+//! | [`PERMITS_IDLE_WAITING`] | counter | `s` | `lock.id` (opt-in) |
 //!
-//! Whether this process leads an election is
-//! [`LeaderElection`](crate::LeaderElection)'s own instrument, `eventsource.leader.is_leader`
-//! (see there).
+//! Whether this process leads an election, and how many terms it has led, are
+//! [`LeaderElection`](crate::LeaderElection)'s own instruments,
+//! `eventsource.leader.is_leader` and `eventsource.leader.terms` (see there).
 //!
 //! `lock.id` joins the acquisition and loss attributes only when the builder's
 //! [`metrics_lock_id`](crate::PostgresLockManagerBuilder::metrics_lock_id) asks for it:
@@ -78,6 +79,11 @@ pub(crate) const PERMITS_LOST: &str = "eventsource.semaphore.permits.lost";
 pub(crate) const LOCK_TABLE_ADVISORY: &str = "eventsource.server.lock_table.advisory";
 /// The server's documented lock table capacity, when last asked.
 pub(crate) const LOCK_TABLE_CAPACITY: &str = "eventsource.server.lock_table.capacity";
+/// Permit time left idle while a waiter of this manager queued: for each permit granted
+/// after a wait, how long the slot may have been free before the waiter took it (the
+/// time since its last look found every slot busy, an upper bound). Its rate over the
+/// rate of permit time held is the idle share an operator should see near zero.
+pub(crate) const PERMITS_IDLE_WAITING: &str = "eventsource.semaphore.idle_waiting";
 
 /// The attribute names.
 const MODE: &str = "lock.mode";
@@ -132,6 +138,7 @@ struct Instruments {
     permits_lost: Counter<u64>,
     lock_table_advisory: Gauge<u64>,
     lock_table_capacity: Gauge<u64>,
+    permits_idle_waiting: Counter<f64>,
     /// Whether `lock.id` is recorded (the builder's opt-in).
     with_lock_id: bool,
     /// Per mode and outcome (`mode * OUTCOMES + outcome`).
@@ -226,6 +233,22 @@ impl Metrics {
         }
     }
 
+    /// A permit of the semaphore of `class` was granted after a wait, `idle` seconds at
+    /// most after it was freed (see [`PERMITS_IDLE_WAITING`]).
+    pub(crate) fn permit_idle_while_waiting(&self, class: i32, idle: f64) {
+        if let Some(instruments) = &self.instruments
+            && idle.is_finite()
+            && idle >= 0.0
+        {
+            if instruments.with_lock_id {
+                let attributes = with_lock_id(&[], i64::from(class));
+                instruments.permits_idle_waiting.add(idle, &attributes);
+            } else {
+                instruments.permits_idle_waiting.add(idle, &[]);
+            }
+        }
+    }
+
     /// A held permit of the semaphore of `class` was lost.
     pub(crate) fn permit_lost(&self, class: i32, reason: LostReason) {
         if let Some(instruments) = &self.instruments {
@@ -311,6 +334,13 @@ impl Instruments {
                  * (max_connections + max_prepared_transactions).",
             )
             .build();
+        let permits_idle_waiting = meter
+            .f64_counter(PERMITS_IDLE_WAITING)
+            .with_unit("s")
+            .with_description(
+                "Permit time left idle while a waiter queued (an upper bound per grant).",
+            )
+            .build();
         // Each loss series starts at zero when the manager is built, so that a query of
         // its increase sees the first loss (a counter series that appears at 1 has no
         // increase to show).
@@ -339,6 +369,7 @@ impl Instruments {
             permits_lost,
             lock_table_advisory,
             lock_table_capacity,
+            permits_idle_waiting,
             with_lock_id,
             outcome_attributes,
             permit_outcome_attributes,

@@ -143,16 +143,16 @@ fn child_server() {
     drop(server);
 }
 
-/// A child's key and its manager (one connection, the lease the parent asked for),
-/// from the environment the parent set.
-fn child_manager(holder_id: &str) -> (String, PostgresLockManager) {
+/// A child's key and its manager (`connections` of them, the lease the parent asked
+/// for), from the environment the parent set.
+fn child_manager(holder_id: &str, connections: usize) -> (String, PostgresLockManager) {
     let url = std::env::var(URL).expect(URL);
     let key = std::env::var(KEY).expect(KEY);
     let lease: u64 = std::env::var(LEASE_SECS)
         .expect(LEASE_SECS)
         .parse()
         .unwrap();
-    let pool = locks_postgres::plain_pool(&url, 1).expect("pool");
+    let pool = locks_postgres::plain_pool(&url, connections).expect("pool");
     let manager = PostgresLockManager::builder(pool)
         .holder_id(holder_id)
         .lease((lease > 0).then(|| Duration::from_secs(lease)))
@@ -164,7 +164,7 @@ fn child_manager(holder_id: &str) -> (String, PostgresLockManager) {
 /// Holds (`hold`) or waits for (`wait`) the key, with the lease asked for; a holder says
 /// when it is told the lock is lost. Never releases: the parent kills it.
 async fn child_lock(hold: bool) {
-    let (key, manager) = child_manager(if hold { "far-holder" } else { "far-waiter" });
+    let (key, manager) = child_manager(if hold { "far-holder" } else { "far-waiter" }, 1);
     let lost = if std::env::var(PERMIT).is_ok() {
         // A permit's wait is in rounds of at most 1 s, each bounded by the answer it
         // waits for: a cut-off waiter's fails (ConnectionLost) where a lock's waits on.
@@ -205,7 +205,8 @@ fn wall_micros(at: SystemTime) -> u64 {
 /// and when the election stops it (`stopped`: its future dropped), each with the wall
 /// clock in microseconds. Never gives the leadership up: the parent kills it.
 async fn child_leader() {
-    let (key, manager) = child_manager("far-leader");
+    // A leader holds two permits: the election's and the leading one.
+    let (key, manager) = child_manager("far-leader", 2);
 
     /// Says `stopped` when the task's future is dropped, which is how the election stops it.
     struct Stopped;

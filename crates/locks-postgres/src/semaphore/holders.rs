@@ -5,12 +5,12 @@ use std::collections::{BTreeSet, HashMap};
 use deadpool_postgres::{PoolError, TimeoutType};
 use locks_port::{
     AcquisitionErrorKind, LockAcquisitionError, PermitDerivation, PermitHolder, PermitHolders,
-    SINCE_EPOCH_UNIX, TURNSTILE_SLOT, permits_of_marker,
 };
 use time::OffsetDateTime;
 
 use tokio_postgres::Client;
 
+use super::encoding::{SINCE_EPOCH_UNIX, TURNSTILE_SLOT, permits_of_marker};
 use crate::errors::{pool_error, pool_exhausted};
 use crate::inspect::{AdvisoryLockId, InspectError, all_lock_holders};
 use crate::manager::PostgresLockManager;

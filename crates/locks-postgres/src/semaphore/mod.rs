@@ -5,15 +5,19 @@
 //! One acquisition, on a connection of its own:
 //! 1. one statement ([`sql::ENTER`]): take the marker of N shared, look for markers of
 //!    another N (a `Configuration` error), try the turnstile and, holding it, take the
-//!    first free slot and leave the turnstile;
-//! 2. when the turnstile was busy, wait in its queue (bounded by the call's deadline, as a
-//!    lock's wait) and scan the slots in the same statement once granted;
-//! 3. when every slot is busy, wait on one slot (round robin) for a round, scan again
-//!    after it, and double the round from [`FIRST_ROUND`] up to [`LONGEST_ROUND`].
+//!    first free slot; leave the turnstile either way;
+//! 2. when no permit was had, one more statement ([`sql::wait`]) that runs on the server
+//!    until a permit or the deadline: wait in the turnstile's queue; holding it, look at
+//!    every slot each [`sql::POLL_MS`] to [`sql::SLOWEST_POLL_MS`] ms, take the first free
+//!    one and leave the turnstile in the same step.
 //!
-//! A permit freed on the slot being waited on is granted by the server at once; one
-//! freed on another slot is found at the end of the round. See the ADR for the bound.
+//! So the longest waiter gets a permit freed on any slot within one pause and the
+//! server's answer, and a waiter whose process is stopped or cut off never holds the
+//! turnstile while nothing runs its wait: the server grants it the permit (which its
+//! connection then holds, as a lock granted to a stopped process), and the next waiter
+//! goes on. See ADR 0022 for the bounds and their cost.
 
+mod encoding;
 mod holders;
 mod permit;
 mod sql;
@@ -23,13 +27,15 @@ use std::time::Duration;
 
 use locks_port::{
     AcquireOptions, AcquisitionErrorKind, LockAcquisitionError, PermitDerivation, PermitInfo,
-    SINCE_EPOCH_UNIX, Semaphore, check_permits, marker_slot, permits_disagree, permits_of_marker,
+    Semaphore, check_permits, permits_disagree,
 };
 use tokio::time::Instant;
+use tokio_postgres::SimpleQueryMessage;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tracing::Instrument;
 
+use encoding::{SINCE_EPOCH_UNIX, marker_slot, permits_of_marker};
 pub use holders::semaphore_holders;
 pub use permit::PostgresPermit;
 
@@ -40,19 +46,6 @@ use crate::limit::{Deadline, Limit};
 use crate::manager::{Inner, PostgresLockManager};
 use crate::sql::Statement;
 use crate::telemetry::{acquire_span, finish_acquire_span, started};
-
-/// The first round a turnstile holder waits on one slot before it scans them all again.
-pub(crate) const FIRST_ROUND: Duration = Duration::from_millis(1);
-/// The longest round: an idle turnstile holder sends two statements a second (a wait
-/// and a scan every [`LONGEST_ROUND`]); every other waiter sends none.
-pub(crate) const LONGEST_ROUND: Duration = Duration::from_secs(1);
-
-/// What a statement of one acquisition may end in.
-enum Step<T> {
-    Done(T),
-    /// `lock_timeout` ended the wait (55P03).
-    TimedOut,
-}
 
 /// One acquisition's facts.
 struct Call<'a> {
@@ -93,31 +86,17 @@ impl Call<'_> {
         }
     }
 
-    /// Runs `sql` (prepared once per connection) within `limit` and reads its first
-    /// column: `None` on another server session (see [`row`](Self::row)).
-    async fn run<T: for<'r> tokio_postgres::types::FromSql<'r>>(
-        &self,
-        session: &Session,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-        limit: Limit,
-    ) -> Result<Step<Option<T>>, LockAcquisitionError> {
-        match self.row(session, sql, params, limit).await? {
-            Some(row) => self.get(&row, 0).map(Step::Done),
-            None => Ok(Step::TimedOut),
-        }
-    }
-
-    /// Runs a statement that never waits; `None` on another server session.
+    /// Runs a statement that never waits and reads its first column: `None` on another
+    /// server session (see [`row`](Self::row)).
     async fn quick_answer<T: for<'r> tokio_postgres::types::FromSql<'r>>(
         &self,
         session: &Session,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<T>, LockAcquisitionError> {
-        match self.run(session, sql, params, self.quick()).await? {
-            Step::Done(answer) => Ok(answer),
-            Step::TimedOut => Err(self.no_answer()),
+        match self.row(session, sql, params, self.quick()).await? {
+            Some(row) => self.get(&row, 0),
+            None => Err(self.no_answer()),
         }
     }
 
@@ -158,12 +137,12 @@ impl Call<'_> {
     }
 
     /// The first statement on a set-up session ([`sql::ENTER`]): the marker of N (the
-    /// other N in use are an error), then, if the turnstile is free, a slot. Answers
-    /// whether the turnstile is still held (every slot busy) and the slot taken.
+    /// other N in use are an error), then, if the turnstile is free, a slot. Answers the
+    /// slot taken; the turnstile is never left held.
     async fn enter(
         &self,
         mut session: Session,
-    ) -> Result<(Session, bool, Option<u32>), LockAcquisitionError> {
+    ) -> Result<(Session, Option<u32>), LockAcquisitionError> {
         let marker = marker_slot(self.permits);
         let permits = i32::try_from(self.permits).unwrap_or(i32::MAX);
         for attempt in 0..2 {
@@ -217,89 +196,20 @@ impl Call<'_> {
                 leave(session, self).await;
                 return Err(with_timeout(error, self.deadline));
             }
-            let gate: Option<bool> = self.get(&row, 2)?;
             let slot: Option<i32> = self.get(&row, 3)?;
-            let slot = slot.and_then(|slot| u32::try_from(slot).ok());
-            return Ok((session, gate == Some(true) && slot.is_none(), slot));
+            return Ok((session, slot.and_then(|slot| u32::try_from(slot).ok())));
         }
         session.close();
         Err(refused(self.name, MOVED_BETWEEN_SESSIONS, self.deadline))
     }
 
-    /// Holding the turnstile: the first free slot, leaving the turnstile.
-    async fn scan(&self, session: &Session) -> Result<Option<u32>, LockAcquisitionError> {
-        let permits = i32::try_from(self.permits).unwrap_or(i32::MAX);
-        let slot: Option<i32> = self
-            .quick_answer(
-                session,
-                sql::SCAN,
-                &[&session.marker(), &self.class, &permits, &since_now()],
-            )
-            .await?;
-        Ok(slot.and_then(|slot| u32::try_from(slot).ok()))
-    }
-
-    /// Holding the turnstile after a scan found every slot busy: waits on one slot for a
-    /// round, scans, and again, until granted or the deadline.
-    async fn wait_for_slot(&self, session: &Session) -> Result<Option<u32>, LockAcquisitionError> {
-        let mut round = FIRST_ROUND;
-        let mut next = 0_u32;
-        loop {
-            let lock_timeout_ms = match self.deadline {
-                None => round_ms(round),
-                Some(deadline) => match deadline.lock_timeout_ms() {
-                    None => return Ok(None),
-                    Some(left) => left.min(round_ms(round)),
-                },
-            };
-            let slot = next % self.permits;
-            let slot_arg = i32::try_from(slot).unwrap_or(0);
-            let timeout_text = lock_timeout_ms.to_string();
-            let params: [&(dyn ToSql + Sync); 5] = [
-                &session.marker(),
-                &self.class,
-                &slot_arg,
-                &since_now(),
-                &timeout_text,
-            ];
-            match self
-                .run::<bool>(
-                    session,
-                    sql::WAIT_SLOT,
-                    &params,
-                    self.waiting(lock_timeout_ms),
-                )
-                .await?
-            {
-                Step::Done(Some(_)) => return Ok(Some(slot)),
-                Step::Done(None) => {
-                    return Err(with_timeout(
-                        LockAcquisitionError::new(
-                            self.name,
-                            AcquisitionErrorKind::Configuration,
-                            MOVED_BETWEEN_SESSIONS,
-                        ),
-                        self.deadline,
-                    ));
-                }
-                Step::TimedOut => {
-                    next = next.wrapping_add(1);
-                    round = round.saturating_mul(2).min(LONGEST_ROUND);
-                }
-            }
-            if let Some(slot) = self.scan(session).await? {
-                return Ok(Some(slot));
-            }
-        }
-    }
-
-    /// Waits in the turnstile's queue until the deadline, then scans in the same
-    /// statement ([`sql::WAIT_GATE_THEN_SCAN`]). `None`: the deadline passed (nothing
-    /// taken); `Some((true, slot))`: the turnstile is still held (every slot busy).
-    async fn wait_gate(
+    /// Waits for a permit in one server-side statement ([`sql::wait`]): in the
+    /// turnstile's queue, then, holding it, looking at every slot until one is free or
+    /// the deadline passes. `None`: the deadline passed (nothing taken but the marker).
+    async fn wait_for_permit(
         &self,
         session: &Session,
-    ) -> Result<Option<(bool, Option<u32>)>, LockAcquisitionError> {
+    ) -> Result<Option<u32>, LockAcquisitionError> {
         let lock_timeout_ms = match self.deadline {
             None => 0,
             Some(deadline) => match deadline.lock_timeout_ms() {
@@ -307,33 +217,40 @@ impl Call<'_> {
                 Some(ms) => ms,
             },
         };
-        let permits = i32::try_from(self.permits).unwrap_or(i32::MAX);
-        let timeout_text = lock_timeout_ms.to_string();
-        let params: [&(dyn ToSql + Sync); 5] = [
-            &session.marker(),
-            &self.class,
-            &timeout_text,
-            &permits,
-            &since_now(),
-        ];
-        let Some(row) = self
-            .row(
-                session,
-                sql::WAIT_GATE_THEN_SCAN,
-                &params,
-                self.waiting(lock_timeout_ms),
-            )
-            .await?
+        let Some(sql) = sql::wait(session.marker(), self.class, self.permits, lock_timeout_ms)
         else {
-            return Ok(None);
-        };
-        let gated: Option<bool> = self.get(&row, 0)?;
-        if gated.is_none() {
             return Err(refused(self.name, MOVED_BETWEEN_SESSIONS, self.deadline));
+        };
+        let object = session.object();
+        let cancel =
+            permit::CancelOnDrop::new(self.inner.connections().canceller(), object.cancel_token());
+        let answer = self
+            .waiting(lock_timeout_ms)
+            .run(object.simple_query(&sql))
+            .await;
+        cancel.disarm();
+        let messages = match answer {
+            Err(_expired) => return Err(self.no_answer()),
+            Ok(Err(error)) => return Err(self.error(error)),
+            Ok(Ok(messages)) => messages,
+        };
+        let answer = messages.iter().find_map(|message| match message {
+            SimpleQueryMessage::Row(row) => Some(row.get(0).map(str::to_owned)),
+            _ => None,
+        });
+        let Some(Some(answer)) = answer else {
+            return Err(refused(self.name, MOVED_BETWEEN_SESSIONS, self.deadline));
+        };
+        let mut words = answer.split(' ');
+        let slot = words.next().and_then(|slot| slot.parse::<u32>().ok());
+        if slot.is_some()
+            && let Some(idle) = words.next().and_then(|idle| idle.parse::<f64>().ok())
+        {
+            self.inner
+                .metrics()
+                .permit_idle_while_waiting(self.class, idle);
         }
-        let slot: Option<i32> = self.get(&row, 1)?;
-        let slot = slot.and_then(|slot| u32::try_from(slot).ok());
-        Ok(Some((slot.is_none(), slot)))
+        Ok(slot)
     }
 
     /// The whole acquisition: `Ok(None)` when no permit could be had in time (or at
@@ -348,15 +265,9 @@ impl Call<'_> {
             .inner
             .checkout(self.name, pool_wait, self.deadline)
             .await?;
-        let (session, mut gated, mut granted) = self.enter(session).await?;
-        if granted.is_none() && !gated && wait {
-            match self.wait_gate(&session).await? {
-                Some((still_gated, slot)) => (gated, granted) = (still_gated, slot),
-                None => gated = false,
-            }
-        }
-        if granted.is_none() && gated && wait {
-            granted = self.wait_for_slot(&session).await?;
+        let (session, mut granted) = self.enter(session).await?;
+        if granted.is_none() && wait {
+            granted = self.wait_for_permit(&session).await?;
         }
         match granted {
             Some(slot) => Ok(Some((session, slot))),
@@ -372,10 +283,6 @@ impl Call<'_> {
 fn since_now() -> i32 {
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
     i32::try_from(now - SINCE_EPOCH_UNIX).unwrap_or(i32::MAX)
-}
-
-fn round_ms(round: Duration) -> u32 {
-    u32::try_from(round.as_millis()).unwrap_or(u32::MAX).max(1)
 }
 
 /// Frees whatever the session holds and gives it back to the pool; closes it when that

@@ -70,6 +70,9 @@ async fn a_standby_process_takes_over_within_one_second_of_the_leader_being_kill
     assert!(gap < 1000, "failover took {gap} ms, more than 1 s");
 }
 
+/// When an observer asked `who_leads`, and the holder id it was told.
+type Look = (SystemTime, Option<String>);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_terminated_leader_stops_its_task_before_the_standby_starts_its_own() {
     let admin = admin().await;
@@ -91,7 +94,8 @@ async fn a_terminated_leader_stops_its_task_before_the_standby_starts_its_own() 
         }
     }
     let elect = |holder: &'static str| {
-        let manager = PostgresLockManager::builder(pool(2))
+        // The election's permit, the leading permit and a `who_leads` look.
+        let manager = PostgresLockManager::builder(pool(3))
             .holder_id(holder)
             .build();
         Arc::new(LeaderElection::new(manager, name.clone()))
@@ -123,6 +127,26 @@ async fn a_terminated_leader_stops_its_task_before_the_standby_starts_its_own() 
     tokio::time::sleep(Duration::from_millis(300)).await;
     let leader = two.who_leads().await.expect("who leads").expect("a leader");
     assert_eq!(leader.holder_id.as_deref(), Some("one"));
+
+    // An observer, not a candidate: who it is told leads, and when it asked.
+    let observer = Arc::new(LeaderElection::new(
+        PostgresLockManager::new(pool(1)),
+        name.clone(),
+    ));
+    let seen: Arc<Mutex<Vec<Look>>> = Arc::default();
+    let watching = tokio::spawn({
+        let (observer, seen) = (Arc::clone(&observer), Arc::clone(&seen));
+        async move {
+            loop {
+                let asked = SystemTime::now();
+                let leader = observer.who_leads().await.expect("who leads");
+                seen.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push((asked, leader.and_then(|leader| leader.holder_id)));
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+    });
 
     let class = PostgresLockManager::new(pool(1)).semaphore_class(&name);
     let terminated_at = SystemTime::now();
@@ -161,6 +185,37 @@ async fn a_terminated_leader_stops_its_task_before_the_standby_starts_its_own() 
         "the old leader must stop before the new one starts: {events:?}"
     );
     assert!(!one_state.borrow().is_leading());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    watching.abort();
+    let seen = seen.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    // A look names a leader while its task runs: "two" not before its task started,
+    // "one" not after its task stopped (20 ms for the look's own round trip).
+    let slack = Duration::from_millis(20);
+    let named = |who: &str| -> Vec<SystemTime> {
+        seen.iter()
+            .filter(|(_, leader)| leader.as_deref() == Some(who))
+            .map(|(asked, _)| *asked)
+            .collect()
+    };
+    let first_two = named("two").into_iter().min();
+    let last_one = named("one").into_iter().max();
+    println!(
+        "{} looks; two first named {:?} ms, one last named {:?} ms after the termination",
+        seen.len(),
+        first_two.map(|at| unix_ms(at).saturating_sub(unix_ms(terminated_at))),
+        last_one.map(|at| unix_ms(at).saturating_sub(unix_ms(terminated_at))),
+    );
+    let first_two = first_two.expect("two named once leading");
+    assert!(
+        first_two + slack >= at("two started"),
+        "two was named before its task started: {seen:?}"
+    );
+    if let Some(last_one) = last_one {
+        assert!(
+            last_one <= at("one stopped") + slack,
+            "one was named after its task stopped: {seen:?}"
+        );
+    }
     one_task.abort();
     two_task.abort();
 }

@@ -15,6 +15,7 @@ mod metrics;
 mod multiplex;
 mod poolers;
 mod processes;
+mod semaphore_waits;
 mod semaphores;
 mod support;
 mod told;

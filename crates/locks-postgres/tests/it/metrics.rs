@@ -22,7 +22,7 @@ use crate::support::{admin, pool, unannounced_pool, unique_key};
 /// One data point as exported: the instrument, its attributes as text, and the value
 /// (a sum's value, or a histogram's count and sum).
 #[derive(Debug, Clone)]
-struct Point {
+pub(crate) struct Point {
     name: String,
     unit: String,
     attributes: Vec<(String, String)>,
@@ -47,13 +47,13 @@ impl Point {
 
 /// A meter provider of one test, with the SDK's in-memory exporter behind a periodic
 /// reader (flushed on demand).
-struct Recorded {
+pub(crate) struct Recorded {
     exporter: InMemoryMetricExporter,
     provider: SdkMeterProvider,
 }
 
 impl Recorded {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let exporter = InMemoryMetricExporter::default();
         let provider = SdkMeterProvider::builder()
             .with_reader(PeriodicReader::builder(exporter.clone()).build())
@@ -62,7 +62,7 @@ impl Recorded {
     }
 
     /// A manager builder on a pool of `size` whose instruments record here.
-    fn manager(&self, size: usize) -> locks_postgres::PostgresLockManagerBuilder {
+    pub(crate) fn manager(&self, size: usize) -> locks_postgres::PostgresLockManagerBuilder {
         PostgresLockManager::builder(pool(size)).meter(self.provider.meter("it-metrics"))
     }
 
@@ -73,7 +73,7 @@ impl Recorded {
     }
 
     /// Every data point recorded so far (cumulative).
-    fn points(&self) -> Vec<Point> {
+    pub(crate) fn points(&self) -> Vec<Point> {
         self.exporter.reset();
         self.provider.force_flush().expect("flush");
         let exported = self.exporter.get_finished_metrics().expect("exported");
@@ -110,6 +110,11 @@ impl Recorded {
                             push(text(point.attributes()), point.value() as f64, 0);
                         }
                     }
+                    AggregatedMetrics::F64(MetricData::Sum(sum)) => {
+                        for point in sum.data_points() {
+                            push(text(point.attributes()), point.value(), 0);
+                        }
+                    }
                     AggregatedMetrics::F64(MetricData::Histogram(histogram)) => {
                         for point in histogram.data_points() {
                             push(text(point.attributes()), point.sum(), point.count());
@@ -140,7 +145,7 @@ fn find<'p>(points: &'p [Point], name: &str, wanted: &[(&str, &str)]) -> Vec<&'p
 }
 
 /// The summed value of the counter `name` over the points with `wanted`.
-fn total(points: &[Point], name: &str, wanted: &[(&str, &str)]) -> f64 {
+pub(crate) fn total(points: &[Point], name: &str, wanted: &[(&str, &str)]) -> f64 {
     find(points, name, wanted).iter().map(|p| p.value).sum()
 }
 
@@ -607,6 +612,7 @@ async fn is_leader_follows_each_term_and_names_the_election_only_when_asked() {
     };
     assert_eq!((leading.value, leading.unit.as_str()), (1.0, "{leader}"));
     assert!(leading.attributes.is_empty(), "{leading:?}");
+    assert_eq!(total(&points, "eventsource.leader.terms", &[]), 1.0);
     assert_no_key_text(&points, &[&name]);
     finish.send(()).expect("the task waits");
     assert!(matches!(term.await, Ok(TermEnd::Finished(()))));
@@ -629,10 +635,20 @@ async fn is_leader_follows_each_term_and_names_the_election_only_when_asked() {
     }
     let wanted = [("leader.election", name.as_str())];
     assert_eq!(total(&recorded.points(), IS_LEADER, &wanted), 1.0);
+    assert_eq!(
+        total(&recorded.points(), "eventsource.leader.terms", &wanted),
+        1.0,
+        "the named election's first term"
+    );
     assert!(changes.borrow().is_leading());
     drop(term);
     assert_eq!(total(&recorded.points(), IS_LEADER, &wanted), 0.0);
     assert_eq!(*changes.borrow(), Leadership::Following);
+    assert_eq!(
+        total(&recorded.points(), "eventsource.leader.terms", &[]),
+        2.0,
+        "two terms led in all"
+    );
 }
 
 /// A permit whose session ended before its watch looked, found by the holder's own

@@ -34,6 +34,7 @@ fn child_entry() {
         "hold" => child_hold(runtime),
         "counter" => runtime.block_on(child_counter()),
         "permits" => runtime.block_on(crate::semaphores::child_permits()),
+        "permit-wait" => runtime.block_on(crate::semaphore_waits::child_permit_wait()),
         "lead" => runtime.block_on(crate::leader::child_lead()),
         other => panic!("unknown {ROLE} {other:?}"),
     });

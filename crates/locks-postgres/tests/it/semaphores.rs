@@ -226,7 +226,7 @@ async fn dropped_waits_and_permits_leave_no_advisory_lock() {
         .acquire_permit(&name, 2, AcquireOptions::new())
         .await
         .expect("two");
-    // A waiter on the turnstile holder's slot wait, and one in the turnstile's queue.
+    // A waiter polling the slots holding the turnstile, and one in the turnstile's queue.
     for _ in 0..2 {
         let waited = tokio::time::timeout(
             Duration::from_millis(300),
