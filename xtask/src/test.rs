@@ -7,7 +7,9 @@
 //! (on Ctrl-C by its watchdog). First, when PgBouncer is missing, it runs
 //! `scripts/install-test-deps.sh` (see [`crate::deps`]). A full run (no arguments for
 //! cargo) then checks the packaging ([`crate::package`], about a minute: every published
-//! crate packaged and built from its `.crate` file, as `cargo publish` would) and runs the
+//! crate packaged and built from its `.crate` file, as `cargo publish` would), builds and
+//! tests the out-of-workspace example `examples/first-day` ([`crate::first_day`]), builds,
+//! installs, runs and removes pglock's Debian package ([`crate::dist`]), and runs the
 //! one-minute chaos soak.
 //!
 //! `--ha` runs the Patroni tests instead ([`crate::ha`]). `--postgres <major>` and
@@ -24,8 +26,9 @@ Runs `cargo test --workspace --all-targets`, then `cargo test --workspace --doc`
 LOCKS_DATABASE_URL set: to its current value if set, else to a throwaway PostgreSQL started for
 the run and stopped after it. Arguments after `--` go to both cargo commands, e.g.
 `cargo xtask test -- -- --nocapture`. Without such arguments it also runs `cargo xtask package`
-(every published crate packaged and verified, a dirty tree allowed) and the one-minute chaos
-soak.
+(every published crate packaged and verified, a dirty tree allowed), the first-day example
+outside the workspace (`cargo xtask first-day`), pglock's Debian package check (`cargo xtask
+dist --check`: needs root or password-less sudo) and the one-minute chaos soak.
 
        cargo xtask test --ha [-- <cargo test args>]
 
@@ -86,6 +89,19 @@ pub(crate) fn run(args: &[String]) -> crate::Result {
             let allow_dirty = ["--".to_owned(), "--allow-dirty".to_owned()];
             if let Err(error) = crate::package::run(&allow_dirty) {
                 failed.push(format!("package: {error}"));
+            }
+        }
+        if extra.is_empty() {
+            // A user's first crate, outside the workspace: the README's snippet compiles
+            // and its tests pass.
+            eprintln!("xtask: the first-day example (examples/first-day)");
+            if let Err(error) = crate::first_day::test_first_day_example() {
+                failed.push(format!("first-day example: {error}"));
+            }
+            // pglock's Debian package: built, installed with dpkg, run, removed.
+            eprintln!("xtask: pglock's Debian package (cargo xtask dist --check)");
+            if let Err(error) = crate::dist::build_and_check() {
+                failed.push(format!("dist: {error}"));
             }
         }
         if failed.is_empty() && extra.is_empty() {
