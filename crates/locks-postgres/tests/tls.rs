@@ -131,14 +131,19 @@ impl TlsServer {
     }
 }
 
+/// Sessions still working on a wait: queued for an advisory lock (a lock's wait), or
+/// running a statement (a permit's wait runs on the server, looking at the slots between
+/// pauses, and holds the queue's turnstile meanwhile).
 async fn waiting(admin: &Client) -> i64 {
     admin
         .query_one(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+            "SELECT (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted) \
+             + (SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
+                AND backend_type = 'client backend' AND pid <> pg_backend_pid())",
             &[],
         )
         .await
-        .expect("pg_locks")
+        .expect("pg_locks and pg_stat_activity")
         .get(0)
 }
 
