@@ -1,0 +1,110 @@
+//! Unit tests of the bookkeeping's pure logic (no connection needed: the slots are empty).
+
+use super::*;
+
+fn book() -> Book {
+    Book::new(Arc::new(Metrics::new(false, None, false)))
+}
+
+/// An entry whose session slot is empty (no connection: the book never looks
+/// inside it).
+fn held(key: &str, lock_id: i64, ticket: u64, mode: LockMode, holding: Holding) -> Held {
+    Held::new(
+        Arc::from(key),
+        ticket,
+        lock_id,
+        mode,
+        Arc::new(Slot(AsyncMutex::new(None))),
+        LossNotifier::new(),
+        holding,
+    )
+}
+
+#[test]
+fn shared_holds_stack_and_an_exclusive_grant_displaces_them() {
+    let mut book = book();
+    assert!(
+        book.insert(held("k", 7, 1, LockMode::Shared, Holding::Alone))
+            .is_empty()
+    );
+    assert!(
+        book.insert(held("k", 7, 2, LockMode::Shared, Holding::Alone))
+            .is_empty()
+    );
+    assert_eq!(book.len(), 2);
+    assert!(book.contains("k", 7) && !book.contains("other key, same id", 7));
+    // Only a transaction-pooling proxy can make the server grant this: the book
+    // keeps the newest and hands back the two it displaces.
+    let displaced = book.insert(held("k", 7, 3, LockMode::Exclusive, Holding::Alone));
+    assert_eq!(displaced.len(), 2);
+    assert_eq!(book.len(), 1);
+    assert_eq!(book.remove_one(7, 3).map(|held| held.ticket), Some(3));
+    assert!(book.is_empty() && !book.contains("k", 7));
+    assert!(book.remove_one(7, 3).is_none(), "taken out once");
+}
+
+#[test]
+fn remove_one_takes_only_its_ticket_and_keeps_the_other_holds_of_the_id() {
+    let mut book = book();
+    book.insert(held("k", 7, 1, LockMode::Shared, Holding::Alone));
+    book.insert(held("k", 7, 2, LockMode::Shared, Holding::Alone));
+    assert!(book.remove_one(7, 9).is_none(), "no such ticket");
+    assert_eq!(book.len(), 2);
+    assert_eq!(book.remove_one(7, 1).map(|held| held.ticket), Some(1));
+    assert!(book.contains("k", 7));
+    assert_eq!(book.len(), 1);
+}
+
+#[test]
+fn a_lost_group_member_takes_its_whole_group_and_nothing_else() {
+    let mut book = book();
+    let group = Arc::new(Group::new(vec![1, 2, 3].into_boxed_slice()));
+    for id in [1, 2, 3] {
+        let holding = Holding::Group(Arc::clone(&group));
+        book.insert(held(&format!("g{id}"), id, 5, LockMode::Exclusive, holding));
+    }
+    book.insert(held("alone", 4, 6, LockMode::Exclusive, Holding::Alone));
+    let taken = book.remove_with_group(&Ticket {
+        lock_id: 2,
+        number: 5,
+    });
+    let mut ids: Vec<i64> = taken.iter().map(Held::lock_id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, [1, 2, 3]);
+    assert_eq!(book.len(), 1);
+    assert!(book.contains("alone", 4));
+    // A group's session goes back with its last member's leaving.
+    let mut taken = taken;
+    let left: Vec<bool> = taken.iter_mut().map(Held::leave_session).collect();
+    assert_eq!(left, [false, false, true]);
+}
+
+#[test]
+fn background_unlocks_are_counted_per_unlock() {
+    let mut book = book();
+    book.releasing(7);
+    book.releasing(7);
+    book.released(7);
+    assert!(book.is_releasing(7), "one of two unlocks still in flight");
+    book.released(7);
+    book.released(7);
+    assert!(!book.is_releasing(7));
+}
+
+#[test]
+fn a_keepalive_is_due_once_per_cadence_and_never_twice_in_flight() {
+    let mut entry = held("k", 7, 1, LockMode::Exclusive, Holding::Alone);
+    let cadence = Duration::from_secs(10);
+    let start = Instant::now();
+    // The first look only starts the count.
+    assert!(!entry.keepalive_due(start, cadence));
+    assert!(!entry.keepalive_due(start + Duration::from_secs(9), cadence));
+    assert!(entry.keepalive_due(start + cadence, cadence));
+    assert!(
+        !entry.keepalive_due(start + 2 * cadence, cadence),
+        "one keepalive in flight at a time"
+    );
+    entry.answered(start + 2 * cadence);
+    assert!(!entry.keepalive_due(start + 2 * cadence, cadence));
+    assert!(entry.keepalive_due(start + 3 * cadence, cadence));
+}
