@@ -33,11 +33,19 @@ const MAX_LOCK_TIMEOUT_MS: u128 = i32::MAX as u128;
 #[deprecated(since = "0.2.0", note = "use `LockMode` (one name for one thing)")]
 pub type AdvisoryLockMode = LockMode;
 
-/// The SQL function suffix of a mode (`_shared` or nothing).
-fn suffix(mode: LockMode) -> &'static str {
+/// The function that waits for a lock of `mode`.
+fn wait_function(mode: LockMode) -> &'static str {
     match mode {
-        LockMode::Shared => "_shared",
-        _ => "",
+        LockMode::Shared => "pg_advisory_xact_lock_shared",
+        _ => "pg_advisory_xact_lock",
+    }
+}
+
+/// The function that tries a lock of `mode` once.
+fn try_function(mode: LockMode) -> &'static str {
+    match mode {
+        LockMode::Shared => "pg_try_advisory_xact_lock_shared",
+        _ => "pg_try_advisory_xact_lock",
     }
 }
 
@@ -133,6 +141,52 @@ impl TransactionLocks {
     #[must_use]
     pub fn lock_id(&self, key: &str) -> i64 {
         self.derivation.lock_id(key)
+    }
+
+    /// The statements that take the lock `lock_id` in `mode` as part of a simple-query
+    /// batch the caller sends inside an open transaction block (after its own `BEGIN`, say,
+    /// so that opening a transaction and locking cost one round trip), for code that runs
+    /// its own transactions on pooled connections (the migration cutover's stores).
+    ///
+    /// With a `timeout`, the batch first sets the transaction's `lock_timeout` to it (in
+    /// whole milliseconds rounded up, at least 1 ms, at most `i32::MAX` ms ≈ 24.8 days:
+    /// longer timeouts saturate there), and the setting stays for the rest of the
+    /// transaction, so lock statements that follow in it are bounded by the same deadline.
+    /// Without one, the wait is bounded by whatever `lock_timeout` the transaction has.
+    /// When the wait runs out, the batch fails with SQLSTATE 55P03 (`LOCK_NOT_AVAILABLE`)
+    /// and the transaction is aborted: unlike [`lock_with_timeout`](Self::lock_with_timeout)
+    /// there is no savepoint, so roll back (or close the connection).
+    ///
+    /// Ends with `; `, so batches can be chained. Nothing is sent here.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// use locks_postgres::TransactionLocks;
+    /// use locks_postgres::locks_port::LockMode;
+    ///
+    /// let locks = TransactionLocks::new();
+    /// let id = locks.lock_id("cutover:tenant-123");
+    /// assert_eq!(
+    ///     TransactionLocks::statements(id, LockMode::Shared, Some(Duration::from_micros(1500))),
+    ///     "SELECT set_config('lock_timeout', '2ms', true); \
+    ///      SELECT pg_advisory_xact_lock_shared(7696161359070260854); ",
+    /// );
+    /// assert_eq!(
+    ///     TransactionLocks::statements(id, LockMode::Exclusive, None),
+    ///     "SELECT pg_advisory_xact_lock(7696161359070260854); ",
+    /// );
+    /// ```
+    #[must_use]
+    pub fn statements(lock_id: i64, mode: LockMode, timeout: Option<Duration>) -> String {
+        let lock = format!("SELECT {}({lock_id}); ", wait_function(mode));
+        match timeout {
+            None => lock,
+            Some(timeout) => {
+                let ms = lock_timeout_ms(timeout).unwrap_or(1);
+                format!("SELECT set_config('lock_timeout', '{ms}ms', true); {lock}")
+            }
+        }
     }
 
     /// Takes the lock if it is free right now (`pg_try_advisory_xact_lock[_shared]`); `false`
@@ -291,10 +345,7 @@ async fn try_once(
     lock_id: i64,
     mode: LockMode,
 ) -> Result<Attempt, tokio_postgres::Error> {
-    let sql = format!(
-        "SELECT pg_try_advisory_xact_lock{}({lock_id})",
-        suffix(mode)
-    );
+    let sql = format!("SELECT {}({lock_id})", try_function(mode));
     let messages = tx.simple_query(&sql).await?;
     let granted = first_row(&messages).and_then(|row| row.get(0)) == Some("t");
     Ok(if granted {
@@ -326,11 +377,11 @@ async fn wait(
          SAVEPOINT {SAVEPOINT}; \
          SELECT set_config('lock_timeout', '{lock_timeout_ms}ms', true), \
                 set_config('statement_timeout', '0', true); \
-         SELECT pg_advisory_xact_lock{}({lock_id}); \
+         SELECT {}({lock_id}); \
          SELECT set_config('lock_timeout', current_setting('{SAVED_LOCK_TIMEOUT}'), true), \
                 set_config('statement_timeout', current_setting('{SAVED_STATEMENT_TIMEOUT}'), true); \
          RELEASE SAVEPOINT {SAVEPOINT}",
-        suffix(mode)
+        wait_function(mode)
     );
     match tx.batch_execute(&sql).await {
         Ok(()) => Ok(()),
@@ -562,5 +613,24 @@ mod tests {
         assert_eq!(lock_timeout_ms(Duration::from_micros(1500)), Some(2));
         assert_eq!(lock_timeout_ms(Duration::from_secs(5)), Some(5000));
         assert_eq!(lock_timeout_ms(Duration::MAX), Some(MAX_LOCK_TIMEOUT_MS));
+    }
+
+    #[test]
+    fn batched_statements_never_wait_forever_and_saturate() {
+        let shared = |timeout| TransactionLocks::statements(7, LockMode::Shared, Some(timeout));
+        assert_eq!(
+            shared(Duration::ZERO),
+            "SELECT set_config('lock_timeout', '1ms', true); \
+             SELECT pg_advisory_xact_lock_shared(7); "
+        );
+        assert_eq!(
+            shared(Duration::MAX),
+            "SELECT set_config('lock_timeout', '2147483647ms', true); \
+             SELECT pg_advisory_xact_lock_shared(7); "
+        );
+        assert_eq!(
+            TransactionLocks::statements(-3, LockMode::Exclusive, None),
+            "SELECT pg_advisory_xact_lock(-3); "
+        );
     }
 }

@@ -257,9 +257,9 @@ impl Drop for Transaction {
     }
 }
 
-/// Milliseconds for a `lock_timeout` setting: at least 1 (0 would mean "wait forever"),
-/// saturating at `i32::MAX` (the setting's upper bound).
-pub(crate) fn lock_timeout_ms(timeout: std::time::Duration) -> u64 {
+/// Milliseconds for a timeout setting (`idle_in_transaction_session_timeout`): at least 1
+/// (0 would mean "never"), saturating at `i32::MAX` (the setting's upper bound).
+pub(crate) fn setting_ms(timeout: std::time::Duration) -> u64 {
     u64::try_from(timeout.as_millis())
         .unwrap_or(u64::MAX)
         .clamp(1, i32::MAX.unsigned_abs().into())
@@ -271,10 +271,10 @@ mod tests {
     use std::time::Duration;
 
     #[test]
-    fn lock_timeouts_never_mean_forever_and_saturate() {
-        assert_eq!(lock_timeout_ms(Duration::ZERO), 1);
-        assert_eq!(lock_timeout_ms(Duration::from_micros(10)), 1);
-        assert_eq!(lock_timeout_ms(Duration::from_millis(250)), 250);
-        assert_eq!(lock_timeout_ms(Duration::MAX), 2_147_483_647);
+    fn timeout_settings_never_mean_forever_and_saturate() {
+        assert_eq!(setting_ms(Duration::ZERO), 1);
+        assert_eq!(setting_ms(Duration::from_micros(10)), 1);
+        assert_eq!(setting_ms(Duration::from_millis(250)), 250);
+        assert_eq!(setting_ms(Duration::MAX), 2_147_483_647);
     }
 }

@@ -8,13 +8,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 use locks_port::uuid::Uuid;
-use locks_port::{lock_id, migration_lock_key};
+use locks_port::{LockMode, lock_id, migration_lock_key};
+use locks_postgres::TransactionLocks;
 use migration_cutover::{PauseGuard, RepositoryError, Stores, WritePause, WritesPaused};
 use tokio_postgres::error::SqlState;
 
 use migration_cutover::RoutingRepository;
 
-use crate::db::{DbFailure, Transaction, lock_timeout_ms};
+use crate::db::{DbFailure, Transaction, setting_ms};
 use crate::{PostgresEventStore, PostgresRoutingRepository};
 
 /// The operation of the tenant's write key: `write:{tenant uuid}`.
@@ -126,24 +127,11 @@ pub(crate) fn copy_stores(stores: &Stores<PostgresEventStore>) -> Stores<Postgre
 }
 
 /// The statements that bound the transaction's lock waits by `timeout` and take the
-/// tenant's write lock in `mode`.
-pub(crate) fn write_lock_statement(tenant_id: Uuid, mode: Mode, timeout: Duration) -> String {
-    let function = match mode {
-        Mode::Exclusive => "pg_advisory_xact_lock",
-        Mode::Shared => "pg_advisory_xact_lock_shared",
-    };
-    format!(
-        "SELECT set_config('lock_timeout', '{}', true); SELECT {function}({}); ",
-        lock_timeout_ms(timeout),
-        write_lock_id(tenant_id)
-    )
-}
-
-/// Which lock statement a set of transactions takes.
-#[derive(Clone, Copy)]
-pub(crate) enum Mode {
-    Exclusive,
-    Shared,
+/// tenant's write lock in `mode`: the adapter's transaction-lock statements, so the
+/// fleet's write lock is the lock a `TransactionLocks` or a session lock on
+/// `write:{tenant uuid}` contends on.
+pub(crate) fn write_lock_statement(tenant_id: Uuid, mode: LockMode, timeout: Duration) -> String {
+    TransactionLocks::statements(write_lock_id(tenant_id), mode, Some(timeout))
 }
 
 impl PostgresWritePause {
@@ -266,7 +254,7 @@ impl PostgresWritePause {
     async fn lock_all(
         &self,
         tenant_id: Uuid,
-        mode: Mode,
+        mode: LockMode,
         timeout: Duration,
     ) -> Result<Vec<Transaction>, DbFailure> {
         let started = Instant::now();
@@ -274,10 +262,10 @@ impl PostgresWritePause {
         for store in self.databases(tenant_id).await? {
             let remaining = timeout.saturating_sub(started.elapsed());
             let mut setup = write_lock_statement(tenant_id, mode, remaining);
-            if let Mode::Exclusive = mode {
+            if mode == LockMode::Exclusive {
                 setup.push_str(&format!(
                     "SELECT set_config('idle_in_transaction_session_timeout', '{}', true);",
-                    lock_timeout_ms(self.inner.max_hold)
+                    setting_ms(self.inner.max_hold)
                 ));
             }
             locked.push(Transaction::begin(store.pool(), "write pause", &setup).await?);
@@ -313,7 +301,7 @@ impl WritePause for PostgresWritePause {
             let requested_at = SystemTime::now();
             let timeout = pause.inner.acquire_timeout;
             let transactions = pause
-                .lock_all(tenant_id, Mode::Exclusive, timeout)
+                .lock_all(tenant_id, LockMode::Exclusive, timeout)
                 .await
                 .map_err(|failure| {
                     let what = if failure.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
@@ -342,7 +330,7 @@ impl WritePause for PostgresWritePause {
         let pause = self.clone();
         async move {
             let started = Instant::now();
-            match pause.lock_all(tenant_id, Mode::Shared, timeout).await {
+            match pause.lock_all(tenant_id, LockMode::Shared, timeout).await {
                 Ok(transactions) => Ok(PostgresWritePermit {
                     _transactions: transactions,
                 }),

@@ -14,8 +14,9 @@ use tokio_postgres::error::SqlState;
 use tracing::{debug, warn};
 
 use crate::db::{Transaction, commit_failure};
-use crate::pause::{Mode, copy_stores, write_lock_statement};
+use crate::pause::{copy_stores, write_lock_statement};
 use crate::{PostgresEventStore, PostgresMigrationPorts, PostgresRoutingRepository};
+use locks_port::LockMode;
 
 /// How often a write looks again at a route that says `cutover_paused` while no pause
 /// holds it back (a cutover that died between pausing and resolving the route).
@@ -331,7 +332,7 @@ impl PostgresWriteRouter {
     ) -> String {
         let mut setup = String::new();
         if self.write_lock {
-            setup = write_lock_statement(tenant_id, Mode::Shared, remaining);
+            setup = write_lock_statement(tenant_id, LockMode::Shared, remaining);
         }
         setup.push_str(&store.append_lock(tenant_id));
         setup

@@ -1,7 +1,8 @@
 //! The explicit schema step: the tables the adapters need, created on purpose, once.
 
 use deadpool_postgres::Pool;
-use locks_port::lock_id;
+use locks_port::{LockMode, lock_id};
+use locks_postgres::TransactionLocks;
 
 use crate::TableName;
 use crate::db::{DbFailure, Transaction};
@@ -16,12 +17,8 @@ pub struct SchemaError(#[from] DbFailure);
 /// catalog).
 async fn install(pool: &Pool, what: &'static str, ddl: &str) -> Result<(), SchemaError> {
     let guard = lock_id("migration-cutover-postgres:install");
-    let mut transaction = Transaction::begin(
-        pool,
-        what,
-        &format!("SELECT pg_advisory_xact_lock({guard})"),
-    )
-    .await?;
+    let lock = TransactionLocks::statements(guard, LockMode::Exclusive, None);
+    let mut transaction = Transaction::begin(pool, what, &lock).await?;
     transaction.batch(what, ddl).await?;
     transaction.commit(what).await?;
     Ok(())

@@ -4,8 +4,9 @@ use std::fmt;
 use std::sync::Arc;
 
 use deadpool_postgres::Pool;
-use locks_port::lock_id;
 use locks_port::uuid::Uuid;
+use locks_port::{LockMode, lock_id};
+use locks_postgres::TransactionLocks;
 use migration_cutover::{Event, EventStore, StoreError, StoredEvent};
 
 use tokio::sync::OnceCell;
@@ -131,7 +132,9 @@ impl PostgresEventStore {
     /// The statement that takes the append lock of `tenant_id` (transaction-scoped).
     pub(crate) fn append_lock(&self, tenant_id: Uuid) -> String {
         let id = lock_id(&format!("append:{}:{}", self.table, tenant_id.hyphenated()));
-        format!("SELECT pg_advisory_xact_lock({id})")
+        // Bounded by the transaction's `lock_timeout` (a write lock taken before it in
+        // the same batch sets it).
+        TransactionLocks::statements(id, LockMode::Exclusive, None)
     }
 
     /// Appends inside `transaction`, which holds the append lock of `tenant_id` already

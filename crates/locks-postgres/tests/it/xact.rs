@@ -362,3 +362,48 @@ async fn the_empty_key_is_refused_and_the_transaction_stays_usable() {
     assert_eq!(one, 1);
     tx.rollback().await.expect("rollback");
 }
+
+/// The batched statements (what the migration cutover sends after its own `BEGIN`) take the
+/// same lock as the calls, wait for it, and end the wait at their timeout with 55P03.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_statements_take_the_same_lock_and_time_out_with_lock_not_available() {
+    let locks = TransactionLocks::new();
+    let key = unique_key("xact-batched");
+    let id = locks.lock_id(&key);
+    let holder = Holder::start(database_url(), key.clone()).await;
+
+    let waiter = client().await;
+    let timeout = Duration::from_millis(150);
+    let started = Instant::now();
+    let batch = format!(
+        "BEGIN; {}",
+        TransactionLocks::statements(id, SHARED, Some(timeout))
+    );
+    let error = waiter
+        .batch_execute(&batch)
+        .await
+        .expect_err("the holder's exclusive lock excludes the batched shared one");
+    let waited = started.elapsed();
+    assert_eq!(
+        error.code(),
+        Some(&locks_postgres::tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE),
+        "{error:?}"
+    );
+    assert!(
+        waited >= timeout && waited < timeout + Duration::from_secs(2),
+        "waited {waited:?} for a {timeout:?} timeout"
+    );
+    waiter.batch_execute("ROLLBACK").await.expect("rollback");
+
+    // Granted once the holder commits, and then held against the calls' lock.
+    let committed = holder.commit_after(Duration::from_millis(100));
+    let batch = format!(
+        "BEGIN; {}",
+        TransactionLocks::statements(id, EXCLUSIVE, Some(Duration::from_secs(10)))
+    );
+    waiter.batch_execute(&batch).await.expect("granted after the commit");
+    committed.await.expect("holder");
+    assert!(!free(&key).await, "the batched lock excludes the calls' lock");
+    waiter.batch_execute("COMMIT").await.expect("commit");
+    assert!(free(&key).await, "COMMIT releases the batched lock");
+}
