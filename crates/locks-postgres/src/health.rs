@@ -28,13 +28,13 @@ use crate::connect::connection_ended;
 use crate::connection::{Answer, Session};
 use crate::errors::{MOVED_BETWEEN_SESSIONS, describe};
 use crate::limit::Limit;
-use crate::manager::{Inner, PostgresLockManager};
+use crate::manager::Inner;
 use crate::sql::Statement;
 use crate::telemetry::lost_span;
 use crate::watchdog::Watch;
 
 /// How many locks a manager lost, by reason (see
-/// [`PostgresLockManager::lost_lock_counts`](crate::PostgresLockManager::lost_lock_counts)).
+/// [`PostgresLockManager::lost_lock_counts`](crate::PostgresLockManager::lost_lock_counts).crate::PostgresLockManager::lost_lock_counts)).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LostLockCounts {
@@ -52,18 +52,9 @@ impl LostLockCounts {
     }
 }
 
-impl PostgresLockManager {
-    /// How many locks this manager has lost since it was built, by reason: the figure
-    /// to alert on (also counted in the `eventsource.lock.lost` span's
-    /// `lock.lost_reason` attribute, and in the `eventsource.lock.lost` and
-    /// `eventsource.semaphore.permits.lost` metrics). Semaphore permits count too: each
-    /// is an advisory lock held on a session of its own. Releases are not counted,
-    /// except one that finds the session already ended (the lock was lost while held,
-    /// before the monitor saw it).
-    #[must_use]
-    pub fn lost_lock_counts(&self) -> crate::LostLockCounts {
-        self.inner.health().lost.snapshot()
-    }
+/// [`PostgresLockManager::lost_lock_counts`](crate::PostgresLockManager::lost_lock_counts).
+pub(crate) fn lost_lock_counts(inner: &Inner) -> LostLockCounts {
+    inner.health().lost.snapshot()
 }
 
 /// The monitor's state in the manager.

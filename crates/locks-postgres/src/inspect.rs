@@ -143,77 +143,40 @@ impl std::error::Error for InspectError {
     }
 }
 
-impl PostgresLockManager {
-    /// Who holds `key`'s lock and who waits for it, from the server: holders first, then
-    /// waiters in the order the server queued them. Sees every client's locks (session or
-    /// transaction scoped, this process's, other processes', `psql`'s) on the database the
-    /// pool connects to. Uses one pooled connection for one query.
-    ///
-    /// ```no_run
-    /// # async fn run(locks: locks_postgres::PostgresLockManager) -> Result<(), Box<dyn std::error::Error>> {
-    /// for holder in locks.holders("cutover:tenant-1").await? {
-    ///     println!(
-    ///         "pid {:?} {:?} granted={} app={:?} holder_id={:?} since {:?}",
-    ///         holder.pid, holder.mode, holder.granted, holder.application_name,
-    ///         holder.holder_id, holder.waiting_since,
-    ///     );
-    /// }
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    /// [`InspectError::Pool`] without a connection within the manager's
-    /// [`connect_timeout`](crate::PostgresLockManagerBuilder::connect_timeout) (waiting for
-    /// a free pool connection and opening one both count; a pool whose every connection
-    /// holds a lock answers so), [`InspectError::Query`] when the server refuses.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: it only reads.
-    pub async fn holders(&self, key: &str) -> Result<Vec<LockHolder>, InspectError> {
-        let client = self.inspection_client().await.map_err(InspectError::Pool)?;
-        lock_holders(&client, self.lock_id(key)).await
-    }
+/// [`PostgresLockManager::holders`]: on a pooled connection.
+pub(crate) async fn holders_of_key(
+    manager: &PostgresLockManager,
+    key: &str,
+) -> Result<Vec<LockHolder>, InspectError> {
+    let client = inspection_client(manager)
+        .await
+        .map_err(InspectError::Pool)?;
+    lock_holders(&client, manager.lock_id(key)).await
+}
 
-    /// Every advisory lock on the database the pool connects to, held or waited for, by
-    /// anyone: ordered by lock, then holders before waiters in queue order.
-    ///
-    /// Only lock ids: keys are not recoverable from ids (an id is a hash of its key). To
-    /// name them, derive the ids of the keys you know with [`lock_id`](Self::lock_id).
-    ///
-    /// ```no_run
-    /// # async fn run(locks: locks_postgres::PostgresLockManager) -> Result<(), Box<dyn std::error::Error>> {
-    /// let id = locks.lock_id("cutover:tenant-1");
-    /// for holder in locks.holders_of_all().await? {
-    ///     let name = if holder.lock.as_int8() == Some(id) { "cutover:tenant-1" } else { "?" };
-    ///     println!("{:?} ({name}): pid {:?} granted={}", holder.lock, holder.pid, holder.granted);
-    /// }
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    /// As [`holders`](Self::holders).
-    ///
-    /// # Cancel safety
-    /// Cancel safe: it only reads.
-    pub async fn holders_of_all(&self) -> Result<Vec<LockHolder>, InspectError> {
-        let client = self.inspection_client().await.map_err(InspectError::Pool)?;
-        all_lock_holders(&client).await
-    }
+/// [`PostgresLockManager::holders_of_all`]: on a pooled connection.
+pub(crate) async fn holders_of_every_lock(
+    manager: &PostgresLockManager,
+) -> Result<Vec<LockHolder>, InspectError> {
+    let client = inspection_client(manager)
+        .await
+        .map_err(InspectError::Pool)?;
+    all_lock_holders(&client).await
+}
 
-    /// A pooled connection for one read, within the manager's connect timeout: waiting
-    /// for a free slot and opening a connection both count, so a read on a pool whose
-    /// every connection holds a lock answers `PoolError::Timeout(TimeoutType::Wait)`
-    /// instead of waiting for a release. Bounded here rather than by the pool's own
-    /// timeouts, so a pool built without a runtime is bounded too.
-    pub(crate) async fn inspection_client(&self) -> Result<Object, PoolError> {
-        let bound = self.inner.settings().connect_timeout;
-        match Deadline::limit(None, Duration::ZERO, bound)
-            .run(self.pool().get())
-            .await
-        {
-            Ok(checked_out) => checked_out,
-            Err(Expired) => Err(PoolError::Timeout(TimeoutType::Wait)),
-        }
+/// A pooled connection for one read, within the manager's connect timeout: waiting
+/// for a free slot and opening a connection both count, so a read on a pool whose
+/// every connection holds a lock answers `PoolError::Timeout(TimeoutType::Wait)`
+/// instead of waiting for a release. Bounded here rather than by the pool's own
+/// timeouts, so a pool built without a runtime is bounded too.
+pub(crate) async fn inspection_client(manager: &PostgresLockManager) -> Result<Object, PoolError> {
+    let bound = manager.inner.settings().connect_timeout;
+    match Deadline::limit(None, Duration::ZERO, bound)
+        .run(manager.pool().get())
+        .await
+    {
+        Ok(checked_out) => checked_out,
+        Err(Expired) => Err(PoolError::Timeout(TimeoutType::Wait)),
     }
 }
 

@@ -11,6 +11,7 @@ mod errors;
 mod fencing;
 mod guard;
 mod health;
+mod inner;
 mod inspect;
 mod leader;
 mod lease;

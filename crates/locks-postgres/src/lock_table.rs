@@ -16,7 +16,7 @@ use tokio_postgres::{Client, SimpleQueryMessage};
 
 use crate::PostgresLockManager;
 use crate::errors::describe;
-use crate::inspect::InspectError;
+use crate::inspect::{InspectError, inspection_client};
 
 /// How full the server's lock table is, from `pg_locks` and the server's settings.
 ///
@@ -61,35 +61,17 @@ impl LockTableUsage {
     }
 }
 
-impl PostgresLockManager {
-    /// How full the server's lock table is: advisory locks held or waited for by anyone,
-    /// every non-fast-path entry, and the documented capacity. Records the
-    /// `eventsource.server.lock_table.advisory` and `.capacity` gauges (see the metrics
-    /// table in the crate docs), so calling it periodically feeds a dashboard. Uses one
-    /// pooled connection for one query, within the connect timeout as
-    /// [`holders`](Self::holders) does.
-    ///
-    /// ```no_run
-    /// # async fn run(locks: locks_postgres::PostgresLockManager) -> Result<(), Box<dyn std::error::Error>> {
-    /// let usage = locks.lock_table_usage().await?;
-    /// if usage.fraction() > 0.8 {
-    ///     eprintln!("{} of {} lock table entries held: raise max_locks_per_transaction",
-    ///         usage.advisory, usage.capacity);
-    /// }
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    /// As [`holders`](Self::holders).
-    ///
-    /// # Cancel safety
-    /// Cancel safe: it only reads.
-    pub async fn lock_table_usage(&self) -> Result<LockTableUsage, InspectError> {
-        let client = self.inspection_client().await.map_err(InspectError::Pool)?;
-        let usage = lock_table_usage(&client).await?;
-        self.inner.metrics().lock_table(&usage);
-        Ok(usage)
-    }
+/// [`PostgresLockManager::lock_table_usage`]: on a pooled connection, with the gauges
+/// recorded.
+pub(crate) async fn recorded_usage(
+    manager: &PostgresLockManager,
+) -> Result<LockTableUsage, InspectError> {
+    let client = inspection_client(manager)
+        .await
+        .map_err(InspectError::Pool)?;
+    let usage = lock_table_usage(&client).await?;
+    manager.inner.metrics().lock_table(&usage);
+    Ok(usage)
 }
 
 /// [`PostgresLockManager::lock_table_usage`] without a manager, on `client`'s server.

@@ -1,6 +1,9 @@
-//! The PostgreSQL lock manager: its public type, the state its clones share
-//! ([`Inner`], fields private behind a few methods) and the port's traits on it. The
-//! work is in rooms of its own, each with its `impl Inner` block where it needs one:
+//! The PostgreSQL lock manager: its public type, its whole public API (inherent methods
+//! and the port's traits) and nothing else. Each method is the API's one place: its
+//! documentation, then a call into the room that does the work (as tokio-postgres keeps
+//! `Client` in one file and its operations in their own modules). The state the clones
+//! share is [`Inner`] ([`inner`](crate::inner)); the rooms add their own `impl Inner`
+//! blocks or functions:
 //!
 //! - [`builder`](crate::builder): the builder, its settings, key visibility;
 //!   [`lease`](crate::lease): the lease's bounds and server timers;
@@ -23,27 +26,27 @@
 //!   [`telemetry`](crate::telemetry): spans and events.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use locks_port::{
-    AcquireOptions, DistributedLock, KeyDerivation, LockAcquisitionError, LockMode,
-    LockNotHeldError, LockRegistry,
+    AcquireMany, AcquireOptions, DistributedLock, KeyDerivation, LockAcquisitionError, LockMode,
+    LockNotHeldError, LockRegistry, PermitHolders, Semaphore,
 };
 use tracing::Instrument;
 
-use crate::bookkeeping::Book;
-use crate::builder::{KeyVisibility, PostgresLockManagerBuilder, Settings, published_holder_id};
-use crate::connection::{Connections, SetupValues};
+use crate::builder::{KeyVisibility, PostgresLockManagerBuilder, Settings};
 use crate::guard::PostgresLockGuard;
-use crate::health::Health;
-use crate::lease::{Lease, LeaseError};
-use crate::lock_ids::LockIds;
-use crate::metrics::Metrics;
-use crate::multiplex::Multiplexer;
+pub(crate) use crate::inner::Inner;
+use crate::inspect::{InspectError, LockHolder};
+use crate::lease::Lease;
+use crate::lock_table::LockTableUsage;
+use crate::many::PostgresLockGroup;
+use crate::semaphore::PostgresPermit;
 use crate::telemetry::{finish_acquire_span, manager_acquire_span, started};
+use crate::{LostLockCounts, health, inspect, lock_table, many, semaphore};
 
 /// String-keyed distributed locks on PostgreSQL session-level advisory locks.
 ///
@@ -81,35 +84,6 @@ pub struct PostgresLockManager {
     pub(crate) inner: Arc<Inner>,
 }
 
-/// What the manager's clones share. Its fields are private: the rooms of the adapter
-/// reach them through the methods below (and add their own `impl Inner` blocks).
-pub(crate) struct Inner {
-    pool: Pool,
-    holder_id: Option<String>,
-    key_visibility: KeyVisibility,
-    /// The key derivation, and the ids of recently used keys.
-    lock_ids: LockIds,
-    settings: Settings,
-    /// The lease in force, or why the one asked for cannot hold.
-    lease: Result<Option<Lease>, LeaseError>,
-    /// The lease's server timers as the set-up binds them.
-    server_timers: Option<[String; 5]>,
-    /// `locks:<holder id>`, set on every connection the manager uses when it has a
-    /// holder id (else the connection's own `application_name` is left alone).
-    application_name: Option<String>,
-    book: Mutex<Book>,
-    /// What is known of the pool's idle connections (set up, prepared statements).
-    connections: Arc<Connections>,
-    /// The number of the next bookkeeping ticket (one per acquisition).
-    next_ticket: AtomicU64,
-    /// The lost-lock monitor's state and the per-reason counts of lost locks.
-    health: Health,
-    /// The shared connections, when multiplexing is on.
-    multiplexer: Option<Multiplexer>,
-    /// The instruments (the book holds them too, for the locks-held count).
-    metrics: Arc<Metrics>,
-}
-
 impl PostgresLockManager {
     /// A manager over `pool` with no holder id, keys shown, derivation
     /// [`KeyDerivation::CURRENT`] and the default health settings. Does no I/O.
@@ -135,13 +109,13 @@ impl PostgresLockManager {
     /// hands out, and published as `application_name = 'locks:<holder id>'`.
     #[must_use]
     pub fn holder_id(&self) -> Option<&str> {
-        self.inner.holder_id.as_deref()
+        self.inner.holder_id().map(String::as_str)
     }
 
     /// The pool the manager checks connections out of.
     #[must_use]
     pub fn pool(&self) -> &Pool {
-        &self.inner.pool
+        self.inner.pool()
     }
 
     /// The lock id this manager derives for `key`.
@@ -171,7 +145,7 @@ impl PostgresLockManager {
     pub fn transaction_locks(&self) -> crate::TransactionLocks {
         crate::TransactionLocks::new()
             .key_derivation(self.inner.lock_ids().derivation())
-            .key_visibility(self.inner.key_visibility)
+            .key_visibility(self.inner.key_visibility())
     }
 
     /// The lease in force and its bounds (`None` when built with `lease(None)`, or
@@ -180,122 +154,169 @@ impl PostgresLockManager {
     pub fn lease(&self) -> Option<Lease> {
         self.inner.lease().ok().flatten().copied()
     }
+
+    /// How many locks this manager has lost since it was built, by reason: the figure
+    /// to alert on (also counted in the `eventsource.lock.lost` span's
+    /// `lock.lost_reason` attribute, and in the `eventsource.lock.lost` and
+    /// `eventsource.semaphore.permits.lost` metrics). Semaphore permits count too: each
+    /// is an advisory lock held on a session of its own. Releases are not counted,
+    /// except one that finds the session already ended (the lock was lost while held,
+    /// before the monitor saw it).
+    #[must_use]
+    pub fn lost_lock_counts(&self) -> LostLockCounts {
+        health::lost_lock_counts(&self.inner)
+    }
+
+    /// Who holds `key`'s lock and who waits for it, from the server: holders first, then
+    /// waiters in the order the server queued them. Sees every client's locks (session or
+    /// transaction scoped, this process's, other processes', `psql`'s) on the database the
+    /// pool connects to. Uses one pooled connection for one query.
+    ///
+    /// ```no_run
+    /// # async fn run(locks: locks_postgres::PostgresLockManager) -> Result<(), Box<dyn std::error::Error>> {
+    /// for holder in locks.holders("cutover:tenant-1").await? {
+    ///     println!(
+    ///         "pid {:?} {:?} granted={} app={:?} holder_id={:?} since {:?}",
+    ///         holder.pid, holder.mode, holder.granted, holder.application_name,
+    ///         holder.holder_id, holder.waiting_since,
+    ///     );
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`InspectError::Pool`] without a connection within the manager's
+    /// [`connect_timeout`](crate::PostgresLockManagerBuilder::connect_timeout) (waiting for
+    /// a free pool connection and opening one both count; a pool whose every connection
+    /// holds a lock answers so), [`InspectError::Query`] when the server refuses.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn holders(&self, key: &str) -> Result<Vec<LockHolder>, InspectError> {
+        inspect::holders_of_key(self, key).await
+    }
+
+    /// Every advisory lock on the database the pool connects to, held or waited for, by
+    /// anyone: ordered by lock, then holders before waiters in queue order.
+    ///
+    /// Only lock ids: keys are not recoverable from ids (an id is a hash of its key). To
+    /// name them, derive the ids of the keys you know with [`lock_id`](Self::lock_id).
+    ///
+    /// ```no_run
+    /// # async fn run(locks: locks_postgres::PostgresLockManager) -> Result<(), Box<dyn std::error::Error>> {
+    /// let id = locks.lock_id("cutover:tenant-1");
+    /// for holder in locks.holders_of_all().await? {
+    ///     let name = if holder.lock.as_int8() == Some(id) { "cutover:tenant-1" } else { "?" };
+    ///     println!("{:?} ({name}): pid {:?} granted={}", holder.lock, holder.pid, holder.granted);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`holders`](Self::holders).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn holders_of_all(&self) -> Result<Vec<LockHolder>, InspectError> {
+        inspect::holders_of_every_lock(self).await
+    }
+
+    /// How full the server's lock table is: advisory locks held or waited for by anyone,
+    /// every non-fast-path entry, and the documented capacity. Records the
+    /// `eventsource.server.lock_table.advisory` and `.capacity` gauges (see the metrics
+    /// table in the crate docs), so calling it periodically feeds a dashboard. Uses one
+    /// pooled connection for one query, within the connect timeout as
+    /// [`holders`](Self::holders) does.
+    ///
+    /// ```no_run
+    /// # async fn run(locks: locks_postgres::PostgresLockManager) -> Result<(), Box<dyn std::error::Error>> {
+    /// let usage = locks.lock_table_usage().await?;
+    /// if usage.fraction() > 0.8 {
+    ///     eprintln!("{} of {} lock table entries held: raise max_locks_per_transaction",
+    ///         usage.advisory, usage.capacity);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`holders`](Self::holders).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn lock_table_usage(&self) -> Result<LockTableUsage, InspectError> {
+        lock_table::recorded_usage(self).await
+    }
+
+    /// Takes the locks of all `keys`, or none: in one global order (ascending lock id,
+    /// keys with the same lock id merged), within one deadline (`options`' timeout), on
+    /// one connection (a session can hold many advisory locks). Every process that takes
+    /// several keys this way takes them in the same order, so two of them can never
+    /// deadlock on each other.
+    ///
+    /// Uncontended it costs what one key costs: one checkout and one round trip (the
+    /// tries of every key go in one statement), and [`PostgresLockGroup::release`] is one
+    /// more. A busy key is waited for in the server's queue, holding only the keys
+    /// before it in the order (ADR 0019).
+    ///
+    /// An empty `keys` is granted with a guard that holds nothing (it still takes and
+    /// gives back one pool connection).
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use locks_postgres::prelude::*;
+    ///
+    /// # async fn run(locks: PostgresLockManager) -> Result<(), LockAcquisitionError> {
+    /// let transfer = locks
+    ///     .acquire_many(&["account:17", "account:4"], Duration::from_secs(2))
+    ///     .await?;
+    /// assert_eq!(transfer.infos().len(), 2);
+    /// // ... move money between the two accounts ...
+    /// transfer.release().await;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`acquire`](locks_port::DistributedLock::acquire), naming the key that could
+    /// not be had (for a timeout, the first key still busy at the deadline). Nothing is
+    /// held after an error: the session that took the first keys is closed, which frees
+    /// them all at once.
+    ///
+    /// # Cancel safety
+    /// Cancel safe as a whole: dropping the future at any point closes the session,
+    /// which frees every key it took, and cancels a wait in progress.
+    pub fn acquire_many<K: AsRef<str>>(
+        &self,
+        keys: impl IntoIterator<Item = K>,
+        options: impl Into<AcquireOptions> + Send,
+    ) -> impl Future<Output = Result<PostgresLockGroup, LockAcquisitionError>> + Send {
+        let keys = locks_port::owned_keys(keys);
+        let options = options.into();
+        async move {
+            let keys = keys?;
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            many::acquire_many(self, &keys, options).await
+        }
+    }
+
+    /// The class of the semaphore `name` (for `pg_locks`: its permits are `(class, slot)`
+    /// advisory locks with `objsubid = 2`).
+    #[must_use]
+    pub fn semaphore_class(&self, name: &str) -> i32 {
+        semaphore::class_of(name)
+    }
 }
 
 impl fmt::Debug for PostgresLockManager {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresLockManager")
-            .field("holder_id", &self.inner.holder_id)
-            .field("key_visibility", &self.inner.key_visibility)
+            .field("holder_id", &self.inner.holder_id())
+            .field("key_visibility", &self.inner.key_visibility())
             .field("derivation", &self.inner.lock_ids().derivation())
-            .field("settings", &self.inner.settings)
+            .field("settings", &self.inner.settings())
             .field("held_lock_count", &self.inner.book().len())
-            .field("pool", &self.inner.pool.status())
+            .field("pool", &self.inner.pool().status())
             .finish()
-    }
-}
-
-impl Inner {
-    /// The shared state of a manager built by `builder`. Does no I/O.
-    pub(crate) fn new(builder: PostgresLockManagerBuilder) -> Self {
-        let (settings, lease) = builder.settings.with_lease();
-        let server_timers = match &lease {
-            Ok(Some(lease)) => Some(lease.server.as_settings()),
-            _ => None,
-        };
-        let canceller = builder
-            .canceller
-            .unwrap_or_else(|| crate::connect::canceller_of(&builder.pool));
-        let connections = Arc::new(Connections::new(builder.pool.status().max_size, canceller));
-        let metrics = Arc::new(Metrics::new(
-            settings.metrics,
-            builder.meter.as_ref(),
-            settings.metrics_lock_id,
-        ));
-        Self {
-            application_name: builder.holder_id.as_deref().map(published_holder_id),
-            pool: builder.pool,
-            holder_id: builder.holder_id,
-            key_visibility: builder.key_visibility,
-            lock_ids: LockIds::new(builder.derivation),
-            settings,
-            lease,
-            server_timers,
-            book: Mutex::new(Book::new(Arc::clone(&metrics))),
-            connections,
-            next_ticket: AtomicU64::new(1),
-            health: Health::default(),
-            multiplexer: Multiplexer::new(settings.locks_per_connection, settings.answer_timeout),
-            metrics,
-        }
-    }
-
-    /// What the manager holds.
-    pub(crate) fn book(&self) -> MutexGuard<'_, Book> {
-        // The book stays consistent even if a holder panicked: every change is one call.
-        self.book.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    pub(crate) fn settings(&self) -> &Settings {
-        &self.settings
-    }
-
-    pub(crate) fn pool(&self) -> &Pool {
-        &self.pool
-    }
-
-    pub(crate) fn holder_id(&self) -> Option<&String> {
-        self.holder_id.as_ref()
-    }
-
-    pub(crate) fn lock_ids(&self) -> &LockIds {
-        &self.lock_ids
-    }
-
-    pub(crate) fn connections(&self) -> &Arc<Connections> {
-        &self.connections
-    }
-
-    /// The manager's instruments.
-    pub(crate) fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-
-    /// The shared connections, when multiplexing is on.
-    pub(crate) fn multiplexer(&self) -> Option<&Multiplexer> {
-        self.multiplexer.as_ref()
-    }
-
-    /// The lease in force, or why the one asked for cannot hold.
-    pub(crate) fn lease(&self) -> Result<Option<&Lease>, &LeaseError> {
-        self.lease.as_ref().map(Option::as_ref)
-    }
-
-    /// A new bookkeeping ticket: the number that tells one acquisition's entry from
-    /// another's of the same lock id.
-    pub(crate) fn next_ticket(&self) -> u64 {
-        self.next_ticket.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// The lost-lock monitor's state (see [`crate::health`]).
-    pub(crate) fn health(&self) -> &Health {
-        &self.health
-    }
-
-    /// What the set-up gives each of the manager's sessions.
-    pub(crate) fn setup_values(&self) -> SetupValues<'_> {
-        SetupValues {
-            application_name: self.application_name.as_deref(),
-            timers: self.server_timers.as_ref(),
-        }
-    }
-
-    /// The key as spans and events may show it.
-    pub(crate) fn shown<'k>(&self, key: &'k str) -> Option<&'k str> {
-        match self.key_visibility {
-            KeyVisibility::Shown => Some(key),
-            KeyVisibility::Hidden => None,
-        }
     }
 }
 
@@ -346,7 +367,7 @@ impl DistributedLock for PostgresLockManager {
             &options,
         );
         let started = started(&span);
-        let began = inner.metrics.started();
+        let began = inner.metrics().started();
         // Pinned where it is made and awaited through the pin: the acquisition's
         // future is large, and wrapping it by value would copy it twice per call.
         let acquiring = std::pin::pin!(inner.acquire_grant(key, lock_id, options));
@@ -362,7 +383,7 @@ impl DistributedLock for PostgresLockManager {
         finish_acquire_span(&span, started, attempt.as_ref().map(|_| true));
         let outcome = attempt.as_ref().map(|_| true);
         inner
-            .metrics
+            .metrics()
             .acquisition(options.mode(), lock_id, began, outcome);
         attempt
     }
@@ -397,7 +418,7 @@ impl DistributedLock for PostgresLockManager {
             &options.with_timeout(Duration::ZERO),
         );
         let started = started(&span);
-        let began = inner.metrics.started();
+        let began = inner.metrics().started();
         let trying = std::pin::pin!(inner.try_grant(key, lock_id, mode));
         let attempt = trying.instrument(span.clone()).await;
         let attempt = match attempt {
@@ -410,7 +431,7 @@ impl DistributedLock for PostgresLockManager {
         };
         finish_acquire_span(&span, started, attempt.as_ref().map(Option::is_some));
         let outcome = attempt.as_ref().map(Option::is_some);
-        inner.metrics.acquisition(mode, lock_id, began, outcome);
+        inner.metrics().acquisition(mode, lock_id, began, outcome);
         attempt
     }
 
@@ -460,5 +481,60 @@ impl LockRegistry for PostgresLockManager {
 
     fn held_lock_count(&self) -> usize {
         self.inner.book().len()
+    }
+}
+
+/// For code generic over the manager: the inherent [`PostgresLockManager::acquire_many`].
+impl AcquireMany for PostgresLockManager {
+    type Locks = PostgresLockGroup;
+
+    fn acquire_many<K: AsRef<str>>(
+        &self,
+        keys: impl IntoIterator<Item = K>,
+        options: impl Into<AcquireOptions> + Send,
+    ) -> impl Future<Output = Result<PostgresLockGroup, LockAcquisitionError>> + Send {
+        Self::acquire_many(self, keys, options)
+    }
+}
+
+impl Semaphore for PostgresLockManager {
+    type Permit = PostgresPermit;
+
+    /// Takes one of `permits` permits of `name` (see the module documentation and ADR
+    /// 0018), waiting as `options` say: the same deadline rules as a lock's wait.
+    ///
+    /// Each waiter and each permit keeps a pool connection of its own: size the pool for
+    /// them as for locks. Multiplexing does not apply to permits.
+    ///
+    /// # Errors
+    /// As [`acquire`](locks_port::DistributedLock::acquire), plus `Configuration` for a
+    /// bad `permits` or one that differs from the one other processes use.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped call cancels its wait on the server and closes its
+    /// connection, which frees the turnstile, marker or slot it held.
+    async fn acquire_permit(
+        &self,
+        name: &str,
+        permits: u32,
+        options: impl Into<AcquireOptions> + Send,
+    ) -> Result<PostgresPermit, LockAcquisitionError> {
+        semaphore::acquire_permit(self, name, permits, options).await
+    }
+
+    /// Takes a permit if one is free and nobody waits (or scans) for one.
+    ///
+    /// # Cancel safety
+    /// As [`acquire_permit`](Self::acquire_permit).
+    async fn try_acquire_permit(
+        &self,
+        name: &str,
+        permits: u32,
+    ) -> Result<Option<PostgresPermit>, LockAcquisitionError> {
+        semaphore::try_acquire_permit(self, name, permits).await
+    }
+
+    async fn permit_holders(&self, name: &str) -> Result<PermitHolders, LockAcquisitionError> {
+        semaphore::permit_holders(self, name).await
     }
 }

@@ -2,12 +2,11 @@
 //! one session.
 
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 
 use locks_port::{
-    AcquireMany, AcquireOptions, LockAcquisitionError, LockGroup, LockInfo, LockMode, LossNotifier,
-    LostSignal, ReleaseOutcome,
+    AcquireOptions, LockAcquisitionError, LockGroup, LockInfo, LockMode, LossNotifier, LostSignal,
+    ReleaseOutcome,
 };
 use tracing::{Instrument, Span};
 
@@ -17,95 +16,41 @@ use crate::guard::gone;
 use crate::manager::{Inner, PostgresLockManager};
 use crate::telemetry::{finish_acquire_span, manager_acquire_span, started};
 
-impl PostgresLockManager {
-    /// Takes the locks of all `keys`, or none: in one global order (ascending lock id,
-    /// keys with the same lock id merged), within one deadline (`options`' timeout), on
-    /// one connection (a session can hold many advisory locks). Every process that takes
-    /// several keys this way takes them in the same order, so two of them can never
-    /// deadlock on each other.
-    ///
-    /// Uncontended it costs what one key costs: one checkout and one round trip (the
-    /// tries of every key go in one statement), and [`PostgresLockGroup::release`] is one
-    /// more. A busy key is waited for in the server's queue, holding only the keys
-    /// before it in the order (ADR 0019).
-    ///
-    /// An empty `keys` is granted with a guard that holds nothing (it still takes and
-    /// gives back one pool connection).
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    /// use locks_postgres::prelude::*;
-    ///
-    /// # async fn run(locks: PostgresLockManager) -> Result<(), LockAcquisitionError> {
-    /// let transfer = locks
-    ///     .acquire_many(&["account:17", "account:4"], Duration::from_secs(2))
-    ///     .await?;
-    /// assert_eq!(transfer.infos().len(), 2);
-    /// // ... move money between the two accounts ...
-    /// transfer.release().await;
-    /// # Ok(())
-    /// # }
-    /// ```
-    ///
-    /// # Errors
-    /// As [`acquire`](locks_port::DistributedLock::acquire), naming the key that could
-    /// not be had (for a timeout, the first key still busy at the deadline). Nothing is
-    /// held after an error: the session that took the first keys is closed, which frees
-    /// them all at once.
-    ///
-    /// # Cancel safety
-    /// Cancel safe as a whole: dropping the future at any point closes the session,
-    /// which frees every key it took, and cancels a wait in progress.
-    pub fn acquire_many<K: AsRef<str>>(
-        &self,
-        keys: impl IntoIterator<Item = K>,
-        options: impl Into<AcquireOptions> + Send,
-    ) -> impl Future<Output = Result<PostgresLockGroup, LockAcquisitionError>> + Send {
-        let keys = locks_port::owned_keys(keys);
-        let options = options.into();
-        async move {
-            let keys = keys?;
-            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-            self.acquire_checked(&keys, options).await
-        }
-    }
-
-    /// [`acquire_many`](Self::acquire_many) of checked keys.
-    async fn acquire_checked(
-        &self,
-        keys: &[&str],
-        options: AcquireOptions,
-    ) -> Result<PostgresLockGroup, LockAcquisitionError> {
-        let inner = &self.inner;
-        // One global order (the port's), with the lock ids from the manager's cache.
-        let ordered = locks_port::lock_order_with(keys, |key| inner.lock_ids().lock_id(key));
-        let first = ordered.values().next().copied().unwrap_or("");
-        let span = manager_acquire_span(
-            self.inner.settings().span_level,
-            inner.shown(first),
-            *ordered.keys().next().unwrap_or(&0),
-            &options,
-        );
-        let started = started(&span);
-        let began = inner.metrics().started();
-        let keys: Vec<&str> = ordered.values().copied().collect();
-        let lock_ids: Box<[i64]> = ordered.keys().copied().collect();
-        let attempt = async {
-            let session = inner.acquire_group(&keys, &lock_ids, options).await?;
-            inner
-                .register_group(&keys, lock_ids, options.mode(), session, &span)
-                .await
-        }
-        .instrument(span.clone())
-        .await;
-        finish_acquire_span(&span, started, attempt.as_ref().map(|_| true));
-        let first_id = ordered.keys().next().copied().unwrap_or(0);
-        let outcome = attempt.as_ref().map(|_| true);
+/// [`PostgresLockManager::acquire_many`] of checked keys.
+pub(crate) async fn acquire_many(
+    manager: &PostgresLockManager,
+    keys: &[&str],
+    options: AcquireOptions,
+) -> Result<PostgresLockGroup, LockAcquisitionError> {
+    let inner = &manager.inner;
+    // One global order (the port's), with the lock ids from the manager's cache.
+    let ordered = locks_port::lock_order_with(keys, |key| inner.lock_ids().lock_id(key));
+    let first = ordered.values().next().copied().unwrap_or("");
+    let span = manager_acquire_span(
+        manager.inner.settings().span_level,
+        inner.shown(first),
+        *ordered.keys().next().unwrap_or(&0),
+        &options,
+    );
+    let started = started(&span);
+    let began = inner.metrics().started();
+    let keys: Vec<&str> = ordered.values().copied().collect();
+    let lock_ids: Box<[i64]> = ordered.keys().copied().collect();
+    let attempt = async {
+        let session = inner.acquire_group(&keys, &lock_ids, options).await?;
         inner
-            .metrics()
-            .acquisition(options.mode(), first_id, began, outcome);
-        attempt
+            .register_group(&keys, lock_ids, options.mode(), session, &span)
+            .await
     }
+    .instrument(span.clone())
+    .await;
+    finish_acquire_span(&span, started, attempt.as_ref().map(|_| true));
+    let first_id = ordered.keys().next().copied().unwrap_or(0);
+    let outcome = attempt.as_ref().map(|_| true);
+    inner
+        .metrics()
+        .acquisition(options.mode(), first_id, began, outcome);
+    attempt
 }
 
 impl Inner {
@@ -162,19 +107,6 @@ impl Inner {
             lost: notifier.signal(),
             armed: true,
         })
-    }
-}
-
-/// For code generic over the manager: the inherent [`PostgresLockManager::acquire_many`].
-impl AcquireMany for PostgresLockManager {
-    type Locks = PostgresLockGroup;
-
-    fn acquire_many<K: AsRef<str>>(
-        &self,
-        keys: impl IntoIterator<Item = K>,
-        options: impl Into<AcquireOptions> + Send,
-    ) -> impl Future<Output = Result<PostgresLockGroup, LockAcquisitionError>> + Send {
-        Self::acquire_many(self, keys, options)
     }
 }
 

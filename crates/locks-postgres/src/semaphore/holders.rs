@@ -12,19 +12,18 @@ use tokio_postgres::Client;
 
 use super::encoding::{SINCE_EPOCH_UNIX, TURNSTILE_SLOT, permits_of_marker};
 use crate::errors::{pool_error, pool_exhausted};
-use crate::inspect::{AdvisoryLockId, InspectError, all_lock_holders};
+use crate::inspect::{AdvisoryLockId, InspectError, all_lock_holders, inspection_client};
 use crate::manager::PostgresLockManager;
 
 /// [`Semaphore::permit_holders`](locks_port::Semaphore::permit_holders) of a manager:
 /// one pooled connection, one query.
-pub(super) async fn permit_holders(
+pub(crate) async fn permit_holders(
     manager: &PostgresLockManager,
     name: &str,
 ) -> Result<PermitHolders, LockAcquisitionError> {
     let failed =
         |reason: String| LockAcquisitionError::new(name, AcquisitionErrorKind::Backend, reason);
-    let client = manager
-        .inspection_client()
+    let client = inspection_client(manager)
         .await
         .map_err(|error| match error {
             PoolError::Timeout(TimeoutType::Wait) => {

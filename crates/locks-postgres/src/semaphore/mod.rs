@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use locks_port::{
     AcquireOptions, AcquisitionErrorKind, LockAcquisitionError, PermitDerivation, PermitInfo,
-    Semaphore, check_permits, permits_disagree,
+    check_permits, permits_disagree,
 };
 use tokio::time::Instant;
 use tokio_postgres::SimpleQueryMessage;
@@ -36,6 +36,7 @@ use tokio_postgres::types::ToSql;
 use tracing::Instrument;
 
 use encoding::{SINCE_EPOCH_UNIX, marker_slot, permits_of_marker};
+pub(crate) use holders::permit_holders;
 pub use holders::semaphore_holders;
 pub use permit::PostgresPermit;
 
@@ -297,146 +298,115 @@ async fn leave(session: Session, call: &Call<'_>) {
     }
 }
 
-impl PostgresLockManager {
-    /// The class of the semaphore `name` (for `pg_locks`: its permits are `(class, slot)`
-    /// advisory locks with `objsubid = 2`).
-    #[must_use]
-    pub fn semaphore_class(&self, name: &str) -> i32 {
-        PermitDerivation::CURRENT.class(name)
-    }
-
-    async fn permit(
-        &self,
-        name: &str,
-        permits: u32,
-        deadline: Option<Deadline>,
-        wait: bool,
-    ) -> Result<Option<PostgresPermit>, LockAcquisitionError> {
-        let inner = &self.inner;
-        let class = PermitDerivation::CURRENT.class(name);
-        // The lock's acquire span (`lock.id` is the semaphore's class), and its events.
-        let span = acquire_span(
-            inner.settings().span_level,
-            inner.shown(name),
-            i64::from(class),
-            if wait {
-                "pg_advisory_lock(int, int)"
-            } else {
-                "pg_try_advisory_lock(int, int)"
-            },
-            deadline.map(|deadline| deadline.timeout),
-        );
-        let started = started(&span);
-        let metered = inner.metrics().started();
-        let called = Instant::now();
-        let granted = match self
-            .granted_permit(name, permits, deadline, wait)
-            .instrument(span.clone())
-            .await
-        {
-            Ok(None) if wait => Err(LockAcquisitionError::timed_out(
-                name,
-                deadline.map_or_else(|| called.elapsed(), |deadline| deadline.timeout),
-            )),
-            granted => granted,
-        };
-        finish_acquire_span(&span, started, granted.as_ref().map(Option::is_some));
-        inner
-            .metrics()
-            .permit_acquisition(class, metered, granted.as_ref().map(Option::is_some));
-        granted
-    }
-
-    async fn granted_permit(
-        &self,
-        name: &str,
-        permits: u32,
-        deadline: Option<Deadline>,
-        wait: bool,
-    ) -> Result<Option<PostgresPermit>, LockAcquisitionError> {
-        let permits = check_permits(name, permits)?;
-        let inner = &self.inner;
-        let call = Call {
-            inner,
-            name,
-            class: PermitDerivation::CURRENT.class(name),
-            permits,
-            deadline,
-        };
-        let Some((mut session, slot)) = call.acquire(wait).await? else {
-            return Ok(None);
-        };
-        let mut info = PermitInfo::acquired_now(name, permits, slot, inner.holder_id().cloned());
-        if inner.settings().fencing {
-            // Tokens of a semaphore are kept under a negative id, apart from every lock id.
-            let token_id = -1 - i64::from(call.class);
-            let token = inner
-                .next_fencing_token(name, token_id, &mut session)
-                .await?;
-            info = info.with_fencing_token(token);
-        }
-        Ok(Some(PostgresPermit::new(
-            Arc::clone(inner),
-            session,
-            info,
-            call.class,
-        )))
-    }
+/// The class of the semaphore `name` ([`PostgresLockManager::semaphore_class`]).
+pub(crate) fn class_of(name: &str) -> i32 {
+    PermitDerivation::CURRENT.class(name)
 }
 
-impl Semaphore for PostgresLockManager {
-    type Permit = PostgresPermit;
+async fn permit(
+    manager: &PostgresLockManager,
+    name: &str,
+    permits: u32,
+    deadline: Option<Deadline>,
+    wait: bool,
+) -> Result<Option<PostgresPermit>, LockAcquisitionError> {
+    let inner = &manager.inner;
+    let class = PermitDerivation::CURRENT.class(name);
+    // The lock's acquire span (`lock.id` is the semaphore's class), and its events.
+    let span = acquire_span(
+        inner.settings().span_level,
+        inner.shown(name),
+        i64::from(class),
+        if wait {
+            "pg_advisory_lock(int, int)"
+        } else {
+            "pg_try_advisory_lock(int, int)"
+        },
+        deadline.map(|deadline| deadline.timeout),
+    );
+    let started = started(&span);
+    let metered = inner.metrics().started();
+    let called = Instant::now();
+    let granted = match granted_permit(manager, name, permits, deadline, wait)
+        .instrument(span.clone())
+        .await
+    {
+        Ok(None) if wait => Err(LockAcquisitionError::timed_out(
+            name,
+            deadline.map_or_else(|| called.elapsed(), |deadline| deadline.timeout),
+        )),
+        granted => granted,
+    };
+    finish_acquire_span(&span, started, granted.as_ref().map(Option::is_some));
+    inner
+        .metrics()
+        .permit_acquisition(class, metered, granted.as_ref().map(Option::is_some));
+    granted
+}
 
-    /// Takes one of `permits` permits of `name` (see the module documentation and ADR
-    /// 0018), waiting as `options` say: the same deadline rules as a lock's wait.
-    ///
-    /// Each waiter and each permit keeps a pool connection of its own: size the pool for
-    /// them as for locks. Multiplexing does not apply to permits.
-    ///
-    /// # Errors
-    /// As [`acquire`](locks_port::DistributedLock::acquire), plus `Configuration` for a
-    /// bad `permits` or one that differs from the one other processes use.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: a dropped call cancels its wait on the server and closes its
-    /// connection, which frees the turnstile, marker or slot it held.
-    async fn acquire_permit(
-        &self,
-        name: &str,
-        permits: u32,
-        options: impl Into<AcquireOptions> + Send,
-    ) -> Result<PostgresPermit, LockAcquisitionError> {
-        let options = options.into();
-        let deadline = options.timeout().map(Deadline::after);
-        // A wait that ends without a permit is a timeout error already (from `permit`).
-        self.permit(name, permits, deadline, true)
-            .await
-            .and_then(|granted| {
-                granted.ok_or_else(|| {
-                    LockAcquisitionError::timed_out(name, options.timeout().unwrap_or_default())
-                })
+async fn granted_permit(
+    manager: &PostgresLockManager,
+    name: &str,
+    permits: u32,
+    deadline: Option<Deadline>,
+    wait: bool,
+) -> Result<Option<PostgresPermit>, LockAcquisitionError> {
+    let permits = check_permits(name, permits)?;
+    let inner = &manager.inner;
+    let call = Call {
+        inner,
+        name,
+        class: PermitDerivation::CURRENT.class(name),
+        permits,
+        deadline,
+    };
+    let Some((mut session, slot)) = call.acquire(wait).await? else {
+        return Ok(None);
+    };
+    let mut info = PermitInfo::acquired_now(name, permits, slot, inner.holder_id().cloned());
+    if inner.settings().fencing {
+        // Tokens of a semaphore are kept under a negative id, apart from every lock id.
+        let token_id = -1 - i64::from(call.class);
+        let token = inner
+            .next_fencing_token(name, token_id, &mut session)
+            .await?;
+        info = info.with_fencing_token(token);
+    }
+    Ok(Some(PostgresPermit::new(
+        Arc::clone(inner),
+        session,
+        info,
+        call.class,
+    )))
+}
+
+/// [`Semaphore::acquire_permit`](locks_port::Semaphore::acquire_permit) of a manager.
+pub(crate) async fn acquire_permit(
+    manager: &PostgresLockManager,
+    name: &str,
+    permits: u32,
+    options: impl Into<AcquireOptions> + Send,
+) -> Result<PostgresPermit, LockAcquisitionError> {
+    let options = options.into();
+    let deadline = options.timeout().map(Deadline::after);
+    // A wait that ends without a permit is a timeout error already (from `permit`).
+    permit(manager, name, permits, deadline, true)
+        .await
+        .and_then(|granted| {
+            granted.ok_or_else(|| {
+                LockAcquisitionError::timed_out(name, options.timeout().unwrap_or_default())
             })
-            .map_err(LockAcquisitionError::for_permit)
-    }
+        })
+        .map_err(LockAcquisitionError::for_permit)
+}
 
-    /// Takes a permit if one is free and nobody waits (or scans) for one.
-    ///
-    /// # Cancel safety
-    /// As [`acquire_permit`](Self::acquire_permit).
-    async fn try_acquire_permit(
-        &self,
-        name: &str,
-        permits: u32,
-    ) -> Result<Option<PostgresPermit>, LockAcquisitionError> {
-        self.permit(name, permits, None, false)
-            .await
-            .map_err(LockAcquisitionError::for_permit)
-    }
-
-    async fn permit_holders(
-        &self,
-        name: &str,
-    ) -> Result<locks_port::PermitHolders, LockAcquisitionError> {
-        holders::permit_holders(self, name).await
-    }
+/// [`Semaphore::try_acquire_permit`](locks_port::Semaphore::try_acquire_permit) of a manager.
+pub(crate) async fn try_acquire_permit(
+    manager: &PostgresLockManager,
+    name: &str,
+    permits: u32,
+) -> Result<Option<PostgresPermit>, LockAcquisitionError> {
+    permit(manager, name, permits, None, false)
+        .await
+        .map_err(LockAcquisitionError::for_permit)
 }

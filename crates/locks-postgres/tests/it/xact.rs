@@ -401,9 +401,15 @@ async fn batched_statements_take_the_same_lock_and_time_out_with_lock_not_availa
         "BEGIN; {}",
         TransactionLocks::statements(id, EXCLUSIVE, Some(Duration::from_secs(10)))
     );
-    waiter.batch_execute(&batch).await.expect("granted after the commit");
+    waiter
+        .batch_execute(&batch)
+        .await
+        .expect("granted after the commit");
     committed.await.expect("holder");
-    assert!(!free(&key).await, "the batched lock excludes the calls' lock");
+    assert!(
+        !free(&key).await,
+        "the batched lock excludes the calls' lock"
+    );
     waiter.batch_execute("COMMIT").await.expect("commit");
     assert!(free(&key).await, "COMMIT releases the batched lock");
 }

@@ -1,0 +1,154 @@
+//! What a manager's clones share: the pool, the settings, the bookkeeping, the monitor's
+//! state, the shared connections and the instruments. Its fields are private; the rooms
+//! reach them through the methods here (and add their own `impl Inner` blocks).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use deadpool_postgres::Pool;
+
+use crate::bookkeeping::Book;
+use crate::builder::{KeyVisibility, PostgresLockManagerBuilder, Settings, published_holder_id};
+use crate::connection::{Connections, SetupValues};
+use crate::health::Health;
+use crate::lease::{Lease, LeaseError};
+use crate::lock_ids::LockIds;
+use crate::metrics::Metrics;
+use crate::multiplex::Multiplexer;
+
+/// What the manager's clones share. Its fields are private: the rooms of the adapter
+/// reach them through the methods below (and add their own `impl Inner` blocks).
+pub(crate) struct Inner {
+    pool: Pool,
+    holder_id: Option<String>,
+    key_visibility: KeyVisibility,
+    /// The key derivation, and the ids of recently used keys.
+    lock_ids: LockIds,
+    settings: Settings,
+    /// The lease in force, or why the one asked for cannot hold.
+    lease: Result<Option<Lease>, LeaseError>,
+    /// The lease's server timers as the set-up binds them.
+    server_timers: Option<[String; 5]>,
+    /// `locks:<holder id>`, set on every connection the manager uses when it has a
+    /// holder id (else the connection's own `application_name` is left alone).
+    application_name: Option<String>,
+    book: Mutex<Book>,
+    /// What is known of the pool's idle connections (set up, prepared statements).
+    connections: Arc<Connections>,
+    /// The number of the next bookkeeping ticket (one per acquisition).
+    next_ticket: AtomicU64,
+    /// The lost-lock monitor's state and the per-reason counts of lost locks.
+    health: Health,
+    /// The shared connections, when multiplexing is on.
+    multiplexer: Option<Multiplexer>,
+    /// The instruments (the book holds them too, for the locks-held count).
+    metrics: Arc<Metrics>,
+}
+
+impl Inner {
+    /// The shared state of a manager built by `builder`. Does no I/O.
+    pub(crate) fn new(builder: PostgresLockManagerBuilder) -> Self {
+        let (settings, lease) = builder.settings.with_lease();
+        let server_timers = match &lease {
+            Ok(Some(lease)) => Some(lease.server.as_settings()),
+            _ => None,
+        };
+        let canceller = builder
+            .canceller
+            .unwrap_or_else(|| crate::connect::canceller_of(&builder.pool));
+        let connections = Arc::new(Connections::new(builder.pool.status().max_size, canceller));
+        let metrics = Arc::new(Metrics::new(
+            settings.metrics,
+            builder.meter.as_ref(),
+            settings.metrics_lock_id,
+        ));
+        Self {
+            application_name: builder.holder_id.as_deref().map(published_holder_id),
+            pool: builder.pool,
+            holder_id: builder.holder_id,
+            key_visibility: builder.key_visibility,
+            lock_ids: LockIds::new(builder.derivation),
+            settings,
+            lease,
+            server_timers,
+            book: Mutex::new(Book::new(Arc::clone(&metrics))),
+            connections,
+            next_ticket: AtomicU64::new(1),
+            health: Health::default(),
+            multiplexer: Multiplexer::new(settings.locks_per_connection, settings.answer_timeout),
+            metrics,
+        }
+    }
+
+    /// What the manager holds.
+    pub(crate) fn book(&self) -> MutexGuard<'_, Book> {
+        // The book stays consistent even if a holder panicked: every change is one call.
+        self.book.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    pub(crate) fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    pub(crate) fn holder_id(&self) -> Option<&String> {
+        self.holder_id.as_ref()
+    }
+
+    pub(crate) fn lock_ids(&self) -> &LockIds {
+        &self.lock_ids
+    }
+
+    pub(crate) fn connections(&self) -> &Arc<Connections> {
+        &self.connections
+    }
+
+    /// The manager's instruments.
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The shared connections, when multiplexing is on.
+    pub(crate) fn multiplexer(&self) -> Option<&Multiplexer> {
+        self.multiplexer.as_ref()
+    }
+
+    /// The lease in force, or why the one asked for cannot hold.
+    pub(crate) fn lease(&self) -> Result<Option<&Lease>, &LeaseError> {
+        self.lease.as_ref().map(Option::as_ref)
+    }
+
+    /// A new bookkeeping ticket: the number that tells one acquisition's entry from
+    /// another's of the same lock id.
+    pub(crate) fn next_ticket(&self) -> u64 {
+        self.next_ticket.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The lost-lock monitor's state (see [`crate::health`]).
+    pub(crate) fn health(&self) -> &Health {
+        &self.health
+    }
+
+    /// What the set-up gives each of the manager's sessions.
+    pub(crate) fn setup_values(&self) -> SetupValues<'_> {
+        SetupValues {
+            application_name: self.application_name.as_deref(),
+            timers: self.server_timers.as_ref(),
+        }
+    }
+
+    pub(crate) fn key_visibility(&self) -> KeyVisibility {
+        self.key_visibility
+    }
+
+    /// The key as spans and events may show it.
+    pub(crate) fn shown<'k>(&self, key: &'k str) -> Option<&'k str> {
+        match self.key_visibility {
+            KeyVisibility::Shown => Some(key),
+            KeyVisibility::Hidden => None,
+        }
+    }
+}
