@@ -40,9 +40,15 @@ const LATEST: &str = "SELECT term, holder_id, value, \
      (extract(epoch FROM since) * 1000000)::bigint, retired \
      FROM advisory_lock_leader_terms WHERE name = $1";
 
+/// The key of the lock [`install_leader_board`] holds while it creates the table.
+pub const LEADER_BOARD_INSTALL_KEY: &str = "locks-postgres:install:advisory_lock_leader_terms";
+
 /// Creates the table of leader terms if it does not exist: the install step of a
 /// leader board ([`LeaderBoard`] on [`PostgresLockManager`]). Run it once per database
-/// (a migration, a deploy step); the manager never creates it on its own. Idempotent.
+/// (a migration, a deploy step); the manager never creates it on its own. Idempotent,
+/// and safe to run from several processes at once: it holds a transaction lock on
+/// [`LEADER_BOARD_INSTALL_KEY`] meanwhile (two concurrent `CREATE TABLE IF NOT EXISTS`
+/// can otherwise fail with a unique violation in the server's catalog).
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -58,7 +64,12 @@ const LATEST: &str = "SELECT term, holder_id, value, \
 pub async fn install_leader_board(
     client: &tokio_postgres::Client,
 ) -> Result<(), tokio_postgres::Error> {
-    client.batch_execute(LEADER_BOARD_SCHEMA).await
+    let lock_id = locks_port::lock_id(LEADER_BOARD_INSTALL_KEY);
+    client
+        .batch_execute(&format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({lock_id}); {LEADER_BOARD_SCHEMA}; COMMIT"
+        ))
+        .await
 }
 
 /// Terms are rows of [`LEADER_BOARD_TABLE`] (install it with [`install_leader_board`]),

@@ -29,7 +29,9 @@ mod telemetry;
 mod watchdog;
 mod xact;
 
-pub use board::{LEADER_BOARD_SCHEMA, LEADER_BOARD_TABLE, install_leader_board};
+pub use board::{
+    LEADER_BOARD_INSTALL_KEY, LEADER_BOARD_SCHEMA, LEADER_BOARD_TABLE, install_leader_board,
+};
 pub use builder::{HOLDER_APPLICATION_NAME_PREFIX, KeyVisibility, PostgresLockManagerBuilder};
 pub use connect::{CancelPath, LockConnect};
 pub use fencing::{FENCING_SCHEMA, FENCING_TABLE, install_fencing};
