@@ -331,7 +331,8 @@ impl<S: Semaphore, B: LeaderBoard> LeaderElection<S, B> {
     /// # Errors
     /// A [`Configuration`](AcquisitionErrorKind::Configuration) error of the campaign
     /// (for example, other processes use `name` as a semaphore of more permits, or the
-    /// published value is too long).
+    /// published value is too long), or [`InvalidKey`](AcquisitionErrorKind::InvalidKey)
+    /// for an empty name.
     ///
     /// # Cancel safety
     /// Dropping the future stops the task and gives up the leadership.
@@ -344,7 +345,12 @@ impl<S: Semaphore, B: LeaderBoard> LeaderElection<S, B> {
             match self.term(&mut task).await {
                 Ok(TermEnd::Finished(output)) => return Ok(output),
                 Ok(TermEnd::Lost(_)) => {}
-                Err(error) if error.kind() == AcquisitionErrorKind::Configuration => {
+                Err(error)
+                    if matches!(
+                        error.kind(),
+                        AcquisitionErrorKind::Configuration | AcquisitionErrorKind::InvalidKey
+                    ) =>
+                {
                     return Err(error);
                 }
                 Err(error) => {

@@ -155,6 +155,12 @@ async fn a_value_past_the_bound_is_a_configuration_error_of_the_campaign() {
     let error = election.run(|_lost| async {}).await.expect_err("refused");
     assert_eq!(error.kind(), AcquisitionErrorKind::Configuration);
     assert!(table.is_empty(), "no permit is left held");
+    let unnamed = LeaderElection::new(&manager, "");
+    let error = unnamed
+        .run(|_lost| async {})
+        .await
+        .expect_err("an empty name is refused, not retried forever");
+    assert_eq!(error.kind(), AcquisitionErrorKind::InvalidKey);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -89,11 +89,23 @@ async fn the_leader_board_keeps_its_contract() {
         .holder_id("second")
         .build();
     leader_board_contract(&first, &second, &unique_key("board")).await;
-    // The holder id is recorded as `permit_holders` names it.
-    let latest = locks_port::LeaderBoard::latest(&first, &unique_key("none"))
-        .await
-        .expect("latest");
-    assert_eq!(latest, None);
+    // What one observer's read costs: the leading permit's holders and the board's row,
+    // two statements on one pooled connection (of a pool that could open four).
+    let observer_pool = pool(4);
+    let watcher = PostgresLockManager::new(observer_pool.clone());
+    let observer = LeaderElection::new(&watcher, unique_key("observed-cost")).board(&watcher);
+    let reads = 200;
+    let started = std::time::Instant::now();
+    for _ in 0..reads {
+        assert_eq!(observer.who_leads().await.expect("who leads"), None);
+    }
+    let each = started.elapsed() / reads;
+    let connections = observer_pool.status().size;
+    println!(
+        "a who_leads read took {each:?} on average over {reads}; the observer opened \
+         {connections} connection(s)"
+    );
+    assert_eq!(connections, 1, "an observer keeps one pooled connection");
 }
 
 /// One change an observer saw: when, and the leader (holder, term, value) or nobody.
