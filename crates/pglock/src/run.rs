@@ -170,6 +170,9 @@ async fn run_once(
     if args.fencing {
         ensure_fencing_table(&pool, target, say).await?;
     }
+    if args.publish.is_some() {
+        crate::leading::ensure_board_table(&pool, target, say).await?;
+    }
 
     let started = Instant::now();
     let acquired = {
@@ -274,6 +277,29 @@ async fn run_once(
         }
         Ok(Err(error)) => return Err(acquisition_failure(&error, target)),
     };
+    // A leader's term: the leading permit around the command, and the published value.
+    let term = if args.leader {
+        let publish = args.publish.as_deref();
+        match crate::leading::Term::begin(&manager, key, publish, guard.lost()).await {
+            Ok(Some(term)) => Some(term),
+            Ok(None) => {
+                guard.release().await;
+                return Err(Failure::new(
+                    LOST,
+                    format!("the leadership of {quoted} was lost before the command started"),
+                ));
+            }
+            Err(error) => {
+                guard.release().await;
+                return Err(acquisition_failure(&error, target));
+            }
+        }
+    } else {
+        None
+    };
+    if let Some(number) = term.as_ref().and_then(crate::leading::Term::number) {
+        say.say(format!("term {number} of {quoted} proclaimed"));
+    }
     let fencing_token = guard.fencing_token();
     let what = match permits {
         Some(permits) => format!("a permit of {permits}"),
@@ -299,6 +325,9 @@ async fn run_once(
     let mut group = match Group::spawn(&program, &env).await {
         Ok(group) => group,
         Err(failure) => {
+            if let Some(term) = term {
+                term.end(&manager, key).await;
+            }
             guard.release().await;
             return Err(failure);
         }
@@ -351,6 +380,9 @@ async fn run_once(
             }
         }
     };
+    if let Some(term) = term {
+        term.end(&manager, key).await;
+    }
     if status == Status::Unknown {
         guard.release().await;
         return Err(Failure::new(
