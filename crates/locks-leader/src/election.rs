@@ -91,8 +91,7 @@ pub struct LeaderElection<S, B = NoBoard> {
 }
 
 impl<S: Semaphore> LeaderElection<S> {
-    /// An election for `name` on `semaphores` (a manager, a reference to one, or an
-    /// `Arc` of one), with the default back-off and takeover delay and no board.
+    /// An election for `name` on `semaphores` (a manager or a reference to one), with the default back-off and takeover delay and no board.
     ///
     /// A leader holds two permits (the election's, and the one of [`leading_name`]
     /// while its task runs): on PostgreSQL that is two pool connections, and a third for

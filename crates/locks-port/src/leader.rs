@@ -8,7 +8,6 @@
 //! names is held, so a leader that died without retiring is never named.
 
 use std::future::Future;
-use std::sync::Arc;
 
 use time::OffsetDateTime;
 
@@ -85,7 +84,7 @@ pub fn check_published_value(name: &str, value: &str) -> Result<(), LockAcquisit
 
 /// Records each term of an election, across every process sharing the backend.
 ///
-/// The contract (the `leader_board_suite!` conformance cases check it):
+/// The contract (the conformance case `leader_board_contract` checks it):
 /// - [`proclaim`](LeaderBoard::proclaim) starts a new term: its number is one more than
 ///   the last term of `name` (1 for the first), and it is what
 ///   [`latest`](LeaderBoard::latest) returns until the next proclamation;
@@ -143,31 +142,6 @@ pub trait LeaderBoard: Send + Sync {
 }
 
 impl<B: LeaderBoard + ?Sized> LeaderBoard for &B {
-    fn proclaim(
-        &self,
-        name: &str,
-        value: &str,
-    ) -> impl Future<Output = Result<Proclamation, LockAcquisitionError>> + Send {
-        (**self).proclaim(name, value)
-    }
-
-    fn retire(
-        &self,
-        name: &str,
-        term: u64,
-    ) -> impl Future<Output = Result<(), LockAcquisitionError>> + Send {
-        (**self).retire(name, term)
-    }
-
-    fn latest(
-        &self,
-        name: &str,
-    ) -> impl Future<Output = Result<Option<Proclamation>, LockAcquisitionError>> + Send {
-        (**self).latest(name)
-    }
-}
-
-impl<B: LeaderBoard + ?Sized> LeaderBoard for Arc<B> {
     fn proclaim(
         &self,
         name: &str,

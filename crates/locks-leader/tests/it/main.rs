@@ -172,7 +172,8 @@ async fn an_owned_an_arc_and_a_borrowed_manager_all_campaign() {
         borrowed.term(|_| async { 1 }).await,
         Ok(TermEnd::Finished(1))
     ));
-    let shared = LeaderElection::new(Arc::new(manager.clone()), "x").takeover_delay(Duration::ZERO);
+    let shared = Arc::new(manager.clone());
+    let shared = LeaderElection::new(&*shared, "x").takeover_delay(Duration::ZERO);
     assert!(matches!(
         shared.term(|_| async { 2 }).await,
         Ok(TermEnd::Finished(2))
