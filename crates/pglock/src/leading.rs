@@ -12,7 +12,7 @@ use locks_postgres::deadpool_postgres;
 use locks_postgres::{PostgresLockManager, PostgresPermit};
 
 use crate::connect::{self, Target};
-use crate::exit::{Failure, SOFTWARE, chain};
+use crate::exit::{Failure, LOST, SOFTWARE, chain};
 use crate::json;
 use crate::run::Say;
 
@@ -54,9 +54,30 @@ impl Term {
         }))
     }
 
-    /// The proclaimed term's number.
-    pub(crate) fn number(&self) -> Option<u64> {
-        self.proclaimed
+    /// [`begin`](Self::begin) for `pglock run`: a leadership lost first, or an error, as
+    /// the run's failure; says the term's number when one was proclaimed.
+    pub(crate) async fn start(
+        manager: &PostgresLockManager,
+        key: &str,
+        publish: Option<&str>,
+        lost: LostSignal,
+        target: &Target,
+        say: Say,
+    ) -> Result<Self, Failure> {
+        let quoted = crate::text::quoted(key);
+        match Self::begin(manager, key, publish, lost).await {
+            Ok(Some(term)) => {
+                if let Some(number) = term.proclaimed {
+                    say.say(format!("term {number} of {quoted} proclaimed"));
+                }
+                Ok(term)
+            }
+            Ok(None) => Err(Failure::new(
+                LOST,
+                format!("the leadership of {quoted} was lost before the command started"),
+            )),
+            Err(error) => Err(crate::run::acquisition_failure(&error, target)),
+        }
     }
 
     /// Retires the term and releases the leading permit (the command has stopped).

@@ -278,28 +278,20 @@ async fn run_once(
         Ok(Err(error)) => return Err(acquisition_failure(&error, target)),
     };
     // A leader's term: the leading permit around the command, and the published value.
-    let term = if args.leader {
-        let publish = args.publish.as_deref();
-        match crate::leading::Term::begin(&manager, key, publish, guard.lost()).await {
-            Ok(Some(term)) => Some(term),
-            Ok(None) => {
-                guard.release().await;
-                return Err(Failure::new(
-                    LOST,
-                    format!("the leadership of {quoted} was lost before the command started"),
-                ));
-            }
-            Err(error) => {
-                guard.release().await;
-                return Err(acquisition_failure(&error, target));
+    let term = match args.leader.then_some(args.publish.as_deref()) {
+        None => None,
+        Some(publish) => {
+            match crate::leading::Term::start(&manager, key, publish, guard.lost(), target, say)
+                .await
+            {
+                Ok(term) => Some(term),
+                Err(failure) => {
+                    guard.release().await;
+                    return Err(failure);
+                }
             }
         }
-    } else {
-        None
     };
-    if let Some(number) = term.as_ref().and_then(crate::leading::Term::number) {
-        say.say(format!("term {number} of {quoted} proclaimed"));
-    }
     let fencing_token = guard.fencing_token();
     let what = match permits {
         Some(permits) => format!("a permit of {permits}"),
