@@ -252,3 +252,36 @@ async fn an_observer_process_sees_every_term_of_terminated_and_killed_leaders() 
         b_started - terminated,
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_leading_permit_is_lost_stops_its_task() {
+    let admin = admin().await;
+    let name = unique_key("leading-lost");
+    let manager = PostgresLockManager::builder(pool(3))
+        .holder_id("leading-lost")
+        .build();
+    let election = LeaderElection::new(&manager, name.clone()).takeover_delay(Duration::ZERO);
+    let mut state = election.subscribe();
+    let term = election.term(|_lost| std::future::pending::<()>());
+    let terminate = async {
+        state
+            .wait_for(locks_leader::Leadership::is_leading)
+            .await
+            .expect("leads");
+        let class = manager.semaphore_class(&locks_leader::leading_name(&name));
+        crate::semaphores::terminate_slot_holder(&admin, class, 0).await;
+        std::time::Instant::now()
+    };
+    let (ended, terminated) = tokio::time::timeout(Duration::from_secs(10), async {
+        tokio::join!(term, terminate)
+    })
+    .await
+    .expect("the task was stopped when its leading permit was lost");
+    let stopped_after = terminated.elapsed();
+    assert!(
+        matches!(ended, Ok(locks_leader::TermEnd::Lost(_))),
+        "{ended:?}"
+    );
+    println!("the task stopped {stopped_after:?} after the leading permit's session ended");
+    assert_eq!(election.who_leads().await.expect("who leads"), None);
+}
