@@ -19,6 +19,7 @@ const PGLOCK: &str = "pglock";
 const CUTOVER_POSTGRES: &str = "migration-cutover-postgres";
 const SCHEDULE: &str = "locks-schedule";
 const SCHEDULE_POSTGRES: &str = "locks-schedule-postgres";
+const LEADER: &str = "locks-leader";
 
 const LIBRARIES: &[&str] = &[
     PORT,
@@ -28,6 +29,7 @@ const LIBRARIES: &[&str] = &[
     CUTOVER_POSTGRES,
     SCHEDULE,
     SCHEDULE_POSTGRES,
+    LEADER,
 ];
 /// The workspace crates the schedule's PostgreSQL ledger may use outside its tests.
 const SCHEDULE_ADAPTER_MAY_USE: &[&str] = &[SCHEDULE, PORT, POSTGRES];
@@ -89,6 +91,7 @@ const INVARIANTS: &[&str] = &[
     "Applications stand on the libraries.",
     "The cutover's adapters stand on the cutover's ports.",
     "The schedule knows only the port; its ledger stands on it.",
+    "The leader election knows only the port.",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -477,6 +480,22 @@ fn check(crates: &[Crate]) -> Vec<Violation> {
         }
     }
 
+    // 13. The leader election knows only the port.
+    if let Some(leader) = get(LEADER) {
+        for dep in leader.normal() {
+            let package = dep.package.as_str();
+            if is_workspace(package) && package != PORT {
+                broken(
+                    13,
+                    leader,
+                    format!("depends on workspace crate `{package}`"),
+                );
+            } else if DATABASE_CRATES.contains(&package) {
+                broken(13, leader, format!("database crate `{package}`"));
+            }
+        }
+    }
+
     violations.sort_by_key(|v| v.invariant);
     violations
 }
@@ -642,6 +661,15 @@ fn good_workspace() -> BTreeMap<&'static str, String> {
              [dependencies]\nlocks-schedule = {{ workspace = true }}\n\
              deadpool-postgres = \"0.14\"\ntokio = \"1\"\n\
              [dev-dependencies]\nthrowaway-pg = {{ workspace = true }}\n{lints}"
+        ),
+    );
+    manifests.insert(
+        LEADER,
+        format!(
+            "[package]\nname = \"locks-leader\"\n\
+             [dependencies]\nlocks-port = {{ workspace = true }}\ntokio = \"1\"\n\
+             [dev-dependencies]\nlocks-memory = {{ workspace = true }}\n\
+             locks-postgres = {{ workspace = true }}\n{lints}"
         ),
     );
     manifests.insert(
@@ -968,5 +996,21 @@ fn the_schedule_using_a_database_an_adapter_or_a_runtime_breaks_invariant_12() {
             "migration-cutover = { workspace = true }"
         ),
         [12]
+    );
+}
+
+#[test]
+fn the_leader_election_using_a_database_or_an_adapter_breaks_invariant_13() {
+    assert_eq!(
+        broken_after(LEADER, "tokio = \"1\"", "tokio-postgres = \"0.7\""),
+        [13]
+    );
+    assert_eq!(
+        broken_after(
+            LEADER,
+            "tokio = \"1\"\n[dev",
+            "tokio = \"1\"\nlocks-postgres = { workspace = true }\n[dev"
+        ),
+        [13]
     );
 }

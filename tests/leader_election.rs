@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
+use locks_leader::{LeaderElection, Leadership};
 use locks_memory::InMemoryLockTable;
 use locks_port::{AcquisitionErrorKind, PermitGuard, Semaphore};
-use locks_postgres::{LeaderElection, Leadership};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_on_the_in_memory_manager_leads_when_the_leader_stops() {

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+mod board;
 mod faults;
 mod guard;
 mod manager;

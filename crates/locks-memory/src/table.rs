@@ -39,6 +39,8 @@ pub(crate) struct TableInner {
     locks: Mutex<HashMap<i64, Arc<Semaphore>>>,
     /// The counting semaphores (`acquire_permit`), apart from the locks as on the server.
     pub(crate) semaphores: Arc<crate::semaphore::Semaphores>,
+    /// The leader board: the latest term of each election.
+    pub(crate) terms: crate::board::Terms,
 }
 
 impl InMemoryLockTable {
@@ -57,6 +59,7 @@ impl InMemoryLockTable {
                 derivation,
                 locks: Mutex::new(HashMap::new()),
                 semaphores: Arc::default(),
+                terms: crate::board::Terms::default(),
             }),
         }
     }

@@ -5,6 +5,7 @@ mod error;
 mod health;
 mod info;
 mod key;
+mod leader;
 mod lock;
 mod many;
 mod options;
@@ -23,6 +24,7 @@ pub use key::{
     DEFAULT_MIGRATION_OPERATION, KeyDerivation, check_key, lock_id, lock_order_with,
     migration_lock_key, migration_lock_key_for,
 };
+pub use leader::{LeaderBoard, MAX_PUBLISHED_VALUE, Proclamation, check_published_value};
 pub use lock::{DistributedLock, LockGuard, LockRegistry, ReleaseOutcome};
 pub use many::{AcquireMany, LockGroup, owned_keys};
 pub use options::{AcquireOptions, InvalidTimeoutError, LockMode, WaitStrategy, deadline_after};

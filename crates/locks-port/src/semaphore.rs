@@ -360,6 +360,37 @@ pub trait Semaphore: Send + Sync {
     ) -> impl Future<Output = Result<PermitHolders, LockAcquisitionError>> + Send;
 }
 
+/// A shared reference is a manager too, so `LeaderElection::new(&manager, name)` and
+/// other users generic over the port can borrow one (an `Arc<M>` lends one with
+/// `&*arc`).
+impl<S: Semaphore + ?Sized> Semaphore for &S {
+    type Permit = S::Permit;
+
+    fn acquire_permit(
+        &self,
+        name: &str,
+        permits: u32,
+        options: impl Into<AcquireOptions> + Send,
+    ) -> impl Future<Output = Result<Self::Permit, LockAcquisitionError>> + Send {
+        (**self).acquire_permit(name, permits, options)
+    }
+
+    fn try_acquire_permit(
+        &self,
+        name: &str,
+        permits: u32,
+    ) -> impl Future<Output = Result<Option<Self::Permit>, LockAcquisitionError>> + Send {
+        (**self).try_acquire_permit(name, permits)
+    }
+
+    fn permit_holders(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<PermitHolders, LockAcquisitionError>> + Send {
+        (**self).permit_holders(name)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,12 +16,12 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use locks_leader::{LeaderElection, Leadership};
 use locks_postgres::PostgresLockManager;
 use locks_postgres::locks_port::{
     AcquireOptions, DistributedLock, LockGuard, LockRegistry, PermitGuard, Semaphore,
 };
 use locks_postgres::tokio_postgres::{self, NoTls};
-use locks_postgres::{LeaderElection, Leadership};
 use time::OffsetDateTime;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;

@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod acquire;
+mod board;
 mod bookkeeping;
 mod builder;
 mod checkout;
@@ -13,7 +14,6 @@ mod guard;
 mod health;
 mod inner;
 mod inspect;
-mod leader;
 mod lease;
 mod limit;
 mod lock_ids;
@@ -30,16 +30,15 @@ mod telemetry;
 mod watchdog;
 mod xact;
 
+pub use board::{
+    LEADER_BOARD_INSTALL_KEY, LEADER_BOARD_SCHEMA, LEADER_BOARD_TABLE, install_leader_board,
+};
 pub use builder::{HOLDER_APPLICATION_NAME_PREFIX, KeyVisibility, PostgresLockManagerBuilder};
 pub use connect::{CancelPath, LockConnect};
 pub use fencing::{FENCING_SCHEMA, FENCING_TABLE, install_fencing};
 pub use guard::PostgresLockGuard;
 pub use health::LostLockCounts;
 pub use inspect::{AdvisoryLockId, InspectError, LockHolder, all_lock_holders, lock_holders};
-pub use leader::{
-    DEFAULT_BACKOFF, DEFAULT_TAKEOVER_DELAY, Leader, LeaderElection, Leadership, TermEnd,
-    leading_name,
-};
 pub use lease::{Lease, LeaseError, ServerTimers};
 pub use lock_table::{LockTableUsage, is_lock_table_full, lock_table_usage};
 /// The mode of a lock (exclusive or shared), the port's: named here too, as every

@@ -28,8 +28,8 @@
 //! an application that wants them on a dashboard calls it periodically.
 //! | [`PERMITS_IDLE_WAITING`] | counter | `s` | `lock.id` (opt-in) |
 //!
-//! Whether this process leads an election, and how many terms it has led, are
-//! [`LeaderElection`](crate::LeaderElection)'s own instruments,
+//! Whether this process leads an election, and how many terms it has led, are the
+//! instruments of the `locks-leader` crate's `LeaderElection`,
 //! `eventsource.leader.is_leader` and `eventsource.leader.terms` (see there).
 //!
 //! `lock.id` joins the acquisition and loss attributes only when the builder's

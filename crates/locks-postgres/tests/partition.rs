@@ -35,8 +35,9 @@ use std::process::{Child, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use locks_leader::LeaderElection;
 use locks_port::{DistributedLock, LockGuard, Semaphore};
-use locks_postgres::{LeaderElection, Lease, PostgresLockManager};
+use locks_postgres::{Lease, PostgresLockManager};
 use throwaway_pg::NetworkPair;
 
 /// The child's role, and what it needs.

@@ -82,6 +82,10 @@ pub(crate) enum Command {
         /// Print one JSON document instead of a table (fields in the manual).
         #[arg(long)]
         json: bool,
+        /// KEY is an election (`pglock run --leader`): show who leads it now, with the
+        /// term, its start and the value the leader published (--publish).
+        #[arg(long)]
+        leader: bool,
     },
     /// List every advisory lock on the database, held or awaited.
     List {
@@ -220,6 +224,11 @@ pub(crate) struct RunArgs {
     /// after --backoff; exits when the command exits on its own.
     #[arg(long, conflicts_with_all = ["no_wait", "timeout", "permits", "shared"])]
     pub(crate) leader: bool,
+    /// With --leader: publish VALUE with each term (an address, a version) on the leader
+    /// board, for `pglock who --leader` and the library's observers; creates the board's
+    /// table if it is missing.
+    #[arg(long, value_name = "VALUE", requires = "leader")]
+    pub(crate) publish: Option<String>,
     /// With --leader: the pause before campaigning again after a lost leadership.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1s")]
     pub(crate) backoff: Duration,

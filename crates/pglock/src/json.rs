@@ -32,6 +32,35 @@ struct Permit<'a> {
     since: Option<String>,
 }
 
+/// `pglock who --leader NAME --json`.
+#[derive(Debug, Serialize)]
+struct LeaderDocument<'a> {
+    election: &'a str,
+    leader: Option<LeaderFields<'a>>,
+}
+
+#[derive(Debug, Serialize)]
+struct LeaderFields<'a> {
+    holder_id: Option<&'a str>,
+    term: Option<u64>,
+    since: Option<String>,
+    value: Option<&'a str>,
+}
+
+/// The document for `who --leader`, and a newline: the leader (`null` when nobody
+/// leads) with its holder id, term, start (RFC 3339 to the microsecond) and value.
+pub(crate) fn leader(election: &str, leader: Option<&locks_leader::Leader>) -> String {
+    document(&LeaderDocument {
+        election,
+        leader: leader.map(|leader| LeaderFields {
+            holder_id: leader.holder_id.as_deref(),
+            term: leader.term,
+            since: leader.since.map(crate::leading::rfc3339_micros),
+            value: leader.value.as_deref(),
+        }),
+    })
+}
+
 /// `pglock list --json`.
 #[derive(Debug, Serialize)]
 struct List<'a> {

@@ -14,6 +14,7 @@ mod group;
 mod inspect;
 mod jobs;
 mod json;
+mod leading;
 mod lease;
 mod manual;
 mod once_per;
@@ -94,7 +95,8 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
             Command::Jobs { key, json, install } => {
                 jobs::run(&target, say, key.as_deref(), json, install).await
             }
-            Command::Who { key, json } => show::who(&target, say, &key, json).await,
+            Command::Who { key, json, leader } if leader => leading::who(&target, &key, json).await,
+            Command::Who { key, json, .. } => show::who(&target, say, &key, json).await,
             Command::List { json, watch } => show::list(&target, say, json, watch).await,
             Command::Break(args) => break_lock::run(&target, args, say).await,
             Command::Id { .. } | Command::Completions { .. } | Command::Man { .. } => Ok(0),

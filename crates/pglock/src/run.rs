@@ -170,6 +170,9 @@ async fn run_once(
     if args.fencing {
         ensure_fencing_table(&pool, target, say).await?;
     }
+    if args.publish.is_some() {
+        crate::leading::ensure_board_table(&pool, target, say).await?;
+    }
 
     let started = Instant::now();
     let acquired = {
@@ -274,6 +277,21 @@ async fn run_once(
         }
         Ok(Err(error)) => return Err(acquisition_failure(&error, target)),
     };
+    // A leader's term: the leading permit around the command, and the published value.
+    let term = match args.leader.then_some(args.publish.as_deref()) {
+        None => None,
+        Some(publish) => {
+            match crate::leading::Term::start(&manager, key, publish, guard.lost(), target, say)
+                .await
+            {
+                Ok(term) => Some(term),
+                Err(failure) => {
+                    guard.release().await;
+                    return Err(failure);
+                }
+            }
+        }
+    };
     let fencing_token = guard.fencing_token();
     let what = match permits {
         Some(permits) => format!("a permit of {permits}"),
@@ -299,6 +317,9 @@ async fn run_once(
     let mut group = match Group::spawn(&program, &env).await {
         Ok(group) => group,
         Err(failure) => {
+            if let Some(term) = term {
+                term.end(&manager, key).await;
+            }
             guard.release().await;
             return Err(failure);
         }
@@ -351,6 +372,9 @@ async fn run_once(
             }
         }
     };
+    if let Some(term) = term {
+        term.end(&manager, key).await;
+    }
     if status == Status::Unknown {
         guard.release().await;
         return Err(Failure::new(

@@ -48,20 +48,6 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         return ExitCode::from(crate::exit::SOFTWARE);
     };
     let tty: Option<Pid> = tty.parse().ok().map(Pid::from_raw);
-    // Signals meant for the command go to its group, not here; SIGTTOU is blocked so that
-    // the terminal can be handed over from this background group. The command starts
-    // with an empty mask (the standard library resets it).
-    let mut blocked = SigSet::empty();
-    for signal in [
-        Signal::SIGINT,
-        Signal::SIGTERM,
-        Signal::SIGHUP,
-        Signal::SIGQUIT,
-        Signal::SIGTTOU,
-    ] {
-        blocked.add(signal);
-    }
-    let _ = blocked.thread_block();
     #[cfg(any(target_os = "linux", target_os = "android"))]
     let _ = nix::sys::prctl::set_child_subreaper(true);
 
@@ -85,6 +71,22 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         return ExitCode::from(crate::exit::SOFTWARE);
     };
     let group = Pid::from_raw(pid);
+    // Signals meant for the command go to its group, not here; SIGTTOU is blocked so that
+    // the terminal can be handed over from this background group. Blocked only once the
+    // command runs: a signal mask is inherited through fork and exec (the standard library
+    // does not reset it), and a command started with INT, TERM, HUP and QUIT blocked would
+    // never see the signals pglock forwards to it.
+    let mut blocked = SigSet::empty();
+    for signal in [
+        Signal::SIGINT,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+        Signal::SIGTTOU,
+    ] {
+        blocked.add(signal);
+    }
+    let _ = blocked.thread_block();
     // From here on the death watch is armed: it knows the group before it can see EOF.
     std::thread::spawn(move || watch(death, group));
     if let Some(pglock_group) = tty {

@@ -40,3 +40,14 @@ impl Drop for MemoryHarness {
 locks_port::conformance_suite!(MemoryHarness::new());
 locks_port::acquire_many_suite!(MemoryHarness::new());
 locks_port::semaphore_suite!(MemoryHarness::new());
+
+/// The leader board's contract, on two managers of one table.
+#[tokio::test]
+async fn the_leader_board_keeps_its_contract() {
+    let table = locks_memory::InMemoryLockTable::new();
+    let (first, second) = (
+        table.manager_with_holder_id("first"),
+        table.manager_with_holder_id("second"),
+    );
+    locks_port::conformance::leader_board_contract(&first, &second, "board").await;
+}

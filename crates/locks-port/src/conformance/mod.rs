@@ -55,6 +55,7 @@ use crate::LockGuard;
 use crate::{DistributedLock, LockRegistry};
 
 mod basics;
+mod board;
 mod cleanup;
 mod contention;
 mod fixtures;
@@ -71,6 +72,7 @@ pub use basics::{
     empty_key_is_refused, is_held_inside_and_not_after, try_acquire_takes_free_and_refuses_held,
     try_with_lock_skips_a_held_key,
 };
+pub use board::leader_board_contract;
 pub use cleanup::{
     aborted_holder_task_releases, dropped_guard_releases,
     with_lock_releases_on_error_and_returns_it, with_lock_releases_when_body_panics,

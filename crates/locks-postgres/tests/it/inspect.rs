@@ -204,9 +204,9 @@ async fn two_integer_locks_are_listed_with_their_own_ids() {
 /// connect timeout, with the documented pool error, instead of waiting for a release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_on_a_full_pool_answer_within_the_connect_timeout() {
+    use locks_leader::LeaderElection;
     use locks_port::{AcquireOptions, AcquisitionErrorKind, DistributedLock, Semaphore};
     use locks_postgres::InspectError;
-    use locks_postgres::LeaderElection;
     use locks_postgres::deadpool_postgres::{PoolError, TimeoutType};
 
     let bound = Duration::from_millis(500);

@@ -4,7 +4,8 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use locks_postgres::{LeaderElection, Leadership, PostgresLockManager};
+use locks_leader::{LeaderElection, Leadership};
+use locks_postgres::PostgresLockManager;
 
 use crate::support::{admin, pool, unique_key};
 use throwaway_pg::testing::child::say;

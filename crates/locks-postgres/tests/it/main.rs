@@ -8,6 +8,7 @@ mod faults;
 mod group_waits;
 mod inspect;
 mod leader;
+mod leader_board;
 mod lease;
 
 mod many;

@@ -6,11 +6,12 @@
 
 use std::time::Duration;
 
+use locks_leader::{LeaderElection, Leadership, TermEnd};
 use locks_port::{
     AcquireOptions, DistributedLock, LockGuard, LockMode, LostReason, ReleaseOutcome,
 };
 use locks_port::{PermitGuard, Semaphore};
-use locks_postgres::{LeaderElection, Leadership, PostgresLockManager, TermEnd};
+use locks_postgres::PostgresLockManager;
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};

@@ -36,6 +36,8 @@ fn child_entry() {
         "permits" => runtime.block_on(crate::semaphores::child_permits()),
         "permit-wait" => runtime.block_on(crate::semaphore_waits::child_permit_wait()),
         "lead" => runtime.block_on(crate::leader::child_lead()),
+        "lead-board" => runtime.block_on(crate::leader_board::child_lead_board()),
+        "observe" => runtime.block_on(crate::leader_board::child_observe()),
         other => panic!("unknown {ROLE} {other:?}"),
     });
 }

@@ -286,3 +286,38 @@ async fn a_killed_supervisor_takes_the_group_with_it_and_pglock_exits_70() {
         "the group outlived the supervisor"
     );
 }
+
+#[tokio::test]
+async fn a_command_run_without_a_shell_gets_the_signals_pglock_forwards() {
+    // A program started directly (no `sh -c`, which clears its signal mask) inherits the
+    // mask of the process that forks it: the supervisor's blocked signals once reached the
+    // command, and a forwarded SIGTERM never ended a plain `sleep`.
+    let (key, _dir) = unique("mask");
+    let shown =
+        output(pglock().args(["run", &key, "--", "grep", "^SigBlk", "/proc/self/status"])).await;
+    assert_eq!(code(&shown), 0, "{}", stderr(&shown));
+    assert_eq!(
+        String::from_utf8_lossy(&shown.stdout)
+            .split_whitespace()
+            .collect::<Vec<_>>(),
+        ["SigBlk:", "0000000000000000"],
+        "the command starts with signals blocked"
+    );
+    for (number, name) in [
+        (Signal::SIGTERM, "term"),
+        (Signal::SIGINT, "int"),
+        (Signal::SIGHUP, "hup"),
+    ] {
+        let (key, _dir) = unique(&format!("direct-{name}"));
+        let (mut child, pids) = started(&[], &key, &["--", "sleep", "60"], 1).await;
+        signal(&child, number);
+        let status = exited(&mut child).await;
+        assert_eq!(
+            running(&pids),
+            Vec::<i32>::new(),
+            "{name}: the command outlived pglock"
+        );
+        assert_eq!(status.code(), Some(128 + number as i32), "{name}");
+        let _ = finish(child).await;
+    }
+}

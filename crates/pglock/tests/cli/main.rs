@@ -6,6 +6,7 @@ mod errors;
 mod generate;
 mod group;
 mod inspect;
+mod leader;
 mod lost;
 mod once_per;
 mod operator;

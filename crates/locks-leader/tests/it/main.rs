@@ -1,0 +1,188 @@
+//! The election and its observation on the in-memory double: the same contract as on
+//! PostgreSQL (whose process tests are in `locks-postgres`), without a server.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use locks_leader::{LeaderElection, Leadership, TermEnd, metrics};
+use locks_memory::InMemoryLockTable;
+use locks_port::{AcquisitionErrorKind, LeaderBoard, MAX_PUBLISHED_VALUE};
+use opentelemetry::metrics::MeterProvider as _;
+use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
+use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
+
+const DELAY: Duration = Duration::from_millis(100);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_winner_is_named_only_once_its_task_runs_with_its_term_and_value() {
+    let table = InMemoryLockTable::new();
+    let (a, observer) = (
+        table.manager_with_holder_id("a"),
+        table.manager_with_holder_id("observer"),
+    );
+    let election = LeaderElection::new(&a, "api")
+        .board(&a)
+        .publish("10.0.0.7:8080")
+        .takeover_delay(DELAY);
+    let watcher = LeaderElection::new(&observer, "api").board(&observer);
+    let started: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let mut state = election.subscribe();
+    let campaign = election.term(|_lost| {
+        let started = Arc::clone(&started);
+        async move {
+            *started.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            "done"
+        }
+    });
+    let looks = async {
+        let mut looks = Vec::new();
+        let until = Instant::now() + Duration::from_millis(250);
+        while Instant::now() < until {
+            let asked = Instant::now();
+            looks.push((asked, watcher.who_leads().await.expect("who leads")));
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        looks
+    };
+    let (ended, looks) = tokio::join!(campaign, looks);
+    assert!(matches!(ended, Ok(TermEnd::Finished("done"))));
+    let started = started
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .expect("the task ran");
+    let named: Vec<_> = looks
+        .iter()
+        .filter(|(_, leader)| leader.is_some())
+        .collect();
+    assert!(!named.is_empty(), "the leader was named while its task ran");
+    for (asked, leader) in &named {
+        // A look that named the leader was answered after its task started.
+        assert!(*asked + Duration::from_millis(1) >= started, "named early");
+        let leader = leader.as_ref().expect("named");
+        assert_eq!(leader.holder_id.as_deref(), Some("a"));
+        assert_eq!(leader.term, Some(1));
+        assert_eq!(leader.value.as_deref(), Some("10.0.0.7:8080"));
+    }
+    assert!(
+        looks
+            .iter()
+            .any(|(asked, leader)| leader.is_none() && *asked < started),
+        "nobody was named during the takeover delay"
+    );
+    assert_eq!(*state.borrow_and_update(), Leadership::Following);
+    assert_eq!(watcher.who_leads().await.expect("who leads"), None);
+    let latest = observer
+        .latest("api")
+        .await
+        .expect("latest")
+        .expect("a term");
+    assert!(latest.retired, "a finished term is retired");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_reports_each_term_and_the_gaps_and_counts_them() {
+    let exporter = InMemoryMetricExporter::default();
+    let provider = SdkMeterProvider::builder()
+        .with_reader(PeriodicReader::builder(exporter.clone()).build())
+        .build();
+    let meter = provider.meter("leader-test");
+    let table = InMemoryLockTable::new();
+    let (a, b, observer) = (
+        table.manager_with_holder_id("a"),
+        table.manager_with_holder_id("b"),
+        table.manager_with_holder_id("observer"),
+    );
+    let watcher = LeaderElection::new(&observer, "jobs")
+        .board(&observer)
+        .meter(&meter);
+    let mut watch = watcher.watch().interval(Duration::from_millis(5));
+    assert_eq!(watch.changed().await.expect("first read"), None);
+    for (manager, value) in [(&a, "one"), (&b, "two")] {
+        let election = LeaderElection::new(manager, "jobs")
+            .board(manager)
+            .publish(value)
+            .takeover_delay(Duration::ZERO);
+        let (ended, seen) = tokio::join!(
+            election.term(|_lost| tokio::time::sleep(Duration::from_millis(100))),
+            async {
+                let leading = watch.changed().await.expect("a change");
+                let gone = watch.changed().await.expect("a change");
+                (leading, gone)
+            }
+        );
+        assert!(matches!(ended, Ok(TermEnd::Finished(()))));
+        let (leading, gone) = seen;
+        let leading = leading.expect("a leader");
+        assert_eq!(leading.value.as_deref(), Some(value));
+        assert_eq!(leading.holder_id.as_deref(), manager.holder_id());
+        assert_eq!(gone, None, "the term ended");
+    }
+    provider.force_flush().expect("flush");
+    let changes: u64 = exporter
+        .get_finished_metrics()
+        .expect("metrics")
+        .iter()
+        .flat_map(|resource| resource.scope_metrics())
+        .flat_map(|scope| scope.metrics())
+        .filter(|metric| metric.name() == metrics::CHANGES)
+        .map(|metric| match metric.data() {
+            AggregatedMetrics::U64(MetricData::Sum(sum)) => {
+                sum.data_points().map(|point| point.value()).sum()
+            }
+            other => panic!("a u64 sum: {other:?}"),
+        })
+        .max()
+        .unwrap_or(0);
+    assert_eq!(changes, 4, "two terms, each a leader and a gap");
+    assert_eq!(
+        observer
+            .latest("jobs")
+            .await
+            .expect("latest")
+            .map(|t| t.term),
+        Some(2)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_past_the_bound_is_a_configuration_error_of_the_campaign() {
+    let table = InMemoryLockTable::new();
+    let manager = table.manager();
+    let election = LeaderElection::new(&manager, "big")
+        .board(&manager)
+        .publish("x".repeat(MAX_PUBLISHED_VALUE + 1));
+    let error = election.run(|_lost| async {}).await.expect_err("refused");
+    assert_eq!(error.kind(), AcquisitionErrorKind::Configuration);
+    assert!(table.is_empty(), "no permit is left held");
+    let unnamed = LeaderElection::new(&manager, "");
+    let error = unnamed
+        .run(|_lost| async {})
+        .await
+        .expect_err("an empty name is refused, not retried forever");
+    assert_eq!(error.kind(), AcquisitionErrorKind::InvalidKey);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owned_an_arc_and_a_borrowed_manager_all_campaign() {
+    let table = InMemoryLockTable::new();
+    let manager = table.manager_with_holder_id("m");
+    let borrowed = LeaderElection::new(&manager, "x").takeover_delay(Duration::ZERO);
+    assert!(matches!(
+        borrowed.term(|_| async { 1 }).await,
+        Ok(TermEnd::Finished(1))
+    ));
+    let shared = Arc::new(manager.clone());
+    let shared = LeaderElection::new(&*shared, "x").takeover_delay(Duration::ZERO);
+    assert!(matches!(
+        shared.term(|_| async { 2 }).await,
+        Ok(TermEnd::Finished(2))
+    ));
+    let owned = LeaderElection::new(manager, "x").takeover_delay(Duration::ZERO);
+    assert!(matches!(
+        owned.term(|_| async { 3 }).await,
+        Ok(TermEnd::Finished(3))
+    ));
+    // Without a board, who_leads names the holder but no term.
+    assert_eq!(owned.who_leads().await.expect("who leads"), None);
+}

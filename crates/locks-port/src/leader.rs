@@ -1,0 +1,185 @@
+//! Where leaders publish their terms and everyone else reads them: the port's side of
+//! leader observation (etcd's `Proclaim` and `Observe`, Kubernetes' Lease
+//! `holderIdentity` and `leaseTransitions`).
+//!
+//! A board only records; it does not decide who leads. An election (the `locks-leader`
+//! crate) proclaims a term while it holds its leadership, and retires it before it lets
+//! the leadership go; an observer trusts a proclamation only while the leadership it
+//! names is held, so a leader that died without retiring is never named.
+
+use std::future::Future;
+
+use time::OffsetDateTime;
+
+use crate::{AcquisitionErrorKind, LockAcquisitionError};
+
+/// The most bytes a published value may have ([`LeaderBoard::proclaim`]): an address, a
+/// version, a small JSON object; not a payload.
+pub const MAX_PUBLISHED_VALUE: usize = 1024;
+
+/// One term of an election as its board records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Proclamation {
+    /// The term's number: 1 for the first term of a name, then one more for each term,
+    /// whichever process leads it (strictly growing, never reused).
+    pub term: u64,
+    /// The leader's holder id, when its manager has one.
+    pub holder_id: Option<String>,
+    /// What the leader published (an address, a version); empty when it published nothing.
+    pub value: String,
+    /// When the term started, as the backend's clock says (full precision).
+    pub since: OffsetDateTime,
+    /// Whether the leader retired the term (its task stopped). A term that is not
+    /// retired may still be over: its leader may have died without a word.
+    pub retired: bool,
+}
+
+impl Proclamation {
+    /// A proclamation, for boards outside this workspace.
+    #[must_use]
+    pub fn new(
+        term: u64,
+        holder_id: Option<String>,
+        value: String,
+        since: OffsetDateTime,
+        retired: bool,
+    ) -> Self {
+        Self {
+            term,
+            holder_id,
+            value,
+            since,
+            retired,
+        }
+    }
+}
+
+/// Checks a value to publish: at most [`MAX_PUBLISHED_VALUE`] bytes and no NUL (which
+/// PostgreSQL's `text` cannot hold), else a
+/// [`Configuration`](crate::AcquisitionErrorKind::Configuration) error naming the election.
+///
+/// # Errors
+/// As said above.
+pub fn check_published_value(name: &str, value: &str) -> Result<(), LockAcquisitionError> {
+    if value.len() > MAX_PUBLISHED_VALUE {
+        return Err(LockAcquisitionError::new(
+            name,
+            AcquisitionErrorKind::Configuration,
+            format!(
+                "a published value has at most {MAX_PUBLISHED_VALUE} bytes, not {}",
+                value.len()
+            ),
+        ));
+    }
+    if value.contains('\0') {
+        return Err(LockAcquisitionError::new(
+            name,
+            AcquisitionErrorKind::Configuration,
+            "a published value cannot contain a NUL character",
+        ));
+    }
+    Ok(())
+}
+
+/// Records each term of an election, across every process sharing the backend.
+///
+/// The contract (the conformance case `leader_board_contract` checks it):
+/// - [`proclaim`](LeaderBoard::proclaim) starts a new term: its number is one more than
+///   the last term of `name` (1 for the first), and it is what
+///   [`latest`](LeaderBoard::latest) returns until the next proclamation;
+/// - [`retire`](LeaderBoard::retire) marks a term retired only while it is the latest;
+///   retiring an older term changes nothing;
+/// - a value of more than [`MAX_PUBLISHED_VALUE`] bytes, or with a NUL, is a
+///   `Configuration` error ([`check_published_value`]).
+///
+/// ```
+/// use locks_port::{LeaderBoard, LockAcquisitionError};
+///
+/// /// Where to send requests: the address the leader of `api` published, if any.
+/// async fn leader_address<B: LeaderBoard>(board: &B) -> Result<Option<String>, LockAcquisitionError> {
+///     let latest = board.latest("api").await?;
+///     Ok(latest.filter(|term| !term.retired).map(|term| term.value))
+/// }
+/// ```
+pub trait LeaderBoard: Send + Sync {
+    /// Starts the next term of `name`, led by this manager, publishing `value`. The
+    /// term records the manager's holder id as its
+    /// [`permit_holders`](crate::Semaphore::permit_holders) names it, so an observer can
+    /// tell the term of the permit's holder from an older one.
+    ///
+    /// # Errors
+    /// A backend failure (on PostgreSQL, a missing table names its install step), or
+    /// a value [`check_published_value`] refuses.
+    ///
+    /// # Cancel safety
+    /// The term is recorded when the backend commits it; a dropped call may or may not
+    /// have recorded it (the next proclamation's number is one more either way).
+    fn proclaim(
+        &self,
+        name: &str,
+        value: &str,
+    ) -> impl Future<Output = Result<Proclamation, LockAcquisitionError>> + Send;
+
+    /// Marks `term` of `name` retired, if it is still the latest term.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn retire(
+        &self,
+        name: &str,
+        term: u64,
+    ) -> impl Future<Output = Result<(), LockAcquisitionError>> + Send;
+
+    /// The latest term of `name`, retired or not; `None` before the first.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn latest(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<Proclamation>, LockAcquisitionError>> + Send;
+}
+
+impl<B: LeaderBoard + ?Sized> LeaderBoard for &B {
+    fn proclaim(
+        &self,
+        name: &str,
+        value: &str,
+    ) -> impl Future<Output = Result<Proclamation, LockAcquisitionError>> + Send {
+        (**self).proclaim(name, value)
+    }
+
+    fn retire(
+        &self,
+        name: &str,
+        term: u64,
+    ) -> impl Future<Output = Result<(), LockAcquisitionError>> + Send {
+        (**self).retire(name, term)
+    }
+
+    fn latest(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<Proclamation>, LockAcquisitionError>> + Send {
+        (**self).latest(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_past_the_bound_or_with_a_nul_are_refused_by_name() {
+        let at_bound = "x".repeat(MAX_PUBLISHED_VALUE);
+        assert!(check_published_value("api", &at_bound).is_ok());
+        assert!(check_published_value("api", "").is_ok());
+        let over = check_published_value("api", &format!("{at_bound}x")).expect_err("too long");
+        assert_eq!(over.kind(), crate::AcquisitionErrorKind::Configuration);
+        assert!(over.to_string().contains("api"), "{over}");
+        assert!(over.to_string().contains("1025"), "{over}");
+        let nul = check_published_value("api", "a\0b").expect_err("a NUL");
+        assert_eq!(nul.kind(), crate::AcquisitionErrorKind::Configuration);
+    }
+}

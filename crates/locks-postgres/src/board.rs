@@ -1,0 +1,192 @@
+//! The leader board on PostgreSQL: the latest term of each election in a small table,
+//! read and written through pooled connections, one statement each (ADR 0024).
+
+use deadpool_postgres::{PoolError, TimeoutType};
+use locks_port::{
+    AcquisitionErrorKind, LeaderBoard, LockAcquisitionError, Proclamation, check_published_value,
+};
+use time::OffsetDateTime;
+use tokio_postgres::Row;
+
+use crate::builder::{HOLDER_APPLICATION_NAME_PREFIX, published_holder_id};
+use crate::errors::{driver_error, no_answer, pool_error, pool_exhausted};
+use crate::manager::PostgresLockManager;
+
+/// The table of leader terms (in the connection's `search_path` schema).
+pub const LEADER_BOARD_TABLE: &str = "advisory_lock_leader_terms";
+
+/// The statement that creates the table of leader terms, for migration tools: what
+/// [`install_leader_board`] runs. One row per election name, overwritten by each term.
+pub const LEADER_BOARD_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS advisory_lock_leader_terms (\
+     name text PRIMARY KEY, \
+     term bigint NOT NULL CHECK (term > 0), \
+     holder_id text, \
+     value text NOT NULL, \
+     since timestamptz NOT NULL, \
+     retired boolean NOT NULL)";
+
+const PROCLAIM: &str = "INSERT INTO advisory_lock_leader_terms AS t \
+     (name, term, holder_id, value, since, retired) \
+     VALUES ($1, 1, $2, $3, clock_timestamp(), false) ON CONFLICT (name) \
+     DO UPDATE SET term = t.term + 1, holder_id = excluded.holder_id, value = excluded.value, \
+     since = excluded.since, retired = false \
+     RETURNING term, holder_id, value, \
+     (extract(epoch FROM since) * 1000000)::bigint, retired";
+
+const RETIRE: &str = "UPDATE advisory_lock_leader_terms SET retired = true \
+     WHERE name = $1 AND term = $2";
+
+const LATEST: &str = "SELECT term, holder_id, value, \
+     (extract(epoch FROM since) * 1000000)::bigint, retired \
+     FROM advisory_lock_leader_terms WHERE name = $1";
+
+/// The key of the lock [`install_leader_board`] holds while it creates the table.
+pub const LEADER_BOARD_INSTALL_KEY: &str = "locks-postgres:install:advisory_lock_leader_terms";
+
+/// Creates the table of leader terms if it does not exist: the install step of a
+/// leader board ([`LeaderBoard`] on [`PostgresLockManager`]). Run it once per database
+/// (a migration, a deploy step); the manager never creates it on its own. Idempotent,
+/// and safe to run from several processes at once: it holds a transaction lock on
+/// [`LEADER_BOARD_INSTALL_KEY`] meanwhile (two concurrent `CREATE TABLE IF NOT EXISTS`
+/// can otherwise fail with a unique violation in the server's catalog).
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = locks_postgres::plain_pool("postgres://app@localhost/app", 4)?;
+/// let client = pool.get().await?;
+/// locks_postgres::install_leader_board(&client).await?;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Errors
+/// The driver's error when the statement fails (for example, no `CREATE` privilege).
+pub async fn install_leader_board(
+    client: &tokio_postgres::Client,
+) -> Result<(), tokio_postgres::Error> {
+    let lock_id = locks_port::lock_id(LEADER_BOARD_INSTALL_KEY);
+    client
+        .batch_execute(&format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({lock_id}); {LEADER_BOARD_SCHEMA}; COMMIT"
+        ))
+        .await
+}
+
+/// Terms are rows of [`LEADER_BOARD_TABLE`] (install it with [`install_leader_board`]),
+/// with the manager's holder id as `permit_holders` reports it (the server keeps at most
+/// 57 bytes of it) and the server's clock. Each call checks a pooled connection out for
+/// one statement, bounded by the answer timeout.
+impl LeaderBoard for PostgresLockManager {
+    async fn proclaim(
+        &self,
+        name: &str,
+        value: &str,
+    ) -> Result<Proclamation, LockAcquisitionError> {
+        check_published_value(name, value)?;
+        let holder_id = self.holder_id().and_then(|id| {
+            published_holder_id(id)
+                .strip_prefix(HOLDER_APPLICATION_NAME_PREFIX)
+                .filter(|id| !id.is_empty())
+                .map(str::to_owned)
+        });
+        let row = self
+            .board_statement(name, PROCLAIM, &[&name, &holder_id, &value])
+            .await?;
+        match row {
+            Some(row) => proclamation(name, &row),
+            None => Err(LockAcquisitionError::new(
+                name,
+                AcquisitionErrorKind::Backend,
+                "the proclamation returned no row",
+            )),
+        }
+    }
+
+    async fn retire(&self, name: &str, term: u64) -> Result<(), LockAcquisitionError> {
+        let term = i64::try_from(term).unwrap_or(i64::MAX);
+        self.board_statement(name, RETIRE, &[&name, &term])
+            .await
+            .map(drop)
+    }
+
+    async fn latest(&self, name: &str) -> Result<Option<Proclamation>, LockAcquisitionError> {
+        self.board_statement(name, LATEST, &[&name])
+            .await?
+            .map(|row| proclamation(name, &row))
+            .transpose()
+    }
+}
+
+impl PostgresLockManager {
+    /// Runs one board statement on a pooled connection: its row, if any.
+    async fn board_statement(
+        &self,
+        name: &str,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Option<Row>, LockAcquisitionError> {
+        let client = self
+            .inspection_client()
+            .await
+            .map_err(|error| match error {
+                PoolError::Timeout(TimeoutType::Wait) => {
+                    let size = self.pool().status().max_size;
+                    pool_exhausted(
+                        name,
+                        "no pool connection was free for the board",
+                        size,
+                        None,
+                    )
+                }
+                other => pool_error(name, other),
+            })?;
+        let bound = self.inner.settings().answer_timeout;
+        let answer = tokio::time::timeout(bound, async {
+            let statement = client.prepare_cached(sql).await?;
+            client.query_opt(&statement, params).await
+        })
+        .await;
+        match answer {
+            Ok(Ok(row)) => Ok(row),
+            Ok(Err(error)) => {
+                let error = driver_error(name, error);
+                if error.kind() == AcquisitionErrorKind::Configuration {
+                    return Err(LockAcquisitionError::new(
+                        name,
+                        AcquisitionErrorKind::Configuration,
+                        format!(
+                            "{}; create the leader board's table once with \
+                             locks_postgres::install_leader_board",
+                            error.reason()
+                        ),
+                    ));
+                }
+                Err(error)
+            }
+            Err(_elapsed) => {
+                // The statement may still run: the connection is not reused.
+                let _ = deadpool_postgres::Object::take(client);
+                Err(no_answer(name, None, bound))
+            }
+        }
+    }
+}
+
+fn proclamation(name: &str, row: &Row) -> Result<Proclamation, LockAcquisitionError> {
+    let unexpected = |what: &str| {
+        LockAcquisitionError::new(
+            name,
+            AcquisitionErrorKind::Backend,
+            format!("the leader board's row has an unexpected {what}"),
+        )
+    };
+    let term: i64 = row.try_get(0).map_err(|_| unexpected("term"))?;
+    let holder_id: Option<String> = row.try_get(1).map_err(|_| unexpected("holder_id"))?;
+    let value: String = row.try_get(2).map_err(|_| unexpected("value"))?;
+    let micros: i64 = row.try_get(3).map_err(|_| unexpected("since"))?;
+    let retired: bool = row.try_get(4).map_err(|_| unexpected("retired"))?;
+    let since = OffsetDateTime::from_unix_timestamp_nanos(i128::from(micros) * 1000)
+        .map_err(|_| unexpected("since"))?;
+    let term = u64::try_from(term).map_err(|_| unexpected("term"))?;
+    Ok(Proclamation::new(term, holder_id, value, since, retired))
+}
