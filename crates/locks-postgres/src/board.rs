@@ -3,14 +3,16 @@
 
 use deadpool_postgres::{PoolError, TimeoutType};
 use locks_port::{
-    AcquisitionErrorKind, LeaderBoard, LockAcquisitionError, Proclamation, check_published_value,
+    AcquisitionErrorKind, LockAcquisitionError, LockMode, Proclamation, check_published_value,
 };
 use time::OffsetDateTime;
 use tokio_postgres::Row;
 
 use crate::builder::{HOLDER_APPLICATION_NAME_PREFIX, published_holder_id};
 use crate::errors::{driver_error, no_answer, pool_error, pool_exhausted};
+use crate::inspect::inspection_client;
 use crate::manager::PostgresLockManager;
+use crate::xact::TransactionLocks;
 
 /// The table of leader terms (in the connection's `search_path` schema).
 pub const LEADER_BOARD_TABLE: &str = "advisory_lock_leader_terms";
@@ -44,7 +46,7 @@ const LATEST: &str = "SELECT term, holder_id, value, \
 pub const LEADER_BOARD_INSTALL_KEY: &str = "locks-postgres:install:advisory_lock_leader_terms";
 
 /// Creates the table of leader terms if it does not exist: the install step of a
-/// leader board ([`LeaderBoard`] on [`PostgresLockManager`]). Run it once per database
+/// leader board ([`LeaderBoard`](locks_port::LeaderBoard) on [`PostgresLockManager`]). Run it once per database
 /// (a migration, a deploy step); the manager never creates it on its own. Idempotent,
 /// and safe to run from several processes at once: it holds a transaction lock on
 /// [`LEADER_BOARD_INSTALL_KEY`] meanwhile (two concurrent `CREATE TABLE IF NOT EXISTS`
@@ -67,107 +69,107 @@ pub async fn install_leader_board(
     let lock_id = locks_port::lock_id(LEADER_BOARD_INSTALL_KEY);
     client
         .batch_execute(&format!(
-            "BEGIN; SELECT pg_advisory_xact_lock({lock_id}); {LEADER_BOARD_SCHEMA}; COMMIT"
+            "BEGIN; {}{LEADER_BOARD_SCHEMA}; COMMIT",
+            TransactionLocks::statements(lock_id, LockMode::Exclusive, None)
         ))
         .await
 }
 
-/// Terms are rows of [`LEADER_BOARD_TABLE`] (install it with [`install_leader_board`]),
-/// with the manager's holder id as `permit_holders` reports it (the server keeps at most
-/// 57 bytes of it) and the server's clock. Each call checks a pooled connection out for
-/// one statement, bounded by the answer timeout.
-impl LeaderBoard for PostgresLockManager {
-    async fn proclaim(
-        &self,
-        name: &str,
-        value: &str,
-    ) -> Result<Proclamation, LockAcquisitionError> {
-        check_published_value(name, value)?;
-        let holder_id = self.holder_id().and_then(|id| {
-            published_holder_id(id)
-                .strip_prefix(HOLDER_APPLICATION_NAME_PREFIX)
-                .filter(|id| !id.is_empty())
-                .map(str::to_owned)
-        });
-        let row = self
-            .board_statement(name, PROCLAIM, &[&name, &holder_id, &value])
-            .await?;
-        match row {
-            Some(row) => proclamation(name, &row),
-            None => Err(LockAcquisitionError::new(
-                name,
-                AcquisitionErrorKind::Backend,
-                "the proclamation returned no row",
-            )),
-        }
-    }
-
-    async fn retire(&self, name: &str, term: u64) -> Result<(), LockAcquisitionError> {
-        let term = i64::try_from(term).unwrap_or(i64::MAX);
-        self.board_statement(name, RETIRE, &[&name, &term])
-            .await
-            .map(drop)
-    }
-
-    async fn latest(&self, name: &str) -> Result<Option<Proclamation>, LockAcquisitionError> {
-        self.board_statement(name, LATEST, &[&name])
-            .await?
-            .map(|row| proclamation(name, &row))
-            .transpose()
+/// [`LeaderBoard::proclaim`](locks_port::LeaderBoard::proclaim) of a manager.
+pub(crate) async fn proclaim(
+    manager: &PostgresLockManager,
+    name: &str,
+    value: &str,
+) -> Result<Proclamation, LockAcquisitionError> {
+    check_published_value(name, value)?;
+    let holder_id = manager.holder_id().and_then(|id| {
+        published_holder_id(id)
+            .strip_prefix(HOLDER_APPLICATION_NAME_PREFIX)
+            .filter(|id| !id.is_empty())
+            .map(str::to_owned)
+    });
+    let row = board_statement(manager, name, PROCLAIM, &[&name, &holder_id, &value]).await?;
+    match row {
+        Some(row) => proclamation(name, &row),
+        None => Err(LockAcquisitionError::new(
+            name,
+            AcquisitionErrorKind::Backend,
+            "the proclamation returned no row",
+        )),
     }
 }
 
-impl PostgresLockManager {
-    /// Runs one board statement on a pooled connection: its row, if any.
-    async fn board_statement(
-        &self,
-        name: &str,
-        sql: &str,
-        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-    ) -> Result<Option<Row>, LockAcquisitionError> {
-        let client = self
-            .inspection_client()
-            .await
-            .map_err(|error| match error {
-                PoolError::Timeout(TimeoutType::Wait) => {
-                    let size = self.pool().status().max_size;
-                    pool_exhausted(
-                        name,
-                        "no pool connection was free for the board",
-                        size,
-                        None,
-                    )
-                }
-                other => pool_error(name, other),
-            })?;
-        let bound = self.inner.settings().answer_timeout;
-        let answer = tokio::time::timeout(bound, async {
-            let statement = client.prepare_cached(sql).await?;
-            client.query_opt(&statement, params).await
-        })
-        .await;
-        match answer {
-            Ok(Ok(row)) => Ok(row),
-            Ok(Err(error)) => {
-                let error = driver_error(name, error);
-                if error.kind() == AcquisitionErrorKind::Configuration {
-                    return Err(LockAcquisitionError::new(
-                        name,
-                        AcquisitionErrorKind::Configuration,
-                        format!(
-                            "{}; create the leader board's table once with \
-                             locks_postgres::install_leader_board",
-                            error.reason()
-                        ),
-                    ));
-                }
-                Err(error)
+/// [`LeaderBoard::retire`](locks_port::LeaderBoard::retire) of a manager.
+pub(crate) async fn retire(
+    manager: &PostgresLockManager,
+    name: &str,
+    term: u64,
+) -> Result<(), LockAcquisitionError> {
+    let term = i64::try_from(term).unwrap_or(i64::MAX);
+    board_statement(manager, name, RETIRE, &[&name, &term])
+        .await
+        .map(drop)
+}
+
+/// [`LeaderBoard::latest`](locks_port::LeaderBoard::latest) of a manager.
+pub(crate) async fn latest(
+    manager: &PostgresLockManager,
+    name: &str,
+) -> Result<Option<Proclamation>, LockAcquisitionError> {
+    board_statement(manager, name, LATEST, &[&name])
+        .await?
+        .map(|row| proclamation(name, &row))
+        .transpose()
+}
+
+/// Runs one board statement on a pooled connection: its row, if any.
+async fn board_statement(
+    manager: &PostgresLockManager,
+    name: &str,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Option<Row>, LockAcquisitionError> {
+    let client = inspection_client(manager)
+        .await
+        .map_err(|error| match error {
+            PoolError::Timeout(TimeoutType::Wait) => {
+                let size = manager.pool().status().max_size;
+                pool_exhausted(
+                    name,
+                    "no pool connection was free for the board",
+                    size,
+                    None,
+                )
             }
-            Err(_elapsed) => {
-                // The statement may still run: the connection is not reused.
-                let _ = deadpool_postgres::Object::take(client);
-                Err(no_answer(name, None, bound))
+            other => pool_error(name, other),
+        })?;
+    let bound = manager.inner.settings().answer_timeout;
+    let answer = tokio::time::timeout(bound, async {
+        let statement = client.prepare_cached(sql).await?;
+        client.query_opt(&statement, params).await
+    })
+    .await;
+    match answer {
+        Ok(Ok(row)) => Ok(row),
+        Ok(Err(error)) => {
+            let error = driver_error(name, error);
+            if error.kind() == AcquisitionErrorKind::Configuration {
+                return Err(LockAcquisitionError::new(
+                    name,
+                    AcquisitionErrorKind::Configuration,
+                    format!(
+                        "{}; create the leader board's table once with \
+                         locks_postgres::install_leader_board",
+                        error.reason()
+                    ),
+                ));
             }
+            Err(error)
+        }
+        Err(_elapsed) => {
+            // The statement may still run: the connection is not reused.
+            let _ = deadpool_postgres::Object::take(client);
+            Err(no_answer(name, None, bound))
         }
     }
 }

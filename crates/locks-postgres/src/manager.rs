@@ -18,10 +18,11 @@
 //!   [`release`](crate::release): the unlock; [`guard`](crate::guard): the guard;
 //! - [`health`](crate::health): the lost-lock monitor and keepalives;
 //! - [`multiplex`](crate::multiplex): the shared connections (opt-in);
-//!   [`semaphore`](crate::semaphore): counting semaphores; [`leader`](crate::leader):
-//!   leader election; [`metrics`](crate::metrics): the OpenTelemetry instruments;
+//!   [`semaphore`](crate::semaphore): counting semaphores; [`board`](crate::board):
+//!   the leader board; [`metrics`](crate::metrics): the OpenTelemetry instruments;
 //! - [`fencing`](crate::fencing): fencing tokens; [`xact`](crate::xact):
 //!   transaction-scoped locks; [`inspect`](crate::inspect): who holds and waits;
+//!   [`lock_table`](crate::lock_table): how full the server's lock table is;
 //! - [`errors`](crate::errors): errors in the server's words, and the adapter's own;
 //!   [`telemetry`](crate::telemetry): spans and events.
 
@@ -32,8 +33,8 @@ use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use locks_port::{
-    AcquireMany, AcquireOptions, DistributedLock, KeyDerivation, LockAcquisitionError, LockMode,
-    LockNotHeldError, LockRegistry, PermitHolders, Semaphore,
+    AcquireMany, AcquireOptions, DistributedLock, KeyDerivation, LeaderBoard, LockAcquisitionError,
+    LockMode, LockNotHeldError, LockRegistry, PermitHolders, Proclamation, Semaphore,
 };
 use tracing::Instrument;
 
@@ -46,7 +47,7 @@ use crate::lock_table::LockTableUsage;
 use crate::many::PostgresLockGroup;
 use crate::semaphore::PostgresPermit;
 use crate::telemetry::{finish_acquire_span, manager_acquire_span, started};
-use crate::{LostLockCounts, health, inspect, lock_table, many, semaphore};
+use crate::{LostLockCounts, board, health, inspect, lock_table, many, semaphore};
 
 /// String-keyed distributed locks on PostgreSQL session-level advisory locks.
 ///
@@ -536,5 +537,28 @@ impl Semaphore for PostgresLockManager {
 
     async fn permit_holders(&self, name: &str) -> Result<PermitHolders, LockAcquisitionError> {
         semaphore::permit_holders(self, name).await
+    }
+}
+
+/// Terms are rows of [`LEADER_BOARD_TABLE`](crate::LEADER_BOARD_TABLE) (install it with
+/// [`install_leader_board`](crate::install_leader_board)),
+/// with the manager's holder id as `permit_holders` reports it (the server keeps at most
+/// 57 bytes of it) and the server's clock. Each call checks a pooled connection out for
+/// one statement, bounded by the answer timeout.
+impl LeaderBoard for PostgresLockManager {
+    async fn proclaim(
+        &self,
+        name: &str,
+        value: &str,
+    ) -> Result<Proclamation, LockAcquisitionError> {
+        board::proclaim(self, name, value).await
+    }
+
+    async fn retire(&self, name: &str, term: u64) -> Result<(), LockAcquisitionError> {
+        board::retire(self, name, term).await
+    }
+
+    async fn latest(&self, name: &str) -> Result<Option<Proclamation>, LockAcquisitionError> {
+        board::latest(self, name).await
     }
 }
