@@ -9,7 +9,10 @@ use locks_port::{AcquireOptions, DistributedLock, LockGuard};
 use locks_postgres::PostgresLockManager;
 use throwaway_pg::PatroniCluster;
 
-use super::{FAILOVER, blocking, fenced, fenced_write, pool, protect, session_on};
+use super::{
+    FAILOVER, blocking, fenced, fenced_write, new_write_lands_stale_refused, pool, protect,
+    session_on, stale_holder,
+};
 
 /// The primary cut off from Patroni's consensus while clients still reach it: its Patroni
 /// frozen (it cannot renew the leader key, as when cut off from etcd and the other node),
@@ -24,22 +27,7 @@ async fn a_primary_cut_off_from_patroni_until_it_is_demoted() {
     let url = cluster.multi_host_url();
     let key = "patroni:cut";
     protect(&cluster, old, key).await;
-    let stale = fenced(&url);
-    let held = stale
-        .acquire(
-            key,
-            AcquireOptions::new().with_timeout(Duration::from_secs(5)),
-        )
-        .await
-        .expect("the lock before the cut");
-    let stale_token = held.info().fencing_token().expect("fencing is on");
-    let on_old = session_on(&cluster, old).await;
-    assert_eq!(
-        fenced_write(&on_old, key, stale_token)
-            .await
-            .expect("the fenced write"),
-        1
-    );
+    let (_stale, held, stale_token, on_old) = stale_holder(&cluster, old, &url, key).await;
 
     // The cut: the old primary's Patroni stops renewing; its PostgreSQL serves on.
     let cut = Instant::now();
@@ -113,19 +101,7 @@ async fn a_primary_cut_off_from_patroni_until_it_is_demoted() {
     // Fencing refuses the stale holder: on the new primary its token is older than the
     // new holder's; on the old one its write is never acknowledged (synchronous commit).
     let on_new = session_on(&cluster, new).await;
-    assert_eq!(
-        fenced_write(&on_new, key, new_token)
-            .await
-            .expect("the fenced write"),
-        1
-    );
-    assert_eq!(
-        fenced_write(&on_new, key, stale_token)
-            .await
-            .expect("the fenced write"),
-        0,
-        "the stale write refused"
-    );
+    new_write_lands_stale_refused(&on_new, key, new_token, stale_token).await;
     let stale_on_old = tokio::time::timeout(
         Duration::from_secs(2),
         fenced_write(&on_old, key, stale_token + 1_000),

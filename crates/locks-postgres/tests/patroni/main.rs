@@ -319,6 +319,57 @@ async fn protect(cluster: &PatroniCluster, node: usize, key: &str) {
         .expect("the protected row");
 }
 
+/// The holder the cut makes stale: `key` held through `url` with fencing on, its token
+/// written to the protected row on node `node`. Answers its manager, guard, token and
+/// session on `node`.
+async fn stale_holder(
+    cluster: &PatroniCluster,
+    node: usize,
+    url: &str,
+    key: &str,
+) -> (
+    PostgresLockManager,
+    PostgresLockGuard,
+    i64,
+    tokio_postgres::Client,
+) {
+    let manager = fenced(url);
+    let held = manager
+        .acquire(
+            key,
+            AcquireOptions::new().with_timeout(Duration::from_secs(5)),
+        )
+        .await
+        .expect("the lock before the cut");
+    let token = held.info().fencing_token().expect("fencing is on");
+    let session = session_on(cluster, node).await;
+    assert_eq!(
+        fenced_write(&session, key, token)
+            .await
+            .expect("the holder's write before the cut"),
+        1
+    );
+    (manager, held, token, session)
+}
+
+/// On the new primary, through `session`: the new holder's fenced write lands, the
+/// stale holder's (an older token) is refused.
+async fn new_write_lands_stale_refused(
+    session: &tokio_postgres::Client,
+    key: &str,
+    new_token: i64,
+    stale_token: i64,
+) {
+    let new = fenced_write(session, key, new_token).await;
+    assert_eq!(new.expect("the new holder's write"), 1);
+    let stale = fenced_write(session, key, stale_token).await;
+    assert_eq!(
+        stale.expect("the stale holder's write"),
+        0,
+        "the stale write refused"
+    );
+}
+
 /// A manager with fencing and keepalive on `url`.
 fn fenced(url: &str) -> PostgresLockManager {
     PostgresLockManager::builder(pool(url, 2))

@@ -10,7 +10,10 @@ use locks_port::{AcquireOptions, DistributedLock, LockGuard};
 use locks_postgres::{PostgresLockGuard, PostgresLockManager};
 use throwaway_pg::PatroniCluster;
 
-use super::{FAILOVER, blocking, fenced, fenced_write, pool, protect, session_on};
+use super::{
+    FAILOVER, blocking, fenced, fenced_write, new_write_lands_stale_refused, pool, protect,
+    session_on, stale_holder,
+};
 
 /// How long the test waits, from the cut, for the other node to grant the key and the
 /// stale holder to be told: Patroni's TTL (20 s), its loop and the promotion, with room.
@@ -61,22 +64,8 @@ async fn a_primary_cut_off_by_the_network_until_patroni_demotes_it() {
     assert_eq!(cluster.leader(), Some(old), "node 0 bootstraps and leads");
     let key = "patroni:partition";
     protect(&cluster, old, key).await;
-    let stale = fenced(&cluster.multi_host_url());
-    let held = stale
-        .acquire(
-            key,
-            AcquireOptions::new().with_timeout(Duration::from_secs(5)),
-        )
-        .await
-        .expect("the lock before the cut");
-    let stale_token = held.info().fencing_token().expect("fencing is on");
-    let on_old = session_on(&cluster, old).await;
-    assert_eq!(
-        fenced_write(&on_old, key, stale_token)
-            .await
-            .expect("the holder's write before the cut"),
-        1
-    );
+    let (stale, held, stale_token, on_old) =
+        stale_holder(&cluster, old, &cluster.multi_host_url(), key).await;
     // Clients that reach one node alone, through its socket, without fencing.
     let probe_old = PostgresLockManager::new(pool(&cluster.url(old), 1));
     let probe_new = PostgresLockManager::new(pool(&cluster.url(new), 1));
@@ -163,19 +152,7 @@ async fn a_primary_cut_off_by_the_network_until_patroni_demotes_it() {
         .expect("a fenced lock on the new primary");
     let new_token = new_holder.info().fencing_token().expect("fencing is on");
     let on_new = session_on(&cluster, new).await;
-    assert_eq!(
-        fenced_write(&on_new, key, new_token)
-            .await
-            .expect("the new holder's write"),
-        1
-    );
-    assert_eq!(
-        fenced_write(&on_new, key, stale_token)
-            .await
-            .expect("the stale holder's write"),
-        0,
-        "the stale write refused"
-    );
+    new_write_lands_stale_refused(&on_new, key, new_token, stale_token).await;
     // The multi-host URL lands on the new primary.
     let relanded = stale
         .acquire(
