@@ -205,5 +205,6 @@ async fn a_primary_cut_off_by_the_network_until_patroni_demotes_it() {
         "the stale holder's write on the cut-off primary was acknowledged: {stale_write:?}"
     );
     drop((relanded, new_holder, on_new, held));
+
     blocking(move || drop(cluster)).await;
 }

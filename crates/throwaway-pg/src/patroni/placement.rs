@@ -42,28 +42,14 @@ impl PatroniCluster {
     /// The cluster was not started with
     /// [`start_partitionable`](Self::start_partitionable), or `ip` failed.
     pub fn cut_off(&self) -> Result<(), Error> {
-        self.link(NetworkPair::cut)
-    }
-
-    /// Brings node 0's link back.
-    ///
-    /// # Errors
-    /// As [`cut_off`](Self::cut_off).
-    pub fn heal(&self) -> Result<(), Error> {
-        self.link(NetworkPair::heal)
-    }
-
-    fn link(
-        &self,
-        change: impl FnOnce(&NetworkPair) -> Result<(), crate::NetworkError>,
-    ) -> Result<(), Error> {
         let network = self.network.as_ref().ok_or_else(|| {
             Error::io(
-                "change node0's link",
+                "cut node0's link",
                 io::Error::other("the pair was not started with start_partitionable"),
             )
         })?;
-        change(network)
-            .map_err(|error| Error::io("change node0's link", io::Error::other(error.to_string())))
+        network
+            .cut()
+            .map_err(|error| Error::io("cut node0's link", io::Error::other(error.to_string())))
     }
 }
