@@ -320,8 +320,9 @@ async fn driver(duration: Duration, net: &throwaway_pg::NetworkPair) -> Result<(
 }
 
 /// The run both drivers share: the workers (on `worker_url`, in `net`'s far namespace
-/// when there is one), a fault every 0.3-1.8 s until `duration` (on the workers for
-/// rolls 0 to 6 of 10, else `server_fault` with the roll, 7 to 9), then the checks.
+/// when there is one), then until `duration` a fault after each 0.3-1.5 s of calm (on the
+/// workers for rolls 0 to 6 of 10, else `server_fault` with the roll, 7 to 9), then the
+/// checks.
 async fn chaos(
     duration: Duration,
     url: &str,
