@@ -8,7 +8,8 @@
 #
 # With `--ha` it also installs Patroni and etcd (Debian's `patroni` and `etcd-server`), for
 # the Patroni tests (`cargo xtask test --ha`, throwaway_pg::PatroniCluster); their services
-# are not started (the tests start their own, on loopback ports).
+# are not started (the tests start their own, on loopback ports), and curl, which asks a
+# Patroni inside a network namespace for its role.
 #
 # Quiet on success; does nothing when everything asked for is already installed. Needs
 # apt-get and root (or password-less sudo); anywhere else it says what to install and fails.
@@ -45,6 +46,10 @@ have_etcd() {
     command -v etcd >/dev/null 2>&1
 }
 
+have_curl() {
+    command -v curl >/dev/null 2>&1
+}
+
 packages=()
 have_pgbouncer || packages+=(pgbouncer)
 have_ip || packages+=(iproute2)
@@ -53,6 +58,7 @@ have_man || packages+=(man-db)
 if [[ "$ha" == true ]]; then
     have_patroni || packages+=(patroni)
     have_etcd || packages+=(etcd-server)
+    have_curl || packages+=(curl)
 fi
 if [[ ${#packages[@]} == 0 ]]; then
     exit 0

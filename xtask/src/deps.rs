@@ -68,14 +68,17 @@ pub(crate) fn on_path(program: &str) -> bool {
         .any(|dir| dir.join(program).is_file())
 }
 
-/// Runs the install script with `--ha` when Patroni or etcd is missing.
+/// Runs the install script with `--ha` when Patroni, etcd or curl is missing.
 pub(crate) fn ensure_ha_deps() -> crate::Result {
-    if on_path("patroni") && on_path("patronictl") && on_path("etcd") {
+    if ["patroni", "patronictl", "etcd", "curl"]
+        .into_iter()
+        .all(on_path)
+    {
         return Ok(());
     }
-    eprintln!("xtask: patroni or etcd missing; running {SCRIPT} --ha");
+    eprintln!("xtask: patroni, etcd or curl missing; running {SCRIPT} --ha");
     install(
         &["--ha"],
-        "install Patroni and etcd (`apt-get install patroni etcd-server`)",
+        "install Patroni, etcd and curl (`apt-get install patroni etcd-server curl`)",
     )
 }

@@ -1,12 +1,13 @@
 //! `cargo xtask test --ha [-- <cargo test args>]`: the Patroni tests, on an HA pair of their
 //! own (etcd and two PostgreSQL nodes under Patroni, `throwaway_pg::PatroniCluster`).
 //!
-//! Installs Patroni and etcd first when they are missing (`scripts/install-test-deps.sh
-//! --ha`), then runs `cargo test -p locks-postgres --features ha-tests --test patroni`: a
-//! crash of the primary's postmaster, a switchover and a failover on one cluster, and a
-//! primary cut off from Patroni's consensus on another (about 50 s on two cores, the
-//! clusters' start included). Not part of the default run, which
-//! needs neither Patroni nor etcd.
+//! Installs Patroni, etcd and curl first when they are missing
+//! (`scripts/install-test-deps.sh --ha`), then runs `cargo test -p locks-postgres
+//! --features ha-tests --test patroni`: a crash of the primary's postmaster, a switchover
+//! and a failover on one cluster, a primary whose Patroni is frozen on another, and a
+//! primary cut off by the network (network namespaces, as root) on a third (about 85 s on
+//! two cores, the clusters' start included). Not part of the default run, which needs
+//! neither Patroni nor etcd.
 
 use crate::{cargo, display};
 

@@ -10,7 +10,8 @@ usage: cargo xtask soak [--minutes N] [--seconds N] [--patroni]
 
 Worker processes take random keys with random waits and increment a counter per key
 under the lock, with fencing tokens, while a chaos driver SIGKILLs workers, terminates
-and SIGSTOPs their backends and restarts the server. Fails on any lost update, double
+and SIGSTOPs their backends, restarts the server and cuts the workers' network (they run in
+a network namespace of their own; needs root). Fails on any lost update, double
 apply, repeated or backward fencing token, or advisory lock left held. Default: 1 minute.
 
 --patroni: on an HA pair under Patroni instead (etcd and two PostgreSQL nodes in synchronous

@@ -290,55 +290,77 @@ async fn driver(duration: Duration, net: &throwaway_pg::NetworkPair) -> Result<(
         net.near_address(),
         cluster.port()
     );
-    let dir = prepare(&url).await?;
-    let mut workers: Vec<Child> = (0..WORKERS)
-        .map(|i| spawn_worker(&worker_url, i, &dir, Some(net)))
-        .collect::<Result<_, _>>()?;
-    let mut faults = Faults::default();
-    let mut random = Lcg::seeded();
-    let started = Instant::now();
     println!("soak: {WORKERS} workers, {KEYS} keys, {duration:?}, server {url}");
-    while started.elapsed() < duration {
-        tokio::time::sleep(Duration::from_millis(300 + random.below(1200))).await;
-        let Some(admin) = admin(&url).await else {
-            continue;
-        };
-        match random.below(10) {
-            roll @ 0..=6 => {
-                worker_fault(
-                    roll,
-                    &admin,
-                    &mut workers,
-                    &worker_url,
-                    &dir,
-                    Some(net),
-                    &mut faults,
-                    &mut random,
-                )
-                .await?;
-            }
-            7..=8 => {
+    let cluster = &cluster;
+    let outcome = chaos(
+        duration,
+        &url,
+        &worker_url,
+        Some(net),
+        async |roll, faults: &mut Faults, random: &mut Lcg| -> Result<(), Error> {
+            if roll <= 8 {
                 // A partition: the workers' link down for 2-12 s, long enough at times
                 // for the server to free a silent holder's lock (its lease).
                 net.cut()?;
                 tokio::time::sleep(Duration::from_millis(2000 + random.below(10_000))).await;
                 net.heal()?;
                 faults.partitions += 1;
-            }
-            _ => {
-                drop(admin);
-                let cluster_ref = &cluster;
-                tokio::task::block_in_place(|| cluster_ref.stop())?;
+            } else {
+                tokio::task::block_in_place(|| cluster.stop())?;
                 tokio::time::sleep(Duration::from_millis(300)).await;
-                tokio::task::block_in_place(|| cluster_ref.start_again())?;
+                tokio::task::block_in_place(|| cluster.start_again())?;
                 faults.restarts += 1;
             }
+            Ok(())
+        },
+    )
+    .await;
+    net.heal()?;
+    outcome
+}
+
+/// The run both drivers share: the workers (on `worker_url`, in `net`'s far namespace
+/// when there is one), then until `duration` a fault after each 0.3-1.5 s of calm (on the
+/// workers for rolls 0 to 6 of 10, else `server_fault` with the roll, 7 to 9), then the
+/// checks.
+async fn chaos(
+    duration: Duration,
+    url: &str,
+    worker_url: &str,
+    net: Option<&throwaway_pg::NetworkPair>,
+    mut server_fault: impl AsyncFnMut(u64, &mut Faults, &mut Lcg) -> Result<(), Error>,
+) -> Result<(), Error> {
+    let dir = prepare(url).await?;
+    let mut workers: Vec<Child> = (0..WORKERS)
+        .map(|i| spawn_worker(worker_url, i, &dir, net))
+        .collect::<Result<_, _>>()?;
+    let mut faults = Faults::default();
+    let mut random = Lcg::seeded();
+    let started = Instant::now();
+    while started.elapsed() < duration {
+        tokio::time::sleep(Duration::from_millis(300 + random.below(1200))).await;
+        let Some(admin) = admin(url).await else {
+            continue;
+        };
+        let roll = random.below(10);
+        if roll <= 6 {
+            worker_fault(
+                roll,
+                &admin,
+                &mut workers,
+                worker_url,
+                &dir,
+                net,
+                &mut faults,
+                &mut random,
+            )
+            .await?;
+        } else {
+            drop(admin);
+            server_fault(roll, &mut faults, &mut random).await?;
         }
     }
-    net.heal()?;
-    let outcome = finish(&url, &mut workers, &dir, &faults).await;
-    drop(cluster);
-    outcome
+    finish(url, &mut workers, &dir, &faults).await
 }
 
 /// The faults both drivers make on the workers, by `roll` (0 to 6): kill a worker and start

@@ -21,7 +21,7 @@
 //! and one with its defaults (the negative control: still held).
 //!
 //! A third runs a [`LeaderElection`] on the far side (the short lease) and a standby on
-//! the near side, and asserts issue 22's order: the cut-off leader's task is stopped at
+//! the near side, and asserts the hand-over's order: the cut-off leader's task is stopped at
 //! least the margin before the standby's task starts, and the standby starts within the
 //! lease of the cut. Its negative controls were run by hand (a library that stops a lost
 //! leader's task 10 s late, or never, fails the order check; a leader with `lease(None)`
@@ -30,27 +30,23 @@
 //! It needs root (`ip netns`); where namespaces cannot be made it fails and says so.
 //! Its own test binary: it starts its own cluster inside the namespace.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use locks_leader::LeaderElection;
 use locks_port::{DistributedLock, LockGuard, Semaphore};
 use locks_postgres::{Lease, PostgresLockManager};
-use throwaway_pg::NetworkPair;
+use throwaway_pg::testing::child::{entry, say};
+use throwaway_pg::testing::near::{InNamespace, NearServer, serve};
 
 /// The child's role, and what it needs.
 const ROLE: &str = "LOCKS_PARTITION_ROLE";
 const URL: &str = "LOCKS_PARTITION_URL";
 const KEY: &str = "LOCKS_PARTITION_KEY";
 const LEASE_SECS: &str = "LOCKS_PARTITION_LEASE";
-const LISTEN: &str = "LOCKS_PARTITION_LISTEN";
-const NETWORK: &str = "LOCKS_PARTITION_NETWORK";
 const BOUNCER_TIMERS: &str = "LOCKS_PARTITION_BOUNCER_TIMERS";
 /// Set: the holder and the waiter take the one permit of a semaphore, not the lock.
 const PERMIT: &str = "LOCKS_PARTITION_PERMIT";
-const PREFIX: &str = "PARTITION:";
 
 /// The short lease measured beside the default one.
 const SHORT_LEASE: Duration = Duration::from_secs(10);
@@ -63,37 +59,21 @@ const SLACK: Duration = Duration::from_millis(500);
 /// The entry point of the child processes (see the module documentation).
 #[test]
 fn child_entry() {
-    let Ok(role) = std::env::var(ROLE) else {
-        return;
-    };
-    match role.as_str() {
-        "server" => child_server(),
-        "hold" | "wait" => runtime().block_on(child_lock(role == "hold")),
-        "lead" => runtime().block_on(child_leader()),
+    entry(ROLE, |role, runtime| match role {
+        "server" => serve(bouncers),
+        "hold" | "wait" => runtime.block_on(child_lock(role == "hold")),
+        "lead" => runtime.block_on(child_leader()),
         other => panic!("unknown {ROLE} {other:?}"),
-    }
-    std::process::exit(0);
+    });
 }
 
-fn say(message: &str) {
-    println!("{PREFIX}{message}");
-    std::io::stdout().flush().expect("child stdout");
-}
-
-/// Starts PostgreSQL listening on loopback and `LISTEN`, says where, and keeps it until
-/// its input closes.
-fn child_server() {
-    let listen = std::env::var(LISTEN).expect(LISTEN);
-    let server = throwaway_pg::ThrowawayPostgres::builder()
-        .setting("listen_addresses", format!("'127.0.0.1,{listen}'"))
-        .start()
-        .expect("a throwaway PostgreSQL in the namespace");
-    // Trust the far side too (the cluster trusts loopback only).
-    let network = std::env::var(NETWORK).expect(NETWORK);
-    server.trust(&network).expect("trust the far side");
-    // With BOUNCER_TIMERS: two session-pooling PgBouncers in front of it, listening on the
-    // far side's link too, one with its client-side TCP timers set to the lease's, one
-    // with its defaults.
+/// With `BOUNCER_TIMERS`: two session-pooling PgBouncers in front of the server, listening
+/// on the far side's link too, one with its client-side TCP timers set to the lease's, one
+/// with its defaults; their ports are the server's ready words.
+fn bouncers(
+    server: &throwaway_pg::ThrowawayPostgres,
+    listen: &str,
+) -> (Vec<throwaway_pg::PgBouncer>, Vec<String>) {
     let bouncers: Vec<throwaway_pg::PgBouncer> = std::env::var(BOUNCER_TIMERS)
         .ok()
         .map(|timers| {
@@ -123,25 +103,11 @@ fn child_server() {
                 .collect()
         })
         .unwrap_or_default();
-    let ports: Vec<String> = bouncers
+    let ports = bouncers
         .iter()
         .map(|bouncer| bouncer.port().to_string())
         .collect();
-    say(&format!(
-        "ready {} {} {}",
-        server.port(),
-        server.dir().display(),
-        ports.join(" ")
-    ));
-    let mut line = String::new();
-    while std::io::stdin()
-        .read_line(&mut line)
-        .is_ok_and(|read| read > 0)
-    {
-        line.clear();
-    }
-    drop(bouncers);
-    drop(server);
+    (bouncers, ports)
 }
 
 /// A child's key and its manager (`connections` of them, the lease the parent asked
@@ -236,69 +202,7 @@ async fn child_leader() {
 // ---------------------------------------------------------------------------------
 // The parent side.
 
-/// A child process in a namespace, and its messages as they arrive.
-struct InNamespace {
-    child: Child,
-    messages: mpsc::Receiver<(Instant, String)>,
-}
-
-impl InNamespace {
-    fn spawn(namespace: &str, env: &[(&str, &str)]) -> Self {
-        let exe = std::fs::read_link("/proc/self/exe")
-            .or_else(|_| std::env::current_exe())
-            .expect("this test binary");
-        let mut command = NetworkPair::command_in(namespace, exe);
-        command
-            .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
-            .envs(env.iter().copied())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
-        let mut child = command.spawn().expect("spawn a child in the namespace");
-        let stdout = child.stdout.take().expect("child stdout");
-        let (sender, messages) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                // libtest's "test child_entry ... " may start the line.
-                if let Some((_, message)) = line.split_once(PREFIX)
-                    && sender.send((Instant::now(), message.to_owned())).is_err()
-                {
-                    return;
-                }
-            }
-        });
-        Self { child, messages }
-    }
-
-    /// The next message, within `within`.
-    fn next(&self, within: Duration, what: &str) -> (Instant, String) {
-        self.messages
-            .recv_timeout(within)
-            .unwrap_or_else(|_| panic!("no message from the child: {what}"))
-    }
-}
-
-impl Drop for InNamespace {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A network pair, and a server (and PgBouncers, given their timers) in a child process
-/// on its near side. Dropping it stops the child, then removes the namespaces.
-struct NearServer {
-    /// Declared before the pair: dropped (killed) before the namespaces go.
-    _child: InNamespace,
-    pair: NetworkPair,
-    /// The server's port, on loopback and the near address.
-    port: u16,
-    /// The server's Unix socket directory.
-    socket_dir: String,
-    /// The PgBouncers' ports, in the order of the child's list.
-    bouncer_ports: Vec<String>,
-}
-
-/// A runtime of two worker threads (the test's, or a child's).
+/// The test's runtime of two worker threads.
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -307,64 +211,25 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("a runtime")
 }
 
-impl NearServer {
-    /// A manager on the near side, through the server's Unix socket (the other hosts).
-    fn manager(&self) -> PostgresLockManager {
-        PostgresLockManager::new(locks_postgres::plain_pool(&self.socket_url(), 4).unwrap())
-    }
+/// A manager on the near side, through the server's Unix socket (the other hosts).
+fn near_manager(server: &NearServer) -> PostgresLockManager {
+    PostgresLockManager::new(locks_postgres::plain_pool(&server.socket_url(), 4).unwrap())
+}
 
-    /// Makes the pair (see [`NetworkPair::make`]) and starts the server on its near side.
-    fn start(name: &str, octet: u8, bouncer_timers: Option<&str>) -> Self {
-        let pair = NetworkPair::make(name, octet).unwrap_or_else(|error| panic!("{error}"));
-        let (near_address, network) = (pair.near_address(), pair.network());
-        let mut env = vec![
-            (ROLE, "server"),
-            (LISTEN, near_address.as_str()),
-            (NETWORK, network.as_str()),
-        ];
-        if let Some(timers) = bouncer_timers {
-            env.push((BOUNCER_TIMERS, timers));
-        }
-        let child = InNamespace::spawn(pair.near(), &env);
-        let (_, ready) = child.next(Duration::from_secs(120), "the server started");
-        let mut words = ready.split(' ').skip(1);
-        let port: u16 = words.next().unwrap().parse().unwrap();
-        let socket_dir = words.next().unwrap().to_owned();
-        let bouncer_ports = words.map(str::to_owned).collect();
-        Self {
-            _child: child,
-            pair,
-            port,
-            socket_dir,
-            bouncer_ports,
-        }
+/// Makes the pair and starts the server (and PgBouncers, given their timers) on its near
+/// side.
+fn near_server(name: &str, octet: u8, bouncer_timers: Option<&str>) -> NearServer {
+    let mut env = vec![(ROLE, "server")];
+    if let Some(timers) = bouncer_timers {
+        env.push((BOUNCER_TIMERS, timers));
     }
+    NearServer::start(name, octet, "child_entry", &env)
+}
 
-    /// Through the server's Unix socket: how the test plays the other hosts.
-    fn socket_url(&self) -> String {
-        format!(
-            "host={} port={} user=postgres dbname=postgres",
-            self.socket_dir, self.port
-        )
-    }
-
-    /// Over TCP to the near address, as the far side connects: to the server, or through
-    /// the PgBouncer at `bouncer` in the child's list.
-    fn far_url(&self, bouncer: Option<usize>) -> String {
-        let port = bouncer.map_or_else(
-            || self.port.to_string(),
-            |index| self.bouncer_ports[index].clone(),
-        );
-        format!(
-            "postgres://postgres@{}:{port}/postgres",
-            self.pair.near_address()
-        )
-    }
-
-    /// Takes the far end of the link down.
-    fn cut(&self) {
-        self.pair.cut().unwrap_or_else(|error| panic!("{error}"));
-    }
+/// Over TCP to the near address, as the far side connects: to the server, or through
+/// the PgBouncer at `bouncer` in the server child's list.
+fn far_url(server: &NearServer, bouncer: Option<usize>) -> String {
+    server.far_url(bouncer.map(|index| server.words()[index].as_str()))
 }
 
 /// One lock on the far side: a holder, a waiter queued behind it, and what was seen.
@@ -461,9 +326,9 @@ fn behind_pgbouncer_in_session_pooling_its_own_timers_give_the_same_bound() {
 /// runs each plan's holder and queued waiter on the far side, cuts the link, and checks
 /// the bounds.
 fn partition(name: &str, octet: u8, bouncer_timers: Option<&str>, plans: &[Plan]) {
-    let server = NearServer::start(name, octet, bouncer_timers);
+    let server = near_server(name, octet, bouncer_timers);
     let runtime = runtime();
-    let near = server.manager();
+    let near = near_manager(&server);
     let pool = near.pool().clone();
     let waiting = |lock_id: i64| -> i64 {
         runtime.block_on(async {
@@ -475,7 +340,7 @@ fn partition(name: &str, octet: u8, bouncer_timers: Option<&str>, plans: &[Plan]
     let mut scenarios: Vec<Scenario> = Vec::new();
     for plan in plans {
         let (name, lease) = (plan.name, plan.lease);
-        let far_url = server.far_url(plan.bouncer);
+        let far_url = far_url(&server, plan.bouncer);
         let key = format!("partition:{name}:{}", std::process::id());
         let secs = lease.map_or(0, |lease| lease.as_secs()).to_string();
         let env = |role| {
@@ -490,10 +355,10 @@ fn partition(name: &str, octet: u8, bouncer_timers: Option<&str>, plans: &[Plan]
             }
             env
         };
-        let holder = InNamespace::spawn(server.pair.far(), &env("hold"));
+        let holder = InNamespace::spawn(server.pair().far(), "child_entry", &env("hold"));
         let (_, held) = holder.next(Duration::from_secs(30), "the holder took the lock");
         assert_eq!(held, "held");
-        let waiter = InNamespace::spawn(server.pair.far(), &env("wait"));
+        let waiter = InNamespace::spawn(server.pair().far(), "child_entry", &env("wait"));
         let lock_id = near.lock_id(&key);
         let queued = Instant::now();
         while if plan.permit {
@@ -539,7 +404,7 @@ fn partition(name: &str, octet: u8, bouncer_timers: Option<&str>, plans: &[Plan]
         let now = Instant::now();
         for scenario in &mut scenarios {
             if scenario.told.is_none()
-                && let Ok((at, message)) = scenario.holder.messages.try_recv()
+                && let Ok((at, message)) = scenario.holder.poll(Duration::ZERO)
             {
                 assert!(message.starts_with("told"), "{}: {message}", scenario.name);
                 scenario.told = Some(at);
@@ -618,7 +483,7 @@ fn partition(name: &str, octet: u8, bouncer_timers: Option<&str>, plans: &[Plan]
     drop(server);
 }
 
-/// Issue 22's standby under a real partition: a leader on the far side (a
+/// The standby's hand-over under a real partition: a leader on the far side (a
 /// [`LeaderElection`] with the short lease) whose host vanishes, and a standby on the
 /// near side. The cut-off leader's task must be stopped (its future dropped) before the
 /// standby's task starts, by at least the lease's margin, and the standby must start
@@ -626,13 +491,14 @@ fn partition(name: &str, octet: u8, bouncer_timers: Option<&str>, plans: &[Plan]
 /// ends note the wall clock, so the two processes' moments compare.
 #[test]
 fn a_cut_off_leader_stops_its_task_before_a_standby_takes_over_within_the_lease() {
-    let server = NearServer::start("leader", 216, None);
+    let server = near_server("leader", 216, None);
     let runtime = runtime();
-    let near = server.manager();
+    let near = near_manager(&server);
     let key = format!("partition:leader:{}", std::process::id());
-    let (far_url, secs) = (server.far_url(None), SHORT_LEASE.as_secs().to_string());
+    let (far_url, secs) = (far_url(&server, None), SHORT_LEASE.as_secs().to_string());
     let leader = InNamespace::spawn(
-        server.pair.far(),
+        server.pair().far(),
+        "child_entry",
         &[
             (ROLE, "lead"),
             (URL, far_url.as_str()),
@@ -690,7 +556,7 @@ fn a_cut_off_leader_stops_its_task_before_a_standby_takes_over_within_the_lease(
     while (told.is_none() || stopped.is_none() || standby_started.is_none())
         && Instant::now() < watch_until
     {
-        if let Ok((_, message)) = leader.messages.recv_timeout(Duration::from_millis(50)) {
+        if let Ok((_, message)) = leader.poll(Duration::from_millis(50)) {
             let mut words = message.split(' ');
             let (what, micros) = (words.next(), words.next().map(str::parse::<u64>));
             let at = |micros: u64| UNIX_EPOCH + Duration::from_micros(micros);

@@ -8,22 +8,17 @@
 //! needs root (`ip netns`); where namespaces cannot be made it fails and says so. Its own
 //! test binary: it starts its own cluster inside the namespace.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use locks_postgres::PostgresLockManager;
 use locks_schedule::{JobContext, Outcome, ScheduledJob, Verdict};
 use locks_schedule_postgres::{PostgresLedger, install_ledger};
-use throwaway_pg::NetworkPair;
+use throwaway_pg::testing::child::{entry, env, say};
+use throwaway_pg::testing::near::{InNamespace, NearServer, serve};
 
 const ROLE: &str = "SCHEDULE_PARTITION_ROLE";
 const URL: &str = "SCHEDULE_PARTITION_URL";
 const JOB: &str = "SCHEDULE_PARTITION_JOB";
-const LISTEN: &str = "SCHEDULE_PARTITION_LISTEN";
-const NETWORK: &str = "SCHEDULE_PARTITION_NETWORK";
-const PREFIX: &str = "PARTITION:";
 
 /// The far runner's lease: the server frees its lock within this of the cut.
 const LEASE: Duration = Duration::from_secs(10);
@@ -32,20 +27,11 @@ const SCHEDULE: &str = "every 1h";
 
 #[test]
 fn child_entry() {
-    let Ok(role) = std::env::var(ROLE) else {
-        return;
-    };
-    match role.as_str() {
-        "server" => child_server(),
-        "runner" => runtime().block_on(child_runner()),
+    entry(ROLE, |role, runtime| match role {
+        "server" => serve(|_, _| ((), Vec::new())),
+        "runner" => runtime.block_on(child_runner()),
         other => panic!("unknown {ROLE} {other:?}"),
-    }
-    std::process::exit(0);
-}
-
-fn say(message: &str) {
-    println!("{PREFIX}{message}");
-    std::io::stdout().flush().expect("child stdout");
+    });
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -56,45 +42,16 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("a runtime")
 }
 
-/// PostgreSQL on loopback and the near address, until the input closes.
-fn child_server() {
-    let listen = std::env::var(LISTEN).expect(LISTEN);
-    let server = throwaway_pg::ThrowawayPostgres::builder()
-        .setting("listen_addresses", format!("'127.0.0.1,{listen}'"))
-        .start()
-        .expect("a throwaway PostgreSQL in the namespace");
-    server
-        .trust(&std::env::var(NETWORK).expect(NETWORK))
-        .expect("trust the far side");
-    say(&format!(
-        "ready {} {}",
-        server.port(),
-        server.dir().display()
-    ));
-    let mut line = String::new();
-    while std::io::stdin()
-        .read_line(&mut line)
-        .is_ok_and(|read| read > 0)
-    {
-        line.clear();
-    }
-    drop(server);
-}
-
 /// Fires once with the lease; the job says `running`, then `told` when the lock is lost,
 /// and never returns.
 async fn child_runner() {
-    let url = std::env::var(URL).expect(URL);
+    let url = env(URL);
     let pool = locks_postgres::plain_pool(&url, 2).expect("pool");
     let locks = PostgresLockManager::builder(pool.clone())
         .lease(Some(LEASE))
         .try_build()
         .expect("a lease");
-    let job = ScheduledJob::new(
-        std::env::var(JOB).expect(JOB),
-        SCHEDULE.parse().expect("schedule"),
-    )
-    .holder("far-runner");
+    let job = ScheduledJob::new(env(JOB), SCHEDULE.parse().expect("schedule")).holder("far-runner");
     let _ = job
         .run_once_per_slot(
             &locks,
@@ -109,70 +66,10 @@ async fn child_runner() {
         .await;
 }
 
-/// A child process in a namespace and its messages.
-struct InNamespace {
-    child: Child,
-    messages: mpsc::Receiver<(Instant, String)>,
-}
-
-impl InNamespace {
-    fn spawn(namespace: &str, env: &[(&str, &str)]) -> Self {
-        let exe = std::fs::read_link("/proc/self/exe")
-            .or_else(|_| std::env::current_exe())
-            .expect("this test binary");
-        let mut command = NetworkPair::command_in(namespace, exe);
-        command
-            .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
-            .envs(env.iter().copied())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
-        let mut child = command.spawn().expect("spawn a child in the namespace");
-        let stdout = child.stdout.take().expect("child stdout");
-        let (sender, messages) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some((_, message)) = line.split_once(PREFIX)
-                    && sender.send((Instant::now(), message.to_owned())).is_err()
-                {
-                    return;
-                }
-            }
-        });
-        Self { child, messages }
-    }
-
-    fn next(&self, within: Duration, what: &str) -> (Instant, String) {
-        self.messages
-            .recv_timeout(within)
-            .unwrap_or_else(|_| panic!("no message from the child: {what}"))
-    }
-}
-
-impl Drop for InNamespace {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn a_cut_off_runner_is_told_and_its_slot_is_abandoned_not_run_twice() {
-    let pair = NetworkPair::make("sched", 117).unwrap_or_else(|error| panic!("{error}"));
-    let (near_address, network) = (pair.near_address(), pair.network());
-    let server = InNamespace::spawn(
-        pair.near(),
-        &[
-            (ROLE, "server"),
-            (LISTEN, near_address.as_str()),
-            (NETWORK, network.as_str()),
-        ],
-    );
-    let (_, ready) = server.next(Duration::from_secs(120), "the server started");
-    let mut words = ready.split(' ').skip(1);
-    let port: u16 = words.next().expect("port").parse().expect("a port");
-    let socket_dir = words.next().expect("dir").to_owned();
-    let socket_url = format!("host={socket_dir} port={port} user=postgres dbname=postgres");
-    let far_url = format!("postgres://postgres@{near_address}:{port}/postgres");
+    let server = NearServer::start("sched", 117, "child_entry", &[(ROLE, "server")]);
+    let (socket_url, far_url) = (server.socket_url(), server.far_url(None));
     let runtime = runtime();
     let near_pool = locks_postgres::plain_pool(&socket_url, 4).expect("pool");
     runtime.block_on(async {
@@ -181,7 +78,8 @@ fn a_cut_off_runner_is_told_and_its_slot_is_abandoned_not_run_twice() {
     });
     let name = format!("partitioned-{}", std::process::id());
     let runner = InNamespace::spawn(
-        pair.far(),
+        server.pair().far(),
+        "child_entry",
         &[
             (ROLE, "runner"),
             (URL, far_url.as_str()),
@@ -191,7 +89,7 @@ fn a_cut_off_runner_is_told_and_its_slot_is_abandoned_not_run_twice() {
     let (_, running) = runner.next(Duration::from_secs(60), "the far runner's job started");
     assert!(running.starts_with("running "), "{running}");
 
-    pair.cut().unwrap_or_else(|error| panic!("{error}"));
+    server.cut();
     let cut = Instant::now();
     let near = ScheduledJob::new(&name, SCHEDULE.parse().expect("schedule")).holder("near-host");
     let locks = PostgresLockManager::new(near_pool.clone());

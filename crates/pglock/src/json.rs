@@ -4,6 +4,7 @@
 //! added, none is renamed or removed, and a field that has no value is `null`, never
 //! missing.
 
+use locks_postgres::LockTableUsage;
 use serde::Serialize;
 
 use crate::inspect::{Entry, rfc3339};
@@ -65,6 +66,27 @@ pub(crate) fn leader(election: &str, leader: Option<&locks_leader::Leader>) -> S
 #[derive(Debug, Serialize)]
 struct List<'a> {
     sessions: Vec<Session<'a>>,
+    lock_table_usage: Usage,
+}
+
+/// How full the server's lock table is, as the text `list` ends with.
+#[derive(Debug, Serialize)]
+struct Usage {
+    advisory: u64,
+    entries: u64,
+    capacity: u64,
+    fraction: f64,
+}
+
+impl From<LockTableUsage> for Usage {
+    fn from(usage: LockTableUsage) -> Self {
+        Self {
+            advisory: usage.advisory,
+            entries: usage.entries,
+            capacity: usage.capacity,
+            fraction: usage.fraction(),
+        }
+    }
 }
 
 /// One session's grant of, or wait for, an advisory lock.
@@ -130,9 +152,10 @@ pub(crate) fn who(
 }
 
 /// The document for `list`, and a newline.
-pub(crate) fn list(entries: &[Entry]) -> String {
+pub(crate) fn list(entries: &[Entry], usage: LockTableUsage) -> String {
     document(&List {
         sessions: entries.iter().map(Session::from).collect(),
+        lock_table_usage: usage.into(),
     })
 }
 
@@ -162,7 +185,14 @@ mod tests {
             seconds: Some(0.0),
             hidden: false,
         };
-        let value: serde_json::Value = serde_json::from_str(&list(&[entry])).unwrap();
+        let usage = LockTableUsage::new(3, 40, 6400);
+        let value: serde_json::Value = serde_json::from_str(&list(&[entry], usage)).unwrap();
+        assert_eq!(
+            value["lock_table_usage"],
+            serde_json::json!({
+                "advisory": 3, "entries": 40, "capacity": 6400, "fraction": 3.0 / 6400.0
+            })
+        );
         let session = &value["sessions"][0];
         let names: Vec<&str> = session
             .as_object()

@@ -96,11 +96,7 @@ pub(crate) async fn list(
     let client = connect::one_client(target, say).await?;
     let Some(every) = watch else {
         let entries = inspect::all(&client).await.map_err(query_failure)?;
-        let usage = if json {
-            None
-        } else {
-            Some(lock_table_usage(&client).await.map_err(query_failure)?)
-        };
+        let usage = lock_table_usage(&client).await.map_err(query_failure)?;
         print!("{}", list_text(&entries, json, usage));
         hint(&entries);
         return Ok(0);
@@ -121,7 +117,7 @@ pub(crate) async fn list(
         let written = write!(
             out,
             "{clear}{header}\n\n{}",
-            list_text(&entries, false, Some(usage))
+            list_text(&entries, false, usage)
         )
         .and_then(|()| if terminal { Ok(()) } else { writeln!(out) })
         .and_then(|()| out.flush());
@@ -141,19 +137,18 @@ fn hint(entries: &[Entry]) {
     }
 }
 
-/// The list as a table, `no advisory locks` line, or JSON document; the text ends with
-/// how full the server's lock table is, when `usage` is given.
-fn list_text(entries: &[Entry], json: bool, usage: Option<LockTableUsage>) -> String {
-    let mut text = if json {
-        json::list(entries)
-    } else if entries.is_empty() {
+/// The list as a table or `no advisory locks` line that ends with how full the server's
+/// lock table is, or as a JSON document that carries it (`lock_table_usage`).
+fn list_text(entries: &[Entry], json: bool, usage: LockTableUsage) -> String {
+    if json {
+        return json::list(entries, usage);
+    }
+    let mut text = if entries.is_empty() {
         "no advisory locks on this database\n".to_owned()
     } else {
         inspect::table(entries, true)
     };
-    if let Some(usage) = usage {
-        text.push_str(&lock_table_line(usage));
-    }
+    text.push_str(&lock_table_line(usage));
     text
 }
 

@@ -150,6 +150,12 @@ impl NetworkPair {
         format!("{}.1", self.net)
     }
 
+    /// The far side's address.
+    #[must_use]
+    pub fn far_address(&self) -> String {
+        format!("{}.2", self.net)
+    }
+
     /// The pair's network (`10.a.b.0/30`), e.g. for a `pg_hba.conf` line.
     #[must_use]
     pub fn network(&self) -> String {

@@ -1,10 +1,12 @@
 //! What the workspace's test suites share (feature `testing`): the test server's URL, an
-//! admin connection, names no other test uses, the advisory locks `pg_locks` shows, and
-//! child processes of a test binary ([`child`]).
+//! admin connection, names no other test uses, the advisory locks `pg_locks` shows,
+//! child processes of a test binary ([`child`]), and a server and children across a
+//! network pair that can be cut ([`near`]).
 //!
 //! Everything here panics instead of returning errors: it is for tests.
 
 pub mod child;
+pub mod near;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -5,14 +5,11 @@
 //! (Patroni restarts it), a `patronictl switchover`, a `patronictl failover`, in turn. No
 //! network namespaces: Patroni and etcd run on loopback.
 
-use std::process::Child;
 use std::time::{Duration, Instant};
 
 use throwaway_pg::PatroniCluster;
 
-use super::{
-    Error, Faults, KEYS, Lcg, WORKERS, admin, finish, prepare, spawn_worker, worker_fault,
-};
+use super::{Error, Faults, KEYS, Lcg, WORKERS, chaos};
 
 /// How long the pair may take to have a leader and a synchronous standby again.
 const HEAL: Duration = Duration::from_secs(120);
@@ -20,44 +17,23 @@ const HEAL: Duration = Duration::from_secs(120);
 pub(super) async fn driver(duration: Duration) -> Result<(), Error> {
     let cluster = tokio::task::spawn_blocking(PatroniCluster::start).await??;
     let url = cluster.multi_host_url();
-    let dir = prepare(&url).await?;
-    let mut workers: Vec<Child> = (0..WORKERS)
-        .map(|i| spawn_worker(&url, i, &dir, None))
-        .collect::<Result<_, _>>()?;
-    let mut faults = Faults::default();
-    let mut random = Lcg::seeded();
-    let started = Instant::now();
     println!("soak: {WORKERS} workers, {KEYS} keys, {duration:?}, Patroni pair {url}");
     let cluster = std::sync::Arc::new(cluster);
-    while started.elapsed() < duration {
-        tokio::time::sleep(Duration::from_millis(300 + random.below(1200))).await;
-        let Some(admin) = admin(&url).await else {
-            continue;
-        };
-        match random.below(10) {
-            roll @ 0..=6 => {
-                worker_fault(
-                    roll,
-                    &admin,
-                    &mut workers,
-                    &url,
-                    &dir,
-                    None,
-                    &mut faults,
-                    &mut random,
-                )
-                .await?;
-            }
-            _ => {
-                drop(admin);
-                let kind = faults.failovers % 3;
-                let pair = cluster.clone();
-                tokio::task::spawn_blocking(move || fail_over(&pair, kind)).await??;
-                faults.failovers += 1;
-            }
-        }
-    }
-    let outcome = finish(&url, &mut workers, &dir, &faults).await;
+    let pair = &cluster;
+    let outcome = chaos(
+        duration,
+        &url,
+        &url,
+        None,
+        async |_, faults: &mut Faults, _: &mut Lcg| -> Result<(), Error> {
+            let kind = faults.failovers % 3;
+            let pair = pair.clone();
+            tokio::task::spawn_blocking(move || fail_over(&pair, kind)).await??;
+            faults.failovers += 1;
+            Ok(())
+        },
+    )
+    .await;
     tokio::task::spawn_blocking(move || drop(cluster)).await?;
     outcome
 }

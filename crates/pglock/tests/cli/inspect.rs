@@ -124,6 +124,20 @@ async fn who_and_list_json_parse_back_to_the_holder_and_the_waiter() {
         .collect();
     assert_eq!(ours.len(), 2, "{listed:#}");
     assert_eq!(ours[0]["pid"], foreign_pid);
+    // How full the server's lock table is: at least our holder and waiter, of a
+    // capacity the server's settings give (64 x (100 + 0) or more).
+    let usage = &listed["lock_table_usage"];
+    let advisory = usage["advisory"].as_u64().expect("advisory");
+    let capacity = usage["capacity"].as_u64().expect("capacity");
+    assert!(advisory >= 2, "{listed:#}");
+    assert!(usage["entries"].as_u64().expect("entries") >= advisory);
+    assert!(capacity >= 64, "{listed:#}");
+    #[allow(clippy::cast_precision_loss)] // small counts
+    let fraction = advisory as f64 / capacity as f64;
+    assert!(
+        (usage["fraction"].as_f64().expect("fraction") - fraction).abs() < 1e-9,
+        "{listed:#}"
+    );
 
     release_foreign(&foreign, lock_id).await;
     let done = finish(waiter).await;

@@ -14,10 +14,12 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
+mod placement;
 mod processes;
 mod rest;
 
 use crate::Error;
+use crate::NetworkPair;
 use crate::binaries::Binaries;
 use crate::cluster::{create_root, free_port};
 use crate::process::{RunAs, run};
@@ -35,10 +37,14 @@ const RETRY_TIMEOUT: u32 = 5;
 /// How long a stopping Patroni (which stops its PostgreSQL) gets before `SIGKILL`.
 const STOP: Duration = Duration::from_secs(30);
 
-/// One Patroni node: its PostgreSQL and REST API ports, its configuration, its process.
+/// One Patroni node: where it listens, its PostgreSQL and REST API ports, its
+/// configuration, its process.
 #[derive(Debug)]
 struct Node {
     name: String,
+    /// The address its PostgreSQL and REST API listen on, and the network namespace it
+    /// runs in (none: 127.0.0.1 of this host).
+    place: Place,
     pg_port: u16,
     rest_port: u16,
     config: PathBuf,
@@ -62,8 +68,29 @@ pub struct PatroniCluster {
     ids: Option<(u32, u32)>,
     bin: Binaries,
     etcd: Option<Child>,
+    etcd_place: Place,
     etcd_port: u16,
     nodes: [Node; 2],
+    /// The namespaces of a [`start_partitionable`](Self::start_partitionable) pair:
+    /// removed after every process has stopped (fields drop after `Drop::drop`).
+    network: Option<NetworkPair>,
+}
+
+/// Where a process runs and listens: a network namespace (`None`: this host's) and an
+/// IPv4 address in it.
+#[derive(Debug, Clone)]
+struct Place {
+    namespace: Option<String>,
+    address: String,
+}
+
+impl Place {
+    fn host() -> Self {
+        Self {
+            namespace: None,
+            address: "127.0.0.1".to_owned(),
+        }
+    }
 }
 
 impl PatroniCluster {
@@ -77,6 +104,10 @@ impl PatroniCluster {
     /// [`Error::Io`] of kind `TimedOut` when the pair is not ready within 120 s (with
     /// the end of each node's log).
     pub fn start() -> Result<Self, Error> {
+        Self::start_on(None)
+    }
+
+    fn start_on(network: Option<NetworkPair>) -> Result<Self, Error> {
         let missing: Vec<String> = ["etcd", "patroni", "patronictl"]
             .into_iter()
             .filter(|tool| find_tool(tool).is_none())
@@ -92,9 +123,21 @@ impl PatroniCluster {
             RunAs::Postgres => Some((postgres_id("-u")?, postgres_id("-g")?)),
         };
         let root = create_root()?;
+        // Node 0 (the first leader) on the near side, etcd and node 1 on the far side.
+        let place = |near: bool| {
+            network.as_ref().map_or_else(Place::host, |pair| Place {
+                namespace: Some(if near { pair.near() } else { pair.far() }.to_owned()),
+                address: if near {
+                    pair.near_address()
+                } else {
+                    pair.far_address()
+                },
+            })
+        };
         let node = |index: usize| -> Result<Node, Error> {
             Ok(Node {
                 name: format!("node{index}"),
+                place: place(index == 0),
                 pg_port: free_port()?,
                 rest_port: free_port()?,
                 config: root.join(format!("node{index}.yml")),
@@ -105,8 +148,10 @@ impl PatroniCluster {
         // From here on, dropping `cluster` (on any error) stops what started and removes
         // `root`.
         let mut cluster = Self {
+            etcd_place: place(false),
             etcd_port: free_port()?,
             nodes,
+            network,
             root,
             run_as,
             ids,
@@ -144,21 +189,41 @@ impl PatroniCluster {
     }
 
     /// A URL of node `node` alone (whatever its role): `postgres://postgres@127.0.0.1:PORT/postgres`.
+    /// For a [`start_partitionable`](Self::start_partitionable) pair, the node's Unix
+    /// socket instead (`host=<its folder> port=PORT user=postgres dbname=postgres`), which
+    /// this host reaches whatever its network does.
     ///
     /// # Panics
     /// When `node` is not 0 or 1.
     #[must_use]
     pub fn url(&self, node: usize) -> String {
+        if self.network.is_some() {
+            return format!(
+                "host={} port={} user=postgres dbname=postgres",
+                self.socket_dir(node).display(),
+                self.port(node)
+            );
+        }
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port(node))
     }
 
     /// Both nodes in one key-value connection string that takes whichever is the primary:
     /// `host=127.0.0.1,127.0.0.1 port=P0,P1 user=postgres dbname=postgres
-    /// target_session_attrs=read-write`.
+    /// target_session_attrs=read-write` (the Unix sockets' folders as hosts for a
+    /// [`start_partitionable`](Self::start_partitionable) pair).
     #[must_use]
     pub fn multi_host_url(&self) -> String {
+        let hosts = if self.network.is_some() {
+            format!(
+                "{},{}",
+                self.socket_dir(0).display(),
+                self.socket_dir(1).display()
+            )
+        } else {
+            "127.0.0.1,127.0.0.1".to_owned()
+        };
         format!(
-            "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname=postgres \
+            "host={hosts} port={},{} user=postgres dbname=postgres \
              target_session_attrs=read-write",
             self.port(0),
             self.port(1)
@@ -308,7 +373,12 @@ impl PatroniCluster {
 
     /// Node `node`'s data folder.
     fn data_dir(&self, node: usize) -> PathBuf {
-        self.root.join(&self.nodes[node].name).join("data")
+        self.socket_dir(node).join("data")
+    }
+
+    /// Node `node`'s folder, which holds its data folder and its Unix socket.
+    fn socket_dir(&self, node: usize) -> PathBuf {
+        self.root.join(&self.nodes[node].name)
     }
 
     fn wait(

@@ -4,15 +4,14 @@
 use std::fmt::Write as _;
 use std::fs;
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::Instant;
 
-use super::{LOOP_WAIT, POLL, PatroniCluster, RETRY_TIMEOUT, START, STOP, TTL};
-use crate::Error;
+use super::{LOOP_WAIT, POLL, PatroniCluster, Place, RETRY_TIMEOUT, START, STOP, TTL};
 use crate::process::{client_env, run};
+use crate::{Error, NetworkPair};
 
 impl PatroniCluster {
     pub(super) fn write_config(&self, index: usize) -> Result<(), Error> {
@@ -33,8 +32,8 @@ impl PatroniCluster {
             "scope: throwaway\n\
              namespace: /throwaway/\n\
              name: {name}\n\
-             restapi:\n  listen: 127.0.0.1:{rest}\n  connect_address: 127.0.0.1:{rest}\n\
-             etcd3:\n  hosts: 127.0.0.1:{etcd}\n\
+             restapi:\n  listen: {address}:{rest}\n  connect_address: {address}:{rest}\n\
+             etcd3:\n  hosts: {etcd_address}:{etcd}\n\
              bootstrap:\n  dcs:\n    ttl: {TTL}\n    loop_wait: {LOOP_WAIT}\n    \
              retry_timeout: {RETRY_TIMEOUT}\n    synchronous_mode: true\n    \
              postgresql:\n      use_pg_rewind: true\n      use_slots: true\n      \
@@ -43,14 +42,20 @@ impl PatroniCluster {
              full_page_writes: 'off'\n  \
              initdb:\n    - encoding: UTF8\n    - locale: C\n    - auth: trust\n  \
              pg_hba:\n    - local all all trust\n    \
-             - host replication all 127.0.0.1/32 trust\n    \
-             - host all all 127.0.0.1/32 trust\n\
-             postgresql:\n  listen: 127.0.0.1:{pg}\n  connect_address: 127.0.0.1:{pg}\n  \
+             - host replication all {network} trust\n    \
+             - host all all {network} trust\n\
+             postgresql:\n  listen: {address}:{pg}\n  connect_address: {address}:{pg}\n  \
              data_dir: {root}/{name}/data\n  bin_dir: {bin}\n  pgpass: {root}/{name}/pgpass\n  \
              authentication:\n    replication:\n      username: postgres\n    \
              superuser:\n      username: postgres\n    rewind:\n      username: postgres\n  \
              parameters:\n    unix_socket_directories: {root}/{name}\n",
             name = node.name,
+            address = node.place.address,
+            etcd_address = self.etcd_place.address,
+            network = self
+                .network
+                .as_ref()
+                .map_or_else(|| "127.0.0.1/32".to_owned(), crate::NetworkPair::network),
             rest = node.rest_port,
             etcd = self.etcd_port,
             pg = node.pg_port,
@@ -60,15 +65,38 @@ impl PatroniCluster {
             .map_err(|source| Error::io(format!("write {}", node.config.display()), source))
     }
 
-    /// A command for `program` as the server's user, its output into `log`.
-    pub(super) fn command(&self, program: &Path, log: &Path) -> Result<Command, Error> {
-        let mut command = Command::new(program);
+    /// A command for `program` as the server's user at `place`, its output into `log`.
+    pub(super) fn command(
+        &self,
+        place: &Place,
+        program: &Path,
+        log: &Path,
+    ) -> Result<Command, Error> {
+        let mut command = match &place.namespace {
+            None => {
+                let mut command = Command::new(program);
+                #[cfg(unix)]
+                if let Some((uid, gid)) = self.ids {
+                    use std::os::unix::process::CommandExt;
+                    command.uid(uid).gid(gid);
+                }
+                command
+            }
+            // `ip netns exec` and `setpriv` both exec: the child's pid is the program's.
+            Some(namespace) => {
+                let mut command = NetworkPair::command_in(namespace, "setpriv");
+                if let Some((uid, gid)) = self.ids {
+                    command.args([
+                        format!("--reuid={uid}"),
+                        format!("--regid={gid}"),
+                        "--init-groups".to_owned(),
+                    ]);
+                }
+                command.arg(program);
+                command
+            }
+        };
         client_env(&mut command);
-        #[cfg(unix)]
-        if let Some((uid, gid)) = self.ids {
-            use std::os::unix::process::CommandExt;
-            command.uid(uid).gid(gid);
-        }
         let open = || {
             fs::OpenOptions::new()
                 .create(true)
@@ -89,9 +117,10 @@ impl PatroniCluster {
         let etcd = find_tool("etcd").ok_or_else(|| Error::HaNotInstalled {
             missing: vec!["etcd".to_owned()],
         })?;
-        let client = format!("http://127.0.0.1:{}", self.etcd_port);
-        let peer = format!("http://127.0.0.1:{peer_port}");
-        let mut command = self.command(&etcd, &self.root.join("etcd.log"))?;
+        let address = &self.etcd_place.address;
+        let client = format!("http://{address}:{}", self.etcd_port);
+        let peer = format!("http://{address}:{peer_port}");
+        let mut command = self.command(&self.etcd_place, &etcd, &self.root.join("etcd.log"))?;
         command
             .args(["--name", "etcd0", "--data-dir"])
             .arg(self.root.join("etcd"))
@@ -101,9 +130,10 @@ impl PatroniCluster {
             .args(["--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &format!("etcd0={peer}")]);
         self.etcd = Some(spawn(&mut command)?);
-        let address = SocketAddr::from((Ipv4Addr::LOCALHOST, self.etcd_port));
-        self.wait(START, "etcd to listen", |_| {
-            TcpStream::connect_timeout(&address, POLL).is_ok()
+        self.wait(START, "etcd to answer", |cluster| {
+            cluster
+                .http_get(&cluster.etcd_place, cluster.etcd_port, "/version")
+                .is_some()
         })
     }
 
@@ -112,7 +142,7 @@ impl PatroniCluster {
             missing: vec!["patroni".to_owned()],
         })?;
         let log = self.root.join(format!("{}.log", self.nodes[index].name));
-        let mut command = self.command(&patroni, &log)?;
+        let mut command = self.command(&self.nodes[index].place, &patroni, &log)?;
         command.arg(&self.nodes[index].config);
         self.nodes[index].process = Some(spawn(&mut command)?);
         Ok(())
@@ -122,11 +152,19 @@ impl PatroniCluster {
         let patronictl = find_tool("patronictl").ok_or_else(|| Error::HaNotInstalled {
             missing: vec!["patronictl".to_owned()],
         })?;
-        let mut command = self.run_as.command(&patronictl, &self.root);
+        // Where etcd is reached: as root, in etcd's namespace when it has one.
+        let mut command = match &self.etcd_place.namespace {
+            None => self.run_as.command(&patronictl, &self.root),
+            Some(namespace) => {
+                let mut command = NetworkPair::command_in(namespace, &patronictl);
+                command.current_dir(&self.root).stdin(Stdio::null());
+                command
+            }
+        };
         command
             .env("HOME", &self.root)
             .arg("-c")
-            .arg(&self.nodes[0].config)
+            .arg(&self.nodes[1].config)
             .args(args);
         let output = run(&mut command)?;
         // patronictl exits 0 when a switchover or failover fails ("Switchover failed,

@@ -1,11 +1,15 @@
-//! Asking a node's Patroni REST API (`GET /primary`, `GET /cluster`) over a plain TCP
-//! stream: HTTP/1.0, the server closes when done, so no HTTP client is needed.
+//! Asking a node's Patroni REST API (`GET /primary`, `GET /cluster`) and etcd over a plain
+//! TCP stream: HTTP/1.0, the server closes when done, so no HTTP client is needed. Inside a
+//! network namespace this process cannot open a socket (that needs `setns`), so `curl`
+//! runs there instead.
 
 use std::io::{Read as _, Write as _};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::process::Stdio;
 use std::time::Duration;
 
-use super::PatroniCluster;
+use super::{PatroniCluster, Place};
+use crate::NetworkPair;
 
 impl PatroniCluster {
     /// The status code of `GET path` on node `node`'s REST API; `None` when it does not
@@ -26,10 +30,31 @@ impl PatroniCluster {
         (head.split_whitespace().nth(1)? == "200").then(|| body.to_owned())
     }
 
-    /// The whole response to `GET path` (HTTP/1.0: the server closes when done), within
-    /// a second per step.
+    /// The whole response to `GET path` on node `node`'s REST API.
     pub(super) fn rest(&self, node: usize, path: &str) -> Option<String> {
-        let address = SocketAddr::from((Ipv4Addr::LOCALHOST, self.nodes[node].rest_port));
+        let node = &self.nodes[node];
+        self.http_get(&node.place, node.rest_port, path)
+    }
+
+    /// The whole response (status line, headers, body) to `GET path` on `port` at `place`
+    /// (HTTP/1.0: the server closes when done), within a second per step; from inside the
+    /// place's namespace (`curl` there) when it has one.
+    pub(super) fn http_get(&self, place: &Place, port: u16, path: &str) -> Option<String> {
+        if let Some(namespace) = &place.namespace {
+            let output = NetworkPair::command_in(namespace, "curl")
+                .args(["--silent", "--include", "--http1.0", "--max-time", "2"])
+                .arg(format!("http://{}:{port}{path}", place.address))
+                .stdin(Stdio::null())
+                .stderr(Stdio::null())
+                .output()
+                .ok()?;
+            return output
+                .status
+                .success()
+                .then(|| String::from_utf8(output.stdout).ok())
+                .flatten();
+        }
+        let address = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
         let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(1)).ok()?;
         stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
         stream

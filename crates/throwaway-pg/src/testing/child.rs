@@ -107,18 +107,7 @@ impl Child {
         let mut process = command.spawn().expect("spawn a child test process");
         let stdout = process.stdout.take().expect("piped stdout");
         let (sender, messages) = mpsc::unbounded_channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                // libtest prints `test processes::child_entry ... ` without a newline
-                // before the test runs, so the first message shares its line.
-                if let Some((_, message)) = line.split_once(PREFIX)
-                    && sender.send(message.to_owned()).is_err()
-                {
-                    break;
-                }
-            }
-        });
+        read_messages(stdout, move |message| sender.send(message).is_ok());
         Self {
             name: name.into(),
             stdin: process.stdin.take(),
@@ -196,6 +185,25 @@ impl Drop for Child {
         let _ = self.process.kill();
         let _ = self.process.wait();
     }
+}
+
+/// Reads a child's stdout on a thread of its own, handing each message (what follows
+/// [`PREFIX`] on a line) to `deliver` until it answers `false` or the output ends.
+pub(super) fn read_messages(
+    stdout: std::process::ChildStdout,
+    mut deliver: impl FnMut(String) -> bool + Send + 'static,
+) {
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            // libtest prints `test processes::child_entry ... ` without a newline before
+            // the test runs, so the first message shares its line.
+            if let Some((_, message)) = line.split_once(PREFIX)
+                && !deliver(message.to_owned())
+            {
+                return;
+            }
+        }
+    });
 }
 
 /// The running test binary. Other builds in a shared target directory can replace the

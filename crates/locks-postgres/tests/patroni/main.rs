@@ -4,9 +4,13 @@
 //! of the primary's postmaster (`kill -9`), a `patronictl switchover` and a `patronictl
 //! failover`; after each: every holder told within the bound, new acquisitions on the
 //! primary Patroni names within the failover bound, nothing granted on the other node,
-//! fencing tokens strictly above every token before. A second cluster has its primary cut
-//! off from Patroni's consensus while clients still reach it. Its own test binary (run by
-//! `cargo xtask test --ha`): it needs Patroni and etcd and starts its own cluster.
+//! fencing tokens strictly above every token before. Two more clusters have their primary
+//! cut off while clients still reach it: its Patroni frozen (`frozen.rs`), or its network
+//! to etcd and the other node cut (`partition.rs`). Its own test binary (run by `cargo
+//! xtask test --ha`): it needs Patroni and etcd and starts its own clusters.
+
+mod frozen;
+mod partition;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -296,168 +300,95 @@ async fn session_on(cluster: &PatroniCluster, node: usize) -> tokio_postgres::Cl
     throwaway_pg::testing::connect(&cluster.url(node)).await
 }
 
-/// The fenced write a holder makes to the protected data: applied only while the row
-/// carries an older token. Answers how many rows it changed.
-async fn fenced_write(client: &tokio_postgres::Client, key: &str, token: i64) -> u64 {
-    client
-        .execute(
-            "UPDATE patroni_protected SET token = $2 WHERE key = $1 AND token < $2",
-            &[&key, &token],
+/// Installs the fencing table on node `node` (the primary) and the protected data: one
+/// row for `key` at token 0.
+async fn protect(cluster: &PatroniCluster, node: usize, key: &str) {
+    let setup = session_on(cluster, node).await;
+    locks_postgres::install_fencing(&setup)
+        .await
+        .expect("install the fencing table");
+    setup
+        .batch_execute(
+            "CREATE TABLE patroni_protected (key text PRIMARY KEY, token bigint NOT NULL)",
         )
         .await
-        .expect("the fenced write")
+        .expect("the protected table");
+    setup
+        .execute("INSERT INTO patroni_protected VALUES ($1, 0)", &[&key])
+        .await
+        .expect("the protected row");
 }
 
-/// The primary cut off from Patroni's consensus while clients still reach it: its Patroni
-/// frozen (it cannot renew the leader key, as when cut off from etcd and the other node),
-/// its PostgreSQL still serving. Says who can be granted what during the window.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_primary_cut_off_from_patroni_until_it_is_demoted() {
-    let cluster = Arc::new(
-        blocking(|| PatroniCluster::start().expect("start etcd and two Patroni nodes")).await,
-    );
-    let old = cluster.leader().expect("a leader");
-    let new = 1 - old;
-    let url = cluster.multi_host_url();
-    {
-        let setup = session_on(&cluster, old).await;
-        locks_postgres::install_fencing(&setup)
-            .await
-            .expect("install the fencing table");
-        setup
-            .batch_execute(
-                "CREATE TABLE patroni_protected (key text PRIMARY KEY, token bigint NOT NULL);
-                 INSERT INTO patroni_protected VALUES ('patroni:cut', 0)",
-            )
-            .await
-            .expect("the protected table");
-    }
-    let fenced = |url: &str| {
-        PostgresLockManager::builder(pool(url, 2))
-            .keepalive(Some(KEEPALIVE))
-            .fencing(true)
-            .build()
-    };
-    let key = "patroni:cut";
-    let stale = fenced(&url);
-    let held = stale
+/// The holder the cut makes stale: `key` held through `url` with fencing on, its token
+/// written to the protected row on node `node`. Answers its manager, guard, token and
+/// session on `node`.
+async fn stale_holder(
+    cluster: &PatroniCluster,
+    node: usize,
+    url: &str,
+    key: &str,
+) -> (
+    PostgresLockManager,
+    PostgresLockGuard,
+    i64,
+    tokio_postgres::Client,
+) {
+    let manager = fenced(url);
+    let held = manager
         .acquire(
             key,
             AcquireOptions::new().with_timeout(Duration::from_secs(5)),
         )
         .await
         .expect("the lock before the cut");
-    let stale_token = held.info().fencing_token().expect("fencing is on");
-    let on_old = session_on(&cluster, old).await;
-    assert_eq!(fenced_write(&on_old, key, stale_token).await, 1);
-
-    // The cut: the old primary's Patroni stops renewing; its PostgreSQL serves on.
-    let cut = Instant::now();
-    {
-        let cluster = cluster.clone();
-        blocking(move || cluster.pause_patroni(old))
-            .await
-            .expect("pause the primary's Patroni");
-    }
-
-    // Before the takeover, a fenced acquisition on the old primary is still granted (it
-    // is the primary; its token commit reaches the synchronous standby).
-    let early = fenced(&cluster.url(old))
-        .acquire(
-            "patroni:cut:early",
-            AcquireOptions::new().with_timeout(Duration::from_secs(5)),
-        )
-        .await
-        .expect("granted on the old primary before the takeover");
-    early.release().await;
-
-    {
-        let cluster = cluster.clone();
-        blocking(move || cluster.wait_for_leader(new, Duration::from_secs(90)))
-            .await
-            .expect("the other node takes over");
-    }
-    let takeover = cut.elapsed();
-
-    // The window: both servers are writable. On the old primary an advisory lock without
-    // fencing is still granted (nothing checks who Patroni says leads), even a key held on
-    // the new one: the two exclude nothing of each other.
-    let unfenced_old = PostgresLockManager::new(pool(&cluster.url(old), 1));
-    let fenced_new = fenced(&cluster.url(new));
-    let on_new_primary = fenced_new
-        .acquire(
-            key,
-            AcquireOptions::new().with_timeout(Duration::from_secs(10)),
-        )
-        .await
-        .expect("the lock on the new primary while the old one still holds it");
-    let new_token = on_new_primary
-        .info()
-        .fencing_token()
-        .expect("fencing is on");
-    assert!(
-        new_token > stale_token,
-        "synchronous mode: {new_token} after {stale_token}"
-    );
-    let split = unfenced_old
-        .acquire(
-            "patroni:cut:split",
-            AcquireOptions::new().with_timeout(Duration::from_secs(5)),
-        )
-        .await
-        .expect("an unfenced lock on the cut-off primary");
-    // With fencing, the old primary grants nothing: the token's commit waits for a
-    // synchronous standby that is now the primary, until the call's timeout.
-    let fenced_old = fenced(&cluster.url(old))
-        .acquire(
-            "patroni:cut:fenced",
-            AcquireOptions::new().with_timeout(Duration::from_secs(3)),
-        )
-        .await;
-    let fenced_old_kind = fenced_old
-        .as_ref()
-        .err()
-        .map(locks_port::LockAcquisitionError::kind);
-    assert!(fenced_old.is_err(), "a fenced grant on the cut-off primary");
-
-    // Fencing refuses the stale holder: on the new primary its token is older than the
-    // new holder's; on the old one its write is never acknowledged (synchronous commit).
-    let on_new = session_on(&cluster, new).await;
-    assert_eq!(fenced_write(&on_new, key, new_token).await, 1);
+    let token = held.info().fencing_token().expect("fencing is on");
+    let session = session_on(cluster, node).await;
     assert_eq!(
-        fenced_write(&on_new, key, stale_token).await,
+        fenced_write(&session, key, token)
+            .await
+            .expect("the holder's write before the cut"),
+        1
+    );
+    (manager, held, token, session)
+}
+
+/// On the new primary, through `session`: the new holder's fenced write lands, the
+/// stale holder's (an older token) is refused.
+async fn new_write_lands_stale_refused(
+    session: &tokio_postgres::Client,
+    key: &str,
+    new_token: i64,
+    stale_token: i64,
+) {
+    let new = fenced_write(session, key, new_token).await;
+    assert_eq!(new.expect("the new holder's write"), 1);
+    let stale = fenced_write(session, key, stale_token).await;
+    assert_eq!(
+        stale.expect("the stale holder's write"),
         0,
         "the stale write refused"
     );
-    let stale_on_old = tokio::time::timeout(
-        Duration::from_secs(2),
-        fenced_write(&on_old, key, stale_token + 1_000),
-    )
-    .await;
-    assert!(
-        stale_on_old.is_err(),
-        "a write on the cut-off primary was acknowledged"
-    );
-    assert!(!held.is_lost(), "the stale holder has not been told yet");
+}
 
-    // The old primary's Patroni resumes, finds another leader and demotes its server:
-    // the stale holder is told.
-    let resumed = Instant::now();
-    {
-        let cluster = cluster.clone();
-        blocking(move || cluster.resume_patroni(old))
-            .await
-            .expect("resume the old primary's Patroni");
-    }
-    tokio::time::timeout(FAILOVER, held.lost())
+/// A manager with fencing and keepalive on `url`.
+fn fenced(url: &str) -> PostgresLockManager {
+    PostgresLockManager::builder(pool(url, 2))
+        .keepalive(Some(KEEPALIVE))
+        .fencing(true)
+        .build()
+}
+
+/// The fenced write a holder makes to the protected data: applied only while the row
+/// carries an older token. Answers how many rows it changed.
+async fn fenced_write(
+    client: &tokio_postgres::Client,
+    key: &str,
+    token: i64,
+) -> Result<u64, tokio_postgres::Error> {
+    client
+        .execute(
+            "UPDATE patroni_protected SET token = $2 WHERE key = $1 AND token < $2",
+            &[&key, &token],
+        )
         .await
-        .expect("the stale holder told once its server is demoted");
-    let told = resumed.elapsed();
-    eprintln!(
-        "cut-off: takeover {takeover:?} after the cut; stale token {stale_token}, new {new_token}; \
-         fenced acquisition on the old primary: {fenced_old_kind:?}; stale holder told {told:?} \
-         after its Patroni resumed"
-    );
-    drop((split, on_new_primary, on_old, on_new));
-    blocking(move || drop(cluster)).await;
 }

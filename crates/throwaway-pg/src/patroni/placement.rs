@@ -1,0 +1,55 @@
+//! A [`PatroniCluster`] whose primary can be cut off by the network: node 0 (the first
+//! leader) in one network namespace, etcd and node 1 in another, joined by a veth pair.
+
+use std::io;
+
+use super::PatroniCluster;
+use crate::{Error, NetworkPair};
+
+/// The second octet of the pair's addresses (`10.219.<pid % 250>.0/30`), apart from the
+/// other users of [`NetworkPair`] in this workspace.
+const OCTET: u8 = 219;
+
+impl PatroniCluster {
+    /// As [`start`](Self::start), with node 0 (which bootstraps and leads) in one network
+    /// namespace and etcd and node 1 in another, joined by a veth pair
+    /// ([`NetworkPair`]): Patroni, replication and etcd talk over that link alone, so
+    /// [`cut_off`](Self::cut_off) separates node 0 from etcd and from node 1 while both
+    /// keep running. This host reaches each node's PostgreSQL through its Unix socket
+    /// ([`url`](Self::url)), which no network cut touches: the clients that still reach
+    /// a cut-off primary. Patroni's REST API is asked from inside the namespaces with
+    /// `curl`.
+    ///
+    /// Needs root (for `ip netns`), iproute2 and curl.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start), and an [`Error::Io`] that says why the namespaces
+    /// could not be made.
+    pub fn start_partitionable() -> Result<Self, Error> {
+        let network = NetworkPair::make("pat", OCTET).map_err(|error| {
+            Error::io(
+                "make the network namespaces for the Patroni pair",
+                io::Error::other(error.to_string()),
+            )
+        })?;
+        Self::start_on(Some(network))
+    }
+
+    /// Cuts node 0's link to etcd and node 1 (packets dropped both ways, no socket
+    /// closed), as when the primary's host loses its network to the rest of the cluster.
+    ///
+    /// # Errors
+    /// The cluster was not started with
+    /// [`start_partitionable`](Self::start_partitionable), or `ip` failed.
+    pub fn cut_off(&self) -> Result<(), Error> {
+        let network = self.network.as_ref().ok_or_else(|| {
+            Error::io(
+                "cut node0's link",
+                io::Error::other("the pair was not started with start_partitionable"),
+            )
+        })?;
+        network
+            .cut()
+            .map_err(|error| Error::io("cut node0's link", io::Error::other(error.to_string())))
+    }
+}
