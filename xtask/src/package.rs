@@ -111,7 +111,10 @@ pub(crate) fn run(args: &[String]) -> crate::Result {
     // The verification build is a second copy of every dependency (over 1 GiB) that nothing
     // else reuses; a CI disk once filled up with it in place.
     match std::fs::remove_dir_all(&target) {
-        Ok(()) => eprintln!("xtask: removed the verification build in {}", target.display()),
+        Ok(()) => eprintln!(
+            "xtask: removed the verification build in {}",
+            target.display()
+        ),
         Err(error) => eprintln!(
             "xtask: could not remove the verification build in {}: {error}",
             target.display()

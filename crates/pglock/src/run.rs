@@ -100,8 +100,18 @@ pub(crate) async fn run(target: Target, args: RunArgs, say: Say) -> Result<u8, F
         return run_once(&target, &args, say, &mut signals).await;
     }
     loop {
+        let _ = signals.take_received();
         match run_once(&target, &args, say, &mut signals).await {
             Err(failure) if failure.code == LOST => {
+                // A signal forwarded to the command during the term was meant for pglock
+                // too: it ends pglock rather than a new campaign.
+                if let Some(number) = signals.take_received() {
+                    eprintln!(
+                        "pglock: {}; {number} received: not campaigning again",
+                        failure.message
+                    );
+                    return Ok(signal_code(number));
+                }
                 eprintln!(
                     "pglock: {}; campaigning again in {}",
                     failure.message,
