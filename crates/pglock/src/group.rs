@@ -2,7 +2,7 @@
 //! ([`crate::supervise`]), signalled as a whole, and finished only when no process of it
 //! is left.
 
-use std::io::{BufRead, BufReader, PipeWriter};
+use std::io::{BufRead, BufReader, PipeWriter, Write};
 use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt;
 
@@ -58,8 +58,9 @@ pub(crate) struct Group {
     /// The status once the supervisor reported it: kept here so that a [`Group::wait`]
     /// dropped while it collects the supervisor's exit (a signal arrived) does not lose it.
     done: Option<Status>,
-    /// The death pipe's only write end: closed when pglock dies, or after the end.
-    _death: PipeWriter,
+    /// The death pipe's only write end: closed when pglock dies, or after the end; a
+    /// signal number written on it is forwarded to the descendants that left the group.
+    death: PipeWriter,
 }
 
 impl Group {
@@ -113,7 +114,7 @@ impl Group {
             reports: mpsc::unbounded_channel().1,
             supervisor,
             done: None,
-            _death: death,
+            death,
         };
         let first = reports.recv().await;
         group.reports = reports;
@@ -145,12 +146,17 @@ impl Group {
         self.pgid
     }
 
-    /// Sends `signal` to every process of the group, unless it is known to be gone.
+    /// Sends `signal` to every process of the group, and through the supervisor to every
+    /// descendant that left it, unless the group is known to be gone.
     pub(crate) fn signal(&self, signal: Signal) {
         // The group lives until the supervisor reports it empty, so the id is still its;
         // after that report the id may be reused, so nothing is sent.
         if self.done.is_none() {
             let _ = killpg(self.pgid, signal);
+            // The supervisor sends it on to the processes that left the group; if it is
+            // gone, so are they (it killed them when it saw pglock's end, or pglock's
+            // SIGKILL of the group follows).
+            let _ = (&self.death).write_all(&[signal as u8]);
         }
     }
 

@@ -7,6 +7,7 @@
 mod break_lock;
 mod cli;
 mod connect;
+mod descendants;
 mod duration;
 mod exit;
 mod generate;

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use super::*;
 
 /// The bound on how long the command's processes may outlive a killed pglock.
-const GONE_WITHIN: Duration = Duration::from_secs(1);
+pub(super) const GONE_WITHIN: Duration = Duration::from_secs(1);
 
 /// `pid -> (parent pid, state, name)` of every process on the machine, from `/proc`.
 fn processes() -> HashMap<i32, (i32, char, String)> {
@@ -36,7 +36,7 @@ fn processes() -> HashMap<i32, (i32, char, String)> {
 }
 
 /// Every living descendant of `root` (not `root` itself).
-fn descendants(root: i32) -> Vec<i32> {
+pub(super) fn descendants(root: i32) -> Vec<i32> {
     let table = processes();
     let mut found = vec![root];
     let mut index = 0;
@@ -55,7 +55,7 @@ fn descendants(root: i32) -> Vec<i32> {
 }
 
 /// Those of `pids` still running (present and not a zombie).
-fn running(pids: &[i32]) -> Vec<i32> {
+pub(super) fn running(pids: &[i32]) -> Vec<i32> {
     let table = processes();
     pids.iter()
         .copied()
@@ -76,7 +76,7 @@ fn probe(pids: &[i32]) -> String {
 
 /// Starts `pglock run OPTIONS KEY COMMAND...`, waits until `sleeps` `sleep` processes run
 /// below it, and returns pglock and every process below it.
-async fn started(
+pub(super) async fn started(
     options: &[&str],
     key: &str,
     command: &[&str],
@@ -143,7 +143,7 @@ async fn kill_and_check(mut child: Child, pids: &[i32], key: &str, next: &[&str]
 }
 
 /// Waits (a bounded time) for `child` to exit, without waiting for its output.
-async fn exited(child: &mut Child) -> std::process::ExitStatus {
+pub(super) async fn exited(child: &mut Child) -> std::process::ExitStatus {
     tokio::time::timeout(SOON, child.wait())
         .await
         .expect("pglock exited in time")
@@ -152,7 +152,7 @@ async fn exited(child: &mut Child) -> std::process::ExitStatus {
 
 /// A `-c` pipeline with a background job: a shell, a job in the background, and a
 /// pipeline in the foreground.
-const PIPELINE: &str = "sleep 60 & sleep 60 | cat; wait";
+pub(super) const PIPELINE: &str = "sleep 60 & sleep 60 | cat; wait";
 
 #[tokio::test]
 async fn a_killed_pglock_takes_its_command_with_it() {

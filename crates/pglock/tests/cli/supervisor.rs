@@ -3,6 +3,7 @@
 
 use tokio::io::AsyncBufReadExt;
 
+use super::group::{GONE_WITHIN, PIPELINE, exited, running, started};
 use super::*;
 
 /// How many times the signal is sent into the window after the command ended.
@@ -40,4 +41,92 @@ async fn a_signal_while_the_status_is_collected_is_not_a_dead_supervisor() {
         *codes.entry(code(&done)).or_default() += 1;
     }
     eprintln!("exit codes over {ROUNDS} rounds: {codes:?}");
+}
+
+/// SIGKILLs pglock and checks that every one of `pids` is gone within [`GONE_WITHIN`].
+async fn kill_and_check_gone(mut child: Child, pids: &[i32], what: &str) {
+    signal(&child, Signal::SIGKILL);
+    let killed = Instant::now();
+    let after = exited(&mut child).await;
+    assert_eq!(after.code(), None, "{what}: pglock died of SIGKILL");
+    eventually("the command's processes to go", || {
+        let left = running(pids);
+        assert!(
+            left.is_empty() || killed.elapsed() < GONE_WITHIN,
+            "{what}: {left:?} of {pids:?} outlived pglock by {:?}",
+            killed.elapsed()
+        );
+        async move { left.is_empty() }
+    })
+    .await;
+    eprintln!(
+        "{what}: every process gone {:?} after the kill",
+        killed.elapsed()
+    );
+}
+
+/// `run --once-per` and `schedule` run their command under the supervisor: pglock killed
+/// with SIGKILL takes the command's whole group with it within [`GONE_WITHIN`].
+#[tokio::test]
+async fn a_killed_once_per_or_schedule_takes_its_command_with_it() {
+    super::once_per::install().await;
+    let (key, _dir) = unique("kill9-once-per");
+    let (child, pids) = started(&["--once-per", "1h"], &key, &["-c", PIPELINE], 2).await;
+    kill_and_check_gone(child, &pids, "run --once-per").await;
+
+    let (key, _dir) = unique("kill9-schedule");
+    let child = pglock()
+        .args(["schedule", "every 1s", &key, "-c", PIPELINE])
+        .spawn()
+        .expect("spawn");
+    let pid = i32::try_from(child.id().expect("running")).expect("pid");
+    eventually("the scheduled command's processes", || async move {
+        super::group::descendants(pid).len() >= 4
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let pids = super::group::descendants(pid);
+    kill_and_check_gone(child, &pids, "schedule").await;
+}
+
+/// Processes that leave the command's process group (`setsid`, and `setsid` in a
+/// subshell that exits at once: a double fork) die with pglock all the same, by SIGKILL of
+/// pglock and by a forwarded SIGTERM; the lock is free only once they are gone.
+#[tokio::test]
+async fn processes_that_left_the_group_die_with_the_lock() {
+    let script = "setsid sleep 61 & (setsid sleep 62 &); sleep 60; wait";
+    let (key, _dir) = unique("setsid-kill9");
+    let (child, pids) = started(&[], &key, &["-c", script], 3).await;
+    kill_and_check_gone(child, &pids, "SIGKILL").await;
+
+    let (key, _dir) = unique("setsid-term");
+    let (mut child, pids) = started(&[], &key, &["-c", script], 3).await;
+    // The command starts with no signal blocked (the supervisor blocks its own later).
+    for pid in &pids[1..] {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let blocked = status.lines().find(|line| line.starts_with("SigBlk:"));
+        assert!(
+            blocked.is_none_or(|line| line.trim_end().ends_with(":\t0000000000000000")),
+            "process {pid} of the command: {blocked:?}"
+        );
+    }
+    let sent = Instant::now();
+    signal(&child, Signal::SIGTERM);
+    let status = exited(&mut child).await;
+    assert!(
+        sent.elapsed() < Duration::from_secs(5),
+        "pglock took {:?} after SIGTERM",
+        sent.elapsed()
+    );
+    // pglock has exited, so the lock is free: nothing of the command may run now.
+    assert_eq!(
+        running(&pids),
+        Vec::<i32>::new(),
+        "the escapees outlived the lock"
+    );
+    assert_eq!(
+        lock_rows(&admin().await, locks_port::lock_id(&key)).await,
+        []
+    );
+    assert_eq!(status.code(), Some(143));
 }
