@@ -107,8 +107,14 @@ pub(crate) enum Command {
         /// Print one JSON array instead of a table.
         #[arg(long)]
         json: bool,
+        /// The job's schedule (`every 2s`, `every 1h at :05`, or a cron expression), as
+        /// `run --once-per` or `schedule` was given it: the NEXT column shows the next
+        /// slot's start by the server's clock (the ledger does not record schedules, so
+        /// without it NEXT is `?`, `null` in JSON).
+        #[arg(long, value_name = "SCHEDULE")]
+        schedule: Option<String>,
         /// Create the ledger table (once per database) and exit.
-        #[arg(long, conflicts_with_all = ["key", "json"])]
+        #[arg(long, conflicts_with_all = ["key", "json", "schedule"])]
         install: bool,
     },
     /// Print the advisory lock id of KEY (no database needed).
