@@ -1,10 +1,14 @@
 //! What the workspace's test suites share (feature `testing`): the test server's URL, an
-//! admin connection, names no other test uses, the advisory locks `pg_locks` shows, and
-//! child processes of a test binary ([`child`]).
+//! admin connection, names no other test uses, the advisory locks `pg_locks` shows,
+//! child processes of a test binary ([`child`]), and a test CA with a TLS server
+//! ([`TestCa`]).
 //!
 //! Everything here panics instead of returning errors: it is for tests.
 
 pub mod child;
+mod tls;
+
+pub use tls::TestCa;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
