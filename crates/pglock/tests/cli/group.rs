@@ -109,12 +109,8 @@ pub(super) async fn started(
 /// SIGKILLs pglock, and checks that every process of its command is gone within
 /// [`GONE_WITHIN`], and before `next` (a pglock that takes the same lock and runs the
 /// probe) gets the lock.
-async fn kill_and_check(mut child: Child, pids: &[i32], key: &str, next: &[&str]) {
-    signal(&child, Signal::SIGKILL);
-    let killed = Instant::now();
-    // Not its output: an orphaned command would hold the pipes open.
-    let after = exited(&mut child).await;
-    assert_eq!(after.code(), None, "pglock died of SIGKILL");
+async fn kill_and_check(child: Child, pids: &[i32], key: &str, next: &[&str]) {
+    let killed = kill_pglock(child).await;
     let probe = probe(pids);
     let taken = loop {
         let attempt = output(pglock().arg("run").args(next).args([key, "-c", &probe])).await;
@@ -129,17 +125,32 @@ async fn kill_and_check(mut child: Child, pids: &[i32], key: &str, next: &[&str]
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
+    gone_within_bound(pids, killed, "the command").await;
+    eprintln!("gone within {GONE_WITHIN:?}; the next pglock got the lock after {taken:?}");
+}
+
+/// SIGKILLs pglock and waits until it has exited (not for its output: an orphaned command
+/// would hold the pipes open); when it was killed.
+pub(super) async fn kill_pglock(mut child: Child) -> Instant {
+    signal(&child, Signal::SIGKILL);
+    let killed = Instant::now();
+    let after = exited(&mut child).await;
+    assert_eq!(after.code(), None, "pglock died of SIGKILL");
+    killed
+}
+
+/// Waits until none of `pids` runs, failing if any outlives `killed` by [`GONE_WITHIN`].
+pub(super) async fn gone_within_bound(pids: &[i32], killed: Instant, what: &str) {
     eventually("the command's processes to go", || {
         let left = running(pids);
         assert!(
             left.is_empty() || killed.elapsed() < GONE_WITHIN,
-            "{left:?} of {pids:?} outlived pglock by {:?}",
+            "{what}: {left:?} of {pids:?} outlived pglock by {:?}",
             killed.elapsed()
         );
         async move { left.is_empty() }
     })
     .await;
-    eprintln!("gone within {GONE_WITHIN:?}; the next pglock got the lock after {taken:?}");
 }
 
 /// Waits (a bounded time) for `child` to exit, without waiting for its output.

@@ -3,7 +3,7 @@
 
 use tokio::io::AsyncBufReadExt;
 
-use super::group::{GONE_WITHIN, PIPELINE, exited, running, started};
+use super::group::{PIPELINE, exited, gone_within_bound, kill_pglock, running, started};
 use super::*;
 
 /// How many times the signal is sent into the window after the command ended.
@@ -43,22 +43,10 @@ async fn a_signal_while_the_status_is_collected_is_not_a_dead_supervisor() {
     eprintln!("exit codes over {ROUNDS} rounds: {codes:?}");
 }
 
-/// SIGKILLs pglock and checks that every one of `pids` is gone within [`GONE_WITHIN`].
-async fn kill_and_check_gone(mut child: Child, pids: &[i32], what: &str) {
-    signal(&child, Signal::SIGKILL);
-    let killed = Instant::now();
-    let after = exited(&mut child).await;
-    assert_eq!(after.code(), None, "{what}: pglock died of SIGKILL");
-    eventually("the command's processes to go", || {
-        let left = running(pids);
-        assert!(
-            left.is_empty() || killed.elapsed() < GONE_WITHIN,
-            "{what}: {left:?} of {pids:?} outlived pglock by {:?}",
-            killed.elapsed()
-        );
-        async move { left.is_empty() }
-    })
-    .await;
+/// SIGKILLs pglock and checks that every one of `pids` is gone within [`super::group::GONE_WITHIN`].
+async fn kill_and_check_gone(child: Child, pids: &[i32], what: &str) {
+    let killed = kill_pglock(child).await;
+    gone_within_bound(pids, killed, what).await;
     eprintln!(
         "{what}: every process gone {:?} after the kill",
         killed.elapsed()
@@ -66,7 +54,7 @@ async fn kill_and_check_gone(mut child: Child, pids: &[i32], what: &str) {
 }
 
 /// `run --once-per` and `schedule` run their command under the supervisor: pglock killed
-/// with SIGKILL takes the command's whole group with it within [`GONE_WITHIN`].
+/// with SIGKILL takes the command's whole group with it within [`super::group::GONE_WITHIN`].
 #[tokio::test]
 async fn a_killed_once_per_or_schedule_takes_its_command_with_it() {
     super::once_per::install().await;
