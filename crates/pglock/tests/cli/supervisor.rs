@@ -118,3 +118,43 @@ async fn processes_that_left_the_group_die_with_the_lock() {
     );
     assert_eq!(status.code(), Some(143));
 }
+
+/// A leader whose leadership was just broken, SIGTERMed while its stopped command ends or
+/// as its status is collected (delays spread over both): it exits 143 at once, never
+/// "the command's supervisor died", and never waits out its 30 s backoff first.
+#[tokio::test]
+async fn a_leader_signalled_as_its_lost_term_ends_stops() {
+    for round in 0..8_u64 {
+        let (key, dir) = unique("leader-signal-at-the-end");
+        let (ready, stopped) = (dir.join("ready"), dir.join("stopped"));
+        // Even rounds: the command lingers after its stop begins, so the signal reaches
+        // pglock while the command still runs (it is forwarded); odd rounds: it exits at
+        // once, so the signal lands while pglock collects its status.
+        let linger = if round % 2 == 0 { "0.3" } else { "0" };
+        let script = format!(
+            "trap 'touch {}; sleep {linger}; exit 0' TERM; touch {}; sleep 60 & wait",
+            stopped.display(),
+            ready.display()
+        );
+        let holder = pglock()
+            .args(["run", "--leader", "--backoff", "30s", &key, "-c", &script])
+            .spawn()
+            .expect("spawn");
+        wait_for_file(&ready).await;
+        let broken = output(pglock().args(["break", "--yes", &key])).await;
+        assert_eq!(code(&broken), 0, "round {round}: {}", stderr(&broken));
+        wait_for_file(&stopped).await;
+        tokio::time::sleep(Duration::from_micros(round * 500)).await;
+        let sent = Instant::now();
+        signal(&holder, Signal::SIGTERM);
+        let done = finish(holder).await;
+        let said = stderr(&done);
+        assert!(!said.contains("supervisor died"), "round {round}: {said}");
+        assert_eq!(code(&done), 143, "round {round}: {said}");
+        assert!(
+            sent.elapsed() < Duration::from_secs(10),
+            "round {round}: SIGTERM took {:?}: {said}",
+            sent.elapsed()
+        );
+    }
+}
