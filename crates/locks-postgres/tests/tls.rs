@@ -1,10 +1,9 @@
 //! A server that takes TLS connections only (`ssl = on`, `hostssl` lines only in
-//! `pg_hba.conf`, a certificate from a CA made here): a dropped unbounded wait, of a lock
+//! `pg_hba.conf`, a certificate from a test CA): a dropped unbounded wait, of a lock
 //! and of a permit, leaves the server's lock queue at once, because its cancel request
 //! goes with the pool's TLS connector. (A cancel request in plain text is refused by the
 //! driver under `sslmode=require`, and the wait would stay queued until granted.)
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,85 +11,31 @@ use locks_postgres::PostgresLockManager;
 use locks_postgres::prelude::*;
 use locks_postgres::tokio_postgres::{self, Client, Config};
 use throwaway_pg::ThrowawayPostgres;
+use throwaway_pg::testing::TestCa;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 /// How soon a dropped wait must be gone from `pg_locks`.
 const LEFT_WITHIN: Duration = Duration::from_millis(200);
 const ROUNDS: usize = 20;
 
-/// A CA and a server certificate for `localhost` signed by it, as PEM files in `dir`;
-/// the CA's certificate.
-fn certificates(dir: &Path) -> rustls::pki_types::CertificateDer<'static> {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-        KeyPair, KeyUsagePurpose,
-    };
-    let ca_params = || {
-        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "locks test CA");
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        params
-    };
-    let ca_key = KeyPair::generate().expect("key");
-    let ca = ca_params().self_signed(&ca_key).expect("CA");
-    let issuer = Issuer::new(ca_params(), ca_key);
-    let server_key = KeyPair::generate().expect("key");
-    let mut params = CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "localhost");
-    params.is_ca = IsCa::ExplicitNoCa;
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    let server = params.signed_by(&server_key, &issuer).expect("certificate");
-    std::fs::write(dir.join("server.crt"), server.pem()).expect("write");
-    let key = dir.join("server.key");
-    std::fs::write(&key, server_key.serialize_pem()).expect("write");
-    // The server reads its key as the user it runs as, and wants it private.
-    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-        .expect("chmod");
-    let _ = std::process::Command::new("chown")
-        .arg("postgres")
-        .arg(&key)
-        .status();
-    ca.der().clone()
-}
-
 struct TlsServer {
     pg: ThrowawayPostgres,
     tls: MakeRustlsConnect,
-    dir: std::path::PathBuf,
-}
-
-impl Drop for TlsServer {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+    /// Its folder is removed on drop, after the server's.
+    _ca: TestCa,
 }
 
 impl TlsServer {
     fn start() -> Self {
-        let dir = std::env::temp_dir().join(format!("locks-tls-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("folder");
-        let ca = certificates(&dir);
-        let quoted = |name: &str| format!("'{}'", dir.join(name).display());
-        let pg = ThrowawayPostgres::builder()
-            .setting("ssl", "on")
-            .setting("ssl_cert_file", quoted("server.crt"))
-            .setting("ssl_key_file", quoted("server.key"))
-            .start()
-            .expect("a throwaway PostgreSQL with TLS");
+        let ca = TestCa::new("locks-tls");
         // TLS connections only over TCP.
-        std::fs::write(
-            pg.data_dir().join("pg_hba.conf"),
-            "local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostssl all all ::1/128 trust\n",
-        )
-        .expect("pg_hba.conf");
-        pg.psql("SELECT pg_reload_conf()").expect("reload");
+        let pg = ca.server(true);
         let mut roots = rustls::RootCertStore::empty();
-        roots.add(ca).expect("CA");
+        roots
+            .add(rustls::pki_types::CertificateDer::from(
+                ca.ca_der().to_vec(),
+            ))
+            .expect("CA");
         let config = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
@@ -101,7 +46,7 @@ impl TlsServer {
         Self {
             pg,
             tls: MakeRustlsConnect::new(config),
-            dir,
+            _ca: ca,
         }
     }
 

@@ -111,8 +111,14 @@ pub(crate) enum Command {
         /// Print one JSON array instead of a table.
         #[arg(long)]
         json: bool,
+        /// The job's schedule (`every 2s`, `every 1h at :05`, or a cron expression), as
+        /// `run --once-per` or `schedule` was given it: the NEXT column shows the next
+        /// slot's start by the server's clock (the ledger does not record schedules, so
+        /// without it NEXT is `?`, `null` in JSON).
+        #[arg(long, value_name = "SCHEDULE")]
+        schedule: Option<String>,
         /// Create the ledger table (once per database) and exit.
-        #[arg(long, conflicts_with_all = ["key", "json"])]
+        #[arg(long, conflicts_with_all = ["key", "json", "schedule"])]
         install: bool,
     },
     /// Print the advisory lock id of KEY (no database needed).
@@ -239,6 +245,37 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration,
           conflicts_with_all = ["permits", "leader", "shared", "timeout", "fencing"])]
     pub(crate) once_per: Option<Duration>,
+    /// The command.
+    #[command(flatten)]
+    pub(crate) command: CommandArgs,
+}
+
+/// `pglock schedule`.
+#[derive(Debug, Args)]
+#[command(
+    override_usage = "pglock schedule [OPTIONS] SCHEDULE KEY [--] CMD [ARGS]...\n       pglock schedule [OPTIONS] SCHEDULE KEY -c SHELL_COMMAND"
+)]
+pub(crate) struct ScheduleArgs {
+    /// A cron expression (`30 2 * * *`, six fields with seconds first) or a period
+    /// (`every 1h at :05`, `2s`), in UTC.
+    pub(crate) schedule: String,
+    /// The job's key (its lock and ledger name).
+    #[arg(value_parser = parse_key)]
+    pub(crate) key: String,
+    /// How long after SIGTERM a command whose lock was lost gets SIGKILL.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "5s")]
+    pub(crate) grace: Duration,
+    /// How often the held session is checked while the command runs; 0 turns it off.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "5s")]
+    pub(crate) keepalive: Duration,
+    /// The command.
+    #[command(flatten)]
+    pub(crate) command: CommandArgs,
+}
+
+/// The command of `run` and `schedule`: CMD ARGS, or `-c SHELL_COMMAND`.
+#[derive(Debug, Args)]
+pub(crate) struct CommandArgs {
     /// Run this through `sh -c` instead of CMD.
     #[arg(
         short = 'c',
@@ -257,39 +294,14 @@ pub(crate) struct RunArgs {
     pub(crate) argv: Vec<String>,
 }
 
-/// `pglock schedule`.
-#[derive(Debug, Args)]
-#[command(
-    override_usage = "pglock schedule [OPTIONS] SCHEDULE KEY [--] CMD [ARGS]...\n       pglock schedule [OPTIONS] SCHEDULE KEY -c SHELL_COMMAND"
-)]
-pub(crate) struct ScheduleArgs {
-    /// A cron expression (`30 2 * * *`, six fields with seconds first) or a period
-    /// (`every 1h at :05`, `2s`), in UTC.
-    pub(crate) schedule: String,
-    /// The job's key (its lock and ledger name).
-    pub(crate) key: String,
-    /// How long after SIGTERM a command whose lock was lost gets SIGKILL.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "5s")]
-    pub(crate) grace: Duration,
-    /// How often the held session is checked while the command runs; 0 turns it off.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "5s")]
-    pub(crate) keepalive: Duration,
-    /// Run this through `sh -c` instead of CMD.
-    #[arg(
-        short = 'c',
-        long = "command",
-        value_name = "SHELL_COMMAND",
-        conflicts_with = "argv"
-    )]
-    pub(crate) shell_command: Option<String>,
-    /// The command and its arguments.
-    #[arg(
-        value_name = "CMD",
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        required_unless_present = "shell_command"
-    )]
-    pub(crate) argv: Vec<String>,
+impl CommandArgs {
+    /// The program and its arguments: `sh -c SHELL_COMMAND`, or CMD ARGS.
+    pub(crate) fn program(&self) -> Vec<String> {
+        match &self.shell_command {
+            Some(command) => vec!["sh".to_owned(), "-c".to_owned(), command.clone()],
+            None => self.argv.clone(),
+        }
+    }
 }
 
 /// `--on-lost`.
@@ -321,10 +333,7 @@ impl RunArgs {
 
     /// The program and its arguments: `sh -c SHELL_COMMAND`, or CMD ARGS.
     pub(crate) fn program(&self) -> Vec<String> {
-        match &self.shell_command {
-            Some(command) => vec!["sh".to_owned(), "-c".to_owned(), command.clone()],
-            None => self.argv.clone(),
-        }
+        self.command.program()
     }
 }
 
@@ -361,6 +370,36 @@ mod tests {
         assert_eq!(run.conflict_exit_code, 1);
         assert_eq!(run.on_lost, OnLost::Term);
         assert_eq!(run.grace, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn schedule_takes_its_command_as_run_does() {
+        for (args, program) in [
+            (
+                &["schedule", "every 2s", "k", "--", "echo", "-n"][..],
+                &["echo", "-n"][..],
+            ),
+            (
+                &["schedule", "every 2s", "k", "echo", "-n"][..],
+                &["echo", "-n"][..],
+            ),
+            (
+                &["schedule", "every 2s", "k", "-c", "exit 3"][..],
+                &["sh", "-c", "exit 3"][..],
+            ),
+        ] {
+            let Command::Schedule(schedule) = parse(args).unwrap().command else {
+                panic!("not schedule")
+            };
+            assert_eq!(schedule.command.program(), program, "{args:?}");
+        }
+        for args in [
+            &["schedule", "every 2s", "k"][..],
+            &["schedule", "every 2s", "k", "-c", "true", "--", "true"][..],
+            &["schedule", "every 2s", "", "--", "true"][..],
+        ] {
+            assert!(parse(args).is_err(), "{args:?}");
+        }
     }
 
     #[test]

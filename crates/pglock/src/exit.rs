@@ -1,7 +1,9 @@
 //! Exit codes, and the one-line error that goes with each.
 //!
 //! The codes follow `sysexits.h` where one fits, and `flock(1)` for a lock that was not
-//! acquired; the crate README and `pglock --help` list them.
+//! acquired. [`TABLE`] is the manual's EXIT STATUS table: the crate README's table is
+//! rendered from it (a test keeps them equal; `PGLOCK_BLESS=1` rewrites the README), and
+//! the man page is made from the README.
 
 /// The lock was not acquired (`-n` or `-w` and someone else holds it): the default of
 /// `-E, --conflict-exit-code`, as in `flock(1)`.
@@ -33,6 +35,68 @@ pub(crate) const NOT_FOUND: u8 = 127;
 /// Added to a signal number: the code after that signal while waiting, or when the
 /// command died of it (as a shell says).
 pub(crate) const SIGNAL_BASE: u8 = 128;
+
+/// The manual's EXIT STATUS table: `(code, meaning)`, each code pglock exits with (a test
+/// checks every constant above has its row), with the error line an operator sees.
+pub(crate) const TABLE: &[(&str, &str)] = &[
+    (
+        "0",
+        "success: the command exited 0; `run --once-per` on a host whose slot another host ran (or ran before); `who`, `list`, `jobs`, `id`, `man`, `completions` done; `break` ended the holder's sessions or found nobody to end",
+    ),
+    (
+        "the command's",
+        "`pglock run`: the command ran with the lock held; its exit status, or 128 + N if it died of signal N",
+    ),
+    (
+        "1 (`-E`)",
+        "the lock was not acquired: busy with `-n`, or `-w` ran out. One code for both, as in `flock`: either way someone else holds the lock, and scripts written for `flock -E` keep working (the stderr line says which); `pglock break`: the answer to its prompt was not yes",
+    ),
+    (
+        "64",
+        "bad usage: unknown option, bad duration, no command, an empty key (`pglock: ... the key is empty`), `--permits` outside 1..=65536, a `--lease` too short for `--keepalive` (`--lease 5.0s is too short for --keepalive 5.0s: it needs at least 14s`) (`EX_USAGE`, as `flock` exits)",
+    ),
+    (
+        "69",
+        "the server is unreachable: refused, no route, connect timeout, shutting down, too many connections; or the session broke while waiting (`EX_UNAVAILABLE`)",
+    ),
+    (
+        "70",
+        "the server answered with an error nothing here expects; or the command's supervisor was killed (`the command's supervisor died (was it killed?)`): the command's group was killed (`EX_SOFTWARE`)",
+    ),
+    (
+        "73",
+        "`pglock man --dir`: a page could not be written (`EX_CANTCREAT`)",
+    ),
+    (
+        "75",
+        "the lock was lost while the command ran; the command was stopped as `--on-lost` says (`EX_TEMPFAIL`: run it again)",
+    ),
+    (
+        "77",
+        "credentials: a wrong password, the server asks for a password and none is set (`the server asks for a password and none is set`), the role may not log in or may not connect to the database; `--fencing` without the grant on the token table (`the role needs: GRANT SELECT, INSERT, UPDATE ON advisory_lock_fencing_tokens TO ROLE`); `pglock break`: the role may not end the holder's session (`EX_NOPERM`). Fix the settings; retrying does not help",
+    ),
+    (
+        "78",
+        "bad connection settings: malformed URL, unknown database, bad `sslmode`, unreadable `sslrootcert`, a server certificate that does not verify (`EX_CONFIG`)",
+    ),
+    (
+        "126, 127",
+        "the command could not be executed, or was not found (as a shell says)",
+    ),
+    (
+        "128 + N",
+        "signal N arrived while waiting: INT 130, TERM 143, HUP 129, QUIT 131. The wait was cancelled and nothing is held; `pglock schedule` ends with it on a signal (a running command is killed)",
+    ),
+];
+
+/// [`TABLE`] as the README's Markdown table.
+pub(crate) fn markdown_table() -> String {
+    let mut text = String::from("| code | meaning |\n| --- | --- |\n");
+    for (code, meaning) in TABLE {
+        text.push_str(&format!("| {code} | {meaning} |\n"));
+    }
+    text
+}
 
 /// A reason to stop with an exit code, and the one line that explains it on stderr.
 #[derive(Debug)]
@@ -103,6 +167,54 @@ pub(crate) fn causes(error: &(dyn std::error::Error + 'static)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The README's EXIT STATUS table, rendered from [`TABLE`]: with `PGLOCK_BLESS=1`
+    /// it is rewritten instead of compared.
+    #[test]
+    fn the_manual_shows_the_table() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
+        let readme = std::fs::read_to_string(path).expect("the README");
+        let start = readme
+            .find("### EXIT STATUS\n")
+            .expect("an EXIT STATUS section");
+        let table = start + readme[start..].find("| code |").expect("its table");
+        let end = table + readme[table..].find("\n\n").expect("the table's end") + 1;
+        let wanted = markdown_table();
+        if std::env::var_os("PGLOCK_BLESS").is_some() {
+            let blessed = format!("{}{wanted}{}", &readme[..table], &readme[end..]);
+            std::fs::write(path, blessed).expect("rewrite the README");
+            return;
+        }
+        assert_eq!(
+            readme[table..end],
+            wanted,
+            "the README's EXIT STATUS table differs from exit::TABLE; \
+             run with PGLOCK_BLESS=1 to rewrite it"
+        );
+    }
+
+    /// Every code this file defines has a row in [`TABLE`] (found by reading the file, so
+    /// a new constant without a row fails here), and every row's code is one pglock uses.
+    #[test]
+    fn every_code_has_a_row() {
+        let source = include_str!("exit.rs");
+        let codes: Vec<u8> = source
+            .lines()
+            .filter_map(|line| line.strip_prefix("pub(crate) const "))
+            .filter_map(|line| line.split_once(": u8 = "))
+            .map(|(_, value)| value.trim_end_matches(';').parse().expect("a number"))
+            .collect();
+        assert!(codes.len() >= 12, "{codes:?}");
+        let rows: Vec<&str> = TABLE.iter().map(|(code, _)| *code).collect();
+        let has_row = |code: u8| {
+            rows.iter()
+                .any(|row| row.split([' ', ',']).any(|word| word == code.to_string()))
+        };
+        for code in codes {
+            assert!(has_row(code), "exit code {code} has no row in exit::TABLE");
+        }
+        assert!(has_row(0), "success has no row");
+    }
 
     #[test]
     fn messages_stay_on_one_line() {

@@ -2,7 +2,7 @@
 //! ([`crate::supervise`]), signalled as a whole, and finished only when no process of it
 //! is left.
 
-use std::io::{BufRead, BufReader, PipeWriter};
+use std::io::{BufRead, BufReader, PipeWriter, Write};
 use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt;
 
@@ -55,8 +55,12 @@ pub(crate) struct Group {
     pgid: Pid,
     reports: mpsc::UnboundedReceiver<String>,
     supervisor: std::process::Child,
-    /// The death pipe's only write end: closed when pglock dies, or after the end.
-    _death: PipeWriter,
+    /// The status once the supervisor reported it: kept here so that a [`Group::wait`]
+    /// dropped while it collects the supervisor's exit (a signal arrived) does not lose it.
+    done: Option<Status>,
+    /// The death pipe's only write end: closed when pglock dies, or after the end; a
+    /// signal number written on it is forwarded to the descendants that left the group.
+    death: PipeWriter,
 }
 
 impl Group {
@@ -109,7 +113,8 @@ impl Group {
             pgid: Pid::from_raw(0),
             reports: mpsc::unbounded_channel().1,
             supervisor,
-            _death: death,
+            done: None,
+            death,
         };
         let first = reports.recv().await;
         group.reports = reports;
@@ -141,15 +146,38 @@ impl Group {
         self.pgid
     }
 
-    /// Sends `signal` to every process of the group.
+    /// Sends `signal` to every process of the group, and through the supervisor to every
+    /// descendant that left it, unless the group is known to be gone.
     pub(crate) fn signal(&self, signal: Signal) {
-        // The group lives until the supervisor reports it empty, so the id is still its.
-        let _ = killpg(self.pgid, signal);
+        // The group lives until the supervisor reports it empty, so the id is still its;
+        // after that report the id may be reused, so nothing is sent.
+        if self.done.is_none() {
+            let _ = killpg(self.pgid, signal);
+            // The supervisor sends it on to the processes that left the group; if it is
+            // gone, so are they (it killed them when it saw pglock's end, or pglock's
+            // SIGKILL of the group follows).
+            let _ = (&self.death).write_all(&[signal as u8]);
+        }
     }
 
-    /// Waits until no process of the group is left; how the command ended. Cancel safe.
+    /// Waits until no process of the group is left; how the command ended.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the status is kept once reported, so a wait dropped while it collects
+    /// the supervisor's exit returns the same status when called again.
     pub(crate) async fn wait(&mut self) -> Status {
-        let status = loop {
+        if self.done.is_none() {
+            self.done = Some(self.receive_status().await);
+        }
+        self.reap_supervisor().await;
+        self.done.unwrap_or(Status::Unknown)
+    }
+
+    /// The supervisor's `done` report, or [`Status::Unknown`] (the group killed) if it
+    /// died without one. Cancel safe: the channel's `recv` is, and a `done` line
+    /// is returned in the same poll that takes it.
+    async fn receive_status(&mut self) -> Status {
+        loop {
             let Some(line) = self.reports.recv().await else {
                 // The supervisor died without a word: make sure the group goes too.
                 self.signal(Signal::SIGKILL);
@@ -165,9 +193,7 @@ impl Group {
                 ("signal", Ok(number)) => Status::Signaled(number),
                 _ => Status::Unknown,
             };
-        };
-        self.reap_supervisor().await;
-        status
+        }
     }
 
     /// A failure after the supervisor misbehaved: the group is killed.

@@ -7,6 +7,7 @@
 mod break_lock;
 mod cli;
 mod connect;
+mod descendants;
 mod duration;
 mod exit;
 mod generate;
@@ -92,8 +93,18 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
                 None => run::run(target, args, say).await,
             },
             Command::Schedule(args) => schedule::run(target, args, say).await,
-            Command::Jobs { key, json, install } => {
-                jobs::run(&target, say, key.as_deref(), json, install).await
+            Command::Jobs {
+                key,
+                json,
+                schedule,
+                install,
+            } => {
+                let show = jobs::Show {
+                    key: key.as_deref(),
+                    json,
+                    schedule: schedule.as_deref(),
+                };
+                jobs::run(&target, say, show, install).await
             }
             Command::Who { key, json, leader } if leader => leading::who(&target, &key, json).await,
             Command::Who { key, json, .. } => show::who(&target, say, &key, json).await,

@@ -47,9 +47,32 @@ pub(crate) fn page() -> String {
     );
     for (heading, body) in sections() {
         page.control("SH", [heading.as_str()]);
-        render(&body, &mut page);
+        if heading == "EXIT STATUS" {
+            render(&with_exit_table(&body), &mut page);
+        } else {
+            render(&body, &mut page);
+        }
     }
     page.to_roff()
+}
+
+/// The EXIT STATUS section with its table made from [`crate::exit::TABLE`], the one
+/// source of the codes (a test keeps the README's copy equal to it).
+fn with_exit_table(body: &str) -> String {
+    let mut text = String::new();
+    let mut placed = false;
+    for line in body.lines() {
+        if line.starts_with('|') {
+            if !placed {
+                text.push_str(&crate::exit::markdown_table());
+                placed = true;
+            }
+        } else {
+            text.push_str(line);
+            text.push('\n');
+        }
+    }
+    text
 }
 
 /// Appends the Markdown `text` to `page`.

@@ -12,13 +12,13 @@ use locks_schedule_postgres::locks_schedule::{
 use locks_schedule_postgres::tokio_postgres;
 use locks_schedule_postgres::tokio_postgres::error::SqlState;
 use locks_schedule_postgres::{LEDGER_TABLE, PostgresLedger, install_ledger};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 
 use crate::cli::RunArgs;
 use crate::connect::{self, Target};
-use crate::exit::{CANNOT_EXECUTE, CONFIG, Failure, LOST, NOT_FOUND, SOFTWARE, UNAVAILABLE, USAGE};
-use crate::run::{Say, acquisition_failure, describe, exit_code, holder_id};
+use crate::exit::{CONFIG, Failure, LOST, SOFTWARE, UNAVAILABLE, USAGE};
+use crate::group::{Group, Status};
+use crate::run::{Say, acquisition_failure, holder_id, sleep_until};
 
 /// Connections: the lock's and the ledger's.
 const POOL_SIZE: usize = 3;
@@ -162,57 +162,49 @@ impl Firing {
     }
 }
 
-/// Runs the command to its end, or stops it (SIGTERM, SIGKILL after `grace`) when the
-/// lock is lost; its exit code.
+/// Runs the command to its end under the supervisor (as `run` does: its whole process
+/// group, and every process that left it, dies with pglock), or stops it (SIGTERM,
+/// SIGKILL after `grace`) when the lock is lost; its exit code.
 async fn run_command(program: &[String], context: &JobContext, grace: Duration) -> u8 {
-    let Some((name, arguments)) = program.split_first() else {
-        return USAGE;
-    };
-    let mut child = match tokio::process::Command::new(name)
-        .args(arguments)
-        .env("PGLOCK_SLOT", context.slot.to_string())
-        .env("PGLOCK_ATTEMPT", context.attempt.to_string())
-        .kill_on_drop(true)
-        .spawn()
-    {
-        Ok(child) => child,
-        Err(error) => {
-            eprintln!("pglock: cannot run {name}: {error}");
-            return if error.kind() == std::io::ErrorKind::NotFound {
-                NOT_FOUND
-            } else {
-                CANNOT_EXECUTE
-            };
+    let env = [
+        ("PGLOCK_SLOT", context.slot.to_string()),
+        ("PGLOCK_ATTEMPT", context.attempt.to_string()),
+    ];
+    let mut group = match Group::spawn(program, &env).await {
+        Ok(group) => group,
+        Err(failure) => {
+            eprintln!("pglock: {}", failure.message);
+            return failure.code;
         }
     };
-    let status = tokio::select! {
-        status = child.wait() => status,
-        reason = context.lost.clone() => {
-            eprintln!("pglock: the lock was lost ({reason:?}): stopping the command");
-            if let Some(pid) = child.id().and_then(|id| i32::try_from(id).ok()) {
-                let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+    let lost = context.lost.clone().into_future();
+    tokio::pin!(lost);
+    let mut stopping = false;
+    let mut kill_at: Option<tokio::time::Instant> = None;
+    let status = loop {
+        tokio::select! {
+            status = group.wait() => break status,
+            reason = &mut lost, if !stopping => {
+                eprintln!("pglock: the lock was lost ({reason:?}): stopping the command");
+                group.signal(Signal::SIGTERM);
+                stopping = true;
+                kill_at = Some(tokio::time::Instant::now() + grace);
             }
-            match tokio::time::timeout(grace, child.wait()).await {
-                Ok(status) => status,
-                Err(_) => {
-                    let _ = child.kill().await;
-                    child.wait().await
-                }
+            () = sleep_until(kill_at), if kill_at.is_some() => {
+                group.signal(Signal::SIGKILL);
+                kill_at = None;
             }
         }
     };
     match status {
-        Ok(status) => {
-            if !status.success() {
-                eprintln!("pglock: the command ended with {}", describe(status));
-            }
-            exit_code(status)
-        }
-        Err(error) => {
-            eprintln!("pglock: waiting for the command: {error}");
-            SOFTWARE
-        }
+        Status::Exited(0) => {}
+        Status::Unknown => eprintln!(
+            "pglock: the command's supervisor died (was it killed?): the command's process \
+             group was killed, and its status is unknown"
+        ),
+        other => eprintln!("pglock: the command ended with {other}"),
     }
+    status.code()
 }
 
 /// The exit code and message of a failed firing.

@@ -1,6 +1,5 @@
 //! `pglock run`: take the lock, run the command, release when it exits.
 
-use std::process::ExitStatus;
 use std::time::Duration;
 
 use locks_port::{
@@ -16,7 +15,7 @@ use tokio::time::Instant;
 use crate::cli::{OnLost, RunArgs};
 use crate::connect::{self, Target};
 use crate::duration::show;
-use crate::exit::{CONFIG, Failure, LOST, NOPERM, SIGNAL_BASE, SOFTWARE, UNAVAILABLE, chain};
+use crate::exit::{CONFIG, Failure, LOST, NOPERM, SOFTWARE, UNAVAILABLE, chain};
 use crate::group::{Group, Status};
 use crate::queue::{CANCEL_SETTLE, busy_note, settle};
 use crate::signals::{Signals, signal_code};
@@ -100,8 +99,18 @@ pub(crate) async fn run(target: Target, args: RunArgs, say: Say) -> Result<u8, F
         return run_once(&target, &args, say, &mut signals).await;
     }
     loop {
+        let _ = signals.take_received();
         match run_once(&target, &args, say, &mut signals).await {
             Err(failure) if failure.code == LOST => {
+                // A signal forwarded to the command during the term was meant for pglock
+                // too: it ends pglock rather than a new campaign.
+                if let Some(number) = signals.take_received() {
+                    eprintln!(
+                        "pglock: {}; {number} received: not campaigning again",
+                        failure.message
+                    );
+                    return Ok(signal_code(number));
+                }
                 eprintln!(
                     "pglock: {}; campaigning again in {}",
                     failure.message,
@@ -409,7 +418,8 @@ async fn run_once(
     Ok(code)
 }
 
-async fn sleep_until(deadline: Option<Instant>) {
+/// Sleeps until `deadline`, or forever without one.
+pub(crate) async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
@@ -494,25 +504,4 @@ pub(crate) fn acquisition_failure(error: &LockAcquisitionError, target: &Target)
         _ => SOFTWARE,
     };
     Failure::new(code, chain(error))
-}
-
-/// The shell's exit code for a finished command: its status, or 128+N for signal N.
-pub(crate) fn exit_code(status: ExitStatus) -> u8 {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(code), _) => u8::try_from(code & 0xFF).unwrap_or(SOFTWARE),
-        (None, Some(number)) => SIGNAL_BASE.saturating_add(u8::try_from(number).unwrap_or(0)),
-        (None, None) => SOFTWARE,
-    }
-}
-
-/// `exit 3` or `signal SIGTERM`.
-pub(crate) fn describe(status: ExitStatus) -> String {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(code), _) => format!("exit {code}"),
-        (None, Some(number)) => Signal::try_from(number)
-            .map_or_else(|_| format!("signal {number}"), |signal| format!("{signal}")),
-        (None, None) => "unknown status".to_owned(),
-    }
 }

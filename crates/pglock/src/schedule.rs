@@ -21,10 +21,7 @@ pub(crate) async fn run(target: Target, args: ScheduleArgs, say: Say) -> Result<
         .schedule
         .parse::<Schedule>()
         .map_err(|error| Failure::new(USAGE, error.to_string()))?;
-    let program = match args.shell_command {
-        Some(command) => vec!["sh".to_owned(), "-c".to_owned(), command],
-        None => args.argv,
-    };
+    let program = args.command.program();
     let firing = Firing::new(
         target,
         &args.key,

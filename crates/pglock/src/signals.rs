@@ -9,6 +9,8 @@ use crate::exit::{Failure, SIGNAL_BASE, SOFTWARE};
 /// The signals pglock forwards to the command, and that cancel a wait.
 pub(crate) struct Signals {
     streams: Vec<(Signal, tokio::signal::unix::Signal)>,
+    /// The last signal [`Signals::recv`] returned since [`Signals::take_received`].
+    received: Option<Signal>,
 }
 
 impl std::fmt::Debug for Signals {
@@ -33,7 +35,10 @@ impl Signals {
             })?;
             streams.push((number, stream));
         }
-        Ok(Self { streams })
+        Ok(Self {
+            streams,
+            received: None,
+        })
     }
 
     /// The next of the signals to arrive. Cancel safe.
@@ -45,7 +50,15 @@ impl Signals {
                 number
             })
         });
-        futures_select_all(waits).await
+        let number = futures_select_all(waits).await;
+        self.received = Some(number);
+        number
+    }
+
+    /// The last signal received since the previous call, if any: a leader whose term
+    /// ended after it forwarded a signal stops instead of campaigning again.
+    pub(crate) fn take_received(&mut self) -> Option<Signal> {
+        self.received.take()
     }
 }
 

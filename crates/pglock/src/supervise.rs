@@ -3,7 +3,10 @@
 //!
 //! pglock holds the only write end of the *death pipe*; the supervisor holds its read end.
 //! When pglock dies by any means (SIGKILL, the OOM killer, a crash), the kernel closes the
-//! write end, the supervisor reads end-of-file and SIGKILLs the command's process group.
+//! write end, the supervisor reads end-of-file and SIGKILLs the command's process group and
+//! every other descendant (one that left the group with `setsid` or a double fork). While
+//! pglock lives, a byte N it writes on that pipe is a signal it forwarded to the group: the
+//! supervisor sends it to the descendants outside the group.
 //! While pglock lives, the supervisor runs the command in a process group of its own,
 //! reaps every descendant (it is a child subreaper), and reports on the *status pipe*:
 //!
@@ -19,10 +22,10 @@ use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::process::CommandExt;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
-use nix::sys::signal::{SigSet, Signal, killpg};
+use nix::sys::signal::{SigSet, Signal, kill, killpg};
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::Pid;
 
@@ -72,10 +75,9 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
     };
     let group = Pid::from_raw(pid);
     // Signals meant for the command go to its group, not here; SIGTTOU is blocked so that
-    // the terminal can be handed over from this background group. Blocked only once the
-    // command runs: a signal mask is inherited through fork and exec (the standard library
-    // does not reset it), and a command started with INT, TERM, HUP and QUIT blocked would
-    // never see the signals pglock forwards to it.
+    // the terminal can be handed over from this background group. Blocked only now: a
+    // process inherits its parent's mask, and the command must start with none blocked
+    // (nobody signals this process before it reports the group).
     let mut blocked = SigSet::empty();
     for signal in [
         Signal::SIGINT,
@@ -122,21 +124,38 @@ fn reopen(fd: &str, write: bool) -> std::io::Result<File> {
 }
 
 /// Blocks until pglock is gone (end-of-file on the death pipe), then SIGKILLs the group
-/// and, after [`REAP_BOUND`] at most, exits.
+/// and every descendant that left it, until none is left or [`REAP_BOUND`] has passed,
+/// and exits. A byte N on the pipe is pglock forwarding signal N to the group: the
+/// descendants that left the group get it from here.
 fn watch(mut death: File, group: Pid) {
     let mut byte = [0_u8; 1];
     loop {
         match death.read(&mut byte) {
             Ok(0) => break,
-            Ok(_) => {}
+            Ok(_) => {
+                if let Ok(signal) = Signal::try_from(i32::from(byte[0])) {
+                    crate::descendants::signal_escaped(group, signal);
+                }
+            }
             Err(error) if error.kind() == ErrorKind::Interrupted => {}
             Err(_) => break,
         }
     }
     let _ = killpg(group, Signal::SIGKILL);
-    // The main thread reaps the killed processes and exits when none is left; this bounds
-    // the wait for any that left the group.
-    std::thread::sleep(REAP_BOUND);
+    // The main thread reaps the killed processes and exits when none is left; this
+    // kills those that left the group (orphans are re-parented here, the subreaper) and
+    // bounds the wait.
+    let deadline = Instant::now() + REAP_BOUND;
+    while Instant::now() < deadline {
+        let left = crate::descendants::all();
+        if left.is_empty() {
+            break;
+        }
+        for descendant in left {
+            let _ = kill(descendant.pid, Signal::SIGKILL);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
     std::process::exit(i32::from(crate::exit::SOFTWARE));
 }
 

@@ -1,67 +1,13 @@
 //! TLS as libpq's `sslmode` says, against a throwaway PostgreSQL with `ssl = on` and a
-//! certificate from a test CA made here (rcgen).
+//! certificate from a test CA ([`throwaway_pg::testing::TestCa`]).
 
-use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use throwaway_pg::ThrowawayPostgres;
+use throwaway_pg::testing::TestCa;
 use tokio::process::Command;
 
 const SOON: Duration = Duration::from_secs(30);
-
-/// A CA, a server certificate for `localhost` signed by it, and an unrelated CA, as PEM
-/// files in `dir`.
-fn certificates(dir: &Path) {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-        KeyPair, KeyUsagePurpose,
-    };
-    let ca_params = |name: &str| {
-        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        params
-    };
-    let write = |name: &str, text: String| std::fs::write(dir.join(name), text).expect("write");
-
-    let ca_key = KeyPair::generate().expect("key");
-    let ca = ca_params("pglock test CA")
-        .self_signed(&ca_key)
-        .expect("CA");
-    write("ca.pem", ca.pem());
-    let other_key = KeyPair::generate().expect("key");
-    let other = ca_params("other CA").self_signed(&other_key).expect("CA");
-    write("other.pem", other.pem());
-
-    let issuer = Issuer::new(ca_params("pglock test CA"), ca_key);
-    let server_key = KeyPair::generate().expect("key");
-    let mut params = CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "localhost");
-    params.is_ca = IsCa::ExplicitNoCa;
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    let server = params
-        .signed_by(&server_key, &issuer)
-        .expect("server certificate");
-    write("server.crt", server.pem());
-    write("server.key", server_key.serialize_pem());
-
-    // The server reads its key as the user it runs as, and wants it private.
-    let key = dir.join("server.key");
-    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-        .expect("chmod");
-    if nix::unistd::geteuid().is_root() {
-        let status = std::process::Command::new("chown")
-            .arg("postgres")
-            .arg(&key)
-            .status()
-            .expect("chown");
-        assert!(status.success());
-    }
-}
 
 async fn pglock(url: &str, args: &[&str]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_pglock"));
@@ -99,19 +45,11 @@ fn described(output: &Output) -> String {
 
 #[tokio::test]
 async fn sslmodes_connect_verify_and_refuse_as_libpq_does() {
-    let dir = std::env::temp_dir().join(format!("pglock-tls-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("folder");
-    certificates(&dir);
-    let quoted = |name: &str| format!("'{}'", dir.join(name).display());
-    let pg = ThrowawayPostgres::builder()
-        .setting("ssl", "on")
-        .setting("ssl_cert_file", quoted("server.crt"))
-        .setting("ssl_key_file", quoted("server.key"))
-        .start()
-        .expect("a throwaway PostgreSQL with TLS");
+    let test_ca = TestCa::new("pglock-tls");
+    let pg = test_ca.server(false);
     let port = pg.port();
-    let ca = dir.join("ca.pem").display().to_string();
-    let other = dir.join("other.pem").display().to_string();
+    let ca = test_ca.path("ca.pem").display().to_string();
+    let other = test_ca.path("other.pem").display().to_string();
     let conninfo = |host: &str, mode: &str, root: &str| {
         format!(
             "host={host} hostaddr=127.0.0.1 port={port} user=postgres dbname=postgres \
@@ -193,5 +131,4 @@ async fn sslmodes_connect_verify_and_refuse_as_libpq_does() {
     .await;
     assert_eq!(missing.status.code(), Some(78), "{}", described(&missing));
     drop(pg);
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -117,7 +117,7 @@ pub(crate) fn display(command: &Command) -> String {
 }
 
 /// Whether this process runs as root: the effective uid from `/proc/self/status`, else `id -u`.
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     if let Ok(status) = std::fs::read_to_string("/proc/self/status")
         && let Some(uid) = status
             .lines()

@@ -1,12 +1,16 @@
 //! What the workspace's test suites share (feature `testing`): the test server's URL, an
 //! admin connection, names no other test uses, the advisory locks `pg_locks` shows,
-//! child processes of a test binary ([`child`]), and a server and children across a
-//! network pair that can be cut ([`near`]).
+//! child processes of a test binary ([`child`]), a server and children across a
+//! network pair that can be cut ([`near`]), and a test CA with a TLS server
+//! ([`TestCa`]).
 //!
 //! Everything here panics instead of returning errors: it is for tests.
 
 pub mod child;
 pub mod near;
+mod tls;
+
+pub use tls::TestCa;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

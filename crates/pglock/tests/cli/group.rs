@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use super::*;
 
 /// The bound on how long the command's processes may outlive a killed pglock.
-const GONE_WITHIN: Duration = Duration::from_secs(1);
+pub(super) const GONE_WITHIN: Duration = Duration::from_secs(1);
 
 /// `pid -> (parent pid, state, name)` of every process on the machine, from `/proc`.
 fn processes() -> HashMap<i32, (i32, char, String)> {
@@ -36,7 +36,7 @@ fn processes() -> HashMap<i32, (i32, char, String)> {
 }
 
 /// Every living descendant of `root` (not `root` itself).
-fn descendants(root: i32) -> Vec<i32> {
+pub(super) fn descendants(root: i32) -> Vec<i32> {
     let table = processes();
     let mut found = vec![root];
     let mut index = 0;
@@ -55,7 +55,7 @@ fn descendants(root: i32) -> Vec<i32> {
 }
 
 /// Those of `pids` still running (present and not a zombie).
-fn running(pids: &[i32]) -> Vec<i32> {
+pub(super) fn running(pids: &[i32]) -> Vec<i32> {
     let table = processes();
     pids.iter()
         .copied()
@@ -76,7 +76,7 @@ fn probe(pids: &[i32]) -> String {
 
 /// Starts `pglock run OPTIONS KEY COMMAND...`, waits until `sleeps` `sleep` processes run
 /// below it, and returns pglock and every process below it.
-async fn started(
+pub(super) async fn started(
     options: &[&str],
     key: &str,
     command: &[&str],
@@ -109,12 +109,8 @@ async fn started(
 /// SIGKILLs pglock, and checks that every process of its command is gone within
 /// [`GONE_WITHIN`], and before `next` (a pglock that takes the same lock and runs the
 /// probe) gets the lock.
-async fn kill_and_check(mut child: Child, pids: &[i32], key: &str, next: &[&str]) {
-    signal(&child, Signal::SIGKILL);
-    let killed = Instant::now();
-    // Not its output: an orphaned command would hold the pipes open.
-    let after = exited(&mut child).await;
-    assert_eq!(after.code(), None, "pglock died of SIGKILL");
+async fn kill_and_check(child: Child, pids: &[i32], key: &str, next: &[&str]) {
+    let killed = kill_pglock(child).await;
     let probe = probe(pids);
     let taken = loop {
         let attempt = output(pglock().arg("run").args(next).args([key, "-c", &probe])).await;
@@ -129,21 +125,36 @@ async fn kill_and_check(mut child: Child, pids: &[i32], key: &str, next: &[&str]
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
+    gone_within_bound(pids, killed, "the command").await;
+    eprintln!("gone within {GONE_WITHIN:?}; the next pglock got the lock after {taken:?}");
+}
+
+/// SIGKILLs pglock and waits until it has exited (not for its output: an orphaned command
+/// would hold the pipes open); when it was killed.
+pub(super) async fn kill_pglock(mut child: Child) -> Instant {
+    signal(&child, Signal::SIGKILL);
+    let killed = Instant::now();
+    let after = exited(&mut child).await;
+    assert_eq!(after.code(), None, "pglock died of SIGKILL");
+    killed
+}
+
+/// Waits until none of `pids` runs, failing if any outlives `killed` by [`GONE_WITHIN`].
+pub(super) async fn gone_within_bound(pids: &[i32], killed: Instant, what: &str) {
     eventually("the command's processes to go", || {
         let left = running(pids);
         assert!(
             left.is_empty() || killed.elapsed() < GONE_WITHIN,
-            "{left:?} of {pids:?} outlived pglock by {:?}",
+            "{what}: {left:?} of {pids:?} outlived pglock by {:?}",
             killed.elapsed()
         );
         async move { left.is_empty() }
     })
     .await;
-    eprintln!("gone within {GONE_WITHIN:?}; the next pglock got the lock after {taken:?}");
 }
 
 /// Waits (a bounded time) for `child` to exit, without waiting for its output.
-async fn exited(child: &mut Child) -> std::process::ExitStatus {
+pub(super) async fn exited(child: &mut Child) -> std::process::ExitStatus {
     tokio::time::timeout(SOON, child.wait())
         .await
         .expect("pglock exited in time")
@@ -152,7 +163,7 @@ async fn exited(child: &mut Child) -> std::process::ExitStatus {
 
 /// A `-c` pipeline with a background job: a shell, a job in the background, and a
 /// pipeline in the foreground.
-const PIPELINE: &str = "sleep 60 & sleep 60 | cat; wait";
+pub(super) const PIPELINE: &str = "sleep 60 & sleep 60 | cat; wait";
 
 #[tokio::test]
 async fn a_killed_pglock_takes_its_command_with_it() {

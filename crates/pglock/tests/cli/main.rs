@@ -13,6 +13,7 @@ mod operator;
 mod permits;
 mod run;
 mod skewed;
+mod supervisor;
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::Duration;

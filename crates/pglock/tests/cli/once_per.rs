@@ -27,6 +27,29 @@ pub(crate) async fn next_even_second(into: Duration) {
     tokio::time::sleep(Duration::from_millis(to_next) + into).await;
 }
 
+/// The server's clock, in seconds since the Unix epoch.
+async fn server_seconds() -> f64 {
+    throwaway_pg::testing::admin()
+        .await
+        .query_one("SELECT extract(epoch FROM clock_timestamp())::float8", &[])
+        .await
+        .expect("the server's clock")
+        .get(0)
+}
+
+/// A timestamp pglock printed, in seconds since the Unix epoch (read by the server).
+async fn epoch_of(text: &str) -> i64 {
+    throwaway_pg::testing::admin()
+        .await
+        .query_one(
+            "SELECT extract(epoch FROM $1::text::timestamptz)::int8",
+            &[&text],
+        )
+        .await
+        .unwrap_or_else(|error| panic!("{text}: {error}"))
+        .get(0)
+}
+
 /// `pglock jobs --install`, which must succeed (and may run again).
 pub(crate) async fn install() {
     let install = output(pglock().args(["jobs", "--install"])).await;
@@ -115,12 +138,46 @@ async fn five_processes_run_each_slot_once_and_the_others_stay_silent() {
             .all(|row| row["outcome"] == "succeeded" && row["attempt"] == 1),
         "{rows:?}"
     );
+    assert!(rows.iter().all(|row| row["next"].is_null()), "{rows:?}");
     let table = output(pglock().args(["jobs", &key])).await;
     let text = String::from_utf8_lossy(&table.stdout);
     assert!(
         text.starts_with("JOB") && text.lines().count() == 5,
         "{text}"
     );
+    assert!(
+        text.lines().skip(1).all(|line| line.contains(" ? ")),
+        "{text}"
+    );
+
+    // With the schedule, each job's next slot: the next even second of the server's clock,
+    // after every slot that ran.
+    let before = server_seconds().await;
+    let jobs = output(pglock().args(["jobs", &key, "--json", "--schedule", "every 2s"])).await;
+    let after = server_seconds().await;
+    assert_eq!(code(&jobs), 0, "{}", stderr(&jobs));
+    let rows: serde_json::Value = serde_json::from_slice(&jobs.stdout).expect("JSON");
+    for row in rows.as_array().expect("an array") {
+        let next = row["next"].as_str().expect("a next slot");
+        let seconds = epoch_of(next).await;
+        assert_eq!(seconds % 2, 0, "an even second: {next}");
+        assert!(
+            before < seconds as f64 && seconds as f64 <= after + 2.0,
+            "{before} < {next} <= {after} + 2"
+        );
+        assert!(next > row["slot"].as_str().expect("a slot"), "{row}");
+    }
+    let table = output(pglock().args(["jobs", &key, "--schedule", "every 2s"])).await;
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        text.lines()
+            .next()
+            .is_some_and(|head| head.contains("NEXT")),
+        "{text}"
+    );
+    assert!(!text.contains(" ? "), "{text}");
+    let bad = output(pglock().args(["jobs", &key, "--schedule", "every banana"])).await;
+    assert_eq!(code(&bad), 64, "{}", stderr(&bad));
     std::fs::remove_dir_all(dir).expect("clean up");
 }
 
