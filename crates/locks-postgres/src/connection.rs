@@ -247,15 +247,14 @@ impl Session {
         let (object, marker, cached, watch, in_flight) = self.parts();
         *in_flight = true;
         let slot = statement.slot();
+        // The cached statement is used where it lies: no reference-count round trip
+        // per statement.
         let running = async {
-            match prepared(object, &cached[slot], || statement.sql(marker)).await {
-                Ok(prepared) => {
-                    let answer = execute(object, &prepared, statement).await;
-                    cached[slot] = Some(prepared);
-                    answer
-                }
-                Err(error) => Err(error),
-            }
+            let prepared = match &mut cached[slot] {
+                Some(prepared) => prepared,
+                empty => empty.insert(prepare(object, statement.sql(marker)).await?),
+            };
+            execute(object, prepared, statement).await
         };
         let answer = within(watch, limit, std::pin::pin!(running)).await?;
         // Reached only when the statement finished (answer or error): no cancel needed.
@@ -411,6 +410,14 @@ impl<F: Future> Future for Within<'_, F> {
             WithinProjection::Timed { timed } => timed.poll(cx),
         }
     }
+}
+
+/// Prepares `text` (boxed: kept out of the common path's future).
+async fn prepare(
+    object: &Object,
+    text: String,
+) -> Result<tokio_postgres::Statement, tokio_postgres::Error> {
+    Box::pin(object.prepare(&text)).await
 }
 
 /// The prepared statement: the cached one, or prepared now from `text` (boxed: kept
