@@ -242,6 +242,25 @@ fn shown(config: &Config) -> String {
     format!("{user}@{host}:{port}/{dbname}")
 }
 
+/// A pooled client to create `table` with when it is missing, `None` when it exists
+/// (creating needs the `CREATE` privilege, using the table does not).
+pub(crate) async fn missing_table(
+    pool: &locks_postgres::deadpool_postgres::Pool,
+    target: &Target,
+    table: &str,
+) -> Result<Option<locks_postgres::deadpool_postgres::Object>, Failure> {
+    let client = pool
+        .get()
+        .await
+        .map_err(|error| pool_failure(&error, target))?;
+    let exists: bool = client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+        .await
+        .map_err(|error| Failure::new(crate::exit::SOFTWARE, crate::exit::chain(&error)))?
+        .get(0);
+    Ok((!exists).then_some(client))
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;

@@ -98,19 +98,9 @@ pub(crate) async fn ensure_board_table(
     target: &Target,
     say: Say,
 ) -> Result<(), Failure> {
-    let client = pool
-        .get()
-        .await
-        .map_err(|error| connect::pool_failure(&error, target))?;
-    let exists: bool = client
-        .query_one(
-            "SELECT to_regclass($1) IS NOT NULL",
-            &[&locks_postgres::LEADER_BOARD_TABLE],
-        )
-        .await
-        .map_err(|error| Failure::new(SOFTWARE, chain(&error)))?
-        .get(0);
-    if !exists {
+    if let Some(client) =
+        connect::missing_table(pool, target, locks_postgres::LEADER_BOARD_TABLE).await?
+    {
         say.say("creating the leader board's table (advisory_lock_leader_terms)");
         locks_postgres::install_leader_board(&client)
             .await

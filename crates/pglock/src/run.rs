@@ -429,19 +429,9 @@ pub(crate) async fn sleep_until(deadline: Option<Instant>) {
 /// Creates the fencing token table if it is missing (only then: creating needs the
 /// `CREATE` privilege, using it does not).
 async fn ensure_fencing_table(pool: &Pool, target: &Target, say: Say) -> Result<(), Failure> {
-    let client = pool
-        .get()
-        .await
-        .map_err(|error| connect::pool_failure(&error, target))?;
-    let exists: bool = client
-        .query_one(
-            "SELECT to_regclass($1) IS NOT NULL",
-            &[&locks_postgres::FENCING_TABLE],
-        )
-        .await
-        .map_err(|error| Failure::new(SOFTWARE, chain(&error)))?
-        .get(0);
-    if !exists {
+    if let Some(client) =
+        connect::missing_table(pool, target, locks_postgres::FENCING_TABLE).await?
+    {
         say.say(format!(
             "creating the fencing token table {}",
             locks_postgres::FENCING_TABLE
