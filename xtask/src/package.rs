@@ -424,6 +424,7 @@ mod tests {
                 "migration-cutover-postgres",
                 "locks-schedule",
                 "locks-schedule-postgres",
+                "locks-leader",
                 "pglock"
             ]
         );
