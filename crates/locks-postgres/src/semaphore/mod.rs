@@ -311,7 +311,7 @@ async fn permit(
     wait: bool,
 ) -> Result<Option<PostgresPermit>, LockAcquisitionError> {
     let inner = &manager.inner;
-    let class = PermitDerivation::CURRENT.class(name);
+    let class = class_of(name);
     // The lock's acquire span (`lock.id` is the semaphore's class), and its events.
     let span = acquire_span(
         inner.settings().span_level,
@@ -327,7 +327,7 @@ async fn permit(
     let started = started(&span);
     let metered = inner.metrics().started();
     let called = Instant::now();
-    let granted = match granted_permit(manager, name, permits, deadline, wait)
+    let granted = match granted_permit(manager, name, class, permits, deadline, wait)
         .instrument(span.clone())
         .await
     {
@@ -347,6 +347,7 @@ async fn permit(
 async fn granted_permit(
     manager: &PostgresLockManager,
     name: &str,
+    class: i32,
     permits: u32,
     deadline: Option<Deadline>,
     wait: bool,
@@ -356,7 +357,7 @@ async fn granted_permit(
     let call = Call {
         inner,
         name,
-        class: PermitDerivation::CURRENT.class(name),
+        class,
         permits,
         deadline,
     };
