@@ -1,7 +1,6 @@
 //! The leader board on PostgreSQL: the latest term of each election in a small table,
 //! read and written through pooled connections, one statement each (ADR 0024).
 
-use deadpool_postgres::{PoolError, TimeoutType};
 use locks_port::{
     AcquisitionErrorKind, LockAcquisitionError, LockMode, Proclamation, check_published_value,
 };
@@ -9,8 +8,8 @@ use time::OffsetDateTime;
 use tokio_postgres::Row;
 
 use crate::builder::{HOLDER_APPLICATION_NAME_PREFIX, published_holder_id};
-use crate::errors::{driver_error, no_answer, pool_error, pool_exhausted};
-use crate::inspect::inspection_client;
+use crate::errors::{driver_error, no_answer};
+use crate::pool;
 use crate::manager::PostgresLockManager;
 use crate::xact::TransactionLocks;
 
@@ -129,20 +128,7 @@ async fn board_statement(
     sql: &str,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<Option<Row>, LockAcquisitionError> {
-    let client = inspection_client(manager)
-        .await
-        .map_err(|error| match error {
-            PoolError::Timeout(TimeoutType::Wait) => {
-                let size = manager.pool().status().max_size;
-                pool_exhausted(
-                    name,
-                    "no pool connection was free for the board",
-                    size,
-                    None,
-                )
-            }
-            other => pool_error(name, other),
-        })?;
+    let client = pool::for_one_read_of(manager, name, "for the board").await?;
     let bound = manager.inner.settings().answer_timeout;
     let answer = tokio::time::timeout(bound, async {
         let statement = client.prepare_cached(sql).await?;
@@ -168,7 +154,7 @@ async fn board_statement(
         }
         Err(_elapsed) => {
             // The statement may still run: the connection is not reused.
-            let _ = deadpool_postgres::Object::take(client);
+            drop(pool::detach(client));
             Err(no_answer(name, None, bound))
         }
     }

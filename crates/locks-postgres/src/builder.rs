@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::Pool;
+use crate::pool::Pool;
 use locks_port::KeyDerivation;
 
 use crate::lease::{Lease, LeaseError};

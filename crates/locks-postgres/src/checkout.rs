@@ -9,7 +9,8 @@ use locks_port::timeout_reason;
 
 use crate::acquire::Attempt;
 use crate::connection::Session;
-use crate::errors::{lease_refused, pool_error, pool_exhausted, unreachable, with_timeout};
+use crate::errors::{lease_refused, pool_exhausted, unreachable, with_timeout};
+use crate::pool::checkout_error;
 use crate::limit::{Deadline, Expired};
 use crate::manager::Inner;
 
@@ -80,7 +81,7 @@ impl Inner {
         };
         match checked_out {
             Ok(object) => Ok(Session::new(object, self.connections())),
-            Err(error) => Err(with_timeout(pool_error(key, error), deadline)),
+            Err(error) => Err(with_timeout(checkout_error(key, error), deadline)),
         }
     }
 

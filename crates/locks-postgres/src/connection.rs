@@ -4,12 +4,12 @@
 use std::collections::VecDeque;
 use std::collections::hash_map::RandomState;
 use std::future::Future;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::pin::Pin;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
-use deadpool_postgres::{Object, ObjectId};
+use crate::pool::{self, Pooled as Object, PooledId as ObjectId};
 
 use crate::connect::Canceller;
 use crate::limit::{Bounded, Expired, Limit};
@@ -59,15 +59,12 @@ impl Known {
 /// other) share one only by a 64-bit hash collision.
 fn marker(object: &Object) -> Box<str> {
     static KEYS: LazyLock<RandomState> = LazyLock::new(RandomState::new);
-    let mut hasher = KEYS.build_hasher();
-    Object::id(object).hash(&mut hasher);
-    Object::metrics(object).created.hash(&mut hasher);
-    format!("{:016x}", hasher.finish()).into_boxed_str()
+    format!("{:016x}", KEYS.hash_one(pool::identity(object))).into_boxed_str()
 }
 
 /// The [`Known`] state of the manager's connections that are idle in the pool, in the
 /// order they were given back: the pool hands out the oldest idle connection first
-/// (FIFO, deadpool's default) or the newest (LIFO), so the one asked for is nearly
+/// (FIFO, the pool's default) or the newest (LIFO), so the one asked for is nearly
 /// always at one end.
 #[derive(Debug)]
 pub(crate) struct Connections {
@@ -94,7 +91,7 @@ impl Connections {
     }
 
     fn take(&self, object: &Object) -> Box<Known> {
-        let id = Object::id(object);
+        let id = pool::id(object);
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         let known = match (idle.front(), idle.back()) {
             (Some((front, _)), _) if *front == id => idle.pop_front(),
@@ -360,7 +357,7 @@ impl Session {
         if let Some(mut known) = self.conn.take()
             && let Some(object) = known.object.as_ref()
         {
-            let id = Object::id(object);
+            let id = pool::id(object);
             // Dropped in place (back to the pool), not moved out first.
             known.object = None;
             self.home.give_back(id, known);
@@ -485,7 +482,7 @@ impl Drop for Session {
         let Some(object) = self.conn.take().and_then(|mut known| known.object.take()) else {
             return;
         };
-        let client = Object::take(object);
+        let client = pool::detach(object);
         if self.in_flight {
             // Ends a server-side wait at once, with the pool's TLS connector.
             self.home.canceller().cancel_and_close(client);

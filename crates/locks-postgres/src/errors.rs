@@ -5,7 +5,6 @@
 use std::error::Error as _;
 use std::time::Duration;
 
-use deadpool_postgres::PoolError;
 use locks_port::{AcquisitionErrorKind, LockAcquisitionError, timeout_reason};
 use tokio_postgres::error::SqlState;
 
@@ -148,24 +147,9 @@ fn code_kind(code: &SqlState) -> AcquisitionErrorKind {
     }
 }
 
-/// The port's kind for a pool checkout error (opening or recycling a connection).
-pub(crate) fn pool_kind(error: &PoolError) -> AcquisitionErrorKind {
-    match error {
-        PoolError::Backend(error) => connect_kind(error),
-        PoolError::Timeout(deadpool_postgres::TimeoutType::Wait) | PoolError::Closed => {
-            AcquisitionErrorKind::PoolUnavailable
-        }
-        // Opening or recycling a connection took too long: the server is not answering.
-        PoolError::Timeout(_) => AcquisitionErrorKind::Unreachable,
-        PoolError::NoRuntimeSpecified | PoolError::PostCreateHook(_) => {
-            AcquisitionErrorKind::Configuration
-        }
-    }
-}
-
 /// The kind of a failure to open a connection: the server said why (authentication,
 /// unknown database: configuration), or it could not be reached at all.
-fn connect_kind(error: &tokio_postgres::Error) -> AcquisitionErrorKind {
+pub(crate) fn connect_kind(error: &tokio_postgres::Error) -> AcquisitionErrorKind {
     match error.code() {
         Some(code) => match code_kind(code) {
             AcquisitionErrorKind::ConnectionLost => AcquisitionErrorKind::Unreachable,
@@ -218,25 +202,3 @@ pub(crate) fn driver_error(key: &str, error: tokio_postgres::Error) -> LockAcqui
     LockAcquisitionError::described(key, driver_kind(&error), describe(&error), error)
 }
 
-/// An acquisition error for a failed checkout. A driver error inside deadpool's
-/// wrapper is unwrapped, so the chain does not repeat it ("Error occurred while
-/// creating a new object: db error"): the source is the driver's own error.
-pub(crate) fn pool_error(key: &str, error: PoolError) -> LockAcquisitionError {
-    let kind = pool_kind(&error);
-    match error {
-        PoolError::Backend(error) => {
-            LockAcquisitionError::described(key, kind, describe(&error), error)
-        }
-        PoolError::Closed => LockAcquisitionError::new(key, kind, "the connection pool is closed"),
-        PoolError::NoRuntimeSpecified => LockAcquisitionError::new(
-            key,
-            kind,
-            "the connection pool has no runtime (build it with Runtime::Tokio1)",
-        ),
-        other => {
-            let text = other.to_string();
-            LockAcquisitionError::new(key, kind, format!("Database error: {text}"))
-                .with_source(other)
-        }
-    }
-}

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use deadpool_postgres::Pool;
+use crate::pool::Pool;
 
 use crate::bookkeeping::Book;
 use crate::builder::{KeyVisibility, PostgresLockManagerBuilder, Settings, published_holder_id};

@@ -8,15 +8,13 @@
 
 use std::fmt;
 use std::net::IpAddr;
-use std::time::Duration;
 
-use deadpool_postgres::{Object, PoolError, TimeoutType};
 use time::OffsetDateTime;
 use tokio_postgres::{Client, SimpleQueryMessage, SimpleQueryRow};
 
 use crate::PostgresLockManager;
 use crate::errors::describe;
-use crate::limit::{Deadline, Expired};
+use crate::pool::PoolError;
 use locks_port::LockMode;
 
 /// The prefix of `application_name` on the manager's lock connections: `locks:<holder id>`.
@@ -102,8 +100,8 @@ pub struct LockHolder {
 pub enum InspectError {
     /// No connection could be had from the manager's pool within its
     /// [`connect_timeout`](crate::PostgresLockManagerBuilder::connect_timeout): every
-    /// connection is in use (`PoolError::Timeout(TimeoutType::Wait)`: each held lock keeps
-    /// one), or the server did not let one be opened.
+    /// connection is in use (each held lock keeps one), or the server did not let one be
+    /// opened.
     Pool(PoolError),
     /// The query failed.
     Query {
@@ -148,7 +146,7 @@ pub(crate) async fn holders_of_key(
     manager: &PostgresLockManager,
     key: &str,
 ) -> Result<Vec<LockHolder>, InspectError> {
-    let client = inspection_client(manager)
+    let client = crate::pool::for_one_read(manager)
         .await
         .map_err(InspectError::Pool)?;
     lock_holders(&client, manager.lock_id(key)).await
@@ -158,31 +156,16 @@ pub(crate) async fn holders_of_key(
 pub(crate) async fn holders_of_every_lock(
     manager: &PostgresLockManager,
 ) -> Result<Vec<LockHolder>, InspectError> {
-    let client = inspection_client(manager)
+    let client = crate::pool::for_one_read(manager)
         .await
         .map_err(InspectError::Pool)?;
     all_lock_holders(&client).await
 }
 
-/// A pooled connection for one read, within the manager's connect timeout: waiting
-/// for a free slot and opening a connection both count, so a read on a pool whose
-/// every connection holds a lock answers `PoolError::Timeout(TimeoutType::Wait)`
-/// instead of waiting for a release. Bounded here rather than by the pool's own
-/// timeouts, so a pool built without a runtime is bounded too.
-pub(crate) async fn inspection_client(manager: &PostgresLockManager) -> Result<Object, PoolError> {
-    let bound = manager.inner.settings().connect_timeout;
-    match Deadline::limit(None, Duration::ZERO, bound)
-        .run(manager.pool().get())
-        .await
-    {
-        Ok(checked_out) => checked_out,
-        Err(Expired) => Err(PoolError::Timeout(TimeoutType::Wait)),
-    }
-}
 
 /// [`PostgresLockManager::holders`] without a manager: who holds and who waits for the
 /// `bigint` advisory lock `lock_id` on `client`'s database. For a CLI or a health endpoint;
-/// a deadpool `Object` derefs to a [`Client`].
+/// a pooled connection derefs to a [`Client`].
 ///
 /// ```no_run
 /// use locks_postgres::tokio_postgres::NoTls;

@@ -16,7 +16,7 @@ use tokio_postgres::{Client, SimpleQueryMessage};
 
 use crate::PostgresLockManager;
 use crate::errors::describe;
-use crate::inspect::{InspectError, inspection_client};
+use crate::inspect::InspectError;
 
 /// How full the server's lock table is, from `pg_locks` and the server's settings.
 ///
@@ -66,7 +66,7 @@ impl LockTableUsage {
 pub(crate) async fn recorded_usage(
     manager: &PostgresLockManager,
 ) -> Result<LockTableUsage, InspectError> {
-    let client = inspection_client(manager)
+    let client = crate::pool::for_one_read(manager)
         .await
         .map_err(InspectError::Pool)?;
     let usage = lock_table_usage(&client).await?;

@@ -31,7 +31,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::Pool;
+use crate::pool::Pool;
 use locks_port::{
     AcquireMany, AcquireOptions, DistributedLock, KeyDerivation, LeaderBoard, LockAcquisitionError,
     LockMode, LockNotHeldError, LockRegistry, PermitHolders, Proclamation, Semaphore,

@@ -1,13 +1,133 @@
-//! A pool for the lock manager from a URL, for plain-TCP and Unix-socket set-ups.
+//! The pool, the one room of the adapter that knows which pool library it uses
+//! (deadpool-postgres; [`crate::connect`] is its connector): the pools this crate builds
+//! from a URL ([`plain_pool`], [`tls_pool`]), the names the other rooms use for the pool,
+//! a pooled connection and a checkout's failure, and the few pool operations they need.
+//! Replacing or wrapping the pool changes this file and `connect.rs`; the rest of the
+//! adapter names only what is here.
 
 use std::str::FromStr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use deadpool_postgres::{BuildError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{BuildError, Manager, ManagerConfig, RecyclingMethod, Runtime};
+use locks_port::{AcquisitionErrorKind, LockAcquisitionError};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{NoTls, Socket};
 
 use crate::connect::{Canceller, LockConnect, register};
+use crate::errors::{connect_kind, describe, pool_exhausted};
+use crate::limit::{Deadline, Expired};
+use crate::manager::PostgresLockManager;
+
+/// The pool a manager takes its connections from.
+pub(crate) use deadpool_postgres::Pool;
+/// Why a checkout failed.
+pub(crate) use deadpool_postgres::PoolError;
+/// A checked-out connection; it derefs to a [`tokio_postgres::Client`].
+pub(crate) use deadpool_postgres::Object as Pooled;
+/// What tells one pooled connection from another while both live.
+pub(crate) use deadpool_postgres::ObjectId as PooledId;
+
+/// The identity of a pooled connection: its pool's id for it, and when it was made.
+/// Together they name one connection for the life of the process.
+pub(crate) fn identity(object: &Pooled) -> (PooledId, Instant) {
+    (Pooled::id(object), Pooled::metrics(object).created)
+}
+
+/// The id of a pooled connection (see [`identity`]).
+pub(crate) fn id(object: &Pooled) -> PooledId {
+    Pooled::id(object)
+}
+
+/// Takes `object` out of its pool for good: dropping what this returns closes the
+/// connection instead of giving it back.
+pub(crate) fn detach(object: Pooled) -> deadpool_postgres::ClientWrapper {
+    Pooled::take(object)
+}
+
+/// The most connections `pool` opens.
+pub(crate) fn max_size(pool: &Pool) -> usize {
+    pool.status().max_size
+}
+
+/// Whether a checkout failed only because every connection was in use.
+pub(crate) fn is_busy(error: &PoolError) -> bool {
+    matches!(
+        error,
+        PoolError::Timeout(deadpool_postgres::TimeoutType::Wait)
+    )
+}
+
+/// The port's kind for a pool checkout error (opening or recycling a connection).
+pub(crate) fn checkout_kind(error: &PoolError) -> AcquisitionErrorKind {
+    match error {
+        PoolError::Backend(error) => connect_kind(error),
+        PoolError::Timeout(deadpool_postgres::TimeoutType::Wait) | PoolError::Closed => {
+            AcquisitionErrorKind::PoolUnavailable
+        }
+        // Opening or recycling a connection took too long: the server is not answering.
+        PoolError::Timeout(_) => AcquisitionErrorKind::Unreachable,
+        PoolError::NoRuntimeSpecified | PoolError::PostCreateHook(_) => {
+            AcquisitionErrorKind::Configuration
+        }
+    }
+}
+
+/// An acquisition error for a failed checkout. A driver error inside deadpool's
+/// wrapper is unwrapped, so the chain does not repeat it ("Error occurred while
+/// creating a new object: db error"): the source is the driver's own error.
+pub(crate) fn checkout_error(key: &str, error: PoolError) -> LockAcquisitionError {
+    let kind = checkout_kind(&error);
+    match error {
+        PoolError::Backend(error) => {
+            LockAcquisitionError::described(key, kind, describe(&error), error)
+        }
+        PoolError::Closed => LockAcquisitionError::new(key, kind, "the connection pool is closed"),
+        PoolError::NoRuntimeSpecified => LockAcquisitionError::new(
+            key,
+            kind,
+            "the connection pool has no runtime (build it with Runtime::Tokio1)",
+        ),
+        other => {
+            let text = other.to_string();
+            LockAcquisitionError::new(key, kind, format!("Database error: {text}"))
+                .with_source(other)
+        }
+    }
+}
+
+/// A pooled connection for one read, within the manager's connect timeout: waiting
+/// for a free slot and opening a connection both count, so a read on a pool whose
+/// every connection holds a lock fails ([`is_busy`]) instead of waiting for a release.
+/// Bounded here rather than by the pool's own timeouts, so a pool built without a
+/// runtime is bounded too.
+pub(crate) async fn for_one_read(manager: &PostgresLockManager) -> Result<Pooled, PoolError> {
+    let bound = manager.inner.settings().connect_timeout;
+    match Deadline::limit(None, Duration::ZERO, bound)
+        .run(manager.pool().get())
+        .await
+    {
+        Ok(checked_out) => checked_out,
+        Err(Expired) => Err(PoolError::Timeout(deadpool_postgres::TimeoutType::Wait)),
+    }
+}
+
+/// [`for_one_read`] for a read made on behalf of `name` (a leader board's, a
+/// semaphore's): a busy pool is [`AcquisitionErrorKind::PoolUnavailable`], saying what
+/// the connection was `for`.
+pub(crate) async fn for_one_read_of(
+    manager: &PostgresLockManager,
+    name: &str,
+    what_for: &str,
+) -> Result<Pooled, LockAcquisitionError> {
+    for_one_read(manager).await.map_err(|error| {
+        if is_busy(&error) {
+            let what = format!("no pool connection was free {what_for}");
+            pool_exhausted(name, &what, max_size(manager.pool()), None)
+        } else {
+            checkout_error(name, error)
+        }
+    })
+}
 
 /// Why [`plain_pool`] could not build a pool.
 ///

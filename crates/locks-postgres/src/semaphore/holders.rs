@@ -2,7 +2,6 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use deadpool_postgres::{PoolError, TimeoutType};
 use locks_port::{
     AcquisitionErrorKind, LockAcquisitionError, PermitDerivation, PermitHolder, PermitHolders,
 };
@@ -11,8 +10,7 @@ use time::OffsetDateTime;
 use tokio_postgres::Client;
 
 use super::encoding::{SINCE_EPOCH_UNIX, TURNSTILE_SLOT, permits_of_marker};
-use crate::errors::{pool_error, pool_exhausted};
-use crate::inspect::{AdvisoryLockId, InspectError, all_lock_holders, inspection_client};
+use crate::inspect::{AdvisoryLockId, InspectError, all_lock_holders};
 use crate::manager::PostgresLockManager;
 
 /// [`Semaphore::permit_holders`](locks_port::Semaphore::permit_holders) of a manager:
@@ -23,15 +21,7 @@ pub(crate) async fn permit_holders(
 ) -> Result<PermitHolders, LockAcquisitionError> {
     let failed =
         |reason: String| LockAcquisitionError::new(name, AcquisitionErrorKind::Backend, reason);
-    let client = inspection_client(manager)
-        .await
-        .map_err(|error| match error {
-            PoolError::Timeout(TimeoutType::Wait) => {
-                let size = manager.pool().status().max_size;
-                pool_exhausted(name, "no pool connection was free to look with", size, None)
-            }
-            other => pool_error(name, other),
-        })?;
+    let client = crate::pool::for_one_read_of(manager, name, "to look with").await?;
     semaphore_holders(&client, name)
         .await
         .map_err(|error| failed(error.to_string()))
@@ -40,8 +30,8 @@ pub(crate) async fn permit_holders(
 /// Who holds and who waits for the permits of the semaphore `name` on `client`'s
 /// database, without a manager (for a CLI or a health endpoint): the permits held (by
 /// slot, with the holder id and the second each was granted), how many sessions wait
-/// for one (they hold the marker of N, not a slot), and the N in use. A deadpool
-/// `Object` derefs to a [`Client`].
+/// for one (they hold the marker of N, not a slot), and the N in use. A pooled
+/// connection derefs to a [`Client`].
 ///
 /// # Errors
 /// [`InspectError::Query`] when the server refuses.
