@@ -469,22 +469,7 @@ impl Inner {
             }
         }
         for previous in displaced {
-            // Two sessions of one manager were both granted one exclusive advisory
-            // lock: the sessions are not real (a transaction-pooling proxy). Do not
-            // orphan the older one.
-            tracing::error!(
-                parent: span,
-                key = self.shown(&previous.key),
-                lock_id = previous.lock_id,
-                "two sessions were granted one exclusive advisory lock: session locks \
-                 need a direct connection or session pooling, not a transaction-pooling \
-                 proxy (closing the older session)"
-            );
-            self.lose(
-                previous,
-                LostReason::ConnectionClosed,
-                "a second grant displaced it",
-            );
+            self.lose_displaced(previous, span);
         }
         self.ensure_monitor();
     }

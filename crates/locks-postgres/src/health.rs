@@ -20,13 +20,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
-use locks_port::{LossNotifier, LostReason};
+use locks_port::{AcquisitionErrorKind, LossNotifier, LostReason};
 use tokio::time::Instant;
 
 use crate::bookkeeping::{Held, SessionSlot, Ticket, new_slot};
 use crate::connect::connection_ended;
 use crate::connection::{Answer, Session};
-use crate::errors::{MOVED_BETWEEN_SESSIONS, describe};
+use crate::errors::{MOVED_BETWEEN_SESSIONS, describe, driver_kind};
 use crate::limit::Limit;
 use crate::manager::Inner;
 use crate::sql::Statement;
@@ -351,17 +351,40 @@ impl Inner {
 
     /// A lost lock already out of the bookkeeping: discard its session, tell its
     /// guard, say so in an event and count it.
-    pub(crate) fn lose(&self, held: Held, reason: LostReason, detail: &str) {
+    fn lose(&self, held: Held, reason: LostReason, detail: &str) {
         discard(&held);
         self.report_lost(std::slice::from_ref(&held), reason, detail);
     }
 
-    /// A lock whose release found its session already ended: lost while held, before
-    /// the monitor saw it (the release tells its guard); counted as such.
-    pub(crate) fn lost_at_release(&self, held: &Held) {
-        let reason = LostReason::ConnectionClosed;
-        self.health().lost.add(reason, 1);
-        self.metrics().lost(held.mode(), held.lock_id(), reason);
+    /// An entry the bookkeeping let go because a second session of this manager was
+    /// granted the same exclusive lock: the sessions are not real (a
+    /// transaction-pooling proxy), so the older holder cannot trust its lock. It is
+    /// lost, and its session closed rather than orphaned.
+    pub(crate) fn lose_displaced(&self, previous: Held, span: &tracing::Span) {
+        tracing::error!(
+            parent: span,
+            key = self.shown(previous.key()),
+            lock_id = previous.lock_id(),
+            "two sessions were granted one exclusive advisory lock: session locks \
+             need a direct connection or session pooling, not a transaction-pooling \
+             proxy (closing the older session)"
+        );
+        self.lose(
+            previous,
+            LostReason::ConnectionClosed,
+            "a second grant displaced it",
+        );
+    }
+
+    /// A release whose unlock failed with `error`: when the error says the session had
+    /// ended (the unlock found no connection), the lock was lost while held, before the
+    /// monitor saw it. The release tells its guard; this counts it as lost.
+    pub(crate) fn judge_failed_release(&self, held: &Held, error: &tokio_postgres::Error) {
+        if driver_kind(error) == AcquisitionErrorKind::ConnectionLost {
+            let reason = LostReason::ConnectionClosed;
+            self.health().lost.add(reason, 1);
+            self.metrics().lost(held.mode(), held.lock_id(), reason);
+        }
     }
 
     /// A permit of the semaphore of `class` lost while held: counted with the locks,

@@ -202,13 +202,8 @@ impl Inner {
                     sqlstate = sqlstate(error),
                     "Error releasing advisory lock; closed the session, which frees it"
                 );
-                let kind = driver_kind(error);
-                if kind == AcquisitionErrorKind::ConnectionLost {
-                    // The session had ended under the holder before the monitor saw it:
-                    // the lock was lost while held, and the loss counts say so.
-                    self.lost_at_release(held);
-                }
-                (kind, sqlstate(error))
+                self.judge_failed_release(held, error);
+                (driver_kind(error), sqlstate(error))
             }
             Err(Expired) => {
                 tracing::warn!(
