@@ -9,8 +9,8 @@ use tokio_postgres::Row;
 
 use crate::builder::{HOLDER_APPLICATION_NAME_PREFIX, published_holder_id};
 use crate::errors::{driver_error, no_answer};
-use crate::pool;
 use crate::manager::PostgresLockManager;
+use crate::pool;
 use crate::xact::TransactionLocks;
 
 /// The table of leader terms (in the connection's `search_path` schema).

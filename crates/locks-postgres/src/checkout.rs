@@ -10,9 +10,9 @@ use locks_port::timeout_reason;
 use crate::acquire::Attempt;
 use crate::connection::Session;
 use crate::errors::{lease_refused, pool_exhausted, unreachable, with_timeout};
-use crate::pool::checkout_error;
 use crate::limit::{Deadline, Expired};
 use crate::manager::Inner;
+use crate::pool::checkout_error;
 
 /// How long a checkout may wait for a free pool slot.
 #[derive(Clone, Copy)]

@@ -201,4 +201,3 @@ pub(crate) fn describe(error: &tokio_postgres::Error) -> String {
 pub(crate) fn driver_error(key: &str, error: tokio_postgres::Error) -> LockAcquisitionError {
     LockAcquisitionError::described(key, driver_kind(&error), describe(&error), error)
 }
-

@@ -162,7 +162,6 @@ pub(crate) async fn holders_of_every_lock(
     all_lock_holders(&client).await
 }
 
-
 /// [`PostgresLockManager::holders`] without a manager: who holds and who waits for the
 /// `bigint` advisory lock `lock_id` on `client`'s database. For a CLI or a health endpoint;
 /// a pooled connection derefs to a [`Client`].

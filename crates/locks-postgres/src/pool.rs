@@ -18,14 +18,14 @@ use crate::errors::{connect_kind, describe, pool_exhausted};
 use crate::limit::{Deadline, Expired};
 use crate::manager::PostgresLockManager;
 
-/// The pool a manager takes its connections from.
-pub(crate) use deadpool_postgres::Pool;
-/// Why a checkout failed.
-pub(crate) use deadpool_postgres::PoolError;
 /// A checked-out connection; it derefs to a [`tokio_postgres::Client`].
 pub(crate) use deadpool_postgres::Object as Pooled;
 /// What tells one pooled connection from another while both live.
 pub(crate) use deadpool_postgres::ObjectId as PooledId;
+/// The pool a manager takes its connections from.
+pub(crate) use deadpool_postgres::Pool;
+/// Why a checkout failed.
+pub(crate) use deadpool_postgres::PoolError;
 
 /// The identity of a pooled connection: its pool's id for it, and when it was made.
 /// Together they name one connection for the life of the process.
