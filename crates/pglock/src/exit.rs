@@ -85,7 +85,7 @@ pub(crate) const TABLE: &[(&str, &str)] = &[
     ),
     (
         "128 + N",
-        "signal N arrived while waiting: INT 130, TERM 143, HUP 129, QUIT 131. The wait was cancelled and nothing is held; `pglock schedule` ends with it on a signal (a running command is killed)",
+        "signal N arrived while waiting: INT 130, TERM 143, HUP 129, QUIT 131. The wait was cancelled and nothing is held; `pglock schedule` ends with it on a signal, once a running command (which gets the signal) has ended",
     ),
 ];
 

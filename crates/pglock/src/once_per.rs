@@ -13,12 +13,14 @@ use locks_schedule_postgres::tokio_postgres;
 use locks_schedule_postgres::tokio_postgres::error::SqlState;
 use locks_schedule_postgres::{LEDGER_TABLE, PostgresLedger, install_ledger};
 use nix::sys::signal::Signal;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use crate::cli::RunArgs;
 use crate::connect::{self, Target};
 use crate::exit::{CONFIG, Failure, LOST, SOFTWARE, UNAVAILABLE, USAGE};
 use crate::group::{Group, Status};
 use crate::run::{Say, acquisition_failure, holder_id, sleep_until};
+use crate::signals::{Signals, signal_code};
 
 /// Connections: the lock's and the ledger's.
 const POOL_SIZE: usize = 3;
@@ -42,7 +44,59 @@ pub(crate) async fn run(
         args.keepalive,
         say,
     )?;
-    firing.fire().await
+    let mut signals = Signals::install()?;
+    // A signal forwarded to the command is the command's to answer: its exit code is
+    // pglock's.
+    firing.fire(&mut signals).await.map(|fired| fired.code)
+}
+
+/// How a firing ended.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Fired {
+    /// The command's exit code if this host ran the slot (75 if the lock was lost
+    /// meanwhile), 0 if another host ran it; 128 + n for a signal n that came before the
+    /// command started.
+    pub(crate) code: u8,
+    /// The last signal pglock received meanwhile: forwarded to the command if it ran,
+    /// else the reason the firing was given up.
+    pub(crate) signal: Option<Signal>,
+}
+
+/// The signals pglock receives during a firing, on their way to the command: the
+/// command takes the receiving end when it starts, so a signal that finds it still here
+/// came before the command, and ends the firing.
+#[derive(Clone, Default)]
+struct Relay(Arc<Mutex<Option<UnboundedReceiver<Signal>>>>);
+
+impl Relay {
+    fn new() -> (UnboundedSender<Signal>, Self) {
+        let (sender, receiver) = unbounded_channel();
+        (sender, Self(Arc::new(Mutex::new(Some(receiver)))))
+    }
+
+    /// The signals from here on (once: the command that starts takes them).
+    fn take(&self) -> Option<UnboundedReceiver<Signal>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
+
+    /// Whether a command has taken the signals.
+    fn taken(&self) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_none()
+    }
+}
+
+/// The next signal on `relayed`, or never.
+async fn next_signal(relayed: &mut Option<UnboundedReceiver<Signal>>) -> Signal {
+    match relayed {
+        Some(receiver) => match receiver.recv().await {
+            Some(signal) => signal,
+            None => std::future::pending().await,
+        },
+        None => std::future::pending().await,
+    }
 }
 
 /// A job, its command and its connections: what each firing of `run --once-per` and of
@@ -93,11 +147,34 @@ impl Firing {
         self.job.schedule()
     }
 
+    /// One firing, with pglock's `signals` handled: before the command starts, a signal
+    /// gives the firing up (128 + n); while it runs, each is forwarded to its process
+    /// group (and to the processes that left it), as `run` does, and the command ends
+    /// as it chooses (SIGKILL only when pglock itself dies).
+    pub(crate) async fn fire(&self, signals: &mut Signals) -> Result<Fired, Failure> {
+        let (sender, relay) = Relay::new();
+        let firing = self.fire_relayed(&relay);
+        tokio::pin!(firing);
+        let mut signal = None;
+        loop {
+            tokio::select! {
+                fired = &mut firing => return fired.map(|code| Fired { code, signal }),
+                number = signals.recv() => {
+                    if !relay.taken() {
+                        return Ok(Fired { code: signal_code(number), signal: Some(number) });
+                    }
+                    signal = Some(number);
+                    let _ = sender.send(number);
+                }
+            }
+        }
+    }
+
     /// One firing: the command's exit code if this host ran the slot (75 if the lock was
-    /// lost meanwhile), else 0.
-    pub(crate) async fn fire(&self) -> Result<u8, Failure> {
+    /// lost meanwhile), else 0. The command takes its signals from `relay`.
+    async fn fire_relayed(&self, relay: &Relay) -> Result<u8, Failure> {
         let ended: Arc<Mutex<Option<u8>>> = Arc::default();
-        let report = match self.fire_once(&ended).await {
+        let report = match self.fire_once(&ended, relay).await {
             // No ledger yet: create it (as --fencing creates its table) and fire again;
             // nothing ran, and the failed claim wrote nothing.
             Err(RunError::Ledger(error)) if undefined_table(&error) => {
@@ -117,7 +194,7 @@ impl Firing {
                         ),
                     )
                 })?;
-                self.fire_once(&ended).await
+                self.fire_once(&ended, relay).await
             }
             other => other,
         }
@@ -138,18 +215,23 @@ impl Firing {
         }
     }
 
-    async fn fire_once(&self, ended: &Arc<Mutex<Option<u8>>>) -> Result<RunReport, RunError> {
+    async fn fire_once(
+        &self,
+        ended: &Arc<Mutex<Option<u8>>>,
+        relay: &Relay,
+    ) -> Result<RunReport, RunError> {
         let (say, grace) = (self.say, self.grace);
         self.job
             .run_once_per_slot(&self.locks, &self.ledger, |context: JobContext| {
                 let program = self.program.clone();
                 let status = Arc::clone(ended);
+                let relay = relay.clone();
                 async move {
                     say.say(format!(
                         "slot {} is ours (attempt {})",
                         context.slot, context.attempt
                     ));
-                    let code = run_command(&program, &context, grace).await;
+                    let code = run_command(&program, &context, grace, &relay).await;
                     *status.lock().unwrap_or_else(PoisonError::into_inner) = Some(code);
                     if code == 0 {
                         Ok(())
@@ -163,9 +245,17 @@ impl Firing {
 }
 
 /// Runs the command to its end under the supervisor (as `run` does: its whole process
-/// group, and every process that left it, dies with pglock), or stops it (SIGTERM,
-/// SIGKILL after `grace`) when the lock is lost; its exit code.
-async fn run_command(program: &[String], context: &JobContext, grace: Duration) -> u8 {
+/// group, and every process that left it, dies with pglock), forwarding the signals of
+/// `relay`, or stops it (SIGTERM, SIGKILL after `grace`) when the lock is lost; its exit
+/// code.
+async fn run_command(
+    program: &[String],
+    context: &JobContext,
+    grace: Duration,
+    relay: &Relay,
+) -> u8 {
+    // Taken before the command starts: a signal from here on is the command's.
+    let mut relayed = relay.take();
     let env = [
         ("PGLOCK_SLOT", context.slot.to_string()),
         ("PGLOCK_ATTEMPT", context.attempt.to_string()),
@@ -184,6 +274,7 @@ async fn run_command(program: &[String], context: &JobContext, grace: Duration) 
     let status = loop {
         tokio::select! {
             status = group.wait() => break status,
+            number = next_signal(&mut relayed) => group.signal(number),
             reason = &mut lost, if !stopping => {
                 eprintln!("pglock: the lock was lost ({reason:?}): stopping the command");
                 group.signal(Signal::SIGTERM);

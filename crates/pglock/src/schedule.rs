@@ -10,12 +10,14 @@ use locks_schedule_postgres::locks_schedule::time::OffsetDateTime;
 use crate::cli::ScheduleArgs;
 use crate::connect::Target;
 use crate::exit::{Failure, USAGE};
-use crate::once_per::Firing;
+use crate::once_per::{Fired, Firing};
 use crate::run::Say;
 use crate::signals::{Signals, signal_code};
 
-/// `pglock schedule`: runs until a signal, then exits 128 + its number (a command that was
-/// running is killed; its slot is settled by the next firing anywhere, as a crash).
+/// `pglock schedule`: runs until a signal, then exits 128 + its number. A command that is
+/// running gets the signal (its process group, as `run` forwards it) and pglock exits once
+/// it has ended; one that dies of it leaves its slot to be settled by the next firing
+/// anywhere, as a crash.
 pub(crate) async fn run(target: Target, args: ScheduleArgs, say: Say) -> Result<u8, Failure> {
     let schedule = args
         .schedule
@@ -45,14 +47,24 @@ pub(crate) async fn run(target: Target, args: ScheduleArgs, say: Say) -> Result<
             number = signals.recv() => return Ok(signal_code(number)),
             () = tokio::time::sleep(wait) => {}
         }
-        tokio::select! {
-            number = signals.recv() => return Ok(signal_code(number)),
-            fired = firing.fire() => match fired {
-                Ok(0) => {}
-                Ok(code) => eprintln!("pglock: {}: the command exited with {code}", args.key),
-                // The server may be back at the next slot: say it and go on.
-                Err(failure) => eprintln!("pglock: {}: {}", args.key, failure.message),
-            },
+        match firing.fire(&mut signals).await {
+            // A signal given to the firing (forwarded to the command, or before it
+            // started) ends the schedule once the firing is over.
+            Ok(Fired {
+                code,
+                signal: Some(number),
+            }) => {
+                if code != signal_code(number) {
+                    eprintln!("pglock: {}: the command exited with {code}", args.key);
+                }
+                return Ok(signal_code(number));
+            }
+            Ok(Fired { code: 0, .. }) => {}
+            Ok(Fired { code, .. }) => {
+                eprintln!("pglock: {}: the command exited with {code}", args.key);
+            }
+            // The server may be back at the next slot: say it and go on.
+            Err(failure) => eprintln!("pglock: {}: {}", args.key, failure.message),
         }
     }
 }

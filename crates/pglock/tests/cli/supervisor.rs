@@ -77,6 +77,40 @@ async fn a_killed_once_per_or_schedule_takes_its_command_with_it() {
     kill_and_check_gone(child, &pids, "schedule").await;
 }
 
+/// `run --once-per` and `schedule` forward TERM to their command as `run` does: a command
+/// that traps it ends its own way (its trap writes a file, then it exits 7), and pglock
+/// exits with the command's status (`run --once-per`) or with 143 once the command has
+/// ended (`schedule`). Before, `run --once-per` had no handler (SIGTERM ended pglock and
+/// the supervisor SIGKILLed the command), and `schedule` exited at once with the same
+/// effect: the trap never ran.
+#[tokio::test]
+async fn once_per_and_schedule_forward_a_signal_to_their_command() {
+    super::once_per::install().await;
+    for (how, expected) in [("once-per", 7), ("schedule", 143)] {
+        let (key, dir) = unique(&format!("forward-{how}"));
+        let (ready, trapped) = (dir.join("ready"), dir.join("trapped"));
+        let script = format!(
+            "trap 'touch {}; exit 7' TERM; touch {}; sleep 60 & wait",
+            trapped.display(),
+            ready.display()
+        );
+        let mut command = pglock();
+        match how {
+            "once-per" => command.args(["run", "--once-per", "1h", &key, "-c", &script]),
+            _ => command.args(["schedule", "every 1s", &key, "-c", &script]),
+        };
+        let mut child = command.spawn().expect("spawn");
+        let pid = i32::try_from(child.id().expect("running")).expect("pid");
+        wait_for_file(&ready).await;
+        let pids = super::group::descendants(pid);
+        signal(&child, Signal::SIGTERM);
+        let status = exited(&mut child).await;
+        assert!(trapped.exists(), "{how}: the command's TERM trap never ran");
+        assert_eq!(status.code(), Some(expected), "{how}");
+        assert_eq!(running(&pids), Vec::<i32>::new(), "{how}: outlived pglock");
+    }
+}
+
 /// Processes that leave the command's process group (`setsid`, and `setsid` in a
 /// subshell that exits at once: a double fork) die with pglock all the same, by SIGKILL of
 /// pglock and by a forwarded SIGTERM; the lock is free only once they are gone.
