@@ -24,14 +24,16 @@
 //!   transaction-scoped locks; [`inspect`](crate::inspect): who holds and waits;
 //!   [`lock_table`](crate::lock_table): how full the server's lock table is;
 //! - [`errors`](crate::errors): errors in the server's words, and the adapter's own;
-//!   [`telemetry`](crate::telemetry): spans and events.
+//!   [`telemetry`](crate::telemetry): spans and events;
+//! - [`pool`](crate::pool): the pool, the one room that names the pool's library (with
+//!   [`connect`](crate::connect), its connector and cancel path): replacing or wrapping
+//!   the pool changes these two.
 
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::pool::Pool;
 use locks_port::{
     AcquireMany, AcquireOptions, DistributedLock, KeyDerivation, LeaderBoard, LockAcquisitionError,
     LockMode, LockNotHeldError, LockRegistry, PermitHolders, Proclamation, Semaphore,
@@ -45,6 +47,7 @@ use crate::inspect::{InspectError, LockHolder};
 use crate::lease::Lease;
 use crate::lock_table::LockTableUsage;
 use crate::many::PostgresLockGroup;
+use crate::pool::Pool;
 use crate::semaphore::PostgresPermit;
 use crate::telemetry::{finish_acquire_span, manager_acquire_span, started};
 use crate::{LostLockCounts, board, health, inspect, lock_table, many, semaphore};
