@@ -143,12 +143,6 @@ impl Canceller {
         self.spawn(token, Some(client));
     }
 
-    /// Cancels what runs on the connection of `token`, on the current runtime (none:
-    /// nothing is sent).
-    pub(crate) fn cancel(&self, token: CancelToken) {
-        self.spawn(token, None);
-    }
-
     fn spawn(&self, token: CancelToken, client: Option<deadpool_postgres::ClientWrapper>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             drop(client);

@@ -9,11 +9,13 @@ use std::pin::Pin;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
-use crate::pool::{self, Pooled as Object, PooledId as ObjectId};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Row, SimpleQueryMessage};
 
 use crate::connect::Canceller;
 use crate::limit::{Bounded, Expired, Limit};
-use crate::sql::{PREPARED_KINDS, SESSION_SETUP, SETUP_SLOT, Statement};
+use crate::pool::{self, Pooled as Object, PooledId as ObjectId};
+use crate::sql::{PREPARED_KINDS, Query, SESSION_SETUP, SETUP_SLOT, Statement};
 use crate::watchdog::{Watch, Watched};
 
 /// One pooled connection while checked out, and what the manager knows of it: whether
@@ -323,6 +325,53 @@ impl Session {
         let answers = within(watch, limit, std::pin::pin!(running)).await?;
         *in_flight = false;
         Ok(answers)
+    }
+
+    /// Runs `query` (a strategy's own statement, prepared once per connection in its
+    /// slot, then one round trip) with `params` within `limit` (held by the connection's
+    /// watch), and hands back its one row.
+    ///
+    /// As with [`run_within`](Self::run_within), a future dropped before the answer,
+    /// or a limit that passes first ([`Expired`]), leaves the statement in flight:
+    /// dropping the session cancels it and closes the connection.
+    pub(crate) async fn query_within(
+        &mut self,
+        query: Query,
+        params: &[&(dyn ToSql + Sync)],
+        limit: Limit,
+    ) -> Result<Result<Row, tokio_postgres::Error>, Expired> {
+        let (object, marker, cached, watch, in_flight) = self.parts();
+        *in_flight = true;
+        let running = async {
+            let prepared = match &mut cached[query.slot] {
+                Some(prepared) => prepared,
+                empty => empty.insert(prepare(object, query.sql(marker)).await?),
+            };
+            object.query_one(prepared, params).await
+        };
+        let answer = within(watch, limit, std::pin::pin!(running)).await?;
+        *in_flight = false;
+        Ok(answer)
+    }
+
+    /// Runs `sql` as a simple query (no parameters, not prepared: the semaphore's
+    /// wait, a `DO` block with its numbers and the connection's marker in its text)
+    /// within `limit` (held by the connection's watch), and hands back its messages.
+    ///
+    /// As with [`run_within`](Self::run_within), a future dropped before the answer,
+    /// or a limit that passes first ([`Expired`]), leaves the statement in flight:
+    /// dropping the session cancels it and closes the connection.
+    pub(crate) async fn simple_query_within(
+        &mut self,
+        sql: &str,
+        limit: Limit,
+    ) -> Result<Result<Vec<SimpleQueryMessage>, tokio_postgres::Error>, Expired> {
+        let (object, _, _, watch, in_flight) = self.parts();
+        *in_flight = true;
+        let running = object.simple_query(sql);
+        let answer = within(watch, limit, std::pin::pin!(running)).await?;
+        *in_flight = false;
+        Ok(answer)
     }
 
     /// The connection (for statements of its own, like the set-up).

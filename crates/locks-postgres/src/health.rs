@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
-use locks_port::{AcquisitionErrorKind, LossNotifier, LostReason};
+use locks_port::{AcquisitionErrorKind, LossNotifier, LostReason, ReleaseOutcome};
 use tokio::time::Instant;
 
 use crate::bookkeeping::{Held, SessionSlot, Ticket, new_slot};
@@ -387,9 +387,35 @@ impl Inner {
         }
     }
 
+    /// The end of a permit's release, `session` taken out of `watched`'s slot: back
+    /// to the pool when the leave was confirmed (`left`), closed otherwise (which frees
+    /// the permit). A session that had ended under the holder before the monitor saw
+    /// it lost the permit while held, and the loss counts say so (as a lock's, see
+    /// [`judge_failed_release`](Self::judge_failed_release)). The owner's signal then says the
+    /// permit is released.
+    pub(crate) fn permit_released(
+        &self,
+        watched: &Watched,
+        session: Session,
+        left: bool,
+    ) -> ReleaseOutcome {
+        let outcome = if left {
+            session.into_pool();
+            ReleaseOutcome::Unlocked
+        } else {
+            if session.is_closed() {
+                self.permit_lost(watched.class, LostReason::ConnectionClosed);
+            }
+            session.close();
+            ReleaseOutcome::SessionClosed
+        };
+        watched.notifier.notify(LostReason::Released);
+        outcome
+    }
+
     /// A permit of the semaphore of `class` lost while held: counted with the locks,
     /// and in the permits' own metric.
-    pub(crate) fn permit_lost(&self, class: i32, reason: LostReason) {
+    fn permit_lost(&self, class: i32, reason: LostReason) {
         self.health().lost.add(reason, 1);
         self.metrics().permit_lost(class, reason);
     }

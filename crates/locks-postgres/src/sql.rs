@@ -13,10 +13,41 @@
 use locks_port::LockMode;
 
 /// How many statements a connection can have prepared: six kinds of lock statement in
-/// two modes, the keepalive, the set-up and the unlock of everything.
-pub(crate) const PREPARED_KINDS: usize = 15;
+/// two modes, the keepalive, the set-up, the unlock of everything, and the semaphore's
+/// two [`Query`]s (its entry and its leave).
+pub(crate) const PREPARED_KINDS: usize = 17;
 /// The slot of [`SESSION_SETUP`] among a connection's prepared statements.
 pub(crate) const SETUP_SLOT: usize = 9;
+/// The slot of the semaphore's entry (see [`Query`]).
+pub(crate) const SEMAPHORE_ENTER_SLOT: usize = 15;
+/// The slot of the semaphore's leave (see [`Query`]).
+pub(crate) const SEMAPHORE_LEAVE_SLOT: usize = 16;
+
+/// A statement of a strategy with statements of its own (the semaphore's): prepared in
+/// the connection's slot `slot`, from `text` with `:marker` for the connection's
+/// marker, like a [`Statement`]; its parameters are bound by the caller and its one row
+/// read by the caller.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Query {
+    /// Its slot among a connection's prepared statements (below [`PREPARED_KINDS`]).
+    pub(crate) slot: usize,
+    /// Its SQL, with `:marker` where the connection's marker goes.
+    pub(crate) text: &'static str,
+}
+
+impl Query {
+    /// The SQL text of a connection whose marker is `marker`.
+    pub(crate) fn sql(self, marker: &str) -> String {
+        with_marker(self.text, marker)
+    }
+}
+
+/// `text` with the connection's `marker` (16 hex digits, checked) quoted in place of
+/// `:marker`.
+fn with_marker(text: &str, marker: &str) -> String {
+    debug_assert!(marker.bytes().all(|byte| byte.is_ascii_hexdigit()));
+    text.replace(":marker", &format!("'{marker}'"))
+}
 
 /// Run once on every connection the manager uses, before its first lock statement
 /// (pipelined with it). `$1` is the `application_name` (or NULL), `$2` the
@@ -134,8 +165,7 @@ macro_rules! try_each {
 impl Statement<'_> {
     /// The SQL text of a connection whose marker is `marker` (see [`Statement::text`]).
     pub(crate) fn sql(self, marker: &str) -> String {
-        debug_assert!(marker.bytes().all(|byte| byte.is_ascii_hexdigit()));
-        self.text().replace(":marker", &format!("'{marker}'"))
+        with_marker(self.text(), marker)
     }
 
     /// The SQL text with `:marker` for the connection's marker: `$1` the lock id, then

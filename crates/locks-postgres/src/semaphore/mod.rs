@@ -45,7 +45,7 @@ use crate::connection::Session;
 use crate::errors::{MOVED_BETWEEN_SESSIONS, driver_error, refused, with_timeout};
 use crate::limit::{Deadline, Limit};
 use crate::manager::{Inner, PostgresLockManager};
-use crate::sql::Statement;
+use crate::sql::{Query, Statement};
 use crate::telemetry::{acquire_span, finish_acquire_span, started};
 
 /// One acquisition's facts.
@@ -87,41 +87,31 @@ impl Call<'_> {
         }
     }
 
-    /// Runs a statement that never waits and reads its first column: `None` on another
+    /// Runs `query`, which never waits, and reads its first column: `None` on another
     /// server session (see [`row`](Self::row)).
     async fn quick_answer<T: for<'r> tokio_postgres::types::FromSql<'r>>(
         &self,
-        session: &Session,
-        sql: &str,
+        session: &mut Session,
+        query: Query,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<T>, LockAcquisitionError> {
-        match self.row(session, sql, params, self.quick()).await? {
+        match self.row(session, query, params).await? {
             Some(row) => self.get(&row, 0),
             None => Err(self.no_answer()),
         }
     }
 
-    /// Runs `sql` within `limit` and hands back its one row; `None` when `lock_timeout`
-    /// ended a wait (55P03). A statement in flight when the future is dropped is
-    /// cancelled on the server.
+    /// Runs `query` (which never waits) on the session's one path, within the answer
+    /// timeout, and hands back its one row; `None` when `lock_timeout` ended it (55P03).
+    /// A statement in flight when the future is dropped or the limit passes is cancelled
+    /// on the server when the session is dropped.
     async fn row(
         &self,
-        session: &Session,
-        sql: &str,
+        session: &mut Session,
+        query: Query,
         params: &[&(dyn ToSql + Sync)],
-        limit: Limit,
     ) -> Result<Option<tokio_postgres::Row>, LockAcquisitionError> {
-        let object = session.object();
-        let cancel =
-            permit::CancelOnDrop::new(self.inner.connections().canceller(), object.cancel_token());
-        let answer = limit
-            .run(async {
-                let statement = object.prepare_cached(sql).await?;
-                object.query_one(&statement, params).await
-            })
-            .await;
-        cancel.disarm();
-        match answer {
+        match session.query_within(query, params, self.quick()).await {
             Err(_expired) => Err(self.no_answer()),
             Ok(Ok(row)) => Ok(Some(row)),
             Ok(Err(error)) if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => Ok(None),
@@ -162,17 +152,8 @@ impl Call<'_> {
                 session = set_up;
             }
             let fresh = session.is_fresh();
-            let params: [&(dyn ToSql + Sync); 5] = [
-                &session.marker(),
-                &self.class,
-                &marker,
-                &permits,
-                &since_now(),
-            ];
-            let Some(row) = self
-                .row(&session, sql::ENTER, &params, self.quick())
-                .await?
-            else {
+            let params: [&(dyn ToSql + Sync); 4] = [&self.class, &marker, &permits, &since_now()];
+            let Some(row) = self.row(&mut session, sql::ENTER, &params).await? else {
                 return Err(self.no_answer());
             };
             let marked: Option<bool> = self.get(&row, 0)?;
@@ -209,7 +190,7 @@ impl Call<'_> {
     /// the deadline passes. `None`: the deadline passed (nothing taken but the marker).
     async fn wait_for_permit(
         &self,
-        session: &Session,
+        session: &mut Session,
     ) -> Result<Option<u32>, LockAcquisitionError> {
         let lock_timeout_ms = match self.deadline {
             None => 0,
@@ -222,14 +203,10 @@ impl Call<'_> {
         else {
             return Err(refused(self.name, MOVED_BETWEEN_SESSIONS, self.deadline));
         };
-        let object = session.object();
-        let cancel =
-            permit::CancelOnDrop::new(self.inner.connections().canceller(), object.cancel_token());
-        let answer = self
-            .waiting(lock_timeout_ms)
-            .run(object.simple_query(&sql))
+        // Dropped or expired mid-wait, the session cancels the wait and closes.
+        let answer = session
+            .simple_query_within(&sql, self.waiting(lock_timeout_ms))
             .await;
-        cancel.disarm();
         let messages = match answer {
             Err(_expired) => return Err(self.no_answer()),
             Ok(Err(error)) => return Err(self.error(error)),
@@ -266,9 +243,9 @@ impl Call<'_> {
             .inner
             .checkout(self.name, pool_wait, self.deadline)
             .await?;
-        let (session, mut granted) = self.enter(session).await?;
+        let (mut session, mut granted) = self.enter(session).await?;
         if granted.is_none() && wait {
-            granted = self.wait_for_permit(&session).await?;
+            granted = self.wait_for_permit(&mut session).await?;
         }
         match granted {
             Some(slot) => Ok(Some((session, slot))),
@@ -288,9 +265,9 @@ fn since_now() -> i32 {
 
 /// Frees whatever the session holds and gives it back to the pool; closes it when that
 /// cannot be confirmed.
-async fn leave(session: Session, call: &Call<'_>) {
+async fn leave(mut session: Session, call: &Call<'_>) {
     match call
-        .quick_answer::<bool>(&session, sql::LEAVE, &[&session.marker()])
+        .quick_answer::<bool>(&mut session, sql::LEAVE, &[])
         .await
     {
         Ok(Some(true)) => session.into_pool(),

@@ -6,42 +6,16 @@ use std::fmt;
 use std::sync::Arc;
 
 use locks_port::{LostReason, LostSignal, PermitGuard, PermitInfo, ReleaseOutcome};
-use tokio_postgres::CancelToken;
 
 use super::sql;
-use crate::connect::Canceller;
 use crate::connection::Session;
 use crate::health::Watched;
+use crate::limit::Limit;
 use crate::manager::Inner;
-
-/// Sends a cancel request (with the pool's TLS connector) for the statement in flight if
-/// dropped before [`disarm`](Self::disarm): a dropped wait leaves the server's queue at
-/// once.
-pub(super) struct CancelOnDrop<'a>(Option<(&'a Canceller, CancelToken)>);
-
-impl<'a> CancelOnDrop<'a> {
-    pub(super) fn new(canceller: &'a Canceller, token: CancelToken) -> Self {
-        Self(Some((canceller, token)))
-    }
-
-    pub(super) fn disarm(mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for CancelOnDrop<'_> {
-    fn drop(&mut self) {
-        if let Some((canceller, token)) = self.0.take() {
-            canceller.cancel(token);
-        }
-    }
-}
 
 /// What the guard and its release share.
 struct Shared {
     inner: Arc<Inner>,
-    /// The semaphore's class (for the metrics).
-    class: i32,
     /// The permit's connection (`None` once released or lost), as the monitor watches it.
     watched: Arc<Watched>,
 }
@@ -66,49 +40,27 @@ impl PostgresPermit {
         let lost = watched.notifier().signal();
         inner.metrics().permits_changed(1);
         inner.watch(&watched);
-        let shared = Arc::new(Shared {
-            inner,
-            class,
-            watched,
-        });
+        let shared = Arc::new(Shared { inner, watched });
         Self { shared, info, lost }
     }
 }
 
 /// Frees the permit on its connection and gives the connection back; closes it when
-/// the unlock is not confirmed.
+/// the leave is not confirmed. Whether the permit was lost meanwhile is the monitor's
+/// to say ([`Inner::permit_released`]).
 async fn release(shared: &Shared) -> ReleaseOutcome {
     let session = shared.watched.slot().lock().await.take();
-    let Some(session) = session else {
+    let Some(mut session) = session else {
         return match shared.watched.notifier().signal().reason() {
             Some(reason) if reason != LostReason::Released => ReleaseOutcome::Lost(reason),
             _ => ReleaseOutcome::AlreadyReleased,
         };
     };
     shared.inner.metrics().permits_changed(-1);
-    let object = session.object();
-    let answer = tokio::time::timeout(shared.inner.settings().answer_timeout, async {
-        let statement = object.prepare_cached(sql::LEAVE).await?;
-        let row = object.query_one(&statement, &[&session.marker()]).await?;
-        row.try_get::<_, Option<bool>>(0)
-    })
-    .await;
-    let outcome = if matches!(answer, Ok(Ok(Some(true)))) {
-        session.into_pool();
-        ReleaseOutcome::Unlocked
-    } else {
-        if session.is_closed() {
-            // The session had ended under the holder before the monitor saw it: the
-            // permit was lost while held, and the loss counts say so.
-            shared
-                .inner
-                .permit_lost(shared.class, LostReason::ConnectionClosed);
-        }
-        session.close();
-        ReleaseOutcome::SessionClosed
-    };
-    shared.watched.notifier().notify(LostReason::Released);
-    outcome
+    let limit = Limit::Waiting(shared.inner.settings().answer_timeout);
+    let answer = session.query_within(sql::LEAVE, &[], limit).await;
+    let left = matches!(answer, Ok(Ok(row)) if matches!(row.try_get(0), Ok(Some(true))));
+    shared.inner.permit_released(&shared.watched, session, left)
 }
 
 impl PermitGuard for PostgresPermit {

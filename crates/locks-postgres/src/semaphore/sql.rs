@@ -2,7 +2,12 @@
 //! server session: on another one (a transaction-pooling proxy) it does nothing and
 //! answers NULL.
 //!
-//! `$2` is always the semaphore's class; slots are `0..N` within it (see
+//! The entry and the leave are prepared in the connection's own slots
+//! ([`Query`]), with the connection's marker in their text as the lock statements have
+//! it; the wait is a `DO` block sent as a simple query. All run through the connection's
+//! one path ([`crate::connection::Session`]).
+//!
+//! `$1` of the entry is the semaphore's class; slots are `0..N` within it (see
 //! [`PermitDerivation`](locks_port::PermitDerivation) and [`super::encoding`]).
 //!
 //! No statement ends with the turnstile held: a waiter whose process stops between two
@@ -10,10 +15,12 @@
 
 use std::fmt::Write as _;
 
+use crate::sql::{Query, SEMAPHORE_ENTER_SLOT, SEMAPHORE_LEAVE_SLOT};
+
 /// The first statement of an acquisition, the only one when a permit is free: takes the
-/// marker `($2, $3)` shared; lists the other markers of the class held on the database;
+/// marker `($1, $2)` shared; lists the other markers of the class held on the database;
 /// when there are none, tries the turnstile; holding it, takes the first free slot of
-/// `0..$4` and records when (`($2 + 1, $5)` shared), and leaves the turnstile whether or
+/// `0..$3` and records when (`($1 + 1, $4)` shared), and leaves the turnstile whether or
 /// not a slot was free. Answers `(marked, others, gate, slot)`: `marked` NULL on another
 /// server session (nothing was done), `gate` whether the turnstile was free, `slot` the
 /// permit taken.
@@ -21,26 +28,29 @@ use std::fmt::Write as _;
 /// The marker is taken before the look, so of two processes that disagree on N at least
 /// the later one sees the other. Each step is a `LATERAL` sub-select on the step before
 /// (kept apart by `OFFSET 0`), so they run in order.
-pub(super) const ENTER: &str = "SELECT m.marked, o.others, t.gate, g.slot \
-     FROM (SELECT CASE WHEN current_setting('locks.session', true) = $1 \
-           THEN pg_advisory_lock_shared($2::int4, $3::int4)::text = '' END AS marked \
+pub(super) const ENTER: Query = Query {
+    slot: SEMAPHORE_ENTER_SLOT,
+    text: "SELECT m.marked, o.others, t.gate, g.slot \
+     FROM (SELECT CASE WHEN current_setting('locks.session', true) = :marker \
+           THEN pg_advisory_lock_shared($1::int4, $2::int4)::text = '' END AS marked \
            OFFSET 0) AS m \
      CROSS JOIN LATERAL (SELECT array_agg(DISTINCT l.objid::int8) AS others FROM pg_locks l \
       WHERE m.marked AND l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted \
         AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-        AND l.classid = $2::int4::oid \
+        AND l.classid = $1::int4::oid \
         AND l.objid::int8 BETWEEN 2147483648 AND 4294967294 \
-        AND l.objid <> $3::int4::oid) AS o \
+        AND l.objid <> $2::int4::oid) AS o \
      CROSS JOIN LATERAL (SELECT CASE WHEN m.marked AND o.others IS NULL \
-           THEN pg_try_advisory_lock($2::int4, -1) END AS gate OFFSET 0) AS t \
+           THEN pg_try_advisory_lock($1::int4, -1) END AS gate OFFSET 0) AS t \
      CROSS JOIN LATERAL (SELECT CASE WHEN t.gate \
-           THEN (SELECT s FROM generate_series(0, $4::int4 - 1) AS s \
-                 WHERE pg_try_advisory_lock($2::int4, s) LIMIT 1) END AS slot \
+           THEN (SELECT s FROM generate_series(0, $3::int4 - 1) AS s \
+                 WHERE pg_try_advisory_lock($1::int4, s) LIMIT 1) END AS slot \
            OFFSET 0) AS g \
-     CROSS JOIN LATERAL (SELECT CASE WHEN t.gate THEN pg_advisory_unlock($2::int4, -1) \
+     CROSS JOIN LATERAL (SELECT CASE WHEN t.gate THEN pg_advisory_unlock($1::int4, -1) \
            AND (g.slot IS NULL \
-                OR pg_advisory_lock_shared($2::int4 + 1, $5::int4)::text = '') END AS done \
-           OFFSET 0) AS f";
+                OR pg_advisory_lock_shared($1::int4 + 1, $4::int4)::text = '') END AS done \
+           OFFSET 0) AS f",
+};
 
 /// The shortest pause between two looks at the slots of a turnstile holder.
 pub(super) const POLL_MS: u32 = 1;
@@ -127,5 +137,58 @@ pub(super) fn wait(marker: &str, class: i32, permits: u32, lock_timeout_ms: u32)
 /// Frees everything the session holds: the permit, its marker and "since" lock, or a
 /// waiter's marker. The session holds nothing else (permits never share a
 /// connection), so this is exact.
-pub(super) const LEAVE: &str = "SELECT CASE WHEN current_setting('locks.session', true) = $1 \
-     THEN pg_advisory_unlock_all()::text = '' END";
+pub(super) const LEAVE: Query = Query {
+    slot: SEMAPHORE_LEAVE_SLOT,
+    text: "SELECT CASE WHEN current_setting('locks.session', true) = :marker \
+     THEN pg_advisory_unlock_all()::text = '' END",
+};
+
+#[cfg(test)]
+mod tests {
+    use locks_port::LockMode;
+
+    use super::*;
+    use crate::sql::{PREPARED_KINDS, SETUP_SLOT, Statement};
+
+    #[test]
+    fn the_entry_and_the_leave_have_slots_of_their_own_and_carry_the_marker() {
+        let mut taken = vec![SETUP_SLOT];
+        for mode in [LockMode::Exclusive, LockMode::Shared] {
+            taken.extend(
+                [
+                    Statement::Lock {
+                        lock_id: 1,
+                        mode,
+                        lock_timeout_ms: 0,
+                    },
+                    Statement::TryLock { lock_id: 1, mode },
+                    Statement::Unlock { lock_id: 1, mode },
+                    Statement::UnlockIfHeld { lock_id: 1, mode },
+                    Statement::Ping,
+                    Statement::UnlockAll,
+                    Statement::TryLockEach {
+                        lock_ids: &[1],
+                        mode,
+                    },
+                    Statement::UnlockEach {
+                        lock_ids: &[1],
+                        mode,
+                    },
+                ]
+                .map(Statement::slot),
+            );
+        }
+        for query in [ENTER, LEAVE] {
+            assert!(query.slot < PREPARED_KINDS, "{query:?}");
+            assert!(!taken.contains(&query.slot), "{query:?}");
+            let sql = query.sql("0123456789abcdef");
+            assert!(sql.contains("locks.session', true) = '0123456789abcdef'"));
+            assert!(!sql.contains(":marker"));
+        }
+        assert_ne!(ENTER.slot, LEAVE.slot);
+        // The entry binds the class, the marker's slot, N and the time; the leave nothing.
+        let enter = ENTER.sql("0123456789abcdef");
+        assert!(enter.contains("$4") && !enter.contains("$5"));
+        assert!(!LEAVE.sql("0123456789abcdef").contains('$'));
+    }
+}

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use locks_port::{
     AcquireOptions, AcquisitionErrorKind, DistributedLock, LockGuard, LockRegistry, LostReason,
-    ReleaseOutcome,
+    ReleaseOutcome, Semaphore,
 };
 use locks_postgres::PostgresLockManager;
 use throwaway_pg::{PgBouncer, PoolMode};
@@ -198,6 +198,83 @@ async fn transaction_pooling_is_reported_to_the_holder_as_a_loss() {
     assert_eq!(guard.release().await, ReleaseOutcome::Lost(reason));
     drop(occupant);
     terminate_and_wait(&admin, holder, lock_id).await;
+    drop(bouncer);
+}
+
+/// The permit's statements check the server session's marker as the lock statements
+/// do: a second client whose semaphore entry reaches the permit holder's server session
+/// (where a slot lock is re-entrant, so the slot would look free) is refused instead of
+/// being granted the one permit a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_pooling_refuses_a_second_permit_on_the_holders_server_session() {
+    let bouncer = transaction_pooler();
+    let url = bouncer.url();
+    let first = PostgresLockManager::builder(locks_postgres::plain_pool(&url, 1).expect("pool"))
+        .keepalive(None)
+        .build();
+    let second = PostgresLockManager::builder(locks_postgres::plain_pool(&url, 1).expect("pool"))
+        .keepalive(None)
+        .build();
+    let name = unique_key("pgbouncer-transaction-permit");
+    let class = first.semaphore_class(&name);
+    let admin = admin().await;
+    let slot_holders = || async {
+        admin
+            .query(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                 AND objsubid = 2 AND classid = $1::int4::oid AND objid::int8 < 2147483648",
+                &[&class],
+            )
+            .await
+            .expect("pg_locks")
+            .iter()
+            .map(|row| row.get::<_, i32>(0))
+            .collect::<Vec<_>>()
+    };
+
+    let permit = first
+        .acquire_permit(&name, 1, AcquireOptions::new())
+        .await
+        .expect("the first permit lands on one server session");
+    let [holder] = slot_holders().await[..] else {
+        panic!("one server session holds the permit");
+    };
+    // The second client's connection is set up on the other server session...
+    let occupant = occupy_all_but(&bouncer, holder, true).await;
+    let key = unique_key("pgbouncer-transaction-permit-lock");
+    let guard = second
+        .acquire(&key, Duration::from_secs(2))
+        .await
+        .expect("a lock on the other server session");
+    assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
+    occupant.batch_execute("COMMIT").await.expect("commit");
+    // ...and its semaphore entry reaches the holder's, the only free one.
+    let occupant = occupy_all_but(&bouncer, holder, false).await;
+    // The entry finds another marker there and does nothing; the set-up tried again
+    // then fails as well: its statement was prepared on the other server session
+    // (26000 from a PgBouncer without prepared-statement support), or finds the
+    // holder's marker (a `Configuration` refusal).
+    let error = second
+        .acquire_permit(&name, 1, Duration::from_secs(2))
+        .await
+        .expect_err("refused, not granted on the holder's session");
+    assert!(
+        matches!(
+            error.kind(),
+            AcquisitionErrorKind::Configuration | AcquisitionErrorKind::Backend
+        ) && !error.is_timeout(),
+        "{error}"
+    );
+    assert_eq!(slot_holders().await, [holder], "one permit, the holder's");
+    occupant.batch_execute("COMMIT").await.expect("commit");
+    // Behind transaction pooling the release may reach the other server session too:
+    // the permit goes with the holder's server session.
+    drop(permit);
+    crate::faults::terminate_backend(&admin, holder).await;
+    wait_for("the permit to be gone on the server", || async {
+        slot_holders().await.is_empty()
+    })
+    .await;
     drop(bouncer);
 }
 
