@@ -1,9 +1,7 @@
 //! The leader board on PostgreSQL: the latest term of each election in a small table,
 //! read and written through pooled connections, one statement each (ADR 0024).
 
-use locks_port::{
-    AcquisitionErrorKind, LockAcquisitionError, LockMode, Proclamation, check_published_value,
-};
+use locks_port::{AcquisitionErrorKind, LockAcquisitionError, Proclamation, check_published_value};
 use time::OffsetDateTime;
 use tokio_postgres::Row;
 
@@ -11,7 +9,7 @@ use crate::builder::{HOLDER_APPLICATION_NAME_PREFIX, published_holder_id};
 use crate::errors::{driver_error, no_answer};
 use crate::manager::PostgresLockManager;
 use crate::pool;
-use crate::xact::TransactionLocks;
+use crate::xact::install_under_lock;
 
 /// The table of leader terms (in the connection's `search_path` schema).
 pub const LEADER_BOARD_TABLE: &str = "advisory_lock_leader_terms";
@@ -65,13 +63,7 @@ pub const LEADER_BOARD_INSTALL_KEY: &str = "locks-postgres:install:advisory_lock
 pub async fn install_leader_board(
     client: &tokio_postgres::Client,
 ) -> Result<(), tokio_postgres::Error> {
-    let lock_id = locks_port::lock_id(LEADER_BOARD_INSTALL_KEY);
-    client
-        .batch_execute(&format!(
-            "BEGIN; {}{LEADER_BOARD_SCHEMA}; COMMIT",
-            TransactionLocks::statements(lock_id, LockMode::Exclusive, None)
-        ))
-        .await
+    install_under_lock(client, LEADER_BOARD_INSTALL_KEY, LEADER_BOARD_SCHEMA).await
 }
 
 /// [`LeaderBoard::proclaim`](locks_port::LeaderBoard::proclaim) of a manager.

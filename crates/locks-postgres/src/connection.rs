@@ -374,17 +374,6 @@ impl Session {
         Ok(answer)
     }
 
-    /// The connection (for statements of its own, like the set-up).
-    pub(crate) fn object(&self) -> &Object {
-        match self.conn.as_deref() {
-            Some(Known {
-                object: Some(object),
-                ..
-            }) => object,
-            _ => unreachable!("a session holds its connection until it is consumed"),
-        }
-    }
-
     /// The connection's session marker, for statements of its own that must check it
     /// (the semaphore's).
     pub(crate) fn marker(&self) -> &str {

@@ -14,7 +14,10 @@ use locks_port::{AcquisitionErrorKind, LockAcquisitionError};
 
 use crate::connection::Session;
 use crate::errors::driver_error;
+use crate::limit::{Expired, Limit};
 use crate::manager::Inner;
+use crate::sql::{FENCING_TOKEN_SLOT, FENCING_TOKENS_SLOT, Query};
+use crate::xact::install_under_lock;
 
 /// The table of fencing tokens (in the connection's `search_path` schema).
 pub const FENCING_TABLE: &str = "advisory_lock_fencing_tokens";
@@ -26,14 +29,23 @@ pub const FENCING_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS advisory_lock_fenci
      token bigint NOT NULL CHECK (token > 0), \
      granted_at timestamptz NOT NULL DEFAULT now())";
 
-const NEXT_TOKEN: &str = "INSERT INTO advisory_lock_fencing_tokens AS t (lock_id, token) \
+/// The next token of the lock `$1`: one row, the token.
+const NEXT_TOKEN: Query = Query {
+    slot: FENCING_TOKEN_SLOT,
+    text: "INSERT INTO advisory_lock_fencing_tokens AS t (lock_id, token) \
      VALUES ($1, 1) ON CONFLICT (lock_id) \
-     DO UPDATE SET token = t.token + 1, granted_at = now() RETURNING token";
+     DO UPDATE SET token = t.token + 1, granted_at = now() RETURNING token",
+};
+
+/// The key whose transaction lock [`install_fencing`] holds while it creates the table.
+pub const FENCING_INSTALL_KEY: &str = "locks-postgres:install:advisory_lock_fencing_tokens";
 
 /// Creates the table of fencing tokens if it does not exist: the explicit install step
 /// of [`PostgresLockManagerBuilder::fencing`](crate::PostgresLockManagerBuilder::fencing).
 /// Run it once per database (a migration, a deploy step); the manager never creates it
-/// on its own. Idempotent.
+/// on its own. Idempotent, and safe to run from several processes at once: it holds a
+/// transaction lock on [`FENCING_INSTALL_KEY`] meanwhile (two concurrent `CREATE TABLE
+/// IF NOT EXISTS` can otherwise fail with a unique violation in the server's catalog).
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -57,14 +69,18 @@ const NEXT_TOKEN: &str = "INSERT INTO advisory_lock_fencing_tokens AS t (lock_id
 /// # Errors
 /// The driver's error when the statement fails (for example, no `CREATE` privilege).
 pub async fn install_fencing(client: &tokio_postgres::Client) -> Result<(), tokio_postgres::Error> {
-    client.batch_execute(FENCING_SCHEMA).await
+    install_under_lock(client, FENCING_INSTALL_KEY, FENCING_SCHEMA).await
 }
 
-/// The next tokens of several lock ids at once (a group of `acquire_many`): one row
-/// each, in one statement.
-const NEXT_TOKENS: &str = "INSERT INTO advisory_lock_fencing_tokens AS t (lock_id, token) \
+/// The next tokens of several lock ids at once (a group of `acquire_many`), in one
+/// statement: one row, the lock ids and their tokens as two arrays in the same order.
+const NEXT_TOKENS: Query = Query {
+    slot: FENCING_TOKENS_SLOT,
+    text: "WITH next AS (INSERT INTO advisory_lock_fencing_tokens AS t (lock_id, token) \
      SELECT id, 1 FROM unnest($1::bigint[]) AS id ON CONFLICT (lock_id) \
-     DO UPDATE SET token = t.token + 1, granted_at = now() RETURNING lock_id, token";
+     DO UPDATE SET token = t.token + 1, granted_at = now() RETURNING lock_id, token) \
+     SELECT array_agg(lock_id), array_agg(token) FROM next",
+};
 
 impl Inner {
     /// The next token of `lock_id`, taken in the session that holds it. On failure the
@@ -75,13 +91,11 @@ impl Inner {
         lock_id: i64,
         session: &mut Session,
     ) -> Result<i64, LockAcquisitionError> {
-        let object = session.object();
-        let answer = tokio::time::timeout(self.settings().answer_timeout, async {
-            let statement = object.prepare_cached(NEXT_TOKEN).await?;
-            let row = object.query_one(&statement, &[&lock_id]).await?;
-            row.try_get::<_, i64>(0)
-        })
-        .await;
+        let limit = Limit::Waiting(self.settings().answer_timeout);
+        let answer = session
+            .query_within(NEXT_TOKEN, &[&lock_id], limit)
+            .await
+            .map(|row| row?.try_get::<_, i64>(0));
         fencing_answer(key, answer)
     }
 
@@ -94,17 +108,20 @@ impl Inner {
         lock_ids: &[i64],
         session: &mut Session,
     ) -> Result<HashMap<i64, i64>, LockAcquisitionError> {
-        let object = session.object();
-        let answer = tokio::time::timeout(self.settings().answer_timeout, async {
-            let statement = object.prepare_cached(NEXT_TOKENS).await?;
-            object
-                .query(&statement, &[&lock_ids])
-                .await?
-                .iter()
-                .map(|row| Ok((row.try_get::<_, i64>(0)?, row.try_get::<_, i64>(1)?)))
-                .collect::<Result<HashMap<i64, i64>, tokio_postgres::Error>>()
-        })
-        .await;
+        let limit = Limit::Waiting(self.settings().answer_timeout);
+        let answer = session
+            .query_within(NEXT_TOKENS, &[&lock_ids], limit)
+            .await
+            .map(|row| {
+                let row = row?;
+                let ids: Option<Vec<i64>> = row.try_get(0)?;
+                let tokens: Option<Vec<i64>> = row.try_get(1)?;
+                Ok(ids
+                    .unwrap_or_default()
+                    .into_iter()
+                    .zip(tokens.unwrap_or_default())
+                    .collect())
+            });
         fencing_answer(key, answer)
     }
 }
@@ -112,7 +129,7 @@ impl Inner {
 /// The outcome of a fencing-token statement, with a hint when the table is missing.
 fn fencing_answer<T>(
     key: &str,
-    answer: Result<Result<T, tokio_postgres::Error>, tokio::time::error::Elapsed>,
+    answer: Result<Result<T, tokio_postgres::Error>, Expired>,
 ) -> Result<T, LockAcquisitionError> {
     match answer {
         Ok(Ok(tokens)) => Ok(tokens),
@@ -132,7 +149,8 @@ fn fencing_answer<T>(
             }
             Err(error)
         }
-        Err(_elapsed) => Err(LockAcquisitionError::new(
+        // The statement is still in flight: the session, dropped, cancels and closes it.
+        Err(Expired) => Err(LockAcquisitionError::new(
             key,
             AcquisitionErrorKind::ConnectionLost,
             "Database error: the server did not answer the fencing-token statement",

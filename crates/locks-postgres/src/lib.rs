@@ -35,7 +35,7 @@ pub use board::{
 };
 pub use builder::{HOLDER_APPLICATION_NAME_PREFIX, KeyVisibility, PostgresLockManagerBuilder};
 pub use connect::{CancelPath, LockConnect};
-pub use fencing::{FENCING_SCHEMA, FENCING_TABLE, install_fencing};
+pub use fencing::{FENCING_INSTALL_KEY, FENCING_SCHEMA, FENCING_TABLE, install_fencing};
 pub use guard::PostgresLockGuard;
 pub use health::LostLockCounts;
 pub use inspect::{AdvisoryLockId, InspectError, LockHolder, all_lock_holders, lock_holders};

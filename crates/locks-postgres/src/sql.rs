@@ -13,17 +13,22 @@
 use locks_port::LockMode;
 
 /// How many statements a connection can have prepared: six kinds of lock statement in
-/// two modes, the keepalive, the set-up, the unlock of everything, and the semaphore's
-/// two [`Query`]s (its entry and its leave).
-pub(crate) const PREPARED_KINDS: usize = 17;
+/// two modes, the keepalive, the set-up, the unlock of everything, the semaphore's
+/// two [`Query`]s (its entry and its leave) and the fencing tokens' two.
+pub(crate) const PREPARED_KINDS: usize = 19;
 /// The slot of [`SESSION_SETUP`] among a connection's prepared statements.
 pub(crate) const SETUP_SLOT: usize = 9;
 /// The slot of the semaphore's entry (see [`Query`]).
 pub(crate) const SEMAPHORE_ENTER_SLOT: usize = 15;
 /// The slot of the semaphore's leave (see [`Query`]).
 pub(crate) const SEMAPHORE_LEAVE_SLOT: usize = 16;
+/// The slot of the next fencing token of one lock (see [`Query`]).
+pub(crate) const FENCING_TOKEN_SLOT: usize = 17;
+/// The slot of the next fencing tokens of a group's locks (see [`Query`]).
+pub(crate) const FENCING_TOKENS_SLOT: usize = 18;
 
-/// A statement of a strategy with statements of its own (the semaphore's): prepared in
+/// A statement of a strategy with statements of its own (the semaphore's, the fencing
+/// tokens'): prepared in
 /// the connection's slot `slot`, from `text` with `:marker` for the connection's
 /// marker, like a [`Statement`]; its parameters are bound by the caller and its one row
 /// read by the caller.

@@ -108,6 +108,29 @@ enum Attempt {
     Busy,
 }
 
+/// Runs `ddl` (an idempotent install step, `CREATE TABLE IF NOT EXISTS ...`) in a
+/// transaction that first takes the transaction lock of `install_key`: two concurrent
+/// `CREATE TABLE IF NOT EXISTS` of a new table can otherwise fail with a unique
+/// violation in the server's catalog (23505 on `pg_type`). On failure the transaction
+/// is rolled back, so the session stays usable for whoever reuses it.
+pub(crate) async fn install_under_lock(
+    client: &tokio_postgres::Client,
+    install_key: &str,
+    ddl: &str,
+) -> Result<(), tokio_postgres::Error> {
+    let lock_id = locks_port::lock_id(install_key);
+    let installed = client
+        .batch_execute(&format!(
+            "BEGIN; {}{ddl}; COMMIT",
+            TransactionLocks::statements(lock_id, LockMode::Exclusive, None)
+        ))
+        .await;
+    if installed.is_err() {
+        let _ = client.batch_execute("ROLLBACK").await;
+    }
+    installed
+}
+
 impl TransactionLocks {
     /// Locks keyed with [`KeyDerivation::CURRENT`], keys shown in spans.
     #[must_use]

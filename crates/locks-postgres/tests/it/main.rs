@@ -7,6 +7,7 @@ mod counter;
 mod faults;
 mod group_waits;
 mod inspect;
+mod installs;
 mod leader;
 mod leader_board;
 mod lease;
