@@ -63,7 +63,7 @@ pub struct PostgresLockManagerBuilder {
     /// The meter of the manager's instruments (`None`: the global provider's).
     pub(crate) meter: Option<opentelemetry::metrics::Meter>,
     /// The pool's cancel path, when set by [`tls`](Self::tls) (else found from the pool).
-    pub(crate) canceller: Option<crate::connect::Canceller>,
+    pub(crate) canceller: Option<crate::pool::connect::Canceller>,
 }
 
 /// The manager's timings and options (see the builder for each).
@@ -371,7 +371,7 @@ impl PostgresLockManagerBuilder {
         T::TlsConnect: Sync + Send,
         <T::TlsConnect as tokio_postgres::tls::TlsConnect<tokio_postgres::Socket>>::Future: Send,
     {
-        self.canceller = Some(crate::connect::Canceller::with(tls));
+        self.canceller = Some(crate::pool::connect::Canceller::with(tls));
         self
     }
 

@@ -12,8 +12,8 @@ use std::task::{Context, Poll};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Row, SimpleQueryMessage};
 
-use crate::connect::Canceller;
 use crate::limit::{Bounded, Expired, Limit};
+use crate::pool::connect::Canceller;
 use crate::pool::{self, Pooled as Object, PooledId as ObjectId};
 use crate::sql::{PREPARED_KINDS, Query, SESSION_SETUP, SETUP_SLOT, Statement};
 use crate::watchdog::{Watch, Watched};

@@ -24,11 +24,11 @@ use locks_port::{AcquisitionErrorKind, LossNotifier, LostReason, ReleaseOutcome}
 use tokio::time::Instant;
 
 use crate::bookkeeping::{Held, SessionSlot, Ticket, new_slot};
-use crate::connect::connection_ended;
 use crate::connection::{Answer, Session};
 use crate::errors::{MOVED_BETWEEN_SESSIONS, describe, driver_kind};
 use crate::limit::Limit;
 use crate::manager::Inner;
+use crate::pool::connect::connection_ended;
 use crate::sql::Statement;
 use crate::telemetry::lost_span;
 use crate::watchdog::Watch;

@@ -55,7 +55,7 @@ impl Inner {
         };
         let canceller = builder
             .canceller
-            .unwrap_or_else(|| crate::connect::canceller_of(&builder.pool));
+            .unwrap_or_else(|| crate::pool::connect::canceller_of(&builder.pool));
         let connections = Arc::new(Connections::new(builder.pool.status().max_size, canceller));
         let metrics = Arc::new(Metrics::new(
             settings.metrics,

@@ -6,7 +6,6 @@ mod board;
 mod bookkeeping;
 mod builder;
 mod checkout;
-mod connect;
 mod connection;
 mod errors;
 mod fencing;
@@ -34,7 +33,6 @@ pub use board::{
     LEADER_BOARD_INSTALL_KEY, LEADER_BOARD_SCHEMA, LEADER_BOARD_TABLE, install_leader_board,
 };
 pub use builder::{HOLDER_APPLICATION_NAME_PREFIX, KeyVisibility, PostgresLockManagerBuilder};
-pub use connect::{CancelPath, LockConnect};
 pub use fencing::{FENCING_INSTALL_KEY, FENCING_SCHEMA, FENCING_TABLE, install_fencing};
 pub use guard::PostgresLockGuard;
 pub use health::LostLockCounts;
@@ -46,6 +44,7 @@ pub use lock_table::{LockTableUsage, is_lock_table_full, lock_table_usage};
 pub use locks_port::LockMode;
 pub use manager::PostgresLockManager;
 pub use many::PostgresLockGroup;
+pub use pool::connect::{CancelPath, LockConnect};
 
 /// The old name of [`PostgresLockGroup`] (it read like a manager beside
 /// `PostgresLockGuard`); kept for one release.

@@ -26,7 +26,7 @@
 //! - [`errors`](crate::errors): errors in the server's words, and the adapter's own;
 //!   [`telemetry`](crate::telemetry): spans and events;
 //! - [`pool`](crate::pool): the pool, the one room that names the pool's library (with
-//!   [`connect`](crate::connect), its connector and cancel path): replacing or wrapping
+//!   [`connect`](crate::pool::connect), its connector and cancel path): replacing or wrapping
 //!   the pool changes these two.
 
 use std::fmt;

@@ -1,9 +1,11 @@
 //! The pool, the one room of the adapter that knows which pool library it uses
-//! (deadpool-postgres; [`crate::connect`] is its connector): the pools this crate builds
-//! from a URL ([`plain_pool`], [`tls_pool`]), the names the other rooms use for the pool,
-//! a pooled connection and a checkout's failure, and the few pool operations they need.
-//! Replacing or wrapping the pool changes this file and `connect.rs`; the rest of the
-//! adapter names only what is here.
+//! (deadpool-postgres; [`connect`] is its connector and cancel path): the pools this
+//! crate builds from a URL ([`plain_pool`], [`tls_pool`]), the names the other rooms use
+//! for the pool, a pooled connection and a checkout's failure, and the few pool
+//! operations they need. Replacing or wrapping the pool changes this room (`pool/`) and
+//! the checkout; the rest of the adapter names only what is here.
+
+pub(crate) mod connect;
 
 use std::str::FromStr;
 use std::time::{Duration, Instant};
@@ -13,10 +15,10 @@ use locks_port::{AcquisitionErrorKind, LockAcquisitionError};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{NoTls, Socket};
 
-use crate::connect::{Canceller, LockConnect, register};
 use crate::errors::{connect_kind, describe, pool_exhausted};
 use crate::limit::{Deadline, Expired};
 use crate::manager::PostgresLockManager;
+use connect::{Canceller, LockConnect, register};
 
 /// A checked-out connection; it derefs to a [`tokio_postgres::Client`].
 pub(crate) use deadpool_postgres::Object as Pooled;
