@@ -139,7 +139,10 @@ fn code_kind(code: &SqlState) -> AcquisitionErrorKind {
         || *code == SqlState::INSUFFICIENT_PRIVILEGE
         || *code == SqlState::READ_ONLY_SQL_TRANSACTION
         || *code == SqlState::UNDEFINED_TABLE
-    // e.g. fencing on without its table
+        // e.g. fencing on without its table
+        || *code == SqlState::INVALID_SQL_STATEMENT_NAME
+    // a statement prepared on the connection's server session is missing: the statement
+    // reached another server session (a transaction-pooling proxy)
     {
         AcquisitionErrorKind::Configuration
     } else {
@@ -198,6 +201,14 @@ pub(crate) fn describe(error: &tokio_postgres::Error) -> String {
 
 /// An acquisition error for a driver error: kind by SQLSTATE, reason in the server's
 /// words, the driver error as source.
+///
+/// A prepared statement the server session does not know (26000) means the statement
+/// reached a server session other than the one it was prepared on: the error says so
+/// ([`MOVED_BETWEEN_SESSIONS`]) before the server's words.
 pub(crate) fn driver_error(key: &str, error: tokio_postgres::Error) -> LockAcquisitionError {
-    LockAcquisitionError::described(key, driver_kind(&error), describe(&error), error)
+    let mut reason = describe(&error);
+    if error.code() == Some(&SqlState::INVALID_SQL_STATEMENT_NAME) {
+        reason = format!("{MOVED_BETWEEN_SESSIONS} ({reason})");
+    }
+    LockAcquisitionError::described(key, driver_kind(&error), reason, error)
 }
