@@ -161,6 +161,43 @@ async fn transaction_pooling_refuses_a_second_grant_on_the_holders_server_sessio
     drop(bouncer);
 }
 
+/// A pool's recycling (deadpool's `RecyclingMethod::Clean` runs `RESET ALL`) can reset
+/// the settings of a connection the manager has set up. Its next try then reaches a
+/// server session without the connection's marker: the try must answer "not my
+/// session" and do nothing, and the manager sets the session up again before it takes
+/// the lock; otherwise the lock would be held on an unmarked session, and the next
+/// keepalive (which checks the marker) would report it lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_on_a_connection_whose_settings_were_reset_sets_it_up_again() {
+    let pool = crate::support::pool(1);
+    let manager = PostgresLockManager::builder(pool.clone())
+        .health_check_interval(Duration::from_millis(20))
+        .keepalive(Some(Duration::from_millis(50)))
+        .build();
+    let key = unique_key("reset-settings");
+    let lock_id = locks_port::lock_id(&key);
+    let admin = admin().await;
+    let guard = manager
+        .acquire(&key, AcquireOptions::new())
+        .await
+        .expect("acquire");
+    assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
+    // The pool's one connection, set up by the manager, has its settings reset.
+    let object = pool.get().await.expect("the idle connection");
+    object.batch_execute("RESET ALL").await.expect("RESET ALL");
+    drop(object);
+
+    let guard = manager
+        .acquire(&key, AcquireOptions::new())
+        .await
+        .expect("granted after a fresh set-up");
+    assert_eq!(holders(&admin, lock_id).await, 1);
+    tokio::time::sleep(Duration::from_millis(400)).await; // several keepalives
+    assert!(!guard.is_lost(), "lost: {:?}", guard.lost().reason());
+    assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
+    assert_eq!(holders(&admin, lock_id).await, 0);
+}
+
 /// A holder whose keepalive reaches another server session is told its lock is lost:
 /// behind transaction pooling the session that took the lock is no longer its own.
 /// (The lock itself stays on that server session until PgBouncer closes it; here the
