@@ -483,7 +483,8 @@ async fn execute(
             lock_timeout_ms,
             ..
         } => {
-            let lock_timeout = lock_timeout_ms.to_string();
+            // Bound as an integer (no string per wait); at most `i32::MAX` ms already.
+            let lock_timeout = i32::try_from(lock_timeout_ms).unwrap_or(i32::MAX);
             let row = object
                 .query_one(prepared, &[&lock_id, &lock_timeout])
                 .await?;

@@ -174,9 +174,10 @@ impl Statement<'_> {
     }
 
     /// The SQL text with `:marker` for the connection's marker: `$1` the lock id, then
-    /// (for [`Statement::Lock`]) `$2` the timeout in ms as text. Each answers one row:
-    /// its answer column is NULL when the server session is not the connection's own
-    /// (and nothing was done there); [`Statement::TryLockEach`] adds a second column.
+    /// (for [`Statement::Lock`]) `$2` the timeout in ms, an integer (made text in SQL:
+    /// no string is formatted per wait). Each answers one row: its answer column is NULL
+    /// when the server session is not the connection's own (and nothing was done there);
+    /// [`Statement::TryLockEach`] adds a second column.
     pub(crate) fn text(self) -> &'static str {
         let shared = matches!(self.mode(), LockMode::Shared);
         match self {
@@ -189,12 +190,12 @@ impl Statement<'_> {
             Self::Lock { .. } if shared => {
                 "SELECT CASE WHEN current_setting('locks.session', true) = :marker \
                  THEN pg_advisory_lock_shared($1)::text = '' END \
-                 FROM (SELECT set_config('lock_timeout', $2, true)) AS options"
+                 FROM (SELECT set_config('lock_timeout', $2::integer::text, true)) AS options"
             }
             Self::Lock { .. } => {
                 "SELECT CASE WHEN current_setting('locks.session', true) = :marker \
                  THEN pg_advisory_lock($1)::text = '' END \
-                 FROM (SELECT set_config('lock_timeout', $2, true)) AS options"
+                 FROM (SELECT set_config('lock_timeout', $2::integer::text, true)) AS options"
             }
             Self::TryLock { .. } if shared => answered!("pg_try_advisory_lock_shared($1)"),
             Self::TryLock { .. } => answered!("pg_try_advisory_lock($1)"),
