@@ -3,6 +3,7 @@
 //! (the unlock that follows is in [`crate::release`]).
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -281,22 +282,21 @@ impl Book {
     }
 
     /// Takes out the entry of the acquisition with `ticket` of `lock_id`. The id is
-    /// looked up once: its entries come out whole, and the rest (other shared holds,
-    /// rare) go back.
+    /// looked up once; the entry is moved out of its place, and the id's place goes
+    /// only when it held nothing else (other shared holds are rare).
     pub(crate) fn remove_one(&mut self, lock_id: i64, ticket: u64) -> Option<Held> {
-        let mut entries = self.by_id.remove(&lock_id)?;
-        let taken = entries
-            .iter()
-            .position(|held| held.ticket == ticket)
-            .map(|index| entries.swap_remove(index));
-        if !entries.is_empty() {
-            self.by_id.insert(lock_id, entries);
+        let Entry::Occupied(mut place) = self.by_id.entry(lock_id) else {
+            return None;
+        };
+        let entries = place.get_mut();
+        let index = entries.iter().position(|held| held.ticket == ticket)?;
+        let taken = entries.swap_remove(index);
+        if entries.is_empty() {
+            place.remove();
         }
-        self.count -= usize::from(taken.is_some());
-        if let Some(held) = &taken {
-            self.metrics.held_changed(held.mode, -1);
-        }
-        taken
+        self.count -= 1;
+        self.metrics.held_changed(taken.mode, -1);
+        Some(taken)
     }
 
     /// Takes out the entry of `ticket` and, when it belongs to a group, the rest of
