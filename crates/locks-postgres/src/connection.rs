@@ -35,6 +35,8 @@ pub(crate) struct Known {
     /// every manager of the process (see [`marker`]).
     marker: Box<str>,
     prepared: Prepared,
+    /// The strategies' own [`Query`]s prepared on it, by query (a handful at most).
+    queries: Vec<(&'static Query, tokio_postgres::Statement)>,
     /// What holds its statements to their limits (`None`: the watchdog could not be
     /// started, and each statement has a timer of its own).
     watch: Option<Arc<Watch>>,
@@ -50,6 +52,7 @@ impl Known {
             set_up: false,
             marker: marker(object),
             prepared: Default::default(),
+            queries: Vec::new(),
             watch: Watch::new(),
         })
     }
@@ -327,8 +330,8 @@ impl Session {
         Ok(answers)
     }
 
-    /// Runs `query` (a strategy's own statement, prepared once per connection in its
-    /// slot, then one round trip) with `params` within `limit` (held by the connection's
+    /// Runs `query` (a strategy's own statement, prepared once per connection, then one
+    /// round trip) with `params` within `limit` (held by the connection's
     /// watch), and hands back its one row.
     ///
     /// As with [`run_within`](Self::run_within), a future dropped before the answer,
@@ -336,21 +339,39 @@ impl Session {
     /// dropping the session cancels it and closes the connection.
     pub(crate) async fn query_within(
         &mut self,
-        query: Query,
+        query: &'static Query,
         params: &[&(dyn ToSql + Sync)],
         limit: Limit,
     ) -> Result<Result<Row, tokio_postgres::Error>, Expired> {
-        let (object, marker, cached, watch, in_flight) = self.parts();
-        *in_flight = true;
-        let running = async {
-            let prepared = match &mut cached[query.slot] {
-                Some(prepared) => prepared,
-                empty => empty.insert(prepare(object, query.sql(marker)).await?),
-            };
-            object.query_one(prepared, params).await
+        self.used = true;
+        let Some(Known {
+            object: Some(object),
+            marker,
+            queries,
+            watch,
+            ..
+        }) = self.conn.as_deref_mut()
+        else {
+            unreachable!("a session holds its connection until it is consumed")
         };
-        let answer = within(watch, limit, std::pin::pin!(running)).await?;
-        *in_flight = false;
+        self.in_flight = true;
+        let running = async {
+            let known = queries
+                .iter()
+                .position(|(known, _)| std::ptr::eq(*known, query));
+            let index = match known {
+                Some(index) => index,
+                None => {
+                    let prepared = prepare(object, query.sql(marker)).await?;
+                    queries.push((query, prepared));
+                    queries.len() - 1
+                }
+            };
+            object.query_one(&queries[index].1, params).await
+        };
+        let answer = within(watch.as_deref(), limit, std::pin::pin!(running)).await?;
+        // Reached only when the statement finished (answer or error): no cancel needed.
+        self.in_flight = false;
         Ok(answer)
     }
 

@@ -16,7 +16,7 @@ use crate::connection::Session;
 use crate::errors::driver_error;
 use crate::limit::{Expired, Limit};
 use crate::manager::Inner;
-use crate::sql::{FENCING_TOKEN_SLOT, FENCING_TOKENS_SLOT, Query};
+use crate::sql::Query;
 use crate::xact::install_under_lock;
 
 /// The table of fencing tokens (in the connection's `search_path` schema).
@@ -30,12 +30,11 @@ pub const FENCING_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS advisory_lock_fenci
      granted_at timestamptz NOT NULL DEFAULT now())";
 
 /// The next token of the lock `$1`: one row, the token.
-const NEXT_TOKEN: Query = Query {
-    slot: FENCING_TOKEN_SLOT,
-    text: "INSERT INTO advisory_lock_fencing_tokens AS t (lock_id, token) \
+static NEXT_TOKEN: Query = Query::new(
+    "INSERT INTO advisory_lock_fencing_tokens AS t (lock_id, token) \
      VALUES ($1, 1) ON CONFLICT (lock_id) \
      DO UPDATE SET token = t.token + 1, granted_at = now() RETURNING token",
-};
+);
 
 /// The key whose transaction lock [`install_fencing`] holds while it creates the table.
 pub const FENCING_INSTALL_KEY: &str = "locks-postgres:install:advisory_lock_fencing_tokens";
@@ -74,13 +73,12 @@ pub async fn install_fencing(client: &tokio_postgres::Client) -> Result<(), toki
 
 /// The next tokens of several lock ids at once (a group of `acquire_many`), in one
 /// statement: one row, the lock ids and their tokens as two arrays in the same order.
-const NEXT_TOKENS: Query = Query {
-    slot: FENCING_TOKENS_SLOT,
-    text: "WITH next AS (INSERT INTO advisory_lock_fencing_tokens AS t (lock_id, token) \
+static NEXT_TOKENS: Query = Query::new(
+    "WITH next AS (INSERT INTO advisory_lock_fencing_tokens AS t (lock_id, token) \
      SELECT id, 1 FROM unnest($1::bigint[]) AS id ON CONFLICT (lock_id) \
      DO UPDATE SET token = t.token + 1, granted_at = now() RETURNING lock_id, token) \
      SELECT array_agg(lock_id), array_agg(token) FROM next",
-};
+);
 
 impl Inner {
     /// The next token of `lock_id`, taken in the session that holds it. On failure the
@@ -93,7 +91,7 @@ impl Inner {
     ) -> Result<i64, LockAcquisitionError> {
         let limit = Limit::Waiting(self.settings().answer_timeout);
         let answer = session
-            .query_within(NEXT_TOKEN, &[&lock_id], limit)
+            .query_within(&NEXT_TOKEN, &[&lock_id], limit)
             .await
             .map(|row| row?.try_get::<_, i64>(0));
         fencing_answer(key, answer)
@@ -110,7 +108,7 @@ impl Inner {
     ) -> Result<HashMap<i64, i64>, LockAcquisitionError> {
         let limit = Limit::Waiting(self.settings().answer_timeout);
         let answer = session
-            .query_within(NEXT_TOKENS, &[&lock_ids], limit)
+            .query_within(&NEXT_TOKENS, &[&lock_ids], limit)
             .await
             .map(|row| {
                 let row = row?;

@@ -12,37 +12,33 @@
 
 use locks_port::LockMode;
 
-/// How many statements a connection can have prepared: six kinds of lock statement in
-/// two modes, the keepalive, the set-up, the unlock of everything, the semaphore's
-/// two [`Query`]s (its entry and its leave) and the fencing tokens' two.
-pub(crate) const PREPARED_KINDS: usize = 19;
+/// How many lock statements a connection can have prepared in fixed slots: six kinds
+/// of lock statement in two modes, the keepalive, the set-up and the unlock of
+/// everything. (A strategy's own [`Query`]s are kept apart, by query.)
+pub(crate) const PREPARED_KINDS: usize = 15;
 /// The slot of [`SESSION_SETUP`] among a connection's prepared statements.
 pub(crate) const SETUP_SLOT: usize = 9;
-/// The slot of the semaphore's entry (see [`Query`]).
-pub(crate) const SEMAPHORE_ENTER_SLOT: usize = 15;
-/// The slot of the semaphore's leave (see [`Query`]).
-pub(crate) const SEMAPHORE_LEAVE_SLOT: usize = 16;
-/// The slot of the next fencing token of one lock (see [`Query`]).
-pub(crate) const FENCING_TOKEN_SLOT: usize = 17;
-/// The slot of the next fencing tokens of a group's locks (see [`Query`]).
-pub(crate) const FENCING_TOKENS_SLOT: usize = 18;
 
 /// A statement of a strategy with statements of its own (the semaphore's, the fencing
-/// tokens'): prepared in
-/// the connection's slot `slot`, from `text` with `:marker` for the connection's
-/// marker, like a [`Statement`]; its parameters are bound by the caller and its one row
-/// read by the caller.
-#[derive(Debug, Clone, Copy)]
+/// tokens'), declared as a `static` in the strategy's own module: prepared once per
+/// connection (kept with the connection, by the static's address: a new strategy
+/// numbers nothing here), from `text` with `:marker` for the connection's marker, like
+/// a [`Statement`]. Its parameters are bound by the caller and its one row read by the
+/// caller (see [`Session::query_within`](crate::connection::Session::query_within)).
+#[derive(Debug)]
 pub(crate) struct Query {
-    /// Its slot among a connection's prepared statements (below [`PREPARED_KINDS`]).
-    pub(crate) slot: usize,
     /// Its SQL, with `:marker` where the connection's marker goes.
-    pub(crate) text: &'static str,
+    text: &'static str,
 }
 
 impl Query {
+    /// The query `text` (with `:marker` where the connection's marker goes).
+    pub(crate) const fn new(text: &'static str) -> Self {
+        Self { text }
+    }
+
     /// The SQL text of a connection whose marker is `marker`.
-    pub(crate) fn sql(self, marker: &str) -> String {
+    pub(crate) fn sql(&self, marker: &str) -> String {
         with_marker(self.text, marker)
     }
 }

@@ -92,7 +92,7 @@ impl Call<'_> {
     async fn quick_answer<T: for<'r> tokio_postgres::types::FromSql<'r>>(
         &self,
         session: &mut Session,
-        query: Query,
+        query: &'static Query,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<T>, LockAcquisitionError> {
         match self.row(session, query, params).await? {
@@ -108,7 +108,7 @@ impl Call<'_> {
     async fn row(
         &self,
         session: &mut Session,
-        query: Query,
+        query: &'static Query,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<tokio_postgres::Row>, LockAcquisitionError> {
         match session.query_within(query, params, self.quick()).await {
@@ -153,7 +153,7 @@ impl Call<'_> {
             }
             let fresh = session.is_fresh();
             let params: [&(dyn ToSql + Sync); 4] = [&self.class, &marker, &permits, &since_now()];
-            let Some(row) = self.row(&mut session, sql::ENTER, &params).await? else {
+            let Some(row) = self.row(&mut session, &sql::ENTER, &params).await? else {
                 return Err(self.no_answer());
             };
             let marked: Option<bool> = self.get(&row, 0)?;
@@ -267,7 +267,7 @@ fn since_now() -> i32 {
 /// cannot be confirmed.
 async fn leave(mut session: Session, call: &Call<'_>) {
     match call
-        .quick_answer::<bool>(&mut session, sql::LEAVE, &[])
+        .quick_answer::<bool>(&mut session, &sql::LEAVE, &[])
         .await
     {
         Ok(Some(true)) => session.into_pool(),

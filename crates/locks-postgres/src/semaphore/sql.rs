@@ -15,7 +15,7 @@
 
 use std::fmt::Write as _;
 
-use crate::sql::{Query, SEMAPHORE_ENTER_SLOT, SEMAPHORE_LEAVE_SLOT};
+use crate::sql::Query;
 
 /// The first statement of an acquisition, the only one when a permit is free: takes the
 /// marker `($1, $2)` shared; lists the other markers of the class held on the database;
@@ -28,9 +28,8 @@ use crate::sql::{Query, SEMAPHORE_ENTER_SLOT, SEMAPHORE_LEAVE_SLOT};
 /// The marker is taken before the look, so of two processes that disagree on N at least
 /// the later one sees the other. Each step is a `LATERAL` sub-select on the step before
 /// (kept apart by `OFFSET 0`), so they run in order.
-pub(super) const ENTER: Query = Query {
-    slot: SEMAPHORE_ENTER_SLOT,
-    text: "SELECT m.marked, o.others, t.gate, g.slot \
+pub(super) static ENTER: Query = Query::new(
+    "SELECT m.marked, o.others, t.gate, g.slot \
      FROM (SELECT CASE WHEN current_setting('locks.session', true) = :marker \
            THEN pg_advisory_lock_shared($1::int4, $2::int4)::text = '' END AS marked \
            OFFSET 0) AS m \
@@ -50,7 +49,7 @@ pub(super) const ENTER: Query = Query {
            AND (g.slot IS NULL \
                 OR pg_advisory_lock_shared($1::int4 + 1, $4::int4)::text = '') END AS done \
            OFFSET 0) AS f",
-};
+);
 
 /// The shortest pause between two looks at the slots of a turnstile holder.
 pub(super) const POLL_MS: u32 = 1;
@@ -137,55 +136,24 @@ pub(super) fn wait(marker: &str, class: i32, permits: u32, lock_timeout_ms: u32)
 /// Frees everything the session holds: the permit, its marker and "since" lock, or a
 /// waiter's marker. The session holds nothing else (permits never share a
 /// connection), so this is exact.
-pub(super) const LEAVE: Query = Query {
-    slot: SEMAPHORE_LEAVE_SLOT,
-    text: "SELECT CASE WHEN current_setting('locks.session', true) = :marker \
+pub(super) static LEAVE: Query = Query::new(
+    "SELECT CASE WHEN current_setting('locks.session', true) = :marker \
      THEN pg_advisory_unlock_all()::text = '' END",
-};
+);
 
 #[cfg(test)]
 mod tests {
-    use locks_port::LockMode;
-
     use super::*;
-    use crate::sql::{PREPARED_KINDS, SETUP_SLOT, Statement};
 
     #[test]
-    fn the_entry_and_the_leave_have_slots_of_their_own_and_carry_the_marker() {
-        let mut taken = vec![SETUP_SLOT];
-        for mode in [LockMode::Exclusive, LockMode::Shared] {
-            taken.extend(
-                [
-                    Statement::Lock {
-                        lock_id: 1,
-                        mode,
-                        lock_timeout_ms: 0,
-                    },
-                    Statement::TryLock { lock_id: 1, mode },
-                    Statement::Unlock { lock_id: 1, mode },
-                    Statement::UnlockIfHeld { lock_id: 1, mode },
-                    Statement::Ping,
-                    Statement::UnlockAll,
-                    Statement::TryLockEach {
-                        lock_ids: &[1],
-                        mode,
-                    },
-                    Statement::UnlockEach {
-                        lock_ids: &[1],
-                        mode,
-                    },
-                ]
-                .map(Statement::slot),
-            );
-        }
-        for query in [ENTER, LEAVE] {
-            assert!(query.slot < PREPARED_KINDS, "{query:?}");
-            assert!(!taken.contains(&query.slot), "{query:?}");
+    fn the_entry_and_the_leave_carry_the_marker() {
+        for query in [&ENTER, &LEAVE] {
             let sql = query.sql("0123456789abcdef");
             assert!(sql.contains("locks.session', true) = '0123456789abcdef'"));
             assert!(!sql.contains(":marker"));
         }
-        assert_ne!(ENTER.slot, LEAVE.slot);
+        // Two statics: two prepared statements on a connection, never one for both.
+        assert!(!std::ptr::eq(&ENTER, &LEAVE));
         // The entry binds the class, the marker's slot, N and the time; the leave nothing.
         let enter = ENTER.sql("0123456789abcdef");
         assert!(enter.contains("$4") && !enter.contains("$5"));
