@@ -73,17 +73,31 @@ impl Health {
     }
 }
 
-/// A held connection outside the bookkeeping: a semaphore's permit (its slot lock on a
-/// session of its own). The monitor looks at it and keeps it alive exactly as it does a
-/// lock's connection, and is the one that decides it is lost: the session is taken out
-/// of the slot and discarded, the loss counted, the owner's signal fired.
+/// A held connection outside the bookkeeping, of a strategy that holds a session of its
+/// own (a semaphore's permit: its slot lock). The monitor looks at it and keeps it alive
+/// exactly as it does a lock's connection, and is the one that decides it is lost: the
+/// session is taken out of the slot and discarded, the loss counted, the strategy told
+/// ([`Holder`]), the owner's signal fired.
 pub(crate) struct Watched {
     slot: SessionSlot,
     notifier: LossNotifier,
-    /// The semaphore's class (for the permits' metrics) and name (for events).
-    class: i32,
-    name: Arc<str>,
+    /// What the strategy counts and says of this holder.
+    holder: Box<dyn Holder>,
     keepalive: Mutex<Keepalive>,
+}
+
+/// What a strategy with a session of its own per holder (the semaphore's) adds to the
+/// monitor's own work when one of its holders is lost: its instruments and its event.
+/// The monitor decides the loss, counts it in the manager's lost-lock counts and fires
+/// the owner's signal; the strategy says nothing about whether a holder is lost.
+pub(crate) trait Holder: Send + Sync {
+    /// The holder's session was taken from it by the monitor (the holder no longer
+    /// holds anything): a held-count gauge goes down here.
+    fn gone(&self, inner: &Inner);
+
+    /// The holder was lost for `reason`, by the monitor or found at its release: the
+    /// strategy's loss instrument and event.
+    fn lost(&self, inner: &Inner, reason: LostReason);
 }
 
 /// What one look at a watched connection's slot found.
@@ -104,12 +118,11 @@ struct Keepalive {
 }
 
 impl Watched {
-    pub(crate) fn new(session: Session, class: i32, name: Arc<str>) -> Arc<Self> {
+    pub(crate) fn new(session: Session, holder: Box<dyn Holder>) -> Arc<Self> {
         Arc::new(Self {
             slot: new_slot(session),
             notifier: LossNotifier::new(),
-            class,
-            name,
+            holder,
             keepalive: Mutex::default(),
         })
     }
@@ -251,14 +264,9 @@ impl Inner {
             return;
         }
         drop(taken);
-        self.metrics().permits_changed(-1);
-        self.permit_lost(watched.class, reason);
+        watched.holder.gone(self);
+        self.watched_lost(watched, reason);
         watched.notifier.notify(reason);
-        tracing::warn!(
-            semaphore = %self.shown(&watched.name).unwrap_or(""),
-            reason = reason.as_str(),
-            "permit lost"
-        );
     }
 
     /// One keepalive on a watched connection.
@@ -387,13 +395,14 @@ impl Inner {
         }
     }
 
-    /// The end of a permit's release, `session` taken out of `watched`'s slot: back
-    /// to the pool when the leave was confirmed (`left`), closed otherwise (which frees
-    /// the permit). A session that had ended under the holder before the monitor saw
-    /// it lost the permit while held, and the loss counts say so (as a lock's, see
-    /// [`judge_failed_release`](Self::judge_failed_release)). The owner's signal then says the
-    /// permit is released.
-    pub(crate) fn permit_released(
+    /// The end of a watched holder's release (a permit's), `session` taken out of
+    /// `watched`'s slot: back to the pool when the strategy's release was confirmed
+    /// (`left`), closed otherwise (which frees what it held). A session that had ended
+    /// under the holder before the monitor saw it was lost while held, and the loss
+    /// counts say so (as a lock's, see
+    /// [`judge_failed_release`](Self::judge_failed_release)). The owner's signal then says
+    /// it is released.
+    pub(crate) fn watched_released(
         &self,
         watched: &Watched,
         session: Session,
@@ -404,7 +413,7 @@ impl Inner {
             ReleaseOutcome::Unlocked
         } else {
             if session.is_closed() {
-                self.permit_lost(watched.class, LostReason::ConnectionClosed);
+                self.watched_lost(watched, LostReason::ConnectionClosed);
             }
             session.close();
             ReleaseOutcome::SessionClosed
@@ -413,11 +422,11 @@ impl Inner {
         outcome
     }
 
-    /// A permit of the semaphore of `class` lost while held: counted with the locks,
-    /// and in the permits' own metric.
-    fn permit_lost(&self, class: i32, reason: LostReason) {
+    /// A watched holder (a permit) lost while held: counted with the locks, and told to
+    /// its strategy (its own instrument and event).
+    fn watched_lost(&self, watched: &Watched, reason: LostReason) {
         self.health().lost.add(reason, 1);
-        self.metrics().permit_lost(class, reason);
+        watched.holder.lost(self, reason);
     }
 
     /// Counts and reports locks already out of the bookkeeping that share one lost

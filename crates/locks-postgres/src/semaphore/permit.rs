@@ -9,7 +9,7 @@ use locks_port::{LostReason, LostSignal, PermitGuard, PermitInfo, ReleaseOutcome
 
 use super::sql;
 use crate::connection::Session;
-use crate::health::Watched;
+use crate::health::{Holder, Watched};
 use crate::limit::Limit;
 use crate::manager::Inner;
 
@@ -36,7 +36,11 @@ pub struct PostgresPermit {
 
 impl PostgresPermit {
     pub(super) fn new(inner: Arc<Inner>, session: Session, info: PermitInfo, class: i32) -> Self {
-        let watched = Watched::new(session, class, Arc::from(info.name()));
+        let holder = PermitHolder {
+            class,
+            name: Box::from(info.name()),
+        };
+        let watched = Watched::new(session, Box::new(holder));
         let lost = watched.notifier().signal();
         inner.metrics().permits_changed(1);
         inner.watch(&watched);
@@ -45,9 +49,31 @@ impl PostgresPermit {
     }
 }
 
+/// What the monitor tells the semaphore of a permit it watches.
+struct PermitHolder {
+    /// The semaphore's class (for the permits' metrics) and name (for the event).
+    class: i32,
+    name: Box<str>,
+}
+
+impl Holder for PermitHolder {
+    fn gone(&self, inner: &Inner) {
+        inner.metrics().permits_changed(-1);
+    }
+
+    fn lost(&self, inner: &Inner, reason: LostReason) {
+        inner.metrics().permit_lost(self.class, reason);
+        tracing::warn!(
+            semaphore = %inner.shown(&self.name).unwrap_or(""),
+            reason = reason.as_str(),
+            "permit lost"
+        );
+    }
+}
+
 /// Frees the permit on its connection and gives the connection back; closes it when
 /// the leave is not confirmed. Whether the permit was lost meanwhile is the monitor's
-/// to say ([`Inner::permit_released`]).
+/// to say ([`Inner::watched_released`]).
 async fn release(shared: &Shared) -> ReleaseOutcome {
     let session = shared.watched.slot().lock().await.take();
     let Some(mut session) = session else {
@@ -60,7 +86,9 @@ async fn release(shared: &Shared) -> ReleaseOutcome {
     let limit = Limit::Waiting(shared.inner.settings().answer_timeout);
     let answer = session.query_within(&sql::LEAVE, &[], limit).await;
     let left = matches!(answer, Ok(Ok(row)) if matches!(row.try_get(0), Ok(Some(true))));
-    shared.inner.permit_released(&shared.watched, session, left)
+    shared
+        .inner
+        .watched_released(&shared.watched, session, left)
 }
 
 impl PermitGuard for PostgresPermit {
