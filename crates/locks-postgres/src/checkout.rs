@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use deadpool_postgres::{Object, PoolError, TimeoutType, Timeouts};
 use locks_port::timeout_reason;
 
 use crate::acquire::Attempt;
@@ -12,7 +11,7 @@ use crate::connection::Session;
 use crate::errors::{lease_refused, pool_exhausted, unreachable, with_timeout};
 use crate::limit::{Deadline, Expired};
 use crate::manager::Inner;
-use crate::pool::checkout_error;
+use crate::pool::{self, PoolError, Pooled, checkout_error};
 
 /// How long a checkout may wait for a free pool slot.
 #[derive(Clone, Copy)]
@@ -45,19 +44,14 @@ impl Inner {
         // timeout is a try (it waits for nobody) and opens as `try_acquire` does.
         let opening = deadline.filter(|deadline| !deadline.timeout.is_zero());
         let connecting = Deadline::limit(opening, Duration::ZERO, settings.connect_timeout);
-        let no_wait = Timeouts {
-            wait: Some(Duration::ZERO),
-            create: None,
-            recycle: None,
-        };
-        let pool_size = || self.pool().status().max_size;
+        let pool_size = || pool::max_size(self.pool());
         // Not boxed: the pool's future (it may open a connection) is large, but copying
         // it into the limit costs less than allocating it on every checkout.
-        let checked_out = match connecting.run(self.pool().timeout_get(&no_wait)).await {
+        let checked_out = match connecting.run(pool::idle_or_new(self.pool())).await {
             // An idle connection: the common case, made into a session at once.
             Ok(Ok(object)) => return Ok(Session::new(object, self.connections())),
             Err(Expired) => return Err(unreachable(key, deadline, settings.connect_timeout)),
-            Ok(Err(PoolError::Timeout(TimeoutType::Wait))) => match wait {
+            Ok(Err(error)) if pool::is_busy(&error) => match wait {
                 PoolWait::No => {
                     let what = "no pool connection was free";
                     return Err(pool_exhausted(key, what, pool_size(), None));
@@ -87,17 +81,13 @@ impl Inner {
 
     /// Waits for a free pool slot for as long as it takes; a connection opened for it
     /// is bounded by the connect timeout where the pool has a runtime for timeouts.
-    async fn wait_for_slot(&self) -> Result<Object, PoolError> {
-        let bounded = Timeouts {
-            wait: None,
-            create: Some(self.settings().connect_timeout),
-            recycle: Some(self.settings().answer_timeout),
-        };
-        match self.pool().timeout_get(&bounded).await {
-            Err(PoolError::NoRuntimeSpecified) => {
-                self.pool().timeout_get(&Timeouts::default()).await
-            }
-            other => other,
-        }
+    async fn wait_for_slot(&self) -> Result<Pooled, PoolError> {
+        let settings = self.settings();
+        pool::free_slot(
+            self.pool(),
+            settings.connect_timeout,
+            settings.answer_timeout,
+        )
+        .await
     }
 }

@@ -7,10 +7,11 @@
 
 pub(crate) mod connect;
 
+use std::future::Future;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use deadpool_postgres::{BuildError, Manager, ManagerConfig, RecyclingMethod, Runtime};
+use deadpool_postgres::{BuildError, Manager, ManagerConfig, RecyclingMethod, Runtime, Timeouts};
 use locks_port::{AcquisitionErrorKind, LockAcquisitionError};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{NoTls, Socket};
@@ -44,6 +45,36 @@ pub(crate) fn id(object: &Pooled) -> PooledId {
 /// connection instead of giving it back.
 pub(crate) fn detach(object: Pooled) -> deadpool_postgres::ClientWrapper {
     Pooled::take(object)
+}
+
+/// A checkout that waits for nobody: an idle connection, or a new one when the pool has
+/// room (opening it is bounded by the caller), else [`is_busy`] at once.
+pub(crate) fn idle_or_new(pool: &Pool) -> impl Future<Output = Result<Pooled, PoolError>> + '_ {
+    static NO_WAIT: Timeouts = Timeouts {
+        wait: Some(Duration::ZERO),
+        create: None,
+        recycle: None,
+    };
+    pool.timeout_get(&NO_WAIT)
+}
+
+/// A checkout that waits for a free slot as long as it takes; a connection opened or
+/// recycled for it is bounded by `create` and `recycle` where the pool has a runtime
+/// for timeouts (else by nothing of the pool's).
+pub(crate) async fn free_slot(
+    pool: &Pool,
+    create: Duration,
+    recycle: Duration,
+) -> Result<Pooled, PoolError> {
+    let bounded = Timeouts {
+        wait: None,
+        create: Some(create),
+        recycle: Some(recycle),
+    };
+    match pool.timeout_get(&bounded).await {
+        Err(PoolError::NoRuntimeSpecified) => pool.timeout_get(&Timeouts::default()).await,
+        other => other,
+    }
 }
 
 /// The most connections `pool` opens.
