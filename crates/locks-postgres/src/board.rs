@@ -6,9 +6,12 @@ use time::OffsetDateTime;
 use tokio_postgres::Row;
 
 use crate::builder::{HOLDER_APPLICATION_NAME_PREFIX, published_holder_id};
+use crate::connection::Session;
 use crate::errors::{driver_error, no_answer};
+use crate::limit::{Expired, Limit};
 use crate::manager::PostgresLockManager;
 use crate::pool;
+use crate::sql::Query;
 use crate::xact::install_under_lock;
 
 /// The table of leader terms (in the connection's `search_path` schema).
@@ -24,20 +27,26 @@ pub const LEADER_BOARD_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS advisory_lock_
      since timestamptz NOT NULL, \
      retired boolean NOT NULL)";
 
-const PROCLAIM: &str = "INSERT INTO advisory_lock_leader_terms AS t \
+static PROCLAIM: Query = Query::new(
+    "INSERT INTO advisory_lock_leader_terms AS t \
      (name, term, holder_id, value, since, retired) \
      VALUES ($1, 1, $2, $3, clock_timestamp(), false) ON CONFLICT (name) \
      DO UPDATE SET term = t.term + 1, holder_id = excluded.holder_id, value = excluded.value, \
      since = excluded.since, retired = false \
      RETURNING term, holder_id, value, \
-     (extract(epoch FROM since) * 1000000)::bigint, retired";
+     (extract(epoch FROM since) * 1000000)::bigint, retired",
+);
 
-const RETIRE: &str = "UPDATE advisory_lock_leader_terms SET retired = true \
-     WHERE name = $1 AND term = $2";
+static RETIRE: Query = Query::new(
+    "UPDATE advisory_lock_leader_terms SET retired = true \
+     WHERE name = $1 AND term = $2",
+);
 
-const LATEST: &str = "SELECT term, holder_id, value, \
+static LATEST: Query = Query::new(
+    "SELECT term, holder_id, value, \
      (extract(epoch FROM since) * 1000000)::bigint, retired \
-     FROM advisory_lock_leader_terms WHERE name = $1";
+     FROM advisory_lock_leader_terms WHERE name = $1",
+);
 
 /// The key of the lock [`install_leader_board`] holds while it creates the table.
 pub const LEADER_BOARD_INSTALL_KEY: &str = "locks-postgres:install:advisory_lock_leader_terms";
@@ -79,7 +88,7 @@ pub(crate) async fn proclaim(
             .filter(|id| !id.is_empty())
             .map(str::to_owned)
     });
-    let row = board_statement(manager, name, PROCLAIM, &[&name, &holder_id, &value]).await?;
+    let row = board_statement(manager, name, &PROCLAIM, &[&name, &holder_id, &value]).await?;
     match row {
         Some(row) => proclamation(name, &row),
         None => Err(LockAcquisitionError::new(
@@ -97,7 +106,7 @@ pub(crate) async fn retire(
     term: u64,
 ) -> Result<(), LockAcquisitionError> {
     let term = i64::try_from(term).unwrap_or(i64::MAX);
-    board_statement(manager, name, RETIRE, &[&name, &term])
+    board_statement(manager, name, &RETIRE, &[&name, &term])
         .await
         .map(drop)
 }
@@ -107,28 +116,32 @@ pub(crate) async fn latest(
     manager: &PostgresLockManager,
     name: &str,
 ) -> Result<Option<Proclamation>, LockAcquisitionError> {
-    board_statement(manager, name, LATEST, &[&name])
+    board_statement(manager, name, &LATEST, &[&name])
         .await?
         .map(|row| proclamation(name, &row))
         .transpose()
 }
 
-/// Runs one board statement on a pooled connection: its row, if any.
+/// Runs one board statement on a pooled connection, on the connection's one path (its
+/// prepared statements, its watch; dropped or expired mid-statement, the session cancels
+/// the statement and closes): its row, if any.
 async fn board_statement(
     manager: &PostgresLockManager,
     name: &str,
-    sql: &str,
+    query: &'static Query,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<Option<Row>, LockAcquisitionError> {
-    let client = pool::for_one_read_of(manager, name, "for the board").await?;
+    let object = pool::for_one_read_of(manager, name, "for the board").await?;
+    let mut session = Session::new(object, manager.inner.connections());
     let bound = manager.inner.settings().answer_timeout;
-    let answer = tokio::time::timeout(bound, async {
-        let statement = client.prepare_cached(sql).await?;
-        client.query_opt(&statement, params).await
-    })
-    .await;
+    let answer = session
+        .query_within(query, params, Limit::Waiting(bound))
+        .await;
     match answer {
-        Ok(Ok(row)) => Ok(row),
+        Ok(Ok(row)) => {
+            session.into_pool();
+            Ok(row)
+        }
         Ok(Err(error)) => {
             let error = driver_error(name, error);
             if error.kind() == AcquisitionErrorKind::Configuration {
@@ -144,11 +157,8 @@ async fn board_statement(
             }
             Err(error)
         }
-        Err(_elapsed) => {
-            // The statement may still run: the connection is not reused.
-            drop(pool::detach(client));
-            Err(no_answer(name, None, bound))
-        }
+        // Still in flight: the session, dropped, cancels it and closes.
+        Err(Expired) => Err(no_answer(name, None, bound)),
     }
 }
 

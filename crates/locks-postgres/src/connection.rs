@@ -332,7 +332,8 @@ impl Session {
 
     /// Runs `query` (a strategy's own statement, prepared once per connection, then one
     /// round trip) with `params` within `limit` (held by the connection's
-    /// watch), and hands back its one row.
+    /// watch), and hands back its row (`None`: it answered none; more than one is an
+    /// error).
     ///
     /// As with [`run_within`](Self::run_within), a future dropped before the answer,
     /// or a limit that passes first ([`Expired`]), leaves the statement in flight:
@@ -342,7 +343,7 @@ impl Session {
         query: &'static Query,
         params: &[&(dyn ToSql + Sync)],
         limit: Limit,
-    ) -> Result<Result<Row, tokio_postgres::Error>, Expired> {
+    ) -> Result<Result<Option<Row>, tokio_postgres::Error>, Expired> {
         self.used = true;
         let Some(Known {
             object: Some(object),
@@ -367,7 +368,7 @@ impl Session {
                     queries.len() - 1
                 }
             };
-            object.query_one(&queries[index].1, params).await
+            object.query_opt(&queries[index].1, params).await
         };
         let answer = within(watch.as_deref(), limit, std::pin::pin!(running)).await?;
         // Reached only when the statement finished (answer or error): no cancel needed.
