@@ -136,6 +136,17 @@ pub(crate) struct Session {
     home: Arc<Connections>,
 }
 
+/// A checked-out session's connection and what is known of it, borrowed for one
+/// statement ([`Session::parts`]).
+struct Parts<'s> {
+    object: &'s Object,
+    marker: &'s str,
+    prepared: &'s mut Prepared,
+    queries: &'s mut Vec<(&'static Query, tokio_postgres::Statement)>,
+    watch: Option<&'s Watch>,
+    in_flight: &'s mut bool,
+}
+
 /// What one lock statement answered.
 #[derive(Debug)]
 pub(crate) enum Answer {
@@ -199,27 +210,29 @@ impl Session {
         !self.used
     }
 
-    /// The connection, its marker, its prepared statements, its watch and the
-    /// in-flight flag.
-    fn parts(&mut self) -> (&Object, &str, &mut Prepared, Option<&Watch>, &mut bool) {
+    /// The connection, its marker, its prepared statements (the lock statements' slots
+    /// and the strategies' queries), its watch and the in-flight flag.
+    fn parts(&mut self) -> Parts<'_> {
         self.used = true;
         let Some(Known {
             object: Some(object),
             marker,
             prepared,
+            queries,
             watch,
             ..
         }) = self.conn.as_deref_mut()
         else {
             unreachable!("a session holds its connection until it is consumed")
         };
-        (
+        Parts {
             object,
             marker,
             prepared,
-            watch.as_deref(),
-            &mut self.in_flight,
-        )
+            queries,
+            watch: watch.as_deref(),
+            in_flight: &mut self.in_flight,
+        }
     }
 
     /// Whether the connection has been set up (by this process's managers).
@@ -246,7 +259,14 @@ impl Session {
         statement: Statement<'_>,
         limit: Limit,
     ) -> Result<Result<Answer, tokio_postgres::Error>, Expired> {
-        let (object, marker, cached, watch, in_flight) = self.parts();
+        let Parts {
+            object,
+            marker,
+            prepared: cached,
+            watch,
+            in_flight,
+            ..
+        } = self.parts();
         *in_flight = true;
         let slot = statement.slot();
         // The cached statement is used where it lies: no reference-count round trip
@@ -282,7 +302,14 @@ impl Session {
         ),
         Expired,
     > {
-        let (object, marker, cached, watch, in_flight) = self.parts();
+        let Parts {
+            object,
+            marker,
+            prepared: cached,
+            watch,
+            in_flight,
+            ..
+        } = self.parts();
         *in_flight = true;
         let slot = statement.slot();
         let running = async {
@@ -344,18 +371,15 @@ impl Session {
         params: &[&(dyn ToSql + Sync)],
         limit: Limit,
     ) -> Result<Result<Option<Row>, tokio_postgres::Error>, Expired> {
-        self.used = true;
-        let Some(Known {
-            object: Some(object),
+        let Parts {
+            object,
             marker,
             queries,
             watch,
+            in_flight,
             ..
-        }) = self.conn.as_deref_mut()
-        else {
-            unreachable!("a session holds its connection until it is consumed")
-        };
-        self.in_flight = true;
+        } = self.parts();
+        *in_flight = true;
         let running = async {
             let known = queries
                 .iter()
@@ -370,9 +394,9 @@ impl Session {
             };
             object.query_opt(&queries[index].1, params).await
         };
-        let answer = within(watch.as_deref(), limit, std::pin::pin!(running)).await?;
+        let answer = within(watch, limit, std::pin::pin!(running)).await?;
         // Reached only when the statement finished (answer or error): no cancel needed.
-        self.in_flight = false;
+        *in_flight = false;
         Ok(answer)
     }
 
@@ -388,7 +412,12 @@ impl Session {
         sql: &str,
         limit: Limit,
     ) -> Result<Result<Vec<SimpleQueryMessage>, tokio_postgres::Error>, Expired> {
-        let (object, _, _, watch, in_flight) = self.parts();
+        let Parts {
+            object,
+            watch,
+            in_flight,
+            ..
+        } = self.parts();
         *in_flight = true;
         let running = object.simple_query(sql);
         let answer = within(watch, limit, std::pin::pin!(running)).await?;
