@@ -37,15 +37,18 @@ static PROCLAIM: Query = Query::new(
      (extract(epoch FROM since) * 1000000)::bigint, retired",
 );
 
+/// One row: how many terms were marked retired (0 or 1).
 static RETIRE: Query = Query::new(
-    "UPDATE advisory_lock_leader_terms SET retired = true \
-     WHERE name = $1 AND term = $2",
+    "WITH retired AS (UPDATE advisory_lock_leader_terms SET retired = true \
+     WHERE name = $1 AND term = $2 RETURNING 1) SELECT count(*) FROM retired",
 );
 
+/// One row: the latest term of `$1`, all NULL when there is none.
 static LATEST: Query = Query::new(
-    "SELECT term, holder_id, value, \
-     (extract(epoch FROM since) * 1000000)::bigint, retired \
-     FROM advisory_lock_leader_terms WHERE name = $1",
+    "SELECT t.term, t.holder_id, t.value, \
+     (extract(epoch FROM t.since) * 1000000)::bigint, t.retired \
+     FROM (SELECT $1::text AS name) AS q \
+     LEFT JOIN advisory_lock_leader_terms AS t ON t.name = q.name",
 );
 
 /// The key of the lock [`install_leader_board`] holds while it creates the table.
@@ -89,14 +92,7 @@ pub(crate) async fn proclaim(
             .map(str::to_owned)
     });
     let row = board_statement(manager, name, &PROCLAIM, &[&name, &holder_id, &value]).await?;
-    match row {
-        Some(row) => proclamation(name, &row),
-        None => Err(LockAcquisitionError::new(
-            name,
-            AcquisitionErrorKind::Backend,
-            "the proclamation returned no row",
-        )),
-    }
+    proclamation(name, &row)
 }
 
 /// [`LeaderBoard::retire`](locks_port::LeaderBoard::retire) of a manager.
@@ -116,21 +112,22 @@ pub(crate) async fn latest(
     manager: &PostgresLockManager,
     name: &str,
 ) -> Result<Option<Proclamation>, LockAcquisitionError> {
-    board_statement(manager, name, &LATEST, &[&name])
-        .await?
-        .map(|row| proclamation(name, &row))
-        .transpose()
+    let row = board_statement(manager, name, &LATEST, &[&name]).await?;
+    match row.try_get::<_, Option<i64>>(0) {
+        Ok(None) => Ok(None),
+        _ => proclamation(name, &row).map(Some),
+    }
 }
 
 /// Runs one board statement on a pooled connection, on the connection's one path (its
 /// prepared statements, its watch; dropped or expired mid-statement, the session cancels
-/// the statement and closes): its row, if any.
+/// the statement and closes): its one row.
 async fn board_statement(
     manager: &PostgresLockManager,
     name: &str,
     query: &'static Query,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-) -> Result<Option<Row>, LockAcquisitionError> {
+) -> Result<Row, LockAcquisitionError> {
     let object = pool::for_one_read_of(manager, name, "for the board").await?;
     let mut session = Session::new(object, manager.inner.connections());
     let bound = manager.inner.settings().answer_timeout;

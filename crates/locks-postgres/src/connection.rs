@@ -359,8 +359,9 @@ impl Session {
 
     /// Runs `query` (a strategy's own statement, prepared once per connection, then one
     /// round trip) with `params` within `limit` (held by the connection's
-    /// watch), and hands back its row (`None`: it answered none; more than one is an
-    /// error).
+    /// watch), and hands back its one row (a query answers exactly one: any other
+    /// number is an error). `query_one` as the lock statements use it, so the driver's
+    /// code for it is compiled once.
     ///
     /// As with [`run_within`](Self::run_within), a future dropped before the answer,
     /// or a limit that passes first ([`Expired`]), leaves the statement in flight:
@@ -370,7 +371,7 @@ impl Session {
         query: &'static Query,
         params: &[&(dyn ToSql + Sync)],
         limit: Limit,
-    ) -> Result<Result<Option<Row>, tokio_postgres::Error>, Expired> {
+    ) -> Result<Result<Row, tokio_postgres::Error>, Expired> {
         let Parts {
             object,
             marker,
@@ -392,7 +393,7 @@ impl Session {
                     queries.len() - 1
                 }
             };
-            object.query_opt(&queries[index].1, params).await
+            object.query_one(&queries[index].1, params).await
         };
         let answer = within(watch, limit, std::pin::pin!(running)).await?;
         // Reached only when the statement finished (answer or error): no cancel needed.

@@ -93,7 +93,7 @@ impl Inner {
         let answer = session
             .query_within(&NEXT_TOKEN, &[&lock_id], limit)
             .await
-            .map(|row| row?.map(|row| row.try_get::<_, i64>(0)).transpose());
+            .map(|row| row?.try_get::<_, i64>(0));
         fencing_answer(key, answer)
     }
 
@@ -111,17 +111,14 @@ impl Inner {
             .query_within(&NEXT_TOKENS, &[&lock_ids], limit)
             .await
             .map(|row| {
-                let Some(row) = row? else {
-                    return Ok(None);
-                };
+                let row = row?;
                 let ids: Option<Vec<i64>> = row.try_get(0)?;
                 let tokens: Option<Vec<i64>> = row.try_get(1)?;
-                Ok(Some(
-                    ids.unwrap_or_default()
-                        .into_iter()
-                        .zip(tokens.unwrap_or_default())
-                        .collect(),
-                ))
+                Ok(ids
+                    .unwrap_or_default()
+                    .into_iter()
+                    .zip(tokens.unwrap_or_default())
+                    .collect())
             });
         fencing_answer(key, answer)
     }
@@ -130,15 +127,10 @@ impl Inner {
 /// The outcome of a fencing-token statement, with a hint when the table is missing.
 fn fencing_answer<T>(
     key: &str,
-    answer: Result<Result<Option<T>, tokio_postgres::Error>, Expired>,
+    answer: Result<Result<T, tokio_postgres::Error>, Expired>,
 ) -> Result<T, LockAcquisitionError> {
     match answer {
-        Ok(Ok(Some(tokens))) => Ok(tokens),
-        Ok(Ok(None)) => Err(LockAcquisitionError::new(
-            key,
-            AcquisitionErrorKind::Backend,
-            "Database error: the fencing-token statement returned no row",
-        )),
+        Ok(Ok(tokens)) => Ok(tokens),
         Ok(Err(error)) => {
             let mut error = driver_error(key, error);
             if error.kind() == AcquisitionErrorKind::Configuration {

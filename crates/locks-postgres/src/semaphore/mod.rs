@@ -113,7 +113,7 @@ impl Call<'_> {
     ) -> Result<Option<tokio_postgres::Row>, LockAcquisitionError> {
         match session.query_within(query, params, self.quick()).await {
             Err(_expired) => Err(self.no_answer()),
-            Ok(Ok(row)) => Ok(row),
+            Ok(Ok(row)) => Ok(Some(row)),
             Ok(Err(error)) if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => Ok(None),
             Ok(Err(error)) => Err(self.error(error)),
         }

@@ -85,7 +85,7 @@ async fn release(shared: &Shared) -> ReleaseOutcome {
     shared.inner.metrics().permits_changed(-1);
     let limit = Limit::Waiting(shared.inner.settings().answer_timeout);
     let answer = session.query_within(&sql::LEAVE, &[], limit).await;
-    let left = matches!(answer, Ok(Ok(Some(row))) if matches!(row.try_get(0), Ok(Some(true))));
+    let left = matches!(answer, Ok(Ok(row)) if matches!(row.try_get(0), Ok(Some(true))));
     shared
         .inner
         .watched_released(&shared.watched, session, left)
