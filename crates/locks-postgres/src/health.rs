@@ -34,7 +34,7 @@ use crate::telemetry::lost_span;
 use crate::watchdog::Watch;
 
 /// How many locks a manager lost, by reason (see
-/// [`PostgresLockManager::lost_lock_counts`](crate::PostgresLockManager::lost_lock_counts).crate::PostgresLockManager::lost_lock_counts)).
+/// [`PostgresLockManager::lost_lock_counts`](crate::PostgresLockManager::lost_lock_counts)).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LostLockCounts {

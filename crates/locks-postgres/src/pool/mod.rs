@@ -2,8 +2,8 @@
 //! (deadpool-postgres; [`connect`] is its connector and cancel path): the pools this
 //! crate builds from a URL ([`plain_pool`], [`tls_pool`]), the names the other rooms use
 //! for the pool, a pooled connection and a checkout's failure, and the few pool
-//! operations they need. Replacing or wrapping the pool changes this room (`pool/`) and
-//! the checkout; the rest of the adapter names only what is here.
+//! operations they need. Replacing or wrapping the pool changes this room (`pool/`); the
+//! rest of the adapter names only what is here.
 
 pub(crate) mod connect;
 
