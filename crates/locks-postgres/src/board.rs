@@ -7,7 +7,7 @@ use tokio_postgres::Row;
 
 use crate::builder::{HOLDER_APPLICATION_NAME_PREFIX, published_holder_id};
 use crate::connection::Session;
-use crate::errors::{driver_error, no_answer};
+use crate::errors::{driver_error, no_answer, with_install_hint};
 use crate::limit::{Expired, Limit};
 use crate::manager::PostgresLockManager;
 use crate::pool;
@@ -139,21 +139,11 @@ async fn board_statement(
             session.into_pool();
             Ok(row)
         }
-        Ok(Err(error)) => {
-            let error = driver_error(name, error);
-            if error.kind() == AcquisitionErrorKind::Configuration {
-                return Err(LockAcquisitionError::new(
-                    name,
-                    AcquisitionErrorKind::Configuration,
-                    format!(
-                        "{}; create the leader board's table once with \
-                         locks_postgres::install_leader_board",
-                        error.reason()
-                    ),
-                ));
-            }
-            Err(error)
-        }
+        Ok(Err(error)) => Err(with_install_hint(
+            name,
+            driver_error(name, error),
+            "create the leader board's table once with locks_postgres::install_leader_board",
+        )),
         // Still in flight: the session, dropped, cancels it and closes.
         Err(Expired) => Err(no_answer(name, None, bound)),
     }

@@ -516,7 +516,7 @@ async fn prepared(
 ) -> Result<tokio_postgres::Statement, tokio_postgres::Error> {
     match cached {
         Some(prepared) => Ok(prepared.clone()),
-        None => Box::pin(object.prepare(&text())).await,
+        None => prepare(object, text()).await,
     }
 }
 

@@ -199,6 +199,21 @@ pub(crate) fn describe(error: &tokio_postgres::Error) -> String {
     text
 }
 
+/// `error`, from a statement on a table this crate's install step creates, with how to
+/// create it when the server's answer is a configuration matter (the table is missing,
+/// say): `<the server's words>; <hint>`, the error kept as the source.
+pub(crate) fn with_install_hint(
+    key: &str,
+    error: LockAcquisitionError,
+    hint: &str,
+) -> LockAcquisitionError {
+    if error.kind() != AcquisitionErrorKind::Configuration {
+        return error;
+    }
+    let reason = format!("{}; {hint}", error.reason());
+    LockAcquisitionError::new(key, AcquisitionErrorKind::Configuration, reason).with_source(error)
+}
+
 /// An acquisition error for a driver error: kind by SQLSTATE, reason in the server's
 /// words, the driver error as source.
 ///

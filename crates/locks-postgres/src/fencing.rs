@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use locks_port::{AcquisitionErrorKind, LockAcquisitionError};
 
 use crate::connection::Session;
-use crate::errors::driver_error;
+use crate::errors::{driver_error, with_install_hint};
 use crate::limit::{Expired, Limit};
 use crate::manager::Inner;
 use crate::sql::Query;
@@ -131,22 +131,11 @@ fn fencing_answer<T>(
 ) -> Result<T, LockAcquisitionError> {
     match answer {
         Ok(Ok(tokens)) => Ok(tokens),
-        Ok(Err(error)) => {
-            let mut error = driver_error(key, error);
-            if error.kind() == AcquisitionErrorKind::Configuration {
-                error = LockAcquisitionError::new(
-                    key,
-                    AcquisitionErrorKind::Configuration,
-                    format!(
-                        "{}; fencing is on: create the token table once with \
-                         locks_postgres::install_fencing",
-                        error.reason()
-                    ),
-                )
-                .with_source(error);
-            }
-            Err(error)
-        }
+        Ok(Err(error)) => Err(with_install_hint(
+            key,
+            driver_error(key, error),
+            "fencing is on: create the token table once with locks_postgres::install_fencing",
+        )),
         // The statement is still in flight: the session, dropped, cancels and closes it.
         Err(Expired) => Err(LockAcquisitionError::new(
             key,

@@ -87,20 +87,6 @@ impl Call<'_> {
         }
     }
 
-    /// Runs `query`, which never waits, and reads its first column: `None` on another
-    /// server session (see [`row`](Self::row)).
-    async fn quick_answer<T: for<'r> tokio_postgres::types::FromSql<'r>>(
-        &self,
-        session: &mut Session,
-        query: &'static Query,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Option<T>, LockAcquisitionError> {
-        match self.row(session, query, params).await? {
-            Some(row) => self.get(&row, 0),
-            None => Err(self.no_answer()),
-        }
-    }
-
     /// Runs `query` (which never waits) on the session's one path, within the answer
     /// timeout, and hands back its one row; `None` when `lock_timeout` ended it (55P03).
     /// A statement in flight when the future is dropped or the limit passes is cancelled
@@ -266,13 +252,18 @@ fn since_now() -> i32 {
 /// Frees whatever the session holds and gives it back to the pool; closes it when that
 /// cannot be confirmed.
 async fn leave(mut session: Session, call: &Call<'_>) {
-    match call
-        .quick_answer::<bool>(&mut session, &sql::LEAVE, &[])
-        .await
-    {
-        Ok(Some(true)) => session.into_pool(),
-        _ => session.close(),
+    if left(&mut session, call.quick()).await {
+        session.into_pool();
+    } else {
+        session.close();
     }
+}
+
+/// Frees whatever the session holds ([`sql::LEAVE`]) within `limit`: whether the server
+/// confirmed it (an acquisition that gives up, and a permit's release, both end so).
+async fn left(session: &mut Session, limit: Limit) -> bool {
+    let answer = session.query_within(&sql::LEAVE, &[], limit).await;
+    matches!(answer, Ok(Ok(row)) if matches!(row.try_get(0), Ok(Some(true))))
 }
 
 /// The class of the semaphore `name` ([`PostgresLockManager::semaphore_class`]).

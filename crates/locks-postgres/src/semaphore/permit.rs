@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use locks_port::{LostReason, LostSignal, PermitGuard, PermitInfo, ReleaseOutcome};
 
-use super::sql;
 use crate::connection::Session;
 use crate::health::{Holder, Watched};
 use crate::limit::Limit;
@@ -84,8 +83,7 @@ async fn release(shared: &Shared) -> ReleaseOutcome {
     };
     shared.inner.metrics().permits_changed(-1);
     let limit = Limit::Waiting(shared.inner.settings().answer_timeout);
-    let answer = session.query_within(&sql::LEAVE, &[], limit).await;
-    let left = matches!(answer, Ok(Ok(row)) if matches!(row.try_get(0), Ok(Some(true))));
+    let left = super::left(&mut session, limit).await;
     shared
         .inner
         .watched_released(&shared.watched, session, left)
