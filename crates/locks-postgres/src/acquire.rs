@@ -15,7 +15,7 @@ use tracing::Span;
 
 use crate::bookkeeping::{Holding, new_slot};
 use crate::checkout::PoolWait;
-use crate::connection::{Answer, Session, SetUp};
+use crate::connection::{Session, SetUp};
 use crate::errors::{
     MOVED_BETWEEN_SESSIONS, STANDBY, driver_error, no_answer, refused, with_timeout,
 };
@@ -23,7 +23,7 @@ use crate::guard::PostgresLockGuard;
 use crate::limit::{Deadline, Expired, Limit};
 use crate::manager::Inner;
 use crate::multiplex::{HostFailure, Membership, SharedTry};
-use crate::sql::Statement;
+use crate::sql::{Answer, Statement};
 
 /// A granted lock before the bookkeeping: on a session of its own, or on a shared
 /// connection.
@@ -364,7 +364,7 @@ impl Inner {
             let fresh = session.is_fresh();
             // Pinned where made (the statement's future is large), and gone after.
             let answer = {
-                let running = std::pin::pin!(session.run_within(statement, limit));
+                let running = std::pin::pin!(statement.run(&mut session, limit));
                 running.await.ok()
             };
             match answer {
@@ -383,7 +383,7 @@ impl Inner {
             }
         }
         // Once per connection: boxed, out of the common path's future.
-        let setup = Box::pin(session.run_after_setup(self.setup_values(), statement, limit));
+        let setup = Box::pin(statement.run_after_setup(&mut session, self.setup_values(), limit));
         let Some((setup, answer)) = setup.await.ok() else {
             drop(session);
             return Err(no_answer(key, deadline, answer_timeout));
@@ -437,7 +437,7 @@ impl Inner {
     ) -> Option<Session> {
         let check = Statement::UnlockIfHeld { lock_id, mode };
         let limit = Limit::Waiting(self.settings().answer_timeout);
-        match session.run_within(check, limit).await {
+        match check.run(&mut session, limit).await {
             Ok(Ok(Answer::Bool(was_held))) => {
                 if was_held {
                     tracing::debug!(

@@ -15,7 +15,7 @@ use tokio_postgres::{Row, SimpleQueryMessage};
 use crate::limit::{Bounded, Expired, Limit};
 use crate::pool::connect::Canceller;
 use crate::pool::{self, Pooled as Object, PooledId as ObjectId};
-use crate::sql::{PREPARED_KINDS, Query, SESSION_SETUP, SETUP_SLOT, Statement};
+use crate::sql::{Query, SESSION_SETUP};
 use crate::watchdog::{Watch, Watched};
 
 /// One pooled connection while checked out, and what the manager knows of it: whether
@@ -34,16 +34,12 @@ pub(crate) struct Known {
     /// The value of `locks.session` the set-up gives the server session, the same for
     /// every manager of the process (see [`marker`]).
     marker: Box<str>,
-    prepared: Prepared,
-    /// The strategies' own [`Query`]s prepared on it, by query (a handful at most).
-    queries: Vec<(&'static Query, tokio_postgres::Statement)>,
+    /// The [`Query`]s prepared on it, by [`Query::index`] (a few dozen at most).
+    prepared: Vec<Option<tokio_postgres::Statement>>,
     /// What holds its statements to their limits (`None`: the watchdog could not be
     /// started, and each statement has a timer of its own).
     watch: Option<Arc<Watch>>,
 }
-
-/// The statements prepared on a connection, by [`Statement::slot`].
-type Prepared = [Option<tokio_postgres::Statement>; PREPARED_KINDS];
 
 impl Known {
     fn of(object: &Object) -> Box<Self> {
@@ -51,8 +47,7 @@ impl Known {
             object: None,
             set_up: false,
             marker: marker(object),
-            prepared: Default::default(),
-            queries: Vec::new(),
+            prepared: Vec::new(),
             watch: Watch::new(),
         })
     }
@@ -141,27 +136,9 @@ pub(crate) struct Session {
 struct Parts<'s> {
     object: &'s Object,
     marker: &'s str,
-    prepared: &'s mut Prepared,
-    queries: &'s mut Vec<(&'static Query, tokio_postgres::Statement)>,
+    prepared: &'s mut Vec<Option<tokio_postgres::Statement>>,
     watch: Option<&'s Watch>,
     in_flight: &'s mut bool,
-}
-
-/// What one lock statement answered.
-#[derive(Debug)]
-pub(crate) enum Answer {
-    /// `pg_advisory_lock` returned: the lock is held.
-    Locked,
-    /// A boolean function answered (`pg_try_advisory_lock`, `pg_advisory_unlock`).
-    Bool(bool),
-    /// `acquire_many`'s try ([`Statement::TryLockEach`]): the index of the first busy
-    /// lock (the ones before it are held, none after it), `None` when every lock was
-    /// granted.
-    FirstBusy(Option<usize>),
-    /// The statement reached a server session whose `locks.session` is not this
-    /// connection's marker, so it did nothing: a transaction-pooling proxy moved it to
-    /// another server session, or something reset the session's settings.
-    WrongSession,
 }
 
 /// What the set-up gives each server session besides its marker.
@@ -210,15 +187,14 @@ impl Session {
         !self.used
     }
 
-    /// The connection, its marker, its prepared statements (the lock statements' slots
-    /// and the strategies' queries), its watch and the in-flight flag.
+    /// The connection, its marker, its prepared statements, its watch and the
+    /// in-flight flag.
     fn parts(&mut self) -> Parts<'_> {
         self.used = true;
         let Some(Known {
             object: Some(object),
             marker,
             prepared,
-            queries,
             watch,
             ..
         }) = self.conn.as_deref_mut()
@@ -229,7 +205,6 @@ impl Session {
             object,
             marker,
             prepared,
-            queries,
             watch: watch.as_deref(),
             in_flight: &mut self.in_flight,
         }
@@ -248,35 +223,47 @@ impl Session {
         }
     }
 
-    /// Runs one lock statement (prepared once per connection, then one round trip)
-    /// within `limit` (held by the connection's watch), and reads its answer.
+    /// Runs `query` (prepared once per connection, then one round trip) with `params`
+    /// within `limit` (held by the connection's watch), and hands back its one row (a
+    /// query answers exactly one: any other number is an error).
     ///
     /// If the future is dropped before the answer arrives, or the limit passes first
     /// ([`Expired`]), the statement is still in flight: dropping the session cancels
     /// it and closes the connection.
-    pub(crate) async fn run_within(
+    pub(crate) async fn query_within(
         &mut self,
-        statement: Statement<'_>,
+        query: &'static Query,
+        params: &[&(dyn ToSql + Sync)],
         limit: Limit,
-    ) -> Result<Result<Answer, tokio_postgres::Error>, Expired> {
+    ) -> Result<Result<Row, tokio_postgres::Error>, Expired> {
+        self.read_within(query, params, limit, Ok).await
+    }
+
+    /// [`query_within`](Self::query_within), with the row read by `read` where it
+    /// arrives (a row is not moved out through the statement's layers).
+    pub(crate) async fn read_within<T>(
+        &mut self,
+        query: &'static Query,
+        params: &[&(dyn ToSql + Sync)],
+        limit: Limit,
+        read: impl FnOnce(Row) -> Result<T, tokio_postgres::Error>,
+    ) -> Result<Result<T, tokio_postgres::Error>, Expired> {
         let Parts {
             object,
             marker,
             prepared: cached,
             watch,
             in_flight,
-            ..
         } = self.parts();
         *in_flight = true;
-        let slot = statement.slot();
         // The cached statement is used where it lies: no reference-count round trip
         // per statement.
         let running = async {
-            let prepared = match &mut cached[slot] {
+            let prepared = match slot(cached, query) {
                 Some(prepared) => prepared,
-                empty => empty.insert(prepare(object, statement.sql(marker)).await?),
+                empty => empty.insert(prepare(object, query.sql(marker)).await?),
             };
-            execute(object, prepared, statement).await
+            read(object.query_one(prepared, params).await?)
         };
         let answer = within(watch, limit, std::pin::pin!(running)).await?;
         // Reached only when the statement finished (answer or error): no cancel needed.
@@ -287,18 +274,19 @@ impl Session {
     /// Sets a new connection up for holding locks ([`SESSION_SETUP`]: no statement,
     /// idle or idle-in-transaction timeout ends a wait or a hold; `application_name`
     /// publishes the holder; the lease's TCP timers; `locks.session` marks the server
-    /// session as this connection's) with `statement` pipelined behind it: one round trip for both
-    /// (two when the statements are not prepared yet), within `limit` (on expiry the
-    /// statements are in flight, as in [`run_within`](Self::run_within)).
-    pub(crate) async fn run_after_setup(
+    /// session as this connection's) with `query` pipelined behind it: one round trip
+    /// for both (two when the statements are not prepared yet), within `limit` (on
+    /// expiry the statements are in flight, as in [`query_within`](Self::query_within)).
+    pub(crate) async fn query_after_setup(
         &mut self,
         values: SetupValues<'_>,
-        statement: Statement<'_>,
+        query: &'static Query,
+        params: &[&(dyn ToSql + Sync)],
         limit: Limit,
     ) -> Result<
         (
             Result<SetUp, tokio_postgres::Error>,
-            Result<Answer, tokio_postgres::Error>,
+            Result<Row, tokio_postgres::Error>,
         ),
         Expired,
     > {
@@ -308,14 +296,16 @@ impl Session {
             prepared: cached,
             watch,
             in_flight,
-            ..
         } = self.parts();
         *in_flight = true;
-        let slot = statement.slot();
         let running = async {
+            let (setup, lock) = (
+                slot(cached, &SESSION_SETUP).clone(),
+                slot(cached, query).clone(),
+            );
             let (setup, lock) = tokio::join!(
-                prepared(object, &cached[SETUP_SLOT], || SESSION_SETUP.to_owned()),
-                prepared(object, &cached[slot], || statement.sql(marker)),
+                prepared(object, setup, || SESSION_SETUP.sql(marker)),
+                prepared(object, lock, || query.sql(marker)),
             );
             match (setup, lock) {
                 (Ok(setup), Ok(lock)) => {
@@ -342,9 +332,9 @@ impl Session {
                             (false, None) => SetUp::Foreign,
                         })
                     };
-                    let answers = tokio::join!(setting_up, execute(object, &lock, statement));
-                    cached[SETUP_SLOT] = Some(setup);
-                    cached[slot] = Some(lock);
+                    let answers = tokio::join!(setting_up, object.query_one(&lock, params));
+                    *slot(cached, &SESSION_SETUP) = Some(setup);
+                    *slot(cached, query) = Some(lock);
                     answers
                 }
                 // Nothing ran; the statement's own error (if any) is the one to report.
@@ -357,55 +347,11 @@ impl Session {
         Ok(answers)
     }
 
-    /// Runs `query` (a strategy's own statement, prepared once per connection, then one
-    /// round trip) with `params` within `limit` (held by the connection's
-    /// watch), and hands back its one row (a query answers exactly one: any other
-    /// number is an error). `query_one` as the lock statements use it, so the driver's
-    /// code for it is compiled once.
-    ///
-    /// As with [`run_within`](Self::run_within), a future dropped before the answer,
-    /// or a limit that passes first ([`Expired`]), leaves the statement in flight:
-    /// dropping the session cancels it and closes the connection.
-    pub(crate) async fn query_within(
-        &mut self,
-        query: &'static Query,
-        params: &[&(dyn ToSql + Sync)],
-        limit: Limit,
-    ) -> Result<Result<Row, tokio_postgres::Error>, Expired> {
-        let Parts {
-            object,
-            marker,
-            queries,
-            watch,
-            in_flight,
-            ..
-        } = self.parts();
-        *in_flight = true;
-        let running = async {
-            let known = queries
-                .iter()
-                .position(|(known, _)| std::ptr::eq(*known, query));
-            let index = match known {
-                Some(index) => index,
-                None => {
-                    let prepared = prepare(object, query.sql(marker)).await?;
-                    queries.push((query, prepared));
-                    queries.len() - 1
-                }
-            };
-            object.query_one(&queries[index].1, params).await
-        };
-        let answer = within(watch, limit, std::pin::pin!(running)).await?;
-        // Reached only when the statement finished (answer or error): no cancel needed.
-        *in_flight = false;
-        Ok(answer)
-    }
-
     /// Runs `sql` as a simple query (no parameters, not prepared: the semaphore's
     /// wait, a `DO` block with its numbers and the connection's marker in its text)
     /// within `limit` (held by the connection's watch), and hands back its messages.
     ///
-    /// As with [`run_within`](Self::run_within), a future dropped before the answer,
+    /// As with [`query_within`](Self::query_within), a future dropped before the answer,
     /// or a limit that passes first ([`Expired`]), leaves the statement in flight:
     /// dropping the session cancels it and closes the connection.
     pub(crate) async fn simple_query_within(
@@ -511,61 +457,26 @@ async fn prepare(
 /// out of the common path's future).
 async fn prepared(
     object: &Object,
-    cached: &Option<tokio_postgres::Statement>,
+    cached: Option<tokio_postgres::Statement>,
     text: impl FnOnce() -> String,
 ) -> Result<tokio_postgres::Statement, tokio_postgres::Error> {
     match cached {
-        Some(prepared) => Ok(prepared.clone()),
+        Some(prepared) => Ok(prepared),
         None => prepare(object, text()).await,
     }
 }
 
-/// Binds and runs one prepared lock statement (prepared with the connection's session
-/// marker, which every lock statement checks before it takes or frees anything) and
-/// reads its answer column: NULL means the statement reached another server session and
-/// did nothing there (see [`Statement::text`]).
-async fn execute(
-    object: &Object,
-    prepared: &tokio_postgres::Statement,
-    statement: Statement<'_>,
-) -> Result<Answer, tokio_postgres::Error> {
-    let row = match statement {
-        Statement::Lock {
-            lock_id,
-            lock_timeout_ms,
-            ..
-        } => {
-            // Bound as an integer (no string per wait); at most `i32::MAX` ms already.
-            let lock_timeout = i32::try_from(lock_timeout_ms).unwrap_or(i32::MAX);
-            let row = object
-                .query_one(prepared, &[&lock_id, &lock_timeout])
-                .await?;
-            let locked: Option<bool> = row.try_get(0)?;
-            return Ok(match locked {
-                Some(_) => Answer::Locked,
-                None => Answer::WrongSession,
-            });
-        }
-        Statement::TryLockEach { lock_ids, .. } => {
-            let row = object.query_one(prepared, &[&lock_ids]).await?;
-            let first_busy: Option<i64> = row.try_get(0)?;
-            return Ok(match first_busy {
-                None => Answer::WrongSession,
-                Some(0) => Answer::FirstBusy(None),
-                // Ordinality counts from 1; an index past usize is not possible.
-                Some(at) => Answer::FirstBusy(Some(usize::try_from(at - 1).unwrap_or(usize::MAX))),
-            });
-        }
-        Statement::TryLock { lock_id, .. }
-        | Statement::Unlock { lock_id, .. }
-        | Statement::UnlockIfHeld { lock_id, .. } => {
-            object.query_one(prepared, &[&lock_id]).await?
-        }
-        Statement::UnlockEach { lock_ids, .. } => object.query_one(prepared, &[&lock_ids]).await?,
-        Statement::UnlockAll | Statement::Ping => object.query_one(prepared, &[]).await?,
-    };
-    let answer: Option<bool> = row.try_get(0)?;
-    Ok(answer.map_or(Answer::WrongSession, Answer::Bool))
+/// The place of `query`'s prepared statement among a connection's `prepared` ones.
+#[inline]
+fn slot<'c>(
+    prepared: &'c mut Vec<Option<tokio_postgres::Statement>>,
+    query: &Query,
+) -> &'c mut Option<tokio_postgres::Statement> {
+    let index = query.index();
+    if index >= prepared.len() {
+        prepared.resize_with(index + 1, || None);
+    }
+    &mut prepared[index]
 }
 
 impl Drop for Session {

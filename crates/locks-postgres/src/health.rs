@@ -24,12 +24,12 @@ use locks_port::{AcquisitionErrorKind, LossNotifier, LostReason, ReleaseOutcome}
 use tokio::time::Instant;
 
 use crate::bookkeeping::{Held, SessionSlot, Ticket, new_slot};
-use crate::connection::{Answer, Session};
+use crate::connection::Session;
 use crate::errors::{MOVED_BETWEEN_SESSIONS, describe, driver_kind};
 use crate::limit::Limit;
 use crate::manager::Inner;
 use crate::pool::connect::connection_ended;
-use crate::sql::Statement;
+use crate::sql::{Answer, Statement};
 use crate::telemetry::lost_span;
 use crate::watchdog::Watch;
 
@@ -276,11 +276,8 @@ impl Inner {
             let Some(session) = session.as_mut() else {
                 return; // released meanwhile
             };
-            let answer = session
-                .run_within(
-                    Statement::Ping,
-                    Limit::Waiting(self.settings().answer_timeout),
-                )
+            let answer = Statement::Ping
+                .run(session, Limit::Waiting(self.settings().answer_timeout))
                 .await;
             match answer {
                 Ok(Ok(Answer::Bool(true))) => None,
@@ -468,11 +465,8 @@ impl Inner {
                 return; // released meanwhile
             };
             let sent = Instant::now();
-            let answer = session
-                .run_within(
-                    Statement::Ping,
-                    Limit::Waiting(self.settings().answer_timeout),
-                )
+            let answer = Statement::Ping
+                .run(session, Limit::Waiting(self.settings().answer_timeout))
                 .await;
             (answer, sent)
         };

@@ -27,9 +27,9 @@ use std::time::Duration;
 use locks_port::LockMode;
 
 use crate::bookkeeping::{Held, Holding, SessionSlot, new_slot};
-use crate::connection::{Answer, Session};
+use crate::connection::Session;
 use crate::limit::{Expired, Limit};
-use crate::sql::Statement;
+use crate::sql::{Answer, Statement};
 
 /// The shared connections of one manager.
 pub(crate) struct Multiplexer {
@@ -267,8 +267,8 @@ async fn settle(host: Arc<Host>, lock_id: i64, mode: LockMode) {
     let mut slot = host.slot.lock().await;
     if let Some(session) = slot.as_mut() {
         let check = Statement::UnlockIfHeld { lock_id, mode };
-        let answer = session
-            .run_within(check, Limit::Waiting(host.answer_timeout))
+        let answer = check
+            .run(session, Limit::Waiting(host.answer_timeout))
             .await;
         if !matches!(answer, Ok(Ok(Answer::Bool(_)))) {
             drop(slot.take());
@@ -309,7 +309,7 @@ impl Multiplexer {
             return Ok(SharedTry::NoHost);
         };
         let statement = Statement::TryLock { lock_id, mode };
-        match session.run_within(statement, limit).await {
+        match statement.run(session, limit).await {
             Ok(Ok(Answer::Bool(true))) => Ok(SharedTry::Granted(member)),
             // The statement reached another server session (ADR 0014): the connection
             // cannot hold session locks, nor the others on it.
@@ -375,7 +375,7 @@ impl Multiplexer {
             };
             drop(slot);
             let limit = Limit::Waiting(self.answer_timeout);
-            let answer = session.run_within(Statement::UnlockAll, limit).await;
+            let answer = Statement::UnlockAll.run(&mut session, limit).await;
             if matches!(answer, Ok(Ok(Answer::Bool(true)))) {
                 session.into_pool();
                 tracing::debug!(

@@ -10,11 +10,10 @@ use smallvec::SmallVec;
 use tracing::{Instrument, Span};
 
 use crate::bookkeeping::{Entries, Held};
-use crate::connection::Answer;
 use crate::errors::{MOVED_BETWEEN_SESSIONS, describe, driver_kind, sqlstate};
 use crate::limit::{Expired, Limit};
 use crate::manager::Inner;
-use crate::sql::Statement;
+use crate::sql::{Answer, Answered, Statement};
 use crate::telemetry::{record_failure, record_released, release_span};
 
 impl Inner {
@@ -132,7 +131,7 @@ impl Inner {
         // Pinned where made (the statement's future is large), and gone after.
         let answer = {
             let limit = Limit::Waiting(self.settings().answer_timeout);
-            let running = std::pin::pin!(session.run_within(statement, limit));
+            let running = std::pin::pin!(statement.run(session, limit));
             running.await
         };
         let unlocked = matches!(answer, Ok(Ok(Answer::Bool(true))));
@@ -170,7 +169,7 @@ impl Inner {
     fn failed_unlock<'a>(
         &self,
         held: &Held,
-        answer: &'a Result<Result<Answer, tokio_postgres::Error>, Expired>,
+        answer: &'a Answered,
     ) -> (AcquisitionErrorKind, Option<&'a str>) {
         let (key, lock_id) = (self.shown(held.key()), held.lock_id());
         match answer {

@@ -1,6 +1,9 @@
-//! The statements. Each is prepared once per connection (kept with the connection's
-//! state, see [`crate::connection`]) and then costs one round trip; only numbers and
-//! the session marker are ever bound, no user text reaches SQL.
+//! The statements. Each is a [`Query`]: prepared once per connection (kept with the
+//! connection, see [`crate::connection`]) and then one round trip; only numbers and the
+//! session marker are ever bound, no user text reaches SQL. The lock's and the group's
+//! statements are here ([`Statement`], read into an [`Answer`]); a strategy with
+//! statements of its own (the semaphore's, the fencing tokens', the leader board's)
+//! declares its `Query`s in its own module and reads its own rows.
 //!
 //! Every lock statement first checks the server session's `locks.session` setting
 //! against the connection's marker (`:marker` below) and does nothing (answering NULL,
@@ -10,36 +13,68 @@
 //! sessions, and a session advisory lock taken on one of them would exclude nothing;
 //! the check makes that a clear error instead of a silent double grant.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use locks_port::LockMode;
+use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
 
-/// How many lock statements a connection can have prepared in fixed slots: six kinds
-/// of lock statement in two modes, the keepalive, the set-up and the unlock of
-/// everything. (A strategy's own [`Query`]s are kept apart, by query.)
-pub(crate) const PREPARED_KINDS: usize = 15;
-/// The slot of [`SESSION_SETUP`] among a connection's prepared statements.
-pub(crate) const SETUP_SLOT: usize = 9;
+use crate::connection::{Session, SetUp, SetupValues};
+use crate::limit::{Expired, Limit};
 
-/// A statement of a strategy with statements of its own (the semaphore's, the fencing
-/// tokens'), declared as a `static` in the strategy's own module: prepared once per
-/// connection (kept with the connection, by the static's address: a new strategy
-/// numbers nothing here), from `text` with `:marker` for the connection's marker, like
-/// a [`Statement`]. Its parameters are bound by the caller and its one row read by the
-/// caller (see [`Session::query_within`](crate::connection::Session::query_within)).
+/// A statement, declared as a `static` in the module of the strategy it belongs to:
+/// prepared once per connection (kept with the connection, in the place [`Query::index`]
+/// numbers: a new strategy numbers nothing by hand), from `text` with `:marker` for the
+/// connection's marker. Its parameters are bound by the caller and its one row read by
+/// the caller (see [`Session::query_within`]).
 #[derive(Debug)]
 pub(crate) struct Query {
     /// Its SQL, with `:marker` where the connection's marker goes.
     text: &'static str,
+    /// Its place among every connection's prepared statements, once numbered.
+    index: AtomicUsize,
 }
+
+/// [`Query::index`] before the query is first used.
+const UNNUMBERED: usize = usize::MAX;
 
 impl Query {
     /// The query `text` (with `:marker` where the connection's marker goes).
     pub(crate) const fn new(text: &'static str) -> Self {
-        Self { text }
+        Self {
+            text,
+            index: AtomicUsize::new(UNNUMBERED),
+        }
     }
 
     /// The SQL text of a connection whose marker is `marker`.
     pub(crate) fn sql(&self, marker: &str) -> String {
         with_marker(self.text, marker)
+    }
+
+    /// The query's place among a connection's prepared statements: numbered on first
+    /// use, the same on every connection of the process. Numbers are dense (one per
+    /// `static` query, a handful of spares if threads race to number one), so a
+    /// connection's cache is a short vector.
+    #[inline]
+    pub(crate) fn index(&self) -> usize {
+        match self.index.load(Ordering::Relaxed) {
+            UNNUMBERED => self.number(),
+            index => index,
+        }
+    }
+
+    #[cold]
+    fn number(&self) -> usize {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let mine = NEXT.fetch_add(1, Ordering::Relaxed);
+        match self
+            .index
+            .compare_exchange(UNNUMBERED, mine, Ordering::Relaxed, Ordering::Relaxed)
+        {
+            Ok(_) => mine,
+            Err(numbered) => numbered,
+        }
     }
 }
 
@@ -73,7 +108,8 @@ fn with_marker(text: &str, marker: &str) -> String {
 ///
 /// Answers `pg_is_in_recovery()` (a standby must not be used: its advisory locks
 /// exclude nothing on the primary) and the owner (the marker, or NULL when foreign).
-pub(crate) const SESSION_SETUP: &str = "SELECT pg_is_in_recovery(), owner \
+pub(crate) static SESSION_SETUP: Query = Query::new(
+    "SELECT pg_is_in_recovery(), owner \
      FROM (SELECT CASE WHEN coalesce(current_setting('locks.session', true), '') IN ('', $2) \
      THEN set_config('locks.session', $2, false) END AS owner) AS mark, \
      LATERAL (SELECT \
@@ -95,7 +131,8 @@ pub(crate) const SESSION_SETUP: &str = "SELECT pg_is_in_recovery(), owner \
      THEN set_config('tcp_user_timeout', $6, false) END, \
      CASE WHEN owner IS NOT NULL AND $7::text IS NOT NULL \
      AND current_setting('client_connection_check_interval', true) IS NOT NULL \
-     THEN set_config('client_connection_check_interval', $7, false) END) AS settings";
+     THEN set_config('client_connection_check_interval', $7, false) END) AS settings",
+);
 
 /// A statement whose one row's one column is the answer: `$bool` (the lock call) on the
 /// connection's own session, NULL on any other, where nothing is done. The refusal is
@@ -163,92 +200,119 @@ macro_rules! try_each {
     };
 }
 
+/// The statements of [`Statement::Lock`], exclusive then shared. `set_config(...,
+/// true)` scopes the timeout to the statement's own transaction, so the session's
+/// setting is back as it was afterwards, on success and on error; the sub-select runs
+/// before the lock call, so the timeout is in force for the wait. A `lock_timeout` set
+/// on the role is overridden too ('0' waits forever). `pg_advisory_lock` returns void,
+/// which reads as '' as text.
+static LOCK: [Query; 2] = [
+    Query::new(
+        "SELECT CASE WHEN current_setting('locks.session', true) = :marker \
+         THEN pg_advisory_lock($1)::text = '' END \
+         FROM (SELECT set_config('lock_timeout', $2::integer::text, true)) AS options",
+    ),
+    Query::new(
+        "SELECT CASE WHEN current_setting('locks.session', true) = :marker \
+         THEN pg_advisory_lock_shared($1)::text = '' END \
+         FROM (SELECT set_config('lock_timeout', $2::integer::text, true)) AS options",
+    ),
+];
+static TRY_LOCK: [Query; 2] = [
+    Query::new(answered!("pg_try_advisory_lock($1)")),
+    Query::new(answered!("pg_try_advisory_lock_shared($1)")),
+];
+static UNLOCK: [Query; 2] = [
+    Query::new(answered!("pg_advisory_unlock($1)")),
+    Query::new(answered!("pg_advisory_unlock_shared($1)")),
+];
+/// Used after a wait ended in an error: the server can grant the lock just as the wait
+/// is cancelled. pg_locks shows a bigint key as classid (high 32 bits) and objid (low 32
+/// bits) with objsubid = 1; checking first avoids the server's WARNING for unlocking a
+/// lock that is not held.
+static UNLOCK_IF_HELD: [Query; 2] = [
+    Query::new(answered!(
+        "CASE WHEN EXISTS (SELECT 1 FROM pg_locks \
+         WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted \
+         AND mode = 'ExclusiveLock' \
+         AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = $1) \
+         THEN pg_advisory_unlock($1) ELSE false END"
+    )),
+    Query::new(answered!(
+        "CASE WHEN EXISTS (SELECT 1 FROM pg_locks \
+         WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted \
+         AND mode = 'ShareLock' \
+         AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = $1) \
+         THEN pg_advisory_unlock_shared($1) ELSE false END"
+    )),
+];
+/// True on the connection's own session, NULL elsewhere.
+static PING: Query = Query::new(answered!("true"));
+/// Like every lock statement it checks the session marker first (ADR 0014): on a server
+/// session not the connection's own it frees nothing (another client's locks above all).
+static UNLOCK_ALL: Query = Query::new(answered!("pg_advisory_unlock_all()::text = ''"));
+static TRY_LOCK_EACH: [Query; 2] = [
+    Query::new(try_each!("pg_try_advisory_lock", "pg_advisory_unlock")),
+    Query::new(try_each!(
+        "pg_try_advisory_lock_shared",
+        "pg_advisory_unlock_shared"
+    )),
+];
+static UNLOCK_EACH: [Query; 2] = [
+    Query::new(answered!(
+        "(SELECT coalesce(bool_and(pg_advisory_unlock(t.id)), true) \
+         FROM unnest($1::bigint[]) AS t(id))"
+    )),
+    Query::new(answered!(
+        "(SELECT coalesce(bool_and(pg_advisory_unlock_shared(t.id)), true) \
+         FROM unnest($1::bigint[]) AS t(id))"
+    )),
+];
+
+/// What one lock statement answered.
+#[derive(Debug)]
+pub(crate) enum Answer {
+    /// `pg_advisory_lock` returned: the lock is held.
+    Locked,
+    /// A boolean function answered (`pg_try_advisory_lock`, `pg_advisory_unlock`).
+    Bool(bool),
+    /// `acquire_many`'s try ([`Statement::TryLockEach`]): the index of the first busy
+    /// lock (the ones before it are held, none after it), `None` when every lock was
+    /// granted.
+    FirstBusy(Option<usize>),
+    /// The statement reached a server session whose `locks.session` is not this
+    /// connection's marker, so it did nothing: a transaction-pooling proxy moved it to
+    /// another server session, or something reset the session's settings.
+    WrongSession,
+}
+
+/// A statement's answer: `Ok(Ok(..))` answered, `Ok(Err(..))` the driver's error,
+/// `Err(Expired)` no answer within the limit (the statement is still in flight).
+pub(crate) type Answered = Result<Result<Answer, tokio_postgres::Error>, Expired>;
+
 impl Statement<'_> {
-    /// The SQL text of a connection whose marker is `marker` (see [`Statement::text`]).
-    pub(crate) fn sql(self, marker: &str) -> String {
-        with_marker(self.text(), marker)
+    /// The SQL text of a connection whose marker is `marker`.
+    #[cfg(test)]
+    fn sql(self, marker: &str) -> String {
+        self.query().sql(marker)
     }
 
-    /// The SQL text with `:marker` for the connection's marker: `$1` the lock id, then
-    /// (for [`Statement::Lock`]) `$2` the timeout in ms, an integer (made text in SQL:
-    /// no string is formatted per wait). Each answers one row: its answer column is NULL
-    /// when the server session is not the connection's own (and nothing was done there);
-    /// [`Statement::TryLockEach`] adds a second column.
-    pub(crate) fn text(self) -> &'static str {
-        let shared = matches!(self.mode(), LockMode::Shared);
-        match self {
-            // `set_config(..., true)` scopes the timeout to this statement's own
-            // transaction, so the session's setting is back as it was afterwards, on
-            // success and on error; the sub-select runs before the lock call, so the
-            // timeout is in force for the wait. A `lock_timeout` set on the role is
-            // overridden too ('0' waits forever). `pg_advisory_lock` returns void,
-            // which reads as '' as text.
-            Self::Lock { .. } if shared => {
-                "SELECT CASE WHEN current_setting('locks.session', true) = :marker \
-                 THEN pg_advisory_lock_shared($1)::text = '' END \
-                 FROM (SELECT set_config('lock_timeout', $2::integer::text, true)) AS options"
-            }
-            Self::Lock { .. } => {
-                "SELECT CASE WHEN current_setting('locks.session', true) = :marker \
-                 THEN pg_advisory_lock($1)::text = '' END \
-                 FROM (SELECT set_config('lock_timeout', $2::integer::text, true)) AS options"
-            }
-            Self::TryLock { .. } if shared => answered!("pg_try_advisory_lock_shared($1)"),
-            Self::TryLock { .. } => answered!("pg_try_advisory_lock($1)"),
-            Self::Unlock { .. } if shared => answered!("pg_advisory_unlock_shared($1)"),
-            Self::Unlock { .. } => answered!("pg_advisory_unlock($1)"),
-            // Used after a wait ended in an error: the server can grant the lock just as
-            // the wait is cancelled. pg_locks shows a bigint key as classid (high 32
-            // bits) and objid (low 32 bits) with objsubid = 1; checking first avoids the
-            // server's WARNING for unlocking a lock that is not held.
-            Self::UnlockIfHeld { .. } if shared => answered!(
-                "CASE WHEN EXISTS (SELECT 1 FROM pg_locks \
-                 WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted \
-                 AND mode = 'ShareLock' \
-                 AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = $1) \
-                 THEN pg_advisory_unlock_shared($1) ELSE false END"
-            ),
-            Self::UnlockIfHeld { .. } => answered!(
-                "CASE WHEN EXISTS (SELECT 1 FROM pg_locks \
-                 WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted \
-                 AND mode = 'ExclusiveLock' \
-                 AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = $1) \
-                 THEN pg_advisory_unlock($1) ELSE false END"
-            ),
-            // True on the connection's own session, NULL elsewhere.
-            Self::Ping => answered!("true"),
-            // Like every lock statement it checks the session marker first (ADR 0014):
-            // on a server session not the connection's own it frees nothing (another
-            // client's locks above all).
-            Self::UnlockAll => answered!("pg_advisory_unlock_all()::text = ''"),
-            Self::TryLockEach { .. } if shared => {
-                try_each!("pg_try_advisory_lock_shared", "pg_advisory_unlock_shared")
-            }
-            Self::TryLockEach { .. } => try_each!("pg_try_advisory_lock", "pg_advisory_unlock"),
-            Self::UnlockEach { .. } if shared => answered!(
-                "(SELECT coalesce(bool_and(pg_advisory_unlock_shared(t.id)), true) \
-                 FROM unnest($1::bigint[]) AS t(id))"
-            ),
-            Self::UnlockEach { .. } => answered!(
-                "(SELECT coalesce(bool_and(pg_advisory_unlock(t.id)), true) \
-                 FROM unnest($1::bigint[]) AS t(id))"
-            ),
-        }
-    }
-
-    /// The statement's slot among a connection's prepared statements (below
-    /// [`PREPARED_KINDS`]; [`SETUP_SLOT`] is the set-up's).
-    pub(crate) fn slot(self) -> usize {
+    /// The statement's [`Query`]: `$1` the lock id (or the ids), then (for
+    /// [`Statement::Lock`]) `$2` the timeout in ms, an integer (made text in SQL: no
+    /// string is formatted per wait). Each answers one row: its answer column is NULL
+    /// when the server session is not the connection's own (and nothing was done
+    /// there); [`Statement::TryLockEach`] adds a second column.
+    fn query(self) -> &'static Query {
         let shared = usize::from(matches!(self.mode(), LockMode::Shared));
         match self {
-            Self::Lock { .. } => shared,
-            Self::TryLock { .. } => 2 + shared,
-            Self::Unlock { .. } => 4 + shared,
-            Self::UnlockIfHeld { .. } => 6 + shared,
-            Self::Ping => 8,
-            Self::UnlockAll => 10,
-            Self::TryLockEach { .. } => 11 + shared,
-            Self::UnlockEach { .. } => 13 + shared,
+            Self::Lock { .. } => &LOCK[shared],
+            Self::TryLock { .. } => &TRY_LOCK[shared],
+            Self::Unlock { .. } => &UNLOCK[shared],
+            Self::UnlockIfHeld { .. } => &UNLOCK_IF_HELD[shared],
+            Self::Ping => &PING,
+            Self::UnlockAll => &UNLOCK_ALL,
+            Self::TryLockEach { .. } => &TRY_LOCK_EACH[shared],
+            Self::UnlockEach { .. } => &UNLOCK_EACH[shared],
         }
     }
 
@@ -264,11 +328,118 @@ impl Statement<'_> {
             Self::Ping | Self::UnlockAll => LockMode::Exclusive,
         }
     }
+
+    /// Runs the statement on `session` within `limit` (held by the connection's watch)
+    /// and reads its answer.
+    ///
+    /// If the future is dropped before the answer arrives, or the limit passes first
+    /// ([`Expired`]), the statement is still in flight: dropping the session cancels
+    /// it and closes the connection.
+    pub(crate) async fn run(self, session: &mut Session, limit: Limit) -> Answered {
+        let mut lock_timeout = 0;
+        let (params, count) = self.params(&mut lock_timeout);
+        session
+            .read_within(self.query(), &params[..count], limit, |row| self.read(&row))
+            .await
+    }
+
+    /// Sets a new connection up for holding locks ([`SESSION_SETUP`]) with the
+    /// statement pipelined behind it: one round trip for both (two when the statements
+    /// are not prepared yet), within `limit` (on expiry the statements are in flight,
+    /// as in [`run`](Self::run)).
+    pub(crate) async fn run_after_setup(
+        self,
+        session: &mut Session,
+        values: SetupValues<'_>,
+        limit: Limit,
+    ) -> Result<
+        (
+            Result<SetUp, tokio_postgres::Error>,
+            Result<Answer, tokio_postgres::Error>,
+        ),
+        Expired,
+    > {
+        let mut lock_timeout = 0;
+        let (params, count) = self.params(&mut lock_timeout);
+        let (set_up, row) = session
+            .query_after_setup(values, self.query(), &params[..count], limit)
+            .await?;
+        Ok((set_up, row.and_then(|row| self.read(&row))))
+    }
+
+    /// The statement's parameters (the first `count` of them); `lock_timeout` holds
+    /// the wait's timeout, bound as an integer (at most `i32::MAX` ms already).
+    fn params<'p>(&'p self, lock_timeout: &'p mut i32) -> ([&'p (dyn ToSql + Sync); 2], usize) {
+        const NONE: &(dyn ToSql + Sync) = &0_i32;
+        match self {
+            Self::Lock {
+                lock_id,
+                lock_timeout_ms,
+                ..
+            } => {
+                *lock_timeout = i32::try_from(*lock_timeout_ms).unwrap_or(i32::MAX);
+                ([lock_id, lock_timeout], 2)
+            }
+            Self::TryLock { lock_id, .. }
+            | Self::Unlock { lock_id, .. }
+            | Self::UnlockIfHeld { lock_id, .. } => ([lock_id, NONE], 1),
+            Self::TryLockEach { lock_ids, .. } | Self::UnlockEach { lock_ids, .. } => {
+                ([lock_ids, NONE], 1)
+            }
+            Self::Ping | Self::UnlockAll => ([NONE, NONE], 0),
+        }
+    }
+
+    /// Reads the statement's one row: NULL in the answer column means it reached
+    /// another server session and did nothing there.
+    #[inline]
+    fn read(self, row: &Row) -> Result<Answer, tokio_postgres::Error> {
+        Ok(match self {
+            Self::Lock { .. } => match row.try_get::<_, Option<bool>>(0)? {
+                Some(_) => Answer::Locked,
+                None => Answer::WrongSession,
+            },
+            Self::TryLockEach { .. } => match row.try_get::<_, Option<i64>>(0)? {
+                None => Answer::WrongSession,
+                Some(0) => Answer::FirstBusy(None),
+                // Ordinality counts from 1; an index past usize is not possible.
+                Some(at) => Answer::FirstBusy(Some(usize::try_from(at - 1).unwrap_or(usize::MAX))),
+            },
+            _ => row
+                .try_get::<_, Option<bool>>(0)?
+                .map_or(Answer::WrongSession, Answer::Bool),
+        })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_query_has_a_place_of_its_own_for_good() {
+        let queries: Vec<&Query> = [
+            &LOCK,
+            &TRY_LOCK,
+            &UNLOCK,
+            &UNLOCK_IF_HELD,
+            &TRY_LOCK_EACH,
+            &UNLOCK_EACH,
+        ]
+        .into_iter()
+        .flatten()
+        .chain([&PING, &UNLOCK_ALL, &SESSION_SETUP])
+        .collect();
+        let places: Vec<usize> = queries.iter().map(|query| query.index()).collect();
+        let mut distinct = places.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), queries.len(), "{places:?}");
+        let again: Vec<usize> = queries.iter().map(|query| query.index()).collect();
+        assert_eq!(places, again);
+        // Numbered from one counter: the places stay within a short vector.
+        assert!(places.iter().all(|&place| place < 1024), "{places:?}");
+    }
 
     #[test]
     fn statements_bind_only_numbers_and_carry_the_marker() {
@@ -291,7 +462,6 @@ mod tests {
         assert!(!Statement::Ping.sql(marker).contains('$'));
         let unlock_all = Statement::UnlockAll.sql(marker);
         assert!(unlock_all.contains("= '0123456789abcdef'") && !unlock_all.contains('$'));
-        assert!(Statement::UnlockAll.slot() < PREPARED_KINDS);
         for mode in [LockMode::Exclusive, LockMode::Shared] {
             for statement in [
                 Statement::TryLock {
@@ -313,7 +483,6 @@ mod tests {
                 assert!(sql.contains("$1"));
                 assert!(sql.contains("locks.session', true) = '0123456789abcdef'"));
                 assert!(!sql.contains("$2") && !sql.contains(":marker"));
-                assert!(statement.slot() < PREPARED_KINDS && statement.slot() != SETUP_SLOT);
                 assert_eq!(
                     sql.contains("_shared("),
                     mode == LockMode::Shared,
