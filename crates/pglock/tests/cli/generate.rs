@@ -67,7 +67,7 @@ async fn completions_and_man_pages_know_every_command() {
     assert!(!page.contains("pglock\\-help(1)"), "{page}");
 
     let (_key, dir) = unique("man");
-    let written = output(pglock().args(["man", "--dir"]).arg(&dir)).await;
+    let written = output(pglock().args(["man", "--dir"]).arg(dir.path())).await;
     assert_eq!(code(&written), 0, "{}", stderr(&written));
     for (file, option) in [
         ("pglock.1", "\\-\\-url"),

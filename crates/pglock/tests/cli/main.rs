@@ -74,12 +74,47 @@ fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
-/// A key and a scratch folder no other test uses.
-fn unique(name: &str) -> (String, PathBuf) {
+/// A key and a scratch folder no other test uses; the folder goes when the [`Scratch`] is
+/// dropped, so keep it bound (`_dir`, not `_`) until the test's children are gone.
+fn unique(name: &str) -> (String, Scratch) {
     let tag = throwaway_pg::testing::unique(name);
     let dir = std::env::temp_dir().join(format!("pglock-test-{tag}"));
     std::fs::create_dir_all(&dir).expect("scratch folder");
-    (format!("pglock-test:{tag}"), dir)
+    (format!("pglock-test:{tag}"), Scratch(dir))
+}
+
+/// A test's scratch folder, removed with everything in it on drop.
+#[derive(Debug)]
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        match std::fs::remove_dir_all(&self.0) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                // A test that passed must leave nothing behind; one already failing has said why.
+                assert!(
+                    std::thread::panicking(),
+                    "remove {}: {error}",
+                    self.0.display()
+                );
+            }
+            _ => {}
+        }
+    }
 }
 
 /// `(pid, granted)` of every session holding or waiting for the advisory lock `lock_id`.

@@ -178,7 +178,6 @@ async fn five_processes_run_each_slot_once_and_the_others_stay_silent() {
     assert!(!text.contains(" ? "), "{text}");
     let bad = output(pglock().args(["jobs", &key, "--schedule", "every banana"])).await;
     assert_eq!(code(&bad), 64, "{}", stderr(&bad));
-    std::fs::remove_dir_all(dir).expect("clean up");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -192,7 +191,7 @@ async fn a_missing_ledger_is_created_on_first_use() {
     let url = throwaway_pg::testing::database_url();
     let separator = if url.contains('?') { '&' } else { '?' };
     let url = format!("{url}{separator}options=-csearch_path%3D{schema}");
-    let (key, dir) = unique("once-per-install");
+    let (key, _dir) = unique("once-per-install");
     let first =
         output(pglock().args(["--url", &url, "run", "--once-per", "1h", &key, "--", "true"])).await;
     assert_eq!(code(&first), 0, "{}", stderr(&first));
@@ -207,13 +206,12 @@ async fn a_missing_ledger_is_created_on_first_use() {
         .expect("the new ledger")
         .get(0);
     assert_eq!(rows, 1);
-    std::fs::remove_dir_all(dir).expect("clean up");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_runner_exits_with_the_command_and_bad_periods_are_usage_errors() {
     install().await;
-    let (key, dir) = unique("once-per-exit");
+    let (key, _dir) = unique("once-per-exit");
     let failing = output(pglock().args(["run", "--once-per", "1h", &key, "-c", "exit 3"])).await;
     assert_eq!(code(&failing), 3, "{}", stderr(&failing));
     let again = output(pglock().args(["run", "--once-per", "1h", &key, "-c", "exit 4"])).await;
@@ -226,7 +224,6 @@ async fn the_runner_exits_with_the_command_and_bad_periods_are_usage_errors() {
     let zero = output(pglock().args(["run", "--once-per", "0s", &key, "--", "true"])).await;
     assert_eq!(code(&zero), 64, "{}", stderr(&zero));
     assert!(stderr(&zero).contains("--once-per"), "{}", stderr(&zero));
-    std::fs::remove_dir_all(dir).expect("clean up");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -250,5 +247,4 @@ async fn three_schedulers_run_each_slot_once_until_terminated() {
         (3..=4).contains(&slots.len()),
         "one run per 2 s slot over 7.5 s: {slots:?}"
     );
-    std::fs::remove_dir_all(dir).expect("clean up");
 }
