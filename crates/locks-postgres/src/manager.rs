@@ -9,20 +9,20 @@
 //!   [`lease`](crate::lease): the lease's bounds and server timers;
 //! - [`acquire`](crate::acquire): try, the wait in the server's queue, the choice of a
 //!   shared connection, and a group's tries; [`checkout`](crate::checkout): the pool
-//!   checkout; [`many`](crate::many): `acquire_many` and its guard;
+//!   checkout; [`many`]: `acquire_many` and its guard;
 //! - [`limit`](crate::limit): a call's deadline and each step's limit;
 //!   [`watchdog`](crate::watchdog): the thread that holds statements to them;
 //! - [`connection`](crate::connection): a checked-out connection, its set-up and
-//!   prepared statements; [`sql`](crate::sql): every statement;
+//!   prepared statements; [`sql`](crate::sql): the lock statements and `Query`;
 //! - [`bookkeeping`](crate::bookkeeping): what is held, registering a grant;
 //!   [`release`](crate::release): the unlock; [`guard`](crate::guard): the guard;
-//! - [`health`](crate::health): the lost-lock monitor and keepalives;
+//! - [`health`]: the lost-lock monitor and keepalives;
 //! - [`multiplex`](crate::multiplex): the shared connections (opt-in);
-//!   [`semaphore`](crate::semaphore): counting semaphores; [`board`](crate::board):
+//!   [`semaphore`]: counting semaphores; [`board`]:
 //!   the leader board; [`metrics`](crate::metrics): the OpenTelemetry instruments;
 //! - [`fencing`](crate::fencing): fencing tokens; [`xact`](crate::xact):
-//!   transaction-scoped locks; [`inspect`](crate::inspect): who holds and waits;
-//!   [`lock_table`](crate::lock_table): how full the server's lock table is;
+//!   transaction-scoped locks; [`inspect`]: who holds and waits;
+//!   [`lock_table`]: how full the server's lock table is;
 //! - [`errors`](crate::errors): errors in the server's words, and the adapter's own;
 //!   [`telemetry`](crate::telemetry): spans and events;
 //! - [`pool`](crate::pool): the pool, the one room that names the pool's library (with
