@@ -138,10 +138,10 @@ pub(crate) static SESSION_SETUP: Query = Query::new(
 /// connection's own session, NULL on any other, where nothing is done. The refusal is
 /// data, never an error.
 macro_rules! answered {
-    ($bool:literal) => {
+    ($($bool:tt)+) => {
         concat!(
             "SELECT CASE WHEN current_setting('locks.session', true) = :marker THEN ",
-            $bool,
+            $($bool)+,
             " END"
         )
     };
@@ -226,25 +226,28 @@ static UNLOCK: [Query; 2] = [
     Query::new(answered!("pg_advisory_unlock($1)")),
     Query::new(answered!("pg_advisory_unlock_shared($1)")),
 ];
-/// Used after a wait ended in an error: the server can grant the lock just as the wait
-/// is cancelled. pg_locks shows a bigint key as classid (high 32 bits) and objid (low 32
-/// bits) with objsubid = 1; checking first avoids the server's WARNING for unlocking a
-/// lock that is not held.
+/// The text of [`Statement::UnlockIfHeld`] for the mode's `pg_locks` name and unlock
+/// function. Used after a wait ended in an error: the server can grant the lock just as
+/// the wait is cancelled. pg_locks shows a bigint key as classid (high 32 bits) and
+/// objid (low 32 bits) with objsubid = 1; checking first avoids the server's WARNING
+/// for unlocking a lock that is not held.
+macro_rules! unlock_if_held {
+    ($lock_mode:literal, $unlock:literal) => {
+        answered!(concat!(
+            "CASE WHEN EXISTS (SELECT 1 FROM pg_locks \
+             WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted \
+             AND mode = '",
+            $lock_mode,
+            "' AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = $1) \
+             THEN ",
+            $unlock,
+            "($1) ELSE false END"
+        ))
+    };
+}
 static UNLOCK_IF_HELD: [Query; 2] = [
-    Query::new(answered!(
-        "CASE WHEN EXISTS (SELECT 1 FROM pg_locks \
-         WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted \
-         AND mode = 'ExclusiveLock' \
-         AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = $1) \
-         THEN pg_advisory_unlock($1) ELSE false END"
-    )),
-    Query::new(answered!(
-        "CASE WHEN EXISTS (SELECT 1 FROM pg_locks \
-         WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted \
-         AND mode = 'ShareLock' \
-         AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = $1) \
-         THEN pg_advisory_unlock_shared($1) ELSE false END"
-    )),
+    Query::new(unlock_if_held!("ExclusiveLock", "pg_advisory_unlock")),
+    Query::new(unlock_if_held!("ShareLock", "pg_advisory_unlock_shared")),
 ];
 /// True on the connection's own session, NULL elsewhere.
 static PING: Query = Query::new(answered!("true"));
@@ -460,6 +463,19 @@ mod tests {
                 .contains("= '0123456789abcdef' THEN true END")
         );
         assert!(!Statement::Ping.sql(marker).contains('$'));
+        let unlock_if_held = Statement::UnlockIfHeld {
+            lock_id: 1,
+            mode: LockMode::Exclusive,
+        }
+        .sql(marker);
+        assert!(
+            unlock_if_held.contains(
+                "AND mode = 'ExclusiveLock' AND objsubid = 1 \
+                 AND ((classid::bigint << 32) | objid::bigint) = $1) \
+                 THEN pg_advisory_unlock($1) ELSE false END END"
+            ),
+            "{unlock_if_held}"
+        );
         let unlock_all = Statement::UnlockAll.sql(marker);
         assert!(unlock_all.contains("= '0123456789abcdef'") && !unlock_all.contains('$'));
         for mode in [LockMode::Exclusive, LockMode::Shared] {
