@@ -21,27 +21,28 @@ use super::{
 const WINDOW: Duration = Duration::from_secs(90);
 /// How long the test waits, from the heal, for node 0 to stream from node 1 as its
 /// synchronous standby: Patroni's loop finds etcd again, `pg_rewind`, the restart and the
-/// catch-up. Measured 7.0–10.2 s over four runs (`docs/benchmarks.md`); room for a loaded
+/// catch-up. Measured 7.0–10.2 s over five runs (`docs/benchmarks.md`); room for a loaded
 /// machine.
 const REJOIN: Duration = Duration::from_secs(45);
 /// How often each side is asked for a lock during the window.
 const PROBE: Duration = Duration::from_millis(200);
 
-/// One attempt at `key` through `manager`, released at once; `true` when granted.
-async fn granted(manager: &PostgresLockManager, key: &str) -> bool {
-    match manager
+/// One attempt at `key` through `manager`, released at once; the refusal's kind.
+async fn attempt(manager: &PostgresLockManager, key: &str) -> Result<(), AcquisitionErrorKind> {
+    let guard = manager
         .acquire(
             key,
             AcquireOptions::new().with_timeout(Duration::from_millis(500)),
         )
         .await
-    {
-        Ok(guard) => {
-            guard.release().await;
-            true
-        }
-        Err(_) => false,
-    }
+        .map_err(|error| error.kind())?;
+    guard.release().await;
+    Ok(())
+}
+
+/// One attempt at `key` through `manager`, released at once; `true` when granted.
+async fn granted(manager: &PostgresLockManager, key: &str) -> bool {
+    attempt(manager, key).await.is_ok()
 }
 
 /// What the window looked like, from the cut.
@@ -241,27 +242,15 @@ struct Rejoin {
 impl Rejoin {
     /// One attempt at a lock through `on_old` (node 0 alone), counted; the refusal's kind.
     async fn ask(&mut self, on_old: &PostgresLockManager) -> Option<AcquisitionErrorKind> {
-        match on_old
-            .acquire(
-                "patroni:partition:old",
-                AcquireOptions::new().with_timeout(Duration::from_millis(500)),
-            )
-            .await
-        {
-            Ok(guard) => {
-                guard.release().await;
-                self.granted += 1;
-                None
-            }
-            Err(error) => {
-                let kind = error.kind();
-                match self.refused.iter_mut().find(|(seen, _)| *seen == kind) {
-                    Some((_, count)) => *count += 1,
-                    None => self.refused.push((kind, 1)),
-                }
-                Some(kind)
-            }
+        let kind = attempt(on_old, "patroni:partition:old").await.err();
+        match kind {
+            None => self.granted += 1,
+            Some(kind) => match self.refused.iter_mut().find(|(seen, _)| *seen == kind) {
+                Some((_, count)) => *count += 1,
+                None => self.refused.push((kind, 1)),
+            },
         }
+        kind
     }
 }
 
