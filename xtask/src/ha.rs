@@ -5,9 +5,9 @@
 //! (`scripts/install-test-deps.sh --ha`), then runs `cargo test -p locks-postgres
 //! --features ha-tests --test patroni`: a crash of the primary's postmaster, a switchover
 //! and a failover on one cluster, a primary whose Patroni is frozen on another, and a
-//! primary cut off by the network (network namespaces, as root) on a third (about 85 s on
-//! two cores, the clusters' start included). Not part of the default run, which needs
-//! neither Patroni nor etcd.
+//! primary cut off by the network (network namespaces, as root) on a third, which then
+//! rejoins as a replica once the link is back (about 80 s on two cores, the clusters'
+//! start included). Not part of the default run, which needs neither Patroni nor etcd.
 
 use crate::{cargo, display};
 

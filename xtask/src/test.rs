@@ -34,8 +34,8 @@ dist --check`: needs root or password-less sudo) and the one-minute chaos soak.
 
 Run only the Patroni tests (`cargo test -p locks-postgres --features ha-tests --test patroni`):
 etcd and two PostgreSQL nodes under Patroni of their own; a crash, a switchover, a failover and
-a primary cut off from Patroni. Installs Patroni and etcd first when missing
-(scripts/install-test-deps.sh --ha). About 50 s.
+a primary cut off from Patroni, or by the network until it rejoins. Installs Patroni and
+etcd first when missing (scripts/install-test-deps.sh --ha). About 80 s.
 
        cargo xtask test --postgres <major> [-- <cargo test args>]
        cargo xtask test --all-postgres [-- <cargo test args>]

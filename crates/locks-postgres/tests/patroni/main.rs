@@ -6,7 +6,8 @@
 //! primary Patroni names within the failover bound, nothing granted on the other node,
 //! fencing tokens strictly above every token before. Two more clusters have their primary
 //! cut off while clients still reach it: its Patroni frozen (`frozen.rs`), or its network
-//! to etcd and the other node cut (`partition.rs`). Its own test binary (run by `cargo
+//! to etcd and the other node cut (`partition.rs`, which then brings the link back and
+//! follows the old primary until it streams from the new one). Its own test binary (run by `cargo
 //! xtask test --ha`): it needs Patroni and etcd and starts its own clusters.
 
 mod frozen;

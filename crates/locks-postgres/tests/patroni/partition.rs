@@ -1,12 +1,13 @@
 //! The primary cut off by the network: node 0 (the leader) in one network namespace, etcd
 //! and node 1 in another (`PatroniCluster::start_partitionable`), the link between them
 //! taken down while this process still reaches both servers through their Unix sockets.
-//! Measures who can be granted what from the cut until the other node leads.
+//! Measures who can be granted what from the cut until the other node leads, then brings
+//! the link back and follows node 0 until it streams from node 1 again.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use locks_port::{AcquireOptions, DistributedLock, LockGuard};
+use locks_port::{AcquireOptions, AcquisitionErrorKind, DistributedLock, LockGuard};
 use locks_postgres::{PostgresLockGuard, PostgresLockManager};
 use throwaway_pg::PatroniCluster;
 
@@ -18,24 +19,30 @@ use super::{
 /// How long the test waits, from the cut, for the other node to grant the key and the
 /// stale holder to be told: Patroni's TTL (20 s), its loop and the promotion, with room.
 const WINDOW: Duration = Duration::from_secs(90);
+/// How long the test waits, from the heal, for node 0 to stream from node 1 as its
+/// synchronous standby: Patroni's loop finds etcd again, `pg_rewind`, the restart and the
+/// catch-up. Measured 7.0–10.2 s over five runs (`docs/benchmarks.md`); room for a loaded
+/// machine.
+const REJOIN: Duration = Duration::from_secs(45);
 /// How often each side is asked for a lock during the window.
 const PROBE: Duration = Duration::from_millis(200);
 
-/// One attempt at `key` through `manager`, released at once; `true` when granted.
-async fn granted(manager: &PostgresLockManager, key: &str) -> bool {
-    match manager
+/// One attempt at `key` through `manager`, released at once; the refusal's kind.
+async fn attempt(manager: &PostgresLockManager, key: &str) -> Result<(), AcquisitionErrorKind> {
+    let guard = manager
         .acquire(
             key,
             AcquireOptions::new().with_timeout(Duration::from_millis(500)),
         )
         .await
-    {
-        Ok(guard) => {
-            guard.release().await;
-            true
-        }
-        Err(_) => false,
-    }
+        .map_err(|error| error.kind())?;
+    guard.release().await;
+    Ok(())
+}
+
+/// One attempt at `key` through `manager`, released at once; `true` when granted.
+async fn granted(manager: &PostgresLockManager, key: &str) -> bool {
+    attempt(manager, key).await.is_ok()
 }
 
 /// What the window looked like, from the cut.
@@ -50,6 +57,13 @@ struct Window {
     told: Option<Duration>,
 }
 
+/// From the cut until node 1 leads: the two nodes never grant at once, the stale holder is
+/// told before the key is granted elsewhere, fencing refuses its writes. Then the heal:
+/// Patroni rewinds node 0 (`pg_rewind`) and it streams from node 1 within [`REJOIN`]
+/// (measured 7.0–10.2 s), granting nothing meanwhile (refused `Unreachable` while it
+/// restarts, `Configuration` as a standby); the lock taken on node 1 before the heal stays
+/// held and exclusive, the token taken before the cut stays refused there, and node 0
+/// shows node 1's data.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_cut_off_by_the_network_until_patroni_demotes_it() {
     let cluster = Arc::new(
@@ -204,7 +218,141 @@ async fn a_primary_cut_off_by_the_network_until_patroni_demotes_it() {
         !matches!(stale_write, Ok(Ok((Ok(rows), _))) if rows > 0),
         "the stale holder's write on the cut-off primary was acknowledged: {stale_write:?}"
     );
+
+    // The link comes back: node 0 must rejoin as node 1's replica and grant nothing.
+    let rejoin = heal_and_rejoin(&cluster, &probe_old).await;
+    eprintln!("partition: after the heal: {rejoin:?}");
+    after_the_rejoin(&cluster, &new_holder, &held, key, stale_token).await;
     drop((relanded, new_holder, on_new, held));
 
     blocking(move || drop(cluster)).await;
+}
+
+/// What node 0 answered from the heal until it streamed from node 1 again.
+#[derive(Debug, Default)]
+struct Rejoin {
+    /// From the heal until node 0 was node 1's synchronous standby.
+    took: Duration,
+    /// Attempts on node 0 alone that were granted (none may be).
+    granted: u32,
+    /// Attempts on node 0 alone that were refused, by kind, in the order first seen.
+    refused: Vec<(AcquisitionErrorKind, u32)>,
+}
+
+impl Rejoin {
+    /// One attempt at a lock through `on_old` (node 0 alone), counted; the refusal's kind.
+    async fn ask(&mut self, on_old: &PostgresLockManager) -> Option<AcquisitionErrorKind> {
+        let kind = attempt(on_old, "patroni:partition:old").await.err();
+        match kind {
+            None => self.granted += 1,
+            Some(kind) => match self.refused.iter_mut().find(|(seen, _)| *seen == kind) {
+                Some((_, count)) => *count += 1,
+                None => self.refused.push((kind, 1)),
+            },
+        }
+        kind
+    }
+}
+
+/// Brings node 0's link back and asks node 0 alone for a lock every [`PROBE`] until it
+/// streams from node 1; asserts it never grants one, and that it refuses as a standby
+/// (`Configuration`) once it streams.
+async fn heal_and_rejoin(cluster: &Arc<PatroniCluster>, on_old: &PostgresLockManager) -> Rejoin {
+    {
+        let cluster = cluster.clone();
+        blocking(move || cluster.heal())
+            .await
+            .expect("bring node 0's link back");
+    }
+    let healed = Instant::now();
+    let waiting = {
+        let cluster = cluster.clone();
+        tokio::task::spawn_blocking(move || cluster.wait_until_standby_of_leader(0, REJOIN))
+    };
+    let mut rejoin = Rejoin::default();
+    while !waiting.is_finished() {
+        rejoin.ask(on_old).await;
+        assert_eq!(
+            rejoin.granted, 0,
+            "node 0 granted while rejoining: {rejoin:?}"
+        );
+        tokio::time::sleep(PROBE).await;
+    }
+    rejoin.took = healed.elapsed();
+    let leader = waiting
+        .await
+        .expect("the wait")
+        .unwrap_or_else(|error| panic!("node 0 rejoins within {REJOIN:?}: {error}"));
+    assert_eq!(leader, 1, "node 1 still leads after the heal: {rejoin:?}");
+    // Streaming, node 0 refuses as any standby does, for a few probes more.
+    for _ in 0..5 {
+        let refused = rejoin.ask(on_old).await;
+        assert_eq!(
+            refused,
+            Some(AcquisitionErrorKind::Configuration),
+            "node 0, a replica again, refuses: {rejoin:?}"
+        );
+        tokio::time::sleep(PROBE).await;
+    }
+    assert!(rejoin.took <= REJOIN, "{rejoin:?}");
+    rejoin
+}
+
+/// After node 0 rejoined: the lock `holder` took on node 1 before the heal is still held and
+/// exclusive, the stale holder was told, its token is still refused on node 1, and node 0
+/// shows node 1's data (its own writes past the fork were rewound away).
+async fn after_the_rejoin(
+    cluster: &PatroniCluster,
+    holder: &PostgresLockGuard,
+    stale: &PostgresLockGuard,
+    key: &str,
+    stale_token: i64,
+) {
+    assert!(!holder.is_lost(), "the lock on node 1 survives the heal");
+    assert!(
+        stale.is_lost(),
+        "the stale holder was told it lost the lock"
+    );
+    let second = fenced(&cluster.url(1));
+    let taken = second
+        .acquire(
+            key,
+            AcquireOptions::new().with_timeout(Duration::from_secs(1)),
+        )
+        .await;
+    assert_eq!(
+        taken.as_ref().map(|_| ()).map_err(|error| error.kind()),
+        Err(AcquisitionErrorKind::Timeout),
+        "a second manager on node 1 cannot take the held key"
+    );
+    let on_new = session_on(cluster, 1).await;
+    let holder_token = holder.info().fencing_token().expect("fencing is on");
+    assert_eq!(
+        fenced_write(&on_new, key, stale_token)
+            .await
+            .expect("the stale holder's write after the heal"),
+        0,
+        "the token taken before the cut is refused on node 1 after the heal"
+    );
+    // Node 0 replays node 1's history: the row carries the new holder's token.
+    let on_old = session_on(cluster, 0).await;
+    let started = Instant::now();
+    loop {
+        let row = on_old
+            .query_one(
+                "SELECT token FROM patroni_protected WHERE key = $1",
+                &[&key],
+            )
+            .await
+            .expect("read the protected row on node 0");
+        let token: i64 = row.get(0);
+        if token == holder_token {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "node 0 shows token {token}, node 1 wrote {holder_token}"
+        );
+        tokio::time::sleep(PROBE).await;
+    }
 }

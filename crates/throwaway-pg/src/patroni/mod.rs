@@ -34,6 +34,13 @@ const POLL: Duration = Duration::from_millis(100);
 const TTL: u32 = 20;
 const LOOP_WAIT: u32 = 1;
 const RETRY_TIMEOUT: u32 = 5;
+/// The primary's `wal_sender_timeout`: a walsender whose standby stopped answering (a cut
+/// link) ends after this, instead of holding up the primary's shutdown when Patroni demotes
+/// it. A shutdown slower than Patroni's next loop makes Patroni 3.0 demote a second time
+/// from its main thread and start PostgreSQL twice once both stops return
+/// (patroni/patroni#3649), which leaves a postmaster Patroni no longer knows and a node
+/// that cannot rejoin; this keeps the first stop shorter than `RETRY_TIMEOUT`.
+const WAL_SENDER_TIMEOUT: &str = "'3s'";
 /// How long a stopping Patroni (which stops its PostgreSQL) gets before `SIGKILL`.
 const STOP: Duration = Duration::from_secs(30);
 
@@ -59,6 +66,10 @@ struct Node {
 ///
 /// Patroni's settings: `ttl` 20 s (the least it accepts), `loop_wait` 1 s,
 /// `retry_timeout` 5 s; a failover after the primary's Patroni dies takes up to the TTL.
+/// `use_pg_rewind` with `wal_log_hints` and `full_page_writes` on (`pg_rewind` needs both):
+/// a former primary whose history went past the fork is rewound and follows the new
+/// leader; `wal_sender_timeout` 3 s, so a primary cut off from its standby stops at once
+/// when Patroni demotes it (see [`heal`](Self::heal)).
 /// As root, every process runs as the `postgres` user.
 #[derive(Debug)]
 pub struct PatroniCluster {
@@ -241,7 +252,12 @@ impl PatroniCluster {
     /// the only node a switchover or failover may go to in synchronous mode.
     #[must_use]
     pub fn sync_standby(&self) -> Option<usize> {
-        let body = (0..2).find_map(|node| self.rest_get(node, "/cluster"))?;
+        (0..2).find_map(|node| self.sync_standby_seen_by(node))
+    }
+
+    /// As [`sync_standby`](Self::sync_standby), asked of node `asker`'s Patroni alone.
+    fn sync_standby_seen_by(&self, asker: usize) -> Option<usize> {
+        let body = self.rest_get(asker, "/cluster")?;
         // {"members": [{"name": "node0", "role": "leader", "state": "running", ...}, ...]}
         body.split("{\"name\": \"").skip(1).find_map(|member| {
             let name = member.split('"').next()?;
@@ -265,6 +281,36 @@ impl PatroniCluster {
         })?;
         self.leader()
             .ok_or_else(|| self.timed_out("a leader", timeout))
+    }
+
+    /// Waits until node `node` is a replica that streams from the other node, which leads:
+    /// the leader's Patroni answers `GET /primary` with 200 and names `node` its running
+    /// synchronous standby (which it does only once `node` streams and has caught up, as
+    /// `pg_stat_replication` shows it), and `node`'s own Patroni answers `GET /replica`
+    /// with 200. For a node that comes back after a failover (rewound or cloned again).
+    /// Returns the leader.
+    ///
+    /// # Errors
+    /// An [`Error::Io`] of kind `TimedOut` after `timeout`, with the nodes' log tails.
+    ///
+    /// # Panics
+    /// When `node` is not 0 or 1.
+    pub fn wait_until_standby_of_leader(
+        &self,
+        node: usize,
+        timeout: Duration,
+    ) -> Result<usize, Error> {
+        let leader = 1 - node;
+        self.wait(
+            timeout,
+            &format!("node{node} to stream from node{leader} as its synchronous standby"),
+            |cluster| {
+                cluster.rest_status(leader, "/primary") == Some(200)
+                    && cluster.sync_standby_seen_by(leader) == Some(node)
+                    && cluster.rest_status(node, "/replica") == Some(200)
+            },
+        )?;
+        Ok(leader)
     }
 
     /// Waits until node `node` leads (after a failover, a switchover).

@@ -42,14 +42,32 @@ impl PatroniCluster {
     /// The cluster was not started with
     /// [`start_partitionable`](Self::start_partitionable), or `ip` failed.
     pub fn cut_off(&self) -> Result<(), Error> {
+        self.link("cut node0's link", NetworkPair::cut)
+    }
+
+    /// Brings node 0's link back up after [`cut_off`](Self::cut_off): node 0's Patroni
+    /// reaches etcd again, finds the other node leading, rewinds its server with
+    /// `pg_rewind` (`use_pg_rewind`, `wal_log_hints`) and restarts it as a replica of
+    /// the leader; [`wait_until_standby_of_leader`](Self::wait_until_standby_of_leader)
+    /// waits for that.
+    ///
+    /// # Errors
+    /// As [`cut_off`](Self::cut_off).
+    pub fn heal(&self) -> Result<(), Error> {
+        self.link("bring node0's link back", NetworkPair::heal)
+    }
+
+    fn link(
+        &self,
+        what: &str,
+        change: impl FnOnce(&NetworkPair) -> Result<(), crate::NetworkError>,
+    ) -> Result<(), Error> {
         let network = self.network.as_ref().ok_or_else(|| {
             Error::io(
-                "cut node0's link",
+                what,
                 io::Error::other("the pair was not started with start_partitionable"),
             )
         })?;
-        network
-            .cut()
-            .map_err(|error| Error::io("cut node0's link", io::Error::other(error.to_string())))
+        change(network).map_err(|error| Error::io(what, io::Error::other(error.to_string())))
     }
 }

@@ -9,7 +9,9 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::Instant;
 
-use super::{LOOP_WAIT, POLL, PatroniCluster, Place, RETRY_TIMEOUT, START, STOP, TTL};
+use super::{
+    LOOP_WAIT, POLL, PatroniCluster, Place, RETRY_TIMEOUT, START, STOP, TTL, WAL_SENDER_TIMEOUT,
+};
 use crate::process::{client_env, run};
 use crate::{Error, NetworkPair};
 
@@ -39,7 +41,8 @@ impl PatroniCluster {
              postgresql:\n      use_pg_rewind: true\n      use_slots: true\n      \
              parameters:\n        max_connections: 200\n        wal_level: replica\n        \
              hot_standby: 'on'\n        wal_log_hints: 'on'\n        fsync: 'off'\n        \
-             full_page_writes: 'off'\n  \
+             full_page_writes: 'on'\n        \
+             wal_sender_timeout: {WAL_SENDER_TIMEOUT}\n  \
              initdb:\n    - encoding: UTF8\n    - locale: C\n    - auth: trust\n  \
              pg_hba:\n    - local all all trust\n    \
              - host replication all {network} trust\n    \
