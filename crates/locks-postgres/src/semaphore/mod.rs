@@ -8,12 +8,11 @@
 //!    first free slot; leave the turnstile either way;
 //! 2. when no permit was had, one more statement ([`sql::wait`]) that runs on the server
 //!    until a permit or the deadline: wait in the turnstile's queue; holding it, look at
-//!    every slot each [`sql::POLL_MS`] to [`sql::SLOWEST_POLL_MS`] ms, spending each pause
-//!    queued on one slot in turn, take the first free one and leave the turnstile in the
-//!    same step.
+//!    every slot each [`sql::POLL_MS`] to [`sql::SLOWEST_POLL_MS`] ms, take the first free
+//!    one and leave the turnstile in the same step.
 //!
-//! So the longest waiter gets a permit freed on the slot it is queued on at once, and one
-//! freed on any other within one pause, plus the server's answer, and a waiter whose process is stopped or cut off never holds the
+//! So the longest waiter gets a permit freed on any slot within one pause and the
+//! server's answer, and a waiter whose process is stopped or cut off never holds the
 //! turnstile while nothing runs its wait: the server grants it the permit (which its
 //! connection then holds, as a lock granted to a stopped process), and the next waiter
 //! goes on. See ADR 0022 for the bounds and their cost.

@@ -67,13 +67,6 @@ pub(super) const SLOWEST_POLL_MS: u32 = 5;
 /// The pause is [`POLL_MS`], growing to a hundredth of the time the turnstile has been
 /// held up to [`SLOWEST_POLL_MS`]; or four times the last look when that is longer (a
 /// large N), so that the looking backend spends at most a fifth of its time looking.
-/// It is spent queued on one slot (the next in turn, `pg_advisory_lock` bounded by a
-/// `lock_timeout` of the pause), not asleep: a permit freed on that slot is granted the
-/// moment it is freed, and one freed on another is found by the next look. A lock
-/// timeout can fire just as the slot is granted (the server then reports the timeout
-/// with the lock held), so the handler tries the slot once more, without waiting: the
-/// waiter either takes it, holds it already, or goes on looking; it never holds a slot
-/// it does not know of.
 ///
 /// A `DO` block takes no parameters: every value is a number formatted here, and the
 /// session marker (16 hex digits) is checked before use. The answer is the setting
@@ -84,15 +77,14 @@ pub(super) fn wait(marker: &str, class: i32, permits: u32, lock_timeout_ms: u32)
     if marker.is_empty() || !marker.bytes().all(|byte| byte.is_ascii_hexdigit()) {
         return None;
     }
-    let mut sql = String::with_capacity(2200);
+    let mut sql = String::with_capacity(1600);
     let _ = write!(
         sql,
         "DO $locks$ DECLARE \
            c int4 := {class}; n int4 := {permits}; \
            stop timestamptz := CASE WHEN {lock_timeout_ms} > 0 \
              THEN clock_timestamp() + {lock_timeout_ms} * interval '1 ms' END; \
-           s int4; k int4 := -1; pause float8; \
-           missed timestamptz; looked timestamptz; began timestamptz; \
+           s int4; missed timestamptz; looked timestamptz; began timestamptz; \
          BEGIN \
            IF current_setting('locks.session', true) IS DISTINCT FROM '{marker}' THEN \
              RETURN; \
@@ -114,30 +106,6 @@ pub(super) fn wait(marker: &str, class: i32, permits: u32, lock_timeout_ms: u32)
              looked := clock_timestamp(); \
              SELECT g INTO s FROM generate_series(0, n - 1) AS g \
                WHERE pg_try_advisory_lock(c, g) LIMIT 1; \
-             IF s IS NULL THEN \
-               missed := clock_timestamp(); \
-               IF stop IS NOT NULL AND missed >= stop THEN \
-                 PERFORM pg_advisory_unlock(c, -1); \
-                 RETURN; \
-               END IF; \
-               pause := greatest({poll}, least({slowest}, \
-                 extract(epoch FROM missed - began) / 100), \
-                 4 * extract(epoch FROM missed - looked)); \
-               IF stop IS NOT NULL THEN \
-                 pause := least(pause, extract(epoch FROM stop - missed)); \
-               END IF; \
-               k := (k + 1) % n; \
-               PERFORM set_config('lock_timeout', \
-                 greatest(1, ceil(pause * 1000))::int8::text, true); \
-               BEGIN \
-                 PERFORM pg_advisory_lock(c, k); \
-                 s := k; \
-               EXCEPTION WHEN lock_not_available THEN \
-                 IF pg_try_advisory_lock(c, k) THEN \
-                   s := k; \
-                 END IF; \
-               END; \
-             END IF; \
              IF s IS NOT NULL THEN \
                PERFORM pg_advisory_unlock(c, -1); \
                PERFORM pg_advisory_lock_shared(c + 1, least(2147483647, \
@@ -146,6 +114,14 @@ pub(super) fn wait(marker: &str, class: i32, permits: u32, lock_timeout_ms: u32)
                  extract(epoch FROM clock_timestamp() - missed), 0)::text, false); \
                RETURN; \
              END IF; \
+             missed := clock_timestamp(); \
+             IF stop IS NOT NULL AND missed >= stop THEN \
+               PERFORM pg_advisory_unlock(c, -1); \
+               RETURN; \
+             END IF; \
+             PERFORM pg_sleep(greatest({poll}, least({slowest}, \
+               extract(epoch FROM missed - began) / 100), \
+               4 * extract(epoch FROM missed - looked))); \
            END LOOP; \
          END $locks$; \
          SELECT CASE WHEN current_setting('locks.session', true) = '{marker}' \
