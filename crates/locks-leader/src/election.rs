@@ -59,6 +59,16 @@ pub const DEFAULT_BACKOFF: Duration = Duration::from_secs(1);
 /// was ended has noticed and stopped first: above the time a manager needs to notice a
 /// lost session (the PostgreSQL adapter's health-check interval, 200 ms by default) with
 /// room for scheduling.
+///
+/// That interval is the bound for any pool. On a pool whose connections announce their
+/// own end (`locks_postgres::plain_pool`, `tls_pool`, or a pool built on its
+/// `LockConnect`), a session the server ends is noticed when its socket closes, within
+/// milliseconds (the adapter's `tests/it/told.rs` measures it), so an election on such a
+/// pool can take a shorter [`takeover_delay`](LeaderElection::takeover_delay), such as
+/// 100 ms. A leader cut off from the server is another matter, which no takeover delay
+/// covers: the server frees its permit only when its own timers give the session up,
+/// the adapter's lease makes the leader stop before that, and fencing tokens guard what
+/// it writes.
 pub const DEFAULT_TAKEOVER_DELAY: Duration = Duration::from_millis(500);
 
 /// The name of the semaphore a leader holds while its task runs: `name` and the suffix

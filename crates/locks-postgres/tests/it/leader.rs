@@ -76,8 +76,37 @@ type Look = (SystemTime, Option<String>);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_terminated_leader_stops_its_task_before_the_standby_starts_its_own() {
+    terminated_leader_stops_first("leader-terminate", None, Cut::ElectionPermit).await;
+}
+
+/// Every session of the leader ended at once (its leading permit's too, so that permit
+/// no longer holds the successor back): only the takeover delay keeps the order. On a pool
+/// whose connections announce their end (`plain_pool`) the leader is told within
+/// milliseconds, so 100 ms is enough (`locks_leader::DEFAULT_TAKEOVER_DELAY` says so).
+/// With deadpool's own connector (no announcement: the old leader is told at the 200 ms
+/// check) the same test fails: the successor starts at about 110 ms, while the old
+/// leader's task still runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_100_ms_takeover_delay_keeps_the_order_on_a_pool_that_announces_its_end() {
+    let takeover = Some(Duration::from_millis(100));
+    terminated_leader_stops_first("leader-all-sessions", takeover, Cut::EverySession).await;
+}
+
+/// What the test ends of the leader's.
+#[derive(Clone, Copy, Debug)]
+enum Cut {
+    /// The session holding the election's permit (the leading permit holds on).
+    ElectionPermit,
+    /// Every session of the leader's manager.
+    EverySession,
+}
+
+/// Two candidates on `plain_pool`s (with `takeover`, else the default delay); `cut` ends
+/// the leader's sessions: the old leader's task stops before the new one's starts, and an
+/// observer never names a leader whose task is not running.
+async fn terminated_leader_stops_first(key: &str, takeover: Option<Duration>, cut: Cut) {
     let admin = admin().await;
-    let name = unique_key("leader-terminate");
+    let name = unique_key(key);
     let events: Arc<Mutex<Vec<(&'static str, SystemTime)>>> = Arc::default();
     let record = |events: &Arc<Mutex<Vec<(&'static str, SystemTime)>>>, what| {
         events
@@ -99,9 +128,18 @@ async fn a_terminated_leader_stops_its_task_before_the_standby_starts_its_own() 
         let manager = PostgresLockManager::builder(pool(3))
             .holder_id(holder)
             .build();
-        Arc::new(LeaderElection::new(manager, name.clone()))
+        let election = LeaderElection::new(manager, name.clone());
+        Arc::new(match takeover {
+            Some(delay) => election.takeover_delay(delay),
+            None => election,
+        })
     };
-    let (one, two) = (elect("one"), elect("two"));
+    // Holder ids of this test's own: `Cut::EverySession` ends sessions by holder.
+    let (one_id, two_id): (&'static str, &'static str) = match cut {
+        Cut::ElectionPermit => ("one", "two"),
+        Cut::EverySession => ("all-one", "all-two"),
+    };
+    let (one, two) = (elect(one_id), elect(two_id));
     let mut one_state = one.subscribe();
     let mut two_state = two.subscribe();
     let run = |election: Arc<LeaderElection<PostgresLockManager>>, started, stopped| {
@@ -127,7 +165,7 @@ async fn a_terminated_leader_stops_its_task_before_the_standby_starts_its_own() 
     let two_task = run(Arc::clone(&two), "two started", "two stopped");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let leader = two.who_leads().await.expect("who leads").expect("a leader");
-    assert_eq!(leader.holder_id.as_deref(), Some("one"));
+    assert_eq!(leader.holder_id.as_deref(), Some(one_id));
 
     // An observer, not a candidate: who it is told leads, and when it asked.
     let observer = Arc::new(LeaderElection::new(
@@ -151,7 +189,26 @@ async fn a_terminated_leader_stops_its_task_before_the_standby_starts_its_own() 
 
     let class = PostgresLockManager::new(pool(1)).semaphore_class(&name);
     let terminated_at = SystemTime::now();
-    crate::semaphores::terminate_slot_holder(&admin, class, 0).await;
+    match cut {
+        Cut::ElectionPermit => crate::semaphores::terminate_slot_holder(&admin, class, 0).await,
+        Cut::EverySession => {
+            let ended: i64 = admin
+                .query_one(
+                    // OFFSET 0 keeps the filter below the terminate.
+                    "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM \
+                     (SELECT pid FROM pg_stat_activity WHERE application_name = $1 \
+                      OFFSET 0) AS s",
+                    &[&format!("locks:{one_id}")],
+                )
+                .await
+                .expect("terminate")
+                .get(0);
+            assert!(
+                ended >= 2,
+                "the election's and the leading permit's sessions: {ended}"
+            );
+        }
+    }
     two_state
         .wait_for(Leadership::is_leading)
         .await
@@ -170,7 +227,7 @@ async fn a_terminated_leader_stops_its_task_before_the_standby_starts_its_own() 
         let relative = i128::try_from(unix_ms(*at)).unwrap_or(0)
             - i128::try_from(unix_ms(terminated_at)).unwrap_or(0);
         println!(
-            "{what:>12} at {} ({relative:+} ms from the termination)",
+            "{what:>12} at {} ({relative:+} ms from the termination; takeover {takeover:?})",
             unix_ms(*at)
         );
     }
@@ -198,8 +255,8 @@ async fn a_terminated_leader_stops_its_task_before_the_standby_starts_its_own() 
             .map(|(asked, _)| *asked)
             .collect()
     };
-    let first_two = named("two").into_iter().min();
-    let last_one = named("one").into_iter().max();
+    let first_two = named(two_id).into_iter().min();
+    let last_one = named(one_id).into_iter().max();
     println!(
         "{} looks; two first named {:?} ms, one last named {:?} ms after the termination",
         seen.len(),
