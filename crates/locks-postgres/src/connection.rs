@@ -248,27 +248,16 @@ impl Session {
         limit: Limit,
         read: impl FnOnce(Row) -> Result<T, tokio_postgres::Error>,
     ) -> Result<Result<T, tokio_postgres::Error>, Expired> {
-        let Parts {
-            object,
-            marker,
-            prepared: cached,
-            watch,
-            in_flight,
-        } = self.parts();
-        *in_flight = true;
-        // The cached statement is used where it lies: no reference-count round trip
-        // per statement.
-        let running = async {
+        self.in_flight(limit, async |object, marker, cached| {
+            // The cached statement is used where it lies: no reference-count round
+            // trip per statement.
             let prepared = match slot(cached, query) {
                 Some(prepared) => prepared,
                 empty => empty.insert(prepare(object, query.sql(marker)).await?),
             };
             read(object.query_one(prepared, params).await?)
-        };
-        let answer = within(watch, limit, std::pin::pin!(running)).await?;
-        // Reached only when the statement finished (answer or error): no cancel needed.
-        *in_flight = false;
-        Ok(answer)
+        })
+        .await
     }
 
     /// Sets a new connection up for holding locks ([`SESSION_SETUP`]: no statement,
@@ -290,15 +279,7 @@ impl Session {
         ),
         Expired,
     > {
-        let Parts {
-            object,
-            marker,
-            prepared: cached,
-            watch,
-            in_flight,
-        } = self.parts();
-        *in_flight = true;
-        let running = async {
+        self.in_flight(limit, async |object, marker, cached| {
             let (setup, lock) = (
                 slot(cached, &SESSION_SETUP).clone(),
                 slot(cached, query).clone(),
@@ -341,10 +322,8 @@ impl Session {
                 (Err(error), Ok(_)) | (Ok(_), Err(error)) => (Ok(SetUp::Done), Err(error)),
                 (Err(error), Err(other)) => (Err(error), Err(other)),
             }
-        };
-        let answers = within(watch, limit, std::pin::pin!(running)).await?;
-        *in_flight = false;
-        Ok(answers)
+        })
+        .await
     }
 
     /// Runs `sql` as a simple query (no parameters, not prepared: the semaphore's
@@ -359,15 +338,31 @@ impl Session {
         sql: &str,
         limit: Limit,
     ) -> Result<Result<Vec<SimpleQueryMessage>, tokio_postgres::Error>, Expired> {
+        self.in_flight(limit, async |object, _, _| object.simple_query(sql).await)
+            .await
+    }
+
+    /// Runs `statement` on the connection (given its marker and its prepared
+    /// statements) within `limit`, held by the connection's watch, with the in-flight
+    /// flag set until it finishes: a future dropped before then, or a limit that passes
+    /// first ([`Expired`]), leaves the flag set, and dropping the session cancels the
+    /// statement and closes the connection.
+    async fn in_flight<T>(
+        &mut self,
+        limit: Limit,
+        statement: impl AsyncFnOnce(&Object, &str, &mut Vec<Option<tokio_postgres::Statement>>) -> T,
+    ) -> Result<T, Expired> {
         let Parts {
             object,
+            marker,
+            prepared,
             watch,
             in_flight,
-            ..
         } = self.parts();
         *in_flight = true;
-        let running = object.simple_query(sql);
+        let running = statement(object, marker, prepared);
         let answer = within(watch, limit, std::pin::pin!(running)).await?;
+        // Reached only when the statement finished (answer or error): no cancel needed.
         *in_flight = false;
         Ok(answer)
     }
