@@ -157,6 +157,17 @@ impl SetupValues<'_> {
     }
 }
 
+/// What a set-up pipelined with a statement found (see
+/// [`Session::query_after_setup`]): the set-up's outcome and the statement's answer, or
+/// no answer within the limit.
+pub(crate) type AfterSetup<A> = Result<
+    (
+        Result<SetUp, tokio_postgres::Error>,
+        Result<A, tokio_postgres::Error>,
+    ),
+    Expired,
+>;
+
 /// What the set-up found on the server session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SetUp {
@@ -272,13 +283,7 @@ impl Session {
         query: &'static Query,
         params: &[&(dyn ToSql + Sync)],
         limit: Limit,
-    ) -> Result<
-        (
-            Result<SetUp, tokio_postgres::Error>,
-            Result<Row, tokio_postgres::Error>,
-        ),
-        Expired,
-    > {
+    ) -> AfterSetup<Row> {
         self.in_flight(limit, async |object, marker, cached| {
             let (setup, lock) = (
                 slot(cached, &SESSION_SETUP).clone(),

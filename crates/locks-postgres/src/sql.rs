@@ -19,7 +19,7 @@ use locks_port::LockMode;
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
-use crate::connection::{Session, SetUp, SetupValues};
+use crate::connection::{AfterSetup, Session, SetupValues};
 use crate::limit::{Expired, Limit};
 
 /// A statement, declared as a `static` in the module of the strategy it belongs to:
@@ -206,17 +206,21 @@ macro_rules! try_each {
 /// before the lock call, so the timeout is in force for the wait. A `lock_timeout` set
 /// on the role is overridden too ('0' waits forever). `pg_advisory_lock` returns void,
 /// which reads as '' as text.
+/// The text of [`Statement::Lock`] for the mode's lock function.
+macro_rules! wait {
+    ($lock:literal) => {
+        concat!(
+            "SELECT CASE WHEN current_setting('locks.session', true) = :marker \
+             THEN ",
+            $lock,
+            "($1)::text = '' END \
+             FROM (SELECT set_config('lock_timeout', $2::integer::text, true)) AS options"
+        )
+    };
+}
 static LOCK: [Query; 2] = [
-    Query::new(
-        "SELECT CASE WHEN current_setting('locks.session', true) = :marker \
-         THEN pg_advisory_lock($1)::text = '' END \
-         FROM (SELECT set_config('lock_timeout', $2::integer::text, true)) AS options",
-    ),
-    Query::new(
-        "SELECT CASE WHEN current_setting('locks.session', true) = :marker \
-         THEN pg_advisory_lock_shared($1)::text = '' END \
-         FROM (SELECT set_config('lock_timeout', $2::integer::text, true)) AS options",
-    ),
+    Query::new(wait!("pg_advisory_lock")),
+    Query::new(wait!("pg_advisory_lock_shared")),
 ];
 static TRY_LOCK: [Query; 2] = [
     Query::new(answered!("pg_try_advisory_lock($1)")),
@@ -355,13 +359,7 @@ impl Statement<'_> {
         session: &mut Session,
         values: SetupValues<'_>,
         limit: Limit,
-    ) -> Result<
-        (
-            Result<SetUp, tokio_postgres::Error>,
-            Result<Answer, tokio_postgres::Error>,
-        ),
-        Expired,
-    > {
+    ) -> AfterSetup<Answer> {
         let mut lock_timeout = 0;
         let (params, count) = self.params(&mut lock_timeout);
         let (set_up, row) = session
@@ -456,7 +454,12 @@ mod tests {
             "SELECT CASE WHEN current_setting('locks.session', true) = '0123456789abcdef' \
              THEN pg_advisory_lock($1)"
         ));
-        assert!(lock.sql(marker).contains("$2") && !lock.sql(marker).contains("$3"));
+        assert_eq!(
+            lock.sql(marker),
+            "SELECT CASE WHEN current_setting('locks.session', true) = '0123456789abcdef' \
+             THEN pg_advisory_lock($1)::text = '' END \
+             FROM (SELECT set_config('lock_timeout', $2::integer::text, true)) AS options"
+        );
         assert!(
             Statement::Ping
                 .sql(marker)
