@@ -17,7 +17,7 @@ use crate::bookkeeping::{Holding, new_slot};
 use crate::checkout::PoolWait;
 use crate::connection::{Session, SetUp};
 use crate::errors::{
-    MOVED_BETWEEN_SESSIONS, STANDBY, driver_error, no_answer, refused, with_timeout,
+    MOVED_BETWEEN_SESSIONS, STANDBY, driver_error, no_answer, no_row, refused, with_timeout,
 };
 use crate::guard::PostgresLockGuard;
 use crate::limit::{Deadline, Expired, Limit};
@@ -160,6 +160,7 @@ impl Inner {
             HostFailure::MovedBetweenSessions => refused(key, MOVED_BETWEEN_SESSIONS, deadline),
             HostFailure::Failed(error) => with_timeout(driver_error(key, error), deadline),
             HostFailure::NoAnswer => no_answer(key, deadline, self.settings().answer_timeout),
+            HostFailure::NoRow => no_row(key, deadline),
         }
     }
 
@@ -350,7 +351,8 @@ impl Inner {
     /// sessions (a transaction-pooling proxy) and the call fails with
     /// [`Configuration`](locks_port::AcquisitionErrorKind::Configuration). On expiry
     /// the session is dropped: the statement cancelled, the connection closed, which
-    /// undoes whatever it did. The answer is never [`Answer::WrongSession`].
+    /// undoes whatever it did; so it is when the statement answered no row. The answer
+    /// is never [`Answer::WrongSession`] nor [`Answer::NoRow`].
     pub(crate) async fn answered(
         &self,
         key: &str,
@@ -378,6 +380,10 @@ impl Inner {
                 Some(Ok(Answer::WrongSession)) => {
                     drop(session);
                     return Err(refused(key, MOVED_BETWEEN_SESSIONS, deadline));
+                }
+                Some(Ok(Answer::NoRow)) => {
+                    drop(session);
+                    return Err(no_row(key, deadline));
                 }
                 Some(answer) => return Ok((session, answer)),
             }
@@ -447,7 +453,10 @@ impl Inner {
                 }
                 Some(session)
             }
-            Ok(Ok(Answer::Locked | Answer::FirstBusy(_) | Answer::WrongSession) | Err(_))
+            Ok(
+                Ok(Answer::Locked | Answer::FirstBusy(_) | Answer::WrongSession | Answer::NoRow)
+                | Err(_),
+            )
             | Err(Expired) => {
                 session.close();
                 None

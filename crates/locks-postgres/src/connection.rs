@@ -9,6 +9,7 @@ use std::pin::Pin;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
+use futures_util::TryStreamExt;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Row, SimpleQueryMessage};
 
@@ -236,7 +237,8 @@ impl Session {
 
     /// Runs `query` (prepared once per connection, then one round trip) with `params`
     /// within `limit` (held by the connection's watch), and hands back its one row (a
-    /// query answers exactly one: any other number is an error).
+    /// query answers exactly one: any other number is an error) once the statement has
+    /// ended: a statement that writes is committed when this answers.
     ///
     /// If the future is dropped before the answer arrives, or the limit passes first
     /// ([`Expired`]), the statement is still in flight: dropping the session cancels
@@ -247,26 +249,32 @@ impl Session {
         params: &[&(dyn ToSql + Sync)],
         limit: Limit,
     ) -> Result<Result<Row, tokio_postgres::Error>, Expired> {
-        self.read_within(query, params, limit, Ok).await
+        self.in_flight(limit, async |object, marker, cached| {
+            let prepared = cached_or_prepared(object, marker, cached, query).await?;
+            object.query_one(prepared, params).await
+        })
+        .await
     }
 
-    /// [`query_within`](Self::query_within), with the row read by `read` where it
-    /// arrives (a row is not moved out through the statement's layers).
+    /// [`query_within`](Self::query_within) for a statement whose row is its whole
+    /// outcome: the row is read by `read` where it arrives (`None`: the statement
+    /// answered no row), and the statement's end (its command tag and the server's
+    /// ready-for-query, which follow the row) is not waited for: the connection drops
+    /// them unparsed. Only for statements whose effect does not wait for a commit, as
+    /// the advisory lock functions: a session-level advisory lock is taken or freed
+    /// when the function runs, and stays so even if its transaction then fails.
+    /// Statements later sent on the connection run after this one's end, as ever.
     pub(crate) async fn read_within<T>(
         &mut self,
         query: &'static Query,
         params: &[&(dyn ToSql + Sync)],
         limit: Limit,
-        read: impl FnOnce(Row) -> Result<T, tokio_postgres::Error>,
+        read: impl FnOnce(Option<Row>) -> Result<T, tokio_postgres::Error>,
     ) -> Result<Result<T, tokio_postgres::Error>, Expired> {
         self.in_flight(limit, async |object, marker, cached| {
-            // The cached statement is used where it lies: no reference-count round
-            // trip per statement.
-            let prepared = match slot(cached, query) {
-                Some(prepared) => prepared,
-                empty => empty.insert(prepare(object, query.sql(marker)).await?),
-            };
-            read(object.query_one(prepared, params).await?)
+            let prepared = cached_or_prepared(object, marker, cached, query).await?;
+            let rows = object.query_raw(prepared, params.iter().copied()).await?;
+            read(std::pin::pin!(rows).try_next().await?)
         })
         .await
     }
@@ -443,6 +451,20 @@ impl<F: Future> Future for Within<'_, F> {
             WithinProjection::Timed { timed } => timed.poll(cx),
         }
     }
+}
+
+/// `query`'s statement on this connection: the cached one, used where it lies (no
+/// reference-count round trip per statement), else prepared now and cached.
+async fn cached_or_prepared<'c>(
+    object: &Object,
+    marker: &str,
+    cached: &'c mut Vec<Option<tokio_postgres::Statement>>,
+    query: &'static Query,
+) -> Result<&'c tokio_postgres::Statement, tokio_postgres::Error> {
+    Ok(match slot(cached, query) {
+        Some(prepared) => prepared,
+        empty => empty.insert(prepare(object, query.sql(marker)).await?),
+    })
 }
 
 /// Prepares `text` (boxed: kept out of the common path's future).

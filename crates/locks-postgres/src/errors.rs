@@ -43,6 +43,18 @@ pub(crate) fn refused(
     with_timeout(error, deadline)
 }
 
+/// A lock statement answered no row ([`Answer::NoRow`](crate::sql::Answer::NoRow));
+/// the caller closed the session, which undoes whatever the statement did.
+pub(crate) fn no_row(key: &str, deadline: Option<Deadline>) -> LockAcquisitionError {
+    let error = LockAcquisitionError::new(
+        key,
+        AcquisitionErrorKind::Backend,
+        "Database error: the lock statement answered no row; closed the connection, which \
+         undoes whatever it did",
+    );
+    with_timeout(error, deadline)
+}
+
 /// Every acquisition of a manager whose lease cannot hold fails with this.
 pub(crate) fn lease_refused(
     key: &str,

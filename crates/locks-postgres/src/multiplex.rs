@@ -74,6 +74,9 @@ pub(crate) enum HostFailure {
     Failed(tokio_postgres::Error),
     /// No answer within the limit: the connection is closed, with the others on it.
     NoAnswer,
+    /// The statement answered no row: what it did is unknown, so the connection is
+    /// closed, with the others on it.
+    NoRow,
 }
 
 /// What a try on a shared connection found.
@@ -316,6 +319,10 @@ impl Multiplexer {
             Ok(Ok(Answer::WrongSession)) => {
                 member.close_host(&mut slot);
                 Err(HostFailure::MovedBetweenSessions)
+            }
+            Ok(Ok(Answer::NoRow)) => {
+                member.close_host(&mut slot);
+                Err(HostFailure::NoRow)
             }
             Ok(Ok(_)) => {
                 member.vacate(&mut slot);

@@ -184,6 +184,15 @@ impl Inner {
                 );
                 (AcquisitionErrorKind::Configuration, None)
             }
+            Ok(Ok(Answer::NoRow)) => {
+                tracing::warn!(
+                    key,
+                    lock_id,
+                    "Error releasing advisory lock: the unlock answered no row; closed the \
+                     session, which frees it"
+                );
+                (AcquisitionErrorKind::Backend, None)
+            }
             Ok(Ok(_)) => {
                 tracing::warn!(
                     key,

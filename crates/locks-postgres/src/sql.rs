@@ -291,6 +291,9 @@ pub(crate) enum Answer {
     /// connection's marker, so it did nothing: a transaction-pooling proxy moved it to
     /// another server session, or something reset the session's settings.
     WrongSession,
+    /// The statement answered no row, which none of them does on PostgreSQL: what it
+    /// did is unknown, so the session must be closed (which undoes it).
+    NoRow,
 }
 
 /// A statement's answer: `Ok(Ok(..))` answered, `Ok(Err(..))` the driver's error,
@@ -346,7 +349,10 @@ impl Statement<'_> {
         let mut lock_timeout = 0;
         let (params, count) = self.params(&mut lock_timeout);
         session
-            .read_within(self.query(), &params[..count], limit, |row| self.read(&row))
+            .read_within(self.query(), &params[..count], limit, |row| match row {
+                Some(row) => self.read(&row),
+                None => Ok(Answer::NoRow),
+            })
             .await
     }
 

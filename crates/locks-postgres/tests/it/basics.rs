@@ -131,3 +131,43 @@ async fn aborting_the_holding_task_releases_the_lock() {
     assert_eq!(holders(&admin, guard.info().lock_id()).await, 1);
     guard.release().await;
 }
+
+/// A lock statement's answer is read as its row arrives, and the statement's end (its
+/// command tag, the server's ready-for-query) is left to the connection: a connection
+/// given back to the pool at once must still answer its next user's statements in
+/// order, with their own rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_given_back_at_its_unlocks_answer_serves_the_next_user_in_order() {
+    let manager = PostgresLockManager::new(pool(1));
+    let key = unique_key("given-back");
+    for round in 0..50_i32 {
+        let guard = manager
+            .acquire(&key, AcquireOptions::new())
+            .await
+            .expect("acquire");
+        let busy = manager.try_acquire(&key).await;
+        assert!(
+            matches!(busy, Err(ref error) if error.kind() == AcquisitionErrorKind::PoolUnavailable),
+            "round {round}: the one connection holds the lock: {busy:?}"
+        );
+        assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
+        // The same connection, straight after the unlock's row.
+        let client = manager.pool().get().await.expect("the one connection");
+        let row = client
+            .query_one("SELECT $1::int4 + 1", &[&round])
+            .await
+            .expect("the next user's statement");
+        assert_eq!(row.get::<_, i32>(0), round + 1, "round {round}");
+        let rows = client
+            .query("SELECT generate_series(1, $1::int4)", &[&(round % 3 + 1)])
+            .await
+            .expect("a statement of several rows");
+        assert_eq!(rows.len(), (round % 3 + 1) as usize, "round {round}");
+        drop(client);
+        let tried = manager.try_acquire(&key).await.expect("try");
+        let guard = tried.expect("free again");
+        assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
+    }
+    let admin = admin().await;
+    assert_eq!(holders(&admin, locks_port::lock_id(&key)).await, 0);
+}
