@@ -250,7 +250,10 @@ impl Session {
         limit: Limit,
     ) -> Result<Result<Row, tokio_postgres::Error>, Expired> {
         self.in_flight(limit, async |object, marker, cached| {
-            let prepared = cached_or_prepared(object, marker, cached, query).await?;
+            let prepared = match slot(cached, query) {
+                Some(prepared) => prepared,
+                empty => empty.insert(prepare(object, query.sql(marker)).await?),
+            };
             object.query_one(prepared, params).await
         })
         .await
@@ -272,7 +275,10 @@ impl Session {
         read: impl FnOnce(Option<Row>) -> Result<T, tokio_postgres::Error>,
     ) -> Result<Result<T, tokio_postgres::Error>, Expired> {
         self.in_flight(limit, async |object, marker, cached| {
-            let prepared = cached_or_prepared(object, marker, cached, query).await?;
+            let prepared = match slot(cached, query) {
+                Some(prepared) => prepared,
+                empty => empty.insert(prepare(object, query.sql(marker)).await?),
+            };
             let rows = object.query_raw(prepared, params.iter().copied()).await?;
             read(std::pin::pin!(rows).try_next().await?)
         })
@@ -453,20 +459,6 @@ impl<F: Future> Future for Within<'_, F> {
     }
 }
 
-/// `query`'s statement on this connection: the cached one, used where it lies (no
-/// reference-count round trip per statement), else prepared now and cached.
-async fn cached_or_prepared<'c>(
-    object: &Object,
-    marker: &str,
-    cached: &'c mut Vec<Option<tokio_postgres::Statement>>,
-    query: &'static Query,
-) -> Result<&'c tokio_postgres::Statement, tokio_postgres::Error> {
-    Ok(match slot(cached, query) {
-        Some(prepared) => prepared,
-        empty => empty.insert(prepare(object, query.sql(marker)).await?),
-    })
-}
-
 /// Prepares `text` (boxed: kept out of the common path's future).
 async fn prepare(
     object: &Object,
@@ -489,6 +481,8 @@ async fn prepared(
 }
 
 /// The place of `query`'s prepared statement among a connection's `prepared` ones.
+/// A cached statement is used where it lies: no reference-count round trip per
+/// statement.
 #[inline]
 fn slot<'c>(
     prepared: &'c mut Vec<Option<tokio_postgres::Statement>>,
