@@ -171,3 +171,69 @@ async fn a_connection_given_back_at_its_unlocks_answer_serves_the_next_user_in_o
     let admin = admin().await;
     assert_eq!(holders(&admin, locks_port::lock_id(&key)).await, 0);
 }
+
+/// A fencing token is handed out only once its row is committed: the token statement
+/// writes, and its commit can fail after its row was sent. Here a deferred constraint
+/// trigger (fired at commit, for this test's lock id only) makes the commit fail; the
+/// acquisition must fail with the server's words, hold nothing, and the next token must
+/// not skip the one rolled back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fencing_token_whose_commit_fails_is_not_handed_out() {
+    let admin = admin().await;
+    locks_postgres::install_fencing(&admin)
+        .await
+        .expect("install fencing");
+    let manager = PostgresLockManager::builder(pool(2)).fencing(true).build();
+    let key = unique_key("token-commit");
+    let lock_id = locks_port::lock_id(&key);
+    let first = manager
+        .acquire(&key, AcquireOptions::new())
+        .await
+        .expect("acquire");
+    let before = first.info().fencing_token().expect("a token");
+    first.release().await;
+
+    let (function, trigger) = (
+        format!("it_refuse_commit_{}", lock_id.unsigned_abs()),
+        format!("it_refuse_commit_{}", lock_id.unsigned_abs()),
+    );
+    admin
+        .batch_execute(&format!(
+            "CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$ \
+             BEGIN RAISE EXCEPTION 'commit refused for the test'; END $$; \
+             CREATE CONSTRAINT TRIGGER {trigger} AFTER INSERT OR UPDATE \
+             ON advisory_lock_fencing_tokens DEFERRABLE INITIALLY DEFERRED \
+             FOR EACH ROW WHEN (NEW.lock_id = {lock_id}) EXECUTE FUNCTION {function}()"
+        ))
+        .await
+        .expect("the trigger");
+    let refused = manager.acquire(&key, AcquireOptions::new()).await;
+    admin
+        .batch_execute(&format!(
+            "DROP TRIGGER {trigger} ON advisory_lock_fencing_tokens; DROP FUNCTION {function}()"
+        ))
+        .await
+        .expect("drop the trigger");
+    let error = refused.expect_err("the token's commit failed");
+    assert!(
+        error.to_string().contains("commit refused for the test"),
+        "the server's words: {error}"
+    );
+    assert_eq!(
+        holders(&admin, lock_id).await,
+        0,
+        "nothing held after the failure"
+    );
+    assert!(!manager.is_held(&key));
+
+    let again = manager
+        .acquire(&key, AcquireOptions::new())
+        .await
+        .expect("acquire");
+    assert_eq!(
+        again.info().fencing_token(),
+        Some(before + 1),
+        "the rolled-back token was never handed out, so the next one follows {before}"
+    );
+    again.release().await;
+}
