@@ -267,14 +267,17 @@ impl Session {
     /// the advisory lock functions: a session-level advisory lock is taken or freed
     /// when the function runs, and stays so even if its transaction then fails.
     /// Statements later sent on the connection run after this one's end, as ever.
-    pub(crate) async fn read_within<T>(
+    ///
+    /// A plain function handing back [`in_flight`](Self::in_flight)'s future: one
+    /// layer of future less around every lock statement.
+    pub(crate) fn read_within<T>(
         &mut self,
         query: &'static Query,
         params: &[&(dyn ToSql + Sync)],
         limit: Limit,
         read: impl FnOnce(Option<Row>) -> Result<T, tokio_postgres::Error>,
-    ) -> Result<Result<T, tokio_postgres::Error>, Expired> {
-        self.in_flight(limit, async |object, marker, cached| {
+    ) -> impl Future<Output = Result<Result<T, tokio_postgres::Error>, Expired>> {
+        self.in_flight(limit, async move |object, marker, cached| {
             let prepared = match slot(cached, query) {
                 Some(prepared) => prepared,
                 empty => empty.insert(prepare(object, query.sql(marker)).await?),
@@ -282,7 +285,6 @@ impl Session {
             let rows = object.query_raw(prepared, params.iter().copied()).await?;
             read(std::pin::pin!(rows).try_next().await?)
         })
-        .await
     }
 
     /// Sets a new connection up for holding locks ([`SESSION_SETUP`]: no statement,
