@@ -5,7 +5,7 @@ use locks_port::{
 };
 use locks_postgres::PostgresLockManager;
 
-use crate::support::{admin, holders, pool, unique_key};
+use crate::support::{admin, admin_with_fencing, holders, pool, unique_key};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_holds_on_the_server_and_release_frees() {
@@ -179,10 +179,7 @@ async fn a_connection_given_back_at_its_unlocks_answer_serves_the_next_user_in_o
 /// not skip the one rolled back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fencing_token_whose_commit_fails_is_not_handed_out() {
-    let admin = admin().await;
-    locks_postgres::install_fencing(&admin)
-        .await
-        .expect("install fencing");
+    let admin = admin_with_fencing().await;
     let manager = PostgresLockManager::builder(pool(2)).fencing(true).build();
     let key = unique_key("token-commit");
     let lock_id = locks_port::lock_id(&key);

@@ -11,7 +11,7 @@ use locks_port::{
 use locks_postgres::PostgresLockManager;
 
 use crate::faults::{holder_pids, terminate_backend};
-use crate::support::{admin, holders, pool, unique_key};
+use crate::support::{admin, admin_with_fencing, holders, pool, unique_key};
 
 /// Tasks asking for random overlapping subsets of 10 keys, in random order, never
 /// deadlock (each call has a deadline far above what a fair run needs, and must not
@@ -225,10 +225,7 @@ async fn a_lost_group_leaves_the_bookkeeping_before_its_signal_and_counts_every_
 /// previous one, whoever held it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_hands_out_a_fencing_token_per_key() {
-    let admin = admin().await;
-    locks_postgres::install_fencing(&admin)
-        .await
-        .expect("install fencing");
+    admin_with_fencing().await;
     let manager = PostgresLockManager::builder(pool(2)).fencing(true).build();
     let (a, b, c) = (
         unique_key("many-fence-a"),

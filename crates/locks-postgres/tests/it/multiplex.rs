@@ -16,7 +16,7 @@ use locks_postgres::tokio_postgres::Client;
 
 use crate::counter::Counter;
 use crate::faults::{assert_still_locks, holder_pids, terminate_backend, wait_for, waiting_pids};
-use crate::support::{admin, holders, pool, unique_key};
+use crate::support::{admin, admin_with_fencing, holders, pool, unique_key};
 
 /// A multiplexing manager with `per_connection` locks on each of at most `connections`
 /// connections, and the `application_name` its sessions publish.
@@ -404,10 +404,7 @@ async fn tasks_of_one_multiplexed_manager_lose_no_update() {
 /// Fencing tokens are taken on the shared connection that holds the lock, and rise.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_tokens_rise_on_shared_connections() {
-    let admin = admin().await;
-    locks_postgres::install_fencing(&admin)
-        .await
-        .expect("install the token table");
+    let admin = admin_with_fencing().await;
     let manager = PostgresLockManager::builder(pool(4))
         .multiplex(10)
         .fencing(true)

@@ -8,7 +8,7 @@ use locks_postgres::PostgresLockManager;
 use locks_postgres::tokio_postgres;
 
 use crate::faults::wait_for;
-use crate::support::{admin, database_url, pool, unique_key};
+use crate::support::{admin, admin_with_fencing, database_url, pool, unique_key};
 use throwaway_pg::testing::child::{Child, command, say};
 
 const NAME: &str = "LOCKS_CHILD_SEMAPHORE";
@@ -258,10 +258,7 @@ pub(crate) async fn terminate_slot_holder(admin: &tokio_postgres::Client, class:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permits_carry_fencing_tokens_that_grow_with_every_grant() {
-    let admin = admin().await;
-    locks_postgres::install_fencing(&admin)
-        .await
-        .expect("the token table");
+    admin_with_fencing().await;
     let manager = PostgresLockManager::builder(pool(3)).fencing(true).build();
     let name = unique_key("fenced-permits");
     let first = manager

@@ -9,6 +9,15 @@ pub(crate) fn pool(size: usize) -> Pool {
     locks_postgres::plain_pool(&database_url(), size).expect("pool")
 }
 
+/// An admin connection to the test server, with the fencing tokens' table installed.
+pub(crate) async fn admin_with_fencing() -> tokio_postgres::Client {
+    let admin = admin().await;
+    locks_postgres::install_fencing(&admin)
+        .await
+        .expect("install the fencing tokens' table");
+    admin
+}
+
 /// A pool of `size` connections on the test server built by hand with deadpool's own
 /// connector, not [`locks_postgres::LockConnect`]: the end of a connection wakes no
 /// monitor, so only the periodic check (or a release) finds it. For tests of what a
