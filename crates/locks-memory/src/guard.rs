@@ -3,7 +3,9 @@
 use std::fmt;
 use std::sync::Arc;
 
-use locks_port::{LockGuard, LockInfo, LostSignal, ReleaseOutcome};
+use locks_port::{
+    LockError, LockGuard, LockInfo, LockLostError, LockMode, LostReason, LostSignal, ReleaseOutcome,
+};
 
 use crate::manager::ManagerInner;
 
@@ -79,6 +81,20 @@ impl LockGuard for InMemoryLockGuard {
     fn into_held(mut self) -> LockInfo {
         self.armed = false;
         self.info.clone()
+    }
+
+    /// Keeps one of the lock's permits and gives the others back: readers queued
+    /// first get in at once (a writer queued first still waits for this reader).
+    ///
+    /// # Cancel safety
+    /// Done on the first poll, without waiting.
+    async fn downgrade(&mut self) -> Result<(), LockError> {
+        if !(self.armed && self.manager.downgrade_token(self.info.key(), self.token)) {
+            let reason = self.lost.reason().unwrap_or(LostReason::Released);
+            return Err(LockLostError::new(self.info.key(), reason).into());
+        }
+        self.info = self.info.clone().with_mode(LockMode::Shared);
+        Ok(())
     }
 }
 

@@ -69,7 +69,7 @@ pub(crate) struct Held {
     /// Tells the guard when the lock is taken away.
     pub(crate) notifier: LossNotifier,
     /// Dropping it releases the lock.
-    _permit: HeldPermit,
+    permit: HeldPermit,
 }
 
 impl Drop for Held {
@@ -285,12 +285,24 @@ impl ManagerInner {
         let held = Held {
             token,
             notifier,
-            _permit: permit,
+            permit,
         };
         // A manager books a key only while holding its lock, so no entry can be there;
         // if one were, dropping it would release its permit, never leak it.
         let previous = self.held_map().insert(key.to_owned(), held);
         drop(previous);
+    }
+
+    /// Downgrades `key` to shared if it is still booked for the acquisition `token`;
+    /// whether it was.
+    pub(crate) fn downgrade_token(&self, key: &str, token: u64) -> bool {
+        match self.held_map().get_mut(key) {
+            Some(entry) if entry.token == token => {
+                entry.permit.downgrade();
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Releases `key` if it is still booked for the acquisition `token`.

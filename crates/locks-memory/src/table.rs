@@ -200,6 +200,14 @@ impl HeldPermit {
     pub(crate) fn lock_id(&self) -> i64 {
         self.slot.lock_id()
     }
+
+    /// Keeps one permit and gives the rest back (an exclusive hold becomes a shared
+    /// one): the readers first in the queue get in; a writer first in it still waits.
+    pub(crate) fn downgrade(&mut self) {
+        let extra = self.permits.saturating_sub(1);
+        self.permits -= extra;
+        self.slot.semaphore().add_permits(extra as usize);
+    }
 }
 
 impl Drop for HeldPermit {

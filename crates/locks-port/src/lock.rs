@@ -75,6 +75,63 @@ pub trait LockGuard: Send + fmt::Debug {
     /// like the Python library's `try_acquire`: it stays held until
     /// [`DistributedLock::release`] for its key or [`LockRegistry::release_all`].
     fn into_held(self) -> LockInfo;
+
+    /// Turns an exclusive lock into a shared one without letting go of it: no writer
+    /// can take the key in between, and readers (shared holders, waiting or trying)
+    /// can join as soon as it returns. The guard's [`info`](Self::info) then says
+    /// [`LockMode::Shared`], and releasing it releases the shared lock. A shared lock is
+    /// left as it is.
+    ///
+    /// There is no upgrade (shared to exclusive), as in most reader-writer locks: two
+    /// readers that both upgrade would each wait for the other to leave, which
+    /// PostgreSQL ends by failing one of them as a deadlock (SQLSTATE 40P01) after its
+    /// `deadlock_timeout`. To write after reading, release the shared lock and acquire
+    /// the exclusive one.
+    ///
+    /// ```
+    /// use locks_port::prelude::*;
+    ///
+    /// /// Rebuilds the cache under the exclusive lock, then keeps reading it beside
+    /// /// other readers, with no writer in between.
+    /// async fn rebuild_then_read<L: DistributedLock>(locks: &L) -> Result<(), LockError> {
+    ///     let mut guard = locks.acquire("cache:prices", AcquireOptions::new()).await?;
+    ///     // ... rebuild the cache ...
+    ///     guard.downgrade().await?;
+    ///     assert_eq!(guard.info().mode(), LockMode::Shared);
+    ///     // ... read it, while other readers may join ...
+    ///     guard.release().await;
+    ///     Ok(())
+    /// }
+    /// ```
+    ///
+    /// # Errors
+    /// - [`LockError::Lost`]: the lock was no longer held (lost, or taken by the
+    ///   manager's `release(key)` or `release_all()`); nothing was done.
+    /// - [`LockError::Acquisition`] of kind
+    ///   [`Configuration`](crate::AcquisitionErrorKind::Configuration): the manager
+    ///   cannot downgrade (the default of this method, for guards that do not
+    ///   implement it); the lock is still held, exclusive.
+    /// - [`LockError::Acquisition`] of any other kind: the downgrade failed (the
+    ///   connection ended, the server did not answer in time, or refused, in its own
+    ///   words); the lock is no longer held and the guard's [`lost`](Self::lost)
+    ///   signal fires.
+    ///
+    /// # Cancel safety
+    /// Dropped before it began (while waiting for the lock's connection, say), nothing
+    /// changed. Dropped part-way, the lock is downgraded or, where the manager cannot
+    /// know which, lost: its session is closed, which frees it, and the lost signal
+    /// fires. Never held in a mode the manager does not know.
+    fn downgrade(&mut self) -> impl Future<Output = Result<(), LockError>> + Send {
+        let outcome = match self.info().mode() {
+            LockMode::Shared => Ok(()),
+            _ => Err(LockError::from(LockAcquisitionError::new(
+                self.info().key(),
+                crate::AcquisitionErrorKind::Configuration,
+                "this lock manager cannot downgrade a lock",
+            ))),
+        };
+        std::future::ready(outcome)
+    }
 }
 
 /// Acquire and release string-keyed locks (the Python library's `DistributedLock`).

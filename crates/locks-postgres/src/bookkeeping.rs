@@ -357,6 +357,25 @@ impl Book {
         self.by_id.values_mut().flatten()
     }
 
+    /// Records that the acquisition `ticket` now holds its lock in `mode` (a
+    /// downgrade), on its shared connection's place too; `false` when it is gone.
+    pub(crate) fn set_mode(&mut self, ticket: &Ticket, mode: LockMode) -> bool {
+        let Some(held) = self
+            .by_id
+            .get_mut(&ticket.lock_id)
+            .and_then(|entries| entries.iter_mut().find(|held| held.ticket == ticket.number))
+        else {
+            return false;
+        };
+        let was = std::mem::replace(&mut held.mode, mode);
+        if let Holding::Shared(member) = &mut held.holding {
+            member.set_mode(mode);
+        }
+        self.metrics.held_changed(was, -1);
+        self.metrics.held_changed(mode, 1);
+        true
+    }
+
     /// The entry of one acquisition.
     pub(crate) fn get_mut(&mut self, ticket: &Ticket) -> Option<&mut Held> {
         self.by_id

@@ -5,9 +5,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::task::Poll;
 
-use locks_port::{LockGuard, LockInfo, LostReason, LostSignal, ReleaseOutcome};
+use locks_port::{LockError, LockGuard, LockInfo, LostReason, LostSignal, ReleaseOutcome};
 
-use crate::bookkeeping::Entries;
+use crate::bookkeeping::{Entries, Ticket};
 use crate::manager::Inner;
 
 /// A lock held by a [`PostgresLockManager`](crate::PostgresLockManager).
@@ -116,6 +116,25 @@ impl LockGuard for PostgresLockGuard {
     fn into_held(mut self) -> LockInfo {
         self.armed = false;
         self.info.clone()
+    }
+
+    /// One statement on the lock's session takes the lock shared beside the exclusive
+    /// hold (granted at once: a session's own locks never block it), then frees the
+    /// exclusive hold. On a multiplexed connection too.
+    ///
+    /// # Cancel safety
+    /// Dropped while waiting for the connection (a keepalive in flight on it), nothing
+    /// changed. Dropped once it began, before the answer was read, the session is
+    /// closed, which frees the lock (on a multiplexed connection, with the other locks
+    /// on it), and the health monitor tells the guards they are lost.
+    async fn downgrade(&mut self) -> Result<(), LockError> {
+        let ticket = Ticket {
+            lock_id: self.info.lock_id(),
+            number: self.ticket,
+        };
+        self.inner
+            .downgrade(&ticket, &mut self.info, &self.lost)
+            .await
     }
 }
 

@@ -354,6 +354,20 @@ impl Inner {
         }
     }
 
+    /// A strategy closed the session in `slot` because it could not know what the
+    /// session held (a downgrade that failed or was dropped part-way): every lock on it
+    /// (a shared connection's neighbours too) is lost now, each guard told, rather than
+    /// at the monitor's next look (a connection this crate closes wakes no monitor).
+    pub(crate) fn lose_closed_session(&self, slot: &SessionSlot, detail: &str) {
+        let tickets: Vec<Ticket> = self
+            .book()
+            .entries_mut()
+            .filter(|held| Arc::ptr_eq(held.slot(), slot))
+            .map(|held| held.ticket())
+            .collect();
+        self.lose_entries(&tickets, LostReason::ConnectionClosed, detail);
+    }
+
     /// A lost lock already out of the bookkeeping: discard its session, tell its
     /// guard, say so in an event and count it.
     fn lose(&self, held: Held, reason: LostReason, detail: &str) {

@@ -7,6 +7,7 @@ mod bookkeeping;
 mod builder;
 mod checkout;
 mod connection;
+mod downgrade;
 mod errors;
 mod fencing;
 mod guard;

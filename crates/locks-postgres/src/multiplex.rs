@@ -204,6 +204,12 @@ impl Membership {
         &self.host.slot
     }
 
+    /// Records the mode the lock is now held in (a downgrade), so that a place
+    /// dropped without leaving checks for the right one.
+    pub(crate) fn set_mode(&mut self, mode: LockMode) {
+        self.mode = mode;
+    }
+
     /// Frees the place (the lock is unlocked or gone); `true` when the connection now
     /// holds nothing: the caller, holding the slot, gives the session back or closes it.
     pub(crate) fn leave(&mut self) -> bool {

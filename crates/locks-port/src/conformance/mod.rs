@@ -89,7 +89,11 @@ pub use many::{
     acquire_many_refuses_an_empty_key, acquire_many_takes_all_in_lock_id_order,
     acquire_many_tells_of_a_member_taken_away, dropped_acquire_many_leaves_nothing_held,
 };
-pub use modes::{exclusive_excludes_shared, queued_writer_is_not_starved, shared_holders_coexist};
+pub use modes::{
+    downgrade_keeps_a_queued_writer_waiting, downgrade_lets_readers_in_and_keeps_writers_out,
+    downgrade_of_a_lock_no_longer_held_fails, exclusive_excludes_shared,
+    queued_writer_is_not_starved, shared_holders_coexist,
+};
 pub use random::Lcg;
 pub use release::{
     guard_release_reports_outcome, release_all_returns_count_and_empties,
@@ -219,6 +223,9 @@ macro_rules! conformance_suite {
             shared_holders_coexist,
             exclusive_excludes_shared,
             queued_writer_is_not_starved,
+            downgrade_lets_readers_in_and_keeps_writers_out,
+            downgrade_keeps_a_queued_writer_waiting,
+            downgrade_of_a_lock_no_longer_held_fails,
             empty_key_is_refused,
             try_with_lock_skips_a_held_key,
         );

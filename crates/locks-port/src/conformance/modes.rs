@@ -7,7 +7,7 @@ use super::fixtures::{
     WAIT, assert_timeout_error, bounded, eventually_acquirable, join, must_acquire, must_release,
     unique_key,
 };
-use crate::{AcquireOptions, DistributedLock, LockGuard, LockMode};
+use crate::{AcquireOptions, DistributedLock, LockError, LockGuard, LockMode, LostReason};
 
 async fn must_try<M: DistributedLock>(
     manager: &M,
@@ -131,4 +131,134 @@ pub async fn queued_writer_is_not_starved<H: Harness>(harness: &H) {
         ["writer", "late reader"],
         "the queued writer must be served before the reader that came after it"
     );
+}
+
+/// A downgraded lock lets readers in beside it and keeps writers out until it is
+/// released; its info says shared, and downgrading it again changes nothing.
+pub async fn downgrade_lets_readers_in_and_keeps_writers_out<H: Harness>(harness: &H) {
+    let a = harness.manager();
+    let b = harness.manager();
+    let c = harness.manager();
+    let key = unique_key("downgrade_lets_readers_in_and_keeps_writers_out");
+    let mut held = must_acquire(&a, &key, "acquire of a free key").await;
+    assert!(
+        must_try(&b, &key, LockMode::Shared, "a reader before the downgrade")
+            .await
+            .is_none(),
+        "a shared try must be refused while the key is held exclusively"
+    );
+    held.downgrade()
+        .await
+        .unwrap_or_else(|error| panic!("downgrading a held exclusive lock: {error}"));
+    assert_eq!(held.info().mode(), LockMode::Shared);
+    assert!(!held.is_lost(), "a downgraded lock is still held");
+    assert!(
+        a.is_held(&key),
+        "the manager still holds the downgraded key"
+    );
+    let reader = must_try(&b, &key, LockMode::Shared, "a reader after the downgrade")
+        .await
+        .expect("a reader must get in beside a downgraded lock");
+    assert!(
+        must_try(&c, &key, LockMode::Exclusive, "a writer")
+            .await
+            .is_none(),
+        "a writer must stay out while the downgraded lock is held"
+    );
+    held.downgrade()
+        .await
+        .unwrap_or_else(|error| panic!("downgrading a shared lock: {error}"));
+    assert_eq!(held.info().mode(), LockMode::Shared);
+    must_release(held, "the downgraded lock").await;
+    assert!(
+        must_try(&c, &key, LockMode::Exclusive, "a writer")
+            .await
+            .is_none(),
+        "the reader left must still keep a writer out"
+    );
+    must_release(reader, "reader").await;
+    let writer = eventually_acquirable(&c, &key, "a writer after both readers").await;
+    must_release(writer, "writer").await;
+}
+
+/// A downgrade lets no queued writer in: it stays queued until the downgraded lock is
+/// released, and readers that come after it wait behind it. A reader queued before any
+/// writer gets in at the downgrade.
+pub async fn downgrade_keeps_a_queued_writer_waiting<H: Harness>(harness: &H) {
+    let holder = harness.manager();
+    let reader = harness.manager();
+    let writer = harness.manager();
+    let late_reader = harness.manager();
+    let key = unique_key("downgrade_keeps_a_queued_writer_waiting");
+    let mut held = must_acquire(&holder, &key, "acquire of a free key").await;
+    let queued_reader = {
+        let key = key.clone();
+        tokio::spawn(async move {
+            let guard = reader
+                .acquire(&key, bounded(WAIT).with_mode(LockMode::Shared))
+                .await
+                .unwrap_or_else(|error| panic!("the queued reader: {error}"));
+            assert_eq!(guard.info().mode(), LockMode::Shared);
+            guard
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    held.downgrade()
+        .await
+        .unwrap_or_else(|error| panic!("downgrading with a reader queued: {error}"));
+    let early = tokio::time::timeout(WAIT, join(queued_reader))
+        .await
+        .expect("the reader queued before the downgrade must get in beside it");
+    let queued_writer = {
+        let key = key.clone();
+        tokio::spawn(async move {
+            let guard = writer
+                .acquire(&key, bounded(WAIT))
+                .await
+                .unwrap_or_else(|error| panic!("the queued writer: {error}"));
+            must_release(guard, "the queued writer").await;
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !queued_writer.is_finished(),
+        "a writer must wait while the downgraded lock and a reader hold the key"
+    );
+    assert!(
+        must_try(&late_reader, &key, LockMode::Shared, "a late reader")
+            .await
+            .is_none(),
+        "a reader arriving after a queued writer must not jump ahead of it"
+    );
+    must_release(early, "the early reader").await;
+    must_release(held, "the downgraded lock").await;
+    join(queued_writer).await;
+}
+
+/// Downgrading a lock the manager no longer holds (taken by `release(key)`) fails as
+/// lost, with the reason its signal gives, and changes nothing.
+pub async fn downgrade_of_a_lock_no_longer_held_fails<H: Harness>(harness: &H) {
+    let a = harness.manager();
+    let b = harness.manager();
+    let key = unique_key("downgrade_of_a_lock_no_longer_held_fails");
+    let mut held = must_acquire(&a, &key, "acquire of a free key").await;
+    a.release(&key).await.expect("release by key");
+    match held.downgrade().await {
+        Err(LockError::Lost(error)) => {
+            assert_eq!(error.key(), key);
+            assert_eq!(error.reason(), LostReason::Released);
+        }
+        other => panic!("downgrading a released lock must fail as lost, got {other:?}"),
+    }
+    assert_eq!(held.info().mode(), LockMode::Exclusive);
+    let writer = eventually_acquirable(&b, &key, "a writer after the release").await;
+    drop(held);
+    let c = harness.manager();
+    assert!(
+        must_try(&c, &key, LockMode::Shared, "a reader")
+            .await
+            .is_none(),
+        "dropping the stale guard must not free the writer's lock"
+    );
+    must_release(writer, "writer").await;
 }

@@ -4,6 +4,7 @@ mod background;
 mod basics;
 mod conformance;
 mod counter;
+mod downgrade;
 mod faults;
 mod group_waits;
 mod inspect;

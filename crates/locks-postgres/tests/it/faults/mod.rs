@@ -37,7 +37,7 @@ mod bounded_waits;
 mod dropped;
 mod health;
 mod keys;
-mod server;
+pub(crate) mod server;
 mod sessions;
 
 use std::future::Future;
@@ -384,11 +384,11 @@ fn test_server_config() -> tokio_postgres::Config {
 /// A cluster of one test alone (`what` it is for), for faults the shared server must
 /// not see. Dropping it stops the server and removes its folder, also when the test
 /// fails; drop it with [`drop_cluster`] on a runtime thread.
-fn own_cluster(what: &str) -> ThrowawayPostgres {
+pub(crate) fn own_cluster(what: &str) -> ThrowawayPostgres {
     tokio::task::block_in_place(ThrowawayPostgres::start)
         .unwrap_or_else(|error| panic!("a throwaway PostgreSQL cluster for {what}: {error}"))
 }
 
-fn drop_cluster(cluster: ThrowawayPostgres) {
+pub(crate) fn drop_cluster(cluster: ThrowawayPostgres) {
     tokio::task::block_in_place(|| drop(cluster));
 }

@@ -107,7 +107,7 @@ async fn a_server_restart_while_locks_are_held(mode: Mode) {
 }
 
 /// Sends a signal (`STOP`, `CONT`) to a server backend with `kill(1)`.
-pub(super) fn signal(pid: i32, name: &str) {
+pub(crate) fn signal(pid: i32, name: &str) {
     let status = std::process::Command::new("kill")
         .arg(format!("-{name}"))
         .arg(pid.to_string())
@@ -117,7 +117,7 @@ pub(super) fn signal(pid: i32, name: &str) {
 }
 
 /// Continues a stopped backend however the test ends, so that the cluster can stop.
-pub(super) struct Continue(pub(super) i32);
+pub(crate) struct Continue(pub(crate) i32);
 
 impl Drop for Continue {
     fn drop(&mut self) {

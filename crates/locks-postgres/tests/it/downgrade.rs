@@ -1,0 +1,294 @@
+//! `LockGuard::downgrade` as the server sees it: one shared hold where the exclusive one
+//! was, on the same session, and nothing left after the release; a downgrade the server
+//! refuses, in its own words, frees the lock and tells the guard; a downgrade dropped
+//! part-way closes the session and tells the guard; multiplexed, a release of a downgraded lock
+//! cancelled before it was sent leaves nothing held on the shared connection. (The
+//! contract is in the conformance suite, plain and multiplexed.)
+
+use std::future::Future;
+use std::str::FromStr;
+use std::task::Poll;
+use std::time::Duration;
+
+use locks_port::{
+    AcquireOptions, AcquisitionErrorKind, DistributedLock, LockError, LockGuard, LockMode,
+    LockRegistry, LostReason, ReleaseOutcome,
+};
+use locks_postgres::tokio_postgres::{self, Client};
+use locks_postgres::{LockHolder, PostgresLockManager, lock_holders, plain_pool_with_config};
+
+use crate::faults::server::{Continue, signal};
+use crate::faults::{drop_cluster, own_cluster, wait_for};
+use crate::metrics::{Recorded, total};
+use crate::support::{admin, database_url, pool, unique_key};
+
+/// The granted holds of `lock_id`, as (backend pid, mode).
+async fn holds(admin: &Client, lock_id: i64) -> Vec<(Option<i32>, LockMode)> {
+    let mut holds: Vec<_> = lock_holders(admin, lock_id)
+        .await
+        .expect("lock_holders")
+        .into_iter()
+        .filter(|holder: &LockHolder| holder.granted)
+        .map(|holder| (holder.pid, holder.mode))
+        .collect();
+    holds.sort_by_key(|(pid, mode)| (*pid, *mode == LockMode::Shared));
+    holds
+}
+
+fn within(timeout: Duration) -> AcquireOptions {
+    AcquireOptions::new().with_timeout(timeout)
+}
+
+/// The exclusive hold becomes one shared hold of the same backend (the session never
+/// let go), the manager's gauge of held locks by mode follows, a second reader of the
+/// same manager is booked beside it, and the release leaves nothing held and gives the
+/// connection back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_downgraded_lock_is_one_shared_hold_of_its_session_and_its_release_leaves_nothing() {
+    const HELD: &str = "eventsource.lock.held";
+    let (exclusive, shared) = (("lock.mode", "exclusive"), ("lock.mode", "shared"));
+    let admin = admin().await;
+    let recorded = Recorded::new();
+    let manager = recorded.manager(2).build();
+    let key = unique_key("downgrade_on_the_server");
+    let lock_id = locks_port::lock_id(&key);
+    let mut guard = manager
+        .acquire(&key, within(Duration::from_secs(5)))
+        .await
+        .expect("acquire");
+    let before = holds(&admin, lock_id).await;
+    let [(Some(pid), LockMode::Exclusive)] = before[..] else {
+        panic!("one exclusive hold before the downgrade, got {before:?}");
+    };
+    guard.downgrade().await.expect("downgrade");
+    assert_eq!(guard.info().mode(), LockMode::Shared);
+    assert_eq!(
+        holds(&admin, lock_id).await,
+        [(Some(pid), LockMode::Shared)],
+        "the same session holds the lock shared, and only shared"
+    );
+    assert_eq!(manager.held_lock_count(), 1);
+    let points = recorded.points();
+    assert_eq!(total(&points, HELD, &[exclusive]), 0.0, "{points:#?}");
+    assert_eq!(total(&points, HELD, &[shared]), 1.0, "{points:#?}");
+    // A second reader of the same manager (on a connection of its own) is booked beside
+    // the downgraded lock: neither is taken for a second grant of an exclusive lock.
+    let reader = manager
+        .try_acquire_with(&key, LockMode::Shared)
+        .await
+        .expect("try_acquire_with")
+        .expect("a reader of the same manager gets in");
+    assert!(!guard.is_lost(), "the second reader displaced nothing");
+    assert_eq!(manager.held_lock_count(), 2);
+    assert_eq!(reader.release().await, ReleaseOutcome::Unlocked);
+    assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
+    assert_eq!(holds(&admin, lock_id).await, []);
+    assert_eq!(manager.held_lock_count(), 0);
+    assert_eq!(total(&recorded.points(), HELD, &[]), 0.0);
+    let status = manager.pool().status();
+    assert_eq!(
+        status.available, status.size,
+        "the connection went back to the pool: {status:?}"
+    );
+}
+
+/// A downgrade the server refuses (EXECUTE on `pg_try_advisory_lock_shared` revoked, in
+/// a database of this test alone) fails with the server's own message; the session is
+/// closed, which frees the lock (another session gets it at once), and the guard's lost
+/// signal fires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_downgrade_the_server_refuses_fails_in_its_words_and_frees_the_lock() {
+    let admin = admin().await;
+    let name = unique_key("downgrade_refused")
+        .replace([':', '-'], "_")
+        .to_lowercase();
+    for statement in [
+        format!("CREATE ROLE {name} LOGIN"),
+        format!("CREATE DATABASE {name} OWNER {name}"),
+    ] {
+        admin
+            .batch_execute(&statement)
+            .await
+            .expect("a role and a database of this test");
+    }
+    let mut config = tokio_postgres::Config::from_str(&database_url()).expect("URL");
+    config.dbname(&name);
+    let owner = {
+        let (client, connection) = config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        tokio::spawn(connection);
+        client
+    };
+    owner
+        .batch_execute("REVOKE EXECUTE ON FUNCTION pg_try_advisory_lock_shared(bigint) FROM PUBLIC")
+        .await
+        .expect("revoke");
+    let superuser =
+        PostgresLockManager::builder(plain_pool_with_config(config.clone(), 1).expect("pool"))
+            .build();
+    config.user(&name);
+    let manager =
+        PostgresLockManager::builder(plain_pool_with_config(config, 1).expect("pool")).build();
+
+    let key = unique_key("downgrade_refused");
+    let mut guard = manager
+        .acquire(&key, within(Duration::from_secs(5)))
+        .await
+        .expect("acquire");
+    let error = match guard.downgrade().await {
+        Err(LockError::Acquisition(error)) => error,
+        other => panic!("a refused downgrade must fail as an acquisition error, got {other:?}"),
+    };
+    assert!(
+        error
+            .to_string()
+            .contains("permission denied for function pg_try_advisory_lock_shared"),
+        "the server's own words: {error}"
+    );
+    assert_ne!(error.kind(), AcquisitionErrorKind::Timeout);
+    let reason = tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("the guard is told the lock is gone");
+    assert_eq!(reason, LostReason::ConnectionClosed);
+    // The server frees the lock once it sees the socket closed: a moment, not a wait.
+    let taken = superuser
+        .acquire(&key, within(Duration::from_secs(2)))
+        .await
+        .expect("the closed session freed the lock");
+    assert_eq!(
+        guard.release().await,
+        ReleaseOutcome::Lost(LostReason::ConnectionClosed)
+    );
+    drop((taken, manager, superuser, owner));
+    for statement in [
+        format!("DROP DATABASE {name} WITH (FORCE)"),
+        format!("DROP ROLE {name}"),
+    ] {
+        admin
+            .batch_execute(&statement)
+            .await
+            .expect("drop the test's database and role");
+    }
+}
+
+/// A downgrade dropped once it began (one poll: the slot taken, the statement on its
+/// way) closes the session, since what it held is not known: the lock is lost, the
+/// guard is told, and the key is free for another session. On one thread, so that the
+/// connection's task cannot run (and the server's answer cannot arrive) during the poll.
+#[tokio::test]
+async fn a_downgrade_dropped_part_way_closes_the_session_and_the_guard_is_told() {
+    let admin = admin().await;
+    let key = unique_key("downgrade_dropped");
+    // Nothing else uses the connection (no keepalive, no periodic look), so the one
+    // poll finds it free.
+    let manager = PostgresLockManager::builder(pool(2))
+        .keepalive(None)
+        .health_check_interval(Duration::from_secs(3600))
+        .build();
+    let lock_id = locks_port::lock_id(&key);
+    let mut guard = manager
+        .acquire(&key, within(Duration::from_secs(5)))
+        .await
+        .expect("acquire");
+    assert_eq!(holds(&admin, lock_id).await.len(), 1);
+    let mut downgrading = Box::pin(guard.downgrade());
+    let first = std::future::poll_fn(|cx| Poll::Ready(downgrading.as_mut().poll(cx))).await;
+    assert!(
+        first.is_pending(),
+        "one poll cannot see the server's answer: {first:?}"
+    );
+    drop(downgrading);
+    let reason = tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("the guard is told the lock is gone");
+    assert_eq!(reason, LostReason::ConnectionClosed);
+    wait_for("the closed session to free the lock", || async {
+        holds(&admin, lock_id).await.is_empty()
+    })
+    .await;
+    assert_eq!(
+        guard.release().await,
+        ReleaseOutcome::Lost(LostReason::ConnectionClosed)
+    );
+    let other = PostgresLockManager::builder(pool(1)).build();
+    let writer = other
+        .try_acquire(&key)
+        .await
+        .expect("try_acquire")
+        .expect("the key is free");
+    assert_eq!(writer.release().await, ReleaseOutcome::Unlocked);
+}
+
+/// Multiplexed: a downgraded lock and a neighbour share a connection. The neighbour's
+/// release holds the connection (its backend SIGSTOPped) while the downgraded lock's
+/// release is cancelled before it could be sent; a task then makes sure the session
+/// does not hold the lock, checking for the shared hold the downgrade left. Nothing
+/// stays held on the connection, which goes back to the pool. (Checking for an
+/// exclusive hold, as before the downgrade, leaves the shared hold on a pooled
+/// connection: this test fails so.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_release_of_a_downgraded_multiplexed_lock_leaves_nothing_held() {
+    let cluster = own_cluster("the downgrade's stopped-backend test");
+    let admin = crate::faults::admin_at(&cluster.url()).await;
+    let config = tokio_postgres::Config::from_str(&cluster.url()).expect("URL");
+    let manager =
+        PostgresLockManager::builder(plain_pool_with_config(config.clone(), 2).expect("pool"))
+            .multiplex(4)
+            .answer_timeout(Duration::from_secs(30))
+            .keepalive(None)
+            .build();
+    let (first, second) = (unique_key("downgraded"), unique_key("neighbour"));
+    let (first_id, second_id) = (locks_port::lock_id(&first), locks_port::lock_id(&second));
+    let mut downgraded = manager
+        .acquire(&first, within(Duration::from_secs(5)))
+        .await
+        .expect("acquire the first key");
+    let neighbour = manager
+        .acquire(&second, within(Duration::from_secs(5)))
+        .await
+        .expect("acquire the second key");
+    let pid = holds(&admin, first_id).await[0].0.expect("a backend");
+    assert_eq!(
+        holds(&admin, second_id).await,
+        [(Some(pid), LockMode::Exclusive)],
+        "both locks share one connection"
+    );
+    downgraded.downgrade().await.expect("downgrade");
+    assert_eq!(
+        holds(&admin, first_id).await,
+        [(Some(pid), LockMode::Shared)]
+    );
+
+    signal(pid, "STOP");
+    let stopped = Continue(pid);
+    let releasing = tokio::spawn(neighbour.release());
+    // The neighbour's unlock is sent and holds the connection until the backend runs.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let cancelled = tokio::time::timeout(Duration::from_millis(100), downgraded.release()).await;
+    assert!(
+        cancelled.is_err(),
+        "the release waits for the busy connection"
+    );
+    signal(pid, "CONT");
+    drop(stopped);
+    assert_eq!(
+        releasing.await.expect("the neighbour's release"),
+        ReleaseOutcome::Unlocked
+    );
+    wait_for("the shared connection to hold nothing", || async {
+        holds(&admin, first_id).await.is_empty() && holds(&admin, second_id).await.is_empty()
+    })
+    .await;
+    let other =
+        PostgresLockManager::builder(plain_pool_with_config(config, 1).expect("pool")).build();
+    let writer = other
+        .try_acquire(&first)
+        .await
+        .expect("try_acquire")
+        .expect("nothing holds the downgraded key");
+    assert_eq!(writer.release().await, ReleaseOutcome::Unlocked);
+    drop((other, manager, admin));
+    drop_cluster(cluster);
+}
