@@ -44,6 +44,36 @@ fn shared_holds_stack_and_an_exclusive_grant_displaces_them() {
 }
 
 #[test]
+fn a_downgraded_entry_is_shared_and_a_later_shared_grant_stacks_beside_it() {
+    let mut book = book();
+    book.insert(held("k", 7, 1, LockMode::Exclusive, Holding::Alone));
+    let ticket = Ticket {
+        lock_id: 7,
+        number: 1,
+    };
+    assert!(book.set_mode(&ticket, LockMode::Shared));
+    assert_eq!(
+        book.get_mut(&ticket).map(|held| held.mode()),
+        Some(LockMode::Shared)
+    );
+    assert!(
+        book.insert(held("k", 7, 2, LockMode::Shared, Holding::Alone))
+            .is_empty(),
+        "a shared grant beside a downgraded lock displaces nothing"
+    );
+    assert_eq!(book.len(), 2);
+    let gone = Ticket {
+        lock_id: 7,
+        number: 9,
+    };
+    assert!(!book.set_mode(&gone, LockMode::Shared), "no such ticket");
+    assert_eq!(
+        book.remove_one(7, 1).map(|held| held.mode()),
+        Some(LockMode::Shared)
+    );
+}
+
+#[test]
 fn remove_one_takes_only_its_ticket_and_keeps_the_other_holds_of_the_id() {
     let mut book = book();
     book.insert(held("k", 7, 1, LockMode::Shared, Holding::Alone));
