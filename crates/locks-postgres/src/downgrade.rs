@@ -9,18 +9,18 @@
 //! shared, and its entry must find this one shared (an exclusive entry beside it would
 //! be taken for two sessions granted one lock). A multiplexed lock's place on its shared
 //! connection says so too, so that a place dropped without leaving checks for the
-//! shared hold. Any answer but a confirmed downgrade closes the session, which frees the
-//! lock; the health monitor then tells its guard, and the other locks of a shared
-//! connection, that they are lost.
+//! shared hold. Any answer but a confirmed downgrade, and a future dropped once the
+//! bookkeeping changed, close the session, which frees the lock; the health room then
+//! loses every lock of that session at once, each guard told (a connection the adapter
+//! closes itself wakes no monitor).
 
 use std::sync::Arc;
 
+use futures_util::lock::MutexGuard;
 use locks_port::{
     AcquisitionErrorKind, LockAcquisitionError, LockError, LockInfo, LockLostError, LockMode,
     LostReason, LostSignal,
 };
-
-use futures_util::lock::MutexGuard;
 
 use crate::bookkeeping::{SessionSlot, Ticket};
 use crate::connection::Session;
