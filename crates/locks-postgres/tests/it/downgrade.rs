@@ -1,7 +1,8 @@
 //! `LockGuard::downgrade` as the server sees it: one shared hold where the exclusive one
 //! was, on the same session, and nothing left after the release; a downgrade the server
 //! refuses, in its own words, frees the lock and tells the guard; a downgrade dropped
-//! part-way closes the session and tells the guard; multiplexed, a release of a downgraded lock
+//! part-way closes the session and tells the guard, as one a stalled server never answers
+//! does after the answer timeout; multiplexed, a release of a downgraded lock
 //! cancelled before it was sent leaves nothing held on the shared connection. (The
 //! contract is in the conformance suite, plain and multiplexed.)
 
@@ -290,5 +291,68 @@ async fn a_cancelled_release_of_a_downgraded_multiplexed_lock_leaves_nothing_hel
         .expect("nothing holds the downgraded key");
     assert_eq!(writer.release().await, ReleaseOutcome::Unlocked);
     drop((other, manager, admin));
+    drop_cluster(cluster);
+}
+
+/// A downgrade on a server that stops answering (its backend SIGSTOPped) fails after
+/// the answer timeout with `ConnectionLost`; the session is closed (the lock is freed
+/// once the backend runs again) and the guard is told at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_downgrade_on_a_server_that_stops_answering_fails_after_the_answer_timeout() {
+    let cluster = own_cluster("the downgrade's stalled-server test");
+    let admin = crate::faults::admin_at(&cluster.url()).await;
+    let config = tokio_postgres::Config::from_str(&cluster.url()).expect("URL");
+    let answer_timeout = Duration::from_millis(300);
+    let manager =
+        PostgresLockManager::builder(plain_pool_with_config(config.clone(), 1).expect("pool"))
+            .answer_timeout(answer_timeout)
+            .keepalive(None)
+            .build();
+    let key = unique_key("downgrade_stalled");
+    let lock_id = locks_port::lock_id(&key);
+    let mut guard = manager
+        .acquire(&key, within(Duration::from_secs(5)))
+        .await
+        .expect("acquire");
+    let pid = holds(&admin, lock_id).await[0].0.expect("a backend");
+
+    signal(pid, "STOP");
+    let stopped = Continue(pid);
+    let started = std::time::Instant::now();
+    let outcome = guard.downgrade().await;
+    let took = started.elapsed();
+    let error = match outcome {
+        Err(LockError::Acquisition(error)) => error,
+        other => panic!("a downgrade nobody answers must fail, got {other:?}"),
+    };
+    assert_eq!(
+        error.kind(),
+        AcquisitionErrorKind::ConnectionLost,
+        "{error}"
+    );
+    assert!(
+        error.to_string().contains("within the answer timeout"),
+        "{error}"
+    );
+    assert!(
+        took >= answer_timeout && took < Duration::from_secs(5),
+        "failed after {took:?}"
+    );
+    assert_eq!(guard.lost().reason(), Some(LostReason::ConnectionClosed));
+    signal(pid, "CONT");
+    drop(stopped);
+    wait_for("the closed session to free the lock", || async {
+        holds(&admin, lock_id).await.is_empty()
+    })
+    .await;
+    let other =
+        PostgresLockManager::builder(plain_pool_with_config(config, 1).expect("pool")).build();
+    let writer = other
+        .try_acquire(&key)
+        .await
+        .expect("try_acquire")
+        .expect("the key is free");
+    assert_eq!(writer.release().await, ReleaseOutcome::Unlocked);
+    drop((guard, other, manager, admin));
     drop_cluster(cluster);
 }
