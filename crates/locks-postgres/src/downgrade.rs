@@ -75,6 +75,7 @@ impl Inner {
             inner: self,
             slot: &shared_slot,
             locked: Some(locked),
+            detail: "the downgrade was dropped part-way",
         };
         let Some(session) = slot.session() else {
             unreachable!("the session was there when the slot was locked")
@@ -86,11 +87,11 @@ impl Inner {
                 None => Ok(None),
             })
             .await;
-        let mut slot = slot.answered();
         let lock_id = ticket.lock_id;
         let new = |kind, reason: &str| LockAcquisitionError::new(key.as_str(), kind, reason);
         let failure = match answer {
             Ok(Ok(Some(Some(true)))) => {
+                slot.answered();
                 tracing::debug!(key = self.shown(&key), lock_id, "lock downgraded to shared");
                 return Ok(());
             }
@@ -117,30 +118,29 @@ impl Inner {
                 "the server did not answer the downgrade within the answer timeout",
             ),
         };
-        // What the session holds is not known: closing it frees the lock (and, on a
-        // shared connection, the others), and their guards are told.
+        // What the session holds is not known: dropping the slot unanswered closes it,
+        // which frees the lock (and, on a shared connection, the others), and their
+        // guards are told.
         tracing::warn!(
             key = self.shown(&key),
             lock_id,
             error = %failure,
             "advisory lock downgrade failed; closed the session, which frees the lock"
         );
-        if let Some(session) = slot.take() {
-            session.close();
-        }
+        slot.detail = "the downgrade failed";
         drop(slot);
-        self.lose_closed_session(&shared_slot, "the downgrade failed");
         Err(failure.into())
     }
 }
 
 /// A locked session slot whose session is closed if this is dropped before
-/// [`answered`](Self::answered) (the downgrade's future was dropped part-way), its locks
-/// lost at once.
+/// [`answered`](Self::answered) (the downgrade failed, or its future was dropped
+/// part-way), its locks lost at once for the reason `detail` gives.
 struct CloseUnlessAnswered<'s> {
     inner: &'s Inner,
     slot: &'s SessionSlot,
     locked: Option<MutexGuard<'s, Option<Session>>>,
+    detail: &'static str,
 }
 
 impl<'s> CloseUnlessAnswered<'s> {
@@ -148,12 +148,9 @@ impl<'s> CloseUnlessAnswered<'s> {
         self.locked.as_mut()?.as_mut()
     }
 
-    /// The answer was read: the slot is the caller's again.
-    fn answered(mut self) -> MutexGuard<'s, Option<Session>> {
-        match self.locked.take() {
-            Some(locked) => locked,
-            None => unreachable!("the slot is held until answered"),
-        }
+    /// The downgrade was confirmed: the session stays, and the slot is free again.
+    fn answered(mut self) {
+        self.locked = None;
     }
 }
 
@@ -166,8 +163,7 @@ impl Drop for CloseUnlessAnswered<'_> {
         drop(locked);
         if let Some(session) = session {
             session.close();
-            self.inner
-                .lose_closed_session(self.slot, "the downgrade was dropped part-way");
+            self.inner.lose_closed_session(self.slot, self.detail);
         }
     }
 }
