@@ -15,6 +15,7 @@ use locks_port::{
     AcquireOptions, AcquisitionErrorKind, DistributedLock, LockError, LockGuard, LockMode,
     LockRegistry, LostReason, ReleaseOutcome,
 };
+use locks_postgres::deadpool_postgres::Pool;
 use locks_postgres::tokio_postgres::{self, Client};
 use locks_postgres::{LockHolder, PostgresLockManager, lock_holders, plain_pool_with_config};
 
@@ -34,6 +35,18 @@ async fn holds(admin: &Client, lock_id: i64) -> Vec<(Option<i32>, LockMode)> {
         .collect();
     holds.sort_by_key(|(pid, mode)| (*pid, *mode == LockMode::Shared));
     holds
+}
+
+/// A manager of its own on `pool` takes `key` at once (`why` it must be free), and
+/// releases it.
+async fn assert_free(pool: Pool, key: &str, why: &str) {
+    let other = PostgresLockManager::builder(pool).build();
+    let writer = other
+        .try_acquire(key)
+        .await
+        .expect("try_acquire")
+        .unwrap_or_else(|| panic!("{why}"));
+    assert_eq!(writer.release().await, ReleaseOutcome::Unlocked);
 }
 
 fn within(timeout: Duration) -> AcquireOptions {
@@ -213,13 +226,7 @@ async fn a_downgrade_dropped_part_way_closes_the_session_and_the_guard_is_told()
         guard.release().await,
         ReleaseOutcome::Lost(LostReason::ConnectionClosed)
     );
-    let other = PostgresLockManager::builder(pool(1)).build();
-    let writer = other
-        .try_acquire(&key)
-        .await
-        .expect("try_acquire")
-        .expect("the key is free");
-    assert_eq!(writer.release().await, ReleaseOutcome::Unlocked);
+    assert_free(pool(1), &key, "the key is free").await;
 }
 
 /// Multiplexed: a downgraded lock and a neighbour share a connection. The neighbour's
@@ -282,15 +289,13 @@ async fn a_cancelled_release_of_a_downgraded_multiplexed_lock_leaves_nothing_hel
         holds(&admin, first_id).await.is_empty() && holds(&admin, second_id).await.is_empty()
     })
     .await;
-    let other =
-        PostgresLockManager::builder(plain_pool_with_config(config, 1).expect("pool")).build();
-    let writer = other
-        .try_acquire(&first)
-        .await
-        .expect("try_acquire")
-        .expect("nothing holds the downgraded key");
-    assert_eq!(writer.release().await, ReleaseOutcome::Unlocked);
-    drop((other, manager, admin));
+    assert_free(
+        plain_pool_with_config(config, 1).expect("pool"),
+        &first,
+        "nothing holds the downgraded key",
+    )
+    .await;
+    drop((manager, admin));
     drop_cluster(cluster);
 }
 
@@ -345,14 +350,12 @@ async fn a_downgrade_on_a_server_that_stops_answering_fails_after_the_answer_tim
         holds(&admin, lock_id).await.is_empty()
     })
     .await;
-    let other =
-        PostgresLockManager::builder(plain_pool_with_config(config, 1).expect("pool")).build();
-    let writer = other
-        .try_acquire(&key)
-        .await
-        .expect("try_acquire")
-        .expect("the key is free");
-    assert_eq!(writer.release().await, ReleaseOutcome::Unlocked);
-    drop((guard, other, manager, admin));
+    assert_free(
+        plain_pool_with_config(config, 1).expect("pool"),
+        &key,
+        "the key is free",
+    )
+    .await;
+    drop((guard, manager, admin));
     drop_cluster(cluster);
 }
