@@ -32,9 +32,17 @@ use crate::sql::Query;
 /// Takes the lock shared, then frees the exclusive hold: `true` when both happened,
 /// NULL on a server session not the connection's own (nothing done there). `CASE`
 /// orders the two calls (the operands of a plain `AND` may run in either order).
+///
+/// The shared request is the waiting form, `pg_advisory_lock_shared`, and it never
+/// waits: every session queued for the key waits for this one's exclusive hold, and
+/// PostgreSQL puts a request ahead of the waiters that wait for its own session and
+/// grants it at once when no other session holds the lock. The `try` form would be
+/// refused as soon as a writer is queued (it never goes ahead of a waiter whose mode
+/// conflicts), which is when a downgrade matters most. It returns `void`, which is
+/// never NULL: the `IS NOT NULL` only orders it before the unlock.
 static DOWNGRADE: Query = Query::new(
     "SELECT CASE WHEN current_setting('locks.session', true) = :marker \
-     THEN CASE WHEN pg_try_advisory_lock_shared($1) THEN pg_advisory_unlock($1) \
+     THEN CASE WHEN pg_advisory_lock_shared($1) IS NOT NULL THEN pg_advisory_unlock($1) \
      ELSE false END END",
 );
 

@@ -91,8 +91,8 @@ pub use many::{
 };
 pub use modes::{
     downgrade_keeps_a_queued_writer_waiting, downgrade_lets_readers_in_and_keeps_writers_out,
-    downgrade_of_a_lock_no_longer_held_fails, exclusive_excludes_shared,
-    queued_writer_is_not_starved, shared_holders_coexist,
+    downgrade_of_a_lock_no_longer_held_fails, downgrade_with_a_writer_queued_keeps_the_lock,
+    exclusive_excludes_shared, queued_writer_is_not_starved, shared_holders_coexist,
 };
 pub use random::Lcg;
 pub use release::{
@@ -226,6 +226,7 @@ macro_rules! conformance_suite {
             downgrade_lets_readers_in_and_keeps_writers_out,
             downgrade_keeps_a_queued_writer_waiting,
             downgrade_of_a_lock_no_longer_held_fails,
+            downgrade_with_a_writer_queued_keeps_the_lock,
             empty_key_is_refused,
             try_with_lock_skips_a_held_key,
         );

@@ -235,6 +235,55 @@ pub async fn downgrade_keeps_a_queued_writer_waiting<H: Harness>(harness: &H) {
     join(queued_writer).await;
 }
 
+/// A downgrade with a writer already queued for the key keeps the lock: the holder's
+/// own shared request goes ahead of the writer it keeps waiting (on PostgreSQL, a
+/// session never queues behind a waiter that waits for the session itself). The writer
+/// stays queued, a reader arriving after it waits behind it, and the writer gets the
+/// key once the downgraded lock is released.
+pub async fn downgrade_with_a_writer_queued_keeps_the_lock<H: Harness>(harness: &H) {
+    let holder = harness.manager();
+    let writer = harness.manager();
+    let late_reader = harness.manager();
+    let key = unique_key("downgrade_with_a_writer_queued_keeps_the_lock");
+    let mut held = must_acquire(&holder, &key, "acquire of a free key").await;
+    let queued_writer = {
+        let key = key.clone();
+        tokio::spawn(async move {
+            let guard = writer
+                .acquire(&key, bounded(WAIT))
+                .await
+                .unwrap_or_else(|error| panic!("the queued writer: {error}"));
+            must_release(guard, "the queued writer").await;
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    held.downgrade()
+        .await
+        .unwrap_or_else(|error| panic!("downgrading with a writer queued: {error}"));
+    assert_eq!(held.info().mode(), LockMode::Shared);
+    assert!(
+        !held.is_lost(),
+        "a lock downgraded with a writer queued is still held"
+    );
+    assert!(
+        holder.is_held(&key),
+        "the manager still holds the downgraded key"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !queued_writer.is_finished(),
+        "the queued writer must wait while the downgraded lock is held"
+    );
+    assert!(
+        must_try(&late_reader, &key, LockMode::Shared, "a late reader")
+            .await
+            .is_none(),
+        "a reader arriving after the queued writer must not jump ahead of it"
+    );
+    must_release(held, "the downgraded lock").await;
+    join(queued_writer).await;
+}
+
 /// Downgrading a lock the manager no longer holds (taken by `release(key)`) fails as
 /// lost, with the reason its signal gives, and changes nothing.
 pub async fn downgrade_of_a_lock_no_longer_held_fails<H: Harness>(harness: &H) {

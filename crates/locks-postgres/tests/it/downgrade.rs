@@ -106,7 +106,7 @@ async fn a_downgraded_lock_is_one_shared_hold_of_its_session_and_its_release_lea
     );
 }
 
-/// A downgrade the server refuses (EXECUTE on `pg_try_advisory_lock_shared` revoked, in
+/// A downgrade the server refuses (EXECUTE on `pg_advisory_lock_shared` revoked, in
 /// a database of this test alone) fails with the server's own message; the session is
 /// closed, which frees the lock (another session gets it at once), and the guard's lost
 /// signal fires.
@@ -136,7 +136,7 @@ async fn a_downgrade_the_server_refuses_fails_in_its_words_and_frees_the_lock() 
         client
     };
     owner
-        .batch_execute("REVOKE EXECUTE ON FUNCTION pg_try_advisory_lock_shared(bigint) FROM PUBLIC")
+        .batch_execute("REVOKE EXECUTE ON FUNCTION pg_advisory_lock_shared(bigint) FROM PUBLIC")
         .await
         .expect("revoke");
     let superuser =
@@ -158,7 +158,7 @@ async fn a_downgrade_the_server_refuses_fails_in_its_words_and_frees_the_lock() 
     assert!(
         error
             .to_string()
-            .contains("permission denied for function pg_try_advisory_lock_shared"),
+            .contains("permission denied for function pg_advisory_lock_shared"),
         "the server's own words: {error}"
     );
     assert_ne!(error.kind(), AcquisitionErrorKind::Timeout);
