@@ -96,6 +96,27 @@ impl LockGuard for InMemoryLockGuard {
         self.info = self.info.clone().with_mode(LockMode::Shared);
         Ok(())
     }
+
+    /// Takes the permits a shared hold lacks if they are free now: not while another
+    /// reader holds one, nor while a writer is queued (it holds every permit given back
+    /// since it queued, as PostgreSQL lets a queued writer go first).
+    ///
+    /// # Cancel safety
+    /// Done on the first poll, without waiting.
+    async fn try_upgrade(&mut self) -> Result<bool, LockError> {
+        let upgraded = match self.armed {
+            true => self.manager.try_upgrade_token(self.info.key(), self.token),
+            false => None,
+        };
+        let Some(upgraded) = upgraded else {
+            let reason = self.lost.reason().unwrap_or(LostReason::Released);
+            return Err(LockLostError::new(self.info.key(), reason).into());
+        };
+        if upgraded {
+            self.info = self.info.clone().with_mode(LockMode::Exclusive);
+        }
+        Ok(upgraded)
+    }
 }
 
 impl Drop for InMemoryLockGuard {

@@ -305,6 +305,16 @@ impl ManagerInner {
         }
     }
 
+    /// Upgrades `key` to exclusive if it is still booked for the acquisition `token` and
+    /// the permits are free now: `None` when it is not booked, else whether it is
+    /// exclusive now.
+    pub(crate) fn try_upgrade_token(&self, key: &str, token: u64) -> Option<bool> {
+        match self.held_map().get_mut(key) {
+            Some(entry) if entry.token == token => Some(entry.permit.try_upgrade()),
+            _ => None,
+        }
+    }
+
     /// Releases `key` if it is still booked for the acquisition `token`.
     pub(crate) fn release_token(&self, key: &str, token: u64) -> bool {
         let removed = {

@@ -208,6 +208,25 @@ impl HeldPermit {
         self.permits -= extra;
         self.slot.semaphore().add_permits(extra as usize);
     }
+
+    /// Takes the permits a shared hold lacks, if they are free now (an exclusive hold
+    /// then); whether the hold is exclusive. Never waits: with other readers in, or a
+    /// writer queued (it has taken every permit given back since it queued), the hold
+    /// stays as it is.
+    pub(crate) fn try_upgrade(&mut self) -> bool {
+        let missing = READER_PERMITS - self.permits;
+        if missing == 0 {
+            return true;
+        }
+        match self.slot.semaphore().try_acquire_many(missing) {
+            Ok(permits) => {
+                permits.forget();
+                self.permits = READER_PERMITS;
+                true
+            }
+            Err(_) => false,
+        }
+    }
 }
 
 impl Drop for HeldPermit {

@@ -82,11 +82,7 @@ pub trait LockGuard: Send + fmt::Debug {
     /// [`LockMode::Shared`], and releasing it releases the shared lock. A shared lock is
     /// left as it is.
     ///
-    /// There is no upgrade (shared to exclusive), as in most reader-writer locks: two
-    /// readers that both upgrade would each wait for the other to leave, which
-    /// PostgreSQL ends by failing one of them as a deadlock (SQLSTATE 40P01) after its
-    /// `deadlock_timeout`. To write after reading, release the shared lock and acquire
-    /// the exclusive one.
+    /// The way back is [`try_upgrade`](Self::try_upgrade), which never waits.
     ///
     /// ```
     /// use locks_port::prelude::*;
@@ -128,6 +124,67 @@ pub trait LockGuard: Send + fmt::Debug {
                 self.info().key(),
                 crate::AcquisitionErrorKind::Configuration,
                 "this lock manager cannot downgrade a lock",
+            ))),
+        };
+        std::future::ready(outcome)
+    }
+
+    /// Turns a shared lock into an exclusive one without letting go of it, if that can
+    /// be done at once: `true` when the lock is now exclusive (or already was); `false`
+    /// when another holder shares the key or a writer is queued for it (a queued
+    /// writer goes first), and the lock is then still held shared, as before. The
+    /// guard's [`info`](Self::info) says the mode it holds.
+    ///
+    /// It never waits, so it cannot deadlock. A waiting upgrade could: two readers
+    /// that both waited to upgrade would each wait for the other to leave (PostgreSQL
+    /// fails one of them as a deadlock, SQLSTATE 40P01, after its `deadlock_timeout`),
+    /// which is why reader-writer locks rarely offer one. A reader that must write
+    /// whatever happens releases the shared lock and acquires the exclusive one, and
+    /// reads again: another writer may have come in between.
+    ///
+    /// ```
+    /// use locks_port::prelude::*;
+    ///
+    /// /// Reads the cache and, if it is stale and nobody else reads it, refreshes it
+    /// /// under the same lock.
+    /// async fn read_or_refresh<L: DistributedLock>(locks: &L) -> Result<(), LockError> {
+    ///     let mut guard = locks
+    ///         .acquire("cache:prices", AcquireOptions::new().with_mode(LockMode::Shared))
+    ///         .await?;
+    ///     // ... read; the cache is stale ...
+    ///     if guard.try_upgrade().await? {
+    ///         assert_eq!(guard.info().mode(), LockMode::Exclusive);
+    ///         // ... refresh it, alone ...
+    ///     }
+    ///     guard.release().await;
+    ///     Ok(())
+    /// }
+    /// ```
+    ///
+    /// # Errors
+    /// - [`LockError::Lost`]: the lock was no longer held (lost, or taken by the
+    ///   manager's `release(key)` or `release_all()`); nothing was done.
+    /// - [`LockError::Acquisition`] of kind
+    ///   [`Configuration`](crate::AcquisitionErrorKind::Configuration): the manager
+    ///   cannot upgrade (the default of this method, for guards that do not implement
+    ///   it); the lock is still held, shared.
+    /// - [`LockError::Acquisition`] of any other kind: the upgrade failed (the
+    ///   connection ended, the server did not answer in time, or refused, in its own
+    ///   words); the lock is no longer held and the guard's [`lost`](Self::lost)
+    ///   signal fires.
+    ///
+    /// # Cancel safety
+    /// Dropped before it began (while waiting for the lock's connection, say), nothing
+    /// changed. Dropped part-way, the lock is upgraded, still shared or, where the
+    /// manager cannot know which, lost: its session is closed, which frees it, and the
+    /// lost signal fires. Never held in a mode the manager does not know.
+    fn try_upgrade(&mut self) -> impl Future<Output = Result<bool, LockError>> + Send {
+        let outcome = match self.info().mode() {
+            LockMode::Exclusive => Ok(true),
+            _ => Err(LockError::from(LockAcquisitionError::new(
+                self.info().key(),
+                crate::AcquisitionErrorKind::Configuration,
+                "this lock manager cannot upgrade a lock",
             ))),
         };
         std::future::ready(outcome)

@@ -136,6 +136,25 @@ impl LockGuard for PostgresLockGuard {
             .downgrade(&ticket, &mut self.info, &self.lost)
             .await
     }
+
+    /// One statement on the lock's session tries the lock exclusive beside the shared
+    /// hold (never waiting: refused while another session holds the key or a writer is
+    /// queued for it), then frees the shared hold. On a multiplexed connection too.
+    ///
+    /// # Cancel safety
+    /// Dropped while waiting for the connection (a keepalive in flight on it), nothing
+    /// changed. Dropped once it began, before the answer was read, the session is
+    /// closed, which frees the lock (on a multiplexed connection, with the other locks
+    /// on it), and the health monitor tells the guards they are lost.
+    async fn try_upgrade(&mut self) -> Result<bool, LockError> {
+        let ticket = Ticket {
+            lock_id: self.info.lock_id(),
+            number: self.ticket,
+        };
+        self.inner
+            .try_upgrade(&ticket, &mut self.info, &self.lost)
+            .await
+    }
 }
 
 /// An unlock in flight in the background, in the book until dropped (answered, or the

@@ -16,7 +16,8 @@
 //!   prepared statements; [`sql`](crate::sql): the lock statements and `Query`;
 //! - [`bookkeeping`](crate::bookkeeping): what is held, registering a grant;
 //!   [`release`](crate::release): the unlock; [`guard`](crate::guard): the guard;
-//!   [`downgrade`](crate::downgrade): an exclusive lock turned shared;
+//!   [`mode_change`](crate::mode_change): a held lock's mode changed (the downgrade,
+//!   the try-upgrade);
 //! - [`health`]: the lost-lock monitor and keepalives;
 //! - [`multiplex`](crate::multiplex): the shared connections (opt-in);
 //!   [`semaphore`]: counting semaphores; [`board`]:

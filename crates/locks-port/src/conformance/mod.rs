@@ -93,6 +93,8 @@ pub use modes::{
     downgrade_keeps_a_queued_writer_waiting, downgrade_lets_readers_in_and_keeps_writers_out,
     downgrade_of_a_lock_no_longer_held_fails, downgrade_with_a_writer_queued_keeps_the_lock,
     exclusive_excludes_shared, queued_writer_is_not_starved, shared_holders_coexist,
+    try_upgrade_beside_another_reader_says_no, try_upgrade_of_a_lock_no_longer_held_fails,
+    try_upgrade_of_a_lone_reader_makes_it_exclusive, try_upgrade_with_a_writer_queued_says_no,
 };
 pub use random::Lcg;
 pub use release::{
@@ -227,6 +229,10 @@ macro_rules! conformance_suite {
             downgrade_keeps_a_queued_writer_waiting,
             downgrade_of_a_lock_no_longer_held_fails,
             downgrade_with_a_writer_queued_keeps_the_lock,
+            try_upgrade_of_a_lone_reader_makes_it_exclusive,
+            try_upgrade_beside_another_reader_says_no,
+            try_upgrade_with_a_writer_queued_says_no,
+            try_upgrade_of_a_lock_no_longer_held_fails,
             empty_key_is_refused,
             try_with_lock_skips_a_held_key,
         );

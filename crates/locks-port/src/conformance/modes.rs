@@ -23,6 +23,35 @@ async fn must_try<M: DistributedLock>(
         })
 }
 
+/// `manager`'s try of `key` in `mode` must be refused (`why`: who must stay out).
+async fn must_refuse<M: DistributedLock>(manager: &M, key: &str, mode: LockMode, why: &str) {
+    assert!(must_try(manager, key, mode, why).await.is_none(), "{why}");
+}
+
+/// `manager` acquires `key` shared (`why`: which holder this is).
+async fn must_read<M: DistributedLock>(manager: &M, key: &str, why: &str) -> M::Guard {
+    manager
+        .acquire(key, AcquireOptions::new().with_mode(LockMode::Shared))
+        .await
+        .unwrap_or_else(|error| panic!("{why}: acquire shared of {key:?} failed: {error}"))
+}
+
+/// `held`'s try-upgrade, which must not fail (`why`: the situation); its answer, and
+/// the guard's mode must say it.
+async fn must_try_upgrade<G: LockGuard>(held: &mut G, why: &str) -> bool {
+    let upgraded = held
+        .try_upgrade()
+        .await
+        .unwrap_or_else(|error| panic!("upgrading {why}: {error}"));
+    let mode = match upgraded {
+        true => LockMode::Exclusive,
+        false => LockMode::Shared,
+    };
+    assert_eq!(held.info().mode(), mode, "upgrading {why}");
+    assert!(!held.is_lost(), "upgrading {why}: the lock is still held");
+    upgraded
+}
+
 /// Shared holders hold one key together and keep an exclusive holder out until the
 /// last of them releases; the info says the mode.
 pub async fn shared_holders_coexist<H: Harness>(harness: &H) {
@@ -39,20 +68,22 @@ pub async fn shared_holders_coexist<H: Harness>(harness: &H) {
         .await
         .expect("a second shared holder must get in beside the first");
     assert_eq!(second.info().mode(), LockMode::Shared);
-    assert!(
-        must_try(&c, &key, LockMode::Exclusive, "a writer")
-            .await
-            .is_none(),
-        "an exclusive try must be refused while readers hold the key"
-    );
+    must_refuse(
+        &c,
+        &key,
+        LockMode::Exclusive,
+        "an exclusive try must be refused while readers hold the key",
+    )
+    .await;
     assert!(c.try_acquire(&key).await.expect("try_acquire").is_none());
     must_release(first, "first reader").await;
-    assert!(
-        must_try(&c, &key, LockMode::Exclusive, "a writer")
-            .await
-            .is_none(),
-        "one reader left must still keep a writer out"
-    );
+    must_refuse(
+        &c,
+        &key,
+        LockMode::Exclusive,
+        "one reader left must still keep a writer out",
+    )
+    .await;
     must_release(second, "second reader").await;
     let writer = eventually_acquirable(&c, &key, "a writer after the readers").await;
     assert_eq!(writer.info().mode(), LockMode::Exclusive);
@@ -66,12 +97,13 @@ pub async fn exclusive_excludes_shared<H: Harness>(harness: &H) {
     let b = harness.manager();
     let key = unique_key("exclusive_excludes_shared");
     let writer = must_acquire(&a, &key, "acquire of a free key").await;
-    assert!(
-        must_try(&b, &key, LockMode::Shared, "a reader")
-            .await
-            .is_none(),
-        "a shared try must be refused while a writer holds the key"
-    );
+    must_refuse(
+        &b,
+        &key,
+        LockMode::Shared,
+        "a shared try must be refused while a writer holds the key",
+    )
+    .await;
     let timeout = Duration::from_millis(100);
     match b
         .acquire(&key, bounded(timeout).with_mode(LockMode::Shared))
@@ -115,12 +147,13 @@ pub async fn queued_writer_is_not_starved<H: Harness>(harness: &H) {
     };
     let queued_writer = task(writer, "writer", LockMode::Exclusive);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        must_try(&late_reader, &key, LockMode::Shared, "a late reader")
-            .await
-            .is_none(),
-        "a reader arriving after a queued writer must not jump ahead of it"
-    );
+    must_refuse(
+        &late_reader,
+        &key,
+        LockMode::Shared,
+        "a reader arriving after a queued writer must not jump ahead of it",
+    )
+    .await;
     let queued_reader = task(late_reader, "late reader", LockMode::Shared);
     tokio::time::sleep(Duration::from_millis(300)).await;
     must_release(first, "first reader").await;
@@ -141,12 +174,13 @@ pub async fn downgrade_lets_readers_in_and_keeps_writers_out<H: Harness>(harness
     let c = harness.manager();
     let key = unique_key("downgrade_lets_readers_in_and_keeps_writers_out");
     let mut held = must_acquire(&a, &key, "acquire of a free key").await;
-    assert!(
-        must_try(&b, &key, LockMode::Shared, "a reader before the downgrade")
-            .await
-            .is_none(),
-        "a shared try must be refused while the key is held exclusively"
-    );
+    must_refuse(
+        &b,
+        &key,
+        LockMode::Shared,
+        "a shared try must be refused while the key is held exclusively",
+    )
+    .await;
     held.downgrade()
         .await
         .unwrap_or_else(|error| panic!("downgrading a held exclusive lock: {error}"));
@@ -159,23 +193,25 @@ pub async fn downgrade_lets_readers_in_and_keeps_writers_out<H: Harness>(harness
     let reader = must_try(&b, &key, LockMode::Shared, "a reader after the downgrade")
         .await
         .expect("a reader must get in beside a downgraded lock");
-    assert!(
-        must_try(&c, &key, LockMode::Exclusive, "a writer")
-            .await
-            .is_none(),
-        "a writer must stay out while the downgraded lock is held"
-    );
+    must_refuse(
+        &c,
+        &key,
+        LockMode::Exclusive,
+        "a writer must stay out while the downgraded lock is held",
+    )
+    .await;
     held.downgrade()
         .await
         .unwrap_or_else(|error| panic!("downgrading a shared lock: {error}"));
     assert_eq!(held.info().mode(), LockMode::Shared);
     must_release(held, "the downgraded lock").await;
-    assert!(
-        must_try(&c, &key, LockMode::Exclusive, "a writer")
-            .await
-            .is_none(),
-        "the reader left must still keep a writer out"
-    );
+    must_refuse(
+        &c,
+        &key,
+        LockMode::Exclusive,
+        "the reader left must still keep a writer out",
+    )
+    .await;
     must_release(reader, "reader").await;
     let writer = eventually_acquirable(&c, &key, "a writer after both readers").await;
     must_release(writer, "writer").await;
@@ -224,12 +260,13 @@ pub async fn downgrade_keeps_a_queued_writer_waiting<H: Harness>(harness: &H) {
         !queued_writer.is_finished(),
         "a writer must wait while the downgraded lock and a reader hold the key"
     );
-    assert!(
-        must_try(&late_reader, &key, LockMode::Shared, "a late reader")
-            .await
-            .is_none(),
-        "a reader arriving after a queued writer must not jump ahead of it"
-    );
+    must_refuse(
+        &late_reader,
+        &key,
+        LockMode::Shared,
+        "a reader arriving after a queued writer must not jump ahead of it",
+    )
+    .await;
     must_release(early, "the early reader").await;
     must_release(held, "the downgraded lock").await;
     join(queued_writer).await;
@@ -274,12 +311,13 @@ pub async fn downgrade_with_a_writer_queued_keeps_the_lock<H: Harness>(harness: 
         !queued_writer.is_finished(),
         "the queued writer must wait while the downgraded lock is held"
     );
-    assert!(
-        must_try(&late_reader, &key, LockMode::Shared, "a late reader")
-            .await
-            .is_none(),
-        "a reader arriving after the queued writer must not jump ahead of it"
-    );
+    must_refuse(
+        &late_reader,
+        &key,
+        LockMode::Shared,
+        "a reader arriving after the queued writer must not jump ahead of it",
+    )
+    .await;
     must_release(held, "the downgraded lock").await;
     join(queued_writer).await;
 }
@@ -287,27 +325,157 @@ pub async fn downgrade_with_a_writer_queued_keeps_the_lock<H: Harness>(harness: 
 /// Downgrading a lock the manager no longer holds (taken by `release(key)`) fails as
 /// lost, with the reason its signal gives, and changes nothing.
 pub async fn downgrade_of_a_lock_no_longer_held_fails<H: Harness>(harness: &H) {
+    let case = "downgrade_of_a_lock_no_longer_held_fails";
+    change_of_a_lock_no_longer_held_fails(harness, case, LockMode::Exclusive, async |held| {
+        held.downgrade().await
+    })
+    .await;
+}
+
+/// A mode change (`change`) of a lock held in `mode` and then taken by `release(key)`
+/// fails as lost, with the reason its signal gives, and changes nothing: the guard
+/// still says `mode`, and dropping it does not free the next holder's lock.
+async fn change_of_a_lock_no_longer_held_fails<H: Harness>(
+    harness: &H,
+    case: &str,
+    mode: LockMode,
+    change: impl AsyncFnOnce(&mut <H::Manager as DistributedLock>::Guard) -> Result<(), LockError>,
+) {
     let a = harness.manager();
     let b = harness.manager();
-    let key = unique_key("downgrade_of_a_lock_no_longer_held_fails");
-    let mut held = must_acquire(&a, &key, "acquire of a free key").await;
+    let key = unique_key(case);
+    let mut held = a
+        .acquire(&key, AcquireOptions::new().with_mode(mode))
+        .await
+        .unwrap_or_else(|error| panic!("acquire {mode:?} of a free key: {error}"));
     a.release(&key).await.expect("release by key");
-    match held.downgrade().await {
+    match change(&mut held).await {
         Err(LockError::Lost(error)) => {
             assert_eq!(error.key(), key);
             assert_eq!(error.reason(), LostReason::Released);
         }
-        other => panic!("downgrading a released lock must fail as lost, got {other:?}"),
+        other => panic!("{case}: changing a released lock must fail as lost, got {other:?}"),
     }
-    assert_eq!(held.info().mode(), LockMode::Exclusive);
+    assert_eq!(held.info().mode(), mode);
     let writer = eventually_acquirable(&b, &key, "a writer after the release").await;
     drop(held);
     let c = harness.manager();
-    assert!(
-        must_try(&c, &key, LockMode::Shared, "a reader")
-            .await
-            .is_none(),
-        "dropping the stale guard must not free the writer's lock"
-    );
+    must_refuse(
+        &c,
+        &key,
+        LockMode::Shared,
+        "dropping the stale guard must not free the writer's lock",
+    )
+    .await;
     must_release(writer, "writer").await;
+}
+
+/// A reader alone on a key upgrades at once: the guard says exclusive, readers and
+/// writers stay out, and the release frees the key. An exclusive lock's try-upgrade is
+/// `true` and changes nothing.
+pub async fn try_upgrade_of_a_lone_reader_makes_it_exclusive<H: Harness>(harness: &H) {
+    let a = harness.manager();
+    let b = harness.manager();
+    let key = unique_key("try_upgrade_of_a_lone_reader_makes_it_exclusive");
+    let mut held = must_read(&a, &key, "a reader of a free key").await;
+    let upgraded = must_try_upgrade(&mut held, "a lone reader").await;
+    assert!(upgraded, "a reader alone on its key must upgrade");
+    assert!(a.is_held(&key), "the manager still holds the upgraded key");
+    must_refuse(
+        &b,
+        &key,
+        LockMode::Shared,
+        "a reader must stay out of an upgraded lock",
+    )
+    .await;
+    must_refuse(
+        &b,
+        &key,
+        LockMode::Exclusive,
+        "a writer must stay out of an upgraded lock",
+    )
+    .await;
+    let again = must_try_upgrade(&mut held, "an exclusive lock").await;
+    assert!(again, "an exclusive lock's try-upgrade is true");
+    must_release(held, "the upgraded lock").await;
+    let reader = eventually_acquirable(&b, &key, "a writer after the release").await;
+    must_release(reader, "the writer").await;
+}
+
+/// Beside another reader the try-upgrade says no and changes nothing: the lock is still
+/// held shared (a third reader gets in, a writer does not). Once the other reader has
+/// left, it upgrades.
+pub async fn try_upgrade_beside_another_reader_says_no<H: Harness>(harness: &H) {
+    let a = harness.manager();
+    let b = harness.manager();
+    let c = harness.manager();
+    let key = unique_key("try_upgrade_beside_another_reader_says_no");
+    let mut held = must_read(&a, &key, "a reader of a free key").await;
+    let other = must_read(&b, &key, "a second reader").await;
+    let upgraded = must_try_upgrade(&mut held, "beside another reader").await;
+    assert!(!upgraded, "a reader beside another one must not upgrade");
+    let third = must_try(&c, &key, LockMode::Shared, "a third reader")
+        .await
+        .expect("the lock whose upgrade was refused must still be shared");
+    must_refuse(
+        &c,
+        &key,
+        LockMode::Exclusive,
+        "a writer must stay out while the readers hold the key",
+    )
+    .await;
+    must_release(other, "the second reader").await;
+    must_release(third, "the third reader").await;
+    let upgraded = must_try_upgrade(&mut held, "once alone").await;
+    assert!(upgraded, "a reader left alone must upgrade");
+    must_refuse(
+        &c,
+        &key,
+        LockMode::Shared,
+        "a reader must stay out of an upgraded lock",
+    )
+    .await;
+    must_release(held, "the upgraded lock").await;
+}
+
+/// With a writer queued for the key, the try-upgrade says no (the writer goes first)
+/// and the lock is still held shared; the writer gets the key once it is released.
+pub async fn try_upgrade_with_a_writer_queued_says_no<H: Harness>(harness: &H) {
+    let holder = harness.manager();
+    let writer = harness.manager();
+    let key = unique_key("try_upgrade_with_a_writer_queued_says_no");
+    let mut held = must_read(&holder, &key, "a reader of a free key").await;
+    let queued_writer = {
+        let key = key.clone();
+        tokio::spawn(async move {
+            let guard = writer
+                .acquire(&key, bounded(WAIT))
+                .await
+                .unwrap_or_else(|error| panic!("the queued writer: {error}"));
+            assert_eq!(guard.info().mode(), LockMode::Exclusive);
+            must_release(guard, "the queued writer").await;
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let upgraded = must_try_upgrade(&mut held, "with a writer queued").await;
+    assert!(
+        !upgraded,
+        "a reader must not upgrade ahead of a queued writer"
+    );
+    assert!(
+        !queued_writer.is_finished(),
+        "the queued writer must wait while the reader holds the key"
+    );
+    must_release(held, "the reader").await;
+    join(queued_writer).await;
+}
+
+/// Upgrading a lock the manager no longer holds (taken by `release(key)`) fails as
+/// lost, with the reason its signal gives, and changes nothing.
+pub async fn try_upgrade_of_a_lock_no_longer_held_fails<H: Harness>(harness: &H) {
+    let case = "try_upgrade_of_a_lock_no_longer_held_fails";
+    change_of_a_lock_no_longer_held_fails(harness, case, LockMode::Shared, async |held| {
+        held.try_upgrade().await.map(|_| ())
+    })
+    .await;
 }

@@ -4,7 +4,6 @@ mod background;
 mod basics;
 mod conformance;
 mod counter;
-mod downgrade;
 mod faults;
 mod group_waits;
 mod inspect;
@@ -12,6 +11,7 @@ mod installs;
 mod leader;
 mod leader_board;
 mod lease;
+mod mode_change;
 
 mod many;
 mod metrics;

@@ -1,10 +1,16 @@
-//! `LockGuard::downgrade` as the server sees it: one shared hold where the exclusive one
-//! was, on the same session, and nothing left after the release; a downgrade the server
-//! refuses, in its own words, frees the lock and tells the guard; a downgrade dropped
-//! part-way closes the session and tells the guard, as one a stalled server never answers
-//! does after the answer timeout; multiplexed, a release of a downgraded lock
-//! cancelled before it was sent leaves nothing held on the shared connection. (The
-//! contract is in the conformance suite, plain and multiplexed.)
+//! A held lock's mode changed, as the server sees it.
+//!
+//! `LockGuard::downgrade`: one shared hold where the exclusive one was, on the same
+//! session, and nothing left after the release; a downgrade the server refuses, in its
+//! own words, frees the lock and tells the guard; a downgrade dropped part-way closes the
+//! session and tells the guard, as one a stalled server never answers does after the
+//! answer timeout; multiplexed, a release of a downgraded lock cancelled before it was
+//! sent leaves nothing held on the shared connection.
+//!
+//! `LockGuard::try_upgrade`: one exclusive hold where the shared one was, on the same
+//! session, or, refused, the holds as they were; two readers that both try never wait
+//! for each other; an upgrade dropped part-way closes the session and tells the guard.
+//! (The contract is in the conformance suite, plain and multiplexed.)
 
 use std::future::Future;
 use std::str::FromStr;
@@ -17,7 +23,9 @@ use locks_port::{
 };
 use locks_postgres::deadpool_postgres::Pool;
 use locks_postgres::tokio_postgres::{self, Client};
-use locks_postgres::{LockHolder, PostgresLockManager, lock_holders, plain_pool_with_config};
+use locks_postgres::{
+    LockHolder, PostgresLockGuard, PostgresLockManager, lock_holders, plain_pool_with_config,
+};
 
 use crate::faults::server::{Continue, signal};
 use crate::faults::{drop_cluster, own_cluster, wait_for};
@@ -47,6 +55,24 @@ async fn assert_free(pool: Pool, key: &str, why: &str) {
         .expect("try_acquire")
         .unwrap_or_else(|| panic!("{why}"));
     assert_eq!(writer.release().await, ReleaseOutcome::Unlocked);
+}
+
+/// After the last release: the server holds nothing of `lock_id`, the manager books
+/// nothing, its held gauge is back to zero, and its connections are back in the pool.
+async fn left_nothing(
+    admin: &Client,
+    manager: &PostgresLockManager,
+    recorded: &Recorded,
+    lock_id: i64,
+) {
+    assert_eq!(holds(admin, lock_id).await, []);
+    assert_eq!(manager.held_lock_count(), 0);
+    assert_eq!(total(&recorded.points(), "eventsource.lock.held", &[]), 0.0);
+    let status = manager.pool().status();
+    assert_eq!(
+        status.available, status.size,
+        "the connections went back to the pool: {status:?}"
+    );
 }
 
 fn within(timeout: Duration) -> AcquireOptions {
@@ -96,14 +122,7 @@ async fn a_downgraded_lock_is_one_shared_hold_of_its_session_and_its_release_lea
     assert_eq!(manager.held_lock_count(), 2);
     assert_eq!(reader.release().await, ReleaseOutcome::Unlocked);
     assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
-    assert_eq!(holds(&admin, lock_id).await, []);
-    assert_eq!(manager.held_lock_count(), 0);
-    assert_eq!(total(&recorded.points(), HELD, &[]), 0.0);
-    let status = manager.pool().status();
-    assert_eq!(
-        status.available, status.size,
-        "the connection went back to the pool: {status:?}"
-    );
+    left_nothing(&admin, &manager, &recorded, lock_id).await;
 }
 
 /// A downgrade the server refuses (EXECUTE on `pg_advisory_lock_shared` revoked, in
@@ -189,12 +208,25 @@ async fn a_downgrade_the_server_refuses_fails_in_its_words_and_frees_the_lock() 
 
 /// A downgrade dropped once it began (one poll: the slot taken, the statement on its
 /// way) closes the session, since what it held is not known: the lock is lost, the
-/// guard is told, and the key is free for another session. On one thread, so that the
-/// connection's task cannot run (and the server's answer cannot arrive) during the poll.
+/// guard is told, and the key is free for another session.
 #[tokio::test]
 async fn a_downgrade_dropped_part_way_closes_the_session_and_the_guard_is_told() {
+    dropped_part_way("downgrade_dropped", LockMode::Exclusive, async |guard| {
+        guard.downgrade().await
+    })
+    .await;
+}
+
+/// A mode change (`change` of a lock held in `mode`) dropped after one poll closes the
+/// session and tells the guard. On one thread (the tests' runtime), so that the
+/// connection's task cannot run (and the server's answer cannot arrive) during the poll.
+async fn dropped_part_way(
+    case: &str,
+    mode: LockMode,
+    change: impl AsyncFnOnce(&mut PostgresLockGuard) -> Result<(), LockError>,
+) {
     let admin = admin().await;
-    let key = unique_key("downgrade_dropped");
+    let key = unique_key(case);
     // Nothing else uses the connection (no keepalive, no periodic look), so the one
     // poll finds it free.
     let manager = PostgresLockManager::builder(pool(2))
@@ -203,17 +235,17 @@ async fn a_downgrade_dropped_part_way_closes_the_session_and_the_guard_is_told()
         .build();
     let lock_id = locks_port::lock_id(&key);
     let mut guard = manager
-        .acquire(&key, within(Duration::from_secs(5)))
+        .acquire(&key, within(Duration::from_secs(5)).with_mode(mode))
         .await
         .expect("acquire");
     assert_eq!(holds(&admin, lock_id).await.len(), 1);
-    let mut downgrading = Box::pin(guard.downgrade());
-    let first = std::future::poll_fn(|cx| Poll::Ready(downgrading.as_mut().poll(cx))).await;
+    let mut changing = Box::pin(change(&mut guard));
+    let first = std::future::poll_fn(|cx| Poll::Ready(changing.as_mut().poll(cx))).await;
     assert!(
         first.is_pending(),
         "one poll cannot see the server's answer: {first:?}"
     );
-    drop(downgrading);
+    drop(changing);
     let reason = tokio::time::timeout(Duration::from_secs(5), guard.lost())
         .await
         .expect("the guard is told the lock is gone");
@@ -358,4 +390,104 @@ async fn a_downgrade_on_a_server_that_stops_answering_fails_after_the_answer_tim
     .await;
     drop((guard, manager, admin));
     drop_cluster(cluster);
+}
+
+/// The shared hold becomes one exclusive hold of the same backend, and the manager's
+/// gauge of held locks by mode follows. Beside another reader of the same manager (on
+/// a connection of its own), the upgrade is refused and both shared holds stay as they
+/// were. The release leaves nothing held and gives the connections back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgraded_lock_is_one_exclusive_hold_of_its_session_and_a_refused_one_changes_nothing() {
+    const HELD: &str = "eventsource.lock.held";
+    let (exclusive, shared) = (("lock.mode", "exclusive"), ("lock.mode", "shared"));
+    let admin = admin().await;
+    let recorded = Recorded::new();
+    let manager = recorded.manager(2).build();
+    let key = unique_key("upgrade_on_the_server");
+    let lock_id = locks_port::lock_id(&key);
+    let reading = || within(Duration::from_secs(5)).with_mode(LockMode::Shared);
+    let mut guard = manager.acquire(&key, reading()).await.expect("acquire");
+    let other = manager
+        .acquire(&key, reading())
+        .await
+        .expect("a second reader");
+    let before = holds(&admin, lock_id).await;
+    let [
+        (Some(first), LockMode::Shared),
+        (Some(second), LockMode::Shared),
+    ] = before[..]
+    else {
+        panic!("two shared holds before the upgrade, got {before:?}");
+    };
+    assert!(
+        !guard
+            .try_upgrade()
+            .await
+            .expect("try_upgrade beside a reader")
+    );
+    assert_eq!(guard.info().mode(), LockMode::Shared);
+    assert_eq!(
+        holds(&admin, lock_id).await,
+        before,
+        "a refused upgrade changes nothing"
+    );
+    assert_eq!(total(&recorded.points(), HELD, &[shared]), 2.0);
+
+    assert_eq!(other.release().await, ReleaseOutcome::Unlocked);
+    let pid = holds(&admin, lock_id).await[0].0;
+    assert!(pid == Some(first) || pid == Some(second));
+    assert!(guard.try_upgrade().await.expect("try_upgrade alone"));
+    assert_eq!(guard.info().mode(), LockMode::Exclusive);
+    assert_eq!(
+        holds(&admin, lock_id).await,
+        [(pid, LockMode::Exclusive)],
+        "the same session holds the lock exclusive, and only exclusive"
+    );
+    let points = recorded.points();
+    assert_eq!(total(&points, HELD, &[exclusive]), 1.0, "{points:#?}");
+    assert_eq!(total(&points, HELD, &[shared]), 0.0, "{points:#?}");
+    assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
+    left_nothing(&admin, &manager, &recorded, lock_id).await;
+}
+
+/// Two readers that both try to upgrade at once are both refused, and neither waits
+/// for the other (a waiting upgrade would: PostgreSQL would end it as a deadlock after
+/// `deadlock_timeout`). Once one has left, the other upgrades.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_readers_that_both_try_to_upgrade_are_both_refused_and_neither_waits() {
+    let (a, b) = (
+        PostgresLockManager::builder(pool(1)).build(),
+        PostgresLockManager::builder(pool(1)).build(),
+    );
+    let key = unique_key("upgrade_two_readers");
+    let reading = || within(Duration::from_secs(5)).with_mode(LockMode::Shared);
+    let mut first = a.acquire(&key, reading()).await.expect("first reader");
+    let mut second = b.acquire(&key, reading()).await.expect("second reader");
+    for round in 0..20 {
+        let (one, two) = tokio::time::timeout(
+            Duration::from_secs(5),
+            futures_util::future::join(first.try_upgrade(), second.try_upgrade()),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("round {round}: the two upgrades waited for each other"));
+        assert_eq!(
+            (one.expect("first"), two.expect("second")),
+            (false, false),
+            "round {round}: neither reader may upgrade beside the other"
+        );
+    }
+    assert!(!first.is_lost() && !second.is_lost());
+    assert_eq!(second.release().await, ReleaseOutcome::Unlocked);
+    assert!(first.try_upgrade().await.expect("the reader left alone"));
+    assert_eq!(first.release().await, ReleaseOutcome::Unlocked);
+}
+
+/// An upgrade dropped once it began closes the session and tells the guard, as a
+/// downgrade does.
+#[tokio::test]
+async fn an_upgrade_dropped_part_way_closes_the_session_and_the_guard_is_told() {
+    dropped_part_way("upgrade_dropped", LockMode::Shared, async |guard| {
+        guard.try_upgrade().await.map(|_| ())
+    })
+    .await;
 }
