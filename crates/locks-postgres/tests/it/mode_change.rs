@@ -9,7 +9,8 @@
 //!
 //! `LockGuard::try_upgrade`: one exclusive hold where the shared one was, on the same
 //! session, or, refused, the holds as they were; two readers that both try never wait
-//! for each other; an upgrade dropped part-way closes the session and tells the guard.
+//! for each other; an upgrade dropped part-way, or not answered, closes the session and
+//! tells the guard; multiplexed, a cancelled release of an upgraded lock leaves nothing.
 //! (The contract is in the conformance suite, plain and multiplexed.)
 
 use std::future::Future;
@@ -270,7 +271,36 @@ async fn dropped_part_way(
 /// connection: this test fails so.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_release_of_a_downgraded_multiplexed_lock_leaves_nothing_held() {
-    let cluster = own_cluster("the downgrade's stopped-backend test");
+    let changed = LockMode::Shared;
+    cancelled_multiplexed_release("downgraded", LockMode::Exclusive, changed, async |guard| {
+        guard.downgrade().await
+    })
+    .await;
+}
+
+/// Multiplexed, the other way: the release of an upgraded lock, cancelled while its
+/// connection is busy, leaves nothing held (the task checks for the exclusive hold the
+/// upgrade left, not the shared one it replaced).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_release_of_an_upgraded_multiplexed_lock_leaves_nothing_held() {
+    let changed = LockMode::Exclusive;
+    cancelled_multiplexed_release("upgraded", LockMode::Shared, changed, async |guard| {
+        assert!(guard.try_upgrade().await?, "a lone reader upgrades");
+        Ok(())
+    })
+    .await;
+}
+
+/// A lock taken in `mode` and changed (`change`) to `changed` shares a multiplexed
+/// connection with a neighbour; its release is cancelled while the neighbour's holds
+/// the connection (the backend SIGSTOPped). Nothing stays held on the connection.
+async fn cancelled_multiplexed_release(
+    case: &str,
+    mode: LockMode,
+    changed: LockMode,
+    change: impl AsyncFnOnce(&mut PostgresLockGuard) -> Result<(), LockError>,
+) {
+    let cluster = own_cluster("the mode change's stopped-backend test");
     let admin = crate::faults::admin_at(&cluster.url()).await;
     let config = tokio_postgres::Config::from_str(&cluster.url()).expect("URL");
     let manager =
@@ -279,10 +309,10 @@ async fn a_cancelled_release_of_a_downgraded_multiplexed_lock_leaves_nothing_hel
             .answer_timeout(Duration::from_secs(30))
             .keepalive(None)
             .build();
-    let (first, second) = (unique_key("downgraded"), unique_key("neighbour"));
+    let (first, second) = (unique_key(case), unique_key("neighbour"));
     let (first_id, second_id) = (locks_port::lock_id(&first), locks_port::lock_id(&second));
-    let mut downgraded = manager
-        .acquire(&first, within(Duration::from_secs(5)))
+    let mut changing = manager
+        .acquire(&first, within(Duration::from_secs(5)).with_mode(mode))
         .await
         .expect("acquire the first key");
     let neighbour = manager
@@ -295,18 +325,15 @@ async fn a_cancelled_release_of_a_downgraded_multiplexed_lock_leaves_nothing_hel
         [(Some(pid), LockMode::Exclusive)],
         "both locks share one connection"
     );
-    downgraded.downgrade().await.expect("downgrade");
-    assert_eq!(
-        holds(&admin, first_id).await,
-        [(Some(pid), LockMode::Shared)]
-    );
+    change(&mut changing).await.expect("the mode change");
+    assert_eq!(holds(&admin, first_id).await, [(Some(pid), changed)]);
 
     signal(pid, "STOP");
     let stopped = Continue(pid);
     let releasing = tokio::spawn(neighbour.release());
     // The neighbour's unlock is sent and holds the connection until the backend runs.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let cancelled = tokio::time::timeout(Duration::from_millis(100), downgraded.release()).await;
+    let cancelled = tokio::time::timeout(Duration::from_millis(100), changing.release()).await;
     assert!(
         cancelled.is_err(),
         "the release waits for the busy connection"
@@ -324,7 +351,7 @@ async fn a_cancelled_release_of_a_downgraded_multiplexed_lock_leaves_nothing_hel
     assert_free(
         plain_pool_with_config(config, 1).expect("pool"),
         &first,
-        "nothing holds the downgraded key",
+        "nothing holds the changed key",
     )
     .await;
     drop((manager, admin));
@@ -336,7 +363,30 @@ async fn a_cancelled_release_of_a_downgraded_multiplexed_lock_leaves_nothing_hel
 /// once the backend runs again) and the guard is told at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_downgrade_on_a_server_that_stops_answering_fails_after_the_answer_timeout() {
-    let cluster = own_cluster("the downgrade's stalled-server test");
+    stalled("downgrade_stalled", LockMode::Exclusive, async |guard| {
+        guard.downgrade().await
+    })
+    .await;
+}
+
+/// An upgrade on a server that stops answering fails the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_on_a_server_that_stops_answering_fails_after_the_answer_timeout() {
+    stalled("upgrade_stalled", LockMode::Shared, async |guard| {
+        guard.try_upgrade().await.map(|_| ())
+    })
+    .await;
+}
+
+/// A mode change (`change` of a lock held in `mode`) on a server that stops answering
+/// fails after the answer timeout with `ConnectionLost`, the guard told at once, and
+/// the lock is freed once the backend runs again.
+async fn stalled(
+    case: &str,
+    mode: LockMode,
+    change: impl AsyncFnOnce(&mut PostgresLockGuard) -> Result<(), LockError>,
+) {
+    let cluster = own_cluster("the mode change's stalled-server test");
     let admin = crate::faults::admin_at(&cluster.url()).await;
     let config = tokio_postgres::Config::from_str(&cluster.url()).expect("URL");
     let answer_timeout = Duration::from_millis(300);
@@ -345,10 +395,10 @@ async fn a_downgrade_on_a_server_that_stops_answering_fails_after_the_answer_tim
             .answer_timeout(answer_timeout)
             .keepalive(None)
             .build();
-    let key = unique_key("downgrade_stalled");
+    let key = unique_key(case);
     let lock_id = locks_port::lock_id(&key);
     let mut guard = manager
-        .acquire(&key, within(Duration::from_secs(5)))
+        .acquire(&key, within(Duration::from_secs(5)).with_mode(mode))
         .await
         .expect("acquire");
     let pid = holds(&admin, lock_id).await[0].0.expect("a backend");
@@ -356,11 +406,11 @@ async fn a_downgrade_on_a_server_that_stops_answering_fails_after_the_answer_tim
     signal(pid, "STOP");
     let stopped = Continue(pid);
     let started = std::time::Instant::now();
-    let outcome = guard.downgrade().await;
+    let outcome = change(&mut guard).await;
     let took = started.elapsed();
     let error = match outcome {
         Err(LockError::Acquisition(error)) => error,
-        other => panic!("a downgrade nobody answers must fail, got {other:?}"),
+        other => panic!("{case}: a change nobody answers must fail, got {other:?}"),
     };
     assert_eq!(
         error.kind(),
