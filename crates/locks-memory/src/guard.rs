@@ -104,11 +104,10 @@ impl LockGuard for InMemoryLockGuard {
     /// # Cancel safety
     /// Done on the first poll, without waiting.
     async fn try_upgrade(&mut self) -> Result<bool, LockError> {
-        let upgraded = match self.armed {
-            true => self.manager.try_upgrade_token(self.info.key(), self.token),
-            false => None,
-        };
-        let Some(upgraded) = upgraded else {
+        let upgraded = self
+            .armed
+            .then(|| self.manager.try_upgrade_token(self.info.key(), self.token));
+        let Some(upgraded) = upgraded.flatten() else {
             let reason = self.lost.reason().unwrap_or(LostReason::Released);
             return Err(LockLostError::new(self.info.key(), reason).into());
         };
