@@ -6,7 +6,9 @@
 //! `documentation`, `readme`, a README that exists); then one `cargo package -p A -p B …`
 //! packages them all and builds each from its `.crate` file, with the workspace crates it
 //! depends on taken from the packages just made (cargo's local overlay registry), so
-//! `pglock` is verified against the `locks-postgres` it would be published with. It needs
+//! `pglock` is verified against the `locks-postgres` it would be published with. Before
+//! that, each published crate is documented alone (`cargo doc -p`, warnings as errors),
+//! as a user builds its docs. It needs
 //! the crates.io index, as `cargo publish` does. `cargo xtask test` runs it (with
 //! `--allow-dirty`, so work in progress can be tested) after the tests, and so `.ci/run`.
 
@@ -66,6 +68,7 @@ pub(crate) fn run(args: &[String]) -> crate::Result {
     if published.is_empty() {
         return Err("no published crate found in the workspace".into());
     }
+    document_alone(&published)?;
     let unpacked = forget_unpacked(&cargo_home(), &published)?;
     if !unpacked.is_empty() {
         eprintln!(
@@ -120,6 +123,32 @@ pub(crate) fn run(args: &[String]) -> crate::Result {
             target.display()
         ),
     }
+    Ok(())
+}
+
+/// Documents each published crate alone, with its default features, warnings as errors:
+/// as a user's `cargo doc -p` builds it. The workspace's own `cargo doc` unifies features
+/// across crates, so a link to an item behind a feature resolves there and breaks here.
+fn document_alone(published: &[String]) -> crate::Result {
+    let started = Instant::now();
+    for name in published {
+        let mut command = crate::cargo();
+        command
+            .args(["doc", "--quiet", "--no-deps", "-p", name])
+            .env("RUSTDOCFLAGS", "-Dwarnings");
+        let line = crate::display(&command);
+        let status = command
+            .status()
+            .map_err(|error| format!("could not run `{line}`: {error}"))?;
+        if !status.success() {
+            return Err(format!("`{line}` exited with {status}").into());
+        }
+    }
+    eprintln!(
+        "xtask: documented the {} published crates one by one in {:.0} s",
+        published.len(),
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
