@@ -99,7 +99,8 @@ impl LockGuard for InMemoryLockGuard {
 
     /// Takes the permits a shared hold lacks if they are free now: not while another
     /// reader holds one, nor while a writer is queued (it holds every permit given back
-    /// since it queued, as PostgreSQL lets a queued writer go first).
+    /// since it queued, as PostgreSQL 13 to 16 let a queued writer go first; 17 and later
+    /// upgrade the reader ahead of it).
     ///
     /// # Cancel safety
     /// Done on the first poll, without waiting.

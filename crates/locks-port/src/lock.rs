@@ -131,9 +131,14 @@ pub trait LockGuard: Send + fmt::Debug {
 
     /// Turns a shared lock into an exclusive one without letting go of it, if that can
     /// be done at once: `true` when the lock is now exclusive (or already was); `false`
-    /// when another holder shares the key or a writer is queued for it (a queued
-    /// writer goes first), and the lock is then still held shared, as before. The
-    /// guard's [`info`](Self::info) says the mode it holds.
+    /// when another holder shares the key, and the lock is then still held shared, as
+    /// before. The guard's [`info`](Self::info) says the mode it holds.
+    ///
+    /// With a writer queued for the key (waiting for this reader, among others), the
+    /// backend decides who goes first: PostgreSQL 13 to 16 and the in-memory double
+    /// say `false` (the writer first); PostgreSQL 17 and later upgrade the reader ahead
+    /// of the writer that waits for it. Either way nothing waits, and the writer gets
+    /// the key next.
     ///
     /// It never waits, so it cannot deadlock. A waiting upgrade could: two readers
     /// that both waited to upgrade would each wait for the other to leave (PostgreSQL

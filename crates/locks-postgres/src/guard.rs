@@ -138,8 +138,9 @@ impl LockGuard for PostgresLockGuard {
     }
 
     /// One statement on the lock's session tries the lock exclusive beside the shared
-    /// hold (never waiting: refused while another session holds the key or a writer is
-    /// queued for it), then frees the shared hold. On a multiplexed connection too.
+    /// hold (never waiting: refused while another session holds the key; with a writer
+    /// queued, refused by PostgreSQL 13 to 16 and granted ahead of it by 17 and later),
+    /// then frees the shared hold. On a multiplexed connection too.
     ///
     /// # Cancel safety
     /// Dropped while waiting for the connection (a keepalive in flight on it), nothing

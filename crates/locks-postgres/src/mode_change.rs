@@ -5,8 +5,11 @@
 //! the lock in the new mode beside the old hold, then frees the old hold. Neither ever
 //! waits in the server's queue: the downgrade's shared request goes ahead of every
 //! waiter (they all wait for its own exclusive hold), and the upgrade is a try, refused
-//! while another session holds the key or a writer is queued for it, so two readers
-//! that both try cannot deadlock.
+//! while another session holds the key, so two readers that both try cannot deadlock.
+//! With a writer queued for the key (waiting for this session's shared hold), PostgreSQL
+//! 13 to 16 refuse the try (a new request is checked against the waiters first) and 17
+//! and later grant it ahead of the writer (a no-wait request may now go ahead of a
+//! waiter that waits for its requester, as a waiting one always could).
 //!
 //! The bookkeeping says shared before a downgrade is sent: from the moment the server
 //! frees the exclusive hold, another session of this manager may be granted the key

@@ -438,12 +438,16 @@ pub async fn try_upgrade_beside_another_reader_says_no<H: Harness>(harness: &H) 
     must_release(held, "the upgraded lock").await;
 }
 
-/// With a writer queued for the key, the try-upgrade says no (the writer goes first)
-/// and the lock is still held shared; the writer gets the key once it is released.
-pub async fn try_upgrade_with_a_writer_queued_says_no<H: Harness>(harness: &H) {
+/// With a writer queued for the key, the try-upgrade never waits: it says no (the
+/// writer goes first: PostgreSQL 13 to 16, the in-memory double) or upgrades ahead of
+/// the writer (PostgreSQL 17 and later); either way the guard says the mode it holds,
+/// the lock is kept, a reader stays out of an upgraded lock, and the writer waits while
+/// the lock is held and gets the key once it is released.
+pub async fn try_upgrade_with_a_writer_queued_never_waits<H: Harness>(harness: &H) {
     let holder = harness.manager();
     let writer = harness.manager();
-    let key = unique_key("try_upgrade_with_a_writer_queued_says_no");
+    let reader = harness.manager();
+    let key = unique_key("try_upgrade_with_a_writer_queued_never_waits");
     let mut held = must_read(&holder, &key, "a reader of a free key").await;
     let queued_writer = {
         let key = key.clone();
@@ -457,14 +461,22 @@ pub async fn try_upgrade_with_a_writer_queued_says_no<H: Harness>(harness: &H) {
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let upgraded = must_try_upgrade(&mut held, "with a writer queued").await;
-    assert!(
-        !upgraded,
-        "a reader must not upgrade ahead of a queued writer"
-    );
+    let upgraded = tokio::time::timeout(WAIT, must_try_upgrade(&mut held, "with a writer queued"))
+        .await
+        .expect("a try-upgrade with a writer queued must not wait");
+    if upgraded {
+        must_refuse(
+            &reader,
+            &key,
+            LockMode::Shared,
+            "a reader must stay out of an upgraded lock",
+        )
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         !queued_writer.is_finished(),
-        "the queued writer must wait while the reader holds the key"
+        "the queued writer must wait while the lock is held (upgraded: {upgraded})"
     );
     must_release(held, "the reader").await;
     join(queued_writer).await;

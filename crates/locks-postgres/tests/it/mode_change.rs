@@ -532,6 +532,68 @@ async fn two_readers_that_both_try_to_upgrade_are_both_refused_and_neither_waits
     assert_eq!(first.release().await, ReleaseOutcome::Unlocked);
 }
 
+/// With a writer queued for the key, the server's version decides the try-upgrade:
+/// PostgreSQL 13 to 16 refuse it (a new request is checked against the waiters first,
+/// and a try never waits); PostgreSQL 17 and later grant a request that would go ahead
+/// of a waiter that waits for the requester, when nothing held conflicts. Either way the
+/// writer gets the key after the reader, and nothing waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_writer_queued_the_server_version_decides_the_upgrade() {
+    let admin = admin().await;
+    let version: i32 = admin
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await
+        .expect("server_version_num")
+        .get(0);
+    let manager = PostgresLockManager::builder(pool(2)).build();
+    let writers = PostgresLockManager::builder(pool(1)).build();
+    let key = unique_key("upgrade_writer_queued");
+    let lock_id = locks_port::lock_id(&key);
+    let mut guard = manager
+        .acquire(
+            &key,
+            within(Duration::from_secs(5)).with_mode(LockMode::Shared),
+        )
+        .await
+        .expect("acquire shared");
+    let writer = {
+        let key = key.clone();
+        tokio::spawn(async move {
+            let guard = writers
+                .acquire(&key, within(Duration::from_secs(10)))
+                .await
+                .expect("the queued writer");
+            guard.release().await
+        })
+    };
+    wait_for("the writer to queue", || async {
+        lock_holders(&admin, lock_id)
+            .await
+            .expect("lock_holders")
+            .iter()
+            .any(|holder| !holder.granted)
+    })
+    .await;
+    let upgraded = guard.try_upgrade().await.expect("try_upgrade");
+    assert_eq!(
+        upgraded,
+        version >= 170_000,
+        "server_version_num {version}: upgraded {upgraded}"
+    );
+    let pid = holds(&admin, lock_id).await[0].0;
+    let mode = if upgraded {
+        LockMode::Exclusive
+    } else {
+        LockMode::Shared
+    };
+    assert_eq!(holds(&admin, lock_id).await, [(pid, mode)]);
+    assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
+    assert_eq!(
+        writer.await.expect("the writer's task"),
+        ReleaseOutcome::Unlocked
+    );
+}
+
 /// An upgrade dropped once it began closes the session and tells the guard, as a
 /// downgrade does.
 #[tokio::test]
