@@ -47,9 +47,9 @@ use crate::sql::Query;
 /// The shared request is the waiting form, `pg_advisory_lock_shared`, and it never
 /// waits: every session queued for the key waits for this one's exclusive hold, and
 /// PostgreSQL puts a request ahead of the waiters that wait for its own session and
-/// grants it at once when no other session holds the lock. The `try` form would be
-/// refused as soon as a writer is queued (it never goes ahead of a waiter whose mode
-/// conflicts), which is when a downgrade matters most. It returns `void`, which is
+/// grants it at once when no other session holds the lock. On PostgreSQL 13 to 16 the
+/// `try` form would be refused as soon as a writer is queued (a no-wait request never
+/// goes ahead of a waiter there), which is when a downgrade matters most. It returns `void`, which is
 /// never NULL: the `IS NOT NULL` only orders it before the unlock.
 static DOWNGRADE: Query = Query::new(
     "SELECT CASE WHEN current_setting('locks.session', true) = :marker \
