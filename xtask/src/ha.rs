@@ -9,7 +9,7 @@
 //! rejoins as a replica once the link is back (about 80 s on two cores, the clusters'
 //! start included). Not part of the default run, which needs neither Patroni nor etcd.
 
-use crate::{cargo, display};
+use crate::cargo;
 
 /// Runs the Patroni tests, with `extra` for cargo.
 pub(crate) fn run(extra: &[String]) -> crate::Result {
@@ -26,15 +26,7 @@ pub(crate) fn run(extra: &[String]) -> crate::Result {
             "patroni",
         ])
         .args(extra);
-    let line = display(&command);
-    eprintln!("xtask: running `{line}`");
-    let status = command
-        .status()
-        .map_err(|error| format!("could not run `{line}`: {error}"))?;
-    if status.success() {
-        eprintln!("xtask: the Patroni tests passed");
-        Ok(())
-    } else {
-        Err(format!("`{line}` exited with {status}").into())
-    }
+    crate::run(&mut command)?;
+    eprintln!("xtask: the Patroni tests passed");
+    Ok(())
 }

@@ -99,6 +99,20 @@ fn display(command: &Command) -> String {
         .join(" ")
 }
 
+/// Runs `command`, said first on stderr; an error naming it when it cannot be run or
+/// exits unsuccessfully.
+pub(crate) fn run(command: &mut Command) -> Result {
+    let line = display(command);
+    eprintln!("xtask: running `{line}`");
+    let status = command
+        .status()
+        .map_err(|error| format!("could not run `{line}`: {error}"))?;
+    if !status.success() {
+        return Err(format!("`{line}` exited with {status}").into());
+    }
+    Ok(())
+}
+
 /// Runs `cargo <args>` from the workspace root with the database URL in
 /// `LOCKS_DATABASE_URL` (never on the command line, so a password stays out of `ps`);
 /// `Ok(false)` when it ran and failed.

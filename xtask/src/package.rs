@@ -97,14 +97,7 @@ pub(crate) fn run(args: &[String]) -> crate::Result {
         command.args(["-p", name]);
     }
     command.args(extra);
-    let line = crate::display(&command);
-    eprintln!("xtask: running `{line}`");
-    let status = command
-        .status()
-        .map_err(|error| format!("could not run `{line}`: {error}"))?;
-    if !status.success() {
-        return Err(format!("`{line}` exited with {status}").into());
-    }
+    crate::run(&mut command)?;
     eprintln!(
         "xtask: packaged and verified {} crates ({}) in {:.0} s",
         published.len(),
@@ -132,17 +125,11 @@ pub(crate) fn run(args: &[String]) -> crate::Result {
 fn document_alone(published: &[String]) -> crate::Result {
     let started = Instant::now();
     for name in published {
-        let mut command = crate::cargo();
-        command
-            .args(["doc", "--quiet", "--no-deps", "-p", name])
-            .env("RUSTDOCFLAGS", "-Dwarnings");
-        let line = crate::display(&command);
-        let status = command
-            .status()
-            .map_err(|error| format!("could not run `{line}`: {error}"))?;
-        if !status.success() {
-            return Err(format!("`{line}` exited with {status}").into());
-        }
+        crate::run(
+            crate::cargo()
+                .args(["doc", "--quiet", "--no-deps", "-p", name])
+                .env("RUSTDOCFLAGS", "-Dwarnings"),
+        )?;
     }
     eprintln!(
         "xtask: documented the {} published crates one by one in {:.0} s",
