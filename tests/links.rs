@@ -17,12 +17,14 @@
 //! **Not checked here**: external links (`http://`, `https://`, `mailto:`) are not fetched,
 //! since the tests run without a network. Links in rustdoc comments are checked by
 //! `cargo doc` with warnings denied (`RUSTDOCFLAGS=-Dwarnings`, which makes
-//! `rustdoc::broken_intra_doc_links` an error), as CI runs it; the crate READMEs that
-//! rustdoc includes are checked both ways.
+//! `rustdoc::broken_intra_doc_links` an error), as CI runs it. A crate README that rustdoc
+//! includes is checked here as Markdown: its relative links resolve in the repository, but
+//! rustdoc does not rewrite them, so in the generated HTML they are relative to the page
+//! (as on docs.rs); that is not checked.
 //!
-//! The checker is a few dozen lines of hand-written scanning rather than a Markdown parser
-//! (`pulldown-cmark`): the repository's Markdown uses inline links, fenced blocks and ATX
-//! headings only, and the unit tests below pin each case the scanner must get right,
+//! The checker is a small hand-written scanner (about 250 lines) rather than a Markdown
+//! parser (`pulldown-cmark`): the repository's Markdown uses inline links, fenced blocks and
+//! ATX headings only, and the unit tests below pin each case the scanner must get right,
 //! among them a planted broken anchor and a link inside a code block that must be skipped.
 
 use std::collections::{BTreeMap, HashSet};
