@@ -20,9 +20,11 @@ const CUTOVER_POSTGRES: &str = "migration-cutover-postgres";
 const SCHEDULE: &str = "locks-schedule";
 const SCHEDULE_POSTGRES: &str = "locks-schedule-postgres";
 const LEADER: &str = "locks-leader";
+const CONFORMANCE: &str = "locks-conformance";
 
 const LIBRARIES: &[&str] = &[
     PORT,
+    CONFORMANCE,
     POSTGRES,
     MEMORY,
     CUTOVER,
@@ -92,6 +94,7 @@ const INVARIANTS: &[&str] = &[
     "The cutover's adapters stand on the cutover's ports.",
     "The schedule knows only the port; its ledger stands on it.",
     "The leader election knows only the port.",
+    "The conformance suite stands on the port alone, and only tests take it.",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -246,13 +249,13 @@ fn check(crates: &[Crate]) -> Vec<Violation> {
         for dep in port.normal() {
             if DATABASE_CRATES.contains(&dep.package.as_str()) {
                 broken(1, port, format!("database crate `{}`", dep.package));
-            } else if !dep.optional && RUNTIME_CRATES.contains(&dep.package.as_str()) {
+            } else if RUNTIME_CRATES.contains(&dep.package.as_str()) {
                 broken(
                     1,
                     port,
                     format!(
-                        "runtime crate `{}` as a non-optional dependency (make it optional, \
-                         behind the `conformance` feature)",
+                        "runtime crate `{}` (optional or not; the contract suite, which runs \
+                         on one, is `{CONFORMANCE}`)",
                         dep.package
                     ),
                 );
@@ -293,7 +296,8 @@ fn check(crates: &[Crate]) -> Vec<Violation> {
     // 4. The in-memory double stays a double.
     if let Some(memory) = get(MEMORY) {
         for dep in memory.any() {
-            if is_workspace(&dep.package) && dep.package != PORT {
+            let suite = dep.package == CONFORMANCE && dep.table == Table::Dev;
+            if is_workspace(&dep.package) && dep.package != PORT && !suite {
                 broken(
                     4,
                     memory,
@@ -496,6 +500,32 @@ fn check(crates: &[Crate]) -> Vec<Violation> {
         }
     }
 
+    // 14. The conformance suite stands on the port alone, and only tests take it.
+    if let Some(suite) = get(CONFORMANCE) {
+        for dep in suite.normal() {
+            let package = dep.package.as_str();
+            if is_workspace(package) && package != PORT {
+                broken(14, suite, format!("depends on workspace crate `{package}`"));
+            } else if DATABASE_CRATES.contains(&package) {
+                broken(14, suite, format!("database crate `{package}`"));
+            }
+        }
+    }
+    for krate in crates {
+        let user =
+            LIBRARIES.contains(&krate.name.as_str()) || APPLICATIONS.contains(&krate.name.as_str());
+        if !user || krate.name == CONFORMANCE {
+            continue;
+        }
+        if krate.normal().any(|dep| dep.package == CONFORMANCE) {
+            broken(
+                14,
+                krate,
+                format!("`{CONFORMANCE}` as a normal dependency (a dev-dependency is fine)"),
+            );
+        }
+    }
+
     violations.sort_by_key(|v| v.invariant);
     violations
 }
@@ -606,9 +636,16 @@ fn good_workspace() -> BTreeMap<&'static str, String> {
         PORT,
         format!(
             "[package]\nname = \"locks-port\"\n\
-             [features]\nconformance = [\"dep:tokio\"]\n\
-             [dependencies]\nsha2 = \"0.11\"\ntokio = {{ version = \"1\", optional = true }}\n\
+             [dependencies]\nsha2 = \"0.11\"\n\
              [dev-dependencies]\ntokio = \"1\"\n{lints}"
+        ),
+    );
+    manifests.insert(
+        CONFORMANCE,
+        format!(
+            "[package]\nname = \"locks-conformance\"\n\
+             [dependencies]\nlocks-port = {{ workspace = true }}\ntokio = \"1\"\n\
+             [dev-dependencies]\nlocks-memory = {{ path = \"../locks-memory\" }}\n{lints}"
         ),
     );
     manifests.insert(
@@ -617,14 +654,16 @@ fn good_workspace() -> BTreeMap<&'static str, String> {
             "[package]\nname = \"locks-postgres\"\n\
              [dependencies]\nlocks-port = {{ workspace = true }}\ndeadpool-postgres = \"0.14\"\n\
              tokio = \"1\"\n\
-             [dev-dependencies]\nthrowaway-pg = {{ workspace = true }}\n{lints}"
+             [dev-dependencies]\nthrowaway-pg = {{ workspace = true }}\n\
+             locks-conformance = {{ workspace = true }}\n{lints}"
         ),
     );
     manifests.insert(
         MEMORY,
         format!(
             "[package]\nname = \"locks-memory\"\n\
-             [dependencies]\nlocks-port = {{ workspace = true }}\ntokio = \"1\"\n{lints}"
+             [dependencies]\nlocks-port = {{ workspace = true }}\ntokio = \"1\"\n\
+             [dev-dependencies]\nlocks-conformance = {{ workspace = true }}\n{lints}"
         ),
     );
     manifests.insert(
@@ -724,7 +763,7 @@ fn the_good_workspace_keeps_every_invariant() {
 }
 
 #[test]
-fn a_database_crate_or_a_mandatory_runtime_in_the_port_breaks_invariant_1() {
+fn a_database_crate_or_a_runtime_in_the_port_breaks_invariant_1() {
     assert_eq!(
         broken_after(PORT, "sha2 = \"0.11\"", "tokio-postgres = \"0.7\""),
         [1]
@@ -732,16 +771,26 @@ fn a_database_crate_or_a_mandatory_runtime_in_the_port_breaks_invariant_1() {
     assert_eq!(
         broken_after(
             PORT,
-            "tokio = { version = \"1\", optional = true }",
-            "tokio = \"1\""
+            "sha2 = \"0.11\"\n",
+            "sha2 = \"0.11\"\ntokio = \"1\"\n"
+        ),
+        [1]
+    );
+    // Optional ones too: the port has no feature that pulls a runtime (the contract suite
+    // is its own crate).
+    assert_eq!(
+        broken_after(
+            PORT,
+            "sha2 = \"0.11\"\n",
+            "sha2 = \"0.11\"\ntokio = { version = \"1\", optional = true }\n"
         ),
         [1]
     );
     assert_eq!(
         broken_after(
             PORT,
-            "tokio = { version = \"1\", optional = true }",
-            "sqlx = { version = \"0.8\", optional = true }"
+            "sha2 = \"0.11\"\n",
+            "sha2 = \"0.11\"\nsqlx = { version = \"0.8\", optional = true }\n"
         ),
         [1]
     );
@@ -794,8 +843,8 @@ fn the_memory_double_using_a_database_or_another_workspace_crate_breaks_invarian
     assert_eq!(
         broken_after(
             MEMORY,
-            "[lints]",
-            "[dev-dependencies]\nlocks-postgres = { workspace = true }\n[lints]"
+            "[dev-dependencies]\n",
+            "[dev-dependencies]\nlocks-postgres = { workspace = true }\n"
         ),
         [4]
     );
@@ -839,7 +888,11 @@ fn the_cutover_using_an_adapter_a_database_or_a_runtime_breaks_invariant_5() {
 #[test]
 fn a_library_using_tooling_outside_its_tests_breaks_invariant_6() {
     assert_eq!(
-        broken_after(POSTGRES, "[dev-dependencies]", "[build-dependencies]"),
+        broken_after(
+            POSTGRES,
+            "[dev-dependencies]\n",
+            "[build-dependencies]\nthrowaway-pg = { workspace = true }\n[dev-dependencies]\n"
+        ),
         [6]
     );
     assert_eq!(
@@ -1012,5 +1065,57 @@ fn the_leader_election_using_a_database_or_an_adapter_breaks_invariant_13() {
             "tokio = \"1\"\nlocks-postgres = { workspace = true }\n[dev"
         ),
         [13]
+    );
+}
+
+#[test]
+fn the_conformance_suite_beyond_the_port_or_outside_tests_breaks_invariant_14() {
+    // A database crate or an adapter in the suite's normal dependencies.
+    assert_eq!(
+        broken_after(CONFORMANCE, "tokio = \"1\"", "tokio-postgres = \"0.7\""),
+        [14]
+    );
+    assert_eq!(
+        broken_after(
+            CONFORMANCE,
+            "tokio = \"1\"",
+            "locks-postgres = { workspace = true }"
+        ),
+        [14]
+    );
+    // A library or an application taking the suite outside its tests.
+    assert_eq!(
+        broken_after(
+            POSTGRES,
+            "tokio = \"1\"\n",
+            "tokio = \"1\"\nlocks-conformance = { workspace = true }\n"
+        ),
+        [14]
+    );
+    assert_eq!(
+        broken_after(
+            PGLOCK,
+            "tokio = \"1\"\n",
+            "tokio = \"1\"\nlocks-conformance = { workspace = true }\n"
+        ),
+        [14]
+    );
+    // The double as a normal dependency also breaks its own rule (invariant 4).
+    assert_eq!(
+        broken_after(
+            MEMORY,
+            "tokio = \"1\"\n",
+            "tokio = \"1\"\nlocks-conformance = { workspace = true }\n"
+        ),
+        [4, 14]
+    );
+    // Its tests may use the double; tooling (the bench) may use it anywhere.
+    assert_eq!(
+        broken_after(
+            LOCK_BENCH,
+            "publish = false\n",
+            "publish = false\n[dependencies]\nlocks-conformance = { workspace = true }\n"
+        ),
+        []
     );
 }

@@ -7,7 +7,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use locks_port::{AcquireOptions, KeyDerivation, conformance::Lcg};
+use locks_conformance::Lcg;
+use locks_port::{AcquireOptions, KeyDerivation};
 use locks_postgres::PostgresLockManager;
 use locks_postgres::deadpool_postgres::Object;
 use serde_json::json;

@@ -434,6 +434,7 @@ mod tests {
             published,
             [
                 "locks-port",
+                "locks-conformance",
                 "locks-postgres",
                 "locks-memory",
                 "migration-cutover",

@@ -14,7 +14,7 @@ use time::OffsetDateTime;
 use tokio::sync::watch;
 
 use crate::metrics::Instruments;
-use crate::observe::{Leader, LeaderWatch, NoBoard, who_leads};
+use crate::observe::{Leader, LeaderWatch, NoBoard, leading_name, who_leads};
 
 /// Where this process stands, as [`LeaderElection::subscribe`] reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,13 +70,6 @@ pub const DEFAULT_BACKOFF: Duration = Duration::from_secs(1);
 /// the adapter's lease makes the leader stop before that, and fencing tokens guard what
 /// it writes.
 pub const DEFAULT_TAKEOVER_DELAY: Duration = Duration::from_millis(500);
-
-/// The name of the semaphore a leader holds while its task runs: `name` and the suffix
-/// `"\u{0}leading"` (no election name a user picks is likely to end so).
-#[must_use]
-pub fn leading_name(name: &str) -> String {
-    format!("{name}\u{0}leading")
-}
 
 /// Campaigns for the leadership of `name`: the holder of the one permit of the
 /// semaphore `name` leads. See the crate's documentation for an example.
@@ -221,11 +214,13 @@ impl<S: Semaphore, B: LeaderBoard> LeaderElection<S, B> {
     /// [`LeaderWatch::interval`]). No campaign: any process can watch.
     #[must_use]
     pub fn watch(&self) -> LeaderWatch<'_, S, B> {
-        LeaderWatch::new(self)
-    }
-
-    pub(crate) fn count_change(&self) {
-        self.instruments.changes.add(1, &self.attributes);
+        LeaderWatch::new(
+            &self.semaphores,
+            self.board.as_ref(),
+            &self.name,
+            &self.instruments,
+            &self.attributes,
+        )
     }
 
     /// One term: waits to lead, runs `task` while leading, and says how it ended.

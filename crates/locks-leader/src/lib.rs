@@ -5,10 +5,8 @@ mod election;
 pub mod metrics;
 mod observe;
 
-pub use election::{
-    DEFAULT_BACKOFF, DEFAULT_TAKEOVER_DELAY, LeaderElection, Leadership, TermEnd, leading_name,
-};
-pub use observe::{DEFAULT_WATCH_INTERVAL, Leader, LeaderWatch, NoBoard};
+pub use election::{DEFAULT_BACKOFF, DEFAULT_TAKEOVER_DELAY, LeaderElection, Leadership, TermEnd};
+pub use observe::{DEFAULT_WATCH_INTERVAL, Leader, LeaderWatch, NoBoard, leading_name};
 
 /// The port this crate runs on, re-exported so one dependency is enough.
 pub use locks_port;

@@ -4,11 +4,19 @@
 use std::time::Duration;
 
 use locks_port::{LeaderBoard, LockAcquisitionError, Proclamation, Semaphore};
+use opentelemetry::KeyValue;
 use time::OffsetDateTime;
 
-use crate::election::{LeaderElection, leading_name};
+use crate::metrics::Instruments;
 
-/// Who leads now (see [`LeaderElection::who_leads`]).
+/// The name of the semaphore a leader holds while its task runs: `name` and the suffix
+/// `"\u{0}leading"` (no election name a user picks is likely to end so).
+#[must_use]
+pub fn leading_name(name: &str) -> String {
+    format!("{name}\u{0}leading")
+}
+
+/// Who leads now (see [`LeaderElection::who_leads`](crate::LeaderElection::who_leads)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Leader {
@@ -80,18 +88,34 @@ pub(crate) async fn who_leads<S: Semaphore, B: LeaderBoard>(
 pub const DEFAULT_WATCH_INTERVAL: Duration = Duration::from_millis(100);
 
 /// The changes of an election's leader, read every interval (see
-/// [`LeaderElection::watch`]).
+/// [`LeaderElection::watch`](crate::LeaderElection::watch)).
 #[derive(Debug)]
 pub struct LeaderWatch<'a, S, B> {
-    election: &'a LeaderElection<S, B>,
+    /// What it reads: the election's semaphores, board and name.
+    semaphores: &'a S,
+    board: Option<&'a B>,
+    name: &'a str,
+    /// The election's instruments and attributes, to count the changes it reports.
+    instruments: &'a Instruments,
+    attributes: &'a [KeyValue],
     interval: Duration,
     seen: Option<Option<Leader>>,
 }
 
 impl<'a, S: Semaphore, B: LeaderBoard> LeaderWatch<'a, S, B> {
-    pub(crate) fn new(election: &'a LeaderElection<S, B>) -> Self {
+    pub(crate) fn new(
+        semaphores: &'a S,
+        board: Option<&'a B>,
+        name: &'a str,
+        instruments: &'a Instruments,
+        attributes: &'a [KeyValue],
+    ) -> Self {
         Self {
-            election,
+            semaphores,
+            board,
+            name,
+            instruments,
+            attributes,
             interval: DEFAULT_WATCH_INTERVAL,
             seen: None,
         }
@@ -121,11 +145,11 @@ impl<'a, S: Semaphore, B: LeaderBoard> LeaderWatch<'a, S, B> {
             if self.seen.is_some() {
                 tokio::time::sleep(self.interval).await;
             }
-            let now = self.election.who_leads().await?;
+            let now = who_leads(self.semaphores, self.board, self.name).await?;
             match &self.seen {
                 Some(seen) if *seen == now => {}
                 Some(_) => {
-                    self.election.count_change();
+                    self.instruments.changes.add(1, self.attributes);
                     self.seen = Some(now.clone());
                     return Ok(now);
                 }

@@ -1,24 +1,10 @@
 //! The leader board of a table: the latest term of each election, shared by every
 //! manager on the table as the board's table is by every process on one database.
 
-use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
-
 use locks_port::time::OffsetDateTime;
 use locks_port::{LeaderBoard, LockAcquisitionError, Proclamation, check_published_value};
 
 use crate::InMemoryLockManager;
-
-/// The latest term of each election name.
-#[derive(Debug, Default)]
-pub(crate) struct Terms(Mutex<HashMap<String, Proclamation>>);
-
-impl Terms {
-    fn with<T>(&self, f: impl FnOnce(&mut HashMap<String, Proclamation>) -> T) -> T {
-        // No critical section here can leave the map inconsistent.
-        f(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-}
 
 /// Terms are recorded on the manager's table, with its holder id, at the system clock's
 /// time. Never fails for a valid value (there is no backend to fail).

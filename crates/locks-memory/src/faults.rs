@@ -2,49 +2,15 @@
 //! manager's "session" (its locks, groups and permits lost with any [`LostReason`]) and
 //! make the next acquisition fail with a chosen [`AcquisitionErrorKind`].
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::PoisonError;
 use std::time::Duration;
 
-use locks_port::{
-    AcquisitionErrorKind, LockAcquisitionError, LostReason, LostSignal, ReleaseOutcome,
-};
+#[cfg(doc)]
+use locks_port::ReleaseOutcome;
+use locks_port::{AcquisitionErrorKind, LockAcquisitionError, LostReason};
 
-use crate::manager::{Held, InMemoryLockManager, ManagerInner};
-use crate::semaphore::PermitCell;
-
-/// The permits held through one manager, by acquisition token.
-#[derive(Default)]
-pub(crate) struct LivePermits {
-    map: Mutex<HashMap<u64, Arc<PermitCell>>>,
-}
-
-impl LivePermits {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<PermitCell>>> {
-        self.map.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    pub(crate) fn insert(&self, token: u64, cell: Arc<PermitCell>) {
-        self.map().insert(token, cell);
-    }
-
-    pub(crate) fn remove(&self, token: u64) {
-        self.map().remove(&token);
-    }
-
-    fn drain(&self) -> Vec<Arc<PermitCell>> {
-        self.map().drain().map(|(_, cell)| cell).collect()
-    }
-}
-
-/// What a guard's release reports when its lock was no longer booked: `Lost(reason)`
-/// after a loss, `AlreadyReleased` after the manager's `release`/`release_all`.
-pub(crate) fn not_released(lost: &LostSignal) -> ReleaseOutcome {
-    match lost.reason() {
-        Some(reason) if reason != LostReason::Released => ReleaseOutcome::Lost(reason),
-        _ => ReleaseOutcome::AlreadyReleased,
-    }
-}
+use crate::book::{Held, ManagerInner};
+use crate::manager::InMemoryLockManager;
 
 impl ManagerInner {
     /// The failure [`InMemoryLockManager::fail_next_acquire`] armed, once.

@@ -7,7 +7,7 @@ use locks_port::{
     LockError, LockGuard, LockInfo, LockLostError, LockMode, LostReason, LostSignal, ReleaseOutcome,
 };
 
-use crate::manager::ManagerInner;
+use crate::book::{ManagerInner, not_released};
 
 /// A lock held through an [`InMemoryLockManager`](crate::InMemoryLockManager).
 ///
@@ -51,7 +51,7 @@ impl InMemoryLockGuard {
         {
             ReleaseOutcome::Unlocked
         } else {
-            crate::faults::not_released(&self.lost)
+            not_released(&self.lost)
         }
     }
 }

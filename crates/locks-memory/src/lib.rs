@@ -2,11 +2,13 @@
 #![forbid(unsafe_code)]
 
 mod board;
+mod book;
 mod faults;
 mod guard;
 mod manager;
 mod many;
 mod semaphore;
+mod semaphore_table;
 mod table;
 
 pub use guard::InMemoryLockGuard;

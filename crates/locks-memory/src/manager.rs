@@ -1,18 +1,18 @@
 //! The manager: per-manager bookkeeping over a shared [`InMemoryLockTable`].
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use locks_port::{
-    AcquireOptions, AcquisitionErrorKind, DistributedLock, LockAcquisitionError, LockInfo,
-    LockMode, LockNotHeldError, LockRegistry, LossNotifier, LostReason, WaitStrategy,
-    deadline_after,
+    AcquireOptions, AcquisitionErrorKind, DistributedLock, LockAcquisitionError, LockMode,
+    LockNotHeldError, LockRegistry, LossNotifier, WaitStrategy, deadline_after,
 };
+#[cfg(doc)]
+use locks_port::{LockInfo, LostReason};
 use tokio::sync::TryAcquireError;
 
+use crate::book::ManagerInner;
 use crate::guard::InMemoryLockGuard;
 use crate::table::{HeldPermit, InMemoryLockTable, READER_PERMITS, Slot};
 
@@ -49,33 +49,6 @@ const MIN_RETRY_INTERVAL: Duration = Duration::from_millis(1);
 #[derive(Clone)]
 pub struct InMemoryLockManager {
     pub(crate) inner: Arc<ManagerInner>,
-}
-
-pub(crate) struct ManagerInner {
-    pub(crate) table: InMemoryLockTable,
-    holder_id: Option<String>,
-    next_token: AtomicU64,
-    held: Mutex<HashMap<String, Held>>,
-    /// The permits held through this manager, so its "session" can end them.
-    pub(crate) permits: crate::faults::LivePermits,
-    /// The failure the next acquisition returns (see `fail_next_acquire`).
-    pub(crate) next_failure: Mutex<Option<AcquisitionErrorKind>>,
-}
-
-/// One lock this manager holds.
-pub(crate) struct Held {
-    /// Which acquisition this is: a guard only releases the acquisition it came from.
-    pub(crate) token: u64,
-    /// Tells the guard when the lock is taken away.
-    pub(crate) notifier: LossNotifier,
-    /// Dropping it releases the lock.
-    permit: HeldPermit,
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        self.notifier.notify(LostReason::Released);
-    }
 }
 
 /// How many of a lock's permits `mode` takes.
@@ -122,14 +95,10 @@ impl InMemoryLockManagerBuilder {
     #[must_use]
     pub fn build(self) -> InMemoryLockManager {
         InMemoryLockManager {
-            inner: Arc::new(ManagerInner {
-                table: self.table.unwrap_or_default(),
-                holder_id: self.holder_id,
-                next_token: AtomicU64::new(0),
-                held: Mutex::new(HashMap::new()),
-                permits: crate::faults::LivePermits::default(),
-                next_failure: Mutex::new(None),
-            }),
+            inner: Arc::new(ManagerInner::new(
+                self.table.unwrap_or_default(),
+                self.holder_id,
+            )),
         }
     }
 }
@@ -169,7 +138,7 @@ impl InMemoryLockManager {
     /// The label put in every [`LockInfo`] this manager hands out.
     #[must_use]
     pub fn holder_id(&self) -> Option<&str> {
-        self.inner.holder_id.as_deref()
+        self.inner.holder_id()
     }
 
     /// Waits for the lock's permits as `options` say; `false` when the time ran out.
@@ -263,69 +232,22 @@ impl InMemoryLockManager {
     }
 }
 
-impl ManagerInner {
-    /// The bookkeeping, even if a panic elsewhere poisoned its mutex.
-    pub(crate) fn held_map(&self) -> MutexGuard<'_, HashMap<String, Held>> {
-        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+/// Managers made by their table (the table's own API, built here: the table knows
+/// nothing of managers).
+impl InMemoryLockTable {
+    /// A new manager on this table, with its own bookkeeping and no holder id.
+    #[must_use]
+    pub fn manager(&self) -> InMemoryLockManager {
+        InMemoryLockManager::on_table(self)
     }
 
-    /// A new acquisition's token: its guard releases only what was booked with it.
-    pub(crate) fn next_token(&self) -> u64 {
-        self.next_token.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// What a guard says of the lock of `key` taken now in `mode`.
-    pub(crate) fn info(&self, key: &str, lock_id: i64, mode: LockMode) -> LockInfo {
-        LockInfo::acquired_now(key, lock_id, self.holder_id.clone()).with_mode(mode)
-    }
-
-    /// Books the taken `permit` of `key` for the acquisition `token`; `notifier` is
-    /// told when the entry goes.
-    pub(crate) fn insert(&self, key: &str, token: u64, notifier: LossNotifier, permit: HeldPermit) {
-        let held = Held {
-            token,
-            notifier,
-            permit,
-        };
-        // A manager books a key only while holding its lock, so no entry can be there;
-        // if one were, dropping it would release its permit, never leak it.
-        let previous = self.held_map().insert(key.to_owned(), held);
-        drop(previous);
-    }
-
-    /// Downgrades `key` to shared if it is still booked for the acquisition `token`;
-    /// whether it was.
-    pub(crate) fn downgrade_token(&self, key: &str, token: u64) -> bool {
-        match self.held_map().get_mut(key) {
-            Some(entry) if entry.token == token => {
-                entry.permit.downgrade();
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// Upgrades `key` to exclusive if it is still booked for the acquisition `token` and
-    /// the permits are free now: `None` when it is not booked, else whether it is
-    /// exclusive now.
-    pub(crate) fn try_upgrade_token(&self, key: &str, token: u64) -> Option<bool> {
-        match self.held_map().get_mut(key) {
-            Some(entry) if entry.token == token => Some(entry.permit.try_upgrade()),
-            _ => None,
-        }
-    }
-
-    /// Releases `key` if it is still booked for the acquisition `token`.
-    pub(crate) fn release_token(&self, key: &str, token: u64) -> bool {
-        let removed = {
-            let mut held = self.held_map();
-            match held.get(key) {
-                Some(entry) if entry.token == token => held.remove(key),
-                _ => None,
-            }
-        };
-        // Dropped outside the bookkeeping mutex: hands the lock on, leaves the table.
-        removed.is_some()
+    /// A new manager on this table with a holder id.
+    #[must_use]
+    pub fn manager_with_holder_id(&self, holder_id: impl Into<String>) -> InMemoryLockManager {
+        InMemoryLockManager::builder()
+            .table(self)
+            .holder_id(holder_id)
+            .build()
     }
 }
 
@@ -338,7 +260,7 @@ impl Default for InMemoryLockManager {
 impl fmt::Debug for InMemoryLockManager {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("InMemoryLockManager")
-            .field("holder_id", &self.inner.holder_id)
+            .field("holder_id", &self.inner.holder_id())
             .field("held_lock_count", &self.held_lock_count())
             .field("table", &self.inner.table)
             .finish()

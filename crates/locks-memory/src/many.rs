@@ -10,7 +10,8 @@ use locks_port::{
     LostSignal, ReleaseOutcome, deadline_after,
 };
 
-use crate::manager::{InMemoryLockManager, ManagerInner, permits};
+use crate::book::{ManagerInner, not_released};
+use crate::manager::{InMemoryLockManager, permits};
 use crate::table::{HeldPermit, Slot};
 
 impl InMemoryLockManager {
@@ -197,7 +198,7 @@ impl InMemoryLockGroup {
         let mut outcome = ReleaseOutcome::Unlocked;
         for info in &self.infos {
             if !self.manager.release_token(info.key(), self.token) {
-                outcome = crate::faults::not_released(&self.lost);
+                outcome = not_released(&self.lost);
             }
         }
         outcome

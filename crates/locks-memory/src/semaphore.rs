@@ -1,10 +1,9 @@
 //! Counting semaphores on the shared table: one FIFO semaphore of N permits per
 //! semaphore class, with the contract of the PostgreSQL manager's.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
 use locks_port::time::OffsetDateTime;
@@ -13,84 +12,10 @@ use locks_port::{
     PermitHolder, PermitHolders, PermitInfo, ReleaseOutcome, Semaphore, check_permits,
     deadline_after, permits_disagree,
 };
-use tokio::sync::Semaphore as Permits;
 
+use crate::book::{ManagerInner, not_released};
 use crate::manager::InMemoryLockManager;
-
-/// The semaphores of one table, by class (two names of one class share permits, as on
-/// PostgreSQL). An entry lives while someone holds or waits for one of its permits.
-#[derive(Default)]
-pub(crate) struct Semaphores {
-    entries: Mutex<HashMap<i32, Arc<Entry>>>,
-}
-
-/// Who holds one slot (its holder id) and since when; `None` while free.
-type Slots = Vec<Option<(Option<String>, SystemTime)>>;
-
-struct Entry {
-    permits: u32,
-    queue: Permits,
-    /// Who holds each slot, and since when.
-    slots: Mutex<Slots>,
-    /// Holders and waiters: the entry goes when the last leaves.
-    users: AtomicUsize,
-    waiting: AtomicUsize,
-}
-
-impl Semaphores {
-    fn map(&self) -> MutexGuard<'_, HashMap<i32, Arc<Entry>>> {
-        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Joins the entry of `class` for `permits`, or says which N is in use.
-    fn join(self: &Arc<Self>, class: i32, permits: u32) -> Result<Use, u32> {
-        let mut map = self.map();
-        let entry = map.entry(class).or_insert_with(|| {
-            Arc::new(Entry {
-                permits,
-                queue: Permits::new(permits as usize),
-                slots: Mutex::new(vec![None; permits as usize]),
-                users: AtomicUsize::new(0),
-                waiting: AtomicUsize::new(0),
-            })
-        });
-        if entry.permits != permits {
-            return Err(entry.permits);
-        }
-        entry.users.fetch_add(1, Ordering::SeqCst);
-        Ok(Use {
-            semaphores: Arc::clone(self),
-            class,
-            entry: Arc::clone(entry),
-        })
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.map().len()
-    }
-}
-
-/// A holder's or waiter's use of an entry; the last one removes it.
-struct Use {
-    semaphores: Arc<Semaphores>,
-    class: i32,
-    entry: Arc<Entry>,
-}
-
-impl Drop for Use {
-    fn drop(&mut self) {
-        let mut map = self.semaphores.map();
-        if self.entry.users.fetch_sub(1, Ordering::SeqCst) == 1 {
-            map.remove(&self.class);
-        }
-    }
-}
-
-impl Entry {
-    fn slots(&self) -> MutexGuard<'_, Slots> {
-        self.slots.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
+use crate::semaphore_table::{Entry, PermitCell, Use};
 
 /// Counts a waiter while it waits.
 struct Waiting<'e>(&'e Entry);
@@ -131,11 +56,7 @@ impl InMemoryLockManager {
         let notifier = LossNotifier::new();
         let info = PermitInfo::acquired_now(name, taken.entry.permits, slot, holder_id);
         let lost = notifier.signal();
-        let cell = Arc::new(PermitCell {
-            taken: Mutex::new(Some(taken)),
-            slot,
-            notifier,
-        });
+        let cell = Arc::new(PermitCell::new(taken, slot, notifier));
         let token = self.inner.next_token();
         self.inner.permits.insert(token, Arc::clone(&cell));
         InMemoryPermit {
@@ -216,7 +137,7 @@ impl Semaphore for InMemoryLockManager {
 
     async fn permit_holders(&self, name: &str) -> Result<PermitHolders, LockAcquisitionError> {
         let class = PermitDerivation::CURRENT.class(name);
-        let entry = self.inner.table.inner.semaphores.map().get(&class).cloned();
+        let entry = self.inner.table.inner.semaphores.get(class);
         let Some(entry) = entry else {
             return Ok(PermitHolders::default());
         };
@@ -250,36 +171,8 @@ pub struct InMemoryPermit {
     info: PermitInfo,
     lost: LostSignal,
     cell: Arc<PermitCell>,
-    manager: Arc<crate::manager::ManagerInner>,
+    manager: Arc<ManagerInner>,
     token: u64,
-}
-
-/// A held permit, shared by its guard and its manager (whose `end_session` can take it).
-pub(crate) struct PermitCell {
-    taken: Mutex<Option<Use>>,
-    slot: u32,
-    notifier: LossNotifier,
-}
-
-impl PermitCell {
-    /// Gives the permit back, its guard told `reason` first; `false` when it was given
-    /// back already.
-    pub(crate) fn give_back(&self, reason: locks_port::LostReason) -> bool {
-        let taken = self
-            .taken
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        let Some(taken) = taken else {
-            return false;
-        };
-        self.notifier.notify(reason);
-        if let Some(place) = taken.entry.slots().get_mut(self.slot as usize) {
-            *place = None;
-        }
-        taken.entry.queue.add_permits(1);
-        true
-    }
 }
 
 impl InMemoryPermit {
@@ -288,7 +181,7 @@ impl InMemoryPermit {
         if self.cell.give_back(locks_port::LostReason::Released) {
             ReleaseOutcome::Unlocked
         } else {
-            crate::faults::not_released(&self.lost)
+            not_released(&self.lost)
         }
     }
 }

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use locks_port::KeyDerivation;
+use locks_port::{KeyDerivation, Proclamation};
 use tokio::sync::Semaphore;
 
 /// The permits of one lock: the most shared holders one key can have at once (more
@@ -38,9 +38,9 @@ pub(crate) struct TableInner {
     derivation: KeyDerivation,
     locks: Mutex<HashMap<i64, Arc<Semaphore>>>,
     /// The counting semaphores (`acquire_permit`), apart from the locks as on the server.
-    pub(crate) semaphores: Arc<crate::semaphore::Semaphores>,
+    pub(crate) semaphores: Arc<crate::semaphore_table::Semaphores>,
     /// The leader board: the latest term of each election.
-    pub(crate) terms: crate::board::Terms,
+    pub(crate) terms: Terms,
 }
 
 impl InMemoryLockTable {
@@ -59,27 +59,9 @@ impl InMemoryLockTable {
                 derivation,
                 locks: Mutex::new(HashMap::new()),
                 semaphores: Arc::default(),
-                terms: crate::board::Terms::default(),
+                terms: Terms::default(),
             }),
         }
-    }
-
-    /// A new manager on this table, with its own bookkeeping and no holder id.
-    #[must_use]
-    pub fn manager(&self) -> crate::InMemoryLockManager {
-        crate::InMemoryLockManager::on_table(self)
-    }
-
-    /// A new manager on this table with a holder id.
-    #[must_use]
-    pub fn manager_with_holder_id(
-        &self,
-        holder_id: impl Into<String>,
-    ) -> crate::InMemoryLockManager {
-        crate::InMemoryLockManager::builder()
-            .table(self)
-            .holder_id(holder_id)
-            .build()
     }
 
     /// The derivation of this table's lock ids.
@@ -234,5 +216,16 @@ impl Drop for HeldPermit {
         // Hands the lock to the first waiter, if any; `slot` is dropped after this,
         // leaving the entry (and removing it if nobody else uses it).
         self.slot.semaphore().add_permits(self.permits as usize);
+    }
+}
+
+/// The latest term of each election name.
+#[derive(Debug, Default)]
+pub(crate) struct Terms(Mutex<HashMap<String, Proclamation>>);
+
+impl Terms {
+    pub(crate) fn with<T>(&self, f: impl FnOnce(&mut HashMap<String, Proclamation>) -> T) -> T {
+        // No critical section here can leave the map inconsistent.
+        f(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner))
     }
 }

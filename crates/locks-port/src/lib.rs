@@ -11,9 +11,6 @@ mod many;
 mod options;
 mod semaphore;
 
-#[cfg(feature = "conformance")]
-pub mod conformance;
-
 pub use error::{
     AcquisitionErrorKind, BoxError, LockAcquisitionError, LockError, LockLostError,
     LockNotHeldError, timeout_reason,

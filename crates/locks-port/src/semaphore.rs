@@ -285,7 +285,7 @@ pub trait PermitGuard: Send + fmt::Debug {
 /// A counting semaphore per name: at most `permits` holders of one name at a time.
 ///
 /// The contract, the same for every manager (the conformance cases stamped out by
-/// `semaphore_suite!`, with the `conformance` feature, check it):
+/// `locks-conformance`'s `semaphore_suite!` check it):
 /// - at most `permits` guards of one name are held at once, across every manager that
 ///   shares the backend;
 /// - waiters are served roughly in arrival order, and a freed permit goes to a waiter

@@ -4,7 +4,7 @@
 use time::OffsetDateTime;
 
 use crate::Slot;
-use crate::ledger::Outcome;
+use crate::outcome::Outcome;
 use crate::policy::{CrashPolicy, MissedSlots};
 
 /// Which slot a claim is for.

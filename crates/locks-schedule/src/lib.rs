@@ -5,6 +5,7 @@ mod claim;
 mod ledger;
 mod memory;
 pub mod metrics;
+mod outcome;
 mod parse;
 mod policy;
 mod runner;

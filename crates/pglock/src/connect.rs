@@ -4,6 +4,7 @@
 mod conninfo;
 mod open;
 mod passfile;
+mod tls;
 
 use std::path::Path;
 use std::str::FromStr;

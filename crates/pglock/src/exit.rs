@@ -5,6 +5,10 @@
 //! rendered from it (a test keeps them equal; `PGLOCK_BLESS=1` rewrites the README), and
 //! the man page is made from the README.
 
+use locks_port::{AcquisitionErrorKind, LockAcquisitionError};
+use locks_postgres::tokio_postgres::error::{DbError, SqlState};
+use locks_postgres::tokio_postgres::{self, Config};
+
 /// The lock was not acquired (`-n` or `-w` and someone else holds it): the default of
 /// `-E, --conflict-exit-code`, as in `flock(1)`.
 pub(crate) const DEFAULT_CONFLICT: u8 = 1;
@@ -162,6 +166,48 @@ pub(crate) fn causes(error: &(dyn std::error::Error + 'static)) -> String {
         Some(source) => chain(source),
         None => one_line(&error.to_string()),
     }
+}
+
+/// The server's error beneath `error`, if the server answered with one.
+fn db_error<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a DbError> {
+    let mut source = Some(error);
+    while let Some(cause) = source {
+        if let Some(db) = cause
+            .downcast_ref::<tokio_postgres::Error>()
+            .and_then(tokio_postgres::Error::as_db_error)
+        {
+            return Some(db);
+        }
+        source = cause.source();
+    }
+    None
+}
+
+/// The failure for an acquisition error other than a timeout.
+pub(crate) fn acquisition_failure(error: &LockAcquisitionError, config: &Config) -> Failure {
+    if let Some(db) = db_error(error)
+        && *db.code() == SqlState::INSUFFICIENT_PRIVILEGE
+    {
+        // The one statement of a grant that needs a privilege beyond connecting: the
+        // fencing token's (--fencing).
+        let role = config.get_user().unwrap_or("the role");
+        return Failure::new(
+            NOPERM,
+            format!(
+                "--fencing: {}; the role needs: GRANT SELECT, INSERT, UPDATE ON {} TO {role}",
+                db.message(),
+                locks_postgres::FENCING_TABLE
+            ),
+        );
+    }
+    let code = match error.kind() {
+        AcquisitionErrorKind::PoolUnavailable
+        | AcquisitionErrorKind::ConnectionLost
+        | AcquisitionErrorKind::Unreachable => UNAVAILABLE,
+        AcquisitionErrorKind::Configuration => CONFIG,
+        _ => SOFTWARE,
+    };
+    Failure::new(code, chain(error))
 }
 
 #[cfg(test)]

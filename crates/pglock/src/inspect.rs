@@ -187,6 +187,15 @@ pub(crate) fn rfc3339(time: OffsetDateTime) -> String {
     timestamp(time, 'T')
 }
 
+/// `2026-12-02T18:40:01.123456Z`: a term's start to the microsecond, as the board keeps it.
+pub(crate) fn rfc3339_micros(time: locks_port::time::OffsetDateTime) -> String {
+    let seconds = rfc3339(time);
+    let micros = time
+        .to_offset(locks_port::time::UtcOffset::UTC)
+        .microsecond();
+    format!("{}.{micros:06}Z", seconds.trim_end_matches('Z'))
+}
+
 fn timestamp(time: OffsetDateTime, separator: char) -> String {
     let time = time.to_offset(locks_port::time::UtcOffset::UTC);
     format!(

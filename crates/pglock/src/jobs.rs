@@ -9,7 +9,7 @@ use locks_schedule_postgres::{PostgresLedger, install_ledger};
 use crate::connect::{self, Target};
 use crate::exit::{Failure, SOFTWARE, USAGE};
 use crate::inspect::rfc3339;
-use crate::run::Say;
+use crate::text::Say;
 
 /// How many rows `pglock jobs` shows.
 const ROWS: u32 = 50;

@@ -56,7 +56,7 @@ pub(crate) fn leader(election: &str, leader: Option<&locks_leader::Leader>) -> S
         leader: leader.map(|leader| LeaderFields {
             holder_id: leader.holder_id.as_deref(),
             term: leader.term,
-            since: leader.since.map(crate::leading::rfc3339_micros),
+            since: leader.since.map(crate::inspect::rfc3339_micros),
             value: leader.value.as_deref(),
         }),
     })

@@ -13,8 +13,9 @@ use locks_postgres::{PostgresLockManager, PostgresPermit};
 
 use crate::connect::{self, Target};
 use crate::exit::{Failure, LOST, SOFTWARE, chain};
+use crate::inspect::rfc3339_micros;
 use crate::json;
-use crate::run::Say;
+use crate::text::Say;
 
 /// A term that runs the command: the leading permit, and the proclaimed term.
 #[derive(Debug)]
@@ -76,7 +77,7 @@ impl Term {
                 LOST,
                 format!("the leadership of {quoted} was lost before the command started"),
             )),
-            Err(error) => Err(crate::run::acquisition_failure(&error, target)),
+            Err(error) => Err(crate::exit::acquisition_failure(&error, &target.config)),
         }
     }
 
@@ -152,13 +153,4 @@ pub(crate) async fn who(target: &Target, key: &str, json: bool) -> Result<u8, Fa
         }
     }
     Ok(0)
-}
-
-/// `2026-12-02T18:40:01.123456Z`: a term's start to the microsecond, as the board keeps it.
-pub(crate) fn rfc3339_micros(time: locks_port::time::OffsetDateTime) -> String {
-    let seconds = crate::inspect::rfc3339(time);
-    let micros = time
-        .to_offset(locks_port::time::UtcOffset::UTC)
-        .microsecond();
-    format!("{}.{micros:06}Z", seconds.trim_end_matches('Z'))
 }

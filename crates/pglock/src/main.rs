@@ -27,7 +27,6 @@ mod signals;
 mod status;
 mod supervise;
 mod text;
-mod tls;
 
 use std::process::ExitCode;
 
@@ -37,7 +36,7 @@ use clap::error::ErrorKind;
 use crate::cli::{Cli, Command};
 use crate::connect::ProcessEnv;
 use crate::exit::{Failure, SOFTWARE, USAGE};
-use crate::run::Say;
+use crate::text::Say;
 
 fn main() -> ExitCode {
     let raw: Vec<String> = std::env::args().collect();

@@ -17,10 +17,11 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use crate::cli::RunArgs;
 use crate::connect::{self, Target};
-use crate::exit::{CONFIG, Failure, LOST, SOFTWARE, UNAVAILABLE, USAGE};
+use crate::exit::{CONFIG, Failure, LOST, SOFTWARE, UNAVAILABLE, USAGE, acquisition_failure};
 use crate::group::{Group, Status};
-use crate::run::{Say, acquisition_failure, holder_id, sleep_until};
+use crate::run::{holder_id, sleep_until};
 use crate::signals::{Signals, signal_code};
+use crate::text::Say;
 
 /// Connections: the lock's and the ledger's.
 const POOL_SIZE: usize = 3;
@@ -301,7 +302,7 @@ async fn run_command(
 /// The exit code and message of a failed firing.
 fn failure(error: &RunError, target: &Target) -> Failure {
     match error {
-        RunError::Lock(error) => acquisition_failure(error, target),
+        RunError::Lock(error) => acquisition_failure(error, &target.config),
         RunError::Ledger(error) => ledger_failure(error),
         other => Failure::new(SOFTWARE, crate::exit::chain(other)),
     }

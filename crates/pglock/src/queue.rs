@@ -7,7 +7,7 @@ use locks_postgres::deadpool_postgres::Pool;
 use tokio::time::Instant;
 
 use crate::inspect;
-use crate::run::Say;
+use crate::text::Say;
 
 /// How long a cancelled wait is given to leave the server's queue on its own.
 const CANCEL_GRACE: Duration = Duration::from_millis(300);

@@ -3,11 +3,10 @@
 use std::time::Duration;
 
 use locks_port::{
-    AcquireOptions, AcquisitionErrorKind, DistributedLock, LockAcquisitionError, LockGuard,
-    LockMode, LostSignal, PermitGuard, ReleaseOutcome, Semaphore,
+    AcquireOptions, AcquisitionErrorKind, DistributedLock, LockGuard, LockMode, LostSignal,
+    PermitGuard, ReleaseOutcome, Semaphore,
 };
 use locks_postgres::deadpool_postgres::Pool;
-use locks_postgres::tokio_postgres::{self, error::DbError, error::SqlState};
 use locks_postgres::{PostgresLockGuard, PostgresPermit};
 use nix::sys::signal::Signal;
 use tokio::time::Instant;
@@ -15,28 +14,16 @@ use tokio::time::Instant;
 use crate::cli::{OnLost, RunArgs};
 use crate::connect::{self, Target};
 use crate::duration::show;
-use crate::exit::{CONFIG, Failure, LOST, NOPERM, SOFTWARE, UNAVAILABLE, chain};
+use crate::exit::{Failure, LOST, NOPERM, SOFTWARE, acquisition_failure, chain};
 use crate::group::{Group, Status};
 use crate::queue::{CANCEL_SETTLE, busy_note, settle};
 use crate::signals::{Signals, signal_code};
 use crate::status::StatusLine;
+use crate::text::Say;
 
 /// Connections: the lock's, the status line's, and one to check that a cancelled wait
 /// left nothing behind.
 const POOL_SIZE: usize = 3;
-
-/// Says what pglock does, with `-v`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Say(pub(crate) bool);
-
-impl Say {
-    /// Prints `message` on stderr with `-v`.
-    pub(crate) fn say(self, message: impl AsRef<str>) {
-        if self.0 {
-            eprintln!("pglock: {}", crate::text::escaped(message.as_ref()));
-        }
-    }
-}
 
 /// The holder id and `application_name` of this process: unique on the server, so its
 /// sessions can be found in `pg_stat_activity`.
@@ -284,7 +271,7 @@ async fn run_once(
                 ),
             ));
         }
-        Ok(Err(error)) => return Err(acquisition_failure(&error, target)),
+        Ok(Err(error)) => return Err(acquisition_failure(&error, &target.config)),
     };
     // A leader's term: the leading permit around the command, and the published value.
     let term = match args.leader.then_some(args.publish.as_deref()) {
@@ -452,46 +439,4 @@ async fn ensure_fencing_table(pool: &Pool, target: &Target, say: Say) -> Result<
             })?;
     }
     Ok(())
-}
-
-/// The server's error beneath `error`, if the server answered with one.
-fn db_error<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a DbError> {
-    let mut source = Some(error);
-    while let Some(cause) = source {
-        if let Some(db) = cause
-            .downcast_ref::<tokio_postgres::Error>()
-            .and_then(tokio_postgres::Error::as_db_error)
-        {
-            return Some(db);
-        }
-        source = cause.source();
-    }
-    None
-}
-
-/// The failure for an acquisition error other than a timeout.
-pub(crate) fn acquisition_failure(error: &LockAcquisitionError, target: &Target) -> Failure {
-    if let Some(db) = db_error(error)
-        && *db.code() == SqlState::INSUFFICIENT_PRIVILEGE
-    {
-        // The one statement of a grant that needs a privilege beyond connecting: the
-        // fencing token's (--fencing).
-        let role = target.config.get_user().unwrap_or("the role");
-        return Failure::new(
-            NOPERM,
-            format!(
-                "--fencing: {}; the role needs: GRANT SELECT, INSERT, UPDATE ON {} TO {role}",
-                db.message(),
-                locks_postgres::FENCING_TABLE
-            ),
-        );
-    }
-    let code = match error.kind() {
-        AcquisitionErrorKind::PoolUnavailable
-        | AcquisitionErrorKind::ConnectionLost
-        | AcquisitionErrorKind::Unreachable => UNAVAILABLE,
-        AcquisitionErrorKind::Configuration => CONFIG,
-        _ => SOFTWARE,
-    };
-    Failure::new(code, chain(error))
 }

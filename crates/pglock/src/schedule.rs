@@ -11,8 +11,8 @@ use crate::cli::ScheduleArgs;
 use crate::connect::Target;
 use crate::exit::{Failure, USAGE};
 use crate::once_per::{Fired, Firing};
-use crate::run::Say;
 use crate::signals::{Signals, signal_code};
+use crate::text::Say;
 
 /// `pglock schedule`: runs until a signal, then exits 128 + its number. A command that is
 /// running gets the signal (its process group, as `run` forwards it) and pglock exits once

@@ -2,6 +2,19 @@
 //! control character (a newline, an ANSI escape) is shown escaped, never sent raw to the
 //! terminal.
 
+/// Says what pglock does, with `-v`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Say(pub(crate) bool);
+
+impl Say {
+    /// Prints `message` on stderr with `-v`.
+    pub(crate) fn say(self, message: impl AsRef<str>) {
+        if self.0 {
+            eprintln!("pglock: {}", escaped(message.as_ref()));
+        }
+    }
+}
+
 /// `text` with each control character escaped as Rust escapes it (`\n`, `\u{1b}`).
 pub(crate) fn escaped(text: &str) -> String {
     let mut out = String::with_capacity(text.len());

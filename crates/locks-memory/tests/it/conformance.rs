@@ -1,7 +1,7 @@
 //! The port's contract suite, against managers sharing one table.
 
+use locks_conformance::Harness;
 use locks_memory::{InMemoryLockManager, InMemoryLockTable};
-use locks_port::conformance::Harness;
 
 /// Managers on one table; checks when dropped that every case left the table empty.
 pub(crate) struct MemoryHarness {
@@ -37,9 +37,9 @@ impl Drop for MemoryHarness {
     }
 }
 
-locks_port::conformance_suite!(MemoryHarness::new());
-locks_port::acquire_many_suite!(MemoryHarness::new());
-locks_port::semaphore_suite!(MemoryHarness::new());
+locks_conformance::conformance_suite!(MemoryHarness::new());
+locks_conformance::acquire_many_suite!(MemoryHarness::new());
+locks_conformance::semaphore_suite!(MemoryHarness::new());
 
 /// The leader board's contract, on two managers of one table.
 #[tokio::test]
@@ -49,5 +49,5 @@ async fn the_leader_board_keeps_its_contract() {
         table.manager_with_holder_id("first"),
         table.manager_with_holder_id("second"),
     );
-    locks_port::conformance::leader_board_contract(&first, &second, "board").await;
+    locks_conformance::leader_board_contract(&first, &second, "board").await;
 }

@@ -6,10 +6,11 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use locks_conformance::Lcg;
 use locks_memory::{InMemoryLockManager, InMemoryLockTable};
 use locks_port::{
     AcquireOptions, DistributedLock, LockAcquisitionError, LockGuard, LockMode, LockRegistry,
-    LostReason, ReleaseOutcome, conformance::Lcg, lock_id,
+    LostReason, ReleaseOutcome, lock_id,
 };
 
 use crate::poll_once;

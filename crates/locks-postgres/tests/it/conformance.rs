@@ -1,7 +1,7 @@
 //! The port's contract suite against real PostgreSQL: managers on one pool contend
 //! on the server like separate processes.
 
-use locks_port::conformance::{Harness, MAX_CONCURRENT_ACQUISITIONS};
+use locks_conformance::{Harness, MAX_CONCURRENT_ACQUISITIONS};
 use locks_postgres::PostgresLockManager;
 use locks_postgres::deadpool_postgres::Pool;
 
@@ -32,13 +32,13 @@ fn harness(locks_per_connection: usize) -> PostgresHarness {
     }
 }
 
-locks_port::conformance_suite!(harness(1));
-locks_port::acquire_many_suite!(harness(1));
-locks_port::semaphore_suite!(harness(1));
+locks_conformance::conformance_suite!(harness(1));
+locks_conformance::acquire_many_suite!(harness(1));
+locks_conformance::semaphore_suite!(harness(1));
 
 /// The same contract with locks sharing connections (up to 4 on each).
 mod multiplexed {
-    locks_port::conformance_suite!(super::harness(4));
-    locks_port::acquire_many_suite!(super::harness(4));
-    locks_port::semaphore_suite!(super::harness(4));
+    locks_conformance::conformance_suite!(super::harness(4));
+    locks_conformance::acquire_many_suite!(super::harness(4));
+    locks_conformance::semaphore_suite!(super::harness(4));
 }

@@ -3,8 +3,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use locks_conformance::leader_board_contract;
 use locks_leader::LeaderElection;
-use locks_port::conformance::leader_board_contract;
 use locks_postgres::{PostgresLockManager, install_leader_board};
 use throwaway_pg::testing::child::{env, say};
 

@@ -4,9 +4,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use locks_conformance::Lcg;
 use locks_port::{
     AcquireOptions, AcquisitionErrorKind, DistributedLock, LockGuard, LockRegistry, LostReason,
-    ReleaseOutcome, conformance::Lcg,
+    ReleaseOutcome,
 };
 use locks_postgres::PostgresLockManager;
 

@@ -7,9 +7,9 @@ use locks_postgres::deadpool_postgres::{
 use locks_postgres::tokio_postgres::{self, NoTls};
 
 use super::Target;
+use super::tls;
 use crate::exit::{CONFIG, Failure, NOPERM, SOFTWARE, UNAVAILABLE, causes};
-use crate::run::Say;
-use crate::tls;
+use crate::text::Say;
 
 /// A pool of at most `size` connections to `target`, each open bounded by its connect
 /// timeout. Does no I/O.

@@ -9,8 +9,8 @@ use super::fixtures::{
     unique_key,
 };
 #[cfg(doc)]
-use crate::LockAcquisitionError;
-use crate::{AcquireOptions, DistributedLock, LockRegistry, WaitStrategy};
+use locks_port::LockAcquisitionError;
+use locks_port::{AcquireOptions, DistributedLock, LockRegistry, WaitStrategy};
 
 /// (7) `acquire` with a 50 ms timeout on a held key fails with a timeout
 /// [`LockAcquisitionError`]: kind, timeout, key, reason and message as the Python library's.

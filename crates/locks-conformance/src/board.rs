@@ -1,7 +1,7 @@
 //! The leader board's contract ([`LeaderBoard`]): one case, run by each board's tests
 //! with two managers of one backend.
 
-use crate::{AcquisitionErrorKind, LeaderBoard, MAX_PUBLISHED_VALUE};
+use locks_port::{AcquisitionErrorKind, LeaderBoard, MAX_PUBLISHED_VALUE};
 
 /// Checks [`LeaderBoard`]'s contract on two boards of one backend (two managers, as two
 /// processes would have), for an election `name` nobody else uses: terms start at 1 and

@@ -8,7 +8,7 @@ use super::fixtures::{
     WAIT, assert_timeout_error, bounded, eventually, eventually_acquirable, must_be_busy,
     must_release, must_take, unique_key,
 };
-use crate::{
+use locks_port::{
     AcquireMany, AcquireOptions, DistributedLock, LockGroup, LockMode, LockRegistry, LostReason,
     ReleaseOutcome, lock_id,
 };
@@ -184,7 +184,7 @@ pub async fn acquire_many_refuses_an_empty_key<H: Harness<Manager: AcquireMany>>
         .expect_err("a group with the empty key must be refused");
     assert_eq!(
         error.kind(),
-        crate::AcquisitionErrorKind::InvalidKey,
+        locks_port::AcquisitionErrorKind::InvalidKey,
         "{error}"
     );
     assert_eq!(

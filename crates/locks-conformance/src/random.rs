@@ -5,7 +5,7 @@
 /// but tests.
 ///
 /// ```
-/// use locks_port::conformance::Lcg;
+/// use locks_conformance::Lcg;
 ///
 /// let keys: Vec<String> = (0..10).map(|n| format!("key:{n}")).collect();
 /// let subset = Lcg::new(7).subset(&keys, 2, 5);

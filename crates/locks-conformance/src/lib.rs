@@ -1,58 +1,10 @@
-//! The shared contract suite: async test cases every lock manager must pass, and
-//! [`conformance_suite!`](crate::conformance_suite) to stamp them out as tests.
-//!
-//! Like `object_store`'s `integration` module: each case is a public
-//! `async fn case<H: Harness>(harness: &H)` that panics with a message naming the
-//! broken contract. An adapter implements [`Harness`] in its integration tests and
-//! invokes the macro once; it can also call single cases from its own tests.
-//!
-//! ```text
-//! // crates/my-adapter/tests/it/conformance.rs
-//! // (the compiled example is crates/locks-memory/tests/it/conformance.rs)
-//! use locks_port::conformance::Harness;
-//!
-//! struct MyHarness { pool: my_adapter::Pool }
-//!
-//! impl Harness for MyHarness {
-//!     type Manager = my_adapter::LockManager;
-//!
-//!     // A NEW manager each call, with its own bookkeeping, contending with the
-//!     // harness's other managers on the same locks (same database).
-//!     fn manager(&self) -> Self::Manager {
-//!         my_adapter::LockManager::new(self.pool.clone())
-//!     }
-//! }
-//!
-//! // One #[test] per case. The expression is evaluated once per test, inside that
-//! // test's Tokio runtime, so it may `.await`.
-//! locks_port::conformance_suite!(MyHarness { pool: my_adapter::test_pool().await });
-//! ```
-//!
-//! # What the cases assume of a harness
-//! - Managers of one harness contend on the same locks; each has its own
-//!   bookkeeping (`is_held`, `held_lock_count`, `release_all` answer for it alone).
-//! - Lock ids come from the default derivation, [`crate::lock_id`].
-//! - Keys are unique per case run (`conformance:{case}:{uuid}`), so cases may run in
-//!   parallel against one shared database.
-//! - A case holds or waits for at most [`MAX_CONCURRENT_ACQUISITIONS`] locks at a time;
-//!   a backend that needs a connection per held lock or per waiter must allow that
-//!   many per harness.
-//! - Release through [`LockGuard::release`], [`DistributedLock::release`] and
-//!   [`LockRegistry::release_all`] is complete when the call returns. Release by drop,
-//!   by a panicking body, by an aborted task, or cleanup after a cancelled or
-//!   timed-out acquire may finish asynchronously: the cases poll for up to
-//!   [`RELEASE_GRACE`] before calling it a leak.
-//! - Each test built by the macro runs on its own multi-threaded Tokio runtime (two
-//!   workers) and fails after [`CASE_TIME_LIMIT`] instead of hanging. Anything bound
-//!   to a runtime (a connection pool whose connections are driven by spawned tasks)
-//!   must therefore be built by the harness expression, not shared between tests.
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
 
 use std::future::Future;
 use std::time::Duration;
 
-#[cfg(doc)]
-use crate::LockGuard;
-use crate::{DistributedLock, LockRegistry};
+use locks_port::{DistributedLock, LockRegistry};
 
 mod basics;
 mod board;
@@ -162,33 +114,33 @@ pub mod __private {
     }
 }
 
-/// Stamps out one `#[test]` per case of [`conformance`](crate::conformance).
+/// Stamps out one `#[test]` per case of this crate (the single lock's contract).
 ///
-/// Takes an expression that builds the [`Harness`](crate::conformance::Harness). Each
+/// Takes an expression that builds the [`Harness`](crate::Harness). Each
 /// test evaluates it once, inside its own multi-threaded Tokio runtime (two workers,
 /// time and I/O enabled), so the expression may `.await`. Each test fails after
-/// [`CASE_TIME_LIMIT`](crate::conformance::CASE_TIME_LIMIT).
+/// [`CASE_TIME_LIMIT`](crate::CASE_TIME_LIMIT).
 ///
 /// The tests are plain functions named after the cases; invoke the macro inside a
 /// module of the adapter's integration tests:
 ///
 /// ```text
 /// mod conformance {
-///     locks_port::conformance_suite!(crate::MemoryHarness::new());
+///     locks_conformance::conformance_suite!(crate::MemoryHarness::new());
 /// }
 /// ```
 ///
-/// The adapter needs only `locks-port` with the `conformance` feature as a
-/// dev-dependency; the macro brings its own runtime.
+/// The adapter needs only `locks-conformance` as a dev-dependency; the macro brings its
+/// own runtime.
 #[macro_export]
 macro_rules! conformance_suite {
     (@cases $harness:expr; $($case:ident),* $(,)?) => {
         $(
             #[test]
             fn $case() {
-                $crate::conformance::__private::run_case(stringify!($case), async {
+                $crate::__private::run_case(stringify!($case), async {
                     let harness = $harness;
-                    $crate::conformance::$case(&harness).await;
+                    $crate::$case(&harness).await;
                 });
             }
         )*
@@ -239,7 +191,7 @@ macro_rules! conformance_suite {
     };
 }
 
-/// Stamps out one `#[test]` per case of [`AcquireMany`](crate::AcquireMany), for a
+/// Stamps out one `#[test]` per case of [`AcquireMany`](locks_port::AcquireMany), for a
 /// harness whose manager offers it; like [`conformance_suite!`](crate::conformance_suite)
 /// (use both in one module: the test names differ).
 #[macro_export]
@@ -256,7 +208,7 @@ macro_rules! acquire_many_suite {
     };
 }
 
-/// Stamps out one `#[test]` per case of [`Semaphore`](crate::Semaphore), for a harness
+/// Stamps out one `#[test]` per case of [`Semaphore`](locks_port::Semaphore), for a harness
 /// whose manager offers it; like [`conformance_suite!`](crate::conformance_suite).
 #[macro_export]
 macro_rules! semaphore_suite {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::Harness;
 use super::fixtures::{WAIT, bounded, join, must_acquire, must_release, unique_key};
-use crate::{AcquireOptions, DistributedLock, LockRegistry};
+use locks_port::{AcquireOptions, DistributedLock, LockRegistry};
 
 /// Tasks and iterations of the mutual-exclusion case.
 pub(super) const HAMMER_TASKS: usize = 8;

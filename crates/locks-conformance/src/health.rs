@@ -8,7 +8,7 @@ use super::fixtures::{
     WAIT, bounded, eventually_acquirable, join, must_acquire, must_be_busy, must_release,
     unique_key,
 };
-use crate::{
+use locks_port::{
     AcquireOptions, DistributedLock, LockError, LockGuard, LockRegistry, LostReason,
     ReleaseOutcome, WaitStrategy,
 };

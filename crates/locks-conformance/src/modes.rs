@@ -7,7 +7,7 @@ use super::fixtures::{
     WAIT, assert_timeout_error, bounded, eventually_acquirable, join, must_acquire, must_release,
     unique_key,
 };
-use crate::{AcquireOptions, DistributedLock, LockError, LockGuard, LockMode, LostReason};
+use locks_port::{AcquireOptions, DistributedLock, LockError, LockGuard, LockMode, LostReason};
 
 async fn must_try<M: DistributedLock>(
     manager: &M,

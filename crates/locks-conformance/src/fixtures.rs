@@ -7,7 +7,7 @@ use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 use super::RELEASE_GRACE;
-use crate::{
+use locks_port::{
     AcquireOptions, AcquisitionErrorKind, DistributedLock, LockAcquisitionError, LockGuard,
     ReleaseOutcome,
 };
@@ -157,7 +157,7 @@ fn assert_timeout_error_of(
     );
     assert_eq!(
         error.to_string(),
-        format!("{subject} '{key}': {}", crate::timeout_reason(timeout)),
+        format!("{subject} '{key}': {}", locks_port::timeout_reason(timeout)),
         "{why}: the message must be the Python `eventsource` library's"
     );
 }

@@ -8,7 +8,7 @@ use super::fixtures::{
     WAIT, bounded, eventually, eventually_acquirable, join, must_acquire, must_be_busy,
     must_release, must_take, unique_key,
 };
-use crate::{DistributedLock, LockRegistry};
+use locks_port::{DistributedLock, LockRegistry};
 
 /// The error the body of [`with_lock_releases_on_error_and_returns_it`] fails with.
 #[derive(Debug, PartialEq, Eq)]

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::Harness;
 use super::fixtures::{must_acquire, must_be_busy, must_release, must_take, unique_key};
-use crate::{DistributedLock, LockGuard, LockRegistry, ReleaseOutcome};
+use locks_port::{DistributedLock, LockGuard, LockRegistry, ReleaseOutcome};
 
 /// (5) `release(key)` makes the key acquirable again, after `try_acquire` and
 /// [`LockGuard::into_held`] as in the Python library; so does a guard's release.
@@ -45,7 +45,7 @@ pub async fn release_makes_key_acquirable_again<H: Harness>(harness: &H) {
 }
 
 /// (6) `release` of a key this manager does not hold fails with
-/// [`LockNotHeldError`](crate::LockNotHeldError) naming the key, with the Python library's
+/// [`LockNotHeldError`](locks_port::LockNotHeldError) naming the key, with the Python library's
 /// message; so does a second release of the same key.
 pub async fn release_of_unheld_key_fails<H: Harness>(harness: &H) {
     let manager = harness.manager();

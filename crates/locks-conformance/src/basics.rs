@@ -10,11 +10,11 @@ use super::Harness;
 use super::fixtures::{
     WAIT, bounded, must_acquire, must_be_busy, must_release, must_take, unique_key,
 };
-use crate::{AcquisitionErrorKind, DistributedLock, LockGuard, LockRegistry, lock_id};
+use locks_port::{AcquisitionErrorKind, DistributedLock, LockGuard, LockRegistry, lock_id};
 
 /// How far `acquired_at` may be from the local clock.
 const CLOCK_SLACK: time::Duration = time::Duration::seconds(5);
-/// (1) `acquire` yields a [`LockInfo`](crate::LockInfo) for the requested key: the key,
+/// (1) `acquire` yields a [`LockInfo`](locks_port::LockInfo) for the requested key: the key,
 /// its derived lock id, and an `acquired_at` of now in UTC. `with_lock` hands the body
 /// the same.
 pub async fn acquire_yields_info_for_the_key<H: Harness>(harness: &H) {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::Harness;
 use super::fixtures::{WAIT, assert_permit_timeout_error, bounded, join, unique_key};
-use crate::{
+use locks_port::{
     AcquireOptions, AcquisitionErrorKind, DistributedLock, MAX_PERMITS, PermitGuard,
     ReleaseOutcome, Semaphore,
 };
