@@ -12,9 +12,9 @@ use locks_postgres::PostgresLockManager;
 use locks_postgres::deadpool_postgres::Object;
 use serde_json::json;
 
+use crate::clients::Op;
 use crate::db::Database;
 use crate::interleave::{self, Batches, Ratios};
-use crate::ops::Op;
 use crate::proxy::Proxy;
 use crate::report::{Check, Outcome, Section, verdict};
 use crate::stats::{Latencies, fmt_ns, fmt_rate};
@@ -31,32 +31,39 @@ const CONTENDED_TASKS: usize = 4;
 
 struct Variant {
     name: &'static str,
-    op: Op,
+    op: Either,
     batches: Batches,
+}
+
+/// A library client, or the old way on `keys`.
+enum Either {
+    Library(Op),
+    Old(OldWay, Vec<String>),
+}
+
+impl Either {
+    async fn cycle(&self, n: usize) -> Result<(), BoxError> {
+        match self {
+            Self::Library(op) => op.cycle(n).await,
+            Self::Old(old, keys) => old.cycle(keys).await,
+        }
+    }
 }
 
 /// `acquire_many` as it was before its tries went into one statement, on one connection:
 /// the keys in the one global order, a `pg_try_advisory_lock` round trip each, a
 /// `pg_advisory_lock` wait on a busy one (holding those before it, none after), then one
 /// unlock each.
-pub(crate) struct OldWay {
+struct OldWay {
     client: Object,
 }
 
 impl OldWay {
-    pub(crate) fn new(client: Object) -> Self {
+    fn new(client: Object) -> Self {
         Self { client }
     }
 
-    pub(crate) async fn backend_pid(&self) -> Result<i32, BoxError> {
-        Ok(self
-            .client
-            .query_one("SELECT pg_backend_pid()", &[])
-            .await?
-            .get(0))
-    }
-
-    pub(crate) async fn cycle(&self, keys: &[String]) -> Result<(), BoxError> {
+    async fn cycle(&self, keys: &[String]) -> Result<(), BoxError> {
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         let ids: Vec<i64> = KeyDerivation::CURRENT
             .lock_order(&keys)
@@ -174,41 +181,47 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     let rtt = through.round_trip("lock-bench-groups").await?;
     let manager = || PostgresLockManager::new(through.pool(1, "lock-bench-groups"));
     let options = AcquireOptions::new();
+    let many = |count| {
+        let (groups, manager) = (vec![keys(&format!("many-{count}"), count)], manager());
+        Either::Library(Op::AcquireMany {
+            manager,
+            groups,
+            options,
+        })
+    };
+    let variant = |name, op| Variant {
+        name,
+        op,
+        batches: Batches::new(),
+    };
+    let old = OldWay::new(through.pool(1, "lock-bench-groups").get().await?);
+    let one = Op::Acquire {
+        manager: manager(),
+        keys: keys("one", 1),
+        options,
+    };
     let mut variants = vec![
-        Variant {
-            name: "acquire 1 key + release",
-            op: Op::library(manager(), "bench:groups:one".to_owned(), options),
-            batches: Batches::new(),
-        },
-        Variant {
-            name: "acquire_many of 1 key + release",
-            op: Op::library_many(manager(), keys("many-1", 1), options),
-            batches: Batches::new(),
-        },
-        Variant {
-            name: "acquire_many of 8 keys + release (tries in one statement)",
-            op: Op::library_many(manager(), keys("many-8", 8), options),
-            batches: Batches::new(),
-        },
-        Variant {
-            name: "acquire_many of 8 keys + release, the old way (one try per round trip)",
-            op: Op::OldWay {
-                old: OldWay::new(through.pool(1, "lock-bench-groups").get().await?),
-                keys: keys("many-8-old", 8),
-            },
-            batches: Batches::new(),
-        },
+        variant("acquire 1 key + release", Either::Library(one)),
+        variant("acquire_many of 1 key + release", many(1)),
+        variant(
+            "acquire_many of 8 keys + release (tries in one statement)",
+            many(8),
+        ),
+        variant(
+            "acquire_many of 8 keys + release, the old way (one try per round trip)",
+            Either::Old(old, keys("many-8-old", 8)),
+        ),
     ];
     for variant in &variants {
-        for _ in 0..3 {
-            variant.op.cycle().await?;
+        for n in 0..3 {
+            variant.op.cycle(n).await?;
         }
     }
     let count = variants.len();
     let batch = (plan.latency_batch / 4).max(10);
     interleave::rounds(plan.latency_rounds, count, async |_, side| {
         let Variant { op, batches, .. } = &mut variants[side];
-        batches.batch(batch, async || op.cycle().await).await
+        batches.batch(batch, async || op.cycle(0).await).await
     })
     .await?;
     let mut rows = Vec::new();
@@ -356,5 +369,6 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
                 "old_rate_median": old_rate,
             },
         }),
+        files: Vec::new(),
     })
 }

@@ -3,17 +3,16 @@
 
 use std::time::Duration;
 
-use locks_port::{AcquireOptions, lock_id};
+use locks_port::AcquireOptions;
 use locks_postgres::PostgresLockManager;
 use serde_json::json;
 
-use crate::cycle::BOUNDED;
+use crate::clients::{KEYS, Op, client, keys};
 use crate::db::Database;
 use crate::interleave::{self, Batches, Ratios};
-use crate::ops::Op;
 use crate::proxy::Proxy;
 use crate::report::{Check, Outcome, Section, verdict};
-use crate::stats::fmt_ns;
+use crate::stats::{fmt_ns, nanos};
 use crate::{BoxError, Plan};
 
 /// The round trips to simulate. Each one-way delay is set to half of what the proxy must
@@ -53,60 +52,55 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         let proxy = Proxy::start(upstream.clone(), one_way)?;
         let through = db.through(proxy.port());
         let rtt = through.round_trip("lock-bench-latency").await?;
-        let key = |n: usize| format!("bench:latency:{n}");
-        let manager = || PostgresLockManager::new(through.pool(1, "lock-bench-latency"));
+        let app = "lock-bench-latency";
+        let variant = async |name, label, n: usize| {
+            let op = client(&through, name, &format!("bench:latency:{n}"), app).await?;
+            Ok::<_, BoxError>(Variant {
+                name: label,
+                op,
+                batches: Batches::new(),
+                gated: false,
+            })
+        };
+        let raw = "raw: prepared pg_advisory_lock($1), then pg_advisory_unlock($1)";
         let mut variants = vec![
-            Variant {
-                name: "raw: prepared pg_advisory_lock($1), then pg_advisory_unlock($1)",
-                op: Op::raw_prepared(
-                    through.connect("lock-bench-latency").await?,
-                    lock_id(&key(0)),
-                )
-                .await?,
-                batches: Batches::new(),
-                gated: false,
-            },
-            Variant {
-                name: "library: acquire (no timeout) + release",
-                op: Op::library(manager(), key(1), AcquireOptions::new()),
-                batches: Batches::new(),
-                gated: false,
-            },
-            Variant {
-                name: "library: acquire (timeout 5 s) + release",
-                op: Op::library(
-                    manager(),
-                    key(2),
-                    AcquireOptions::new().with_timeout(BOUNDED),
-                ),
-                batches: Batches::new(),
-                gated: false,
-            },
+            variant("raw", raw, 0).await?,
+            variant("library", "library: acquire (no timeout) + release", 1).await?,
+            variant(
+                "library-timeout",
+                "library: acquire (timeout 5 s) + release",
+                2,
+            )
+            .await?,
             Variant {
                 // ADR 0010: release returns once the unlock is sent; a pool of 2, so the
                 // next acquire need not wait for the first connection's answer.
                 name: "library, release in background: acquire (no timeout) + release",
-                op: Op::library(
-                    PostgresLockManager::builder(through.pool(2, "lock-bench-latency"))
+                op: Op::Acquire {
+                    manager: PostgresLockManager::builder(through.pool(2, app))
                         .release_in_background(true)
                         .build(),
-                    key(3),
-                    AcquireOptions::new(),
-                ),
+                    keys: keys("bench:latency:3", KEYS),
+                    options: AcquireOptions::new(),
+                },
                 batches: Batches::new(),
                 gated: true,
             },
         ];
         for variant in &variants {
-            for _ in 0..5 {
-                variant.op.cycle().await?;
+            for n in 0..5 {
+                variant.op.cycle(n).await?;
             }
         }
         let count = variants.len();
         interleave::rounds(plan.latency_rounds, count, async |_, side| {
             let Variant { op, batches, .. } = &mut variants[side];
+            let mut n = 0;
             batches
-                .batch(plan.latency_batch, async || op.cycle().await)
+                .batch(plan.latency_batch, async || {
+                    n += 1;
+                    op.cycle(n).await
+                })
                 .await
         })
         .await?;
@@ -213,9 +207,6 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             "proxy_no_delay_round_trip_p50_ns": bare,
             "delays": json_delays,
         }),
+        files: Vec::new(),
     })
-}
-
-fn nanos(duration: Duration) -> u64 {
-    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }

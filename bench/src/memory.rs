@@ -182,5 +182,6 @@ pub(crate) async fn run(plan: &Plan) -> Result<Outcome, BoxError> {
                 "ratio": ratio(library_rate, mutex_rate),
             },
         }),
+        files: Vec::new(),
     })
 }

@@ -63,7 +63,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     let mut raw = Vec::with_capacity(TASKS);
     for _ in 0..TASKS {
         let client = db.connect("lock-bench-throughput").await?;
-        let statements = RawStatements::prepare(&client).await?;
+        let statements = RawStatements::prepare(&client, false).await?;
         raw.push(Arc::new((client, statements)));
     }
     let keys: Vec<String> = (0..TASKS)
@@ -242,5 +242,6 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             },
             "ratio": share,
         }),
+        files: Vec::new(),
     })
 }
