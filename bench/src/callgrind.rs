@@ -137,10 +137,10 @@ pub(crate) fn scenario(
                 checks.push(Check::new(
                     format!("{words}: instructions per cycle vs {versus}"),
                     format!("{} ({:.0} vs {base:.0})", fmt(ratio), c.per_cycle),
-                    format!("≤ {limit:.2}×"),
+                    format!("≤ {limit}×"),
                     pass,
                 ));
-                (format!("≤ {limit:.2}×"), verdict(pass).to_owned())
+                (format!("≤ {limit}×"), verdict(pass).to_owned())
             }
             None if row.baseline == row.name => ("baseline".to_owned(), String::new()),
             None if row.baseline != spec[0].name => (format!("÷ {}", row.baseline), String::new()),

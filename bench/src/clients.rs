@@ -16,7 +16,7 @@ use locks_port::{
 };
 use locks_postgres::PostgresLockManager;
 use locks_postgres::tokio_postgres::types::ToSql;
-use locks_postgres::tokio_postgres::{Client, SimpleQueryMessage};
+use locks_postgres::tokio_postgres::{Client, SimpleQueryMessage, Statement};
 
 use crate::BoxError;
 use crate::db::{Database, RawStatements};
@@ -99,6 +99,15 @@ pub(crate) enum Op {
         client: Client,
         texts: Vec<(String, String)>,
     },
+    /// Each group's tries in one prepared statement over an array of its ids, then its
+    /// unlocks in another: the library's two statements (ADR 0019) without the session
+    /// marker.
+    RawEach {
+        client: Client,
+        try_each: Statement,
+        unlock_each: Statement,
+        groups: Vec<Vec<i64>>,
+    },
     /// Each group's locks (ascending) and then their unlocks, prepared, on one connection:
     /// one after another, or each set `pipelined` (sent at once).
     RawMany {
@@ -111,8 +120,8 @@ pub(crate) enum Op {
 
 /// The client called `name`, on connections tagged `application_name`, going round keys
 /// of `prefix`: `raw`, `raw-simple`, `raw-text-timeout` (the library's SQL text with a 5 s
-/// timeout, as simple queries), `raw-try`, `raw-simple-try`, `raw-shared`, `raw-many`,
-/// `raw-many-pipelined`, or `library` followed by any of [`WORDS`] (`library-timeout`,
+/// timeout, as simple queries), `raw-try`, `raw-simple-try`, `raw-shared`, `raw-many-each`,
+/// `raw-many`, `raw-many-pipelined`, or `library` followed by any of [`WORDS`] (`library-timeout`,
 /// `library-fencing`, `library-shared`, `library-many-timeout`, …). `-otel` and
 /// `-metrics-sdk` change nothing here: the caller installs the pipeline.
 pub(crate) async fn client(
@@ -142,6 +151,17 @@ pub(crate) async fn client(
             "raw-text-timeout" => Op::RawText {
                 client,
                 texts: ids.iter().map(|id| library_text(*id)).collect(),
+            },
+            "raw-many-each" => Op::RawEach {
+                try_each: client.prepare(TRY_EACH).await?,
+                unlock_each: client
+                    .prepare(
+                        "SELECT coalesce(bool_and(pg_advisory_unlock(t.id)), true) \
+                         FROM unnest($1::bigint[]) AS t(id)",
+                    )
+                    .await?,
+                client,
+                groups: groups(prefix).iter().map(|g| ordered_ids(g)).collect(),
             },
             "raw-many" | "raw-many-pipelined" => Op::RawMany {
                 statements: RawStatements::prepare(&client, false).await?,
@@ -205,6 +225,16 @@ pub(crate) async fn client(
         }
     })
 }
+
+/// The library's group try (ADR 0019) without its session-marker check: each id of the
+/// array tried in order, those after the first busy one unlocked again in the same
+/// statement; answers the position of the first busy one (0: none).
+const TRY_EACH: &str = "WITH tried AS MATERIALIZED (SELECT t.ord, t.id, \
+    pg_try_advisory_lock(t.id) AS got FROM unnest($1::bigint[]) WITH ORDINALITY AS t(id, ord)), \
+    busy AS (SELECT min(ord) AS at FROM tried WHERE NOT got) \
+    SELECT coalesce((SELECT at FROM busy), 0), \
+    (SELECT count(pg_advisory_unlock(tried.id)) FROM tried, busy \
+    WHERE tried.got AND tried.ord > busy.at)";
 
 /// The library's statement texts for a bounded wait on `id`, and its unlock.
 fn library_text(id: i64) -> (String, String) {
@@ -301,6 +331,22 @@ impl Op {
                     return Err(NOT_HELD.into());
                 }
             }
+            Self::RawEach {
+                client,
+                try_each,
+                unlock_each,
+                groups,
+            } => {
+                let ids = nth(groups, n);
+                let busy: i64 = client.query_one(try_each, &[ids]).await?.get(0);
+                if busy != 0 {
+                    return Err(REFUSED.into());
+                }
+                let released: Option<bool> = client.query_one(unlock_each, &[ids]).await?.get(0);
+                if released != Some(true) {
+                    return Err(NOT_HELD.into());
+                }
+            }
             Self::RawMany {
                 client,
                 statements,
@@ -356,6 +402,7 @@ impl Op {
             Self::RawPrepared { client, .. }
             | Self::RawSimple { client, .. }
             | Self::RawText { client, .. }
+            | Self::RawEach { client, .. }
             | Self::RawMany { client, .. } => client.query_one(PID, &[]).await?.get(0),
         })
     }

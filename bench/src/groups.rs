@@ -14,7 +14,7 @@ use serde_json::json;
 
 use crate::clients::Op;
 use crate::db::Database;
-use crate::interleave::{self, Batches, Ratios};
+use crate::interleave;
 use crate::proxy::Proxy;
 use crate::report::{Check, Outcome, Section, verdict};
 use crate::stats::{Latencies, fmt_ns, fmt_rate};
@@ -28,12 +28,6 @@ const LIMIT: f64 = 1.5;
 /// Keys of the contended run, and tasks taking subsets of them.
 const CONTENDED_KEYS: usize = 6;
 const CONTENDED_TASKS: usize = 4;
-
-struct Variant {
-    name: &'static str,
-    op: Either,
-    batches: Batches,
-}
 
 /// A library client, or the old way on `keys`.
 enum Either {
@@ -189,59 +183,48 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             options,
         })
     };
-    let variant = |name, op| Variant {
-        name,
-        op,
-        batches: Batches::new(),
-    };
     let old = OldWay::new(through.pool(1, "lock-bench-groups").get().await?);
     let one = Op::Acquire {
         manager: manager(),
         keys: keys("one", 1),
         options,
     };
-    let mut variants = vec![
-        variant("acquire 1 key + release", Either::Library(one)),
-        variant("acquire_many of 1 key + release", many(1)),
-        variant(
+    let old = Either::Old(old, keys("many-8-old", 8));
+    let variants = [
+        ("acquire 1 key + release", Either::Library(one)),
+        ("acquire_many of 1 key + release", many(1)),
+        (
             "acquire_many of 8 keys + release (tries in one statement)",
             many(8),
         ),
-        variant(
+        (
             "acquire_many of 8 keys + release, the old way (one try per round trip)",
-            Either::Old(old, keys("many-8-old", 8)),
+            old,
         ),
     ];
-    for variant in &variants {
-        for n in 0..3 {
-            variant.op.cycle(n).await?;
-        }
-    }
-    let count = variants.len();
     let batch = (plan.latency_batch / 4).max(10);
-    interleave::rounds(plan.latency_rounds, count, async |_, side| {
-        let Variant { op, batches, .. } = &mut variants[side];
-        batches.batch(batch, async || op.cycle(0).await).await
+    let counts = (3, plan.latency_rounds, batch);
+    let measured = interleave::batches(variants.len(), counts, async |side, n| {
+        variants[side].1.cycle(n).await
     })
     .await?;
-    let mut rows = Vec::new();
-    let mut checks = Vec::new();
-    let mut json_variants = Vec::new();
-    let single = &variants[0].batches;
-    for (index, variant) in variants.iter().enumerate() {
-        let ratios = variant.batches.ratios_to(single);
-        let (ratio, spread) = Ratios::fmt(ratios);
+    let (mut rows, mut checks, mut json_variants) = (Vec::new(), Vec::new(), Vec::new());
+    let single = &measured[0];
+    for (index, (batches, (name, _))) in measured.iter().zip(&variants).enumerate() {
+        let (cells, ratios, mut json) = batches.against(single);
+        json["name"] = json!(name);
         let (target, result) = if index == 2 {
             let measured = ratios.map_or(f64::INFINITY, |ratios| ratios.median);
             let pass = measured <= LIMIT;
             checks.push(Check::new(
                 "acquire_many of 8 uncontended keys + release vs one acquire + release, \
-                 ~2 ms round trip"
-                    .to_owned(),
+                 ~2 ms round trip",
                 format!(
-                    "{ratio} ({} vs {}; runs {spread})",
-                    fmt_ns(variant.batches.median()),
-                    fmt_ns(single.median())
+                    "{} ({} vs {}; runs {})",
+                    cells[3],
+                    cells[0],
+                    fmt_ns(single.median()),
+                    cells[4]
                 ),
                 format!("≤ {LIMIT:.1}×"),
                 pass,
@@ -252,22 +235,8 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         } else {
             (String::new(), String::new())
         };
-        rows.push(vec![
-            variant.name.to_owned(),
-            fmt_ns(variant.batches.median()),
-            variant.batches.spread(),
-            fmt_ns(variant.batches.pooled.p99()),
-            ratio,
-            spread,
-            target,
-            result,
-        ]);
-        json_variants.push(json!({
-            "name": variant.name,
-            "run_p50s_ns": variant.batches.runs,
-            "latency": variant.batches.pooled.to_json(),
-            "ratio_median": ratios.map(|ratios| ratios.median),
-        }));
+        rows.push([vec![(*name).to_owned()], cells, vec![target, result]].concat());
+        json_variants.push(json);
     }
     drop(variants);
 
