@@ -6,16 +6,12 @@
 //! group client: group `n mod 8` of 8 keys), so a cycle meets the caches a service with
 //! many keys meets, and raw does the same statements on the same number of lock ids.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::Poll;
 use std::time::Duration;
 
 use locks_port::{
     AcquireOptions, DistributedLock, KeyDerivation, LockGuard, ReleaseOutcome, lock_id,
 };
 use locks_postgres::PostgresLockManager;
-use locks_postgres::tokio_postgres::types::ToSql;
 use locks_postgres::tokio_postgres::{Client, SimpleQueryMessage, Statement};
 
 use crate::BoxError;
@@ -108,20 +104,19 @@ pub(crate) enum Op {
         unlock_each: Statement,
         groups: Vec<Vec<i64>>,
     },
-    /// Each group's locks (ascending) and then their unlocks, prepared, on one connection:
-    /// one after another, or each set `pipelined` (sent at once).
+    /// Each group's locks (ascending) and then their unlocks, prepared, on one connection,
+    /// one after another: how `acquire_many` worked before ADR 0019.
     RawMany {
         client: Client,
         statements: RawStatements,
         groups: Vec<Vec<i64>>,
-        pipelined: bool,
     },
 }
 
 /// The client called `name`, on connections tagged `application_name`, going round keys
 /// of `prefix`: `raw`, `raw-simple`, `raw-text-timeout` (the library's SQL text with a 5 s
 /// timeout, as simple queries), `raw-try`, `raw-simple-try`, `raw-shared`, `raw-many-each`,
-/// `raw-many`, `raw-many-pipelined`, or `library` followed by any of [`WORDS`] (`library-timeout`,
+/// `raw-many`, or `library` followed by any of [`WORDS`] (`library-timeout`,
 /// `library-fencing`, `library-shared`, `library-many-timeout`, …). `-otel` and
 /// `-metrics-sdk` change nothing here: the caller installs the pipeline.
 pub(crate) async fn client(
@@ -163,11 +158,10 @@ pub(crate) async fn client(
                 client,
                 groups: groups(prefix).iter().map(|g| ordered_ids(g)).collect(),
             },
-            "raw-many" | "raw-many-pipelined" => Op::RawMany {
+            "raw-many" => Op::RawMany {
                 statements: RawStatements::prepare(&client, false).await?,
                 client,
                 groups: groups(prefix).iter().map(|g| ordered_ids(g)).collect(),
-                pipelined: name.ends_with("-pipelined"),
             },
             _ => return Err(format!("unknown client `{name}`").into()),
         });
@@ -351,35 +345,16 @@ impl Op {
                 client,
                 statements,
                 groups,
-                pipelined,
             } => {
-                let params: Vec<[&(dyn ToSql + Sync); 1]> =
-                    nth(groups, n).iter().map(|id| [id as _]).collect();
-                let released: Vec<bool> = if *pipelined {
-                    let locks = params.iter().map(|p| client.execute(&statements.lock, p));
-                    for locked in all_at_once(locks.collect()).await {
-                        locked?;
+                let ids = nth(groups, n);
+                for id in ids {
+                    client.execute(&statements.lock, &[id]).await?;
+                }
+                for id in ids {
+                    let released: bool = client.query_one(&statements.unlock, &[id]).await?.get(0);
+                    if !released {
+                        return Err(NOT_HELD.into());
                     }
-                    let unlocks = params
-                        .iter()
-                        .map(|p| client.query_one(&statements.unlock, p));
-                    let mut released = Vec::with_capacity(params.len());
-                    for row in all_at_once(unlocks.collect()).await {
-                        released.push(row?.get(0));
-                    }
-                    released
-                } else {
-                    for p in &params {
-                        client.execute(&statements.lock, p).await?;
-                    }
-                    let mut released = Vec::with_capacity(params.len());
-                    for p in &params {
-                        released.push(client.query_one(&statements.unlock, p).await?.get(0));
-                    }
-                    released
-                };
-                if !released.iter().all(|&r| r) {
-                    return Err(NOT_HELD.into());
                 }
             }
         }
@@ -406,32 +381,6 @@ impl Op {
             | Self::RawMany { client, .. } => client.query_one(PID, &[]).await?.get(0),
         })
     }
-}
-
-/// Polls every one of `futures` until all are done, and gives their outputs in order.
-/// Statements of futures polled together on one connection are pipelined by
-/// tokio-postgres: sent in the order of the first polls, without waiting for answers.
-async fn all_at_once<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
-    let mut pending: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
-    let mut done: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut finished = true;
-        for (future, output) in pending.iter_mut().zip(&mut done) {
-            if output.is_none() {
-                match future.as_mut().poll(cx) {
-                    Poll::Ready(value) => *output = Some(value),
-                    Poll::Pending => finished = false,
-                }
-            }
-        }
-        if finished {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
-        }
-    })
-    .await;
-    done.into_iter().flatten().collect()
 }
 
 fn first_value(messages: &[SimpleQueryMessage]) -> Option<String> {

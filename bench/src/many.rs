@@ -1,9 +1,9 @@
 //! Scenario `many` (10): `acquire_many` of eight keys and the group's release, pinned (see
 //! [`crate::pinned`]), against raw tokio-postgres sending the library's two statements
 //! (ADR 0019) without its session-marker check, prepared: the eight tries in one over an
-//! array of the ids, then the eight unlocks in another. Shown beside it: the eight locks in ascending lock-id order and the
-//! eight unlocks one statement each (sixteen round trips, how `acquire_many` worked before
-//! ADR 0019), and the same statements pipelined.
+//! array of the ids, then the eight unlocks in another. Shown beside it: the eight locks in
+//! ascending lock-id order and the eight unlocks one statement each (sixteen round trips,
+//! how `acquire_many` worked before ADR 0019).
 
 use crate::clients::GROUP;
 use crate::db::Database;
@@ -41,16 +41,11 @@ pub(crate) fn many(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
                 "raw: 8 prepared pg_advisory_lock($1) in lock-id order + 8 unlocks",
                 Role::Reference,
             ),
-            (
-                "raw-many-pipelined",
-                "raw, pipelined: the 8 locks at once, then the 8 unlocks at once",
-                Role::Reference,
-            ),
         ],
         notes: vec![format!(
             "Here one cycle takes and gives back a group of {GROUP} keys, the 64 keys in 8 \
              groups of {GROUP}. The library and the baseline each make 2 round trips; the \
-             one-statement-per-key rows make {} (2 when pipelined).",
+             one-statement-per-key row makes {}.",
             2 * GROUP
         )],
     };
