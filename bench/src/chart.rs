@@ -1,19 +1,20 @@
-//! The handoff chart: cumulative distributions of the handoff gaps on a log-scale x axis,
+//! Ground floor: the handoff chart, cumulative distributions of gaps on a log-scale x axis,
 //! drawn with `plotters` (its SVG backend: axes, ticks, legends and dashed series come from
-//! the library instead of hand-placed SVG elements).
+//! the library instead of hand-placed SVG elements). It knows nothing of who contended: each
+//! series brings its label, colour and line.
 
 use plotters::coord::combinators::IntoLogRange;
 use plotters::prelude::*;
 
 use crate::BoxError;
-use crate::handoff::Contender;
 use crate::stats::as_f64;
 
-/// The samples of one (contender, task count), in nanoseconds.
+/// The samples of one curve on both panels, in nanoseconds.
 #[derive(Debug)]
 pub(crate) struct Series {
-    pub(crate) contender: Contender,
-    pub(crate) tasks: usize,
+    pub(crate) label: String,
+    pub(crate) color: (u8, u8, u8),
+    pub(crate) dashed: bool,
     pub(crate) gaps: Vec<u64>,
     pub(crate) waiter_gaps: Vec<u64>,
 }
@@ -21,16 +22,6 @@ pub(crate) struct Series {
 const SIZE: (u32, u32) = (1000, 600);
 /// How many points of each distribution are drawn.
 const POINTS: usize = 400;
-/// Series with more contenders than this are dashed.
-const SOLID_UP_TO: usize = 4;
-
-fn color(contender: Contender) -> RGBColor {
-    match contender {
-        Contender::Raw => RGBColor(0x7f, 0x7f, 0x7f),
-        Contender::Queue => RGBColor(0x1f, 0x77, 0xb4),
-        Contender::Poll => RGBColor(0xd6, 0x27, 0x28),
-    }
-}
 
 /// The x range in nanoseconds, whole decades: from below the smallest sample to above the
 /// largest, at least 10 µs to 1 s.
@@ -83,8 +74,8 @@ fn cdf(samples: &[u64]) -> Vec<(f64, f64)> {
     points
 }
 
-/// The SVG document.
-pub(crate) fn handoff_svg(series: &[Series], subtitle: &str) -> Result<String, BoxError> {
+/// The SVG document, `notes` under the panels.
+pub(crate) fn handoff_svg(series: &[Series], notes: &[String]) -> Result<String, BoxError> {
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
@@ -115,20 +106,16 @@ pub(crate) fn handoff_svg(series: &[Series], subtitle: &str) -> Result<String, B
                 .draw()?;
             for s in series {
                 let samples = if waiter { &s.waiter_gaps } else { &s.gaps };
-                let style = color(s.contender).stroke_width(2);
-                let label = format!(
-                    "{}, {} contenders (n = {})",
-                    s.contender.label(),
-                    s.tasks,
-                    samples.len()
-                );
+                let (r, g, b) = s.color;
+                let style = RGBColor(r, g, b).stroke_width(2);
+                let label = format!("{} (n = {})", s.label, samples.len());
                 let points = cdf(samples);
-                let drawn = if s.tasks <= SOLID_UP_TO {
-                    chart.draw_series(LineSeries::new(points, style))?
-                } else {
+                let dashed = s.dashed;
+                let drawn = if dashed {
                     chart.draw_series(DashedLineSeries::new(points, 6, 4, style))?
+                } else {
+                    chart.draw_series(LineSeries::new(points, style))?
                 };
-                let dashed = s.tasks > SOLID_UP_TO;
                 drawn.label(label).legend(move |(x, y)| {
                     let end = if dashed { x + 8 } else { x + 20 };
                     PathElement::new(vec![(x, y), (end, y)], style)
@@ -142,15 +129,6 @@ pub(crate) fn handoff_svg(series: &[Series], subtitle: &str) -> Result<String, B
                 .label_font(("sans-serif", 11))
                 .draw()?;
         }
-        let notes = [
-            subtitle.to_owned(),
-            "n = handoffs (left) / releases made while other tasks waited (right); solid: 4 \
-             contenders, dashed: 16."
-                .to_owned(),
-            "Polling looks quick on the left only because the releaser takes the lock straight \
-             back; the right shows how long the waiting tasks were passed over."
-                .to_owned(),
-        ];
         for (line, text) in notes.iter().enumerate() {
             let y = 14 + 20 * i32::try_from(line).unwrap_or(0);
             footer.draw(&Text::new(
@@ -170,41 +148,41 @@ pub(crate) fn handoff_svg(series: &[Series], subtitle: &str) -> Result<String, B
 mod tests {
     use super::*;
 
+    fn series(label: &str, dashed: bool, gaps: Vec<u64>, waiter_gaps: Vec<u64>) -> Series {
+        let label = label.to_owned();
+        let color = (0x1f, 0x77, 0xb4);
+        Series {
+            label,
+            color,
+            dashed,
+            gaps,
+            waiter_gaps,
+        }
+    }
+
     #[test]
     fn the_chart_is_svg_with_every_series_in_its_legend() {
         let series = vec![
-            Series {
-                contender: Contender::Queue,
-                tasks: 4,
-                gaps: vec![100_000, 200_000, 150_000],
-                waiter_gaps: vec![100_000],
-            },
-            Series {
-                contender: Contender::Poll,
-                tasks: 16,
-                gaps: vec![],
-                waiter_gaps: vec![90_000_000],
-            },
+            series(
+                "Queue, 4 contenders",
+                false,
+                vec![100_000, 200_000],
+                vec![1],
+            ),
+            series("Poll, 16 contenders", true, vec![], vec![90_000_000]),
         ];
-        let svg = handoff_svg(&series, "quick run").unwrap();
+        let svg = handoff_svg(&series, &["quick run".to_owned()]).unwrap();
         assert!(svg.trim_start().starts_with("<svg"), "{}", &svg[..80]);
         assert!(svg.trim_end().ends_with("</svg>"));
-        assert!(svg.contains("library, Queue (server-side wait), 4 contenders (n = 3)"));
-        assert!(
-            svg.contains("library, Poll (100 ms, as the Python library), 16 contenders (n = 1)")
-        );
+        assert!(svg.contains("Queue, 4 contenders (n = 2)"));
+        assert!(svg.contains("Poll, 16 contenders (n = 1)"));
         assert!(svg.contains("quick run"));
         assert!(!svg.contains("NaN"));
     }
 
     #[test]
     fn the_range_covers_the_samples_in_whole_decades() {
-        let series = vec![Series {
-            contender: Contender::Raw,
-            tasks: 4,
-            gaps: vec![2_500, 3_000_000_000],
-            waiter_gaps: vec![],
-        }];
+        let series = vec![series("raw", false, vec![2_500, 3_000_000_000], vec![])];
         assert_eq!(range(&series), (1e3, 1e10));
         assert_eq!(range(&[]), (1e4, 1e9));
         assert_eq!(cdf(&[5, 1, 3]).last(), Some(&(5.0, 1.0)));

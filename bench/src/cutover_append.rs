@@ -113,5 +113,6 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             "p50_ratio": p50,
             "p99_ratio": p99,
         }),
+        files: Vec::new(),
     })
 }

@@ -1,4 +1,4 @@
-//! Connections: the library's pools and the raw baselines' dedicated connections.
+//! Floor 1: connections, the library's pools and the raw baselines' dedicated connections.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -140,26 +140,19 @@ pub(crate) struct RawStatements {
 }
 
 impl RawStatements {
-    pub(crate) async fn prepare(client: &Client) -> Result<Self, BoxError> {
-        Self::prepare_with_suffix(client, "").await
-    }
-
-    /// The shared (reader) forms: `pg_advisory_lock_shared($1)` and its kin.
-    pub(crate) async fn prepare_shared(client: &Client) -> Result<Self, BoxError> {
-        Self::prepare_with_suffix(client, "_shared").await
-    }
-
-    async fn prepare_with_suffix(client: &Client, suffix: &str) -> Result<Self, BoxError> {
+    /// The exclusive forms, or the `shared` (reader) ones: `pg_advisory_lock_shared($1)`
+    /// and its kin.
+    pub(crate) async fn prepare(client: &Client, shared: bool) -> Result<Self, BoxError> {
+        let suffix = if shared { "_shared" } else { "" };
+        let prepare = async |name: &str| {
+            client
+                .prepare(&format!("SELECT pg_{name}{suffix}($1)"))
+                .await
+        };
         Ok(Self {
-            lock: client
-                .prepare(&format!("SELECT pg_advisory_lock{suffix}($1)"))
-                .await?,
-            try_lock: client
-                .prepare(&format!("SELECT pg_try_advisory_lock{suffix}($1)"))
-                .await?,
-            unlock: client
-                .prepare(&format!("SELECT pg_advisory_unlock{suffix}($1)"))
-                .await?,
+            lock: prepare("advisory_lock").await?,
+            try_lock: prepare("try_advisory_lock").await?,
+            unlock: prepare("advisory_unlock").await?,
         })
     }
 }

@@ -13,9 +13,9 @@ use locks_postgres::PostgresLockManager;
 use locks_postgres::deadpool_postgres::Object;
 use serde_json::json;
 
+use crate::clients::Op;
 use crate::db::Database;
-use crate::interleave::{self, Batches, Ratios};
-use crate::ops::Op;
+use crate::interleave;
 use crate::proxy::Proxy;
 use crate::report::{Check, Outcome, Section, verdict};
 use crate::stats::{Latencies, fmt_ns, fmt_rate};
@@ -30,34 +30,35 @@ const LIMIT: f64 = 1.5;
 const CONTENDED_KEYS: usize = 6;
 const CONTENDED_TASKS: usize = 4;
 
-struct Variant {
-    name: &'static str,
-    op: Op,
-    batches: Batches,
+/// A library client, or the old way on `keys`.
+enum Either {
+    Library(Op),
+    Old(OldWay, Vec<String>),
+}
+
+impl Either {
+    async fn cycle(&self, n: usize) -> Result<(), BoxError> {
+        match self {
+            Self::Library(op) => op.cycle(n).await,
+            Self::Old(old, keys) => old.cycle(keys).await,
+        }
+    }
 }
 
 /// `acquire_many` as it was before its tries went into one statement, on one connection:
 /// the keys in the one global order, a `pg_try_advisory_lock` round trip each, a
 /// `pg_advisory_lock` wait on a busy one (holding those before it, none after), then one
 /// unlock each.
-pub(crate) struct OldWay {
+struct OldWay {
     client: Object,
 }
 
 impl OldWay {
-    pub(crate) fn new(client: Object) -> Self {
+    fn new(client: Object) -> Self {
         Self { client }
     }
 
-    pub(crate) async fn backend_pid(&self) -> Result<i32, BoxError> {
-        Ok(self
-            .client
-            .query_one("SELECT pg_backend_pid()", &[])
-            .await?
-            .get(0))
-    }
-
-    pub(crate) async fn cycle(&self, keys: &[String]) -> Result<(), BoxError> {
+    async fn cycle(&self, keys: &[String]) -> Result<(), BoxError> {
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         let ids: Vec<i64> = KeyDerivation::CURRENT
             .lock_order(&keys)
@@ -175,61 +176,56 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     let rtt = through.round_trip("lock-bench-groups").await?;
     let manager = || PostgresLockManager::new(through.pool(1, "lock-bench-groups"));
     let options = AcquireOptions::new();
-    let mut variants = vec![
-        Variant {
-            name: "acquire 1 key + release",
-            op: Op::library(manager(), "bench:groups:one".to_owned(), options),
-            batches: Batches::new(),
-        },
-        Variant {
-            name: "acquire_many of 1 key + release",
-            op: Op::library_many(manager(), keys("many-1", 1), options),
-            batches: Batches::new(),
-        },
-        Variant {
-            name: "acquire_many of 8 keys + release (tries in one statement)",
-            op: Op::library_many(manager(), keys("many-8", 8), options),
-            batches: Batches::new(),
-        },
-        Variant {
-            name: "acquire_many of 8 keys + release, the old way (one try per round trip)",
-            op: Op::OldWay {
-                old: OldWay::new(through.pool(1, "lock-bench-groups").get().await?),
-                keys: keys("many-8-old", 8),
-            },
-            batches: Batches::new(),
-        },
+    let many = |count| {
+        let (groups, manager) = (vec![keys(&format!("many-{count}"), count)], manager());
+        Either::Library(Op::AcquireMany {
+            manager,
+            groups,
+            options,
+        })
+    };
+    let old = OldWay::new(through.pool(1, "lock-bench-groups").get().await?);
+    let one = Op::Acquire {
+        manager: manager(),
+        keys: keys("one", 1),
+        options,
+    };
+    let old = Either::Old(old, keys("many-8-old", 8));
+    let variants = [
+        ("acquire 1 key + release", Either::Library(one)),
+        ("acquire_many of 1 key + release", many(1)),
+        (
+            "acquire_many of 8 keys + release (tries in one statement)",
+            many(8),
+        ),
+        (
+            "acquire_many of 8 keys + release, the old way (one try per round trip)",
+            old,
+        ),
     ];
-    for variant in &variants {
-        for _ in 0..3 {
-            variant.op.cycle().await?;
-        }
-    }
-    let count = variants.len();
     let batch = (plan.latency_batch / 4).max(10);
-    interleave::rounds(plan.latency_rounds, count, async |_, side| {
-        let Variant { op, batches, .. } = &mut variants[side];
-        batches.batch(batch, async || op.cycle().await).await
+    let counts = (3, plan.latency_rounds, batch);
+    let measured = interleave::batches(variants.len(), counts, async |side, n| {
+        variants[side].1.cycle(n).await
     })
     .await?;
-    let mut rows = Vec::new();
-    let mut checks = Vec::new();
-    let mut json_variants = Vec::new();
-    let single = &variants[0].batches;
-    for (index, variant) in variants.iter().enumerate() {
-        let ratios = variant.batches.ratios_to(single);
-        let (ratio, spread) = Ratios::fmt(ratios);
+    let (mut rows, mut checks, mut json_variants) = (Vec::new(), Vec::new(), Vec::new());
+    let single = &measured[0];
+    for (index, (batches, (name, _))) in measured.iter().zip(&variants).enumerate() {
+        let (cells, ratios, mut json) = batches.against(single);
+        json["name"] = json!(name);
         let (target, result) = if index == 2 {
             let measured = ratios.map_or(f64::INFINITY, |ratios| ratios.median);
             let pass = measured <= LIMIT;
             checks.push(Check::new(
                 "acquire_many of 8 uncontended keys + release vs one acquire + release, \
-                 ~2 ms round trip"
-                    .to_owned(),
+                 ~2 ms round trip",
                 format!(
-                    "{ratio} ({} vs {}; runs {spread})",
-                    fmt_ns(variant.batches.median()),
-                    fmt_ns(single.median())
+                    "{} ({} vs {}; runs {})",
+                    cells[3],
+                    cells[0],
+                    fmt_ns(single.median()),
+                    cells[4]
                 ),
                 format!("≤ {LIMIT:.1}×"),
                 pass,
@@ -240,22 +236,8 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         } else {
             (String::new(), String::new())
         };
-        rows.push(vec![
-            variant.name.to_owned(),
-            fmt_ns(variant.batches.median()),
-            variant.batches.spread(),
-            fmt_ns(variant.batches.pooled.p99()),
-            ratio,
-            spread,
-            target,
-            result,
-        ]);
-        json_variants.push(json!({
-            "name": variant.name,
-            "run_p50s_ns": variant.batches.runs,
-            "latency": variant.batches.pooled.to_json(),
-            "ratio_median": ratios.map(|ratios| ratios.median),
-        }));
+        rows.push([vec![(*name).to_owned()], cells, vec![target, result]].concat());
+        json_variants.push(json);
     }
     drop(variants);
 
@@ -357,5 +339,6 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
                 "old_rate_median": old_rate,
             },
         }),
+        files: Vec::new(),
     })
 }

@@ -20,10 +20,10 @@ use locks_postgres::PostgresLockManager;
 use locks_postgres::tokio_postgres::error::SqlState;
 use serde_json::{Value, json};
 
-use crate::chart::Series;
+use crate::chart::{Series, handoff_svg};
 use crate::db::{Database, RawStatements};
 use crate::report::{Check, Outcome, Section, verdict};
-use crate::stats::{Latencies, fmt_ns};
+use crate::stats::{Latencies, fairness, fmt_ns, nanos};
 use crate::{BoxError, Plan, interleave};
 
 const HOLD: Duration = Duration::from_millis(2);
@@ -32,11 +32,11 @@ const BOUNDED: Duration = Duration::from_secs(5);
 const GAP_P99_LIMIT: Duration = Duration::from_millis(2);
 const GAP_LIMIT_CONTENDERS: usize = 4;
 const FAIRNESS_LIMIT: f64 = 1.5;
-pub(crate) const CONTENDERS: [usize; 2] = [4, 16];
+const CONTENDERS: [usize; 2] = [4, 16];
 
 /// Who contends, and how they wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Contender {
+enum Contender {
     /// Raw `pg_advisory_lock` under `lock_timeout = 5s`, one dedicated connection per task.
     Raw,
     /// The library, `WaitStrategy::Queue`: one server-side wait.
@@ -46,9 +46,9 @@ pub(crate) enum Contender {
 }
 
 impl Contender {
-    pub(crate) const ALL: [Self; 3] = [Self::Raw, Self::Queue, Self::Poll];
+    const ALL: [Self; 3] = [Self::Raw, Self::Queue, Self::Poll];
 
-    pub(crate) fn label(self) -> &'static str {
+    fn label(self) -> &'static str {
         match self {
             Self::Raw => "raw pg_advisory_lock (server queue)",
             Self::Queue => "library, Queue (server-side wait)",
@@ -61,6 +61,15 @@ impl Contender {
             Self::Raw => "raw",
             Self::Queue => "queue",
             Self::Poll => "poll",
+        }
+    }
+
+    /// Its colour in the chart.
+    fn color(self) -> (u8, u8, u8) {
+        match self {
+            Self::Raw => (0x7f, 0x7f, 0x7f),
+            Self::Queue => (0x1f, 0x77, 0xb4),
+            Self::Poll => (0xd6, 0x27, 0x28),
         }
     }
 }
@@ -82,10 +91,6 @@ struct State {
     timeouts: u64,
     abandoned: u64,
     unserved_at_end: u64,
-}
-
-fn nanos(duration: Duration) -> u64 {
-    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
 #[derive(Debug)]
@@ -210,7 +215,7 @@ impl Taker {
             Contender::Raw => {
                 let client = db.connect("lock-bench-handoff").await?;
                 client.simple_query("SET lock_timeout = '5s'").await?;
-                let statements = RawStatements::prepare(&client).await?;
+                let statements = RawStatements::prepare(&client, false).await?;
                 Self::Raw { client, statements }
             }
             Contender::Queue | Contender::Poll => {
@@ -315,17 +320,6 @@ async fn window(
     Ok(recorder.finish_window())
 }
 
-/// Most turns / fewest turns; infinite when a task got none.
-pub(crate) fn fairness(turns: &[u64]) -> f64 {
-    let most = turns.iter().copied().max().unwrap_or(0);
-    let fewest = turns.iter().copied().min().unwrap_or(0);
-    if fewest == 0 {
-        f64::INFINITY
-    } else {
-        crate::stats::as_f64(most) / crate::stats::as_f64(fewest)
-    }
-}
-
 fn fmt_fairness(value: f64) -> String {
     if value.is_finite() {
         format!("{value:.2}")
@@ -342,16 +336,8 @@ fn fairness_json(value: f64) -> Value {
     }
 }
 
-fn latencies(samples: &[u64]) -> Latencies {
-    let mut latencies = Latencies::new();
-    for &sample in samples {
-        latencies.record_ns(sample);
-    }
-    latencies
-}
-
-/// The handoff scenario and the series for the chart.
-pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<(Outcome, Vec<Series>), BoxError> {
+/// The handoff scenario, with its chart.
+pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
     struct Cell {
         contender: Contender,
         tasks: usize,
@@ -396,9 +382,9 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<(Outcome, Vec<Seri
     let mut series = Vec::new();
     for cell in &cells {
         let state = cell.recorder.with(std::mem::take);
-        let gaps = latencies(&state.gaps);
-        let waiter_gaps = latencies(&state.waiter_gaps);
-        let waits = latencies(&state.waits);
+        let gaps = Latencies::of(&state.gaps);
+        let waiter_gaps = Latencies::of(&state.waiter_gaps);
+        let waits = Latencies::of(&state.waits);
         let fairness_by_window: Vec<f64> = cell.windows.iter().map(|t| fairness(t)).collect();
         let worst_fairness = fairness_by_window.iter().copied().fold(0.0_f64, f64::max);
         let turns: u64 = cell.windows.iter().flatten().sum();
@@ -478,21 +464,40 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<(Outcome, Vec<Seri
             "releases_unserved_at_window_end": state.unserved_at_end,
         }));
         series.push(Series {
-            contender: cell.contender,
-            tasks: cell.tasks,
+            label: format!("{}, {} contenders", cell.contender.label(), cell.tasks),
+            color: cell.contender.color(),
+            dashed: cell.tasks > CONTENDERS[0],
             gaps: state.gaps,
             waiter_gaps: state.waiter_gaps,
         });
     }
-
-    Ok((
-        Outcome {
-            id: "handoff",
-            section: Section {
-                title: "4. Handoff under contention: one key, hold 2 ms, acquire timeout 5 s"
-                    .to_owned(),
-                notes: vec![format!(
-                    "{} rounds; per round and contender count, one window each of raw \
+    let server: String = db
+        .connect("lock-bench-handoff")
+        .await?
+        .query_one("SHOW server_version", &[])
+        .await?
+        .get(0);
+    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    let chart_notes = [
+        format!(
+            "PostgreSQL {server}, {cores} cores, {} mode; hold 2 ms, acquire timeout 5 s.",
+            plan.mode()
+        ),
+        "n = handoffs (left) / releases made while other tasks waited (right); solid: 4 \
+         contenders, dashed: 16."
+            .to_owned(),
+        "Polling looks quick on the left only because the releaser takes the lock straight \
+         back; the right shows how long the waiting tasks were passed over."
+            .to_owned(),
+    ];
+    let svg = handoff_svg(&series, &chart_notes)?;
+    Ok(Outcome {
+        id: "handoff",
+        section: Section {
+            title: "4. Handoff under contention: one key, hold 2 ms, acquire timeout 5 s"
+                .to_owned(),
+            notes: vec![format!(
+                "{} rounds; per round and contender count, one window each of raw \
                          ({:.1} s), Queue ({:.1} s) and Poll ({:.1} s), order rotating. Every \
                          task has its own manager and pool of one (like separate processes). \
                          **gap** = from just before a holder calls release to the return of \
@@ -501,39 +506,38 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<(Outcome, Vec<Seri
                          waiters; **wait** = one acquire call, start to grant; **fairness** = \
                          most turns / fewest turns per window (worst window); **re-taken** = \
                          share of handoffs where the releaser took the lock straight back.",
-                    plan.handoff_rounds,
-                    plan.handoff_window.as_secs_f64(),
-                    plan.handoff_window.as_secs_f64(),
-                    plan.handoff_poll_window.as_secs_f64(),
-                )],
-                header: vec![
-                    "Tasks",
-                    "Waiting",
-                    "Turns",
-                    "gap p50",
-                    "gap p99",
-                    "gap to a waiter p50",
-                    "gap to a waiter p99",
-                    "wait p99",
-                    "fairness",
-                    "re-taken",
-                    "timeouts",
-                    "Result",
-                ],
-                rows,
-            },
-            checks,
-            json: json!({
-                "hold_ms": 2,
-                "acquire_timeout_s": 5,
-                "rounds": plan.handoff_rounds,
-                "window_s": plan.handoff_window.as_secs_f64(),
-                "poll_window_s": plan.handoff_poll_window.as_secs_f64(),
-                "cells": json_cells,
-            }),
+                plan.handoff_rounds,
+                plan.handoff_window.as_secs_f64(),
+                plan.handoff_window.as_secs_f64(),
+                plan.handoff_poll_window.as_secs_f64(),
+            )],
+            header: vec![
+                "Tasks",
+                "Waiting",
+                "Turns",
+                "gap p50",
+                "gap p99",
+                "gap to a waiter p50",
+                "gap to a waiter p99",
+                "wait p99",
+                "fairness",
+                "re-taken",
+                "timeouts",
+                "Result",
+            ],
+            rows,
         },
-        series,
-    ))
+        checks,
+        json: json!({
+            "hold_ms": 2,
+            "acquire_timeout_s": 5,
+            "rounds": plan.handoff_rounds,
+            "window_s": plan.handoff_window.as_secs_f64(),
+            "poll_window_s": plan.handoff_poll_window.as_secs_f64(),
+            "cells": json_cells,
+        }),
+        files: vec![("handoff.svg", svg)],
+    })
 }
 
 #[cfg(test)]
@@ -574,11 +578,5 @@ mod tests {
         let state = recorder.with(std::mem::take);
         assert_eq!((state.abandoned, state.timeouts), (1, 1));
         assert!(state.waiter_gaps.is_empty());
-    }
-
-    #[test]
-    fn fairness_is_most_over_fewest() {
-        assert!((fairness(&[10, 20, 15]) - 2.0).abs() < f64::EPSILON);
-        assert!(fairness(&[10, 0]).is_infinite());
     }
 }

@@ -10,8 +10,9 @@ use serde_json::json;
 
 use crate::db::{Database, granted_advisory_locks};
 use crate::report::{Check, Outcome, Section, verdict};
+use crate::stats::{allocated_bytes, rss_bytes};
 use crate::stats::{as_f64, fmt_bytes, fmt_ns, fmt_ratio, median, ratio};
-use crate::{BoxError, Plan, allocated_bytes, interleave, rss_bytes};
+use crate::{BoxError, Plan, interleave};
 
 /// "A small client-side footprint": the manager's own bookkeeping per held lock, on top
 /// of the connection the lock needs anyway.
@@ -361,5 +362,6 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
                 "rounds": raw.iter().map(raw_json).collect::<Vec<_>>(),
             },
         }),
+        files: Vec::new(),
     })
 }

@@ -1,4 +1,4 @@
-//! How every scenario compares the library with its baseline: the sides take turns in
+//! Floor 1: how every scenario compares the library with its baseline: the sides take turns in
 //! rounds, the order rotating from round to round so that none always runs first or last
 //! (whatever drifts during a run, a cache, a frequency, the server's background work, hits
 //! every side alike); each turn is a batch, and what the batches measured is kept as a
@@ -6,6 +6,8 @@
 //! run, neighbours in time.
 
 use std::time::Instant;
+
+use serde_json::{Value, json};
 
 use crate::BoxError;
 use crate::stats::{Latencies, as_f64, fmt_ns, median};
@@ -47,6 +49,35 @@ pub(crate) async fn until(
     Ok((ops, latencies))
 }
 
+/// Warms each of `count` sides up with `warmup` calls, then runs `rounds` rounds of one
+/// batch of `batch` timed calls per side, in [`order`]: `call(side, n)`. What each side's
+/// batches measured.
+pub(crate) async fn batches(
+    count: usize,
+    (warmup, rounds_, batch): (usize, usize, usize),
+    mut call: impl AsyncFnMut(usize, usize) -> Result<(), BoxError>,
+) -> Result<Vec<Batches>, BoxError> {
+    for side in 0..count {
+        for n in 0..warmup {
+            call(side, n).await?;
+        }
+    }
+    let mut sides: Vec<Batches> = (0..count).map(|_| Batches::new()).collect();
+    rounds(rounds_, count, async |_, side| {
+        let mut latencies = Latencies::new();
+        for n in 0..batch {
+            let started = Instant::now();
+            call(side, n).await?;
+            latencies.record(started.elapsed());
+        }
+        sides[side].runs.push(latencies.p50());
+        sides[side].pooled.merge(&latencies);
+        Ok(())
+    })
+    .await?;
+    Ok(sides)
+}
+
 /// What the batches of one side measured.
 #[derive(Debug)]
 pub(crate) struct Batches {
@@ -64,21 +95,26 @@ impl Batches {
         }
     }
 
-    /// One batch: times `count` calls of `op`.
-    pub(crate) async fn batch(
-        &mut self,
-        count: usize,
-        mut op: impl AsyncFnMut() -> Result<(), BoxError>,
-    ) -> Result<(), BoxError> {
-        let mut batch = Latencies::new();
-        for _ in 0..count {
-            let started = Instant::now();
-            op().await?;
-            batch.record(started.elapsed());
-        }
-        self.runs.push(batch.p50());
-        self.pooled.merge(&batch);
-        Ok(())
+    /// Against `base`, the cells a table shows (p50 as the median run, the runs' spread,
+    /// p99, the ratio and its spread), the ratios, and the JSON.
+    pub(crate) fn against(&self, base: &Self) -> (Vec<String>, Option<Ratios>, Value) {
+        let ratios = self.ratios_to(base);
+        let (ratio, spread) = Ratios::fmt(ratios);
+        let cells = vec![
+            fmt_ns(self.median()),
+            self.spread(),
+            fmt_ns(self.pooled.p99()),
+            ratio,
+            spread,
+        ];
+        let json = json!({
+            "run_p50s_ns": self.runs,
+            "latency": self.pooled.to_json(),
+            "ratio_median": ratios.map(|r| r.median),
+            "ratio_min": ratios.map(|r| r.low),
+            "ratio_max": ratios.map(|r| r.high),
+        });
+        (cells, ratios, json)
     }
 
     /// The median of the runs, in nanoseconds.

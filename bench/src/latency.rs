@@ -3,17 +3,16 @@
 
 use std::time::Duration;
 
-use locks_port::{AcquireOptions, lock_id};
+use locks_port::AcquireOptions;
 use locks_postgres::PostgresLockManager;
 use serde_json::json;
 
-use crate::cycle::BOUNDED;
+use crate::clients::{KEYS, Op, client, keys};
 use crate::db::Database;
-use crate::interleave::{self, Batches, Ratios};
-use crate::ops::Op;
+use crate::interleave;
 use crate::proxy::Proxy;
 use crate::report::{Check, Outcome, Section, verdict};
-use crate::stats::fmt_ns;
+use crate::stats::{fmt_ns, nanos};
 use crate::{BoxError, Plan};
 
 /// The round trips to simulate. Each one-way delay is set to half of what the proxy must
@@ -25,14 +24,6 @@ const ROUND_TRIPS: [Duration; 2] = [Duration::from_micros(500), Duration::from_m
 /// unlock off the caller's path); the default release waits for the unlock's answer, as
 /// raw does, so those variants are shown beside it without the target.
 const LIMIT: f64 = 0.6;
-
-struct Variant {
-    name: &'static str,
-    op: Op,
-    batches: Batches,
-    /// Whether [`LIMIT`] applies (a release in the background).
-    gated: bool,
-}
 
 /// Scenario 8.
 pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
@@ -53,61 +44,39 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         let proxy = Proxy::start(upstream.clone(), one_way)?;
         let through = db.through(proxy.port());
         let rtt = through.round_trip("lock-bench-latency").await?;
-        let key = |n: usize| format!("bench:latency:{n}");
-        let manager = || PostgresLockManager::new(through.pool(1, "lock-bench-latency"));
-        let mut variants = vec![
-            Variant {
-                name: "raw: prepared pg_advisory_lock($1), then pg_advisory_unlock($1)",
-                op: Op::raw_prepared(
-                    through.connect("lock-bench-latency").await?,
-                    lock_id(&key(0)),
-                )
-                .await?,
-                batches: Batches::new(),
-                gated: false,
-            },
-            Variant {
-                name: "library: acquire (no timeout) + release",
-                op: Op::library(manager(), key(1), AcquireOptions::new()),
-                batches: Batches::new(),
-                gated: false,
-            },
-            Variant {
-                name: "library: acquire (timeout 5 s) + release",
-                op: Op::library(
-                    manager(),
-                    key(2),
-                    AcquireOptions::new().with_timeout(BOUNDED),
-                ),
-                batches: Batches::new(),
-                gated: false,
-            },
-            Variant {
-                // ADR 0010: release returns once the unlock is sent; a pool of 2, so the
-                // next acquire need not wait for the first connection's answer.
-                name: "library, release in background: acquire (no timeout) + release",
-                op: Op::library(
-                    PostgresLockManager::builder(through.pool(2, "lock-bench-latency"))
-                        .release_in_background(true)
-                        .build(),
-                    key(3),
-                    AcquireOptions::new(),
-                ),
-                batches: Batches::new(),
-                gated: true,
-            },
+        let app = "lock-bench-latency";
+        let variant = async |name, label, n: usize| {
+            let op = client(&through, name, &format!("bench:latency:{n}"), app).await?;
+            Ok::<_, BoxError>((label, op))
+        };
+        let raw = "raw: prepared pg_advisory_lock($1), then pg_advisory_unlock($1)";
+        // ADR 0010: release returns once the unlock is sent; a pool of 2, so the next
+        // acquire need not wait for the first connection's answer. The last variant, and
+        // the only one the target applies to.
+        let background = Op::Acquire {
+            manager: PostgresLockManager::builder(through.pool(2, app))
+                .release_in_background(true)
+                .build(),
+            keys: keys("bench:latency:3", KEYS),
+            options: AcquireOptions::new(),
+        };
+        let variants = [
+            variant("raw", raw, 0).await?,
+            variant("library", "library: acquire (no timeout) + release", 1).await?,
+            variant(
+                "library-timeout",
+                "library: acquire (timeout 5 s) + release",
+                2,
+            )
+            .await?,
+            (
+                "library, release in background: acquire (no timeout) + release",
+                background,
+            ),
         ];
-        for variant in &variants {
-            for _ in 0..5 {
-                variant.op.cycle().await?;
-            }
-        }
-        let count = variants.len();
-        interleave::rounds(plan.latency_rounds, count, async |_, side| {
-            let Variant { op, batches, .. } = &mut variants[side];
-            batches
-                .batch(plan.latency_batch, async || op.cycle().await)
-                .await
+        let counts = (5, plan.latency_rounds, plan.latency_batch);
+        let measured = interleave::batches(variants.len(), counts, async |side, n| {
+            variants[side].1.cycle(n).await
         })
         .await?;
         let rtt_label = format!(
@@ -117,29 +86,17 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             fmt_ns(nanos(one_way))
         );
         let mut json_variants = Vec::new();
-        for variant in &variants {
-            let raw = &variants[0].batches;
-            let Ratios {
-                median: ratio,
-                low,
-                high,
-            } = variant.batches.ratios_to(raw).unwrap_or(Ratios {
-                median: 0.0,
-                low: f64::INFINITY,
-                high: f64::NEG_INFINITY,
-            });
-            let is_raw = std::ptr::eq(variant, &variants[0]);
-            let (target, result) = if is_raw {
+        let raw = &measured[0];
+        for (index, (batches, (name, _))) in measured.iter().zip(&variants).enumerate() {
+            let (cells, ratios, mut json) = batches.against(raw);
+            json["name"] = json!(name);
+            let (target, result) = if index == 0 {
                 ("baseline".to_owned(), String::new())
-            } else if is_last && variant.gated {
-                let pass = ratio <= LIMIT;
+            } else if is_last && index + 1 == variants.len() {
+                let pass = ratios.is_some_and(|r| r.median <= LIMIT);
                 checks.push(Check::new(
-                    format!("{} under a 1 ms round trip vs raw", variant.name),
-                    format!(
-                        "{ratio:.2}× ({} vs {})",
-                        fmt_ns(variant.batches.median()),
-                        fmt_ns(raw.median())
-                    ),
+                    format!("{name} under a 1 ms round trip vs raw"),
+                    format!("{} ({} vs {})", cells[3], cells[0], fmt_ns(raw.median())),
                     format!("≤ {LIMIT:.1}×"),
                     pass,
                 ));
@@ -147,25 +104,15 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             } else {
                 (String::new(), String::new())
             };
-            rows.push(vec![
-                rtt_label.clone(),
-                variant.name.to_owned(),
-                fmt_ns(variant.batches.median()),
-                variant.batches.spread(),
-                fmt_ns(variant.batches.pooled.p99()),
-                format!("{ratio:.2}×"),
-                format!("{low:.2}–{high:.2}×"),
-                target,
-                result,
-            ]);
-            json_variants.push(json!({
-                "name": variant.name,
-                "run_p50s_ns": variant.batches.runs,
-                "latency": variant.batches.pooled.to_json(),
-                "ratio_median": ratio,
-                "ratio_min": low,
-                "ratio_max": high,
-            }));
+            rows.push(
+                [
+                    vec![rtt_label.clone(), (*name).to_owned()],
+                    cells,
+                    vec![target, result],
+                ]
+                .concat(),
+            );
+            json_variants.push(json);
         }
         json_delays.push(json!({
             "target_round_trip_ns": nanos(target_rtt),
@@ -213,9 +160,6 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             "proxy_no_delay_round_trip_p50_ns": bare,
             "delays": json_delays,
         }),
+        files: Vec::new(),
     })
-}
-
-fn nanos(duration: Duration) -> u64 {
-    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }

@@ -8,9 +8,21 @@
 //! Every scenario alternates the library and its baseline within the run, so a noisy
 //! machine shifts both alike; it prints markdown tables (with PASS/MISS against the
 //! targets) and writes a JSON file and `handoff.svg` next to it.
+//!
+//! The modules stand in floors, each importing only from the floors below it (the test
+//! `imports_run_downward` fails on any other edge):
+//! - ground: `plan` (the error type, the mode's counts), `stats`, `report`, `pin`,
+//!   `proxy`, `otel`;
+//! - 1: `interleave` (rounds and batches), `db` (connections, raw statements), `chart`;
+//! - 2: `clients` (every client a cycle scenario compares, built by name);
+//! - 3: `pinned` (the pinned cycle method), `callgrind` (instruction counts);
+//! - scenarios, one file each, none importing another: `cycle`, `try_acquire`, `shared`,
+//!   `many`, `throughput`, `handoff`, `hold`, `memory`, `instructions`, `metrics`,
+//!   `latency`, `cutover_append`, `multiplex`, `groups`, `permits`.
 
+mod callgrind;
 mod chart;
-mod cpu;
+mod clients;
 mod cutover_append;
 mod cycle;
 mod db;
@@ -19,35 +31,31 @@ mod handoff;
 mod hold;
 mod instructions;
 mod interleave;
-mod kinds;
 mod latency;
+mod many;
 mod memory;
-mod metrics_cost;
+mod metrics;
 mod multiplex;
-mod ops;
 mod otel;
 mod permits;
 mod pin;
+mod pinned;
+mod plan;
 mod proxy;
 mod report;
+mod shared;
 mod stats;
 mod throughput;
+mod try_acquire;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::{Map, Value, json};
 
 use crate::db::Database;
-
-/// Counts live heap bytes (for the per-lock memory figures); otherwise the system allocator.
-#[global_allocator]
-static ALLOCATOR: cap::Cap<std::alloc::System> = cap::Cap::new(std::alloc::System, usize::MAX);
-
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-pub(crate) const DATABASE_URL_ENV: &str = "LOCKS_DATABASE_URL";
+pub(crate) use crate::plan::{BoxError, DATABASE_URL_ENV, Plan};
 
 const HELP: &str = "\
 usage: lock-bench [--url URL] [--quick] [--out FILE.json] [--only LIST]
@@ -60,13 +68,10 @@ usage: lock-bench [--url URL] [--quick] [--out FILE.json] [--only LIST]
                 hold, memory, instructions (needs valgrind), metrics (valgrind),
                 latency, cutover-append, multiplex, groups, permits
 
-  --count-instructions VARIANT --cycles N
-                the child that `instructions` runs under callgrind: N cycles of VARIANT
-                (raw, library, library-timeout, library-fencing, library-keepalive-off,
-                library-lease-off,
-                library-otel, library-timeout-otel, library-otel-spans,
-                library-timeout-otel-spans, raw-shared, library-shared, raw-many,
-                library-many; `metrics`: library-metrics-off, library-metrics-sdk)
+  --count-instructions CLIENT --cycles N
+                the child that `instructions` runs under callgrind: N cycles of CLIENT
+                (raw, raw-shared, raw-many, library and its settings: library-timeout,
+                library-fencing, library-otel, library-metrics-off, … as the tables name)
 ";
 
 const SCENARIOS: [&str; 15] = [
@@ -87,105 +92,13 @@ const SCENARIOS: [&str; 15] = [
     "permits",
 ];
 
-/// Live heap bytes of this process.
-pub(crate) fn allocated_bytes() -> usize {
-    ALLOCATOR.allocated()
-}
-
-/// Resident memory of this process (`VmRSS`), where `/proc` has it.
-pub(crate) fn rss_bytes() -> Option<usize> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
-    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
-/// Iteration counts and windows of one mode.
-#[derive(Debug, Clone)]
-pub(crate) struct Plan {
-    pub(crate) quick: bool,
-    pub(crate) cycle_warmup: usize,
-    pub(crate) cycle_rounds: usize,
-    pub(crate) cycle_batch: usize,
-    pub(crate) throughput_rounds: usize,
-    pub(crate) throughput_window: Duration,
-    pub(crate) handoff_rounds: usize,
-    pub(crate) handoff_window: Duration,
-    pub(crate) handoff_poll_window: Duration,
-    pub(crate) hold_locks: usize,
-    pub(crate) hold_rounds: usize,
-    pub(crate) memory_rounds: usize,
-    pub(crate) memory_batches: usize,
-    pub(crate) memory_batch: usize,
-    pub(crate) memory_window: Duration,
-    pub(crate) memory_windows: usize,
-    /// N of the callgrind runs (N and 2N cycles).
-    pub(crate) callgrind_cycles: usize,
-    pub(crate) latency_rounds: usize,
-    pub(crate) latency_batch: usize,
-}
-
-impl Plan {
-    fn quick() -> Self {
-        Self {
-            quick: true,
-            cycle_warmup: 50,
-            cycle_rounds: 6,
-            cycle_batch: 200,
-            throughput_rounds: 3,
-            throughput_window: Duration::from_millis(600),
-            handoff_rounds: 2,
-            handoff_window: Duration::from_millis(600),
-            handoff_poll_window: Duration::from_millis(1500),
-            hold_locks: 100,
-            hold_rounds: 2,
-            memory_rounds: 4,
-            memory_batches: 20,
-            memory_batch: 1000,
-            memory_window: Duration::from_millis(300),
-            memory_windows: 4,
-            callgrind_cycles: 300,
-            latency_rounds: 5,
-            latency_batch: 40,
-        }
-    }
-
-    fn full() -> Self {
-        Self {
-            quick: false,
-            cycle_warmup: 200,
-            cycle_rounds: 20,
-            cycle_batch: 1000,
-            throughput_rounds: 6,
-            throughput_window: Duration::from_secs(3),
-            handoff_rounds: 5,
-            handoff_window: Duration::from_secs(2),
-            handoff_poll_window: Duration::from_secs(6),
-            hold_locks: 500,
-            hold_rounds: 3,
-            memory_rounds: 10,
-            memory_batches: 50,
-            memory_batch: 1000,
-            memory_window: Duration::from_secs(1),
-            memory_windows: 6,
-            callgrind_cycles: 2000,
-            latency_rounds: 10,
-            latency_batch: 200,
-        }
-    }
-
-    fn mode(&self) -> &'static str {
-        if self.quick { "quick" } else { "full" }
-    }
-}
-
 #[derive(Debug)]
 struct Args {
     url: String,
     plan: Plan,
     out: PathBuf,
     only: Vec<String>,
-    /// `--count-instructions VARIANT --cycles N`: the callgrind child.
+    /// `--count-instructions CLIENT --cycles N`: the callgrind child.
     child: Option<(String, usize)>,
 }
 
@@ -230,7 +143,7 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Args>, String>
         }
     }
     let child = match (child, cycles) {
-        (Some(variant), Some(cycles)) => Some((variant, cycles)),
+        (Some(client), Some(cycles)) => Some((client, cycles)),
         (None, None) => None,
         _ => {
             return Err(format!(
@@ -245,7 +158,7 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Args>, String>
             .filter(|url| !url.trim().is_empty())
             .ok_or_else(|| format!("no server: pass --url or set {DATABASE_URL_ENV}\n\n{HELP}"))?,
     };
-    let plan = if quick { Plan::quick() } else { Plan::full() };
+    let plan = Plan::new(quick);
     let out = out
         .unwrap_or_else(|| PathBuf::from(format!("target/bench/lock-bench-{}.json", plan.mode())));
     Ok(Some(Args {
@@ -269,26 +182,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if let Some((variant, cycles)) = &args.child {
-        return match instructions::child(&args.url, variant, *cycles) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(error) => {
-                eprintln!("lock-bench: error: {error}");
-                ExitCode::FAILURE
-            }
-        };
-    }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("lock-bench: could not start the Tokio runtime: {error}");
-            return ExitCode::FAILURE;
-        }
+    let outcome = match &args.child {
+        Some((client, cycles)) => callgrind::child(&args.url, client, *cycles),
+        None => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .map_err(|error| format!("could not start the Tokio runtime: {error}").into())
+            .and_then(|runtime| runtime.block_on(run(&args))),
     };
-    match runtime.block_on(run(&args)) {
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("lock-bench: error: {error}");
@@ -320,9 +222,9 @@ async fn run(args: &Args) -> Result<(), BoxError> {
     }
     drop(admin);
 
+    let out_dir = args.out.parent().unwrap_or_else(|| Path::new("."));
     let started = Instant::now();
     let mut outcomes = Vec::new();
-    let mut series = Vec::new();
     for scenario in SCENARIOS {
         if !args.only.iter().any(|s| s == scenario) {
             continue;
@@ -333,26 +235,18 @@ async fn run(args: &Args) -> Result<(), BoxError> {
             plan.mode()
         );
         let outcome = match scenario {
-            "cycle" => cycle::on_cycle_thread(&db, plan, cycle::acquire)?,
-            "try" => cycle::on_cycle_thread(&db, plan, cycle::try_acquire)?,
-            "shared" => cycle::on_cycle_thread(&db, plan, kinds::shared)?,
-            "many" => cycle::on_cycle_thread(&db, plan, kinds::many)?,
+            "cycle" => cycle::acquire(&db, plan)?,
+            "try" => try_acquire::try_acquire(&db, plan)?,
+            "shared" => shared::shared(&db, plan)?,
+            "many" => many::many(&db, plan)?,
             "throughput" => throughput::run(&db, plan).await?,
-            "handoff" => {
-                let (outcome, handoff_series) = handoff::run(&db, plan).await?;
-                series = handoff_series;
-                outcome
-            }
+            "handoff" => handoff::run(&db, plan).await?,
             "hold" => hold::run(&db, plan).await?,
             "memory" => memory::run(plan).await?,
             "instructions" => {
-                let out_dir = args.out.parent().unwrap_or_else(|| Path::new("."));
                 tokio::task::block_in_place(|| instructions::run(&args.url, plan, out_dir))?
             }
-            "metrics" => {
-                let out_dir = args.out.parent().unwrap_or_else(|| Path::new("."));
-                tokio::task::block_in_place(|| metrics_cost::run(&args.url, plan, out_dir))?
-            }
+            "metrics" => tokio::task::block_in_place(|| metrics::run(&args.url, plan, out_dir))?,
             "latency" => latency::run(&db, plan).await?,
             "cutover-append" => cutover_append::run(&db, plan).await?,
             "multiplex" => multiplex::run(&db, plan).await?,
@@ -368,7 +262,13 @@ async fn run(args: &Args) -> Result<(), BoxError> {
     let timestamp = time::OffsetDateTime::now_utc()
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_default();
-    let cpu = cpu_model();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            let line = info.lines().find(|line| line.starts_with("model name"))?;
+            line.split_once(':')
+                .map(|(_, model)| model.trim().to_owned())
+        });
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| s.trim().to_owned())
         .ok();
@@ -410,23 +310,19 @@ async fn run(args: &Args) -> Result<(), BoxError> {
         "scenarios": scenarios,
         "targets": checks,
     });
-    write(&args.out, &serde_json::to_string_pretty(&document)?)?;
-    write(&args.out.with_extension("md"), &markdown)?;
-    let mut written = vec![args.out.clone(), args.out.with_extension("md")];
-    if !series.is_empty() {
-        let svg_path = args
-            .out
-            .parent()
-            .unwrap_or_else(|| Path::new("."))
-            .join("handoff.svg");
-        let subtitle = format!(
-            "PostgreSQL {server_version}, {cores} cores, {} mode; hold 2 ms, acquire timeout 5 s.",
-            plan.mode()
-        );
-        write(&svg_path, &chart::handoff_svg(&series, &subtitle)?)?;
-        written.push(svg_path);
+    let mut files = vec![
+        (args.out.clone(), serde_json::to_string_pretty(&document)?),
+        (args.out.with_extension("md"), markdown),
+    ];
+    for outcome in &mut outcomes {
+        for (name, contents) in outcome.files.drain(..) {
+            files.push((out_dir.join(name), contents));
+        }
     }
-    for path in written {
+    for (path, contents) in files {
+        std::fs::create_dir_all(path.parent().unwrap_or_else(|| Path::new(".")))?;
+        std::fs::write(&path, contents)
+            .map_err(|error| format!("could not write {}: {error}", path.display()))?;
         eprintln!("lock-bench: wrote {}", path.display());
     }
     let missed = outcomes
@@ -438,22 +334,6 @@ async fn run(args: &Args) -> Result<(), BoxError> {
         eprintln!("lock-bench: {missed} target(s) missed (see the MISS rows)");
     }
     Ok(())
-}
-
-fn cpu_model() -> Option<String> {
-    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
-    info.lines()
-        .find(|line| line.starts_with("model name"))
-        .and_then(|line| line.split_once(':'))
-        .map(|(_, model)| model.trim().to_owned())
-}
-
-fn write(path: &Path, contents: &str) -> Result<(), BoxError> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    std::fs::write(path, contents)
-        .map_err(|error| format!("could not write {}: {error}", path.display()).into())
 }
 
 #[cfg(test)]
@@ -485,11 +365,77 @@ mod tests {
         assert!(args(&["--url"]).is_err());
     }
 
+    /// The floors of the module list above, lowest first; a module not named here is a
+    /// scenario, the top floor.
+    const FLOORS: [&[&str]; 4] = [
+        &["plan", "stats", "report", "pin", "proxy", "otel"],
+        &["interleave", "db", "chart"],
+        &["clients"],
+        &["pinned", "callgrind"],
+    ];
+
+    fn floor(module: &str) -> usize {
+        FLOORS
+            .iter()
+            .position(|floor| floor.contains(&module))
+            .unwrap_or(FLOORS.len())
+    }
+
+    /// The modules `text` names as `crate::x` or in `use crate::{x, …}` (before its tests).
+    fn imports(text: &str) -> Vec<String> {
+        let text = text.split("#[cfg(test)]").next().unwrap_or(text);
+        let ident = |name: &str| -> String {
+            let name = name.trim();
+            name.chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect()
+        };
+        let mut found: Vec<String> = Vec::new();
+        for (index, _) in text.match_indices("crate::") {
+            let rest = &text[index + "crate::".len()..];
+            match rest.strip_prefix('{') {
+                Some(group) => {
+                    let group = group.split('}').next().unwrap_or("");
+                    found.extend(group.split(',').map(ident));
+                }
+                None => found.push(ident(rest)),
+            }
+        }
+        found.retain(|name| name.starts_with(|c: char| c.is_ascii_lowercase()));
+        found
+    }
+
+    /// Each module imports only from floors below its own: the ground imports nothing of
+    /// the crate above it, and no scenario imports another.
+    fn back_edges(sources: &[(String, String)]) -> Vec<String> {
+        let mut wrong = Vec::new();
+        for (module, text) in sources {
+            for imported in imports(text) {
+                if imported != *module && floor(&imported) >= floor(module) {
+                    wrong.push(format!("{module} imports {imported}"));
+                }
+            }
+        }
+        wrong
+    }
+
     #[test]
-    fn the_allocator_counts() {
-        let before = allocated_bytes();
-        let block = vec![0u8; 1 << 20];
-        assert!(allocated_bytes() >= before + (1 << 20) - 4096);
-        drop(block);
+    fn imports_run_downward() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut sources = Vec::new();
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let module = path.file_stem().unwrap().to_string_lossy().into_owned();
+            if path.extension().is_some_and(|e| e == "rs") && module != "main" {
+                sources.push((module, std::fs::read_to_string(&path).unwrap()));
+            }
+        }
+        assert!(sources.len() > 20, "read {} modules", sources.len());
+        assert_eq!(back_edges(&sources), Vec::<String>::new());
+        // A planted back-edge (the ground importing a scenario) is caught.
+        let planted = [("db".to_owned(), "use crate::{cycle, stats};".to_owned())];
+        assert_eq!(back_edges(&planted), ["db imports cycle"]);
+        let sideways = [("many".to_owned(), "crate::shared::shared(db)".to_owned())];
+        assert_eq!(back_edges(&sideways), ["many imports shared"]);
     }
 }

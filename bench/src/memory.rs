@@ -79,41 +79,32 @@ pub(crate) async fn run(plan: &Plan) -> Result<Outcome, BoxError> {
     .await?;
 
     // Contended throughput: 16 tasks, one key, alternating rounds.
-    let library_window = || {
-        contended(plan.memory_window, |end| {
-            let manager = manager.clone();
-            async move {
-                let mut ops = 0;
-                while Instant::now() < end {
-                    let guard = manager.acquire(KEY, AcquireOptions::new()).await?;
-                    guard.release().await;
-                    ops += 1;
-                }
-                Ok(ops)
-            }
-        })
-    };
-    let mutex_window = || {
-        contended(plan.memory_window, |end| {
-            let mutex = Arc::clone(&mutex);
-            async move {
-                let mut ops = 0;
-                while Instant::now() < end {
-                    let guard = mutex.lock().await;
-                    drop(guard);
-                    ops += 1;
-                }
-                Ok(ops)
-            }
-        })
-    };
-    let mut library_rates = Vec::new();
-    let mut mutex_rates = Vec::new();
+    let (mut library_rates, mut mutex_rates) = (Vec::new(), Vec::new());
     interleave::rounds(plan.memory_windows, 2, async |_, side| {
-        match side {
-            0 => library_rates.push(library_window().await?),
-            _ => mutex_rates.push(mutex_window().await?),
+        let (manager, mutex) = (manager.clone(), Arc::clone(&mutex));
+        let rate = contended(plan.memory_window, move |end| {
+            let (manager, mutex) = (manager.clone(), Arc::clone(&mutex));
+            async move {
+                let mut ops = 0;
+                while Instant::now() < end {
+                    if side == 0 {
+                        let guard = manager.acquire(KEY, AcquireOptions::new()).await?;
+                        guard.release().await;
+                    } else {
+                        drop(mutex.lock().await);
+                    }
+                    ops += 1;
+                }
+                Ok(ops)
+            }
+        })
+        .await?;
+        if side == 0 {
+            &mut library_rates
+        } else {
+            &mut mutex_rates
         }
+        .push(rate);
         Ok(())
     })
     .await?;
@@ -182,5 +173,6 @@ pub(crate) async fn run(plan: &Plan) -> Result<Outcome, BoxError> {
                 "ratio": ratio(library_rate, mutex_rate),
             },
         }),
+        files: Vec::new(),
     })
 }

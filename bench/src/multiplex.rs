@@ -229,5 +229,6 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             "granted_after_release_all": left,
             "pool_after_release_all": { "size": pooled.size, "available": pooled.available },
         }),
+        files: Vec::new(),
     })
 }

@@ -28,10 +28,9 @@ use locks_postgres::PostgresLockManager;
 use serde_json::json;
 
 use crate::db::Database;
-use crate::handoff::fairness;
 use crate::interleave;
 use crate::report::{Check, Outcome, Section};
-use crate::stats::{Latencies, fmt_ns};
+use crate::stats::{Latencies, fairness, fmt_ns, nanos};
 use crate::{BoxError, Plan};
 
 const TASKS: usize = 16;
@@ -96,10 +95,6 @@ impl Recorder {
     fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
         f(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner))
     }
-}
-
-fn nanos(duration: Duration) -> u64 {
-    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
 enum Held {
@@ -283,10 +278,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         }
     }
     let jobs = window(db, Kind::Permits, JOB_WINDOW, true).await?;
-    let mut gaps = Latencies::new();
-    for &gap in &jobs.gaps {
-        gaps.record_ns(gap);
-    }
+    let gaps = Latencies::of(&jobs.gaps);
     let idle = jobs.idle.as_secs_f64() / (JOB_WINDOW.as_secs_f64() * f64::from(PERMITS));
     rows.push(vec![
         format!("semaphore, N = 4, {JOB_TASKS} tasks, 100-400 ms jobs"),
@@ -358,5 +350,6 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         },
         checks,
         json: serde_json::Value::Object(json),
+        files: Vec::new(),
     })
 }

@@ -1,4 +1,4 @@
-//! What a scenario hands back, and the markdown made of it.
+//! Ground floor: what a scenario hands back, and the markdown made of it.
 
 use std::fmt::Write as _;
 
@@ -12,6 +12,8 @@ pub(crate) struct Outcome {
     pub(crate) section: Section,
     pub(crate) checks: Vec<Check>,
     pub(crate) json: Value,
+    /// Files to write beside the results (name, contents): the handoff chart.
+    pub(crate) files: Vec<(&'static str, String)>,
 }
 
 /// A titled markdown table with notes under it.

@@ -1,4 +1,4 @@
-//! Latency histograms and how figures are printed.
+//! Ground floor: latency histograms, live heap bytes, and how figures are printed.
 
 use std::time::Duration;
 
@@ -19,8 +19,17 @@ impl Latencies {
         }
     }
 
+    /// A histogram of `samples` (nanoseconds).
+    pub(crate) fn of(samples: &[u64]) -> Self {
+        let mut latencies = Self::new();
+        for &sample in samples {
+            latencies.record_ns(sample);
+        }
+        latencies
+    }
+
     pub(crate) fn record(&mut self, elapsed: Duration) {
-        self.record_ns(u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX));
+        self.record_ns(nanos(elapsed));
     }
 
     pub(crate) fn record_ns(&mut self, nanos: u64) {
@@ -68,6 +77,39 @@ impl Latencies {
             "p999_ns": self.quantile_ns(0.999),
             "max_ns": self.histogram.max(),
         })
+    }
+}
+
+/// Counts live heap bytes (for the per-lock memory figures); otherwise the system allocator.
+#[global_allocator]
+static ALLOCATOR: cap::Cap<std::alloc::System> = cap::Cap::new(std::alloc::System, usize::MAX);
+
+/// Live heap bytes of this process.
+pub(crate) fn allocated_bytes() -> usize {
+    ALLOCATOR.allocated()
+}
+
+/// Resident memory of this process (`VmRSS`), where `/proc` has it.
+pub(crate) fn rss_bytes() -> Option<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// A duration in whole nanoseconds (saturating).
+pub(crate) fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Most turns / fewest turns; infinite when a task got none.
+pub(crate) fn fairness(turns: &[u64]) -> f64 {
+    let most = turns.iter().copied().max().unwrap_or(0);
+    let fewest = turns.iter().copied().min().unwrap_or(0);
+    if fewest == 0 {
+        f64::INFINITY
+    } else {
+        as_f64(most) / as_f64(fewest)
     }
 }
 
@@ -173,5 +215,15 @@ mod tests {
         assert_eq!(fmt_ratio(None), "—");
         assert!((median(&[3.0, 1.0, 2.0]) - 2.0).abs() < f64::EPSILON);
         assert!((median(&[4.0, 1.0, 2.0, 3.0]) - 2.5).abs() < f64::EPSILON);
+        assert!((fairness(&[10, 20, 15]) - 2.0).abs() < f64::EPSILON);
+        assert!(fairness(&[10, 0]).is_infinite());
+    }
+
+    #[test]
+    fn the_allocator_counts() {
+        let before = allocated_bytes();
+        let block = vec![0u8; 1 << 20];
+        assert!(allocated_bytes() >= before + (1 << 20) - 4096);
+        drop(block);
     }
 }

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use locks_port::{AcquireOptions, DistributedLock, LockGuard, lock_id};
 use locks_postgres::PostgresLockManager;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::db::{Database, RawStatements};
 use crate::report::{Check, Outcome, Section, verdict};
@@ -63,7 +63,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     let mut raw = Vec::with_capacity(TASKS);
     for _ in 0..TASKS {
         let client = db.connect("lock-bench-throughput").await?;
-        let statements = RawStatements::prepare(&client).await?;
+        let statements = RawStatements::prepare(&client, false).await?;
         raw.push(Arc::new((client, statements)));
     }
     let keys: Vec<String> = (0..TASKS)
@@ -120,81 +120,80 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     library_window(warmup).await?;
     raw_window(warmup).await?;
     let length = plan.throughput_window;
-    let mut library = Vec::new();
-    let mut baseline = Vec::new();
-    let mut text = Vec::new();
+    let mut windows: [Vec<Window>; 3] = [Vec::new(), Vec::new(), Vec::new()];
     interleave::rounds(plan.throughput_rounds, 3, async |_, side| {
-        match side {
-            0 => library.push(library_window(length).await?),
-            1 => baseline.push(raw_window(length).await?),
-            _ => text.push(text_window(length).await?),
-        }
+        windows[side].push(match side {
+            0 => library_window(length).await?,
+            1 => raw_window(length).await?,
+            _ => text_window(length).await?,
+        });
         Ok(())
     })
     .await?;
 
-    let rates = |windows: &[Window]| windows.iter().map(Window::rate).collect::<Vec<_>>();
-    let merged = |windows: &[Window]| {
-        let mut all = Latencies::new();
-        for window in windows {
-            all.merge(&window.latencies);
+    // Per side: the rate of each round, their median, and every latency merged.
+    let sides = windows.map(|windows| {
+        let rates: Vec<f64> = windows.iter().map(Window::rate).collect();
+        let mut latency = Latencies::new();
+        for window in &windows {
+            latency.merge(&window.latencies);
         }
-        all
-    };
-    let (library_rates, baseline_rates, text_rates) =
-        (rates(&library), rates(&baseline), rates(&text));
-    let (library_rate, baseline_rate, text_rate) = (
-        median(&library_rates),
-        median(&baseline_rates),
-        median(&text_rates),
-    );
-    let (library_latency, baseline_latency, text_latency) =
-        (merged(&library), merged(&baseline), merged(&text));
-    let share = ratio(library_rate, baseline_rate);
+        (median(&rates), rates, latency)
+    });
+    let [
+        (library_rate, library_rates, _),
+        (baseline_rate, baseline_rates, _),
+        (text_rate, ..),
+    ] = &sides;
+    let share = ratio(*library_rate, *baseline_rate);
     let pass = share.is_some_and(|s| s >= THROUGHPUT_LIMIT);
     // The spread: library ÷ raw round by round (each round runs both, back to back).
     let per_round: Vec<f64> = library_rates
         .iter()
-        .zip(&baseline_rates)
+        .zip(baseline_rates)
         .filter_map(|(library, raw)| ratio(*library, *raw))
         .collect();
-    let spread = if per_round.is_empty() {
-        "—".to_owned()
-    } else {
-        let low = per_round.iter().copied().fold(f64::INFINITY, f64::min);
-        let high = per_round.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        format!("rounds {low:.2}–{high:.2}×")
-    };
-
-    let rows = vec![
-        vec![
-            format!("library: {TASKS} tasks, one manager, pool of {TASKS}"),
-            fmt_rate(library_rate),
-            fmt_ns(library_latency.p50()),
-            fmt_ns(library_latency.p99()),
-            format!("{} ({spread})", fmt_ratio(share)),
-            format!("≥ {THROUGHPUT_LIMIT:.2}×"),
-            verdict(pass).to_owned(),
-        ],
-        vec![
-            format!("raw: {TASKS} tasks, {TASKS} dedicated connections, prepared"),
-            fmt_rate(baseline_rate),
-            fmt_ns(baseline_latency.p50()),
-            fmt_ns(baseline_latency.p99()),
-            "baseline".to_owned(),
-            String::new(),
-            String::new(),
-        ],
-        vec![
-            format!("raw: as above, the library's SQL text (simple query)"),
-            fmt_rate(text_rate),
-            fmt_ns(text_latency.p50()),
-            fmt_ns(text_latency.p99()),
-            fmt_ratio(ratio(text_rate, baseline_rate)),
-            String::new(),
-            String::new(),
-        ],
+    let low = per_round.iter().copied().fold(f64::INFINITY, f64::min);
+    let high = per_round.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let spread = format!("rounds {low:.2}–{high:.2}×");
+    let names = [
+        format!("library: {TASKS} tasks, one manager, pool of {TASKS}"),
+        format!("raw: {TASKS} tasks, {TASKS} dedicated connections, prepared"),
+        "raw: as above, the library's SQL text (simple query)".to_owned(),
     ];
+    let ratios = [
+        format!("{} ({spread})", fmt_ratio(share)),
+        "baseline".to_owned(),
+        fmt_ratio(ratio(*text_rate, *baseline_rate)),
+    ];
+    let mut rows = Vec::new();
+    let mut json_sides = Vec::new();
+    for (index, (rate, rates, latency)) in sides.iter().enumerate() {
+        let (target, result) = if index == 0 {
+            (
+                format!("≥ {THROUGHPUT_LIMIT:.2}×"),
+                verdict(pass).to_owned(),
+            )
+        } else {
+            (String::new(), String::new())
+        };
+        rows.push(vec![
+            names[index].clone(),
+            fmt_rate(*rate),
+            fmt_ns(latency.p50()),
+            fmt_ns(latency.p99()),
+            ratios[index].clone(),
+            target,
+            result,
+        ]);
+        json_sides.push(json!({
+            "ops_per_s_median": rate,
+            "ops_per_s_rounds": rates,
+            "latency": latency.to_json(),
+        }));
+    }
+    let [library_json, raw_json, text_json] =
+        <[Value; 3]>::try_from(json_sides).map_err(|_| "three sides")?;
     Ok(Outcome {
         id: "throughput",
         section: Section {
@@ -215,8 +214,8 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             format!(
                 "{} ({} vs {}; {spread})",
                 fmt_ratio(share),
-                fmt_rate(library_rate),
-                fmt_rate(baseline_rate)
+                fmt_rate(*library_rate),
+                fmt_rate(*baseline_rate)
             ),
             format!("≥ {THROUGHPUT_LIMIT:.2}×"),
             pass,
@@ -225,22 +224,11 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             "tasks": TASKS,
             "rounds": plan.throughput_rounds,
             "window_s": plan.throughput_window.as_secs_f64(),
-            "library": {
-                "ops_per_s_median": library_rate,
-                "ops_per_s_rounds": library_rates,
-                "latency": library_latency.to_json(),
-            },
-            "raw": {
-                "ops_per_s_median": baseline_rate,
-                "ops_per_s_rounds": baseline_rates,
-                "latency": baseline_latency.to_json(),
-            },
-            "raw_library_sql_text": {
-                "ops_per_s_median": text_rate,
-                "ops_per_s_rounds": text_rates,
-                "latency": text_latency.to_json(),
-            },
+            "library": library_json,
+            "raw": raw_json,
+            "raw_library_sql_text": text_json,
             "ratio": share,
         }),
+        files: Vec::new(),
     })
 }

@@ -17,7 +17,7 @@ use crate::pg::with_database;
 const HELP: &str = "\
 usage: cargo xtask bench [--quick] [--out FILE.json] [--only LIST]
 
-Runs the lock benchmarks (library against raw tokio-postgres, pinned and unpinned,
+Runs the lock benchmarks (library against raw tokio-postgres, pinned to one CPU,
 instructions per cycle under callgrind, through a delaying proxy; queue against polling;
 the in-memory manager against a tokio Mutex) on the server in LOCKS_DATABASE_URL, or on a
 throwaway PostgreSQL when it is not set. Prints markdown tables with PASS/MISS against the
@@ -27,7 +27,8 @@ target/bench/handoff.svg. Installs valgrind (apt-get) when it is missing.
   --quick       small iteration counts (about a minute of measuring)
   --out FILE    where the JSON goes (the .md and handoff.svg go beside it)
   --only LIST   comma-separated scenarios: cycle, try, shared, many, throughput, handoff,
-                hold, memory, instructions, metrics, latency, cutover-append, multiplex
+                hold, memory, instructions, metrics, latency, cutover-append, multiplex,
+                groups, permits
 ";
 
 /// Runs the benchmarks with `args`.

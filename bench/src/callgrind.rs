@@ -1,0 +1,258 @@
+//! Floor 2: client instructions per cycle, counted by valgrind's callgrind (scenarios
+//! `instructions` and `metrics`).
+//!
+//! The bench runs itself (the same binary) under `valgrind --tool=callgrind` in a child
+//! mode ([`child`]) that builds one client of [`crate::clients`] by name, warms up, runs N
+//! cycles and exits; once with N cycles and once with 2N. The difference of the two totals
+//! is N cycles with the start-up, connection and shut-down subtracted. Instruction counts do
+//! not depend on how busy the machine is, so the ratios repeat where wall-clock ratios do
+//! not. Every thread of the child is counted: the connection drivers, the runtime and, with
+//! OpenTelemetry, the batch span processor's export thread.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::{Value, json};
+
+use crate::clients::client;
+use crate::db::Database;
+use crate::otel::{MetricsPipeline, Pipeline};
+use crate::report::{Check, Outcome, Section, verdict};
+use crate::stats::{as_f64, ratio};
+use crate::{BoxError, DATABASE_URL_ENV};
+
+/// Cycles before the counted ones, in both runs.
+const WARMUP: usize = 50;
+
+/// The child: `cycles` cycles of the client `name` after a warm-up, on a current-thread
+/// runtime; `-otel` in the name installs a tracing pipeline, `-metrics-sdk` the metrics SDK.
+pub(crate) fn child(url: &str, name: &str, cycles: usize) -> Result<(), BoxError> {
+    // Installed before the manager is built: its instruments are made on the global
+    // meter provider as it is then.
+    let metrics = name.contains("-metrics-sdk").then(MetricsPipeline::install);
+    let pipeline = name.contains("-otel").then(Pipeline::new);
+    if let Some(pipeline) = &pipeline {
+        tracing::subscriber::set_global_default(pipeline.subscriber())
+            .map_err(|error| format!("could not install the subscriber: {error}"))?;
+    }
+    let db = Database::new(url)?;
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(async {
+            let prefix = format!("bench:instructions:{name}");
+            let op = client(&db, name, &prefix, "lock-bench-instructions").await?;
+            for n in 0..WARMUP + cycles {
+                op.cycle(n).await?;
+            }
+            Ok::<_, BoxError>(())
+        })?;
+    if let Some(pipeline) = &pipeline {
+        println!("spans exported: {}", pipeline.flush());
+    }
+    if let Some(metrics) = &metrics {
+        println!("metric exports: {}", metrics.flush());
+    }
+    Ok(())
+}
+
+/// valgrind's version, or why it cannot be used.
+fn valgrind_version() -> Result<String, BoxError> {
+    let output = Command::new("valgrind")
+        .arg("--version")
+        .output()
+        .map_err(|error| {
+            format!(
+                "valgrind is not installed ({error}): `cargo xtask bench` installs it, or \
+                 `apt-get install valgrind`"
+            )
+        })?;
+    Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+}
+
+/// What callgrind counted of one client.
+#[derive(Debug, Clone, Copy)]
+struct Counted {
+    once: u64,
+    twice: u64,
+    per_cycle: f64,
+}
+
+/// Counts each client of `names` with N = `cycles` and 2N, its output files in
+/// `dir/callgrind`.
+fn measure(url: &str, names: &[&str], cycles: usize, dir: &Path) -> Result<Vec<Counted>, BoxError> {
+    let dir = dir.join("callgrind");
+    std::fs::create_dir_all(&dir)?;
+    names
+        .iter()
+        .map(|name| {
+            let once = count(url, name, cycles, &dir)?;
+            let twice = count(url, name, 2 * cycles, &dir)?;
+            let per_cycle = as_f64(twice.saturating_sub(once)) / as_f64(cycles as u64);
+            Ok(Counted {
+                once,
+                twice,
+                per_cycle,
+            })
+        })
+        .collect()
+}
+
+/// One counted client of a scenario: its name, what the table calls it, the client it is
+/// divided by, and its target (with the words its check starts with).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Row {
+    pub(crate) name: &'static str,
+    pub(crate) label: &'static str,
+    pub(crate) baseline: &'static str,
+    pub(crate) target: Option<(f64, &'static str)>,
+}
+
+/// Counts every row's client and makes the scenario's table: `versus` names the usual
+/// baseline in the check and the header (`raw`, `off`), `decimals` the ratios' precision.
+pub(crate) fn scenario(
+    url: &str,
+    cycles: usize,
+    dir: &Path,
+    (id, title, versus, decimals): (&'static str, &str, &str, usize),
+    spec: &[Row],
+    mut notes: Vec<String>,
+) -> Result<Outcome, BoxError> {
+    let version = valgrind_version()?;
+    let started = std::time::Instant::now();
+    let names: Vec<&str> = spec.iter().map(|row| row.name).collect();
+    let counted = measure(url, &names, cycles, dir)?;
+    let per_cycle = |name: &str| {
+        let index = names.iter().position(|n| *n == name);
+        index.map_or(0.0, |i| counted[i].per_cycle)
+    };
+    let fmt = |r: Option<f64>| r.map_or_else(|| "—".to_owned(), |r| format!("{r:.decimals$}×"));
+    let (mut rows, mut checks, mut json_rows) = (Vec::new(), Vec::new(), Vec::<Value>::new());
+    for (row, c) in spec.iter().zip(&counted) {
+        let base = per_cycle(row.baseline);
+        let ratio = ratio(c.per_cycle, base);
+        let (target, result) = match row.target {
+            Some((limit, words)) => {
+                let pass = ratio.is_some_and(|r| r <= limit);
+                checks.push(Check::new(
+                    format!("{words}: instructions per cycle vs {versus}"),
+                    format!("{} ({:.0} vs {base:.0})", fmt(ratio), c.per_cycle),
+                    format!("≤ {limit}×"),
+                    pass,
+                ));
+                (format!("≤ {limit}×"), verdict(pass).to_owned())
+            }
+            None if row.baseline == row.name => ("baseline".to_owned(), String::new()),
+            None if row.baseline != spec[0].name => (format!("÷ {}", row.baseline), String::new()),
+            None => (String::new(), String::new()),
+        };
+        rows.push(vec![
+            row.label.to_owned(),
+            c.once.to_string(),
+            c.twice.to_string(),
+            format!("{:.0}", c.per_cycle),
+            fmt(ratio),
+            target,
+            result,
+        ]);
+        json_rows.push(json!({
+            "variant": row.name,
+            "name": row.label,
+            "instructions_n": c.once,
+            "instructions_2n": c.twice,
+            "instructions_per_cycle": c.per_cycle,
+            "ratio": ratio,
+            "baseline": row.baseline,
+        }));
+    }
+    notes.insert(
+        0,
+        format!(
+            "{version}, `--tool=callgrind`, this binary in a child mode: connect, {WARMUP} \
+             warm-up cycles, then N cycles on a current-thread runtime, going round 64 keys \
+             as the pinned cycle does; run once with N = {cycles} and once with 2N; per \
+             cycle = (total(2N) − total(N)) / N, so start-up, connecting and exit cancel \
+             out. Every thread of the client counts; the server's instructions do not. \
+             {:.0} s.",
+            started.elapsed().as_secs_f64()
+        ),
+    );
+    let ratio_header = if versus == "raw" { "÷ raw" } else { "÷ off" };
+    Ok(Outcome {
+        id,
+        section: Section {
+            title: title.to_owned(),
+            notes,
+            header: vec![
+                "Variant",
+                "total, N cycles",
+                "total, 2N cycles",
+                "per cycle",
+                ratio_header,
+                "Target",
+                "Result",
+            ],
+            rows,
+        },
+        checks,
+        json: json!({
+            "valgrind": version,
+            "cycles": cycles,
+            "warmup": WARMUP,
+            "variants": json_rows,
+        }),
+        files: Vec::new(),
+    })
+}
+
+/// The total instruction count of one child run, from its callgrind output file.
+fn count(url: &str, name: &str, cycles: usize, dir: &Path) -> Result<u64, BoxError> {
+    let out = dir.join(format!("{name}-{cycles}.out"));
+    let output = Command::new("valgrind")
+        .arg("--tool=callgrind")
+        .arg(format!("--callgrind-out-file={}", out.display()))
+        .arg(std::env::current_exe()?)
+        .args([
+            "--count-instructions",
+            name,
+            "--cycles",
+            &cycles.to_string(),
+        ])
+        .env(DATABASE_URL_ENV, url)
+        .output()
+        .map_err(|error| format!("could not run valgrind: {error}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "callgrind run of `{name}` ({cycles} cycles) failed: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        )
+        .into());
+    }
+    let text = std::fs::read_to_string(&out)
+        .map_err(|error| format!("could not read {}: {error}", out.display()))?;
+    totals(&text).ok_or_else(|| format!("no totals in {}", out.display()).into())
+}
+
+/// The `totals:` (or `summary:`) line of a callgrind output file.
+fn totals(text: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|line| {
+            line.strip_prefix("totals:")
+                .or_else(|| line.strip_prefix("summary:"))
+        })
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|value| value.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn totals_are_read_from_callgrind_output() {
+        let text = "version: 1\ncmd: x\nevents: Ir\nfl=(1) a.rs\n0 5\ntotals: 123456\n";
+        assert_eq!(totals(text), Some(123_456));
+        assert_eq!(totals("summary: 42\n"), Some(42));
+        assert_eq!(totals("events: Ir\n"), None);
+    }
+}

@@ -1,0 +1,391 @@
+//! Floor 1: the clients the cycle scenarios compare, built by name so that the pinned
+//! cycles and the callgrind child measure the same code: the library's calls (with a
+//! setting, a timeout or a kind of lock in the name) and raw `tokio-postgres` statements.
+//!
+//! Every client goes round [`KEYS`] keys of its own, cycle `n` taking key `n mod KEYS` (a
+//! group client: group `n mod 8` of 8 keys), so a cycle meets the caches a service with
+//! many keys meets, and raw does the same statements on the same number of lock ids.
+
+use std::time::Duration;
+
+use locks_port::{
+    AcquireOptions, DistributedLock, KeyDerivation, LockGuard, ReleaseOutcome, lock_id,
+};
+use locks_postgres::PostgresLockManager;
+use locks_postgres::tokio_postgres::{Client, SimpleQueryMessage, Statement};
+
+use crate::BoxError;
+use crate::db::{Database, RawStatements};
+
+/// The timeout of the bounded variants.
+pub(crate) const BOUNDED: Duration = Duration::from_secs(5);
+/// How many keys each client goes round.
+pub(crate) const KEYS: usize = 64;
+/// How many keys a group (`acquire_many`) takes at once.
+pub(crate) const GROUP: usize = 8;
+
+/// The words a library client's name may carry after `library`: a setting of the
+/// manager, a timeout, a kind of lock, or (for the caller) an OpenTelemetry pipeline.
+const WORDS: [&str; 11] = [
+    "-fencing",
+    "-keepalive-off",
+    "-lease-off",
+    "-metrics-off",
+    "-metrics-sdk",
+    "-spans",
+    "-otel",
+    "-timeout",
+    "-try",
+    "-shared",
+    "-many",
+];
+
+/// `count` keys `{prefix}:{n}`.
+pub(crate) fn keys(prefix: &str, count: usize) -> Vec<String> {
+    (0..count).map(|n| format!("{prefix}:{n}")).collect()
+}
+
+fn groups(prefix: &str) -> Vec<Vec<String>> {
+    keys(prefix, KEYS)
+        .chunks(GROUP)
+        .map(<[_]>::to_vec)
+        .collect()
+}
+
+/// The lock ids of `keys` in the library's one global order (ascending, duplicates merged).
+fn ordered_ids(keys: &[String]) -> Vec<i64> {
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    KeyDerivation::CURRENT
+        .lock_order(&keys)
+        .into_keys()
+        .collect()
+}
+
+/// One way of taking and giving back a lock (or a group of locks).
+pub(crate) enum Op {
+    Acquire {
+        manager: PostgresLockManager,
+        keys: Vec<String>,
+        options: AcquireOptions,
+    },
+    TryAcquire {
+        manager: PostgresLockManager,
+        keys: Vec<String>,
+    },
+    AcquireMany {
+        manager: PostgresLockManager,
+        groups: Vec<Vec<String>>,
+        options: AcquireOptions,
+    },
+    /// Prepared lock (or try) and unlock statements.
+    RawPrepared {
+        client: Client,
+        statements: RawStatements,
+        ids: Vec<i64>,
+        try_lock: bool,
+    },
+    /// The same as simple-protocol text.
+    RawSimple {
+        client: Client,
+        ids: Vec<i64>,
+        try_lock: bool,
+    },
+    /// Given statement texts, lock and unlock, one pair a key.
+    RawText {
+        client: Client,
+        texts: Vec<(String, String)>,
+    },
+    /// Each group's tries in one prepared statement over an array of its ids, then its
+    /// unlocks in another: the library's two statements (ADR 0019) without the session
+    /// marker.
+    RawEach {
+        client: Client,
+        try_each: Statement,
+        unlock_each: Statement,
+        groups: Vec<Vec<i64>>,
+    },
+    /// Each group's locks (ascending) and then their unlocks, prepared, on one connection,
+    /// one after another: how `acquire_many` worked before ADR 0019.
+    RawMany {
+        client: Client,
+        statements: RawStatements,
+        groups: Vec<Vec<i64>>,
+    },
+}
+
+/// The client called `name`, on connections tagged `application_name`, going round keys
+/// of `prefix`: `raw`, `raw-simple`, `raw-text-timeout` (the library's SQL text with a 5 s
+/// timeout, as simple queries), `raw-try`, `raw-simple-try`, `raw-shared`, `raw-many-each`,
+/// `raw-many`, or `library` followed by any of [`WORDS`] (`library-timeout`,
+/// `library-fencing`, `library-shared`, `library-many-timeout`, …). `-otel` and
+/// `-metrics-sdk` change nothing here: the caller installs the pipeline.
+pub(crate) async fn client(
+    db: &Database,
+    name: &str,
+    prefix: &str,
+    application_name: &str,
+) -> Result<Op, BoxError> {
+    let keys = keys(prefix, KEYS);
+    let ids: Vec<i64> = keys.iter().map(|key| lock_id(key)).collect();
+    if name.starts_with("raw") {
+        let client = db.connect(application_name).await?;
+        let shared = name == "raw-shared";
+        let try_lock = name.ends_with("-try");
+        return Ok(match name {
+            "raw" | "raw-try" | "raw-shared" => Op::RawPrepared {
+                statements: RawStatements::prepare(&client, shared).await?,
+                client,
+                ids,
+                try_lock,
+            },
+            "raw-simple" | "raw-simple-try" => Op::RawSimple {
+                client,
+                ids,
+                try_lock,
+            },
+            "raw-text-timeout" => Op::RawText {
+                client,
+                texts: ids.iter().map(|id| library_text(*id)).collect(),
+            },
+            "raw-many-each" => Op::RawEach {
+                try_each: client.prepare(TRY_EACH).await?,
+                unlock_each: client
+                    .prepare(
+                        "SELECT coalesce(bool_and(pg_advisory_unlock(t.id)), true) \
+                         FROM unnest($1::bigint[]) AS t(id)",
+                    )
+                    .await?,
+                client,
+                groups: groups(prefix).iter().map(|g| ordered_ids(g)).collect(),
+            },
+            "raw-many" => Op::RawMany {
+                statements: RawStatements::prepare(&client, false).await?,
+                client,
+                groups: groups(prefix).iter().map(|g| ordered_ids(g)).collect(),
+            },
+            _ => return Err(format!("unknown client `{name}`").into()),
+        });
+    }
+    let words = name
+        .strip_prefix("library")
+        .ok_or_else(|| format!("unknown client `{name}`"))?;
+    let has = |word: &str| words.contains(word);
+    let left = WORDS
+        .iter()
+        .fold(words.to_owned(), |rest, w| rest.replace(w, ""));
+    if !left.is_empty() {
+        return Err(format!("unknown client `{name}` (`{left}` is not a setting)").into());
+    }
+    let mut builder = PostgresLockManager::builder(db.pool(1, application_name));
+    if has("-fencing") {
+        locks_postgres::install_fencing(&db.connect(application_name).await?).await?;
+        builder = builder.fencing(true);
+    }
+    if has("-keepalive-off") {
+        builder = builder.keepalive(None);
+    }
+    if has("-lease-off") {
+        builder = builder.lease(None);
+    }
+    if has("-metrics-off") {
+        builder = builder.metrics(false);
+    }
+    if has("-spans") {
+        // Lock spans at INFO, so that an INFO subscriber records them (default: DEBUG).
+        builder = builder.span_level(tracing::Level::INFO);
+    }
+    let manager = builder.build();
+    let mut options = if has("-shared") {
+        AcquireOptions::shared()
+    } else {
+        AcquireOptions::new()
+    };
+    if has("-timeout") {
+        options = options.with_timeout(BOUNDED);
+    }
+    Ok(if has("-try") {
+        Op::TryAcquire { manager, keys }
+    } else if has("-many") {
+        Op::AcquireMany {
+            manager,
+            groups: groups(prefix),
+            options,
+        }
+    } else {
+        Op::Acquire {
+            manager,
+            keys,
+            options,
+        }
+    })
+}
+
+/// The library's group try (ADR 0019) without its session-marker check: each id of the
+/// array tried in order, those after the first busy one unlocked again in the same
+/// statement; answers the position of the first busy one (0: none).
+const TRY_EACH: &str = "WITH tried AS MATERIALIZED (SELECT t.ord, t.id, \
+    pg_try_advisory_lock(t.id) AS got FROM unnest($1::bigint[]) WITH ORDINALITY AS t(id, ord)), \
+    busy AS (SELECT min(ord) AS at FROM tried WHERE NOT got) \
+    SELECT coalesce((SELECT at FROM busy), 0), \
+    (SELECT count(pg_advisory_unlock(tried.id)) FROM tried, busy \
+    WHERE tried.got AND tried.ord > busy.at)";
+
+/// The library's statement texts for a bounded wait on `id`, and its unlock.
+fn library_text(id: i64) -> (String, String) {
+    let ms = BOUNDED.as_millis();
+    (
+        format!(
+            "SELECT pg_advisory_lock({id}) \
+             FROM (SELECT set_config('lock_timeout', '{ms}', true)) AS options"
+        ),
+        format!("SELECT pg_advisory_unlock({id})"),
+    )
+}
+
+fn nth<T>(items: &[T], n: usize) -> &T {
+    &items[n % items.len()]
+}
+
+const REFUSED: &str = "an uncontended pg_try_advisory_lock was refused";
+const NOT_HELD: &str = "pg_advisory_unlock answered false";
+
+impl Op {
+    /// Cycle `n`: one lock + unlock (of key `n mod KEYS`).
+    pub(crate) async fn cycle(&self, n: usize) -> Result<(), BoxError> {
+        match self {
+            Self::Acquire {
+                manager,
+                keys,
+                options,
+            } => {
+                let guard = manager.acquire(nth(keys, n).as_str(), *options).await?;
+                guard.release().await;
+            }
+            Self::TryAcquire { manager, keys } => {
+                let guard = manager
+                    .try_acquire(nth(keys, n).as_str())
+                    .await?
+                    .ok_or(REFUSED)?;
+                guard.release().await;
+            }
+            Self::AcquireMany {
+                manager,
+                groups,
+                options,
+            } => {
+                let keys: Vec<&str> = nth(groups, n).iter().map(String::as_str).collect();
+                let locks = manager.acquire_many(&keys, *options).await?;
+                if locks.release().await != ReleaseOutcome::Unlocked {
+                    return Err("the group's release did not unlock every lock".into());
+                }
+            }
+            Self::RawPrepared {
+                client,
+                statements,
+                ids,
+                try_lock,
+            } => {
+                let id = nth(ids, n);
+                if *try_lock {
+                    let granted: bool = client.query_one(&statements.try_lock, &[id]).await?.get(0);
+                    if !granted {
+                        return Err(REFUSED.into());
+                    }
+                } else {
+                    client.execute(&statements.lock, &[id]).await?;
+                }
+                let released: bool = client.query_one(&statements.unlock, &[id]).await?.get(0);
+                if !released {
+                    return Err(NOT_HELD.into());
+                }
+            }
+            Self::RawSimple {
+                client,
+                ids,
+                try_lock,
+            } => {
+                let (id, try_word) = (nth(ids, n), if *try_lock { "try_" } else { "" });
+                let answer = client
+                    .simple_query(&format!("SELECT pg_{try_word}advisory_lock({id})"))
+                    .await?;
+                if *try_lock && first_value(&answer).as_deref() != Some("t") {
+                    return Err(REFUSED.into());
+                }
+                let answer = client
+                    .simple_query(&format!("SELECT pg_advisory_unlock({id})"))
+                    .await?;
+                if first_value(&answer).as_deref() != Some("t") {
+                    return Err(NOT_HELD.into());
+                }
+            }
+            Self::RawText { client, texts } => {
+                let (lock, unlock) = nth(texts, n);
+                client.simple_query(lock).await?;
+                if first_value(&client.simple_query(unlock).await?).as_deref() != Some("t") {
+                    return Err(NOT_HELD.into());
+                }
+            }
+            Self::RawEach {
+                client,
+                try_each,
+                unlock_each,
+                groups,
+            } => {
+                let ids = nth(groups, n);
+                let busy: i64 = client.query_one(try_each, &[ids]).await?.get(0);
+                if busy != 0 {
+                    return Err(REFUSED.into());
+                }
+                let released: Option<bool> = client.query_one(unlock_each, &[ids]).await?.get(0);
+                if released != Some(true) {
+                    return Err(NOT_HELD.into());
+                }
+            }
+            Self::RawMany {
+                client,
+                statements,
+                groups,
+            } => {
+                let ids = nth(groups, n);
+                for id in ids {
+                    client.execute(&statements.lock, &[id]).await?;
+                }
+                for id in ids {
+                    let released: bool = client.query_one(&statements.unlock, &[id]).await?.get(0);
+                    if !released {
+                        return Err(NOT_HELD.into());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The server process behind this client's one connection.
+    pub(crate) async fn backend_pid(&self) -> Result<i32, BoxError> {
+        const PID: &str = "SELECT pg_backend_pid()";
+        Ok(match self {
+            Self::Acquire { manager, .. }
+            | Self::TryAcquire { manager, .. }
+            | Self::AcquireMany { manager, .. } => manager
+                .pool()
+                .get()
+                .await?
+                .query_one(PID, &[])
+                .await?
+                .get(0),
+            Self::RawPrepared { client, .. }
+            | Self::RawSimple { client, .. }
+            | Self::RawText { client, .. }
+            | Self::RawEach { client, .. }
+            | Self::RawMany { client, .. } => client.query_one(PID, &[]).await?.get(0),
+        })
+    }
+}
+
+fn first_value(messages: &[SimpleQueryMessage]) -> Option<String> {
+    messages.iter().find_map(|message| match message {
+        SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+        _ => None,
+    })
+}

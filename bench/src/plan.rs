@@ -1,0 +1,68 @@
+//! Ground floor: the error type, the server variable and the iteration counts of a mode.
+
+use std::time::Duration;
+
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+pub(crate) const DATABASE_URL_ENV: &str = "LOCKS_DATABASE_URL";
+
+/// Iteration counts and windows of one mode.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    pub(crate) quick: bool,
+    /// The pinned cycle scenarios: rounds, and the untimed and timed cycles of one run.
+    pub(crate) cycle_rounds: usize,
+    pub(crate) cycle_warmup: usize,
+    pub(crate) cycle_cycles: usize,
+    pub(crate) throughput_rounds: usize,
+    pub(crate) throughput_window: Duration,
+    pub(crate) handoff_rounds: usize,
+    pub(crate) handoff_window: Duration,
+    pub(crate) handoff_poll_window: Duration,
+    pub(crate) hold_locks: usize,
+    pub(crate) hold_rounds: usize,
+    pub(crate) memory_rounds: usize,
+    pub(crate) memory_batches: usize,
+    pub(crate) memory_batch: usize,
+    pub(crate) memory_window: Duration,
+    pub(crate) memory_windows: usize,
+    /// N of the callgrind runs (N and 2N cycles).
+    pub(crate) callgrind_cycles: usize,
+    pub(crate) latency_rounds: usize,
+    pub(crate) latency_batch: usize,
+}
+
+impl Plan {
+    pub(crate) fn new(quick: bool) -> Self {
+        let ms = |q, f| Duration::from_millis(pick(quick, q, f));
+        Self {
+            quick,
+            cycle_rounds: pick(quick, 3, 9),
+            cycle_warmup: pick(quick, 100, 500),
+            cycle_cycles: pick(quick, 1000, 5000),
+            throughput_rounds: pick(quick, 3, 6),
+            throughput_window: ms(600, 3000),
+            handoff_rounds: pick(quick, 2, 5),
+            handoff_window: ms(600, 2000),
+            handoff_poll_window: ms(1500, 6000),
+            hold_locks: pick(quick, 100, 500),
+            hold_rounds: pick(quick, 2, 3),
+            memory_rounds: pick(quick, 4, 10),
+            memory_batches: pick(quick, 20, 50),
+            memory_batch: 1000,
+            memory_window: ms(300, 1000),
+            memory_windows: pick(quick, 4, 6),
+            callgrind_cycles: pick(quick, 300, 2000),
+            latency_rounds: pick(quick, 5, 10),
+            latency_batch: pick(quick, 40, 200),
+        }
+    }
+
+    pub(crate) fn mode(&self) -> &'static str {
+        if self.quick { "quick" } else { "full" }
+    }
+}
+
+fn pick<T>(quick: bool, small: T, full: T) -> T {
+    if quick { small } else { full }
+}

@@ -1,0 +1,39 @@
+//! Scenario `try` (2): uncontended `try_acquire` + `release`, pinned (see
+//! [`crate::pinned`]), against raw tokio-postgres's prepared `pg_try_advisory_lock($1)` +
+//! `pg_advisory_unlock($1)`.
+
+use crate::db::Database;
+use crate::pinned::{Role, Scenario, run};
+use crate::report::Outcome;
+use crate::{BoxError, Plan};
+
+/// No pinned-cycle target of its own: the earlier one.
+const LIMIT: f64 = 1.15;
+
+pub(crate) fn try_acquire(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
+    let scenario = Scenario {
+        id: "cycle_try_acquire",
+        title: "2. Uncontended try_acquire + release cycle, pinned",
+        prefix: "bench:try",
+        limit: LIMIT,
+        clients: vec![
+            (
+                "raw-try",
+                "raw: prepared pg_try_advisory_lock($1) + unlock",
+                Role::Baseline,
+            ),
+            (
+                "library-try",
+                "library: try_acquire + release",
+                Role::Library,
+            ),
+            (
+                "raw-simple-try",
+                "raw: simple-query pg_try_advisory_lock(n) + unlock",
+                Role::Reference,
+            ),
+        ],
+        notes: Vec::new(),
+    };
+    run(db, plan, scenario)
+}
