@@ -13,16 +13,17 @@ use locks_port::{
 use tokio_postgres::error::SqlState;
 use tracing::Span;
 
-use crate::bookkeeping::{Holding, new_slot};
-use crate::checkout::PoolWait;
+use crate::bookkeeping::Holding;
+use crate::checkout::{Attempt, PoolWait};
 use crate::connection::{Session, SetUp};
 use crate::errors::{
     MOVED_BETWEEN_SESSIONS, STANDBY, driver_error, no_answer, no_row, refused, with_timeout,
 };
 use crate::guard::PostgresLockGuard;
+use crate::inner::Inner;
 use crate::limit::{Deadline, Expired, Limit};
-use crate::manager::Inner;
 use crate::multiplex::{HostFailure, Membership, SharedTry};
+use crate::slot::new_slot;
 use crate::sql::{Answer, Statement};
 
 /// A granted lock before the bookkeeping: on a session of its own, or on a shared
@@ -39,9 +40,6 @@ pub(crate) enum Tried {
     /// Someone else holds it; the session holds nothing.
     Busy(Session),
 }
-
-/// How an acquisition attempt ends before the bookkeeping.
-pub(crate) type Attempt = Result<Session, LockAcquisitionError>;
 
 impl Inner {
     /// The acquisition up to the bookkeeping, multiplexed or not.
@@ -485,9 +483,7 @@ impl Inner {
         };
         loop {
             let margin = self.settings().deadline_margin;
-            let Some((statement, limit)) =
-                Deadline::wait_statement(deadline, lock_id, mode, margin)
-            else {
+            let Some((statement, limit)) = Statement::wait(deadline, lock_id, mode, margin) else {
                 // No time left to wait; the first try has been made, so the session
                 // does not hold this lock.
                 give_back(session);

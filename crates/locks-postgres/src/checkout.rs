@@ -6,12 +6,15 @@ use std::time::Duration;
 
 use locks_port::timeout_reason;
 
-use crate::acquire::Attempt;
 use crate::connection::Session;
 use crate::errors::{lease_refused, pool_exhausted, unreachable, with_timeout};
+use crate::inner::Inner;
 use crate::limit::{Deadline, Expired};
-use crate::manager::Inner;
 use crate::pool::{self, PoolError, Pooled, checkout_error};
+use locks_port::LockAcquisitionError;
+
+/// How an acquisition attempt ends before the bookkeeping.
+pub(crate) type Attempt = Result<Session, LockAcquisitionError>;
 
 /// How long a checkout may wait for a free pool slot.
 #[derive(Clone, Copy)]

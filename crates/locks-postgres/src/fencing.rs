@@ -14,9 +14,9 @@ use locks_port::{AcquisitionErrorKind, LockAcquisitionError};
 
 use crate::connection::Session;
 use crate::errors::{driver_error, with_install_hint};
+use crate::inner::Inner;
 use crate::limit::{Expired, Limit};
-use crate::manager::Inner;
-use crate::sql::Query;
+use crate::query::Query;
 use crate::xact::install_under_lock;
 
 /// The table of fencing tokens (in the connection's `search_path` schema).

@@ -8,7 +8,7 @@ use std::task::Poll;
 use locks_port::{LockError, LockGuard, LockInfo, LostReason, LostSignal, ReleaseOutcome};
 
 use crate::bookkeeping::{Entries, Ticket};
-use crate::manager::Inner;
+use crate::inner::Inner;
 
 /// A lock held by a [`PostgresLockManager`](crate::PostgresLockManager).
 ///

@@ -10,24 +10,24 @@ use locks_port::{
 };
 use tracing::{Instrument, Span};
 
-use crate::bookkeeping::{Entries, Group, Held, Holding, new_slot};
+use crate::bookkeeping::{Entries, Group, Held, Holding};
 use crate::connection::Session;
 use crate::guard::gone;
-use crate::manager::{Inner, PostgresLockManager};
+use crate::inner::Inner;
+use crate::slot::new_slot;
 use crate::telemetry::{finish_acquire_span, manager_acquire_span, started};
 
 /// [`PostgresLockManager::acquire_many`] of checked keys.
 pub(crate) async fn acquire_many(
-    manager: &PostgresLockManager,
+    inner: &Arc<Inner>,
     keys: &[&str],
     options: AcquireOptions,
 ) -> Result<PostgresLockGroup, LockAcquisitionError> {
-    let inner = &manager.inner;
     // One global order (the port's), with the lock ids from the manager's cache.
     let ordered = locks_port::lock_order_with(keys, |key| inner.lock_ids().lock_id(key));
     let first = ordered.values().next().copied().unwrap_or("");
     let span = manager_acquire_span(
-        manager.inner.settings().span_level,
+        inner.settings().span_level,
         inner.shown(first),
         *ordered.keys().next().unwrap_or(&0),
         &options,
@@ -125,7 +125,7 @@ impl LockGroup for PostgresLockGroup {
     }
 }
 
-/// The locks of one [`acquire_many`](PostgresLockManager::acquire_many), held on one
+/// The locks of one [`acquire_many`](crate::PostgresLockManager::acquire_many), held on one
 /// session and released together.
 ///
 /// Dropping it releases them all (spawned onto the runtime, or by closing the session

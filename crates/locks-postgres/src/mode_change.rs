@@ -33,12 +33,13 @@ use locks_port::{
     LostReason, LostSignal,
 };
 
-use crate::bookkeeping::{SessionSlot, Ticket};
+use crate::bookkeeping::Ticket;
 use crate::connection::Session;
 use crate::errors::{MOVED_BETWEEN_SESSIONS, describe, driver_kind};
+use crate::inner::Inner;
 use crate::limit::{Expired, Limit};
-use crate::manager::Inner;
-use crate::sql::Query;
+use crate::query::Query;
+use crate::slot::SessionSlot;
 
 /// Takes the lock shared, then frees the exclusive hold: `true` when both happened,
 /// NULL on a server session not the connection's own (nothing done there). `CASE`

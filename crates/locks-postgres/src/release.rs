@@ -11,8 +11,8 @@ use tracing::{Instrument, Span};
 
 use crate::bookkeeping::{Entries, Held};
 use crate::errors::{MOVED_BETWEEN_SESSIONS, describe, driver_kind, sqlstate};
+use crate::inner::Inner;
 use crate::limit::{Expired, Limit};
-use crate::manager::Inner;
 use crate::sql::{Answer, Answered, Statement};
 use crate::telemetry::{record_failure, record_released, release_span};
 
@@ -23,7 +23,7 @@ impl Inner {
         let drained = self.take_all();
         let count = drained.len();
         let drained = match self.multiplexer() {
-            Some(multiplexer) => multiplexer.unlock_whole_hosts(drained).await,
+            Some(multiplexer) => multiplexer.unlock_whole_hosts(drained, Held::place).await,
             None => drained,
         };
         for held in drained {

@@ -43,9 +43,10 @@ pub use permit::PostgresPermit;
 use crate::checkout::PoolWait;
 use crate::connection::Session;
 use crate::errors::{MOVED_BETWEEN_SESSIONS, driver_error, refused, with_timeout};
+use crate::inner::Inner;
 use crate::limit::{Deadline, Limit};
-use crate::manager::{Inner, PostgresLockManager};
-use crate::sql::{Query, Statement};
+use crate::query::Query;
+use crate::sql::Statement;
 use crate::telemetry::{acquire_span, finish_acquire_span, started};
 
 /// One acquisition's facts.
@@ -272,13 +273,12 @@ pub(crate) fn class_of(name: &str) -> i32 {
 }
 
 async fn permit(
-    manager: &PostgresLockManager,
+    inner: &Arc<Inner>,
     name: &str,
     permits: u32,
     deadline: Option<Deadline>,
     wait: bool,
 ) -> Result<Option<PostgresPermit>, LockAcquisitionError> {
-    let inner = &manager.inner;
     let class = class_of(name);
     // The lock's acquire span (`lock.id` is the semaphore's class), and its events.
     let span = acquire_span(
@@ -295,7 +295,7 @@ async fn permit(
     let started = started(&span);
     let metered = inner.metrics().started();
     let called = Instant::now();
-    let granted = match granted_permit(manager, name, class, permits, deadline, wait)
+    let granted = match granted_permit(inner, name, class, permits, deadline, wait)
         .instrument(span.clone())
         .await
     {
@@ -313,7 +313,7 @@ async fn permit(
 }
 
 async fn granted_permit(
-    manager: &PostgresLockManager,
+    inner: &Arc<Inner>,
     name: &str,
     class: i32,
     permits: u32,
@@ -321,7 +321,6 @@ async fn granted_permit(
     wait: bool,
 ) -> Result<Option<PostgresPermit>, LockAcquisitionError> {
     let permits = check_permits(name, permits)?;
-    let inner = &manager.inner;
     let call = Call {
         inner,
         name,
@@ -351,7 +350,7 @@ async fn granted_permit(
 
 /// [`Semaphore::acquire_permit`](locks_port::Semaphore::acquire_permit) of a manager.
 pub(crate) async fn acquire_permit(
-    manager: &PostgresLockManager,
+    inner: &Arc<Inner>,
     name: &str,
     permits: u32,
     options: impl Into<AcquireOptions> + Send,
@@ -359,7 +358,7 @@ pub(crate) async fn acquire_permit(
     let options = options.into();
     let deadline = options.timeout().map(Deadline::after);
     // A wait that ends without a permit is a timeout error already (from `permit`).
-    permit(manager, name, permits, deadline, true)
+    permit(inner, name, permits, deadline, true)
         .await
         .and_then(|granted| {
             granted.ok_or_else(|| {
@@ -371,11 +370,11 @@ pub(crate) async fn acquire_permit(
 
 /// [`Semaphore::try_acquire_permit`](locks_port::Semaphore::try_acquire_permit) of a manager.
 pub(crate) async fn try_acquire_permit(
-    manager: &PostgresLockManager,
+    inner: &Arc<Inner>,
     name: &str,
     permits: u32,
 ) -> Result<Option<PostgresPermit>, LockAcquisitionError> {
-    permit(manager, name, permits, None, false)
+    permit(inner, name, permits, None, false)
         .await
         .map_err(LockAcquisitionError::for_permit)
 }
