@@ -1,6 +1,11 @@
 //! What a manager's clones share: the pool, the settings, the bookkeeping, the monitor's
-//! state, the shared connections and the instruments. Its fields are private; the rooms
-//! reach them through the methods here (and add their own `impl Inner` blocks).
+//! state, the shared connections and the instruments. Its fields are private: a narrow
+//! handle, read through the methods here, with the book's operations that tell the
+//! guards. The monitor (`monitor.rs`, just above on the same floor) adds
+//! the losing of a session and what it held. A primitive (a lock, a group, a permit, a
+//! mode change, fencing tokens, the board, ...) is its statements plus what its guard
+//! does, written as free functions over `&Inner` in its own module, as tokio-postgres
+//! writes `query(&InnerClient, ..)`: no other room adds an `impl Inner` block.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -23,7 +28,7 @@ use crate::multiplex::Multiplexer;
 use crate::settings::{KeyVisibility, Settings, published_holder_id};
 
 /// What the manager's clones share. Its fields are private: the rooms of the adapter
-/// reach them through the methods below (and add their own `impl Inner` blocks).
+/// reach them through the methods below, as free functions over `&Inner`.
 pub(crate) struct Inner {
     pool: Pool,
     holder_id: Option<String>,

@@ -43,19 +43,26 @@ use locks_port::{
 };
 use tracing::Instrument;
 
+use crate::acquire;
+use crate::board;
 use crate::builder::PostgresLockManagerBuilder;
 use crate::guard::PostgresLockGuard;
 use crate::health::LostLockCounts;
 use crate::inner::Inner;
+use crate::inspect;
 use crate::inspect::{InspectError, LockHolder};
 use crate::lease::{Lease, LeaseError};
+use crate::lock_table;
 use crate::lock_table::LockTableUsage;
+use crate::many;
 use crate::many::PostgresLockGroup;
+use crate::monitor;
 use crate::pool::Pool;
+use crate::release;
+use crate::semaphore;
 use crate::semaphore::PostgresPermit;
 use crate::settings::{KeyVisibility, Settings};
 use crate::telemetry::{finish_acquire_span, manager_acquire_span, started};
-use crate::{board, inspect, lock_table, many, monitor, semaphore};
 
 /// String-keyed distributed locks on PostgreSQL session-level advisory locks.
 ///
@@ -379,12 +386,11 @@ impl DistributedLock for PostgresLockManager {
         let began = inner.metrics().started();
         // Pinned where it is made and awaited through the pin: the acquisition's
         // future is large, and wrapping it by value would copy it twice per call.
-        let acquiring = std::pin::pin!(inner.acquire_grant(key, lock_id, options));
+        let acquiring = std::pin::pin!(acquire::acquire_grant(inner, key, lock_id, options));
         let attempt = acquiring.instrument(span.clone()).await;
         let attempt = match attempt {
             Ok(grant) => {
-                inner
-                    .register_grant(shared_key, lock_id, options.mode(), grant, &span)
+                acquire::register_grant(inner, shared_key, lock_id, options.mode(), grant, &span)
                     .await
             }
             Err(error) => Err(error),
@@ -428,13 +434,14 @@ impl DistributedLock for PostgresLockManager {
         );
         let started = started(&span);
         let began = inner.metrics().started();
-        let trying = std::pin::pin!(inner.try_grant(key, lock_id, mode));
+        let trying = std::pin::pin!(acquire::try_grant(inner, key, lock_id, mode));
         let attempt = trying.instrument(span.clone()).await;
         let attempt = match attempt {
-            Ok(Some(grant)) => inner
-                .register_grant(shared_key, lock_id, mode, grant, &span)
-                .await
-                .map(Some),
+            Ok(Some(grant)) => {
+                acquire::register_grant(inner, shared_key, lock_id, mode, grant, &span)
+                    .await
+                    .map(Some)
+            }
             Ok(None) => Ok(None),
             Err(error) => Err(error),
         };
@@ -464,7 +471,7 @@ impl DistributedLock for PostgresLockManager {
             return Err(LockNotHeldError::new(key));
         }
         for held in taken {
-            self.inner.unlock(held).await;
+            release::unlock(&self.inner, held).await;
         }
         Ok(())
     }
@@ -485,7 +492,7 @@ impl LockRegistry for PostgresLockManager {
     /// dropped, the sessions not yet unlocked are closed, which frees their locks (on a
     /// shared connection not yet freed, a task unlocks them instead).
     async fn release_all(&self) -> usize {
-        self.inner.release_all().await
+        release::release_all(&self.inner).await
     }
 
     fn held_lock_count(&self) -> usize {

@@ -40,9 +40,12 @@ pub(crate) use holders::permit_holders;
 pub use holders::semaphore_holders;
 pub use permit::PostgresPermit;
 
+use crate::acquire;
+use crate::checkout;
 use crate::checkout::PoolWait;
 use crate::connection::Session;
 use crate::errors::{MOVED_BETWEEN_SESSIONS, driver_error, refused, with_timeout};
+use crate::fencing;
 use crate::inner::Inner;
 use crate::limit::{Deadline, Limit};
 use crate::query::Query;
@@ -131,10 +134,15 @@ impl Call<'_> {
                     self.inner.settings().deadline_margin,
                     self.inner.settings().answer_timeout,
                 );
-                let (set_up, answer) = self
-                    .inner
-                    .answered(self.name, session, Statement::Ping, limit, self.deadline)
-                    .await?;
+                let (set_up, answer) = acquire::answered(
+                    self.inner,
+                    self.name,
+                    session,
+                    Statement::Ping,
+                    limit,
+                    self.deadline,
+                )
+                .await?;
                 answer.map_err(|error| self.error(error))?;
                 session = set_up;
             }
@@ -226,10 +234,7 @@ impl Call<'_> {
             (true, None) => PoolWait::Forever,
             (true, Some(deadline)) => PoolWait::Until(deadline),
         };
-        let session = self
-            .inner
-            .checkout(self.name, pool_wait, self.deadline)
-            .await?;
+        let session = checkout::checkout(self.inner, self.name, pool_wait, self.deadline).await?;
         let (mut session, mut granted) = self.enter(session).await?;
         if granted.is_none() && wait {
             granted = self.wait_for_permit(&mut session).await?;
@@ -335,9 +340,7 @@ async fn granted_permit(
     if inner.settings().fencing {
         // Tokens of a semaphore are kept under a negative id, apart from every lock id.
         let token_id = -1 - i64::from(call.class);
-        let token = inner
-            .next_fencing_token(name, token_id, &mut session)
-            .await?;
+        let token = fencing::next_fencing_token(inner, name, token_id, &mut session).await?;
         info = info.with_fencing_token(token);
     }
     Ok(Some(PostgresPermit::new(
