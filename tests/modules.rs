@@ -488,6 +488,29 @@ fn the_adapter_imports_only_from_lower_floors() {
     );
 }
 
+/// The files of `locks-postgres` that may hold `impl Inner` blocks: the handle itself and
+/// the monitor (closing a session and losing what it held). Every other room is free
+/// functions over `&Inner`, so that its calls into other rooms are imports.
+const IMPL_INNER_FILES: &[&str] = &["inner.rs", "monitor.rs"];
+
+#[test]
+fn only_the_handle_and_the_monitor_implement_inner() {
+    let src = workspace_root().join("crates/locks-postgres/src");
+    let mut found = Vec::new();
+    for (relative, text) in rust_files(&src) {
+        for (index, line) in without_tests(&text).lines().enumerate() {
+            if line.starts_with("impl Inner") && !IMPL_INNER_FILES.contains(&relative.as_str()) {
+                found.push(format!(
+                    "crates/locks-postgres/src/{relative}:{}: `{line}`: write the room's \
+                     operations as free functions over `&Inner` (see inner.rs)",
+                    index + 1
+                ));
+            }
+        }
+    }
+    assert!(found.is_empty(), "\n{}\n", found.join("\n"));
+}
+
 /// A floor's row in `docs/architecture.md`'s table.
 fn floor_row(number: usize, name: &str, members: &[&str]) -> String {
     let members: Vec<String> = members.iter().map(|module| format!("`{module}`")).collect();
