@@ -13,16 +13,19 @@ use locks_port::{
 use tokio_postgres::error::SqlState;
 use tracing::Span;
 
-use crate::bookkeeping::{Holding, new_slot};
-use crate::checkout::PoolWait;
+use crate::bookkeeping::Holding;
+use crate::checkout;
+use crate::checkout::{Attempt, PoolWait};
 use crate::connection::{Session, SetUp};
 use crate::errors::{
     MOVED_BETWEEN_SESSIONS, STANDBY, driver_error, no_answer, no_row, refused, with_timeout,
 };
+use crate::grant;
 use crate::guard::PostgresLockGuard;
+use crate::inner::Inner;
 use crate::limit::{Deadline, Expired, Limit};
-use crate::manager::Inner;
 use crate::multiplex::{HostFailure, Membership, SharedTry};
+use crate::slot::new_slot;
 use crate::sql::{Answer, Statement};
 
 /// A granted lock before the bookkeeping: on a session of its own, or on a shared
@@ -40,516 +43,502 @@ pub(crate) enum Tried {
     Busy(Session),
 }
 
-/// How an acquisition attempt ends before the bookkeeping.
-pub(crate) type Attempt = Result<Session, LockAcquisitionError>;
-
-impl Inner {
-    /// The acquisition up to the bookkeeping, multiplexed or not.
-    pub(crate) async fn acquire_grant(
-        &self,
-        key: &str,
-        lock_id: i64,
-        options: AcquireOptions,
-    ) -> Result<Grant, LockAcquisitionError> {
-        let deadline = options.timeout().map(Deadline::after);
-        match self.multiplexer() {
-            // Boxed: the opt-in path stays out of the default path's future.
-            Some(_) => Box::pin(self.acquire_member(key, lock_id, options, deadline))
-                .await
-                .map(Grant::Shared),
-            None => self
-                .acquire_session_until(key, lock_id, options, deadline)
-                .await
-                .map(Grant::Own),
-        }
+/// The acquisition up to the bookkeeping, multiplexed or not.
+pub(crate) async fn acquire_grant(
+    inner: &Inner,
+    key: &str,
+    lock_id: i64,
+    options: AcquireOptions,
+) -> Result<Grant, LockAcquisitionError> {
+    let deadline = options.timeout().map(Deadline::after);
+    match inner.multiplexer() {
+        // Boxed: the opt-in path stays out of the default path's future.
+        Some(_) => Box::pin(acquire_member(inner, key, lock_id, options, deadline))
+            .await
+            .map(Grant::Shared),
+        None => acquire_session_until(inner, key, lock_id, options, deadline)
+            .await
+            .map(Grant::Own),
     }
+}
 
-    /// `try_acquire` up to the bookkeeping, multiplexed or not.
-    pub(crate) async fn try_grant(
-        &self,
-        key: &str,
-        lock_id: i64,
-        mode: LockMode,
-    ) -> Result<Option<Grant>, LockAcquisitionError> {
-        match self.multiplexer() {
-            Some(_) => Ok(Box::pin(self.try_member(key, lock_id, mode))
-                .await?
-                .map(Grant::Shared)),
-            None => Ok(self.try_session(key, lock_id, mode).await?.map(Grant::Own)),
-        }
-    }
-
-    /// Records a granted lock and hands out its guard: at once, or after taking its
-    /// fencing token when fencing is on.
-    pub(crate) async fn register_grant(
-        self: &Arc<Self>,
-        key: Arc<str>,
-        lock_id: i64,
-        mode: LockMode,
-        grant: Grant,
-        span: &Span,
-    ) -> Result<PostgresLockGuard, LockAcquisitionError> {
-        let (slot, holding) = match grant {
-            Grant::Own(session) => (new_slot(session), Holding::Alone),
-            Grant::Shared(member) => (Arc::clone(member.slot()), Holding::Shared(member)),
-        };
-        if self.settings().fencing {
-            let fencing = self.register_fenced(key, lock_id, mode, slot, holding, span);
-            return Box::pin(fencing).await;
-        }
-        Ok(self.record((key, lock_id, mode, slot, holding), None, span))
-    }
-
-    /// `acquire` with multiplexing: a try on a shared connection, else the whole
-    /// acquisition on a connection of its own, which then becomes a host.
-    async fn acquire_member(
-        &self,
-        key: &str,
-        lock_id: i64,
-        options: AcquireOptions,
-        deadline: Option<Deadline>,
-    ) -> Result<Membership, LockAcquisitionError> {
-        let mode = options.mode();
-        let multiplexer = self.multiplexer().expect("called only when multiplexing");
-        let limit = self.step_limit(deadline);
-        let tried = multiplexer.try_on_host(lock_id, mode, limit).await;
-        match tried.map_err(|failure| self.host_failure(key, failure, deadline))? {
-            SharedTry::Granted(member) => return Ok(member),
-            SharedTry::Busy => {
-                if let Some(deadline) = deadline.filter(|deadline| deadline.passed()) {
-                    return Err(LockAcquisitionError::timed_out(key, deadline.timeout));
-                }
-            }
-            SharedTry::NoHost => {}
-        }
-        let session = self
-            .acquire_session_until(key, lock_id, options, deadline)
-            .await?;
-        Ok(multiplexer.adopt(session, lock_id, mode))
-    }
-
-    /// `try_acquire` with multiplexing: one try, on a shared connection if one has
-    /// room, else on a connection of its own (which then becomes a host).
-    async fn try_member(
-        &self,
-        key: &str,
-        lock_id: i64,
-        mode: LockMode,
-    ) -> Result<Option<Membership>, LockAcquisitionError> {
-        let multiplexer = self.multiplexer().expect("called only when multiplexing");
-        let limit = self.step_limit(None);
-        let tried = multiplexer.try_on_host(lock_id, mode, limit).await;
-        match tried.map_err(|failure| self.host_failure(key, failure, None))? {
-            SharedTry::Granted(member) => Ok(Some(member)),
-            SharedTry::Busy => Ok(None),
-            SharedTry::NoHost => Ok(self
-                .try_session(key, lock_id, mode)
-                .await?
-                .map(|session| multiplexer.adopt(session, lock_id, mode))),
-        }
-    }
-
-    /// The error of a failed try on a shared connection.
-    fn host_failure(
-        &self,
-        key: &str,
-        failure: HostFailure,
-        deadline: Option<Deadline>,
-    ) -> LockAcquisitionError {
-        match failure {
-            HostFailure::MovedBetweenSessions => refused(key, MOVED_BETWEEN_SESSIONS, deadline),
-            HostFailure::Failed(error) => with_timeout(driver_error(key, error), deadline),
-            HostFailure::NoAnswer => no_answer(key, deadline, self.settings().answer_timeout),
-            HostFailure::NoRow => no_row(key, deadline),
-        }
-    }
-
-    /// The limit of one statement's answer in a call with `deadline`: the deadline plus
-    /// the margin, or (an unbounded call) the answer timeout.
-    pub(crate) fn step_limit(&self, deadline: Option<Deadline>) -> Limit {
-        let settings = self.settings();
-        Deadline::limit(deadline, settings.deadline_margin, settings.answer_timeout)
-    }
-
-    /// The whole acquisition on a session of its own, up to the bookkeeping, within
-    /// `deadline` (already running; `None` for an unbounded call).
-    pub(crate) async fn acquire_session_until(
-        &self,
-        key: &str,
-        lock_id: i64,
-        options: AcquireOptions,
-        deadline: Option<Deadline>,
-    ) -> Attempt {
-        let mode = options.mode();
-        let wait = deadline.map_or(PoolWait::Forever, PoolWait::Until);
-        let session = self.checkout(key, wait, deadline).await?;
-        let polls = deadline.is_some() && options.wait_strategy() == WaitStrategy::Poll;
-        // Every acquisition starts with one pg_try_advisory_lock: uncontended, that is
-        // the only statement (and the cheapest). It cannot jump the server's queue: a
-        // released lock is granted to the first waiter at release, and a request that
-        // conflicts with a queued waiter waits behind it, so it is never seen free
-        // while others wait. Except when this manager's own unlock of the key is still
-        // in flight on another connection (a release in the background): a try could
-        // reach the server first and find the key busy, so the acquisition waits in
-        // the queue at once and is granted the moment the unlock lands.
-        let own_unlock_in_flight =
-            self.settings().release_in_background && !polls && self.book().is_releasing(lock_id);
-        let session = if own_unlock_in_flight {
-            tracing::debug!(
-                key = self.shown(key),
-                lock_id,
-                "this manager's unlock of the key is in flight: waiting in the queue for it"
-            );
-            session
-        } else {
-            match self.try_lock(key, lock_id, mode, session, deadline).await? {
-                Tried::Granted(session) => return Ok(session),
-                Tried::Busy(session) => session,
-            }
-        };
-        match (deadline, options.wait_strategy()) {
-            // The waits are boxed: kept out of the uncontended path's future, which
-            // is moved on every call (a large future costs a copy per move).
-            (Some(deadline), WaitStrategy::Poll) => {
-                Box::pin(self.poll(
-                    key,
-                    lock_id,
-                    mode,
-                    session,
-                    deadline,
-                    options.retry_interval(),
-                ))
-                .await
-            }
-            // Without a timeout every strategy waits in the queue, as in the Python
-            // library.
-            _ => {
-                let waiting = self.wait_in_queue(key, lock_id, mode, session, deadline, false);
-                Box::pin(waiting).await
-            }
-        }
-    }
-
-    /// Takes every lock of `lock_ids` (in the global order; `keys` are theirs, to name
-    /// in errors) on one session; on any failure the session is closed, which frees
-    /// what it took. Uncontended, that is one checkout and one round trip: the tries of
-    /// every key go in one statement. When a key is busy the session keeps the keys
-    /// before it, the statement itself frees those after it (never held while waiting
-    /// out of order), and the wait for it is the single key's wait; then the tries of
-    /// the rest go in one statement again.
-    pub(crate) async fn acquire_group(
-        &self,
-        keys: &[&str],
-        lock_ids: &[i64],
-        options: AcquireOptions,
-    ) -> Result<Session, LockAcquisitionError> {
-        let deadline = options.timeout().map(Deadline::after);
-        let mode = options.mode();
-        let first = keys.first().copied().unwrap_or("");
-        let wait = deadline.map_or(PoolWait::Forever, PoolWait::Until);
-        let mut session = self.checkout(first, wait, deadline).await?;
-        let mut next = 0;
-        while next < lock_ids.len() {
-            let (rest_keys, rest) = (&keys[next..], &lock_ids[next..]);
-            let tried = rest.len();
-            let first_busy;
-            (session, first_busy) = self
-                .try_each(rest_keys, rest, mode, session, deadline)
-                .await?;
-            let Some(busy) = first_busy else {
-                next += tried;
-                continue;
-            };
-            let at = next + busy;
-            let waiting =
-                self.wait_in_queue(keys[at], lock_ids[at], mode, session, deadline, at > 0);
-            session = Box::pin(waiting).await?;
-            next = at + 1;
-        }
-        Ok(session)
-    }
-
-    /// The tries of every lock of `lock_ids` in one round trip (see
-    /// [`Statement::TryLockEach`]); the index of the first busy one, if any. On an
-    /// error the session is closed, which frees whatever it held.
-    async fn try_each(
-        &self,
-        keys: &[&str],
-        lock_ids: &[i64],
-        mode: LockMode,
-        session: Session,
-        deadline: Option<Deadline>,
-    ) -> Result<(Session, Option<usize>), LockAcquisitionError> {
-        if lock_ids.len() == 1 {
-            return self
-                .try_first(keys[0], lock_ids[0], mode, session, deadline)
-                .await;
-        }
-        let statement = Statement::TryLockEach { lock_ids, mode };
-        let limit = self.step_limit(deadline);
-        match self
-            .answered(keys[0], session, statement, limit, deadline)
+/// `try_acquire` up to the bookkeeping, multiplexed or not.
+pub(crate) async fn try_grant(
+    inner: &Inner,
+    key: &str,
+    lock_id: i64,
+    mode: LockMode,
+) -> Result<Option<Grant>, LockAcquisitionError> {
+    match inner.multiplexer() {
+        Some(_) => Ok(Box::pin(try_member(inner, key, lock_id, mode))
             .await?
-        {
-            (session, Ok(Answer::FirstBusy(first_busy))) => Ok((session, first_busy)),
-            (session, Ok(answer)) => {
-                session.close();
-                let reason = format!("Database error: unexpected answer {answer:?}");
-                Err(with_timeout(
-                    LockAcquisitionError::new(keys[0], AcquisitionErrorKind::Backend, reason),
-                    deadline,
-                ))
-            }
-            (session, Err(error)) => {
-                session.close();
-                Err(with_timeout(driver_error(keys[0], error), deadline))
-            }
-        }
-    }
-
-    /// The try of the first of the locks left (`acquire_many` one key at a time: a
-    /// group of one, or the setting that measures the old way).
-    async fn try_first(
-        &self,
-        key: &str,
-        lock_id: i64,
-        mode: LockMode,
-        session: Session,
-        deadline: Option<Deadline>,
-    ) -> Result<(Session, Option<usize>), LockAcquisitionError> {
-        Ok(
-            match self.try_lock(key, lock_id, mode, session, deadline).await? {
-                Tried::Granted(session) => (session, None),
-                Tried::Busy(session) => (session, Some(0)),
-            },
-        )
-    }
-
-    /// `try_acquire`: a checkout that never waits for a slot and one try.
-    pub(crate) async fn try_session(
-        &self,
-        key: &str,
-        lock_id: i64,
-        mode: LockMode,
-    ) -> Result<Option<Session>, LockAcquisitionError> {
-        let session = self.checkout(key, PoolWait::No, None).await?;
-        match self.try_lock(key, lock_id, mode, session, None).await? {
-            Tried::Granted(session) => Ok(Some(session)),
-            Tried::Busy(session) => {
-                session.into_pool();
-                Ok(None)
-            }
-        }
-    }
-
-    /// Runs `statement` within `limit`. A connection not set up yet is set up first,
-    /// pipelined with the statement (see [`crate::sql::SESSION_SETUP`]). A statement
-    /// that reached a server session not marked as the connection's own did nothing:
-    /// it is run once more behind a fresh set-up (a pool's recycling may have reset the
-    /// session's settings), and if it misses again, or the set-up finds the session
-    /// marked by another connection, the statements are being moved between server
-    /// sessions (a transaction-pooling proxy) and the call fails with
-    /// [`Configuration`](locks_port::AcquisitionErrorKind::Configuration). On expiry
-    /// the session is dropped: the statement cancelled, the connection closed, which
-    /// undoes whatever it did; so it is when the statement answered no row. The answer
-    /// is never [`Answer::WrongSession`] nor [`Answer::NoRow`].
-    pub(crate) async fn answered(
-        &self,
-        key: &str,
-        mut session: Session,
-        statement: Statement<'_>,
-        limit: Limit,
-        deadline: Option<Deadline>,
-    ) -> Result<(Session, Result<Answer, tokio_postgres::Error>), LockAcquisitionError> {
-        let answer_timeout = self.settings().answer_timeout;
-        if session.is_set_up() {
-            let fresh = session.is_fresh();
-            // Pinned where made (the statement's future is large), and gone after.
-            let answer = {
-                let running = std::pin::pin!(statement.run(&mut session, limit));
-                running.await.ok()
-            };
-            match answer {
-                None => {
-                    drop(session);
-                    return Err(no_answer(key, deadline, answer_timeout));
-                }
-                // It did nothing. Straight after checkout the pool's recycling may
-                // have reset the session: once more, behind a fresh set-up.
-                Some(Ok(Answer::WrongSession)) if fresh => session.mark_set_up(false),
-                Some(Ok(Answer::WrongSession)) => {
-                    drop(session);
-                    return Err(refused(key, MOVED_BETWEEN_SESSIONS, deadline));
-                }
-                Some(Ok(Answer::NoRow)) => {
-                    drop(session);
-                    return Err(no_row(key, deadline));
-                }
-                Some(answer) => return Ok((session, answer)),
-            }
-        }
-        // Once per connection: boxed, out of the common path's future.
-        let setup = Box::pin(statement.run_after_setup(&mut session, self.setup_values(), limit));
-        let Some((setup, answer)) = setup.await.ok() else {
-            drop(session);
-            return Err(no_answer(key, deadline, answer_timeout));
-        };
-        let refusal = match setup {
-            Ok(SetUp::Done) if !matches!(answer, Ok(Answer::WrongSession)) => {
-                session.mark_set_up(true);
-                return Ok((session, answer));
-            }
-            Ok(SetUp::Standby) => refused(key, STANDBY, deadline),
-            Ok(SetUp::Done | SetUp::Foreign) => refused(key, MOVED_BETWEEN_SESSIONS, deadline),
-            Err(error) => with_timeout(driver_error(key, error), deadline),
-        };
-        drop(session);
-        Err(refusal)
-    }
-
-    /// One `pg_try_advisory_lock`. On an error the session is closed (whatever the
-    /// statement did, that undoes it).
-    pub(crate) async fn try_lock(
-        &self,
-        key: &str,
-        lock_id: i64,
-        mode: LockMode,
-        session: Session,
-        deadline: Option<Deadline>,
-    ) -> Result<Tried, LockAcquisitionError> {
-        let statement = Statement::TryLock { lock_id, mode };
-        let limit = self.step_limit(deadline);
-        match self
-            .answered(key, session, statement, limit, deadline)
+            .map(Grant::Shared)),
+        None => Ok(try_session(inner, key, lock_id, mode)
             .await?
-        {
-            (session, Ok(Answer::Bool(true))) => Ok(Tried::Granted(session)),
-            (session, Ok(_)) => Ok(Tried::Busy(session)),
-            (session, Err(error)) => {
-                session.close();
-                Err(with_timeout(driver_error(key, error), deadline))
-            }
-        }
+            .map(Grant::Own)),
     }
+}
 
-    /// After a wait ended in an error on a live connection, makes sure the session
-    /// does not hold the lock (it can be granted just as the wait is cancelled). The
-    /// session, when that is shown; else it is closed.
-    async fn settle_after_failed_wait(
-        &self,
-        lock_id: i64,
-        mode: LockMode,
-        mut session: Session,
-    ) -> Option<Session> {
-        let check = Statement::UnlockIfHeld { lock_id, mode };
-        let limit = Limit::Waiting(self.settings().answer_timeout);
-        match check.run(&mut session, limit).await {
-            Ok(Ok(Answer::Bool(was_held))) => {
-                if was_held {
-                    tracing::debug!(
-                        lock_id,
-                        "the lock was granted as the wait ended; released it"
-                    );
-                }
-                Some(session)
-            }
-            Ok(
-                Ok(Answer::Locked | Answer::FirstBusy(_) | Answer::WrongSession | Answer::NoRow)
-                | Err(_),
-            )
-            | Err(Expired) => {
-                session.close();
-                None
-            }
-        }
+/// Records a granted lock and hands out its guard: at once, or after taking its
+/// fencing token when fencing is on.
+pub(crate) async fn register_grant(
+    inner: &Arc<Inner>,
+    key: Arc<str>,
+    lock_id: i64,
+    mode: LockMode,
+    grant: Grant,
+    span: &Span,
+) -> Result<PostgresLockGuard, LockAcquisitionError> {
+    let (slot, holding) = match grant {
+        Grant::Own(session) => (new_slot(session), Holding::Alone),
+        Grant::Shared(member) => (Arc::clone(member.slot()), Holding::Shared(member)),
+    };
+    if inner.settings().fencing {
+        let fencing = grant::register_fenced(inner, key, lock_id, mode, slot, holding, span);
+        return Box::pin(fencing).await;
     }
+    Ok(grant::record(
+        inner,
+        (key, lock_id, mode, slot, holding),
+        None,
+        span,
+    ))
+}
 
-    /// Waits in the server's queue: one `pg_advisory_lock` bounded by `lock_timeout`.
-    /// `holds_others`: the session holds the first locks of an `acquire_many`, so it is
-    /// never given back to the pool, only closed on failure (which frees them all).
-    pub(crate) async fn wait_in_queue(
-        &self,
-        key: &str,
-        lock_id: i64,
-        mode: LockMode,
-        mut session: Session,
-        deadline: Option<Deadline>,
-        holds_others: bool,
-    ) -> Attempt {
-        let give_back = |session: Session| {
-            if holds_others {
-                session.close();
-            } else {
-                session.into_pool();
-            }
-        };
-        loop {
-            let margin = self.settings().deadline_margin;
-            let Some((statement, limit)) =
-                Deadline::wait_statement(deadline, lock_id, mode, margin)
-            else {
-                // No time left to wait; the first try has been made, so the session
-                // does not hold this lock.
-                give_back(session);
-                let timeout = deadline.map_or(Duration::ZERO, |deadline| deadline.timeout);
-                return Err(LockAcquisitionError::timed_out(key, timeout));
-            };
-            let outcome;
-            (session, outcome) = self
-                .answered(key, session, statement, limit, deadline)
-                .await?;
-            let error = match outcome {
-                Ok(_) => return Ok(session),
-                Err(error) => error,
-            };
-            let timed_out = error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE);
-            // lock_timeout can fire before the deadline: it is capped at ~24.8 days.
-            let early = timed_out && deadline.is_some_and(|deadline| !deadline.passed());
-            if error.is_closed() || (holds_others && !early) {
-                session.close();
-            } else if let Some(settled) =
-                self.settle_after_failed_wait(lock_id, mode, session).await
-            {
-                if early {
-                    session = settled;
-                    continue;
-                }
-                give_back(settled);
-            }
-            return Err(match deadline {
-                Some(deadline) if timed_out => {
-                    LockAcquisitionError::timed_out(key, deadline.timeout)
-                }
-                _ => with_timeout(driver_error(key, error), deadline),
-            });
-        }
-    }
-
-    /// The strategy of the Python library, after the first try: `pg_try_advisory_lock`
-    /// every `retry_interval` on one session until the deadline.
-    async fn poll(
-        &self,
-        key: &str,
-        lock_id: i64,
-        mode: LockMode,
-        mut session: Session,
-        deadline: Deadline,
-        retry_interval: Duration,
-    ) -> Attempt {
-        let retry_interval = retry_interval.max(Duration::from_millis(1));
-        loop {
-            if deadline.passed() {
-                session.into_pool();
+/// `acquire` with multiplexing: a try on a shared connection, else the whole
+/// acquisition on a connection of its own, which then becomes a host.
+async fn acquire_member(
+    inner: &Inner,
+    key: &str,
+    lock_id: i64,
+    options: AcquireOptions,
+    deadline: Option<Deadline>,
+) -> Result<Membership, LockAcquisitionError> {
+    let mode = options.mode();
+    let multiplexer = inner.multiplexer().expect("called only when multiplexing");
+    let limit = step_limit(inner, deadline);
+    let tried = multiplexer.try_on_host(lock_id, mode, limit).await;
+    match tried.map_err(|failure| host_failure(inner, key, failure, deadline))? {
+        SharedTry::Granted(member) => return Ok(member),
+        SharedTry::Busy => {
+            if let Some(deadline) = deadline.filter(|deadline| deadline.passed()) {
                 return Err(LockAcquisitionError::timed_out(key, deadline.timeout));
             }
-            tokio::time::sleep(retry_interval.min(deadline.remaining())).await;
-            session = match self
-                .try_lock(key, lock_id, mode, session, Some(deadline))
-                .await?
-            {
-                Tried::Granted(session) => return Ok(session),
-                Tried::Busy(session) => session,
-            };
         }
+        SharedTry::NoHost => {}
+    }
+    let session = acquire_session_until(inner, key, lock_id, options, deadline).await?;
+    Ok(multiplexer.adopt(session, lock_id, mode))
+}
+
+/// `try_acquire` with multiplexing: one try, on a shared connection if one has
+/// room, else on a connection of its own (which then becomes a host).
+async fn try_member(
+    inner: &Inner,
+    key: &str,
+    lock_id: i64,
+    mode: LockMode,
+) -> Result<Option<Membership>, LockAcquisitionError> {
+    let multiplexer = inner.multiplexer().expect("called only when multiplexing");
+    let limit = step_limit(inner, None);
+    let tried = multiplexer.try_on_host(lock_id, mode, limit).await;
+    match tried.map_err(|failure| host_failure(inner, key, failure, None))? {
+        SharedTry::Granted(member) => Ok(Some(member)),
+        SharedTry::Busy => Ok(None),
+        SharedTry::NoHost => Ok(try_session(inner, key, lock_id, mode)
+            .await?
+            .map(|session| multiplexer.adopt(session, lock_id, mode))),
+    }
+}
+
+/// The error of a failed try on a shared connection.
+fn host_failure(
+    inner: &Inner,
+    key: &str,
+    failure: HostFailure,
+    deadline: Option<Deadline>,
+) -> LockAcquisitionError {
+    match failure {
+        HostFailure::MovedBetweenSessions => refused(key, MOVED_BETWEEN_SESSIONS, deadline),
+        HostFailure::Failed(error) => with_timeout(driver_error(key, error), deadline),
+        HostFailure::NoAnswer => no_answer(key, deadline, inner.settings().answer_timeout),
+        HostFailure::NoRow => no_row(key, deadline),
+    }
+}
+
+/// The limit of one statement's answer in a call with `deadline`: the deadline plus
+/// the margin, or (an unbounded call) the answer timeout.
+pub(crate) fn step_limit(inner: &Inner, deadline: Option<Deadline>) -> Limit {
+    let settings = inner.settings();
+    Deadline::limit(deadline, settings.deadline_margin, settings.answer_timeout)
+}
+
+/// The whole acquisition on a session of its own, up to the bookkeeping, within
+/// `deadline` (already running; `None` for an unbounded call).
+pub(crate) async fn acquire_session_until(
+    inner: &Inner,
+    key: &str,
+    lock_id: i64,
+    options: AcquireOptions,
+    deadline: Option<Deadline>,
+) -> Attempt {
+    let mode = options.mode();
+    let wait = deadline.map_or(PoolWait::Forever, PoolWait::Until);
+    let session = checkout::checkout(inner, key, wait, deadline).await?;
+    let polls = deadline.is_some() && options.wait_strategy() == WaitStrategy::Poll;
+    // Every acquisition starts with one pg_try_advisory_lock: uncontended, that is
+    // the only statement (and the cheapest). It cannot jump the server's queue: a
+    // released lock is granted to the first waiter at release, and a request that
+    // conflicts with a queued waiter waits behind it, so it is never seen free
+    // while others wait. Except when this manager's own unlock of the key is still
+    // in flight on another connection (a release in the background): a try could
+    // reach the server first and find the key busy, so the acquisition waits in
+    // the queue at once and is granted the moment the unlock lands.
+    let own_unlock_in_flight =
+        inner.settings().release_in_background && !polls && inner.book().is_releasing(lock_id);
+    let session = if own_unlock_in_flight {
+        tracing::debug!(
+            key = inner.shown(key),
+            lock_id,
+            "this manager's unlock of the key is in flight: waiting in the queue for it"
+        );
+        session
+    } else {
+        match try_lock(inner, key, lock_id, mode, session, deadline).await? {
+            Tried::Granted(session) => return Ok(session),
+            Tried::Busy(session) => session,
+        }
+    };
+    match (deadline, options.wait_strategy()) {
+        // The waits are boxed: kept out of the uncontended path's future, which
+        // is moved on every call (a large future costs a copy per move).
+        (Some(deadline), WaitStrategy::Poll) => {
+            Box::pin(poll(
+                inner,
+                key,
+                lock_id,
+                mode,
+                session,
+                deadline,
+                options.retry_interval(),
+            ))
+            .await
+        }
+        // Without a timeout every strategy waits in the queue, as in the Python
+        // library.
+        _ => {
+            let waiting = wait_in_queue(inner, key, lock_id, mode, session, deadline, false);
+            Box::pin(waiting).await
+        }
+    }
+}
+
+/// Takes every lock of `lock_ids` (in the global order; `keys` are theirs, to name
+/// in errors) on one session; on any failure the session is closed, which frees
+/// what it took. Uncontended, that is one checkout and one round trip: the tries of
+/// every key go in one statement. When a key is busy the session keeps the keys
+/// before it, the statement itself frees those after it (never held while waiting
+/// out of order), and the wait for it is the single key's wait; then the tries of
+/// the rest go in one statement again.
+pub(crate) async fn acquire_group(
+    inner: &Inner,
+    keys: &[&str],
+    lock_ids: &[i64],
+    options: AcquireOptions,
+) -> Result<Session, LockAcquisitionError> {
+    let deadline = options.timeout().map(Deadline::after);
+    let mode = options.mode();
+    let first = keys.first().copied().unwrap_or("");
+    let wait = deadline.map_or(PoolWait::Forever, PoolWait::Until);
+    let mut session = checkout::checkout(inner, first, wait, deadline).await?;
+    let mut next = 0;
+    while next < lock_ids.len() {
+        let (rest_keys, rest) = (&keys[next..], &lock_ids[next..]);
+        let tried = rest.len();
+        let first_busy;
+        (session, first_busy) = try_each(inner, rest_keys, rest, mode, session, deadline).await?;
+        let Some(busy) = first_busy else {
+            next += tried;
+            continue;
+        };
+        let at = next + busy;
+        let waiting = wait_in_queue(
+            inner,
+            keys[at],
+            lock_ids[at],
+            mode,
+            session,
+            deadline,
+            at > 0,
+        );
+        session = Box::pin(waiting).await?;
+        next = at + 1;
+    }
+    Ok(session)
+}
+
+/// The tries of every lock of `lock_ids` in one round trip (see
+/// [`Statement::TryLockEach`]); the index of the first busy one, if any. On an
+/// error the session is closed, which frees whatever it held.
+async fn try_each(
+    inner: &Inner,
+    keys: &[&str],
+    lock_ids: &[i64],
+    mode: LockMode,
+    session: Session,
+    deadline: Option<Deadline>,
+) -> Result<(Session, Option<usize>), LockAcquisitionError> {
+    if lock_ids.len() == 1 {
+        return try_first(inner, keys[0], lock_ids[0], mode, session, deadline).await;
+    }
+    let statement = Statement::TryLockEach { lock_ids, mode };
+    let limit = step_limit(inner, deadline);
+    match answered(inner, keys[0], session, statement, limit, deadline).await? {
+        (session, Ok(Answer::FirstBusy(first_busy))) => Ok((session, first_busy)),
+        (session, Ok(answer)) => {
+            session.close();
+            let reason = format!("Database error: unexpected answer {answer:?}");
+            Err(with_timeout(
+                LockAcquisitionError::new(keys[0], AcquisitionErrorKind::Backend, reason),
+                deadline,
+            ))
+        }
+        (session, Err(error)) => {
+            session.close();
+            Err(with_timeout(driver_error(keys[0], error), deadline))
+        }
+    }
+}
+
+/// The try of the first of the locks left (`acquire_many` one key at a time: a
+/// group of one, or the setting that measures the old way).
+async fn try_first(
+    inner: &Inner,
+    key: &str,
+    lock_id: i64,
+    mode: LockMode,
+    session: Session,
+    deadline: Option<Deadline>,
+) -> Result<(Session, Option<usize>), LockAcquisitionError> {
+    Ok(
+        match try_lock(inner, key, lock_id, mode, session, deadline).await? {
+            Tried::Granted(session) => (session, None),
+            Tried::Busy(session) => (session, Some(0)),
+        },
+    )
+}
+
+/// `try_acquire`: a checkout that never waits for a slot and one try.
+pub(crate) async fn try_session(
+    inner: &Inner,
+    key: &str,
+    lock_id: i64,
+    mode: LockMode,
+) -> Result<Option<Session>, LockAcquisitionError> {
+    let session = checkout::checkout(inner, key, PoolWait::No, None).await?;
+    match try_lock(inner, key, lock_id, mode, session, None).await? {
+        Tried::Granted(session) => Ok(Some(session)),
+        Tried::Busy(session) => {
+            session.into_pool();
+            Ok(None)
+        }
+    }
+}
+
+/// Runs `statement` within `limit`. A connection not set up yet is set up first,
+/// pipelined with the statement (see [`crate::sql::SESSION_SETUP`]). A statement
+/// that reached a server session not marked as the connection's own did nothing:
+/// it is run once more behind a fresh set-up (a pool's recycling may have reset the
+/// session's settings), and if it misses again, or the set-up finds the session
+/// marked by another connection, the statements are being moved between server
+/// sessions (a transaction-pooling proxy) and the call fails with
+/// [`Configuration`](locks_port::AcquisitionErrorKind::Configuration). On expiry
+/// the session is dropped: the statement cancelled, the connection closed, which
+/// undoes whatever it did; so it is when the statement answered no row. The answer
+/// is never [`Answer::WrongSession`] nor [`Answer::NoRow`].
+pub(crate) async fn answered(
+    inner: &Inner,
+    key: &str,
+    mut session: Session,
+    statement: Statement<'_>,
+    limit: Limit,
+    deadline: Option<Deadline>,
+) -> Result<(Session, Result<Answer, tokio_postgres::Error>), LockAcquisitionError> {
+    let answer_timeout = inner.settings().answer_timeout;
+    if session.is_set_up() {
+        let fresh = session.is_fresh();
+        // Pinned where made (the statement's future is large), and gone after.
+        let answer = {
+            let running = std::pin::pin!(statement.run(&mut session, limit));
+            running.await.ok()
+        };
+        match answer {
+            None => {
+                drop(session);
+                return Err(no_answer(key, deadline, answer_timeout));
+            }
+            // It did nothing. Straight after checkout the pool's recycling may
+            // have reset the session: once more, behind a fresh set-up.
+            Some(Ok(Answer::WrongSession)) if fresh => session.mark_set_up(false),
+            Some(Ok(Answer::WrongSession)) => {
+                drop(session);
+                return Err(refused(key, MOVED_BETWEEN_SESSIONS, deadline));
+            }
+            Some(Ok(Answer::NoRow)) => {
+                drop(session);
+                return Err(no_row(key, deadline));
+            }
+            Some(answer) => return Ok((session, answer)),
+        }
+    }
+    // Once per connection: boxed, out of the common path's future.
+    let setup = Box::pin(statement.run_after_setup(&mut session, inner.setup_values(), limit));
+    let Some((setup, answer)) = setup.await.ok() else {
+        drop(session);
+        return Err(no_answer(key, deadline, answer_timeout));
+    };
+    let refusal = match setup {
+        Ok(SetUp::Done) if !matches!(answer, Ok(Answer::WrongSession)) => {
+            session.mark_set_up(true);
+            return Ok((session, answer));
+        }
+        Ok(SetUp::Standby) => refused(key, STANDBY, deadline),
+        Ok(SetUp::Done | SetUp::Foreign) => refused(key, MOVED_BETWEEN_SESSIONS, deadline),
+        Err(error) => with_timeout(driver_error(key, error), deadline),
+    };
+    drop(session);
+    Err(refusal)
+}
+
+/// One `pg_try_advisory_lock`. On an error the session is closed (whatever the
+/// statement did, that undoes it).
+pub(crate) async fn try_lock(
+    inner: &Inner,
+    key: &str,
+    lock_id: i64,
+    mode: LockMode,
+    session: Session,
+    deadline: Option<Deadline>,
+) -> Result<Tried, LockAcquisitionError> {
+    let statement = Statement::TryLock { lock_id, mode };
+    let limit = step_limit(inner, deadline);
+    match answered(inner, key, session, statement, limit, deadline).await? {
+        (session, Ok(Answer::Bool(true))) => Ok(Tried::Granted(session)),
+        (session, Ok(_)) => Ok(Tried::Busy(session)),
+        (session, Err(error)) => {
+            session.close();
+            Err(with_timeout(driver_error(key, error), deadline))
+        }
+    }
+}
+
+/// After a wait ended in an error on a live connection, makes sure the session
+/// does not hold the lock (it can be granted just as the wait is cancelled). The
+/// session, when that is shown; else it is closed.
+async fn settle_after_failed_wait(
+    inner: &Inner,
+    lock_id: i64,
+    mode: LockMode,
+    mut session: Session,
+) -> Option<Session> {
+    let check = Statement::UnlockIfHeld { lock_id, mode };
+    let limit = Limit::Waiting(inner.settings().answer_timeout);
+    match check.run(&mut session, limit).await {
+        Ok(Ok(Answer::Bool(was_held))) => {
+            if was_held {
+                tracing::debug!(
+                    lock_id,
+                    "the lock was granted as the wait ended; released it"
+                );
+            }
+            Some(session)
+        }
+        Ok(
+            Ok(Answer::Locked | Answer::FirstBusy(_) | Answer::WrongSession | Answer::NoRow)
+            | Err(_),
+        )
+        | Err(Expired) => {
+            session.close();
+            None
+        }
+    }
+}
+
+/// Waits in the server's queue: one `pg_advisory_lock` bounded by `lock_timeout`.
+/// `holds_others`: the session holds the first locks of an `acquire_many`, so it is
+/// never given back to the pool, only closed on failure (which frees them all).
+pub(crate) async fn wait_in_queue(
+    inner: &Inner,
+    key: &str,
+    lock_id: i64,
+    mode: LockMode,
+    mut session: Session,
+    deadline: Option<Deadline>,
+    holds_others: bool,
+) -> Attempt {
+    let give_back = |session: Session| {
+        if holds_others {
+            session.close();
+        } else {
+            session.into_pool();
+        }
+    };
+    loop {
+        let margin = inner.settings().deadline_margin;
+        let Some((statement, limit)) = Statement::wait(deadline, lock_id, mode, margin) else {
+            // No time left to wait; the first try has been made, so the session
+            // does not hold this lock.
+            give_back(session);
+            let timeout = deadline.map_or(Duration::ZERO, |deadline| deadline.timeout);
+            return Err(LockAcquisitionError::timed_out(key, timeout));
+        };
+        let outcome;
+        (session, outcome) = answered(inner, key, session, statement, limit, deadline).await?;
+        let error = match outcome {
+            Ok(_) => return Ok(session),
+            Err(error) => error,
+        };
+        let timed_out = error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE);
+        // lock_timeout can fire before the deadline: it is capped at ~24.8 days.
+        let early = timed_out && deadline.is_some_and(|deadline| !deadline.passed());
+        if error.is_closed() || (holds_others && !early) {
+            session.close();
+        } else if let Some(settled) = settle_after_failed_wait(inner, lock_id, mode, session).await
+        {
+            if early {
+                session = settled;
+                continue;
+            }
+            give_back(settled);
+        }
+        return Err(match deadline {
+            Some(deadline) if timed_out => LockAcquisitionError::timed_out(key, deadline.timeout),
+            _ => with_timeout(driver_error(key, error), deadline),
+        });
+    }
+}
+
+/// The strategy of the Python library, after the first try: `pg_try_advisory_lock`
+/// every `retry_interval` on one session until the deadline.
+async fn poll(
+    inner: &Inner,
+    key: &str,
+    lock_id: i64,
+    mode: LockMode,
+    mut session: Session,
+    deadline: Deadline,
+    retry_interval: Duration,
+) -> Attempt {
+    let retry_interval = retry_interval.max(Duration::from_millis(1));
+    loop {
+        if deadline.passed() {
+            session.into_pool();
+            return Err(LockAcquisitionError::timed_out(key, deadline.timeout));
+        }
+        tokio::time::sleep(retry_interval.min(deadline.remaining())).await;
+        session = match try_lock(inner, key, lock_id, mode, session, Some(deadline)).await? {
+            Tried::Granted(session) => return Ok(session),
+            Tried::Busy(session) => session,
+        };
     }
 }

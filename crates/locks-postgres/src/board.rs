@@ -5,13 +5,13 @@ use locks_port::{AcquisitionErrorKind, LockAcquisitionError, Proclamation, check
 use time::OffsetDateTime;
 use tokio_postgres::Row;
 
-use crate::builder::{HOLDER_APPLICATION_NAME_PREFIX, published_holder_id};
 use crate::connection::Session;
 use crate::errors::{driver_error, no_answer, with_install_hint};
+use crate::inner::Inner;
 use crate::limit::{Expired, Limit};
-use crate::manager::PostgresLockManager;
 use crate::pool;
-use crate::sql::Query;
+use crate::query::Query;
+use crate::settings::{HOLDER_APPLICATION_NAME_PREFIX, published_holder_id};
 use crate::xact::install_under_lock;
 
 /// The table of leader terms (in the connection's `search_path` schema).
@@ -55,7 +55,7 @@ static LATEST: Query = Query::new(
 pub const LEADER_BOARD_INSTALL_KEY: &str = "locks-postgres:install:advisory_lock_leader_terms";
 
 /// Creates the table of leader terms if it does not exist: the install step of a
-/// leader board ([`LeaderBoard`](locks_port::LeaderBoard) on [`PostgresLockManager`]). Run it once per database
+/// leader board ([`LeaderBoard`](locks_port::LeaderBoard) on [`PostgresLockManager`](crate::PostgresLockManager)). Run it once per database
 /// (a migration, a deploy step); the manager never creates it on its own. Idempotent,
 /// and safe to run from several processes at once: it holds a transaction lock on
 /// [`LEADER_BOARD_INSTALL_KEY`] meanwhile (two concurrent `CREATE TABLE IF NOT EXISTS`
@@ -80,39 +80,39 @@ pub async fn install_leader_board(
 
 /// [`LeaderBoard::proclaim`](locks_port::LeaderBoard::proclaim) of a manager.
 pub(crate) async fn proclaim(
-    manager: &PostgresLockManager,
+    inner: &Inner,
     name: &str,
     value: &str,
 ) -> Result<Proclamation, LockAcquisitionError> {
     check_published_value(name, value)?;
-    let holder_id = manager.holder_id().and_then(|id| {
+    let holder_id = inner.holder_id().and_then(|id| {
         published_holder_id(id)
             .strip_prefix(HOLDER_APPLICATION_NAME_PREFIX)
             .filter(|id| !id.is_empty())
             .map(str::to_owned)
     });
-    let row = board_statement(manager, name, &PROCLAIM, &[&name, &holder_id, &value]).await?;
+    let row = board_statement(inner, name, &PROCLAIM, &[&name, &holder_id, &value]).await?;
     proclamation(name, &row)
 }
 
 /// [`LeaderBoard::retire`](locks_port::LeaderBoard::retire) of a manager.
 pub(crate) async fn retire(
-    manager: &PostgresLockManager,
+    inner: &Inner,
     name: &str,
     term: u64,
 ) -> Result<(), LockAcquisitionError> {
     let term = i64::try_from(term).unwrap_or(i64::MAX);
-    board_statement(manager, name, &RETIRE, &[&name, &term])
+    board_statement(inner, name, &RETIRE, &[&name, &term])
         .await
         .map(drop)
 }
 
 /// [`LeaderBoard::latest`](locks_port::LeaderBoard::latest) of a manager.
 pub(crate) async fn latest(
-    manager: &PostgresLockManager,
+    inner: &Inner,
     name: &str,
 ) -> Result<Option<Proclamation>, LockAcquisitionError> {
-    let row = board_statement(manager, name, &LATEST, &[&name]).await?;
+    let row = board_statement(inner, name, &LATEST, &[&name]).await?;
     match row.try_get::<_, Option<i64>>(0) {
         Ok(None) => Ok(None),
         _ => proclamation(name, &row).map(Some),
@@ -123,14 +123,20 @@ pub(crate) async fn latest(
 /// prepared statements, its watch; dropped or expired mid-statement, the session cancels
 /// the statement and closes): its one row.
 async fn board_statement(
-    manager: &PostgresLockManager,
+    inner: &Inner,
     name: &str,
     query: &'static Query,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<Row, LockAcquisitionError> {
-    let object = pool::for_one_read_of(manager, name, "for the board").await?;
-    let mut session = Session::new(object, manager.inner.connections());
-    let bound = manager.inner.settings().answer_timeout;
+    let object = pool::for_one_read_of(
+        inner.pool(),
+        inner.settings().connect_timeout,
+        name,
+        "for the board",
+    )
+    .await?;
+    let mut session = Session::new(object, inner.connections());
+    let bound = inner.settings().answer_timeout;
     let answer = session
         .query_within(query, params, Limit::Waiting(bound))
         .await;

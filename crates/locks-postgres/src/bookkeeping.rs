@@ -1,6 +1,6 @@
 //! What a manager holds: one entry per held key, with the session that holds it and
 //! the notifier of its guard's lost signal; registering a grant and taking entries out
-//! (the unlock that follows is in [`crate::release`]).
+//! (the unlock that follows is a floor up, in `release.rs`).
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -8,50 +8,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use futures_util::lock::{Mutex as AsyncMutex, MutexGuard, MutexLockFuture};
-use locks_port::{
-    AcquisitionErrorKind, LockAcquisitionError, LockInfo, LockMode, LossNotifier, LostReason,
-};
+use locks_port::{LockMode, LossNotifier};
 use smallvec::SmallVec;
 use tokio::time::Instant;
-use tracing::{Instrument, Span};
 
-use crate::connection::Session;
-use crate::guard::PostgresLockGuard;
-use crate::manager::Inner;
 use crate::metrics::Metrics;
 use crate::multiplex::Membership;
-
-/// The session of a held lock. Shared between the bookkeeping entry and the health
-/// monitor's keepalive; whoever takes it out owns the connection. `None` once taken.
-pub(crate) type SessionSlot = Arc<Slot>;
-
-/// The slot of a session that has just taken its first lock.
-pub(crate) fn new_slot(session: Session) -> SessionSlot {
-    Arc::new(Slot(AsyncMutex::new(Some(session))))
-}
-
-/// An async mutex around a held lock's session. `futures`' mutex, not tokio's: its
-/// unlock is one atomic operation when nobody waits (tokio's takes its waiter list's
-/// lock on every release), and a slot is nearly always free when it is taken (only a
-/// keepalive in flight can hold it).
-pub(crate) struct Slot(AsyncMutex<Option<Session>>);
-
-/// The slot is held by someone else.
-#[derive(Debug)]
-pub(crate) struct Busy;
-
-impl Slot {
-    /// Waits for the slot.
-    pub(crate) fn lock(&self) -> MutexLockFuture<'_, Option<Session>> {
-        self.0.lock()
-    }
-
-    /// The slot, if it is free now.
-    pub(crate) fn try_lock(&self) -> Result<MutexGuard<'_, Option<Session>>, Busy> {
-        self.0.try_lock().ok_or(Busy)
-    }
-}
+use crate::slot::SessionSlot;
 
 /// How a held lock owns its session.
 pub(crate) enum Holding {
@@ -131,8 +94,13 @@ impl Held {
         &self.notifier
     }
 
-    pub(crate) fn holding_mut(&mut self) -> &mut Holding {
-        &mut self.holding
+    /// The lock's place on a shared connection; `None` when it holds a connection of
+    /// its own (alone or in a group).
+    pub(crate) fn place(&mut self) -> Option<&mut Membership> {
+        match &mut self.holding {
+            Holding::Shared(member) => Some(member),
+            Holding::Alone | Holding::Group(_) => None,
+        }
     }
 
     /// Which acquisition this is, to find its entry again.
@@ -339,7 +307,8 @@ impl Book {
         taken
     }
 
-    fn drain(&mut self) -> Vec<Held> {
+    /// Takes every entry out (a shutdown).
+    pub(crate) fn drain(&mut self) -> Vec<Held> {
         self.count = 0;
         let drained: Vec<Held> = self
             .by_id
@@ -382,115 +351,6 @@ impl Book {
             .get_mut(&ticket.lock_id)?
             .iter_mut()
             .find(|held| held.ticket == ticket.number)
-    }
-}
-
-impl Inner {
-    /// Takes the entry of the acquisition with `ticket` of `lock_id` out of the
-    /// bookkeeping; its guard's signal fires ([`LostReason::Released`]).
-    pub(crate) fn take_one(&self, lock_id: i64, ticket: u64) -> Option<Held> {
-        let taken = self.book().remove_one(lock_id, ticket)?;
-        taken.notifier.notify(LostReason::Released);
-        Some(taken)
-    }
-
-    /// Takes every entry of `key` out of the bookkeeping; their guards' signals fire.
-    pub(crate) fn take_all_of(&self, key: &str, lock_id: i64) -> Entries {
-        let taken = self.book().remove_all(key, lock_id);
-        for held in &taken {
-            held.notifier.notify(LostReason::Released);
-        }
-        taken
-    }
-
-    /// Takes every entry out (a shutdown): every guard's signal fires.
-    pub(crate) fn take_all(&self) -> Vec<Held> {
-        let drained = self.book().drain();
-        for held in &drained {
-            held.notifier.notify(LostReason::Released);
-        }
-        drained
-    }
-
-    /// Takes the fencing token of a granted lock (on the session in `slot`), then
-    /// records it as [`record`](Self::record) does. On failure the session is closed,
-    /// which frees the lock.
-    pub(crate) async fn register_fenced(
-        self: &Arc<Self>,
-        shared_key: Arc<str>,
-        lock_id: i64,
-        mode: LockMode,
-        slot: SessionSlot,
-        holding: Holding,
-        span: &Span,
-    ) -> Result<PostgresLockGuard, LockAcquisitionError> {
-        let key: &str = &shared_key;
-        let fencing_token = {
-            let mut session = slot.lock().await;
-            let Some(session) = session.as_mut() else {
-                return Err(LockAcquisitionError::new(
-                    key,
-                    AcquisitionErrorKind::ConnectionLost,
-                    "Database error: the connection ended before the fencing token",
-                ));
-            };
-            let taking = self
-                .next_fencing_token(key, lock_id, session)
-                .instrument(span.clone());
-            Box::pin(taking).await?
-        };
-        let grant = (shared_key, lock_id, mode, slot, holding);
-        Ok(self.record(grant, Some(fencing_token), span))
-    }
-
-    /// Records a granted lock (its key, lock id and mode, on the session in a slot,
-    /// owned as the [`Holding`] says) and hands out its guard. No I/O.
-    pub(crate) fn record(
-        self: &Arc<Self>,
-        (shared_key, lock_id, mode, slot, holding): (Arc<str>, i64, LockMode, SessionSlot, Holding),
-        fencing_token: Option<i64>,
-        span: &Span,
-    ) -> PostgresLockGuard {
-        let mut info =
-            LockInfo::acquired_now(Arc::clone(&shared_key), lock_id, self.holder_id().cloned())
-                .with_mode(mode);
-        if let Some(fencing_token) = fencing_token {
-            info = info.with_fencing_token(fencing_token);
-        }
-        let ticket = self.next_ticket();
-        let notifier = LossNotifier::new();
-        let lost = notifier.signal();
-        tracing::debug!(
-            parent: span,
-            key = self.shown(&shared_key),
-            lock_id,
-            mode = mode.as_str(),
-            holder_id = self.holder_id().map(String::as_str),
-            "lock acquired"
-        );
-        let entry = Held::new(shared_key, ticket, lock_id, mode, slot, notifier, holding);
-        self.book_entries(std::iter::once(entry), span);
-        PostgresLockGuard::new(Arc::clone(self), info, ticket, lost)
-    }
-
-    /// Adds the entries of a grant to the bookkeeping and makes sure the health
-    /// monitor runs.
-    pub(crate) fn book_entries(
-        self: &Arc<Self>,
-        entries: impl IntoIterator<Item = Held>,
-        span: &Span,
-    ) {
-        let mut displaced = Vec::new();
-        {
-            let mut book = self.book();
-            for entry in entries {
-                displaced.extend(book.insert(entry));
-            }
-        }
-        for previous in displaced {
-            self.lose_displaced(previous, span);
-        }
-        self.ensure_monitor();
     }
 }
 

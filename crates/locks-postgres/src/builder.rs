@@ -1,43 +1,14 @@
-//! The manager's builder, the settings it gathers, and how keys are shown.
+//! The manager's builder: it gathers the settings (see `settings.rs`) and builds the
+//! manager.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::pool::Pool;
 use locks_port::KeyDerivation;
 
-use crate::lease::{Lease, LeaseError};
-use crate::manager::{Inner, PostgresLockManager};
+use crate::settings::{KeyVisibility, Settings};
 
-/// Whether lock keys appear in spans and log events.
-///
-/// Keys often carry tenant ids. With [`KeyVisibility::Hidden`] no span, event or log
-/// record of the manager carries key text, on any path (success or failure): only the
-/// derived lock id, which is enough to find the lock in `pg_locks`. Error values
-/// returned to the caller still name the key (they are the caller's own); log them
-/// with care.
-///
-/// ```
-/// use locks_postgres::{KeyVisibility, PostgresLockManager};
-///
-/// let pool = locks_postgres::plain_pool("postgres://app@localhost/app", 4)?;
-/// let locks = PostgresLockManager::builder(pool)
-///     .key_visibility(KeyVisibility::Hidden)
-///     .build();
-/// # drop(locks);
-/// # Ok::<(), locks_postgres::PoolConfigError>(())
-/// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum KeyVisibility {
-    /// Keys are recorded as `lock.key` (the default).
-    #[default]
-    Shown,
-    /// Keys are left out of spans and events.
-    Hidden,
-}
-
-/// Builds a [`PostgresLockManager`] with options.
+/// Builds a [`PostgresLockManager`](crate::PostgresLockManager) with options.
 ///
 /// ```
 /// use std::time::Duration;
@@ -64,100 +35,6 @@ pub struct PostgresLockManagerBuilder {
     pub(crate) meter: Option<opentelemetry::metrics::Meter>,
     /// The pool's cancel path, when set by [`tls`](Self::tls) (else found from the pool).
     pub(crate) canceller: Option<crate::pool::connect::Canceller>,
-}
-
-/// The manager's timings and options (see the builder for each).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Settings {
-    pub(crate) keepalive: Option<Duration>,
-    pub(crate) health_check_interval: Duration,
-    pub(crate) answer_timeout: Duration,
-    pub(crate) connect_timeout: Duration,
-    pub(crate) deadline_margin: Duration,
-    pub(crate) fencing: bool,
-    pub(crate) release_in_background: bool,
-    /// `acquire_many` tries its keys one round trip each, the old way (for the
-    /// benchmark's comparison only).
-    /// How many locks may share one connection (1: one connection per lock).
-    pub(crate) locks_per_connection: usize,
-    /// The level of the acquire and release spans.
-    pub(crate) span_level: tracing::Level,
-    /// The lease (`None`: the server's own TCP timers are left alone).
-    pub(crate) lease: Option<Duration>,
-    pub(crate) lease_margin: Duration,
-    /// Whether the keepalive and the answer timeout were set explicitly (else a lease
-    /// derives them).
-    pub(crate) keepalive_set: bool,
-    pub(crate) answer_timeout_set: bool,
-    /// Whether the lease was set explicitly (else `keepalive(None)` turns it off).
-    pub(crate) lease_set: bool,
-    /// Whether the manager records metrics, and whether they carry `lock.id`.
-    pub(crate) metrics: bool,
-    pub(crate) metrics_lock_id: bool,
-}
-
-impl Settings {
-    /// The default cadence of keepalives on held connections.
-    pub(crate) const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(10);
-    /// The default interval of the local check for ended connections.
-    pub(crate) const DEFAULT_HEALTH_CHECK_INTERVAL: Duration = Duration::from_millis(200);
-    /// The default answer timeout of quick statements.
-    pub(crate) const DEFAULT_ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
-    /// The default timeout for opening a connection outside a deadline.
-    pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-    /// How long after its deadline a bounded acquire still waits for the server.
-    pub(crate) const DEADLINE_MARGIN: Duration = Duration::from_secs(2);
-
-    pub(crate) const DEFAULT: Self = Self {
-        keepalive: Some(Self::DEFAULT_KEEPALIVE),
-        health_check_interval: Self::DEFAULT_HEALTH_CHECK_INTERVAL,
-        answer_timeout: Self::DEFAULT_ANSWER_TIMEOUT,
-        connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
-        deadline_margin: Self::DEADLINE_MARGIN,
-        fencing: false,
-        release_in_background: false,
-        locks_per_connection: 1,
-        span_level: crate::telemetry::DEFAULT_SPAN_LEVEL,
-        lease: Some(crate::lease::DEFAULT_LEASE),
-        lease_margin: crate::lease::DEFAULT_MARGIN,
-        keepalive_set: false,
-        answer_timeout_set: false,
-        lease_set: false,
-        metrics: true,
-        metrics_lock_id: false,
-    };
-
-    /// Settles the timings a lease derives (those not set explicitly) and derives the
-    /// lease, or says why it cannot hold.
-    pub(crate) fn with_lease(mut self) -> (Self, Result<Option<Lease>, LeaseError>) {
-        // Keepalives turned off explicitly turn the default lease off with them; a
-        // lease asked for explicitly is refused without keepalives.
-        if self.keepalive_set && self.keepalive.is_none() && !self.lease_set {
-            self.lease = None;
-        }
-        let Some(duration) = self.lease else {
-            return (self, Ok(None));
-        };
-        let (keepalive, answer_timeout) = crate::lease::client_defaults(
-            duration,
-            Self::DEFAULT_KEEPALIVE,
-            Self::DEFAULT_ANSWER_TIMEOUT,
-        );
-        if !self.keepalive_set {
-            self.keepalive = Some(keepalive);
-        }
-        if !self.answer_timeout_set {
-            self.answer_timeout = answer_timeout;
-        }
-        let lease = Lease::derive(
-            duration,
-            self.lease_margin,
-            self.keepalive,
-            self.answer_timeout,
-            self.health_check_interval,
-        );
-        (self, lease.map(Some))
-    }
 }
 
 impl PostgresLockManagerBuilder {
@@ -289,16 +166,16 @@ impl PostgresLockManagerBuilder {
     /// within this, and the holder's [`lost`](locks_port::LockGuard::lost) signal fires
     /// at least the [`lease_margin`](Self::lease_margin) before the server can free
     /// them. A waiter whose host vanished leaves the server's queue once the server
-    /// finds its socket dead: within [`Lease::server_frees_within`] plus one
+    /// finds its socket dead: within [`Lease::server_frees_within`](crate::Lease::server_frees_within) plus one
     /// `client_connection_check_interval` of its last traffic (inside the lease for the
     /// derived settings); one the server granted before noticing frees the lock within
-    /// [`Lease::server_frees_after`] of the grant.
+    /// [`Lease::server_frees_after`](crate::Lease::server_frees_after) of the grant.
     ///
     /// From it the manager derives the keepalive cadence and the answer timeout (unless
     /// set explicitly) and the server's per-session TCP timers (`tcp_keepalives_idle`,
     /// `tcp_keepalives_interval`, `tcp_keepalives_count`, `tcp_user_timeout`,
     /// `client_connection_check_interval`), set in each connection's set-up round trip:
-    /// nothing more per lock. See [`Lease`] for the bounds and
+    /// nothing more per lock. See [`Lease`](crate::Lease) for the bounds and
     /// [`PostgresLockManager::lease`](crate::PostgresLockManager::lease) for the ones in
     /// force. `None` leaves the server's timers alone (its defaults keep a dead
     /// holder's lock for about 2 h 11 min on Linux).
@@ -444,47 +321,4 @@ impl PostgresLockManagerBuilder {
         self.settings.locks_per_connection = locks_per_connection.max(1);
         self
     }
-}
-
-/// The prefix of the `application_name` of lock connections of managers with a
-/// holder id: `locks:<holder id>`.
-pub const HOLDER_APPLICATION_NAME_PREFIX: &str = "locks:";
-
-impl PostgresLockManagerBuilder {
-    /// Builds the manager, or says why its [`lease`](Self::lease) cannot hold with the
-    /// other settings. Does no I/O.
-    ///
-    /// # Errors
-    /// A [`LeaseError`] naming the settings that break the lease's order.
-    pub fn try_build(self) -> Result<PostgresLockManager, LeaseError> {
-        let manager = self.build();
-        match manager.inner.lease() {
-            Ok(_) => Ok(manager),
-            Err(error) => Err(error.clone()),
-        }
-    }
-
-    /// Builds the manager. Does no I/O. A [`lease`](Self::lease) that cannot hold makes
-    /// every acquisition fail with a
-    /// [`Configuration`](locks_port::AcquisitionErrorKind::Configuration) error that says
-    /// why; [`try_build`](Self::try_build) reports it at once.
-    #[must_use]
-    pub fn build(self) -> PostgresLockManager {
-        PostgresLockManager {
-            inner: Arc::new(Inner::new(self)),
-        }
-    }
-}
-
-/// `locks:<holder id>` as the server will keep it: no NUL bytes (the protocol cannot
-/// carry them), at most 63 bytes (the server's limit), cut at a character boundary.
-pub(crate) fn published_holder_id(holder_id: &str) -> String {
-    let mut name = String::from(HOLDER_APPLICATION_NAME_PREFIX);
-    for c in holder_id.chars().filter(|c| *c != '\0') {
-        if name.len() + c.len_utf8() > 63 {
-            break;
-        }
-        name.push(c);
-    }
-    name
 }

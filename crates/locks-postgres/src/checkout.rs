@@ -6,12 +6,15 @@ use std::time::Duration;
 
 use locks_port::timeout_reason;
 
-use crate::acquire::Attempt;
 use crate::connection::Session;
 use crate::errors::{lease_refused, pool_exhausted, unreachable, with_timeout};
+use crate::inner::Inner;
 use crate::limit::{Deadline, Expired};
-use crate::manager::Inner;
 use crate::pool::{self, PoolError, Pooled, checkout_error};
+use locks_port::LockAcquisitionError;
+
+/// How an acquisition attempt ends before the bookkeeping.
+pub(crate) type Attempt = Result<Session, LockAcquisitionError>;
 
 /// How long a checkout may wait for a free pool slot.
 #[derive(Clone, Copy)]
@@ -24,70 +27,68 @@ pub(crate) enum PoolWait {
     No,
 }
 
-impl Inner {
-    /// Checks a connection out. Waiting for a free slot and opening a new connection
-    /// both count against the deadline (without one, or with a zero timeout, opening is
-    /// bounded by the connect timeout). The pool's own timeouts are not used, so a pool
-    /// built without a runtime works too.
-    pub(crate) async fn checkout(
-        &self,
-        key: &str,
-        wait: PoolWait,
-        deadline: Option<Deadline>,
-    ) -> Attempt {
-        if let Err(lease) = self.lease() {
-            return Err(lease_refused(key, lease, deadline));
-        }
-        let settings = self.settings();
-        // Opening a connection is held to the caller's deadline itself: the margin is
-        // for a live session's answer, which decides whether a lock was granted. A zero
-        // timeout is a try (it waits for nobody) and opens as `try_acquire` does.
-        let opening = deadline.filter(|deadline| !deadline.timeout.is_zero());
-        let connecting = Deadline::limit(opening, Duration::ZERO, settings.connect_timeout);
-        let pool_size = || pool::max_size(self.pool());
-        // Not boxed: the pool's future (it may open a connection) is large, but copying
-        // it into the limit costs less than allocating it on every checkout.
-        let checked_out = match connecting.run(pool::idle_or_new(self.pool())).await {
-            // An idle connection: the common case, made into a session at once.
-            Ok(Ok(object)) => return Ok(Session::new(object, self.connections())),
-            Err(Expired) => return Err(unreachable(key, deadline, settings.connect_timeout)),
-            Ok(Err(error)) if pool::is_busy(&error) => match wait {
-                PoolWait::No => {
-                    let what = "no pool connection was free";
-                    return Err(pool_exhausted(key, what, pool_size(), None));
-                }
-                PoolWait::Forever => Box::pin(self.wait_for_slot()).await,
-                PoolWait::Until(deadline) => {
-                    let limit = Deadline::limit(Some(deadline), Duration::ZERO, Duration::ZERO);
-                    match limit.run(Box::pin(self.wait_for_slot())).await {
-                        Ok(result) => result,
-                        Err(Expired) => {
-                            let what = format!(
-                                "{} waiting for a pool connection",
-                                timeout_reason(deadline.timeout)
-                            );
-                            return Err(pool_exhausted(key, &what, pool_size(), Some(deadline)));
-                        }
+/// Checks a connection out. Waiting for a free slot and opening a new connection
+/// both count against the deadline (without one, or with a zero timeout, opening is
+/// bounded by the connect timeout). The pool's own timeouts are not used, so a pool
+/// built without a runtime works too.
+pub(crate) async fn checkout(
+    inner: &Inner,
+    key: &str,
+    wait: PoolWait,
+    deadline: Option<Deadline>,
+) -> Attempt {
+    if let Err(lease) = inner.lease() {
+        return Err(lease_refused(key, lease, deadline));
+    }
+    let settings = inner.settings();
+    // Opening a connection is held to the caller's deadline itself: the margin is
+    // for a live session's answer, which decides whether a lock was granted. A zero
+    // timeout is a try (it waits for nobody) and opens as `try_acquire` does.
+    let opening = deadline.filter(|deadline| !deadline.timeout.is_zero());
+    let connecting = Deadline::limit(opening, Duration::ZERO, settings.connect_timeout);
+    let pool_size = || pool::max_size(inner.pool());
+    // Not boxed: the pool's future (it may open a connection) is large, but copying
+    // it into the limit costs less than allocating it on every checkout.
+    let checked_out = match connecting.run(pool::idle_or_new(inner.pool())).await {
+        // An idle connection: the common case, made into a session at once.
+        Ok(Ok(object)) => return Ok(Session::new(object, inner.connections())),
+        Err(Expired) => return Err(unreachable(key, deadline, settings.connect_timeout)),
+        Ok(Err(error)) if pool::is_busy(&error) => match wait {
+            PoolWait::No => {
+                let what = "no pool connection was free";
+                return Err(pool_exhausted(key, what, pool_size(), None));
+            }
+            PoolWait::Forever => Box::pin(wait_for_slot(inner)).await,
+            PoolWait::Until(deadline) => {
+                let limit = Deadline::limit(Some(deadline), Duration::ZERO, Duration::ZERO);
+                match limit.run(Box::pin(wait_for_slot(inner))).await {
+                    Ok(result) => result,
+                    Err(Expired) => {
+                        let what = format!(
+                            "{} waiting for a pool connection",
+                            timeout_reason(deadline.timeout)
+                        );
+                        return Err(pool_exhausted(key, &what, pool_size(), Some(deadline)));
                     }
                 }
-            },
-            Ok(Err(error)) => Err(error),
-        };
-        match checked_out {
-            Ok(object) => Ok(Session::new(object, self.connections())),
-            Err(error) => Err(with_timeout(checkout_error(key, error), deadline)),
-        }
+            }
+        },
+        Ok(Err(error)) => Err(error),
+    };
+    match checked_out {
+        Ok(object) => Ok(Session::new(object, inner.connections())),
+        Err(error) => Err(with_timeout(checkout_error(key, error), deadline)),
     }
+}
 
-    /// Waits for a free pool slot for as long as it takes; a connection opened for it
-    /// is bounded by the connect timeout where the pool has a runtime for timeouts.
-    async fn wait_for_slot(&self) -> Result<Pooled, PoolError> {
-        let settings = self.settings();
-        pool::free_slot(
-            self.pool(),
-            settings.connect_timeout,
-            settings.answer_timeout,
-        )
-        .await
-    }
+/// Waits for a free pool slot for as long as it takes; a connection opened for it
+/// is bounded by the connect timeout where the pool has a runtime for timeouts.
+async fn wait_for_slot(inner: &Inner) -> Result<Pooled, PoolError> {
+    let settings = inner.settings();
+    pool::free_slot(
+        inner.pool(),
+        settings.connect_timeout,
+        settings.answer_timeout,
+    )
+    .await
 }

@@ -16,7 +16,7 @@ use tokio_postgres::{Row, SimpleQueryMessage};
 use crate::limit::{Bounded, Expired, Limit};
 use crate::pool::connect::Canceller;
 use crate::pool::{self, Pooled as Object, PooledId as ObjectId};
-use crate::sql::{Query, SESSION_SETUP};
+use crate::query::{Query, SESSION_SETUP};
 use crate::watchdog::{Watch, Watched};
 
 /// One pooled connection while checked out, and what the manager knows of it: whether

@@ -43,7 +43,7 @@ pub(crate) fn refused(
     with_timeout(error, deadline)
 }
 
-/// A lock statement answered no row ([`Answer::NoRow`](crate::sql::Answer::NoRow));
+/// A lock statement answered no row (the statements' `Answer::NoRow`, a floor up);
 /// the caller closed the session, which undoes whatever the statement did.
 pub(crate) fn no_row(key: &str, deadline: Option<Deadline>) -> LockAcquisitionError {
     let error = LockAcquisitionError::new(

@@ -14,9 +14,9 @@ use locks_port::{AcquisitionErrorKind, LockAcquisitionError};
 
 use crate::connection::Session;
 use crate::errors::{driver_error, with_install_hint};
+use crate::inner::Inner;
 use crate::limit::{Expired, Limit};
-use crate::manager::Inner;
-use crate::sql::Query;
+use crate::query::Query;
 use crate::xact::install_under_lock;
 
 /// The table of fencing tokens (in the connection's `search_path` schema).
@@ -80,48 +80,46 @@ static NEXT_TOKENS: Query = Query::new(
      SELECT array_agg(lock_id), array_agg(token) FROM next",
 );
 
-impl Inner {
-    /// The next token of `lock_id`, taken in the session that holds it. On failure the
-    /// session is dropped (closed), which frees the lock, and the acquisition fails.
-    pub(crate) async fn next_fencing_token(
-        &self,
-        key: &str,
-        lock_id: i64,
-        session: &mut Session,
-    ) -> Result<i64, LockAcquisitionError> {
-        let limit = Limit::Waiting(self.settings().answer_timeout);
-        let answer = session
-            .query_within(&NEXT_TOKEN, &[&lock_id], limit)
-            .await
-            .map(|row| row?.try_get::<_, i64>(0));
-        fencing_answer(key, answer)
-    }
+/// The next token of `lock_id`, taken in the session that holds it. On failure the
+/// session is dropped (closed), which frees the lock, and the acquisition fails.
+pub(crate) async fn next_fencing_token(
+    inner: &Inner,
+    key: &str,
+    lock_id: i64,
+    session: &mut Session,
+) -> Result<i64, LockAcquisitionError> {
+    let limit = Limit::Waiting(inner.settings().answer_timeout);
+    let answer = session
+        .query_within(&NEXT_TOKEN, &[&lock_id], limit)
+        .await
+        .map(|row| row?.try_get::<_, i64>(0));
+    fencing_answer(key, answer)
+}
 
-    /// The next tokens of `lock_ids` (distinct), taken in the session that holds them
-    /// all, by lock id; one round trip. On failure, as
-    /// [`next_fencing_token`](Self::next_fencing_token).
-    pub(crate) async fn next_fencing_tokens(
-        &self,
-        key: &str,
-        lock_ids: &[i64],
-        session: &mut Session,
-    ) -> Result<HashMap<i64, i64>, LockAcquisitionError> {
-        let limit = Limit::Waiting(self.settings().answer_timeout);
-        let answer = session
-            .query_within(&NEXT_TOKENS, &[&lock_ids], limit)
-            .await
-            .map(|row| {
-                let row = row?;
-                let ids: Option<Vec<i64>> = row.try_get(0)?;
-                let tokens: Option<Vec<i64>> = row.try_get(1)?;
-                Ok(ids
-                    .unwrap_or_default()
-                    .into_iter()
-                    .zip(tokens.unwrap_or_default())
-                    .collect())
-            });
-        fencing_answer(key, answer)
-    }
+/// The next tokens of `lock_ids` (distinct), taken in the session that holds them
+/// all, by lock id; one round trip. On failure, as
+/// [`next_fencing_token`](next_fencing_token).
+pub(crate) async fn next_fencing_tokens(
+    inner: &Inner,
+    key: &str,
+    lock_ids: &[i64],
+    session: &mut Session,
+) -> Result<HashMap<i64, i64>, LockAcquisitionError> {
+    let limit = Limit::Waiting(inner.settings().answer_timeout);
+    let answer = session
+        .query_within(&NEXT_TOKENS, &[&lock_ids], limit)
+        .await
+        .map(|row| {
+            let row = row?;
+            let ids: Option<Vec<i64>> = row.try_get(0)?;
+            let tokens: Option<Vec<i64>> = row.try_get(1)?;
+            Ok(ids
+                .unwrap_or_default()
+                .into_iter()
+                .zip(tokens.unwrap_or_default())
+                .collect())
+        });
+    fencing_answer(key, answer)
 }
 
 /// The outcome of a fencing-token statement, with a hint when the table is missing.

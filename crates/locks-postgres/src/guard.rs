@@ -8,7 +8,9 @@ use std::task::Poll;
 use locks_port::{LockError, LockGuard, LockInfo, LostReason, LostSignal, ReleaseOutcome};
 
 use crate::bookkeeping::{Entries, Ticket};
-use crate::manager::Inner;
+use crate::inner::Inner;
+use crate::mode_change;
+use crate::release;
 
 /// A lock held by a [`PostgresLockManager`](crate::PostgresLockManager).
 ///
@@ -90,7 +92,7 @@ impl LockGuard for PostgresLockGuard {
             return gone(&self.lost);
         };
         if !self.inner.settings().release_in_background {
-            return self.inner.unlock(held).await;
+            return release::unlock(&self.inner, held).await;
         }
         // Polled once here, the unlock takes the session and hands its statement to
         // the connection; the answer is read by a task of its own. The connection
@@ -100,7 +102,7 @@ impl LockGuard for PostgresLockGuard {
         let inner = Arc::clone(&self.inner);
         let releasing = Releasing::new(&inner, held.lock_id());
         let mut unlock = Box::pin(async move {
-            let outcome = inner.unlock(held).await;
+            let outcome = release::unlock(&inner, held).await;
             drop(releasing);
             outcome
         });
@@ -132,9 +134,7 @@ impl LockGuard for PostgresLockGuard {
             lock_id: self.info.lock_id(),
             number: self.ticket,
         };
-        self.inner
-            .downgrade(&ticket, &mut self.info, &self.lost)
-            .await
+        mode_change::downgrade(&self.inner, &ticket, &mut self.info, &self.lost).await
     }
 
     /// One statement on the lock's session tries the lock exclusive beside the shared
@@ -152,9 +152,7 @@ impl LockGuard for PostgresLockGuard {
             lock_id: self.info.lock_id(),
             number: self.ticket,
         };
-        self.inner
-            .try_upgrade(&ticket, &mut self.info, &self.lost)
-            .await
+        mode_change::try_upgrade(&self.inner, &ticket, &mut self.info, &self.lost).await
     }
 }
 
@@ -187,7 +185,7 @@ impl Drop for PostgresLockGuard {
             return;
         }
         if let Some(held) = self.inner.take_one(self.info.lock_id(), self.ticket) {
-            self.inner.unlock_later(Entries::from_buf([held]));
+            release::unlock_later(&self.inner, Entries::from_buf([held]));
         }
     }
 }

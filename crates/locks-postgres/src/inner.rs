@@ -1,23 +1,34 @@
 //! What a manager's clones share: the pool, the settings, the bookkeeping, the monitor's
-//! state, the shared connections and the instruments. Its fields are private; the rooms
-//! reach them through the methods here (and add their own `impl Inner` blocks).
+//! state, the shared connections and the instruments. Its fields are private: a narrow
+//! handle, read through the methods here, with the book's operations that tell the
+//! guards. The monitor (`monitor.rs`, just above on the same floor) adds
+//! the losing of a session and what it held. A primitive (a lock, a group, a permit, a
+//! mode change, fencing tokens, the board, ...) is its statements plus what its guard
+//! does, written as free functions over `&Inner` in its own module, as tokio-postgres
+//! writes `query(&InnerClient, ..)`: no other room adds an `impl Inner` block.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use crate::pool::Pool;
+use locks_port::LostReason;
 
-use crate::bookkeeping::Book;
-use crate::builder::{KeyVisibility, PostgresLockManagerBuilder, Settings, published_holder_id};
+use locks_port::KeyDerivation;
+use opentelemetry::metrics::Meter;
+
+use crate::pool::Pool;
+use crate::pool::connect::{Canceller, canceller_of};
+
+use crate::bookkeeping::{Book, Entries, Held};
 use crate::connection::{Connections, SetupValues};
 use crate::health::Health;
 use crate::lease::{Lease, LeaseError};
 use crate::lock_ids::LockIds;
 use crate::metrics::Metrics;
 use crate::multiplex::Multiplexer;
+use crate::settings::{KeyVisibility, Settings, published_holder_id};
 
 /// What the manager's clones share. Its fields are private: the rooms of the adapter
-/// reach them through the methods below (and add their own `impl Inner` blocks).
+/// reach them through the methods below, as free functions over `&Inner`.
 pub(crate) struct Inner {
     pool: Pool,
     holder_id: Option<String>,
@@ -46,28 +57,35 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
-    /// The shared state of a manager built by `builder`. Does no I/O.
-    pub(crate) fn new(builder: PostgresLockManagerBuilder) -> Self {
-        let (settings, lease) = builder.settings.with_lease();
+    /// The shared state of a manager over `pool` (whose cancel path is `canceller`, or
+    /// the one its connector registered), as the builder gathered it. Does no I/O.
+    pub(crate) fn new(
+        pool: Pool,
+        canceller: Option<Canceller>,
+        holder_id: Option<String>,
+        key_visibility: KeyVisibility,
+        derivation: KeyDerivation,
+        settings: Settings,
+        meter: Option<&Meter>,
+    ) -> Self {
+        let (settings, lease) = settings.with_lease();
         let server_timers = match &lease {
             Ok(Some(lease)) => Some(lease.server.as_settings()),
             _ => None,
         };
-        let canceller = builder
-            .canceller
-            .unwrap_or_else(|| crate::pool::connect::canceller_of(&builder.pool));
-        let connections = Arc::new(Connections::new(builder.pool.status().max_size, canceller));
+        let canceller = canceller.unwrap_or_else(|| canceller_of(&pool));
+        let connections = Arc::new(Connections::new(pool.status().max_size, canceller));
         let metrics = Arc::new(Metrics::new(
             settings.metrics,
-            builder.meter.as_ref(),
+            meter,
             settings.metrics_lock_id,
         ));
         Self {
-            application_name: builder.holder_id.as_deref().map(published_holder_id),
-            pool: builder.pool,
-            holder_id: builder.holder_id,
-            key_visibility: builder.key_visibility,
-            lock_ids: LockIds::new(builder.derivation),
+            application_name: holder_id.as_deref().map(published_holder_id),
+            pool,
+            holder_id,
+            key_visibility,
+            lock_ids: LockIds::new(derivation),
             settings,
             lease,
             server_timers,
@@ -146,9 +164,35 @@ impl Inner {
 
     /// The key as spans and events may show it.
     pub(crate) fn shown<'k>(&self, key: &'k str) -> Option<&'k str> {
-        match self.key_visibility {
-            KeyVisibility::Shown => Some(key),
-            KeyVisibility::Hidden => None,
+        self.key_visibility.shown(key)
+    }
+}
+
+/// The book's operations that tell the guards: an entry taken out fires its signal.
+impl Inner {
+    /// Takes the entry of the acquisition with `ticket` of `lock_id` out of the
+    /// bookkeeping; its guard's signal fires ([`LostReason::Released`]).
+    pub(crate) fn take_one(&self, lock_id: i64, ticket: u64) -> Option<Held> {
+        let taken = self.book().remove_one(lock_id, ticket)?;
+        taken.notifier().notify(LostReason::Released);
+        Some(taken)
+    }
+
+    /// Takes every entry of `key` out of the bookkeeping; their guards' signals fire.
+    pub(crate) fn take_all_of(&self, key: &str, lock_id: i64) -> Entries {
+        let taken = self.book().remove_all(key, lock_id);
+        for held in &taken {
+            held.notifier().notify(LostReason::Released);
         }
+        taken
+    }
+
+    /// Takes every entry out (a shutdown): every guard's signal fires.
+    pub(crate) fn take_all(&self) -> Vec<Held> {
+        let drained = self.book().drain();
+        for held in &drained {
+            held.notifier().notify(LostReason::Released);
+        }
+        drained
     }
 }

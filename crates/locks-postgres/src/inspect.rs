@@ -12,8 +12,8 @@ use std::net::IpAddr;
 use time::OffsetDateTime;
 use tokio_postgres::{Client, SimpleQueryMessage, SimpleQueryRow};
 
-use crate::PostgresLockManager;
 use crate::errors::describe;
+use crate::inner::Inner;
 use crate::pool::PoolError;
 use locks_port::LockMode;
 
@@ -24,7 +24,7 @@ const OUR_APPLICATION_PREFIX: &str = "locks:";
 ///
 /// Keys are not recoverable from ids: a key is hashed into its id (SHA-256, see
 /// [`KeyDerivation`](locks_port::KeyDerivation)), so to find a key's lock, derive its id with
-/// [`PostgresLockManager::lock_id`] and compare.
+/// [`PostgresLockManager::lock_id`](crate::PostgresLockManager::lock_id) and compare.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum AdvisoryLockId {
@@ -143,26 +143,24 @@ impl std::error::Error for InspectError {
 
 /// [`PostgresLockManager::holders`]: on a pooled connection.
 pub(crate) async fn holders_of_key(
-    manager: &PostgresLockManager,
+    inner: &Inner,
     key: &str,
 ) -> Result<Vec<LockHolder>, InspectError> {
-    let client = crate::pool::for_one_read(manager)
+    let client = crate::pool::for_one_read(inner.pool(), inner.settings().connect_timeout)
         .await
         .map_err(InspectError::Pool)?;
-    lock_holders(&client, manager.lock_id(key)).await
+    lock_holders(&client, inner.lock_ids().lock_id(key)).await
 }
 
 /// [`PostgresLockManager::holders_of_all`]: on a pooled connection.
-pub(crate) async fn holders_of_every_lock(
-    manager: &PostgresLockManager,
-) -> Result<Vec<LockHolder>, InspectError> {
-    let client = crate::pool::for_one_read(manager)
+pub(crate) async fn holders_of_every_lock(inner: &Inner) -> Result<Vec<LockHolder>, InspectError> {
+    let client = crate::pool::for_one_read(inner.pool(), inner.settings().connect_timeout)
         .await
         .map_err(InspectError::Pool)?;
     all_lock_holders(&client).await
 }
 
-/// [`PostgresLockManager::holders`] without a manager: who holds and who waits for the
+/// [`PostgresLockManager::holders`](crate::PostgresLockManager::holders) without a manager: who holds and who waits for the
 /// `bigint` advisory lock `lock_id` on `client`'s database. For a CLI or a health endpoint;
 /// a pooled connection derefs to a [`Client`].
 ///
@@ -195,7 +193,7 @@ pub async fn lock_holders(client: &Client, lock_id: i64) -> Result<Vec<LockHolde
     query(client, &filter).await
 }
 
-/// [`PostgresLockManager::holders_of_all`] without a manager: every advisory lock on
+/// [`PostgresLockManager::holders_of_all`](crate::PostgresLockManager::holders_of_all) without a manager: every advisory lock on
 /// `client`'s database. Lock ids only: keys are not recoverable from ids.
 ///
 /// # Errors

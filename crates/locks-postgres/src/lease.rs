@@ -2,7 +2,7 @@
 //! its sockets (power loss, a frozen VM, a cut network), and the order in which the two
 //! ends find out. One duration the user reasons about; from it the client's keepalive
 //! cadence and answer timeout, and the server's per-session TCP timers, which the
-//! connection set-up sets (see [`crate::sql::SESSION_SETUP`]; no extra round trip).
+//! connection set-up sets (`SESSION_SETUP`, in `query.rs`; no extra round trip).
 //!
 //! ```text
 //!  last answer                holder told        server may free      server has freed

@@ -9,6 +9,7 @@ mod checkout;
 mod connection;
 mod errors;
 mod fencing;
+mod grant;
 mod guard;
 mod health;
 mod inner;
@@ -21,10 +22,14 @@ mod manager;
 mod many;
 mod metrics;
 mod mode_change;
+mod monitor;
 mod multiplex;
 mod pool;
+mod query;
 mod release;
 mod semaphore;
+mod settings;
+mod slot;
 mod sql;
 mod telemetry;
 mod watchdog;
@@ -33,7 +38,7 @@ mod xact;
 pub use board::{
     LEADER_BOARD_INSTALL_KEY, LEADER_BOARD_SCHEMA, LEADER_BOARD_TABLE, install_leader_board,
 };
-pub use builder::{HOLDER_APPLICATION_NAME_PREFIX, KeyVisibility, PostgresLockManagerBuilder};
+pub use builder::PostgresLockManagerBuilder;
 pub use fencing::{FENCING_INSTALL_KEY, FENCING_SCHEMA, FENCING_TABLE, install_fencing};
 pub use guard::PostgresLockGuard;
 pub use health::LostLockCounts;
@@ -56,6 +61,7 @@ pub use pool::{
     plain_pool_with_config, tls_pool,
 };
 pub use semaphore::{PostgresPermit, semaphore_holders};
+pub use settings::{HOLDER_APPLICATION_NAME_PREFIX, KeyVisibility};
 #[allow(deprecated)]
 pub use xact::AdvisoryLockMode;
 pub use xact::{TransactionLockError, TransactionLocks};

@@ -2,8 +2,8 @@
 //! [`Limit`] of one step, and a timer that holds a step to it, armed only once the step
 //! has to wait.
 //!
-//! Lock statements are held to their limits by the watchdog
-//! ([`crate::watchdog`]); the other steps (a pool checkout, waiting for a shared
+//! Lock statements are held to their limits by the watchdog (one floor up, in
+//! `watchdog.rs`); the other steps (a pool checkout, waiting for a shared
 //! connection) use [`Limit::run`]: a tokio timer, made only if the step does not
 //! finish at its first poll, so a checkout of an idle connection costs no timer.
 
@@ -12,9 +12,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use locks_port::{LockMode, deadline_after};
-
-use crate::sql::Statement;
+use locks_port::deadline_after;
 use tokio::time::{Instant, Sleep};
 
 /// How long one step may take.
@@ -68,31 +66,6 @@ impl Deadline {
         Some(u32::try_from(ms).map_or(i32::MAX.unsigned_abs(), |ms| {
             ms.min(i32::MAX.unsigned_abs())
         }))
-    }
-
-    /// The wait's `Lock` statement and the limit of its answer: the deadline plus the
-    /// margin, or none for an unbounded wait (it waits as long as it takes; a
-    /// connection that ends meanwhile fails the statement). `None` when no time is
-    /// left.
-    pub(crate) fn wait_statement(
-        deadline: Option<Self>,
-        lock_id: i64,
-        mode: LockMode,
-        margin: Duration,
-    ) -> Option<(Statement<'static>, Limit)> {
-        let (lock_timeout_ms, limit) = match deadline {
-            None => (0, Limit::None),
-            Some(bounded) => (
-                bounded.lock_timeout_ms()?,
-                Deadline::limit(deadline, margin, Duration::ZERO),
-            ),
-        };
-        let statement = Statement::Lock {
-            lock_id,
-            mode,
-            lock_timeout_ms,
-        };
-        Some((statement, limit))
     }
 
     pub(crate) fn passed(self) -> bool {

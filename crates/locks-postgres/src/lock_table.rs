@@ -14,8 +14,8 @@ use locks_port::LockAcquisitionError;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, SimpleQueryMessage};
 
-use crate::PostgresLockManager;
 use crate::errors::describe;
+use crate::inner::Inner;
 use crate::inspect::InspectError;
 
 /// How full the server's lock table is, from `pg_locks` and the server's settings.
@@ -63,18 +63,16 @@ impl LockTableUsage {
 
 /// [`PostgresLockManager::lock_table_usage`]: on a pooled connection, with the gauges
 /// recorded.
-pub(crate) async fn recorded_usage(
-    manager: &PostgresLockManager,
-) -> Result<LockTableUsage, InspectError> {
-    let client = crate::pool::for_one_read(manager)
+pub(crate) async fn recorded_usage(inner: &Inner) -> Result<LockTableUsage, InspectError> {
+    let client = crate::pool::for_one_read(inner.pool(), inner.settings().connect_timeout)
         .await
         .map_err(InspectError::Pool)?;
     let usage = lock_table_usage(&client).await?;
-    manager.inner.metrics().lock_table(&usage);
+    inner.metrics().lock_table(usage.advisory, usage.capacity);
     Ok(usage)
 }
 
-/// [`PostgresLockManager::lock_table_usage`] without a manager, on `client`'s server.
+/// [`PostgresLockManager::lock_table_usage`](crate::PostgresLockManager::lock_table_usage) without a manager, on `client`'s server.
 ///
 /// # Errors
 /// [`InspectError::Query`] when the server refuses.

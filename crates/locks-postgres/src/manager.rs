@@ -2,34 +2,35 @@
 //! and the port's traits) and nothing else. Each method is the API's one place: its
 //! documentation, then a call into the room that does the work (as tokio-postgres keeps
 //! `Client` in one file and its operations in their own modules). The state the clones
-//! share is [`Inner`] ([`inner`](crate::inner)); the rooms add their own `impl Inner`
-//! blocks or functions:
+//! share is [`Inner`] ([`inner`](crate::inner)).
 //!
-//! - [`builder`](crate::builder): the builder, its settings, key visibility;
-//!   [`lease`](crate::lease): the lease's bounds and server timers;
-//! - [`acquire`](crate::acquire): try, the wait in the server's queue, the choice of a
-//!   shared connection, and a group's tries; [`checkout`](crate::checkout): the pool
-//!   checkout; [`many`]: `acquire_many` and its guard;
-//! - [`limit`](crate::limit): a call's deadline and each step's limit;
-//!   [`watchdog`](crate::watchdog): the thread that holds statements to them;
-//! - [`connection`](crate::connection): a checked-out connection, its set-up and
-//!   prepared statements; [`sql`](crate::sql): the lock statements and `Query`;
-//! - [`bookkeeping`](crate::bookkeeping): what is held, registering a grant;
-//!   [`release`](crate::release): the unlock; [`guard`](crate::guard): the guard;
-//!   [`mode_change`](crate::mode_change): a held lock's mode changed (the downgrade,
-//!   the try-upgrade);
-//! - [`health`]: the lost-lock monitor and keepalives;
-//! - [`multiplex`](crate::multiplex): the shared connections (opt-in);
-//!   [`semaphore`]: counting semaphores; [`board`]:
-//!   the leader board; [`metrics`](crate::metrics): the OpenTelemetry instruments;
-//! - [`fencing`](crate::fencing): fencing tokens; [`xact`](crate::xact):
-//!   transaction-scoped locks; [`inspect`]: who holds and waits;
-//!   [`lock_table`]: how full the server's lock table is;
-//! - [`errors`](crate::errors): errors in the server's words, and the adapter's own;
-//!   [`telemetry`](crate::telemetry): spans and events;
-//! - [`pool`](crate::pool): the pool, the one room that names the pool's library (with
-//!   [`connect`](crate::pool::connect), its connector and cancel path): replacing or wrapping
-//!   the pool changes these two.
+//! The rooms stand in floors (`docs/architecture.md`, "Floors"; `tests/modules.rs`
+//! fails on an import from a higher floor), lowest first:
+//!
+//! - the ground: [`lease`](crate::lease), [`limit`](crate::limit) (a call's deadline
+//!   and each step's limit), [`watchdog`](crate::watchdog) (the thread that holds
+//!   statements to them), [`errors`](crate::errors), [`telemetry`](crate::telemetry),
+//!   [`settings`](crate::settings) (the timings, key visibility),
+//!   [`metrics`](crate::metrics), [`lock_ids`](crate::lock_ids),
+//!   [`query`](crate::query) (a prepared statement, the set-up),
+//!   [`pool`](crate::pool) (the one room that names the pool's library, with
+//!   [`connect`](crate::pool::connect), its connector and cancel path),
+//!   [`connection`](crate::connection) (a checked-out connection, its set-up and
+//!   prepared statements), [`sql`](crate::sql) (the lock statements),
+//!   [`slot`](crate::slot) (a held session's slot);
+//! - the book and the monitor: [`multiplex`](crate::multiplex) (the shared
+//!   connections), [`bookkeeping`](crate::bookkeeping) (what is held),
+//!   [`health`](crate::health) (the monitor's state), [`inner`](crate::inner),
+//!   [`monitor`](crate::monitor) (the lost-lock monitor and keepalives);
+//! - the strategies: [`release`](crate::release) (the unlock),
+//!   [`mode_change`](crate::mode_change) (the downgrade, the try-upgrade),
+//!   [`guard`](crate::guard), [`xact`](crate::xact) (transaction-scoped locks),
+//!   [`fencing`](crate::fencing), [`grant`](crate::grant) (a grant booked),
+//!   [`checkout`](crate::checkout), [`acquire`](crate::acquire) (try, the wait in the
+//!   server's queue, a shared connection, a group's tries), [`many`](crate::many),
+//!   [`inspect`](crate::inspect), [`semaphore`](crate::semaphore),
+//!   [`lock_table`](crate::lock_table), [`board`](crate::board);
+//! - the API: [`builder`](crate::builder), and this file.
 
 use std::fmt;
 use std::future::Future;
@@ -42,17 +43,26 @@ use locks_port::{
 };
 use tracing::Instrument;
 
-use crate::builder::{KeyVisibility, PostgresLockManagerBuilder, Settings};
+use crate::acquire;
+use crate::board;
+use crate::builder::PostgresLockManagerBuilder;
 use crate::guard::PostgresLockGuard;
-pub(crate) use crate::inner::Inner;
+use crate::health::LostLockCounts;
+use crate::inner::Inner;
+use crate::inspect;
 use crate::inspect::{InspectError, LockHolder};
-use crate::lease::Lease;
+use crate::lease::{Lease, LeaseError};
+use crate::lock_table;
 use crate::lock_table::LockTableUsage;
+use crate::many;
 use crate::many::PostgresLockGroup;
+use crate::monitor;
 use crate::pool::Pool;
+use crate::release;
+use crate::semaphore;
 use crate::semaphore::PostgresPermit;
+use crate::settings::{KeyVisibility, Settings};
 use crate::telemetry::{finish_acquire_span, manager_acquire_span, started};
-use crate::{LostLockCounts, board, health, inspect, lock_table, many, semaphore};
 
 /// String-keyed distributed locks on PostgreSQL session-level advisory locks.
 ///
@@ -170,7 +180,7 @@ impl PostgresLockManager {
     /// before the monitor saw it).
     #[must_use]
     pub fn lost_lock_counts(&self) -> LostLockCounts {
-        health::lost_lock_counts(&self.inner)
+        monitor::lost_lock_counts(&self.inner)
     }
 
     /// Who holds `key`'s lock and who waits for it, from the server: holders first, then
@@ -199,7 +209,7 @@ impl PostgresLockManager {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn holders(&self, key: &str) -> Result<Vec<LockHolder>, InspectError> {
-        inspect::holders_of_key(self, key).await
+        inspect::holders_of_key(&self.inner, key).await
     }
 
     /// Every advisory lock on the database the pool connects to, held or waited for, by
@@ -224,7 +234,7 @@ impl PostgresLockManager {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn holders_of_all(&self) -> Result<Vec<LockHolder>, InspectError> {
-        inspect::holders_of_every_lock(self).await
+        inspect::holders_of_every_lock(&self.inner).await
     }
 
     /// How full the server's lock table is: advisory locks held or waited for by anyone,
@@ -250,7 +260,7 @@ impl PostgresLockManager {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn lock_table_usage(&self) -> Result<LockTableUsage, InspectError> {
-        lock_table::recorded_usage(self).await
+        lock_table::recorded_usage(&self.inner).await
     }
 
     /// Takes the locks of all `keys`, or none: in one global order (ascending lock id,
@@ -301,7 +311,7 @@ impl PostgresLockManager {
         async move {
             let keys = keys?;
             let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-            many::acquire_many(self, &keys, options).await
+            many::acquire_many(&self.inner, &keys, options).await
         }
     }
 
@@ -376,12 +386,11 @@ impl DistributedLock for PostgresLockManager {
         let began = inner.metrics().started();
         // Pinned where it is made and awaited through the pin: the acquisition's
         // future is large, and wrapping it by value would copy it twice per call.
-        let acquiring = std::pin::pin!(inner.acquire_grant(key, lock_id, options));
+        let acquiring = std::pin::pin!(acquire::acquire_grant(inner, key, lock_id, options));
         let attempt = acquiring.instrument(span.clone()).await;
         let attempt = match attempt {
             Ok(grant) => {
-                inner
-                    .register_grant(shared_key, lock_id, options.mode(), grant, &span)
+                acquire::register_grant(inner, shared_key, lock_id, options.mode(), grant, &span)
                     .await
             }
             Err(error) => Err(error),
@@ -425,13 +434,14 @@ impl DistributedLock for PostgresLockManager {
         );
         let started = started(&span);
         let began = inner.metrics().started();
-        let trying = std::pin::pin!(inner.try_grant(key, lock_id, mode));
+        let trying = std::pin::pin!(acquire::try_grant(inner, key, lock_id, mode));
         let attempt = trying.instrument(span.clone()).await;
         let attempt = match attempt {
-            Ok(Some(grant)) => inner
-                .register_grant(shared_key, lock_id, mode, grant, &span)
-                .await
-                .map(Some),
+            Ok(Some(grant)) => {
+                acquire::register_grant(inner, shared_key, lock_id, mode, grant, &span)
+                    .await
+                    .map(Some)
+            }
             Ok(None) => Ok(None),
             Err(error) => Err(error),
         };
@@ -461,7 +471,7 @@ impl DistributedLock for PostgresLockManager {
             return Err(LockNotHeldError::new(key));
         }
         for held in taken {
-            self.inner.unlock(held).await;
+            release::unlock(&self.inner, held).await;
         }
         Ok(())
     }
@@ -482,7 +492,7 @@ impl LockRegistry for PostgresLockManager {
     /// dropped, the sessions not yet unlocked are closed, which frees their locks (on a
     /// shared connection not yet freed, a task unlocks them instead).
     async fn release_all(&self) -> usize {
-        self.inner.release_all().await
+        release::release_all(&self.inner).await
     }
 
     fn held_lock_count(&self) -> usize {
@@ -525,7 +535,7 @@ impl Semaphore for PostgresLockManager {
         permits: u32,
         options: impl Into<AcquireOptions> + Send,
     ) -> Result<PostgresPermit, LockAcquisitionError> {
-        semaphore::acquire_permit(self, name, permits, options).await
+        semaphore::acquire_permit(&self.inner, name, permits, options).await
     }
 
     /// Takes a permit if one is free and nobody waits (or scans) for one.
@@ -537,11 +547,11 @@ impl Semaphore for PostgresLockManager {
         name: &str,
         permits: u32,
     ) -> Result<Option<PostgresPermit>, LockAcquisitionError> {
-        semaphore::try_acquire_permit(self, name, permits).await
+        semaphore::try_acquire_permit(&self.inner, name, permits).await
     }
 
     async fn permit_holders(&self, name: &str) -> Result<PermitHolders, LockAcquisitionError> {
-        semaphore::permit_holders(self, name).await
+        semaphore::permit_holders(&self.inner, name).await
     }
 }
 
@@ -556,14 +566,50 @@ impl LeaderBoard for PostgresLockManager {
         name: &str,
         value: &str,
     ) -> Result<Proclamation, LockAcquisitionError> {
-        board::proclaim(self, name, value).await
+        board::proclaim(&self.inner, name, value).await
     }
 
     async fn retire(&self, name: &str, term: u64) -> Result<(), LockAcquisitionError> {
-        board::retire(self, name, term).await
+        board::retire(&self.inner, name, term).await
     }
 
     async fn latest(&self, name: &str) -> Result<Option<Proclamation>, LockAcquisitionError> {
-        board::latest(self, name).await
+        board::latest(&self.inner, name).await
+    }
+}
+
+// The builder's last step lives beside the manager it builds (the builder, a floor
+// below, never names the manager).
+impl PostgresLockManagerBuilder {
+    /// Builds the manager, or says why its [`lease`](Self::lease) cannot hold with the
+    /// other settings. Does no I/O.
+    ///
+    /// # Errors
+    /// A [`LeaseError`] naming the settings that break the lease's order.
+    pub fn try_build(self) -> Result<PostgresLockManager, LeaseError> {
+        let manager = self.build();
+        match manager.inner.lease() {
+            Ok(_) => Ok(manager),
+            Err(error) => Err(error.clone()),
+        }
+    }
+
+    /// Builds the manager. Does no I/O. A [`lease`](Self::lease) that cannot hold makes
+    /// every acquisition fail with a
+    /// [`Configuration`](locks_port::AcquisitionErrorKind::Configuration) error that says
+    /// why; [`try_build`](Self::try_build) reports it at once.
+    #[must_use]
+    pub fn build(self) -> PostgresLockManager {
+        PostgresLockManager {
+            inner: Arc::new(Inner::new(
+                self.pool,
+                self.canceller,
+                self.holder_id,
+                self.key_visibility,
+                self.derivation,
+                self.settings,
+                self.meter.as_ref(),
+            )),
+        }
     }
 }

@@ -10,24 +10,28 @@ use locks_port::{
 };
 use tracing::{Instrument, Span};
 
-use crate::bookkeeping::{Entries, Group, Held, Holding, new_slot};
+use crate::acquire;
+use crate::bookkeeping::{Entries, Group, Held, Holding};
 use crate::connection::Session;
+use crate::fencing;
+use crate::grant;
 use crate::guard::gone;
-use crate::manager::{Inner, PostgresLockManager};
+use crate::inner::Inner;
+use crate::release;
+use crate::slot::new_slot;
 use crate::telemetry::{finish_acquire_span, manager_acquire_span, started};
 
 /// [`PostgresLockManager::acquire_many`] of checked keys.
 pub(crate) async fn acquire_many(
-    manager: &PostgresLockManager,
+    inner: &Arc<Inner>,
     keys: &[&str],
     options: AcquireOptions,
 ) -> Result<PostgresLockGroup, LockAcquisitionError> {
-    let inner = &manager.inner;
     // One global order (the port's), with the lock ids from the manager's cache.
     let ordered = locks_port::lock_order_with(keys, |key| inner.lock_ids().lock_id(key));
     let first = ordered.values().next().copied().unwrap_or("");
     let span = manager_acquire_span(
-        manager.inner.settings().span_level,
+        inner.settings().span_level,
         inner.shown(first),
         *ordered.keys().next().unwrap_or(&0),
         &options,
@@ -37,10 +41,8 @@ pub(crate) async fn acquire_many(
     let keys: Vec<&str> = ordered.values().copied().collect();
     let lock_ids: Box<[i64]> = ordered.keys().copied().collect();
     let attempt = async {
-        let session = inner.acquire_group(&keys, &lock_ids, options).await?;
-        inner
-            .register_group(&keys, lock_ids, options.mode(), session, &span)
-            .await
+        let session = acquire::acquire_group(inner, &keys, &lock_ids, options).await?;
+        register_group(inner, &keys, lock_ids, options.mode(), session, &span).await
     }
     .instrument(span.clone())
     .await;
@@ -53,61 +55,67 @@ pub(crate) async fn acquire_many(
     attempt
 }
 
-impl Inner {
-    /// Records a group: one entry per key, one shared session and one shared signal;
-    /// with fencing on, first takes a token per key (one round trip; on failure the
-    /// session is closed, which frees them all).
-    async fn register_group(
-        self: &Arc<Self>,
-        keys: &[&str],
-        lock_ids: Box<[i64]>,
-        mode: LockMode,
-        mut session: Session,
-        span: &Span,
-    ) -> Result<PostgresLockGroup, LockAcquisitionError> {
-        let fencing_tokens = if self.settings().fencing && !lock_ids.is_empty() {
-            let first = keys.first().copied().unwrap_or("");
-            Some(Box::pin(self.next_fencing_tokens(first, &lock_ids, &mut session)).await?)
-        } else {
-            None
-        };
-        let ticket = self.next_ticket();
-        let notifier = LossNotifier::new();
-        let slot = new_slot(session);
-        let group = Arc::new(Group::new(lock_ids));
-        let mut infos = Vec::with_capacity(keys.len());
-        let mut entries = Vec::with_capacity(keys.len());
-        for (&lock_id, &key) in group.lock_ids().iter().zip(keys) {
-            let shared_key: Arc<str> = Arc::from(key);
-            let mut info =
-                LockInfo::acquired_now(Arc::clone(&shared_key), lock_id, self.holder_id().cloned())
-                    .with_mode(mode);
-            if let Some(&token) = fencing_tokens
-                .as_ref()
-                .and_then(|tokens| tokens.get(&lock_id))
-            {
-                info = info.with_fencing_token(token);
-            }
-            infos.push(info);
-            entries.push(Held::new(
-                shared_key,
-                ticket,
-                lock_id,
-                mode,
-                Arc::clone(&slot),
-                notifier.clone(),
-                Holding::Group(Arc::clone(&group)),
-            ));
+/// Records a group: one entry per key, one shared session and one shared signal;
+/// with fencing on, first takes a token per key (one round trip; on failure the
+/// session is closed, which frees them all).
+async fn register_group(
+    inner: &Arc<Inner>,
+    keys: &[&str],
+    lock_ids: Box<[i64]>,
+    mode: LockMode,
+    mut session: Session,
+    span: &Span,
+) -> Result<PostgresLockGroup, LockAcquisitionError> {
+    let fencing_tokens = if inner.settings().fencing && !lock_ids.is_empty() {
+        let first = keys.first().copied().unwrap_or("");
+        Some(
+            Box::pin(fencing::next_fencing_tokens(
+                inner,
+                first,
+                &lock_ids,
+                &mut session,
+            ))
+            .await?,
+        )
+    } else {
+        None
+    };
+    let ticket = inner.next_ticket();
+    let notifier = LossNotifier::new();
+    let slot = new_slot(session);
+    let group = Arc::new(Group::new(lock_ids));
+    let mut infos = Vec::with_capacity(keys.len());
+    let mut entries = Vec::with_capacity(keys.len());
+    for (&lock_id, &key) in group.lock_ids().iter().zip(keys) {
+        let shared_key: Arc<str> = Arc::from(key);
+        let mut info =
+            LockInfo::acquired_now(Arc::clone(&shared_key), lock_id, inner.holder_id().cloned())
+                .with_mode(mode);
+        if let Some(&token) = fencing_tokens
+            .as_ref()
+            .and_then(|tokens| tokens.get(&lock_id))
+        {
+            info = info.with_fencing_token(token);
         }
-        self.book_entries(entries, span);
-        Ok(PostgresLockGroup {
-            inner: Arc::clone(self),
-            infos,
+        infos.push(info);
+        entries.push(Held::new(
+            shared_key,
             ticket,
-            lost: notifier.signal(),
-            armed: true,
-        })
+            lock_id,
+            mode,
+            Arc::clone(&slot),
+            notifier.clone(),
+            Holding::Group(Arc::clone(&group)),
+        ));
     }
+    grant::book_entries(inner, entries, span);
+    Ok(PostgresLockGroup {
+        inner: Arc::clone(inner),
+        infos,
+        ticket,
+        lost: notifier.signal(),
+        armed: true,
+    })
 }
 
 /// The inherent methods, for code generic over the manager.
@@ -125,7 +133,7 @@ impl LockGroup for PostgresLockGroup {
     }
 }
 
-/// The locks of one [`acquire_many`](PostgresLockManager::acquire_many), held on one
+/// The locks of one [`acquire_many`](crate::PostgresLockManager::acquire_many), held on one
 /// session and released together.
 ///
 /// Dropping it releases them all (spawned onto the runtime, or by closing the session
@@ -172,7 +180,7 @@ impl PostgresLockGroup {
         let taken = self.take();
         let expected = self.infos.len();
         let found = taken.len();
-        let mut outcome = self.inner.unlock_together(Entries::from_vec(taken)).await;
+        let mut outcome = release::unlock_together(&self.inner, Entries::from_vec(taken)).await;
         if found < expected && outcome == ReleaseOutcome::Unlocked {
             outcome = gone(&self.lost);
         }
@@ -194,7 +202,7 @@ impl Drop for PostgresLockGroup {
         }
         let taken = self.take();
         if !taken.is_empty() {
-            self.inner.unlock_later(Entries::from_vec(taken));
+            release::unlock_later(&self.inner, Entries::from_vec(taken));
         }
     }
 }

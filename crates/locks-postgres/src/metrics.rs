@@ -226,10 +226,10 @@ impl Metrics {
     }
 
     /// The server's lock table was read.
-    pub(crate) fn lock_table(&self, usage: &crate::LockTableUsage) {
+    pub(crate) fn lock_table(&self, advisory: u64, capacity: u64) {
         if let Some(instruments) = &self.instruments {
-            instruments.lock_table_advisory.record(usage.advisory, &[]);
-            instruments.lock_table_capacity.record(usage.capacity, &[]);
+            instruments.lock_table_advisory.record(advisory, &[]);
+            instruments.lock_table_capacity.record(capacity, &[]);
         }
     }
 

@@ -33,12 +33,13 @@ use locks_port::{
     LostReason, LostSignal,
 };
 
-use crate::bookkeeping::{SessionSlot, Ticket};
+use crate::bookkeeping::Ticket;
 use crate::connection::Session;
 use crate::errors::{MOVED_BETWEEN_SESSIONS, describe, driver_kind};
+use crate::inner::Inner;
 use crate::limit::{Expired, Limit};
-use crate::manager::Inner;
-use crate::sql::Query;
+use crate::query::Query;
+use crate::slot::SessionSlot;
 
 /// Takes the lock shared, then frees the exclusive hold: `true` when both happened,
 /// NULL on a server session not the connection's own (nothing done there). `CASE`
@@ -72,141 +73,143 @@ static TRY_UPGRADE: Query = Query::new(
 /// statement reached another server session), `None` for no row, or why none came.
 type ModeAnswer<T> = Result<Result<Option<Option<T>>, tokio_postgres::Error>, Expired>;
 
-impl Inner {
-    /// Downgrades the acquisition `ticket` (its guard's `info` and `lost` signal) to
-    /// shared; see [`LockGuard::downgrade`](locks_port::LockGuard::downgrade).
-    pub(crate) async fn downgrade(
-        &self,
-        ticket: &Ticket,
-        info: &mut LockInfo,
-        lost: &LostSignal,
-    ) -> Result<(), LockError> {
-        let key = info.key().to_owned();
-        let shared_slot = match self.book().get_mut(ticket) {
-            None => return Err(gone(&key, lost, LostReason::Released)),
-            Some(held) if held.mode() == LockMode::Shared => return Ok(()),
-            Some(held) => Arc::clone(held.slot()),
-        };
-        let mut slot = self.lock_session(&shared_slot, &key, lost).await?;
-        if !self.book().set_mode(ticket, LockMode::Shared) {
+/// Downgrades the acquisition `ticket` (its guard's `info` and `lost` signal) to
+/// shared; see [`LockGuard::downgrade`](locks_port::LockGuard::downgrade).
+pub(crate) async fn downgrade(
+    inner: &Inner,
+    ticket: &Ticket,
+    info: &mut LockInfo,
+    lost: &LostSignal,
+) -> Result<(), LockError> {
+    let key = info.key().to_owned();
+    let shared_slot = match inner.book().get_mut(ticket) {
+        None => return Err(gone(&key, lost, LostReason::Released)),
+        Some(held) if held.mode() == LockMode::Shared => return Ok(()),
+        Some(held) => Arc::clone(held.slot()),
+    };
+    let mut slot = lock_session(inner, &shared_slot, &key, lost).await?;
+    if !inner.book().set_mode(ticket, LockMode::Shared) {
+        slot.answered();
+        return Err(gone(&key, lost, LostReason::Released));
+    }
+    *info = info.clone().with_mode(LockMode::Shared);
+    slot.detail = "the downgrade was dropped part-way";
+    let answer = slot.run::<bool>(&DOWNGRADE, ticket.lock_id).await;
+    let failure = match answer {
+        Ok(Ok(Some(Some(true)))) => {
             slot.answered();
-            return Err(gone(&key, lost, LostReason::Released));
+            let lock_id = ticket.lock_id;
+            tracing::debug!(
+                key = inner.shown(&key),
+                lock_id,
+                "lock downgraded to shared"
+            );
+            return Ok(());
         }
-        *info = info.clone().with_mode(LockMode::Shared);
-        slot.detail = "the downgrade was dropped part-way";
-        let answer = slot.run::<bool>(&DOWNGRADE, ticket.lock_id).await;
-        let failure = match answer {
-            Ok(Ok(Some(Some(true)))) => {
-                slot.answered();
-                let lock_id = ticket.lock_id;
-                tracing::debug!(key = self.shown(&key), lock_id, "lock downgraded to shared");
-                return Ok(());
-            }
-            Ok(Ok(Some(Some(false)))) => LockAcquisitionError::new(
-                key.as_str(),
-                AcquisitionErrorKind::Backend,
-                "Database error: the session no longer held the lock exclusively",
-            ),
-            other => unanswered(&key, other, "downgrade"),
-        };
-        slot.detail = "the downgrade failed";
-        Err(self.failed(slot, ticket, &key, failure, "downgrade"))
-    }
+        Ok(Ok(Some(Some(false)))) => LockAcquisitionError::new(
+            key.as_str(),
+            AcquisitionErrorKind::Backend,
+            "Database error: the session no longer held the lock exclusively",
+        ),
+        other => unanswered(&key, other, "downgrade"),
+    };
+    slot.detail = "the downgrade failed";
+    Err(failed(inner, slot, ticket, &key, failure, "downgrade"))
+}
 
-    /// Upgrades the acquisition `ticket` (its guard's `info` and `lost` signal) to
-    /// exclusive if that can be done at once; see
-    /// [`LockGuard::try_upgrade`](locks_port::LockGuard::try_upgrade).
-    pub(crate) async fn try_upgrade(
-        &self,
-        ticket: &Ticket,
-        info: &mut LockInfo,
-        lost: &LostSignal,
-    ) -> Result<bool, LockError> {
-        let key = info.key().to_owned();
-        let shared_slot = match self.book().get_mut(ticket) {
-            None => return Err(gone(&key, lost, LostReason::Released)),
-            Some(held) if held.mode() == LockMode::Exclusive => return Ok(true),
-            Some(held) => Arc::clone(held.slot()),
-        };
-        let mut slot = self.lock_session(&shared_slot, &key, lost).await?;
-        slot.detail = "the upgrade was dropped part-way";
-        let answer = slot.run::<i32>(&TRY_UPGRADE, ticket.lock_id).await;
-        let failure = match answer {
-            Ok(Ok(Some(Some(0)))) => {
-                slot.answered();
-                return Ok(false);
-            }
-            Ok(Ok(Some(Some(1)))) => {
-                if !self.book().set_mode(ticket, LockMode::Exclusive) {
-                    // Taken out by `release(key)` or `release_all` meanwhile: its
-                    // unlock would look for the shared hold; closing frees the lock.
-                    slot.detail = "the lock was released during its upgrade";
-                    drop(slot);
-                    return Err(gone(&key, lost, LostReason::Released));
-                }
-                slot.answered();
-                *info = info.clone().with_mode(LockMode::Exclusive);
-                let lock_id = ticket.lock_id;
-                tracing::debug!(
-                    key = self.shown(&key),
-                    lock_id,
-                    "lock upgraded to exclusive"
-                );
-                return Ok(true);
-            }
-            Ok(Ok(Some(Some(_)))) => LockAcquisitionError::new(
-                key.as_str(),
-                AcquisitionErrorKind::Backend,
-                "Database error: the session no longer held the lock shared",
-            ),
-            other => unanswered(&key, other, "upgrade"),
-        };
-        slot.detail = "the upgrade failed";
-        Err(self.failed(slot, ticket, &key, failure, "upgrade"))
-    }
-
-    /// Waits for the lock's session (a keepalive in flight on it; bounded by the answer
-    /// timeout, and a cancel here changes nothing): the slot, locked, its session to be
-    /// closed unless [`answered`](CloseUnlessAnswered::answered). Lost when the health
-    /// monitor took the session.
-    async fn lock_session<'s>(
-        &'s self,
-        slot: &'s SessionSlot,
-        key: &str,
-        lost: &LostSignal,
-    ) -> Result<CloseUnlessAnswered<'s>, LockError> {
-        let locked = slot.lock().await;
-        if locked.is_none() {
-            return Err(gone(key, lost, LostReason::ConnectionClosed));
+/// Upgrades the acquisition `ticket` (its guard's `info` and `lost` signal) to
+/// exclusive if that can be done at once; see
+/// [`LockGuard::try_upgrade`](locks_port::LockGuard::try_upgrade).
+pub(crate) async fn try_upgrade(
+    inner: &Inner,
+    ticket: &Ticket,
+    info: &mut LockInfo,
+    lost: &LostSignal,
+) -> Result<bool, LockError> {
+    let key = info.key().to_owned();
+    let shared_slot = match inner.book().get_mut(ticket) {
+        None => return Err(gone(&key, lost, LostReason::Released)),
+        Some(held) if held.mode() == LockMode::Exclusive => return Ok(true),
+        Some(held) => Arc::clone(held.slot()),
+    };
+    let mut slot = lock_session(inner, &shared_slot, &key, lost).await?;
+    slot.detail = "the upgrade was dropped part-way";
+    let answer = slot.run::<i32>(&TRY_UPGRADE, ticket.lock_id).await;
+    let failure = match answer {
+        Ok(Ok(Some(Some(0)))) => {
+            slot.answered();
+            return Ok(false);
         }
-        Ok(CloseUnlessAnswered {
-            inner: self,
-            slot,
-            locked: Some(locked),
-            detail: "the mode change was dropped part-way",
-        })
-    }
+        Ok(Ok(Some(Some(1)))) => {
+            if !inner.book().set_mode(ticket, LockMode::Exclusive) {
+                // Taken out by `release(key)` or `release_all` meanwhile: its
+                // unlock would look for the shared hold; closing frees the lock.
+                slot.detail = "the lock was released during its upgrade";
+                drop(slot);
+                return Err(gone(&key, lost, LostReason::Released));
+            }
+            slot.answered();
+            *info = info.clone().with_mode(LockMode::Exclusive);
+            let lock_id = ticket.lock_id;
+            tracing::debug!(
+                key = inner.shown(&key),
+                lock_id,
+                "lock upgraded to exclusive"
+            );
+            return Ok(true);
+        }
+        Ok(Ok(Some(Some(_)))) => LockAcquisitionError::new(
+            key.as_str(),
+            AcquisitionErrorKind::Backend,
+            "Database error: the session no longer held the lock shared",
+        ),
+        other => unanswered(&key, other, "upgrade"),
+    };
+    slot.detail = "the upgrade failed";
+    Err(failed(inner, slot, ticket, &key, failure, "upgrade"))
+}
 
-    /// Logs a failed mode change and closes its session (for the reason its `detail`
-    /// says), which frees the lock (and, on a shared connection, the others), their
-    /// guards told; the error to return.
-    fn failed(
-        &self,
-        slot: CloseUnlessAnswered<'_>,
-        ticket: &Ticket,
-        key: &str,
-        failure: LockAcquisitionError,
-        what: &'static str,
-    ) -> LockError {
-        tracing::warn!(
-            key = self.shown(key),
-            lock_id = ticket.lock_id,
-            error = %failure,
-            "advisory lock {what} failed; closed the session, which frees the lock"
-        );
-        drop(slot);
-        failure.into()
+/// Waits for the lock's session (a keepalive in flight on it; bounded by the answer
+/// timeout, and a cancel here changes nothing): the slot, locked, its session to be
+/// closed unless [`answered`](CloseUnlessAnswered::answered). Lost when the health
+/// monitor took the session.
+async fn lock_session<'s>(
+    inner: &'s Inner,
+    slot: &'s SessionSlot,
+    key: &str,
+    lost: &LostSignal,
+) -> Result<CloseUnlessAnswered<'s>, LockError> {
+    let locked = slot.lock().await;
+    if locked.is_none() {
+        return Err(gone(key, lost, LostReason::ConnectionClosed));
     }
+    Ok(CloseUnlessAnswered {
+        inner,
+        slot,
+        locked: Some(locked),
+        detail: "the mode change was dropped part-way",
+    })
+}
+
+/// Logs a failed mode change and closes its session (for the reason its `detail`
+/// says), which frees the lock (and, on a shared connection, the others), their
+/// guards told; the error to return.
+fn failed(
+    inner: &Inner,
+    slot: CloseUnlessAnswered<'_>,
+    ticket: &Ticket,
+    key: &str,
+    failure: LockAcquisitionError,
+    what: &'static str,
+) -> LockError {
+    tracing::warn!(
+        key = inner.shown(key),
+        lock_id = ticket.lock_id,
+        error = %failure,
+        "advisory lock {what} failed; closed the session, which frees the lock"
+    );
+    drop(slot);
+    failure.into()
 }
 
 /// The lock is no longer held: its signal's reason, or `otherwise`.

@@ -1,7 +1,7 @@
 //! The shared connections of many locks (opt-in:
 //! [`multiplex`](crate::PostgresLockManagerBuilder::multiplex)), on the rules of the
 //! .NET DistributedLock library's multiplexed connections (the acquisition that uses
-//! them is in [`crate::acquire`]):
+//! them is a floor up, in `acquire.rs`):
 //!
 //! - an acquisition first tries (`pg_try_advisory_lock`, never a blocking wait) on a
 //!   connection that already holds other locks of this manager and has room;
@@ -26,9 +26,9 @@ use std::time::Duration;
 
 use locks_port::LockMode;
 
-use crate::bookkeeping::{Held, Holding, SessionSlot, new_slot};
 use crate::connection::Session;
 use crate::limit::{Expired, Limit};
+use crate::slot::{SessionSlot, new_slot};
 use crate::sql::{Answer, Statement};
 
 /// The shared connections of one manager.
@@ -62,7 +62,7 @@ pub(crate) struct Membership {
 }
 
 /// The bookkeeping of `release_all`'s fast path: by shared connection, its locks.
-type ByHost = HashMap<usize, (Arc<Host>, Vec<Held>)>;
+type ByHost<T> = HashMap<usize, (Arc<Host>, Vec<T>)>;
 
 /// Why a try on a shared connection failed (the caller says so in an error).
 pub(crate) enum HostFailure {
@@ -353,13 +353,18 @@ impl Multiplexer {
 
     /// `release_all`'s fast path: a shared connection whose every lock is among
     /// `drained` gets one `pg_advisory_unlock_all()` and goes back to the pool; the
-    /// other entries are handed back for one unlock each.
-    pub(crate) async fn unlock_whole_hosts(&self, drained: Vec<Held>) -> Vec<Held> {
+    /// other entries are handed back for one unlock each. `place` finds an entry's
+    /// place on a shared connection (none: the entry holds a connection of its own).
+    pub(crate) async fn unlock_whole_hosts<T>(
+        &self,
+        drained: Vec<T>,
+        place: impl Fn(&mut T) -> Option<&mut Membership>,
+    ) -> Vec<T> {
         let mut rest = Vec::new();
         let mut by_host = ByHost::new();
         for mut held in drained {
-            match held.holding_mut() {
-                Holding::Shared(member) => {
+            match place(&mut held) {
+                Some(member) => {
                     let host = Arc::clone(&member.host);
                     by_host
                         .entry(Arc::as_ptr(&host).addr())
@@ -367,7 +372,7 @@ impl Multiplexer {
                         .1
                         .push(held);
                 }
-                Holding::Alone | Holding::Group(_) => rest.push(held),
+                None => rest.push(held),
             }
         }
         for (host, mut members) in by_host.into_values() {
@@ -378,7 +383,7 @@ impl Multiplexer {
                 continue;
             }
             for held in &mut members {
-                if let Holding::Shared(member) = held.holding_mut() {
+                if let Some(member) = place(held) {
                     member.left = true;
                 }
             }

@@ -11,217 +11,216 @@ use tracing::{Instrument, Span};
 
 use crate::bookkeeping::{Entries, Held};
 use crate::errors::{MOVED_BETWEEN_SESSIONS, describe, driver_kind, sqlstate};
+use crate::inner::Inner;
 use crate::limit::{Expired, Limit};
-use crate::manager::Inner;
 use crate::sql::{Answer, Answered, Statement};
 use crate::telemetry::{record_failure, record_released, release_span};
 
-impl Inner {
-    /// Takes every entry out and unlocks it; how many there were. A shared connection
-    /// whose every lock is among them gets one `pg_advisory_unlock_all()`.
-    pub(crate) async fn release_all(&self) -> usize {
-        let drained = self.take_all();
-        let count = drained.len();
-        let drained = match self.multiplexer() {
-            Some(multiplexer) => multiplexer.unlock_whole_hosts(drained).await,
-            None => drained,
-        };
-        for held in drained {
-            self.unlock(held).await;
-        }
-        count
+/// Takes every entry out and unlocks it; how many there were. A shared connection
+/// whose every lock is among them gets one `pg_advisory_unlock_all()`.
+pub(crate) async fn release_all(inner: &Inner) -> usize {
+    let drained = inner.take_all();
+    let count = drained.len();
+    let drained = match inner.multiplexer() {
+        Some(multiplexer) => multiplexer.unlock_whole_hosts(drained, Held::place).await,
+        None => drained,
+    };
+    for held in drained {
+        unlock(inner, held).await;
     }
+    count
+}
 
-    /// Unlocks, on a task of their own, locks a dropped guard took out of the
-    /// bookkeeping (one lock, or what is left of a group); with no runtime at hand their
-    /// sessions are closed instead, which frees them on the server just the same. (If
-    /// the runtime drops the task before it runs, the sessions inside are closed by
-    /// their own drop.)
-    pub(crate) fn unlock_later(self: &Arc<Self>, taken: Entries) {
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                let inner = Arc::clone(self);
-                runtime.spawn(async move { inner.unlock_together(taken).await });
-            }
-            Err(_) => drop(taken),
+/// Unlocks, on a task of their own, locks a dropped guard took out of the
+/// bookkeeping (one lock, or what is left of a group); with no runtime at hand their
+/// sessions are closed instead, which frees them on the server just the same. (If
+/// the runtime drops the task before it runs, the sessions inside are closed by
+/// their own drop.)
+pub(crate) fn unlock_later(inner: &Arc<Inner>, taken: Entries) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            let inner = Arc::clone(inner);
+            runtime.spawn(async move { unlock_together(&inner, taken).await });
         }
+        Err(_) => drop(taken),
     }
+}
 
-    /// Unlocks locks taken out of the bookkeeping that share one session (one lock, or
-    /// what is left of a group) in one round trip; `Unlocked` for none. Never fails:
-    /// otherwise as [`unlock`](Self::unlock).
-    pub(crate) async fn unlock_together(&self, mut taken: Entries) -> ReleaseOutcome {
-        if taken.len() <= 1 {
-            return match taken.pop() {
-                Some(held) => self.unlock(held).await,
-                None => ReleaseOutcome::Unlocked,
-            };
-        }
-        let first = &taken[0];
-        debug_assert!(
-            taken
-                .iter()
-                .all(|held| Arc::ptr_eq(held.slot(), first.slot()))
-        );
-        let span = release_span(
-            self.settings().span_level,
-            self.shown(first.key()),
-            first.lock_id(),
-            first.mode(),
-        );
-        let lock_ids: SmallVec<[i64; 8]> = taken.iter().map(|held| held.lock_id()).collect();
-        let statement = Statement::UnlockEach {
-            lock_ids: &lock_ids,
-            mode: first.mode(),
+/// Unlocks locks taken out of the bookkeeping that share one session (one lock, or
+/// what is left of a group) in one round trip; `Unlocked` for none. Never fails:
+/// otherwise as [`unlock`](unlock).
+pub(crate) async fn unlock_together(inner: &Inner, mut taken: Entries) -> ReleaseOutcome {
+    if taken.len() <= 1 {
+        return match taken.pop() {
+            Some(held) => unlock(inner, held).await,
+            None => ReleaseOutcome::Unlocked,
         };
-        let recorder = span.clone();
-        let unlocking = self.unlock_on_session(&mut taken, statement, &recorder);
-        Box::pin(unlocking).instrument(span).await
     }
+    let first = &taken[0];
+    debug_assert!(
+        taken
+            .iter()
+            .all(|held| Arc::ptr_eq(held.slot(), first.slot()))
+    );
+    let span = release_span(
+        inner.settings().span_level,
+        inner.shown(first.key()),
+        first.lock_id(),
+        first.mode(),
+    );
+    let lock_ids: SmallVec<[i64; 8]> = taken.iter().map(|held| held.lock_id()).collect();
+    let statement = Statement::UnlockEach {
+        lock_ids: &lock_ids,
+        mode: first.mode(),
+    };
+    let recorder = span.clone();
+    let unlocking = unlock_on_session(inner, &mut taken, statement, &recorder);
+    Box::pin(unlocking).instrument(span).await
+}
 
-    /// Unlocks a lock taken out of the bookkeeping. Never fails: when the unlock fails
-    /// or the session did not hold the lock, the session is closed instead of being
-    /// given back, which frees whatever it held.
-    pub(crate) async fn unlock(&self, mut held: Held) -> ReleaseOutcome {
-        let span = release_span(
-            self.settings().span_level,
-            self.shown(held.key()),
-            held.lock_id(),
-            held.mode(),
-        );
-        // The span's own handle, to record the outcome on (cheaper than looking up the
-        // current span).
-        let recorder = span.clone();
-        let statement = Statement::Unlock {
-            lock_id: held.lock_id(),
-            mode: held.mode(),
-        };
-        let unlocking = std::pin::pin!(self.unlock_on_session(
-            std::slice::from_mut(&mut held),
-            statement,
-            &recorder
-        ));
-        unlocking.instrument(span).await
-    }
+/// Unlocks a lock taken out of the bookkeeping. Never fails: when the unlock fails
+/// or the session did not hold the lock, the session is closed instead of being
+/// given back, which frees whatever it held.
+pub(crate) async fn unlock(inner: &Inner, mut held: Held) -> ReleaseOutcome {
+    let span = release_span(
+        inner.settings().span_level,
+        inner.shown(held.key()),
+        held.lock_id(),
+        held.mode(),
+    );
+    // The span's own handle, to record the outcome on (cheaper than looking up the
+    // current span).
+    let recorder = span.clone();
+    let statement = Statement::Unlock {
+        lock_id: held.lock_id(),
+        mode: held.mode(),
+    };
+    let unlocking = std::pin::pin!(unlock_on_session(
+        inner,
+        std::slice::from_mut(&mut held),
+        statement,
+        &recorder
+    ));
+    unlocking.instrument(span).await
+}
 
-    /// Runs the unlock `statement` of `held` (locks of one session), then gives the
-    /// session back when it holds nothing more, or closes it when the unlock failed.
-    async fn unlock_on_session(
-        &self,
-        held: &mut [Held],
-        statement: Statement<'_>,
-        recorder: &Span,
-    ) -> ReleaseOutcome {
-        let Some(first) = held.first() else {
-            return ReleaseOutcome::Unlocked;
-        };
-        let (key, lock_id) = (Arc::clone(first.shared_key()), first.lock_id());
-        // Waits for a keepalive in flight (bounded by the answer timeout); free, as it
-        // nearly always is, the slot is taken without the lock's future.
-        let slot = Arc::clone(first.slot());
-        let mut slot = match slot.try_lock() {
-            Ok(slot) => slot,
-            Err(_) => slot.lock().await,
-        };
-        let Some(session) = slot.as_mut() else {
-            // The health monitor took it: the lock was lost meanwhile.
-            record_released(recorder, false);
-            return ReleaseOutcome::AlreadyReleased;
-        };
-        // Pinned where made (the statement's future is large), and gone after.
-        let answer = {
-            let limit = Limit::Waiting(self.settings().answer_timeout);
-            let running = std::pin::pin!(statement.run(session, limit));
-            running.await
-        };
-        let unlocked = matches!(answer, Ok(Ok(Answer::Bool(true))));
-        // The session of a group, or a shared connection's, holds the others' locks
-        // until the last unlock: then it stays in the slot.
-        let mut last = false;
-        for held in held.iter_mut() {
-            last |= held.leave_session();
-        }
-        if unlocked {
-            record_released(recorder, true);
-            tracing::debug!(key = self.shown(&key), lock_id, "lock released");
-        }
-        if unlocked && !last {
-            return ReleaseOutcome::Unlocked;
-        }
-        let Some(session) = slot.take() else {
-            return ReleaseOutcome::AlreadyReleased;
-        };
-        drop(slot);
-        if unlocked {
-            session.into_pool();
-            return ReleaseOutcome::Unlocked;
-        }
-        // Every path but a confirmed unlock closes the session, which frees whatever
-        // it held.
-        let (kind, code) = self.failed_unlock(&held[0], &answer);
-        session.close();
+/// Runs the unlock `statement` of `held` (locks of one session), then gives the
+/// session back when it holds nothing more, or closes it when the unlock failed.
+async fn unlock_on_session(
+    inner: &Inner,
+    held: &mut [Held],
+    statement: Statement<'_>,
+    recorder: &Span,
+) -> ReleaseOutcome {
+    let Some(first) = held.first() else {
+        return ReleaseOutcome::Unlocked;
+    };
+    let (key, lock_id) = (Arc::clone(first.shared_key()), first.lock_id());
+    // Waits for a keepalive in flight (bounded by the answer timeout); free, as it
+    // nearly always is, the slot is taken without the lock's future.
+    let slot = Arc::clone(first.slot());
+    let mut slot = match slot.try_lock() {
+        Ok(slot) => slot,
+        Err(_) => slot.lock().await,
+    };
+    let Some(session) = slot.as_mut() else {
+        // The health monitor took it: the lock was lost meanwhile.
         record_released(recorder, false);
-        record_failure(recorder, kind, code);
-        ReleaseOutcome::SessionClosed
+        return ReleaseOutcome::AlreadyReleased;
+    };
+    // Pinned where made (the statement's future is large), and gone after.
+    let answer = {
+        let limit = Limit::Waiting(inner.settings().answer_timeout);
+        let running = std::pin::pin!(statement.run(session, limit));
+        running.await
+    };
+    let unlocked = matches!(answer, Ok(Ok(Answer::Bool(true))));
+    // The session of a group, or a shared connection's, holds the others' locks
+    // until the last unlock: then it stays in the slot.
+    let mut last = false;
+    for held in held.iter_mut() {
+        last |= held.leave_session();
     }
+    if unlocked {
+        record_released(recorder, true);
+        tracing::debug!(key = inner.shown(&key), lock_id, "lock released");
+    }
+    if unlocked && !last {
+        return ReleaseOutcome::Unlocked;
+    }
+    let Some(session) = slot.take() else {
+        return ReleaseOutcome::AlreadyReleased;
+    };
+    drop(slot);
+    if unlocked {
+        session.into_pool();
+        return ReleaseOutcome::Unlocked;
+    }
+    // Every path but a confirmed unlock closes the session, which frees whatever
+    // it held.
+    let (kind, code) = failed_unlock(inner, &held[0], &answer);
+    session.close();
+    record_released(recorder, false);
+    record_failure(recorder, kind, code);
+    ReleaseOutcome::SessionClosed
+}
 
-    /// Says why an unlock failed (the session is closed next); its kind and SQLSTATE.
-    fn failed_unlock<'a>(
-        &self,
-        held: &Held,
-        answer: &'a Answered,
-    ) -> (AcquisitionErrorKind, Option<&'a str>) {
-        let (key, lock_id) = (self.shown(held.key()), held.lock_id());
-        match answer {
-            Ok(Ok(Answer::WrongSession)) => {
-                tracing::error!(
-                    key,
-                    lock_id,
-                    reason = MOVED_BETWEEN_SESSIONS,
-                    "Error releasing advisory lock: the unlock reached another server \
-                     session and did nothing; closed the connection, but the server \
-                     session that took the lock may still hold it"
-                );
-                (AcquisitionErrorKind::Configuration, None)
-            }
-            Ok(Ok(Answer::NoRow)) => {
-                tracing::warn!(
-                    key,
-                    lock_id,
-                    "Error releasing advisory lock: the unlock answered no row; closed the \
-                     session, which frees it"
-                );
-                (AcquisitionErrorKind::Backend, None)
-            }
-            Ok(Ok(_)) => {
-                tracing::warn!(
-                    key,
-                    lock_id,
-                    "Error releasing advisory lock: the session no longer held it; \
-                     closed the session"
-                );
-                (AcquisitionErrorKind::Backend, None)
-            }
-            Ok(Err(error)) => {
-                tracing::warn!(
-                    key,
-                    lock_id,
-                    error = %describe(error),
-                    sqlstate = sqlstate(error),
-                    "Error releasing advisory lock; closed the session, which frees it"
-                );
-                self.judge_failed_release(held, error);
-                (driver_kind(error), sqlstate(error))
-            }
-            Err(Expired) => {
-                tracing::warn!(
-                    key,
-                    lock_id,
-                    "Error releasing advisory lock: the server did not answer; closed \
-                     the session, which frees it"
-                );
-                (AcquisitionErrorKind::ConnectionLost, None)
-            }
+/// Says why an unlock failed (the session is closed next); its kind and SQLSTATE.
+fn failed_unlock<'a>(
+    inner: &Inner,
+    held: &Held,
+    answer: &'a Answered,
+) -> (AcquisitionErrorKind, Option<&'a str>) {
+    let (key, lock_id) = (inner.shown(held.key()), held.lock_id());
+    match answer {
+        Ok(Ok(Answer::WrongSession)) => {
+            tracing::error!(
+                key,
+                lock_id,
+                reason = MOVED_BETWEEN_SESSIONS,
+                "Error releasing advisory lock: the unlock reached another server \
+                 session and did nothing; closed the connection, but the server \
+                 session that took the lock may still hold it"
+            );
+            (AcquisitionErrorKind::Configuration, None)
+        }
+        Ok(Ok(Answer::NoRow)) => {
+            tracing::warn!(
+                key,
+                lock_id,
+                "Error releasing advisory lock: the unlock answered no row; closed the \
+                 session, which frees it"
+            );
+            (AcquisitionErrorKind::Backend, None)
+        }
+        Ok(Ok(_)) => {
+            tracing::warn!(
+                key,
+                lock_id,
+                "Error releasing advisory lock: the session no longer held it; \
+                 closed the session"
+            );
+            (AcquisitionErrorKind::Backend, None)
+        }
+        Ok(Err(error)) => {
+            tracing::warn!(
+                key,
+                lock_id,
+                error = %describe(error),
+                sqlstate = sqlstate(error),
+                "Error releasing advisory lock; closed the session, which frees it"
+            );
+            inner.judge_failed_release(held, error);
+            (driver_kind(error), sqlstate(error))
+        }
+        Err(Expired) => {
+            tracing::warn!(
+                key,
+                lock_id,
+                "Error releasing advisory lock: the server did not answer; closed \
+                 the session, which frees it"
+            );
+            (AcquisitionErrorKind::ConnectionLost, None)
         }
     }
 }

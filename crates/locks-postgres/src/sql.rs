@@ -13,126 +13,17 @@
 //! sessions, and a session advisory lock taken on one of them would exclude nothing;
 //! the check makes that a clear error instead of a silent double grant.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use locks_port::LockMode;
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
 use crate::connection::{AfterSetup, Session, SetupValues};
-use crate::limit::{Expired, Limit};
-
-/// A statement, declared as a `static` in the module of the strategy it belongs to:
-/// prepared once per connection (kept with the connection, in the place [`Query::index`]
-/// numbers: a new strategy numbers nothing by hand), from `text` with `:marker` for the
-/// connection's marker. Its parameters are bound by the caller and its one row read by
-/// the caller (see [`Session::query_within`]).
-#[derive(Debug)]
-pub(crate) struct Query {
-    /// Its SQL, with `:marker` where the connection's marker goes.
-    text: &'static str,
-    /// Its place among every connection's prepared statements, once numbered.
-    index: AtomicUsize,
-}
-
-/// [`Query::index`] before the query is first used.
-const UNNUMBERED: usize = usize::MAX;
-
-impl Query {
-    /// The query `text` (with `:marker` where the connection's marker goes).
-    pub(crate) const fn new(text: &'static str) -> Self {
-        Self {
-            text,
-            index: AtomicUsize::new(UNNUMBERED),
-        }
-    }
-
-    /// The SQL text of a connection whose marker is `marker`.
-    pub(crate) fn sql(&self, marker: &str) -> String {
-        with_marker(self.text, marker)
-    }
-
-    /// The query's place among a connection's prepared statements: numbered on first
-    /// use, the same on every connection of the process. Numbers are dense (one per
-    /// `static` query, a handful of spares if threads race to number one), so a
-    /// connection's cache is a short vector.
-    #[inline]
-    pub(crate) fn index(&self) -> usize {
-        match self.index.load(Ordering::Relaxed) {
-            UNNUMBERED => self.number(),
-            index => index,
-        }
-    }
-
-    #[cold]
-    fn number(&self) -> usize {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let mine = NEXT.fetch_add(1, Ordering::Relaxed);
-        match self
-            .index
-            .compare_exchange(UNNUMBERED, mine, Ordering::Relaxed, Ordering::Relaxed)
-        {
-            Ok(_) => mine,
-            Err(numbered) => numbered,
-        }
-    }
-}
-
-/// `text` with the connection's `marker` (16 hex digits, checked) quoted in place of
-/// `:marker`.
-fn with_marker(text: &str, marker: &str) -> String {
-    debug_assert!(marker.bytes().all(|byte| byte.is_ascii_hexdigit()));
-    text.replace(":marker", &format!("'{marker}'"))
-}
-
-/// Run once on every connection the manager uses, before its first lock statement
-/// (pipelined with it). `$1` is the `application_name` (or NULL), `$2` the
-/// connection's marker, `$3` to `$7` the lease's server timers (or NULL: see
-/// [`crate::lease::ServerTimers::as_settings`]).
-///
-/// It first claims the server session: `locks.session = $2`, unless the session
-/// already carries another connection's marker (then it changes nothing and answers
-/// NULL as the owner: the server session is shared, a transaction-pooling proxy). On
-/// a claimed session it sets, at session level, so they hold for every later statement:
-/// - `statement_timeout = 0`: a server, role or URL `statement_timeout` must not end a
-///   wait in `pg_advisory_lock` (the timer is armed when a statement starts, so a
-///   statement-local override could not disarm it);
-/// - `idle_session_timeout = 0` (PostgreSQL 14+; skipped where the setting does not
-///   exist) and `idle_in_transaction_session_timeout = 0`: a session holding a lock is
-///   idle, and ending it would free the lock;
-/// - `application_name = $1` (`locks:<holder id>`) when the manager has a holder id:
-///   other sessions can see in `pg_stat_activity` which holders are ours;
-/// - the lease's timers, when the manager has a lease: `tcp_keepalives_idle`,
-///   `tcp_keepalives_interval`, `tcp_keepalives_count`, `tcp_user_timeout` and
-///   `client_connection_check_interval` (each skipped where the server lacks it).
-///
-/// Answers `pg_is_in_recovery()` (a standby must not be used: its advisory locks
-/// exclude nothing on the primary) and the owner (the marker, or NULL when foreign).
-pub(crate) static SESSION_SETUP: Query = Query::new(
-    "SELECT pg_is_in_recovery(), owner \
-     FROM (SELECT CASE WHEN coalesce(current_setting('locks.session', true), '') IN ('', $2) \
-     THEN set_config('locks.session', $2, false) END AS owner) AS mark, \
-     LATERAL (SELECT \
-     CASE WHEN owner IS NOT NULL THEN set_config('statement_timeout', '0', false) END, \
-     CASE WHEN owner IS NOT NULL \
-     THEN set_config('idle_in_transaction_session_timeout', '0', false) END, \
-     CASE WHEN owner IS NOT NULL AND current_setting('idle_session_timeout', true) IS NOT NULL \
-     THEN set_config('idle_session_timeout', '0', false) END, \
-     CASE WHEN owner IS NOT NULL AND $1::text IS NOT NULL \
-     THEN set_config('application_name', $1, false) END, \
-     CASE WHEN owner IS NOT NULL AND $3::text IS NOT NULL \
-     THEN set_config('tcp_keepalives_idle', $3, false) END, \
-     CASE WHEN owner IS NOT NULL AND $4::text IS NOT NULL \
-     THEN set_config('tcp_keepalives_interval', $4, false) END, \
-     CASE WHEN owner IS NOT NULL AND $5::text IS NOT NULL \
-     THEN set_config('tcp_keepalives_count', $5, false) END, \
-     CASE WHEN owner IS NOT NULL AND $6::text IS NOT NULL \
-     AND current_setting('tcp_user_timeout', true) IS NOT NULL \
-     THEN set_config('tcp_user_timeout', $6, false) END, \
-     CASE WHEN owner IS NOT NULL AND $7::text IS NOT NULL \
-     AND current_setting('client_connection_check_interval', true) IS NOT NULL \
-     THEN set_config('client_connection_check_interval', $7, false) END) AS settings",
-);
+use crate::limit::{Deadline, Expired, Limit};
+use crate::query::Query;
+#[cfg(test)]
+use crate::query::SESSION_SETUP;
 
 /// A statement whose one row's one column is the answer: `$bool` (the lock call) on the
 /// connection's own session, NULL on any other, where nothing is done. The refusal is
@@ -300,6 +191,33 @@ pub(crate) enum Answer {
 /// `Err(Expired)` no answer within the limit (the statement is still in flight).
 pub(crate) type Answered = Result<Result<Answer, tokio_postgres::Error>, Expired>;
 
+impl Statement<'static> {
+    /// The wait's `Lock` statement and the limit of its answer: the deadline plus the
+    /// margin, or none for an unbounded wait (it waits as long as it takes; a
+    /// connection that ends meanwhile fails the statement). `None` when no time is
+    /// left.
+    pub(crate) fn wait(
+        deadline: Option<Deadline>,
+        lock_id: i64,
+        mode: LockMode,
+        margin: Duration,
+    ) -> Option<(Self, Limit)> {
+        let (lock_timeout_ms, limit) = match deadline {
+            None => (0, Limit::None),
+            Some(bounded) => (
+                bounded.lock_timeout_ms()?,
+                Deadline::limit(deadline, margin, Duration::ZERO),
+            ),
+        };
+        let statement = Self::Lock {
+            lock_id,
+            mode,
+            lock_timeout_ms,
+        };
+        Some((statement, limit))
+    }
+}
+
 impl Statement<'_> {
     /// The SQL text of a connection whose marker is `marker`.
     #[cfg(test)]
@@ -356,7 +274,8 @@ impl Statement<'_> {
             .await
     }
 
-    /// Sets a new connection up for holding locks ([`SESSION_SETUP`]) with the
+    /// Sets a new connection up for holding locks
+    /// ([`SESSION_SETUP`](crate::query::SESSION_SETUP)) with the
     /// statement pipelined behind it: one round trip for both (two when the statements
     /// are not prepared yet), within `limit` (on expiry the statements are in flight,
     /// as in [`run`](Self::run)).

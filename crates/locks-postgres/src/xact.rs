@@ -12,8 +12,8 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{SimpleQueryMessage, Transaction};
 use tracing::{Instrument, Span};
 
-use crate::KeyVisibility;
 use crate::errors::sqlstate;
+use crate::settings::KeyVisibility;
 use crate::telemetry::{acquire_span, record_failure};
 
 mod error;

@@ -3,16 +3,23 @@
 //! and of a permit, leaves the server's lock queue at once, because its cancel request
 //! goes with the pool's TLS connector. (A cancel request in plain text is refused by the
 //! driver under `sslmode=require`, and the wait would stay queued until granted.)
+//!
+//! A pool built by hand over TLS, without the builder's `.tls(..)`, cannot send that
+//! cancel request: the manager says so once, at WARN, naming the remedy. The binary
+//! installs a global subscriber to see it (a scoped one can miss events that other
+//! threads reached first, tokio-rs/tracing#3611).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use locks_postgres::PostgresLockManager;
+use locks_postgres::deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use locks_postgres::prelude::*;
 use locks_postgres::tokio_postgres::{self, Client, Config};
 use throwaway_pg::ThrowawayPostgres;
 use throwaway_pg::testing::TestCa;
 use tokio_postgres_rustls::MakeRustlsConnect;
+use tracing_subscriber::prelude::*;
 
 /// How soon a dropped wait must be gone from `pg_locks`.
 const LEFT_WITHIN: Duration = Duration::from_millis(200);
@@ -65,6 +72,24 @@ impl TlsServer {
         PostgresLockManager::builder(pool).build()
     }
 
+    /// A pool over TLS built by hand (deadpool's own connector), as an application
+    /// that already has one would: the manager is not told its TLS connector unless the
+    /// builder's `.tls(..)` says it.
+    fn hand_built_pool(&self) -> Pool {
+        let manager = Manager::from_config(
+            self.config("require"),
+            self.tls.clone(),
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        Pool::builder(manager)
+            .max_size(4)
+            .runtime(Runtime::Tokio1)
+            .build()
+            .expect("pool")
+    }
+
     async fn admin(&self) -> Client {
         let (client, connection) = self
             .config("require")
@@ -89,6 +114,18 @@ async fn waiting(admin: &Client) -> i64 {
         )
         .await
         .expect("pg_locks and pg_stat_activity")
+        .get(0)
+}
+
+/// Waits queued for an advisory lock.
+async fn queued(admin: &Client) -> i64 {
+    admin
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+            &[],
+        )
+        .await
+        .expect("pg_locks")
         .get(0)
 }
 
@@ -180,4 +217,121 @@ async fn a_dropped_wait_leaves_the_queue_at_once_on_a_tls_only_server() {
             );
         }
     }
+}
+
+/// The WARN events of the whole run, as text (message and fields), from the global
+/// subscriber installed at the first call.
+fn warnings() -> &'static Mutex<Vec<String>> {
+    static WARNINGS: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
+    WARNINGS.get_or_init(|| {
+        tracing_subscriber::registry().with(Warnings).init();
+        Mutex::new(Vec::new())
+    })
+}
+
+struct Warnings;
+
+struct Fields(String);
+
+impl tracing::field::Visit for Fields {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.push_str(&format!(" {}={value:?}", field.name()));
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Warnings {
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        if *event.metadata().level() == tracing::Level::WARN {
+            let mut fields = Fields(String::new());
+            event.record(&mut fields);
+            warnings().lock().unwrap().push(fields.0);
+        }
+    }
+}
+
+/// The warnings so far that name the remedy of a cancel that cannot be sent.
+fn unsent_cancel_warnings() -> Vec<String> {
+    warnings()
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|text| text.contains("locks_postgres::tls_pool") && text.contains(".tls(..)"))
+        .cloned()
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_that_cannot_be_sent_is_said_once_per_manager() {
+    warnings();
+    let server = TlsServer::start();
+    let admin = server.admin().await;
+    let holder = server.manager();
+    let guard = holder
+        .acquire("tls:unsent", Duration::from_secs(5))
+        .await
+        .expect("lock");
+    let wait = |waiter: PostgresLockManager| async move {
+        waiter.acquire("tls:unsent", AcquireOptions::new()).await
+    };
+
+    // A pool of tls_pool, and a hand-built one told with .tls(..): the cancel goes with
+    // the TLS connector, the wait leaves at once, and nothing is said.
+    let told = PostgresLockManager::builder(server.hand_built_pool())
+        .tls(server.tls.clone())
+        .build();
+    for waiter in [server.manager(), told] {
+        let left = dropped_wait_left_after(&admin, wait(waiter)).await;
+        assert!(left <= LEFT_WITHIN, "a told wait stayed for {left:?}");
+    }
+    assert_eq!(unsent_cancel_warnings(), Vec::<String>::new());
+
+    // Built by hand, not told: the cancel request cannot be sent, the dropped wait
+    // stays queued until the server's connection check finds the socket closed (the
+    // lease's client_connection_check_interval), and the manager says so once.
+    let untold = PostgresLockManager::new(server.hand_built_pool());
+    let check = untold
+        .lease()
+        .expect("the default lease")
+        .server
+        .client_connection_check_interval;
+    let mut figures = Vec::new();
+    for _ in 0..2 {
+        let task = tokio::spawn(wait(untold.clone()));
+        let queued_by = Instant::now() + Duration::from_secs(10);
+        while queued(&admin).await == 0 {
+            assert!(
+                Instant::now() < queued_by,
+                "the wait never reached the queue"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        task.abort();
+        let _ = task.await;
+        let dropped = Instant::now();
+        while queued(&admin).await > 0 && dropped.elapsed() < check * 3 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        figures.push(dropped.elapsed());
+    }
+    guard.release().await;
+    eprintln!(
+        "dropped waits of a hand-built TLS pool without .tls(..) stayed queued {figures:?} \
+         (client_connection_check_interval {check:?})"
+    );
+    for left in &figures {
+        assert!(
+            *left > LEFT_WITHIN,
+            "the cancel was sent after all: left after {left:?}"
+        );
+        assert!(
+            *left <= check * 2,
+            "the server's connection check did not end the wait: {left:?}"
+        );
+    }
+    let said = unsent_cancel_warnings();
+    assert_eq!(said.len(), 1, "said {} times: {said:?}", said.len());
 }

@@ -14,7 +14,7 @@ fn held(key: &str, lock_id: i64, ticket: u64, mode: LockMode, holding: Holding) 
         ticket,
         lock_id,
         mode,
-        Arc::new(Slot(AsyncMutex::new(None))),
+        crate::slot::Slot::empty(),
         LossNotifier::new(),
         holding,
     )

@@ -13,6 +13,7 @@
 
 use std::fmt;
 use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use deadpool_postgres::{Pool, WeakPool};
@@ -98,6 +99,9 @@ pub(crate) struct Canceller {
     >,
     /// Whether the TLS connector is known (not the plain-text fallback).
     known: bool,
+    /// With the fallback: whether a cancel request that could not be sent was said
+    /// already (at WARN once per manager, then at DEBUG).
+    said: Arc<AtomicBool>,
 }
 
 impl fmt::Debug for Canceller {
@@ -123,6 +127,7 @@ impl Canceller {
                 Box::pin(async move { token.cancel_query(tls).await })
             }),
             known: true,
+            said: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -149,17 +154,22 @@ impl Canceller {
             return;
         };
         let send = Arc::clone(&self.send);
-        let known = self.known;
+        let unknown_tls = (!self.known).then(|| Arc::clone(&self.said));
         runtime.spawn(async move {
             if let Err(error) = send(token).await {
-                if known {
-                    tracing::debug!(%error, "cancel request failed");
-                } else {
-                    tracing::warn!(
+                match unknown_tls {
+                    // Once per manager: a pool built by hand over TLS, whose connector
+                    // the manager was not told, cannot send a single cancel request.
+                    Some(said) if !said.swap(true, Ordering::Relaxed) => tracing::warn!(
                         %error,
-                        "cancel request failed: the pool's TLS connector is unknown; build the \
-                         pool with locks_postgres::tls_pool or tell the builder .tls(..)"
-                    );
+                        "cancel request could not be sent: the pool's TLS connector is \
+                         unknown (a pool built by hand), so a dropped wait stays in the \
+                         server's lock queue until its lock_timeout, or until the server's \
+                         connection check (client_connection_check_interval, set by the \
+                         lease) finds the connection closed; build the pool with \
+                         locks_postgres::tls_pool, or give the builder .tls(..)"
+                    ),
+                    _ => tracing::debug!(%error, "cancel request failed"),
                 }
             }
             drop(client);

@@ -18,7 +18,6 @@ use tokio_postgres::{NoTls, Socket};
 
 use crate::errors::{connect_kind, describe, pool_exhausted};
 use crate::limit::{Deadline, Expired};
-use crate::manager::PostgresLockManager;
 use connect::{Canceller, LockConnect, register};
 
 /// A checked-out connection; it derefs to a [`tokio_postgres::Client`].
@@ -133,10 +132,9 @@ pub(crate) fn checkout_error(key: &str, error: PoolError) -> LockAcquisitionErro
 /// every connection holds a lock fails ([`is_busy`]) instead of waiting for a release.
 /// Bounded here rather than by the pool's own timeouts, so a pool built without a
 /// runtime is bounded too.
-pub(crate) async fn for_one_read(manager: &PostgresLockManager) -> Result<Pooled, PoolError> {
-    let bound = manager.inner.settings().connect_timeout;
+pub(crate) async fn for_one_read(pool: &Pool, bound: Duration) -> Result<Pooled, PoolError> {
     match Deadline::limit(None, Duration::ZERO, bound)
-        .run(manager.pool().get())
+        .run(pool.get())
         .await
     {
         Ok(checked_out) => checked_out,
@@ -148,14 +146,15 @@ pub(crate) async fn for_one_read(manager: &PostgresLockManager) -> Result<Pooled
 /// semaphore's): a busy pool is [`AcquisitionErrorKind::PoolUnavailable`], saying what
 /// the connection was `for`.
 pub(crate) async fn for_one_read_of(
-    manager: &PostgresLockManager,
+    pool: &Pool,
+    bound: Duration,
     name: &str,
     what_for: &str,
 ) -> Result<Pooled, LockAcquisitionError> {
-    for_one_read(manager).await.map_err(|error| {
+    for_one_read(pool, bound).await.map_err(|error| {
         if is_busy(&error) {
             let what = format!("no pool connection was free {what_for}");
-            pool_exhausted(name, &what, max_size(manager.pool()), None)
+            pool_exhausted(name, &what, max_size(pool), None)
         } else {
             checkout_error(name, error)
         }

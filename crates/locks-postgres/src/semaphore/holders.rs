@@ -10,18 +10,24 @@ use time::OffsetDateTime;
 use tokio_postgres::Client;
 
 use super::encoding::{SINCE_EPOCH_UNIX, TURNSTILE_SLOT, permits_of_marker};
+use crate::inner::Inner;
 use crate::inspect::{AdvisoryLockId, InspectError, all_lock_holders};
-use crate::manager::PostgresLockManager;
 
 /// [`Semaphore::permit_holders`](locks_port::Semaphore::permit_holders) of a manager:
 /// one pooled connection, one query.
 pub(crate) async fn permit_holders(
-    manager: &PostgresLockManager,
+    inner: &Inner,
     name: &str,
 ) -> Result<PermitHolders, LockAcquisitionError> {
     let failed =
         |reason: String| LockAcquisitionError::new(name, AcquisitionErrorKind::Backend, reason);
-    let client = crate::pool::for_one_read_of(manager, name, "to look with").await?;
+    let client = crate::pool::for_one_read_of(
+        inner.pool(),
+        inner.settings().connect_timeout,
+        name,
+        "to look with",
+    )
+    .await?;
     semaphore_holders(&client, name)
         .await
         .map_err(|error| failed(error.to_string()))

@@ -40,12 +40,16 @@ pub(crate) use holders::permit_holders;
 pub use holders::semaphore_holders;
 pub use permit::PostgresPermit;
 
+use crate::acquire;
+use crate::checkout;
 use crate::checkout::PoolWait;
 use crate::connection::Session;
 use crate::errors::{MOVED_BETWEEN_SESSIONS, driver_error, refused, with_timeout};
+use crate::fencing;
+use crate::inner::Inner;
 use crate::limit::{Deadline, Limit};
-use crate::manager::{Inner, PostgresLockManager};
-use crate::sql::{Query, Statement};
+use crate::query::Query;
+use crate::sql::Statement;
 use crate::telemetry::{acquire_span, finish_acquire_span, started};
 
 /// One acquisition's facts.
@@ -130,10 +134,15 @@ impl Call<'_> {
                     self.inner.settings().deadline_margin,
                     self.inner.settings().answer_timeout,
                 );
-                let (set_up, answer) = self
-                    .inner
-                    .answered(self.name, session, Statement::Ping, limit, self.deadline)
-                    .await?;
+                let (set_up, answer) = acquire::answered(
+                    self.inner,
+                    self.name,
+                    session,
+                    Statement::Ping,
+                    limit,
+                    self.deadline,
+                )
+                .await?;
                 answer.map_err(|error| self.error(error))?;
                 session = set_up;
             }
@@ -225,10 +234,7 @@ impl Call<'_> {
             (true, None) => PoolWait::Forever,
             (true, Some(deadline)) => PoolWait::Until(deadline),
         };
-        let session = self
-            .inner
-            .checkout(self.name, pool_wait, self.deadline)
-            .await?;
+        let session = checkout::checkout(self.inner, self.name, pool_wait, self.deadline).await?;
         let (mut session, mut granted) = self.enter(session).await?;
         if granted.is_none() && wait {
             granted = self.wait_for_permit(&mut session).await?;
@@ -272,13 +278,12 @@ pub(crate) fn class_of(name: &str) -> i32 {
 }
 
 async fn permit(
-    manager: &PostgresLockManager,
+    inner: &Arc<Inner>,
     name: &str,
     permits: u32,
     deadline: Option<Deadline>,
     wait: bool,
 ) -> Result<Option<PostgresPermit>, LockAcquisitionError> {
-    let inner = &manager.inner;
     let class = class_of(name);
     // The lock's acquire span (`lock.id` is the semaphore's class), and its events.
     let span = acquire_span(
@@ -295,7 +300,7 @@ async fn permit(
     let started = started(&span);
     let metered = inner.metrics().started();
     let called = Instant::now();
-    let granted = match granted_permit(manager, name, class, permits, deadline, wait)
+    let granted = match granted_permit(inner, name, class, permits, deadline, wait)
         .instrument(span.clone())
         .await
     {
@@ -313,7 +318,7 @@ async fn permit(
 }
 
 async fn granted_permit(
-    manager: &PostgresLockManager,
+    inner: &Arc<Inner>,
     name: &str,
     class: i32,
     permits: u32,
@@ -321,7 +326,6 @@ async fn granted_permit(
     wait: bool,
 ) -> Result<Option<PostgresPermit>, LockAcquisitionError> {
     let permits = check_permits(name, permits)?;
-    let inner = &manager.inner;
     let call = Call {
         inner,
         name,
@@ -336,9 +340,7 @@ async fn granted_permit(
     if inner.settings().fencing {
         // Tokens of a semaphore are kept under a negative id, apart from every lock id.
         let token_id = -1 - i64::from(call.class);
-        let token = inner
-            .next_fencing_token(name, token_id, &mut session)
-            .await?;
+        let token = fencing::next_fencing_token(inner, name, token_id, &mut session).await?;
         info = info.with_fencing_token(token);
     }
     Ok(Some(PostgresPermit::new(
@@ -351,7 +353,7 @@ async fn granted_permit(
 
 /// [`Semaphore::acquire_permit`](locks_port::Semaphore::acquire_permit) of a manager.
 pub(crate) async fn acquire_permit(
-    manager: &PostgresLockManager,
+    inner: &Arc<Inner>,
     name: &str,
     permits: u32,
     options: impl Into<AcquireOptions> + Send,
@@ -359,7 +361,7 @@ pub(crate) async fn acquire_permit(
     let options = options.into();
     let deadline = options.timeout().map(Deadline::after);
     // A wait that ends without a permit is a timeout error already (from `permit`).
-    permit(manager, name, permits, deadline, true)
+    permit(inner, name, permits, deadline, true)
         .await
         .and_then(|granted| {
             granted.ok_or_else(|| {
@@ -371,11 +373,11 @@ pub(crate) async fn acquire_permit(
 
 /// [`Semaphore::try_acquire_permit`](locks_port::Semaphore::try_acquire_permit) of a manager.
 pub(crate) async fn try_acquire_permit(
-    manager: &PostgresLockManager,
+    inner: &Arc<Inner>,
     name: &str,
     permits: u32,
 ) -> Result<Option<PostgresPermit>, LockAcquisitionError> {
-    permit(manager, name, permits, None, false)
+    permit(inner, name, permits, None, false)
         .await
         .map_err(LockAcquisitionError::for_permit)
 }

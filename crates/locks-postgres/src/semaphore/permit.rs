@@ -9,8 +9,10 @@ use locks_port::{LostReason, LostSignal, PermitGuard, PermitInfo, ReleaseOutcome
 
 use crate::connection::Session;
 use crate::health::{Holder, Watched};
+use crate::inner::Inner;
 use crate::limit::Limit;
-use crate::manager::Inner;
+use crate::metrics::Metrics;
+use crate::settings::KeyVisibility;
 
 /// What the guard and its release share.
 struct Shared {
@@ -56,14 +58,14 @@ struct PermitHolder {
 }
 
 impl Holder for PermitHolder {
-    fn gone(&self, inner: &Inner) {
-        inner.metrics().permits_changed(-1);
+    fn gone(&self, metrics: &Metrics) {
+        metrics.permits_changed(-1);
     }
 
-    fn lost(&self, inner: &Inner, reason: LostReason) {
-        inner.metrics().permit_lost(self.class, reason);
+    fn lost(&self, metrics: &Metrics, keys: KeyVisibility, reason: LostReason) {
+        metrics.permit_lost(self.class, reason);
         tracing::warn!(
-            semaphore = %inner.shown(&self.name).unwrap_or(""),
+            semaphore = %keys.shown(&self.name).unwrap_or(""),
             reason = reason.as_str(),
             "permit lost"
         );

@@ -15,7 +15,7 @@
 
 use std::fmt::Write as _;
 
-use crate::sql::Query;
+use crate::query::Query;
 
 /// The first statement of an acquisition, the only one when a permit is free: takes the
 /// marker `($1, $2)` shared; lists the other markers of the class held on the database;
