@@ -429,27 +429,19 @@ fn no_crate_has_an_import_circle_above_its_ceiling() {
     let mut over = Vec::new();
     for (name, modules) in &crates {
         let largest = largest_circle(modules);
-        let ceiling = CEILING;
         println!(
-            "{name}: {} modules, largest import circle {largest} (ceiling {ceiling})",
+            "{name}: {} modules, largest import circle {largest} (ceiling {CEILING})",
             modules.len()
         );
         for circle in circles(modules) {
             println!("    circle of {}: {}", circle.len(), circle.join(" "));
         }
-        if largest > ceiling {
+        if largest > CEILING {
             over.push(format!(
-                "{name}: largest import circle {largest}, above its ceiling {ceiling}: {:?}",
+                "{name}: largest import circle {largest}, above the ceiling {CEILING}: {:?}",
                 circles(modules)
             ));
         }
-    }
-    // A listed crate that is no member would keep a ceiling nobody checks.
-    for (name, _) in CEILINGS {
-        assert!(
-            crates.iter().any(|(member, _)| member == name),
-            "CEILINGS names `{name}`, which is no workspace member with a src/"
-        );
     }
     assert!(over.is_empty(), "\n{}\n", over.join("\n"));
 }
