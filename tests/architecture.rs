@@ -20,6 +20,8 @@ const CUTOVER_POSTGRES: &str = "migration-cutover-postgres";
 const SCHEDULE: &str = "locks-schedule";
 const SCHEDULE_POSTGRES: &str = "locks-schedule-postgres";
 const LEADER: &str = "locks-leader";
+const SHARD: &str = "locks-shard";
+const SHARD_POSTGRES: &str = "locks-shard-postgres";
 
 const LIBRARIES: &[&str] = &[
     PORT,
@@ -30,7 +32,10 @@ const LIBRARIES: &[&str] = &[
     SCHEDULE,
     SCHEDULE_POSTGRES,
     LEADER,
+    SHARD,
 ];
+/// The workspace crates the shards' PostgreSQL term store may use outside its tests.
+const SHARD_ADAPTER_MAY_USE: &[&str] = &[SHARD, PORT, POSTGRES];
 /// The workspace crates the schedule's PostgreSQL ledger may use outside its tests.
 const SCHEDULE_ADAPTER_MAY_USE: &[&str] = &[SCHEDULE, PORT, POSTGRES];
 const ADAPTERS: &[&str] = &[POSTGRES, MEMORY];
@@ -92,6 +97,7 @@ const INVARIANTS: &[&str] = &[
     "The cutover's adapters stand on the cutover's ports.",
     "The schedule knows only the port; its ledger stands on it.",
     "The leader election knows only the port.",
+    "The shards know only the port; their term store stands on them.",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -496,6 +502,37 @@ fn check(crates: &[Crate]) -> Vec<Violation> {
         }
     }
 
+    // 14. The shards know only the port; their term store stands on them.
+    if let Some(shard) = get(SHARD) {
+        for dep in shard.normal() {
+            let package = dep.package.as_str();
+            if is_workspace(package) && package != PORT {
+                broken(14, shard, format!("depends on workspace crate `{package}`"));
+            } else if DATABASE_CRATES.contains(&package) {
+                broken(14, shard, format!("database crate `{package}`"));
+            }
+        }
+    }
+    if let Some(store) = get(SHARD_POSTGRES) {
+        if !store
+            .dependencies
+            .iter()
+            .any(|dep| dep.package == SHARD && dep.table == Table::Normal && !dep.optional)
+        {
+            broken(
+                14,
+                store,
+                format!("`{SHARD}` is not a (non-optional) dependency"),
+            );
+        }
+        for dep in store.normal() {
+            let package = dep.package.as_str();
+            if is_workspace(package) && !SHARD_ADAPTER_MAY_USE.contains(&package) {
+                broken(14, store, format!("depends on workspace crate `{package}`"));
+            }
+        }
+    }
+
     violations.sort_by_key(|v| v.invariant);
     violations
 }
@@ -670,6 +707,14 @@ fn good_workspace() -> BTreeMap<&'static str, String> {
              [dependencies]\nlocks-port = {{ workspace = true }}\ntokio = \"1\"\n\
              [dev-dependencies]\nlocks-memory = {{ workspace = true }}\n\
              locks-postgres = {{ workspace = true }}\n{lints}"
+        ),
+    );
+    manifests.insert(
+        SHARD,
+        format!(
+            "[package]\nname = \"locks-shard\"\n\
+             [dependencies]\nlocks-port = {{ workspace = true }}\ntokio = \"1\"\n\
+             [dev-dependencies]\nlocks-memory = {{ workspace = true }}\n{lints}"
         ),
     );
     manifests.insert(
@@ -1012,5 +1057,21 @@ fn the_leader_election_using_a_database_or_an_adapter_breaks_invariant_13() {
             "tokio = \"1\"\nlocks-postgres = { workspace = true }\n[dev"
         ),
         [13]
+    );
+}
+
+#[test]
+fn the_shards_using_a_database_or_their_store_dropping_them_break_invariant_14() {
+    assert_eq!(
+        broken_after(SHARD, "tokio = \"1\"", "tokio-postgres = \"0.7\""),
+        [14]
+    );
+    assert_eq!(
+        broken_after(
+            SHARD,
+            "tokio = \"1\"\n[dev",
+            "tokio = \"1\"\nlocks-memory = { workspace = true }\n[dev"
+        ),
+        [14]
     );
 }
