@@ -33,6 +33,7 @@ const LIBRARIES: &[&str] = &[
     SCHEDULE_POSTGRES,
     LEADER,
     SHARD,
+    SHARD_POSTGRES,
 ];
 /// The workspace crates the shards' PostgreSQL term store may use outside its tests.
 const SHARD_ADAPTER_MAY_USE: &[&str] = &[SHARD, PORT, POSTGRES];
@@ -718,6 +719,15 @@ fn good_workspace() -> BTreeMap<&'static str, String> {
         ),
     );
     manifests.insert(
+        SHARD_POSTGRES,
+        format!(
+            "[package]\nname = \"locks-shard-postgres\"\n\
+             [dependencies]\nlocks-shard = {{ workspace = true }}\n\
+             deadpool-postgres = \"0.14\"\ntokio = \"1\"\n\
+             [dev-dependencies]\nthrowaway-pg = {{ workspace = true }}\n{lints}"
+        ),
+    );
+    manifests.insert(
         PGLOCK,
         format!(
             "[package]\nname = \"pglock\"\n\
@@ -1071,6 +1081,18 @@ fn the_shards_using_a_database_or_their_store_dropping_them_break_invariant_14()
             SHARD,
             "tokio = \"1\"\n[dev",
             "tokio = \"1\"\nlocks-memory = { workspace = true }\n[dev"
+        ),
+        [14]
+    );
+    assert_eq!(
+        broken_after(SHARD_POSTGRES, "locks-shard = { workspace = true }\n", ""),
+        [14]
+    );
+    assert_eq!(
+        broken_after(
+            SHARD_POSTGRES,
+            "tokio = \"1\"",
+            "locks-leader = { workspace = true }"
         ),
         [14]
     );

@@ -33,6 +33,26 @@ pub struct Owned {
     pub since: OffsetDateTime,
 }
 
+impl Owned {
+    /// A term as a member hands it to a task, for a task's own unit tests.
+    #[must_use]
+    pub fn new(
+        group: impl Into<Arc<str>>,
+        shard: impl Into<Arc<str>>,
+        index: usize,
+        token: i64,
+        since: OffsetDateTime,
+    ) -> Self {
+        Self {
+            group: group.into(),
+            shard: shard.into(),
+            index,
+            token,
+            since,
+        }
+    }
+}
+
 /// How long a task may go on after it was told to stop for a hand-off (its signal fired
 /// with [`LostReason::Released`]) before its future is dropped.
 pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(5);
