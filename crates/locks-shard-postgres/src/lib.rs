@@ -3,9 +3,11 @@
 
 mod errors;
 mod guard;
+mod members;
 mod terms;
 
 pub use guard::{GUARD_WRITE, guard_write};
+pub use members::{MEMBERS_SCHEMA, MEMBERS_TABLE};
 pub use terms::{
     DEFAULT_ANSWER_TIMEOUT, PostgresShardTerms, TERMS_SCHEMA, TERMS_TABLE, install_shard_terms,
 };

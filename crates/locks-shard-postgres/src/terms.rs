@@ -9,6 +9,7 @@ use locks_shard::{Begun, ShardTerms, Term};
 use time::OffsetDateTime;
 
 use crate::errors;
+use crate::members::{MEMBERS_SCHEMA, RENEW, application_name, members_class, seconds};
 
 /// The term table (in the connection's `search_path` schema).
 pub const TERMS_TABLE: &str = "locks_shard_terms";
@@ -47,7 +48,7 @@ const END: &str = "UPDATE locks_shard_terms SET ended = true \
 const TERMS: &str = "SELECT shard, token, member_slot, holder_id, since, ended \
      FROM locks_shard_terms WHERE group_name = $1";
 
-/// Creates the term table if it does not exist. Run it once per database (a migration, a
+/// Creates the term table and the member table ([`MEMBERS_SCHEMA`]) if they do not exist. Run it once per database (a migration, a
 /// deploy step); the store never creates it on its own. Idempotent, and safe to run from
 /// several processes at once (under a transaction-scoped advisory lock: two concurrent
 /// `CREATE TABLE IF NOT EXISTS` can fail on the catalog).
@@ -60,7 +61,7 @@ pub async fn install_shard_terms(
     let installed = client
         .batch_execute(&format!(
             "BEGIN; SELECT pg_advisory_xact_lock(hashtext('locks_shard_postgres.install')); \
-             {TERMS_SCHEMA}; COMMIT"
+             {TERMS_SCHEMA}; {MEMBERS_SCHEMA}; COMMIT"
         ))
         .await;
     if installed.is_err() {
@@ -199,5 +200,37 @@ impl ShardTerms for PostgresShardTerms {
             .iter()
             .map(|row| read_term(group, row))
             .collect()
+    }
+
+    /// Renews the member's row and ends the sessions of expired members that still hold
+    /// their membership slot, with `pg_terminate_backend` (the role needs to be allowed
+    /// to: the same role as the members', or `pg_signal_backend`).
+    async fn renew(
+        &self,
+        group: &str,
+        member: u32,
+        holder_id: &str,
+        expiry: Duration,
+    ) -> Result<u64, LockAcquisitionError> {
+        let what = "renewing a shard group member";
+        let slot = slot_param(member);
+        let name = application_name(holder_id);
+        let members = locks_shard::ShardGroup::members_name_of(group);
+        let class = members_class(&members);
+        let rows = self
+            .query(
+                group,
+                what,
+                RENEW,
+                &[&group, &slot, &name, &seconds(expiry), &class],
+            )
+            .await?;
+        let ended: i64 = match rows.first() {
+            Some(row) => row
+                .try_get(0)
+                .map_err(|error| errors::driver(group, what, error))?,
+            None => 0,
+        };
+        Ok(u64::try_from(ended).unwrap_or(0))
     }
 }

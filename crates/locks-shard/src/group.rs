@@ -136,7 +136,13 @@ impl ShardGroup {
     /// The name of the group's membership semaphore: each member holds one permit.
     #[must_use]
     pub fn members_name(&self) -> String {
-        format!("{}\u{0}members", self.name)
+        Self::members_name_of(&self.name)
+    }
+
+    /// The name of the membership semaphore of the group named `group`.
+    #[must_use]
+    pub fn members_name_of(group: &str) -> String {
+        format!("{group}\u{0}members")
     }
 
     /// The number of permits of the membership semaphore: [`MIN_MEMBER_SLOTS`] plus the

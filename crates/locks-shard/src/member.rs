@@ -28,6 +28,11 @@ pub const DEFAULT_TICK: Duration = Duration::from_millis(100);
 /// The pause before a member joins again after it lost its membership or failed to join.
 pub const DEFAULT_BACKOFF: Duration = Duration::from_secs(1);
 
+/// How long a member's liveness renewal lasts by default (see
+/// [`ShardMember::renewal`]): a member whose process stopped loses its shards within
+/// this, plus a fifth of it (the others' renewal period), plus the takeover delay.
+pub const DEFAULT_RENEWAL_EXPIRY: Duration = Duration::from_secs(10);
+
 /// A member of a shard group: runs one task per shard it owns. See the crate's
 /// documentation for the contract and an example.
 #[derive(Debug)]
@@ -39,6 +44,7 @@ pub struct ShardMember<M, T> {
     backoff: Duration,
     drain_grace: Duration,
     takeover_delay: Duration,
+    renewal: Option<Duration>,
     instruments: Instruments,
     attributes: Vec<KeyValue>,
 }
@@ -63,6 +69,7 @@ where
             backoff: DEFAULT_BACKOFF,
             drain_grace: DEFAULT_DRAIN_GRACE,
             takeover_delay: DEFAULT_TAKEOVER_DELAY,
+            renewal: Some(DEFAULT_RENEWAL_EXPIRY),
             instruments: Instruments::global(),
             attributes: Vec::new(),
         }
@@ -97,6 +104,20 @@ where
     #[must_use]
     pub fn takeover_delay(mut self, delay: Duration) -> Self {
         self.takeover_delay = delay;
+        self
+    }
+
+    /// How long each renewal of this member's liveness lasts ([`DEFAULT_RENEWAL_EXPIRY`]);
+    /// `None` turns renewals off. A member renews every fifth of it, through
+    /// [`ShardTerms::renew`], which also ends the lock sessions of members whose renewal
+    /// expired (on PostgreSQL, with `pg_terminate_backend`): a member whose process
+    /// stopped (`SIGSTOP`, a frozen VM) loses its shards within about 1.2 times the
+    /// expiry plus the takeover delay, instead of for as long as it stays stopped. It
+    /// needs a holder id on the manager (the sessions are found by it), unique per
+    /// process; a member without one neither renews nor can be ended so.
+    #[must_use]
+    pub fn renewal(mut self, expiry: Option<Duration>) -> Self {
+        self.renewal = expiry.filter(|expiry| !expiry.is_zero());
         self
     }
 
@@ -270,6 +291,18 @@ where
         let lost = permit.lost();
         let mut seen: Vec<u32> = Vec::new();
         let mut changed_at: Option<Instant> = None;
+        // Renewals on a tokio task of their own, so that a tick that waits (a term's begin
+        // behind a frozen writer's row lock, a slow server) never lets this member expire.
+        let _renewing = match (self.renewal, holder_id.clone()) {
+            (Some(expiry), Some(holder)) => Some(AbortOnDrop(tokio::spawn(renew(
+                self.terms.clone(),
+                self.group.name().to_owned(),
+                slot,
+                holder,
+                expiry,
+            )))),
+            _ => None,
+        };
         loop {
             running.retain(|_, term| !term.is_finished());
             match self.locks.permit_holders(&self.group.members_name()).await {
@@ -402,6 +435,36 @@ where
         Ok(Some(spawn(guard, plan, move |owned, stop| {
             task(owned, stop)
         })))
+    }
+}
+
+/// Renews the member every fifth of `expiry`, until aborted.
+async fn renew<T: ShardTerms>(
+    terms: T,
+    group: String,
+    slot: u32,
+    holder: String,
+    expiry: Duration,
+) {
+    loop {
+        match terms.renew(&group, slot, &holder, expiry).await {
+            Ok(0) => {}
+            Ok(ended) => tracing::warn!(
+                sessions = ended,
+                "ended the lock sessions of shard group members whose renewal expired"
+            ),
+            Err(error) => tracing::warn!(error = %error, "renewing this member failed"),
+        }
+        tokio::time::sleep(expiry / 5).await;
+    }
+}
+
+/// A tokio task aborted when this is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -118,6 +118,29 @@ pub trait ShardTerms: Send + Sync {
         &self,
         group: &str,
     ) -> impl Future<Output = Result<Vec<Term>, LockAcquisitionError>> + Send;
+
+    /// Renews the liveness of the member `member` (its manager's `holder_id`) for
+    /// `expiry`, and ends the lock sessions of the group's members whose renewal expired:
+    /// a member whose process stopped (`SIGSTOP`, a frozen VM, a deadlocked runtime) still
+    /// holds its locks while its kernel answers TCP, and this is what frees its shards.
+    /// Returns how many sessions were ended.
+    ///
+    /// The default does nothing (returns 0): a store that cannot end sessions (the
+    /// in-memory one, whose members cannot freeze apart from their process) leaves the
+    /// fencing token as the only guard against a frozen member.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn renew(
+        &self,
+        group: &str,
+        member: u32,
+        holder_id: &str,
+        expiry: std::time::Duration,
+    ) -> impl Future<Output = Result<u64, LockAcquisitionError>> + Send {
+        let _ = (group, member, holder_id, expiry);
+        std::future::ready(Ok(0))
+    }
 }
 
 /// The term store of one process: the test double of a database's table, shared by
@@ -219,5 +242,15 @@ impl<T: ShardTerms + ?Sized> ShardTerms for Arc<T> {
         group: &str,
     ) -> impl Future<Output = Result<Vec<Term>, LockAcquisitionError>> + Send {
         (**self).terms(group)
+    }
+
+    fn renew(
+        &self,
+        group: &str,
+        member: u32,
+        holder_id: &str,
+        expiry: std::time::Duration,
+    ) -> impl Future<Output = Result<u64, LockAcquisitionError>> + Send {
+        (**self).renew(group, member, holder_id, expiry)
     }
 }

@@ -7,61 +7,42 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use locks_postgres::PostgresLockManager;
 use locks_shard::locks_port::LostSignal;
-use locks_shard::{Owned, ShardGroup, ShardMember, Shards};
-use locks_shard_postgres::deadpool_postgres::Pool;
-use locks_shard_postgres::{PostgresShardTerms, guard_write};
+use locks_shard::{Owned, ShardMember, Shards};
+use locks_shard_postgres::guard_write;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::support::{admin, manager, pool, terms, unique};
+use crate::record::{SHARDS, Watcher, group, progress};
+use crate::support::{admin, manager, unique};
 
-const SHARDS: usize = 24;
 const SETTLE: Duration = Duration::from_secs(20);
-/// How long a task goes on writing after it was told to stop.
-const DRAIN: Duration = Duration::from_millis(50);
-const WRITES: &str = "CREATE TABLE IF NOT EXISTS shard_test_writes (\
-     group_name text NOT NULL, shard text NOT NULL, token bigint NOT NULL, \
-     holder text NOT NULL, at timestamptz NOT NULL, accepted boolean NOT NULL)";
 
 struct Fleet {
-    group: ShardGroup,
-    terms: PostgresShardTerms,
-    writes: Pool,
+    watcher: Watcher,
     /// The latest term each member's tasks were handed, by holder.
     handed: Arc<Mutex<BTreeMap<String, Owned>>>,
     members: BTreeMap<String, (oneshot::Sender<()>, JoinHandle<()>)>,
-    observer: PostgresLockManager,
 }
 
 impl Fleet {
     async fn new() -> Self {
-        admin()
-            .await
-            .batch_execute(WRITES)
-            .await
-            .expect("the writes table");
         Self {
-            group: ShardGroup::new(unique("fleet"), (0..SHARDS).map(|i| format!("tenant-{i}")))
-                .expect("a group"),
-            terms: terms().await,
-            writes: pool(SHARDS + 4),
+            watcher: Watcher::new(group(&unique("fleet"))).await,
             handed: Arc::default(),
             members: BTreeMap::new(),
-            observer: manager("observer", 2),
         }
     }
 
     fn join(&mut self, name: &str) {
         let member = ShardMember::new(
             manager(name, SHARDS + 4),
-            self.terms.clone(),
-            self.group.clone(),
+            self.watcher.terms.clone(),
+            self.watcher.group.clone(),
         )
         .tick(Duration::from_millis(50))
         .backoff(Duration::from_millis(200));
-        let writes = self.writes.clone();
+        let writes = self.watcher.writes.clone();
         let handed = Arc::clone(&self.handed);
         let holder = name.to_owned();
         let (leave, left) = oneshot::channel::<()>();
@@ -90,106 +71,8 @@ impl Fleet {
         handle.await.expect("the member left");
     }
 
-    async fn owners(&self) -> Shards {
-        locks_shard::owners(&self.observer, &self.terms, &self.group)
-            .await
-            .expect("owners")
-    }
-
-    /// Waits until the shards are balanced over `members` members, each shard's owner's
-    /// task has written, and returns the owners and how long it took.
     async fn settled(&self, members: usize, from: Instant) -> (Shards, Duration) {
-        loop {
-            let owners = self.owners().await;
-            if owners.is_balanced() && owners.members.len() == members {
-                let written = self.latest_written().await;
-                let all_run = owners.shards.iter().all(|(shard, owner)| {
-                    owner
-                        .as_ref()
-                        .is_some_and(|o| written.get(shard) == Some(&o.token))
-                });
-                if all_run {
-                    return (owners, from.elapsed());
-                }
-            }
-            assert!(
-                from.elapsed() < SETTLE,
-                "not settled within {SETTLE:?}: {:?}",
-                owners.counts()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// The token of each shard's latest accepted write.
-    async fn latest_written(&self) -> BTreeMap<String, i64> {
-        let client = self.writes.get().await.expect("a connection");
-        client
-            .query(
-                "SELECT shard, max(token) FROM shard_test_writes \
-                 WHERE group_name = $1 AND accepted GROUP BY shard",
-                &[&self.group.name()],
-            )
-            .await
-            .expect("the writes")
-            .iter()
-            .map(|row| (row.get(0), row.get(1)))
-            .collect()
-    }
-
-    /// Accepted writes of one shard that came after a write with a newer token (two
-    /// owners' tasks writing in between each other), and the refused writes of members
-    /// other than `terminated` (whose tasks may write until they hear of the
-    /// termination, and the guard must refuse those).
-    async fn interleaved_and_refused(&self, terminated: &str) -> (i64, i64) {
-        let client = self.writes.get().await.expect("a connection");
-        let row = client
-            .query_one(
-                "SELECT count(*) FILTER (WHERE accepted AND token < newest_before), \
-                        count(*) FILTER (WHERE NOT accepted AND holder <> $2) \
-                 FROM (SELECT token, accepted, holder, max(token) FILTER (WHERE accepted) OVER \
-                         (PARTITION BY shard ORDER BY at ROWS BETWEEN UNBOUNDED PRECEDING \
-                          AND 1 PRECEDING) AS newest_before \
-                       FROM shard_test_writes WHERE group_name = $1) AS w",
-                &[&self.group.name(), &terminated],
-            )
-            .await
-            .expect("the overlap query");
-        (row.get(0), row.get(1))
-    }
-}
-
-/// A projection: a guarded progress write every 10 ms, each recorded with the server's
-/// clock and whether the guard accepted it. Told to stop, it drains for 50 ms (it keeps
-/// writing, as a projection applying its backlog would), then returns.
-async fn progress(writes: Pool, holder: String, owned: Owned, stop: LostSignal) {
-    let mut drained_at: Option<Instant> = None;
-    loop {
-        if let Ok(mut client) = writes.get().await
-            && let Ok(tx) = client.transaction().await
-        {
-            let accepted = guard_write(&tx, &owned).await.unwrap_or(false);
-            let record =
-                "INSERT INTO shard_test_writes VALUES ($1, $2, $3, $4, clock_timestamp(), $5)";
-            let params: [&(dyn locks_shard_postgres::tokio_postgres::types::ToSql + Sync); 5] = [
-                &&*owned.group,
-                &&*owned.shard,
-                &owned.token,
-                &holder,
-                &accepted,
-            ];
-            // A refused write is recorded too (only the record, no progress).
-            if tx.execute(record, &params).await.is_ok() {
-                let _ = tx.commit().await;
-            }
-        }
-        if stop.is_lost() {
-            let until = *drained_at.get_or_insert_with(|| Instant::now() + DRAIN);
-            if Instant::now() >= until {
-                return;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        self.watcher.settled(members, from, SETTLE).await
     }
 }
 
@@ -295,7 +178,7 @@ async fn members_go_1_3_5_2_4_balanced_sticky_and_no_two_owners_write_in_between
         after.counts()
     );
     // The old owner's write, were it to wake now, is refused by the token.
-    let mut client = fleet.writes.get().await.expect("a connection");
+    let mut client = fleet.watcher.writes.get().await.expect("a connection");
     let tx = client.transaction().await.expect("begin");
     assert!(
         !guard_write(&tx, &stale).await.expect("guard"),
@@ -325,7 +208,7 @@ async fn members_go_1_3_5_2_4_balanced_sticky_and_no_two_owners_write_in_between
     for name in names {
         fleet.leave(&name).await;
     }
-    let (interleaved, refused) = fleet.interleaved_and_refused("m2").await;
+    let (interleaved, refused) = fleet.watcher.interleaved_and_refused(&["m2"]).await;
     eprintln!("{interleaved} interleaved writes, {refused} refused outside m2's termination");
     assert_eq!(
         interleaved, 0,
@@ -335,7 +218,7 @@ async fn members_go_1_3_5_2_4_balanced_sticky_and_no_two_owners_write_in_between
         refused, 0,
         "a task wrote after its shard's next term began: it was not stopped first"
     );
-    let nobody = fleet.owners().await;
+    let nobody = fleet.watcher.owners().await;
     assert!(nobody.shards.iter().all(|(_, owner)| owner.is_none()));
     assert!(nobody.members.is_empty());
 }

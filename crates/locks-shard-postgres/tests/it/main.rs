@@ -2,5 +2,7 @@
 //! `throwaway-pg`, or the one `LOCKS_DATABASE_URL` names).
 
 mod fleet;
+mod processes;
+mod record;
 mod support;
 mod terms;

@@ -12,6 +12,16 @@ pub(crate) fn pool(size: usize) -> Pool {
     locks_postgres::plain_pool(&database_url(), size).expect("a pool")
 }
 
+/// A pool for progress writes: a writer frozen inside its transaction (holding the term
+/// row `FOR SHARE`) would hold the next term's begin off until its session ends, so its
+/// sessions end an idle transaction after 1 s, as the crate's documentation advises.
+pub(crate) fn writes_pool(size: usize) -> Pool {
+    let mut config: locks_shard_postgres::tokio_postgres::Config =
+        database_url().parse().expect("the test server's URL");
+    config.options("-c idle_in_transaction_session_timeout=1000");
+    locks_postgres::plain_pool_with_config(config, size).expect("a pool")
+}
+
 /// The term store on the test server, its table installed once per test process.
 pub(crate) async fn terms() -> PostgresShardTerms {
     static INSTALLED: OnceCell<()> = OnceCell::const_new();
