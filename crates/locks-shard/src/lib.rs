@@ -6,6 +6,7 @@ mod group;
 mod member;
 pub mod metrics;
 mod observe;
+mod renewal;
 mod task;
 mod terms;
 

@@ -19,6 +19,7 @@ use crate::assign::{target_share, to_shed, to_try};
 use crate::group::ShardGroup;
 use crate::metrics::Instruments;
 use crate::observe::{ShardWatch, Shards, owners};
+use crate::renewal::Renewals;
 use crate::task::{DEFAULT_DRAIN_GRACE, DEFAULT_TAKEOVER_DELAY, Owned, Running, TermPlan, spawn};
 use crate::terms::ShardTerms;
 
@@ -112,8 +113,10 @@ where
     /// [`ShardTerms::renew`], which also ends the lock sessions of members whose renewal
     /// expired (on PostgreSQL, with `pg_terminate_backend`): a member whose process
     /// stopped (`SIGSTOP`, a frozen VM) loses its shards within about 1.2 times the
-    /// expiry plus the takeover delay, instead of for as long as it stays stopped. It
-    /// needs a holder id on the manager (the sessions are found by it), unique per
+    /// expiry plus the takeover delay, instead of for as long as it stays stopped. A
+    /// member whose renewals fail (cut off from the server) drops its tasks, without a
+    /// drain, 0.8 times the expiry after its last confirmed renewal was sent, before the
+    /// others may end its sessions, and joins again. It needs a holder id on the manager (the sessions are found by it), unique per
     /// process; a member without one neither renews nor can be ended so.
     #[must_use]
     pub fn renewal(mut self, expiry: Option<Duration>) -> Self {
@@ -242,10 +245,18 @@ where
             let left = self
                 .membership(&permit, &mut running, &task, shutdown.as_mut())
                 .await;
-            // Leaving: every task drains and every lock is released before the permit.
-            stop_all(std::mem::take(&mut running).into_values().collect()).await;
+            let terms: Vec<Running> = std::mem::take(&mut running).into_values().collect();
+            if left == Left::Overdue {
+                // The others may end this member's sessions soon: no drain.
+                for term in terms {
+                    term.abort().await;
+                }
+            } else {
+                // Leaving: every task drains and every lock is released before the permit.
+                stop_all(terms).await;
+            }
             permit.release().await;
-            if left {
+            if left == Left::Shutdown {
                 return Ok(());
             }
             tokio::time::sleep(self.backoff).await;
@@ -272,15 +283,15 @@ where
         }
     }
 
-    /// One membership: ticks until the membership permit is lost (`false`) or
-    /// `shutdown` is ready (`true`).
+    /// One membership: ticks until the membership permit is lost, `shutdown` is ready,
+    /// or this member's renewal is overdue.
     async fn membership<P, F, Fut>(
         &self,
         permit: &P,
         running: &mut BTreeMap<usize, Running>,
         task: &Arc<F>,
-        mut shutdown: Pin<&mut impl Future<Output = ()>>,
-    ) -> bool
+        shutdown: Pin<&mut impl Future<Output = ()>>,
+    ) -> Left
     where
         P: PermitGuard,
         F: Fn(Owned, LostSignal) -> Fut + Send + Sync + 'static,
@@ -289,57 +300,94 @@ where
         let slot = permit.info().slot();
         let holder_id = permit.info().holder_id().map(str::to_owned);
         let lost = permit.lost();
-        let mut seen: Vec<u32> = Vec::new();
-        let mut changed_at: Option<Instant> = None;
-        // Renewals on a tokio task of their own, so that a tick that waits (a term's begin
-        // behind a frozen writer's row lock, a slow server) never lets this member expire.
-        let _renewing = match (self.renewal, holder_id.clone()) {
-            (Some(expiry), Some(holder)) => Some(AbortOnDrop(tokio::spawn(renew(
+        let renewals = match (self.renewal, holder_id.clone()) {
+            (Some(expiry), Some(holder)) => Some(Renewals::start(
                 self.terms.clone(),
                 self.group.name().to_owned(),
                 slot,
                 holder,
                 expiry,
-            )))),
+            )),
             _ => None,
         };
-        loop {
-            running.retain(|_, term| !term.is_finished());
-            match self.locks.permit_holders(&self.group.members_name()).await {
-                Ok(holders) => {
-                    let mut members: Vec<u32> = holders.held.iter().map(|h| h.slot).collect();
-                    members.sort_unstable();
-                    members.dedup();
-                    if members != seen {
-                        seen = members.clone();
-                        changed_at = Some(Instant::now());
-                    }
-                    if let Some(share) = target_share(self.group.len(), &members, slot) {
-                        self.rebalance(slot, holder_id.as_deref(), share, running, task)
-                            .await;
-                        let settled = running.len() == share
-                            && running.values().all(|term| !term.is_stopping());
-                        if settled && let Some(at) = changed_at.take() {
-                            self.instruments
-                                .rebalance
-                                .record(at.elapsed().as_secs_f64(), &self.attributes);
-                        }
-                    }
-                }
-                Err(error) => {
-                    tracing::warn!(error = %error, "reading the shard group's members failed");
-                }
+        let overdue = async {
+            match &renewals {
+                Some(renewals) => renewals.overdue().await,
+                None => std::future::pending().await,
             }
-            tokio::select! {
-                biased;
-                reason = lost.clone() => {
-                    tracing::warn!(reason = reason.as_str(),
-                        "shard group membership lost; handing every shard over");
-                    return false;
-                }
-                () = shutdown.as_mut() => return true,
-                () = tokio::time::sleep(self.tick) => {}
+        };
+        let ticking = async {
+            let mut seen: Vec<u32> = Vec::new();
+            let mut changed_at: Option<Instant> = None;
+            loop {
+                self.tick_once(
+                    slot,
+                    holder_id.as_deref(),
+                    running,
+                    task,
+                    &mut seen,
+                    &mut changed_at,
+                )
+                .await;
+                tokio::time::sleep(self.tick).await;
             }
+        };
+        tokio::select! {
+            biased;
+            reason = lost.clone() => {
+                tracing::warn!(reason = reason.as_str(),
+                    "shard group membership lost; handing every shard over");
+                Left::Lost
+            }
+            () = shutdown => Left::Shutdown,
+            () = overdue => {
+                tracing::warn!(
+                    "this member's renewal is overdue; stopping every task before the other \
+                     members may end its sessions"
+                );
+                Left::Overdue
+            }
+            never = ticking => never,
+        }
+    }
+
+    /// One tick: reads the members, and sheds or takes shards.
+    async fn tick_once<F, Fut>(
+        &self,
+        slot: u32,
+        holder_id: Option<&str>,
+        running: &mut BTreeMap<usize, Running>,
+        task: &Arc<F>,
+        seen: &mut Vec<u32>,
+        changed_at: &mut Option<Instant>,
+    ) where
+        F: Fn(Owned, LostSignal) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        running.retain(|_, term| !term.is_finished());
+        let holders = match self.locks.permit_holders(&self.group.members_name()).await {
+            Ok(holders) => holders,
+            Err(error) => {
+                tracing::warn!(error = %error, "reading the shard group's members failed");
+                return;
+            }
+        };
+        let mut members: Vec<u32> = holders.held.iter().map(|h| h.slot).collect();
+        members.sort_unstable();
+        members.dedup();
+        if members != *seen {
+            seen.clone_from(&members);
+            *changed_at = Some(Instant::now());
+        }
+        let Some(share) = target_share(self.group.len(), &members, slot) else {
+            return;
+        };
+        self.rebalance(slot, holder_id, share, running, task).await;
+        let settled = running.len() == share && running.values().all(|term| !term.is_stopping());
+        if settled && let Some(at) = changed_at.take() {
+            self.instruments
+                .rebalance
+                .record(at.elapsed().as_secs_f64(), &self.attributes);
         }
     }
 
@@ -438,34 +486,15 @@ where
     }
 }
 
-/// Renews the member every fifth of `expiry`, until aborted.
-async fn renew<T: ShardTerms>(
-    terms: T,
-    group: String,
-    slot: u32,
-    holder: String,
-    expiry: Duration,
-) {
-    loop {
-        match terms.renew(&group, slot, &holder, expiry).await {
-            Ok(0) => {}
-            Ok(ended) => tracing::warn!(
-                sessions = ended,
-                "ended the lock sessions of shard group members whose renewal expired"
-            ),
-            Err(error) => tracing::warn!(error = %error, "renewing this member failed"),
-        }
-        tokio::time::sleep(expiry / 5).await;
-    }
-}
-
-/// A tokio task aborted when this is dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
+/// Why a membership ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Left {
+    /// The membership permit was lost.
+    Lost,
+    /// The caller's shutdown future was ready.
+    Shutdown,
+    /// This member's renewal is overdue: the others may end its sessions.
+    Overdue,
 }
 
 /// Hands every term over at once and waits until each released its lock.

@@ -103,6 +103,13 @@ impl Running {
         self.handle.is_finished()
     }
 
+    /// Drops the task at once (no drain, the term not ended) and waits until its tokio
+    /// task is gone, the lock's guard dropped with it.
+    pub(crate) async fn abort(mut self) {
+        self.handle.abort();
+        let _ = (&mut self.handle).await;
+    }
+
     /// Hands over and waits until the lock is released.
     pub(crate) async fn stop(mut self) {
         self.hand_off();

@@ -87,7 +87,10 @@ async fn a_killed_and_a_frozen_member_lose_their_shards_within_the_bound() {
     let from = Instant::now();
     signal(frozen, "STOP");
     let (owners, took) = watcher.settled(2, from, SETTLE).await;
-    let bound = RENEWAL + RENEWAL / 5 + TAKEOVER + Duration::from_millis(1500);
+    // The others end its sessions within 1.2 x the expiry of its last renewal, then wait
+    // the takeover delay; the slack covers ticks, a frozen writer's transaction (ended
+    // after 1 s) and a loaded machine (seen: 2.7 s alone, 3.8 s beside the fleet test).
+    let bound = RENEWAL + RENEWAL / 5 + TAKEOVER + Duration::from_millis(2500);
     eprintln!(
         "SIGSTOP p2: every shard running again after {took:?} (bound {bound:?}), {:?}",
         owners.counts()

@@ -1,7 +1,10 @@
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use locks_port::{AcquisitionErrorKind, LostReason};
-use locks_shard::{MemoryTerms, ShardGroup, ShardMember, target_share};
+use locks_port::{AcquisitionErrorKind, LockAcquisitionError, LostReason, LostSignal};
+use locks_shard::{
+    Begun, MemoryTerms, Owned, ShardGroup, ShardMember, ShardTerms, Term, target_share,
+};
 
 use crate::support::{Drain, Fleet, moved};
 
@@ -176,4 +179,99 @@ async fn members_with_another_shard_list_are_refused_with_a_configuration_error(
 fn target_shares_of_the_test_fleet() {
     assert_eq!(target_share(24, &[1, 2, 3, 4, 5], 1), Some(5));
     assert_eq!(target_share(24, &[1, 2, 3, 4, 5], 5), Some(4));
+}
+
+/// A term store whose renewals fail (a member cut off from the database).
+#[derive(Debug, Clone)]
+struct Unrenewable(MemoryTerms);
+
+impl ShardTerms for Unrenewable {
+    async fn begin(
+        &self,
+        group: &str,
+        shard: &str,
+        member: u32,
+        holder_id: Option<&str>,
+    ) -> Result<Begun, LockAcquisitionError> {
+        self.0.begin(group, shard, member, holder_id).await
+    }
+
+    async fn end(&self, group: &str, shard: &str, token: i64) -> Result<(), LockAcquisitionError> {
+        self.0.end(group, shard, token).await
+    }
+
+    async fn terms(&self, group: &str) -> Result<Vec<Term>, LockAcquisitionError> {
+        self.0.terms(group).await
+    }
+
+    async fn renew(
+        &self,
+        _: &str,
+        _: u32,
+        _: &str,
+        _: Duration,
+    ) -> Result<u64, LockAcquisitionError> {
+        Err(LockAcquisitionError::new(
+            "g",
+            AcquisitionErrorKind::ConnectionLost,
+            "cut off",
+        ))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_cannot_renew_stops_its_tasks_before_its_renewal_expires() {
+    let expiry = Duration::from_millis(250);
+    let table = locks_memory::InMemoryLockTable::new();
+    let group = ShardGroup::new("g", ["a", "b", "c"]).expect("a group");
+    let member = ShardMember::new(
+        table.manager_with_holder_id("cut-off"),
+        Unrenewable(MemoryTerms::new()),
+        group,
+    )
+    .tick(Duration::from_millis(5))
+    .backoff(Duration::from_millis(100))
+    .renewal(Some(expiry));
+    let recorder = crate::support::Recorder::default();
+    let lives = recorder.clone();
+    let task = move |owned: Owned, stop: LostSignal| {
+        let alive = lives.start("cut-off", &owned);
+        async move {
+            let _alive = alive;
+            // Ignores its stop: only a drop ends it.
+            let _ = stop;
+            std::future::pending::<()>().await;
+        }
+    };
+    let mut seen: BTreeMap<usize, (Instant, Option<Instant>)> = BTreeMap::new();
+    let watch = async {
+        let until = Instant::now() + Duration::from_millis(1200);
+        while Instant::now() < until {
+            for (i, life) in recorder.snapshot().iter().enumerate() {
+                let entry = seen.entry(i).or_insert((Instant::now(), None));
+                if life.stop.is_some() && entry.1.is_none() {
+                    entry.1 = Some(Instant::now());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    };
+    tokio::select! {
+        _ = member.run(task) => panic!("run returned"),
+        () = watch => {}
+    }
+    let stopped: Vec<Duration> = seen
+        .values()
+        .filter_map(|(start, stop)| stop.map(|stop| stop - *start))
+        .collect();
+    eprintln!("lives {}, stopped after {stopped:?}", seen.len());
+    assert!(
+        stopped.len() >= 3,
+        "the tasks ran and were stopped: {seen:?}"
+    );
+    let longest = stopped.iter().max().expect("a life");
+    assert!(
+        *longest < expiry.mul_f64(0.8) + Duration::from_millis(60),
+        "a task outlived the renewal deadline: {longest:?}"
+    );
 }
