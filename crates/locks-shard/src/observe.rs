@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use locks_port::{LockAcquisitionError, Semaphore};
+use locks_port::{LockAcquisitionError, PermitHolders, Semaphore};
 use time::OffsetDateTime;
 
 use crate::group::ShardGroup;
-use crate::terms::ShardTerms;
+use crate::terms::{ShardTerms, Term};
 
 /// The owner of one shard (see [`owners`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,11 +78,40 @@ pub async fn owners<S: Semaphore, T: ShardTerms>(
 ) -> Result<Shards, LockAcquisitionError> {
     let holders = semaphores.permit_holders(&group.members_name()).await?;
     let latest = terms.terms(group.name()).await?;
+    Ok(assemble(&holders, &latest, group.shards()))
+}
+
+/// As [`owners`], for a group known by its name only (a command-line tool, a dashboard):
+/// the shards are those the term store has had a term of, by name; a shard that never
+/// ran is not listed.
+///
+/// # Errors
+/// A backend failure of either read.
+pub async fn owners_by_name<S: Semaphore, T: ShardTerms>(
+    semaphores: &S,
+    terms: &T,
+    group: &str,
+) -> Result<Shards, LockAcquisitionError> {
+    let holders = semaphores
+        .permit_holders(&ShardGroup::members_name_of(group))
+        .await?;
+    let latest = terms.terms(group).await?;
+    let mut names: Vec<&str> = latest.iter().map(|term| term.shard.as_str()).collect();
+    names.sort_unstable();
+    Ok(assemble(&holders, &latest, names.into_iter()))
+}
+
+/// The owner of each of `names`: its latest term, if not ended and its member's slot is
+/// held by the same holder.
+fn assemble<'a>(
+    holders: &PermitHolders,
+    latest: &[Term],
+    names: impl Iterator<Item = &'a str>,
+) -> Shards {
     let mut members: Vec<u32> = holders.held.iter().map(|h| h.slot).collect();
     members.sort_unstable();
     members.dedup();
-    let shards = group
-        .shards()
+    let shards = names
         .map(|name| {
             let owner = latest
                 .iter()
@@ -102,7 +131,7 @@ pub async fn owners<S: Semaphore, T: ShardTerms>(
             (name.to_owned(), owner)
         })
         .collect();
-    Ok(Shards { shards, members })
+    Shards { shards, members }
 }
 
 /// How often a [`ShardWatch`] reads by default.

@@ -87,6 +87,18 @@ pub(crate) enum Command {
         #[arg(long)]
         leader: bool,
     },
+    /// Show who owns which shard of the shard group GROUP (the `locks-shard` crate): the
+    /// member, its holder id, the term's token and start, and the members' counts.
+    Shards {
+        /// The group's name.
+        #[arg(value_parser = parse_key)]
+        group: String,
+        /// Print one JSON document instead of a table: `group`, `members` (their slots)
+        /// and `shards` (each `shard` with its `owner`, `null` while it moves: `member`,
+        /// `holder_id`, `token`, `since`).
+        #[arg(long)]
+        json: bool,
+    },
     /// List every advisory lock on the database, held or awaited.
     List {
         /// Print one JSON document instead of a table (fields in the manual).

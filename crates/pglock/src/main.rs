@@ -22,6 +22,7 @@ mod once_per;
 mod queue;
 mod run;
 mod schedule;
+mod shards;
 mod show;
 mod signals;
 mod status;
@@ -109,6 +110,7 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
             Command::Who { key, json, leader } if leader => leading::who(&target, &key, json).await,
             Command::Who { key, json, .. } => show::who(&target, say, &key, json).await,
             Command::List { json, watch } => show::list(&target, say, json, watch).await,
+            Command::Shards { group, json } => shards::show(&target, &group, json).await,
             Command::Break(args) => break_lock::run(&target, args, say).await,
             Command::Id { .. } | Command::Completions { .. } | Command::Man { .. } => Ok(0),
         }
