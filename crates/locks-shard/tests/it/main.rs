@@ -2,4 +2,5 @@
 //! disagreement, loss, leave and drop (the PostgreSQL runs are in `locks-shard-postgres`).
 
 mod memory;
+mod metrics;
 mod support;
