@@ -47,7 +47,8 @@ impl ShardGroup {
     /// # Errors
     /// [`InvalidKey`](AcquisitionErrorKind::InvalidKey) for an empty group name;
     /// [`Configuration`](AcquisitionErrorKind::Configuration) for no shards, more than
-    /// [`MAX_SHARDS`], or a name given twice (each error names the input).
+    /// [`MAX_SHARDS`], a name given twice, or a NUL character in any name (each error
+    /// names the input).
     pub fn new<I, S>(name: impl Into<String>, shards: I) -> Result<Self, LockAcquisitionError>
     where
         I: IntoIterator<Item = S>,
@@ -69,6 +70,18 @@ impl ShardGroup {
             return Err(refuse(format!(
                 "a shard group needs 1 to {MAX_SHARDS} shards, not {}",
                 shards.len()
+            )));
+        }
+        // PostgreSQL's `text` (the term table) cannot hold a NUL.
+        if name.contains('\0') {
+            return Err(refuse(
+                "a shard group's name cannot contain a NUL character".to_owned(),
+            ));
+        }
+        if let Some(bad) = shards.iter().find(|s| s.contains('\0')) {
+            return Err(refuse(format!(
+                "the shard {:?} contains a NUL character, which a term store cannot keep",
+                bad
             )));
         }
         let mut sorted: Vec<&str> = shards.iter().map(|s| &**s).collect();
@@ -203,6 +216,10 @@ mod tests {
         assert!(twice.to_string().contains("'a' is listed twice"), "{twice}");
         let unnamed = ShardGroup::new("", ["a"]).unwrap_err();
         assert_eq!(unnamed.kind(), AcquisitionErrorKind::InvalidKey);
+        let nul = ShardGroup::new("g", ["a", "b\0c"]).unwrap_err();
+        assert_eq!(nul.kind(), AcquisitionErrorKind::Configuration);
+        assert!(nul.to_string().contains(r#""b\0c""#), "{nul}");
+        assert!(ShardGroup::new("g\0", ["a"]).is_err());
     }
 
     #[test]
