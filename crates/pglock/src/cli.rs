@@ -257,6 +257,16 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration,
           conflicts_with_all = ["permits", "leader", "shared", "timeout", "fencing"])]
     pub(crate) once_per: Option<Duration>,
+    /// Divide the shards SHARDS (a count N, meaning 0 to N-1, or names separated by
+    /// commas) of the shard group KEY among every pglock and library member of KEY, and
+    /// run the command once per shard this process owns, `{shard}` in its arguments
+    /// replaced by the shard's name (PGLOCK_SHARD and PGLOCK_SHARD_TOKEN in its
+    /// environment). A shard that moves away gets SIGTERM, then SIGKILL after --grace; a
+    /// lost one SIGKILL at once. INT or TERM hands every shard over and exits. Creates the
+    /// term table if it is missing.
+    #[arg(long, value_name = "SHARDS",
+          conflicts_with_all = ["permits", "leader", "shared", "timeout", "no_wait", "once_per", "fencing"])]
+    pub(crate) shards: Option<String>,
     /// The command.
     #[command(flatten)]
     pub(crate) command: CommandArgs,

@@ -22,6 +22,7 @@ mod once_per;
 mod queue;
 mod run;
 mod schedule;
+mod shard_run;
 mod shards;
 mod show;
 mod signals;

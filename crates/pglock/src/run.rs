@@ -57,7 +57,7 @@ pub(crate) fn holder_id(target: &Target) -> String {
 }
 
 /// The lease when `--lease` is not given.
-const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 
 /// `pglock run`: the exit code, or the failure that ended it.
 /// What `run` holds while the command runs: the lock, or a permit (`--permits`,
@@ -95,6 +95,9 @@ impl Held {
 pub(crate) async fn run(target: Target, args: RunArgs, say: Say) -> Result<u8, Failure> {
     // Installed once: the handlers stay, so a signal between two terms is not lost.
     let mut signals = Signals::install()?;
+    if let Some(shards) = args.shards.clone() {
+        return crate::shard_run::run(&target, &args, &shards, say, &mut signals).await;
+    }
     if !args.leader {
         return run_once(&target, &args, say, &mut signals).await;
     }
