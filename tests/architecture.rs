@@ -21,6 +21,8 @@ const SCHEDULE: &str = "locks-schedule";
 const SCHEDULE_POSTGRES: &str = "locks-schedule-postgres";
 const LEADER: &str = "locks-leader";
 const CONFORMANCE: &str = "locks-conformance";
+const SHARD: &str = "locks-shard";
+const SHARD_POSTGRES: &str = "locks-shard-postgres";
 
 const LIBRARIES: &[&str] = &[
     PORT,
@@ -32,7 +34,11 @@ const LIBRARIES: &[&str] = &[
     SCHEDULE,
     SCHEDULE_POSTGRES,
     LEADER,
+    SHARD,
+    SHARD_POSTGRES,
 ];
+/// The workspace crates the shards' PostgreSQL term store may use outside its tests.
+const SHARD_ADAPTER_MAY_USE: &[&str] = &[SHARD, PORT, POSTGRES];
 /// The workspace crates the schedule's PostgreSQL ledger may use outside its tests.
 const SCHEDULE_ADAPTER_MAY_USE: &[&str] = &[SCHEDULE, PORT, POSTGRES];
 const ADAPTERS: &[&str] = &[POSTGRES, MEMORY];
@@ -95,6 +101,7 @@ const INVARIANTS: &[&str] = &[
     "The schedule knows only the port; its ledger stands on it.",
     "The leader election knows only the port.",
     "The conformance suite stands on the port alone, and only tests take it.",
+    "The shards know only the port; their term store stands on them.",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -526,6 +533,37 @@ fn check(crates: &[Crate]) -> Vec<Violation> {
         }
     }
 
+    // 15. The shards know only the port; their term store stands on them.
+    if let Some(shard) = get(SHARD) {
+        for dep in shard.normal() {
+            let package = dep.package.as_str();
+            if is_workspace(package) && package != PORT {
+                broken(15, shard, format!("depends on workspace crate `{package}`"));
+            } else if DATABASE_CRATES.contains(&package) {
+                broken(15, shard, format!("database crate `{package}`"));
+            }
+        }
+    }
+    if let Some(store) = get(SHARD_POSTGRES) {
+        if !store
+            .dependencies
+            .iter()
+            .any(|dep| dep.package == SHARD && dep.table == Table::Normal && !dep.optional)
+        {
+            broken(
+                15,
+                store,
+                format!("`{SHARD}` is not a (non-optional) dependency"),
+            );
+        }
+        for dep in store.normal() {
+            let package = dep.package.as_str();
+            if is_workspace(package) && !SHARD_ADAPTER_MAY_USE.contains(&package) {
+                broken(15, store, format!("depends on workspace crate `{package}`"));
+            }
+        }
+    }
+
     violations.sort_by_key(|v| v.invariant);
     violations
 }
@@ -709,6 +747,23 @@ fn good_workspace() -> BTreeMap<&'static str, String> {
              [dependencies]\nlocks-port = {{ workspace = true }}\ntokio = \"1\"\n\
              [dev-dependencies]\nlocks-memory = {{ workspace = true }}\n\
              locks-postgres = {{ workspace = true }}\n{lints}"
+        ),
+    );
+    manifests.insert(
+        SHARD,
+        format!(
+            "[package]\nname = \"locks-shard\"\n\
+             [dependencies]\nlocks-port = {{ workspace = true }}\ntokio = \"1\"\n\
+             [dev-dependencies]\nlocks-memory = {{ workspace = true }}\n{lints}"
+        ),
+    );
+    manifests.insert(
+        SHARD_POSTGRES,
+        format!(
+            "[package]\nname = \"locks-shard-postgres\"\n\
+             [dependencies]\nlocks-shard = {{ workspace = true }}\n\
+             deadpool-postgres = \"0.14\"\ntokio = \"1\"\n\
+             [dev-dependencies]\nthrowaway-pg = {{ workspace = true }}\n{lints}"
         ),
     );
     manifests.insert(
@@ -1117,5 +1172,33 @@ fn the_conformance_suite_beyond_the_port_or_outside_tests_breaks_invariant_14() 
             "publish = false\n[dependencies]\nlocks-conformance = { workspace = true }\n"
         ),
         []
+    );
+}
+
+#[test]
+fn the_shards_using_a_database_or_their_store_dropping_them_break_invariant_15() {
+    assert_eq!(
+        broken_after(SHARD, "tokio = \"1\"", "tokio-postgres = \"0.7\""),
+        [15]
+    );
+    assert_eq!(
+        broken_after(
+            SHARD,
+            "tokio = \"1\"\n[dev",
+            "tokio = \"1\"\nlocks-memory = { workspace = true }\n[dev"
+        ),
+        [15]
+    );
+    assert_eq!(
+        broken_after(SHARD_POSTGRES, "locks-shard = { workspace = true }\n", ""),
+        [15]
+    );
+    assert_eq!(
+        broken_after(
+            SHARD_POSTGRES,
+            "tokio = \"1\"",
+            "locks-leader = { workspace = true }"
+        ),
+        [15]
     );
 }

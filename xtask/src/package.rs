@@ -442,6 +442,8 @@ mod tests {
                 "locks-schedule",
                 "locks-schedule-postgres",
                 "locks-leader",
+                "locks-shard",
+                "locks-shard-postgres",
                 "pglock"
             ]
         );

@@ -87,6 +87,18 @@ pub(crate) enum Command {
         #[arg(long)]
         leader: bool,
     },
+    /// Show who owns which shard of the shard group GROUP (the `locks-shard` crate): the
+    /// member, its holder id, the term's token and start, and the members' counts.
+    Shards {
+        /// The group's name.
+        #[arg(value_parser = parse_key)]
+        group: String,
+        /// Print one JSON document instead of a table: `group`, `members` (their slots)
+        /// and `shards` (each `shard` with its `owner`, `null` while it moves: `member`,
+        /// `holder_id`, `token`, `since`).
+        #[arg(long)]
+        json: bool,
+    },
     /// List every advisory lock on the database, held or awaited.
     List {
         /// Print one JSON document instead of a table (fields in the manual).
@@ -245,6 +257,16 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration,
           conflicts_with_all = ["permits", "leader", "shared", "timeout", "fencing"])]
     pub(crate) once_per: Option<Duration>,
+    /// Divide the shards SHARDS (a count N, meaning 0 to N-1, or names separated by
+    /// commas) of the shard group KEY among every pglock and library member of KEY, and
+    /// run the command once per shard this process owns, `{shard}` in its arguments
+    /// replaced by the shard's name (PGLOCK_SHARD and PGLOCK_SHARD_TOKEN in its
+    /// environment). A shard that moves away gets SIGTERM, then SIGKILL after --grace; a
+    /// lost one SIGKILL at once. INT or TERM hands every shard over and exits. Creates the
+    /// term table if it is missing.
+    #[arg(long, value_name = "SHARDS",
+          conflicts_with_all = ["permits", "leader", "shared", "timeout", "no_wait", "once_per", "fencing"])]
+    pub(crate) shards: Option<String>,
     /// The command.
     #[command(flatten)]
     pub(crate) command: CommandArgs,

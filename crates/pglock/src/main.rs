@@ -22,6 +22,8 @@ mod once_per;
 mod queue;
 mod run;
 mod schedule;
+mod shard_run;
+mod shards;
 mod show;
 mod signals;
 mod status;
@@ -87,9 +89,10 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
         .map_err(|error| Failure::new(SOFTWARE, format!("cannot start the runtime: {error}")))?;
     runtime.block_on(async move {
         match cli.command {
-            Command::Run(args) => match args.once_per {
-                Some(period) => once_per::run(target, args, period, say).await,
-                None => run::run(target, args, say).await,
+            Command::Run(args) => match (args.once_per, args.shards.clone()) {
+                (Some(period), _) => once_per::run(target, args, period, say).await,
+                (None, Some(shards)) => shard_run::run(&target, &args, &shards, say).await,
+                (None, None) => run::run(target, args, say).await,
             },
             Command::Schedule(args) => schedule::run(target, args, say).await,
             Command::Jobs {
@@ -108,6 +111,7 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
             Command::Who { key, json, leader } if leader => leading::who(&target, &key, json).await,
             Command::Who { key, json, .. } => show::who(&target, say, &key, json).await,
             Command::List { json, watch } => show::list(&target, say, json, watch).await,
+            Command::Shards { group, json } => shards::show(&target, &group, json).await,
             Command::Break(args) => break_lock::run(&target, args, say).await,
             Command::Id { .. } | Command::Completions { .. } | Command::Man { .. } => Ok(0),
         }

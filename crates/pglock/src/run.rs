@@ -44,7 +44,7 @@ pub(crate) fn holder_id(target: &Target) -> String {
 }
 
 /// The lease when `--lease` is not given.
-const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 
 /// `pglock run`: the exit code, or the failure that ended it.
 /// What `run` holds while the command runs: the lock, or a permit (`--permits`,

@@ -12,6 +12,7 @@ mod once_per;
 mod operator;
 mod permits;
 mod run;
+mod shards;
 mod skewed;
 mod supervisor;
 use std::path::{Path, PathBuf};

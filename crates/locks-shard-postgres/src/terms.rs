@@ -1,0 +1,236 @@
+//! The term table and the [`ShardTerms`] store on it.
+
+use std::future::Future;
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use locks_shard::locks_port::LockAcquisitionError;
+use locks_shard::{Begun, ShardTerms, Term};
+use time::OffsetDateTime;
+
+use crate::errors;
+use crate::members::{MEMBERS_SCHEMA, RENEW, application_name, members_class, seconds};
+
+/// The term table (in the connection's `search_path` schema).
+pub const TERMS_TABLE: &str = "locks_shard_terms";
+
+/// The statement that creates the term table, for migration tools: what
+/// [`install_shard_terms`] runs. One row per shard: the token of its latest term, who
+/// began it (membership slot, holder id), when (the server's clock) and whether its
+/// owner ended it.
+pub const TERMS_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS locks_shard_terms (\
+     group_name text NOT NULL, \
+     shard text NOT NULL, \
+     token bigint NOT NULL CHECK (token > 0), \
+     member_slot integer NOT NULL, \
+     holder_id text, \
+     since timestamptz NOT NULL, \
+     ended boolean NOT NULL DEFAULT false, \
+     PRIMARY KEY (group_name, shard))";
+
+/// How long the store waits for any one answer of the server, by default.
+pub const DEFAULT_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The next term of a shard: one more than the last token (1 for the first), and
+/// whether the term before it was ended (true when there was none). The old row is read
+/// in the same statement; only the shard's lock holder begins terms, so nobody races it.
+const BEGIN: &str = "WITH old AS (SELECT ended FROM locks_shard_terms \
+       WHERE group_name = $1 AND shard = $2) \
+     INSERT INTO locks_shard_terms AS t \
+       (group_name, shard, token, member_slot, holder_id, since, ended) \
+     VALUES ($1, $2, 1, $3, $4, clock_timestamp(), false) \
+     ON CONFLICT (group_name, shard) DO UPDATE SET token = t.token + 1, \
+       member_slot = EXCLUDED.member_slot, holder_id = EXCLUDED.holder_id, \
+       since = EXCLUDED.since, ended = false \
+     RETURNING token, since, COALESCE((SELECT ended FROM old), true)";
+const END: &str = "UPDATE locks_shard_terms SET ended = true \
+     WHERE group_name = $1 AND shard = $2 AND token = $3";
+const TERMS: &str = "SELECT shard, token, member_slot, holder_id, since, ended \
+     FROM locks_shard_terms WHERE group_name = $1";
+
+/// Creates the term table and the member table ([`MEMBERS_SCHEMA`]) if they do not exist. Run it once per database (a migration, a
+/// deploy step); the store never creates it on its own. Idempotent, and safe to run from
+/// several processes at once (under a transaction-scoped advisory lock: two concurrent
+/// `CREATE TABLE IF NOT EXISTS` can fail on the catalog).
+///
+/// # Errors
+/// The driver's error when the statement fails (for example, no `CREATE` privilege).
+pub async fn install_shard_terms(
+    client: &tokio_postgres::Client,
+) -> Result<(), tokio_postgres::Error> {
+    let installed = client
+        .batch_execute(&format!(
+            "BEGIN; SELECT pg_advisory_xact_lock(hashtext('locks_shard_postgres.install')); \
+             {TERMS_SCHEMA}; {MEMBERS_SCHEMA}; COMMIT"
+        ))
+        .await;
+    if installed.is_err() {
+        // Leave the session usable (no aborted transaction) for whoever reuses it.
+        let _ = client.batch_execute("ROLLBACK").await;
+    }
+    installed
+}
+
+/// The [`ShardTerms`] store on PostgreSQL: the table [`TERMS_TABLE`], the server's
+/// `clock_timestamp()` as each term's start. Each operation is one statement on a pooled
+/// connection.
+#[derive(Debug, Clone)]
+pub struct PostgresShardTerms {
+    pool: Pool,
+    answer_timeout: Duration,
+}
+
+impl PostgresShardTerms {
+    /// A store on the pool's database (the table must exist: [`install_shard_terms`]).
+    #[must_use]
+    pub fn new(pool: Pool) -> Self {
+        Self {
+            pool,
+            answer_timeout: DEFAULT_ANSWER_TIMEOUT,
+        }
+    }
+
+    /// How long each operation waits for the server (checkout included) before it
+    /// fails; [`DEFAULT_ANSWER_TIMEOUT`] by default. A duration too long for the
+    /// runtime's timer means no limit.
+    #[must_use]
+    pub fn answer_timeout(mut self, timeout: Duration) -> Self {
+        self.answer_timeout = timeout;
+        self
+    }
+
+    async fn bounded<T>(
+        &self,
+        group: &str,
+        what: &str,
+        operation: impl Future<Output = Result<T, LockAcquisitionError>>,
+    ) -> Result<T, LockAcquisitionError> {
+        match tokio::time::Instant::now().checked_add(self.answer_timeout) {
+            Some(deadline) => tokio::time::timeout_at(deadline, operation)
+                .await
+                .unwrap_or_else(|_| Err(errors::timed_out(group, what, self.answer_timeout))),
+            None => operation.await,
+        }
+    }
+
+    async fn query(
+        &self,
+        group: &str,
+        what: &str,
+        statement: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, LockAcquisitionError> {
+        self.bounded(group, what, async {
+            let client = self
+                .pool
+                .get()
+                .await
+                .map_err(|error| errors::pool(group, what, error))?;
+            let statement = client
+                .prepare_cached(statement)
+                .await
+                .map_err(|error| errors::driver(group, what, error))?;
+            client
+                .query(&statement, params)
+                .await
+                .map_err(|error| errors::driver(group, what, error))
+        })
+        .await
+    }
+}
+
+fn slot_param(member: u32) -> i32 {
+    i32::try_from(member).unwrap_or(i32::MAX)
+}
+
+fn read_term(group: &str, row: &tokio_postgres::Row) -> Result<Term, LockAcquisitionError> {
+    let read = |error| errors::driver(group, "reading a shard term", error);
+    let slot: i32 = row.try_get(2).map_err(read)?;
+    Ok(Term::new(
+        row.try_get::<_, String>(0).map_err(read)?,
+        row.try_get(1).map_err(read)?,
+        u32::try_from(slot).unwrap_or(0),
+        row.try_get(3).map_err(read)?,
+        row.try_get::<_, OffsetDateTime>(4).map_err(read)?,
+        row.try_get(5).map_err(read)?,
+    ))
+}
+
+impl ShardTerms for PostgresShardTerms {
+    async fn begin(
+        &self,
+        group: &str,
+        shard: &str,
+        member: u32,
+        holder_id: Option<&str>,
+    ) -> Result<Begun, LockAcquisitionError> {
+        let what = "beginning a shard term";
+        let slot = slot_param(member);
+        let rows = self
+            .query(group, what, BEGIN, &[&group, &shard, &slot, &holder_id])
+            .await?;
+        let row = rows.first().ok_or_else(|| {
+            LockAcquisitionError::new(
+                group,
+                locks_shard::locks_port::AcquisitionErrorKind::Backend,
+                format!("{what}: the server returned no row"),
+            )
+        })?;
+        let read = |error| errors::driver(group, what, error);
+        let term = Term::new(
+            shard,
+            row.try_get(0).map_err(read)?,
+            member,
+            holder_id.map(str::to_owned),
+            row.try_get(1).map_err(read)?,
+            false,
+        );
+        Ok(Begun::new(term, row.try_get(2).map_err(read)?))
+    }
+
+    async fn end(&self, group: &str, shard: &str, token: i64) -> Result<(), LockAcquisitionError> {
+        self.query(group, "ending a shard term", END, &[&group, &shard, &token])
+            .await
+            .map(drop)
+    }
+
+    async fn terms(&self, group: &str) -> Result<Vec<Term>, LockAcquisitionError> {
+        self.query(group, "reading the shard terms", TERMS, &[&group])
+            .await?
+            .iter()
+            .map(|row| read_term(group, row))
+            .collect()
+    }
+
+    /// Renews the member's row and ends the sessions of expired members that still hold
+    /// their membership slot, with `pg_terminate_backend` (the role needs to be allowed
+    /// to: the same role as the members', or `pg_signal_backend`).
+    async fn renew(
+        &self,
+        group: &str,
+        member: u32,
+        holder_id: &str,
+        expiry: Duration,
+    ) -> Result<u64, LockAcquisitionError> {
+        let what = "renewing a shard group member";
+        let slot = slot_param(member);
+        let name = application_name(holder_id);
+        let members = locks_shard::ShardGroup::members_name_of(group);
+        let class = members_class(&members);
+        let rows = self
+            .query(
+                group,
+                what,
+                RENEW,
+                &[&group, &slot, &name, &seconds(expiry), &class],
+            )
+            .await?;
+        let ended: i64 = match rows.first() {
+            Some(row) => row
+                .try_get(0)
+                .map_err(|error| errors::driver(group, what, error))?,
+            None => 0,
+        };
+        Ok(u64::try_from(ended).unwrap_or(0))
+    }
+}

@@ -1,0 +1,125 @@
+//! Members in processes of their own (this test binary, re-executed): one SIGKILLed, one
+//! SIGSTOPped past its renewal and continued. Their tasks record guarded progress writes
+//! with the server's clock, as in `fleet.rs`.
+
+use std::time::{Duration, Instant};
+
+use locks_shard::ShardMember;
+use throwaway_pg::testing::child::{self, Child};
+
+use crate::record::{SHARDS, Watcher, group, progress};
+use crate::support::{manager, terms, unique, writes_pool};
+
+/// The members' renewal expiry: a stopped member loses its shards within about 1.2
+/// times this plus the takeover delay.
+const RENEWAL: Duration = Duration::from_secs(2);
+const TAKEOVER: Duration = Duration::from_millis(500);
+const SETTLE: Duration = Duration::from_secs(20);
+
+/// A member process: joins the group named in `SHARD_GROUP` as `holder`, says its pid,
+/// and runs until it is killed.
+#[test]
+fn child_entry() {
+    child::entry("SHARD_MEMBER", |holder, runtime| {
+        runtime.block_on(async {
+            let group = group(&child::env("SHARD_GROUP"));
+            let writes = writes_pool(SHARDS + 4);
+            let member = ShardMember::new(manager(holder, SHARDS + 4), terms().await, group)
+                .tick(Duration::from_millis(50))
+                .backoff(Duration::from_millis(200))
+                .takeover_delay(TAKEOVER)
+                .renewal(Some(RENEWAL));
+            child::say(&format!("pid {}", std::process::id()));
+            let holder = holder.to_owned();
+            let _ = member
+                .run(move |owned, stop| progress(writes.clone(), holder.clone(), owned, stop))
+                .await;
+        });
+    });
+}
+
+/// A member process, once it said its pid.
+async fn started(name: &str, group: &str) -> (Child, u32) {
+    let mut child = Child::spawn(
+        name,
+        "processes::child_entry",
+        [("SHARD_MEMBER", name), ("SHARD_GROUP", group)],
+    );
+    let pid = child.expect("pid").await.parse().expect("a pid");
+    (child, pid)
+}
+
+fn signal(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_and_a_frozen_member_lose_their_shards_within_the_bound() {
+    let name = unique("processes");
+    let watcher = Watcher::new(group(&name)).await;
+    let mut members = Vec::new();
+    let from = Instant::now();
+    for who in ["p1", "p2", "p3"] {
+        members.push(started(who, &name).await);
+    }
+    let (_, took) = watcher.settled(3, from, SETTLE).await;
+    eprintln!("3 processes: settled after {took:?}");
+
+    // SIGKILL: the server ends the sessions at once; the others take over.
+    let from = Instant::now();
+    members[0].0.kill();
+    let (owners, took) = watcher.settled(2, from, SETTLE).await;
+    eprintln!(
+        "SIGKILL p1: every shard running again after {took:?}, {:?}",
+        owners.counts()
+    );
+    members.push(started("p4", &name).await);
+    let from = Instant::now();
+    let (_, took) = watcher.settled(3, from, SETTLE).await;
+    eprintln!("p4 joined: settled after {took:?}");
+
+    // SIGSTOP: its kernel still answers TCP, so only its expired renewal frees its shards.
+    let frozen = members[1].1;
+    let from = Instant::now();
+    signal(frozen, "STOP");
+    let (owners, took) = watcher.settled(2, from, SETTLE).await;
+    // The others end its sessions within 1.2 x the expiry of its last renewal, then wait
+    // the takeover delay; the slack covers ticks, a frozen writer's transaction (ended
+    // after 1 s) and a loaded machine (seen: 2.7 s alone, 3.8 s beside the fleet test).
+    let bound = RENEWAL + RENEWAL / 5 + TAKEOVER + Duration::from_millis(2500);
+    eprintln!(
+        "SIGSTOP p2: every shard running again after {took:?} (bound {bound:?}), {:?}",
+        owners.counts()
+    );
+    assert!(
+        took >= RENEWAL / 2,
+        "freed before its renewal could expire: {took:?}"
+    );
+    assert!(
+        took <= bound,
+        "a frozen member kept its shards for {took:?}"
+    );
+    // Woken after its shards moved: whatever it writes with its old tokens is refused.
+    signal(frozen, "CONT");
+    let from = Instant::now();
+    let (_, took) = watcher.settled(3, from, SETTLE).await;
+    eprintln!("SIGCONT p2: rejoined, settled after {took:?}");
+    for (child, _) in members.iter_mut().skip(1) {
+        child.kill();
+    }
+    let (interleaved, refused) = watcher.interleaved_and_refused(&["p1", "p2"]).await;
+    let refused_p2 = watcher.refused_of("p2").await;
+    eprintln!(
+        "{interleaved} interleaved writes, {refused} refused outside p1 and p2, \
+         {refused_p2} of p2's refused"
+    );
+    assert_eq!(
+        interleaved, 0,
+        "two owners of a shard wrote in between each other"
+    );
+    assert_eq!(refused, 0, "a live member wrote after its shard moved");
+}

@@ -1,0 +1,111 @@
+use std::time::{Duration, Instant};
+
+use locks_shard::{Owned, ShardTerms};
+use locks_shard_postgres::guard_write;
+
+use crate::support::{pool, terms, unique};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_grow_per_shard_and_only_the_latest_term_ends() {
+    let store = terms().await;
+    let group = unique("terms");
+    let first = store
+        .begin(&group, "a", 3, Some("m1"))
+        .await
+        .expect("begin");
+    assert_eq!(first.term.token, 1);
+    assert!(first.previous_ended, "a first term has nothing before it");
+    let second = store
+        .begin(&group, "a", 4, Some("m2"))
+        .await
+        .expect("begin");
+    assert_eq!(second.term.token, 2);
+    assert!(!second.previous_ended, "term 1 was not ended");
+    assert!(second.term.since >= first.term.since);
+    store.end(&group, "a", 1).await.expect("end");
+    let listed = store.terms(&group).await.expect("terms");
+    assert_eq!(listed.len(), 1);
+    assert!(!listed[0].ended, "ending an older term changes nothing");
+    assert_eq!(
+        (listed[0].member, listed[0].holder_id.as_deref()),
+        (4, Some("m2"))
+    );
+    store.end(&group, "a", 2).await.expect("end");
+    assert!(store.terms(&group).await.expect("terms")[0].ended);
+    let third = store.begin(&group, "a", 3, None).await.expect("begin");
+    assert_eq!(third.term.token, 3);
+    assert!(third.previous_ended);
+    let other = store.begin(&group, "b", 3, None).await.expect("begin");
+    assert_eq!(other.term.token, 1, "tokens are per shard");
+}
+
+fn owned(group: &str, shard: &str, token: i64) -> Owned {
+    Owned::new(group, shard, 0, token, time::OffsetDateTime::now_utc())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_owner_s_write_is_refused_and_a_current_one_holds_off_the_next_term() {
+    let store = terms().await;
+    let group = unique("guard");
+    let old = store
+        .begin(&group, "t", 1, Some("old"))
+        .await
+        .expect("begin");
+    let pool = pool(2);
+    let mut client = pool.get().await.expect("a connection");
+    {
+        let tx = client.transaction().await.expect("begin");
+        assert!(
+            guard_write(&tx, &owned(&group, "t", old.term.token))
+                .await
+                .expect("guard")
+        );
+        tx.rollback().await.expect("rollback");
+    }
+    let new = store
+        .begin(&group, "t", 2, Some("new"))
+        .await
+        .expect("begin");
+    let tx = client.transaction().await.expect("begin");
+    assert!(
+        !guard_write(&tx, &owned(&group, "t", old.term.token))
+            .await
+            .expect("guard"),
+        "the stale owner's write is refused"
+    );
+    assert!(
+        !guard_write(&tx, &owned(&group, "never", 1))
+            .await
+            .expect("guard")
+    );
+    tx.rollback().await.expect("rollback");
+    // A current writer's row lock holds the next term off until it commits.
+    let tx = client.transaction().await.expect("begin");
+    assert!(
+        guard_write(&tx, &owned(&group, "t", new.term.token))
+            .await
+            .expect("guard")
+    );
+    let started = Instant::now();
+    let next = tokio::spawn({
+        let store = store.clone();
+        let group = group.clone();
+        async move {
+            let begun = store
+                .begin(&group, "t", 3, Some("next"))
+                .await
+                .expect("begin");
+            (begun, Instant::now())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let committed = Instant::now();
+    tx.commit().await.expect("commit");
+    let (begun, at) = next.await.expect("the next term");
+    assert_eq!(begun.term.token, 3);
+    assert!(
+        at >= committed,
+        "the next term began {:?} after the start, before the write committed",
+        at - started
+    );
+}

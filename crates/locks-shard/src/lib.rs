@@ -1,0 +1,26 @@
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+
+mod assign;
+mod group;
+mod member;
+pub mod metrics;
+mod observe;
+mod renewal;
+mod task;
+mod terms;
+
+pub use assign::target_share;
+pub use group::{MAX_SHARDS, MIN_MEMBER_SLOTS, ShardGroup};
+pub use member::{DEFAULT_BACKOFF, DEFAULT_RENEWAL_EXPIRY, DEFAULT_TICK, ShardMember};
+pub use observe::{DEFAULT_WATCH_INTERVAL, ShardOwner, ShardWatch, Shards, owners, owners_by_name};
+pub use task::{DEFAULT_DRAIN_GRACE, DEFAULT_TAKEOVER_DELAY, Owned};
+pub use terms::{Begun, MemoryTerms, ShardTerms, Term};
+
+/// The port this crate runs on, re-exported so one dependency is enough.
+pub use locks_port;
+/// Re-exported so callers name the same [`Meter`](opentelemetry::metrics::Meter) type as
+/// [`ShardMember::meter`].
+pub use opentelemetry;
+/// Re-exported: terms begin at a `time::OffsetDateTime`.
+pub use time;

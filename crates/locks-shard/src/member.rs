@@ -1,0 +1,510 @@
+//! A member of a shard group: joins with a permit of the membership semaphore, and on
+//! each tick takes or sheds shards until it owns its share.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use locks_port::{
+    AcquireOptions, AcquisitionErrorKind, DistributedLock, LockAcquisitionError, LockGuard,
+    LostSignal, PermitGuard, Semaphore,
+};
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::Meter;
+
+use crate::assign::{target_share, to_shed, to_try};
+use crate::group::ShardGroup;
+use crate::metrics::Instruments;
+use crate::observe::{ShardWatch, Shards, owners};
+use crate::renewal::Renewals;
+use crate::task::{DEFAULT_DRAIN_GRACE, DEFAULT_TAKEOVER_DELAY, Owned, Running, TermPlan, spawn};
+use crate::terms::ShardTerms;
+
+/// How often a member reads the member list and takes or sheds shards.
+pub const DEFAULT_TICK: Duration = Duration::from_millis(100);
+
+/// The pause before a member joins again after it lost its membership or failed to join.
+pub const DEFAULT_BACKOFF: Duration = Duration::from_secs(1);
+
+/// How long a member's liveness renewal lasts by default (see
+/// [`ShardMember::renewal`]): a member whose process stopped loses its shards within
+/// this, plus a fifth of it (the others' renewal period), plus the takeover delay.
+pub const DEFAULT_RENEWAL_EXPIRY: Duration = Duration::from_secs(10);
+
+/// A member of a shard group: runs one task per shard it owns. See the crate's
+/// documentation for the contract and an example.
+#[derive(Debug)]
+pub struct ShardMember<M, T> {
+    locks: M,
+    terms: T,
+    group: ShardGroup,
+    tick: Duration,
+    backoff: Duration,
+    drain_grace: Duration,
+    takeover_delay: Duration,
+    renewal: Option<Duration>,
+    instruments: Instruments,
+    attributes: Vec<KeyValue>,
+}
+
+impl<M, T> ShardMember<M, T>
+where
+    M: DistributedLock + Semaphore,
+    M::Guard: 'static,
+    T: ShardTerms + Clone + 'static,
+{
+    /// A member of `group` on `locks` (a manager, or a reference to one) keeping its
+    /// terms in `terms`, with the default tick, back-off, drain grace and takeover delay.
+    ///
+    /// A member holds one permit of the membership semaphore and one lock per owned
+    /// shard: on PostgreSQL, one pool connection each, and one more for its reads.
+    pub fn new(locks: M, terms: T, group: ShardGroup) -> Self {
+        Self {
+            locks,
+            terms,
+            group,
+            tick: DEFAULT_TICK,
+            backoff: DEFAULT_BACKOFF,
+            drain_grace: DEFAULT_DRAIN_GRACE,
+            takeover_delay: DEFAULT_TAKEOVER_DELAY,
+            renewal: Some(DEFAULT_RENEWAL_EXPIRY),
+            instruments: Instruments::global(),
+            attributes: Vec::new(),
+        }
+    }
+
+    /// How often the member reads the member list and takes or sheds shards (a zero
+    /// tick is read as 1 ms).
+    #[must_use]
+    pub fn tick(mut self, tick: Duration) -> Self {
+        self.tick = tick.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The pause before joining again after a lost membership or a failed join.
+    #[must_use]
+    pub fn backoff(mut self, backoff: Duration) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// How long a task told to stop for a hand-off may go on before its future is
+    /// dropped (see [`DEFAULT_DRAIN_GRACE`]). A lost shard's task gets no grace.
+    #[must_use]
+    pub fn drain_grace(mut self, grace: Duration) -> Self {
+        self.drain_grace = grace;
+        self
+    }
+
+    /// How long a member waits before starting a shard whose previous term was not
+    /// ended (see [`DEFAULT_TAKEOVER_DELAY`]). It must exceed the time an owner needs to
+    /// notice a loss (its manager's health-check interval); zero gives that order up.
+    #[must_use]
+    pub fn takeover_delay(mut self, delay: Duration) -> Self {
+        self.takeover_delay = delay;
+        self
+    }
+
+    /// How long each renewal of this member's liveness lasts ([`DEFAULT_RENEWAL_EXPIRY`]);
+    /// `None` turns renewals off. A member renews every fifth of it, through
+    /// [`ShardTerms::renew`], which also ends the lock sessions of members whose renewal
+    /// expired (on PostgreSQL, with `pg_terminate_backend`): a member whose process
+    /// stopped (`SIGSTOP`, a frozen VM) loses its shards within about 1.2 times the
+    /// expiry plus the takeover delay, instead of for as long as it stays stopped. A
+    /// member whose renewals fail (cut off from the server) drops its tasks, without a
+    /// drain, 0.8 times the expiry after its last confirmed renewal was sent, before the
+    /// others may end its sessions, and joins again. It needs a holder id on the manager (the sessions are found by it), unique per
+    /// process; a member without one neither renews nor can be ended so.
+    #[must_use]
+    pub fn renewal(mut self, expiry: Option<Duration>) -> Self {
+        self.renewal = expiry.filter(|expiry| !expiry.is_zero());
+        self
+    }
+
+    /// Records the member's instruments on `meter` instead of the global provider's.
+    #[must_use]
+    pub fn meter(mut self, meter: &Meter) -> Self {
+        self.instruments = Instruments::on(meter);
+        self
+    }
+
+    /// Adds the group's name to the instruments as `shard.group` (off by default: names
+    /// are key text).
+    #[must_use]
+    pub fn metrics_name(mut self, on: bool) -> Self {
+        self.attributes = if on {
+            vec![KeyValue::new("shard.group", self.group.name().to_owned())]
+        } else {
+            Vec::new()
+        };
+        self
+    }
+
+    /// The group.
+    #[must_use]
+    pub fn group(&self) -> &ShardGroup {
+        &self.group
+    }
+
+    /// Who owns which shard now, as any process sees it (see [`Shards`]).
+    ///
+    /// # Errors
+    /// A backend failure of the member list or of the term store.
+    pub async fn owners(&self) -> Result<Shards, LockAcquisitionError> {
+        owners(&self.locks, &self.terms, &self.group).await
+    }
+
+    /// Watches who owns which shard: each change, read every tick of the watch.
+    #[must_use]
+    pub fn watch(&self) -> ShardWatch<'_, M, T> {
+        ShardWatch::new(&self.locks, &self.terms, &self.group)
+    }
+
+    /// Joins the group and runs `task` for each shard this member owns, until an error
+    /// that retrying cannot mend.
+    ///
+    /// `task(owned, stop)` is called when a term's task starts; its future is dropped
+    /// when the shard's lock is lost (at once), or, when the shard moves to another
+    /// member (this member's share shrank), `stop` fires with
+    /// [`LostReason::Released`](locks_port::LostReason::Released) and the future is
+    /// dropped when it finishes or when the drain grace ran out. The shard's lock is
+    /// released only after the future is dropped, so the next owner's task starts after
+    /// this one stopped. A task that returns ends its term; the shard is taken again on
+    /// a later tick (by this member or another) under a new token.
+    ///
+    /// Each term runs on a tokio task of its own.
+    ///
+    /// # Errors
+    /// A [`Configuration`](AcquisitionErrorKind::Configuration) error when other members
+    /// use another shard list, or [`InvalidKey`](AcquisitionErrorKind::InvalidKey).
+    /// Other failures (the backend unreachable, a lost membership) are retried after the
+    /// back-off.
+    ///
+    /// # Cancel safety
+    /// Dropping the future aborts every term's tokio task: each task's future is
+    /// dropped, then its shard's lock released (by the guard's drop), then the
+    /// membership permit. Terms dropped so are not ended, so their next owners wait the
+    /// takeover delay.
+    pub async fn run<F, Fut>(&self, task: F) -> Result<Infallible, LockAcquisitionError>
+    where
+        F: Fn(Owned, LostSignal) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.run_until(task, std::future::pending::<()>()).await?;
+        unreachable!("run_until returns Ok only once its shutdown future is ready")
+    }
+
+    /// As [`run`](Self::run), and leaves the group cleanly once `shutdown` is ready:
+    /// every task is told to stop (its signal fires with
+    /// [`LostReason::Released`](locks_port::LostReason::Released)), drained within the
+    /// grace, its term ended and its lock released, and the membership permit last, so
+    /// the other members take the shards over at once, without a takeover delay.
+    ///
+    /// # Errors
+    /// As [`run`](Self::run).
+    ///
+    /// # Cancel safety
+    /// As [`run`](Self::run): dropping the future is an unclean leave.
+    pub async fn run_until<F, Fut>(
+        &self,
+        task: F,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), LockAcquisitionError>
+    where
+        F: Fn(Owned, LostSignal) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let task = Arc::new(task);
+        let members = self.group.members_name();
+        let permits = self.group.member_permits();
+        let mut shutdown = pin!(shutdown);
+        loop {
+            let joined = tokio::select! {
+                biased;
+                () = &mut shutdown => return Ok(()),
+                joined = self.locks.acquire_permit(&members, permits, AcquireOptions::new()) => joined,
+            };
+            let permit = match joined {
+                Ok(permit) => permit,
+                Err(error) => {
+                    if error.kind() == AcquisitionErrorKind::Configuration {
+                        return Err(self.refusal(error).await);
+                    }
+                    if error.kind() == AcquisitionErrorKind::InvalidKey {
+                        return Err(error);
+                    }
+                    tracing::warn!(error = %error, "joining the shard group failed; retrying");
+                    tokio::time::sleep(self.backoff).await;
+                    continue;
+                }
+            };
+            let mut running = BTreeMap::new();
+            let left = self
+                .membership(&permit, &mut running, &task, shutdown.as_mut())
+                .await;
+            let terms: Vec<Running> = std::mem::take(&mut running).into_values().collect();
+            if left == Left::Overdue {
+                // The others may end this member's sessions soon: no drain.
+                for term in terms {
+                    term.abort().await;
+                }
+            } else {
+                // Leaving: every task drains and every lock is released before the permit.
+                stop_all(terms).await;
+            }
+            permit.release().await;
+            if left == Left::Shutdown {
+                return Ok(());
+            }
+            tokio::time::sleep(self.backoff).await;
+        }
+    }
+
+    /// Why a join was refused: a disagreement on the shard list when the permits in use
+    /// differ from this member's, else the semaphore's own words.
+    async fn refusal(&self, error: LockAcquisitionError) -> LockAcquisitionError {
+        match self.locks.permit_holders(&self.group.members_name()).await {
+            Ok(holders) => {
+                let others: Vec<u32> = holders
+                    .permits
+                    .into_iter()
+                    .filter(|&p| p != self.group.member_permits())
+                    .collect();
+                if others.is_empty() {
+                    error
+                } else {
+                    self.group.disagreement(&others).with_source(error)
+                }
+            }
+            Err(_) => error,
+        }
+    }
+
+    /// One membership: ticks until the membership permit is lost, `shutdown` is ready,
+    /// or this member's renewal is overdue.
+    async fn membership<P, F, Fut>(
+        &self,
+        permit: &P,
+        running: &mut BTreeMap<usize, Running>,
+        task: &Arc<F>,
+        shutdown: Pin<&mut impl Future<Output = ()>>,
+    ) -> Left
+    where
+        P: PermitGuard,
+        F: Fn(Owned, LostSignal) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let slot = permit.info().slot();
+        let holder_id = permit.info().holder_id().map(str::to_owned);
+        let lost = permit.lost();
+        let renewals = match (self.renewal, holder_id.clone()) {
+            (Some(expiry), Some(holder)) => Some(Renewals::start(
+                self.terms.clone(),
+                self.group.name().to_owned(),
+                slot,
+                holder,
+                expiry,
+            )),
+            _ => None,
+        };
+        let overdue = async {
+            match &renewals {
+                Some(renewals) => renewals.overdue().await,
+                None => std::future::pending().await,
+            }
+        };
+        let ticking = async {
+            let mut seen: Vec<u32> = Vec::new();
+            let mut changed_at: Option<Instant> = None;
+            loop {
+                self.tick_once(
+                    slot,
+                    holder_id.as_deref(),
+                    running,
+                    task,
+                    &mut seen,
+                    &mut changed_at,
+                )
+                .await;
+                tokio::time::sleep(self.tick).await;
+            }
+        };
+        tokio::select! {
+            biased;
+            reason = lost.clone() => {
+                tracing::warn!(reason = reason.as_str(),
+                    "shard group membership lost; handing every shard over");
+                Left::Lost
+            }
+            () = shutdown => Left::Shutdown,
+            () = overdue => {
+                tracing::warn!(
+                    "this member's renewal is overdue; stopping every task before the other \
+                     members may end its sessions"
+                );
+                Left::Overdue
+            }
+            never = ticking => never,
+        }
+    }
+
+    /// One tick: reads the members, and sheds or takes shards.
+    async fn tick_once<F, Fut>(
+        &self,
+        slot: u32,
+        holder_id: Option<&str>,
+        running: &mut BTreeMap<usize, Running>,
+        task: &Arc<F>,
+        seen: &mut Vec<u32>,
+        changed_at: &mut Option<Instant>,
+    ) where
+        F: Fn(Owned, LostSignal) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        running.retain(|_, term| !term.is_finished());
+        let holders = match self.locks.permit_holders(&self.group.members_name()).await {
+            Ok(holders) => holders,
+            Err(error) => {
+                tracing::warn!(error = %error, "reading the shard group's members failed");
+                return;
+            }
+        };
+        let mut members: Vec<u32> = holders.held.iter().map(|h| h.slot).collect();
+        members.sort_unstable();
+        members.dedup();
+        if members != *seen {
+            seen.clone_from(&members);
+            *changed_at = Some(Instant::now());
+        }
+        let Some(share) = target_share(self.group.len(), &members, slot) else {
+            return;
+        };
+        self.rebalance(slot, holder_id, share, running, task).await;
+        let settled = running.len() == share && running.values().all(|term| !term.is_stopping());
+        if settled && let Some(at) = changed_at.take() {
+            self.instruments
+                .rebalance
+                .record(at.elapsed().as_secs_f64(), &self.attributes);
+        }
+    }
+
+    /// Sheds the shards above `share`, or takes free ones up to it.
+    async fn rebalance<F, Fut>(
+        &self,
+        slot: u32,
+        holder_id: Option<&str>,
+        share: usize,
+        running: &mut BTreeMap<usize, Running>,
+        task: &Arc<F>,
+    ) where
+        F: Fn(Owned, LostSignal) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let active: Vec<usize> = running
+            .iter()
+            .filter(|(_, term)| !term.is_stopping())
+            .map(|(&shard, _)| shard)
+            .collect();
+        if active.len() > share {
+            for shard in to_shed(&self.group, slot, &active, share) {
+                if let Some(term) = running.get_mut(&shard) {
+                    term.hand_off();
+                }
+            }
+            return;
+        }
+        let mut wanted = share - active.len();
+        let owned: Vec<usize> = running.keys().copied().collect();
+        for shard in to_try(&self.group, slot, &owned) {
+            if wanted == 0 {
+                break;
+            }
+            match self.take(slot, holder_id, shard, task).await {
+                Ok(Some(term)) => {
+                    running.insert(shard, term);
+                    wanted -= 1;
+                }
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::warn!(error = %error, "taking a shard failed");
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Takes `shard` if its lock is free: begins a term and starts its task.
+    async fn take<F, Fut>(
+        &self,
+        slot: u32,
+        holder_id: Option<&str>,
+        shard: usize,
+        task: &Arc<F>,
+    ) -> Result<Option<Running>, LockAcquisitionError>
+    where
+        F: Fn(Owned, LostSignal) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let name = self.group.shard(shard).unwrap_or_default();
+        let Some(guard) = self.locks.try_acquire(&self.group.shard_key(name)).await? else {
+            return Ok(None);
+        };
+        let begun = match self
+            .terms
+            .begin(self.group.name(), name, slot, holder_id)
+            .await
+        {
+            Ok(begun) => begun,
+            Err(error) => {
+                guard.release().await;
+                return Err(error);
+            }
+        };
+        self.instruments.terms.add(1, &self.attributes);
+        let owned = Owned {
+            group: self.group.name().into(),
+            shard: name.into(),
+            index: shard,
+            token: begun.term.token,
+            since: begun.term.since,
+        };
+        let plan = TermPlan {
+            owned,
+            terms: self.terms.clone(),
+            wait_first: (!begun.previous_ended).then_some(self.takeover_delay),
+            drain_grace: self.drain_grace,
+            instruments: self.instruments.clone(),
+            attributes: self.attributes.clone(),
+        };
+        let task = Arc::clone(task);
+        Ok(Some(spawn(guard, plan, move |owned, stop| {
+            task(owned, stop)
+        })))
+    }
+}
+
+/// Why a membership ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Left {
+    /// The membership permit was lost.
+    Lost,
+    /// The caller's shutdown future was ready.
+    Shutdown,
+    /// This member's renewal is overdue: the others may end its sessions.
+    Overdue,
+}
+
+/// Hands every term over at once and waits until each released its lock.
+async fn stop_all(terms: Vec<Running>) {
+    let mut stopping = Vec::with_capacity(terms.len());
+    for mut term in terms {
+        term.hand_off();
+        stopping.push(term);
+    }
+    for term in stopping {
+        term.stop().await;
+    }
+}

@@ -1,0 +1,250 @@
+//! One ownership term on its own tokio task: the takeover delay, the user's task, its
+//! stop (dropped at once on a loss, drained within the grace on a hand-off), then the
+//! term ended and the shard's lock released, in that order.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use locks_port::{LockGuard, LossNotifier, LostReason};
+use opentelemetry::KeyValue;
+use time::OffsetDateTime;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::metrics::Instruments;
+use crate::terms::ShardTerms;
+
+/// What a shard's task is given: which shard it runs, and the term it runs in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Owned {
+    /// The group's name.
+    pub group: Arc<str>,
+    /// The shard's name.
+    pub shard: Arc<str>,
+    /// The shard's index in the group's list.
+    pub index: usize,
+    /// The term's fencing token: carry it with every progress write, and let the store
+    /// refuse a write whose token is not the shard's latest.
+    pub token: i64,
+    /// When the term began, by the term store's clock.
+    pub since: OffsetDateTime,
+}
+
+impl Owned {
+    /// A term as a member hands it to a task, for a task's own unit tests.
+    #[must_use]
+    pub fn new(
+        group: impl Into<Arc<str>>,
+        shard: impl Into<Arc<str>>,
+        index: usize,
+        token: i64,
+        since: OffsetDateTime,
+    ) -> Self {
+        Self {
+            group: group.into(),
+            shard: shard.into(),
+            index,
+            token,
+            since,
+        }
+    }
+}
+
+/// How long a task may go on after it was told to stop for a hand-off (its signal fired
+/// with [`LostReason::Released`]) before its future is dropped.
+pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(5);
+
+/// How long a member that took a shard whose previous term did not end cleanly (its
+/// owner died, or lost the lock) waits before starting the task, so that an owner whose
+/// session was ended has noticed and stopped first: as the leader's
+/// `DEFAULT_TAKEOVER_DELAY`, above the PostgreSQL adapter's health-check interval (200 ms
+/// by default). A shard handed over cleanly starts at once.
+pub const DEFAULT_TAKEOVER_DELAY: Duration = Duration::from_millis(500);
+
+/// The user's task and the shard's guard of one term: dropped, the task's future goes
+/// first and the guard (which releases the lock) after it, whatever drops it (a loss, a
+/// hand-off, `run` dropped, the runtime shutting down).
+struct Holding<Fut, G> {
+    task: Option<Pin<Box<Fut>>>,
+    guard: Option<G>,
+}
+
+impl<Fut, G> Drop for Holding<Fut, G> {
+    fn drop(&mut self) {
+        self.task = None;
+        self.guard = None;
+    }
+}
+
+/// A term running on its tokio task. Dropped, the tokio task is aborted: its future,
+/// and with it the user's task then the guard, is dropped by the runtime.
+#[derive(Debug)]
+pub(crate) struct Running {
+    handoff: Option<oneshot::Sender<()>>,
+    handle: JoinHandle<()>,
+}
+
+impl Running {
+    /// Asks the term to hand over: its task is told, drained within the grace, and the
+    /// lock released. Returns `false` if it was asked already.
+    pub(crate) fn hand_off(&mut self) -> bool {
+        self.handoff.take().is_some_and(|tx| tx.send(()).is_ok())
+    }
+
+    /// Whether a hand-off was asked.
+    pub(crate) fn is_stopping(&self) -> bool {
+        self.handoff.is_none()
+    }
+
+    pub(crate) fn is_finished(&self) -> bool {
+        self.handle.is_finished()
+    }
+
+    /// Drops the task at once (no drain, the term not ended) and waits until its tokio
+    /// task is gone, the lock's guard dropped with it.
+    pub(crate) async fn abort(mut self) {
+        self.handle.abort();
+        let _ = (&mut self.handle).await;
+    }
+
+    /// Hands over and waits until the lock is released.
+    pub(crate) async fn stop(mut self) {
+        self.hand_off();
+        let handle = &mut self.handle;
+        // A panicking task is over too; the runtime reported it.
+        let _ = handle.await;
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.handle.abort();
+    }
+}
+
+/// What a term needs besides the task.
+pub(crate) struct TermPlan<T> {
+    pub(crate) owned: Owned,
+    pub(crate) terms: T,
+    pub(crate) wait_first: Option<Duration>,
+    pub(crate) drain_grace: Duration,
+    pub(crate) instruments: Instruments,
+    pub(crate) attributes: Vec<KeyValue>,
+}
+
+enum Ended {
+    Lost(LostReason),
+    HandOff,
+    Returned,
+}
+
+/// Starts the term on a tokio task of its own. `make` builds the user's future from the
+/// term and the stop signal; it is built only once the takeover delay (if any) passed.
+pub(crate) fn spawn<G, T, Fut>(
+    guard: G,
+    plan: TermPlan<T>,
+    make: impl FnOnce(Owned, locks_port::LostSignal) -> Fut + Send + 'static,
+) -> Running
+where
+    G: LockGuard + 'static,
+    T: ShardTerms + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let (tx, mut rx) = oneshot::channel::<()>();
+    let handle = tokio::spawn(async move {
+        let lost = guard.lost();
+        let mut holding: Holding<Fut, G> = Holding {
+            task: None,
+            guard: Some(guard),
+        };
+        let TermPlan {
+            owned,
+            terms,
+            wait_first,
+            drain_grace,
+            instruments,
+            attributes,
+        } = plan;
+        if let Some(delay) = wait_first {
+            // The previous owner did not end its term: let it notice its loss and stop.
+            let early = tokio::select! {
+                biased;
+                _ = lost.clone() => true,
+                _ = &mut rx => true,
+                () = tokio::time::sleep(delay) => false,
+            };
+            if early {
+                finish(&mut holding, &terms, &owned).await;
+                return;
+            }
+        }
+        let stop = LossNotifier::new();
+        holding.task = Some(Box::pin(make(owned.clone(), stop.signal())));
+        instruments.owned.add(1, &attributes);
+        tracing::debug!(shard = %owned.shard, token = owned.token, "shard task started");
+        let ended = {
+            let task = holding.task.as_mut().map(Pin::as_mut);
+            match task {
+                None => Ended::Returned,
+                Some(mut task) => tokio::select! {
+                    biased;
+                    reason = lost.clone() => Ended::Lost(reason),
+                    _ = &mut rx => Ended::HandOff,
+                    () = &mut task => Ended::Returned,
+                },
+            }
+        };
+        match ended {
+            Ended::Lost(reason) => {
+                // Someone else may own the shard already: no drain.
+                stop.notify(reason);
+                tracing::warn!(shard = %owned.shard, reason = reason.as_str(),
+                    "shard lock lost; its task was stopped");
+            }
+            Ended::HandOff => {
+                stop.notify(LostReason::Released);
+                instruments.handoffs.add(1, &attributes);
+                if let Some(task) = holding.task.as_mut() {
+                    tokio::select! {
+                        biased;
+                        _ = lost.clone() => {}
+                        () = task.as_mut() => {}
+                        () = tokio::time::sleep(drain_grace) => {
+                            tracing::warn!(shard = %owned.shard, ?drain_grace,
+                                "shard task did not stop within its drain grace; dropped");
+                        }
+                    }
+                }
+            }
+            Ended::Returned => {}
+        }
+        // The task's future is dropped before anything else happens.
+        holding.task = None;
+        instruments.owned.add(-1, &attributes);
+        tracing::debug!(shard = %owned.shard, token = owned.token, "shard task stopped");
+        finish(&mut holding, &terms, &owned).await;
+    });
+    Running {
+        handoff: Some(tx),
+        handle,
+    }
+}
+
+/// Ends the term (its task has stopped) and releases the shard's lock.
+async fn finish<Fut, G: LockGuard, T: ShardTerms>(
+    holding: &mut Holding<Fut, G>,
+    terms: &T,
+    owned: &Owned,
+) {
+    debug_assert!(holding.task.is_none());
+    if let Err(error) = terms.end(&owned.group, &owned.shard, owned.token).await {
+        tracing::warn!(shard = %owned.shard, error = %error,
+            "the term could not be ended; the next owner waits its takeover delay");
+    }
+    if let Some(guard) = holding.guard.take() {
+        guard.release().await;
+    }
+}

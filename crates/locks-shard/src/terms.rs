@@ -1,0 +1,256 @@
+//! The term store: one row per shard with the token of its latest ownership term, who
+//! holds it and since when, and whether that term ended cleanly.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use locks_port::LockAcquisitionError;
+use time::OffsetDateTime;
+
+/// One ownership term of a shard, as the term store records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Term {
+    /// The shard's name.
+    pub shard: String,
+    /// The term's fencing token: 1 for the first term of the shard, then one more for
+    /// each term, whichever member owns it (strictly growing, never reused).
+    pub token: i64,
+    /// The owner's slot in the group's membership semaphore.
+    pub member: u32,
+    /// The owner's holder id, when its manager has one.
+    pub holder_id: Option<String>,
+    /// When the term began, by the store's clock (the server's on PostgreSQL).
+    pub since: OffsetDateTime,
+    /// Whether the owner ended the term after its task stopped. A term that is not
+    /// ended may still be over: its owner may have died without a word.
+    pub ended: bool,
+}
+
+impl Term {
+    /// A term, for stores outside this crate.
+    #[must_use]
+    pub fn new(
+        shard: impl Into<String>,
+        token: i64,
+        member: u32,
+        holder_id: Option<String>,
+        since: OffsetDateTime,
+        ended: bool,
+    ) -> Self {
+        Self {
+            shard: shard.into(),
+            token,
+            member,
+            holder_id,
+            since,
+            ended,
+        }
+    }
+}
+
+/// What [`ShardTerms::begin`] returns: the new term, and whether the term before it
+/// was ended by its owner (or there was none), in which case its task is known to have
+/// stopped and the new one may start without a takeover delay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Begun {
+    /// The new term.
+    pub term: Term,
+    /// Whether the previous term was ended (`true` for a shard's first term).
+    pub previous_ended: bool,
+}
+
+impl Begun {
+    /// A begun term, for stores outside this crate.
+    #[must_use]
+    pub fn new(term: Term, previous_ended: bool) -> Self {
+        Self {
+            term,
+            previous_ended,
+        }
+    }
+}
+
+/// Where the terms of a group's shards are kept, shared by every member.
+///
+/// The contract (both stores of this workspace pass `terms_contract` of the crate's
+/// tests): [`begin`](Self::begin) gives a token one more than the shard's last (1 for the
+/// first) and records the owner; [`end`](Self::end) marks a term ended only while it is
+/// the latest; [`terms`](Self::terms) lists the latest term of each shard that has had one.
+/// A member calls `begin` only while it holds the shard's lock, so two `begin`s of one
+/// shard never race, and a progress write guarded by the token (see the PostgreSQL
+/// store's `guard_write`) is refused once a newer term began.
+pub trait ShardTerms: Send + Sync {
+    /// Begins the next term of `shard` in `group`, owned by the member `member`.
+    ///
+    /// # Errors
+    /// A backend failure, in the backend's words.
+    ///
+    /// # Cancel safety
+    /// The term exists once the backend committed it; a dropped call may or may not have
+    /// begun it (the next `begin` gives a larger token either way).
+    fn begin(
+        &self,
+        group: &str,
+        shard: &str,
+        member: u32,
+        holder_id: Option<&str>,
+    ) -> impl Future<Output = Result<Begun, LockAcquisitionError>> + Send;
+
+    /// Marks the term `token` of `shard` ended, if it is still the latest.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn end(
+        &self,
+        group: &str,
+        shard: &str,
+        token: i64,
+    ) -> impl Future<Output = Result<(), LockAcquisitionError>> + Send;
+
+    /// The latest term of every shard of `group` that has had one.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn terms(
+        &self,
+        group: &str,
+    ) -> impl Future<Output = Result<Vec<Term>, LockAcquisitionError>> + Send;
+
+    /// Renews the liveness of the member `member` (its manager's `holder_id`) for
+    /// `expiry`, and ends the lock sessions of the group's members whose renewal expired:
+    /// a member whose process stopped (`SIGSTOP`, a frozen VM, a deadlocked runtime) still
+    /// holds its locks while its kernel answers TCP, and this is what frees its shards.
+    /// Returns how many sessions were ended.
+    ///
+    /// The default does nothing (returns 0): a store that cannot end sessions (the
+    /// in-memory one, whose members cannot freeze apart from their process) leaves the
+    /// fencing token as the only guard against a frozen member.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn renew(
+        &self,
+        group: &str,
+        member: u32,
+        holder_id: &str,
+        expiry: std::time::Duration,
+    ) -> impl Future<Output = Result<u64, LockAcquisitionError>> + Send {
+        let _ = (group, member, holder_id, expiry);
+        std::future::ready(Ok(0))
+    }
+}
+
+/// The term store of one process: the test double of a database's table, shared by
+/// every member made with a clone of it.
+///
+/// [`is_latest`](Self::is_latest) is what a progress write checks in a unit test.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryTerms {
+    rows: Arc<Mutex<HashMap<(String, String), Term>>>,
+}
+
+impl MemoryTerms {
+    /// An empty store.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn rows(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Term>> {
+        self.rows.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether `token` is the latest term of `shard`: a progress write carrying it would
+    /// be accepted (the check the PostgreSQL store makes under the row's lock).
+    #[must_use]
+    pub fn is_latest(&self, group: &str, shard: &str, token: i64) -> bool {
+        self.rows()
+            .get(&(group.to_owned(), shard.to_owned()))
+            .is_some_and(|term| term.token == token)
+    }
+}
+
+impl ShardTerms for MemoryTerms {
+    async fn begin(
+        &self,
+        group: &str,
+        shard: &str,
+        member: u32,
+        holder_id: Option<&str>,
+    ) -> Result<Begun, LockAcquisitionError> {
+        let mut rows = self.rows();
+        let key = (group.to_owned(), shard.to_owned());
+        let (token, previous_ended) = rows
+            .get(&key)
+            .map_or((1, true), |last| (last.token + 1, last.ended));
+        let term = Term::new(
+            shard,
+            token,
+            member,
+            holder_id.map(str::to_owned),
+            OffsetDateTime::now_utc(),
+            false,
+        );
+        rows.insert(key, term.clone());
+        Ok(Begun::new(term, previous_ended))
+    }
+
+    async fn end(&self, group: &str, shard: &str, token: i64) -> Result<(), LockAcquisitionError> {
+        if let Some(term) = self.rows().get_mut(&(group.to_owned(), shard.to_owned()))
+            && term.token == token
+        {
+            term.ended = true;
+        }
+        Ok(())
+    }
+
+    async fn terms(&self, group: &str) -> Result<Vec<Term>, LockAcquisitionError> {
+        Ok(self
+            .rows()
+            .iter()
+            .filter(|((of, _), _)| of == group)
+            .map(|(_, term)| term.clone())
+            .collect())
+    }
+}
+
+impl<T: ShardTerms + ?Sized> ShardTerms for Arc<T> {
+    fn begin(
+        &self,
+        group: &str,
+        shard: &str,
+        member: u32,
+        holder_id: Option<&str>,
+    ) -> impl Future<Output = Result<Begun, LockAcquisitionError>> + Send {
+        (**self).begin(group, shard, member, holder_id)
+    }
+
+    fn end(
+        &self,
+        group: &str,
+        shard: &str,
+        token: i64,
+    ) -> impl Future<Output = Result<(), LockAcquisitionError>> + Send {
+        (**self).end(group, shard, token)
+    }
+
+    fn terms(
+        &self,
+        group: &str,
+    ) -> impl Future<Output = Result<Vec<Term>, LockAcquisitionError>> + Send {
+        (**self).terms(group)
+    }
+
+    fn renew(
+        &self,
+        group: &str,
+        member: u32,
+        holder_id: &str,
+        expiry: std::time::Duration,
+    ) -> impl Future<Output = Result<u64, LockAcquisitionError>> + Send {
+        (**self).renew(group, member, holder_id, expiry)
+    }
+}

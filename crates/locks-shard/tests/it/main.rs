@@ -1,0 +1,6 @@
+//! The shard contract on the in-memory double: balance, stickiness, stop-before-start,
+//! disagreement, loss, leave and drop (the PostgreSQL runs are in `locks-shard-postgres`).
+
+mod memory;
+mod metrics;
+mod support;

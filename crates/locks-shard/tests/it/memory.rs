@@ -1,0 +1,277 @@
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use locks_port::{AcquisitionErrorKind, LockAcquisitionError, LostReason, LostSignal};
+use locks_shard::{
+    Begun, MemoryTerms, Owned, ShardGroup, ShardMember, ShardTerms, Term, target_share,
+};
+
+use crate::support::{Drain, Fleet, moved};
+
+const SETTLE: Duration = Duration::from_secs(5);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joins_and_leaves_stay_balanced_move_only_what_must_and_never_overlap() {
+    let mut fleet = Fleet::new(24);
+    fleet.drain = Drain::Slow(Duration::from_millis(60));
+    fleet.join("m1");
+    fleet.settled(SETTLE).await;
+    // 1 → 3 → 5 → 2 → 4, one change at a time.
+    let changes: [(&str, bool); 10] = [
+        ("m2", true),
+        ("m3", true),
+        ("m4", true),
+        ("m5", true),
+        ("m3", false),
+        ("m4", false),
+        ("m5", false),
+        ("m6", true),
+        ("m7", true),
+        ("m1", false),
+    ];
+    for (name, joins) in changes {
+        let before = fleet.recorder.running();
+        let lives_before = fleet.recorder.snapshot().len();
+        let left_with = before.values().filter(|m| *m == name).count();
+        if joins {
+            fleet.join(name);
+        } else {
+            fleet.leave(name).await;
+        }
+        let (owners, took) = fleet.settled(SETTLE).await;
+        let after = fleet.recorder.running();
+        let moves = moved(&before, &after);
+        // Tasks started by the change: a shard restarted on its own member counts too.
+        let restarts = fleet.recorder.snapshot().len() - lives_before;
+        let counts = owners.counts();
+        eprintln!(
+            "{} {name}: {} members, moves {moves}, restarts {restarts}, settled in {took:?}, \
+             counts {counts:?}",
+            if joins { "join" } else { "leave" },
+            owners.members.len()
+        );
+        if joins {
+            let share = after.values().filter(|m| *m == name).count();
+            assert!(
+                moves <= share,
+                "the join of {name} moved {moves} shards, its share is {share}"
+            );
+            assert_eq!(restarts, moves, "only the moved shards restarted");
+        } else {
+            assert_eq!(moves, left_with, "a leave moves only the leaver's shards");
+            assert_eq!(restarts, moves, "only the moved shards restarted");
+        }
+    }
+    assert_eq!(
+        fleet.recorder.overlaps(),
+        Vec::new(),
+        "two tasks of one shard at once"
+    );
+    for name in fleet.names() {
+        fleet.leave(&name).await;
+    }
+    assert!(fleet.table.is_empty(), "every lock and permit released");
+    assert!(fleet.recorder.running().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_shard_stops_its_task_at_once_and_moves_under_a_newer_token() {
+    let mut fleet = Fleet::new(6);
+    fleet.join("a");
+    fleet.join("b");
+    let (owners, _) = fleet.settled(SETTLE).await;
+    let (shard, owner) = owners.shards[0].clone();
+    let owner = owner.expect("owned");
+    let holder = owner.holder_id.clone().expect("a holder id");
+    let manager = &fleet.get(&holder).manager;
+    assert!(manager.lose(&fleet.group.shard_key(&shard), LostReason::ConnectionClosed));
+    let started = Instant::now();
+    loop {
+        let lives = fleet.recorder.snapshot();
+        let old = lives
+            .iter()
+            .find(|life| life.shard == 0 && life.token == owner.token)
+            .expect("the old life");
+        let newer = lives
+            .iter()
+            .find(|life| life.shard == 0 && life.token > owner.token);
+        if let Some(newer) = newer {
+            assert!(old.stop.is_some_and(|stop| stop < newer.start));
+            break;
+        }
+        assert!(started.elapsed() < SETTLE, "shard 0 never ran again");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(
+        !fleet.terms.is_latest("projections", &shard, owner.token),
+        "the old term's writes are refused"
+    );
+    fleet.settled(SETTLE).await;
+    assert_eq!(fleet.recorder.overlaps(), Vec::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_ignores_its_stop_is_dropped_when_the_grace_runs_out() {
+    let mut fleet = Fleet::new(4);
+    fleet.drain = Drain::Never;
+    fleet.grace = Duration::from_millis(150);
+    fleet.join("a");
+    fleet.settled(SETTLE).await;
+    fleet.join("b");
+    let leaving = Instant::now();
+    fleet.leave("a").await;
+    let took = leaving.elapsed();
+    assert!(
+        took >= Duration::from_millis(150) && took < Duration::from_secs(2),
+        "left in {took:?}"
+    );
+    fleet.settled(SETTLE).await;
+    assert_eq!(fleet.recorder.overlaps(), Vec::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_member_s_shards_are_taken_after_the_takeover_delay_without_overlap() {
+    let mut fleet = Fleet::new(8);
+    fleet.join("a");
+    fleet.join("b");
+    fleet.settled(SETTLE).await;
+    fleet.abort("a").await;
+    let (owners, took) = fleet.settled(SETTLE).await;
+    eprintln!("after a's death: {:?} in {took:?}", owners.counts());
+    assert_eq!(owners.counts().len(), 1);
+    assert_eq!(fleet.recorder.overlaps(), Vec::new());
+    fleet.abort("b").await;
+    // Dropping `run` releases everything: the tasks stop, then the locks are freed.
+    let started = Instant::now();
+    while !fleet.table.is_empty() || !fleet.recorder.running().is_empty() {
+        assert!(
+            started.elapsed() < SETTLE,
+            "left held after run was dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_with_another_shard_list_are_refused_with_a_configuration_error() {
+    let mut fleet = Fleet::new(3);
+    fleet.join("a");
+    fleet.settled(SETTLE).await;
+    let other = ShardGroup::new("projections", ["tenant-0", "tenant-1"]).expect("a group");
+    let member = ShardMember::new(fleet.table.manager(), MemoryTerms::new(), other);
+    let error = member
+        .run(|_owned, _stop| async {})
+        .await
+        .expect_err("refused");
+    assert_eq!(error.kind(), AcquisitionErrorKind::Configuration);
+    assert!(
+        error.to_string().contains("disagree on its shard list"),
+        "{error}"
+    );
+    let reordered =
+        ShardGroup::new("projections", ["tenant-2", "tenant-1", "tenant-0"]).expect("a group");
+    let member = ShardMember::new(fleet.table.manager(), MemoryTerms::new(), reordered);
+    let error = member.run(|_, _| async {}).await.expect_err("refused");
+    assert_eq!(error.kind(), AcquisitionErrorKind::Configuration);
+}
+
+#[test]
+fn target_shares_of_the_test_fleet() {
+    assert_eq!(target_share(24, &[1, 2, 3, 4, 5], 1), Some(5));
+    assert_eq!(target_share(24, &[1, 2, 3, 4, 5], 5), Some(4));
+}
+
+/// A term store whose renewals fail (a member cut off from the database).
+#[derive(Debug, Clone)]
+struct Unrenewable(MemoryTerms);
+
+impl ShardTerms for Unrenewable {
+    async fn begin(
+        &self,
+        group: &str,
+        shard: &str,
+        member: u32,
+        holder_id: Option<&str>,
+    ) -> Result<Begun, LockAcquisitionError> {
+        self.0.begin(group, shard, member, holder_id).await
+    }
+
+    async fn end(&self, group: &str, shard: &str, token: i64) -> Result<(), LockAcquisitionError> {
+        self.0.end(group, shard, token).await
+    }
+
+    async fn terms(&self, group: &str) -> Result<Vec<Term>, LockAcquisitionError> {
+        self.0.terms(group).await
+    }
+
+    async fn renew(
+        &self,
+        _: &str,
+        _: u32,
+        _: &str,
+        _: Duration,
+    ) -> Result<u64, LockAcquisitionError> {
+        Err(LockAcquisitionError::new(
+            "g",
+            AcquisitionErrorKind::ConnectionLost,
+            "cut off",
+        ))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_cannot_renew_stops_its_tasks_before_its_renewal_expires() {
+    let expiry = Duration::from_millis(250);
+    let table = locks_memory::InMemoryLockTable::new();
+    let group = ShardGroup::new("g", ["a", "b", "c"]).expect("a group");
+    let member = ShardMember::new(
+        table.manager_with_holder_id("cut-off"),
+        Unrenewable(MemoryTerms::new()),
+        group,
+    )
+    .tick(Duration::from_millis(5))
+    .backoff(Duration::from_millis(100))
+    .renewal(Some(expiry));
+    let recorder = crate::support::Recorder::default();
+    let lives = recorder.clone();
+    let task = move |owned: Owned, stop: LostSignal| {
+        let alive = lives.start("cut-off", &owned);
+        async move {
+            let _alive = alive;
+            // Ignores its stop: only a drop ends it.
+            let _ = stop;
+            std::future::pending::<()>().await;
+        }
+    };
+    let mut seen: BTreeMap<usize, (Instant, Option<Instant>)> = BTreeMap::new();
+    let watch = async {
+        let until = Instant::now() + Duration::from_millis(1200);
+        while Instant::now() < until {
+            for (i, life) in recorder.snapshot().iter().enumerate() {
+                let entry = seen.entry(i).or_insert((Instant::now(), None));
+                if life.stop.is_some() && entry.1.is_none() {
+                    entry.1 = Some(Instant::now());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    };
+    tokio::select! {
+        _ = member.run(task) => panic!("run returned"),
+        () = watch => {}
+    }
+    let stopped: Vec<Duration> = seen
+        .values()
+        .filter_map(|(start, stop)| stop.map(|stop| stop - *start))
+        .collect();
+    eprintln!("lives {}, stopped after {stopped:?}", seen.len());
+    assert!(
+        stopped.len() >= 3,
+        "the tasks ran and were stopped: {seen:?}"
+    );
+    let longest = stopped.iter().max().expect("a life");
+    assert!(
+        *longest < expiry.mul_f64(0.8) + Duration::from_millis(60),
+        "a task outlived the renewal deadline: {longest:?}"
+    );
+}

@@ -1,0 +1,190 @@
+//! `pglock run --shards SHARDS GROUP -- CMD`: a member of the shard group GROUP
+//! (`locks-shard`, ADR 0027) that runs the command once per shard it owns, each through
+//! the supervisor (ADR 0020), so no command outlives this process.
+
+use std::time::Duration;
+
+use locks_port::LostReason;
+use locks_shard::{Owned, ShardGroup, ShardMember};
+use locks_shard_postgres::{PostgresShardTerms, TERMS_TABLE, install_shard_terms};
+use nix::sys::signal::Signal;
+
+use crate::cli::RunArgs;
+use crate::connect::{self, Target};
+use crate::exit::{Failure, SOFTWARE, USAGE, chain};
+use crate::group::Group;
+use crate::run::holder_id;
+use crate::signals::{Signals, signal_code};
+use crate::text::Say;
+
+/// How long a command that exited on its own waits before its shard is let go (and so
+/// taken again, here or elsewhere), so a command that fails at once does not spin.
+const RESTART_PAUSE: Duration = Duration::from_secs(1);
+
+/// The shards of `--shards`: `N` means `0` to `N-1`; otherwise names separated by commas.
+pub(crate) fn shard_names(spec: &str) -> Result<Vec<String>, Failure> {
+    if let Ok(count) = spec.trim().parse::<usize>() {
+        if count == 0 || count > locks_shard::MAX_SHARDS {
+            return Err(Failure::new(
+                USAGE,
+                format!(
+                    "--shards: 1 to {} shards, not {count}",
+                    locks_shard::MAX_SHARDS
+                ),
+            ));
+        }
+        return Ok((0..count).map(|i| i.to_string()).collect());
+    }
+    let names: Vec<String> = spec.split(',').map(|name| name.trim().to_owned()).collect();
+    if names.iter().any(String::is_empty) {
+        return Err(Failure::new(
+            USAGE,
+            format!("--shards: an empty name in {spec:?}"),
+        ));
+    }
+    Ok(names)
+}
+
+/// The command for one shard: `{shard}` replaced in every argument.
+fn program_for(program: &[String], shard: &str) -> Vec<String> {
+    program
+        .iter()
+        .map(|arg| arg.replace("{shard}", shard))
+        .collect()
+}
+
+/// `pglock run --shards`: until INT or TERM (then 128+N), or a configuration error.
+pub(crate) async fn run(
+    target: &Target,
+    args: &RunArgs,
+    spec: &str,
+    say: Say,
+) -> Result<u8, Failure> {
+    let mut signals = Signals::install()?;
+    let names = shard_names(spec)?;
+    let group = ShardGroup::new(args.key.clone(), &names)
+        .map_err(|error| Failure::new(USAGE, chain(&error)))?;
+    let holder = holder_id(target);
+    let application = format!("locks:{holder}");
+    let pool = connect::pool(target, names.len() + 4, &application)?;
+    let keepalive = (!args.keepalive.is_zero()).then_some(args.keepalive);
+    let manager = crate::lease::Settings {
+        pool: &pool,
+        holder: &holder,
+        keepalive,
+        // As `run`: the default lease needs keepalives; `--keepalive 0` alone turns both off.
+        lease: match (args.lease, keepalive) {
+            (Some(lease), _) => (!lease.is_zero()).then_some(lease),
+            (None, Some(_)) => Some(crate::run::DEFAULT_LEASE),
+            (None, None) => None,
+        },
+        lease_given: args.lease.is_some(),
+        connect_timeout: target.connect_timeout,
+        fencing: false,
+    }
+    .manager()?;
+    let terms_pool = connect::pool(target, 2, "pglock-shards")?;
+    if let Some(client) = connect::missing_table(&terms_pool, target, TERMS_TABLE).await? {
+        say.say("creating the shard term table (locks_shard_terms)");
+        install_shard_terms(&client)
+            .await
+            .map_err(|error| Failure::new(SOFTWARE, chain(&error)))?;
+    }
+    let member = ShardMember::new(manager, PostgresShardTerms::new(terms_pool), group)
+        .drain_grace(args.grace.saturating_add(Duration::from_secs(1)));
+    let program = args.program();
+    let grace = args.grace;
+    say.say(format!(
+        "joining the shard group {} as {holder}",
+        crate::text::quoted(&args.key)
+    ));
+    let task = move |owned: Owned, stop: locks_port::LostSignal| {
+        let program = program_for(&program, &owned.shard);
+        shard_command(program, owned, stop, grace, say)
+    };
+    let mut received = None;
+    let left = member
+        .run_until(task, async {
+            received = Some(signals.recv().await);
+        })
+        .await;
+    match (left, received) {
+        (Err(error), _) => Err(Failure::new(USAGE, chain(&error))),
+        (Ok(()), Some(number)) => Ok(signal_code(number)),
+        (Ok(()), None) => Ok(0),
+    }
+}
+
+/// One shard's command, for as long as this process owns the shard: dropped (the shard
+/// lost), the supervisor's death pipe closes and it SIGKILLs the command's processes.
+async fn shard_command(
+    program: Vec<String>,
+    owned: Owned,
+    stop: locks_port::LostSignal,
+    grace: Duration,
+    say: Say,
+) {
+    let shard = crate::text::quoted(&owned.shard);
+    let env = [
+        ("PGLOCK_SHARD", owned.shard.to_string()),
+        ("PGLOCK_SHARD_TOKEN", owned.token.to_string()),
+    ];
+    let mut group = match Group::spawn(&program, &env).await {
+        Ok(group) => group,
+        Err(failure) => {
+            eprintln!("pglock: shard {shard}: {}", failure.message);
+            wait_or_stop(&stop).await;
+            return;
+        }
+    };
+    say.say(format!(
+        "shard {shard}: the command runs (token {})",
+        owned.token
+    ));
+    tokio::select! {
+        status = group.wait() => {
+            say.say(format!("shard {shard}: the command ended ({status})"));
+            wait_or_stop(&stop).await;
+        }
+        reason = stop.clone() => {
+            if reason == LostReason::Released {
+                // Handed over: the command may finish within the grace.
+                say.say(format!("shard {shard}: moving; SIGTERM to the command"));
+                group.signal(Signal::SIGTERM);
+                if tokio::time::timeout(grace, group.wait()).await.is_err() {
+                    group.signal(Signal::SIGKILL);
+                    group.wait().await;
+                }
+            } else {
+                say.say(format!("shard {shard}: lost ({}); SIGKILL to the command", reason.as_str()));
+                group.signal(Signal::SIGKILL);
+                group.wait().await;
+            }
+        }
+    }
+}
+
+/// After the command ended on its own: keeps the shard a moment (or until told to stop).
+async fn wait_or_stop(stop: &locks_port::LostSignal) {
+    tokio::select! {
+        _ = stop.clone() => {}
+        () = tokio::time::sleep(RESTART_PAUSE) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_are_a_count_or_names() {
+        assert_eq!(shard_names("3").unwrap(), ["0", "1", "2"]);
+        assert_eq!(shard_names("eu, us").unwrap(), ["eu", "us"]);
+        assert!(shard_names("0").is_err());
+        assert!(shard_names("a,,b").is_err());
+        assert_eq!(
+            program_for(&["run".into(), "--tenant={shard}".into()], "eu"),
+            ["run", "--tenant=eu"]
+        );
+    }
+}
