@@ -68,7 +68,8 @@ const PRUNE: &str = "DELETE FROM scheduled_job_runs r WHERE slot < $1 \
 ///     Some(locks_schedule_postgres::deadpool_postgres::Runtime::Tokio1),
 ///     tokio_postgres::NoTls,
 /// )?;
-/// locks_schedule_postgres::install_ledger(&**pool.get().await?).await?;
+/// let client = pool.get().await?;
+/// locks_schedule_postgres::install_ledger(&client).await?;
 /// # Ok(())
 /// # }
 /// ```
@@ -136,7 +137,7 @@ impl PostgresLedger {
         self.pool
             .get()
             .await
-            .map_err(|error| errors::pool(what, error))
+            .map_err(|error| errors::pool(what, error, self.pool.status().max_size))
     }
 
     async fn claim_in_transaction(&self, claim: &Claim<'_>) -> Result<ClaimAnswer, LedgerError> {
