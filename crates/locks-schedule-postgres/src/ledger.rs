@@ -62,14 +62,11 @@ const PRUNE: &str = "DELETE FROM scheduled_job_runs r WHERE slot < $1 \
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// let mut config = locks_schedule_postgres::deadpool_postgres::Config::new();
-/// config.url = Some("postgres://app@localhost/app".into());
-/// let pool = config.create_pool(
-///     Some(locks_schedule_postgres::deadpool_postgres::Runtime::Tokio1),
-///     tokio_postgres::NoTls,
-/// )?;
+/// let pool = locks_postgres::plain_pool("postgres://app@localhost/app", 4)?;
 /// let client = pool.get().await?;
-/// locks_schedule_postgres::install_ledger(&client).await?;
+/// locks_schedule_postgres::install_ledger(&client).await?; // as install_leader_board(&client)
+/// let ledger = locks_schedule_postgres::PostgresLedger::new(pool);
+/// # drop(ledger);
 /// # Ok(())
 /// # }
 /// ```
