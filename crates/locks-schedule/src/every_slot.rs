@@ -26,7 +26,9 @@ impl ScheduledJob {
     /// [`run_once_per_slot`], until the returned future is dropped: once at the start,
     /// then at each slot boundary of the **ledger's** clock (the database's, as the
     /// claims are; this host's clock is never read). Every policy of the job applies to
-    /// each firing as it would to a call of `run_once_per_slot`.
+    /// each firing as it would to a call of `run_once_per_slot`. It sleeps on tokio's timer
+    /// between readings of the ledger's clock, at most [`MAX_NAP`] at a time, so a long
+    /// period (a daily job) follows the ledger's clock rather than this host's timer.
     ///
     /// ```
     /// use std::time::Duration;
