@@ -458,7 +458,7 @@ fn check(crates: &[Crate]) -> Vec<Violation> {
                     schedule,
                     format!(
                         "runtime crate `{package}` as a non-optional dependency (only behind \
-                         the `conformance` feature)"
+                         the `tokio` and `conformance` features)"
                     ),
                 );
             }

@@ -62,13 +62,11 @@ const PRUNE: &str = "DELETE FROM scheduled_job_runs r WHERE slot < $1 \
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// let mut config = locks_schedule_postgres::deadpool_postgres::Config::new();
-/// config.url = Some("postgres://app@localhost/app".into());
-/// let pool = config.create_pool(
-///     Some(locks_schedule_postgres::deadpool_postgres::Runtime::Tokio1),
-///     tokio_postgres::NoTls,
-/// )?;
-/// locks_schedule_postgres::install_ledger(&**pool.get().await?).await?;
+/// let pool = locks_postgres::plain_pool("postgres://app@localhost/app", 4)?;
+/// let client = pool.get().await?;
+/// locks_schedule_postgres::install_ledger(&client).await?; // as install_leader_board(&client)
+/// let ledger = locks_schedule_postgres::PostgresLedger::new(pool);
+/// # drop(ledger);
 /// # Ok(())
 /// # }
 /// ```
@@ -136,7 +134,7 @@ impl PostgresLedger {
         self.pool
             .get()
             .await
-            .map_err(|error| errors::pool(what, error))
+            .map_err(|error| errors::pool(what, error, self.pool.status().max_size))
     }
 
     async fn claim_in_transaction(&self, claim: &Claim<'_>) -> Result<ClaimAnswer, LedgerError> {

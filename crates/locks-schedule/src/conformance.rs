@@ -13,6 +13,12 @@ use std::time::Duration;
 
 use locks_port::DistributedLock;
 
+mod every_slot;
+
+pub use every_slot::{
+    LOOP_SKEWS_MS, LoopRuns, SkewedLedger, every_slot_runs_each_slot_once, run_skewed_loops,
+};
+
 use crate::{
     CrashPolicy, JobContext, Ledger, MissedSlots, Outcome, Overlap, RunReport, Schedule,
     ScheduledJob, Verdict,

@@ -45,8 +45,10 @@ pub enum ClaimAnswer {
     },
 }
 
-/// One slot's row.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One slot's row. `Debug` shows its times in RFC 3339 (UTC); to print a field yourself,
+/// `record.slot.format(&time::format_description::well_known::Rfc3339)` (time's
+/// `formatting` feature) gives the same form.
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RunRecord {
     /// The job's name.
@@ -65,6 +67,25 @@ pub struct RunRecord {
     pub outcome: Outcome,
     /// The job's error for `failed`, or what the ledger noted.
     pub detail: Option<String>,
+}
+
+impl fmt::Debug for RunRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shown = crate::schedule::rfc3339;
+        f.debug_struct("RunRecord")
+            .field("name", &self.name)
+            .field("slot", &format_args!("{}", shown(self.slot)))
+            .field("holder", &self.holder)
+            .field("attempt", &self.attempt)
+            .field("started", &format_args!("{}", shown(self.started)))
+            .field(
+                "finished",
+                &format_args!("{}", self.finished.map_or_else(|| "None".to_owned(), shown)),
+            )
+            .field("outcome", &self.outcome)
+            .field("detail", &self.detail)
+            .finish()
+    }
 }
 
 impl RunRecord {

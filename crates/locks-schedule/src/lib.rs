@@ -2,6 +2,8 @@
 #![forbid(unsafe_code)]
 
 mod claim;
+#[cfg(feature = "tokio")]
+mod every_slot;
 mod ledger;
 mod memory;
 pub mod metrics;
@@ -12,6 +14,8 @@ mod runner;
 mod schedule;
 
 pub use claim::{Claim, Decision, SlotKind, SlotRow};
+#[cfg(feature = "tokio")]
+pub use every_slot::{CLOCK_RETRY_PAUSE, MAX_NAP};
 pub use ledger::{Attempt, ClaimAnswer, Ledger, LedgerError, Outcome, RunRecord};
 pub use memory::{Clock, ManualClock, MemoryLedger, SystemClock};
 pub use policy::{CrashPolicy, MissedSlots, Overlap};

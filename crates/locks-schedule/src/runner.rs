@@ -124,21 +124,29 @@ pub struct RunReport {
 
 /// A firing failed: nothing ran after the failure (a run that had started is recorded
 /// as `running` and settled by the next firing under the crash policy).
+///
+/// Each variant shows its cause's message (the lock's, the ledger's, the schedule's),
+/// which names the fix when there is one (a missing ledger table: create it with
+/// `locks_schedule_postgres::install_ledger`); [`source`](std::error::Error::source) is
+/// the cause's own source, so a chain of errors says nothing twice.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RunError {
     /// The lock could not be taken (not contention: a backend failure).
-    #[error("the schedule's lock")]
-    Lock(#[source] LockAcquisitionError),
+    #[error(transparent)]
+    Lock(LockAcquisitionError),
     /// The ledger failed.
-    #[error("the schedule's ledger")]
-    Ledger(#[source] LedgerError),
+    #[error(transparent)]
+    Ledger(LedgerError),
     /// The schedule has no slot at the ledger's time.
-    #[error("the schedule")]
-    Schedule(#[source] ScheduleError),
+    #[error(transparent)]
+    Schedule(ScheduleError),
     /// The ledger's clock left the slot between reading it and claiming, three times
     /// running (a period shorter than a round trip).
-    #[error("the ledger's clock passed a slot boundary at every claim; the period is too short")]
+    #[error(
+        "the ledger's clock passed a slot boundary at every claim: the period is shorter \
+         than a round trip to the ledger; give the schedule a longer period"
+    )]
     ClockRacing,
 }
 
@@ -240,7 +248,9 @@ impl ScheduledJob {
     /// or failed run under the crash policy, a gap under the missed-slot policy), then
     /// claims the current slot in the ledger and runs `run` if the claim is granted.
     /// Call it when this host's scheduler fires (at each slot boundary of its own clock,
-    /// from cron, or in a loop); which slot is current is the ledger's clock's answer.
+    /// or from cron); which slot is current is the ledger's clock's answer. To fire at
+    /// each slot from this process, [`run_every_slot`](Self::run_every_slot) is that
+    /// loop.
     ///
     /// # Skew
     /// Hosts' clocks only decide when they fire: a slot runs at most once whatever they

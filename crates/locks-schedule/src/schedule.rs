@@ -46,7 +46,11 @@ enum Kind {
 }
 
 /// One occurrence of a schedule: from its start (its name) to the next slot's start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+///
+/// Shown (`Display`) as its start in RFC 3339 to the microsecond, UTC
+/// (`2026-12-05T05:57:40.000000Z`): the form in lock keys and `PGLOCK_SLOT`, so it never
+/// changes. `Debug` shows both ends in RFC 3339 too.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Slot {
     start: OffsetDateTime,
     next: OffsetDateTime,
@@ -60,7 +64,7 @@ impl Slot {
     pub fn new(start: OffsetDateTime, next: OffsetDateTime) -> Result<Self, ScheduleError> {
         if next <= start {
             return Err(ScheduleError::new(
-                format!("{start}..{next}"),
+                format!("{}..{}", rfc3339(start), rfc3339(next)),
                 "a slot must end after it starts",
             ));
         }
@@ -84,6 +88,25 @@ impl Slot {
     pub fn contains(&self, t: OffsetDateTime) -> bool {
         self.start <= t && t < self.next
     }
+}
+
+impl fmt::Debug for Slot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Slot")
+            .field("start", &format_args!("{}", rfc3339(self.start)))
+            .field("next", &format_args!("{}", rfc3339(self.next)))
+            .finish()
+    }
+}
+
+/// `t` in RFC 3339, UTC (`2026-12-05T05:57:40Z`, a fraction only when there is one): how
+/// this crate shows a time to people, instead of `OffsetDateTime`'s own
+/// `2026-12-05 5:57:40.0 +00:00:00`. Years beyond RFC 3339's four digits fall back to
+/// that form.
+pub(crate) fn rfc3339(t: OffsetDateTime) -> String {
+    t.to_offset(time::UtcOffset::UTC)
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|_| t.to_string())
 }
 
 impl fmt::Display for Slot {
@@ -234,12 +257,14 @@ impl Schedule {
                     .ok()?;
                     Some(Slot { start, next })
                 })();
-                slot.ok_or_else(|| ScheduleError::new(&self.text, format!("no slot at {t}")))
+                slot.ok_or_else(|| {
+                    ScheduleError::new(&self.text, format!("no slot at {}", rfc3339(t)))
+                })
             }
             Kind::Cron(cron) => {
                 // Cron has whole seconds; croner rounds a fraction up, so drop it here.
                 let at = to_chrono(t.replace_nanosecond(0).unwrap_or(t)).ok_or_else(|| {
-                    ScheduleError::new(&self.text, format!("{t} is out of range"))
+                    ScheduleError::new(&self.text, format!("{} is out of range", rfc3339(t)))
                 })?;
                 let cron_error = |error: croner::errors::CronError| {
                     ScheduleError::new(&self.text, error.to_string())
@@ -249,7 +274,10 @@ impl Schedule {
                     .map_err(cron_error)?;
                 let next = cron.find_next_occurrence(&at, false).map_err(cron_error)?;
                 let (Some(start), Some(next)) = (from_chrono(start), from_chrono(next)) else {
-                    return Err(ScheduleError::new(&self.text, format!("no slot at {t}")));
+                    return Err(ScheduleError::new(
+                        &self.text,
+                        format!("no slot at {}", rfc3339(t)),
+                    ));
                 };
                 Slot::new(start, next).map_err(|error| ScheduleError::new(&self.text, error.reason))
             }
@@ -386,6 +414,44 @@ mod tests {
                 .at(Duration::from_secs(1))
                 .is_err()
         );
+    }
+
+    #[test]
+    fn times_show_in_rfc_3339() {
+        let slot = Slot::new(
+            datetime!(2026-12-05 05:57:40 UTC),
+            datetime!(2026-12-05 05:57:41.5 UTC),
+        )
+        .unwrap();
+        assert_eq!(
+            format!("{slot:?}"),
+            "Slot { start: 2026-12-05T05:57:40Z, next: 2026-12-05T05:57:41.5Z }"
+        );
+        assert_eq!(
+            slot.to_string(),
+            "2026-12-05T05:57:40.000000Z",
+            "lock keys keep it"
+        );
+        let backwards = Slot::new(slot.next(), slot.start()).unwrap_err();
+        assert_eq!(
+            backwards.input(),
+            "2026-12-05T05:57:41.5Z..2026-12-05T05:57:40Z"
+        );
+        let record = crate::RunRecord::new(
+            "job",
+            slot.start(),
+            "me",
+            1,
+            datetime!(2026-12-05 05:57:40.25 UTC),
+            crate::Outcome::Running,
+        );
+        let shown = format!("{record:?}");
+        assert!(
+            shown.contains("slot: 2026-12-05T05:57:40Z, holder: \"me\", attempt: 1, started: 2026-12-05T05:57:40.25Z, finished: None"),
+            "{shown}"
+        );
+        let offset = datetime!(2026-12-05 07:57:40 +02:00);
+        assert_eq!(rfc3339(offset), "2026-12-05T05:57:40Z", "always UTC");
     }
 
     #[test]

@@ -1,10 +1,15 @@
 //! The schedule's contract on the in-memory ledger and lock manager, on a manual clock.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use locks_memory::{InMemoryLockManager, InMemoryLockTable};
 use locks_schedule::conformance::{self, Harness};
-use locks_schedule::{Clock, ManualClock, MemoryLedger, Schedule};
+use locks_schedule::{
+    Attempt, Claim, ClaimAnswer, Clock, JobContext, Ledger, LedgerError, ManualClock, MemoryLedger,
+    Outcome, RunRecord, Schedule, ScheduledJob, SlotKind,
+};
 use time::macros::datetime;
 
 struct Memory {
@@ -56,4 +61,266 @@ async fn the_memory_ledger_keeps_the_contract() {
         next: AtomicU64::new(0),
     };
     conformance::run_all(&harness).await;
+}
+
+/// The in-memory ledger's clock on tokio's timer: paused in the loop tests, so the
+/// slots pass as fast as the loops sleep through them. It can be moved ahead of the
+/// timer, as a server's clock runs ahead of a host whose timer is slow.
+#[derive(Clone)]
+struct TimerClock {
+    start: tokio::time::Instant,
+    at: time::OffsetDateTime,
+    ahead_ms: Arc<AtomicU64>,
+}
+
+impl TimerClock {
+    fn new() -> Self {
+        Self {
+            start: tokio::time::Instant::now(),
+            // A quarter into a slot, so the hosts' first firings are not on a boundary.
+            at: datetime!(2026-12-05 06:00:00.25 UTC),
+            ahead_ms: Arc::default(),
+        }
+    }
+
+    fn jump(&self, by: Duration) {
+        let by = u64::try_from(by.as_millis()).expect("a short jump");
+        self.ahead_ms.fetch_add(by, Ordering::Relaxed);
+    }
+}
+
+impl Clock for TimerClock {
+    fn now(&self) -> time::OffsetDateTime {
+        self.at
+            + self.start.elapsed()
+            + Duration::from_millis(self.ahead_ms.load(Ordering::Relaxed))
+    }
+}
+
+/// A long wait follows the ledger's clock, not this host's timer: with the ledger's
+/// clock 9 minutes ahead of the timer mid-wait, a 10-minute schedule fires within a nap
+/// (`MAX_NAP`, 60 s) of the ledger's boundary, not when the timer would have reached it.
+#[tokio::test(start_paused = true)]
+async fn a_long_wait_follows_the_ledgers_clock() {
+    let clock = TimerClock::new();
+    let ledger = MemoryLedger::new(clock.clone());
+    let locks = InMemoryLockTable::new().manager_with_holder_id("host");
+    let job = ScheduledJob::new("ten-minutes", "every 10m".parse().expect("a schedule"));
+    let runs: Mutex<Vec<tokio::time::Instant>> = Mutex::default();
+    let firing_loop = job.run_every_slot(&locks, &ledger, |_: JobContext| {
+        runs.lock().expect("runs").push(tokio::time::Instant::now());
+        async { Ok::<(), String>(()) }
+    });
+    let start = tokio::time::Instant::now();
+    let jump = async {
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        clock.jump(Duration::from_secs(9 * 60));
+        std::future::pending::<()>().await
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(120), async {
+        tokio::join!(firing_loop, jump)
+    })
+    .await;
+    let runs: Vec<Duration> = runs
+        .into_inner()
+        .expect("runs")
+        .iter()
+        .map(|at| *at - start)
+        .collect();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert_eq!(runs[0], Duration::ZERO, "the loop fires at once");
+    assert!(
+        runs[1] <= locks_schedule::MAX_NAP + Duration::from_secs(1),
+        "the second firing came {:?} after the start, not within a nap of the ledger's \
+         boundary (at 30 s on the timer)",
+        runs[1]
+    );
+}
+
+/// The firing loop on three hosts up to 2.9 s off: each slot of 40 runs once, nothing
+/// runs once the loops are dropped.
+#[tokio::test(start_paused = true)]
+async fn the_firing_loop_runs_each_slot_once_across_skewed_hosts() {
+    let table = InMemoryLockTable::new();
+    let hosts = [0, 1, 2].map(|host| table.manager_with_holder_id(format!("host-{host}")));
+    let ledger = MemoryLedger::new(TimerClock::new());
+    conformance::every_slot_runs_each_slot_once(
+        [&hosts[0], &hosts[1], &hosts[2]],
+        &ledger,
+        "looping",
+        40,
+    )
+    .await;
+}
+
+/// Control: the same loops on a ledger that grants every claim (no record of what ran)
+/// run slots more than once, so the check above can fail.
+#[tokio::test(start_paused = true)]
+async fn control_a_ledger_that_grants_every_claim_runs_slots_twice() {
+    let table = InMemoryLockTable::new();
+    let hosts = [0, 1, 2].map(|host| table.manager_with_holder_id(format!("host-{host}")));
+    // Every current slot granted, nothing recorded.
+    let ledger = Intercepted {
+        ledger: MemoryLedger::new(TimerClock::new()),
+        intercept: Box::new(|claim| {
+            Some(Ok(match claim.kind {
+                SlotKind::Previous => ClaimAnswer::NothingToDo,
+                SlotKind::Current => ClaimAnswer::Claimed {
+                    attempt: 1,
+                    previous: None,
+                    started: claim.slot.start(),
+                },
+            }))
+        }),
+    };
+    let runs =
+        conformance::run_skewed_loops([&hosts[0], &hosts[1], &hosts[2]], &ledger, "granted", 20)
+            .await;
+    assert!(runs.doubled() > 0, "{runs:?}");
+}
+
+/// A job that runs past the next boundary is followed by a firing at once, late, in the
+/// slot the ledger's clock is in; the slot it ran through is settled by the missed-slot
+/// policy (`Skip`: recorded as missed), never run in a burst.
+#[tokio::test(start_paused = true)]
+async fn a_slow_job_is_followed_at_once_and_the_slot_it_ran_through_is_missed() {
+    let ledger = MemoryLedger::new(TimerClock::new());
+    let locks = InMemoryLockTable::new().manager_with_holder_id("host");
+    let job = ScheduledJob::new("slow", "1s".parse().expect("a schedule"));
+    let runs: Mutex<Vec<(time::OffsetDateTime, Duration, bool)>> = Mutex::default();
+    let firing_loop = job.run_every_slot(&locks, &ledger, |context: JobContext| {
+        let first = runs.lock().expect("runs").is_empty();
+        runs.lock()
+            .expect("runs")
+            .push((context.slot.start(), context.lateness, context.catch_up));
+        async move {
+            if first {
+                tokio::time::sleep(Duration::from_millis(2_500)).await;
+            }
+            Ok::<(), String>(())
+        }
+    });
+    let _ = tokio::time::timeout(Duration::from_millis(3_500), firing_loop).await;
+    let second = |s: u8| datetime!(2026-12-05 06:00:00 UTC) + Duration::from_secs(s.into());
+    assert_eq!(
+        runs.into_inner().expect("runs"),
+        [
+            (second(0), Duration::from_millis(250), false),
+            // Right after the first run returned (at 06:00:02.75), 750 ms into its slot.
+            (second(2), Duration::from_millis(750), false),
+            (second(3), Duration::ZERO, false),
+        ]
+    );
+    let rows = ledger.runs(Some("slow"), 10).await.expect("runs");
+    let outcomes: Vec<(time::OffsetDateTime, Outcome)> = rows
+        .iter()
+        .rev()
+        .map(|row| (row.slot, row.outcome))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            (second(0), Outcome::Succeeded),
+            (second(1), Outcome::Missed),
+            (second(2), Outcome::Succeeded),
+            (second(3), Outcome::Succeeded),
+        ]
+    );
+}
+
+/// A firing that fails is retried at the next boundary (the loop goes on); an error no
+/// later firing can fix (a schedule with no slot) ends the loop with it.
+#[tokio::test(start_paused = true)]
+async fn a_failed_firing_is_retried_and_a_schedule_without_slots_ends_the_loop() {
+    let locks = InMemoryLockTable::new().manager_with_holder_id("host");
+    // The first claim fails, as with a server briefly away.
+    let failed = AtomicU64::new(0);
+    let ledger = Intercepted {
+        ledger: MemoryLedger::new(TimerClock::new()),
+        intercept: Box::new(|_| {
+            (failed.fetch_add(1, Ordering::Relaxed) == 0)
+                .then(|| Err(LedgerError::new("the server is away", None)))
+        }),
+    };
+    let job = ScheduledJob::new("flaky", "1s".parse().expect("a schedule"));
+    let runs: Mutex<Vec<time::OffsetDateTime>> = Mutex::default();
+    let firing_loop = job.run_every_slot(&locks, &ledger, |context: JobContext| {
+        runs.lock().expect("runs").push(context.slot.start());
+        async { Ok::<(), String>(()) }
+    });
+    let ended = tokio::time::timeout(Duration::from_millis(2_500), firing_loop).await;
+    assert!(ended.is_err(), "the loop goes on after a failed firing");
+    assert!(
+        failed.load(Ordering::Relaxed) > 1,
+        "claims after the failed one"
+    );
+    assert_eq!(
+        runs.into_inner().expect("runs"),
+        [
+            datetime!(2026-12-05 06:00:01 UTC),
+            datetime!(2026-12-05 06:00:02 UTC)
+        ],
+        "the failed slot is not run again in a hurry; the next boundaries are"
+    );
+
+    let never = ScheduledJob::new("never", Schedule::cron("0 0 30 2 *").expect("a cron"));
+    let ledger = MemoryLedger::new(TimerClock::new());
+    let ended = tokio::time::timeout(
+        Duration::from_secs(5),
+        never.run_every_slot(&locks, &ledger, |_: JobContext| async {
+            Ok::<(), String>(())
+        }),
+    )
+    .await
+    .expect("the loop ends at once");
+    let Err(error @ locks_schedule::RunError::Schedule(_)) = ended else {
+        panic!("{ended:?}");
+    };
+    assert!(
+        error
+            .to_string()
+            .starts_with("invalid schedule \"0 0 30 2 *\""),
+        "{error}"
+    );
+}
+
+/// What a misbehaving ledger answers a claim instead of the ledger (`None`: the ledger
+/// answers).
+type Intercept<'a> =
+    Box<dyn Fn(&Claim<'_>) -> Option<Result<ClaimAnswer, LedgerError>> + Send + Sync + 'a>;
+
+/// The in-memory ledger with its claims intercepted: the tests' misbehaving ledgers.
+struct Intercepted<'a> {
+    ledger: MemoryLedger<TimerClock>,
+    intercept: Intercept<'a>,
+}
+
+impl Ledger for Intercepted<'_> {
+    async fn now(&self) -> Result<time::OffsetDateTime, LedgerError> {
+        self.ledger.now().await
+    }
+
+    async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimAnswer, LedgerError> {
+        match (self.intercept)(claim) {
+            Some(answer) => answer,
+            None => self.ledger.claim(claim).await,
+        }
+    }
+
+    async fn finish(
+        &self,
+        attempt: &Attempt<'_>,
+        outcome: Outcome,
+        detail: Option<&str>,
+    ) -> Result<bool, LedgerError> {
+        self.ledger.finish(attempt, outcome, detail).await
+    }
+
+    async fn runs(&self, name: Option<&str>, limit: u32) -> Result<Vec<RunRecord>, LedgerError> {
+        self.ledger.runs(name, limit).await
+    }
+
+    async fn prune(&self, before: time::OffsetDateTime) -> Result<u64, LedgerError> {
+        self.ledger.prune(before).await
+    }
 }

@@ -15,7 +15,7 @@ use locks_postgres::tokio_postgres::config::{Host, SslMode};
 
 pub(crate) use self::open::{check, one_client, pool, pool_failure};
 
-use self::conninfo::split_ssl_params;
+use self::conninfo::{EXPECTED_FORMS, scheme_problem, split_ssl_params};
 use self::passfile::pgpass_password;
 use crate::exit::{CONFIG, Failure, causes};
 
@@ -100,13 +100,17 @@ pub(crate) fn resolve(
 ) -> Result<Target, Failure> {
     let conninfo = url.map(str::to_owned).or_else(|| env.var("DATABASE_URL"));
     let conninfo = conninfo.unwrap_or_default();
-    let (rest, params) = split_ssl_params(&conninfo)?;
-    let mut config = Config::from_str(&rest).map_err(|error| {
+    let invalid = |problem: String| {
         Failure::new(
             CONFIG,
-            format!("invalid connection string: {}", causes(&error)),
+            format!("invalid connection string: {problem}; {EXPECTED_FORMS}"),
         )
-    })?;
+    };
+    if let Some(problem) = scheme_problem(&conninfo) {
+        return Err(invalid(problem));
+    }
+    let (rest, params) = split_ssl_params(&conninfo)?;
+    let mut config = Config::from_str(&rest).map_err(|error| invalid(causes(&error)))?;
 
     if config.get_ports().is_empty()
         && let Some(port) = env.var("PGPORT")
@@ -360,5 +364,50 @@ mod tests {
         }
         let failure = resolve(None, None, &vars(&[("PGPORT", "http")])).unwrap_err();
         assert_eq!(failure.code, CONFIG);
+    }
+
+    #[test]
+    fn a_malformed_url_shows_its_problem_and_the_expected_forms() {
+        let env = vars(&[]);
+        let expected = "expected postgres://user:password@host:port/dbname (or \
+                        postgresql://…) or key=value settings such as host=localhost user=app \
+                        dbname=app";
+        for (url, problem) in [
+            (
+                "postgress:/oops",
+                "`postgress:` is not a PostgreSQL URL scheme",
+            ),
+            (
+                "mysql://root:secret@h/d",
+                "`mysql:` is not a PostgreSQL URL scheme",
+            ),
+            (
+                "postgres:/h/d",
+                "`postgres:` must be followed by `//` and the host",
+            ),
+            ("oops", "not key=value pairs"),
+        ] {
+            let failure = resolve(Some(url), None, &env).unwrap_err();
+            assert_eq!(failure.code, CONFIG, "{url}");
+            assert_eq!(
+                failure.message,
+                format!("invalid connection string: {problem}; {expected}"),
+                "{url}"
+            );
+            assert!(!failure.message.contains("secret"), "no password shown");
+        }
+        let failure = resolve(Some("postgres://a@h:notaport/d"), None, &env).unwrap_err();
+        assert!(
+            failure.message.ends_with(expected) && failure.message.contains("port"),
+            "the parser's words, then the forms: {}",
+            failure.message
+        );
+        for good in [
+            "host=h user=u password=a:b",
+            "postgresql://u@h/d",
+            "postgres://h",
+        ] {
+            assert!(resolve(Some(good), None, &env).is_ok(), "{good}");
+        }
     }
 }

@@ -183,7 +183,7 @@ pub enum PoolConfigError {
     /// The URL is not a valid PostgreSQL connection string. The message carries the
     /// parser's own words (`unexpected character at byte 4`), which the driver's error
     /// (the [`source`](std::error::Error::source)) keeps one level further down.
-    #[error("invalid PostgreSQL URL: {}", url_detail(.0))]
+    #[error("invalid PostgreSQL URL: {}; expected postgres://user:password@host:port/dbname (or postgresql://…) or key=value settings such as host=localhost user=app dbname=app", url_detail(.0))]
     InvalidUrl(#[source] tokio_postgres::Error),
     /// `max_size` was 0: no lock could ever be taken.
     #[error("a lock pool needs at least 1 connection (each held lock keeps one), not 0")]
@@ -351,7 +351,7 @@ mod tests {
         let driver = error.source().expect("the driver's error is the source");
         assert!(driver.downcast_ref::<tokio_postgres::Error>().is_some());
         let detail = driver.source().expect("the parser's words").to_string();
-        assert_eq!(text, format!("invalid PostgreSQL URL: {detail}"));
+        assert!(text.starts_with(&format!("invalid PostgreSQL URL: {detail}; expected ")));
         assert!(detail.contains("byte"), "{detail}");
         assert!(!text.contains(&driver.to_string()), "no text twice: {text}");
     }

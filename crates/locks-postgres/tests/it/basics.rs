@@ -234,3 +234,22 @@ async fn a_fencing_token_whose_commit_fails_is_not_handed_out() {
     );
     again.release().await;
 }
+
+/// A URL the driver cannot read is refused with the parser's words and the two forms a
+/// connection string takes, so a misspelt scheme (`postgress:`) is seen at a glance.
+#[test]
+fn a_malformed_url_shows_the_expected_forms() {
+    let forms = "expected postgres://user:password@host:port/dbname (or postgresql://…) or \
+                 key=value settings such as host=localhost user=app dbname=app";
+    for url in ["postgress:/oops", "post gres://x", "host=h port=notaport"] {
+        let error = locks_postgres::plain_pool(url, 4).expect_err(url);
+        let text = error.to_string();
+        assert!(text.starts_with("invalid PostgreSQL URL: "), "{text}");
+        assert!(text.ends_with(forms), "{url}: {text}");
+    }
+    let error = locks_postgres::plain_pool("postgress:/oops", 4).expect_err("misspelt");
+    assert_eq!(
+        error.to_string(),
+        format!("invalid PostgreSQL URL: unexpected EOF; {forms}")
+    );
+}

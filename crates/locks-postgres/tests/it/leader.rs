@@ -92,6 +92,23 @@ async fn a_100_ms_takeover_delay_keeps_the_order_on_a_pool_that_announces_its_en
     terminated_leader_stops_first("leader-all-sessions", takeover, Cut::EverySession).await;
 }
 
+/// The slowest monitor there is: on a pool that does not announce a connection's end
+/// (deadpool's own connector) a leader learns its sessions ended at the 200 ms health
+/// check. Every session of the leader ends at once, so only the takeover delay keeps the
+/// order: the default (`locks_leader::DEFAULT_TAKEOVER_DELAY`, set from the worst told
+/// time measured in `told.rs` with a margin) must still make the old leader stop first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_takeover_delay_keeps_the_order_on_a_pool_that_does_not_announce_its_end() {
+    for round in 0..3 {
+        terminated_leader_stops_first(
+            &format!("leader-unannounced-{round}"),
+            None,
+            Cut::EverySessionUnannounced,
+        )
+        .await;
+    }
+}
+
 /// What the test ends of the leader's.
 #[derive(Clone, Copy, Debug)]
 enum Cut {
@@ -99,6 +116,9 @@ enum Cut {
     ElectionPermit,
     /// Every session of the leader's manager.
     EverySession,
+    /// Every session of the leader's manager, the candidates on pools that do not
+    /// announce a connection's end.
+    EverySessionUnannounced,
 }
 
 /// Two candidates on `plain_pool`s (with `takeover`, else the default delay); `cut` ends
@@ -125,9 +145,11 @@ async fn terminated_leader_stops_first(key: &str, takeover: Option<Duration>, cu
     }
     let elect = |holder: &'static str| {
         // The election's permit, the leading permit and a `who_leads` look.
-        let manager = PostgresLockManager::builder(pool(3))
-            .holder_id(holder)
-            .build();
+        let pool = match cut {
+            Cut::EverySessionUnannounced => crate::told::unannounced_pool(3),
+            _ => pool(3),
+        };
+        let manager = PostgresLockManager::builder(pool).holder_id(holder).build();
         let election = LeaderElection::new(manager, name.clone());
         Arc::new(match takeover {
             Some(delay) => election.takeover_delay(delay),
@@ -138,6 +160,7 @@ async fn terminated_leader_stops_first(key: &str, takeover: Option<Duration>, cu
     let (one_id, two_id): (&'static str, &'static str) = match cut {
         Cut::ElectionPermit => ("one", "two"),
         Cut::EverySession => ("all-one", "all-two"),
+        Cut::EverySessionUnannounced => ("unannounced-one", "unannounced-two"),
     };
     let (one, two) = (elect(one_id), elect(two_id));
     let mut one_state = one.subscribe();
@@ -191,7 +214,7 @@ async fn terminated_leader_stops_first(key: &str, takeover: Option<Duration>, cu
     let terminated_at = SystemTime::now();
     match cut {
         Cut::ElectionPermit => crate::semaphores::terminate_slot_holder(&admin, class, 0).await,
-        Cut::EverySession => {
+        Cut::EverySession | Cut::EverySessionUnannounced => {
             let ended: i64 = admin
                 .query_one(
                     // OFFSET 0 keeps the filter below the terminate.

@@ -48,3 +48,29 @@ async fn the_postgres_ledger_keeps_the_contract() {
     };
     conformance::run_all(&harness).await;
 }
+
+/// The ledger installs from a pooled client as the leader board does (`&client`), and
+/// the old `&**client` form still compiles and runs; both are idempotent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn install_ledger_takes_a_pooled_client_as_the_board_does() {
+    let _installed = ledger().await;
+    let pool = crate::support::pool_on(&crate::support::database_url(), 1);
+    let client = pool.get().await.expect("a connection");
+    locks_schedule_postgres::install_ledger(&client)
+        .await
+        .expect("install with &client");
+    locks_postgres::install_leader_board(&client)
+        .await
+        .expect("the board's install, the same form");
+    // What the earlier example wrote; clippy calls it needless, so it is only kept working.
+    #[allow(clippy::explicit_auto_deref)]
+    locks_schedule_postgres::install_ledger(&**client)
+        .await
+        .expect("the old form still works");
+    let table: Option<String> = client
+        .query_one("SELECT to_regclass('scheduled_job_runs')::text", &[])
+        .await
+        .expect("the catalog")
+        .get(0);
+    assert_eq!(table.as_deref(), Some("scheduled_job_runs"));
+}

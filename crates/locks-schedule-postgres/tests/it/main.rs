@@ -3,5 +3,6 @@
 mod contract;
 mod crash;
 mod errors;
+mod every_slot;
 mod skew;
 mod support;

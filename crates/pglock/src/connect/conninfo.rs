@@ -3,6 +3,30 @@
 
 use crate::exit::{CONFIG, Failure};
 
+/// The two forms of a connection string, as an error names them.
+pub(super) const EXPECTED_FORMS: &str = "expected postgres://user:password@host:port/dbname \
+     (or postgresql://…) or key=value settings such as host=localhost user=app dbname=app";
+
+/// What is plainly wrong with `conninfo` before any parser looks at it: a URL scheme
+/// other than `postgres://` or `postgresql://`, or one of those without its `//`. Names
+/// only the scheme, never the rest (it may hold a password); `None` for key=value
+/// settings and well-formed URLs.
+pub(super) fn scheme_problem(conninfo: &str) -> Option<String> {
+    let (scheme, rest) = conninfo.split_once(':')?;
+    let looks_like_a_scheme = scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    if !looks_like_a_scheme {
+        return None;
+    }
+    if scheme == "postgres" || scheme == "postgresql" {
+        return (!rest.starts_with("//"))
+            .then(|| format!("`{scheme}:` must be followed by `//` and the host"));
+    }
+    Some(format!("`{scheme}:` is not a PostgreSQL URL scheme"))
+}
+
 /// The TLS parameters taken out of a connection string (the driver knows neither
 /// `verify-*` modes nor `sslrootcert`).
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -56,7 +80,7 @@ fn key_values(text: &str) -> Result<Vec<(String, String)>, Failure> {
     let bad = || {
         Failure::new(
             CONFIG,
-            "invalid connection string: expected key=value pairs",
+            format!("invalid connection string: not key=value pairs; {EXPECTED_FORMS}"),
         )
     };
     let mut pairs = Vec::new();

@@ -79,7 +79,14 @@ async fn error_lines_say_each_cause_once() {
     let (key, _dir) = unique("error-text");
     let url = database_url();
     let (base, _) = url.rsplit_once('/').expect("a URL with a database");
-    let cases: [(&str, String, &str, i32); 8] = [
+    let cases: [(&str, String, &str, i32); 9] = [
+        (
+            "misspelt scheme",
+            "postgress:/oops".into(),
+            "`postgress:` is not a PostgreSQL URL scheme; \
+             expected postgres://user:password@host:port/dbname",
+            78,
+        ),
         (
             "bad port",
             "postgres://a@127.0.0.1:notaport/d".into(),
