@@ -5,6 +5,7 @@
 //! slot's row and writing the decision in one transaction (or under one mutex), so every
 //! implementation makes the same decisions and none leaves a half-written claim.
 
+use std::fmt;
 use std::future::Future;
 
 use time::OffsetDateTime;
