@@ -216,12 +216,13 @@ async fn a_fencing_token_whose_commit_fails_is_not_handed_out() {
         error.to_string().contains("commit refused for the test"),
         "the server's words: {error}"
     );
-    assert_eq!(
-        holders(&admin, lock_id).await,
-        0,
-        "nothing held after the failure"
-    );
     assert!(!manager.is_held(&key));
+    // The failed grant's session is closed, not reused; the server frees its lock as that
+    // backend exits, a few milliseconds after the error (under load, after the check).
+    crate::faults::wait_for("nothing held after the failure", || async {
+        holders(&admin, lock_id).await == 0
+    })
+    .await;
 
     let again = manager
         .acquire(&key, AcquireOptions::new())
