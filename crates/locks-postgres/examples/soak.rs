@@ -219,6 +219,8 @@ struct Faults {
     /// When the server was down or cut off from every worker (restarts, partitions,
     /// failovers), by this host's clock (the server's, which is down then, runs on it).
     outages: Vec<(SystemTime, SystemTime)>,
+    /// When each fault on a worker was made, and its kind (for the shards' report).
+    events: Vec<(SystemTime, &'static str)>,
 }
 
 impl Faults {
@@ -230,6 +232,7 @@ impl Faults {
         let from = SystemTime::now();
         let outcome = fault().await;
         self.outages.push((from, SystemTime::now()));
+        self.events.push((from, "outage"));
         outcome
     }
 }
@@ -446,6 +449,13 @@ async fn worker_fault(
         0..=1 => {
             let index = usize::try_from(random.below(workers.len() as u64)).unwrap_or(0);
             let (role, worker) = &mut workers[index];
+            faults.events.push((
+                SystemTime::now(),
+                match role {
+                    Role::Counter => "kill of a counter worker",
+                    Role::ShardMember => "kill of a shard member",
+                },
+            ));
             let _ = worker.kill();
             let _ = worker.wait();
             *worker = spawn_worker(*role, worker_url, index, dir, net)?;
@@ -456,6 +466,9 @@ async fn worker_fault(
             if let Some(&pid) =
                 backends.get(usize::try_from(random.below(backends.len() as u64)).unwrap_or(0))
             {
+                faults
+                    .events
+                    .push((SystemTime::now(), "backend terminated"));
                 let _ = admin
                     .execute("SELECT pg_terminate_backend($1)", &[&pid])
                     .await;
@@ -467,6 +480,7 @@ async fn worker_fault(
             if let Some(&pid) =
                 backends.get(usize::try_from(random.below(backends.len() as u64)).unwrap_or(0))
             {
+                faults.events.push((SystemTime::now(), "backend stopped"));
                 signal(pid, "STOP");
                 tokio::time::sleep(Duration::from_millis(500 + random.below(2500))).await;
                 signal(pid, "CONT");
@@ -568,7 +582,7 @@ async fn finish(
     let mut violations = report.violations;
     if shards {
         let end = shards_end.ok_or("no admin connection to close the shards' window")?;
-        violations.extend(shards::check(&admin, end, &faults.outages).await?);
+        violations.extend(shards::check(&admin, end, faults).await?);
     }
     for violation in &violations {
         println!("violation: {violation}");

@@ -24,7 +24,7 @@ use locks_shard::{Owned, ShardGroup, ShardMember};
 use locks_shard_postgres::deadpool_postgres::Pool;
 use locks_shard_postgres::{PostgresShardTerms, guard_write, install_shard_terms};
 
-use super::Error;
+use super::{Error, Faults};
 
 /// The shards of the soak's group.
 pub(crate) const SHARDS: usize = 24;
@@ -108,7 +108,21 @@ pub(crate) async fn member(url: &str, name: &str) -> Result<(), Error> {
     let member = ShardMember::new(locks, terms, group()?)
         .tick(Duration::from_millis(50))
         .backoff(Duration::from_millis(200));
-    let run = member.run(move |owned, stop| task(writes.clone(), holder.clone(), owned, stop));
+    // The negative control, SOAK_BREAK=shards: each task's work runs on a tokio task of
+    // its own, which dropping the task does not stop, ignores its stop signal and writes
+    // without the token's guard. The checker must then report overlaps and stale writes.
+    let broken = std::env::var("SOAK_BREAK").is_ok_and(|breaking| breaking == "shards");
+    let run = member.run(move |owned, stop| {
+        let work = task(writes.clone(), holder.clone(), owned, stop, broken);
+        async move {
+            if broken {
+                drop(tokio::spawn(work));
+                std::future::pending::<()>().await;
+            } else {
+                work.await;
+            }
+        }
+    });
     let orphaned = async {
         while std::os::unix::process::parent_id() == parent {
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -130,37 +144,40 @@ enum Record {
 
 /// A shard's task: records its start, tries a progress write every 20 ms, and when told to
 /// stop records its stop and returns. A refused write (a newer term began) ends it too.
-async fn task(writes: Pool, holder: String, owned: Owned, stop: LostSignal) {
+/// `broken`: the negative control (no stop, no guard).
+async fn task(writes: Pool, holder: String, owned: Owned, stop: LostSignal, broken: bool) {
+    let record = async |what| record(&writes, &holder, &owned, what, broken).await;
     let run = loop {
-        match record(&writes, &holder, &owned, Record::Start).await {
+        match record(Record::Start).await {
             Ok((run, _)) => break run,
             Err(_) => tokio::time::sleep(WRITE_EVERY).await,
         }
     };
     loop {
         tokio::time::sleep(WRITE_EVERY).await;
-        if stop.is_lost() {
-            let _ = record(&writes, &holder, &owned, Record::Stop(run)).await;
+        if stop.is_lost() && !broken {
+            let _ = record(Record::Stop(run)).await;
             return;
         }
-        if let Ok((_, false)) = record(&writes, &holder, &owned, Record::Write(run)).await {
-            let _ = record(&writes, &holder, &owned, Record::Stop(run)).await;
+        if let Ok((_, false)) = record(Record::Write(run)).await {
+            let _ = record(Record::Stop(run)).await;
             return;
         }
     }
 }
 
 /// One record in a transaction that holds the shard's term row (`guard_write`): the run's
-/// id and whether the guard accepted the token.
+/// id and whether the guard accepted the token (`broken`: no guard, always accepted).
 async fn record(
     writes: &Pool,
     holder: &str,
     owned: &Owned,
     what: Record,
+    broken: bool,
 ) -> Result<(i64, bool), Error> {
     let mut client = writes.get().await?;
     let tx = client.transaction().await?;
-    let accepted = guard_write(&tx, owned).await?;
+    let accepted = broken || guard_write(&tx, owned).await?;
     let run = match what {
         Record::Start => tx
             .query_one(
@@ -215,12 +232,9 @@ struct Run {
 
 /// Reads the runs and the progress rows, prints the shards' report, and returns the
 /// violated bounds. `end` closes the window (the server's clock before the members were
-/// killed); `outages` are the spans no member could own anything in.
-pub(crate) async fn check(
-    admin: &Client,
-    end: f64,
-    outages: &[(SystemTime, SystemTime)],
-) -> Result<Vec<String>, Error> {
+/// killed); the faults' outages are the spans no member could own anything in, and the
+/// unowned time outside them is told by the kind of fault before it.
+pub(crate) async fn check(admin: &Client, end: f64, faults: &Faults) -> Result<Vec<String>, Error> {
     let runs: Vec<Run> = admin
         .query(
             "SELECT shard, member, token, extract(epoch FROM started)::float8, \
@@ -247,10 +261,18 @@ pub(crate) async fn check(
         )
         .await?;
     let (accepted, refused, stale): (i64, i64, i64) = (totals.get(0), totals.get(1), totals.get(2));
-    let outages: Vec<(f64, f64)> = outages
+    let events: Vec<(f64, &str)> = faults
+        .events
+        .iter()
+        .map(|(at, kind)| (epoch(*at), *kind))
+        .collect();
+    let mut unowned_after: BTreeMap<&str, f64> = BTreeMap::new();
+    let mut outages: Vec<(f64, f64)> = faults
+        .outages
         .iter()
         .map(|(from, to)| (epoch(*from), epoch(*to)))
         .collect();
+    outages.sort_by(|a, b| a.0.total_cmp(&b.0));
     let mut by_shard: BTreeMap<&str, Vec<&Run>> = BTreeMap::new();
     for run in &runs {
         by_shard.entry(&run.shard).or_default().push(run);
@@ -285,20 +307,36 @@ pub(crate) async fn check(
             ));
         }
         // Each outage, and the shard's recovery from it: until its first task after the
-        // outage started (unless a task ran across the outage's end; if none started
-        // before the window closed, until then).
+        // outage started (unless a task ran across the outage's end), at most the bound;
+        // beyond it, the shard counts as unowned. A recovery cut short by the next outage
+        // (or the window's end) is not measured.
         let recovering: Vec<(f64, f64)> = outages
             .iter()
-            .map(|&(from, to)| {
-                let until = recovered(runs, to).unwrap_or(end.max(to));
-                if until < end {
+            .enumerate()
+            .map(|(i, &(from, to))| {
+                let next = outages.get(i + 1).map_or(end, |&(next, _)| next);
+                let until = recovered(runs, to).unwrap_or(f64::MAX);
+                if until <= next {
                     recovery = recovery.max(until - to);
                 }
-                (from, until)
+                (from, until.min(to + RECOVERED_WITHIN.as_secs_f64()))
             })
             .collect();
-        let owned = covered(runs, start, end, &[]);
-        let owned_up = covered(runs, start, end, &recovering);
+        let owned = covered(runs, start, end, &[]).0;
+        let (owned_up, unowned) = covered(runs, start, end, &recovering);
+        for (from, to) in unowned {
+            let kind = events
+                .iter()
+                .rev()
+                .find(|(at, _)| *at <= from)
+                .map_or("no fault", |(_, kind)| *kind);
+            let kind = if kind == "outage" {
+                "an outage, past the recovery bound"
+            } else {
+                kind
+            };
+            *unowned_after.entry(kind).or_default() += (to - from) / SHARDS as f64;
+        }
         least = least.min(owned);
         least_up = least_up.min(owned_up);
         if shard_overlaps > 0 {
@@ -345,6 +383,19 @@ pub(crate) async fn check(
         least_up * 100.0,
         OWNED_AT_LEAST * 100.0
     );
+    let causes: Vec<String> = unowned_after
+        .iter()
+        .map(|(kind, seconds)| format!("{seconds:.1} s after {kind}"))
+        .collect();
+    println!(
+        "shards: unowned outside outages and recoveries, per shard on average, by the fault \
+         before it: {}",
+        if causes.is_empty() {
+            "none".to_owned()
+        } else {
+            causes.join(", ")
+        }
+    );
     if std::env::var_os("SOAK_SHARD_DETAIL").is_some() {
         for line in lines {
             println!("  {line}");
@@ -387,8 +438,9 @@ fn recovered(runs: &[&Run], to: f64) -> Option<f64> {
         .find(|&started| started > to)
 }
 
-/// The share of `[start, end]` outside `outages` that the runs cover.
-fn covered(runs: &[&Run], start: f64, end: f64, outages: &[(f64, f64)]) -> f64 {
+/// The share of `[start, end]` outside `outages` that the runs cover, and the pieces
+/// they leave uncovered.
+fn covered(runs: &[&Run], start: f64, end: f64, outages: &[(f64, f64)]) -> (f64, Vec<(f64, f64)>) {
     // Sweep the window in pieces cut at every run and outage boundary.
     let mut cuts: Vec<f64> = vec![start, end];
     for run in runs {
@@ -401,6 +453,7 @@ fn covered(runs: &[&Run], start: f64, end: f64, outages: &[(f64, f64)]) -> f64 {
     cuts.sort_by(f64::total_cmp);
     cuts.dedup();
     let (mut owned, mut total) = (0.0, 0.0);
+    let mut unowned = Vec::new();
     for piece in cuts.windows(2) {
         let middle = f64::midpoint(piece[0], piece[1]);
         if outages
@@ -416,7 +469,9 @@ fn covered(runs: &[&Run], start: f64, end: f64, outages: &[(f64, f64)]) -> f64 {
             .any(|run| (run.started..run.ended).contains(&middle))
         {
             owned += length;
+        } else {
+            unowned.push((piece[0], piece[1]));
         }
     }
-    if total > 0.0 { owned / total } else { 1.0 }
+    (if total > 0.0 { owned / total } else { 1.0 }, unowned)
 }
