@@ -9,13 +9,15 @@
 //! throwaway PostgreSQL of its own: the restart fault needs a server it owns).
 //! Workers are this binary again, with `--worker`. With `--patroni` the server is an HA
 //! pair under Patroni instead (`throwaway_pg::PatroniCluster`) and the faults include
-//! Patroni failovers (see `soak/patroni.rs`).
+//! Patroni failovers (see `soak/patroni.rs`). With `--shards`, member processes of a
+//! 24-shard `locks-shard` group run beside the workers under the same faults, and the
+//! end checks their tasks too (see `soak/shards.rs`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::Path;
 use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use locks_postgres::PostgresLockManager;
 use locks_postgres::prelude::*;
@@ -23,6 +25,8 @@ use locks_postgres::tokio_postgres::{self, NoTls};
 
 #[path = "soak/patroni.rs"]
 mod patroni;
+#[path = "soak/shards.rs"]
+mod shards;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -58,28 +62,31 @@ fn key(n: u64) -> String {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Error> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let shards = args.iter().any(|arg| arg == "--shards");
+    args.retain(|arg| arg != "--shards");
     match args.first().map(String::as_str) {
         Some("--worker") => worker(&args[1], &args[2], &args[3]).await,
+        Some("--shard-member") => shards::member(&args[1], &args[2]).await,
         Some("--patroni") => {
             let seconds: u64 = match &args[1..] {
                 [] => 60,
                 [flag, n] if flag == "--seconds" => n.parse()?,
-                _ => return Err("usage: soak --patroni [--seconds N]".into()),
+                _ => return Err("usage: soak --patroni [--seconds N] [--shards]".into()),
             };
-            patroni::driver(Duration::from_secs(seconds)).await
+            patroni::driver(Duration::from_secs(seconds), shards).await
         }
         Some("--in-namespace") => {
             let net = throwaway_pg::NetworkPair::attach(&args[1])?;
-            driver(Duration::from_secs(args[2].parse()?), &net).await
+            driver(Duration::from_secs(args[2].parse()?), &net, shards).await
         }
         _ => {
             let seconds: u64 = match (args.first().map(String::as_str), args.get(1)) {
                 (Some("--seconds"), Some(n)) => n.parse()?,
                 (None, _) => 60,
-                _ => return Err("usage: soak [--seconds N]".into()),
+                _ => return Err("usage: soak [--seconds N] [--shards]".into()),
             };
-            in_namespaces(seconds)
+            in_namespaces(seconds, shards)
         }
     }
 }
@@ -209,15 +216,52 @@ struct Faults {
     partitions: u32,
     /// Patroni failovers (`--patroni`): crashes, switchovers, failovers.
     failovers: u32,
+    /// When the server was down or cut off from every worker (restarts, partitions,
+    /// failovers), by this host's clock (the server's, which is down then, runs on it).
+    outages: Vec<(SystemTime, SystemTime)>,
+    /// When each fault on a worker was made, and its kind (for the shards' report).
+    events: Vec<(SystemTime, &'static str)>,
+}
+
+impl Faults {
+    /// Runs `fault`, noting its span as an outage.
+    async fn outage<T>(
+        &mut self,
+        fault: impl AsyncFnOnce() -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let from = SystemTime::now();
+        let outcome = fault().await;
+        self.outages.push((from, SystemTime::now()));
+        self.events.push((from, "outage"));
+        outcome
+    }
+}
+
+/// The processes the chaos driver kills and restarts: counter workers and, with
+/// `--shards`, shard members.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    Counter,
+    ShardMember,
+}
+
+/// The driver's processes: their roles, in index order.
+fn roles(shards: bool) -> Vec<Role> {
+    let mut roles = vec![Role::Counter; WORKERS];
+    if shards {
+        roles.extend(std::iter::repeat_n(Role::ShardMember, shards::MEMBERS));
+    }
+    roles
 }
 
 /// Makes the network the soak runs on (the driver and the server in the pair's near
 /// namespace, the workers in the far one; the partition fault takes the link down), runs
 /// the driver inside it, and removes it.
-fn in_namespaces(seconds: u64) -> Result<(), Error> {
+fn in_namespaces(seconds: u64, shards: bool) -> Result<(), Error> {
     let net = throwaway_pg::NetworkPair::make("soak", 214)?;
     let status = throwaway_pg::NetworkPair::command_in(net.near(), std::env::current_exe()?)
         .args(["--in-namespace", &net.describe(), &seconds.to_string()])
+        .args(shards.then_some("--shards"))
         .status()?;
     if status.success() {
         Ok(())
@@ -226,8 +270,9 @@ fn in_namespaces(seconds: u64) -> Result<(), Error> {
     }
 }
 
-/// A worker process, in the pair's far namespace when there is one (`net`).
+/// A worker process of `role`, in the pair's far namespace when there is one (`net`).
 fn spawn_worker(
+    role: Role,
     url: &str,
     index: usize,
     dir: &Path,
@@ -237,16 +282,19 @@ fn spawn_worker(
         Some(net) => throwaway_pg::NetworkPair::command_in(net.far(), std::env::current_exe()?),
         None => Command::new(std::env::current_exe()?),
     };
-    Ok(command
-        .args([
+    match role {
+        Role::Counter => command.args([
             "--worker",
             url,
             &format!("soak-{index}"),
             &dir.join(format!("worker-{index}.log"))
                 .display()
                 .to_string(),
-        ])
-        .spawn()?)
+        ]),
+        // A shard member's records are rows on the server (see `soak/shards.rs`).
+        Role::ShardMember => command.args(["--shard-member", url, &format!("soak-shard-{index}")]),
+    };
+    Ok(command.spawn()?)
 }
 
 async fn admin(url: &str) -> Option<tokio_postgres::Client> {
@@ -274,7 +322,11 @@ fn signal(pid: i32, name: &str) {
         .status();
 }
 
-async fn driver(duration: Duration, net: &throwaway_pg::NetworkPair) -> Result<(), Error> {
+async fn driver(
+    duration: Duration,
+    net: &throwaway_pg::NetworkPair,
+    shards: bool,
+) -> Result<(), Error> {
     let listen = format!("'127.0.0.1,{}'", net.near_address());
     let cluster = tokio::task::spawn_blocking(move || {
         throwaway_pg::ThrowawayPostgres::builder()
@@ -290,25 +342,38 @@ async fn driver(duration: Duration, net: &throwaway_pg::NetworkPair) -> Result<(
         net.near_address(),
         cluster.port()
     );
-    println!("soak: {WORKERS} workers, {KEYS} keys, {duration:?}, server {url}");
+    println!(
+        "soak: {WORKERS} workers, {KEYS} keys, {}{duration:?}, server {url}",
+        shards::banner(shards)
+    );
     let cluster = &cluster;
     let outcome = chaos(
         duration,
         &url,
         &worker_url,
         Some(net),
+        shards,
         async |roll, faults: &mut Faults, random: &mut Lcg| -> Result<(), Error> {
+            let pause = Duration::from_millis(2000 + random.below(10_000));
             if roll <= 8 {
                 // A partition: the workers' link down for 2-12 s, long enough at times
                 // for the server to free a silent holder's lock (its lease).
-                net.cut()?;
-                tokio::time::sleep(Duration::from_millis(2000 + random.below(10_000))).await;
-                net.heal()?;
+                faults
+                    .outage(async || {
+                        net.cut()?;
+                        tokio::time::sleep(pause).await;
+                        Ok(net.heal()?)
+                    })
+                    .await?;
                 faults.partitions += 1;
             } else {
-                tokio::task::block_in_place(|| cluster.stop())?;
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                tokio::task::block_in_place(|| cluster.start_again())?;
+                faults
+                    .outage(async || {
+                        tokio::task::block_in_place(|| cluster.stop())?;
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        Ok(tokio::task::block_in_place(|| cluster.start_again())?)
+                    })
+                    .await?;
                 faults.restarts += 1;
             }
             Ok(())
@@ -320,19 +385,22 @@ async fn driver(duration: Duration, net: &throwaway_pg::NetworkPair) -> Result<(
 }
 
 /// The run both drivers share: the workers (on `worker_url`, in `net`'s far namespace
-/// when there is one), then until `duration` a fault after each 0.3-1.5 s of calm (on the
-/// workers for rolls 0 to 6 of 10, else `server_fault` with the roll, 7 to 9), then the
-/// checks.
+/// when there is one; with `shards`, the shard members too), then until `duration` a
+/// fault after each 0.3-1.5 s of calm (on the workers for rolls 0 to 6 of 10, else
+/// `server_fault` with the roll, 7 to 9), then the checks.
 async fn chaos(
     duration: Duration,
     url: &str,
     worker_url: &str,
     net: Option<&throwaway_pg::NetworkPair>,
+    shards: bool,
     mut server_fault: impl AsyncFnMut(u64, &mut Faults, &mut Lcg) -> Result<(), Error>,
 ) -> Result<(), Error> {
-    let dir = prepare(url).await?;
-    let mut workers: Vec<Child> = (0..WORKERS)
-        .map(|i| spawn_worker(worker_url, i, &dir, net))
+    let dir = prepare(url, shards).await?;
+    let mut workers: Vec<(Role, Child)> = roles(shards)
+        .into_iter()
+        .enumerate()
+        .map(|(i, role)| Ok::<_, Error>((role, spawn_worker(role, worker_url, i, &dir, net)?)))
         .collect::<Result<_, _>>()?;
     let mut faults = Faults::default();
     let mut random = Lcg::seeded();
@@ -360,16 +428,17 @@ async fn chaos(
             server_fault(roll, &mut faults, &mut random).await?;
         }
     }
-    finish(url, &mut workers, &dir, &faults).await
+    finish(url, &mut workers, &dir, &faults, shards).await
 }
 
-/// The faults both drivers make on the workers, by `roll` (0 to 6): kill a worker and start
-/// it again (0-1), terminate (2-4) or SIGSTOP for a while (5-6) a worker's backend.
+/// The faults both drivers make on the workers, by `roll` (0 to 6): kill a worker (a
+/// counter worker or a shard member) and start it again (0-1), terminate (2-4) or SIGSTOP
+/// for a while (5-6) a worker's lock backend.
 #[allow(clippy::too_many_arguments)]
 async fn worker_fault(
     roll: u64,
     admin: &tokio_postgres::Client,
-    workers: &mut [Child],
+    workers: &mut [(Role, Child)],
     worker_url: &str,
     dir: &Path,
     net: Option<&throwaway_pg::NetworkPair>,
@@ -378,10 +447,18 @@ async fn worker_fault(
 ) -> Result<(), Error> {
     match roll {
         0..=1 => {
-            let index = usize::try_from(random.below(WORKERS as u64)).unwrap_or(0);
-            let _ = workers[index].kill();
-            let _ = workers[index].wait();
-            workers[index] = spawn_worker(worker_url, index, dir, net)?;
+            let index = usize::try_from(random.below(workers.len() as u64)).unwrap_or(0);
+            let (role, worker) = &mut workers[index];
+            faults.events.push((
+                SystemTime::now(),
+                match role {
+                    Role::Counter => "kill of a counter worker",
+                    Role::ShardMember => "kill of a shard member",
+                },
+            ));
+            let _ = worker.kill();
+            let _ = worker.wait();
+            *worker = spawn_worker(*role, worker_url, index, dir, net)?;
             faults.kills += 1;
         }
         2..=4 => {
@@ -389,6 +466,9 @@ async fn worker_fault(
             if let Some(&pid) =
                 backends.get(usize::try_from(random.below(backends.len() as u64)).unwrap_or(0))
             {
+                faults
+                    .events
+                    .push((SystemTime::now(), "backend terminated"));
                 let _ = admin
                     .execute("SELECT pg_terminate_backend($1)", &[&pid])
                     .await;
@@ -400,6 +480,7 @@ async fn worker_fault(
             if let Some(&pid) =
                 backends.get(usize::try_from(random.below(backends.len() as u64)).unwrap_or(0))
             {
+                faults.events.push((SystemTime::now(), "backend stopped"));
                 signal(pid, "STOP");
                 tokio::time::sleep(Duration::from_millis(500 + random.below(2500))).await;
                 signal(pid, "CONT");
@@ -412,8 +493,8 @@ async fn worker_fault(
 }
 
 /// The soak's folder for the workers' logs, and on the server at `url` the fencing table
-/// and the counters.
-async fn prepare(url: &str) -> Result<std::path::PathBuf, Error> {
+/// and the counters (and with `shards` the shard members' tables).
+async fn prepare(url: &str, shards: bool) -> Result<std::path::PathBuf, Error> {
     let dir = std::env::temp_dir().join(format!("lock-soak-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let admin = admin(url).await.ok_or("no admin connection")?;
@@ -426,6 +507,9 @@ async fn prepare(url: &str) -> Result<std::path::PathBuf, Error> {
             .execute("INSERT INTO soak_counters VALUES ($1, 0, 0)", &[&key(n)])
             .await?;
     }
+    if shards {
+        shards::prepare(&admin).await?;
+    }
     Ok(dir)
 }
 
@@ -433,11 +517,17 @@ async fn prepare(url: &str) -> Result<std::path::PathBuf, Error> {
 /// report; an error when any was violated.
 async fn finish(
     url: &str,
-    workers: &mut [Child],
+    workers: &mut [(Role, Child)],
     dir: &Path,
     faults: &Faults,
+    shards: bool,
 ) -> Result<(), Error> {
-    for worker in workers.iter_mut() {
+    // The end of the shards' window, by the server's clock, before any member is killed.
+    let shards_end = match admin(url).await {
+        Some(admin) if shards => Some(shards::now(&admin).await?),
+        _ => None,
+    };
+    for (_, worker) in workers.iter_mut() {
         let _ = worker.kill();
         let _ = worker.wait();
     }
@@ -489,17 +579,22 @@ async fn finish(
         faults.failovers,
         report.violations.len()
     );
-    for violation in &report.violations {
+    let mut violations = report.violations;
+    if shards {
+        let end = shards_end.ok_or("no admin connection to close the shards' window")?;
+        violations.extend(shards::check(&admin, end, faults).await?);
+    }
+    for violation in &violations {
         println!("violation: {violation}");
     }
     drop(admin);
     if std::env::var_os("SOAK_KEEP_LOGS").is_none() {
         let _ = std::fs::remove_dir_all(dir);
     }
-    if report.violations.is_empty() {
+    if violations.is_empty() {
         Ok(())
     } else {
-        Err(format!("{} violations", report.violations.len()).into())
+        Err(format!("{} violations", violations.len()).into())
     }
 }
 

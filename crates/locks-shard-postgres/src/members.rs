@@ -46,6 +46,10 @@ pub(crate) const RENEW: &str = "WITH mine AS (\
 
 /// `locks:<holder id>` as the PostgreSQL manager publishes it (no NUL, at most 63 bytes,
 /// cut at a character boundary).
+///
+/// A copy of `published_holder_id` in `locks-postgres/src/settings.rs`, which is private
+/// there; keep the two alike. It stays a copy until `locks-postgres` exports it: this
+/// crate does not change that one's source.
 pub(crate) fn application_name(holder_id: &str) -> String {
     let mut name = String::from(HOLDER_APPLICATION_NAME_PREFIX);
     for c in holder_id.chars().filter(|c| *c != '\0') {

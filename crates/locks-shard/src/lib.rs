@@ -2,8 +2,10 @@
 #![forbid(unsafe_code)]
 
 mod assign;
+mod assignment;
 mod group;
 mod member;
+mod membership;
 pub mod metrics;
 mod observe;
 mod renewal;

@@ -1,26 +1,27 @@
-//! A member of a shard group: joins with a permit of the membership semaphore, and on
-//! each tick takes or sheds shards until it owns its share.
+//! A member of a shard group, its settings and its public API: joins with a permit of
+//! the membership semaphore and holds each membership (`membership.rs`), whose ticks take
+//! or shed shards until it owns its share (`assignment.rs`).
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::pin::{Pin, pin};
+use std::pin::pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use locks_port::{
-    AcquireOptions, AcquisitionErrorKind, DistributedLock, LockAcquisitionError, LockGuard,
-    LostSignal, PermitGuard, Semaphore,
+    AcquireOptions, AcquisitionErrorKind, DistributedLock, LockAcquisitionError, LostSignal,
+    PermitGuard, Semaphore,
 };
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::Meter;
 
-use crate::assign::{target_share, to_shed, to_try};
+use crate::assignment::Assignment;
 use crate::group::ShardGroup;
+use crate::membership::{Left, Membership, stop_all};
 use crate::metrics::Instruments;
 use crate::observe::{ShardWatch, Shards, owners};
-use crate::renewal::Renewals;
-use crate::task::{DEFAULT_DRAIN_GRACE, DEFAULT_TAKEOVER_DELAY, Owned, Running, TermPlan, spawn};
+use crate::task::{DEFAULT_DRAIN_GRACE, DEFAULT_TAKEOVER_DELAY, Owned, Running};
 use crate::terms::ShardTerms;
 
 /// How often a member reads the member list and takes or sheds shards.
@@ -243,7 +244,8 @@ where
             };
             let mut running = BTreeMap::new();
             let left = self
-                .membership(&permit, &mut running, &task, shutdown.as_mut())
+                .membership()
+                .hold(&permit, &mut running, &task, shutdown.as_mut())
                 .await;
             let terms: Vec<Running> = std::mem::take(&mut running).into_values().collect();
             if left == Left::Overdue {
@@ -260,6 +262,23 @@ where
                 return Ok(());
             }
             tokio::time::sleep(self.backoff).await;
+        }
+    }
+
+    /// The settings of one membership, borrowed from this member.
+    fn membership(&self) -> Membership<'_, M, T> {
+        Membership {
+            assignment: Assignment {
+                locks: &self.locks,
+                terms: &self.terms,
+                group: &self.group,
+                drain_grace: self.drain_grace,
+                takeover_delay: self.takeover_delay,
+                instruments: &self.instruments,
+                attributes: &self.attributes,
+            },
+            tick: self.tick,
+            renewal: self.renewal,
         }
     }
 
@@ -281,230 +300,5 @@ where
             }
             Err(_) => error,
         }
-    }
-
-    /// One membership: ticks until the membership permit is lost, `shutdown` is ready,
-    /// or this member's renewal is overdue.
-    async fn membership<P, F, Fut>(
-        &self,
-        permit: &P,
-        running: &mut BTreeMap<usize, Running>,
-        task: &Arc<F>,
-        shutdown: Pin<&mut impl Future<Output = ()>>,
-    ) -> Left
-    where
-        P: PermitGuard,
-        F: Fn(Owned, LostSignal) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = ()> + Send + 'static,
-    {
-        let slot = permit.info().slot();
-        let holder_id = permit.info().holder_id().map(str::to_owned);
-        let lost = permit.lost();
-        let renewals = match (self.renewal, holder_id.clone()) {
-            (Some(expiry), Some(holder)) => Some(Renewals::start(
-                self.terms.clone(),
-                self.group.name().to_owned(),
-                slot,
-                holder,
-                expiry,
-            )),
-            _ => None,
-        };
-        let overdue = async {
-            match &renewals {
-                Some(renewals) => renewals.overdue().await,
-                None => std::future::pending().await,
-            }
-        };
-        let ticking = async {
-            let mut seen: Vec<u32> = Vec::new();
-            let mut changed_at: Option<Instant> = None;
-            loop {
-                self.tick_once(
-                    slot,
-                    holder_id.as_deref(),
-                    running,
-                    task,
-                    &mut seen,
-                    &mut changed_at,
-                )
-                .await;
-                tokio::time::sleep(self.tick).await;
-            }
-        };
-        tokio::select! {
-            biased;
-            reason = lost.clone() => {
-                tracing::warn!(reason = reason.as_str(),
-                    "shard group membership lost; handing every shard over");
-                Left::Lost
-            }
-            () = shutdown => Left::Shutdown,
-            () = overdue => {
-                tracing::warn!(
-                    "this member's renewal is overdue; stopping every task before the other \
-                     members may end its sessions"
-                );
-                Left::Overdue
-            }
-            never = ticking => never,
-        }
-    }
-
-    /// One tick: reads the members, and sheds or takes shards.
-    async fn tick_once<F, Fut>(
-        &self,
-        slot: u32,
-        holder_id: Option<&str>,
-        running: &mut BTreeMap<usize, Running>,
-        task: &Arc<F>,
-        seen: &mut Vec<u32>,
-        changed_at: &mut Option<Instant>,
-    ) where
-        F: Fn(Owned, LostSignal) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = ()> + Send + 'static,
-    {
-        running.retain(|_, term| !term.is_finished());
-        let holders = match self.locks.permit_holders(&self.group.members_name()).await {
-            Ok(holders) => holders,
-            Err(error) => {
-                tracing::warn!(error = %error, "reading the shard group's members failed");
-                return;
-            }
-        };
-        let mut members: Vec<u32> = holders.held.iter().map(|h| h.slot).collect();
-        members.sort_unstable();
-        members.dedup();
-        if members != *seen {
-            seen.clone_from(&members);
-            *changed_at = Some(Instant::now());
-        }
-        let Some(share) = target_share(self.group.len(), &members, slot) else {
-            return;
-        };
-        self.rebalance(slot, holder_id, share, running, task).await;
-        let settled = running.len() == share && running.values().all(|term| !term.is_stopping());
-        if settled && let Some(at) = changed_at.take() {
-            self.instruments
-                .rebalance
-                .record(at.elapsed().as_secs_f64(), &self.attributes);
-        }
-    }
-
-    /// Sheds the shards above `share`, or takes free ones up to it.
-    async fn rebalance<F, Fut>(
-        &self,
-        slot: u32,
-        holder_id: Option<&str>,
-        share: usize,
-        running: &mut BTreeMap<usize, Running>,
-        task: &Arc<F>,
-    ) where
-        F: Fn(Owned, LostSignal) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = ()> + Send + 'static,
-    {
-        let active: Vec<usize> = running
-            .iter()
-            .filter(|(_, term)| !term.is_stopping())
-            .map(|(&shard, _)| shard)
-            .collect();
-        if active.len() > share {
-            for shard in to_shed(&self.group, slot, &active, share) {
-                if let Some(term) = running.get_mut(&shard) {
-                    term.hand_off();
-                }
-            }
-            return;
-        }
-        let mut wanted = share - active.len();
-        let owned: Vec<usize> = running.keys().copied().collect();
-        for shard in to_try(&self.group, slot, &owned) {
-            if wanted == 0 {
-                break;
-            }
-            match self.take(slot, holder_id, shard, task).await {
-                Ok(Some(term)) => {
-                    running.insert(shard, term);
-                    wanted -= 1;
-                }
-                Ok(None) => {}
-                Err(error) => {
-                    tracing::warn!(error = %error, "taking a shard failed");
-                    break;
-                }
-            }
-        }
-    }
-
-    /// Takes `shard` if its lock is free: begins a term and starts its task.
-    async fn take<F, Fut>(
-        &self,
-        slot: u32,
-        holder_id: Option<&str>,
-        shard: usize,
-        task: &Arc<F>,
-    ) -> Result<Option<Running>, LockAcquisitionError>
-    where
-        F: Fn(Owned, LostSignal) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = ()> + Send + 'static,
-    {
-        let name = self.group.shard(shard).unwrap_or_default();
-        let Some(guard) = self.locks.try_acquire(&self.group.shard_key(name)).await? else {
-            return Ok(None);
-        };
-        let begun = match self
-            .terms
-            .begin(self.group.name(), name, slot, holder_id)
-            .await
-        {
-            Ok(begun) => begun,
-            Err(error) => {
-                guard.release().await;
-                return Err(error);
-            }
-        };
-        self.instruments.terms.add(1, &self.attributes);
-        let owned = Owned {
-            group: self.group.name().into(),
-            shard: name.into(),
-            index: shard,
-            token: begun.term.token,
-            since: begun.term.since,
-        };
-        let plan = TermPlan {
-            owned,
-            terms: self.terms.clone(),
-            wait_first: (!begun.previous_ended).then_some(self.takeover_delay),
-            drain_grace: self.drain_grace,
-            instruments: self.instruments.clone(),
-            attributes: self.attributes.clone(),
-        };
-        let task = Arc::clone(task);
-        Ok(Some(spawn(guard, plan, move |owned, stop| {
-            task(owned, stop)
-        })))
-    }
-}
-
-/// Why a membership ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Left {
-    /// The membership permit was lost.
-    Lost,
-    /// The caller's shutdown future was ready.
-    Shutdown,
-    /// This member's renewal is overdue: the others may end its sessions.
-    Overdue,
-}
-
-/// Hands every term over at once and waits until each released its lock.
-async fn stop_all(terms: Vec<Running>) {
-    let mut stopping = Vec::with_capacity(terms.len());
-    for mut term in terms {
-        term.hand_off();
-        stopping.push(term);
-    }
-    for term in stopping {
-        term.stop().await;
     }
 }

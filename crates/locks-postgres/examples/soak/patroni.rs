@@ -14,10 +14,13 @@ use super::{Error, Faults, KEYS, Lcg, WORKERS, chaos};
 /// How long the pair may take to have a leader and a synchronous standby again.
 const HEAL: Duration = Duration::from_secs(120);
 
-pub(super) async fn driver(duration: Duration) -> Result<(), Error> {
+pub(super) async fn driver(duration: Duration, shards: bool) -> Result<(), Error> {
     let cluster = tokio::task::spawn_blocking(PatroniCluster::start).await??;
     let url = cluster.multi_host_url();
-    println!("soak: {WORKERS} workers, {KEYS} keys, {duration:?}, Patroni pair {url}");
+    println!(
+        "soak: {WORKERS} workers, {KEYS} keys, {}{duration:?}, Patroni pair {url}",
+        super::shards::banner(shards)
+    );
     let cluster = std::sync::Arc::new(cluster);
     let pair = &cluster;
     let outcome = chaos(
@@ -25,10 +28,15 @@ pub(super) async fn driver(duration: Duration) -> Result<(), Error> {
         &url,
         &url,
         None,
+        shards,
         async |_, faults: &mut Faults, _: &mut Lcg| -> Result<(), Error> {
             let kind = faults.failovers % 3;
             let pair = pair.clone();
-            tokio::task::spawn_blocking(move || fail_over(&pair, kind)).await??;
+            faults
+                .outage(async || {
+                    tokio::task::spawn_blocking(move || fail_over(&pair, kind)).await?
+                })
+                .await?;
             faults.failovers += 1;
             Ok(())
         },

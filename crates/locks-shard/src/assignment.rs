@@ -1,0 +1,171 @@
+//! Assignment: on each tick of a membership, a member reads the member list, computes its
+//! share, and sheds the shards above it or takes free ones up to it (beginning a term
+//! and starting its task for each shard it takes).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use locks_port::{DistributedLock, LockAcquisitionError, LockGuard, LostSignal, Semaphore};
+use opentelemetry::KeyValue;
+
+use crate::assign::{target_share, to_shed, to_try};
+use crate::group::ShardGroup;
+use crate::metrics::Instruments;
+use crate::task::{Owned, Running, TermPlan, spawn};
+use crate::terms::ShardTerms;
+
+/// What a member's ticks work with: its manager, term store and group, and how its terms
+/// run. Borrowed from the member for one membership.
+#[derive(Debug)]
+pub(crate) struct Assignment<'a, M, T> {
+    pub(crate) locks: &'a M,
+    pub(crate) terms: &'a T,
+    pub(crate) group: &'a ShardGroup,
+    pub(crate) drain_grace: Duration,
+    pub(crate) takeover_delay: Duration,
+    pub(crate) instruments: &'a Instruments,
+    pub(crate) attributes: &'a [KeyValue],
+}
+
+impl<M, T> Assignment<'_, M, T>
+where
+    M: DistributedLock + Semaphore,
+    M::Guard: 'static,
+    T: ShardTerms + Clone + 'static,
+{
+    /// One tick: reads the members, and sheds or takes shards.
+    pub(crate) async fn tick<F, Fut>(
+        &self,
+        slot: u32,
+        holder_id: Option<&str>,
+        running: &mut BTreeMap<usize, Running>,
+        task: &Arc<F>,
+        seen: &mut Vec<u32>,
+        changed_at: &mut Option<Instant>,
+    ) where
+        F: Fn(Owned, LostSignal) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        running.retain(|_, term| !term.is_finished());
+        let holders = match self.locks.permit_holders(&self.group.members_name()).await {
+            Ok(holders) => holders,
+            Err(error) => {
+                tracing::warn!(error = %error, "reading the shard group's members failed");
+                return;
+            }
+        };
+        let mut members: Vec<u32> = holders.held.iter().map(|h| h.slot).collect();
+        members.sort_unstable();
+        members.dedup();
+        if members != *seen {
+            seen.clone_from(&members);
+            *changed_at = Some(Instant::now());
+        }
+        let Some(share) = target_share(self.group.len(), &members, slot) else {
+            return;
+        };
+        self.rebalance(slot, holder_id, share, running, task).await;
+        let settled = running.len() == share && running.values().all(|term| !term.is_stopping());
+        if settled && let Some(at) = changed_at.take() {
+            self.instruments
+                .rebalance
+                .record(at.elapsed().as_secs_f64(), self.attributes);
+        }
+    }
+
+    /// Sheds the shards above `share`, or takes free ones up to it.
+    async fn rebalance<F, Fut>(
+        &self,
+        slot: u32,
+        holder_id: Option<&str>,
+        share: usize,
+        running: &mut BTreeMap<usize, Running>,
+        task: &Arc<F>,
+    ) where
+        F: Fn(Owned, LostSignal) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let active: Vec<usize> = running
+            .iter()
+            .filter(|(_, term)| !term.is_stopping())
+            .map(|(&shard, _)| shard)
+            .collect();
+        if active.len() > share {
+            for shard in to_shed(self.group, slot, &active, share) {
+                if let Some(term) = running.get_mut(&shard) {
+                    term.hand_off();
+                }
+            }
+            return;
+        }
+        let mut wanted = share - active.len();
+        let owned: Vec<usize> = running.keys().copied().collect();
+        for shard in to_try(self.group, slot, &owned) {
+            if wanted == 0 {
+                break;
+            }
+            match self.take(slot, holder_id, shard, task).await {
+                Ok(Some(term)) => {
+                    running.insert(shard, term);
+                    wanted -= 1;
+                }
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::warn!(error = %error, "taking a shard failed");
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Takes `shard` if its lock is free: begins a term and starts its task.
+    async fn take<F, Fut>(
+        &self,
+        slot: u32,
+        holder_id: Option<&str>,
+        shard: usize,
+        task: &Arc<F>,
+    ) -> Result<Option<Running>, LockAcquisitionError>
+    where
+        F: Fn(Owned, LostSignal) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let name = self.group.shard(shard).unwrap_or_default();
+        let Some(guard) = self.locks.try_acquire(&self.group.shard_key(name)).await? else {
+            return Ok(None);
+        };
+        let begun = match self
+            .terms
+            .begin(self.group.name(), name, slot, holder_id)
+            .await
+        {
+            Ok(begun) => begun,
+            Err(error) => {
+                guard.release().await;
+                return Err(error);
+            }
+        };
+        self.instruments.terms.add(1, self.attributes);
+        let owned = Owned {
+            group: self.group.name().into(),
+            shard: name.into(),
+            index: shard,
+            token: begun.term.token,
+            since: begun.term.since,
+        };
+        let plan = TermPlan {
+            owned,
+            terms: self.terms.clone(),
+            wait_first: (!begun.previous_ended).then_some(self.takeover_delay),
+            drain_grace: self.drain_grace,
+            instruments: self.instruments.clone(),
+            attributes: self.attributes.to_vec(),
+        };
+        let task = Arc::clone(task);
+        Ok(Some(spawn(guard, plan, move |owned, stop| {
+            task(owned, stop)
+        })))
+    }
+}
