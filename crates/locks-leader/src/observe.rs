@@ -87,6 +87,26 @@ pub(crate) async fn who_leads<S: Semaphore, B: LeaderBoard>(
 /// How often a [`LeaderWatch`] reads who leads by default.
 pub const DEFAULT_WATCH_INTERVAL: Duration = Duration::from_millis(100);
 
+/// After a read that took [`SLOW_READ`] or more, a watch waits at least this many times
+/// its duration before the next read, so that its reads take at most a tenth of its
+/// time whatever the interval. On PostgreSQL a read copies the server's whole lock table
+/// (`pg_locks`), which grows with the locks held: about 20 ms at 10^4 held locks and
+/// 0.2 s at 10^5 (issue 45, a shared machine), so at 10^5 a watch at the default
+/// interval reads about every 2 s instead of back to back.
+const PAUSE_PER_READ: u32 = 9;
+
+/// A read this slow stretches the pause (see [`PAUSE_PER_READ`]); faster ones leave the
+/// interval as asked (a small server answers in a few ms).
+const SLOW_READ: Duration = Duration::from_millis(50);
+
+/// The wait before the next read: the interval, or longer after a slow read.
+fn pause(interval: Duration, last_read: Duration) -> Duration {
+    if last_read < SLOW_READ {
+        return interval;
+    }
+    interval.max(last_read.saturating_mul(PAUSE_PER_READ))
+}
+
 /// The changes of an election's leader, read every interval (see
 /// [`LeaderElection::watch`](crate::LeaderElection::watch)).
 #[derive(Debug)]
@@ -100,6 +120,8 @@ pub struct LeaderWatch<'a, S, B> {
     attributes: &'a [KeyValue],
     interval: Duration,
     seen: Option<Option<Leader>>,
+    /// How long the last read took.
+    last_read: Duration,
 }
 
 impl<'a, S: Semaphore, B: LeaderBoard> LeaderWatch<'a, S, B> {
@@ -118,11 +140,15 @@ impl<'a, S: Semaphore, B: LeaderBoard> LeaderWatch<'a, S, B> {
             attributes,
             interval: DEFAULT_WATCH_INTERVAL,
             seen: None,
+            last_read: Duration::ZERO,
         }
     }
 
     /// Reads every `interval` instead of [`DEFAULT_WATCH_INTERVAL`] (a zero interval
-    /// is read as 1 ms). Each read is two queries on PostgreSQL.
+    /// is read as 1 ms). Each read is two queries on PostgreSQL. After a read that
+    /// took 50 ms or more, the watch waits at least nine times its duration before the
+    /// next, so that its reads take at most a tenth of its time (a read of `pg_locks`
+    /// grows with the locks held on the server: about 0.2 s at 10^5).
     #[must_use]
     pub fn interval(mut self, interval: Duration) -> Self {
         self.interval = interval.max(Duration::from_millis(1));
@@ -143,9 +169,12 @@ impl<'a, S: Semaphore, B: LeaderBoard> LeaderWatch<'a, S, B> {
     pub async fn changed(&mut self) -> Result<Option<Leader>, LockAcquisitionError> {
         loop {
             if self.seen.is_some() {
-                tokio::time::sleep(self.interval).await;
+                tokio::time::sleep(pause(self.interval, self.last_read)).await;
             }
-            let now = who_leads(self.semaphores, self.board, self.name).await?;
+            let started = tokio::time::Instant::now();
+            let read = who_leads(self.semaphores, self.board, self.name).await;
+            self.last_read = started.elapsed();
+            let now = read?;
             match &self.seen {
                 Some(seen) if *seen == now => {}
                 Some(_) => {
@@ -165,5 +194,22 @@ impl<'a, S: Semaphore, B: LeaderBoard> LeaderWatch<'a, S, B> {
     #[must_use]
     pub fn last(&self) -> Option<&Option<Leader>> {
         self.seen.as_ref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::pause;
+
+    #[test]
+    fn a_read_of_50_ms_or_more_stretches_the_pause_to_nine_times_its_duration() {
+        let ms = Duration::from_millis;
+        assert_eq!(pause(ms(100), ms(2)), ms(100), "fast reads: the interval");
+        assert_eq!(pause(ms(20), ms(49)), ms(20), "below 50 ms: the interval");
+        assert_eq!(pause(ms(20), ms(50)), ms(450));
+        assert_eq!(pause(ms(100), ms(200)), ms(1800), "a read of 0.2 s: 1.8 s");
+        assert_eq!(pause(ms(1), Duration::MAX), Duration::MAX, "saturates");
     }
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use locks_port::{
     AcquireOptions, AcquisitionErrorKind, LockAcquisitionError, LockMode, WaitStrategy,
+    timeout_reason,
 };
 use tokio_postgres::error::SqlState;
 use tracing::Span;
@@ -18,13 +19,15 @@ use crate::checkout;
 use crate::checkout::{Attempt, PoolWait};
 use crate::connection::{Session, SetUp};
 use crate::errors::{
-    MOVED_BETWEEN_SESSIONS, STANDBY, driver_error, no_answer, no_row, refused, with_timeout,
+    MOVED_BETWEEN_SESSIONS, STANDBY, driver_error, no_answer, no_row, pool_exhausted, refused,
+    with_timeout,
 };
 use crate::grant;
 use crate::guard::PostgresLockGuard;
 use crate::inner::Inner;
 use crate::limit::{Deadline, Expired, Limit};
 use crate::multiplex::{HostFailure, Membership, SharedTry};
+use crate::pool;
 use crate::slot::new_slot;
 use crate::sql::{Answer, Statement};
 
@@ -106,7 +109,10 @@ pub(crate) async fn register_grant(
 }
 
 /// `acquire` with multiplexing: a try on a shared connection, else the whole
-/// acquisition on a connection of its own, which then becomes a host.
+/// acquisition on a connection of its own, which then becomes a host. With no
+/// shared connection that has room and no pool connection free, it waits for
+/// whichever frees first (room on a shared connection: another try), until the
+/// deadline ([`PoolUnavailable`](AcquisitionErrorKind::PoolUnavailable) then).
 async fn acquire_member(
     inner: &Inner,
     key: &str,
@@ -116,19 +122,66 @@ async fn acquire_member(
 ) -> Result<Membership, LockAcquisitionError> {
     let mode = options.mode();
     let multiplexer = inner.multiplexer().expect("called only when multiplexing");
-    let limit = step_limit(inner, deadline);
-    let tried = multiplexer.try_on_host(lock_id, mode, limit).await;
-    match tried.map_err(|failure| host_failure(inner, key, failure, deadline))? {
-        SharedTry::Granted(member) => return Ok(member),
-        SharedTry::Busy => {
-            if let Some(deadline) = deadline.filter(|deadline| deadline.passed()) {
-                return Err(LockAcquisitionError::timed_out(key, deadline.timeout));
-            }
+    let mut woken = false;
+    loop {
+        // Woken by room freed after the deadline: no try starts past it (a try that
+        // outlives its limit closes the shared connection, with the others on it).
+        if let Some(deadline) = deadline.filter(|deadline| woken && deadline.passed()) {
+            let what = format!(
+                "{} waiting for room on a shared connection or a pool connection",
+                timeout_reason(deadline.timeout)
+            );
+            let size = pool::max_size(inner.pool());
+            return Err(pool_exhausted(key, &what, size, Some(deadline)));
         }
-        SharedTry::NoHost => {}
+        woken = true;
+        // Enabled before looking for room, so that room freed meanwhile wakes it.
+        let mut room = std::pin::pin!(multiplexer.room_freed());
+        room.as_mut().enable();
+        let limit = step_limit(inner, deadline);
+        let pool_has_room = pool::has_room(inner.pool(), multiplexer.pool_waiters());
+        let tried = multiplexer
+            .try_on_host(lock_id, mode, limit, pool_has_room)
+            .await;
+        match tried.map_err(|failure| host_failure(inner, key, failure, deadline))? {
+            SharedTry::Granted(member) => return Ok(member),
+            SharedTry::Busy => {
+                if let Some(deadline) = deadline.filter(|deadline| deadline.passed()) {
+                    return Err(LockAcquisitionError::timed_out(key, deadline.timeout));
+                }
+                let session = acquire_session_until(inner, key, lock_id, options, deadline);
+                return Ok(multiplexer.adopt(session.await?, lock_id, mode));
+            }
+            SharedTry::NoHost => {}
+        }
+        // A connection of its own: an idle one or a new one (counted as a host on its
+        // way from now: see `Multiplexer::opening`), else whichever frees first, a
+        // pool connection or room on a shared one (then another try).
+        let mut opening = pool_has_room.then(|| multiplexer.opening());
+        let session = match checkout::checkout(inner, key, PoolWait::No, deadline).await {
+            Ok(session) => session,
+            Err(error) if error.kind() == AcquisitionErrorKind::PoolUnavailable => {
+                opening = None;
+                let wait = deadline.map_or(PoolWait::Forever, PoolWait::Until);
+                let _waiting = multiplexer.waiting_for_pool();
+                tokio::select! {
+                    biased;
+                    session = checkout::checkout(inner, key, wait, deadline) => session?,
+                    () = room => continue,
+                }
+            }
+            Err(error) => return Err(error),
+        };
+        let opening = opening.unwrap_or_else(|| multiplexer.opening());
+        let session = match try_lock(inner, key, lock_id, mode, session, deadline).await? {
+            Tried::Granted(session) => session,
+            Tried::Busy(session) => {
+                drop(opening);
+                wait_after_try(inner, key, lock_id, options, deadline, session).await?
+            }
+        };
+        return Ok(multiplexer.adopt(session, lock_id, mode));
     }
-    let session = acquire_session_until(inner, key, lock_id, options, deadline).await?;
-    Ok(multiplexer.adopt(session, lock_id, mode))
 }
 
 /// `try_acquire` with multiplexing: one try, on a shared connection if one has
@@ -141,13 +194,28 @@ async fn try_member(
 ) -> Result<Option<Membership>, LockAcquisitionError> {
     let multiplexer = inner.multiplexer().expect("called only when multiplexing");
     let limit = step_limit(inner, None);
-    let tried = multiplexer.try_on_host(lock_id, mode, limit).await;
+    let pool_has_room = pool::has_room(inner.pool(), multiplexer.pool_waiters());
+    let tried = multiplexer
+        .try_on_host(lock_id, mode, limit, pool_has_room)
+        .await;
+    match tried.map_err(|failure| host_failure(inner, key, failure, None))? {
+        SharedTry::Granted(member) => return Ok(Some(member)),
+        SharedTry::Busy => return Ok(None),
+        SharedTry::NoHost => {}
+    }
+    let refused = match try_session(inner, key, lock_id, mode).await {
+        Ok(session) => return Ok(session.map(|session| multiplexer.adopt(session, lock_id, mode))),
+        // The pool's last connection went meanwhile: a busy shared one will do.
+        Err(error) if pool_has_room && error.kind() == AcquisitionErrorKind::PoolUnavailable => {
+            error
+        }
+        Err(error) => return Err(error),
+    };
+    let tried = multiplexer.try_on_host(lock_id, mode, limit, false).await;
     match tried.map_err(|failure| host_failure(inner, key, failure, None))? {
         SharedTry::Granted(member) => Ok(Some(member)),
         SharedTry::Busy => Ok(None),
-        SharedTry::NoHost => Ok(try_session(inner, key, lock_id, mode)
-            .await?
-            .map(|session| multiplexer.adopt(session, lock_id, mode))),
+        SharedTry::NoHost => Err(refused),
     }
 }
 
@@ -182,9 +250,21 @@ pub(crate) async fn acquire_session_until(
     options: AcquireOptions,
     deadline: Option<Deadline>,
 ) -> Attempt {
-    let mode = options.mode();
     let wait = deadline.map_or(PoolWait::Forever, PoolWait::Until);
     let session = checkout::checkout(inner, key, wait, deadline).await?;
+    acquire_on_session(inner, key, lock_id, options, deadline, session).await
+}
+
+/// The acquisition on `session` (checked out for it), up to the bookkeeping.
+async fn acquire_on_session(
+    inner: &Inner,
+    key: &str,
+    lock_id: i64,
+    options: AcquireOptions,
+    deadline: Option<Deadline>,
+    session: Session,
+) -> Attempt {
+    let mode = options.mode();
     let polls = deadline.is_some() && options.wait_strategy() == WaitStrategy::Poll;
     // Every acquisition starts with one pg_try_advisory_lock: uncontended, that is
     // the only statement (and the cheapest). It cannot jump the server's queue: a
@@ -209,6 +289,20 @@ pub(crate) async fn acquire_session_until(
             Tried::Busy(session) => session,
         }
     };
+    wait_after_try(inner, key, lock_id, options, deadline, session).await
+}
+
+/// The wait for a lock found busy (or about to be freed by this manager), on
+/// `session`, which holds nothing of it.
+async fn wait_after_try(
+    inner: &Inner,
+    key: &str,
+    lock_id: i64,
+    options: AcquireOptions,
+    deadline: Option<Deadline>,
+    session: Session,
+) -> Attempt {
+    let mode = options.mode();
     match (deadline, options.wait_strategy()) {
         // The waits are boxed: kept out of the uncontended path's future, which
         // is moved on every call (a large future costs a copy per move).

@@ -4,7 +4,16 @@
 //! them is a floor up, in `acquire.rs`):
 //!
 //! - an acquisition first tries (`pg_try_advisory_lock`, never a blocking wait) on a
-//!   connection that already holds other locks of this manager and has room;
+//!   connection that already holds other locks of this manager and has room: the one
+//!   with the fewest locks, then the fewest tries in flight, so that concurrent
+//!   acquisitions spread over the connections (each statement's cost grows with the
+//!   locks its session holds: PostgreSQL's `LockReleaseAll` walks them at every
+//!   transaction's end) while one at a time they gather on few;
+//! - when every such connection is busy with a try and the pool has a connection
+//!   free, the acquisition takes a connection of its own instead of queueing;
+//! - when no connection has room and the pool has none free, the acquisition waits for
+//!   whichever comes first: room on a shared connection or a pool connection, so that
+//!   `multiplex(k)` on a pool of `c` holds `k × c` locks;
 //! - a connection never takes one lock id twice (advisory locks are re-entrant per
 //!   session: a second try would succeed on it): that acquisition goes elsewhere;
 //! - when that try finds the lock busy, or no connection has room, the acquisition runs
@@ -21,10 +30,13 @@
 //! before the place is freed.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use locks_port::LockMode;
+use tokio::sync::Notify;
+use tokio::sync::futures::Notified;
 
 use crate::connection::Session;
 use crate::limit::{Expired, Limit};
@@ -36,6 +48,33 @@ pub(crate) struct Multiplexer {
     per_connection: usize,
     answer_timeout: Duration,
     hosts: Mutex<Vec<Arc<Host>>>,
+    /// Told whenever a place may have come free: a lock left a host, or a new host
+    /// came with room.
+    room: Arc<Notify>,
+    /// Acquisitions on a connection of their own that will make it a host unless
+    /// their first try finds the lock busy (see [`Multiplexer::opening`]).
+    opening: AtomicUsize,
+    /// Acquisitions waiting for a pool connection (or room on a shared one).
+    waiting: AtomicUsize,
+}
+
+/// An acquisition waiting for a pool connection, until dropped.
+pub(crate) struct Waiting<'a>(&'a Multiplexer);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A connection on its way to becoming a host, until dropped.
+pub(crate) struct Opening<'a>(&'a Multiplexer);
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        self.0.opening.fetch_sub(1, Ordering::Relaxed);
+        self.0.room.notify_waiters();
+    }
 }
 
 /// One shared connection: its session and the lock ids on it.
@@ -43,6 +82,7 @@ pub(crate) struct Host {
     slot: SessionSlot,
     answer_timeout: Duration,
     state: Mutex<HostState>,
+    room: Arc<Notify>,
 }
 
 #[derive(Default)]
@@ -51,6 +91,8 @@ struct HostState {
     ids: HashSet<i64>,
     /// Takes no more locks: it was emptied (its session pooled), or its session is gone.
     retired: bool,
+    /// Tries reserved on the session and not answered yet.
+    trying: usize,
 }
 
 /// A lock id's place on a host, from the reservation before its try to its unlock.
@@ -87,22 +129,44 @@ pub(crate) enum SharedTry {
     NoHost,
 }
 
-/// Which host takes a lock: of the hosts, given as (locks held, whether it holds this
-/// lock id already), the first of the fullest that has room for one more and does not
-/// hold the id (a session's advisory locks are re-entrant: a second try would succeed
-/// on it).
-fn fullest_with_room(
-    hosts: impl Iterator<Item = (usize, bool)>,
+/// What the choice of a host knows of one: locks held (or being tried) on it, whether
+/// it holds this lock id already, and its tries in flight.
+#[derive(Clone, Copy)]
+struct Seen {
+    held: usize,
+    holds_id: bool,
+    trying: usize,
+}
+
+/// The most tries queued on one shared connection (its statements run one at a time):
+/// further acquisitions wait for one of them to be answered, or for a connection of
+/// their own, so that a burst spreads over the connections as they open instead of
+/// piling onto the first.
+const QUEUE: usize = 2;
+
+/// Which host takes a lock: of the hosts with room for one more that do not hold the
+/// id (a session's advisory locks are re-entrant: a second try would succeed on it)
+/// and have fewer than [`QUEUE`] tries in flight, the one with the fewest locks, then
+/// the fewest tries in flight (the first of equals). None when no host qualifies, or
+/// when the chosen one is busy with a try and `pool_has_room`: a connection of its own
+/// is then quicker than a queue.
+fn least_busy_with_room(
+    hosts: impl Iterator<Item = Seen>,
     per_connection: usize,
+    pool_has_room: bool,
 ) -> Option<usize> {
-    let mut best: Option<(usize, usize)> = None;
-    for (index, (held, holds_id)) in hosts.enumerate() {
-        let room = held < per_connection && !holds_id;
-        if room && best.is_none_or(|(_, most)| held > most) {
-            best = Some((index, held));
+    let mut best: Option<(usize, (usize, usize))> = None;
+    for (index, seen) in hosts.enumerate() {
+        let room = seen.held < per_connection && !seen.holds_id && seen.trying < QUEUE;
+        let rank = (seen.held, seen.trying);
+        if room && best.is_none_or(|(_, least)| rank < least) {
+            best = Some((index, rank));
         }
     }
-    best.map(|(index, _)| index)
+    match best {
+        Some((_, (_, trying))) if trying > 0 && pool_has_room => None,
+        best => best.map(|(index, _)| index),
+    }
 }
 
 impl Multiplexer {
@@ -112,24 +176,64 @@ impl Multiplexer {
             per_connection,
             answer_timeout,
             hosts: Mutex::new(Vec::new()),
+            room: Arc::new(Notify::new()),
+            opening: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
         })
     }
 
-    /// A place for `lock_id` on a connection with room that does not hold it already;
-    /// the fullest such connection first, so locks gather on few connections.
-    fn reserve(&self, lock_id: i64, mode: LockMode) -> Option<Membership> {
+    /// Counts an acquisition as waiting for a pool connection until the guard drops.
+    pub(crate) fn waiting_for_pool(&self) -> Waiting<'_> {
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        Waiting(self)
+    }
+
+    /// How many of this manager's acquisitions wait for a pool connection.
+    pub(crate) fn pool_waiters(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// Counts a connection of an acquisition's own as a host on its way until the
+    /// guard drops. Meanwhile other acquisitions take no place on a shared connection
+    /// and wait for it instead: a burst that opens connections spreads over them
+    /// rather than piling onto the first, whose tries are answered long before a new
+    /// connection is open.
+    pub(crate) fn opening(&self) -> Opening<'_> {
+        self.opening.fetch_add(1, Ordering::Relaxed);
+        Opening(self)
+    }
+
+    /// Resolves once a place may have come free on a shared connection after this
+    /// call (see [`Notified::enable`]: enable it before looking for room, so that
+    /// room freed meanwhile is not missed).
+    pub(crate) fn room_freed(&self) -> Notified<'_> {
+        self.room.notified()
+    }
+
+    /// A place for `lock_id` on a connection with room that does not hold it already
+    /// (see [`least_busy_with_room`]), counted as a try in flight on it.
+    fn reserve(&self, lock_id: i64, mode: LockMode, pool_has_room: bool) -> Option<Membership> {
+        if self.opening.load(Ordering::Relaxed) > 0 {
+            return None;
+        }
         let mut hosts = lock(&self.hosts);
         hosts.retain(|host| !host.state().retired);
-        let chosen = fullest_with_room(
+        let chosen = least_busy_with_room(
             hosts.iter().map(|host| {
                 let state = host.state();
-                (state.ids.len(), state.ids.contains(&lock_id))
+                Seen {
+                    held: state.ids.len(),
+                    holds_id: state.ids.contains(&lock_id),
+                    trying: state.trying,
+                }
             }),
             self.per_connection,
+            pool_has_room,
         )?;
         let host = &hosts[chosen];
         let mut state = host.state();
         state.ids.insert(lock_id);
+        state.trying += 1;
         drop(state);
         Some(Membership {
             host: Arc::clone(host),
@@ -147,9 +251,12 @@ impl Multiplexer {
             state: Mutex::new(HostState {
                 ids: HashSet::from([lock_id]),
                 retired: false,
+                trying: 0,
             }),
+            room: Arc::clone(&self.room),
         });
         lock(&self.hosts).push(Arc::clone(&host));
+        self.room.notify_waiters();
         Membership {
             host,
             lock_id,
@@ -178,7 +285,21 @@ impl Host {
             state.retired = true;
             return true;
         }
+        let open = !state.retired;
+        drop(state);
+        if open {
+            self.room.notify_waiters();
+        }
         false
+    }
+
+    /// A try reserved on the session was answered (or given up): its queue has room
+    /// for one more.
+    fn tried(&self) {
+        let mut state = self.state();
+        state.trying = state.trying.saturating_sub(1);
+        drop(state);
+        self.room.notify_one();
     }
 
     fn retire(&self) {
@@ -269,6 +390,15 @@ impl Drop for Membership {
     }
 }
 
+/// A try in flight on a host, until dropped.
+struct InFlight<'a>(&'a Host);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.tried();
+    }
+}
+
 /// After a cancelled try, acquisition or release on a shared connection: makes sure
 /// the session does not hold `lock_id` (statements run in order, so this comes after
 /// whatever was sent), then frees the place; closes the session if that cannot be shown.
@@ -294,16 +424,21 @@ async fn settle(host: Arc<Host>, lock_id: i64, mode: LockMode) {
 impl Multiplexer {
     /// One `pg_try_advisory_lock` on a shared connection with room for `lock_id`,
     /// within `limit`.
+    /// `pool_has_room`: whether the pool has a connection free (see
+    /// [`least_busy_with_room`]).
     pub(crate) async fn try_on_host(
         &self,
         lock_id: i64,
         mode: LockMode,
         limit: Limit,
+        pool_has_room: bool,
     ) -> Result<SharedTry, HostFailure> {
-        let Some(member) = self.reserve(lock_id, mode) else {
+        let Some(member) = self.reserve(lock_id, mode, pool_has_room) else {
             return Ok(SharedTry::NoHost);
         };
         let host = Arc::clone(&member.host);
+        // However the try ends (dropped too), it is no longer in flight.
+        let _in_flight = InFlight(&host);
         // The connection may be busy with another lock's statement (a keepalive that
         // gets no answer, say): that counts against the same limit.
         let Ok(mut slot) = limit.run(host.slot.lock()).await else {
@@ -415,19 +550,47 @@ impl Multiplexer {
 
 #[cfg(test)]
 mod tests {
-    use super::fullest_with_room;
+    use super::{Seen, least_busy_with_room};
+
+    fn choose(hosts: &[(usize, bool, usize)], cap: usize, pool_has_room: bool) -> Option<usize> {
+        let seen = hosts.iter().map(|&(held, holds_id, trying)| Seen {
+            held,
+            holds_id,
+            trying,
+        });
+        least_busy_with_room(seen, cap, pool_has_room)
+    }
 
     #[test]
-    fn locks_gather_on_the_fullest_host_with_room_that_does_not_hold_the_id() {
-        let choose = |hosts: &[(usize, bool)], cap| fullest_with_room(hosts.iter().copied(), cap);
-        assert_eq!(choose(&[], 10), None);
-        assert_eq!(choose(&[(3, false), (7, false), (5, false)], 10), Some(1));
+    fn locks_go_to_the_least_busy_then_least_filled_host_with_room() {
+        assert_eq!(choose(&[], 10, false), None);
+        assert_eq!(
+            choose(&[(3, false, 0), (7, false, 0), (2, false, 0)], 10, false),
+            Some(2)
+        );
+        // Of equals, the idle one.
+        assert_eq!(choose(&[(4, false, 1), (4, false, 0)], 10, false), Some(1));
+        // A host with a full queue of tries is passed over.
+        assert_eq!(choose(&[(1, false, 2)], 10, false), None);
         // Full hosts and hosts that hold the id already are passed over.
-        assert_eq!(choose(&[(3, false), (10, false), (7, true)], 10), Some(0));
-        assert_eq!(choose(&[(10, false), (4, true)], 10), None);
+        assert_eq!(
+            choose(&[(3, false, 0), (10, false, 0), (1, true, 0)], 10, false),
+            Some(0)
+        );
+        assert_eq!(choose(&[(10, false, 0), (4, true, 0)], 10, false), None);
         // Ties go to the first.
-        assert_eq!(choose(&[(2, false), (2, false)], 10), Some(0));
-        assert_eq!(choose(&[(0, false)], 1), Some(0));
-        assert_eq!(choose(&[(1, false)], 1), None);
+        assert_eq!(choose(&[(2, false, 0), (2, false, 0)], 10, false), Some(0));
+        assert_eq!(choose(&[(0, false, 0)], 1, false), Some(0));
+        assert_eq!(choose(&[(1, false, 0)], 1, false), None);
+    }
+
+    #[test]
+    fn busy_hosts_are_queued_on_only_when_the_pool_has_no_connection_free() {
+        let busy = [(3, false, 1), (5, false, 1)];
+        assert_eq!(choose(&busy, 10, true), None, "a connection of its own");
+        assert_eq!(choose(&busy, 10, false), Some(0), "the least filled");
+        // An idle host with room is taken even when the pool has room: one at a time,
+        // locks gather on few connections.
+        assert_eq!(choose(&[(5, false, 0)], 10, true), Some(0));
     }
 }

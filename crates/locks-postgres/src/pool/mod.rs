@@ -81,6 +81,16 @@ pub(crate) fn max_size(pool: &Pool) -> usize {
     pool.status().max_size
 }
 
+/// Whether a checkout would find a connection free now: an idle one, or room to open
+/// one. The pool's users are its checked-out connections, those being opened and the
+/// checkouts waiting (`size - available + waiting`); `waiters` of those are known to be
+/// waiting for a slot, so they take none yet.
+pub(crate) fn has_room(pool: &Pool, waiters: usize) -> bool {
+    let status = pool.status();
+    let users = (status.size + status.waiting).saturating_sub(status.available);
+    users.saturating_sub(waiters) < status.max_size
+}
+
 /// Whether a checkout failed only because every connection was in use.
 pub(crate) fn is_busy(error: &PoolError) -> bool {
     matches!(

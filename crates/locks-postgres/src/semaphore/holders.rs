@@ -11,7 +11,7 @@ use tokio_postgres::Client;
 
 use super::encoding::{SINCE_EPOCH_UNIX, TURNSTILE_SLOT, permits_of_marker};
 use crate::inner::Inner;
-use crate::inspect::{AdvisoryLockId, InspectError, all_lock_holders};
+use crate::inspect::{AdvisoryLockId, InspectError, int4_pair_lock_holders};
 
 /// [`Semaphore::permit_holders`](locks_port::Semaphore::permit_holders) of a manager:
 /// one pooled connection, one query.
@@ -42,8 +42,8 @@ pub(crate) async fn permit_holders(
 /// # Errors
 /// [`InspectError::Query`] when the server refuses.
 pub async fn semaphore_holders(client: &Client, name: &str) -> Result<PermitHolders, InspectError> {
-    let locks = all_lock_holders(client).await?;
     let class = PermitDerivation::CURRENT.class(name);
+    let locks = int4_pair_lock_holders(client, &[class, class | 1]).await?;
     let mut permits = BTreeSet::new();
     let mut participants = BTreeSet::new();
     let mut slots: Vec<(u32, Option<i32>, Option<String>)> = Vec::new();
