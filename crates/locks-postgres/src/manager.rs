@@ -201,10 +201,13 @@ impl PostgresLockManager {
     /// ```
     ///
     /// # Errors
-    /// [`InspectError::Pool`] without a connection within the manager's
-    /// [`connect_timeout`](crate::PostgresLockManagerBuilder::connect_timeout) (waiting for
-    /// a free pool connection and opening one both count; a pool whose every connection
-    /// holds a lock answers so), [`InspectError::Query`] when the server refuses.
+    /// [`InspectError::PoolFull`] when every pool connection stayed in use for the
+    /// manager's [`connect_timeout`](crate::PostgresLockManagerBuilder::connect_timeout)
+    /// (each held lock keeps one; the message says so in an acquisition's words: `could
+    /// not ask who holds advisory locks: no pool connection was free to look with (all 1
+    /// in use; each held lock keeps one)`), [`InspectError::Pool`] when no connection
+    /// could be opened within it (waiting for a free pool connection and opening one
+    /// both count), [`InspectError::Query`] when the server refuses.
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
