@@ -9,7 +9,7 @@ use uuid::Uuid;
 use super::RELEASE_GRACE;
 use locks_port::{
     AcquireOptions, AcquisitionErrorKind, DistributedLock, LockAcquisitionError, LockGuard,
-    ReleaseOutcome,
+    LockInfo, ReleaseOutcome,
 };
 
 /// The timeout of acquisitions that are expected to succeed.
@@ -114,6 +114,52 @@ pub(crate) fn assert_timeout_error(
         "{why}: a lock's error must speak of a lock"
     );
     assert_timeout_error_of(error, key, timeout, why, "Failed to acquire lock");
+}
+
+/// The error of a wait that timed out on a key the asking manager holds itself (as
+/// `held`, its guard's info, says): a timeout still, whose message names this manager
+/// as the holder with the guard's mode, holder id and grant time, and the fix.
+pub(crate) fn assert_held_here_error(
+    error: &LockAcquisitionError,
+    held: &LockInfo,
+    timeout: Duration,
+    why: &str,
+) {
+    let key = held.key();
+    assert_eq!(
+        error.kind(),
+        AcquisitionErrorKind::Timeout,
+        "{why}: {error:?}"
+    );
+    assert!(error.is_timeout(), "{why}: is_timeout() must stay true");
+    assert_eq!(error.timeout(), Some(timeout), "{why}: the call's timeout");
+    assert_eq!(error.key(), key, "{why}: the error must name the key");
+    assert!(
+        error.is_held_by_this_manager(),
+        "{why}: the error must say this manager holds the key: {error}"
+    );
+    let holder = held.holder_id().map_or_else(
+        || "no holder id".to_owned(),
+        |id| format!("holder id {id:?}"),
+    );
+    let message = error.to_string();
+    let words = format!(
+        "Failed to acquire lock '{key}': {}: this manager holds '{key}' itself ({}, {holder}, \
+         since {}T",
+        locks_port::timeout_reason(timeout),
+        held.mode().as_str(),
+        held.acquired_at().date(),
+    );
+    assert!(
+        message.starts_with(&words) && message.ends_with("Z): release that guard first"),
+        "{why}: {message:?} must say this manager holds the key, and the fix"
+    );
+    // The grant's time to the microsecond, as the port writes it (its own tests hold
+    // that format): the adapter passed its guard's own time, mode and holder id.
+    let expected = LockAcquisitionError::timed_out(key, timeout)
+        .held_by_this_manager(held.mode(), held.acquired_at(), held.holder_id())
+        .to_string();
+    assert_eq!(message, expected, "{why}");
 }
 
 /// [`assert_timeout_error`] for a semaphore's permit: the message speaks of a permit.

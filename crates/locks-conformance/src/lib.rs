@@ -37,9 +37,10 @@ pub use health::{
     release_by_key_tells_the_guard, with_lock_until_lost_stops_the_body,
 };
 pub use many::{
-    acquire_many_is_all_or_nothing, acquire_many_of_nothing_holds_nothing,
-    acquire_many_refuses_an_empty_key, acquire_many_takes_all_in_lock_id_order,
-    acquire_many_tells_of_a_member_taken_away, dropped_acquire_many_leaves_nothing_held,
+    acquire_many_is_all_or_nothing, acquire_many_names_a_key_this_manager_holds,
+    acquire_many_of_nothing_holds_nothing, acquire_many_refuses_an_empty_key,
+    acquire_many_takes_all_in_lock_id_order, acquire_many_tells_of_a_member_taken_away,
+    dropped_acquire_many_leaves_nothing_held,
 };
 pub use modes::{
     downgrade_keeps_a_queued_writer_waiting, downgrade_lets_readers_in_and_keeps_writers_out,
@@ -60,9 +61,10 @@ pub use semaphore::{
     waiters_are_served_in_arrival_order,
 };
 pub use waiting::{
-    acquire_times_out_on_held_key, cancelled_acquire_leaves_nothing_held,
-    poll_strategy_acquires_after_release, queue_timeout_returns_and_leaves_nothing,
-    second_acquire_by_same_manager_waits, zero_timeout_makes_one_attempt,
+    a_key_this_manager_holds_is_named_in_the_timeout, acquire_times_out_on_held_key,
+    cancelled_acquire_leaves_nothing_held, poll_strategy_acquires_after_release,
+    queue_timeout_returns_and_leaves_nothing, second_acquire_by_same_manager_waits,
+    zero_timeout_makes_one_attempt,
 };
 
 /// How an adapter plugs into the suite.
@@ -165,6 +167,7 @@ macro_rules! conformance_suite {
             every_waiter_gets_a_turn,
             guard_release_reports_outcome,
             second_acquire_by_same_manager_waits,
+            a_key_this_manager_holds_is_named_in_the_timeout,
             bookkeeping_is_per_manager,
             poll_strategy_acquires_after_release,
             queue_timeout_returns_and_leaves_nothing,
@@ -204,6 +207,7 @@ macro_rules! acquire_many_suite {
             acquire_many_of_nothing_holds_nothing,
             acquire_many_tells_of_a_member_taken_away,
             acquire_many_refuses_an_empty_key,
+            acquire_many_names_a_key_this_manager_holds,
         );
     };
 }

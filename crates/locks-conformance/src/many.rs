@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use super::Harness;
 use super::fixtures::{
-    WAIT, assert_timeout_error, bounded, eventually, eventually_acquirable, must_be_busy,
-    must_release, must_take, unique_key,
+    WAIT, assert_held_here_error, assert_timeout_error, bounded, eventually, eventually_acquirable,
+    must_be_busy, must_release, must_take, unique_key,
 };
 use locks_port::{
-    AcquireMany, AcquireOptions, DistributedLock, LockGroup, LockMode, LockRegistry, LostReason,
-    ReleaseOutcome, lock_id,
+    AcquireMany, AcquireOptions, DistributedLock, LockGroup, LockGuard, LockMode, LockRegistry,
+    LostReason, ReleaseOutcome, lock_id,
 };
 
 /// Three unique keys of one case, sorted by lock id (the order they are taken in).
@@ -196,4 +196,36 @@ pub async fn acquire_many_refuses_an_empty_key<H: Harness<Manager: AcquireMany>>
         let guard = must_take(&harness.manager(), key, "a key of the refused group").await;
         must_release(guard, "a key of the refused group").await;
     }
+}
+
+/// A group whose wait times out on a key the asking manager holds itself (its own
+/// guard) says so, as the single lock's timeout does, naming that key; nothing of the
+/// group stays held. Another manager's group on the same keys times out without saying
+/// so (the negative control).
+pub async fn acquire_many_names_a_key_this_manager_holds<H: Harness<Manager: AcquireMany>>(
+    harness: &H,
+) {
+    let manager = harness.manager();
+    let other = harness.manager();
+    let keys = keys_by_lock_id("acquire_many_names_a_key_this_manager_holds");
+    let held = must_take(&manager, &keys[1], "the middle key alone").await;
+    let timeout = Duration::from_millis(250);
+    match manager.acquire_many(&refs(&keys), bounded(timeout)).await {
+        Ok(_locks) => panic!("a group must not take a key its own manager holds"),
+        Err(error) => assert_held_here_error(&error, held.info(), timeout, "a group"),
+    }
+    assert_eq!(
+        manager.held_lock_count(),
+        1,
+        "only the single lock stays held"
+    );
+    match other.acquire_many(&refs(&keys), bounded(timeout)).await {
+        Ok(_locks) => panic!("another manager's group must not take a held key"),
+        Err(error) => {
+            assert_timeout_error(&error, &keys[1], timeout, "another manager's group");
+            assert!(!error.is_held_by_this_manager(), "{error}");
+        }
+    }
+    assert_eq!(other.held_lock_count(), 0);
+    must_release(held, "the middle key").await;
 }

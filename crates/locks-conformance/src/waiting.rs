@@ -5,12 +5,14 @@ use std::time::{Duration, Instant};
 
 use super::Harness;
 use super::fixtures::{
-    WAIT, assert_timeout_error, bounded, eventually_acquirable, join, must_acquire, must_release,
-    unique_key,
+    WAIT, assert_held_here_error, assert_timeout_error, bounded, eventually_acquirable, join,
+    must_acquire, must_release, unique_key,
 };
 #[cfg(doc)]
 use locks_port::LockAcquisitionError;
-use locks_port::{AcquireOptions, DistributedLock, LockRegistry, WaitStrategy};
+use locks_port::{
+    AcquireOptions, DistributedLock, LockGuard, LockMode, LockRegistry, WaitStrategy,
+};
 
 /// (7) `acquire` with a 50 ms timeout on a held key fails with a timeout
 /// [`LockAcquisitionError`]: kind, timeout, key, reason and message as the Python library's.
@@ -78,9 +80,9 @@ pub async fn second_acquire_by_same_manager_waits<H: Harness>(harness: &H) {
     let timeout = Duration::from_millis(100);
     match a.acquire(&key, bounded(timeout)).await {
         Ok(_guard) => panic!("a manager must not acquire a key it already holds twice"),
-        Err(error) => assert_timeout_error(
+        Err(error) => assert_held_here_error(
             &error,
-            &key,
+            first.info(),
             timeout,
             "a second acquire by the same manager",
         ),
@@ -114,6 +116,69 @@ pub async fn second_acquire_by_same_manager_waits<H: Harness>(harness: &H) {
     must_release(second, "second acquisition").await;
     assert!(!a.is_held(&key));
     assert_eq!(a.held_lock_count(), 0);
+}
+
+/// A wait that times out on a key the asking manager holds itself says so: still a
+/// timeout (kind, `is_timeout`, the call's timeout), with the reason naming this manager
+/// as the holder (mode, holder id and grant time of its guard) and the fix: with the
+/// queue, with polling, with a zero timeout, and for an exclusive request beside this
+/// manager's own shared hold. Another manager's timeout on the same key says nothing of
+/// the kind (the negative control); `try_acquire` stays `None`, with `is_held` telling
+/// why.
+pub async fn a_key_this_manager_holds_is_named_in_the_timeout<H: Harness>(harness: &H) {
+    let a = harness.manager();
+    let b = harness.manager();
+    let key = unique_key("a_key_this_manager_holds_is_named_in_the_timeout");
+    // Long enough for a pool to open a connection on a loaded machine: a timeout that
+    // expires while opening one is `Unreachable`, not the lock's timeout.
+    let timeout = Duration::from_millis(250);
+    let held = must_acquire(&a, &key, "acquire of a free key").await;
+    let polling = AcquireOptions::new()
+        .with_wait_strategy(WaitStrategy::Poll)
+        .with_retry_interval(Duration::from_millis(10));
+    let cases = [
+        ("in the queue", bounded(timeout), timeout),
+        ("polling", polling.with_timeout(timeout), timeout),
+        (
+            "with a zero timeout",
+            bounded(Duration::ZERO),
+            Duration::ZERO,
+        ),
+    ];
+    for (how, options, timeout) in cases {
+        match a.acquire(&key, options).await {
+            Ok(_guard) => panic!("{how}: a manager must not take a key it holds twice"),
+            Err(error) => assert_held_here_error(&error, held.info(), timeout, how),
+        }
+        match b.acquire(&key, options).await {
+            Ok(_guard) => panic!("{how}: another manager must not take a held key"),
+            Err(error) => {
+                assert_timeout_error(&error, &key, timeout, how);
+                assert!(
+                    !error.is_held_by_this_manager(),
+                    "{how}: another manager's timeout must not say it holds the key: {error}"
+                );
+            }
+        }
+    }
+    match a.try_acquire(&key).await {
+        Ok(None) => assert!(a.is_held(&key), "is_held tells why try_acquire said no"),
+        Ok(Some(_guard)) => panic!("try_acquire must not take a key this manager holds"),
+        Err(error) => panic!("try_acquire of a key this manager holds is no error: {error}"),
+    }
+    must_release(held, "the exclusive hold").await;
+
+    let shared = AcquireOptions::shared().with_timeout(timeout);
+    let reader = match a.acquire(&key, shared).await {
+        Ok(guard) => guard,
+        Err(error) => panic!("a shared acquire of a free key: {error}"),
+    };
+    assert_eq!(reader.info().mode(), LockMode::Shared);
+    match a.acquire(&key, bounded(timeout)).await {
+        Ok(_guard) => panic!("an exclusive request must not be granted beside a shared hold"),
+        Err(error) => assert_held_here_error(&error, reader.info(), timeout, "beside a reader"),
+    }
+    must_release(reader, "the shared hold").await;
 }
 
 /// [`WaitStrategy::Poll`] times out like the queue and acquires once the holder

@@ -5,9 +5,11 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
 
 use locks_port::{
-    AcquisitionErrorKind, LockInfo, LockMode, LossNotifier, LostReason, LostSignal, ReleaseOutcome,
+    AcquisitionErrorKind, LockAcquisitionError, LockInfo, LockMode, LossNotifier, LostReason,
+    LostSignal, ReleaseOutcome,
 };
 
 use crate::semaphore_table::LivePermits;
@@ -33,6 +35,8 @@ pub(crate) struct Held {
     pub(crate) notifier: LossNotifier,
     /// Dropping it releases the lock.
     permit: HeldPermit,
+    /// When it was granted (its guard's `acquired_at`), for the error of a wait on it.
+    since: SystemTime,
 }
 
 impl Drop for Held {
@@ -83,18 +87,50 @@ impl ManagerInner {
         LockInfo::acquired_now(key, lock_id, self.holder_id.clone()).with_mode(mode)
     }
 
-    /// Books the taken `permit` of `key` for the acquisition `token`; `notifier` is
-    /// told when the entry goes.
-    pub(crate) fn insert(&self, key: &str, token: u64, notifier: LossNotifier, permit: HeldPermit) {
+    /// Books the taken `permit` of `key` (granted as `info` says) for the acquisition
+    /// `token`; `notifier` is told when the entry goes.
+    pub(crate) fn insert(
+        &self,
+        info: &LockInfo,
+        token: u64,
+        notifier: LossNotifier,
+        permit: HeldPermit,
+    ) {
+        let key = info.key();
         let held = Held {
             token,
             notifier,
             permit,
+            since: info.acquired_at_system_time(),
         };
         // A manager books a key only while holding its lock, so no entry can be there;
         // if one were, dropping it would release its permit, never leak it.
         let previous = self.held_map().insert(key.to_owned(), held);
         drop(previous);
+    }
+
+    /// The timeout of a wait in `mode` for `key` that lasted `timeout`, saying so when
+    /// this manager holds `key` itself in a mode that excludes `mode` (as the PostgreSQL
+    /// manager's error does).
+    pub(crate) fn timed_out(
+        &self,
+        key: &str,
+        mode: LockMode,
+        timeout: Duration,
+    ) -> LockAcquisitionError {
+        let error = LockAcquisitionError::timed_out(key, timeout);
+        let held = self
+            .held_map()
+            .get(key)
+            .map(|held| (held.permit.mode(), held.since));
+        match held {
+            Some((held_mode, since))
+                if mode == LockMode::Exclusive || held_mode == LockMode::Exclusive =>
+            {
+                error.held_by_this_manager(held_mode, since, self.holder_id())
+            }
+            _ => error,
+        }
     }
 
     /// Downgrades `key` to shared if it is still booked for the acquisition `token`;

@@ -227,7 +227,7 @@ impl InMemoryLockManager {
         let info = inner.info(key, slot.lock_id(), mode);
         let notifier = LossNotifier::new();
         let lost = notifier.signal();
-        inner.insert(key, token, notifier, HeldPermit::new(slot, permits(mode)));
+        inner.insert(&info, token, notifier, HeldPermit::new(slot, permits(mode)));
         InMemoryLockGuard::new(Arc::clone(inner), token, info, lost)
     }
 }
@@ -282,7 +282,10 @@ impl DistributedLock for InMemoryLockManager {
     /// Python library. A zero timeout makes exactly one attempt.
     ///
     /// # Errors
-    /// A timeout, as [`LockAcquisitionError::timed_out`].
+    /// A timeout, as [`LockAcquisitionError::timed_out`]; when this manager holds `key`
+    /// itself (in a mode that excludes the one asked for) the error says so, as
+    /// [`LockAcquisitionError::held_by_this_manager`] words it. Without a timeout such
+    /// a wait lasts until that guard is released, for ever if nobody releases it.
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future while it waits leaves the queue, returns a
@@ -301,10 +304,8 @@ impl DistributedLock for InMemoryLockManager {
             Ok(self.book(key, slot, options.mode()))
         } else {
             // `slot` is dropped on return, leaving the table.
-            Err(LockAcquisitionError::timed_out(
-                key,
-                options.timeout().unwrap_or_default(),
-            ))
+            let timeout = options.timeout().unwrap_or_default();
+            Err(self.inner.timed_out(key, options.mode(), timeout))
         }
     }
 

@@ -95,10 +95,8 @@ impl InMemoryLockManager {
                 None => options,
             };
             if !Self::wait_for_permit(&slot, key, left).await? {
-                return Err(LockAcquisitionError::timed_out(
-                    key,
-                    options.timeout().unwrap_or_default(),
-                ));
+                let timeout = options.timeout().unwrap_or_default();
+                return Err(self.inner.timed_out(key, options.mode(), timeout));
             }
             taken.push((key, HeldPermit::new(slot, wanted)));
         }
@@ -116,8 +114,9 @@ impl InMemoryLockManager {
         let notifier = LossNotifier::new();
         let mut infos = Vec::with_capacity(taken.len());
         for (key, permit) in taken {
-            infos.push(inner.info(key, permit.lock_id(), options.mode()));
-            inner.insert(key, token, notifier.clone(), permit);
+            let info = inner.info(key, permit.lock_id(), options.mode());
+            inner.insert(&info, token, notifier.clone(), permit);
+            infos.push(info);
         }
         InMemoryLockGroup {
             manager: Arc::clone(inner),

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use locks_port::{KeyDerivation, Proclamation};
+use locks_port::{KeyDerivation, LockMode, Proclamation};
 use tokio::sync::Semaphore;
 
 /// The permits of one lock: the most shared holders one key can have at once (more
@@ -181,6 +181,15 @@ impl HeldPermit {
     /// The lock id of the held lock.
     pub(crate) fn lock_id(&self) -> i64 {
         self.slot.lock_id()
+    }
+
+    /// How the lock is held: exclusive while the hold has every permit.
+    pub(crate) fn mode(&self) -> LockMode {
+        if self.permits == READER_PERMITS {
+            LockMode::Exclusive
+        } else {
+            LockMode::Shared
+        }
     }
 
     /// Keeps one permit and gives the rest back (an exclusive hold becomes a shared

@@ -4,15 +4,29 @@ use std::error::Error as StdError;
 use std::fmt;
 use std::time::Duration;
 
+use time::OffsetDateTime;
+
+use crate::LockMode;
+
 /// A boxed error from a backend (for PostgreSQL: a `tokio_postgres::Error` or a pool
 /// error), kept as the [`source`](StdError::source) of the error that wraps it.
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
 /// What went wrong when a lock could not be acquired, named for what the caller can do.
+///
+/// A key the asking manager holds itself is no kind of its own: the wait for it times
+/// out as [`Timeout`](Self::Timeout), and the error says who holds it
+/// ([`LockAcquisitionError::is_held_by_this_manager`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum AcquisitionErrorKind {
     /// Someone else held the lock for the whole timeout. Retry later or give up.
+    ///
+    /// "Someone else" may be the very manager that asked (another of its guards): then
+    /// [`is_held_by_this_manager`](LockAcquisitionError::is_held_by_this_manager) is
+    /// true and the reason says so. Waiting for that key without a timeout
+    /// ([`AcquireOptions::wait_forever`](crate::AcquireOptions::wait_forever)) waits
+    /// for ever unless that guard is released by some other task: no error ever comes.
     Timeout,
     /// Every pool connection was in use past the timeout (or at once, for
     /// `try_acquire`), or the pool is closed. Each held lock keeps one connection: size
@@ -73,6 +87,8 @@ struct Repr {
     source: Option<BoxError>,
     /// A semaphore's permit, not a lock, could not be had (the message says so).
     permit: bool,
+    /// The asking manager itself holds the key (the reason says so).
+    held_here: bool,
 }
 
 impl fmt::Debug for LockAcquisitionError {
@@ -85,6 +101,7 @@ impl fmt::Debug for LockAcquisitionError {
             .field("timeout", &repr.timeout)
             .field("source", &repr.source)
             .field("permit", &repr.permit)
+            .field("held_here", &repr.held_here)
             .finish()
     }
 }
@@ -105,6 +122,7 @@ impl LockAcquisitionError {
                 timeout: None,
                 source: None,
                 permit: false,
+                held_here: false,
             }),
         }
     }
@@ -193,6 +211,69 @@ impl LockAcquisitionError {
         self
     }
 
+    /// Says that the manager that asked holds the key itself, in `mode` since `since`
+    /// (its holder id `holder_id`, if it has one): the reason gains
+    /// `: this manager holds '{key}' itself ({mode}, holder id "{id}", since {RFC 3339
+    /// time}): release that guard first`. Kind, timeout and source are unchanged, so a
+    /// timeout stays [`Timeout`](AcquisitionErrorKind::Timeout) and callers that match on
+    /// the kind or [`is_timeout`](Self::is_timeout) see what they saw before.
+    ///
+    /// Adapters call it when a wait times out (or a zero-timeout attempt is refused) and
+    /// their own book holds the key in a mode that excludes the one asked for.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use locks_port::{LockAcquisitionError, LockMode};
+    /// use locks_port::time::OffsetDateTime;
+    ///
+    /// // 2026-12-05T08:30:00.25Z
+    /// let since = OffsetDateTime::from_unix_timestamp(1_796_459_400).unwrap()
+    ///     + Duration::from_millis(250);
+    /// let error = LockAcquisitionError::timed_out("job:nightly", Duration::from_millis(500))
+    ///     .held_by_this_manager(LockMode::Exclusive, since, Some("worker-1"));
+    /// assert_eq!(
+    ///     error.to_string(),
+    ///     "Failed to acquire lock 'job:nightly': Timeout after 0.5s: this manager holds \
+    ///      'job:nightly' itself (exclusive, holder id \"worker-1\", since \
+    ///      2026-12-05T08:30:00.250000Z): release that guard first"
+    /// );
+    /// assert!(error.is_timeout());
+    /// assert!(error.is_held_by_this_manager());
+    /// ```
+    #[must_use]
+    pub fn held_by_this_manager(
+        mut self,
+        mode: LockMode,
+        since: impl Into<OffsetDateTime>,
+        holder_id: Option<&str>,
+    ) -> Self {
+        use fmt::Write as _;
+        let repr = &mut *self.repr;
+        let since = since.into().to_offset(time::UtcOffset::UTC);
+        let holder = match holder_id {
+            Some(id) => format!("holder id {id:?}"),
+            None => "no holder id".to_owned(),
+        };
+        // `write!` into a String cannot fail.
+        let _ = write!(
+            repr.reason,
+            ": this manager holds '{}' itself ({}, {holder}, since {}): release that guard first",
+            repr.key,
+            mode.as_str(),
+            rfc3339_micros(since),
+        );
+        repr.held_here = true;
+        self
+    }
+
+    /// Whether the key is held by the very manager that asked (see
+    /// [`held_by_this_manager`](Self::held_by_this_manager)): waiting longer will not
+    /// help until that manager's guard is released.
+    #[must_use]
+    pub fn is_held_by_this_manager(&self) -> bool {
+        self.repr.held_here
+    }
+
     /// Whether this is a semaphore's error (see [`for_permit`](Self::for_permit)).
     #[must_use]
     pub fn is_permit(&self) -> bool {
@@ -235,6 +316,21 @@ impl LockAcquisitionError {
 pub fn timeout_reason(timeout: Duration) -> String {
     // `{:?}` on f64 prints like Python's `str(float)` for these values: 0.2, 5.0, 0.05.
     format!("Timeout after {:?}s", timeout.as_secs_f64())
+}
+
+/// `2026-12-05T08:30:00.250000Z`: RFC 3339 in UTC, to the microsecond (what a person
+/// reads in an error; the port has no formatting feature of `time` to do it).
+fn rfc3339_micros(at: OffsetDateTime) -> String {
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z",
+        at.year(),
+        u8::from(at.month()),
+        at.day(),
+        at.hour(),
+        at.minute(),
+        at.second(),
+        at.microsecond(),
+    )
 }
 
 impl fmt::Display for LockAcquisitionError {
@@ -385,6 +481,30 @@ mod tests {
             );
             assert!(error.source().is_none());
         }
+    }
+
+    #[test]
+    fn a_key_held_here_is_named_and_stays_a_timeout() {
+        let since = OffsetDateTime::UNIX_EPOCH
+            .to_offset(time::UtcOffset::from_hms(2, 0, 0).unwrap())
+            + Duration::from_micros(1_500_001);
+        let plain = LockAcquisitionError::timed_out("k", Duration::from_millis(200));
+        assert!(!plain.is_held_by_this_manager());
+        let error = plain.held_by_this_manager(LockMode::Shared, since, None);
+        assert!(error.is_held_by_this_manager());
+        assert_eq!(error.kind(), AcquisitionErrorKind::Timeout);
+        assert_eq!(error.timeout(), Some(Duration::from_millis(200)));
+        assert_eq!(
+            error.reason(),
+            "Timeout after 0.2s: this manager holds 'k' itself (shared, no holder id, since \
+             1970-01-01T00:00:01.500001Z): release that guard first"
+        );
+        let quoted = LockAcquisitionError::timed_out("k", Duration::ZERO).held_by_this_manager(
+            LockMode::Exclusive,
+            since,
+            Some("w\"1"),
+        );
+        assert!(quoted.reason().contains(r#"holder id "w\"1""#), "{quoted}");
     }
 
     #[test]

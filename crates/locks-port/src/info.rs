@@ -105,6 +105,14 @@ impl LockInfo {
         OffsetDateTime::from(self.acquired_at)
     }
 
+    /// When the lock was granted, as the system clock read it: what
+    /// [`acquired_at`](Self::acquired_at) gives, without converting it to a calendar
+    /// date (for a manager that keeps the grant's time in its own book).
+    #[must_use]
+    pub fn acquired_at_system_time(&self) -> SystemTime {
+        self.acquired_at
+    }
+
     /// The holder label of the manager that took the lock, if it has one.
     #[must_use]
     pub fn holder_id(&self) -> Option<&str> {

@@ -249,7 +249,13 @@ pub trait LockGuard: Send + fmt::Debug {
 ///
 /// A second acquisition of a key the same manager already holds contends like any
 /// other holder: [`try_acquire`](DistributedLock::try_acquire) gives `None`, and
-/// [`acquire`](DistributedLock::acquire) waits for the first to be released.
+/// [`acquire`](DistributedLock::acquire) waits for the first to be released. A bounded
+/// wait then times out with an error that says the holder is this manager
+/// ([`LockAcquisitionError::is_held_by_this_manager`], reason `Timeout after 0.5s: this
+/// manager holds 'job:nightly' itself (exclusive, holder id "worker-1", since …):
+/// release that guard first`); a wait without a timeout waits for ever, or until some
+/// other task releases that guard (the task that holds it and awaits the second
+/// acquisition never will).
 pub trait DistributedLock: Send + Sync {
     /// The guard of a held lock.
     type Guard: LockGuard;
@@ -260,8 +266,11 @@ pub trait DistributedLock: Send + Sync {
     /// bounds the wait, a [`LockMode`] chooses the mode.
     ///
     /// # Errors
-    /// [`LockAcquisitionError`]: a timeout (reason `Timeout after {s}s`), or a backend
-    /// failure (reason `Database error: …`, the backend's error as source).
+    /// [`LockAcquisitionError`]: a timeout (reason `Timeout after {s}s`, followed by
+    /// `: this manager holds '{key}' itself (…): release that guard first` when the
+    /// holder is this very manager), or a backend failure (reason `Database error: …`,
+    /// the backend's error as source). Without a timeout there is no timeout error: a
+    /// key this manager holds is waited for until that guard is released.
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future at any await point leaves no lock held and
@@ -273,7 +282,8 @@ pub trait DistributedLock: Send + Sync {
     ) -> impl Future<Output = Result<Self::Guard, LockAcquisitionError>> + Send;
 
     /// Takes the exclusive lock for `key` if it is free right now; `Ok(None)` when it is
-    /// held (by anyone, this manager included). Never waits for the lock.
+    /// held (by anyone, this manager included: [`is_held`](DistributedLock::is_held)
+    /// tells whether the holder is this manager). Never waits for the lock.
     ///
     /// # Errors
     /// A backend failure, as [`LockAcquisitionError`] with the backend's error as

@@ -127,6 +127,14 @@ impl AcquireOptions {
     /// Wait as long as it takes, in the backend's queue (no timeout): what
     /// [`new`](Self::new) and [`Default`] give, named for what it does.
     ///
+    /// It waits for ever when nobody releases the key, and that includes a key this
+    /// very manager holds: the acquisition is granted only once that guard is released
+    /// by some other task, and a task that awaits it while holding the guard never
+    /// is. There is no error to say so (a bounded wait's timeout does:
+    /// [`LockAcquisitionError::is_held_by_this_manager`](crate::LockAcquisitionError::is_held_by_this_manager));
+    /// check [`DistributedLock::is_held`](crate::DistributedLock::is_held) first when
+    /// the same manager may hold the key.
+    ///
     /// ```
     /// use locks_port::AcquireOptions;
     /// assert_eq!(AcquireOptions::wait_forever().timeout(), None);

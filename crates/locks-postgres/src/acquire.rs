@@ -303,6 +303,13 @@ async fn wait_after_try(
     session: Session,
 ) -> Attempt {
     let mode = options.mode();
+    tell_of_own_hold(
+        inner,
+        key,
+        lock_id,
+        mode,
+        "waits until that guard is released",
+    );
     match (deadline, options.wait_strategy()) {
         // The waits are boxed: kept out of the uncontended path's future, which
         // is moved on every call (a large future costs a copy per move).
@@ -356,6 +363,13 @@ pub(crate) async fn acquire_group(
             continue;
         };
         let at = next + busy;
+        tell_of_own_hold(
+            inner,
+            keys[at],
+            lock_ids[at],
+            mode,
+            "waits until that guard is released",
+        );
         let waiting = wait_in_queue(
             inner,
             keys[at],
@@ -365,7 +379,9 @@ pub(crate) async fn acquire_group(
             deadline,
             at > 0,
         );
-        session = Box::pin(waiting).await?;
+        session = Box::pin(waiting)
+            .await
+            .map_err(|error| said_if_held_here(inner, keys[at], lock_ids[at], mode, error))?;
         next = at + 1;
     }
     Ok(session)
@@ -436,6 +452,57 @@ pub(crate) async fn try_session(
             session.into_pool();
             Ok(None)
         }
+    }
+}
+
+/// `error`, saying so when it is a timeout and this manager holds `key` itself in a
+/// mode that excludes `mode` (another of its guards): the caller's own hold, not another
+/// process, kept the lock busy. Asks the book only, on the failure path.
+pub(crate) fn said_if_held_here(
+    inner: &Inner,
+    key: &str,
+    lock_id: i64,
+    mode: LockMode,
+    error: LockAcquisitionError,
+) -> LockAcquisitionError {
+    if !error.is_timeout() {
+        return error;
+    }
+    let held = inner.book().holding_against(key, lock_id, mode);
+    match held {
+        Some((held_mode, since)) => {
+            let holder_id = inner.holder_id().map(String::as_str);
+            error.held_by_this_manager(held_mode, since, holder_id)
+        }
+        None => error,
+    }
+}
+
+/// A debug event when an acquisition of `key` in `mode` finds the key busy and this
+/// manager holds it itself; `then` says what the acquisition does about it. Only on
+/// the busy path, and only when the event would be recorded: one look in the book, no
+/// round trip, no allocation.
+pub(crate) fn tell_of_own_hold(
+    inner: &Inner,
+    key: &str,
+    lock_id: i64,
+    mode: LockMode,
+    then: &'static str,
+) {
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return;
+    }
+    let held = inner.book().holding_against(key, lock_id, mode);
+    if let Some((held_mode, _since)) = held {
+        tracing::debug!(
+            key = inner.shown(key),
+            lock_id,
+            mode = mode.as_str(),
+            held_mode = held_mode.as_str(),
+            holder_id = inner.holder_id().map(String::as_str),
+            then,
+            "the key is busy because this manager holds it itself"
+        );
     }
 }
 

@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use locks_port::{LockMode, LossNotifier};
+use locks_port::{LockInfo, LockMode, LossNotifier};
 use smallvec::SmallVec;
 use tokio::time::Instant;
 
@@ -35,6 +35,9 @@ pub(crate) struct Held {
     ticket: u64,
     lock_id: i64,
     mode: LockMode,
+    /// When it was granted (its guard's `acquired_at`, as the clock read it), for the
+    /// error of a wait on a key this manager holds.
+    since: SystemTime,
     slot: SessionSlot,
     notifier: LossNotifier,
     /// When the connection last answered (the last keepalive), or, until the first,
@@ -47,11 +50,12 @@ pub(crate) struct Held {
 }
 
 impl Held {
+    /// The entry of the grant `info` describes (its lock id, mode and time; `key` is
+    /// its key, shared), of the acquisition with `ticket`.
     pub(crate) fn new(
         key: Arc<str>,
         ticket: u64,
-        lock_id: i64,
-        mode: LockMode,
+        info: &LockInfo,
         slot: SessionSlot,
         notifier: LossNotifier,
         holding: Holding,
@@ -59,8 +63,9 @@ impl Held {
         Self {
             key,
             ticket,
-            lock_id,
-            mode,
+            lock_id: info.lock_id(),
+            mode: info.mode(),
+            since: info.acquired_at_system_time(),
             slot,
             notifier,
             last_answer: None,
@@ -227,6 +232,25 @@ impl Book {
         self.by_id
             .get(&lock_id)
             .is_some_and(|entries| entries.iter().any(|held| *held.key == *key))
+    }
+
+    /// How this manager holds `key` (whose lock id is `lock_id`) when that hold
+    /// excludes a request in `mode`: the hold's mode and when it was granted. An
+    /// exclusive request is excluded by any hold, a shared one by an exclusive hold.
+    pub(crate) fn holding_against(
+        &self,
+        key: &str,
+        lock_id: i64,
+        mode: LockMode,
+    ) -> Option<(LockMode, SystemTime)> {
+        self.by_id
+            .get(&lock_id)?
+            .iter()
+            .find(|held| {
+                *held.key == *key
+                    && (mode == LockMode::Exclusive || held.mode == LockMode::Exclusive)
+            })
+            .map(|held| (held.mode, held.since))
     }
 
     /// Adds an entry; gives back the entries it displaces: a second exclusive grant of

@@ -87,6 +87,14 @@ pub(crate) fn unreachable(
     with_timeout(error, deadline)
 }
 
+/// What a full pool of `pool_size` connections says, after `what` (how a connection
+/// was looked for): `{what} (all {pool_size} in use; each held lock keeps one)`. Every
+/// error that found no free pool connection says it in these words: an acquisition's,
+/// a semaphore's or leader board's read, an inspection's.
+pub(crate) fn pool_full(what: &str, pool_size: usize) -> String {
+    format!("{what} (all {pool_size} in use; each held lock keeps one)")
+}
+
 /// No pool slot (`what` says how it was looked for) in a pool of `pool_size`.
 pub(crate) fn pool_exhausted(
     key: &str,
@@ -94,7 +102,7 @@ pub(crate) fn pool_exhausted(
     pool_size: usize,
     deadline: Option<Deadline>,
 ) -> LockAcquisitionError {
-    let reason = format!("{what} (all {pool_size} in use; each held lock keeps one)");
+    let reason = pool_full(what, pool_size);
     let error = LockAcquisitionError::new(key, AcquisitionErrorKind::PoolUnavailable, reason);
     with_timeout(error, deadline)
 }

@@ -69,7 +69,7 @@ pub(crate) fn record(
         holder_id = inner.holder_id().map(String::as_str),
         "lock acquired"
     );
-    let entry = Held::new(shared_key, ticket, lock_id, mode, slot, notifier, holding);
+    let entry = Held::new(shared_key, ticket, &info, slot, notifier, holding);
     book_entries(inner, std::iter::once(entry), span);
     PostgresLockGuard::new(Arc::clone(inner), info, ticket, lost)
 }

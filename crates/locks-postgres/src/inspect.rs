@@ -12,9 +12,9 @@ use std::net::IpAddr;
 use time::OffsetDateTime;
 use tokio_postgres::{Client, SimpleQueryMessage, SimpleQueryRow};
 
-use crate::errors::describe;
+use crate::errors::{describe, pool_full};
 use crate::inner::Inner;
-use crate::pool::PoolError;
+use crate::pool::{self, PoolError, Pooled};
 use locks_port::LockMode;
 
 /// The prefix of `application_name` on the manager's lock connections: `locks:<holder id>`.
@@ -99,10 +99,23 @@ pub struct LockHolder {
 #[non_exhaustive]
 pub enum InspectError {
     /// No connection could be had from the manager's pool within its
-    /// [`connect_timeout`](crate::PostgresLockManagerBuilder::connect_timeout): every
-    /// connection is in use (each held lock keeps one), or the server did not let one be
-    /// opened.
+    /// [`connect_timeout`](crate::PostgresLockManagerBuilder::connect_timeout): the
+    /// server did not let one be opened. (A pool whose every connection was in use is
+    /// [`PoolFull`](Self::PoolFull).)
     Pool(PoolError),
+    /// Every connection of the manager's pool stayed in use for the whole
+    /// [`connect_timeout`](crate::PostgresLockManagerBuilder::connect_timeout): each
+    /// held lock keeps one. Size the pool for the most locks held at once plus the
+    /// reads. The message says it as an acquisition's does: `could not ask who holds
+    /// advisory locks: no pool connection was free to look with (all 1 in use; each
+    /// held lock keeps one)`.
+    PoolFull {
+        /// `no pool connection was free to look with (all {n} in use; each held lock
+        /// keeps one)`.
+        reason: String,
+        /// The pool's error (a wait that timed out).
+        source: PoolError,
+    },
     /// The query failed.
     Query {
         /// The server's (or driver's) words.
@@ -121,6 +134,9 @@ impl fmt::Display for InspectError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Pool(_) => f.write_str("could not ask who holds advisory locks: no connection"),
+            Self::PoolFull { reason, .. } => {
+                write!(f, "could not ask who holds advisory locks: {reason}")
+            }
             Self::Query { reason, .. } => {
                 write!(f, "could not ask who holds advisory locks: {reason}")
             }
@@ -134,11 +150,27 @@ impl fmt::Display for InspectError {
 impl std::error::Error for InspectError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Self::Pool(source) => Some(source),
+            Self::Pool(source) | Self::PoolFull { source, .. } => Some(source),
             Self::Query { source, .. } => Some(source),
             Self::UnexpectedAnswer { .. } => None,
         }
     }
+}
+
+/// A pooled connection for one inspection read, within the manager's connect timeout
+/// ([`pool::for_one_read`]); a pool whose every connection stayed in use is
+/// [`InspectError::PoolFull`], said in the words of an acquisition's full pool.
+pub(crate) async fn connection_for_read(inner: &Inner) -> Result<Pooled, InspectError> {
+    let checked_out = pool::for_one_read(inner.pool(), inner.settings().connect_timeout).await;
+    checked_out.map_err(|source| {
+        if pool::is_busy(&source) {
+            let what = "no pool connection was free to look with";
+            let reason = pool_full(what, pool::max_size(inner.pool()));
+            InspectError::PoolFull { reason, source }
+        } else {
+            InspectError::Pool(source)
+        }
+    })
 }
 
 /// [`PostgresLockManager::holders`]: on a pooled connection.
@@ -146,17 +178,13 @@ pub(crate) async fn holders_of_key(
     inner: &Inner,
     key: &str,
 ) -> Result<Vec<LockHolder>, InspectError> {
-    let client = crate::pool::for_one_read(inner.pool(), inner.settings().connect_timeout)
-        .await
-        .map_err(InspectError::Pool)?;
+    let client = connection_for_read(inner).await?;
     lock_holders(&client, inner.lock_ids().lock_id(key)).await
 }
 
 /// [`PostgresLockManager::holders_of_all`]: on a pooled connection.
 pub(crate) async fn holders_of_every_lock(inner: &Inner) -> Result<Vec<LockHolder>, InspectError> {
-    let client = crate::pool::for_one_read(inner.pool(), inner.settings().connect_timeout)
-        .await
-        .map_err(InspectError::Pool)?;
+    let client = connection_for_read(inner).await?;
     all_lock_holders(&client).await
 }
 

@@ -64,9 +64,7 @@ impl LockTableUsage {
 /// [`PostgresLockManager::lock_table_usage`]: on a pooled connection, with the gauges
 /// recorded.
 pub(crate) async fn recorded_usage(inner: &Inner) -> Result<LockTableUsage, InspectError> {
-    let client = crate::pool::for_one_read(inner.pool(), inner.settings().connect_timeout)
-        .await
-        .map_err(InspectError::Pool)?;
+    let client = crate::inspect::connection_for_read(inner).await?;
     let usage = lock_table_usage(&client).await?;
     inner.metrics().lock_table(usage.advisory, usage.capacity);
     Ok(usage)

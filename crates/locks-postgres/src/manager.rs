@@ -201,10 +201,13 @@ impl PostgresLockManager {
     /// ```
     ///
     /// # Errors
-    /// [`InspectError::Pool`] without a connection within the manager's
-    /// [`connect_timeout`](crate::PostgresLockManagerBuilder::connect_timeout) (waiting for
-    /// a free pool connection and opening one both count; a pool whose every connection
-    /// holds a lock answers so), [`InspectError::Query`] when the server refuses.
+    /// [`InspectError::PoolFull`] when every pool connection stayed in use for the
+    /// manager's [`connect_timeout`](crate::PostgresLockManagerBuilder::connect_timeout)
+    /// (each held lock keeps one; the message says so in an acquisition's words: `could
+    /// not ask who holds advisory locks: no pool connection was free to look with (all 1
+    /// in use; each held lock keeps one)`), [`InspectError::Pool`] when no connection
+    /// could be opened within it (waiting for a free pool connection and opening one
+    /// both count), [`InspectError::Query`] when the server refuses.
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
@@ -353,11 +356,19 @@ impl DistributedLock for PostgresLockManager {
     /// undone before the connection goes back to the pool.
     ///
     /// # Errors
-    /// [`LockAcquisitionError`] with kind `Timeout` (lock busy), `PoolUnavailable`
+    /// [`LockAcquisitionError`] with kind `Timeout` (lock busy; when the holder is this
+    /// manager itself, another of its guards, the reason says so and
+    /// [`is_held_by_this_manager`](LockAcquisitionError::is_held_by_this_manager) is
+    /// true: `Timeout after 0.5s: this manager holds 'job:nightly' itself (exclusive,
+    /// holder id "worker-1", since 2026-12-05T08:30:00.250000Z): release that guard
+    /// first`), `PoolUnavailable`
     /// (no pool slot in time), `Unreachable`, `Configuration`, `ConnectionLost`,
     /// `Deadlock`, `Cancelled` or `Backend`; database failures have the reason
     /// `Database error: <the server's message> (<SQLSTATE>)` and the driver's error as
-    /// source.
+    /// source. Without a timeout a key this manager holds is waited for until that
+    /// guard is released, for ever if nobody releases it; a debug event
+    /// (`the key is busy because this manager holds it itself`) says so when the wait
+    /// begins.
     ///
     /// # Cancel safety
     /// Cancel safe. Dropped while waiting for a connection: nothing was taken. Dropped
@@ -393,7 +404,13 @@ impl DistributedLock for PostgresLockManager {
                 acquire::register_grant(inner, shared_key, lock_id, options.mode(), grant, &span)
                     .await
             }
-            Err(error) => Err(error),
+            Err(error) => Err(acquire::said_if_held_here(
+                inner,
+                key,
+                lock_id,
+                options.mode(),
+                error,
+            )),
         };
         finish_acquire_span(&span, started, attempt.as_ref().map(|_| true));
         let outcome = attempt.as_ref().map(|_| true);
@@ -404,7 +421,8 @@ impl DistributedLock for PostgresLockManager {
     }
 
     /// One `pg_try_advisory_lock` (`_shared` in [`LockMode::Shared`]); `Ok(None)` when
-    /// the lock is held elsewhere.
+    /// the lock is held elsewhere, or by this manager itself
+    /// ([`is_held`](DistributedLock::is_held) tells which; a debug event says so).
     ///
     /// It never waits for the lock, and not for a pool slot either — when every
     /// connection is in use it fails at once with kind `PoolUnavailable`. Opening a
@@ -442,7 +460,10 @@ impl DistributedLock for PostgresLockManager {
                     .await
                     .map(Some)
             }
-            Ok(None) => Ok(None),
+            Ok(None) => {
+                acquire::tell_of_own_hold(inner, key, lock_id, mode, "try_acquire says None");
+                Ok(None)
+            }
             Err(error) => Err(error),
         };
         finish_acquire_span(&span, started, attempt.as_ref().map(Option::is_some));

@@ -97,16 +97,15 @@ async fn register_group(
         {
             info = info.with_fencing_token(token);
         }
-        infos.push(info);
         entries.push(Held::new(
             shared_key,
             ticket,
-            lock_id,
-            mode,
+            &info,
             Arc::clone(&slot),
             notifier.clone(),
             Holding::Group(Arc::clone(&group)),
         ));
+        infos.push(info);
     }
     grant::book_entries(inner, entries, span);
     Ok(PostgresLockGroup {

@@ -9,11 +9,11 @@ fn book() -> Book {
 /// An entry whose session slot is empty (no connection: the book never looks
 /// inside it).
 fn held(key: &str, lock_id: i64, ticket: u64, mode: LockMode, holding: Holding) -> Held {
+    let info = LockInfo::acquired_now(key, lock_id, None).with_mode(mode);
     Held::new(
         Arc::from(key),
         ticket,
-        lock_id,
-        mode,
+        &info,
         crate::slot::Slot::empty(),
         LossNotifier::new(),
         holding,

@@ -11,6 +11,10 @@ use time::OffsetDateTime;
 
 use crate::support::{admin, database_url, pool, unique_key};
 
+/// What an inspection read says of a pool of `{n}` whose every connection holds a lock.
+const FULL_POOL_READ: &str = "could not ask who holds advisory locks: no pool connection was \
+     free to look with (all {n} in use; each held lock keeps one)";
+
 /// A plain session with `application_name` set, and its backend pid.
 async fn session(application_name: &str) -> (Client, i32) {
     let mut config: tokio_postgres::Config = database_url().parse().expect("URL");
@@ -231,17 +235,22 @@ async fn reads_on_a_full_pool_answer_within_the_connect_timeout() {
     assert!(
         matches!(
             error,
-            InspectError::Pool(PoolError::Timeout(TimeoutType::Wait))
+            InspectError::PoolFull {
+                source: PoolError::Timeout(TimeoutType::Wait),
+                ..
+            }
         ),
         "{error:?}"
     );
+    assert_eq!(error.to_string(), FULL_POOL_READ.replace("{n}", "2"));
     assert!(started.elapsed() >= bound, "waited {:?}", started.elapsed());
 
     let read = tokio::time::timeout(within, manager.holders_of_all()).await;
     let error = read
         .expect("holders_of_all answered in time")
         .expect_err("no connection");
-    assert!(matches!(error, InspectError::Pool(_)), "{error:?}");
+    assert!(matches!(error, InspectError::PoolFull { .. }), "{error:?}");
+    assert_eq!(error.to_string(), FULL_POOL_READ.replace("{n}", "2"));
 
     let read = tokio::time::timeout(within, manager.permit_holders(&key)).await;
     let error = read
@@ -268,4 +277,58 @@ async fn reads_on_a_full_pool_answer_within_the_connect_timeout() {
     drop(guards.pop());
     let answered = tokio::time::timeout(within, manager.holders(&key)).await;
     assert!(answered.expect("in time").expect("a connection").is_empty());
+}
+
+/// A read on a pool of 1 whose connection holds a lock says what an acquisition says of
+/// that pool (`all 1 in use; each held lock keeps one`), for every inspection read: the
+/// text comes from one place. Once the lock is released the same reads answer (the
+/// control: the error is the full pool's, not the reads').
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_on_a_full_pool_says_what_an_acquisition_says() {
+    use locks_port::{AcquisitionErrorKind, DistributedLock, LockGuard, Semaphore};
+    use locks_postgres::InspectError;
+
+    let full_pool = "(all 1 in use; each held lock keeps one)";
+    let manager = PostgresLockManager::builder(pool(1))
+        .connect_timeout(Duration::from_millis(300))
+        .build();
+    let key = unique_key("full-pool-of-one");
+    let guard = manager.acquire(&key, Duration::from_secs(5)).await.unwrap();
+
+    let acquisition = manager
+        .try_acquire(&unique_key("full-pool-of-one-other"))
+        .await
+        .expect_err("no connection is free");
+    assert_eq!(acquisition.kind(), AcquisitionErrorKind::PoolUnavailable);
+    assert!(acquisition.reason().ends_with(full_pool), "{acquisition}");
+
+    let expected = FULL_POOL_READ.replace("{n}", "1");
+    let error = manager.holders(&key).await.expect_err("the pool is full");
+    assert!(matches!(error, InspectError::PoolFull { .. }), "{error:?}");
+    assert_eq!(error.to_string(), expected);
+    assert!(std::error::Error::source(&error).is_some());
+    let error = manager
+        .holders_of_all()
+        .await
+        .expect_err("the pool is full");
+    assert_eq!(error.to_string(), expected);
+    let error = manager
+        .lock_table_usage()
+        .await
+        .expect_err("the pool is full");
+    assert_eq!(error.to_string(), expected);
+    let error = manager
+        .permit_holders("full-pool-of-one")
+        .await
+        .expect_err("the pool is full");
+    assert_eq!(error.kind(), AcquisitionErrorKind::PoolUnavailable);
+    assert_eq!(
+        error.reason(),
+        format!("no pool connection was free to look with {full_pool}")
+    );
+
+    guard.release().await;
+    let holders = manager.holders(&key).await.expect("a free connection");
+    assert!(holders.is_empty(), "{holders:?}");
+    manager.lock_table_usage().await.expect("a free connection");
 }

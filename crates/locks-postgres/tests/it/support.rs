@@ -59,3 +59,27 @@ pub(crate) async fn holders(admin: &tokio_postgres::Client, lock_id: i64) -> i64
 pub(crate) fn unique_key(name: &str) -> String {
     format!("it:{}", throwaway_pg::testing::unique(name))
 }
+
+/// Counts the events whose message starts with `prefix`, from any thread.
+pub(crate) struct Counting {
+    pub(crate) prefix: &'static str,
+    pub(crate) seen: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Counting {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message<'a>(&'static str, &'a mut bool);
+        impl tracing::field::Visit for Message<'_> {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    *self.1 |= format!("{value:?}").starts_with(self.0);
+                }
+            }
+        }
+        let mut matched = false;
+        event.record(&mut Message(self.prefix, &mut matched));
+        if matched {
+            self.seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}

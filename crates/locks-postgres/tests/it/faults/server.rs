@@ -16,7 +16,7 @@ use super::{
     Mode, Watched, admin_at, assert_bounded, assert_pool_within_bounds, assert_still_locks,
     drop_cluster, own_cluster, pool_at, pool_from, timeout, wait_for,
 };
-use crate::support::{holders, unique_key};
+use crate::support::{Counting, holders, unique_key};
 
 in_both_modes!(a_server_restart_while_locks_are_held);
 /// A server restart with 10 locks held: every guard is told (`ConnectionClosed`) within
@@ -204,30 +204,6 @@ async fn a_bounded_acquire_on_a_server_that_stops_answering_fails_with_connectio
     assert_still_locks(&manager, key, "the manager works on a new connection").await;
     drop((lock, manager));
     drop_cluster(cluster);
-}
-
-/// Counts the events whose message starts with `prefix`, from any thread.
-struct Counting {
-    prefix: &'static str,
-    seen: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-}
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Counting {
-    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        struct Message<'a>(&'static str, &'a mut bool);
-        impl tracing::field::Visit for Message<'_> {
-            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-                if field.name() == "message" {
-                    *self.1 |= format!("{value:?}").starts_with(self.0);
-                }
-            }
-        }
-        let mut matched = false;
-        event.record(&mut Message(self.prefix, &mut matched));
-        if matched {
-            self.seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
-    }
 }
 
 /// With `release_in_background`, an acquisition of a key whose unlock this manager still
