@@ -18,7 +18,6 @@ mod metrics;
 mod multiplex;
 mod poolers;
 mod processes;
-mod self_held;
 mod semaphore_waits;
 mod semaphores;
 mod support;
