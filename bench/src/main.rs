@@ -7,7 +7,7 @@
 //!
 //! Every scenario alternates the library and its baseline within the run, so a noisy
 //! machine shifts both alike; it prints markdown tables (with PASS/MISS against the
-//! targets) and writes a JSON file and `handoff.svg` next to it.
+//! targets) and writes a JSON file and the charts (`handoff.svg`, `scale.svg`) next to it.
 //!
 //! The modules stand in floors, each importing only from the floors below it (the test
 //! `imports_run_downward` fails on any other edge):
@@ -64,7 +64,7 @@ usage: lock-bench [--url URL] [--quick] [--out FILE.json] [--only LIST] [--scale
   --url URL     the PostgreSQL server (default: $LOCKS_DATABASE_URL)
   --quick       small iteration counts (under a minute and a half)
   --out FILE    the JSON results (default: target/bench/lock-bench-{quick,full}.json);
-                the markdown and handoff.svg are written next to it
+                the markdown and the charts (handoff.svg, scale.svg) beside it
   --only LIST   comma-separated scenarios: cycle, try, shared, many, throughput, handoff,
                 hold, memory, instructions (needs valgrind), metrics (valgrind),
                 latency, cutover-append, multiplex, groups, permits; and scale

@@ -30,10 +30,10 @@ instructions per cycle under callgrind, through a delaying proxy; queue against 
 the in-memory manager against a tokio Mutex) on the server in LOCKS_DATABASE_URL, or on a
 throwaway PostgreSQL when it is not set. Prints markdown tables with PASS/MISS against the
 targets; writes target/bench/lock-bench-{quick,full}.json, a .md beside it and
-target/bench/handoff.svg. Installs valgrind (apt-get) when it is missing.
+target/bench/handoff.svg (and scale.svg). Installs valgrind (apt-get) when it is missing.
 
   --quick       small iteration counts (about a minute of measuring)
-  --out FILE    where the JSON goes (the .md and handoff.svg go beside it)
+  --out FILE    where the JSON goes (the .md and the charts go beside it)
   --only LIST   comma-separated scenarios: cycle, try, shared, many, throughput, handoff,
                 hold, memory, instructions, metrics, latency, cutover-append, multiplex,
                 groups, permits; and scale (only when named)
