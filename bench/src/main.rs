@@ -7,7 +7,7 @@
 //!
 //! Every scenario alternates the library and its baseline within the run, so a noisy
 //! machine shifts both alike; it prints markdown tables (with PASS/MISS against the
-//! targets) and writes a JSON file and `handoff.svg` next to it.
+//! targets) and writes a JSON file and the charts (`handoff.svg`, `scale.svg`) next to it.
 //!
 //! The modules stand in floors, each importing only from the floors below it (the test
 //! `imports_run_downward` fails on any other edge):
@@ -18,7 +18,7 @@
 //! - 3: `pinned` (the pinned cycle method), `callgrind` (instruction counts);
 //! - scenarios, one file each, none importing another: `cycle`, `try_acquire`, `shared`,
 //!   `many`, `throughput`, `handoff`, `hold`, `memory`, `instructions`, `metrics`,
-//!   `latency`, `cutover_append`, `multiplex`, `groups`, `permits`.
+//!   `latency`, `cutover_append`, `multiplex`, `groups`, `permits`, `scale`.
 
 mod callgrind;
 mod chart;
@@ -43,6 +43,7 @@ mod pinned;
 mod plan;
 mod proxy;
 mod report;
+mod scale;
 mod shared;
 mod stats;
 mod throughput;
@@ -58,15 +59,18 @@ use crate::db::Database;
 pub(crate) use crate::plan::{BoxError, DATABASE_URL_ENV, Plan};
 
 const HELP: &str = "\
-usage: lock-bench [--url URL] [--quick] [--out FILE.json] [--only LIST]
+usage: lock-bench [--url URL] [--quick] [--out FILE.json] [--only LIST] [--scale-max N]
 
   --url URL     the PostgreSQL server (default: $LOCKS_DATABASE_URL)
   --quick       small iteration counts (under a minute and a half)
   --out FILE    the JSON results (default: target/bench/lock-bench-{quick,full}.json);
-                the markdown and handoff.svg are written next to it
+                the markdown and the charts (handoff.svg, scale.svg) beside it
   --only LIST   comma-separated scenarios: cycle, try, shared, many, throughput, handoff,
                 hold, memory, instructions (needs valgrind), metrics (valgrind),
-                latency, cutover-append, multiplex, groups, permits
+                latency, cutover-append, multiplex, groups, permits; and scale
+                (only when named: it needs a server sized for it)
+  --scale-max N the scale scenario's largest held-lock count (default 1e5, 1e4 with
+                --quick; 1e6 needs a server sized for it: `cargo xtask bench` sizes it)
 
   --count-instructions CLIENT --cycles N
                 the child that `instructions` runs under callgrind: N cycles of CLIENT
@@ -74,7 +78,7 @@ usage: lock-bench [--url URL] [--quick] [--out FILE.json] [--only LIST]
                 library-fencing, library-otel, library-metrics-off, … as the tables name)
 ";
 
-const SCENARIOS: [&str; 15] = [
+const SCENARIOS: [&str; 16] = [
     "cycle",
     "try",
     "shared",
@@ -90,6 +94,7 @@ const SCENARIOS: [&str; 15] = [
     "multiplex",
     "groups",
     "permits",
+    "scale",
 ];
 
 #[derive(Debug)]
@@ -107,9 +112,15 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Args>, String>
     let mut url = None;
     let mut quick = false;
     let mut out = None;
-    let mut only: Vec<String> = SCENARIOS.iter().map(|s| (*s).to_owned()).collect();
+    // `scale` needs a server sized for it and minutes: only when named.
+    let mut only: Vec<String> = SCENARIOS
+        .iter()
+        .filter(|s| **s != "scale")
+        .map(|s| (*s).to_owned())
+        .collect();
     let mut child = None;
     let mut cycles = None;
+    let mut scale_max = None;
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
         let mut value = |name: &str| {
@@ -130,6 +141,7 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Args>, String>
                     return Err(format!("unknown scenario `{unknown}`\n\n{HELP}"));
                 }
             }
+            "--scale-max" => scale_max = Some(plan::parse_count(&value("--scale-max")?)?),
             "--count-instructions" => child = Some(value("--count-instructions")?),
             "--cycles" => {
                 let text = value("--cycles")?;
@@ -158,7 +170,10 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Args>, String>
             .filter(|url| !url.trim().is_empty())
             .ok_or_else(|| format!("no server: pass --url or set {DATABASE_URL_ENV}\n\n{HELP}"))?,
     };
-    let plan = Plan::new(quick);
+    let mut plan = Plan::new(quick);
+    if let Some(count) = scale_max {
+        plan.scale_max = count;
+    }
     let out = out
         .unwrap_or_else(|| PathBuf::from(format!("target/bench/lock-bench-{}.json", plan.mode())));
     Ok(Some(Args {
@@ -252,6 +267,7 @@ async fn run(args: &Args) -> Result<(), BoxError> {
             "multiplex" => multiplex::run(&db, plan).await?,
             "groups" => groups::run(&db, plan).await?,
             "permits" => permits::run(&db, plan).await?,
+            "scale" => scale::run(&db, plan).await?,
             _ => unreachable!("scenario names are checked when parsing"),
         };
         outcomes.push(outcome);
@@ -352,13 +368,24 @@ mod tests {
             "--quick",
             "--only",
             "cycle,hold",
+            "--scale-max",
+            "1e6",
         ])
         .unwrap()
         .unwrap();
         assert_eq!(parsed.url, "postgres://x@y/z");
         assert!(parsed.plan.quick);
         assert_eq!(parsed.only, ["cycle", "hold"]);
+        assert_eq!(parsed.plan.scale_max, 1_000_000);
+        assert!(args(&["--url", "u", "--scale-max", "lots"]).is_err());
         assert_eq!(parsed.out, Path::new("target/bench/lock-bench-quick.json"));
+        let default = args(&["--url", "u"]).unwrap().unwrap();
+        assert!(default.only.iter().any(|s| s == "cycle"));
+        assert!(
+            !default.only.iter().any(|s| s == "scale"),
+            "scale only when named"
+        );
+        assert_eq!(default.plan.scale_max, 100_000);
         assert!(args(&["--help"]).unwrap().is_none());
         assert!(args(&["--url", "u", "--only", "nope"]).is_err());
         assert!(args(&["--url", "u", "--bogus"]).is_err());

@@ -30,6 +30,12 @@ pub(crate) struct Plan {
     pub(crate) callgrind_cycles: usize,
     pub(crate) latency_rounds: usize,
     pub(crate) latency_batch: usize,
+    /// The `scale` scenario's largest held-lock count (10^4 quick, 10^5 full; `--scale-max`).
+    pub(crate) scale_max: usize,
+    /// Each `scale` curve point's measuring window (throughput, handoff, groups).
+    pub(crate) scale_window: Duration,
+    /// Rounds of each `scale` comparison (library and raw alternate within a round).
+    pub(crate) scale_rounds: usize,
 }
 
 impl Plan {
@@ -55,6 +61,9 @@ impl Plan {
             callgrind_cycles: pick(quick, 300, 2000),
             latency_rounds: pick(quick, 5, 10),
             latency_batch: pick(quick, 40, 200),
+            scale_max: pick(quick, 10_000, 100_000),
+            scale_window: ms(300, 1000),
+            scale_rounds: pick(quick, 1, 3),
         }
     }
 
@@ -63,6 +72,35 @@ impl Plan {
     }
 }
 
+/// A count given as `100000`, `1e5` or `100_000`: a whole number from 1 to 10^7.
+pub(crate) fn parse_count(text: &str) -> Result<usize, String> {
+    let cleaned = text.replace('_', "");
+    let value: f64 = cleaned
+        .parse()
+        .map_err(|_| format!("`{text}` is not a count (write 100000 or 1e5)"))?;
+    if !(1.0..=1e7).contains(&value) || value.fract() != 0.0 {
+        return Err(format!("`{text}` is not a whole count from 1 to 1e7"));
+    }
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    Ok(value as usize)
+}
+
 fn pick<T>(quick: bool, small: T, full: T) -> T {
     if quick { small } else { full }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_read_as_people_write_them() {
+        assert_eq!(parse_count("1e6"), Ok(1_000_000));
+        assert_eq!(parse_count("100_000"), Ok(100_000));
+        assert_eq!(parse_count("1000"), Ok(1000));
+        assert!(parse_count("1.5").is_err());
+        assert!(parse_count("0").is_err());
+        assert!(parse_count("1e9").is_err());
+        assert!(parse_count("many").is_err());
+    }
 }

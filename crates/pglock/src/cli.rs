@@ -31,6 +31,17 @@ Connection: --url, else DATABASE_URL, else the libpq environment (PGHOST, PGPORT
 PGUSER, PGPASSWORD or ~/.pgpass, PGDATABASE, PGAPPNAME, PGSSLMODE, PGSSLROOTCERT,
 PGCONNECT_TIMEOUT), as psql reads them.";
 
+/// The exit codes of `pglock capacity`.
+const CAPACITY_EXIT_CODES: &str = "\
+Exit codes:
+  0   the plan printed; with a server, its lock table is large enough
+  1   the server's lock table is smaller than N locks need
+  64  bad usage; 69, 77, 78 as for the other commands (the server unreachable,
+      credentials, bad connection settings)
+
+Without --url or DATABASE_URL no database is contacted. The server is asked only SHOW
+of its settings, never pg_locks.";
+
 /// Run a command under a distributed lock on PostgreSQL advisory locks.
 ///
 /// Keys are strings, turned into the same 64-bit advisory lock id as the Rust library
@@ -132,6 +143,21 @@ pub(crate) enum Command {
         /// Create the ledger table (once per database) and exit.
         #[arg(long, conflicts_with_all = ["key", "json", "schedule"])]
         install: bool,
+    },
+    /// Print what a server needs to hold N advisory locks at once
+    /// (max_locks_per_transaction, shared memory); with --url or DATABASE_URL, also what
+    /// the server has and whether it is enough.
+    #[command(after_help = CAPACITY_EXIT_CODES)]
+    Capacity {
+        /// How many locks are held at once (all processes together).
+        #[arg(long, value_name = "N")]
+        locks: u64,
+        /// The server's max_connections [default: the server's, else 100].
+        #[arg(long, value_name = "C")]
+        connections: Option<u64>,
+        /// Print one JSON document instead of text.
+        #[arg(long)]
+        json: bool,
     },
     /// Print the advisory lock id of KEY (no database needed).
     Id {

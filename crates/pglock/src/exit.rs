@@ -45,7 +45,7 @@ pub(crate) const SIGNAL_BASE: u8 = 128;
 pub(crate) const TABLE: &[(&str, &str)] = &[
     (
         "0",
-        "success: the command exited 0; `run --once-per` on a host whose slot another host ran (or ran before); `who`, `list`, `jobs`, `id`, `man`, `completions` done; `break` ended the holder's sessions or found nobody to end",
+        "success: the command exited 0; `run --once-per` on a host whose slot another host ran (or ran before); `who`, `list`, `jobs`, `id`, `man`, `completions` done; `capacity` printed its plan (and the server's lock table is large enough); `break` ended the holder's sessions or found nobody to end",
     ),
     (
         "the command's",
@@ -53,7 +53,7 @@ pub(crate) const TABLE: &[(&str, &str)] = &[
     ),
     (
         "1 (`-E`)",
-        "the lock was not acquired: busy with `-n`, or `-w` ran out. One code for both, as in `flock`: either way someone else holds the lock, and scripts written for `flock -E` keep working (the stderr line says which); `pglock break`: the answer to its prompt was not yes",
+        "the lock was not acquired: busy with `-n`, or `-w` ran out. One code for both, as in `flock`: either way someone else holds the lock, and scripts written for `flock -E` keep working (the stderr line says which); `pglock break`: the answer to its prompt was not yes; `pglock capacity`: the server's lock table is smaller than the locks need",
     ),
     (
         "64",

@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 mod break_lock;
+mod capacity;
 mod cli;
 mod connect;
 mod descendants;
@@ -76,6 +77,15 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
         }
         Command::Completions { shell } => return generate::completions(*shell),
         Command::Man { dir } => return generate::man(dir.as_deref()),
+        Command::Capacity {
+            locks,
+            connections,
+            json,
+        } if cli.connection.url.is_none()
+            && std::env::var("DATABASE_URL").map_or(true, |url| url.is_empty()) =>
+        {
+            return Ok(capacity::offline(*locks, *connections, *json));
+        }
         _ => {}
     }
     let target = connect::resolve(
@@ -113,6 +123,11 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
             Command::List { json, watch } => show::list(&target, say, json, watch).await,
             Command::Shards { group, json } => shards::show(&target, &group, json).await,
             Command::Break(args) => break_lock::run(&target, args, say).await,
+            Command::Capacity {
+                locks,
+                connections,
+                json,
+            } => capacity::online(&target, say, locks, connections, json).await,
             Command::Id { .. } | Command::Completions { .. } | Command::Man { .. } => Ok(0),
         }
     })

@@ -2,6 +2,7 @@
 //! (`LOCKS_DATABASE_URL`, or a throwaway cluster started for this test process).
 
 mod break_lock;
+mod capacity;
 mod errors;
 mod generate;
 mod group;
