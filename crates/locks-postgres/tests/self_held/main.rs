@@ -4,8 +4,7 @@
 //! process-wide; seen with the multiplexing cases beside it).
 
 #[allow(dead_code)]
-#[path = "it/support.rs"]
+#[path = "../it/support.rs"]
 mod support;
 
-#[path = "self_held_case.rs"]
-mod self_held;
+mod case;
