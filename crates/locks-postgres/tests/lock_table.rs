@@ -11,7 +11,6 @@ use locks_port::{
 };
 use locks_postgres::tokio_postgres::error::SqlState;
 use locks_postgres::{PostgresLockManager, is_lock_table_full};
-use throwaway_pg::ThrowawayPostgres;
 
 const MAX_LOCKS_PER_TRANSACTION: u64 = 10;
 const MAX_CONNECTIONS: u64 = 20;
@@ -23,18 +22,12 @@ const MOST: u64 = 20_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_lock_table_refuses_with_the_servers_words_and_recovers() {
-    let server = tokio::task::spawn_blocking(|| {
-        ThrowawayPostgres::builder()
-            .setting(
-                "max_locks_per_transaction",
-                MAX_LOCKS_PER_TRANSACTION.to_string(),
-            )
-            .setting("max_connections", MAX_CONNECTIONS.to_string())
-            .start()
-            .expect("start a cluster with a small lock table")
-    })
-    .await
-    .expect("the start-up thread");
+    let server = throwaway_pg::testing::cluster_with_lock_table(
+        MAX_LOCKS_PER_TRANSACTION,
+        MAX_CONNECTIONS,
+        "a cluster with a small lock table",
+    )
+    .await;
     let pool = locks_postgres::plain_pool(&server.url(), 4).expect("pool");
     let manager = PostgresLockManager::new(pool);
 

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use locks_leader::LeaderElection;
 use locks_port::{AcquireOptions, DistributedLock, LockGuard, LockRegistry};
 use locks_postgres::PostgresLockManager;
-use throwaway_pg::ThrowawayPostgres;
 
 const HELD: usize = 100_000;
 const CONNECTIONS: usize = 50;
@@ -19,8 +18,8 @@ const IN_FLIGHT: usize = 64;
 /// Room for the locks and the server's own (`max_locks_per_transaction ×
 /// max_connections` entries: 2,048 × 64 = 131,072, about 54 MB of shared memory).
 /// The manager's 50 connections, an observer's 2 and the test's own fit in 64.
-const MAX_LOCKS_PER_TRANSACTION: u32 = 2048;
-const MAX_CONNECTIONS: u32 = 64;
+const MAX_LOCKS_PER_TRANSACTION: u64 = 2048;
+const MAX_CONNECTIONS: u64 = 64;
 /// The README's bound on one observation read at 10^5 held locks (a correctness bound,
 /// loose on a shared machine: measured 0.18 to 0.3 s).
 const READ_BOUND: Duration = Duration::from_secs(5);
@@ -51,18 +50,12 @@ async fn within_bound<T>(what: &str, read: impl Future<Output = T>) -> T {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_thousand_locks_held_multiplexed_seen_and_all_released() {
-    let server = tokio::task::spawn_blocking(|| {
-        ThrowawayPostgres::builder()
-            .setting(
-                "max_locks_per_transaction",
-                MAX_LOCKS_PER_TRANSACTION.to_string(),
-            )
-            .setting("max_connections", MAX_CONNECTIONS.to_string())
-            .start()
-            .expect("start a cluster sized for 100,000 locks")
-    })
-    .await
-    .expect("the start-up thread");
+    let server = throwaway_pg::testing::cluster_with_lock_table(
+        MAX_LOCKS_PER_TRANSACTION,
+        MAX_CONNECTIONS,
+        "a cluster sized for 100,000 locks",
+    )
+    .await;
     let admin = throwaway_pg::testing::connect(&server.url()).await;
     let pool = locks_postgres::plain_pool(&server.url(), CONNECTIONS).expect("pool");
     let manager = PostgresLockManager::builder(pool)

@@ -35,6 +35,28 @@ pub async fn connect(url: &str) -> Client {
     client
 }
 
+/// A throwaway cluster of its own with a lock table sized by `max_locks_per_transaction`
+/// and `max_connections` (it holds their product), started off the runtime's threads (call
+/// it inside a Tokio runtime); `why` names it in the panic if it cannot start.
+pub async fn cluster_with_lock_table(
+    max_locks_per_transaction: u64,
+    max_connections: u64,
+    why: &'static str,
+) -> crate::ThrowawayPostgres {
+    tokio::task::spawn_blocking(move || {
+        crate::ThrowawayPostgres::builder()
+            .setting(
+                "max_locks_per_transaction",
+                max_locks_per_transaction.to_string(),
+            )
+            .setting("max_connections", max_connections.to_string())
+            .start()
+            .unwrap_or_else(|error| panic!("start {why}: {error}"))
+    })
+    .await
+    .expect("the start-up thread")
+}
+
 /// A plain connection to the test server, for inspecting it (`pg_locks`,
 /// `pg_terminate_backend`).
 pub async fn admin() -> Client {
