@@ -146,7 +146,7 @@ async fn terminated_leader_stops_first(key: &str, takeover: Option<Duration>, cu
     let elect = |holder: &'static str| {
         // The election's permit, the leading permit and a `who_leads` look.
         let pool = match cut {
-            Cut::EverySessionUnannounced => crate::told::unannounced_pool(3),
+            Cut::EverySessionUnannounced => crate::support::unannounced_pool(3),
             _ => pool(3),
         };
         let manager = PostgresLockManager::builder(pool).holder_id(holder).build();

@@ -18,6 +18,7 @@ mod metrics;
 mod multiplex;
 mod poolers;
 mod processes;
+mod recorded;
 mod semaphore_waits;
 mod semaphores;
 mod support;

@@ -6,154 +6,18 @@
 
 use std::time::Duration;
 
+use opentelemetry::metrics::MeterProvider as _;
+
 use locks_leader::{LeaderElection, Leadership, TermEnd};
 use locks_port::{
     AcquireOptions, DistributedLock, LockGuard, LockMode, LostReason, ReleaseOutcome,
 };
 use locks_port::{PermitGuard, Semaphore};
-use locks_postgres::PostgresLockManager;
-use opentelemetry::metrics::MeterProvider as _;
-use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
-use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
 
 use crate::faults::{holder_pids, terminate_backend, wait_for};
-use crate::semaphores::{locks_of_class, terminate_slot_holder};
-use crate::support::{admin, pool, unannounced_pool, unique_key};
-
-/// One data point as exported: the instrument, its attributes as text, and the value
-/// (a sum's value, or a histogram's count and sum).
-#[derive(Debug, Clone)]
-pub(crate) struct Point {
-    name: String,
-    unit: String,
-    attributes: Vec<(String, String)>,
-    value: f64,
-    count: u64,
-}
-
-impl Point {
-    fn attribute(&self, name: &str) -> Option<&str> {
-        self.attributes
-            .iter()
-            .find(|(key, _)| key == name)
-            .map(|(_, value)| value.as_str())
-    }
-
-    fn has(&self, wanted: &[(&str, &str)]) -> bool {
-        wanted
-            .iter()
-            .all(|(name, value)| self.attribute(name) == Some(value))
-    }
-}
-
-/// A meter provider of one test, with the SDK's in-memory exporter behind a periodic
-/// reader (flushed on demand).
-pub(crate) struct Recorded {
-    exporter: InMemoryMetricExporter,
-    provider: SdkMeterProvider,
-}
-
-impl Recorded {
-    pub(crate) fn new() -> Self {
-        let exporter = InMemoryMetricExporter::default();
-        let provider = SdkMeterProvider::builder()
-            .with_reader(PeriodicReader::builder(exporter.clone()).build())
-            .build();
-        Self { exporter, provider }
-    }
-
-    /// A manager builder on a pool of `size` whose instruments record here.
-    pub(crate) fn manager(&self, size: usize) -> locks_postgres::PostgresLockManagerBuilder {
-        PostgresLockManager::builder(pool(size)).meter(self.provider.meter("it-metrics"))
-    }
-
-    /// [`manager`](Self::manager) on a pool whose connections' end wakes no monitor.
-    fn unannounced_manager(&self, size: usize) -> locks_postgres::PostgresLockManagerBuilder {
-        PostgresLockManager::builder(unannounced_pool(size))
-            .meter(self.provider.meter("it-metrics"))
-    }
-
-    /// Every data point recorded so far (cumulative).
-    pub(crate) fn points(&self) -> Vec<Point> {
-        self.exporter.reset();
-        self.provider.force_flush().expect("flush");
-        let exported = self.exporter.get_finished_metrics().expect("exported");
-        let mut points = Vec::new();
-        // Nothing recorded yet: the reader may export nothing at all.
-        let Some(last) = exported.last() else {
-            return points;
-        };
-        for scope in last.scope_metrics() {
-            for metric in scope.metrics() {
-                let mut push = |attributes: Vec<(String, String)>, value: f64, count: u64| {
-                    points.push(Point {
-                        name: metric.name().to_owned(),
-                        unit: metric.unit().to_owned(),
-                        attributes,
-                        value,
-                        count,
-                    });
-                };
-                #[allow(clippy::cast_precision_loss)] // small test counts
-                match metric.data() {
-                    AggregatedMetrics::U64(MetricData::Sum(sum)) => {
-                        for point in sum.data_points() {
-                            push(text(point.attributes()), point.value() as f64, 0);
-                        }
-                    }
-                    AggregatedMetrics::I64(MetricData::Sum(sum)) => {
-                        for point in sum.data_points() {
-                            push(text(point.attributes()), point.value() as f64, 0);
-                        }
-                    }
-                    AggregatedMetrics::U64(MetricData::Gauge(gauge)) => {
-                        for point in gauge.data_points() {
-                            push(text(point.attributes()), point.value() as f64, 0);
-                        }
-                    }
-                    AggregatedMetrics::F64(MetricData::Sum(sum)) => {
-                        for point in sum.data_points() {
-                            push(text(point.attributes()), point.value(), 0);
-                        }
-                    }
-                    AggregatedMetrics::F64(MetricData::Histogram(histogram)) => {
-                        for point in histogram.data_points() {
-                            push(text(point.attributes()), point.sum(), point.count());
-                        }
-                    }
-                    other => panic!("unexpected data for {}: {other:?}", metric.name()),
-                }
-            }
-        }
-        points
-    }
-}
-
-fn text<'a>(
-    attributes: impl Iterator<Item = &'a opentelemetry::KeyValue>,
-) -> Vec<(String, String)> {
-    attributes
-        .map(|kv| (kv.key.as_str().to_owned(), kv.value.to_string()))
-        .collect()
-}
-
-/// The points of instrument `name` whose attributes include `wanted`.
-fn find<'p>(points: &'p [Point], name: &str, wanted: &[(&str, &str)]) -> Vec<&'p Point> {
-    points
-        .iter()
-        .filter(|point| point.name == name && point.has(wanted))
-        .collect()
-}
-
-/// The summed value of the counter `name` over the points with `wanted`.
-pub(crate) fn total(points: &[Point], name: &str, wanted: &[(&str, &str)]) -> f64 {
-    find(points, name, wanted).iter().map(|p| p.value).sum()
-}
-
-/// The summed count of the histogram `name` over the points with `wanted`.
-fn observations(points: &[Point], name: &str, wanted: &[(&str, &str)]) -> u64 {
-    find(points, name, wanted).iter().map(|p| p.count).sum()
-}
+use crate::recorded::{Point, Recorded, find, observations, total};
+use crate::semaphores::terminate_slot_holder;
+use crate::support::{admin, unique_key};
 
 /// The only attributes the instruments may carry.
 const ATTRIBUTES: [&str; 5] = [
@@ -359,43 +223,6 @@ async fn a_lock_lost_to_pg_terminate_backend_is_counted_and_no_longer_held() {
     assert_eq!(total(&points, HELD, &[]), 0.0, "{points:#?}");
     assert_no_key_text(&points, &[&key]);
     drop(guard);
-}
-
-/// A session that ended before the monitor looked (a pool whose connections do not
-/// announce their end), found by the holder's own release:
-/// the lock was lost while held, and the loss is counted.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_that_finds_the_session_ended_counts_a_loss() {
-    let recorded = Recorded::new();
-    let manager = recorded
-        .unannounced_manager(1)
-        .lease(None)
-        .keepalive(None)
-        .health_check_interval(Duration::from_secs(3600))
-        .build();
-    let admin = admin().await;
-    let key = unique_key("metrics-lost-at-release");
-    let lock_id = manager.lock_id(&key);
-    let guard = manager
-        .acquire(&key, AcquireOptions::new())
-        .await
-        .expect("acquire");
-    let [pid] = holder_pids(&admin, lock_id).await[..] else {
-        panic!("one holder");
-    };
-    terminate_backend(&admin, pid).await;
-    wait_for("the lock to be freed", || async {
-        holder_pids(&admin, lock_id).await.is_empty()
-    })
-    .await;
-    assert_eq!(guard.release().await, ReleaseOutcome::SessionClosed);
-    let points = recorded.points();
-    let wanted = [("lock.lost_reason", "connection_closed")];
-    assert_eq!(total(&points, LOST, &wanted), 1.0, "{points:#?}");
-    assert_eq!(total(&points, HELD, &[]), 0.0, "{points:#?}");
-    // The manager's own count agrees with the metric.
-    assert_eq!(manager.lost_lock_counts().connection_closed, 1);
-    assert_eq!(manager.lost_lock_counts().total(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -652,42 +479,6 @@ async fn is_leader_follows_each_term_and_names_the_election_only_when_asked() {
     );
 }
 
-/// A permit whose session ended before its watch looked, found by the holder's own
-/// release: lost while held, and counted as such (as for a lock).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_permit_release_that_finds_the_session_ended_counts_a_loss() {
-    let recorded = Recorded::new();
-    let manager = recorded
-        .unannounced_manager(2)
-        .lease(None)
-        .keepalive(None)
-        .health_check_interval(Duration::from_secs(3600))
-        .build();
-    let admin = admin().await;
-    let name = unique_key("metrics-permit-lost-at-release");
-    let permit = manager
-        .acquire_permit(&name, 1, AcquireOptions::new())
-        .await
-        .expect("a permit");
-    let class = manager.semaphore_class(&name);
-    terminate_slot_holder(&admin, class, slot_of(&permit)).await;
-    wait_for("the permit's backend to be gone", || async {
-        locks_of_class(&admin, class).await == 0
-    })
-    .await;
-    assert_eq!(permit.release().await, ReleaseOutcome::SessionClosed);
-    let points = recorded.points();
-    let wanted = [("lock.lost_reason", "connection_closed")];
-    assert_eq!(total(&points, PERMITS_LOST, &wanted), 1.0, "{points:#?}");
-    assert_eq!(total(&points, PERMITS, &[]), 0.0, "{points:#?}");
-    assert_eq!(manager.lost_lock_counts().connection_closed, 1);
-}
-
-/// A permit's slot, as `pg_locks` has it.
-fn slot_of(permit: &impl PermitGuard) -> i32 {
-    i32::try_from(permit.info().slot()).expect("slots are below 65,536")
-}
-
 /// `lock_table_usage()` records the server's lock table in two gauges: the advisory
 /// entries and the capacity it read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -719,4 +510,9 @@ async fn lock_table_usage_records_its_gauges() {
         );
     }
     drop(guard);
+}
+
+/// A permit's slot, as `pg_locks` has it.
+fn slot_of(permit: &impl PermitGuard) -> i32 {
+    i32::try_from(permit.info().slot()).expect("slots are below 65,536")
 }

@@ -30,7 +30,7 @@ use locks_postgres::{
 
 use crate::faults::server::{Continue, signal};
 use crate::faults::{drop_cluster, own_cluster, wait_for};
-use crate::metrics::{Recorded, total};
+use crate::recorded::{Recorded, total};
 use crate::support::{admin, database_url, pool, unique_key};
 
 /// The granted holds of `lock_id`, as (backend pid, mode).

@@ -9,7 +9,7 @@ use locks_postgres::PostgresLockManager;
 use throwaway_pg::testing::child::{command, env, say};
 
 use crate::faults::wait_for;
-use crate::metrics::{Recorded, total};
+use crate::recorded::{Recorded, total};
 use crate::support::{pool, unique_key};
 
 const NAME: &str = "LOCKS_CHILD_SEMAPHORE";

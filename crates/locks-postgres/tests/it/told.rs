@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use locks_postgres::PostgresLockManager;
 use locks_postgres::prelude::*;
 
-use crate::support::{admin, pool, unique_key};
+use crate::support::{admin, pool, unannounced_pool, unique_key};
 
 /// Generous for a shared machine; the figures this test prints are typically a few ms.
 const TOLD_WITHIN: Duration = Duration::from_secs(1);
@@ -111,19 +111,6 @@ async fn a_lock_a_group_a_permit_and_a_multiplexed_lock_are_told_at_once() {
             "{what} told after {told:?}, not within {TOLD_WITHIN:?}"
         );
     }
-}
-
-/// A pool on deadpool's own connector (`deadpool_postgres::Config::create_pool`, not
-/// built on `LockConnect`): its connections do not announce their end, so the manager
-/// learns of a closed session at its periodic check.
-pub(crate) fn unannounced_pool(size: usize) -> locks_postgres::deadpool_postgres::Pool {
-    use locks_postgres::deadpool_postgres::{Config, PoolConfig, Runtime};
-    let mut config = Config::new();
-    config.url = Some(crate::support::database_url());
-    config.pool = Some(PoolConfig::new(size));
-    config
-        .create_pool(Some(Runtime::Tokio1), locks_postgres::tokio_postgres::NoTls)
-        .expect("a pool")
 }
 
 /// How long a lock's holder takes to be told of a terminated session with the default
