@@ -45,9 +45,10 @@ pub use many::{
 pub use modes::{
     downgrade_keeps_a_queued_writer_waiting, downgrade_lets_readers_in_and_keeps_writers_out,
     downgrade_of_a_lock_no_longer_held_fails, downgrade_with_a_writer_queued_keeps_the_lock,
-    exclusive_excludes_shared, queued_writer_is_not_starved, shared_holders_coexist,
-    try_upgrade_beside_another_reader_says_no, try_upgrade_of_a_lock_no_longer_held_fails,
-    try_upgrade_of_a_lone_reader_makes_it_exclusive, try_upgrade_with_a_writer_queued_never_waits,
+    exclusive_excludes_shared, one_manager_holds_a_key_shared_twice, queued_writer_is_not_starved,
+    shared_holders_coexist, try_upgrade_beside_another_reader_says_no,
+    try_upgrade_of_a_lock_no_longer_held_fails, try_upgrade_of_a_lone_reader_makes_it_exclusive,
+    try_upgrade_with_a_writer_queued_never_waits,
 };
 pub use random::Lcg;
 pub use release::{
@@ -178,6 +179,7 @@ macro_rules! conformance_suite {
             huge_timeouts_saturate,
             poll_without_timeout_waits_in_queue,
             shared_holders_coexist,
+            one_manager_holds_a_key_shared_twice,
             exclusive_excludes_shared,
             queued_writer_is_not_starved,
             downgrade_lets_readers_in_and_keeps_writers_out,

@@ -7,7 +7,9 @@ use super::fixtures::{
     WAIT, assert_timeout_error, bounded, eventually_acquirable, join, must_acquire, must_release,
     unique_key,
 };
-use locks_port::{AcquireOptions, DistributedLock, LockError, LockGuard, LockMode, LostReason};
+use locks_port::{
+    AcquireOptions, DistributedLock, LockError, LockGuard, LockMode, LockRegistry, LostReason,
+};
 
 async fn must_try<M: DistributedLock>(
     manager: &M,
@@ -87,6 +89,44 @@ pub async fn shared_holders_coexist<H: Harness>(harness: &H) {
     must_release(second, "second reader").await;
     let writer = eventually_acquirable(&c, &key, "a writer after the readers").await;
     assert_eq!(writer.info().mode(), LockMode::Exclusive);
+    must_release(writer, "writer").await;
+}
+
+/// One manager that takes a key shared twice holds it twice: each guard is its own
+/// hold, releasing one leaves the other held and untold, the manager counts both, and
+/// its `release(key)` ends both. (The memory double once booked one entry a key: the
+/// second hold displaced the first, telling its guard the lock was lost.)
+pub async fn one_manager_holds_a_key_shared_twice<H: Harness>(harness: &H) {
+    let a = harness.manager();
+    let c = harness.manager();
+    let key = unique_key("one_manager_holds_a_key_shared_twice");
+    let first = must_read(&a, &key, "the first hold").await;
+    let second = must_read(&a, &key, "the second hold, by the same manager").await;
+    assert!(
+        !first.is_lost(),
+        "the second hold must not take the first's place"
+    );
+    assert_eq!(a.held_lock_count(), 2, "two holds of one key");
+    must_release(second, "the second hold").await;
+    assert!(!first.is_lost(), "releasing one hold leaves the other");
+    assert!(a.is_held(&key));
+    must_refuse(
+        &c,
+        &key,
+        LockMode::Exclusive,
+        "the first hold still keeps a writer out",
+    )
+    .await;
+    let again = must_read(&a, &key, "a hold again").await;
+    a.release(&key).await.expect("release(key) while held");
+    assert_eq!(
+        a.held_lock_count(),
+        0,
+        "release(key) ends every hold of the key"
+    );
+    assert_eq!(first.lost().await, LostReason::Released);
+    assert_eq!(again.lost().await, LostReason::Released);
+    let writer = eventually_acquirable(&c, &key, "a writer after both holds").await;
     must_release(writer, "writer").await;
 }
 

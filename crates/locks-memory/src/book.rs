@@ -1,6 +1,8 @@
 //! One manager's bookkeeping: the locks it holds, by key, each with the acquisition
 //! token its guard releases by, and the permits it holds; what guards, groups, permits
-//! and the manager's own API share.
+//! and the manager's own API share. A key may be held more than once (shared locks
+//! taken twice through one manager), as the PostgreSQL manager holds each on a session
+//! of its own: every acquisition is an entry of its own.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,7 +22,7 @@ pub(crate) struct ManagerInner {
     pub(crate) table: InMemoryLockTable,
     holder_id: Option<String>,
     next_token: AtomicU64,
-    held: Mutex<HashMap<String, Held>>,
+    held: Mutex<Book>,
     /// The permits held through this manager, so its "session" can end them.
     pub(crate) permits: LivePermits,
     /// The failure the next acquisition returns (see `fail_next_acquire`).
@@ -61,7 +63,7 @@ impl ManagerInner {
             table,
             holder_id,
             next_token: AtomicU64::new(0),
-            held: Mutex::new(HashMap::new()),
+            held: Mutex::new(Book::default()),
             permits: LivePermits::default(),
             next_failure: Mutex::new(None),
         }
@@ -73,7 +75,7 @@ impl ManagerInner {
     }
 
     /// The bookkeeping, even if a panic elsewhere poisoned its mutex.
-    pub(crate) fn held_map(&self) -> MutexGuard<'_, HashMap<String, Held>> {
+    pub(crate) fn held_map(&self) -> MutexGuard<'_, Book> {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -103,10 +105,7 @@ impl ManagerInner {
             permit,
             since: info.acquired_at_system_time(),
         };
-        // A manager books a key only while holding its lock, so no entry can be there;
-        // if one were, dropping it would release its permit, never leak it.
-        let previous = self.held_map().insert(key.to_owned(), held);
-        drop(previous);
+        self.held_map().insert(key, held);
     }
 
     /// The timeout of a wait in `mode` for `key` that lasted `timeout`, saying so when
@@ -119,29 +118,31 @@ impl ManagerInner {
         timeout: Duration,
     ) -> LockAcquisitionError {
         let error = LockAcquisitionError::timed_out(key, timeout);
-        let held = self
+        let excluding = self
             .held_map()
-            .get(key)
-            .map(|held| (held.permit.mode(), held.since));
-        match held {
-            Some((held_mode, since))
-                if mode == LockMode::Exclusive || held_mode == LockMode::Exclusive =>
-            {
+            .of(key)
+            .iter()
+            .map(|held| (held.permit.mode(), held.since))
+            .find(|&(held_mode, _)| {
+                mode == LockMode::Exclusive || held_mode == LockMode::Exclusive
+            });
+        match excluding {
+            Some((held_mode, since)) => {
                 error.held_by_this_manager(held_mode, since, self.holder_id())
             }
-            _ => error,
+            None => error,
         }
     }
 
     /// Downgrades `key` to shared if it is still booked for the acquisition `token`;
     /// whether it was.
     pub(crate) fn downgrade_token(&self, key: &str, token: u64) -> bool {
-        match self.held_map().get_mut(key) {
-            Some(entry) if entry.token == token => {
+        match self.held_map().entry(key, token) {
+            Some(entry) => {
                 entry.permit.downgrade();
                 true
             }
-            _ => false,
+            None => false,
         }
     }
 
@@ -149,22 +150,90 @@ impl ManagerInner {
     /// the permits are free now: `None` when it is not booked, else whether it is
     /// exclusive now.
     pub(crate) fn try_upgrade_token(&self, key: &str, token: u64) -> Option<bool> {
-        match self.held_map().get_mut(key) {
-            Some(entry) if entry.token == token => Some(entry.permit.try_upgrade()),
-            _ => None,
-        }
+        self.held_map()
+            .entry(key, token)
+            .map(|entry| entry.permit.try_upgrade())
     }
 
     /// Releases `key` if it is still booked for the acquisition `token`.
     pub(crate) fn release_token(&self, key: &str, token: u64) -> bool {
-        let removed = {
-            let mut held = self.held_map();
-            match held.get(key) {
-                Some(entry) if entry.token == token => held.remove(key),
-                _ => None,
-            }
-        };
+        let removed = self.held_map().remove_token(key, token);
         // Dropped outside the bookkeeping mutex: hands the lock on, leaves the table.
         removed.is_some()
+    }
+}
+
+/// The locks a manager holds: every acquisition's entry, by key (one key may have
+/// several, each released by its own token). No key is left with an empty list.
+#[derive(Default)]
+pub(crate) struct Book(HashMap<String, Vec<Held>>);
+
+impl Book {
+    /// Books `held` for `key`, beside any other hold of it.
+    fn insert(&mut self, key: &str, held: Held) {
+        self.0.entry(key.to_owned()).or_default().push(held);
+    }
+
+    /// Every hold of `key`.
+    fn of(&self, key: &str) -> &[Held] {
+        self.0.get(key).map_or(&[], Vec::as_slice)
+    }
+
+    /// The hold of `key` booked for the acquisition `token`.
+    fn entry(&mut self, key: &str, token: u64) -> Option<&mut Held> {
+        self.0
+            .get_mut(key)?
+            .iter_mut()
+            .find(|held| held.token == token)
+    }
+
+    /// Takes the hold of `key` booked for the acquisition `token` out of the book.
+    pub(crate) fn remove_token(&mut self, key: &str, token: u64) -> Option<Held> {
+        let holds = self.0.get_mut(key)?;
+        let at = holds.iter().position(|held| held.token == token)?;
+        let held = holds.swap_remove(at);
+        if holds.is_empty() {
+            self.0.remove(key);
+        }
+        Some(held)
+    }
+
+    /// Takes every hold of `key` out of the book.
+    pub(crate) fn remove_key(&mut self, key: &str) -> Vec<Held> {
+        self.0.remove(key).unwrap_or_default()
+    }
+
+    /// Whether `key` is held at all.
+    pub(crate) fn contains(&self, key: &str) -> bool {
+        self.0.contains_key(key)
+    }
+
+    /// How many holds there are, counting each acquisition of a key.
+    pub(crate) fn len(&self) -> usize {
+        self.0.values().map(Vec::len).sum()
+    }
+
+    /// The tokens of every hold of `key`.
+    pub(crate) fn tokens_of(&self, key: &str) -> Vec<u64> {
+        self.of(key).iter().map(|held| held.token).collect()
+    }
+
+    /// Takes every hold booked with one of `tokens` (a group's keys share its token).
+    pub(crate) fn remove_tokens(&mut self, tokens: &[u64]) -> Vec<Held> {
+        let mut taken = Vec::new();
+        self.0.retain(|_, holds| {
+            let (gone, kept): (Vec<Held>, Vec<Held>) = std::mem::take(holds)
+                .into_iter()
+                .partition(|held| tokens.contains(&held.token));
+            taken.extend(gone);
+            *holds = kept;
+            !holds.is_empty()
+        });
+        taken
+    }
+
+    /// Takes every hold out of the book.
+    pub(crate) fn drain(&mut self) -> Vec<Held> {
+        self.0.drain().flat_map(|(_, holds)| holds).collect()
     }
 }

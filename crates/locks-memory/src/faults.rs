@@ -39,7 +39,8 @@ impl InMemoryLockManager {
     /// when its session ends: the guard's [`lost`](locks_port::LockGuard::lost) signal
     /// fires with `reason`, the key is free for others at once, and the guard's release
     /// reports [`ReleaseOutcome::Lost`]. A key held as part of a group loses the whole
-    /// group (one session holds them all). `false` when this manager does not hold `key`.
+    /// group (one session holds them all); a key this manager holds more than once (shared,
+    /// twice) loses every hold. `false` when this manager does not hold `key`.
     ///
     /// For tests of the caller's loss path; see also [`end_session`](Self::end_session).
     ///
@@ -61,15 +62,11 @@ impl InMemoryLockManager {
     pub fn lose(&self, key: &str, reason: LostReason) -> bool {
         let taken: Vec<Held> = {
             let mut held = self.inner.held_map();
-            let Some(token) = held.get(key).map(|entry| entry.token) else {
+            let tokens = held.tokens_of(key);
+            if tokens.is_empty() {
                 return false;
-            };
-            let keys: Vec<String> = held
-                .iter()
-                .filter(|(_, entry)| entry.token == token)
-                .map(|(key, _)| key.clone())
-                .collect();
-            keys.iter().filter_map(|key| held.remove(key)).collect()
+            }
+            held.remove_tokens(&tokens)
         };
         for entry in &taken {
             entry.notifier.notify(reason);
@@ -99,8 +96,8 @@ impl InMemoryLockManager {
     /// # }
     /// ```
     pub fn end_session(&self, reason: LostReason) -> usize {
-        let held = std::mem::take(&mut *self.inner.held_map());
-        for entry in held.values() {
+        let held = self.inner.held_map().drain();
+        for entry in &held {
             entry.notifier.notify(reason);
         }
         let permits = self.inner.permits.drain();

@@ -342,18 +342,17 @@ impl DistributedLock for InMemoryLockManager {
     /// # Cancel safety
     /// Cancel safe: it completes without waiting.
     async fn release(&self, key: &str) -> Result<(), LockNotHeldError> {
-        let removed = self.inner.held_map().remove(key);
-        match removed {
-            Some(held) => {
-                drop(held);
-                Ok(())
-            }
-            None => Err(LockNotHeldError::new(key)),
+        let removed = self.inner.held_map().remove_key(key);
+        if removed.is_empty() {
+            return Err(LockNotHeldError::new(key));
         }
+        // Dropped outside the bookkeeping mutex: hands the lock on.
+        drop(removed);
+        Ok(())
     }
 
     fn is_held(&self, key: &str) -> bool {
-        self.inner.held_map().contains_key(key)
+        self.inner.held_map().contains(key)
     }
 }
 
@@ -363,7 +362,7 @@ impl LockRegistry for InMemoryLockManager {
     /// # Cancel safety
     /// Cancel safe: it completes without waiting.
     async fn release_all(&self) -> usize {
-        let held = std::mem::take(&mut *self.inner.held_map());
+        let held = self.inner.held_map().drain();
         let count = held.len();
         drop(held);
         count
