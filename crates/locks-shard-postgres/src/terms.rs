@@ -45,6 +45,8 @@ const BEGIN: &str = "WITH old AS (SELECT ended FROM locks_shard_terms \
      RETURNING token, since, COALESCE((SELECT ended FROM old), true)";
 const END: &str = "UPDATE locks_shard_terms SET ended = true \
      WHERE group_name = $1 AND shard = $2 AND token = $3";
+const REJOINED: &str = "UPDATE locks_shard_terms SET member_slot = $4 \
+     WHERE group_name = $1 AND shard = $2 AND token = $3 AND NOT ended";
 const TERMS: &str = "SELECT shard, token, member_slot, holder_id, since, ended \
      FROM locks_shard_terms WHERE group_name = $1";
 
@@ -192,6 +194,24 @@ impl ShardTerms for PostgresShardTerms {
         self.query(group, "ending a shard term", END, &[&group, &shard, &token])
             .await
             .map(drop)
+    }
+
+    async fn rejoined(
+        &self,
+        group: &str,
+        shard: &str,
+        token: i64,
+        member: u32,
+    ) -> Result<(), LockAcquisitionError> {
+        let slot = slot_param(member);
+        self.query(
+            group,
+            "recording a kept shard term's new member slot",
+            REJOINED,
+            &[&group, &shard, &token, &slot],
+        )
+        .await
+        .map(drop)
     }
 
     async fn terms(&self, group: &str) -> Result<Vec<Term>, LockAcquisitionError> {

@@ -49,6 +49,7 @@ where
         Fut: Future<Output = ()> + Send + 'static,
     {
         running.retain(|_, term| !term.is_finished());
+        self.rejoined(slot, running).await;
         let holders = match self.locks.permit_holders(&self.group.members_name()).await {
             Ok(holders) => holders,
             Err(error) => {
@@ -72,6 +73,29 @@ where
             self.instruments
                 .rebalance
                 .record(at.elapsed().as_secs_f64(), self.attributes);
+        }
+    }
+
+    /// Records in the term store the terms this member kept through a new membership
+    /// under its new `slot`, so that observers name their owner again (see
+    /// [`ShardTerms::rejoined`]). A failure is tried again on the next tick.
+    async fn rejoined(&self, slot: u32, running: &mut BTreeMap<usize, Running>) {
+        for term in running.values_mut() {
+            let (shard, token, recorded) = term.term();
+            if recorded == slot {
+                continue;
+            }
+            match self
+                .terms
+                .rejoined(self.group.name(), shard, token, slot)
+                .await
+            {
+                Ok(()) => term.rejoined(slot),
+                Err(error) => {
+                    tracing::warn!(error = %error, "recording a kept shard's new member slot failed");
+                    return;
+                }
+            }
         }
     }
 
@@ -157,6 +181,7 @@ where
         };
         let plan = TermPlan {
             owned,
+            slot,
             terms: self.terms.clone(),
             wait_first: (!begun.previous_ended).then_some(self.takeover_delay),
             drain_grace: self.drain_grace,
