@@ -7,6 +7,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::future::join_all;
 use locks_port::{DistributedLock, LockAcquisitionError, LockGuard, LostSignal, Semaphore};
 use opentelemetry::KeyValue;
 
@@ -126,20 +127,36 @@ where
         }
         let mut wanted = share - active.len();
         let owned: Vec<usize> = running.keys().copied().collect();
-        for shard in to_try(self.group, slot, &owned) {
-            if wanted == 0 {
+        let mut candidates = to_try(self.group, slot, &owned).into_iter();
+        // As many tries at once as shards are wanted (after a member died, its shards
+        // are taken in one round trip, not one after the other), in score order.
+        while wanted > 0 {
+            let batch: Vec<usize> = candidates.by_ref().take(wanted).collect();
+            if batch.is_empty() {
                 break;
             }
-            match self.take(slot, holder_id, shard, task).await {
-                Ok(Some(term)) => {
-                    running.insert(shard, term);
-                    wanted -= 1;
+            let taken = join_all(
+                batch
+                    .iter()
+                    .map(|&shard| self.take(slot, holder_id, shard, task)),
+            )
+            .await;
+            let mut failed = false;
+            for (shard, outcome) in batch.into_iter().zip(taken) {
+                match outcome {
+                    Ok(Some(term)) => {
+                        running.insert(shard, term);
+                        wanted -= 1;
+                    }
+                    Ok(None) => {}
+                    Err(error) => {
+                        tracing::warn!(error = %error, "taking a shard failed");
+                        failed = true;
+                    }
                 }
-                Ok(None) => {}
-                Err(error) => {
-                    tracing::warn!(error = %error, "taking a shard failed");
-                    break;
-                }
+            }
+            if failed {
+                break;
             }
         }
     }

@@ -39,10 +39,14 @@ const OWNED_AT_LEAST: f64 = 0.99;
 /// session's locks within its lease (6.9 s after a cut began, ADR 0016), then the takeover
 /// delay (0.5 s) and a tick; a restarted server's locks are free at once.
 const RECOVERED_WITHIN: Duration = Duration::from_secs(10);
+/// A task that started this long after its term began waited the takeover delay (500 ms
+/// by default; a task's first record takes milliseconds).
+const TAKEOVER_SEEN: f64 = 0.4;
 
 const SCHEMA: &str = "\
 CREATE TABLE soak_shard_runs (id bigserial PRIMARY KEY, shard text NOT NULL, \
-    token bigint NOT NULL, member text NOT NULL, started timestamptz NOT NULL, \
+    token bigint NOT NULL, member text NOT NULL, since timestamptz NOT NULL, \
+    started timestamptz NOT NULL, \
     last_seen timestamptz NOT NULL, stopped timestamptz, \
     accepted bigint NOT NULL DEFAULT 0, refused bigint NOT NULL DEFAULT 0); \
 CREATE TABLE soak_shard_progress (shard text PRIMARY KEY, token bigint NOT NULL, \
@@ -181,9 +185,10 @@ async fn record(
     let run = match what {
         Record::Start => tx
             .query_one(
-                "INSERT INTO soak_shard_runs (shard, token, member, started, last_seen) \
-                 VALUES ($1, $2, $3, clock_timestamp(), clock_timestamp()) RETURNING id",
-                &[&&*owned.shard, &owned.token, &holder],
+                "INSERT INTO soak_shard_runs (shard, token, member, since, started, last_seen) \
+                 VALUES ($1, $2, $3, to_timestamp($4), clock_timestamp(), clock_timestamp()) \
+                 RETURNING id",
+                &[&&*owned.shard, &owned.token, &holder, &since(owned)],
             )
             .await?
             .get(0),
@@ -220,14 +225,193 @@ async fn record(
     Ok((run, accepted))
 }
 
-/// One task's records: its shard, member, token, start and last record (seconds since
-/// the epoch, by the server's clock).
+/// When a term began, in seconds since the epoch (the server's clock).
+fn since(owned: &Owned) -> f64 {
+    // Nanoseconds since the epoch fit an f64 to well under a microsecond.
+    #[allow(clippy::cast_precision_loss)]
+    let nanos = owned.since.unix_timestamp_nanos() as f64;
+    nanos / 1e9
+}
+
+/// One task's records: its shard, member, token, when its term began, its start and
+/// last record (seconds since the epoch, by the server's clock), and whether it recorded
+/// a stop (it was told to hand over).
 struct Run {
     shard: String,
     member: String,
     token: i64,
+    since: f64,
     started: f64,
     ended: f64,
+    stopped: bool,
+}
+
+/// A fault that reached a shard member, as the driver saw it when it made it.
+pub(crate) struct Hit {
+    at: SystemTime,
+    /// `terminated`, `stopped` (a backend) or `killed` (the member's process).
+    what: &'static str,
+    /// The member's holder id, or its prefix for a kill (`soak-shard-N-`).
+    member: String,
+    /// The shards whose locks the backend held (none for a kill: it held them all).
+    shards: Vec<String>,
+    /// Whether the backend held the member's membership permit.
+    membership: bool,
+}
+
+impl Hit {
+    /// The kill of the member process of index `index`.
+    pub(crate) fn killed(index: usize) -> Self {
+        Self {
+            at: SystemTime::now(),
+            what: "killed",
+            member: format!("soak-shard-{index}-"),
+            shards: Vec::new(),
+            membership: false,
+        }
+    }
+
+    /// What the backend `pid` holds, read before `what` is done to it: a hit when it is
+    /// a shard member's, else nothing.
+    pub(crate) async fn on_backend(admin: &Client, pid: i32, what: &'static str) -> Option<Self> {
+        let group = group().ok()?;
+        let class = locks_shard::locks_port::PermitDerivation::CURRENT.class(&group.members_name());
+        let row = admin
+            .query_opt(
+                "SELECT a.application_name, \
+                   coalesce(array_agg((l.classid::int8 << 32) | l.objid::int8) \
+                     FILTER (WHERE l.objsubid = 1), '{}'), \
+                   coalesce(bool_or(l.objsubid = 2 AND l.classid = $2::int4::oid \
+                     AND l.objid::int8 < 2147483648), false) \
+                 FROM pg_stat_activity a LEFT JOIN pg_locks l ON l.pid = a.pid \
+                   AND l.locktype = 'advisory' AND l.granted \
+                 WHERE a.pid = $1 GROUP BY a.application_name",
+                &[&pid, &class],
+            )
+            .await
+            .ok()??;
+        let name: String = row.get(0);
+        let member = name.strip_prefix("locks:")?.to_owned();
+        if !member.starts_with("soak-shard-") {
+            return None;
+        }
+        let held: Vec<i64> = row.get(1);
+        let shards = group
+            .shards()
+            .filter(|shard| {
+                held.contains(&locks_shard::locks_port::lock_id(&group.shard_key(shard)))
+            })
+            .map(str::to_owned)
+            .collect();
+        Some(Self {
+            at: SystemTime::now(),
+            what,
+            member,
+            shards,
+            membership: row.get(2),
+        })
+    }
+
+    /// Whether this hit reached `run`'s member.
+    fn reached(&self, run: &Run) -> bool {
+        run.member.starts_with(&self.member)
+    }
+
+    /// The hit's class, for the report's count of faults on members.
+    fn class(&self) -> String {
+        let of = if self.what == "killed" {
+            "a member process"
+        } else if self.membership {
+            "a membership backend"
+        } else if self.shards.is_empty() {
+            "an idle member backend"
+        } else {
+            "a shard lock backend"
+        };
+        format!("{} {of}", self.what)
+    }
+}
+
+/// The causes an unowned piece of a shard's time is told by.
+mod cause {
+    pub(super) const TAKEOVER: &str = "takeover delay (the previous term not ended)";
+    pub(super) const STARTING: &str = "term begun, task not yet recording";
+    pub(super) const MOVE: &str = "hand-off of a rebalancing move (drain, end, release, next tick)";
+    pub(super) const CHURN: &str = "membership churn (handed over after a membership loss)";
+    pub(super) const STOPPED: &str =
+        "lock held by a stopped backend (until continued, then a tick)";
+    pub(super) const TERMINATED: &str = "lock backend terminated (loss told, next tick)";
+    pub(super) const MEMBERSHIP: &str = "membership backend terminated or stopped";
+    pub(super) const KILLED: &str = "member killed (its sessions end, next tick)";
+    pub(super) const LOST: &str = "lock lost with no fault on it (keepalive, self-stop)";
+    pub(super) const OUTAGE: &str = "an outage, past the recovery bound";
+    pub(super) const FIRST: &str = "no earlier task";
+}
+
+/// The causes of the unowned piece `[from, to]` of a shard whose runs are `runs`: the
+/// part after the next term began (its takeover delay, or its task's start), and the part
+/// before it, told by how the previous task ended and the fault that reached it.
+fn causes(
+    (from, to): (f64, f64),
+    runs: &[&Run],
+    hits: &[(f64, &Hit)],
+    after_outage: bool,
+) -> Vec<(&'static str, f64)> {
+    if after_outage {
+        return vec![(cause::OUTAGE, to - from)];
+    }
+    let previous = runs
+        .iter()
+        .filter(|run| run.ended <= from + 1e-6)
+        .max_by(|a, b| a.ended.total_cmp(&b.ended));
+    let next = runs.iter().find(|run| run.started >= to - 1e-6);
+    let mut split = Vec::new();
+    let begun = next.map_or(to, |next| next.since.clamp(from, to));
+    if let Some(next) = next
+        && begun < to
+    {
+        let waited = next.started - next.since >= TAKEOVER_SEEN;
+        split.push((
+            if waited {
+                cause::TAKEOVER
+            } else {
+                cause::STARTING
+            },
+            to - begun,
+        ));
+    }
+    if begun > from {
+        let before = match previous {
+            None => cause::FIRST,
+            Some(previous) => {
+                // The fault that reached the previous task's member or its shard's lock
+                // last, up to 3.5 s before the task's end (a stopped backend's loss is
+                // told within the keepalive and answer timeout).
+                let hit = hits
+                    .iter()
+                    .filter(|(at, hit)| {
+                        (previous.ended - 3.5..=from + 0.2).contains(at)
+                            && hit.reached(previous)
+                            && (hit.membership
+                                || hit.what == "killed"
+                                || hit.shards.contains(&previous.shard))
+                    })
+                    .max_by(|a, b| a.0.total_cmp(&b.0))
+                    .map(|(_, hit)| *hit);
+                match (previous.stopped, hit) {
+                    (true, Some(hit)) if hit.membership => cause::CHURN,
+                    (true, _) => cause::MOVE,
+                    (false, Some(hit)) if hit.what == "killed" => cause::KILLED,
+                    (false, Some(hit)) if hit.membership => cause::MEMBERSHIP,
+                    (false, Some(hit)) if hit.what == "stopped" => cause::STOPPED,
+                    (false, Some(_)) => cause::TERMINATED,
+                    (false, None) => cause::LOST,
+                }
+            }
+        };
+        split.push((before, begun - from));
+    }
+    split
 }
 
 /// Reads the runs and the progress rows, prints the shards' report, and returns the
@@ -237,8 +421,10 @@ struct Run {
 pub(crate) async fn check(admin: &Client, end: f64, faults: &Faults) -> Result<Vec<String>, Error> {
     let runs: Vec<Run> = admin
         .query(
-            "SELECT shard, member, token, extract(epoch FROM started)::float8, \
-                    extract(epoch FROM greatest(last_seen, coalesce(stopped, last_seen)))::float8 \
+            "SELECT shard, member, token, extract(epoch FROM since)::float8, \
+                    extract(epoch FROM started)::float8, \
+                    extract(epoch FROM greatest(last_seen, coalesce(stopped, last_seen)))::float8, \
+                    stopped IS NOT NULL \
              FROM soak_shard_runs ORDER BY shard, started",
             &[],
         )
@@ -248,8 +434,10 @@ pub(crate) async fn check(admin: &Client, end: f64, faults: &Faults) -> Result<V
             shard: row.get(0),
             member: row.get(1),
             token: row.get(2),
-            started: row.get(3),
-            ended: row.get(4),
+            since: row.get(3),
+            started: row.get(4),
+            ended: row.get(5),
+            stopped: row.get(6),
         })
         .collect();
     let totals = admin
@@ -261,12 +449,8 @@ pub(crate) async fn check(admin: &Client, end: f64, faults: &Faults) -> Result<V
         )
         .await?;
     let (accepted, refused, stale): (i64, i64, i64) = (totals.get(0), totals.get(1), totals.get(2));
-    let events: Vec<(f64, &str)> = faults
-        .events
-        .iter()
-        .map(|(at, kind)| (epoch(*at), *kind))
-        .collect();
-    let mut unowned_after: BTreeMap<&str, f64> = BTreeMap::new();
+    let hits: Vec<(f64, &Hit)> = faults.hits.iter().map(|hit| (epoch(hit.at), hit)).collect();
+    let mut unowned_by: BTreeMap<&str, (f64, usize)> = BTreeMap::new();
     let mut outages: Vec<(f64, f64)> = faults
         .outages
         .iter()
@@ -325,17 +509,15 @@ pub(crate) async fn check(admin: &Client, end: f64, faults: &Faults) -> Result<V
         let owned = covered(runs, start, end, &[]).0;
         let (owned_up, unowned) = covered(runs, start, end, &recovering);
         for (from, to) in unowned {
-            let kind = events
+            // Past the recovery bound: the piece starts where a recovery was cut off.
+            let after_outage = recovering
                 .iter()
-                .rev()
-                .find(|(at, _)| *at <= from)
-                .map_or("no fault", |(_, kind)| *kind);
-            let kind = if kind == "outage" {
-                "an outage, past the recovery bound"
-            } else {
-                kind
-            };
-            *unowned_after.entry(kind).or_default() += (to - from) / SHARDS as f64;
+                .any(|&(_, until)| (until - from).abs() < 1e-6);
+            for (cause, seconds) in causes((from, to), runs, &hits, after_outage) {
+                let entry = unowned_by.entry(cause).or_default();
+                entry.0 += seconds / SHARDS as f64;
+                entry.1 += 1;
+            }
         }
         least = least.min(owned);
         least_up = least_up.min(owned_up);
@@ -383,19 +565,24 @@ pub(crate) async fn check(admin: &Client, end: f64, faults: &Faults) -> Result<V
         least_up * 100.0,
         OWNED_AT_LEAST * 100.0
     );
-    let causes: Vec<String> = unowned_after
+    let mut classes: BTreeMap<String, usize> = BTreeMap::new();
+    for hit in &faults.hits {
+        *classes.entry(hit.class()).or_default() += 1;
+    }
+    let classes: Vec<String> = classes
         .iter()
-        .map(|(kind, seconds)| format!("{seconds:.1} s after {kind}"))
+        .map(|(class, count)| format!("{count} {class}"))
         .collect();
+    println!("shards: faults on members: {}", classes.join(", "));
+    let mut by: Vec<(&str, (f64, usize))> = unowned_by.into_iter().collect();
+    by.sort_by(|a, b| b.1.0.total_cmp(&a.1.0));
+    let total: f64 = by.iter().map(|(_, (seconds, _))| seconds).sum();
     println!(
-        "shards: unowned outside outages and recoveries, per shard on average, by the fault \
-         before it: {}",
-        if causes.is_empty() {
-            "none".to_owned()
-        } else {
-            causes.join(", ")
-        }
+        "shards: unowned outside outages and recoveries, per shard on average: {total:.2} s, by cause:"
     );
+    for (cause, (seconds, pieces)) in by {
+        println!("  {seconds:6.2} s  {pieces:5} pieces  {cause}");
+    }
     if std::env::var_os("SOAK_SHARD_DETAIL").is_some() {
         for line in lines {
             println!("  {line}");
