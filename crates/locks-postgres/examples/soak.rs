@@ -449,7 +449,7 @@ async fn worker_fault(
             let index = usize::try_from(random.below(workers.len() as u64)).unwrap_or(0);
             let (role, worker) = &mut workers[index];
             if *role == Role::ShardMember {
-                faults.hits.push(shards::Hit::killed(index));
+                faults.hits.push(shards::Hit::killed(index, worker.id()));
             }
             let _ = worker.kill();
             let _ = worker.wait();

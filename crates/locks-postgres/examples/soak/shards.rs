@@ -12,7 +12,10 @@
 //! next task of the shard started), stale writes accepted (an accepted write whose token
 //! is below an earlier accepted one), refused writes, moves, and the share of the time the
 //! shard was owned, over the whole run and outside the outages (a server restart or a
-//! cut of every worker's network: no member can own anything then).
+//! cut of every worker's network: no member can own anything then). Each unowned piece
+//! outside them is told by its cause: the next term's takeover delay, or how the task
+//! before it ended (handed over, or its lock lost) and the fault that reached its lock or
+//! its member (the driver reads what a backend held before it terminates or stops it).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
@@ -251,7 +254,7 @@ pub(crate) struct Hit {
     at: SystemTime,
     /// `terminated`, `stopped` (a backend) or `killed` (the member's process).
     what: &'static str,
-    /// The member's holder id, or its prefix for a kill (`soak-shard-N-`).
+    /// The member's holder id.
     member: String,
     /// The shards whose locks the backend held (none for a kill: it held them all).
     shards: Vec<String>,
@@ -260,12 +263,13 @@ pub(crate) struct Hit {
 }
 
 impl Hit {
-    /// The kill of the member process of index `index`.
-    pub(crate) fn killed(index: usize) -> Self {
+    /// The kill of the member process of index `index` and process id `pid` (its
+    /// holder id, see [`member`]).
+    pub(crate) fn killed(index: usize, pid: u32) -> Self {
         Self {
             at: SystemTime::now(),
             what: "killed",
-            member: format!("soak-shard-{index}-"),
+            member: format!("soak-shard-{index}-{pid}"),
             shards: Vec::new(),
             membership: false,
         }
@@ -312,9 +316,15 @@ impl Hit {
         })
     }
 
-    /// Whether this hit reached `run`'s member.
-    fn reached(&self, run: &Run) -> bool {
-        run.member.starts_with(&self.member)
+    /// Whether this hit, made at `at`, can have ended `run`: it reached the run's member
+    /// (its process, its membership or its shard's lock) just before the run's last
+    /// record, or up to 3.5 s before it for a stopped backend (its loss is told within
+    /// the keepalive and answer timeout, while the task goes on writing).
+    fn ended(&self, at: f64, run: &Run) -> bool {
+        let before = if self.what == "stopped" { 3.5 } else { 0.5 };
+        (run.ended - before..=run.ended + 0.5).contains(&at)
+            && run.member == self.member
+            && (self.membership || self.what == "killed" || self.shards.contains(&run.shard))
     }
 
     /// The hit's class, for the report's count of faults on members.
@@ -343,7 +353,8 @@ mod cause {
     pub(super) const TERMINATED: &str = "lock backend terminated (loss told, next tick)";
     pub(super) const MEMBERSHIP: &str = "membership backend terminated or stopped";
     pub(super) const KILLED: &str = "member killed (its sessions end, next tick)";
-    pub(super) const LOST: &str = "lock lost with no fault on it (keepalive, self-stop)";
+    pub(super) const LOST: &str =
+        "lock lost with no fault on it (an outage's loss told after it, keepalive, self-stop)";
     pub(super) const OUTAGE: &str = "an outage, past the recovery bound";
     pub(super) const FIRST: &str = "no earlier task";
 }
@@ -384,18 +395,10 @@ fn causes(
         let before = match previous {
             None => cause::FIRST,
             Some(previous) => {
-                // The fault that reached the previous task's member or its shard's lock
-                // last, up to 3.5 s before the task's end (a stopped backend's loss is
-                // told within the keepalive and answer timeout).
+                // The last fault that can have ended the previous task.
                 let hit = hits
                     .iter()
-                    .filter(|(at, hit)| {
-                        (previous.ended - 3.5..=from + 0.2).contains(at)
-                            && hit.reached(previous)
-                            && (hit.membership
-                                || hit.what == "killed"
-                                || hit.shards.contains(&previous.shard))
-                    })
+                    .filter(|(at, hit)| hit.ended(*at, previous))
                     .max_by(|a, b| a.0.total_cmp(&b.0))
                     .map(|(_, hit)| *hit);
                 match (previous.stopped, hit) {
