@@ -357,6 +357,8 @@ mod cause {
         "lock lost with no fault on it (an outage's loss told after it, keepalive, self-stop)";
     pub(super) const OUTAGE: &str = "an outage, past the recovery bound";
     pub(super) const FIRST: &str = "no earlier task";
+    pub(super) const RECORDS: &str =
+        "a running task's last record to an outage's start (it records every 20 ms)";
 }
 
 /// The causes of the unowned piece `[from, to]` of a shard whose runs are `runs`: the
@@ -366,6 +368,7 @@ fn causes(
     (from, to): (f64, f64),
     runs: &[&Run],
     hits: &[(f64, &Hit)],
+    outages: &[(f64, f64)],
     after_outage: bool,
 ) -> Vec<(&'static str, f64)> {
     if after_outage {
@@ -376,6 +379,15 @@ fn causes(
         .filter(|run| run.ended <= from + 1e-6)
         .max_by(|a, b| a.ended.total_cmp(&b.ended));
     let next = runs.iter().find(|run| run.started >= to - 1e-6);
+    // A task that was running when an outage began: its last record came before it.
+    let cut_short = outages.iter().any(|&(start, _)| (start - to).abs() < 1e-6);
+    if next.is_none_or(|next| next.started > to + 1e-6)
+        && cut_short
+        && previous.is_some_and(|previous| !previous.stopped)
+        && to - from <= 2.0 * WRITE_EVERY.as_secs_f64()
+    {
+        return vec![(cause::RECORDS, to - from)];
+    }
     let mut split = Vec::new();
     let begun = next.map_or(to, |next| next.since.clamp(from, to));
     if let Some(next) = next
@@ -516,7 +528,7 @@ pub(crate) async fn check(admin: &Client, end: f64, faults: &Faults) -> Result<V
             let after_outage = recovering
                 .iter()
                 .any(|&(_, until)| (until - from).abs() < 1e-6);
-            for (cause, seconds) in causes((from, to), runs, &hits, after_outage) {
+            for (cause, seconds) in causes((from, to), runs, &hits, &outages, after_outage) {
                 let entry = unowned_by.entry(cause).or_default();
                 entry.0 += seconds / SHARDS as f64;
                 entry.1 += 1;
