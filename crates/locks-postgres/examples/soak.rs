@@ -23,6 +23,8 @@ use locks_postgres::PostgresLockManager;
 use locks_postgres::prelude::*;
 use locks_postgres::tokio_postgres::{self, NoTls};
 
+#[path = "soak/causes.rs"]
+mod causes;
 #[path = "soak/patroni.rs"]
 mod patroni;
 #[path = "soak/shards.rs"]
@@ -220,7 +222,7 @@ struct Faults {
     /// failovers), by this host's clock (the server's, which is down then, runs on it).
     outages: Vec<(SystemTime, SystemTime)>,
     /// The faults that reached a shard member, with what they reached (`--shards`).
-    hits: Vec<shards::Hit>,
+    hits: Vec<causes::Hit>,
 }
 
 impl Faults {
@@ -449,7 +451,7 @@ async fn worker_fault(
             let index = usize::try_from(random.below(workers.len() as u64)).unwrap_or(0);
             let (role, worker) = &mut workers[index];
             if *role == Role::ShardMember {
-                faults.hits.push(shards::Hit::killed(index, worker.id()));
+                faults.hits.push(causes::Hit::killed(index, worker.id()));
             }
             let _ = worker.kill();
             let _ = worker.wait();
@@ -463,7 +465,7 @@ async fn worker_fault(
             {
                 faults
                     .hits
-                    .extend(shards::Hit::on_backend(admin, pid, "terminated").await);
+                    .extend(causes::Hit::on_backend(admin, pid, "terminated").await);
                 let _ = admin
                     .execute("SELECT pg_terminate_backend($1)", &[&pid])
                     .await;
@@ -477,7 +479,7 @@ async fn worker_fault(
             {
                 faults
                     .hits
-                    .extend(shards::Hit::on_backend(admin, pid, "stopped").await);
+                    .extend(causes::Hit::on_backend(admin, pid, "stopped").await);
                 signal(pid, "STOP");
                 tokio::time::sleep(Duration::from_millis(500 + random.below(2500))).await;
                 signal(pid, "CONT");
