@@ -65,6 +65,7 @@ const POSTGRES_FLOORS: &[(&str, &[&str])] = &[
             "semaphore",
             "lock_table",
             "board",
+            "store",
         ],
     ),
     ("API", &["builder", "manager"]),

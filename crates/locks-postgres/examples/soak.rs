@@ -23,6 +23,8 @@ use locks_postgres::PostgresLockManager;
 use locks_postgres::prelude::*;
 use locks_postgres::tokio_postgres::{self, NoTls};
 
+#[path = "soak/causes.rs"]
+mod causes;
 #[path = "soak/patroni.rs"]
 mod patroni;
 #[path = "soak/shards.rs"]
@@ -219,8 +221,8 @@ struct Faults {
     /// When the server was down or cut off from every worker (restarts, partitions,
     /// failovers), by this host's clock (the server's, which is down then, runs on it).
     outages: Vec<(SystemTime, SystemTime)>,
-    /// When each fault on a worker was made, and its kind (for the shards' report).
-    events: Vec<(SystemTime, &'static str)>,
+    /// The faults that reached a shard member, with what they reached (`--shards`).
+    hits: Vec<causes::Hit>,
 }
 
 impl Faults {
@@ -232,7 +234,6 @@ impl Faults {
         let from = SystemTime::now();
         let outcome = fault().await;
         self.outages.push((from, SystemTime::now()));
-        self.events.push((from, "outage"));
         outcome
     }
 }
@@ -449,13 +450,9 @@ async fn worker_fault(
         0..=1 => {
             let index = usize::try_from(random.below(workers.len() as u64)).unwrap_or(0);
             let (role, worker) = &mut workers[index];
-            faults.events.push((
-                SystemTime::now(),
-                match role {
-                    Role::Counter => "kill of a counter worker",
-                    Role::ShardMember => "kill of a shard member",
-                },
-            ));
+            if *role == Role::ShardMember {
+                faults.hits.push(causes::Hit::killed(index, worker.id()));
+            }
             let _ = worker.kill();
             let _ = worker.wait();
             *worker = spawn_worker(*role, worker_url, index, dir, net)?;
@@ -467,8 +464,8 @@ async fn worker_fault(
                 backends.get(usize::try_from(random.below(backends.len() as u64)).unwrap_or(0))
             {
                 faults
-                    .events
-                    .push((SystemTime::now(), "backend terminated"));
+                    .hits
+                    .extend(causes::Hit::on_backend(admin, pid, "terminated").await);
                 let _ = admin
                     .execute("SELECT pg_terminate_backend($1)", &[&pid])
                     .await;
@@ -480,7 +477,9 @@ async fn worker_fault(
             if let Some(&pid) =
                 backends.get(usize::try_from(random.below(backends.len() as u64)).unwrap_or(0))
             {
-                faults.events.push((SystemTime::now(), "backend stopped"));
+                faults
+                    .hits
+                    .extend(causes::Hit::on_backend(admin, pid, "stopped").await);
                 signal(pid, "STOP");
                 tokio::time::sleep(Duration::from_millis(500 + random.below(2500))).await;
                 signal(pid, "CONT");

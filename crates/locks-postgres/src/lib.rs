@@ -31,6 +31,7 @@ mod semaphore;
 mod settings;
 mod slot;
 mod sql;
+mod store;
 mod telemetry;
 mod watchdog;
 mod xact;
@@ -62,6 +63,7 @@ pub use pool::{
 };
 pub use semaphore::{PostgresPermit, semaphore_holders};
 pub use settings::{HOLDER_APPLICATION_NAME_PREFIX, KeyVisibility};
+pub use store::{answer_within, holder_application_name, install_under_lock, server_words};
 #[allow(deprecated)]
 pub use xact::AdvisoryLockMode;
 pub use xact::{TransactionLockError, TransactionLocks};

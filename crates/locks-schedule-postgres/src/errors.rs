@@ -1,7 +1,5 @@
 //! Ledger errors in the server's own words, classified by SQLSTATE.
 
-use std::error::Error as _;
-
 use deadpool_postgres::PoolError;
 use locks_schedule::LedgerError;
 use tokio_postgres::error::SqlState;
@@ -10,26 +8,7 @@ use tokio_postgres::error::SqlState;
 /// appended), or the driver's own chain for a connection failure; a hint when the table
 /// is missing.
 pub(crate) fn driver(what: &str, error: tokio_postgres::Error) -> LedgerError {
-    let mut text = if let Some(db) = error.as_db_error() {
-        let mut text = format!("{what}: {} ({})", db.message(), db.code().code());
-        if let Some(detail) = db.detail() {
-            text.push_str(": ");
-            text.push_str(detail);
-        }
-        text
-    } else {
-        let mut text = format!("{what}: {error}");
-        let mut source = error.source();
-        while let Some(cause) = source {
-            let cause_text = cause.to_string();
-            if !text.contains(&cause_text) {
-                text.push_str(": ");
-                text.push_str(&cause_text);
-            }
-            source = cause.source();
-        }
-        text
-    };
+    let mut text = locks_postgres::server_words(what, &error);
     if let Some(remedy) = error.code().and_then(remedy) {
         text.push_str("; ");
         text.push_str(remedy);

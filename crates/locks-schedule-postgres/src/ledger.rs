@@ -28,6 +28,9 @@ pub const LEDGER_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS scheduled_job_runs (
      detail text, \
      PRIMARY KEY (name, slot))";
 
+/// The key whose transaction lock [`install_ledger`] holds while it creates the table.
+const INSTALL_KEY: &str = "locks-schedule-postgres:install:scheduled_job_runs";
+
 /// How long the ledger waits for any one answer of the server, by default.
 pub const DEFAULT_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -74,17 +77,7 @@ const PRUNE: &str = "DELETE FROM scheduled_job_runs r WHERE slot < $1 \
 /// # Errors
 /// The driver's error when the statement fails (for example, no `CREATE` privilege).
 pub async fn install_ledger(client: &tokio_postgres::Client) -> Result<(), tokio_postgres::Error> {
-    let installed = client
-        .batch_execute(&format!(
-            "BEGIN; SELECT pg_advisory_xact_lock(hashtext('locks_schedule_postgres.install_ledger')); \
-             {LEDGER_SCHEMA}; COMMIT"
-        ))
-        .await;
-    if installed.is_err() {
-        // Leave the session usable (no aborted transaction) for whoever reuses it.
-        let _ = client.batch_execute("ROLLBACK").await;
-    }
-    installed
+    locks_postgres::install_under_lock(client, INSTALL_KEY, LEDGER_SCHEMA).await
 }
 
 /// The [`Ledger`] on PostgreSQL: the table [`LEDGER_TABLE`] and the server's
@@ -122,12 +115,10 @@ impl PostgresLedger {
         what: &str,
         operation: impl Future<Output = Result<T, LedgerError>>,
     ) -> Result<T, LedgerError> {
-        match tokio::time::Instant::now().checked_add(self.answer_timeout) {
-            Some(deadline) => tokio::time::timeout_at(deadline, operation)
-                .await
-                .unwrap_or_else(|_| Err(errors::timed_out(what, self.answer_timeout))),
-            None => operation.await,
-        }
+        locks_postgres::answer_within(self.answer_timeout, operation, || {
+            errors::timed_out(what, self.answer_timeout)
+        })
+        .await
     }
 
     async fn client(&self, what: &str) -> Result<deadpool_postgres::Object, LedgerError> {

@@ -1,6 +1,5 @@
 //! Term store errors in the server's own words, classified by SQLSTATE.
 
-use std::error::Error as _;
 use std::time::Duration;
 
 use deadpool_postgres::PoolError;
@@ -15,23 +14,7 @@ pub(crate) fn driver(
     what: &str,
     error: tokio_postgres::Error,
 ) -> LockAcquisitionError {
-    let mut text = if let Some(db) = error.as_db_error() {
-        let mut text = format!("{what}: {} ({})", db.message(), db.code().code());
-        if let Some(detail) = db.detail() {
-            text.push_str(": ");
-            text.push_str(detail);
-        }
-        text
-    } else {
-        let mut text = what.to_owned();
-        let mut source = error.source();
-        while let Some(cause) = source {
-            text.push_str(": ");
-            text.push_str(&cause.to_string());
-            source = cause.source();
-        }
-        text
-    };
+    let mut text = locks_postgres::server_words(what, &error);
     let kind = if error.code() == Some(&SqlState::UNDEFINED_TABLE) {
         text.push_str(
             "; create the term table once with locks_shard_postgres::install_shard_terms",

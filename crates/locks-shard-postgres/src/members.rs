@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use locks_postgres::HOLDER_APPLICATION_NAME_PREFIX;
 use locks_shard::locks_port::PermitDerivation;
 
 /// The member table (in the connection's `search_path` schema).
@@ -43,23 +42,6 @@ pub(crate) const RENEW: &str = "WITH mine AS (\
      SELECT count(pg_terminate_backend(a.pid))::int8 FROM pg_stat_activity a \
      JOIN stuck s ON a.application_name = s.application_name \
      WHERE a.pid <> pg_backend_pid()";
-
-/// `locks:<holder id>` as the PostgreSQL manager publishes it (no NUL, at most 63 bytes,
-/// cut at a character boundary).
-///
-/// A copy of `published_holder_id` in `locks-postgres/src/settings.rs`, which is private
-/// there; keep the two alike. It stays a copy until `locks-postgres` exports it: this
-/// crate does not change that one's source.
-pub(crate) fn application_name(holder_id: &str) -> String {
-    let mut name = String::from(HOLDER_APPLICATION_NAME_PREFIX);
-    for c in holder_id.chars().filter(|c| *c != '\0') {
-        if name.len() + c.len_utf8() > 63 {
-            break;
-        }
-        name.push(c);
-    }
-    name
-}
 
 /// The class of the group's membership semaphore.
 pub(crate) fn members_class(members_name: &str) -> i32 {

@@ -9,7 +9,7 @@ use locks_shard::{Begun, ShardTerms, Term};
 use time::OffsetDateTime;
 
 use crate::errors;
-use crate::members::{MEMBERS_SCHEMA, RENEW, application_name, members_class, seconds};
+use crate::members::{MEMBERS_SCHEMA, RENEW, members_class, seconds};
 
 /// The term table (in the connection's `search_path` schema).
 pub const TERMS_TABLE: &str = "locks_shard_terms";
@@ -28,6 +28,10 @@ pub const TERMS_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS locks_shard_terms (\
      ended boolean NOT NULL DEFAULT false, \
      PRIMARY KEY (group_name, shard))";
 
+/// The key whose transaction lock [`install_shard_terms`] holds while it creates the
+/// tables.
+const INSTALL_KEY: &str = "locks-shard-postgres:install:locks_shard_terms";
+
 /// How long the store waits for any one answer of the server, by default.
 pub const DEFAULT_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -45,6 +49,8 @@ const BEGIN: &str = "WITH old AS (SELECT ended FROM locks_shard_terms \
      RETURNING token, since, COALESCE((SELECT ended FROM old), true)";
 const END: &str = "UPDATE locks_shard_terms SET ended = true \
      WHERE group_name = $1 AND shard = $2 AND token = $3";
+const REJOINED: &str = "UPDATE locks_shard_terms SET member_slot = $4 \
+     WHERE group_name = $1 AND shard = $2 AND token = $3 AND NOT ended";
 const TERMS: &str = "SELECT shard, token, member_slot, holder_id, since, ended \
      FROM locks_shard_terms WHERE group_name = $1";
 
@@ -58,17 +64,12 @@ const TERMS: &str = "SELECT shard, token, member_slot, holder_id, since, ended \
 pub async fn install_shard_terms(
     client: &tokio_postgres::Client,
 ) -> Result<(), tokio_postgres::Error> {
-    let installed = client
-        .batch_execute(&format!(
-            "BEGIN; SELECT pg_advisory_xact_lock(hashtext('locks_shard_postgres.install')); \
-             {TERMS_SCHEMA}; {MEMBERS_SCHEMA}; COMMIT"
-        ))
-        .await;
-    if installed.is_err() {
-        // Leave the session usable (no aborted transaction) for whoever reuses it.
-        let _ = client.batch_execute("ROLLBACK").await;
-    }
-    installed
+    locks_postgres::install_under_lock(
+        client,
+        INSTALL_KEY,
+        &format!("{TERMS_SCHEMA}; {MEMBERS_SCHEMA}"),
+    )
+    .await
 }
 
 /// The [`ShardTerms`] store on PostgreSQL: the table [`TERMS_TABLE`], the server's
@@ -105,12 +106,10 @@ impl PostgresShardTerms {
         what: &str,
         operation: impl Future<Output = Result<T, LockAcquisitionError>>,
     ) -> Result<T, LockAcquisitionError> {
-        match tokio::time::Instant::now().checked_add(self.answer_timeout) {
-            Some(deadline) => tokio::time::timeout_at(deadline, operation)
-                .await
-                .unwrap_or_else(|_| Err(errors::timed_out(group, what, self.answer_timeout))),
-            None => operation.await,
-        }
+        locks_postgres::answer_within(self.answer_timeout, operation, || {
+            errors::timed_out(group, what, self.answer_timeout)
+        })
+        .await
     }
 
     async fn query(
@@ -194,6 +193,24 @@ impl ShardTerms for PostgresShardTerms {
             .map(drop)
     }
 
+    async fn rejoined(
+        &self,
+        group: &str,
+        shard: &str,
+        token: i64,
+        member: u32,
+    ) -> Result<(), LockAcquisitionError> {
+        let slot = slot_param(member);
+        self.query(
+            group,
+            "recording a kept shard term's new member slot",
+            REJOINED,
+            &[&group, &shard, &token, &slot],
+        )
+        .await
+        .map(drop)
+    }
+
     async fn terms(&self, group: &str) -> Result<Vec<Term>, LockAcquisitionError> {
         self.query(group, "reading the shard terms", TERMS, &[&group])
             .await?
@@ -214,7 +231,7 @@ impl ShardTerms for PostgresShardTerms {
     ) -> Result<u64, LockAcquisitionError> {
         let what = "renewing a shard group member";
         let slot = slot_param(member);
-        let name = application_name(holder_id);
+        let name = locks_postgres::holder_application_name(holder_id);
         let members = locks_shard::ShardGroup::members_name_of(group);
         let class = members_class(&members);
         let rows = self

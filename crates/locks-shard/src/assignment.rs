@@ -7,6 +7,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::future::join_all;
 use locks_port::{DistributedLock, LockAcquisitionError, LockGuard, LostSignal, Semaphore};
 use opentelemetry::KeyValue;
 
@@ -49,6 +50,7 @@ where
         Fut: Future<Output = ()> + Send + 'static,
     {
         running.retain(|_, term| !term.is_finished());
+        self.rejoined(slot, running).await;
         let holders = match self.locks.permit_holders(&self.group.members_name()).await {
             Ok(holders) => holders,
             Err(error) => {
@@ -72,6 +74,29 @@ where
             self.instruments
                 .rebalance
                 .record(at.elapsed().as_secs_f64(), self.attributes);
+        }
+    }
+
+    /// Records in the term store the terms this member kept through a new membership
+    /// under its new `slot`, so that observers name their owner again (see
+    /// [`ShardTerms::rejoined`]). A failure is tried again on the next tick.
+    async fn rejoined(&self, slot: u32, running: &mut BTreeMap<usize, Running>) {
+        for term in running.values_mut() {
+            let (shard, token, recorded) = term.term();
+            if recorded == slot {
+                continue;
+            }
+            match self
+                .terms
+                .rejoined(self.group.name(), shard, token, slot)
+                .await
+            {
+                Ok(()) => term.rejoined(slot),
+                Err(error) => {
+                    tracing::warn!(error = %error, "recording a kept shard's new member slot failed");
+                    return;
+                }
+            }
         }
     }
 
@@ -102,20 +127,36 @@ where
         }
         let mut wanted = share - active.len();
         let owned: Vec<usize> = running.keys().copied().collect();
-        for shard in to_try(self.group, slot, &owned) {
-            if wanted == 0 {
+        let mut candidates = to_try(self.group, slot, &owned).into_iter();
+        // As many tries at once as shards are wanted (after a member died, its shards
+        // are taken in one round trip, not one after the other), in score order.
+        while wanted > 0 {
+            let batch: Vec<usize> = candidates.by_ref().take(wanted).collect();
+            if batch.is_empty() {
                 break;
             }
-            match self.take(slot, holder_id, shard, task).await {
-                Ok(Some(term)) => {
-                    running.insert(shard, term);
-                    wanted -= 1;
+            let taken = join_all(
+                batch
+                    .iter()
+                    .map(|&shard| self.take(slot, holder_id, shard, task)),
+            )
+            .await;
+            let mut failed = false;
+            for (shard, outcome) in batch.into_iter().zip(taken) {
+                match outcome {
+                    Ok(Some(term)) => {
+                        running.insert(shard, term);
+                        wanted -= 1;
+                    }
+                    Ok(None) => {}
+                    Err(error) => {
+                        tracing::warn!(error = %error, "taking a shard failed");
+                        failed = true;
+                    }
                 }
-                Ok(None) => {}
-                Err(error) => {
-                    tracing::warn!(error = %error, "taking a shard failed");
-                    break;
-                }
+            }
+            if failed {
+                break;
             }
         }
     }
@@ -157,6 +198,7 @@ where
         };
         let plan = TermPlan {
             owned,
+            slot,
             terms: self.terms.clone(),
             wait_first: (!begun.previous_ended).then_some(self.takeover_delay),
             drain_grace: self.drain_grace,

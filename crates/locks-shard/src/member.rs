@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,9 +18,10 @@ use opentelemetry::metrics::Meter;
 
 use crate::assignment::Assignment;
 use crate::group::ShardGroup;
-use crate::membership::{Left, Membership, stop_all};
+use crate::membership::{Left, Membership, abort_all, overdue, stop_all};
 use crate::metrics::Instruments;
 use crate::observe::{ShardWatch, Shards, owners};
+use crate::renewal::SelfStop;
 use crate::task::{DEFAULT_DRAIN_GRACE, DEFAULT_TAKEOVER_DELAY, Owned, Running};
 use crate::terms::ShardTerms;
 
@@ -181,8 +182,10 @@ where
     /// # Errors
     /// A [`Configuration`](AcquisitionErrorKind::Configuration) error when other members
     /// use another shard list, or [`InvalidKey`](AcquisitionErrorKind::InvalidKey).
-    /// Other failures (the backend unreachable, a lost membership) are retried after the
-    /// back-off.
+    /// Other failures (the backend unreachable) are retried after the back-off. A lost
+    /// membership permit is not an end: the member joins again at once and keeps the
+    /// shards whose locks it still holds (their tasks go on, under the same terms); a
+    /// shard whose lock went with it has its task dropped as any lost shard's.
     ///
     /// # Cancel safety
     /// Dropping the future aborts every term's tokio task: each task's future is
@@ -222,51 +225,87 @@ where
         let members = self.group.members_name();
         let permits = self.group.member_permits();
         let mut shutdown = pin!(shutdown);
+        let self_stop = self.renewal.map(SelfStop::new);
+        // Whether the last membership renewed (a holder id): only then does the
+        // self-stop deadline bind the terms kept through a rejoin.
+        let mut renewing = false;
+        // The terms running, kept from one membership to the next when only the
+        // membership was lost (their locks still held).
+        let mut running: BTreeMap<usize, Running> = BTreeMap::new();
         loop {
-            let joined = tokio::select! {
-                biased;
-                () = &mut shutdown => return Ok(()),
-                joined = self.locks.acquire_permit(&members, permits, AcquireOptions::new()) => joined,
+            running.retain(|_, term| !term.is_finished());
+            if running.is_empty()
+                && let Some(deadline) = &self_stop
+            {
+                deadline.restart();
+            }
+            let bound = self_stop.as_ref().filter(|_| renewing);
+            let join = self
+                .locks
+                .acquire_permit(&members, permits, AcquireOptions::new());
+            let Some(joined) = keeping(&mut running, join, shutdown.as_mut(), bound).await else {
+                return Ok(());
             };
             let permit = match joined {
                 Ok(permit) => permit,
                 Err(error) => {
-                    if error.kind() == AcquisitionErrorKind::Configuration {
-                        return Err(self.refusal(error).await);
-                    }
-                    if error.kind() == AcquisitionErrorKind::InvalidKey {
-                        return Err(error);
+                    let kind = error.kind();
+                    if matches!(
+                        kind,
+                        AcquisitionErrorKind::Configuration | AcquisitionErrorKind::InvalidKey
+                    ) {
+                        stop_all(&mut running).await;
+                        return Err(if kind == AcquisitionErrorKind::Configuration {
+                            self.refusal(error).await
+                        } else {
+                            error
+                        });
                     }
                     tracing::warn!(error = %error, "joining the shard group failed; retrying");
-                    tokio::time::sleep(self.backoff).await;
+                    let pause = tokio::time::sleep(self.backoff);
+                    if keeping(&mut running, pause, shutdown.as_mut(), bound)
+                        .await
+                        .is_none()
+                    {
+                        return Ok(());
+                    }
                     continue;
                 }
             };
-            let mut running = BTreeMap::new();
+            renewing = self_stop.is_some() && permit.info().holder_id().is_some();
             let left = self
-                .membership()
+                .membership(self_stop.as_ref())
                 .hold(&permit, &mut running, &task, shutdown.as_mut())
                 .await;
-            let terms: Vec<Running> = std::mem::take(&mut running).into_values().collect();
-            if left == Left::Overdue {
-                // The others may end this member's sessions soon: no drain.
-                for term in terms {
-                    term.abort().await;
+            match left {
+                Left::Lost => {
+                    // Only the membership's session may have ended: the terms whose
+                    // locks are held go on, and this member joins again at once.
+                    tracing::warn!(
+                        kept = running.len(),
+                        "joining the shard group again, keeping the running shards"
+                    );
+                    permit.release().await;
                 }
-            } else {
-                // Leaving: every task drains and every lock is released before the permit.
-                stop_all(terms).await;
+                Left::Overdue => {
+                    // The others may end this member's sessions soon: no drain.
+                    abort_all(&mut running).await;
+                    permit.release().await;
+                    tokio::time::sleep(self.backoff).await;
+                }
+                Left::Shutdown => {
+                    // Leaving: every task drains and every lock is released before the
+                    // permit.
+                    stop_all(&mut running).await;
+                    permit.release().await;
+                    return Ok(());
+                }
             }
-            permit.release().await;
-            if left == Left::Shutdown {
-                return Ok(());
-            }
-            tokio::time::sleep(self.backoff).await;
         }
     }
 
     /// The settings of one membership, borrowed from this member.
-    fn membership(&self) -> Membership<'_, M, T> {
+    fn membership<'a>(&'a self, self_stop: Option<&'a SelfStop>) -> Membership<'a, M, T> {
         Membership {
             assignment: Assignment {
                 locks: &self.locks,
@@ -278,7 +317,7 @@ where
                 attributes: &self.attributes,
             },
             tick: self.tick,
-            renewal: self.renewal,
+            self_stop,
         }
     }
 
@@ -299,6 +338,36 @@ where
                 }
             }
             Err(_) => error,
+        }
+    }
+}
+
+/// Waits for `until` while running the terms kept from a lost membership: `None` once
+/// `shutdown` is ready (every kept term handed over first); past the self-stop
+/// `deadline` the kept terms are dropped at once and the wait goes on.
+async fn keeping<O>(
+    running: &mut BTreeMap<usize, Running>,
+    until: impl Future<Output = O>,
+    mut shutdown: Pin<&mut impl Future<Output = ()>>,
+    deadline: Option<&SelfStop>,
+) -> Option<O> {
+    let mut until = pin!(until);
+    loop {
+        let armed = deadline.filter(|_| !running.is_empty());
+        tokio::select! {
+            biased;
+            () = shutdown.as_mut() => {
+                stop_all(running).await;
+                return None;
+            }
+            () = overdue(armed) => {
+                tracing::warn!(
+                    "this member's renewal is overdue while it joins again; stopping every \
+                     task before the other members may end its sessions"
+                );
+                abort_all(running).await;
+            }
+            out = &mut until => return Some(out),
         }
     }
 }

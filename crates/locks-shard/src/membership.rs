@@ -1,6 +1,7 @@
 //! One membership of a shard group: from a granted membership permit until the permit is
 //! lost, the caller shuts down, or this member's renewal is overdue, ticking the
-//! assignment and renewing the member's liveness meanwhile.
+//! assignment and renewing the member's liveness meanwhile; and the two ways a member
+//! lets go of the terms it runs (handed over, or dropped at once).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 use locks_port::{DistributedLock, LostSignal, PermitGuard, Semaphore};
 
 use crate::assignment::Assignment;
-use crate::renewal::Renewals;
+use crate::renewal::{Renewals, SelfStop};
 use crate::task::{Owned, Running};
 use crate::terms::ShardTerms;
 
@@ -21,7 +22,9 @@ use crate::terms::ShardTerms;
 pub(crate) struct Membership<'a, M, T> {
     pub(crate) assignment: Assignment<'a, M, T>,
     pub(crate) tick: Duration,
-    pub(crate) renewal: Option<Duration>,
+    /// The member's renewal deadline (renewals on), carried from one membership to the
+    /// next.
+    pub(crate) self_stop: Option<&'a SelfStop>,
 }
 
 impl<M, T> Membership<'_, M, T>
@@ -31,7 +34,8 @@ where
     T: ShardTerms + Clone + 'static,
 {
     /// One membership: ticks until the membership permit is lost, `shutdown` is ready,
-    /// or this member's renewal is overdue.
+    /// or this member's renewal is overdue. `running` may hold terms kept from the
+    /// previous membership: they go on, and are re-recorded under the new slot.
     pub(crate) async fn hold<P, F, Fut>(
         &self,
         permit: &P,
@@ -47,22 +51,17 @@ where
         let slot = permit.info().slot();
         let holder_id = permit.info().holder_id().map(str::to_owned);
         let lost = permit.lost();
-        let renewals = match (self.renewal, holder_id.clone()) {
-            (Some(expiry), Some(holder)) => Some(Renewals::start(
+        let renewals = match (self.self_stop, holder_id.clone()) {
+            (Some(deadline), Some(holder)) => Some(Renewals::start(
                 self.assignment.terms.clone(),
                 self.assignment.group.name().to_owned(),
                 slot,
                 holder,
-                expiry,
+                deadline.clone(),
             )),
             _ => None,
         };
-        let overdue = async {
-            match &renewals {
-                Some(renewals) => renewals.overdue().await,
-                None => std::future::pending().await,
-            }
-        };
+        let overdue = overdue(self.self_stop.filter(|_| renewals.is_some()));
         let ticking = async {
             let mut seen: Vec<u32> = Vec::new();
             let mut changed_at: Option<Instant> = None;
@@ -84,7 +83,8 @@ where
             biased;
             reason = lost.clone() => {
                 tracing::warn!(reason = reason.as_str(),
-                    "shard group membership lost; handing every shard over");
+                    "shard group membership lost; joining again, keeping the shards whose \
+                     locks are held");
                 Left::Lost
             }
             () = shutdown => Left::Shutdown,
@@ -111,14 +111,30 @@ pub(crate) enum Left {
     Overdue,
 }
 
+/// Ready when `deadline` is overdue; never without one.
+pub(crate) async fn overdue(deadline: Option<&SelfStop>) {
+    match deadline {
+        Some(deadline) => deadline.overdue().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Hands every term over at once and waits until each released its lock.
-pub(crate) async fn stop_all(terms: Vec<Running>) {
-    let mut stopping = Vec::with_capacity(terms.len());
-    for mut term in terms {
+pub(crate) async fn stop_all(running: &mut BTreeMap<usize, Running>) {
+    let mut stopping = Vec::with_capacity(running.len());
+    for (_, mut term) in std::mem::take(running) {
         term.hand_off();
         stopping.push(term);
     }
     for term in stopping {
         term.stop().await;
+    }
+}
+
+/// Drops every term's task at once (no drain, the terms not ended: the others may end
+/// this member's sessions soon) and waits until each lock's guard is dropped.
+pub(crate) async fn abort_all(running: &mut BTreeMap<usize, Running>) {
+    for (_, term) in std::mem::take(running) {
+        term.abort().await;
     }
 }

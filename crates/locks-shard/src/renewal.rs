@@ -1,7 +1,9 @@
 //! A member's renewals: on a tokio task of their own, so that a tick that waits (a term's
 //! begin behind a frozen writer's row lock, a slow server) never lets the member expire;
 //! and the deadline by which a member that could not renew stops its own tasks, before the
-//! others may end its sessions.
+//! others may end its sessions. The deadline outlives a membership: a member that joins
+//! again keeping its shards (its membership session ended, its shard locks did not) is
+//! still bound by the renewal its previous membership last confirmed.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -15,50 +17,34 @@ use crate::terms::ShardTerms;
 /// the server wrote that renewal, which was after it was sent.
 const SELF_STOP: f64 = 0.8;
 
-/// The renewals of one membership; dropped, they stop.
-#[derive(Debug)]
-pub(crate) struct Renewals {
+/// When a member's last confirmed renewal was sent, across its memberships, and the
+/// deadline that follows from it.
+#[derive(Debug, Clone)]
+pub(crate) struct SelfStop {
     expiry: Duration,
-    /// When the last renewal the store confirmed was sent.
     last_sent: Arc<Mutex<Instant>>,
-    handle: JoinHandle<()>,
 }
 
-impl Renewals {
-    /// Renews every fifth of `expiry` from now on.
-    pub(crate) fn start<T: ShardTerms + 'static>(
-        terms: T,
-        group: String,
-        slot: u32,
-        holder: String,
-        expiry: Duration,
-    ) -> Self {
-        let last_sent = Arc::new(Mutex::new(Instant::now()));
-        let confirmed = Arc::clone(&last_sent);
-        let handle = tokio::spawn(async move {
-            loop {
-                let sent = Instant::now();
-                match terms.renew(&group, slot, &holder, expiry).await {
-                    Ok(ended) => {
-                        *confirmed.lock().unwrap_or_else(PoisonError::into_inner) = sent;
-                        if ended > 0 {
-                            tracing::warn!(
-                                sessions = ended,
-                                "ended the lock sessions of shard group members whose \
-                                 renewal expired"
-                            );
-                        }
-                    }
-                    Err(error) => tracing::warn!(error = %error, "renewing this member failed"),
-                }
-                tokio::time::sleep(expiry / 5).await;
-            }
-        });
+impl SelfStop {
+    /// A deadline `SELF_STOP` of `expiry` from now.
+    pub(crate) fn new(expiry: Duration) -> Self {
         Self {
             expiry,
-            last_sent,
-            handle,
+            last_sent: Arc::new(Mutex::new(Instant::now())),
         }
+    }
+
+    /// Starts the deadline again from now: a member that joins owning nothing has no
+    /// task to stop.
+    pub(crate) fn restart(&self) {
+        self.confirm(Instant::now());
+    }
+
+    fn confirm(&self, sent: Instant) {
+        *self
+            .last_sent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = sent;
     }
 
     /// Ready once no renewal was confirmed for [`SELF_STOP`] of the expiry.
@@ -77,6 +63,46 @@ impl Renewals {
             }
             tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)).await;
         }
+    }
+}
+
+/// The renewals of one membership; dropped, they stop.
+#[derive(Debug)]
+pub(crate) struct Renewals {
+    handle: JoinHandle<()>,
+}
+
+impl Renewals {
+    /// Renews every fifth of the expiry of `deadline` from now on, moving the deadline
+    /// on with each confirmed renewal.
+    pub(crate) fn start<T: ShardTerms + 'static>(
+        terms: T,
+        group: String,
+        slot: u32,
+        holder: String,
+        deadline: SelfStop,
+    ) -> Self {
+        let expiry = deadline.expiry;
+        let handle = tokio::spawn(async move {
+            loop {
+                let sent = Instant::now();
+                match terms.renew(&group, slot, &holder, expiry).await {
+                    Ok(ended) => {
+                        deadline.confirm(sent);
+                        if ended > 0 {
+                            tracing::warn!(
+                                sessions = ended,
+                                "ended the lock sessions of shard group members whose \
+                                 renewal expired"
+                            );
+                        }
+                    }
+                    Err(error) => tracing::warn!(error = %error, "renewing this member failed"),
+                }
+                tokio::time::sleep(expiry / 5).await;
+            }
+        });
+        Self { handle }
     }
 }
 

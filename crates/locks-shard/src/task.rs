@@ -85,9 +85,23 @@ impl<Fut, G> Drop for Holding<Fut, G> {
 pub(crate) struct Running {
     handoff: Option<oneshot::Sender<()>>,
     handle: JoinHandle<()>,
+    shard: Arc<str>,
+    token: i64,
+    /// The member's slot the term store records for the term.
+    slot: u32,
 }
 
 impl Running {
+    /// The shard's name, the term's token and the member slot the store records for it.
+    pub(crate) fn term(&self) -> (&str, i64, u32) {
+        (&self.shard, self.token, self.slot)
+    }
+
+    /// The store now records the term under `slot` (its member joined again under it).
+    pub(crate) fn rejoined(&mut self, slot: u32) {
+        self.slot = slot;
+    }
+
     /// Asks the term to hand over: its task is told, drained within the grace, and the
     /// lock released. Returns `false` if it was asked already.
     pub(crate) fn hand_off(&mut self) -> bool {
@@ -128,6 +142,8 @@ impl Drop for Running {
 /// What a term needs besides the task.
 pub(crate) struct TermPlan<T> {
     pub(crate) owned: Owned,
+    /// The member's slot the term began under.
+    pub(crate) slot: u32,
     pub(crate) terms: T,
     pub(crate) wait_first: Option<Duration>,
     pub(crate) drain_grace: Duration,
@@ -154,6 +170,7 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     let (tx, mut rx) = oneshot::channel::<()>();
+    let (shard, token, slot) = (Arc::clone(&plan.owned.shard), plan.owned.token, plan.slot);
     let handle = tokio::spawn(async move {
         let lost = guard.lost();
         let mut holding: Holding<Fut, G> = Holding {
@@ -162,6 +179,7 @@ where
         };
         let TermPlan {
             owned,
+            slot: _,
             terms,
             wait_first,
             drain_grace,
@@ -230,6 +248,9 @@ where
     Running {
         handoff: Some(tx),
         handle,
+        shard,
+        token,
+        slot,
     }
 }
 

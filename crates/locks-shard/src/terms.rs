@@ -119,6 +119,27 @@ pub trait ShardTerms: Send + Sync {
         group: &str,
     ) -> impl Future<Output = Result<Vec<Term>, LockAcquisitionError>> + Send;
 
+    /// Records that the term `token` of `shard` goes on under the member slot `member`:
+    /// its member's membership session ended while it kept the shard's lock, and it
+    /// joined again under another slot. Only while `token` is the shard's latest term and
+    /// not ended. The token does not change: the term and its task go on.
+    ///
+    /// The default does nothing: a store without it keeps naming the old slot, so
+    /// [`owners`](crate::owners) does not name the shard's owner until the shard moves.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn rejoined(
+        &self,
+        group: &str,
+        shard: &str,
+        token: i64,
+        member: u32,
+    ) -> impl Future<Output = Result<(), LockAcquisitionError>> + Send {
+        let _ = (group, shard, token, member);
+        std::future::ready(Ok(()))
+    }
+
     /// Renews the liveness of the member `member` (its manager's `holder_id`) for
     /// `expiry`, and ends the lock sessions of the group's members whose renewal expired:
     /// a member whose process stopped (`SIGSTOP`, a frozen VM, a deadlocked runtime) still
@@ -207,6 +228,22 @@ impl ShardTerms for MemoryTerms {
         Ok(())
     }
 
+    async fn rejoined(
+        &self,
+        group: &str,
+        shard: &str,
+        token: i64,
+        member: u32,
+    ) -> Result<(), LockAcquisitionError> {
+        if let Some(term) = self.rows().get_mut(&(group.to_owned(), shard.to_owned()))
+            && term.token == token
+            && !term.ended
+        {
+            term.member = member;
+        }
+        Ok(())
+    }
+
     async fn terms(&self, group: &str) -> Result<Vec<Term>, LockAcquisitionError> {
         Ok(self
             .rows()
@@ -242,6 +279,16 @@ impl<T: ShardTerms + ?Sized> ShardTerms for Arc<T> {
         group: &str,
     ) -> impl Future<Output = Result<Vec<Term>, LockAcquisitionError>> + Send {
         (**self).terms(group)
+    }
+
+    fn rejoined(
+        &self,
+        group: &str,
+        shard: &str,
+        token: i64,
+        member: u32,
+    ) -> impl Future<Output = Result<(), LockAcquisitionError>> + Send {
+        (**self).rejoined(group, shard, token, member)
     }
 
     fn renew(

@@ -12,7 +12,10 @@
 //! next task of the shard started), stale writes accepted (an accepted write whose token
 //! is below an earlier accepted one), refused writes, moves, and the share of the time the
 //! shard was owned, over the whole run and outside the outages (a server restart or a
-//! cut of every worker's network: no member can own anything then).
+//! cut of every worker's network: no member can own anything then). Each unowned piece
+//! outside them is told by its cause: the next term's takeover delay, or how the task
+//! before it ended (handed over, or its lock lost) and the fault that reached its lock or
+//! its member (the driver reads what a backend held before it terminates or stops it).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
@@ -24,6 +27,7 @@ use locks_shard::{Owned, ShardGroup, ShardMember};
 use locks_shard_postgres::deadpool_postgres::Pool;
 use locks_shard_postgres::{PostgresShardTerms, guard_write, install_shard_terms};
 
+use super::causes::{Hit, Run, causes};
 use super::{Error, Faults};
 
 /// The shards of the soak's group.
@@ -32,7 +36,7 @@ pub(crate) const SHARDS: usize = 24;
 pub(crate) const MEMBERS: usize = 3;
 const GROUP: &str = "soak";
 /// How often a task tries a progress write.
-const WRITE_EVERY: Duration = Duration::from_millis(20);
+pub(crate) const WRITE_EVERY: Duration = Duration::from_millis(20);
 /// The least share of the time (outside outages) every shard must be owned.
 const OWNED_AT_LEAST: f64 = 0.99;
 /// How soon after an outage's end every shard must run again: the server frees a silent
@@ -42,7 +46,8 @@ const RECOVERED_WITHIN: Duration = Duration::from_secs(10);
 
 const SCHEMA: &str = "\
 CREATE TABLE soak_shard_runs (id bigserial PRIMARY KEY, shard text NOT NULL, \
-    token bigint NOT NULL, member text NOT NULL, started timestamptz NOT NULL, \
+    token bigint NOT NULL, member text NOT NULL, since timestamptz NOT NULL, \
+    started timestamptz NOT NULL, \
     last_seen timestamptz NOT NULL, stopped timestamptz, \
     accepted bigint NOT NULL DEFAULT 0, refused bigint NOT NULL DEFAULT 0); \
 CREATE TABLE soak_shard_progress (shard text PRIMARY KEY, token bigint NOT NULL, \
@@ -57,7 +62,7 @@ pub(crate) fn banner(shards: bool) -> String {
     }
 }
 
-fn group() -> Result<ShardGroup, Error> {
+pub(crate) fn group() -> Result<ShardGroup, Error> {
     Ok(ShardGroup::new(
         GROUP,
         (0..SHARDS).map(|i| format!("tenant-{i}")),
@@ -181,9 +186,10 @@ async fn record(
     let run = match what {
         Record::Start => tx
             .query_one(
-                "INSERT INTO soak_shard_runs (shard, token, member, started, last_seen) \
-                 VALUES ($1, $2, $3, clock_timestamp(), clock_timestamp()) RETURNING id",
-                &[&&*owned.shard, &owned.token, &holder],
+                "INSERT INTO soak_shard_runs (shard, token, member, since, started, last_seen) \
+                 VALUES ($1, $2, $3, to_timestamp($4), clock_timestamp(), clock_timestamp()) \
+                 RETURNING id",
+                &[&&*owned.shard, &owned.token, &holder, &since(owned)],
             )
             .await?
             .get(0),
@@ -220,14 +226,12 @@ async fn record(
     Ok((run, accepted))
 }
 
-/// One task's records: its shard, member, token, start and last record (seconds since
-/// the epoch, by the server's clock).
-struct Run {
-    shard: String,
-    member: String,
-    token: i64,
-    started: f64,
-    ended: f64,
+/// When a term began, in seconds since the epoch (the server's clock).
+fn since(owned: &Owned) -> f64 {
+    // Nanoseconds since the epoch fit an f64 to well under a microsecond.
+    #[allow(clippy::cast_precision_loss)]
+    let nanos = owned.since.unix_timestamp_nanos() as f64;
+    nanos / 1e9
 }
 
 /// Reads the runs and the progress rows, prints the shards' report, and returns the
@@ -237,8 +241,10 @@ struct Run {
 pub(crate) async fn check(admin: &Client, end: f64, faults: &Faults) -> Result<Vec<String>, Error> {
     let runs: Vec<Run> = admin
         .query(
-            "SELECT shard, member, token, extract(epoch FROM started)::float8, \
-                    extract(epoch FROM greatest(last_seen, coalesce(stopped, last_seen)))::float8 \
+            "SELECT shard, member, token, extract(epoch FROM since)::float8, \
+                    extract(epoch FROM started)::float8, \
+                    extract(epoch FROM greatest(last_seen, coalesce(stopped, last_seen)))::float8, \
+                    stopped IS NOT NULL \
              FROM soak_shard_runs ORDER BY shard, started",
             &[],
         )
@@ -248,8 +254,10 @@ pub(crate) async fn check(admin: &Client, end: f64, faults: &Faults) -> Result<V
             shard: row.get(0),
             member: row.get(1),
             token: row.get(2),
-            started: row.get(3),
-            ended: row.get(4),
+            since: row.get(3),
+            started: row.get(4),
+            ended: row.get(5),
+            stopped: row.get(6),
         })
         .collect();
     let totals = admin
@@ -261,12 +269,8 @@ pub(crate) async fn check(admin: &Client, end: f64, faults: &Faults) -> Result<V
         )
         .await?;
     let (accepted, refused, stale): (i64, i64, i64) = (totals.get(0), totals.get(1), totals.get(2));
-    let events: Vec<(f64, &str)> = faults
-        .events
-        .iter()
-        .map(|(at, kind)| (epoch(*at), *kind))
-        .collect();
-    let mut unowned_after: BTreeMap<&str, f64> = BTreeMap::new();
+    let hits: Vec<(f64, &Hit)> = faults.hits.iter().map(|hit| (epoch(hit.at), hit)).collect();
+    let mut unowned_by: BTreeMap<&str, (f64, usize)> = BTreeMap::new();
     let mut outages: Vec<(f64, f64)> = faults
         .outages
         .iter()
@@ -325,17 +329,15 @@ pub(crate) async fn check(admin: &Client, end: f64, faults: &Faults) -> Result<V
         let owned = covered(runs, start, end, &[]).0;
         let (owned_up, unowned) = covered(runs, start, end, &recovering);
         for (from, to) in unowned {
-            let kind = events
+            // Past the recovery bound: the piece starts where a recovery was cut off.
+            let after_outage = recovering
                 .iter()
-                .rev()
-                .find(|(at, _)| *at <= from)
-                .map_or("no fault", |(_, kind)| *kind);
-            let kind = if kind == "outage" {
-                "an outage, past the recovery bound"
-            } else {
-                kind
-            };
-            *unowned_after.entry(kind).or_default() += (to - from) / SHARDS as f64;
+                .any(|&(_, until)| (until - from).abs() < 1e-6);
+            for (cause, seconds) in causes((from, to), runs, &hits, &outages, after_outage) {
+                let entry = unowned_by.entry(cause).or_default();
+                entry.0 += seconds / SHARDS as f64;
+                entry.1 += 1;
+            }
         }
         least = least.min(owned);
         least_up = least_up.min(owned_up);
@@ -383,19 +385,24 @@ pub(crate) async fn check(admin: &Client, end: f64, faults: &Faults) -> Result<V
         least_up * 100.0,
         OWNED_AT_LEAST * 100.0
     );
-    let causes: Vec<String> = unowned_after
+    let mut classes: BTreeMap<String, usize> = BTreeMap::new();
+    for hit in &faults.hits {
+        *classes.entry(hit.class()).or_default() += 1;
+    }
+    let classes: Vec<String> = classes
         .iter()
-        .map(|(kind, seconds)| format!("{seconds:.1} s after {kind}"))
+        .map(|(class, count)| format!("{count} {class}"))
         .collect();
+    println!("shards: faults on members: {}", classes.join(", "));
+    let mut by: Vec<(&str, (f64, usize))> = unowned_by.into_iter().collect();
+    by.sort_by(|a, b| b.1.0.total_cmp(&a.1.0));
+    let total: f64 = by.iter().map(|(_, (seconds, _))| seconds).sum();
     println!(
-        "shards: unowned outside outages and recoveries, per shard on average, by the fault \
-         before it: {}",
-        if causes.is_empty() {
-            "none".to_owned()
-        } else {
-            causes.join(", ")
-        }
+        "shards: unowned outside outages and recoveries, per shard on average: {total:.2} s, by cause:"
     );
+    for (cause, (seconds, pieces)) in by {
+        println!("  {seconds:6.2} s  {pieces:5} pieces  {cause}");
+    }
     if std::env::var_os("SOAK_SHARD_DETAIL").is_some() {
         for line in lines {
             println!("  {line}");

@@ -3,7 +3,7 @@
 //! new table can fail with a unique violation in the server's catalog; each install holds
 //! a transaction lock of its own meanwhile.)
 
-use locks_postgres::{install_fencing, install_leader_board};
+use locks_postgres::{install_fencing, install_leader_board, install_under_lock, server_words};
 use throwaway_pg::testing::{admin, unique};
 
 /// Sessions that install at once.
@@ -33,9 +33,16 @@ async fn installs_run_at_once_from_many_sessions() {
             (
                 install_fencing(client).await,
                 install_leader_board(client).await,
+                install_under_lock(
+                    client,
+                    "installs-test:install",
+                    "CREATE TABLE IF NOT EXISTS installs_a (k text PRIMARY KEY); \
+                     CREATE TABLE IF NOT EXISTS installs_b (k text PRIMARY KEY)",
+                )
+                .await,
             )
         });
-        for (session, (fencing, board)) in futures_util::future::join_all(installs)
+        for (session, (fencing, board, own)) in futures_util::future::join_all(installs)
             .await
             .into_iter()
             .enumerate()
@@ -46,6 +53,9 @@ async fn installs_run_at_once_from_many_sessions() {
             board.unwrap_or_else(|error| {
                 panic!("round {round} session {session}: board: {error:?}")
             });
+            own.unwrap_or_else(|error| {
+                panic!("round {round} session {session}: install_under_lock: {error:?}")
+            });
         }
         admin()
             .await
@@ -53,4 +63,27 @@ async fn installs_run_at_once_from_many_sessions() {
             .await
             .expect("drop schema");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_install_leaves_the_session_usable_and_says_the_server_s_words() {
+    let client = admin().await;
+    let error = install_under_lock(
+        &client,
+        "installs-test:failing",
+        "CREATE TABLE IF NOT EXISTS installs_c (k text PRIMARY KEY); \
+         CREATE TABLE installs_c (k text PRIMARY KEY)",
+    )
+    .await
+    .expect_err("the second CREATE TABLE fails");
+    assert_eq!(
+        server_words("installing", &error),
+        "installing: relation \"installs_c\" already exists (42P07)"
+    );
+    let exists: bool = client
+        .query_one("SELECT to_regclass('installs_c') IS NOT NULL", &[])
+        .await
+        .expect("the session is usable after the failed install")
+        .get(0);
+    assert!(!exists, "the failed install was rolled back whole");
 }

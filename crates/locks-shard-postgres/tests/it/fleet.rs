@@ -18,23 +18,56 @@ use crate::support::{admin, manager, unique};
 
 const SETTLE: Duration = Duration::from_secs(20);
 
-struct Fleet {
-    watcher: Watcher,
+/// One task's life in this process: its member, shard and token, and whether its
+/// future was dropped (or returned).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Life {
+    pub(crate) member: String,
+    pub(crate) shard: String,
+    pub(crate) token: i64,
+    pub(crate) stopped: bool,
+}
+
+/// Marks a life stopped when the task's future is dropped.
+struct Alive {
+    lives: Arc<Mutex<Vec<Life>>>,
+    index: usize,
+}
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        self.lives.lock().unwrap_or_else(PoisonError::into_inner)[self.index].stopped = true;
+    }
+}
+
+pub(crate) struct Fleet {
+    pub(crate) watcher: Watcher,
     /// The latest term each member's tasks were handed, by holder.
     handed: Arc<Mutex<BTreeMap<String, Owned>>>,
+    /// Every task started, in start order.
+    lives: Arc<Mutex<Vec<Life>>>,
     members: BTreeMap<String, (oneshot::Sender<()>, JoinHandle<()>)>,
 }
 
 impl Fleet {
-    async fn new() -> Self {
+    pub(crate) async fn new() -> Self {
         Self {
             watcher: Watcher::new(group(&unique("fleet"))).await,
             handed: Arc::default(),
+            lives: Arc::default(),
             members: BTreeMap::new(),
         }
     }
 
-    fn join(&mut self, name: &str) {
+    /// Every task started so far, in start order.
+    pub(crate) fn lives(&self) -> Vec<Life> {
+        self.lives
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) fn join(&mut self, name: &str) {
         let member = ShardMember::new(
             manager(name, SHARDS + 4),
             self.watcher.terms.clone(),
@@ -44,6 +77,7 @@ impl Fleet {
         .backoff(Duration::from_millis(200));
         let writes = self.watcher.writes.clone();
         let handed = Arc::clone(&self.handed);
+        let lives = Arc::clone(&self.lives);
         let holder = name.to_owned();
         let (leave, left) = oneshot::channel::<()>();
         let handle = tokio::spawn(async move {
@@ -52,7 +86,24 @@ impl Fleet {
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .insert(holder.clone(), owned.clone());
-                progress(writes.clone(), holder.clone(), owned, stop)
+                let alive = {
+                    let mut all = lives.lock().unwrap_or_else(PoisonError::into_inner);
+                    all.push(Life {
+                        member: holder.clone(),
+                        shard: owned.shard.to_string(),
+                        token: owned.token,
+                        stopped: false,
+                    });
+                    Alive {
+                        lives: Arc::clone(&lives),
+                        index: all.len() - 1,
+                    }
+                };
+                let work = progress(writes.clone(), holder.clone(), owned, stop);
+                async move {
+                    let _alive = alive;
+                    work.await;
+                }
             };
             let shutdown = async {
                 let _ = left.await;
@@ -65,18 +116,25 @@ impl Fleet {
         self.members.insert(name.to_owned(), (leave, handle));
     }
 
-    async fn leave(&mut self, name: &str) {
+    pub(crate) async fn leave(&mut self, name: &str) {
         let (leave, handle) = self.members.remove(name).expect("a member");
         let _ = leave.send(());
         handle.await.expect("the member left");
     }
 
-    async fn settled(&self, members: usize, from: Instant) -> (Shards, Duration) {
+    pub(crate) async fn leave_all(&mut self) {
+        let names: Vec<String> = self.members.keys().cloned().collect();
+        for name in names {
+            self.leave(&name).await;
+        }
+    }
+
+    pub(crate) async fn settled(&self, members: usize, from: Instant) -> (Shards, Duration) {
         self.watcher.settled(members, from, SETTLE).await
     }
 }
 
-fn holders(owners: &Shards) -> BTreeMap<String, Option<String>> {
+pub(crate) fn holders(owners: &Shards) -> BTreeMap<String, Option<String>> {
     owners
         .shards
         .iter()
@@ -204,10 +262,7 @@ async fn members_go_1_3_5_2_4_balanced_sticky_and_no_two_owners_write_in_between
         );
         owners = after;
     }
-    let names: Vec<String> = fleet.members.keys().cloned().collect();
-    for name in names {
-        fleet.leave(&name).await;
-    }
+    fleet.leave_all().await;
     let (interleaved, refused) = fleet.watcher.interleaved_and_refused(&["m2"]).await;
     eprintln!("{interleaved} interleaved writes, {refused} refused outside m2's termination");
     assert_eq!(

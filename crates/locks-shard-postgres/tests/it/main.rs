@@ -4,5 +4,6 @@
 mod fleet;
 mod processes;
 mod record;
+mod rejoin;
 mod support;
 mod terms;

@@ -39,6 +39,40 @@ async fn tokens_grow_per_shard_and_only_the_latest_term_ends() {
     assert_eq!(other.term.token, 1, "tokens are per shard");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_term_moves_to_its_member_s_new_slot_only_while_it_is_the_latest() {
+    let store = terms().await;
+    let group = unique("rejoined");
+    let member_of = async |shard: &str| {
+        let listed = store.terms(&group).await.expect("terms");
+        let term = listed.iter().find(|t| t.shard == shard).expect("a term");
+        (term.token, term.member, term.ended)
+    };
+    store
+        .begin(&group, "a", 3, Some("m1"))
+        .await
+        .expect("begin");
+    store.rejoined(&group, "a", 1, 7).await.expect("rejoined");
+    assert_eq!(
+        member_of("a").await,
+        (1, 7, false),
+        "the same term, the new slot"
+    );
+    store.rejoined(&group, "a", 0, 9).await.expect("rejoined");
+    assert_eq!(
+        member_of("a").await,
+        (1, 7, false),
+        "an older token changes nothing"
+    );
+    store.end(&group, "a", 1).await.expect("end");
+    store.rejoined(&group, "a", 1, 9).await.expect("rejoined");
+    assert_eq!(
+        member_of("a").await,
+        (1, 7, true),
+        "an ended term changes nothing"
+    );
+}
+
 fn owned(group: &str, shard: &str, token: i64) -> Owned {
     Owned::new(group, shard, 0, token, time::OffsetDateTime::now_utc())
 }
