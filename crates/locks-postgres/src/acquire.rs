@@ -4,8 +4,12 @@
 //! step inside the call's deadline. The wait is the same for one key and for the next
 //! key of an `acquire_many`.
 
+use std::future::{Future, Ready};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
+
+use futures_util::future::Either;
 
 use locks_port::{
     AcquireOptions, AcquisitionErrorKind, LockAcquisitionError, LockMode, WaitStrategy,
@@ -82,30 +86,35 @@ pub(crate) async fn try_grant(
     }
 }
 
+/// What [`register_grant`] hands back: the guard at once, or the fencing token's
+/// round trip (boxed) before it.
+pub(crate) type Registering<'a> = Either<
+    Ready<Result<PostgresLockGuard, LockAcquisitionError>>,
+    Pin<Box<dyn Future<Output = Result<PostgresLockGuard, LockAcquisitionError>> + Send + 'a>>,
+>;
+
 /// Records a granted lock and hands out its guard: at once, or after taking its
-/// fencing token when fencing is on.
-pub(crate) async fn register_grant(
-    inner: &Arc<Inner>,
+/// fencing token when fencing is on. A plain function: without fencing the
+/// bookkeeping is done here and the future is ready, with no state machine of its
+/// own around the default path.
+pub(crate) fn register_grant<'a>(
+    inner: &'a Arc<Inner>,
     key: Arc<str>,
     lock_id: i64,
     mode: LockMode,
     grant: Grant,
-    span: &Span,
-) -> Result<PostgresLockGuard, LockAcquisitionError> {
+    span: &'a Span,
+) -> Registering<'a> {
     let (slot, holding) = match grant {
         Grant::Own(session) => (new_slot(session), Holding::Alone),
         Grant::Shared(member) => (Arc::clone(member.slot()), Holding::Shared(member)),
     };
     if inner.settings().fencing {
         let fencing = grant::register_fenced(inner, key, lock_id, mode, slot, holding, span);
-        return Box::pin(fencing).await;
+        return Either::Right(Box::pin(fencing));
     }
-    Ok(grant::record(
-        inner,
-        (key, lock_id, mode, slot, holding),
-        None,
-        span,
-    ))
+    let guard = grant::record(inner, (key, lock_id, mode, slot, holding), None, span);
+    Either::Left(std::future::ready(Ok(guard)))
 }
 
 /// `acquire` with multiplexing: a try on a shared connection, else the whole

@@ -2,15 +2,15 @@
 //! the notifier of its guard's lost signal; registering a grant and taking entries out
 //! (the unlock that follows is a floor up, in `release.rs`).
 
-use std::collections::HashMap;
-use std::collections::hash_map::Entry;
+use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use hashbrown::HashTable;
 
 use locks_port::{LockInfo, LockMode, LossNotifier};
 use smallvec::SmallVec;
-use tokio::time::Instant;
 
 use crate::metrics::Metrics;
 use crate::multiplex::Membership;
@@ -35,17 +35,12 @@ pub(crate) struct Held {
     ticket: u64,
     lock_id: i64,
     mode: LockMode,
-    /// When it was granted (its guard's `acquired_at`, as the clock read it), for the
+    /// When it was granted (its guard's `acquired_at`, as the clock read it), in
+    /// nanoseconds since the Unix epoch (8 bytes, not a `SystemTime`'s 16), for the
     /// error of a wait on a key this manager holds.
-    since: SystemTime,
+    since_ns: u64,
     slot: SessionSlot,
     notifier: LossNotifier,
-    /// When the connection last answered (the last keepalive), or, until the first,
-    /// when the monitor first saw the lock: `None` until then (a grant reads no clock;
-    /// the first keepalive comes at most one health-check interval later for it).
-    last_answer: Option<Instant>,
-    /// Whether a keepalive is in flight on the connection.
-    pinging: bool,
     holding: Holding,
 }
 
@@ -65,17 +60,20 @@ impl Held {
             ticket,
             lock_id: info.lock_id(),
             mode: info.mode(),
-            since: info.acquired_at_system_time(),
+            since_ns: nanos_since_epoch(info.acquired_at_system_time()),
             slot,
             notifier,
-            last_answer: None,
-            pinging: false,
             holding,
         }
     }
 
     pub(crate) fn key(&self) -> &str {
         &self.key
+    }
+
+    /// When it was granted.
+    pub(crate) fn since(&self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_nanos(self.since_ns)
     }
 
     /// The key, as the guard's [`LockInfo`] shares it.
@@ -116,21 +114,6 @@ impl Held {
         }
     }
 
-    /// Whether a keepalive is due at `now` at this `cadence`; if so it counts as in
-    /// flight until [`answered`](Self::answered).
-    pub(crate) fn keepalive_due(&mut self, now: Instant, cadence: Duration) -> bool {
-        let due = !self.pinging
-            && now.saturating_duration_since(*self.last_answer.get_or_insert(now)) >= cadence;
-        self.pinging |= due;
-        due
-    }
-
-    /// The connection answered a keepalive at `now`.
-    pub(crate) fn answered(&mut self, now: Instant) {
-        self.last_answer = Some(now);
-        self.pinging = false;
-    }
-
     /// Leaves the session, unlocked or gone: `true` when it now holds nothing of
     /// this manager (the caller, holding the slot, gives it back or closes it).
     pub(crate) fn leave_session(&mut self) -> bool {
@@ -140,6 +123,14 @@ impl Held {
             Holding::Shared(member) => member.leave(),
         }
     }
+}
+
+/// `at` in nanoseconds since the Unix epoch (0 before it, `u64::MAX` past the year
+/// 2554): exact for any clock reading of today.
+fn nanos_since_epoch(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH).map_or(0, |since| {
+        u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
+    })
 }
 
 /// The locks of one `acquire_many`, held on one session under one ticket and one lost
@@ -173,19 +164,21 @@ pub(crate) struct Ticket {
     pub(crate) number: u64,
 }
 
-/// The entries of one lock id: almost always one, kept inline (no allocation per
-/// grant).
+/// Entries taken out of the book together (one lock id's, a group's), or that a grant
+/// displaced: almost always one, kept inline (no allocation).
 pub(crate) type Entries = SmallVec<[Held; 1]>;
 
-/// Every lock one manager holds, by lock id: what the server locks, and a number to
-/// hash, where a key is a string (the lock id of a key is known on every path that
-/// looks it up). An id has one entry, or several when the manager holds it shared more
-/// than once (one per guard), or, by a 64-bit collision, holds another key of the same
-/// id (the server sees one lock). Every change of the count is told to the locks-held
-/// instrument.
+/// Every lock one manager holds, each entry in the table by the hash of its lock id:
+/// what the server locks, and a number to hash, where a key is a string (the lock id
+/// of a key is known on every path that looks it up). An id has one entry, or several
+/// when the manager holds it shared more than once (one per guard), or, by a 64-bit
+/// collision, holds another key of the same id (the server sees one lock): those sit
+/// side by side under one hash. One slot per entry, no list per id, so a held lock
+/// costs the table its entry and nothing more (bytes a held lock: `docs/benchmarks.md`).
+/// Every change of the count is told to the locks-held instrument.
 pub(crate) struct Book {
-    by_id: HashMap<i64, Entries, foldhash::fast::RandomState>,
-    count: usize,
+    by_id: HashTable<Held>,
+    hasher: foldhash::fast::RandomState,
     metrics: Arc<Metrics>,
     /// The lock ids whose unlock runs in the background now (once per unlock), with
     /// [`release_in_background`](crate::PostgresLockManagerBuilder::release_in_background).
@@ -195,11 +188,34 @@ pub(crate) struct Book {
 impl Book {
     pub(crate) fn new(metrics: Arc<Metrics>) -> Self {
         Self {
-            by_id: HashMap::default(),
-            count: 0,
+            by_id: HashTable::new(),
+            hasher: foldhash::fast::RandomState::default(),
             metrics,
             releasing: Vec::new(),
         }
+    }
+
+    fn hash(&self, lock_id: i64) -> u64 {
+        self.hasher.hash_one(lock_id)
+    }
+
+    /// The entries of `lock_id`.
+    fn of(&self, lock_id: i64) -> impl Iterator<Item = &Held> {
+        self.by_id
+            .iter_hash(self.hash(lock_id))
+            .filter(move |held| held.lock_id == lock_id)
+    }
+
+    /// Takes out the first entry of `lock_id` that `which` picks.
+    fn take(&mut self, lock_id: i64, mut which: impl FnMut(&Held) -> bool) -> Option<Held> {
+        let hash = self.hash(lock_id);
+        let place = self
+            .by_id
+            .find_entry(hash, |held| held.lock_id == lock_id && which(held))
+            .ok()?;
+        let (taken, _) = place.remove();
+        self.metrics.held_changed(taken.mode, -1);
+        Some(taken)
     }
 
     /// An unlock of `lock_id` was handed to its connection; its answer is not read yet.
@@ -220,18 +236,16 @@ impl Book {
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.count
+        self.by_id.len()
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.count == 0
+        self.by_id.is_empty()
     }
 
     /// Whether `key` (whose lock id is `lock_id`) is held.
     pub(crate) fn contains(&self, key: &str, lock_id: i64) -> bool {
-        self.by_id
-            .get(&lock_id)
-            .is_some_and(|entries| entries.iter().any(|held| *held.key == *key))
+        self.of(lock_id).any(|held| *held.key == *key)
     }
 
     /// How this manager holds `key` (whose lock id is `lock_id`) when that hold
@@ -243,52 +257,41 @@ impl Book {
         lock_id: i64,
         mode: LockMode,
     ) -> Option<(LockMode, SystemTime)> {
-        self.by_id
-            .get(&lock_id)?
-            .iter()
+        self.of(lock_id)
             .find(|held| {
                 *held.key == *key
                     && (mode == LockMode::Exclusive || held.mode == LockMode::Exclusive)
             })
-            .map(|held| (held.mode, held.since))
+            .map(|held| (held.mode, held.since()))
     }
 
     /// Adds an entry; gives back the entries it displaces: a second exclusive grant of
     /// one lock id (only a transaction-pooling proxy can make that happen).
     pub(crate) fn insert(&mut self, entry: Held) -> Entries {
-        let entries = self.by_id.entry(entry.lock_id).or_default();
+        let lock_id = entry.lock_id;
         let conflict = entry.mode == LockMode::Exclusive
-            || entries.iter().any(|held| held.mode == LockMode::Exclusive);
-        let displaced = if conflict {
-            std::mem::take(entries)
-        } else {
-            Entries::new()
-        };
+            || self
+                .of(lock_id)
+                .any(|held| held.mode == LockMode::Exclusive);
+        let mut displaced = Entries::new();
+        if conflict {
+            while let Some(held) = self.take(lock_id, |_| true) {
+                displaced.push(held);
+            }
+        }
         self.metrics.held_changed(entry.mode, 1);
-        entries.push(entry);
-        self.count = self.count + 1 - displaced.len();
-        displaced
-            .iter()
-            .for_each(|held| self.metrics.held_changed(held.mode, -1));
+        let hasher = &self.hasher;
+        self.by_id
+            .insert_unique(self.hasher.hash_one(lock_id), entry, |held| {
+                hasher.hash_one(held.lock_id)
+            });
         displaced
     }
 
-    /// Takes out the entry of the acquisition with `ticket` of `lock_id`. The id is
-    /// looked up once; the entry is moved out of its place, and the id's place goes
-    /// only when it held nothing else (other shared holds are rare).
+    /// Takes out the entry of the acquisition with `ticket` of `lock_id`: one probe of
+    /// the table, the entry moved out of its slot.
     pub(crate) fn remove_one(&mut self, lock_id: i64, ticket: u64) -> Option<Held> {
-        let Entry::Occupied(mut place) = self.by_id.entry(lock_id) else {
-            return None;
-        };
-        let entries = place.get_mut();
-        let index = entries.iter().position(|held| held.ticket == ticket)?;
-        let taken = entries.swap_remove(index);
-        if entries.is_empty() {
-            place.remove();
-        }
-        self.count -= 1;
-        self.metrics.held_changed(taken.mode, -1);
-        Some(taken)
+        self.take(lock_id, |held| held.ticket == ticket)
     }
 
     /// Takes out the entry of `ticket` and, when it belongs to a group, the rest of
@@ -316,29 +319,16 @@ impl Book {
 
     /// Takes out every entry of `key` (whose lock id is `lock_id`).
     pub(crate) fn remove_all(&mut self, key: &str, lock_id: i64) -> Entries {
-        let Some(entries) = self.by_id.remove(&lock_id) else {
-            return Entries::new();
-        };
-        let (taken, rest): (Entries, Entries) =
-            entries.into_iter().partition(|held| *held.key == *key);
-        if !rest.is_empty() {
-            self.by_id.insert(lock_id, rest);
+        let mut taken = Entries::new();
+        while let Some(held) = self.take(lock_id, |held| *held.key == *key) {
+            taken.push(held);
         }
-        self.count -= taken.len();
-        taken
-            .iter()
-            .for_each(|held| self.metrics.held_changed(held.mode, -1));
         taken
     }
 
     /// Takes every entry out (a shutdown).
     pub(crate) fn drain(&mut self) -> Vec<Held> {
-        self.count = 0;
-        let drained: Vec<Held> = self
-            .by_id
-            .drain()
-            .flat_map(|(_, entries)| entries)
-            .collect();
+        let drained: Vec<Held> = self.by_id.drain().collect();
         drained
             .iter()
             .for_each(|held| self.metrics.held_changed(held.mode, -1));
@@ -347,17 +337,13 @@ impl Book {
 
     /// Every entry, for the health monitor.
     pub(crate) fn entries_mut(&mut self) -> impl Iterator<Item = &mut Held> {
-        self.by_id.values_mut().flatten()
+        self.by_id.iter_mut()
     }
 
     /// Records that the acquisition `ticket` now holds its lock in `mode` (a
     /// downgrade), on its shared connection's place too; `false` when it is gone.
     pub(crate) fn set_mode(&mut self, ticket: &Ticket, mode: LockMode) -> bool {
-        let Some(held) = self
-            .by_id
-            .get_mut(&ticket.lock_id)
-            .and_then(|entries| entries.iter_mut().find(|held| held.ticket == ticket.number))
-        else {
+        let Some(held) = self.get_mut(ticket) else {
             return false;
         };
         let was = std::mem::replace(&mut held.mode, mode);
@@ -371,10 +357,10 @@ impl Book {
 
     /// The entry of one acquisition.
     pub(crate) fn get_mut(&mut self, ticket: &Ticket) -> Option<&mut Held> {
-        self.by_id
-            .get_mut(&ticket.lock_id)?
-            .iter_mut()
-            .find(|held| held.ticket == ticket.number)
+        let (lock_id, number) = (ticket.lock_id, ticket.number);
+        self.by_id.find_mut(self.hash(lock_id), |held| {
+            held.lock_id == lock_id && held.ticket == number
+        })
     }
 }
 

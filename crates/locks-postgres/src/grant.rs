@@ -70,7 +70,9 @@ pub(crate) fn record(
         "lock acquired"
     );
     let entry = Held::new(shared_key, ticket, &info, slot, notifier, holding);
-    book_entries(inner, std::iter::once(entry), span);
+    // One entry: what it displaces comes back inline (no list to gather into).
+    let displaced = inner.book().insert(entry);
+    lose_displaced_and_watch(inner, displaced, span);
     PostgresLockGuard::new(Arc::clone(inner), info, ticket, lost)
 }
 
@@ -88,6 +90,15 @@ pub(crate) fn book_entries(
             displaced.extend(book.insert(entry));
         }
     }
+    lose_displaced_and_watch(inner, displaced, span);
+}
+
+/// Tells the monitor of the entries a grant displaced, and makes sure it runs.
+fn lose_displaced_and_watch(
+    inner: &Arc<Inner>,
+    displaced: impl IntoIterator<Item = Held>,
+    span: &Span,
+) {
     for previous in displaced {
         inner.lose_displaced(previous, span);
     }

@@ -59,7 +59,6 @@ pub(crate) struct Watched {
     notifier: LossNotifier,
     /// What the strategy counts and says of this holder.
     pub(crate) holder: Box<dyn Holder>,
-    keepalive: Mutex<Keepalive>,
 }
 
 /// What a strategy with a session of its own per holder (the semaphore's) adds to the
@@ -76,20 +75,12 @@ pub(crate) trait Holder: Send + Sync {
     fn lost(&self, metrics: &Metrics, keys: KeyVisibility, reason: LostReason);
 }
 
-/// When a watched connection last answered, and whether a keepalive is in flight.
-#[derive(Default)]
-struct Keepalive {
-    last_answer: Option<Instant>,
-    pinging: bool,
-}
-
 impl Watched {
     pub(crate) fn new(session: Session, holder: Box<dyn Holder>) -> Arc<Self> {
         Arc::new(Self {
             slot: new_slot(session),
             notifier: LossNotifier::new(),
             holder,
-            keepalive: Mutex::default(),
         })
     }
 
@@ -102,24 +93,14 @@ impl Watched {
         &self.notifier
     }
 
+    /// Whether a keepalive is due (see [`crate::slot::Slot::keepalive_due`]).
     pub(crate) fn keepalive_due(&self, now: Instant, cadence: Duration) -> bool {
-        let mut state = self
-            .keepalive
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let due = !state.pinging
-            && now.saturating_duration_since(*state.last_answer.get_or_insert(now)) >= cadence;
-        state.pinging |= due;
-        due
+        self.slot.keepalive_due(now, cadence)
     }
 
+    /// The connection answered a keepalive at `now`.
     pub(crate) fn answered(&self, now: Instant) {
-        let mut state = self
-            .keepalive
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        state.last_answer = Some(now);
-        state.pinging = false;
+        self.slot.answered(now);
     }
 }
 

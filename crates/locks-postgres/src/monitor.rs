@@ -180,19 +180,22 @@ impl Inner {
                 }
                 Some(_) => {
                     drop(session);
-                    if let Some(cadence) = cadence
-                        && held.keepalive_due(now, cadence)
+                    let Some(cadence) = cadence else {
+                        continue;
+                    };
+                    // The clock is the connection's: the locks sharing it are pinged
+                    // together, by one keepalive.
+                    let (entry, slot) = (held.ticket(), held.slot());
+                    match findings
+                        .due
+                        .iter_mut()
+                        .find(|(due, _)| Arc::ptr_eq(due, slot))
                     {
-                        let entry = held.ticket();
-                        let slot = held.slot();
-                        match findings
-                            .due
-                            .iter_mut()
-                            .find(|(due, _)| Arc::ptr_eq(due, slot))
-                        {
-                            Some((_, entries)) => entries.push(entry),
-                            None => findings.due.push((Arc::clone(slot), vec![entry])),
+                        Some((_, entries)) => entries.push(entry),
+                        None if slot.keepalive_due(now, cadence) => {
+                            findings.due.push((Arc::clone(slot), vec![entry]));
                         }
+                        None => {}
                     }
                 }
                 // The session was closed under a group member (a failed unlock of
@@ -358,13 +361,7 @@ impl Inner {
         match outcome {
             Ok(Ok(Answer::Bool(true))) => {
                 self.metrics().keepalive_answered(sent.elapsed());
-                let mut book = self.book();
-                let now = Instant::now();
-                for ticket in &entries {
-                    if let Some(held) = book.get_mut(ticket) {
-                        held.answered(now);
-                    }
-                }
+                slot.answered(Instant::now());
             }
             Ok(Ok(Answer::WrongSession)) => self.lose_entries(
                 &entries,

@@ -121,20 +121,14 @@ fn background_unlocks_are_counted_per_unlock() {
     assert!(!book.is_releasing(7));
 }
 
+/// The book's table holds entries inline, one slot each, and a table of a million held
+/// locks has about two million slots: each byte of an entry is about two bytes a held
+/// lock. Grow it only knowingly (`docs/benchmarks.md`, bytes a held lock).
 #[test]
-fn a_keepalive_is_due_once_per_cadence_and_never_twice_in_flight() {
-    let mut entry = held("k", 7, 1, LockMode::Exclusive, Holding::Alone);
-    let cadence = Duration::from_secs(10);
-    let start = Instant::now();
-    // The first look only starts the count.
-    assert!(!entry.keepalive_due(start, cadence));
-    assert!(!entry.keepalive_due(start + Duration::from_secs(9), cadence));
-    assert!(entry.keepalive_due(start + cadence, cadence));
+fn an_entry_stays_within_its_bytes() {
     assert!(
-        !entry.keepalive_due(start + 2 * cadence, cadence),
-        "one keepalive in flight at a time"
+        std::mem::size_of::<Held>() <= 88,
+        "a book entry is {} bytes",
+        std::mem::size_of::<Held>()
     );
-    entry.answered(start + 2 * cadence);
-    assert!(!entry.keepalive_due(start + 2 * cadence, cadence));
-    assert!(entry.keepalive_due(start + 3 * cadence, cadence));
 }
