@@ -571,8 +571,19 @@ impl Semaphore for PostgresLockManager {
         semaphore::try_acquire_permit(&self.inner, name, permits).await
     }
 
+    /// Reads `pg_locks` (joined with `pg_stat_activity`), which copies the server's whole
+    /// lock table: its cost grows with every lock held on the server (see
+    /// `docs/capacity.md`, "What each observation read costs").
     async fn permit_holders(&self, name: &str) -> Result<PermitHolders, LockAcquisitionError> {
         semaphore::permit_holders(&self.inner, name).await
+    }
+
+    /// One statement that tries the slot shared and lets it go: one lock-table entry,
+    /// never `pg_locks`, so its cost does not grow with the locks held on the server. An
+    /// acquisition that tries the slot in the same instant finds it taken and waits for
+    /// its next look (1 to 5 ms); a probe never lets two sessions hold a permit.
+    async fn permit_held(&self, name: &str, slot: u32) -> Result<bool, LockAcquisitionError> {
+        semaphore::permit_held(&self.inner, name, slot).await
     }
 }
 
