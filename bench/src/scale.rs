@@ -167,6 +167,9 @@ enum Read {
     WhoLeads,
     /// One leader watch at its default interval, for [`OBSERVE_WINDOW`].
     Watch,
+    /// The same without a board: it names the leader from `permit_holders` (`pg_locks`),
+    /// as every watch did before the board named it.
+    WatchWithoutBoard,
     /// `lock_table_usage()` every [`GAUGE_INTERVAL`], for [`OBSERVE_WINDOW`].
     Gauge,
     /// A semaphore's acquire + release in a loop, for [`OBSERVE_WINDOW`].
@@ -174,11 +177,12 @@ enum Read {
 }
 
 impl Read {
-    const ALL: [Self; 6] = [
+    const ALL: [Self; 7] = [
         Self::Holders,
         Self::LockTableUsage,
         Self::WhoLeads,
         Self::Watch,
+        Self::WatchWithoutBoard,
         Self::Gauge,
         Self::Permits,
     ];
@@ -189,6 +193,7 @@ impl Read {
             Self::LockTableUsage => "lock_table_usage()",
             Self::WhoLeads => "who_leads()",
             Self::Watch => "watch() at its interval",
+            Self::WatchWithoutBoard => "watch() without a board",
             Self::Gauge => "lock_table_usage() every 5 s",
             Self::Permits => "permit acquire + release",
         }
@@ -197,7 +202,10 @@ impl Read {
     /// Whether it runs at an interval for [`OBSERVE_WINDOW`] (compared with the cycle
     /// over the same window without it), rather than back to back.
     fn timed(self) -> bool {
-        matches!(self, Self::Watch | Self::Gauge | Self::Permits)
+        matches!(
+            self,
+            Self::Watch | Self::WatchWithoutBoard | Self::Gauge | Self::Permits
+        )
     }
 
     async fn once(self, observer: &PostgresLockManager) -> Result<(), BoxError> {
@@ -216,6 +224,13 @@ impl Read {
                 // Runs until aborted: the leader does not change.
                 let election =
                     LeaderElection::new(observer.clone(), LEADER).board(observer.clone());
+                let mut watch = election.watch();
+                loop {
+                    watch.changed().await?;
+                }
+            }
+            Self::WatchWithoutBoard => {
+                let election = LeaderElection::new(observer.clone(), LEADER);
                 let mut watch = election.watch();
                 loop {
                     watch.changed().await?;
@@ -400,19 +415,28 @@ async fn read_costs(
         };
         let during = probe.cycles_until(PROBE_CYCLES, window).await?;
         stop.store(true, Ordering::Relaxed);
-        let (own, calls) = if matches!(read, Read::Watch | Read::Gauge) {
+        let (own, calls) = if matches!(read, Read::Watch | Read::WatchWithoutBoard | Read::Gauge) {
             looping.abort();
             (0, 0)
         } else {
             looping.await??
         };
-        costs.push(ReadCost {
+        let cost = ReadCost {
             read,
             own,
             calls,
             probe_p99: during.1,
             quiet_p99: read.timed().then_some(quiet.1),
-        });
+        };
+        eprintln!(
+            "lock-bench: scale: {}: own p50 {} ({calls} calls); cycle p99 {} (×{:.2} of {})",
+            read.name(),
+            fmt_ns(own),
+            fmt_ns(during.1),
+            cost.ratio(quiet.1),
+            fmt_ns(cost.quiet_p99.unwrap_or(quiet.1)),
+        );
+        costs.push(cost);
     }
     Ok(costs)
 }
