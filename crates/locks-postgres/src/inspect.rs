@@ -248,6 +248,10 @@ pub(crate) async fn holders_of_every_lock(inner: &Inner) -> Result<Vec<LockHolde
 /// # Ok(()) }
 /// ```
 ///
+/// Its cost grows with every lock held on the server: `pg_locks` copies the whole lock
+/// table, holding up other sessions' lock requests meanwhile (`docs/capacity.md`, "What
+/// each observation read costs").
+///
 /// # Errors
 /// [`InspectError::Query`] when the server refuses.
 pub async fn lock_holders(client: &Client, lock_id: i64) -> Result<Vec<LockHolder>, InspectError> {
@@ -262,6 +266,10 @@ pub async fn lock_holders(client: &Client, lock_id: i64) -> Result<Vec<LockHolde
 
 /// [`PostgresLockManager::holders_of_all`](crate::PostgresLockManager::holders_of_all) without a manager: every advisory lock on
 /// `client`'s database. Lock ids only: keys are not recoverable from ids.
+///
+/// Its cost grows with every lock held on the server: `pg_locks` copies the whole lock
+/// table, holding up other sessions' lock requests meanwhile (`docs/capacity.md`, "What
+/// each observation read costs").
 ///
 /// # Errors
 /// [`InspectError::Query`] when the server refuses.

@@ -155,6 +155,10 @@ pub(crate) async fn recorded_usage(inner: &Inner) -> Result<LockTableUsage, Insp
 
 /// [`PostgresLockManager::lock_table_usage`](crate::PostgresLockManager::lock_table_usage) without a manager, on `client`'s server.
 ///
+/// Its cost grows with every lock held on the server: `pg_locks` copies the whole lock
+/// table, holding up other sessions' lock requests meanwhile (`docs/capacity.md`, "What
+/// each observation read costs").
+///
 /// # Errors
 /// [`InspectError::Query`] when the server refuses.
 pub async fn lock_table_usage(client: &Client) -> Result<LockTableUsage, InspectError> {

@@ -255,9 +255,9 @@ impl PostgresLockManager {
     ///
     /// What it costs: it reads `pg_locks`, which copies the server's whole lock table
     /// under every lock partition's lock, so every other session's lock request on the
-    /// server waits while it copies; the copy grows with the locks held (milliseconds at
-    /// 10^4, a tenth of a second or more at 10^5, seconds at 10^6: the measured figures
-    /// are in `docs/capacity.md`, "What each observation read costs"). Safe every few
+    /// server waits while it copies; the copy grows with the locks held (tens of
+    /// milliseconds at 10^4, about a tenth of a second at 10^5, about a second at 10^6 by
+    /// extrapolation: `docs/capacity.md`, "What each observation read costs"). Safe every few
     /// seconds on a small server; poll a [`lock_table_gauge`](Self::lock_table_gauge),
     /// which bounds how often it asks, from a metrics callback.
     ///

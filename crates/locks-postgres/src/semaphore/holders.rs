@@ -83,6 +83,10 @@ pub(crate) async fn permit_holders(
 /// for one (they hold the marker of N, not a slot), and the N in use. A pooled
 /// connection derefs to a [`Client`].
 ///
+/// Its cost grows with every lock held on the server: `pg_locks` copies the whole lock
+/// table, holding up other sessions' lock requests meanwhile (`docs/capacity.md`, "What
+/// each observation read costs").
+///
 /// # Errors
 /// [`InspectError::Query`] when the server refuses.
 pub async fn semaphore_holders(client: &Client, name: &str) -> Result<PermitHolders, InspectError> {
