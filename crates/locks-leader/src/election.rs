@@ -276,7 +276,7 @@ impl<S: Semaphore, B: LeaderBoard> LeaderElection<S, B> {
         // of its loss by now (the takeover delay), so retiring its term early unnames
         // only a leader that must stop.
         if let Some(board) = &self.board
-            && let Err(error) = retire_stale(board, &self.name).await
+            && let Err(error) = retire_live_term(board, &self.name).await
         {
             permit.release().await;
             return Err(error);
@@ -392,9 +392,21 @@ impl<S: Semaphore, B: LeaderBoard> LeaderElection<S, B> {
     }
 }
 
-/// Retires the latest term of `name` if it is not retired yet (only while it is the
-/// latest: a newer term is left as it is).
-async fn retire_stale<B: LeaderBoard>(board: &B, name: &str) -> Result<(), LockAcquisitionError> {
+/// Retires the latest term of `name` on `board` if it is not retired yet (only while it
+/// is the latest: a newer term is left as it is).
+///
+/// The step a leader takes after its takeover delay and before it takes the leading
+/// permit ([`LeaderElection::term`] does): observers with a board trust the board's live
+/// term while the leading permit is held, so a term left live by a leader that died must
+/// be retired before another process holds that permit. A process that leads by hand
+/// (the election's permit, then [`leading_name`]'s) takes it too.
+///
+/// # Errors
+/// A backend failure of the board.
+pub async fn retire_live_term<B: LeaderBoard>(
+    board: &B,
+    name: &str,
+) -> Result<(), LockAcquisitionError> {
     match board.latest(name).await? {
         Some(term) if !term.retired => board.retire(name, term.term).await,
         _ => Ok(()),
