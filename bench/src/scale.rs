@@ -18,7 +18,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use locks_leader::LeaderElection;
-use locks_port::{AcquireOptions, DistributedLock, LockGuard, LockRegistry};
+use locks_port::{
+    AcquireOptions, DistributedLock, LockGuard, LockRegistry, PermitGuard, Semaphore,
+};
 use locks_postgres::PostgresLockManager;
 use locks_postgres::tokio_postgres::{Client, Statement};
 use serde_json::{Value, json};
@@ -38,6 +40,10 @@ const CONNECTIONS: usize = 50;
 const IN_FLIGHT: usize = 32;
 /// Probe cycles at each count (and while each read loops).
 const PROBE_CYCLES: usize = 300;
+/// How long the cycle is measured beside each observer at its interval (and without one).
+const OBSERVE_WINDOW: Duration = Duration::from_secs(10);
+/// The interval of the lock-table gauge observer.
+const GAUGE_INTERVAL: Duration = Duration::from_secs(5);
 /// Concurrent tasks, waiters and group sizes of the three other curves.
 const TASKS: [usize; 4] = [1, 10, 100, 1000];
 const WAITERS: [usize; 4] = [4, 32, 256, 1000];
@@ -52,6 +58,8 @@ const OPENING: usize = 16;
 /// How long a waiter holds the lock.
 const HOLD: Duration = Duration::from_millis(1);
 const APP: &str = "lock-bench-scale";
+/// The election a leader holds while the reads are measured (with a board).
+const LEADER: &str = "bench:scale";
 const SETTINGS: [&str; 6] = [
     "max_locks_per_transaction",
     "max_connections",
@@ -119,10 +127,18 @@ enum Prober {
 
 impl Prober {
     async fn cycles(&self, count: usize) -> Result<P50P99, BoxError> {
+        self.cycles_until(count, Duration::ZERO).await
+    }
+
+    /// At least `count` cycles, and for at least `window`.
+    async fn cycles_until(&self, count: usize, window: Duration) -> Result<P50P99, BoxError> {
         let mut latencies = Latencies::new();
         let key = "bench:scale:probe";
         let id = locks_port::lock_id(key);
-        for _ in 0..count {
+        let began = Instant::now();
+        let mut done = 0;
+        while done < count || began.elapsed() < window {
+            done += 1;
             let started = Instant::now();
             match self {
                 Self::Library(manager) => {
@@ -149,17 +165,47 @@ enum Read {
     Holders,
     LockTableUsage,
     WhoLeads,
+    /// One leader watch at its default interval, for [`OBSERVE_WINDOW`].
+    Watch,
+    /// The same without a board: it names the leader from `permit_holders` (`pg_locks`),
+    /// as every watch did before the board named it.
+    WatchWithoutBoard,
+    /// `lock_table_usage()` every [`GAUGE_INTERVAL`], for [`OBSERVE_WINDOW`].
+    Gauge,
+    /// A semaphore's acquire + release in a loop, for [`OBSERVE_WINDOW`].
+    Permits,
 }
 
 impl Read {
-    const ALL: [Self; 3] = [Self::Holders, Self::LockTableUsage, Self::WhoLeads];
+    const ALL: [Self; 7] = [
+        Self::Holders,
+        Self::LockTableUsage,
+        Self::WhoLeads,
+        Self::Watch,
+        Self::WatchWithoutBoard,
+        Self::Gauge,
+        Self::Permits,
+    ];
 
     fn name(self) -> &'static str {
         match self {
             Self::Holders => "holders(key)",
             Self::LockTableUsage => "lock_table_usage()",
             Self::WhoLeads => "who_leads()",
+            Self::Watch => "watch() at its interval",
+            Self::WatchWithoutBoard => "watch() without a board",
+            Self::Gauge => "lock_table_usage() every 5 s",
+            Self::Permits => "permit acquire + release",
         }
+    }
+
+    /// Whether it runs at an interval for [`OBSERVE_WINDOW`] (compared with the cycle
+    /// over the same window without it), rather than back to back.
+    fn timed(self) -> bool {
+        matches!(
+            self,
+            Self::Watch | Self::WatchWithoutBoard | Self::Gauge | Self::Permits
+        )
     }
 
     async fn once(self, observer: &PostgresLockManager) -> Result<(), BoxError> {
@@ -168,10 +214,38 @@ impl Read {
             Self::LockTableUsage => drop(observer.lock_table_usage().await?),
             Self::WhoLeads => {
                 drop(
-                    LeaderElection::new(observer.clone(), "bench:scale")
+                    LeaderElection::new(observer.clone(), LEADER)
+                        .board(observer.clone())
                         .who_leads()
                         .await?,
                 );
+            }
+            Self::Watch => {
+                // Runs until aborted: the leader does not change.
+                let election =
+                    LeaderElection::new(observer.clone(), LEADER).board(observer.clone());
+                let mut watch = election.watch();
+                loop {
+                    watch.changed().await?;
+                }
+            }
+            Self::WatchWithoutBoard => {
+                let election = LeaderElection::new(observer.clone(), LEADER);
+                let mut watch = election.watch();
+                loop {
+                    watch.changed().await?;
+                }
+            }
+            Self::Gauge => {
+                observer.lock_table_usage().await?;
+                tokio::time::sleep(GAUGE_INTERVAL).await;
+            }
+            Self::Permits => {
+                observer
+                    .acquire_permit("bench:scale:permits", 2, AcquireOptions::new())
+                    .await?
+                    .release()
+                    .await;
             }
         }
         Ok(())
@@ -187,6 +261,16 @@ struct ReadCost {
     calls: usize,
     /// The probe's cycle p99 while it looped.
     probe_p99: u64,
+    /// For an observer at its interval: the cycle p99 over the same window without it.
+    quiet_p99: Option<u64>,
+}
+
+impl ReadCost {
+    /// The cycle p99 beside the read ÷ without it (over the same window for an
+    /// observer at its interval, else the count's own cycle p99).
+    fn ratio(&self, without: u64) -> f64 {
+        as_f64(self.probe_p99) / as_f64(self.quiet_p99.unwrap_or(without).max(1))
+    }
 }
 
 /// The held-lock curve at one count.
@@ -307,6 +391,7 @@ async fn read_costs(
     probe: &Prober,
 ) -> Result<Vec<ReadCost>, BoxError> {
     let mut costs = Vec::new();
+    let quiet = probe.cycles_until(PROBE_CYCLES, OBSERVE_WINDOW).await?;
     for read in Read::ALL {
         let stop = Arc::new(AtomicBool::new(false));
         let looping = {
@@ -323,15 +408,35 @@ async fn read_costs(
                 Ok::<_, BoxError>((own.p50(), calls))
             })
         };
-        let during = probe.cycles(PROBE_CYCLES).await?;
+        let window = if read.timed() {
+            OBSERVE_WINDOW
+        } else {
+            Duration::ZERO
+        };
+        let during = probe.cycles_until(PROBE_CYCLES, window).await?;
         stop.store(true, Ordering::Relaxed);
-        let (own, calls) = looping.await??;
-        costs.push(ReadCost {
+        let (own, calls) = if matches!(read, Read::Watch | Read::WatchWithoutBoard | Read::Gauge) {
+            looping.abort();
+            (0, 0)
+        } else {
+            looping.await??
+        };
+        let cost = ReadCost {
             read,
             own,
             calls,
             probe_p99: during.1,
-        });
+            quiet_p99: read.timed().then_some(quiet.1),
+        };
+        eprintln!(
+            "lock-bench: scale: {}: own p50 {} ({calls} calls); cycle p99 {} (×{:.2} of {})",
+            read.name(),
+            fmt_ns(own),
+            fmt_ns(during.1),
+            cost.ratio(quiet.1),
+            fmt_ns(cost.quiet_p99.unwrap_or(quiet.1)),
+        );
+        costs.push(cost);
     }
     Ok(costs)
 }
@@ -352,8 +457,17 @@ async fn held_curve(
         .build();
     let probe_pool = open_pool(db, 2, "lock-bench-scale-probe").await?;
     let probe = Prober::Library(PostgresLockManager::new(probe_pool));
-    let observer_pool = open_pool(db, 2, "lock-bench-scale-observer").await?;
+    let observer_pool = open_pool(db, 3, "lock-bench-scale-observer").await?;
     let observer = PostgresLockManager::new(observer_pool);
+    // A leader holds the election the reads watch, with a board.
+    locks_postgres::install_leader_board(admin).await?;
+    let leader = PostgresLockManager::new(open_pool(db, 4, "lock-bench-scale-leader").await?);
+    let leading = tokio::spawn(async move {
+        LeaderElection::new(leader.clone(), LEADER)
+            .board(leader)
+            .run(|_| std::future::pending::<()>())
+            .await
+    });
     let (client, statements) = raw_client(db, "lock-bench-scale-probe").await?;
     let raw_probe = Prober::Raw(client, statements);
     probe.cycles(50).await?;
@@ -416,6 +530,7 @@ async fn held_curve(
             reads,
         });
     }
+    leading.abort();
     let held = holder.held_lock_count();
     let released = holder.release_all().await;
     if released != held {
@@ -775,7 +890,7 @@ fn outcome(plan: &Plan, server: &[(&str, String)], curves: &Curves) -> Result<Ou
                     "{} {} (p99 ×{:.2})",
                     r.read.name(),
                     fmt_ns(r.own),
-                    as_f64(r.probe_p99) / as_f64(h.probe.1.max(1))
+                    r.ratio(h.probe.1)
                 )
             })
             .collect();
@@ -850,7 +965,13 @@ fn outcome(plan: &Plan, server: &[(&str, String)], curves: &Curves) -> Result<Ou
              Bytes and CPU a lock: the process's heap (counting allocator) and RSS growth \
              since the warmed, empty manager, and CPU a second at rest minus that with \
              nothing held. Reads: each one's p50 while it runs in a loop, and the cycle p99 \
-             meanwhile ÷ the p99 without it."
+             meanwhile ÷ the p99 without it; a leader holds the election `who_leads` \
+             reads (with a board). Observers at an interval (a leader watch, the gauge \
+             every {} s, a semaphore of 2 acquired and released in a loop): the cycle p99 \
+             over {} s beside it ÷ over {} s without.",
+            GAUGE_INTERVAL.as_secs(),
+            OBSERVE_WINDOW.as_secs(),
+            OBSERVE_WINDOW.as_secs()
         ),
         format!(
             "Tasks: N tasks each on its own key, acquire + release in a loop for {:.1} s; \
@@ -914,7 +1035,8 @@ fn outcome(plan: &Plan, server: &[(&str, String)], curves: &Curves) -> Result<Ou
                     "own_p50_ns": r.own,
                     "calls": r.calls,
                     "cycle_p99_ns_while_looping": r.probe_p99,
-                    "ratio_to_cycle_p99": as_f64(r.probe_p99) / as_f64(h.probe.1.max(1)),
+                    "cycle_p99_ns_same_window_without": r.quiet_p99,
+                    "ratio_to_cycle_p99": r.ratio(h.probe.1),
                 })).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
             "tasks": tasks.iter().map(|t| json!({

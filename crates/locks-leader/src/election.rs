@@ -211,6 +211,12 @@ impl<S: Semaphore, B: LeaderBoard> LeaderElection<S, B> {
     /// With a board, the leader is named only once its term is proclaimed, with the
     /// term's number, value and start, and no longer once it is retired.
     ///
+    /// What it costs on PostgreSQL: with a board, a probe of the leading permit's slot
+    /// and a primary-key lookup, neither of which reads `pg_locks`, so it costs the same
+    /// whatever the server holds; without a board, the probe, and while somebody leads
+    /// a read of `pg_locks` too (which copies the server's whole lock table: see the
+    /// adapter's `docs/capacity.md`). Watch a large server with a board.
+    ///
     /// # Errors
     /// A backend failure, as from [`Semaphore::permit_holders`] or
     /// [`LeaderBoard::latest`].
@@ -263,6 +269,17 @@ impl<S: Semaphore, B: LeaderBoard> LeaderElection<S, B> {
             return Ok(TermEnd::Lost(
                 lost.reason().unwrap_or(LostReason::ConnectionClosed),
             ));
+        }
+        // A term left unretired (its leader died, or its term was dropped) must not be
+        // read as this process's once it holds the leading permit: observers trust the
+        // board's live term while that permit is held. The predecessor has been told
+        // of its loss by now (the takeover delay), so retiring its term early unnames
+        // only a leader that must stop.
+        if let Some(board) = &self.board
+            && let Err(error) = retire_live_term(board, &self.name).await
+        {
+            permit.release().await;
+            return Err(error);
         }
         // The second permit, held while the task runs: it names this process to
         // `who_leads`, and a predecessor still running its task holds it until the
@@ -372,6 +389,27 @@ impl<S: Semaphore, B: LeaderBoard> LeaderElection<S, B> {
             }
             tokio::time::sleep(self.backoff).await;
         }
+    }
+}
+
+/// Retires the latest term of `name` on `board` if it is not retired yet (only while it
+/// is the latest: a newer term is left as it is).
+///
+/// The step a leader takes after its takeover delay and before it takes the leading
+/// permit ([`LeaderElection::term`] does): observers with a board trust the board's live
+/// term while the leading permit is held, so a term left live by a leader that died must
+/// be retired before another process holds that permit. A process that leads by hand
+/// (the election's permit, then [`leading_name`]'s) takes it too.
+///
+/// # Errors
+/// A backend failure of the board.
+pub async fn retire_live_term<B: LeaderBoard>(
+    board: &B,
+    name: &str,
+) -> Result<(), LockAcquisitionError> {
+    match board.latest(name).await? {
+        Some(term) if !term.retired => board.retire(name, term.term).await,
+        _ => Ok(()),
     }
 }
 

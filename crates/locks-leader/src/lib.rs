@@ -5,7 +5,9 @@ mod election;
 pub mod metrics;
 mod observe;
 
-pub use election::{DEFAULT_BACKOFF, DEFAULT_TAKEOVER_DELAY, LeaderElection, Leadership, TermEnd};
+pub use election::{
+    DEFAULT_BACKOFF, DEFAULT_TAKEOVER_DELAY, LeaderElection, Leadership, TermEnd, retire_live_term,
+};
 pub use observe::{DEFAULT_WATCH_INTERVAL, Leader, LeaderWatch, NoBoard, leading_name};
 
 /// The port this crate runs on, re-exported so one dependency is enough.

@@ -54,18 +54,30 @@ impl LeaderBoard for NoBoard {
 /// The leader of `name`: the leading permit's holder, and with a board the term it
 /// proclaimed. A held permit whose holder has no live term on the board (a winner about
 /// to proclaim, or a dead leader's term left unretired) is nobody yet.
+///
+/// The permit is asked with [`Semaphore::permit_held`] first (on PostgreSQL one probe of
+/// its slot, whose cost does not grow with the locks held on the server): nobody holds it,
+/// nobody leads. With a board, a held permit and a term not retired name the term's
+/// leader, and `permit_holders` is never read: a winner retires any term left unretired
+/// before it takes the leading permit (see [`LeaderElection::term`]), so while the
+/// permit is held the board's live term is its holder's. Without a board the holder is
+/// named from [`Semaphore::permit_holders`] (on PostgreSQL a read of `pg_locks`, whose
+/// cost grows with the server's lock table), only while somebody leads.
+///
+/// [`LeaderElection::term`]: crate::LeaderElection::term
 pub(crate) async fn who_leads<S: Semaphore, B: LeaderBoard>(
     semaphores: &S,
     board: Option<&B>,
     name: &str,
 ) -> Result<Option<Leader>, LockAcquisitionError> {
+    let leading = leading_name(name);
     // The permit first: a term read after it is at least as new as the permit's holder.
-    let holders = semaphores.permit_holders(&leading_name(name)).await?;
-    let Some(held) = holders.held.into_iter().next() else {
+    if !semaphores.permit_held(&leading, 0).await? {
         return Ok(None);
-    };
+    }
     let Some(board) = board else {
-        return Ok(Some(Leader {
+        let holders = semaphores.permit_holders(&leading).await?;
+        return Ok(holders.held.into_iter().next().map(|held| Leader {
             holder_id: held.holder_id,
             since: held.since,
             term: None,
@@ -75,7 +87,7 @@ pub(crate) async fn who_leads<S: Semaphore, B: LeaderBoard>(
     Ok(board
         .latest(name)
         .await?
-        .filter(|term| !term.retired && term.holder_id == held.holder_id)
+        .filter(|term| !term.retired)
         .map(|term| Leader {
             holder_id: term.holder_id,
             since: Some(term.since),
@@ -89,10 +101,11 @@ pub const DEFAULT_WATCH_INTERVAL: Duration = Duration::from_millis(100);
 
 /// After a read that took [`SLOW_READ`] or more, a watch waits at least this many times
 /// its duration before the next read, so that its reads take at most a tenth of its
-/// time whatever the interval. On PostgreSQL a read copies the server's whole lock table
-/// (`pg_locks`), which grows with the locks held: about 20 ms at 10^4 held locks and
-/// 0.2 s at 10^5 (issue 45, a shared machine), so at 10^5 a watch at the default
-/// interval reads about every 2 s instead of back to back.
+/// time whatever the interval. With a board a read on PostgreSQL is two small
+/// statements (a probe and a primary-key lookup) whatever the server holds; without
+/// one, a read while somebody leads copies the server's whole lock table (`pg_locks`),
+/// which grows with the locks held (about 0.2 s at 10^5 on a shared machine), and this
+/// keeps such a watch from reading back to back.
 const PAUSE_PER_READ: u32 = 9;
 
 /// A read this slow stretches the pause (see [`PAUSE_PER_READ`]); faster ones leave the
@@ -145,10 +158,11 @@ impl<'a, S: Semaphore, B: LeaderBoard> LeaderWatch<'a, S, B> {
     }
 
     /// Reads every `interval` instead of [`DEFAULT_WATCH_INTERVAL`] (a zero interval
-    /// is read as 1 ms). Each read is two queries on PostgreSQL. After a read that
-    /// took 50 ms or more, the watch waits at least nine times its duration before the
-    /// next, so that its reads take at most a tenth of its time (a read of `pg_locks`
-    /// grows with the locks held on the server: about 0.2 s at 10^5).
+    /// is read as 1 ms). Each read is at most two statements on PostgreSQL; with a
+    /// board neither reads `pg_locks`, so its cost does not grow with the locks held on
+    /// the server (without a board, a read while somebody leads does). After a read
+    /// that took 50 ms or more, the watch waits at least nine times its duration before
+    /// the next, so that its reads take at most a tenth of its time.
     #[must_use]
     pub fn interval(mut self, interval: Duration) -> Self {
         self.interval = interval.max(Duration::from_millis(1));

@@ -358,6 +358,26 @@ pub trait Semaphore: Send + Sync {
         &self,
         name: &str,
     ) -> impl Future<Output = Result<PermitHolders, LockAcquisitionError>> + Send;
+
+    /// Whether permit `slot` of `name` is held right now, without saying by whom: for a
+    /// poll that only needs to know (a leader watch). A manager may answer it more
+    /// cheaply than [`permit_holders`](Semaphore::permit_holders), whose cost on
+    /// PostgreSQL grows with every lock held on the server; the default asks
+    /// `permit_holders`.
+    ///
+    /// # Errors
+    /// A backend failure, as a [`LockAcquisitionError`] naming `name`.
+    fn permit_held(
+        &self,
+        name: &str,
+        slot: u32,
+    ) -> impl Future<Output = Result<bool, LockAcquisitionError>> + Send {
+        let holders = self.permit_holders(name);
+        async move {
+            let holders = holders.await?;
+            Ok(holders.held.iter().any(|held| held.slot == slot))
+        }
+    }
 }
 
 /// A shared reference is a manager too, so `LeaderElection::new(&manager, name)` and
@@ -388,6 +408,14 @@ impl<S: Semaphore + ?Sized> Semaphore for &S {
         name: &str,
     ) -> impl Future<Output = Result<PermitHolders, LockAcquisitionError>> + Send {
         (**self).permit_holders(name)
+    }
+
+    fn permit_held(
+        &self,
+        name: &str,
+        slot: u32,
+    ) -> impl Future<Output = Result<bool, LockAcquisitionError>> + Send {
+        (**self).permit_held(name, slot)
     }
 }
 

@@ -5,11 +5,9 @@ use locks_port::{AcquisitionErrorKind, LockAcquisitionError, Proclamation, check
 use time::OffsetDateTime;
 use tokio_postgres::Row;
 
-use crate::connection::Session;
-use crate::errors::{driver_error, no_answer, with_install_hint};
+use crate::errors::{driver_error, with_install_hint};
 use crate::inner::Inner;
-use crate::limit::{Expired, Limit};
-use crate::pool;
+use crate::inspect::one_statement;
 use crate::query::Query;
 use crate::settings::{HOLDER_APPLICATION_NAME_PREFIX, published_holder_id};
 use crate::xact::install_under_lock;
@@ -119,40 +117,22 @@ pub(crate) async fn latest(
     }
 }
 
-/// Runs one board statement on a pooled connection, on the connection's one path (its
-/// prepared statements, its watch; dropped or expired mid-statement, the session cancels
-/// the statement and closes): its one row.
+/// Runs one board statement on a pooled connection ([`one_statement`]): its one row.
 async fn board_statement(
     inner: &Inner,
     name: &str,
     query: &'static Query,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<Row, LockAcquisitionError> {
-    let object = pool::for_one_read_of(
-        inner.pool(),
-        inner.settings().connect_timeout,
-        name,
-        "for the board",
-    )
-    .await?;
-    let mut session = Session::new(object, inner.connections());
-    let bound = inner.settings().answer_timeout;
-    let answer = session
-        .query_within(query, params, Limit::Waiting(bound))
-        .await;
-    match answer {
-        Ok(Ok(row)) => {
-            session.into_pool();
-            Ok(row)
-        }
-        Ok(Err(error)) => Err(with_install_hint(
-            name,
-            driver_error(name, error),
-            "create the leader board's table once with locks_postgres::install_leader_board",
-        )),
-        // Still in flight: the session, dropped, cancels it and closes.
-        Err(Expired) => Err(no_answer(name, None, bound)),
-    }
+    one_statement(inner, name, query, params, "for the board")
+        .await?
+        .map_err(|error| {
+            with_install_hint(
+                name,
+                driver_error(name, error),
+                "create the leader board's table once with locks_postgres::install_leader_board",
+            )
+        })
 }
 
 fn proclamation(name: &str, row: &Row) -> Result<Proclamation, LockAcquisitionError> {

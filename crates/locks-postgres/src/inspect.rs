@@ -12,10 +12,13 @@ use std::net::IpAddr;
 use time::OffsetDateTime;
 use tokio_postgres::{Client, SimpleQueryMessage, SimpleQueryRow};
 
-use crate::errors::{describe, pool_full};
+use crate::connection::Session;
+use crate::errors::{describe, no_answer, pool_full};
 use crate::inner::Inner;
+use crate::limit::{Expired, Limit};
 use crate::pool::{self, PoolError, Pooled};
-use locks_port::LockMode;
+use crate::query::Query;
+use locks_port::{LockAcquisitionError, LockMode};
 
 /// The prefix of `application_name` on the manager's lock connections: `locks:<holder id>`.
 const OUR_APPLICATION_PREFIX: &str = "locks:";
@@ -173,6 +176,42 @@ pub(crate) async fn connection_for_read(inner: &Inner) -> Result<Pooled, Inspect
     })
 }
 
+/// Runs one small statement of `name` (a board row, a permit probe) on a pooled
+/// connection, on the connection's one path (its prepared statements, its watch; dropped
+/// or unanswered within the answer timeout, the session cancels the statement and
+/// closes, so nothing it took stays held): its one row, or the driver's error for the
+/// caller to word. `what_for` ends "no pool connection was free …".
+pub(crate) async fn one_statement(
+    inner: &Inner,
+    name: &str,
+    query: &'static Query,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    what_for: &str,
+) -> Result<Result<tokio_postgres::Row, tokio_postgres::Error>, LockAcquisitionError> {
+    let object = pool::for_one_read_of(
+        inner.pool(),
+        inner.settings().connect_timeout,
+        name,
+        what_for,
+    )
+    .await?;
+    let mut session = Session::new(object, inner.connections());
+    let bound = inner.settings().answer_timeout;
+    match session
+        .query_within(query, params, Limit::Waiting(bound))
+        .await
+    {
+        Ok(Ok(row)) => {
+            session.into_pool();
+            Ok(Ok(row))
+        }
+        // The session, dropped, closes: a statement that failed half-way leaves nothing.
+        Ok(Err(error)) => Ok(Err(error)),
+        // Still in flight: the session, dropped, cancels it and closes.
+        Err(Expired) => Err(no_answer(name, None, bound)),
+    }
+}
+
 /// [`PostgresLockManager::holders`]: on a pooled connection.
 pub(crate) async fn holders_of_key(
     inner: &Inner,
@@ -209,6 +248,10 @@ pub(crate) async fn holders_of_every_lock(inner: &Inner) -> Result<Vec<LockHolde
 /// # Ok(()) }
 /// ```
 ///
+/// Its cost grows with every lock held on the server: `pg_locks` copies the whole lock
+/// table, holding up other sessions' lock requests meanwhile (`docs/capacity.md`, "What
+/// each observation read costs").
+///
 /// # Errors
 /// [`InspectError::Query`] when the server refuses.
 pub async fn lock_holders(client: &Client, lock_id: i64) -> Result<Vec<LockHolder>, InspectError> {
@@ -223,6 +266,10 @@ pub async fn lock_holders(client: &Client, lock_id: i64) -> Result<Vec<LockHolde
 
 /// [`PostgresLockManager::holders_of_all`](crate::PostgresLockManager::holders_of_all) without a manager: every advisory lock on
 /// `client`'s database. Lock ids only: keys are not recoverable from ids.
+///
+/// Its cost grows with every lock held on the server: `pg_locks` copies the whole lock
+/// table, holding up other sessions' lock requests meanwhile (`docs/capacity.md`, "What
+/// each observation read costs").
 ///
 /// # Errors
 /// [`InspectError::Query`] when the server refuses.

@@ -45,7 +45,7 @@ pub use guard::PostgresLockGuard;
 pub use health::LostLockCounts;
 pub use inspect::{AdvisoryLockId, InspectError, LockHolder, all_lock_holders, lock_holders};
 pub use lease::{Lease, LeaseError, ServerTimers};
-pub use lock_table::{LockTableUsage, is_lock_table_full, lock_table_usage};
+pub use lock_table::{LockTableGauge, LockTableUsage, is_lock_table_full, lock_table_usage};
 /// The mode of a lock (exclusive or shared), the port's: named here too, as every
 /// call that takes a mode does.
 pub use locks_port::LockMode;

@@ -9,6 +9,9 @@
 //! `max_locks_per_transaction`.
 
 use std::error::Error as _;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use locks_port::LockAcquisitionError;
 use tokio_postgres::error::SqlState;
@@ -61,6 +64,86 @@ impl LockTableUsage {
     }
 }
 
+/// A gauge's reads stay at most this share of the time: after a read that took `t`, the
+/// next one comes no sooner than `t ×` this.
+const READS_PER_TIME: u32 = 100;
+
+/// [`lock_table_usage`](crate::PostgresLockManager::lock_table_usage) for a gauge polled
+/// on a schedule (a metrics callback, a health endpoint), with its cost bounded: it asks
+/// the server at most once per `every` given to
+/// [`lock_table_gauge`](crate::PostgresLockManager::lock_table_gauge), and at most once per
+/// 100 times its last read's duration, and answers every other call with the last
+/// reading. The read copies the server's whole lock table (`pg_locks`), under every lock
+/// partition's lock, and grows with the locks held (see `docs/capacity.md`), so the bound
+/// keeps its share of the server's time at 1 % or less whoever polls it how often. Calls
+/// at once share one read. Clones share the reading.
+///
+/// ```no_run
+/// # async fn run(locks: locks_postgres::PostgresLockManager) -> Result<(), Box<dyn std::error::Error>> {
+/// let gauge = locks.lock_table_gauge(std::time::Duration::from_secs(15));
+/// // However often this runs, the server is asked at most every 15 s.
+/// let usage = gauge.usage().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LockTableGauge {
+    inner: Arc<Inner>,
+    every: Duration,
+    last: Arc<tokio::sync::Mutex<Option<Reading>>>,
+}
+
+/// One read of the gauge: when it finished, how long it took, what it said.
+#[derive(Debug, Clone, Copy)]
+struct Reading {
+    at: Instant,
+    took: Duration,
+    usage: LockTableUsage,
+}
+
+impl LockTableGauge {
+    pub(crate) fn new(inner: Arc<Inner>, every: Duration) -> Self {
+        Self {
+            inner,
+            every,
+            last: Arc::default(),
+        }
+    }
+
+    /// The lock table's usage: the last reading while it is younger than the bound, else
+    /// a new read (which records the `eventsource.server.lock_table.*` gauges).
+    ///
+    /// # Errors
+    /// As [`lock_table_usage`](crate::PostgresLockManager::lock_table_usage); a failed
+    /// read keeps the last reading for the next call's comparison.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads; a call dropped mid-read leaves the last reading.
+    pub async fn usage(&self) -> Result<LockTableUsage, InspectError> {
+        let mut last = self.last.lock().await;
+        if let Some(reading) = *last
+            && reading.at.elapsed() < self.every.max(reading.took.saturating_mul(READS_PER_TIME))
+        {
+            return Ok(reading.usage);
+        }
+        let started = Instant::now();
+        let usage = recorded_usage(&self.inner).await?;
+        *last = Some(Reading {
+            at: Instant::now(),
+            took: started.elapsed(),
+            usage,
+        });
+        Ok(usage)
+    }
+}
+
+impl fmt::Debug for LockTableGauge {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockTableGauge")
+            .field("every", &self.every)
+            .finish_non_exhaustive()
+    }
+}
+
 /// [`PostgresLockManager::lock_table_usage`]: on a pooled connection, with the gauges
 /// recorded.
 pub(crate) async fn recorded_usage(inner: &Inner) -> Result<LockTableUsage, InspectError> {
@@ -71,6 +154,10 @@ pub(crate) async fn recorded_usage(inner: &Inner) -> Result<LockTableUsage, Insp
 }
 
 /// [`PostgresLockManager::lock_table_usage`](crate::PostgresLockManager::lock_table_usage) without a manager, on `client`'s server.
+///
+/// Its cost grows with every lock held on the server: `pg_locks` copies the whole lock
+/// table, holding up other sessions' lock requests meanwhile (`docs/capacity.md`, "What
+/// each observation read costs").
 ///
 /// # Errors
 /// [`InspectError::Query`] when the server refuses.

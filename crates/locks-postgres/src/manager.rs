@@ -53,7 +53,7 @@ use crate::inspect;
 use crate::inspect::{InspectError, LockHolder};
 use crate::lease::{Lease, LeaseError};
 use crate::lock_table;
-use crate::lock_table::LockTableUsage;
+use crate::lock_table::{LockTableGauge, LockTableUsage};
 use crate::many;
 use crate::many::PostgresLockGroup;
 use crate::monitor;
@@ -188,6 +188,12 @@ impl PostgresLockManager {
     /// transaction scoped, this process's, other processes', `psql`'s) on the database the
     /// pool connects to. Uses one pooled connection for one query.
     ///
+    /// What it costs: like [`lock_table_usage`](Self::lock_table_usage) it reads
+    /// `pg_locks`, whose copy of the server's whole lock table grows with the locks held
+    /// and holds up every other session's lock requests meanwhile (figures in
+    /// `docs/capacity.md`). A tool for a person or an incident, not for a loop; on a server
+    /// holding 10^5 locks or more, call it at most every few seconds.
+    ///
     /// ```no_run
     /// # async fn run(locks: locks_postgres::PostgresLockManager) -> Result<(), Box<dyn std::error::Error>> {
     /// for holder in locks.holders("cutover:tenant-1").await? {
@@ -247,6 +253,14 @@ impl PostgresLockManager {
     /// pooled connection for one query, within the connect timeout as
     /// [`holders`](Self::holders) does.
     ///
+    /// What it costs: it reads `pg_locks`, which copies the server's whole lock table
+    /// under every lock partition's lock, so every other session's lock request on the
+    /// server waits while it copies; the copy grows with the locks held (tens of
+    /// milliseconds at 10^4, about a tenth of a second at 10^5, about a second at 10^6 by
+    /// extrapolation: `docs/capacity.md`, "What each observation read costs"). Safe every few
+    /// seconds on a small server; poll a [`lock_table_gauge`](Self::lock_table_gauge),
+    /// which bounds how often it asks, from a metrics callback.
+    ///
     /// ```no_run
     /// # async fn run(locks: locks_postgres::PostgresLockManager) -> Result<(), Box<dyn std::error::Error>> {
     /// let usage = locks.lock_table_usage().await?;
@@ -264,6 +278,16 @@ impl PostgresLockManager {
     /// Cancel safe: it only reads.
     pub async fn lock_table_usage(&self) -> Result<LockTableUsage, InspectError> {
         lock_table::recorded_usage(&self.inner).await
+    }
+
+    /// [`lock_table_usage`](Self::lock_table_usage) for a gauge polled on a schedule:
+    /// it asks the server at most once per `every` (and at most once per 100 times its
+    /// last read's duration) and answers other calls with the last reading. Poll this,
+    /// not `lock_table_usage`, from a metrics callback or a health endpoint: the read
+    /// copies the server's whole lock table (see `docs/capacity.md`).
+    #[must_use]
+    pub fn lock_table_gauge(&self, every: Duration) -> LockTableGauge {
+        LockTableGauge::new(Arc::clone(&self.inner), every)
     }
 
     /// Takes the locks of all `keys`, or none: in one global order (ascending lock id,
@@ -571,8 +595,19 @@ impl Semaphore for PostgresLockManager {
         semaphore::try_acquire_permit(&self.inner, name, permits).await
     }
 
+    /// Reads `pg_locks` (joined with `pg_stat_activity`), which copies the server's whole
+    /// lock table: its cost grows with every lock held on the server (see
+    /// `docs/capacity.md`, "What each observation read costs").
     async fn permit_holders(&self, name: &str) -> Result<PermitHolders, LockAcquisitionError> {
         semaphore::permit_holders(&self.inner, name).await
+    }
+
+    /// One statement that tries the slot shared and lets it go: one lock-table entry,
+    /// never `pg_locks`, so its cost does not grow with the locks held on the server. An
+    /// acquisition that tries the slot in the same instant finds it taken and waits for
+    /// its next look (1 to 5 ms); a probe never lets two sessions hold a permit.
+    async fn permit_held(&self, name: &str, slot: u32) -> Result<bool, LockAcquisitionError> {
+        semaphore::permit_held(&self.inner, name, slot).await
     }
 }
 

@@ -17,7 +17,8 @@ const PER_CONNECTION: usize = HELD / CONNECTIONS;
 const IN_FLIGHT: usize = 64;
 /// Room for the locks and the server's own (`max_locks_per_transaction ×
 /// max_connections` entries: 2,048 × 64 = 131,072, about 54 MB of shared memory).
-/// The manager's 50 connections, an observer's 2 and the test's own fit in 64.
+/// The manager's 50 connections, an observer's 2, a leader's 3 and the test's own fit in
+/// 64.
 const MAX_LOCKS_PER_TRANSACTION: u64 = 2048;
 const MAX_CONNECTIONS: u64 = 64;
 /// The README's bound on one observation read at 10^5 held locks (a correctness bound,
@@ -108,9 +109,40 @@ async fn a_hundred_thousand_locks_held_multiplexed_seen_and_all_released() {
         usage.advisory >= u64::try_from(HELD).expect("small"),
         "{usage:?}"
     );
-    let election = LeaderElection::new(observer, "scale-leader");
+    let election = LeaderElection::new(&observer, "scale-leader");
     let nobody = within_bound("who_leads()", election.who_leads()).await;
     assert!(nobody.expect("who leads").is_none());
+    // A leader with a board: an observer's read (a probe of the leading permit and the
+    // board's row, no `pg_locks`) names it at this size.
+    locks_postgres::install_leader_board(&admin)
+        .await
+        .expect("the board's table");
+    let leader = PostgresLockManager::builder(
+        locks_postgres::plain_pool(&server.url(), 3).expect("the leader's pool"),
+    )
+    .holder_id("scale-leader")
+    .build();
+    let campaign = LeaderElection::new(&leader, "scale-leader")
+        .board(&leader)
+        .takeover_delay(Duration::ZERO);
+    let (ready, mut running) = tokio::sync::mpsc::channel(1);
+    let term = campaign.term(|_lost| async move {
+        ready.send(()).await.expect("the test waits");
+        std::future::pending::<()>().await;
+    });
+    let watcher = LeaderElection::new(&observer, "scale-leader").board(&observer);
+    let look = async {
+        running.recv().await.expect("the task started");
+        within_bound("who_leads() with a board", watcher.who_leads()).await
+    };
+    let named = tokio::select! {
+        _ = term => panic!("the task never ends"),
+        named = look => named.expect("who leads"),
+    };
+    assert_eq!(
+        named.and_then(|leader| leader.holder_id).as_deref(),
+        Some("scale-leader")
+    );
 
     let started = Instant::now();
     assert_eq!(manager.release_all().await, HELD);

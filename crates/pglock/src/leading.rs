@@ -4,7 +4,7 @@
 //! command runs (ADR 0024).
 
 use deadpool_postgres::Pool;
-use locks_leader::{LeaderElection, leading_name};
+use locks_leader::{LeaderElection, leading_name, retire_live_term};
 use locks_port::{
     AcquireOptions, LeaderBoard, LockAcquisitionError, LostSignal, PermitGuard, Semaphore,
 };
@@ -33,6 +33,14 @@ impl Term {
         publish: Option<&str>,
         lost: LostSignal,
     ) -> Result<Option<Self>, LockAcquisitionError> {
+        // Observers with a board trust its live term while the leading permit is held:
+        // a term a dead leader left live is retired first. Without `--publish` the
+        // database may have no board, which leaves nothing to retire.
+        if let Err(error) = retire_live_term(manager, key).await
+            && publish.is_some()
+        {
+            return Err(error);
+        }
         let leading_key = leading_name(key);
         let leading = tokio::select! {
             biased;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use locks_leader::{LeaderElection, Leadership, TermEnd, metrics};
 use locks_memory::InMemoryLockTable;
-use locks_port::{AcquisitionErrorKind, LeaderBoard, MAX_PUBLISHED_VALUE};
+use locks_port::{AcquisitionErrorKind, LeaderBoard, MAX_PUBLISHED_VALUE, Semaphore};
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
@@ -185,4 +185,96 @@ async fn an_owned_an_arc_and_a_borrowed_manager_all_campaign() {
     ));
     // Without a board, who_leads names the holder but no term.
     assert_eq!(owned.who_leads().await.expect("who leads"), None);
+}
+
+/// A board whose proclamations wait for `open`: holds a winner between its leading
+/// permit and its proclamation for as long as a test needs.
+struct Gated<'a, B> {
+    board: &'a B,
+    open: Arc<tokio::sync::Semaphore>,
+}
+
+impl<B: LeaderBoard> LeaderBoard for Gated<'_, B> {
+    async fn proclaim(
+        &self,
+        name: &str,
+        value: &str,
+    ) -> Result<locks_port::Proclamation, locks_port::LockAcquisitionError> {
+        let _open = self.open.acquire().await.expect("the gate is never closed");
+        self.board.proclaim(name, value).await
+    }
+
+    async fn retire(&self, name: &str, term: u64) -> Result<(), locks_port::LockAcquisitionError> {
+        self.board.retire(name, term).await
+    }
+
+    async fn latest(
+        &self,
+        name: &str,
+    ) -> Result<Option<locks_port::Proclamation>, locks_port::LockAcquisitionError> {
+        self.board.latest(name).await
+    }
+}
+
+/// A dropped term leaves its proclamation unretired. The next winner, holding the leading
+/// permit but not proclaimed yet, must not let observers name the dropped leader's term
+/// (an observer trusts the board's live term while the leading permit is held, without
+/// asking who holds it): the winner retires the stale term before taking the permit.
+/// Failed as it should with that retirement left out: `a` was named, term 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_winner_about_to_proclaim_is_not_named_with_a_dropped_leaders_term() {
+    let table = InMemoryLockTable::new();
+    let (a, b, observer) = (
+        table.manager_with_holder_id("a"),
+        table.manager_with_holder_id("b"),
+        table.manager_with_holder_id("observer"),
+    );
+    let watcher = LeaderElection::new(&observer, "api").board(&observer);
+    let first = LeaderElection::new(&a, "api")
+        .board(&a)
+        .takeover_delay(Duration::ZERO);
+    let (started, mut running) = tokio::sync::mpsc::channel(1);
+    let term = first.term(|_lost| async move {
+        started.send(()).await.expect("the test waits");
+        std::future::pending::<()>().await;
+    });
+    tokio::select! {
+        _ = term => panic!("the task never ends"),
+        _ = running.recv() => {}
+    }
+    // The term's future is dropped: its term stays unretired.
+    let stale = observer
+        .latest("api")
+        .await
+        .expect("latest")
+        .expect("a term");
+    assert!(!stale.retired);
+    let open = Arc::new(tokio::sync::Semaphore::new(0));
+    let gated = Gated {
+        board: &b,
+        open: Arc::clone(&open),
+    };
+    let second = LeaderElection::new(&b, "api")
+        .board(gated)
+        .takeover_delay(Duration::ZERO);
+    let campaign = second.term(|_lost| async {});
+    let look = async {
+        let leading = locks_leader::leading_name("api");
+        while !observer.permit_held(&leading, 0).await.expect("a probe") {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // `b` holds the leading permit and waits at the gate.
+        let between = watcher.who_leads().await.expect("who leads");
+        open.add_permits(1);
+        between
+    };
+    let (ended, between) = tokio::join!(campaign, look);
+    assert_eq!(between, None, "named while the winner had not proclaimed");
+    assert!(matches!(ended, Ok(TermEnd::Finished(()))));
+    let latest = observer
+        .latest("api")
+        .await
+        .expect("latest")
+        .expect("a term");
+    assert_eq!((latest.term, latest.holder_id.as_deref()), (2, Some("b")));
 }

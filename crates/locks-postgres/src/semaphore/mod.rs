@@ -36,8 +36,8 @@ use tokio_postgres::types::ToSql;
 use tracing::Instrument;
 
 use encoding::{SINCE_EPOCH_UNIX, marker_slot, permits_of_marker};
-pub(crate) use holders::permit_holders;
 pub use holders::semaphore_holders;
+pub(crate) use holders::{permit_held, permit_holders};
 pub use permit::PostgresPermit;
 
 use crate::acquire;

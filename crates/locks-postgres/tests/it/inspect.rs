@@ -3,6 +3,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
+use locks_port::DistributedLock;
 use locks_postgres::tokio_postgres::{self, Client, NoTls};
 use locks_postgres::{
     AdvisoryLockId, LockHolder, LockMode, PostgresLockManager, all_lock_holders, lock_holders,
@@ -331,4 +332,42 @@ async fn a_read_on_a_full_pool_says_what_an_acquisition_says() {
     let holders = manager.holders(&key).await.expect("a free connection");
     assert!(holders.is_empty(), "{holders:?}");
     manager.lock_table_usage().await.expect("a free connection");
+}
+
+/// A lock-table gauge asks the server at most once per its interval (and per 100 times
+/// its last read's duration): within it every call answers the last reading, after it a
+/// new read. Failed as it should against a planted gauge that read on every call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_table_gauge_reads_at_most_once_per_interval() {
+    let manager = PostgresLockManager::new(pool(8));
+    let hourly = manager.lock_table_gauge(Duration::from_secs(3600));
+    let eager = manager.lock_table_gauge(Duration::ZERO);
+    let (first, eager_first) = (
+        hourly.usage().await.expect("a read"),
+        eager.usage().await.expect("a read"),
+    );
+    let mut held = Vec::new();
+    for n in 0..5 {
+        let key = unique_key(&format!("gauge-{n}"));
+        held.push(
+            manager
+                .try_acquire(&key)
+                .await
+                .expect("a lock")
+                .expect("free"),
+        );
+    }
+    for _ in 0..3 {
+        assert_eq!(
+            hourly.usage().await.expect("the last reading"),
+            first,
+            "asked the server again within the hour"
+        );
+    }
+    assert_eq!(hourly.clone().usage().await.expect("shared"), first);
+    crate::faults::wait_for("a new reading after the bound", || async {
+        eager.usage().await.expect("a read") != eager_first
+    })
+    .await;
+    drop(held);
 }

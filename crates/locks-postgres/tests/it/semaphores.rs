@@ -286,3 +286,75 @@ async fn permits_carry_fencing_tokens_that_grow_with_every_grant() {
         .expect("the lock of the same name");
     assert_eq!(locks_port::LockGuard::info(&lock).fencing_token(), Some(1));
 }
+
+/// `permit_held` answers from a probe of the slot (never `pg_locks`): held exactly while a
+/// permit holds the slot, on a plain and on a multiplexed manager; probes in a loop never
+/// let two hold a permit of one, never stop a waiter getting it, and leave no lock behind.
+/// Failed as it should against a planted probe that answered "not held" when refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permit_held_probes_the_slot_and_leaves_nothing_held() {
+    let admin = admin().await;
+    let plain = PostgresLockManager::new(pool(4));
+    let multiplexed = PostgresLockManager::builder(pool(4)).multiplex(4).build();
+    let name = unique_key("permit-held");
+    let class = plain.semaphore_class(&name);
+    for observer in [&plain, &multiplexed] {
+        assert!(!observer.permit_held(&name, 0).await.expect("a probe"));
+    }
+    let held = plain
+        .acquire_permit(&name, 2, AcquireOptions::new())
+        .await
+        .expect("a permit");
+    let slot = held.info().slot();
+    for observer in [&plain, &multiplexed] {
+        assert!(observer.permit_held(&name, slot).await.expect("a probe"));
+        assert!(
+            !observer
+                .permit_held(&name, 1 - slot)
+                .await
+                .expect("a probe")
+        );
+        assert!(
+            !observer
+                .permit_held(&name, u32::MAX)
+                .await
+                .expect("a probe")
+        );
+    }
+    drop(held);
+    wait_for("the permit freed", || async {
+        !multiplexed.permit_held(&name, slot).await.expect("a probe")
+    })
+    .await;
+    // One permit, handed between two tasks while a third probes its slot back to back.
+    let one = unique_key("permit-held-one");
+    let probing = {
+        let (observer, one) = (multiplexed.clone(), one.clone());
+        tokio::spawn(async move {
+            loop {
+                observer.permit_held(&one, 0).await.expect("a probe");
+            }
+        })
+    };
+    let inside = std::sync::atomic::AtomicUsize::new(0);
+    let turns = (0..2).map(|_| async {
+        for _ in 0..10 {
+            let permit = plain
+                .acquire_permit(&one, 1, Duration::from_secs(10))
+                .await
+                .expect("a permit despite the probes");
+            assert_eq!(inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst), 0);
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            permit.release().await;
+        }
+    });
+    futures_util::future::join_all(turns).await;
+    probing.abort();
+    let _ = probing.await;
+    let one_class = plain.semaphore_class(&one);
+    wait_for("no lock of either semaphore left", || async {
+        locks_of_class(&admin, class).await == 0 && locks_of_class(&admin, one_class).await == 0
+    })
+    .await;
+}
