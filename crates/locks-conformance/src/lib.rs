@@ -57,7 +57,7 @@ pub use release::{
 };
 pub use semaphore::{
     bad_or_disagreeing_permits_are_configuration_errors, dropped_permit_acquisition_leaves_nothing,
-    permit_times_out_like_a_lock, permits_admit_at_most_n,
+    permit_held_says_whether_a_slot_is_held, permit_times_out_like_a_lock, permits_admit_at_most_n,
     semaphore_and_lock_of_one_name_are_apart, try_acquire_permit_takes_up_to_n,
     waiters_are_served_in_arrival_order,
 };
@@ -222,6 +222,7 @@ macro_rules! semaphore_suite {
         $crate::conformance_suite!(@cases $harness;
             permits_admit_at_most_n,
             try_acquire_permit_takes_up_to_n,
+            permit_held_says_whether_a_slot_is_held,
             permit_times_out_like_a_lock,
             bad_or_disagreeing_permits_are_configuration_errors,
             dropped_permit_acquisition_leaves_nothing,

@@ -139,6 +139,47 @@ pub async fn try_acquire_permit_takes_up_to_n<H: Harness<Manager: Semaphore>>(ha
     drop((again, b));
 }
 
+/// `permit_held` answers for one slot whether it is held, by anyone: true for a held
+/// slot, from the holder's manager and from another, false for a free one; and the
+/// question takes nothing (both slots can still be taken after it, and a released slot
+/// reads free again).
+pub async fn permit_held_says_whether_a_slot_is_held<H: Harness<Manager: Semaphore>>(harness: &H) {
+    let name = unique_key("permit_held_says_whether_a_slot_is_held");
+    let (holder, observer) = (harness.manager(), harness.manager());
+    let held = try_permit(&holder, &name, 2, "a permit of two")
+        .await
+        .expect("free");
+    let slot = held.info().slot();
+    let other = 1 - slot;
+    let asks = |manager: &H::Manager, slot: u32| {
+        let name = name.clone();
+        let manager = manager.clone();
+        async move {
+            manager
+                .permit_held(&name, slot)
+                .await
+                .unwrap_or_else(|error| panic!("permit_held({name:?}, {slot}) failed: {error}"))
+        }
+    };
+    assert!(
+        asks(&observer, slot).await,
+        "the held slot, asked by another manager"
+    );
+    assert!(
+        asks(&holder, slot).await,
+        "the held slot, asked by its holder's manager"
+    );
+    assert!(!asks(&observer, other).await, "the free slot");
+    let second = try_permit(&observer, &name, 2, "the free slot after the question")
+        .await
+        .expect("asking must leave the free slot free");
+    assert_eq!(second.info().slot(), other);
+    assert!(asks(&holder, other).await, "the second slot, now held");
+    assert_eq!(held.release().await, ReleaseOutcome::Unlocked);
+    assert!(!asks(&observer, slot).await, "a released slot reads free");
+    drop(second);
+}
+
 /// A full semaphore times out as a lock does (its message speaks of a permit); a zero timeout is one try.
 pub async fn permit_times_out_like_a_lock<H: Harness<Manager: Semaphore>>(harness: &H) {
     let name = unique_key("permit_times_out_like_a_lock");
