@@ -176,7 +176,13 @@ async fn acquire_member(
                 tokio::select! {
                     biased;
                     session = checkout::checkout(inner, key, wait, deadline) => session?,
-                    () = room => continue,
+                    () = room => {
+                        // Another look, after the scheduler's turn: a loop that found
+                        // room notified at every look would otherwise never give its
+                        // worker back (timers, the releases that free room).
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
                 }
             }
             Err(error) => return Err(error),

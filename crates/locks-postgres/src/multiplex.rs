@@ -30,7 +30,7 @@
 //! before the place is freed.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -54,6 +54,9 @@ pub(crate) struct Multiplexer {
     /// Acquisitions on a connection of their own that will make it a host unless
     /// their first try finds the lock busy (see [`Multiplexer::opening`]).
     opening: AtomicUsize,
+    /// Whether an acquisition passed over a host with room because a connection was
+    /// opening: the last opening to end then says so (see [`Opening`]).
+    deferred: AtomicBool,
     /// Acquisitions waiting for a pool connection (or room on a shared one).
     waiting: AtomicUsize,
 }
@@ -70,10 +73,20 @@ impl Drop for Waiting<'_> {
 /// A connection on its way to becoming a host, until dropped.
 pub(crate) struct Opening<'a>(&'a Multiplexer);
 
+/// The last opening to end wakes the waiters only when one of them passed over a host
+/// with room for it. Waking them every time fed a storm: with the pool full, each woken
+/// waiter could see a moment's room in the pool's counts, count an opening of its own,
+/// fail to check a connection out and, ending it, wake every waiter again; hundreds of
+/// acquisitions then spun between them without a statement sent (the bench's tasks
+/// curve, and `more_tasks_than_places_each_get_turns_and_finish`).
 impl Drop for Opening<'_> {
     fn drop(&mut self) {
-        self.0.opening.fetch_sub(1, Ordering::Relaxed);
-        self.0.room.notify_waiters();
+        // SeqCst here and in `reserve`: each side writes one flag and reads the other,
+        // and one of them must see the other's write.
+        let last = self.0.opening.fetch_sub(1, Ordering::SeqCst) == 1;
+        if last && self.0.deferred.swap(false, Ordering::SeqCst) {
+            self.0.room.notify_waiters();
+        }
     }
 }
 
@@ -178,6 +191,7 @@ impl Multiplexer {
             hosts: Mutex::new(Vec::new()),
             room: Arc::new(Notify::new()),
             opening: AtomicUsize::new(0),
+            deferred: AtomicBool::new(false),
             waiting: AtomicUsize::new(0),
         })
     }
@@ -213,9 +227,6 @@ impl Multiplexer {
     /// A place for `lock_id` on a connection with room that does not hold it already
     /// (see [`least_busy_with_room`]), counted as a try in flight on it.
     fn reserve(&self, lock_id: i64, mode: LockMode, pool_has_room: bool) -> Option<Membership> {
-        if self.opening.load(Ordering::Relaxed) > 0 {
-            return None;
-        }
         let mut hosts = lock(&self.hosts);
         hosts.retain(|host| !host.state().retired);
         let chosen = least_busy_with_room(
@@ -230,6 +241,15 @@ impl Multiplexer {
             self.per_connection,
             pool_has_room,
         )?;
+        // A connection on its way takes the burst instead (see `opening`); the waiter
+        // this defers is woken when the last opening ends.
+        if self.opening.load(Ordering::SeqCst) > 0 {
+            self.deferred.store(true, Ordering::SeqCst);
+            // An opening that ended meanwhile may have found nothing deferred.
+            if self.opening.load(Ordering::SeqCst) > 0 {
+                return None;
+            }
+        }
         let host = &hosts[chosen];
         let mut state = host.state();
         state.ids.insert(lock_id);

@@ -540,3 +540,69 @@ async fn acquisitions_made_at_once_spread_over_the_connections() {
     );
     drop(guards);
 }
+
+/// Ten times more tasks than a multiplexed manager has places for, each taking and
+/// releasing a key of its own in a loop for a while, with no timeout: every task gets
+/// its turns and every loop ends. The bench's tasks curve once spun here for half an
+/// hour: woken waiters fed each other wake-ups without a statement sent, and a loop that
+/// never gave its worker back starved the runtime's timers too. So the test's own clock
+/// is a thread outside the runtime: a spinning runtime fails the test instead of hanging.
+#[test]
+fn more_tasks_than_places_each_get_turns_and_finish() {
+    const TASKS: usize = 400;
+    const LIMIT: Duration = Duration::from_secs(120);
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let turns = runtime.block_on(async {
+            let (manager, _name) = multiplexed(10, 4);
+            let end = Instant::now() + Duration::from_secs(2);
+            let tasks: Vec<_> = (0..TASKS)
+                .map(|task| {
+                    let manager = manager.clone();
+                    let key = unique_key(&format!("busy-{task}"));
+                    tokio::spawn(async move {
+                        let mut turns = 0_u32;
+                        while Instant::now() < end || turns == 0 {
+                            let guard = manager
+                                .acquire(&key, AcquireOptions::new())
+                                .await
+                                .expect("acquire");
+                            guard.release().await;
+                            turns += 1;
+                        }
+                        turns
+                    })
+                })
+                .collect();
+            let mut turns = Vec::new();
+            for task in tasks {
+                turns.push(task.await.expect("task"));
+            }
+            assert_eq!(manager.held_lock_count(), 0);
+            turns
+        });
+        // The test may have given up on it: nobody to tell then.
+        let _ = done.send(turns);
+    });
+    let started = Instant::now();
+    let turns = match finished.recv_timeout(LIMIT) {
+        Ok(turns) => turns,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("{TASKS} tasks on 40 places still looping after {LIMIT:?}")
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            panic!("the runtime's thread failed (its panic is printed above)")
+        }
+    };
+    eprintln!(
+        "{TASKS} tasks on 40 places: {} turns in {:?}, fewest {:?}",
+        turns.iter().sum::<u32>(),
+        started.elapsed(),
+        turns.iter().min()
+    );
+}
