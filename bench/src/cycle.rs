@@ -4,8 +4,8 @@
 //! `pg_advisory_lock($1)` + `pg_advisory_unlock($1)`.
 
 use crate::db::Database;
+use crate::harness::Outcome;
 use crate::pinned::{Role, Scenario, run};
-use crate::report::Outcome;
 use crate::{BoxError, Plan};
 
 /// The pinned-cycle target: the library's best run p50 at most this multiple of raw's.

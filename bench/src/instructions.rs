@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use crate::callgrind::{Row, scenario};
-use crate::report::Outcome;
+use crate::harness::Outcome;
 use crate::{BoxError, Plan};
 
 /// The gate: library instructions per cycle at most this multiple of raw.

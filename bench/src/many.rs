@@ -7,8 +7,8 @@
 
 use crate::clients::GROUP;
 use crate::db::Database;
+use crate::harness::Outcome;
 use crate::pinned::{Role, Scenario, run};
-use crate::report::Outcome;
 use crate::{BoxError, Plan};
 
 /// Pinned best run p50 at most this multiple of raw.

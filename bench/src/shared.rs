@@ -3,8 +3,8 @@
 //! tokio-postgres's prepared `pg_advisory_lock_shared($1)` + `pg_advisory_unlock_shared($1)`.
 
 use crate::db::Database;
+use crate::harness::Outcome;
 use crate::pinned::{Role, Scenario, run};
-use crate::report::Outcome;
 use crate::{BoxError, Plan};
 
 /// Pinned best run p50 at most this multiple of raw.

@@ -3,8 +3,8 @@
 //! `pg_advisory_unlock($1)`.
 
 use crate::db::Database;
+use crate::harness::Outcome;
 use crate::pinned::{Role, Scenario, run};
-use crate::report::Outcome;
 use crate::{BoxError, Plan};
 
 /// No pinned-cycle target of its own: the earlier one.
