@@ -40,6 +40,96 @@ const WORDS: [&str; 11] = [
     "-many",
 ];
 
+/// What the tables call each client.
+const LABELS: [(&str, &str); 22] = [
+    ("raw", "raw: prepared pg_advisory_lock($1) + unlock"),
+    (
+        "raw-simple",
+        "raw: simple-query pg_advisory_lock(n) + unlock",
+    ),
+    (
+        "raw-text-timeout",
+        "raw: the library's SQL text, timeout 5 s",
+    ),
+    ("raw-try", "raw: prepared pg_try_advisory_lock($1) + unlock"),
+    (
+        "raw-simple-try",
+        "raw: simple-query pg_try_advisory_lock(n) + unlock",
+    ),
+    (
+        "raw-shared",
+        "raw: prepared pg_advisory_lock_shared($1) + unlock_shared",
+    ),
+    (
+        "raw-many-each",
+        "raw: the library's 2 group statements, prepared (8 tries in one, 8 unlocks in one)",
+    ),
+    (
+        "raw-many",
+        "raw: 8 prepared pg_advisory_lock($1) in lock-id order + 8 unlocks",
+    ),
+    ("library", "library: acquire (no timeout) + release"),
+    (
+        "library-timeout",
+        "library: acquire (timeout 5 s) + release",
+    ),
+    (
+        "library-fencing",
+        "library, fencing on: acquire (no timeout) + release",
+    ),
+    (
+        "library-keepalive-off",
+        "library, keepalive off (and so no lease): acquire (no timeout) + release",
+    ),
+    (
+        "library-lease-off",
+        "library, lease off (keepalive on; the server's TCP timers left alone; the default \
+         sets them in the connection's set-up): acquire (no timeout) + release",
+    ),
+    (
+        "library-otel",
+        "library + OpenTelemetry at INFO: acquire (no timeout) + release",
+    ),
+    (
+        "library-timeout-otel",
+        "library + OpenTelemetry at INFO: acquire (timeout 5 s) + release",
+    ),
+    (
+        "library-otel-spans",
+        "library + OpenTelemetry, lock spans at INFO: acquire (no timeout) + release",
+    ),
+    (
+        "library-timeout-otel-spans",
+        "library + OpenTelemetry, lock spans at INFO: acquire (timeout 5 s) + release",
+    ),
+    ("library-try", "library: try_acquire + release"),
+    (
+        "library-shared",
+        "library: acquire shared (no timeout) + release",
+    ),
+    (
+        "library-shared-timeout",
+        "library: acquire shared (timeout 5 s) + release",
+    ),
+    (
+        "library-many",
+        "library: acquire_many of 8 keys (no timeout) + release",
+    ),
+    (
+        "library-many-timeout",
+        "library: acquire_many of 8 keys (timeout 5 s) + release",
+    ),
+];
+
+/// What the tables call the client `name` ([`client`]); the name itself when it has no
+/// label.
+pub(crate) fn label(name: &'static str) -> &'static str {
+    LABELS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or(name, |(_, label)| label)
+}
+
 /// `count` keys `{prefix}:{n}`.
 pub(crate) fn keys(prefix: &str, count: usize) -> Vec<String> {
     (0..count).map(|n| format!("{prefix}:{n}")).collect()

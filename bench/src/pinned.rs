@@ -25,7 +25,7 @@
 
 use serde_json::json;
 
-use crate::clients::{Op, client};
+use crate::clients::{Op, client, label};
 use crate::db::Database;
 use crate::harness;
 use crate::harness::{Batches, Outcome, cells};
@@ -47,7 +47,7 @@ pub(crate) enum Role {
     Reference,
 }
 
-/// One pinned cycle scenario: its clients by name ([`client`]), with a label and a role.
+/// One pinned cycle scenario: its clients by name ([`client`]), each with a role.
 #[derive(Debug)]
 pub(crate) struct Scenario {
     pub(crate) id: &'static str,
@@ -55,7 +55,7 @@ pub(crate) struct Scenario {
     /// Keys of client `i` are `{prefix}:{i}:{n}`.
     pub(crate) prefix: &'static str,
     pub(crate) limit: f64,
-    pub(crate) clients: Vec<(&'static str, &'static str, Role)>,
+    pub(crate) clients: Vec<(&'static str, Role)>,
     pub(crate) notes: Vec<String>,
 }
 
@@ -116,7 +116,7 @@ async fn measure(db: &Database, plan: &Plan, scenario: Scenario) -> Result<Outco
         .any(|(name, ..)| name.contains("-otel"));
     let pipeline = otel.then(Pipeline::new);
     let mut clients = Vec::new();
-    for (index, &(name, label, role)) in scenario.clients.iter().enumerate() {
+    for (index, &(name, role)) in scenario.clients.iter().enumerate() {
         let prefix = format!("{}:{index}", scenario.prefix);
         let op = client(db, name, &prefix, "lock-bench-cycle").await?;
         let backend = u32::try_from(op.backend_pid().await?)
@@ -127,7 +127,7 @@ async fn measure(db: &Database, plan: &Plan, scenario: Scenario) -> Result<Outco
             .filter(|_| name.contains("-otel"))
             .map(|pipeline| tracing::Dispatch::new(pipeline.subscriber()));
         clients.push(Measured {
-            label,
+            label: label(name),
             role,
             op,
             tracing,
