@@ -12,12 +12,12 @@
 use std::path::Path;
 use std::process::Command;
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::clients::client;
 use crate::db::Database;
+use crate::harness::{Outcome, cells};
 use crate::otel::{MetricsPipeline, Pipeline};
-use crate::report::{Check, Outcome, Section, verdict};
 use crate::stats::{as_f64, ratio};
 use crate::{BoxError, DATABASE_URL_ENV};
 
@@ -116,7 +116,7 @@ pub(crate) fn scenario(
     dir: &Path,
     (id, title, versus, decimals): (&'static str, &str, &str, usize),
     spec: &[Row],
-    mut notes: Vec<String>,
+    notes: Vec<String>,
 ) -> Result<Outcome, BoxError> {
     let version = valgrind_version()?;
     let started = std::time::Instant::now();
@@ -127,33 +127,51 @@ pub(crate) fn scenario(
         index.map_or(0.0, |i| counted[i].per_cycle)
     };
     let fmt = |r: Option<f64>| r.map_or_else(|| "—".to_owned(), |r| format!("{r:.decimals$}×"));
-    let (mut rows, mut checks, mut json_rows) = (Vec::new(), Vec::new(), Vec::<Value>::new());
+    let ratio_header = if versus == "raw" { "÷ raw" } else { "÷ off" };
+    let header = [
+        "Variant",
+        "total, N cycles",
+        "total, 2N cycles",
+        "per cycle",
+        ratio_header,
+        "Target",
+        "Result",
+    ];
+    let mut out = Outcome::new(id, title, &header);
+    out.note(format!(
+        "{version}, `--tool=callgrind`, this binary in a child mode: connect, {WARMUP} \
+         warm-up cycles, then N cycles on a current-thread runtime, going round 64 keys \
+         as the pinned cycle does; run once with N = {cycles} and once with 2N; per \
+         cycle = (total(2N) − total(N)) / N, so start-up, connecting and exit cancel \
+         out. Every thread of the client counts; the server's instructions do not. \
+         {:.0} s.",
+        started.elapsed().as_secs_f64()
+    ));
+    notes.into_iter().for_each(|note| out.note(note));
+    let mut json_rows = Vec::new();
     for (row, c) in spec.iter().zip(&counted) {
         let base = per_cycle(row.baseline);
         let ratio = ratio(c.per_cycle, base);
-        let (target, result) = match row.target {
-            Some((limit, words)) => {
-                let pass = ratio.is_some_and(|r| r <= limit);
-                checks.push(Check::new(
-                    format!("{words}: instructions per cycle vs {versus}"),
-                    format!("{} ({:.0} vs {base:.0})", fmt(ratio), c.per_cycle),
-                    format!("≤ {limit}×"),
-                    pass,
-                ));
-                (format!("≤ {limit}×"), verdict(pass).to_owned())
-            }
-            None if row.baseline == row.name => ("baseline".to_owned(), String::new()),
-            None if row.baseline != spec[0].name => (format!("÷ {}", row.baseline), String::new()),
-            None => (String::new(), String::new()),
+        let [target, result] = match row.target {
+            Some((limit, words)) => out.gate(
+                format!("{words}: instructions per cycle vs {versus}"),
+                format!("{} ({:.0} vs {base:.0})", fmt(ratio), c.per_cycle),
+                format!("≤ {limit}×"),
+                ratio.is_some_and(|r| r <= limit),
+            ),
+            None if row.baseline == row.name => ["baseline".to_owned(), String::new()],
+            None if row.baseline != spec[0].name => [format!("÷ {}", row.baseline), String::new()],
+            None => Default::default(),
         };
-        rows.push(vec![
-            row.label.to_owned(),
-            c.once.to_string(),
-            c.twice.to_string(),
-            format!("{:.0}", c.per_cycle),
+        let per_cycle = format!("{:.0}", c.per_cycle);
+        out.row(cells![
+            row.label,
+            c.once,
+            c.twice,
+            per_cycle,
             fmt(ratio),
             target,
-            result,
+            result
         ]);
         json_rows.push(json!({
             "variant": row.name,
@@ -165,44 +183,12 @@ pub(crate) fn scenario(
             "baseline": row.baseline,
         }));
     }
-    notes.insert(
-        0,
-        format!(
-            "{version}, `--tool=callgrind`, this binary in a child mode: connect, {WARMUP} \
-             warm-up cycles, then N cycles on a current-thread runtime, going round 64 keys \
-             as the pinned cycle does; run once with N = {cycles} and once with 2N; per \
-             cycle = (total(2N) − total(N)) / N, so start-up, connecting and exit cancel \
-             out. Every thread of the client counts; the server's instructions do not. \
-             {:.0} s.",
-            started.elapsed().as_secs_f64()
-        ),
-    );
-    let ratio_header = if versus == "raw" { "÷ raw" } else { "÷ off" };
-    Ok(Outcome {
-        id,
-        section: Section {
-            title: title.to_owned(),
-            notes,
-            header: vec![
-                "Variant",
-                "total, N cycles",
-                "total, 2N cycles",
-                "per cycle",
-                ratio_header,
-                "Target",
-                "Result",
-            ],
-            rows,
-        },
-        checks,
-        json: json!({
-            "valgrind": version,
-            "cycles": cycles,
-            "warmup": WARMUP,
-            "variants": json_rows,
-        }),
-        files: Vec::new(),
-    })
+    Ok(out.with(json!({
+        "valgrind": version,
+        "cycles": cycles,
+        "warmup": WARMUP,
+        "variants": json_rows,
+    })))
 }
 
 /// The total instruction count of one child run, from its callgrind output file.

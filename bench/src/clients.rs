@@ -15,7 +15,7 @@ use locks_postgres::PostgresLockManager;
 use locks_postgres::tokio_postgres::{Client, SimpleQueryMessage, Statement};
 
 use crate::BoxError;
-use crate::db::{Database, RawStatements};
+use crate::db::{Database, NOT_HELD, Raw};
 
 /// The timeout of the bounded variants.
 pub(crate) const BOUNDED: Duration = Duration::from_secs(5);
@@ -39,6 +39,96 @@ const WORDS: [&str; 11] = [
     "-shared",
     "-many",
 ];
+
+/// What the tables call each client.
+const LABELS: [(&str, &str); 22] = [
+    ("raw", "raw: prepared pg_advisory_lock($1) + unlock"),
+    (
+        "raw-simple",
+        "raw: simple-query pg_advisory_lock(n) + unlock",
+    ),
+    (
+        "raw-text-timeout",
+        "raw: the library's SQL text, timeout 5 s",
+    ),
+    ("raw-try", "raw: prepared pg_try_advisory_lock($1) + unlock"),
+    (
+        "raw-simple-try",
+        "raw: simple-query pg_try_advisory_lock(n) + unlock",
+    ),
+    (
+        "raw-shared",
+        "raw: prepared pg_advisory_lock_shared($1) + unlock_shared",
+    ),
+    (
+        "raw-many-each",
+        "raw: the library's 2 group statements, prepared (8 tries in one, 8 unlocks in one)",
+    ),
+    (
+        "raw-many",
+        "raw: 8 prepared pg_advisory_lock($1) in lock-id order + 8 unlocks",
+    ),
+    ("library", "library: acquire (no timeout) + release"),
+    (
+        "library-timeout",
+        "library: acquire (timeout 5 s) + release",
+    ),
+    (
+        "library-fencing",
+        "library, fencing on: acquire (no timeout) + release",
+    ),
+    (
+        "library-keepalive-off",
+        "library, keepalive off (and so no lease): acquire (no timeout) + release",
+    ),
+    (
+        "library-lease-off",
+        "library, lease off (keepalive on; the server's TCP timers left alone; the default \
+         sets them in the connection's set-up): acquire (no timeout) + release",
+    ),
+    (
+        "library-otel",
+        "library + OpenTelemetry at INFO: acquire (no timeout) + release",
+    ),
+    (
+        "library-timeout-otel",
+        "library + OpenTelemetry at INFO: acquire (timeout 5 s) + release",
+    ),
+    (
+        "library-otel-spans",
+        "library + OpenTelemetry, lock spans at INFO: acquire (no timeout) + release",
+    ),
+    (
+        "library-timeout-otel-spans",
+        "library + OpenTelemetry, lock spans at INFO: acquire (timeout 5 s) + release",
+    ),
+    ("library-try", "library: try_acquire + release"),
+    (
+        "library-shared",
+        "library: acquire shared (no timeout) + release",
+    ),
+    (
+        "library-shared-timeout",
+        "library: acquire shared (timeout 5 s) + release",
+    ),
+    (
+        "library-many",
+        "library: acquire_many of 8 keys (no timeout) + release",
+    ),
+    (
+        "library-many-timeout",
+        "library: acquire_many of 8 keys (timeout 5 s) + release",
+    ),
+];
+
+/// What the tables call the client `name` ([`client`]); the name itself when it has no
+/// label.
+pub(crate) fn label(name: &'static str) -> &'static str {
+    LABELS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or(name, |(_, label)| label)
+}
 
 /// `count` keys `{prefix}:{n}`.
 pub(crate) fn keys(prefix: &str, count: usize) -> Vec<String> {
@@ -79,8 +169,7 @@ pub(crate) enum Op {
     },
     /// Prepared lock (or try) and unlock statements.
     RawPrepared {
-        client: Client,
-        statements: RawStatements,
+        raw: Raw,
         ids: Vec<i64>,
         try_lock: bool,
     },
@@ -106,11 +195,7 @@ pub(crate) enum Op {
     },
     /// Each group's locks (ascending) and then their unlocks, prepared, on one connection,
     /// one after another: how `acquire_many` worked before ADR 0019.
-    RawMany {
-        client: Client,
-        statements: RawStatements,
-        groups: Vec<Vec<i64>>,
-    },
+    RawMany { raw: Raw, groups: Vec<Vec<i64>> },
 }
 
 /// The client called `name`, on connections tagged `application_name`, going round keys
@@ -128,16 +213,21 @@ pub(crate) async fn client(
     let keys = keys(prefix, KEYS);
     let ids: Vec<i64> = keys.iter().map(|key| lock_id(key)).collect();
     if name.starts_with("raw") {
-        let client = db.connect(application_name).await?;
-        let shared = name == "raw-shared";
+        let groups = || groups(prefix).iter().map(|g| ordered_ids(g)).collect();
         let try_lock = name.ends_with("-try");
+        if let "raw" | "raw-try" | "raw-shared" | "raw-many" = name {
+            let raw = Raw::connect(db, application_name, name == "raw-shared").await?;
+            return Ok(if name == "raw-many" {
+                Op::RawMany {
+                    raw,
+                    groups: groups(),
+                }
+            } else {
+                Op::RawPrepared { raw, ids, try_lock }
+            });
+        }
+        let client = db.connect(application_name).await?;
         return Ok(match name {
-            "raw" | "raw-try" | "raw-shared" => Op::RawPrepared {
-                statements: RawStatements::prepare(&client, shared).await?,
-                client,
-                ids,
-                try_lock,
-            },
             "raw-simple" | "raw-simple-try" => Op::RawSimple {
                 client,
                 ids,
@@ -156,12 +246,7 @@ pub(crate) async fn client(
                     )
                     .await?,
                 client,
-                groups: groups(prefix).iter().map(|g| ordered_ids(g)).collect(),
-            },
-            "raw-many" => Op::RawMany {
-                statements: RawStatements::prepare(&client, false).await?,
-                client,
-                groups: groups(prefix).iter().map(|g| ordered_ids(g)).collect(),
+                groups: groups(),
             },
             _ => return Err(format!("unknown client `{name}`").into()),
         });
@@ -247,7 +332,6 @@ fn nth<T>(items: &[T], n: usize) -> &T {
 }
 
 const REFUSED: &str = "an uncontended pg_try_advisory_lock was refused";
-const NOT_HELD: &str = "pg_advisory_unlock answered false";
 
 impl Op {
     /// Cycle `n`: one lock + unlock (of key `n mod KEYS`).
@@ -279,25 +363,17 @@ impl Op {
                     return Err("the group's release did not unlock every lock".into());
                 }
             }
-            Self::RawPrepared {
-                client,
-                statements,
-                ids,
-                try_lock,
-            } => {
-                let id = nth(ids, n);
+            Self::RawPrepared { raw, ids, try_lock } => {
+                let id = *nth(ids, n);
                 if *try_lock {
-                    let granted: bool = client.query_one(&statements.try_lock, &[id]).await?.get(0);
+                    let granted: bool = raw.client.query_one(&raw.try_lock, &[&id]).await?.get(0);
                     if !granted {
                         return Err(REFUSED.into());
                     }
                 } else {
-                    client.execute(&statements.lock, &[id]).await?;
+                    raw.lock(id).await?;
                 }
-                let released: bool = client.query_one(&statements.unlock, &[id]).await?.get(0);
-                if !released {
-                    return Err(NOT_HELD.into());
-                }
+                raw.unlock(id).await?;
             }
             Self::RawSimple {
                 client,
@@ -341,20 +417,13 @@ impl Op {
                     return Err(NOT_HELD.into());
                 }
             }
-            Self::RawMany {
-                client,
-                statements,
-                groups,
-            } => {
+            Self::RawMany { raw, groups } => {
                 let ids = nth(groups, n);
-                for id in ids {
-                    client.execute(&statements.lock, &[id]).await?;
+                for &id in ids {
+                    raw.lock(id).await?;
                 }
-                for id in ids {
-                    let released: bool = client.query_one(&statements.unlock, &[id]).await?.get(0);
-                    if !released {
-                        return Err(NOT_HELD.into());
-                    }
+                for &id in ids {
+                    raw.unlock(id).await?;
                 }
             }
         }
@@ -374,11 +443,12 @@ impl Op {
                 .query_one(PID, &[])
                 .await?
                 .get(0),
-            Self::RawPrepared { client, .. }
-            | Self::RawSimple { client, .. }
+            Self::RawPrepared { raw, .. } | Self::RawMany { raw, .. } => {
+                raw.client.query_one(PID, &[]).await?.get(0)
+            }
+            Self::RawSimple { client, .. }
             | Self::RawText { client, .. }
-            | Self::RawEach { client, .. }
-            | Self::RawMany { client, .. } => client.query_one(PID, &[]).await?.get(0),
+            | Self::RawEach { client, .. } => client.query_one(PID, &[]).await?.get(0),
         })
     }
 }

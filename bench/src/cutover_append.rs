@@ -16,9 +16,9 @@ use migration_cutover_postgres::{
 use serde_json::json;
 
 use crate::db::Database;
-use crate::report::{Outcome, Section};
+use crate::harness::{self, Outcome, cells};
 use crate::stats::{Latencies, as_f64, fmt_ns, fmt_ratio, ratio};
-use crate::{BoxError, Plan, interleave};
+use crate::{BoxError, Plan};
 
 const SCHEMA: &str = "lock_bench_cutover";
 
@@ -51,7 +51,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         }
     }
     let (mut with_lock, mut without_lock) = (Latencies::new(), Latencies::new());
-    interleave::rounds(rounds, 2, async |_, side| {
+    harness::rounds(rounds, 2, async |_, side| {
         let (router, latencies) = match side {
             0 => (&locked, &mut with_lock),
             _ => (&unlocked, &mut without_lock),
@@ -73,46 +73,34 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
 
     let p50 = ratio(as_f64(with_lock.p50()), as_f64(without_lock.p50()));
     let p99 = ratio(as_f64(with_lock.p99()), as_f64(without_lock.p99()));
-    let row = |name: &str, latencies: &Latencies| {
-        vec![
-            name.to_owned(),
-            latencies.count().to_string(),
-            fmt_ns(latencies.p50()),
-            fmt_ns(latencies.p99()),
-        ]
-    };
-    Ok(Outcome {
-        id: "cutover_append",
-        section: Section {
-            title: "Cutover write path: routed append with and without the shared write lock"
-                .to_owned(),
-            notes: vec![
-                format!(
-                    "`PostgresWriteRouter::append` of one event to one tenant ({rounds} \
-                     alternating rounds of {batch}); each append reads the route, opens a \
-                     transaction on the store, reads the route again, inserts and commits. \
-                     With the lock the `BEGIN` batch also sets `lock_timeout` and takes \
-                     `pg_advisory_xact_lock_shared` (no extra round trip)."
-                ),
-                format!(
-                    "With / without: p50 {}, p99 {}.",
-                    fmt_ratio(p50),
-                    fmt_ratio(p99)
-                ),
-            ],
-            header: vec!["append", "samples", "p50", "p99"],
-            rows: vec![
-                row("with the shared write lock", &with_lock),
-                row("without it", &without_lock),
-            ],
-        },
-        checks: Vec::new(),
-        json: json!({
-            "with_lock": with_lock.to_json(),
-            "without_lock": without_lock.to_json(),
-            "p50_ratio": p50,
-            "p99_ratio": p99,
-        }),
-        files: Vec::new(),
-    })
+    let title = "Cutover write path: routed append with and without the shared write lock";
+    let mut out = Outcome::new(
+        "cutover_append",
+        title,
+        &["append", "samples", "p50", "p99"],
+    );
+    out.note(format!(
+        "`PostgresWriteRouter::append` of one event to one tenant ({rounds} \
+         alternating rounds of {batch}); each append reads the route, opens a \
+         transaction on the store, reads the route again, inserts and commits. \
+         With the lock the `BEGIN` batch also sets `lock_timeout` and takes \
+         `pg_advisory_xact_lock_shared` (no extra round trip)."
+    ));
+    out.note(format!(
+        "With / without: p50 {}, p99 {}.",
+        fmt_ratio(p50),
+        fmt_ratio(p99)
+    ));
+    for (name, l) in [
+        ("with the shared write lock", &with_lock),
+        ("without it", &without_lock),
+    ] {
+        out.row(cells![name, l.count(), fmt_ns(l.p50()), fmt_ns(l.p99())]);
+    }
+    Ok(out.with(json!({
+        "with_lock": with_lock.to_json(),
+        "without_lock": without_lock.to_json(),
+        "p50_ratio": p50,
+        "p99_ratio": p99,
+    })))
 }

@@ -131,31 +131,66 @@ impl Database {
     }
 }
 
-/// The raw baseline's statements, prepared once per connection.
+/// A raw baseline: a dedicated connection with its lock, try and unlock statements
+/// prepared.
 #[derive(Debug)]
-pub(crate) struct RawStatements {
+pub(crate) struct Raw {
+    pub(crate) client: Client,
     pub(crate) lock: Statement,
     pub(crate) try_lock: Statement,
     pub(crate) unlock: Statement,
 }
 
-impl RawStatements {
+impl Raw {
     /// The exclusive forms, or the `shared` (reader) ones: `pg_advisory_lock_shared($1)`
     /// and its kin.
-    pub(crate) async fn prepare(client: &Client, shared: bool) -> Result<Self, BoxError> {
+    pub(crate) async fn connect(
+        db: &Database,
+        application_name: &str,
+        shared: bool,
+    ) -> Result<Self, BoxError> {
+        let client = db.connect(application_name).await?;
         let suffix = if shared { "_shared" } else { "" };
         let prepare = async |name: &str| {
             client
                 .prepare(&format!("SELECT pg_{name}{suffix}($1)"))
                 .await
         };
+        let (lock, try_lock) = (
+            prepare("advisory_lock").await?,
+            prepare("try_advisory_lock").await?,
+        );
+        let unlock = prepare("advisory_unlock").await?;
         Ok(Self {
-            lock: prepare("advisory_lock").await?,
-            try_lock: prepare("try_advisory_lock").await?,
-            unlock: prepare("advisory_unlock").await?,
+            client,
+            lock,
+            try_lock,
+            unlock,
         })
     }
+
+    pub(crate) async fn lock(&self, id: i64) -> Result<(), tokio_postgres::Error> {
+        self.client.execute(&self.lock, &[&id]).await.map(drop)
+    }
+
+    /// The unlock, an error when the server answers that the lock was not held.
+    pub(crate) async fn unlock(&self, id: i64) -> Result<(), BoxError> {
+        let released: bool = self.client.query_one(&self.unlock, &[&id]).await?.get(0);
+        if released {
+            Ok(())
+        } else {
+            Err(NOT_HELD.into())
+        }
+    }
+
+    /// Lock + unlock of `id`.
+    pub(crate) async fn cycle(&self, id: i64) -> Result<(), BoxError> {
+        self.lock(id).await?;
+        self.unlock(id).await
+    }
 }
+
+pub(crate) const NOT_HELD: &str = "pg_advisory_unlock answered false";
 
 /// Advisory locks granted to sessions of `application_name`.
 pub(crate) async fn granted_advisory_locks(

@@ -21,10 +21,10 @@ use locks_postgres::tokio_postgres::error::SqlState;
 use serde_json::{Value, json};
 
 use crate::chart::{Series, handoff_svg};
-use crate::db::{Database, RawStatements};
-use crate::report::{Check, Outcome, Section, verdict};
-use crate::stats::{Latencies, fairness, fmt_ns, nanos};
-use crate::{BoxError, Plan, interleave};
+use crate::db::{Database, Raw};
+use crate::harness::{self, Outcome, cells, verdict};
+use crate::stats::{Latencies, as_f64, fairness, finite, fmt_ns, nanos};
+use crate::{BoxError, Plan};
 
 const HOLD: Duration = Duration::from_millis(2);
 const BOUNDED: Duration = Duration::from_secs(5);
@@ -48,28 +48,24 @@ enum Contender {
 impl Contender {
     const ALL: [Self; 3] = [Self::Raw, Self::Queue, Self::Poll];
 
-    fn label(self) -> &'static str {
+    /// Its name in the JSON, its label, and its colour in the chart.
+    fn says(self) -> (&'static str, &'static str, (u8, u8, u8)) {
         match self {
-            Self::Raw => "raw pg_advisory_lock (server queue)",
-            Self::Queue => "library, Queue (server-side wait)",
-            Self::Poll => "library, Poll (100 ms, as the Python library)",
-        }
-    }
-
-    fn id(self) -> &'static str {
-        match self {
-            Self::Raw => "raw",
-            Self::Queue => "queue",
-            Self::Poll => "poll",
-        }
-    }
-
-    /// Its colour in the chart.
-    fn color(self) -> (u8, u8, u8) {
-        match self {
-            Self::Raw => (0x7f, 0x7f, 0x7f),
-            Self::Queue => (0x1f, 0x77, 0xb4),
-            Self::Poll => (0xd6, 0x27, 0x28),
+            Self::Raw => (
+                "raw",
+                "raw pg_advisory_lock (server queue)",
+                (0x7f, 0x7f, 0x7f),
+            ),
+            Self::Queue => (
+                "queue",
+                "library, Queue (server-side wait)",
+                (0x1f, 0x77, 0xb4),
+            ),
+            Self::Poll => (
+                "poll",
+                "library, Poll (100 ms, as the Python library)",
+                (0xd6, 0x27, 0x28),
+            ),
         }
     }
 }
@@ -190,16 +186,11 @@ impl Recorder {
     }
 }
 
-/// How a task of one window takes and gives back the lock.
+/// How a task of one window takes and gives back the lock: a manager of its own, or a
+/// raw connection under `lock_timeout = 5s`.
 enum Taker {
-    Library {
-        manager: PostgresLockManager,
-        options: AcquireOptions,
-    },
-    Raw {
-        client: locks_postgres::tokio_postgres::Client,
-        statements: RawStatements,
-    },
+    Library(PostgresLockManager, AcquireOptions),
+    Raw(Raw),
 }
 
 enum Taken {
@@ -210,60 +201,45 @@ enum Taken {
 
 impl Taker {
     async fn new(db: &Database, contender: Contender) -> Result<Self, BoxError> {
-        let options = AcquireOptions::new().with_timeout(BOUNDED);
-        Ok(match contender {
+        let strategy = match contender {
             Contender::Raw => {
-                let client = db.connect("lock-bench-handoff").await?;
-                client.simple_query("SET lock_timeout = '5s'").await?;
-                let statements = RawStatements::prepare(&client, false).await?;
-                Self::Raw { client, statements }
+                let raw = Raw::connect(db, "lock-bench-handoff", false).await?;
+                raw.client.simple_query("SET lock_timeout = '5s'").await?;
+                return Ok(Self::Raw(raw));
             }
-            Contender::Queue | Contender::Poll => {
-                let pool = db.pool(1, "lock-bench-handoff");
-                db.warm(&pool, 1).await?;
-                let strategy = if contender == Contender::Poll {
-                    WaitStrategy::Poll
-                } else {
-                    WaitStrategy::Queue
-                };
-                Self::Library {
-                    manager: PostgresLockManager::new(pool),
-                    options: options.with_wait_strategy(strategy),
-                }
-            }
-        })
+            Contender::Queue => WaitStrategy::Queue,
+            Contender::Poll => WaitStrategy::Poll,
+        };
+        let pool = db.pool(1, "lock-bench-handoff");
+        db.warm(&pool, 1).await?;
+        let options = AcquireOptions::new().with_timeout(BOUNDED);
+        Ok(Self::Library(
+            PostgresLockManager::new(pool),
+            options.with_wait_strategy(strategy),
+        ))
     }
 
     async fn take(&self, key: &str, id: i64) -> Result<Taken, BoxError> {
         match self {
-            Self::Library { manager, options } => match manager.acquire(key, *options).await {
+            Self::Library(manager, options) => match manager.acquire(key, *options).await {
                 Ok(guard) => Ok(Taken::Library(guard)),
                 Err(error) if error.is_timeout() => Ok(Taken::TimedOut),
                 Err(error) => Err(error.into()),
             },
-            Self::Raw { client, statements } => {
-                match client.execute(&statements.lock, &[&id]).await {
-                    Ok(_) => Ok(Taken::Raw),
-                    Err(error) if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
-                        Ok(Taken::TimedOut)
-                    }
-                    Err(error) => Err(error.into()),
+            Self::Raw(raw) => match raw.lock(id).await {
+                Ok(()) => Ok(Taken::Raw),
+                Err(error) if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                    Ok(Taken::TimedOut)
                 }
-            }
+                Err(error) => Err(error.into()),
+            },
         }
     }
 
     async fn give_back(&self, taken: Taken, id: i64) -> Result<(), BoxError> {
         match (self, taken) {
-            (Self::Library { .. }, Taken::Library(guard)) => {
-                guard.release().await;
-            }
-            (Self::Raw { client, statements }, Taken::Raw) => {
-                let released: bool = client.query_one(&statements.unlock, &[&id]).await?.get(0);
-                if !released {
-                    return Err("pg_advisory_unlock answered false".into());
-                }
-            }
+            (Self::Library(..), Taken::Library(guard)) => drop(guard.release().await),
+            (Self::Raw(raw), Taken::Raw) => raw.unlock(id).await?,
             _ => {}
         }
         Ok(())
@@ -328,14 +304,6 @@ fn fmt_fairness(value: f64) -> String {
     }
 }
 
-fn fairness_json(value: f64) -> Value {
-    if value.is_finite() {
-        json!(value)
-    } else {
-        Value::Null
-    }
-}
-
 /// The handoff scenario, with its chart.
 pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
     struct Cell {
@@ -358,7 +326,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
 
     for round in 0..plan.handoff_rounds {
         for &tasks in &CONTENDERS {
-            for side in interleave::order(round, Contender::ALL.len()) {
+            for side in harness::order(round, Contender::ALL.len()) {
                 let contender = Contender::ALL[side];
                 let cell = cells
                     .iter_mut()
@@ -369,50 +337,79 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
                 } else {
                     plan.handoff_window
                 };
-                let key = format!("bench:handoff:{round}:{tasks}:{}", contender.id());
+                let key = format!("bench:handoff:{round}:{tasks}:{}", contender.says().0);
                 let turns = window(db, contender, tasks, key, length, &cell.recorder).await?;
                 cell.windows.push(turns);
             }
         }
     }
 
-    let mut rows = Vec::new();
-    let mut checks = Vec::new();
+    let header = [
+        "Tasks",
+        "Waiting",
+        "Turns",
+        "gap p50",
+        "gap p99",
+        "gap to a waiter p50",
+        "gap to a waiter p99",
+        "wait p99",
+        "fairness",
+        "re-taken",
+        "timeouts",
+        "Result",
+    ];
+    let title = "4. Handoff under contention: one key, hold 2 ms, acquire timeout 5 s";
+    let mut out = Outcome::new("handoff", title, &header);
+    out.note(format!(
+        "{} rounds; per round and contender count, one window each of raw \
+         ({:.1} s), Queue ({:.1} s) and Poll ({:.1} s), order rotating. Every \
+         task has its own manager and pool of one (like separate processes). \
+         **gap** = from just before a holder calls release to the return of \
+         the next acquisition by anyone; **gap to a waiter** = from a release \
+         while others waited to the return of an acquisition by one of those \
+         waiters; **wait** = one acquire call, start to grant; **fairness** = \
+         most turns / fewest turns per window (worst window); **re-taken** = \
+         share of handoffs where the releaser took the lock straight back.",
+        plan.handoff_rounds,
+        plan.handoff_window.as_secs_f64(),
+        plan.handoff_window.as_secs_f64(),
+        plan.handoff_poll_window.as_secs_f64(),
+    ));
     let mut json_cells = Vec::new();
     let mut series = Vec::new();
     for cell in &cells {
+        let (id, label, color) = cell.contender.says();
         let state = cell.recorder.with(std::mem::take);
         let gaps = Latencies::of(&state.gaps);
         let waiter_gaps = Latencies::of(&state.waiter_gaps);
         let waits = Latencies::of(&state.waits);
         let fairness_by_window: Vec<f64> = cell.windows.iter().map(|t| fairness(t)).collect();
-        let worst_fairness = fairness_by_window.iter().copied().fold(0.0_f64, f64::max);
+        let worst = fairness_by_window.iter().copied().fold(0.0_f64, f64::max);
         let turns: u64 = cell.windows.iter().flatten().sum();
-
         let mut result = String::new();
         if cell.contender == Contender::Queue {
             let mut missed = Vec::new();
-            let fair = worst_fairness <= FAIRNESS_LIMIT;
-            checks.push(Check::new(
+            let fair = worst <= FAIRNESS_LIMIT;
+            out.gate(
                 format!(
                     "handoff fairness, Queue, {} contenders (worst window)",
                     cell.tasks
                 ),
-                fmt_fairness(worst_fairness),
+                fmt_fairness(worst),
                 format!("≤ {FAIRNESS_LIMIT}"),
                 fair,
-            ));
+            );
             if !fair {
                 missed.push("fairness");
             }
             if cell.tasks == GAP_LIMIT_CONTENDERS {
                 let gap_ok = gaps.count() > 0 && gaps.p99() <= nanos(GAP_P99_LIMIT);
-                checks.push(Check::new(
+                out.gate(
                     format!("handoff gap p99, Queue, {} contenders", cell.tasks),
                     fmt_ns(gaps.p99()),
                     format!("≤ {}", fmt_ns(nanos(GAP_P99_LIMIT))),
                     gap_ok,
-                ));
+                );
                 if !gap_ok {
                     missed.push("gap p99");
                 }
@@ -423,38 +420,38 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
                 format!("MISS: {}", missed.join(", "))
             };
         }
-        let percent = |part: u64, whole: u64| {
-            if whole == 0 {
-                "—".to_owned()
-            } else {
-                format!(
-                    "{:.0} %",
-                    crate::stats::as_f64(part) * 100.0 / crate::stats::as_f64(whole)
-                )
-            }
+        let retaken = if gaps.count() == 0 {
+            "—".to_owned()
+        } else {
+            format!(
+                "{:.0} %",
+                as_f64(state.retaken) * 100.0 / as_f64(gaps.count())
+            )
         };
-        rows.push(vec![
-            cell.tasks.to_string(),
-            cell.contender.label().to_owned(),
-            turns.to_string(),
+        out.row(cells![
+            cell.tasks,
+            label,
+            turns,
             fmt_ns(gaps.p50()),
             fmt_ns(gaps.p99()),
             fmt_ns(waiter_gaps.p50()),
             fmt_ns(waiter_gaps.p99()),
             fmt_ns(waits.p99()),
-            fmt_fairness(worst_fairness),
-            percent(state.retaken, gaps.count()),
-            state.timeouts.to_string(),
+            fmt_fairness(worst),
+            retaken,
+            state.timeouts,
             result,
         ]);
+        let fairness_by_window: Vec<Value> =
+            fairness_by_window.iter().map(|&f| finite(f)).collect();
         json_cells.push(json!({
             "contenders": cell.tasks,
-            "strategy": cell.contender.id(),
-            "label": cell.contender.label(),
+            "strategy": id,
+            "label": label,
             "turns": turns,
             "turns_by_window": cell.windows,
-            "fairness_by_window": fairness_by_window.iter().map(|&f| fairness_json(f)).collect::<Vec<_>>(),
-            "fairness_worst": fairness_json(worst_fairness),
+            "fairness_by_window": fairness_by_window,
+            "fairness_worst": finite(worst),
             "gap": gaps.to_json(),
             "gap_to_waiter": waiter_gaps.to_json(),
             "wait": waits.to_json(),
@@ -464,8 +461,8 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             "releases_unserved_at_window_end": state.unserved_at_end,
         }));
         series.push(Series {
-            label: format!("{}, {} contenders", cell.contender.label(), cell.tasks),
-            color: cell.contender.color(),
+            label: format!("{label}, {} contenders", cell.tasks),
+            color,
             dashed: cell.tasks > CONTENDERS[0],
             gaps: state.gaps,
             waiter_gaps: state.waiter_gaps,
@@ -490,54 +487,16 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
          back; the right shows how long the waiting tasks were passed over."
             .to_owned(),
     ];
-    let svg = handoff_svg(&series, &chart_notes)?;
-    Ok(Outcome {
-        id: "handoff",
-        section: Section {
-            title: "4. Handoff under contention: one key, hold 2 ms, acquire timeout 5 s"
-                .to_owned(),
-            notes: vec![format!(
-                "{} rounds; per round and contender count, one window each of raw \
-                         ({:.1} s), Queue ({:.1} s) and Poll ({:.1} s), order rotating. Every \
-                         task has its own manager and pool of one (like separate processes). \
-                         **gap** = from just before a holder calls release to the return of \
-                         the next acquisition by anyone; **gap to a waiter** = from a release \
-                         while others waited to the return of an acquisition by one of those \
-                         waiters; **wait** = one acquire call, start to grant; **fairness** = \
-                         most turns / fewest turns per window (worst window); **re-taken** = \
-                         share of handoffs where the releaser took the lock straight back.",
-                plan.handoff_rounds,
-                plan.handoff_window.as_secs_f64(),
-                plan.handoff_window.as_secs_f64(),
-                plan.handoff_poll_window.as_secs_f64(),
-            )],
-            header: vec![
-                "Tasks",
-                "Waiting",
-                "Turns",
-                "gap p50",
-                "gap p99",
-                "gap to a waiter p50",
-                "gap to a waiter p99",
-                "wait p99",
-                "fairness",
-                "re-taken",
-                "timeouts",
-                "Result",
-            ],
-            rows,
-        },
-        checks,
-        json: json!({
-            "hold_ms": 2,
-            "acquire_timeout_s": 5,
-            "rounds": plan.handoff_rounds,
-            "window_s": plan.handoff_window.as_secs_f64(),
-            "poll_window_s": plan.handoff_poll_window.as_secs_f64(),
-            "cells": json_cells,
-        }),
-        files: vec![("handoff.svg", svg)],
-    })
+    out.files
+        .push(("handoff.svg", handoff_svg(&series, &chart_notes)?));
+    Ok(out.with(json!({
+        "hold_ms": 2,
+        "acquire_timeout_s": 5,
+        "rounds": plan.handoff_rounds,
+        "window_s": plan.handoff_window.as_secs_f64(),
+        "poll_window_s": plan.handoff_poll_window.as_secs_f64(),
+        "cells": json_cells,
+    })))
 }
 
 #[cfg(test)]

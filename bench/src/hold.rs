@@ -9,10 +9,10 @@ use locks_postgres::tokio_postgres::Client;
 use serde_json::json;
 
 use crate::db::{Database, granted_advisory_locks};
-use crate::report::{Check, Outcome, Section, verdict};
+use crate::harness::{self, Outcome, cells};
 use crate::stats::{allocated_bytes, rss_bytes};
 use crate::stats::{as_f64, fmt_bytes, fmt_ns, fmt_ratio, median, ratio};
-use crate::{BoxError, Plan, interleave};
+use crate::{BoxError, Plan};
 
 /// "A small client-side footprint": the manager's own bookkeeping per held lock, on top
 /// of the connection the lock needs anyway.
@@ -198,7 +198,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     let admin = db.connect("lock-bench-admin").await?;
     let mut library = Vec::new();
     let mut raw = Vec::new();
-    interleave::rounds(plan.hold_rounds, 2, async |round, side| {
+    harness::rounds(plan.hold_rounds, 2, async |round, side| {
         match side {
             0 => library.push(library_round(db, &admin, count, round).await?),
             _ => raw.push(raw_round(db, &admin, count, round).await?),
@@ -207,97 +207,102 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     })
     .await?;
 
-    let med = |values: Vec<f64>| median(&values);
-    let med_opt = |values: Vec<Option<f64>>| {
-        let values: Option<Vec<f64>> = values.into_iter().collect();
-        values.map(|v| median(&v))
-    };
-    let secs = |d: Duration| d.as_secs_f64();
-    let connection_heap = med(library.iter().map(|r| r.connection_heap).collect());
-    let connection_rss = med_opt(library.iter().map(|r| r.connection_rss).collect());
-    let bookkeeping = med(library.iter().map(|r| r.bookkeeping_heap).collect());
-    let first_lock = med(library.iter().map(|r| r.first_lock_heap).collect());
-    let guard = med(library.iter().map(|r| r.guard_heap).collect());
-    let raw_connection_heap = med(raw.iter().map(|r| r.connection_heap).collect());
-    let raw_connection_rss = med_opt(raw.iter().map(|r| r.connection_rss).collect());
-    let raw_locked = med(raw.iter().map(|r| r.locked_heap).collect());
-    let release_all = med(library.iter().map(|r| secs(r.release_all)).collect());
-    let raw_release_all = med(raw.iter().map(|r| secs(r.release_all)).collect());
+    let med = |f: &dyn Fn(&LibraryRound) -> f64| median(&library.iter().map(f).collect::<Vec<_>>());
+    let raw_med = |f: &dyn Fn(&RawRound) -> f64| median(&raw.iter().map(f).collect::<Vec<_>>());
+    let rss_med = |values: Option<Vec<f64>>| values.map(|v| median(&v));
+    let connection_heap = med(&|r| r.connection_heap);
+    let connection_rss = rss_med(library.iter().map(|r| r.connection_rss).collect());
+    let bookkeeping = med(&|r| r.bookkeeping_heap);
+    let first_lock = med(&|r| r.first_lock_heap);
+    let guard = med(&|r| r.guard_heap);
+    let raw_connection_heap = raw_med(&|r| r.connection_heap);
+    let raw_connection_rss = rss_med(raw.iter().map(|r| r.connection_rss).collect());
+    let raw_locked = raw_med(&|r| r.locked_heap);
+    let release_all = med(&|r| r.release_all.as_secs_f64());
+    let raw_release_all = raw_med(&|r| r.release_all.as_secs_f64());
     let expected = i64::try_from(count)?;
     let one_each = library.iter().all(|r| {
-        r.pool_size == count
-            && r.held_count == count
-            && r.released == count
-            && r.sessions == expected
-            && r.granted == expected
+        (r.pool_size, r.held_count, r.released) == (count, count, count)
+            && (r.sessions, r.granted) == (expected, expected)
     });
-    let small = bookkeeping <= BOOKKEEPING_LIMIT;
-    let last = library.last().ok_or("no round ran")?;
-    let raw_last = raw.last().ok_or("no round ran")?;
+    let (last, raw_last) = (
+        library.last().ok_or("no round ran")?,
+        raw.last().ok_or("no round ran")?,
+    );
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let as_ns = |s: f64| (s * 1e9) as u64;
+    let as_ns = |s: f64| fmt_ns((s * 1e9) as u64);
 
-    let rows = vec![
-        vec![
-            "connections per held lock (pool size, sessions in pg_stat_activity, granted advisory locks)".to_owned(),
-            format!("{} / {} / {} for {count}", last.pool_size, last.sessions, last.granted),
-            format!("{} / {} for {count}", raw_last.sessions, raw_last.granted),
-            "= 1 each".to_owned(),
-            verdict(one_each).to_owned(),
-        ],
-        vec![
-            "client heap per connection (pool warmed, no lock)".to_owned(),
-            fmt_bytes(connection_heap),
-            fmt_bytes(raw_connection_heap),
-            String::new(),
-            String::new(),
-        ],
-        vec![
-            "heap a connection keeps after its first lock (library: its cached prepared statements; raw: a simple query's traces)".to_owned(),
-            fmt_bytes(first_lock),
-            fmt_bytes(raw_locked),
-            String::new(),
-            String::new(),
-        ],
-        vec![
-            "manager bookkeeping per held lock (heap, beyond the lock's connection)".to_owned(),
-            fmt_bytes(bookkeeping),
-            "—".to_owned(),
-            format!("≤ {}", fmt_bytes(BOOKKEEPING_LIMIT)),
-            verdict(small).to_owned(),
-        ],
-        vec![
-            "guard per held lock (heap, while the caller keeps it)".to_owned(),
-            fmt_bytes(guard),
-            "—".to_owned(),
-            String::new(),
-            String::new(),
-        ],
-        vec![
-            format!("release_all of {count} (raw: {count} unlocks one after another)"),
-            fmt_ns(as_ns(release_all)),
-            fmt_ns(as_ns(raw_release_all)),
-            fmt_ratio(ratio(release_all, raw_release_all)),
-            String::new(),
-        ],
-    ];
-    let checks = vec![
-        Check::new(
-            format!("{count} held locks: one connection each"),
-            format!(
-                "pool {} / sessions {} / granted {}",
-                last.pool_size, last.sessions, last.granted
-            ),
-            format!("{count} each"),
-            one_each,
-        ),
-        Check::new(
-            "manager bookkeeping per held lock",
-            fmt_bytes(bookkeeping),
-            format!("≤ {}", fmt_bytes(BOOKKEEPING_LIMIT)),
-            small,
-        ),
-    ];
+    let header = ["Measure", "Library", "Raw", "Target / ratio", "Result"];
+    let title = format!("5. {count} locks held at once by one manager (pool of {count})");
+    let mut out = Outcome::new("hold_many", title, &header);
+    out.note(format!(
+        "{} rounds, library and raw alternating; medians over rounds. Heap = live \
+         bytes from a counting global allocator (RSS deltas, in the JSON, are \
+         unreliable: pages freed by an earlier round are reused). \
+         Connection cost: warming the pool ({count} connections, one query each); \
+         then every connection takes and gives back one lock (through a throwaway \
+         manager); bookkeeping: a fresh manager acquiring {count} locks, the guards \
+         turned into held entries (`into_held`); guard: what the guards add while \
+         kept.",
+        plan.hold_rounds
+    ));
+    let (pool, sessions, granted) = (last.pool_size, last.sessions, last.granted);
+    let [_, one_each_result] = out.gate(
+        format!("{count} held locks: one connection each"),
+        format!("pool {pool} / sessions {sessions} / granted {granted}"),
+        format!("{count} each"),
+        one_each,
+    );
+    let limit = format!("≤ {}", fmt_bytes(BOOKKEEPING_LIMIT));
+    let small = bookkeeping <= BOOKKEEPING_LIMIT;
+    let small = out.gate(
+        "manager bookkeeping per held lock",
+        fmt_bytes(bookkeeping),
+        limit,
+        small,
+    );
+    out.row(cells![
+        "connections per held lock (pool size, sessions in pg_stat_activity, granted advisory locks)",
+        format!("{pool} / {sessions} / {granted} for {count}"),
+        format!("{} / {} for {count}", raw_last.sessions, raw_last.granted),
+        "= 1 each",
+        one_each_result,
+    ]);
+    out.row(cells![
+        "client heap per connection (pool warmed, no lock)",
+        fmt_bytes(connection_heap),
+        fmt_bytes(raw_connection_heap),
+        "",
+        "",
+    ]);
+    out.row(cells![
+        "heap a connection keeps after its first lock (library: its cached prepared statements; raw: a simple query's traces)",
+        fmt_bytes(first_lock),
+        fmt_bytes(raw_locked),
+        "",
+        "",
+    ]);
+    out.row(cells![
+        "manager bookkeeping per held lock (heap, beyond the lock's connection)",
+        fmt_bytes(bookkeeping),
+        "—",
+        small[0],
+        small[1],
+    ]);
+    out.row(cells![
+        "guard per held lock (heap, while the caller keeps it)",
+        fmt_bytes(guard),
+        "—",
+        "",
+        "",
+    ]);
+    out.row(cells![
+        format!("release_all of {count} (raw: {count} unlocks one after another)"),
+        as_ns(release_all),
+        as_ns(raw_release_all),
+        fmt_ratio(ratio(release_all, raw_release_all)),
+        "",
+    ]);
     let round_json = |r: &LibraryRound| {
         json!({
             "connection_heap_bytes": r.connection_heap,
@@ -323,45 +328,24 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             "unlock_all_s": r.release_all.as_secs_f64(),
         })
     };
-    Ok(Outcome {
-        id: "hold_many",
-        section: Section {
-            title: format!("5. {count} locks held at once by one manager (pool of {count})"),
-            notes: vec![format!(
-                "{} rounds, library and raw alternating; medians over rounds. Heap = live \
-                 bytes from a counting global allocator (RSS deltas, in the JSON, are \
-                 unreliable: pages freed by an earlier round are reused). \
-                 Connection cost: warming the pool ({count} connections, one query each); \
-                 then every connection takes and gives back one lock (through a throwaway \
-                 manager); bookkeeping: a fresh manager acquiring {count} locks, the guards \
-                 turned into held entries (`into_held`); guard: what the guards add while \
-                 kept.",
-                plan.hold_rounds
-            )],
-            header: vec!["Measure", "Library", "Raw", "Target / ratio", "Result"],
-            rows,
+    Ok(out.with(json!({
+        "locks": count,
+        "rounds": plan.hold_rounds,
+        "library": {
+            "connection_heap_bytes_median": connection_heap,
+            "connection_rss_bytes_median": connection_rss,
+            "connection_after_first_lock_heap_bytes_median": first_lock,
+            "bookkeeping_heap_bytes_median": bookkeeping,
+            "guard_heap_bytes_median": guard,
+            "release_all_s_median": release_all,
+            "rounds": library.iter().map(round_json).collect::<Vec<_>>(),
         },
-        checks,
-        json: json!({
-            "locks": count,
-            "rounds": plan.hold_rounds,
-            "library": {
-                "connection_heap_bytes_median": connection_heap,
-                "connection_rss_bytes_median": connection_rss,
-                "connection_after_first_lock_heap_bytes_median": first_lock,
-                "bookkeeping_heap_bytes_median": bookkeeping,
-                "guard_heap_bytes_median": guard,
-                "release_all_s_median": release_all,
-                "rounds": library.iter().map(round_json).collect::<Vec<_>>(),
-            },
-            "raw": {
-                "connection_heap_bytes_median": raw_connection_heap,
-                "connection_rss_bytes_median": raw_connection_rss,
-                "locked_heap_bytes_median": raw_locked,
-                "unlock_all_s_median": raw_release_all,
-                "rounds": raw.iter().map(raw_json).collect::<Vec<_>>(),
-            },
-        }),
-        files: Vec::new(),
-    })
+        "raw": {
+            "connection_heap_bytes_median": raw_connection_heap,
+            "connection_rss_bytes_median": raw_connection_rss,
+            "locked_heap_bytes_median": raw_locked,
+            "unlock_all_s_median": raw_release_all,
+            "rounds": raw.iter().map(raw_json).collect::<Vec<_>>(),
+        },
+    })))
 }

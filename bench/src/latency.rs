@@ -9,9 +9,9 @@ use serde_json::json;
 
 use crate::clients::{KEYS, Op, client, keys};
 use crate::db::Database;
-use crate::interleave;
+use crate::harness;
+use crate::harness::Outcome;
 use crate::proxy::Proxy;
-use crate::report::{Check, Outcome, Section, verdict};
 use crate::stats::{fmt_ns, nanos};
 use crate::{BoxError, Plan};
 
@@ -35,8 +35,19 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             .round_trip("lock-bench-latency")
             .await?
     };
-    let mut rows = Vec::new();
-    let mut checks = Vec::new();
+    let header = [
+        "Round trip",
+        "Variant",
+        "p50",
+        "runs",
+        "p99",
+        "÷ raw",
+        "÷ raw, runs",
+        "Target",
+        "Result",
+    ];
+    let title = "8. Acquire + release over a simulated network (delaying proxy)";
+    let mut out = Outcome::new("latency", title, &header);
     let mut json_delays = Vec::new();
     for (index, target_rtt) in ROUND_TRIPS.into_iter().enumerate() {
         let one_way = target_rtt.saturating_sub(Duration::from_nanos(bare)) / 2;
@@ -75,7 +86,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             ),
         ];
         let counts = (5, plan.latency_rounds, plan.latency_batch);
-        let measured = interleave::batches(variants.len(), counts, async |side, n| {
+        let measured = harness::batches(variants.len(), counts, async |side, n| {
             variants[side].1.cycle(n).await
         })
         .await?;
@@ -90,21 +101,20 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         for (index, (batches, (name, _))) in measured.iter().zip(&variants).enumerate() {
             let (cells, ratios, mut json) = batches.against(raw);
             json["name"] = json!(name);
-            let (target, result) = if index == 0 {
-                ("baseline".to_owned(), String::new())
+            let [target, result] = if index == 0 {
+                ["baseline".to_owned(), String::new()]
             } else if is_last && index + 1 == variants.len() {
                 let pass = ratios.is_some_and(|r| r.median <= LIMIT);
-                checks.push(Check::new(
+                out.gate(
                     format!("{name} under a 1 ms round trip vs raw"),
                     format!("{} ({} vs {})", cells[3], cells[0], fmt_ns(raw.median())),
                     format!("≤ {LIMIT:.1}×"),
                     pass,
-                ));
-                (format!("≤ {LIMIT:.1}×"), verdict(pass).to_owned())
+                )
             } else {
-                (String::new(), String::new())
+                Default::default()
             };
-            rows.push(
+            out.row(
                 [
                     vec![rtt_label.clone(), (*name).to_owned()],
                     cells,
@@ -123,43 +133,23 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         drop(variants);
         drop(proxy);
     }
-    Ok(Outcome {
-        id: "latency",
-        section: Section {
-            title: "8. Acquire + release over a simulated network (delaying proxy)".to_owned(),
-            notes: vec![format!(
-                "Every connection goes through a TCP proxy in this process that delays each \
-                 direction by the given amount (order kept). Round trip = p50 of a prepared \
-                 `SELECT 1` through the proxy ({} without it, {} through it with no delay). {} runs × {} cycles per \
-                 variant and delay, interleaved; a run's figure is its p50; shown are the \
-                 median of the runs, their spread, p99 over all cycles, and the ratio to raw \
-                 taken run by run. The raw cycle is two statements, two round trips.",
-                fmt_ns(direct),
-                fmt_ns(bare),
-                plan.latency_rounds,
-                plan.latency_batch
-            )],
-            header: vec![
-                "Round trip",
-                "Variant",
-                "p50",
-                "runs",
-                "p99",
-                "÷ raw",
-                "÷ raw, runs",
-                "Target",
-                "Result",
-            ],
-            rows,
-        },
-        checks,
-        json: json!({
-            "rounds": plan.latency_rounds,
-            "cycles_per_round": plan.latency_batch,
-            "direct_round_trip_p50_ns": direct,
-            "proxy_no_delay_round_trip_p50_ns": bare,
-            "delays": json_delays,
-        }),
-        files: Vec::new(),
-    })
+    out.note(format!(
+        "Every connection goes through a TCP proxy in this process that delays each \
+         direction by the given amount (order kept). Round trip = p50 of a prepared \
+         `SELECT 1` through the proxy ({} without it, {} through it with no delay). {} runs × {} cycles per \
+         variant and delay, interleaved; a run's figure is its p50; shown are the \
+         median of the runs, their spread, p99 over all cycles, and the ratio to raw \
+         taken run by run. The raw cycle is two statements, two round trips.",
+        fmt_ns(direct),
+        fmt_ns(bare),
+        plan.latency_rounds,
+        plan.latency_batch
+    ));
+    Ok(out.with(json!({
+        "rounds": plan.latency_rounds,
+        "cycles_per_round": plan.latency_batch,
+        "direct_round_trip_p50_ns": direct,
+        "proxy_no_delay_round_trip_p50_ns": bare,
+        "delays": json_delays,
+    })))
 }

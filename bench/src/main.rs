@@ -11,14 +11,15 @@
 //!
 //! The modules stand in floors, each importing only from the floors below it (the test
 //! `imports_run_downward` fails on any other edge):
-//! - ground: `plan` (the error type, the mode's counts), `stats`, `report`, `pin`,
-//!   `proxy`, `otel`;
-//! - 1: `interleave` (rounds and batches), `db` (connections, raw statements), `chart`;
+//! - ground: `plan` (the error type, the mode's counts), `stats`, `pin`, `proxy`, `otel`;
+//! - 1: `harness` (alternating rounds, batches and windows, the report: rows, targets,
+//!   JSON, markdown), `db` (connections, raw statements), `chart`;
 //! - 2: `clients` (every client a cycle scenario compares, built by name);
 //! - 3: `pinned` (the pinned cycle method), `callgrind` (instruction counts);
 //! - scenarios, one file each, none importing another: `cycle`, `try_acquire`, `shared`,
 //!   `many`, `throughput`, `handoff`, `hold`, `memory`, `instructions`, `metrics`,
-//!   `latency`, `cutover_append`, `multiplex`, `groups`, `permits`, `scale`.
+//!   `latency`, `cutover_append`, `multiplex`, `groups`, `permits`, and `scale`
+//!   (a folder: one file per curve).
 
 mod callgrind;
 mod chart;
@@ -28,9 +29,9 @@ mod cycle;
 mod db;
 mod groups;
 mod handoff;
+mod harness;
 mod hold;
 mod instructions;
-mod interleave;
 mod latency;
 mod many;
 mod memory;
@@ -42,7 +43,6 @@ mod pin;
 mod pinned;
 mod plan;
 mod proxy;
-mod report;
 mod scale;
 mod shared;
 mod stats;
@@ -295,7 +295,7 @@ async fn run(args: &Args) -> Result<(), BoxError> {
         cpu.as_deref().unwrap_or("unknown CPU"),
         elapsed.as_secs_f64()
     );
-    let markdown = report::markdown(&heading, &outcomes);
+    let markdown = harness::markdown(&heading, &outcomes);
     println!("{markdown}");
 
     let mut scenarios = Map::new();
@@ -305,7 +305,7 @@ async fn run(args: &Args) -> Result<(), BoxError> {
     let checks: Vec<Value> = outcomes
         .iter()
         .flat_map(|o| &o.checks)
-        .map(report::Check::to_json)
+        .map(harness::Check::to_json)
         .collect();
     let document = json!({
         "meta": {
@@ -395,8 +395,8 @@ mod tests {
     /// The floors of the module list above, lowest first; a module not named here is a
     /// scenario, the top floor.
     const FLOORS: [&[&str]; 4] = [
-        &["plan", "stats", "report", "pin", "proxy", "otel"],
-        &["interleave", "db", "chart"],
+        &["plan", "stats", "pin", "proxy", "otel"],
+        &["harness", "db", "chart"],
         &["clients"],
         &["pinned", "callgrind"],
     ];
@@ -448,15 +448,27 @@ mod tests {
 
     #[test]
     fn imports_run_downward() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        let mut sources = Vec::new();
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            let module = path.file_stem().unwrap().to_string_lossy().into_owned();
-            if path.extension().is_some_and(|e| e == "rs") && module != "main" {
-                sources.push((module, std::fs::read_to_string(&path).unwrap()));
+        // Each file of `src/` is a module, and each file of a folder (`scale/`) is part of
+        // the module the folder is.
+        fn read(dir: &Path, module: Option<&str>, sources: &mut Vec<(String, String)>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
+                let name = module.map_or_else(|| stem.clone(), str::to_owned);
+                if path.is_dir() {
+                    read(&path, Some(&stem), sources);
+                } else if path.extension().is_some_and(|e| e == "rs") && name != "main" {
+                    sources.push((name, std::fs::read_to_string(&path).unwrap()));
+                }
             }
         }
+        let mut sources = Vec::new();
+        read(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+            None,
+            &mut sources,
+        );
+        assert!(sources.iter().filter(|(m, _)| m == "scale").count() > 4);
         assert!(sources.len() > 20, "read {} modules", sources.len());
         assert_eq!(back_edges(&sources), Vec::<String>::new());
         // A planted back-edge (the ground importing a scenario) is caught.

@@ -7,8 +7,11 @@
 
 use crate::clients::GROUP;
 use crate::db::Database;
-use crate::pinned::{Role, Scenario, run};
-use crate::report::Outcome;
+use crate::harness::Outcome;
+use crate::pinned::{
+    Role::{Baseline, Library, Reference},
+    Scenario, run,
+};
 use crate::{BoxError, Plan};
 
 /// Pinned best run p50 at most this multiple of raw.
@@ -21,26 +24,10 @@ pub(crate) fn many(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
         prefix: "bench:many",
         limit: LIMIT,
         clients: vec![
-            (
-                "raw-many-each",
-                "raw: the library's 2 group statements, prepared (8 tries in one, 8 unlocks in one)",
-                Role::Baseline,
-            ),
-            (
-                "library-many",
-                "library: acquire_many of 8 keys (no timeout) + release",
-                Role::Library,
-            ),
-            (
-                "library-many-timeout",
-                "library: acquire_many of 8 keys (timeout 5 s) + release",
-                Role::Library,
-            ),
-            (
-                "raw-many",
-                "raw: 8 prepared pg_advisory_lock($1) in lock-id order + 8 unlocks",
-                Role::Reference,
-            ),
+            ("raw-many-each", Baseline),
+            ("library-many", Library),
+            ("library-many-timeout", Library),
+            ("raw-many", Reference),
         ],
         notes: vec![format!(
             "Here one cycle takes and gives back a group of {GROUP} keys, the 64 keys in 8 \

@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use crate::callgrind::{Row, scenario};
-use crate::report::Outcome;
+use crate::harness::Outcome;
 use crate::{BoxError, Plan};
 
 /// The gate: instructions per cycle with no meter provider, at most this multiple of

@@ -10,9 +10,9 @@ use locks_postgres::tokio_postgres::Client;
 use serde_json::json;
 
 use crate::db::{Database, granted_advisory_locks};
-use crate::report::{Check, Outcome, Section};
+use crate::harness::{self, Outcome, cells};
 use crate::stats::{Latencies, as_f64, fmt_ns, fmt_ratio, ratio};
-use crate::{BoxError, Plan, interleave};
+use crate::{BoxError, Plan};
 
 /// Held locks, connections, and locks per connection (the target's figures).
 const LOCKS: usize = 10_000;
@@ -48,25 +48,15 @@ async fn acquire_batch(
 /// Whether the server's lock table has room for `LOCKS` advisory locks besides others:
 /// `max_locks_per_transaction × (max_connections + max_prepared_transactions)`.
 async fn lock_table_capacity(admin: &Client) -> Result<u64, BoxError> {
-    let mut product = 1u64;
-    let mut sum = 0u64;
-    for (setting, factor) in [
-        ("max_locks_per_transaction", true),
-        ("max_connections", false),
-        ("max_prepared_transactions", false),
-    ] {
+    let show = async |setting: &str| -> Result<u64, BoxError> {
         let value: String = admin
             .query_one(&format!("SHOW {setting}"), &[])
             .await?
             .get(0);
-        let value: u64 = value.parse()?;
-        if factor {
-            product = value;
-        } else {
-            sum += value;
-        }
-    }
-    Ok(product * sum)
+        Ok(value.parse()?)
+    };
+    let per = show("max_locks_per_transaction").await?;
+    Ok(per * (show("max_connections").await? + show("max_prepared_transactions").await?))
 }
 
 pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
@@ -104,7 +94,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     for batch in 0..batches {
         let mux_prefix = format!("bench:mux:{run_id}:{batch}");
         let plain_prefix = format!("bench:mux-plain:{run_id}:{batch}");
-        for side in interleave::order(batch, 2) {
+        for side in harness::order(batch, 2) {
             match side {
                 0 => acquire_batch(&mux, &mux_prefix, BATCH, &mut mux_acquire).await?,
                 _ => acquire_batch(&plain, &plain_prefix, BATCH, &mut plain_acquire).await?,
@@ -135,100 +125,82 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     let fast_release = released == LOCKS && left == 0 && release_all < RELEASE_ALL_LIMIT;
     let release_ns = u64::try_from(release_all.as_nanos()).unwrap_or(u64::MAX);
 
-    let rows = vec![
-        vec![
-            format!("{LOCKS} held locks: held / granted in pg_locks / pool size / sessions"),
-            format!("{held} / {granted} / {pool_size} / {sessions}"),
-            "—".to_owned(),
-            format!("≤ {CONNECTIONS} connections"),
-            crate::report::verdict(few_connections).to_owned(),
-        ],
-        vec![
-            format!("acquire p50 (p99), uncontended, lock kept; {LOCKS} samples each"),
-            format!(
-                "{} ({})",
-                fmt_ns(mux_acquire.p50()),
-                fmt_ns(mux_acquire.p99())
-            ),
-            format!(
-                "{} ({})",
-                fmt_ns(plain_acquire.p50()),
-                fmt_ns(plain_acquire.p99())
-            ),
-            fmt_ratio(acquire_ratio),
-            crate::report::verdict(fast_acquire).to_owned(),
-        ],
-        vec![
-            format!(
-                "release_all of {LOCKS} (then granted: {left}; pool {} idle of {})",
-                pooled.available, pooled.size
-            ),
-            fmt_ns(release_ns),
-            "—".to_owned(),
-            format!("< {}", fmt_ns(1_000_000_000)),
-            crate::report::verdict(fast_release).to_owned(),
-        ],
+    let title = format!(
+        "11. {LOCKS} locks held by one manager on at most {CONNECTIONS} connections \
+         (`multiplex({PER_CONNECTION})`)"
+    );
+    let header = [
+        "Measure",
+        "Multiplexed",
+        "Unmultiplexed",
+        "Target / ratio",
+        "Result",
     ];
-    let checks = vec![
-        Check::new(
-            format!("{LOCKS} held locks on at most {CONNECTIONS} connections"),
-            format!("{granted} granted on {sessions} sessions (pool {pool_size})"),
-            format!("≤ {CONNECTIONS}"),
-            few_connections,
+    let mut out = Outcome::new("multiplex", title, &header);
+    out.note(format!(
+        "One multiplexing manager (pool of {CONNECTIONS}, warmed) acquires {LOCKS} \
+         fresh keys one after another and keeps them; batches of {BATCH} alternate \
+         with the same number of acquisitions by an unmultiplexed manager (pool of \
+         {BATCH}, warmed and primed; its locks released after each batch, untimed). \
+         Then one `release_all` of the {LOCKS} ({} mode runs the same sizes).",
+        plan.mode()
+    ));
+    let [_, few] = out.gate(
+        format!("{LOCKS} held locks on at most {CONNECTIONS} connections"),
+        format!("{granted} granted on {sessions} sessions (pool {pool_size})"),
+        format!("≤ {CONNECTIONS}"),
+        few_connections,
+    );
+    let [_, fast] = out.gate(
+        "multiplexed acquire p50 / unmultiplexed acquire p50",
+        fmt_ratio(acquire_ratio),
+        format!("≤ {ACQUIRE_RATIO_LIMIT}x"),
+        fast_acquire,
+    );
+    let [_, quick_release] = out.gate(
+        format!("release_all of {LOCKS} multiplexed locks"),
+        fmt_ns(release_ns),
+        "< 1 s",
+        fast_release,
+    );
+    let p50_p99 = |l: &Latencies| format!("{} ({})", fmt_ns(l.p50()), fmt_ns(l.p99()));
+    out.row(cells![
+        format!("{LOCKS} held locks: held / granted in pg_locks / pool size / sessions"),
+        format!("{held} / {granted} / {pool_size} / {sessions}"),
+        "—",
+        format!("≤ {CONNECTIONS} connections"),
+        few,
+    ]);
+    out.row(cells![
+        format!("acquire p50 (p99), uncontended, lock kept; {LOCKS} samples each"),
+        p50_p99(&mux_acquire),
+        p50_p99(&plain_acquire),
+        fmt_ratio(acquire_ratio),
+        fast,
+    ]);
+    out.row(cells![
+        format!(
+            "release_all of {LOCKS} (then granted: {left}; pool {} idle of {})",
+            pooled.available, pooled.size
         ),
-        Check::new(
-            "multiplexed acquire p50 / unmultiplexed acquire p50",
-            fmt_ratio(acquire_ratio),
-            format!("≤ {ACQUIRE_RATIO_LIMIT}x"),
-            fast_acquire,
-        ),
-        Check::new(
-            format!("release_all of {LOCKS} multiplexed locks"),
-            fmt_ns(release_ns),
-            "< 1 s".to_owned(),
-            fast_release,
-        ),
-    ];
-    Ok(Outcome {
-        id: "multiplex",
-        section: Section {
-            title: format!(
-                "11. {LOCKS} locks held by one manager on at most {CONNECTIONS} connections \
-                 (`multiplex({PER_CONNECTION})`)"
-            ),
-            notes: vec![format!(
-                "One multiplexing manager (pool of {CONNECTIONS}, warmed) acquires {LOCKS} \
-                 fresh keys one after another and keeps them; batches of {BATCH} alternate \
-                 with the same number of acquisitions by an unmultiplexed manager (pool of \
-                 {BATCH}, warmed and primed; its locks released after each batch, untimed). \
-                 Then one `release_all` of the {LOCKS} ({} mode runs the same sizes).",
-                plan.mode()
-            )],
-            header: vec![
-                "Measure",
-                "Multiplexed",
-                "Unmultiplexed",
-                "Target / ratio",
-                "Result",
-            ],
-            rows,
-        },
-        checks,
-        json: json!({
-            "locks": LOCKS,
-            "connections": CONNECTIONS,
-            "held_lock_count": held,
-            "granted_advisory_locks": granted,
-            "pool_size": pool_size,
-            "sessions": sessions,
-            "acquire_multiplexed": mux_acquire.to_json(),
-            "acquire_unmultiplexed": plain_acquire.to_json(),
-            "acquire_p50_ratio": acquire_ratio,
-            "release_all_s": release_all.as_secs_f64(),
-            "released": released,
-            "granted_after_release_all": left,
-            "pool_after_release_all": { "size": pooled.size, "available": pooled.available },
-        }),
-        files: Vec::new(),
-    })
+        fmt_ns(release_ns),
+        "—",
+        format!("< {}", fmt_ns(1_000_000_000)),
+        quick_release,
+    ]);
+    Ok(out.with(json!({
+        "locks": LOCKS,
+        "connections": CONNECTIONS,
+        "held_lock_count": held,
+        "granted_advisory_locks": granted,
+        "pool_size": pool_size,
+        "sessions": sessions,
+        "acquire_multiplexed": mux_acquire.to_json(),
+        "acquire_unmultiplexed": plain_acquire.to_json(),
+        "acquire_p50_ratio": acquire_ratio,
+        "release_all_s": release_all.as_secs_f64(),
+        "released": released,
+        "granted_after_release_all": left,
+        "pool_after_release_all": { "size": pooled.size, "available": pooled.available },
+    })))
 }

@@ -25,12 +25,11 @@ use locks_port::{
     AcquireOptions, DistributedLock, LockGuard, PermitGuard, ReleaseOutcome, Semaphore,
 };
 use locks_postgres::PostgresLockManager;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::db::Database;
-use crate::interleave;
-use crate::report::{Check, Outcome, Section};
-use crate::stats::{Latencies, fairness, fmt_ns, nanos};
+use crate::harness::{self, Outcome, cells};
+use crate::stats::{Latencies, fairness, finite, fmt_ns, nanos};
 use crate::{BoxError, Plan};
 
 const TASKS: usize = 16;
@@ -208,20 +207,30 @@ fn uuid_like() -> String {
 
 /// The scenario.
 pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
-    let mut rows = Vec::new();
-    let mut checks = Vec::new();
-    let mut json = serde_json::Map::new();
-    let mut results = [
-        (Kind::Lock, Latencies::new(), 0.0_f64, 0, 0, 0_u64),
-        (Kind::Permits, Latencies::new(), 0.0, 0, 0, 0),
+    let title = format!(
+        "Semaphore handoff: {TASKS} contenders, hold {} ms, windows of {:?} × {}",
+        HOLD.as_millis(),
+        plan.handoff_window,
+        plan.handoff_rounds
+    );
+    let header = [
+        "contenders on",
+        "gap p50",
+        "gap p99",
+        "fairness (worst window)",
+        "most inside",
+        "turns",
+        "timeouts",
     ];
+    let mut out = Outcome::new("permits", title, &header);
+    let mut json = serde_json::Map::new();
+    let mut results: [(Latencies, f64, usize, u64, u64); 2] = Default::default();
     // The lock and the semaphore take turns, the order rotating round by round.
-    interleave::rounds(plan.handoff_rounds, results.len(), async |_, side| {
-        let (kind, gaps, worst, most, turns, timeouts) = &mut results[side];
-        let state = window(db, *kind, plan.handoff_window, false).await?;
-        for &gap in &state.gaps {
-            gaps.record_ns(gap);
-        }
+    harness::rounds(plan.handoff_rounds, results.len(), async |_, side| {
+        let (gaps, worst, most, turns, timeouts) = &mut results[side];
+        let kind = [Kind::Lock, Kind::Permits][side];
+        let state = window(db, kind, plan.handoff_window, false).await?;
+        state.gaps.iter().for_each(|&gap| gaps.record_ns(gap));
         *worst = worst.max(fairness(&state.turns));
         *most = (*most).max(state.most_inside);
         *turns += state.turns.iter().sum::<u64>();
@@ -229,65 +238,57 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         Ok(())
     })
     .await?;
-    for (kind, gaps, worst, most, turns, timeouts) in &results {
-        let label = match kind {
-            Kind::Lock => "lock (N = 1)",
-            Kind::Permits => "semaphore, N = 4",
-        };
-        rows.push(vec![
-            label.to_owned(),
-            fmt_ns(gaps.p50()),
-            fmt_ns(gaps.p99()),
+    let labels = [("lock", "lock (N = 1)"), ("permits", "semaphore, N = 4")];
+    for ((id, label), (gaps, worst, most, turns, timeouts)) in labels.into_iter().zip(&results) {
+        let (p50, p99) = (fmt_ns(gaps.p50()), fmt_ns(gaps.p99()));
+        out.row(cells![
+            label,
+            p50,
+            p99,
             format!("{worst:.2}"),
-            most.to_string(),
-            turns.to_string(),
-            timeouts.to_string(),
+            most,
+            turns,
+            timeouts
         ]);
         json.insert(
-            match kind {
-                Kind::Lock => "lock".to_owned(),
-                Kind::Permits => "permits".to_owned(),
-            },
+            id.to_owned(),
             json!({
                 "gap": gaps.to_json(),
-                "fairness": if worst.is_finite() { json!(worst) } else { json!(null) },
+                "fairness": finite(*worst),
                 "most_inside": most,
                 "turns": turns,
                 "timeouts": timeouts,
             }),
         );
-        if *kind == Kind::Permits {
-            checks.push(Check::new(
-                "permits: handoff gap p99, 16 contenders on N = 4",
-                fmt_ns(gaps.p99()),
-                format!("≤ {}", fmt_ns(nanos(GAP_P99_LIMIT))),
-                gaps.p99() <= nanos(GAP_P99_LIMIT),
-            ));
-            checks.push(Check::new(
-                "permits: fairness (most / fewest turns), 16 contenders on N = 4",
-                format!("{worst:.2}"),
-                format!("≤ {FAIRNESS_LIMIT}"),
-                *worst <= FAIRNESS_LIMIT,
-            ));
-            checks.push(Check::new(
-                "permits: most inside at once",
-                most.to_string(),
-                format!("≤ {PERMITS}"),
-                *most <= PERMITS as usize,
-            ));
-        }
     }
+    let (gaps, worst, most, ..) = &results[1];
+    let contended = "16 contenders on N = 4";
+    gap_check(
+        &mut out,
+        &format!("permits: handoff gap p99, {contended}"),
+        gaps,
+        GAP_P99_LIMIT,
+    );
+    out.gate(
+        format!("permits: fairness (most / fewest turns), {contended}"),
+        format!("{worst:.2}"),
+        format!("≤ {FAIRNESS_LIMIT}"),
+        *worst <= FAIRNESS_LIMIT,
+    );
+    inside_check(&mut out, "permits: most inside at once", *most);
+
     let jobs = window(db, Kind::Permits, JOB_WINDOW, true).await?;
     let gaps = Latencies::of(&jobs.gaps);
     let idle = jobs.idle.as_secs_f64() / (JOB_WINDOW.as_secs_f64() * f64::from(PERMITS));
-    rows.push(vec![
+    let turns = jobs.turns.iter().sum::<u64>();
+    out.row(cells![
         format!("semaphore, N = 4, {JOB_TASKS} tasks, 100-400 ms jobs"),
         fmt_ns(gaps.p50()),
         fmt_ns(gaps.p99()),
         format!("{:.2}", fairness(&jobs.turns)),
-        jobs.most_inside.to_string(),
-        jobs.turns.iter().sum::<u64>().to_string(),
-        jobs.timeouts.to_string(),
+        jobs.most_inside,
+        turns,
+        jobs.timeouts,
     ]);
     json.insert(
         "permits_jobs".to_owned(),
@@ -295,61 +296,56 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             "gap": gaps.to_json(),
             "idle_share": idle,
             "most_inside": jobs.most_inside,
-            "turns": jobs.turns.iter().sum::<u64>(),
+            "turns": turns,
             "timeouts": jobs.timeouts,
         }),
     );
-    checks.push(Check::new(
-        "permits: handoff gap p99, 100-400 ms jobs on N = 4",
-        fmt_ns(gaps.p99()),
-        format!("≤ {}", fmt_ns(nanos(JOB_GAP_P99_LIMIT))),
-        gaps.p99() <= nanos(JOB_GAP_P99_LIMIT),
-    ));
-    checks.push(Check::new(
-        "permits: idle permit time while waiters queue, 100-400 ms jobs on N = 4",
+    let jobs_name = "100-400 ms jobs on N = 4";
+    gap_check(
+        &mut out,
+        &format!("permits: handoff gap p99, {jobs_name}"),
+        &gaps,
+        JOB_GAP_P99_LIMIT,
+    );
+    out.gate(
+        format!("permits: idle permit time while waiters queue, {jobs_name}"),
         format!("{:.2}%", idle * 100.0),
         format!("≤ {:.0}%", JOB_IDLE_LIMIT * 100.0),
         idle <= JOB_IDLE_LIMIT,
-    ));
-    checks.push(Check::new(
+    );
+    inside_check(
+        &mut out,
         "permits: most inside at once, 100-400 ms jobs",
-        jobs.most_inside.to_string(),
-        format!("≤ {PERMITS}"),
-        jobs.most_inside <= PERMITS as usize,
+        jobs.most_inside,
+    );
+    out.note(
+        "Gap: from a release while others wait to a waiter's grant, releases and \
+         grants matched in order. The lock row is the same 16 tasks on one lock, in \
+         the same run.",
+    );
+    out.note(format!(
+        "The jobs row: one window of {JOB_WINDOW:?}; idle permit time while \
+         waiters queued: {:.2}% of the permit time.",
+        idle * 100.0
     ));
-    Ok(Outcome {
-        id: "permits",
-        section: Section {
-            title: format!(
-                "Semaphore handoff: {TASKS} contenders, hold {} ms, windows of {:?} × {}",
-                HOLD.as_millis(),
-                plan.handoff_window,
-                plan.handoff_rounds
-            ),
-            notes: vec![
-                "Gap: from a release while others wait to a waiter's grant, releases and \
-                 grants matched in order. The lock row is the same 16 tasks on one lock, in \
-                 the same run."
-                    .to_owned(),
-                format!(
-                    "The jobs row: one window of {JOB_WINDOW:?}; idle permit time while \
-                     waiters queued: {:.2}% of the permit time.",
-                    idle * 100.0
-                ),
-            ],
-            header: vec![
-                "contenders on",
-                "gap p50",
-                "gap p99",
-                "fairness (worst window)",
-                "most inside",
-                "turns",
-                "timeouts",
-            ],
-            rows,
-        },
-        checks,
-        json: serde_json::Value::Object(json),
-        files: Vec::new(),
-    })
+    Ok(out.with(Value::Object(json)))
+}
+
+fn gap_check(out: &mut Outcome, name: &str, gaps: &Latencies, limit: Duration) {
+    let limit = nanos(limit);
+    out.gate(
+        name,
+        fmt_ns(gaps.p99()),
+        format!("≤ {}", fmt_ns(limit)),
+        gaps.p99() <= limit,
+    );
+}
+
+fn inside_check(out: &mut Outcome, name: &str, most: usize) {
+    out.gate(
+        name,
+        most.to_string(),
+        format!("≤ {PERMITS}"),
+        most <= PERMITS as usize,
+    );
 }

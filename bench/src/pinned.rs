@@ -25,12 +25,12 @@
 
 use serde_json::json;
 
-use crate::clients::{Op, client};
+use crate::clients::{Op, client, label};
 use crate::db::Database;
-use crate::interleave;
+use crate::harness;
+use crate::harness::{Batches, Outcome, cells};
 use crate::otel::Pipeline;
 use crate::pin;
-use crate::report::{Check, Outcome, Section, verdict};
 use crate::stats::{Latencies, as_f64, fmt_ns, fmt_ratio};
 use crate::{BoxError, Plan};
 
@@ -47,7 +47,7 @@ pub(crate) enum Role {
     Reference,
 }
 
-/// One pinned cycle scenario: its clients by name ([`client`]), with a label and a role.
+/// One pinned cycle scenario: its clients by name ([`client`]), each with a role.
 #[derive(Debug)]
 pub(crate) struct Scenario {
     pub(crate) id: &'static str,
@@ -55,7 +55,7 @@ pub(crate) struct Scenario {
     /// Keys of client `i` are `{prefix}:{i}:{n}`.
     pub(crate) prefix: &'static str,
     pub(crate) limit: f64,
-    pub(crate) clients: Vec<(&'static str, &'static str, Role)>,
+    pub(crate) clients: Vec<(&'static str, Role)>,
     pub(crate) notes: Vec<String>,
 }
 
@@ -67,17 +67,12 @@ struct Measured {
     tracing: Option<tracing::Dispatch>,
     /// The server process of this client's connection, when the server runs here.
     backend: Option<u32>,
-    /// Each run's p50, in nanoseconds, in the order they ran.
-    runs: Vec<u64>,
-    all: Latencies,
+    /// Each run's p50, and every timed cycle.
+    runs: Batches,
     next: usize,
 }
 
 impl Measured {
-    fn best(&self) -> u64 {
-        self.runs.iter().copied().min().unwrap_or(0)
-    }
-
     /// One run: `warmup` untimed cycles, then `cycles` timed ones.
     async fn run(&mut self, warmup: usize, cycles: usize) -> Result<(), BoxError> {
         let _tracing = self.tracing.as_ref().map(tracing::dispatcher::set_default);
@@ -90,8 +85,7 @@ impl Measured {
             }
             self.next += 1;
         }
-        self.runs.push(run.p50());
-        self.all.merge(&run);
+        self.runs.add(&run);
         Ok(())
     }
 }
@@ -122,7 +116,7 @@ async fn measure(db: &Database, plan: &Plan, scenario: Scenario) -> Result<Outco
         .any(|(name, ..)| name.contains("-otel"));
     let pipeline = otel.then(Pipeline::new);
     let mut clients = Vec::new();
-    for (index, &(name, label, role)) in scenario.clients.iter().enumerate() {
+    for (index, &(name, role)) in scenario.clients.iter().enumerate() {
         let prefix = format!("{}:{index}", scenario.prefix);
         let op = client(db, name, &prefix, "lock-bench-cycle").await?;
         let backend = u32::try_from(op.backend_pid().await?)
@@ -133,13 +127,12 @@ async fn measure(db: &Database, plan: &Plan, scenario: Scenario) -> Result<Outco
             .filter(|_| name.contains("-otel"))
             .map(|pipeline| tracing::Dispatch::new(pipeline.subscriber()));
         clients.push(Measured {
-            label,
+            label: label(name),
             role,
             op,
             tracing,
             backend,
-            runs: Vec::new(),
-            all: Latencies::new(),
+            runs: Batches::default(),
             next: 0,
         });
     }
@@ -147,7 +140,7 @@ async fn measure(db: &Database, plan: &Plan, scenario: Scenario) -> Result<Outco
     let one = *all.last().ok_or("no CPU is allowed")?;
     let placement = place(&clients, &[one])?;
     let count = clients.len();
-    let outcome = interleave::rounds(plan.cycle_rounds, count, async |_, side| {
+    let outcome = harness::rounds(plan.cycle_rounds, count, async |_, side| {
         clients[side]
             .run(plan.cycle_warmup, plan.cycle_cycles)
             .await
@@ -208,100 +201,84 @@ fn report(
     id: &'static str,
     limit: f64,
     clients: &[Measured],
-    mut notes: Vec<String>,
+    notes: Vec<String>,
 ) -> Outcome {
     let baseline = clients.iter().find(|c| c.role == Role::Baseline);
-    let base = baseline.map_or(0, Measured::best);
+    let base = baseline.map_or(0, |c| c.runs.best());
     let base_name = baseline.map_or("—", |c| c.label);
-    let (mut rows, mut checks, mut json_clients) = (Vec::new(), Vec::new(), Vec::new());
+    let header = [
+        "Client",
+        "best run p50",
+        "÷ raw",
+        "median run p50",
+        "runs",
+        "p99",
+        "Target",
+        "Result",
+    ];
+    let mut out = Outcome::new(id, title, &header);
+    out.note(format!(
+        "{} rounds; a round runs every client once, the order rotating; a run is {} \
+         untimed cycles and {} timed ones (lock + unlock, from the call to the return of \
+         the release) going round 64 keys, on one thread with a current-thread runtime. \
+         A run's figure is its p50; per client the best run's p50, ÷ raw against **{}**'s \
+         best; beside it the median run and the runs' range, and p99 over every timed \
+         cycle ({} mode).",
+        plan.cycle_rounds,
+        plan.cycle_warmup,
+        plan.cycle_cycles,
+        base_name,
+        plan.mode()
+    ));
+    notes.into_iter().for_each(|note| out.note(note));
+    let mut json_clients = Vec::new();
     for c in clients {
-        let ratio = crate::stats::ratio(as_f64(c.best()), as_f64(base));
-        let low = c.runs.iter().copied().min().unwrap_or(0);
-        let high = c.runs.iter().copied().max().unwrap_or(0);
-        let mut sorted = c.runs.clone();
+        let (best, runs) = (c.runs.best(), &c.runs.runs);
+        let ratio = crate::stats::ratio(as_f64(best), as_f64(base));
+        let [target, result] = match c.role {
+            Role::Library => out.gate(
+                format!("{}: pinned p50 vs raw", c.label),
+                format!(
+                    "{} ({} vs {}; best of {} runs)",
+                    fmt_ratio(ratio),
+                    fmt_ns(best),
+                    fmt_ns(base),
+                    runs.len()
+                ),
+                format!("≤ {limit:.2}×"),
+                ratio.is_some_and(|r| r <= limit),
+            ),
+            Role::Baseline => ["baseline".to_owned(), String::new()],
+            Role::Setting | Role::Reference => Default::default(),
+        };
+        let mut sorted = runs.clone();
         sorted.sort_unstable();
         let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0);
-        let (target, result) = match c.role {
-            Role::Library => {
-                let pass = ratio.is_some_and(|r| r <= limit);
-                checks.push(Check::new(
-                    format!("{}: pinned p50 vs raw", c.label),
-                    format!(
-                        "{} ({} vs {}; best of {} runs)",
-                        fmt_ratio(ratio),
-                        fmt_ns(c.best()),
-                        fmt_ns(base),
-                        c.runs.len()
-                    ),
-                    format!("≤ {limit:.2}×"),
-                    pass,
-                ));
-                (format!("≤ {limit:.2}×"), verdict(pass).to_owned())
-            }
-            Role::Baseline => ("baseline".to_owned(), String::new()),
-            Role::Setting | Role::Reference => (String::new(), String::new()),
-        };
-        rows.push(vec![
-            c.label.to_owned(),
-            fmt_ns(c.best()),
+        out.row(cells![
+            c.label,
+            fmt_ns(best),
             fmt_ratio(ratio),
             fmt_ns(median),
-            format!("{}–{}", fmt_ns(low), fmt_ns(high)),
-            fmt_ns(c.all.p99()),
+            c.runs.spread(),
+            fmt_ns(c.runs.pooled.p99()),
             target,
             result,
         ]);
         json_clients.push(json!({
             "name": c.label,
             "role": format!("{:?}", c.role).to_lowercase(),
-            "run_p50s_ns": c.runs,
-            "best_run_p50_ns": c.best(),
+            "run_p50s_ns": runs,
+            "best_run_p50_ns": best,
             "ratio_best": ratio,
-            "latency": c.all.to_json(),
+            "latency": c.runs.pooled.to_json(),
         }));
     }
-    notes.insert(
-        0,
-        format!(
-            "{} rounds; a round runs every client once, the order rotating; a run is {} \
-             untimed cycles and {} timed ones (lock + unlock, from the call to the return of \
-             the release) going round 64 keys, on one thread with a current-thread runtime. \
-             A run's figure is its p50; per client the best run's p50, ÷ raw against **{}**'s \
-             best; beside it the median run and the runs' range, and p99 over every timed \
-             cycle ({} mode).",
-            plan.cycle_rounds,
-            plan.cycle_warmup,
-            plan.cycle_cycles,
-            base_name,
-            plan.mode()
-        ),
-    );
-    Outcome {
-        id,
-        section: Section {
-            title: title.to_owned(),
-            notes,
-            header: vec![
-                "Client",
-                "best run p50",
-                "÷ raw",
-                "median run p50",
-                "runs",
-                "p99",
-                "Target",
-                "Result",
-            ],
-            rows,
-        },
-        checks,
-        json: json!({
-            "method": "pinned together to one CPU; 64 keys; best run p50 per client",
-            "rounds": plan.cycle_rounds,
-            "warmup_cycles": plan.cycle_warmup,
-            "cycles_per_run": plan.cycle_cycles,
-            "baseline": base_name,
-            "clients": json_clients,
-        }),
-        files: Vec::new(),
-    }
+    out.with(json!({
+        "method": "pinned together to one CPU; 64 keys; best run p50 per client",
+        "rounds": plan.cycle_rounds,
+        "warmup_cycles": plan.cycle_warmup,
+        "cycles_per_run": plan.cycle_cycles,
+        "baseline": base_name,
+        "clients": json_clients,
+    }))
 }

@@ -3,8 +3,11 @@
 //! tokio-postgres's prepared `pg_advisory_lock_shared($1)` + `pg_advisory_unlock_shared($1)`.
 
 use crate::db::Database;
-use crate::pinned::{Role, Scenario, run};
-use crate::report::Outcome;
+use crate::harness::Outcome;
+use crate::pinned::{
+    Role::{Baseline, Library},
+    Scenario, run,
+};
 use crate::{BoxError, Plan};
 
 /// Pinned best run p50 at most this multiple of raw.
@@ -17,21 +20,9 @@ pub(crate) fn shared(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
         prefix: "bench:shared",
         limit: LIMIT,
         clients: vec![
-            (
-                "raw-shared",
-                "raw: prepared pg_advisory_lock_shared($1) + unlock_shared",
-                Role::Baseline,
-            ),
-            (
-                "library-shared",
-                "library: acquire shared (no timeout) + release",
-                Role::Library,
-            ),
-            (
-                "library-shared-timeout",
-                "library: acquire shared (timeout 5 s) + release",
-                Role::Library,
-            ),
+            ("raw-shared", Baseline),
+            ("library-shared", Library),
+            ("library-shared-timeout", Library),
         ],
         notes: Vec::new(),
     };

@@ -11,6 +11,12 @@ pub(crate) struct Latencies {
     histogram: Histogram<u64>,
 }
 
+impl Default for Latencies {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Latencies {
     pub(crate) fn new() -> Self {
         Self {
@@ -110,6 +116,15 @@ pub(crate) fn fairness(turns: &[u64]) -> f64 {
         f64::INFINITY
     } else {
         as_f64(most) / as_f64(fewest)
+    }
+}
+
+/// A ratio for JSON: infinite (a task without a turn) as null.
+pub(crate) fn finite(value: f64) -> Value {
+    if value.is_finite() {
+        json!(value)
+    } else {
+        Value::Null
     }
 }
 

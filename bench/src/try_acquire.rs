@@ -3,8 +3,11 @@
 //! `pg_advisory_unlock($1)`.
 
 use crate::db::Database;
-use crate::pinned::{Role, Scenario, run};
-use crate::report::Outcome;
+use crate::harness::Outcome;
+use crate::pinned::{
+    Role::{Baseline, Library, Reference},
+    Scenario, run,
+};
 use crate::{BoxError, Plan};
 
 /// No pinned-cycle target of its own: the earlier one.
@@ -17,21 +20,9 @@ pub(crate) fn try_acquire(db: &Database, plan: &Plan) -> Result<Outcome, BoxErro
         prefix: "bench:try",
         limit: LIMIT,
         clients: vec![
-            (
-                "raw-try",
-                "raw: prepared pg_try_advisory_lock($1) + unlock",
-                Role::Baseline,
-            ),
-            (
-                "library-try",
-                "library: try_acquire + release",
-                Role::Library,
-            ),
-            (
-                "raw-simple-try",
-                "raw: simple-query pg_try_advisory_lock(n) + unlock",
-                Role::Reference,
-            ),
+            ("raw-try", Baseline),
+            ("library-try", Library),
+            ("raw-simple-try", Reference),
         ],
         notes: Vec::new(),
     };

@@ -1,0 +1,106 @@
+//! The groups curve: `acquire_many` of 1 → 1,000 keys + release against one raw statement
+//! that locks them all (`pg_advisory_lock` over `unnest`, in id order) and one that
+//! unlocks them: p50, and the cost per key.
+
+use std::time::Instant;
+
+use locks_port::{AcquireOptions, lock_id};
+use locks_postgres::PostgresLockManager;
+use serde_json::{Value, json};
+
+use super::{BLUE, RED, curve, open_pool, x};
+use crate::chart::{Panel, Unit};
+use crate::db::{Database, NOT_HELD};
+use crate::harness::{self, cells};
+use crate::stats::{Latencies, as_f64, fmt_ns, fmt_ratio, ratio};
+use crate::{BoxError, Plan};
+
+/// Group sizes.
+pub(super) const GROUPS: [usize; 4] = [1, 10, 100, 1000];
+const APP: &str = "lock-bench-scale-groups";
+
+/// The p50 of the library's and raw's group cycle of `keys` keys.
+#[derive(Debug)]
+pub(super) struct Group {
+    keys: usize,
+    library: u64,
+    raw: u64,
+}
+
+pub(super) async fn point(db: &Database, plan: &Plan, size: usize) -> Result<Group, BoxError> {
+    let manager = PostgresLockManager::new(open_pool(db, 1, APP).await?);
+    let client = db.connect(APP).await?;
+    let lock = client
+        .prepare(
+            "SELECT count(pg_advisory_lock(id)) FROM \
+             (SELECT id FROM unnest($1::int8[]) AS id ORDER BY id) AS ordered",
+        )
+        .await?;
+    let unlock = client
+        .prepare("SELECT bool_and(pg_advisory_unlock(id)) FROM unnest($1::int8[]) AS id")
+        .await?;
+    let keys: Vec<String> = (0..size)
+        .map(|n| format!("bench:scale:group:{n}"))
+        .collect();
+    let ids: Vec<i64> = keys.iter().map(|k| lock_id(k)).collect();
+    let mut sides = [Latencies::new(), Latencies::new()];
+    harness::rounds(plan.scale_rounds.max(2), 2, async |_, side| {
+        let end = Instant::now() + plan.scale_window / 2;
+        let mut calls = 0;
+        while calls < 3 || Instant::now() < end {
+            let started = Instant::now();
+            if side == 0 {
+                let group = manager.acquire_many(&keys, AcquireOptions::new()).await?;
+                group.release().await;
+            } else {
+                client.execute(&lock, &[&ids]).await?;
+                let all: Option<bool> = client.query_one(&unlock, &[&ids]).await?.get(0);
+                if all != Some(true) {
+                    return Err(NOT_HELD.into());
+                }
+            }
+            sides[side].record(started.elapsed());
+            calls += 1;
+        }
+        Ok(())
+    })
+    .await?;
+    Ok(Group {
+        keys: size,
+        library: sides[0].p50(),
+        raw: sides[1].p50(),
+    })
+}
+
+pub(super) fn row(g: &Group) -> Vec<String> {
+    let per = |total: u64| fmt_ns(total / g.keys.max(1) as u64);
+    cells![
+        format!("acquire_many of {}", g.keys),
+        format!("p50 {} (raw {})", fmt_ns(g.library), fmt_ns(g.raw)),
+        format!("{} a key (raw {})", per(g.library), per(g.raw)),
+        fmt_ratio(ratio(as_f64(g.library), as_f64(g.raw))),
+    ]
+}
+
+pub(super) fn json(g: &Group) -> Value {
+    json!({ "keys": g.keys, "library_p50_ns": g.library, "raw_p50_ns": g.raw })
+}
+
+pub(super) fn panel(groups: &[Group]) -> Panel {
+    let per_key = |f: fn(&Group) -> u64| {
+        groups
+            .iter()
+            .map(|g| (x(g.keys), as_f64(f(g)) / x(g.keys)))
+            .collect()
+    };
+    Panel {
+        title: "acquire_many + release, per key".to_owned(),
+        x_desc: "keys in the group",
+        y_desc: "per key",
+        y_unit: Unit::Nanos,
+        curves: vec![
+            curve("library", BLUE, false, per_key(|g| g.library)),
+            curve("raw (one statement)", RED, true, per_key(|g| g.raw)),
+        ],
+    }
+}

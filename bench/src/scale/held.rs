@@ -1,0 +1,381 @@
+//! The held-lock curve: one manager multiplexed on [`CONNECTIONS`] connections grows to
+//! 10³ … `--scale-max` held locks; at each count the time to reach it, another manager's
+//! cycle p50/p99, client heap, RSS and CPU at rest per held lock, the server's lock-table
+//! fill and the observation reads' costs ([`super::reads`]); then raw SQL grows to the
+//! same counts.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use locks_leader::LeaderElection;
+use locks_port::{AcquireOptions, DistributedLock, LockGuard, LockRegistry};
+use locks_postgres::PostgresLockManager;
+use locks_postgres::tokio_postgres::Client;
+
+use super::reads::{self, LEADER, ReadCost, read_costs};
+use super::{APP, BLUE, CONNECTIONS, GREEN, IN_FLIGHT, ORANGE, P50P99, PROBE_CYCLES, Prober, RED};
+use super::{curve, open_pool, x};
+use crate::chart::{Panel, Unit};
+use crate::db::{Database, Raw};
+use crate::harness::cells;
+use crate::stats::{allocated_bytes, as_f64, fmt_bytes, fmt_ns, nanos, rss_bytes};
+use crate::{BoxError, Plan};
+use serde_json::{Value, json};
+
+/// An acquisition of the holding manager that takes longer has stalled: the curve stops
+/// at the last count reached, and the report says so.
+pub(super) const STALL: Duration = Duration::from_secs(60);
+
+/// The held-lock curve at one count.
+#[derive(Debug)]
+pub(super) struct Held {
+    pub(super) count: usize,
+    /// From the first acquisition to this count.
+    pub(super) reach: Duration,
+    pub(super) raw_reach: Duration,
+    pub(super) probe: P50P99,
+    pub(super) raw_probe: P50P99,
+    pub(super) heap_per_lock: f64,
+    pub(super) rss_per_lock: Option<f64>,
+    /// CPU ns a second at rest, minus that with nothing held, per held lock.
+    pub(super) cpu_per_lock: f64,
+    pub(super) advisory: u64,
+    pub(super) capacity: u64,
+    pub(super) reads: Vec<ReadCost>,
+}
+
+/// 10³, 10⁴, … up to `max` (and `max` itself when it is not a power of ten).
+fn counts(max: usize) -> Vec<usize> {
+    let mut counts: Vec<usize> = std::iter::successors(Some(1000usize), |c| c.checked_mul(10))
+        .take_while(|c| *c <= max)
+        .collect();
+    if counts.last() != Some(&max) {
+        counts.push(max);
+    }
+    counts
+}
+
+/// Process CPU time (user + system) so far.
+fn cpu_time() -> Duration {
+    use nix::sys::resource::{UsageWho, getrusage};
+    getrusage(UsageWho::RUSAGE_SELF).map_or(Duration::ZERO, |usage| {
+        let micros = |t: nix::sys::time::TimeVal| {
+            Duration::from_secs(u64::try_from(t.tv_sec()).unwrap_or(0))
+                + Duration::from_micros(u64::try_from(t.tv_usec()).unwrap_or(0))
+        };
+        micros(usage.user_time()) + micros(usage.system_time())
+    })
+}
+
+/// CPU nanoseconds a second this process spends over `window` doing nothing asked of it.
+async fn cpu_at_rest(window: Duration) -> f64 {
+    let (cpu, wall) = (cpu_time(), Instant::now());
+    tokio::time::sleep(window).await;
+    as_f64(nanos(cpu_time().saturating_sub(cpu))) / wall.elapsed().as_secs_f64()
+}
+
+/// Calls `take(n)` for each `n` of `from..to`, [`IN_FLIGHT`] calls at once.
+async fn take_all<F, Fut>(from: usize, to: usize, take: F) -> Result<(), BoxError>
+where
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<(), BoxError>> + Send,
+{
+    let next = Arc::new(AtomicUsize::new(from));
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..IN_FLIGHT {
+        let (take, next) = (take.clone(), Arc::clone(&next));
+        workers.spawn(async move {
+            loop {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                if n >= to {
+                    return Ok::<_, BoxError>(());
+                }
+                take(n).await?;
+            }
+        });
+    }
+    while let Some(joined) = workers.join_next().await {
+        joined??;
+    }
+    Ok(())
+}
+
+/// Takes keys `from..to` with [`IN_FLIGHT`] acquisitions at once, keeping them.
+async fn grow(
+    manager: &PostgresLockManager,
+    run: u32,
+    from: usize,
+    to: usize,
+) -> Result<(), BoxError> {
+    let manager = manager.clone();
+    take_all(from, to, move |n| {
+        let manager = manager.clone();
+        async move {
+            let key = format!("bench:scale:{run}:{n}");
+            let acquiring = manager.acquire(&key, AcquireOptions::new());
+            let guard = tokio::time::timeout(STALL, acquiring)
+                .await
+                .map_err(|_| format!("an acquisition waited over {} s", STALL.as_secs()))??;
+            drop(guard.into_held());
+            Ok(())
+        }
+    })
+    .await
+}
+
+/// The raw side of [`grow`]: `pg_advisory_lock` of ids `from..to` over `clients`, each
+/// client pipelining its share, [`IN_FLIGHT`] at once in all.
+async fn raw_grow(clients: &Arc<Vec<Raw>>, from: usize, to: usize) -> Result<(), BoxError> {
+    let clients = Arc::clone(clients);
+    take_all(from, to, move |n| {
+        let clients = Arc::clone(&clients);
+        async move {
+            let id = i64::try_from(n)? + 1_000_000_000;
+            Ok(clients[n % clients.len()].lock(id).await?)
+        }
+    })
+    .await
+}
+
+/// The held-lock curve: the library grows to each count (measured there), releases all,
+/// then raw SQL grows to the same counts; and where it stalled, if it did.
+pub(super) async fn measure(
+    db: &Database,
+    plan: &Plan,
+    admin: &Client,
+) -> Result<(Vec<Held>, Option<String>), BoxError> {
+    let counts = counts(plan.scale_max);
+    let max = *counts.last().unwrap_or(&1000);
+    let per_connection = (max * 3 / 2).div_ceil(CONNECTIONS);
+    let pool = open_pool(db, CONNECTIONS, APP).await?;
+    let holder = PostgresLockManager::builder(pool)
+        .multiplex(per_connection)
+        .build();
+    let probe_pool = open_pool(db, 2, "lock-bench-scale-probe").await?;
+    let probe = Prober::Library(PostgresLockManager::new(probe_pool));
+    let observer_pool = open_pool(db, 3, "lock-bench-scale-observer").await?;
+    let observer = PostgresLockManager::new(observer_pool);
+    // A leader holds the election the reads watch, with a board.
+    locks_postgres::install_leader_board(admin).await?;
+    let leader = PostgresLockManager::new(open_pool(db, 4, "lock-bench-scale-leader").await?);
+    let leading = tokio::spawn(async move {
+        LeaderElection::new(leader.clone(), LEADER)
+            .board(leader)
+            .run(|_| std::future::pending::<()>())
+            .await
+    });
+    let raw_probe = Prober::Raw(Raw::connect(db, "lock-bench-scale-probe", false).await?);
+    probe.cycles(50).await?;
+    raw_probe.cycles(50).await?;
+    let rest = Duration::from_secs(if plan.quick { 1 } else { 3 });
+    let idle_cpu = cpu_at_rest(rest).await;
+    let (heap0, rss0) = (allocated_bytes(), rss_bytes());
+    let run = std::process::id();
+
+    let mut points = Vec::new();
+    let started = Instant::now();
+    let mut from = 0;
+    let mut stall = None;
+    for &count in &counts {
+        if let Err(error) = grow(&holder, run, from, count).await {
+            let message = format!(
+                "on the way to {count}, at {} held after {:.0} s: {error}",
+                holder.held_lock_count(),
+                started.elapsed().as_secs_f64()
+            );
+            eprintln!("lock-bench: scale: stalled {message}");
+            stall = Some(message);
+            break;
+        }
+        let reach = started.elapsed();
+        from = count;
+        let held = holder.held_lock_count();
+        if held != count {
+            return Err(format!("the holding manager holds {held} locks, expected {count}").into());
+        }
+        let per_lock = |bytes: f64| bytes / as_f64(count as u64);
+        let heap = per_lock(as_f64(allocated_bytes().saturating_sub(heap0) as u64));
+        let rss = rss_bytes()
+            .zip(rss0)
+            .map(|(now, before)| per_lock(as_f64(now as u64) - as_f64(before as u64)));
+        let cpu = per_lock(cpu_at_rest(rest).await - idle_cpu);
+        let usage = locks_postgres::lock_table_usage(admin).await?;
+        let probe_at = probe.cycles(PROBE_CYCLES).await?;
+        let raw_probe_at = raw_probe.cycles(PROBE_CYCLES).await?;
+        let reads = read_costs(&observer, &probe).await?;
+        eprintln!(
+            "lock-bench: scale: {count} held in {:.1} s; probe p99 {}",
+            reach.as_secs_f64(),
+            fmt_ns(probe_at.1)
+        );
+        points.push(Held {
+            count,
+            reach,
+            raw_reach: Duration::ZERO,
+            probe: probe_at,
+            raw_probe: raw_probe_at,
+            heap_per_lock: heap,
+            rss_per_lock: rss,
+            cpu_per_lock: cpu,
+            advisory: usage.advisory,
+            capacity: usage.capacity,
+            reads,
+        });
+    }
+    leading.abort();
+    let held = holder.held_lock_count();
+    let released = holder.release_all().await;
+    if released != held {
+        return Err(format!("release_all released {released} of {held}").into());
+    }
+    drop(holder);
+
+    let mut clients = Vec::new();
+    for _ in 0..CONNECTIONS {
+        clients.push(Raw::connect(db, APP, false).await?);
+    }
+    let clients = Arc::new(clients);
+    let started = Instant::now();
+    let mut from = 0;
+    for point in &mut points {
+        raw_grow(&clients, from, point.count).await?;
+        point.raw_reach = started.elapsed();
+        from = point.count;
+    }
+    drop(clients);
+    db.sessions(admin, APP, 0).await?;
+    Ok((points, stall))
+}
+
+pub(super) fn row(h: &Held) -> Vec<String> {
+    cells![
+        format!("{} held", h.count),
+        format!(
+            "reach {:.2} s (raw {:.2} s, ×{:.1}); cycle p50 {} p99 {} (raw {} / {})",
+            h.reach.as_secs_f64(),
+            h.raw_reach.as_secs_f64(),
+            h.reach.as_secs_f64() / h.raw_reach.as_secs_f64().max(1e-9),
+            fmt_ns(h.probe.0),
+            fmt_ns(h.probe.1),
+            fmt_ns(h.raw_probe.0),
+            fmt_ns(h.raw_probe.1)
+        ),
+        format!(
+            "{} heap, {} RSS, {:.1} ns CPU/s a lock at rest; table {} / {} ({:.0}%)",
+            fmt_bytes(h.heap_per_lock),
+            h.rss_per_lock.map_or("?".to_owned(), fmt_bytes),
+            h.cpu_per_lock,
+            h.advisory,
+            h.capacity,
+            100.0 * as_f64(h.advisory) / as_f64(h.capacity.max(1))
+        ),
+        reads::cell(h),
+    ]
+}
+
+pub(super) fn json(h: &Held) -> Value {
+    json!({
+        "count": h.count,
+        "reach_s": h.reach.as_secs_f64(),
+        "raw_reach_s": h.raw_reach.as_secs_f64(),
+        "cycle": h.probe.to_json(),
+        "raw_cycle": h.raw_probe.to_json(),
+        "heap_bytes_per_lock": h.heap_per_lock,
+        "rss_bytes_per_lock": h.rss_per_lock,
+        "cpu_ns_per_s_per_lock": h.cpu_per_lock,
+        "lock_table_advisory": h.advisory,
+        "lock_table_capacity": h.capacity,
+        "reads": reads::json(h),
+    })
+}
+
+/// The points of a curve over the held-lock counts.
+pub(super) fn on_held(held: &[Held], f: impl Fn(&Held) -> f64) -> Vec<(f64, f64)> {
+    held.iter().map(|h| (x(h.count), f(h))).collect()
+}
+
+/// The time to reach each count, the other manager's cycle, the bytes per held lock.
+pub(super) fn panels(held: &[Held]) -> [Panel; 3] {
+    let ns = |d: Duration| as_f64(nanos(d));
+    let panel = |title: &str, y_desc, y_unit, curves| Panel {
+        title: title.to_owned(),
+        x_desc: "held locks",
+        y_desc,
+        y_unit,
+        curves,
+    };
+    [
+        panel(
+            "time to hold N locks",
+            "time",
+            Unit::Nanos,
+            vec![
+                curve(
+                    "library, multiplexed",
+                    BLUE,
+                    false,
+                    on_held(held, |h| ns(h.reach)),
+                ),
+                curve(
+                    "raw pg_advisory_lock",
+                    RED,
+                    true,
+                    on_held(held, |h| ns(h.raw_reach)),
+                ),
+            ],
+        ),
+        panel(
+            "another session's acquire + release at N held",
+            "cycle",
+            Unit::Nanos,
+            vec![
+                curve(
+                    "library p99",
+                    BLUE,
+                    false,
+                    on_held(held, |h| as_f64(h.probe.1)),
+                ),
+                curve(
+                    "library p50",
+                    GREEN,
+                    false,
+                    on_held(held, |h| as_f64(h.probe.0)),
+                ),
+                curve(
+                    "raw p99",
+                    RED,
+                    true,
+                    on_held(held, |h| as_f64(h.raw_probe.1)),
+                ),
+            ],
+        ),
+        panel(
+            "client bytes per held lock",
+            "bytes",
+            Unit::Plain,
+            vec![
+                curve("heap", BLUE, false, on_held(held, |h| h.heap_per_lock)),
+                curve(
+                    "RSS",
+                    ORANGE,
+                    false,
+                    on_held(held, |h| h.rss_per_lock.unwrap_or(0.0)),
+                ),
+            ],
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_are_decades_up_to_the_largest() {
+        assert_eq!(counts(100_000), [1000, 10_000, 100_000]);
+        assert_eq!(counts(1_000_000), [1000, 10_000, 100_000, 1_000_000]);
+        assert_eq!(counts(50_000), [1000, 10_000, 50_000]);
+        assert_eq!(counts(10), [10]);
+    }
+}

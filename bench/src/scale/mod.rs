@@ -1,0 +1,277 @@
+//! Scenario `scale`: how each cost grows, one curve a file, beside raw tokio-postgres doing
+//! the same work where there is a raw equivalent:
+//! - [`held`]: locks held by one multiplexed manager, 10³ … `--scale-max` (10⁵ by
+//!   default): the time to reach each count, another manager's cycle, bytes and CPU at rest
+//!   per held lock, the server's lock-table fill;
+//! - [`reads`]: at each of those counts, each observation read's own time and the cycle
+//!   p99 while it loops;
+//! - [`tasks`]: 1 → 1,000 tasks on distinct keys, throughput ÷ raw;
+//! - [`waiters`]: 4 → 1,000 waiters on one key, handoff p99 and fairness;
+//! - [`groups`]: `acquire_many` of 1 → 1,000 keys, cost per key.
+//!
+//! The server must be sized for it (`cargo xtask bench --only scale` starts one that is);
+//! the scenario reads its settings and shared memory and reports them.
+
+mod groups;
+mod held;
+mod reads;
+mod tasks;
+mod waiters;
+
+use std::time::{Duration, Instant};
+
+use locks_port::{AcquireOptions, DistributedLock, LockGuard, lock_id};
+use locks_postgres::PostgresLockManager;
+use locks_postgres::deadpool_postgres::Pool;
+use serde_json::{Value, json};
+
+use crate::chart::{Curve, curves_svg};
+use crate::db::{Database, Raw};
+use crate::harness::{self, Outcome};
+use crate::stats::{Latencies, as_f64, fmt_ns, nanos};
+use crate::{BoxError, Plan};
+
+/// Connections of the holding manager (and of the raw holder).
+const CONNECTIONS: usize = 50;
+/// Acquisitions in flight while growing to a count.
+const IN_FLIGHT: usize = 32;
+/// Probe cycles at each count (and while each read loops).
+const PROBE_CYCLES: usize = 300;
+/// Connections opened at once (more, on a loaded machine, time out in the pool).
+const OPENING: usize = 16;
+const APP: &str = "lock-bench-scale";
+const SETTINGS: [&str; 6] = [
+    "max_locks_per_transaction",
+    "max_connections",
+    "max_prepared_transactions",
+    "shared_buffers",
+    "shared_memory_size",
+    "server_version",
+];
+
+const BLUE: (u8, u8, u8) = (0x1f, 0x77, 0xb4);
+const ORANGE: (u8, u8, u8) = (0xff, 0x7f, 0x0e);
+const GREEN: (u8, u8, u8) = (0x2c, 0xa0, 0x2c);
+const RED: (u8, u8, u8) = (0xd6, 0x27, 0x28);
+
+/// p50 and p99 of a histogram, in nanoseconds (kept instead of the histogram, whose
+/// memory would count against the held locks').
+#[derive(Debug, Clone, Copy)]
+struct P50P99(u64, u64);
+
+impl P50P99 {
+    fn to_json(self) -> Value {
+        json!({ "p50_ns": self.0, "p99_ns": self.1 })
+    }
+}
+
+/// One cycle of the other manager or of raw SQL: acquire + release of one key.
+enum Prober {
+    Library(PostgresLockManager),
+    Raw(Raw),
+}
+
+impl Prober {
+    async fn cycles(&self, count: usize) -> Result<P50P99, BoxError> {
+        self.cycles_until(count, Duration::ZERO).await
+    }
+
+    /// At least `count` cycles, and for at least `window`.
+    async fn cycles_until(&self, count: usize, window: Duration) -> Result<P50P99, BoxError> {
+        let mut latencies = Latencies::new();
+        let key = "bench:scale:probe";
+        let began = Instant::now();
+        let mut done = 0;
+        while done < count || began.elapsed() < window {
+            done += 1;
+            let started = Instant::now();
+            match self {
+                Self::Library(manager) => {
+                    manager
+                        .acquire(key, AcquireOptions::new())
+                        .await?
+                        .release()
+                        .await;
+                }
+                Self::Raw(raw) => raw.cycle(lock_id(key)).await?,
+            }
+            latencies.record(started.elapsed());
+        }
+        Ok(P50P99(latencies.p50(), latencies.p99()))
+    }
+}
+
+/// A pool of `size` connections, all opened, at most [`OPENING`] at a time.
+async fn open_pool(db: &Database, size: usize, application_name: &str) -> Result<Pool, BoxError> {
+    let pool = db.pool(size, application_name);
+    let mut open = 0;
+    while open < size {
+        open = (open + OPENING).min(size);
+        db.warm(&pool, open).await?;
+    }
+    Ok(pool)
+}
+
+fn curve(label: &str, color: (u8, u8, u8), dashed: bool, points: Vec<(f64, f64)>) -> Curve {
+    let label = label.to_owned();
+    Curve {
+        label,
+        color,
+        dashed,
+        points,
+    }
+}
+
+/// A count on a chart's x axis.
+fn x(count: usize) -> f64 {
+    as_f64(count as u64)
+}
+
+pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
+    let admin = db.connect("lock-bench-admin").await?;
+    let mut server = Vec::new();
+    for name in SETTINGS {
+        let value: String = admin.query_one(&format!("SHOW {name}"), &[]).await?.get(0);
+        server.push((name, value));
+    }
+    let usage = locks_postgres::lock_table_usage(&admin).await?;
+    let max_connections: usize = server[1].1.parse().unwrap_or(0);
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let needed = as_f64(plan.scale_max as u64).mul_add(1.2, 10_000.0) as u64;
+    if usage.capacity < needed || max_connections < CONNECTIONS + tasks::TASK_CONNECTIONS * 2 + 20 {
+        return Err(format!(
+            "the server's lock table holds {} entries and it allows {max_connections} \
+             connections; the scale scenario holds {} locks and opens up to {} connections: \
+             run it with `cargo xtask bench --only scale`, which starts a server sized for it",
+            usage.capacity,
+            plan.scale_max,
+            waiters::WAITERS[3] + 20
+        )
+        .into());
+    }
+    let (held, stall) = held::measure(db, plan, &admin)
+        .await
+        .map_err(|error| format!("scale, held locks: {error}"))?;
+    let mut tasks = Vec::new();
+    for count in tasks::TASKS {
+        let point = tasks::point(db, plan, count).await;
+        tasks.push(point.map_err(|error| format!("scale, {count} tasks: {error}"))?);
+    }
+    // Each waiter has its own connection: as many as the server allows, with room to spare.
+    let room = max_connections.saturating_sub(40);
+    let (waiter_counts, skipped): (Vec<usize>, Vec<usize>) = waiters::WAITERS
+        .iter()
+        .partition(|w| **w <= room && (!plan.quick || **w <= 256));
+    let mut waiters = Vec::new();
+    for count in waiter_counts {
+        let mut sides = [(0, 0.0); 2];
+        for side in harness::order(count, 2) {
+            sides[side] = waiters::window(db, plan, count, side == 0)
+                .await
+                .map_err(|error| format!("scale, {count} waiters: {error}"))?;
+            db.sessions(&admin, waiters::APP, 0).await?;
+        }
+        let [library, raw] = sides;
+        waiters.push(waiters::Waiters {
+            waiters: count,
+            library,
+            raw,
+        });
+    }
+    let mut groups = Vec::new();
+    for size in groups::GROUPS {
+        let point = groups::point(db, plan, size).await;
+        groups.push(point.map_err(|error| format!("scale, a group of {size}: {error}"))?);
+    }
+
+    let settings_line = server
+        .iter()
+        .map(|(name, value)| format!("{name} = {value}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let per_connection = (plan.scale_max * 3 / 2).div_ceil(CONNECTIONS);
+    let title = "17. Scale: held locks, observation reads, tasks, waiters, groups";
+    let header = [
+        "Point",
+        "Time",
+        "Cost",
+        "Reads (and the cycle p99 while looping) / ratio",
+    ];
+    let mut out = Outcome::new("scale", title, &header);
+    out.note(format!(
+        "Server: {settings_line}. One manager holds the locks, multiplexed \
+         (`multiplex({per_connection})`) on {CONNECTIONS} connections, {IN_FLIGHT} \
+         acquisitions in flight; raw: `pg_advisory_lock` over {CONNECTIONS} \
+         connections, {IN_FLIGHT} in flight. Cycle: another manager's (raw: another \
+         connection's) acquire + release of one key, {PROBE_CYCLES} at each count. \
+         Bytes and CPU a lock: the process's heap (counting allocator) and RSS growth \
+         since the warmed, empty manager, and CPU a second at rest minus that with \
+         nothing held. Reads: each one's p50 while it runs in a loop, and the cycle p99 \
+         meanwhile ÷ the p99 without it; a leader holds the election `who_leads` reads \
+         (with a board). Observers at an interval (a leader watch, the gauge every {} s, \
+         a semaphore of 2 acquired and released in a loop): the cycle p99 over {} s \
+         beside it ÷ over {} s without.",
+        reads::GAUGE_INTERVAL.as_secs(),
+        reads::OBSERVE_WINDOW.as_secs(),
+        reads::OBSERVE_WINDOW.as_secs()
+    ));
+    out.note(format!(
+        "Tasks: N tasks each on its own key, acquire + release in a loop for {:.1} s; \
+         library multiplexed on min(N, {}) connections, raw pipelined \
+         on as many; median of {} round(s). Waiters: N tasks (each its own connection, \
+         library `Queue`) acquire / hold {} / release one key; handoff = release → \
+         next grant; fairness = most ÷ fewest turns. Groups: `acquire_many` + release \
+         against one `pg_advisory_lock` over `unnest` + one unlock statement, p50.",
+        plan.scale_window.as_secs_f64(),
+        tasks::TASK_CONNECTIONS,
+        plan.scale_rounds,
+        fmt_ns(nanos(waiters::HOLD))
+    ));
+    if let Some(stall) = &stall {
+        out.note(format!(
+            "**The held-lock curve stalled** {stall} (no acquisition returned within {} s; \
+             the larger counts are not measured).",
+            held::STALL.as_secs()
+        ));
+    }
+    if !skipped.is_empty() {
+        out.note(format!(
+            "Not measured here: {skipped:?} waiters ({} mode, or more connections than the \
+             server allows).",
+            plan.mode()
+        ));
+    }
+    held.iter().for_each(|h| out.row(held::row(h)));
+    tasks.iter().for_each(|t| out.row(tasks::row(t)));
+    waiters.iter().for_each(|w| out.row(waiters::row(w)));
+    groups.iter().for_each(|g| out.row(groups::row(g)));
+    let panels: Vec<_> = (held::panels(&held).into_iter())
+        .chain(reads::panels(&held))
+        .chain([
+            tasks::panel(&tasks),
+            waiters::panel(&waiters),
+            groups::panel(&groups),
+        ])
+        .collect();
+    let chart_notes = [format!("Server: {settings_line}.")];
+    let svg = curves_svg(
+        "Scale: how each cost grows (log-log)",
+        &panels,
+        4,
+        &chart_notes,
+    )?;
+    out.files.push(("scale.svg", svg));
+    let list = |values: Vec<Value>| Value::Array(values);
+    Ok(out.with(json!({
+        "server": server.iter().map(|(n, v)| ((*n).to_owned(), json!(v))).collect::<serde_json::Map<_, _>>(),
+        "connections": CONNECTIONS,
+        "multiplex": per_connection,
+        "in_flight": IN_FLIGHT,
+        "held": list(held.iter().map(held::json).collect()),
+        "tasks": list(tasks.iter().map(tasks::json).collect()),
+        "waiters": list(waiters.iter().map(waiters::json).collect()),
+        "waiters_not_measured": skipped,
+        "held_stalled": stall,
+        "groups": list(groups.iter().map(groups::json).collect()),
+    })))
+}

@@ -1,0 +1,268 @@
+//! The observation reads curve: at each held-lock count, each read's own time while it
+//! runs in a loop on the observer manager, and another manager's cycle p99 meanwhile.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use locks_leader::LeaderElection;
+use locks_port::{AcquireOptions, PermitGuard, Semaphore};
+use locks_postgres::PostgresLockManager;
+
+use serde_json::{Value, json};
+
+use super::held::{Held, on_held};
+use super::{BLUE, GREEN, ORANGE, PROBE_CYCLES, Prober, curve};
+use crate::BoxError;
+use crate::chart::{Panel, Unit};
+use crate::stats::{Latencies, as_f64, fmt_ns};
+
+/// How long the cycle is measured beside each observer at its interval (and without one).
+pub(super) const OBSERVE_WINDOW: Duration = Duration::from_secs(10);
+/// The interval of the lock-table gauge observer.
+pub(super) const GAUGE_INTERVAL: Duration = Duration::from_secs(5);
+/// The election a leader holds while the reads are measured (with a board).
+pub(super) const LEADER: &str = "bench:scale";
+
+/// The observation reads, each on the observer manager.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Read {
+    Holders,
+    LockTableUsage,
+    WhoLeads,
+    /// One leader watch at its default interval, for [`OBSERVE_WINDOW`].
+    Watch,
+    /// The same without a board: it names the leader from `permit_holders` (`pg_locks`),
+    /// as every watch did before the board named it.
+    WatchWithoutBoard,
+    /// `lock_table_usage()` every [`GAUGE_INTERVAL`], for [`OBSERVE_WINDOW`].
+    Gauge,
+    /// A semaphore's acquire + release in a loop, for [`OBSERVE_WINDOW`].
+    Permits,
+}
+
+impl Read {
+    pub(super) const ALL: [Self; 7] = [
+        Self::Holders,
+        Self::LockTableUsage,
+        Self::WhoLeads,
+        Self::Watch,
+        Self::WatchWithoutBoard,
+        Self::Gauge,
+        Self::Permits,
+    ];
+
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Self::Holders => "holders(key)",
+            Self::LockTableUsage => "lock_table_usage()",
+            Self::WhoLeads => "who_leads()",
+            Self::Watch => "watch() at its interval",
+            Self::WatchWithoutBoard => "watch() without a board",
+            Self::Gauge => "lock_table_usage() every 5 s",
+            Self::Permits => "permit acquire + release",
+        }
+    }
+
+    /// Whether it runs at an interval for [`OBSERVE_WINDOW`] (compared with the cycle
+    /// over the same window without it), rather than back to back.
+    fn timed(self) -> bool {
+        matches!(
+            self,
+            Self::Watch | Self::WatchWithoutBoard | Self::Gauge | Self::Permits
+        )
+    }
+
+    /// Whether it runs until aborted (its own time is not counted).
+    fn endless(self) -> bool {
+        matches!(self, Self::Watch | Self::WatchWithoutBoard | Self::Gauge)
+    }
+
+    async fn once(self, observer: &PostgresLockManager) -> Result<(), BoxError> {
+        match self {
+            Self::Holders => drop(observer.holders("bench:scale:probe").await?),
+            Self::LockTableUsage => drop(observer.lock_table_usage().await?),
+            Self::WhoLeads => {
+                drop(
+                    LeaderElection::new(observer.clone(), LEADER)
+                        .board(observer.clone())
+                        .who_leads()
+                        .await?,
+                );
+            }
+            // Each runs until aborted: the leader does not change.
+            Self::Watch => {
+                let election =
+                    LeaderElection::new(observer.clone(), LEADER).board(observer.clone());
+                let mut watch = election.watch();
+                loop {
+                    watch.changed().await?;
+                }
+            }
+            Self::WatchWithoutBoard => {
+                let election = LeaderElection::new(observer.clone(), LEADER);
+                let mut watch = election.watch();
+                loop {
+                    watch.changed().await?;
+                }
+            }
+            Self::Gauge => {
+                observer.lock_table_usage().await?;
+                tokio::time::sleep(GAUGE_INTERVAL).await;
+            }
+            Self::Permits => {
+                observer
+                    .acquire_permit("bench:scale:permits", 2, AcquireOptions::new())
+                    .await?
+                    .release()
+                    .await;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What one read cost at one count.
+#[derive(Debug)]
+pub(super) struct ReadCost {
+    pub(super) read: Read,
+    /// The read's own time, p50 of its calls while it looped.
+    pub(super) own: u64,
+    pub(super) calls: usize,
+    /// The probe's cycle p99 while it looped.
+    pub(super) probe_p99: u64,
+    /// For an observer at its interval: the cycle p99 over the same window without it.
+    pub(super) quiet_p99: Option<u64>,
+}
+
+/// Each read's own time and the probe's p99 while it loops.
+pub(super) async fn read_costs(
+    observer: &PostgresLockManager,
+    probe: &Prober,
+) -> Result<Vec<ReadCost>, BoxError> {
+    let mut costs = Vec::new();
+    let quiet = probe.cycles_until(PROBE_CYCLES, OBSERVE_WINDOW).await?;
+    for read in Read::ALL {
+        let stop = Arc::new(AtomicBool::new(false));
+        let looping = {
+            let (observer, stop) = (observer.clone(), Arc::clone(&stop));
+            tokio::spawn(async move {
+                let mut own = Latencies::new();
+                let mut calls = 0;
+                while calls < 3 || !stop.load(Ordering::Relaxed) {
+                    let started = Instant::now();
+                    read.once(&observer).await?;
+                    own.record(started.elapsed());
+                    calls += 1;
+                }
+                Ok::<_, BoxError>((own.p50(), calls))
+            })
+        };
+        let window = if read.timed() {
+            OBSERVE_WINDOW
+        } else {
+            Duration::ZERO
+        };
+        let during = probe.cycles_until(PROBE_CYCLES, window).await?;
+        stop.store(true, Ordering::Relaxed);
+        let (own, calls) = if read.endless() {
+            looping.abort();
+            (0, 0)
+        } else {
+            looping.await??
+        };
+        let cost = ReadCost {
+            read,
+            own,
+            calls,
+            probe_p99: during.1,
+            quiet_p99: read.timed().then_some(quiet.1),
+        };
+        // Said as measured: a later curve that stalls does not lose it.
+        eprintln!(
+            "lock-bench: scale: {}: own p50 {} ({calls} calls); cycle p99 {} (×{:.2} of {})",
+            read.name(),
+            fmt_ns(own),
+            fmt_ns(during.1),
+            as_f64(cost.probe_p99) / as_f64(cost.quiet_p99.unwrap_or(quiet.1).max(1)),
+            fmt_ns(cost.quiet_p99.unwrap_or(quiet.1)),
+        );
+        costs.push(cost);
+    }
+    Ok(costs)
+}
+
+/// The reads' cell of a held-lock row: each one's own time, and the cycle p99 while it
+/// looped ÷ the p99 without it.
+pub(super) fn cell(h: &Held) -> String {
+    let reads: Vec<String> = h
+        .reads
+        .iter()
+        .map(|r| {
+            format!(
+                "{} {} (p99 ×{:.2})",
+                r.read.name(),
+                fmt_ns(r.own),
+                slowdown(h, r)
+            )
+        })
+        .collect();
+    reads.join("; ")
+}
+
+/// The cycle p99 beside the read ÷ without it: over the same window for an observer at
+/// its interval, else the count's own cycle p99.
+fn slowdown(h: &Held, r: &ReadCost) -> f64 {
+    as_f64(r.probe_p99) / as_f64(r.quiet_p99.unwrap_or(h.probe.1).max(1))
+}
+
+pub(super) fn json(h: &Held) -> Vec<Value> {
+    h.reads
+        .iter()
+        .map(|r| {
+            json!({
+                "read": r.read.name(),
+                "own_p50_ns": r.own,
+                "calls": r.calls,
+                "cycle_p99_ns_while_looping": r.probe_p99,
+                "cycle_p99_ns_same_window_without": r.quiet_p99,
+                "ratio_to_cycle_p99": slowdown(h, r),
+            })
+        })
+        .collect()
+}
+
+/// Each read's own time, and the cycle p99 while it loops ÷ without: the reads that
+/// loop back to back (the observers at an interval are in the table and the JSON).
+pub(super) fn panels(held: &[Held]) -> [Panel; 2] {
+    let colors = [BLUE, ORANGE, GREEN];
+    let curves = |label: &dyn Fn(Read) -> String, y: &dyn Fn(&Held, &ReadCost) -> f64| {
+        let looped = Read::ALL
+            .iter()
+            .enumerate()
+            .filter(|(_, read)| !read.timed());
+        looped
+            .zip(colors)
+            .map(|((index, read), color)| {
+                let points = on_held(held, |h| y(h, &h.reads[index]));
+                curve(&label(*read), color, false, points)
+            })
+            .collect()
+    };
+    [
+        Panel {
+            title: "one observation read's own time".to_owned(),
+            x_desc: "held locks",
+            y_desc: "time",
+            y_unit: Unit::Nanos,
+            curves: curves(&|read| read.name().to_owned(), &|_, r| as_f64(r.own)),
+        },
+        Panel {
+            title: "cycle p99 while a read loops ÷ without".to_owned(),
+            x_desc: "held locks",
+            y_desc: "ratio",
+            y_unit: Unit::Plain,
+            curves: curves(&|read| format!("while {} loops", read.name()), &slowdown),
+        },
+    ]
+}
