@@ -175,10 +175,16 @@ pub(super) async fn measure(
 
     let mut points = Vec::new();
     let started = Instant::now();
+    // The time spent growing only: the measurements at each count (the observers'
+    // windows alone take a minute) are not part of reaching the next.
+    let mut reach = Duration::ZERO;
     let mut from = 0;
     let mut stall = None;
     for &count in &counts {
-        if let Err(error) = grow(&holder, run, from, count).await {
+        let growing = Instant::now();
+        let grown = grow(&holder, run, from, count).await;
+        reach += growing.elapsed();
+        if let Err(error) = grown {
             let message = format!(
                 "on the way to {count}, at {} held after {:.0} s: {error}",
                 holder.held_lock_count(),
@@ -188,7 +194,6 @@ pub(super) async fn measure(
             stall = Some(message);
             break;
         }
-        let reach = started.elapsed();
         from = count;
         let held = holder.held_lock_count();
         if held != count {
