@@ -4,6 +4,12 @@
 //! step inside the call's deadline. The wait is the same for one key and for the next
 //! key of an `acquire_many`.
 
+mod group;
+mod member;
+
+pub(crate) use group::acquire_group;
+use member::{acquire_member, try_member};
+
 use std::future::{Future, Ready};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -11,10 +17,7 @@ use std::time::Duration;
 
 use futures_util::future::Either;
 
-use locks_port::{
-    AcquireOptions, AcquisitionErrorKind, LockAcquisitionError, LockMode, WaitStrategy,
-    timeout_reason,
-};
+use locks_port::{AcquireOptions, LockAcquisitionError, LockMode, WaitStrategy};
 use tokio_postgres::error::SqlState;
 use tracing::Span;
 
@@ -23,15 +26,13 @@ use crate::checkout;
 use crate::checkout::{Attempt, PoolWait};
 use crate::connection::{Session, SetUp};
 use crate::errors::{
-    MOVED_BETWEEN_SESSIONS, STANDBY, driver_error, no_answer, no_row, pool_exhausted, refused,
-    with_timeout,
+    MOVED_BETWEEN_SESSIONS, STANDBY, driver_error, no_answer, no_row, refused, with_timeout,
 };
 use crate::grant;
 use crate::guard::PostgresLockGuard;
 use crate::inner::Inner;
 use crate::limit::{Deadline, Expired, Limit};
-use crate::multiplex::{HostFailure, Membership, SharedTry};
-use crate::pool;
+use crate::multiplex::Membership;
 use crate::slot::new_slot;
 use crate::sql::{Answer, Statement};
 
@@ -115,138 +116,6 @@ pub(crate) fn register_grant<'a>(
     }
     let guard = grant::record(inner, (key, lock_id, mode, slot, holding), None, span);
     Either::Left(std::future::ready(Ok(guard)))
-}
-
-/// `acquire` with multiplexing: a try on a shared connection, else the whole
-/// acquisition on a connection of its own, which then becomes a host. With no
-/// shared connection that has room and no pool connection free, it waits for
-/// whichever frees first (room on a shared connection: another try), until the
-/// deadline ([`PoolUnavailable`](AcquisitionErrorKind::PoolUnavailable) then).
-async fn acquire_member(
-    inner: &Inner,
-    key: &str,
-    lock_id: i64,
-    options: AcquireOptions,
-    deadline: Option<Deadline>,
-) -> Result<Membership, LockAcquisitionError> {
-    let mode = options.mode();
-    let multiplexer = inner.multiplexer().expect("called only when multiplexing");
-    let mut woken = false;
-    loop {
-        // Woken by room freed after the deadline: no try starts past it (a try that
-        // outlives its limit closes the shared connection, with the others on it).
-        if let Some(deadline) = deadline.filter(|deadline| woken && deadline.passed()) {
-            let what = format!(
-                "{} waiting for room on a shared connection or a pool connection",
-                timeout_reason(deadline.timeout)
-            );
-            let size = pool::max_size(inner.pool());
-            return Err(pool_exhausted(key, &what, size, Some(deadline)));
-        }
-        woken = true;
-        // Enabled before looking for room, so that room freed meanwhile wakes it.
-        let mut room = std::pin::pin!(multiplexer.room_freed());
-        room.as_mut().enable();
-        let limit = step_limit(inner, deadline);
-        let pool_has_room = pool::has_room(inner.pool(), multiplexer.pool_waiters());
-        let tried = multiplexer
-            .try_on_host(lock_id, mode, limit, pool_has_room)
-            .await;
-        match tried.map_err(|failure| host_failure(inner, key, failure, deadline))? {
-            SharedTry::Granted(member) => return Ok(member),
-            SharedTry::Busy => {
-                if let Some(deadline) = deadline.filter(|deadline| deadline.passed()) {
-                    return Err(LockAcquisitionError::timed_out(key, deadline.timeout));
-                }
-                let session = acquire_session_until(inner, key, lock_id, options, deadline);
-                return Ok(multiplexer.adopt(session.await?, lock_id, mode));
-            }
-            SharedTry::NoHost => {}
-        }
-        // A connection of its own: an idle one or a new one (counted as a host on its
-        // way from now: see `Multiplexer::opening`), else whichever frees first, a
-        // pool connection or room on a shared one (then another try).
-        let mut opening = pool_has_room.then(|| multiplexer.opening());
-        let session = match checkout::checkout(inner, key, PoolWait::No, deadline).await {
-            Ok(session) => session,
-            Err(error) if error.kind() == AcquisitionErrorKind::PoolUnavailable => {
-                opening = None;
-                let wait = deadline.map_or(PoolWait::Forever, PoolWait::Until);
-                let _waiting = multiplexer.waiting_for_pool();
-                tokio::select! {
-                    biased;
-                    session = checkout::checkout(inner, key, wait, deadline) => session?,
-                    () = room => {
-                        // Another look, after the scheduler's turn: a loop that found
-                        // room notified at every look would otherwise never give its
-                        // worker back (timers, the releases that free room).
-                        tokio::task::yield_now().await;
-                        continue;
-                    }
-                }
-            }
-            Err(error) => return Err(error),
-        };
-        let opening = opening.unwrap_or_else(|| multiplexer.opening());
-        let session = match try_lock(inner, key, lock_id, mode, session, deadline).await? {
-            Tried::Granted(session) => session,
-            Tried::Busy(session) => {
-                drop(opening);
-                wait_after_try(inner, key, lock_id, options, deadline, session).await?
-            }
-        };
-        return Ok(multiplexer.adopt(session, lock_id, mode));
-    }
-}
-
-/// `try_acquire` with multiplexing: one try, on a shared connection if one has
-/// room, else on a connection of its own (which then becomes a host).
-async fn try_member(
-    inner: &Inner,
-    key: &str,
-    lock_id: i64,
-    mode: LockMode,
-) -> Result<Option<Membership>, LockAcquisitionError> {
-    let multiplexer = inner.multiplexer().expect("called only when multiplexing");
-    let limit = step_limit(inner, None);
-    let pool_has_room = pool::has_room(inner.pool(), multiplexer.pool_waiters());
-    let tried = multiplexer
-        .try_on_host(lock_id, mode, limit, pool_has_room)
-        .await;
-    match tried.map_err(|failure| host_failure(inner, key, failure, None))? {
-        SharedTry::Granted(member) => return Ok(Some(member)),
-        SharedTry::Busy => return Ok(None),
-        SharedTry::NoHost => {}
-    }
-    let refused = match try_session(inner, key, lock_id, mode).await {
-        Ok(session) => return Ok(session.map(|session| multiplexer.adopt(session, lock_id, mode))),
-        // The pool's last connection went meanwhile: a busy shared one will do.
-        Err(error) if pool_has_room && error.kind() == AcquisitionErrorKind::PoolUnavailable => {
-            error
-        }
-        Err(error) => return Err(error),
-    };
-    let tried = multiplexer.try_on_host(lock_id, mode, limit, false).await;
-    match tried.map_err(|failure| host_failure(inner, key, failure, None))? {
-        SharedTry::Granted(member) => Ok(Some(member)),
-        SharedTry::Busy => Ok(None),
-        SharedTry::NoHost => Err(refused),
-    }
-}
-
-/// The error of a failed try on a shared connection.
-fn host_failure(
-    inner: &Inner,
-    key: &str,
-    failure: HostFailure,
-    deadline: Option<Deadline>,
-) -> LockAcquisitionError {
-    match failure {
-        HostFailure::MovedBetweenSessions => refused(key, MOVED_BETWEEN_SESSIONS, deadline),
-        HostFailure::Failed(error) => with_timeout(driver_error(key, error), deadline),
-        HostFailure::NoAnswer => no_answer(key, deadline, inner.settings().answer_timeout),
-        HostFailure::NoRow => no_row(key, deadline),
-    }
 }
 
 /// The limit of one statement's answer in a call with `deadline`: the deadline plus
@@ -347,110 +216,6 @@ async fn wait_after_try(
             Box::pin(waiting).await
         }
     }
-}
-
-/// Takes every lock of `lock_ids` (in the global order; `keys` are theirs, to name
-/// in errors) on one session; on any failure the session is closed, which frees
-/// what it took. Uncontended, that is one checkout and one round trip: the tries of
-/// every key go in one statement. When a key is busy the session keeps the keys
-/// before it, the statement itself frees those after it (never held while waiting
-/// out of order), and the wait for it is the single key's wait; then the tries of
-/// the rest go in one statement again.
-pub(crate) async fn acquire_group(
-    inner: &Inner,
-    keys: &[&str],
-    lock_ids: &[i64],
-    options: AcquireOptions,
-) -> Result<Session, LockAcquisitionError> {
-    let deadline = options.timeout().map(Deadline::after);
-    let mode = options.mode();
-    let first = keys.first().copied().unwrap_or("");
-    let wait = deadline.map_or(PoolWait::Forever, PoolWait::Until);
-    let mut session = checkout::checkout(inner, first, wait, deadline).await?;
-    let mut next = 0;
-    while next < lock_ids.len() {
-        let (rest_keys, rest) = (&keys[next..], &lock_ids[next..]);
-        let tried = rest.len();
-        let first_busy;
-        (session, first_busy) = try_each(inner, rest_keys, rest, mode, session, deadline).await?;
-        let Some(busy) = first_busy else {
-            next += tried;
-            continue;
-        };
-        let at = next + busy;
-        tell_of_own_hold(
-            inner,
-            keys[at],
-            lock_ids[at],
-            mode,
-            "waits until that guard is released",
-        );
-        let waiting = wait_in_queue(
-            inner,
-            keys[at],
-            lock_ids[at],
-            mode,
-            session,
-            deadline,
-            at > 0,
-        );
-        session = Box::pin(waiting)
-            .await
-            .map_err(|error| said_if_held_here(inner, keys[at], lock_ids[at], mode, error))?;
-        next = at + 1;
-    }
-    Ok(session)
-}
-
-/// The tries of every lock of `lock_ids` in one round trip (see
-/// [`Statement::TryLockEach`]); the index of the first busy one, if any. On an
-/// error the session is closed, which frees whatever it held.
-async fn try_each(
-    inner: &Inner,
-    keys: &[&str],
-    lock_ids: &[i64],
-    mode: LockMode,
-    session: Session,
-    deadline: Option<Deadline>,
-) -> Result<(Session, Option<usize>), LockAcquisitionError> {
-    if lock_ids.len() == 1 {
-        return try_first(inner, keys[0], lock_ids[0], mode, session, deadline).await;
-    }
-    let statement = Statement::TryLockEach { lock_ids, mode };
-    let limit = step_limit(inner, deadline);
-    match answered(inner, keys[0], session, statement, limit, deadline).await? {
-        (session, Ok(Answer::FirstBusy(first_busy))) => Ok((session, first_busy)),
-        (session, Ok(answer)) => {
-            session.close();
-            let reason = format!("Database error: unexpected answer {answer:?}");
-            Err(with_timeout(
-                LockAcquisitionError::new(keys[0], AcquisitionErrorKind::Backend, reason),
-                deadline,
-            ))
-        }
-        (session, Err(error)) => {
-            session.close();
-            Err(with_timeout(driver_error(keys[0], error), deadline))
-        }
-    }
-}
-
-/// The try of the first of the locks left (`acquire_many` one key at a time: a
-/// group of one, or the setting that measures the old way).
-async fn try_first(
-    inner: &Inner,
-    key: &str,
-    lock_id: i64,
-    mode: LockMode,
-    session: Session,
-    deadline: Option<Deadline>,
-) -> Result<(Session, Option<usize>), LockAcquisitionError> {
-    Ok(
-        match try_lock(inner, key, lock_id, mode, session, deadline).await? {
-            Tried::Granted(session) => (session, None),
-            Tried::Busy(session) => (session, Some(0)),
-        },
-    )
 }
 
 /// `try_acquire`: a checkout that never waits for a slot and one try.
