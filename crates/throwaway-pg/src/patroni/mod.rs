@@ -313,14 +313,36 @@ impl PatroniCluster {
         Ok(leader)
     }
 
-    /// Waits until node `node` leads (after a failover, a switchover).
+    /// Waits until node `node` leads (after a failover, a switchover) and its PostgreSQL
+    /// accepts writes. Patroni's `GET /primary` answers 200 as soon as it has taken the
+    /// leader key and asked its server to promote; the server may still be replaying WAL
+    /// for a moment after (`pg_is_in_recovery()` true), and refuses an advisory lock's
+    /// fencing write until it is done.
     ///
     /// # Errors
     /// An [`Error::Io`] of kind `TimedOut` after `timeout`.
     pub fn wait_for_leader(&self, node: usize, timeout: Duration) -> Result<(), Error> {
-        self.wait(timeout, &format!("node{node} to lead"), |cluster| {
-            cluster.leader() == Some(node)
-        })
+        self.wait(
+            timeout,
+            &format!("node{node} to lead and accept writes"),
+            |cluster| cluster.leader() == Some(node) && cluster.accepts_writes(node),
+        )
+    }
+
+    /// Whether node `node`'s PostgreSQL answers `SELECT NOT pg_is_in_recovery()` with true,
+    /// asked over its Unix socket (which this host reaches whatever the network does).
+    fn accepts_writes(&self, node: usize) -> bool {
+        let mut command = Command::new(self.bin.tool("psql"));
+        crate::process::client_env(&mut command);
+        command
+            .args(["-X", "-A", "-t", "-q", "-h"])
+            .arg(self.socket_dir(node))
+            .arg("-p")
+            .arg(self.port(node).to_string())
+            .args(["-U", "postgres", "-d", "postgres", "-c"])
+            .arg("SELECT NOT pg_is_in_recovery()")
+            .stdin(Stdio::null());
+        run(&mut command).is_ok_and(|output| String::from_utf8_lossy(&output.stdout).trim() == "t")
     }
 
     /// `patronictl switchover --candidate nodeN --force`: a planned hand-over, the leader
