@@ -18,7 +18,7 @@
 //! - 3: `pinned` (the pinned cycle method), `callgrind` (instruction counts);
 //! - scenarios, one file each, none importing another: `cycle`, `try_acquire`, `shared`,
 //!   `many`, `throughput`, `handoff`, `hold`, `memory`, `instructions`, `metrics`,
-//!   `latency`, `cutover_append`, `multiplex`, `groups`, `permits`, and `scale`
+//!   `latency`, `cutover_append`, `multiplex`, `groups`, and `scale`
 //!   (a folder: one file per curve).
 
 mod callgrind;
@@ -38,7 +38,6 @@ mod memory;
 mod metrics;
 mod multiplex;
 mod otel;
-mod permits;
 mod pin;
 mod pinned;
 mod plan;
@@ -67,7 +66,7 @@ usage: lock-bench [--url URL] [--quick] [--out FILE.json] [--only LIST] [--scale
                 the markdown and the charts (handoff.svg, scale.svg) beside it
   --only LIST   comma-separated scenarios: cycle, try, shared, many, throughput, handoff,
                 hold, memory, instructions (needs valgrind), metrics (valgrind),
-                latency, cutover-append, multiplex, groups, permits; and scale
+                latency, cutover-append, multiplex, groups; and scale
                 (only when named: it needs a server sized for it)
   --scale-max N the scale scenario's largest held-lock count (default 1e5, 1e4 with
                 --quick; 1e6 needs a server sized for it: `cargo xtask bench` sizes it)
@@ -78,7 +77,7 @@ usage: lock-bench [--url URL] [--quick] [--out FILE.json] [--only LIST] [--scale
                 library-fencing, library-otel, library-metrics-off, … as the tables name)
 ";
 
-const SCENARIOS: [&str; 16] = [
+const SCENARIOS: [&str; 15] = [
     "cycle",
     "try",
     "shared",
@@ -93,7 +92,6 @@ const SCENARIOS: [&str; 16] = [
     "cutover-append",
     "multiplex",
     "groups",
-    "permits",
     "scale",
 ];
 
@@ -266,7 +264,6 @@ async fn run(args: &Args) -> Result<(), BoxError> {
             "cutover-append" => cutover_append::run(&db, plan).await?,
             "multiplex" => multiplex::run(&db, plan).await?,
             "groups" => groups::run(&db, plan).await?,
-            "permits" => permits::run(&db, plan).await?,
             "scale" => scale::run(&db, plan).await?,
             _ => unreachable!("scenario names are checked when parsing"),
         };
