@@ -28,7 +28,7 @@ use locks_postgres::tokio_postgres::error::SqlState;
 use locks_postgres::{PostgresLockGuard, PostgresLockManager, PostgresPermit};
 use serde_json::{Value, json};
 
-use crate::chart::{Series, handoff_svg};
+use crate::chart::{Curve, Panel, Unit, cdf, curves_svg};
 use crate::db::{Database, Raw};
 use crate::harness::{self, Outcome, cells, verdict};
 use crate::stats::{Latencies, as_f64, fairness, finite, fmt_ns, nanos};
@@ -465,7 +465,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         plan.handoff_poll_window.as_secs_f64(),
     ));
     let mut json_cells = Vec::new();
-    let mut series = Vec::new();
+    let mut curves: [Vec<Curve>; 2] = Default::default();
     for cell in &cells {
         let (id, _, color) = cell.contender.says();
         let name = cell.name();
@@ -575,13 +575,14 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             "releases_unserved_at_window_end": state.unserved_at_end,
         }));
         if cell.contender != Contender::Permits {
-            series.push(Series {
-                label: format!("{name}, {} contenders", cell.tasks),
-                color,
-                dashed: cell.tasks > CONTENDERS[0],
-                gaps: state.gaps,
-                waiter_gaps: state.waiter_gaps,
-            });
+            for (side, samples) in [&state.gaps, &state.waiter_gaps].into_iter().enumerate() {
+                curves[side].push(Curve {
+                    label: format!("{name}, {} contenders (n = {})", cell.tasks, samples.len()),
+                    color,
+                    dashed: cell.tasks > CONTENDERS[0],
+                    points: cdf(samples),
+                });
+            }
         }
     }
     let server: String = db
@@ -603,8 +604,20 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
          back; the right shows how long the waiting tasks were passed over."
             .to_owned(),
     ];
-    out.files
-        .push(("handoff.svg", handoff_svg(&series, &chart_notes)?));
+    let titles = [
+        "release → next acquisition (anyone)",
+        "release → acquisition by a task already waiting",
+    ];
+    let panels = titles.into_iter().zip(curves).map(|(title, curves)| Panel {
+        title: title.to_owned(),
+        x_desc: "gap",
+        y_desc: "share of handoffs",
+        y_unit: Unit::Share,
+        curves,
+    });
+    let title = "Lock handoff: cumulative distribution of gaps (log scale)";
+    let svg = curves_svg(title, &panels.collect::<Vec<_>>(), 2, &chart_notes)?;
+    out.files.push(("handoff.svg", svg));
     Ok(out.with(json!({
         "hold_ms": 2,
         "acquire_timeout_s": 5,
