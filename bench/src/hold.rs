@@ -59,29 +59,21 @@ impl Memory {
     }
 }
 
-#[derive(Debug)]
-struct LibraryRound {
-    connection_heap: f64,
-    connection_rss: Option<f64>,
-    first_lock_heap: f64,
-    bookkeeping_heap: f64,
-    guard_heap: f64,
-    pool_size: usize,
-    held_count: usize,
-    sessions: i64,
-    granted: i64,
-    released: usize,
-    release_all: Duration,
-}
-
-#[derive(Debug)]
-struct RawRound {
-    connection_heap: f64,
-    connection_rss: Option<f64>,
-    locked_heap: f64,
-    sessions: i64,
-    granted: i64,
-    release_all: Duration,
+/// The median over `rounds` of each of their figures, as `{figure}_median` (null where a
+/// round lacks it), and the rounds themselves.
+fn summary(rounds: &[Value]) -> Value {
+    let mut out = serde_json::Map::new();
+    for key in rounds
+        .first()
+        .and_then(Value::as_object)
+        .into_iter()
+        .flat_map(|r| r.keys())
+    {
+        let values: Option<Vec<f64>> = rounds.iter().map(|r| r[key].as_f64()).collect();
+        out.insert(format!("{key}_median"), json!(values.map(|v| median(&v))));
+    }
+    out.insert("rounds".to_owned(), json!(rounds));
+    Value::Object(out)
 }
 
 async fn library_round(
@@ -89,7 +81,7 @@ async fn library_round(
     admin: &Client,
     count: usize,
     round: usize,
-) -> Result<LibraryRound, BoxError> {
+) -> Result<Value, BoxError> {
     let keys: Vec<String> = (0..count)
         .map(|n| format!("bench:hold:{round}:{n}"))
         .collect();
@@ -143,19 +135,19 @@ async fn library_round(
     drop(manager);
     drop(pool);
     db.sessions(admin, LIBRARY_APP, 0).await?;
-    Ok(LibraryRound {
-        connection_heap: empty.heap_per(connected, count),
-        connection_rss: empty.rss_per(connected, count),
-        first_lock_heap: connected.heap_per(primed, count),
-        bookkeeping_heap: before_locks.heap_per(held, count),
-        guard_heap: held.heap_per(with_guards, count),
-        pool_size,
-        held_count,
-        sessions,
-        granted,
-        released,
-        release_all,
-    })
+    Ok(json!({
+        "connection_heap_bytes": empty.heap_per(connected, count),
+        "connection_rss_bytes": empty.rss_per(connected, count),
+        "connection_after_first_lock_heap_bytes": connected.heap_per(primed, count),
+        "bookkeeping_heap_bytes": before_locks.heap_per(held, count),
+        "guard_heap_bytes": held.heap_per(with_guards, count),
+        "pool_size": pool_size,
+        "held_lock_count": held_count,
+        "sessions": sessions,
+        "granted_advisory_locks": granted,
+        "released": released,
+        "release_all_s": release_all.as_secs_f64(),
+    }))
 }
 
 async fn raw_round(
@@ -163,7 +155,7 @@ async fn raw_round(
     admin: &Client,
     count: usize,
     round: usize,
-) -> Result<RawRound, BoxError> {
+) -> Result<Value, BoxError> {
     let ids: Vec<i64> = (0..count)
         .map(|n| lock_id(&format!("bench:hold-raw:{round}:{n}")))
         .collect();
@@ -196,14 +188,14 @@ async fn raw_round(
     let release_all = started.elapsed();
     drop(clients);
     db.sessions(admin, RAW_APP, 0).await?;
-    Ok(RawRound {
-        connection_heap: empty.heap_per(connected, count),
-        connection_rss: empty.rss_per(connected, count),
-        locked_heap: connected.heap_per(locked, count),
-        sessions,
-        granted,
-        release_all,
-    })
+    Ok(json!({
+        "connection_heap_bytes": empty.heap_per(connected, count),
+        "connection_rss_bytes": empty.rss_per(connected, count),
+        "locked_heap_bytes": connected.heap_per(locked, count),
+        "sessions": sessions,
+        "granted_advisory_locks": granted,
+        "unlock_all_s": release_all.as_secs_f64(),
+    }))
 }
 
 pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
@@ -220,27 +212,24 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     })
     .await?;
 
-    let med = |f: &dyn Fn(&LibraryRound) -> f64| median(&library.iter().map(f).collect::<Vec<_>>());
-    let raw_med = |f: &dyn Fn(&RawRound) -> f64| median(&raw.iter().map(f).collect::<Vec<_>>());
-    let rss_med = |values: Option<Vec<f64>>| values.map(|v| median(&v));
-    let connection_heap = med(&|r| r.connection_heap);
-    let connection_rss = rss_med(library.iter().map(|r| r.connection_rss).collect());
-    let bookkeeping = med(&|r| r.bookkeeping_heap);
-    let first_lock = med(&|r| r.first_lock_heap);
-    let guard = med(&|r| r.guard_heap);
-    let raw_connection_heap = raw_med(&|r| r.connection_heap);
-    let raw_connection_rss = rss_med(raw.iter().map(|r| r.connection_rss).collect());
-    let raw_locked = raw_med(&|r| r.locked_heap);
-    let release_all = med(&|r| r.release_all.as_secs_f64());
-    let raw_release_all = raw_med(&|r| r.release_all.as_secs_f64());
-    let expected = i64::try_from(count)?;
+    let expected = json!(count);
     let one_each = library.iter().all(|r| {
-        (r.pool_size, r.held_count, r.released) == (count, count, count)
-            && (r.sessions, r.granted) == (expected, expected)
+        let keys = ["pool_size", "held_lock_count", "released", "sessions"];
+        keys.into_iter()
+            .chain(["granted_advisory_locks"])
+            .all(|k| r[k] == expected)
     });
     let (last, raw_last) = (
-        library.last().ok_or("no round ran")?,
-        raw.last().ok_or("no round ran")?,
+        library.last().ok_or("no round ran")?.clone(),
+        raw.last().ok_or("no round ran")?.clone(),
+    );
+    let (library, raw) = (summary(&library), summary(&raw));
+    let median = |side: &Value, key: &str| side[format!("{key}_median")].as_f64().unwrap_or(0.0);
+    let bookkeeping = median(&library, "bookkeeping_heap_bytes");
+    let bytes = |side: &Value, key: &str| fmt_bytes(median(side, key));
+    let (release_all, raw_release_all) = (
+        median(&library, "release_all_s"),
+        median(&raw, "unlock_all_s"),
     );
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let as_ns = |s: f64| fmt_ns((s * 1e9) as u64);
@@ -265,7 +254,8 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
          with the multiplexed manager's.",
         plan.hold_rounds
     ));
-    let (pool, sessions, granted) = (last.pool_size, last.sessions, last.granted);
+    let (pool, sessions) = (&last["pool_size"], &last["sessions"]);
+    let granted = &last["granted_advisory_locks"];
     let [_, one_each_result] = out.gate(
         format!("{count} held locks: one connection each"),
         format!("pool {pool} / sessions {sessions} / granted {granted}"),
@@ -283,21 +273,24 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     out.row(cells![
         "connections per held lock (pool size, sessions in pg_stat_activity, granted advisory locks)",
         format!("{pool} / {sessions} / {granted} for {count}"),
-        format!("{} / {} for {count}", raw_last.sessions, raw_last.granted),
+        format!(
+            "{} / {} for {count}",
+            raw_last["sessions"], raw_last["granted_advisory_locks"]
+        ),
         "= 1 each",
         one_each_result,
     ]);
     out.row(cells![
         "client heap per connection (pool warmed, no lock)",
-        fmt_bytes(connection_heap),
-        fmt_bytes(raw_connection_heap),
+        bytes(&library, "connection_heap_bytes"),
+        bytes(&raw, "connection_heap_bytes"),
         "",
         "",
     ]);
     out.row(cells![
         "heap a connection keeps after its first lock (library: its cached prepared statements; raw: a simple query's traces)",
-        fmt_bytes(first_lock),
-        fmt_bytes(raw_locked),
+        bytes(&library, "connection_after_first_lock_heap_bytes"),
+        bytes(&raw, "locked_heap_bytes"),
         "",
         "",
     ]);
@@ -310,7 +303,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     ]);
     out.row(cells![
         "guard per held lock (heap, while the caller keeps it)",
-        fmt_bytes(guard),
+        bytes(&library, "guard_heap_bytes"),
         "—",
         "",
         "",
@@ -323,50 +316,11 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         "",
     ]);
     let multiplex = multiplexed(db, &admin, &mut out).await?;
-    let round_json = |r: &LibraryRound| {
-        json!({
-            "connection_heap_bytes": r.connection_heap,
-            "connection_rss_bytes": r.connection_rss,
-            "connection_after_first_lock_heap_bytes": r.first_lock_heap,
-            "bookkeeping_heap_bytes": r.bookkeeping_heap,
-            "guard_heap_bytes": r.guard_heap,
-            "pool_size": r.pool_size,
-            "held_lock_count": r.held_count,
-            "sessions": r.sessions,
-            "granted_advisory_locks": r.granted,
-            "released": r.released,
-            "release_all_s": r.release_all.as_secs_f64(),
-        })
-    };
-    let raw_json = |r: &RawRound| {
-        json!({
-            "connection_heap_bytes": r.connection_heap,
-            "connection_rss_bytes": r.connection_rss,
-            "locked_heap_bytes": r.locked_heap,
-            "sessions": r.sessions,
-            "granted_advisory_locks": r.granted,
-            "unlock_all_s": r.release_all.as_secs_f64(),
-        })
-    };
     Ok(out.with(json!({
         "locks": count,
         "rounds": plan.hold_rounds,
-        "library": {
-            "connection_heap_bytes_median": connection_heap,
-            "connection_rss_bytes_median": connection_rss,
-            "connection_after_first_lock_heap_bytes_median": first_lock,
-            "bookkeeping_heap_bytes_median": bookkeeping,
-            "guard_heap_bytes_median": guard,
-            "release_all_s_median": release_all,
-            "rounds": library.iter().map(round_json).collect::<Vec<_>>(),
-        },
-        "raw": {
-            "connection_heap_bytes_median": raw_connection_heap,
-            "connection_rss_bytes_median": raw_connection_rss,
-            "locked_heap_bytes_median": raw_locked,
-            "unlock_all_s_median": raw_release_all,
-            "rounds": raw.iter().map(raw_json).collect::<Vec<_>>(),
-        },
+        "library": library,
+        "raw": raw,
         "multiplex": multiplex,
     })))
 }
@@ -502,4 +456,28 @@ async fn multiplexed(db: &Database, admin: &Client, out: &mut Outcome) -> Result
         "released": released,
         "granted_after_release_all": left,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_summary_is_each_figure_s_median_and_the_rounds() {
+        let rounds = [
+            json!({ "heap": 10.0, "rss": null, "sessions": 3 }),
+            json!({ "heap": 30.0, "rss": 5.0, "sessions": 3 }),
+            json!({ "heap": 20.0, "rss": 7.0, "sessions": 3 }),
+        ];
+        let summary = summary(&rounds);
+        assert_eq!(summary["heap_median"], json!(20.0));
+        assert_eq!(summary["rss_median"], Value::Null);
+        assert_eq!(summary["sessions_median"], json!(3.0));
+        assert_eq!(summary["rounds"], json!(rounds));
+        assert_eq!(
+            json!(3_i64),
+            json!(3_usize),
+            "counts compare across integer types"
+        );
+    }
 }
