@@ -17,9 +17,10 @@
 //! - 2: `clients` (every client a cycle scenario compares, built by name);
 //! - 3: `pinned` (the pinned cycle method), `callgrind` (instruction counts);
 //! - scenarios, none importing another: `cycles` (the pinned cycles `cycle`, `try`,
-//!   `shared`, `many`), `throughput`, `handoff`, `hold`, `memory`, `instructions`, `metrics`,
-//!   `latency`, `cutover_append`, and `scale`
-//!   (a folder: one file per curve).
+//!   `shared`, `many`), `throughput`, `handoff` (locks and the semaphore), `hold` (plain and
+//!   multiplexed), `memory`, `instructions`, `metrics`, `latency` (through a delaying
+//!   proxy, `acquire_many` included), `cutover_append`, and `scale` (a folder: one file
+//!   per curve).
 
 mod callgrind;
 mod chart;
@@ -61,8 +62,8 @@ usage: lock-bench [--url URL] [--quick] [--out FILE.json] [--only LIST] [--scale
                 the markdown and the charts (handoff.svg, scale.svg) beside it
   --only LIST   comma-separated scenarios: cycle, try, shared, many, throughput, handoff,
                 hold, memory, instructions (needs valgrind), metrics (valgrind),
-                latency, cutover-append; and scale
-                (only when named: it needs a server sized for it)
+                latency, cutover-append; and scale (only when named: it needs a
+                server sized for it)
   --scale-max N the scale scenario's largest held-lock count (default 1e5, 1e4 with
                 --quick; 1e6 needs a server sized for it: `cargo xtask bench` sizes it)
 
@@ -457,9 +458,9 @@ mod tests {
         assert!(sources.len() > 20, "read {} modules", sources.len());
         assert_eq!(back_edges(&sources), Vec::<String>::new());
         // A planted back-edge (the ground importing a scenario) is caught.
-        let planted = [("db".to_owned(), "use crate::{cycle, stats};".to_owned())];
-        assert_eq!(back_edges(&planted), ["db imports cycle"]);
-        let sideways = [("many".to_owned(), "crate::shared::shared(db)".to_owned())];
-        assert_eq!(back_edges(&sideways), ["many imports shared"]);
+        let planted = [("db".to_owned(), "use crate::{cycles, stats};".to_owned())];
+        assert_eq!(back_edges(&planted), ["db imports cycles"]);
+        let sideways = [("hold".to_owned(), "crate::handoff::run(db)".to_owned())];
+        assert_eq!(back_edges(&sideways), ["hold imports handoff"]);
     }
 }
