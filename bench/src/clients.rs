@@ -24,24 +24,29 @@ pub(crate) const KEYS: usize = 64;
 /// How many keys a group (`acquire_many`) takes at once.
 pub(crate) const GROUP: usize = 8;
 
-/// The words a library client's name may carry after `library`: a setting of the
-/// manager, a timeout, a kind of lock, or (for the caller) an OpenTelemetry pipeline.
-const WORDS: [&str; 11] = [
-    "-fencing",
-    "-keepalive-off",
-    "-lease-off",
-    "-metrics-off",
-    "-metrics-sdk",
-    "-spans",
-    "-otel",
-    "-timeout",
-    "-try",
-    "-shared",
-    "-many",
+/// The words a library client's name may carry after `library`, and what its label says
+/// of them: a setting of the manager, or (for the caller) an OpenTelemetry pipeline; then
+/// a timeout, a kind of lock ([`label`] says those in the operation).
+const WORDS: [(&str, &str); 11] = [
+    ("-fencing", ", fencing on"),
+    ("-keepalive-off", ", keepalive off (and so no lease)"),
+    (
+        "-lease-off",
+        ", lease off (keepalive on; the server's TCP timers left alone; the default sets \
+         them in the connection's set-up)",
+    ),
+    ("-metrics-off", ", metrics off (`metrics(false)`)"),
+    ("-metrics-sdk", ", metrics SDK installed"),
+    ("-otel", " + OpenTelemetry at INFO"),
+    ("-spans", ", lock spans at INFO"),
+    ("-timeout", ""),
+    ("-try", ""),
+    ("-shared", ""),
+    ("-many", ""),
 ];
 
-/// What the tables call each client.
-const LABELS: [(&str, &str); 22] = [
+/// What the tables call each raw client.
+const RAW: [(&str, &str); 8] = [
     ("raw", "raw: prepared pg_advisory_lock($1) + unlock"),
     (
         "raw-simple",
@@ -68,66 +73,39 @@ const LABELS: [(&str, &str); 22] = [
         "raw-many",
         "raw: 8 prepared pg_advisory_lock($1) in lock-id order + 8 unlocks",
     ),
-    ("library", "library: acquire (no timeout) + release"),
-    (
-        "library-timeout",
-        "library: acquire (timeout 5 s) + release",
-    ),
-    (
-        "library-fencing",
-        "library, fencing on: acquire (no timeout) + release",
-    ),
-    (
-        "library-keepalive-off",
-        "library, keepalive off (and so no lease): acquire (no timeout) + release",
-    ),
-    (
-        "library-lease-off",
-        "library, lease off (keepalive on; the server's TCP timers left alone; the default \
-         sets them in the connection's set-up): acquire (no timeout) + release",
-    ),
-    (
-        "library-otel",
-        "library + OpenTelemetry at INFO: acquire (no timeout) + release",
-    ),
-    (
-        "library-timeout-otel",
-        "library + OpenTelemetry at INFO: acquire (timeout 5 s) + release",
-    ),
-    (
-        "library-otel-spans",
-        "library + OpenTelemetry, lock spans at INFO: acquire (no timeout) + release",
-    ),
-    (
-        "library-timeout-otel-spans",
-        "library + OpenTelemetry, lock spans at INFO: acquire (timeout 5 s) + release",
-    ),
-    ("library-try", "library: try_acquire + release"),
-    (
-        "library-shared",
-        "library: acquire shared (no timeout) + release",
-    ),
-    (
-        "library-shared-timeout",
-        "library: acquire shared (timeout 5 s) + release",
-    ),
-    (
-        "library-many",
-        "library: acquire_many of 8 keys (no timeout) + release",
-    ),
-    (
-        "library-many-timeout",
-        "library: acquire_many of 8 keys (timeout 5 s) + release",
-    ),
 ];
 
-/// What the tables call the client `name` ([`client`]); the name itself when it has no
-/// label.
+/// What the tables call the client `name` ([`client`]), `library, fencing on: acquire
+/// (timeout 5 s) + release` for `library-fencing-timeout`; the name itself when it is
+/// no client's. Made once per client of a run, and kept for the run (leaked).
 pub(crate) fn label(name: &'static str) -> &'static str {
-    LABELS
+    if let Some((_, label)) = RAW.iter().find(|(n, _)| *n == name) {
+        return label;
+    }
+    let Some(words) = name.strip_prefix("library") else {
+        return name;
+    };
+    let has = |word: &str| words.contains(word);
+    let settings: String = WORDS
         .iter()
-        .find(|(n, _)| *n == name)
-        .map_or(name, |(_, label)| label)
+        .filter(|(w, _)| has(w))
+        .map(|(_, s)| *s)
+        .collect();
+    let wait = if has("-timeout") {
+        "timeout 5 s"
+    } else {
+        "no timeout"
+    };
+    let operation = if has("-try") {
+        "try_acquire".to_owned()
+    } else if has("-shared") {
+        format!("acquire shared ({wait})")
+    } else if has("-many") {
+        format!("acquire_many of {GROUP} keys ({wait})")
+    } else {
+        format!("acquire ({wait})")
+    };
+    format!("library{settings}: {operation} + release").leak()
 }
 
 /// `count` keys `{prefix}:{n}`.
@@ -257,7 +235,7 @@ pub(crate) async fn client(
     let has = |word: &str| words.contains(word);
     let left = WORDS
         .iter()
-        .fold(words.to_owned(), |rest, w| rest.replace(w, ""));
+        .fold(words.to_owned(), |rest, (w, _)| rest.replace(w, ""));
     if !left.is_empty() {
         return Err(format!("unknown client `{name}` (`{left}` is not a setting)").into());
     }
@@ -316,7 +294,7 @@ const TRY_EACH: &str = "WITH tried AS MATERIALIZED (SELECT t.ord, t.id, \
     WHERE tried.got AND tried.ord > busy.at)";
 
 /// The library's statement texts for a bounded wait on `id`, and its unlock.
-fn library_text(id: i64) -> (String, String) {
+pub(crate) fn library_text(id: i64) -> (String, String) {
     let ms = BOUNDED.as_millis();
     (
         format!(
@@ -458,4 +436,28 @@ fn first_value(messages: &[SimpleQueryMessage]) -> Option<String> {
         SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
         _ => None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_say_the_words_of_the_name() {
+        assert_eq!(label("raw-try"), RAW[3].1);
+        assert_eq!(
+            label("library-fencing-timeout"),
+            "library, fencing on: acquire (timeout 5 s) + release"
+        );
+        assert_eq!(
+            label("library-otel-spans"),
+            "library + OpenTelemetry at INFO, lock spans at INFO: acquire (no timeout) + release"
+        );
+        assert_eq!(
+            label("library-many"),
+            "library: acquire_many of 8 keys (no timeout) + release"
+        );
+        assert_eq!(label("library-try"), "library: try_acquire + release");
+        assert_eq!(label("other"), "other");
+    }
 }

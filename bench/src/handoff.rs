@@ -1,26 +1,34 @@
-//! Scenario 4: handoff under contention. N tasks loop acquire (timeout 5 s) / hold 2 ms /
-//! release on one key; every task has its own manager and its own pool of one connection,
-//! as separate processes would.
+//! Scenario `handoff`: contention on one key. Tasks loop acquire (timeout 5 s) / hold 2 ms
+//! / release, each with its own manager and pool of one connection (raw: a connection of
+//! its own), as separate processes would: 4 and 16 tasks on a lock, waiting as raw
+//! `pg_advisory_lock`, the library's `Queue` and its `Poll`; 16 tasks on a semaphore of
+//! N = 4; then one window of long jobs on the semaphore (8 tasks, 100–400 ms, N = 4), where
+//! a permit freed on a slot nobody watches would show. Every window's order rotates.
 //!
-//! All instants come from one monotonic clock (`Instant`) shared by the tasks:
-//! - **gap**: from the instant just before a holder calls release to the instant the next
-//!   acquisition (by any task, the releaser included) returns;
-//! - **gap to a waiter**: from a release while other tasks were waiting to the instant one
-//!   of *those* tasks' acquisitions returns. Under a FIFO queue the two are the same; under
+//! One [`Recorder`] times them all, on one monotonic clock shared by the tasks:
+//! - **gap**: from just before a holder calls release to the return of the next
+//!   acquisition by anyone (the releaser included), releases and acquisitions matched in
+//!   order (a semaphore has several releases outstanding);
+//! - **gap to a waiter**: from a release while other tasks waited to the return of an
+//!   acquisition by one of *those* tasks. Under a FIFO queue the two are the same; under
 //!   polling the releaser often takes the lock straight back, and this is how long the
-//!   tasks that were already waiting were passed over;
-//! - **fairness**: most turns / fewest turns among the tasks in one window (the worst
-//!   window is reported).
+//!   tasks already waiting were passed over;
+//! - **fairness**: most turns / fewest turns among the tasks of one window (the worst);
+//! - **most inside**: the most tasks holding at once (never above N);
+//! - **idle share**: capacity left free while someone waited (`min(free, waiting)` over
+//!   time) over N × the windows' length.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use locks_port::{AcquireOptions, DistributedLock, LockGuard, WaitStrategy, lock_id};
-use locks_postgres::PostgresLockManager;
+use locks_port::{AcquireOptions, DistributedLock, LockGuard, PermitGuard, Semaphore};
+use locks_port::{LockAcquisitionError, WaitStrategy, lock_id};
 use locks_postgres::tokio_postgres::error::SqlState;
+use locks_postgres::{PostgresLockGuard, PostgresLockManager, PostgresPermit};
 use serde_json::{Value, json};
 
-use crate::chart::{Series, handoff_svg};
+use crate::chart::{Curve, Panel, Unit, cdf, curves_svg};
 use crate::db::{Database, Raw};
 use crate::harness::{self, Outcome, cells, verdict};
 use crate::stats::{Latencies, as_f64, fairness, finite, fmt_ns, nanos};
@@ -28,11 +36,10 @@ use crate::{BoxError, Plan};
 
 const HOLD: Duration = Duration::from_millis(2);
 const BOUNDED: Duration = Duration::from_secs(5);
-/// Targets for the server-side wait.
-const GAP_P99_LIMIT: Duration = Duration::from_millis(2);
-const GAP_LIMIT_CONTENDERS: usize = 4;
-const FAIRNESS_LIMIT: f64 = 1.5;
 const CONTENDERS: [usize; 2] = [4, 16];
+const PERMITS: u32 = 4;
+const JOB_TASKS: usize = 8;
+const JOB_WINDOW: Duration = Duration::from_secs(8);
 
 /// Who contends, and how they wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,11 +50,11 @@ enum Contender {
     Queue,
     /// The library, `WaitStrategy::Poll`: the Python library's `pg_try_advisory_lock` every 100 ms.
     Poll,
+    /// The library's semaphore of [`PERMITS`] (its waiters always wait on the server).
+    Permits,
 }
 
 impl Contender {
-    const ALL: [Self; 3] = [Self::Raw, Self::Queue, Self::Poll];
-
     /// Its name in the JSON, its label, and its colour in the chart.
     fn says(self) -> (&'static str, &'static str, (u8, u8, u8)) {
         match self {
@@ -66,19 +73,35 @@ impl Contender {
                 "library, Poll (100 ms, as the Python library)",
                 (0xd6, 0x27, 0x28),
             ),
+            Self::Permits => ("permits", "library, semaphore of N = 4", (0x2c, 0xa0, 0x2c)),
+        }
+    }
+
+    fn capacity(self) -> usize {
+        if self == Self::Permits {
+            PERMITS as usize
+        } else {
+            1
         }
     }
 }
 
-/// What happened during the windows of one (contender, task count).
+/// What happened during the windows of one cell.
 #[derive(Debug, Default)]
 struct State {
+    /// How many may hold at once (N).
+    capacity: usize,
     /// Bit `i` is set while task `i` is inside an acquire.
     waiting: u32,
-    /// The last release not yet followed by an acquisition, and who released.
-    last_release: Option<(Instant, usize)>,
+    inside: usize,
+    most_inside: usize,
+    /// Releases not yet followed by an acquisition, oldest first, and who released.
+    released: VecDeque<(Instant, usize)>,
     /// Releases made while others waited, with the set of those waiters.
     open: Vec<(Instant, u32)>,
+    /// Capacity left free while someone waited, up to `last`.
+    idle: Duration,
+    last: Option<Instant>,
     gaps: Vec<u64>,
     waiter_gaps: Vec<u64>,
     waits: Vec<u64>,
@@ -89,41 +112,55 @@ struct State {
     unserved_at_end: u64,
 }
 
-#[derive(Debug)]
-struct Recorder {
-    state: Mutex<State>,
+impl State {
+    /// Adds the idle capacity since the last event, up to `now`.
+    fn advance(&mut self, now: Instant) {
+        if let Some(last) = self.last {
+            let free = self.capacity.saturating_sub(self.inside);
+            let idle = free.min(self.waiting.count_ones() as usize);
+            self.idle += now.saturating_duration_since(last) * u32::try_from(idle).unwrap_or(0);
+        }
+        self.last = Some(now);
+    }
 }
 
+/// The events of the tasks of one cell, timed on one clock.
+#[derive(Debug)]
+struct Recorder(Mutex<State>);
+
 impl Recorder {
-    fn new(tasks: usize) -> Self {
+    fn new(tasks: usize, capacity: usize) -> Self {
         assert!(tasks <= 32, "the waiting set is a u32");
-        Self {
-            state: Mutex::new(State {
-                turns: vec![0; tasks],
-                ..State::default()
-            }),
-        }
+        Self(Mutex::new(State {
+            capacity,
+            turns: vec![0; tasks],
+            ..State::default()
+        }))
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
-        f(&mut self.state.lock().unwrap_or_else(PoisonError::into_inner))
+        f(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
-    fn begin_wait(&self, task: usize) {
-        self.with(|s| s.waiting |= 1 << task);
+    fn begin_wait(&self, task: usize, at: Instant) {
+        self.with(|s| {
+            s.advance(at);
+            s.waiting |= 1 << task;
+        });
     }
 
     fn acquired(&self, task: usize, called: Instant, at: Instant) {
         let bit = 1u32 << task;
         self.with(|s| {
+            s.advance(at);
             s.waiting &= !bit;
+            s.inside += 1;
+            s.most_inside = s.most_inside.max(s.inside);
             s.turns[task] += 1;
             s.waits.push(nanos(at - called));
-            if let Some((released, releaser)) = s.last_release.take() {
+            if let Some((released, releaser)) = s.released.pop_front() {
                 s.gaps.push(nanos(at.saturating_duration_since(released)));
-                if releaser == task {
-                    s.retaken += 1;
-                }
+                s.retaken += u64::from(releaser == task);
             }
             let mut served = Vec::new();
             s.open.retain(|&(released, waiters)| {
@@ -140,7 +177,9 @@ impl Recorder {
     /// Call just before the release is issued.
     fn releasing(&self, task: usize, at: Instant) {
         self.with(|s| {
-            s.last_release = Some((at, task));
+            s.advance(at);
+            s.inside -= 1;
+            s.released.push_back((at, task));
             let waiters = s.waiting & !(1 << task);
             if waiters != 0 {
                 s.open.push((at, waiters));
@@ -150,36 +189,31 @@ impl Recorder {
 
     /// `task` stopped waiting without the lock: its acquire timed out, or the window
     /// ended (`at_end`).
-    fn gave_up(&self, task: usize, at_end: bool) {
+    fn gave_up(&self, task: usize, at: Instant, at_end: bool) {
         let bit = 1u32 << task;
         self.with(|s| {
+            s.advance(at);
             s.waiting &= !bit;
-            if !at_end {
-                s.timeouts += 1;
-            }
-            let mut emptied = 0;
-            s.open.retain_mut(|(_, waiters)| {
-                *waiters &= !bit;
-                if *waiters == 0 {
-                    emptied += 1;
-                }
-                *waiters != 0
-            });
-            if at_end {
-                s.unserved_at_end += emptied;
+            s.timeouts += u64::from(!at_end);
+            let before = s.open.len();
+            s.open.iter_mut().for_each(|(_, waiters)| *waiters &= !bit);
+            s.open.retain(|(_, waiters)| *waiters != 0);
+            let emptied = u64::try_from(before - s.open.len()).unwrap_or(0);
+            *(if at_end {
+                &mut s.unserved_at_end
             } else {
-                s.abandoned += emptied;
-            }
+                &mut s.abandoned
+            }) += emptied;
         });
     }
 
-    /// Ends a window: what is still open was not served within it.
+    /// Ends a window: what is still open was not served within it. The turns of each task.
     fn finish_window(&self) -> Vec<u64> {
         self.with(|s| {
             s.unserved_at_end += u64::try_from(s.open.len()).unwrap_or(u64::MAX);
             s.open.clear();
-            s.waiting = 0;
-            s.last_release = None;
+            s.released.clear();
+            (s.waiting, s.inside, s.last) = (0, 0, None);
             let tasks = s.turns.len();
             std::mem::replace(&mut s.turns, vec![0; tasks])
         })
@@ -189,43 +223,52 @@ impl Recorder {
 /// How a task of one window takes and gives back the lock: a manager of its own, or a
 /// raw connection under `lock_timeout = 5s`.
 enum Taker {
-    Library(PostgresLockManager, AcquireOptions),
+    Library(PostgresLockManager, Contender),
     Raw(Raw),
 }
 
 enum Taken {
-    Library(locks_postgres::PostgresLockGuard),
+    Lock(PostgresLockGuard),
+    Permit(PostgresPermit),
     Raw,
     TimedOut,
 }
 
 impl Taker {
     async fn new(db: &Database, contender: Contender) -> Result<Self, BoxError> {
-        let strategy = match contender {
-            Contender::Raw => {
-                let raw = Raw::connect(db, "lock-bench-handoff", false).await?;
-                raw.client.simple_query("SET lock_timeout = '5s'").await?;
-                return Ok(Self::Raw(raw));
-            }
-            Contender::Queue => WaitStrategy::Queue,
-            Contender::Poll => WaitStrategy::Poll,
-        };
+        if contender == Contender::Raw {
+            let raw = Raw::connect(db, "lock-bench-handoff", false).await?;
+            raw.client.simple_query("SET lock_timeout = '5s'").await?;
+            return Ok(Self::Raw(raw));
+        }
         let pool = db.pool(1, "lock-bench-handoff");
         db.warm(&pool, 1).await?;
-        let options = AcquireOptions::new().with_timeout(BOUNDED);
-        Ok(Self::Library(
-            PostgresLockManager::new(pool),
-            options.with_wait_strategy(strategy),
-        ))
+        Ok(Self::Library(PostgresLockManager::new(pool), contender))
     }
 
     async fn take(&self, key: &str, id: i64) -> Result<Taken, BoxError> {
+        let timed_out = |error: LockAcquisitionError| -> Result<Taken, BoxError> {
+            if error.is_timeout() {
+                Ok(Taken::TimedOut)
+            } else {
+                Err(error.into())
+            }
+        };
+        let options = AcquireOptions::new().with_timeout(BOUNDED);
         match self {
-            Self::Library(manager, options) => match manager.acquire(key, *options).await {
-                Ok(guard) => Ok(Taken::Library(guard)),
-                Err(error) if error.is_timeout() => Ok(Taken::TimedOut),
-                Err(error) => Err(error.into()),
-            },
+            Self::Library(manager, Contender::Permits) => manager
+                .acquire_permit(key, PERMITS, options)
+                .await
+                .map_or_else(timed_out, |permit| Ok(Taken::Permit(permit))),
+            Self::Library(manager, contender) => {
+                let strategy = if *contender == Contender::Poll {
+                    WaitStrategy::Poll
+                } else {
+                    WaitStrategy::Queue
+                };
+                let options = options.with_wait_strategy(strategy);
+                (manager.acquire(key, options).await).map_or_else(timed_out, |g| Ok(Taken::Lock(g)))
+            }
             Self::Raw(raw) => match raw.lock(id).await {
                 Ok(()) => Ok(Taken::Raw),
                 Err(error) if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
@@ -238,7 +281,8 @@ impl Taker {
 
     async fn give_back(&self, taken: Taken, id: i64) -> Result<(), BoxError> {
         match (self, taken) {
-            (Self::Library(..), Taken::Library(guard)) => drop(guard.release().await),
+            (_, Taken::Lock(guard)) => drop(guard.release().await),
+            (_, Taken::Permit(permit)) => drop(permit.release().await),
             (Self::Raw(raw), Taken::Raw) => raw.unlock(id).await?,
             _ => {}
         }
@@ -246,54 +290,114 @@ impl Taker {
     }
 }
 
-/// One window: `tasks` takers loop on `key` until `length` has passed. Returns the turns
-/// of each task.
-async fn window(
-    db: &Database,
+/// How long a task holds on its `turn`: [`HOLD`], or with `jobs` a job of 100–400 ms
+/// (spread by task and turn).
+fn hold(jobs: bool, task: usize, turn: u64) -> Duration {
+    let spread = (task as u64)
+        .wrapping_mul(7_919)
+        .wrapping_add(turn.wrapping_mul(104_729));
+    if jobs {
+        Duration::from_millis(100 + spread % 301)
+    } else {
+        HOLD
+    }
+}
+
+/// One measured combination: who contends, how many, and what they did.
+struct Cell {
     contender: Contender,
     tasks: usize,
-    key: String,
-    length: Duration,
-    recorder: &Arc<Recorder>,
-) -> Result<Vec<u64>, BoxError> {
-    let mut takers = Vec::with_capacity(tasks);
-    for _ in 0..tasks {
-        takers.push(Taker::new(db, contender).await?);
+    jobs: bool,
+    recorder: Arc<Recorder>,
+    /// The turns of each task, a window each.
+    windows: Vec<Vec<u64>>,
+    measured: Duration,
+}
+
+impl Cell {
+    fn new(contender: Contender, tasks: usize, jobs: bool) -> Self {
+        let recorder = Arc::new(Recorder::new(tasks, contender.capacity()));
+        let (windows, measured) = (Vec::new(), Duration::ZERO);
+        Self {
+            contender,
+            tasks,
+            jobs,
+            recorder,
+            windows,
+            measured,
+        }
     }
-    let id = lock_id(&key);
-    let key: Arc<str> = key.into();
-    let end = Instant::now() + length;
-    let mut running = tokio::task::JoinSet::new();
-    for (task, taker) in takers.into_iter().enumerate() {
-        let recorder = Arc::clone(recorder);
-        let key = Arc::clone(&key);
-        running.spawn(async move {
-            while Instant::now() < end {
-                recorder.begin_wait(task);
-                let called = Instant::now();
-                let Ok(taken) = tokio::time::timeout_at(end.into(), taker.take(&key, id)).await
-                else {
-                    // The window is over; dropping the wait cancels it.
-                    recorder.gave_up(task, true);
-                    break;
-                };
-                let taken = taken?;
-                if matches!(taken, Taken::TimedOut) {
-                    recorder.gave_up(task, false);
-                    continue;
+
+    /// One window: the cell's tasks loop on a key of their own until `length` has passed.
+    async fn window(
+        &mut self,
+        db: &Database,
+        length: Duration,
+        key: String,
+    ) -> Result<(), BoxError> {
+        let mut takers = Vec::with_capacity(self.tasks);
+        for _ in 0..self.tasks {
+            takers.push(Taker::new(db, self.contender).await?);
+        }
+        let id = lock_id(&key);
+        let key: Arc<str> = key.into();
+        let end = Instant::now() + length;
+        let mut running = tokio::task::JoinSet::new();
+        for (task, taker) in takers.into_iter().enumerate() {
+            let (recorder, key, jobs) = (Arc::clone(&self.recorder), Arc::clone(&key), self.jobs);
+            running.spawn(async move {
+                let mut turn = 0;
+                while Instant::now() < end {
+                    let called = Instant::now();
+                    recorder.begin_wait(task, called);
+                    let Ok(taken) = tokio::time::timeout_at(end.into(), taker.take(&key, id)).await
+                    else {
+                        // The window is over; dropping the wait cancels it.
+                        recorder.gave_up(task, Instant::now(), true);
+                        break;
+                    };
+                    let taken = taken?;
+                    if matches!(taken, Taken::TimedOut) {
+                        recorder.gave_up(task, Instant::now(), false);
+                        continue;
+                    }
+                    recorder.acquired(task, called, Instant::now());
+                    tokio::time::sleep(hold(jobs, task, turn)).await;
+                    turn += 1;
+                    recorder.releasing(task, Instant::now());
+                    taker.give_back(taken, id).await?;
                 }
-                recorder.acquired(task, called, Instant::now());
-                tokio::time::sleep(HOLD).await;
-                recorder.releasing(task, Instant::now());
-                taker.give_back(taken, id).await?;
-            }
-            Ok::<_, BoxError>(())
-        });
+                Ok::<_, BoxError>(())
+            });
+        }
+        while let Some(joined) = running.join_next().await {
+            joined??;
+        }
+        self.windows.push(self.recorder.finish_window());
+        self.measured += length;
+        Ok(())
     }
-    while let Some(joined) = running.join_next().await {
-        joined??;
+
+    /// Its targets: gap p99, fairness, idle share, and whether at most N hold at once.
+    fn limits(&self) -> (Option<Duration>, Option<f64>, Option<f64>, bool) {
+        let ms = Duration::from_millis;
+        match (self.contender, self.tasks, self.jobs) {
+            (Contender::Queue, 4, _) => (Some(ms(2)), Some(1.5), None, false),
+            (Contender::Queue, ..) => (None, Some(1.5), None, false),
+            (Contender::Permits, _, false) => (Some(ms(5)), Some(1.5), None, true),
+            (Contender::Permits, _, true) => (Some(ms(10)), None, Some(0.01), true),
+            _ => (None, None, None, false),
+        }
     }
-    Ok(recorder.finish_window())
+
+    fn name(&self) -> String {
+        let label = self.contender.says().1;
+        if self.jobs {
+            format!("{label}, 100–400 ms jobs")
+        } else {
+            label.to_owned()
+        }
+    }
 }
 
 fn fmt_fairness(value: f64) -> String {
@@ -306,43 +410,27 @@ fn fmt_fairness(value: f64) -> String {
 
 /// The handoff scenario, with its chart.
 pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
-    struct Cell {
-        contender: Contender,
-        tasks: usize,
-        recorder: Arc<Recorder>,
-        windows: Vec<Vec<u64>>,
-    }
+    let locks = [Contender::Raw, Contender::Queue, Contender::Poll];
     let mut cells: Vec<Cell> = CONTENDERS
         .iter()
-        .flat_map(|&tasks| {
-            Contender::ALL.iter().map(move |&contender| Cell {
-                contender,
-                tasks,
-                recorder: Arc::new(Recorder::new(tasks)),
-                windows: Vec::new(),
-            })
-        })
+        .flat_map(|&tasks| locks.map(|contender| Cell::new(contender, tasks, false)))
+        .chain([Cell::new(Contender::Permits, 16, false)])
         .collect();
-
-    for round in 0..plan.handoff_rounds {
-        for &tasks in &CONTENDERS {
-            for side in harness::order(round, Contender::ALL.len()) {
-                let contender = Contender::ALL[side];
-                let cell = cells
-                    .iter_mut()
-                    .find(|c| c.contender == contender && c.tasks == tasks)
-                    .expect("every combination has a cell");
-                let length = if contender == Contender::Poll {
-                    plan.handoff_poll_window
-                } else {
-                    plan.handoff_window
-                };
-                let key = format!("bench:handoff:{round}:{tasks}:{}", contender.says().0);
-                let turns = window(db, contender, tasks, key, length, &cell.recorder).await?;
-                cell.windows.push(turns);
-            }
-        }
-    }
+    harness::rounds(plan.handoff_rounds, cells.len(), async |round, side| {
+        let cell = &mut cells[side];
+        let length = if cell.contender == Contender::Poll {
+            plan.handoff_poll_window
+        } else {
+            plan.handoff_window
+        };
+        let key = format!("bench:handoff:{round}:{side}:{}", std::process::id());
+        cell.window(db, length, key).await
+    })
+    .await?;
+    let mut jobs = Cell::new(Contender::Permits, JOB_TASKS, true);
+    let key = format!("bench:handoff:jobs:{}", std::process::id());
+    jobs.window(db, JOB_WINDOW, key).await?;
+    cells.push(jobs);
 
     let header = [
         "Tasks",
@@ -356,29 +444,31 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         "fairness",
         "re-taken",
         "timeouts",
+        "most inside",
+        "idle share",
         "Result",
     ];
     let title = "4. Handoff under contention: one key, hold 2 ms, acquire timeout 5 s";
     let mut out = Outcome::new("handoff", title, &header);
     out.note(format!(
-        "{} rounds; per round and contender count, one window each of raw \
-         ({:.1} s), Queue ({:.1} s) and Poll ({:.1} s), order rotating. Every \
-         task has its own manager and pool of one (like separate processes). \
-         **gap** = from just before a holder calls release to the return of \
-         the next acquisition by anyone; **gap to a waiter** = from a release \
-         while others waited to the return of an acquisition by one of those \
-         waiters; **wait** = one acquire call, start to grant; **fairness** = \
-         most turns / fewest turns per window (worst window); **re-taken** = \
-         share of handoffs where the releaser took the lock straight back.",
+        "{} rounds, each one window per row ({:.1} s, Poll {:.1} s), the order rotating; \
+         then one window of {JOB_WINDOW:?} of long jobs. Every task has its own manager and \
+         pool of one (like separate processes). **gap** = from just before a holder calls \
+         release to the return of the next acquisition by anyone, matched in order; **gap \
+         to a waiter** = from a release while others waited to the return of an acquisition \
+         by one of those waiters; **wait** = one acquire call, start to grant; **fairness** \
+         = most turns / fewest turns per window (worst window); **re-taken** = share of \
+         handoffs where the releaser took the lock straight back; **idle share** = capacity \
+         left free while someone waited, over N × the time.",
         plan.handoff_rounds,
-        plan.handoff_window.as_secs_f64(),
         plan.handoff_window.as_secs_f64(),
         plan.handoff_poll_window.as_secs_f64(),
     ));
     let mut json_cells = Vec::new();
-    let mut series = Vec::new();
+    let mut curves: [Vec<Curve>; 2] = Default::default();
     for cell in &cells {
-        let (id, label, color) = cell.contender.says();
+        let (id, _, color) = cell.contender.says();
+        let name = cell.name();
         let state = cell.recorder.with(std::mem::take);
         let gaps = Latencies::of(&state.gaps);
         let waiter_gaps = Latencies::of(&state.waiter_gaps);
@@ -386,40 +476,59 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         let fairness_by_window: Vec<f64> = cell.windows.iter().map(|t| fairness(t)).collect();
         let worst = fairness_by_window.iter().copied().fold(0.0_f64, f64::max);
         let turns: u64 = cell.windows.iter().flatten().sum();
-        let mut result = String::new();
-        if cell.contender == Contender::Queue {
-            let mut missed = Vec::new();
-            let fair = worst <= FAIRNESS_LIMIT;
-            out.gate(
-                format!(
-                    "handoff fairness, Queue, {} contenders (worst window)",
-                    cell.tasks
-                ),
-                fmt_fairness(worst),
-                format!("≤ {FAIRNESS_LIMIT}"),
-                fair,
+        let capacity = cell.contender.capacity();
+        let idle =
+            state.idle.as_secs_f64() / (cell.measured.as_secs_f64() * as_f64(capacity as u64));
+        let what = format!("{name}, {} tasks", cell.tasks);
+        let (gap_limit, fairness_limit, idle_limit, inside) = cell.limits();
+        let mut missed = Vec::new();
+        let mut gate = |measure: &str, measured: String, limit: String, pass: bool| {
+            out.gate(format!("handoff {measure}, {what}"), measured, limit, pass);
+            if !pass {
+                missed.push(measure.to_owned());
+            }
+        };
+        if let Some(limit) = gap_limit {
+            let pass = gaps.count() > 0 && gaps.p99() <= nanos(limit);
+            gate(
+                "gap p99",
+                fmt_ns(gaps.p99()),
+                format!("≤ {}", fmt_ns(nanos(limit))),
+                pass,
             );
-            if !fair {
-                missed.push("fairness");
-            }
-            if cell.tasks == GAP_LIMIT_CONTENDERS {
-                let gap_ok = gaps.count() > 0 && gaps.p99() <= nanos(GAP_P99_LIMIT);
-                out.gate(
-                    format!("handoff gap p99, Queue, {} contenders", cell.tasks),
-                    fmt_ns(gaps.p99()),
-                    format!("≤ {}", fmt_ns(nanos(GAP_P99_LIMIT))),
-                    gap_ok,
-                );
-                if !gap_ok {
-                    missed.push("gap p99");
-                }
-            }
-            result = if missed.is_empty() {
-                verdict(true).to_owned()
-            } else {
-                format!("MISS: {}", missed.join(", "))
-            };
         }
+        if let Some(limit) = fairness_limit {
+            gate(
+                "fairness (worst window)",
+                fmt_fairness(worst),
+                format!("≤ {limit}"),
+                worst <= limit,
+            );
+        }
+        if let Some(limit) = idle_limit {
+            let shown = format!("{:.2} %", idle * 100.0);
+            gate(
+                "idle share",
+                shown,
+                format!("≤ {:.0} %", limit * 100.0),
+                idle <= limit,
+            );
+        }
+        if inside {
+            let most = state.most_inside;
+            gate(
+                "most inside at once",
+                most.to_string(),
+                format!("≤ {capacity}"),
+                most <= capacity,
+            );
+        }
+        let gated = gap_limit.is_some() || fairness_limit.is_some() || inside;
+        let result = match &missed[..] {
+            [] if !gated => String::new(),
+            [] => verdict(true).to_owned(),
+            missed => format!("MISS: {}", missed.join(", ")),
+        };
         let retaken = if gaps.count() == 0 {
             "—".to_owned()
         } else {
@@ -430,7 +539,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         };
         out.row(cells![
             cell.tasks,
-            label,
+            name,
             turns,
             fmt_ns(gaps.p50()),
             fmt_ns(gaps.p99()),
@@ -440,6 +549,8 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             fmt_fairness(worst),
             retaken,
             state.timeouts,
+            state.most_inside,
+            format!("{:.2} %", idle * 100.0),
             result,
         ]);
         let fairness_by_window: Vec<Value> =
@@ -447,7 +558,8 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         json_cells.push(json!({
             "contenders": cell.tasks,
             "strategy": id,
-            "label": label,
+            "jobs": cell.jobs,
+            "label": name,
             "turns": turns,
             "turns_by_window": cell.windows,
             "fairness_by_window": fairness_by_window,
@@ -455,18 +567,23 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             "gap": gaps.to_json(),
             "gap_to_waiter": waiter_gaps.to_json(),
             "wait": waits.to_json(),
+            "most_inside": state.most_inside,
+            "idle_share": idle,
             "retaken_by_releaser": state.retaken,
             "timeouts": state.timeouts,
             "releases_abandoned_by_all_waiters": state.abandoned,
             "releases_unserved_at_window_end": state.unserved_at_end,
         }));
-        series.push(Series {
-            label: format!("{label}, {} contenders", cell.tasks),
-            color,
-            dashed: cell.tasks > CONTENDERS[0],
-            gaps: state.gaps,
-            waiter_gaps: state.waiter_gaps,
-        });
+        if cell.contender != Contender::Permits {
+            for (side, samples) in [&state.gaps, &state.waiter_gaps].into_iter().enumerate() {
+                curves[side].push(Curve {
+                    label: format!("{name}, {} contenders (n = {})", cell.tasks, samples.len()),
+                    color,
+                    dashed: cell.tasks > CONTENDERS[0],
+                    points: cdf(samples),
+                });
+            }
+        }
     }
     let server: String = db
         .connect("lock-bench-handoff")
@@ -487,14 +604,28 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
          back; the right shows how long the waiting tasks were passed over."
             .to_owned(),
     ];
-    out.files
-        .push(("handoff.svg", handoff_svg(&series, &chart_notes)?));
+    let titles = [
+        "release → next acquisition (anyone)",
+        "release → acquisition by a task already waiting",
+    ];
+    let panels = titles.into_iter().zip(curves).map(|(title, curves)| Panel {
+        title: title.to_owned(),
+        x_desc: "gap",
+        y_desc: "share of handoffs",
+        y_unit: Unit::Share,
+        curves,
+    });
+    let title = "Lock handoff: cumulative distribution of gaps (log scale)";
+    let svg = curves_svg(title, &panels.collect::<Vec<_>>(), 2, &chart_notes)?;
+    out.files.push(("handoff.svg", svg));
     Ok(out.with(json!({
         "hold_ms": 2,
         "acquire_timeout_s": 5,
+        "permits": PERMITS,
         "rounds": plan.handoff_rounds,
         "window_s": plan.handoff_window.as_secs_f64(),
         "poll_window_s": plan.handoff_poll_window.as_secs_f64(),
+        "jobs_window_s": JOB_WINDOW.as_secs_f64(),
         "cells": json_cells,
     })))
 }
@@ -505,15 +636,15 @@ mod tests {
 
     #[test]
     fn a_waiter_gap_closes_only_when_a_waiter_gets_the_lock() {
-        let recorder = Recorder::new(3);
+        let recorder = Recorder::new(3, 1);
         let t0 = Instant::now();
         let ms = |n| t0 + Duration::from_millis(n);
         // Task 0 holds; 1 waits; 0 releases at 10 ms and takes it back at 11 ms.
-        recorder.begin_wait(0);
+        recorder.begin_wait(0, t0);
         recorder.acquired(0, t0, ms(1));
-        recorder.begin_wait(1);
+        recorder.begin_wait(1, ms(5));
         recorder.releasing(0, ms(10));
-        recorder.begin_wait(0);
+        recorder.begin_wait(0, ms(10));
         recorder.acquired(0, ms(10), ms(11));
         // 0 releases again at 20 ms; 1 gets it at 22 ms.
         recorder.releasing(0, ms(20));
@@ -524,16 +655,38 @@ mod tests {
         // Both releases had task 1 waiting: passed over for 12 ms, then 2 ms.
         assert_eq!(state.waiter_gaps, vec![12_000_000, 2_000_000]);
         assert_eq!(state.turns, vec![2, 1, 0]);
+        // Free while someone waited: 0–1, 10–11 and 20–22 ms.
+        assert_eq!(state.idle, Duration::from_millis(4));
+    }
+
+    #[test]
+    fn a_semaphore_matches_releases_and_grants_in_order() {
+        let recorder = Recorder::new(3, 2);
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        recorder.acquired(0, t0, t0);
+        recorder.acquired(1, t0, t0);
+        recorder.begin_wait(2, t0);
+        recorder.releasing(0, ms(10));
+        recorder.releasing(1, ms(11));
+        recorder.acquired(2, t0, ms(13));
+        recorder.begin_wait(0, ms(13));
+        recorder.acquired(0, ms(13), ms(14));
+        let state = recorder.with(std::mem::take);
+        assert_eq!(state.gaps, vec![3_000_000, 3_000_000]);
+        assert_eq!((state.most_inside, state.inside), (2, 2));
+        // One permit free while 2 waited (10–13 ms), then one while 0 waited (13–14).
+        assert_eq!(state.idle, Duration::from_millis(4));
     }
 
     #[test]
     fn releases_whose_waiters_all_gave_up_are_counted_apart() {
-        let recorder = Recorder::new(2);
+        let recorder = Recorder::new(2, 1);
         let t0 = Instant::now();
         recorder.acquired(0, t0, t0);
-        recorder.begin_wait(1);
+        recorder.begin_wait(1, t0);
         recorder.releasing(0, t0 + Duration::from_millis(3));
-        recorder.gave_up(1, false);
+        recorder.gave_up(1, t0 + Duration::from_millis(4), false);
         let state = recorder.with(std::mem::take);
         assert_eq!((state.abandoned, state.timeouts), (1, 1));
         assert!(state.waiter_gaps.is_empty());

@@ -259,19 +259,13 @@ pub(crate) use cells;
 pub(crate) struct Outcome {
     /// The key of this scenario in the JSON file.
     pub(crate) id: &'static str,
-    pub(crate) section: Section,
+    title: String,
+    notes: Vec<String>,
+    header: Vec<&'static str>,
+    rows: Vec<Vec<String>>,
     pub(crate) checks: Vec<Check>,
     pub(crate) json: Value,
     pub(crate) files: Vec<(&'static str, String)>,
-}
-
-/// A titled markdown table with notes under it.
-#[derive(Debug)]
-pub(crate) struct Section {
-    pub(crate) title: String,
-    pub(crate) notes: Vec<String>,
-    pub(crate) header: Vec<&'static str>,
-    pub(crate) rows: Vec<Vec<String>>,
 }
 
 impl Outcome {
@@ -279,12 +273,10 @@ impl Outcome {
     pub(crate) fn new(id: &'static str, title: impl Into<String>, header: &[&'static str]) -> Self {
         Self {
             id,
-            section: Section {
-                title: title.into(),
-                notes: Vec::new(),
-                header: header.to_vec(),
-                rows: Vec::new(),
-            },
+            title: title.into(),
+            notes: Vec::new(),
+            header: header.to_vec(),
+            rows: Vec::new(),
             checks: Vec::new(),
             json: Value::Null,
             files: Vec::new(),
@@ -293,11 +285,11 @@ impl Outcome {
 
     /// A note under the title.
     pub(crate) fn note(&mut self, note: impl Into<String>) {
-        self.section.notes.push(note.into());
+        self.notes.push(note.into());
     }
 
     pub(crate) fn row(&mut self, cells: Vec<String>) {
-        self.section.rows.push(cells);
+        self.rows.push(cells);
     }
 
     /// Checks a target: `name`, what was `measured`, the `limit`, whether it `pass`ed.
@@ -309,9 +301,15 @@ impl Outcome {
         limit: impl Into<String>,
         pass: bool,
     ) -> [String; 2] {
-        let check = Check::new(name, measured, limit, pass);
-        let cells = [check.target.clone(), verdict(pass).to_owned()];
-        self.checks.push(check);
+        let target = limit.into();
+        let cells = [target.clone(), verdict(pass).to_owned()];
+        let (name, measured) = (name.into(), measured.into());
+        self.checks.push(Check {
+            name,
+            measured,
+            target,
+            pass,
+        });
         cells
     }
 
@@ -332,20 +330,6 @@ pub(crate) struct Check {
 }
 
 impl Check {
-    pub(crate) fn new(
-        name: impl Into<String>,
-        measured: impl Into<String>,
-        target: impl Into<String>,
-        pass: bool,
-    ) -> Self {
-        Self {
-            name: name.into(),
-            measured: measured.into(),
-            target: target.into(),
-            pass,
-        }
-    }
-
     pub(crate) fn to_json(&self) -> Value {
         json!({
             "target": self.name,
@@ -377,7 +361,7 @@ pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 /// All sections, then the targets.
 pub(crate) fn markdown(heading: &str, outcomes: &[Outcome]) -> String {
     let mut out = format!("{heading}\n");
-    for section in outcomes.iter().map(|o| &o.section) {
+    for section in outcomes {
         let _ = writeln!(out, "\n### {}\n", section.title);
         for note in &section.notes {
             let _ = writeln!(out, "{note}\n");

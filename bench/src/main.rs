@@ -16,38 +16,33 @@
 //!   JSON, markdown), `db` (connections, raw statements), `chart`;
 //! - 2: `clients` (every client a cycle scenario compares, built by name);
 //! - 3: `pinned` (the pinned cycle method), `callgrind` (instruction counts);
-//! - scenarios, one file each, none importing another: `cycle`, `try_acquire`, `shared`,
-//!   `many`, `throughput`, `handoff`, `hold`, `memory`, `instructions`, `metrics`,
-//!   `latency`, `cutover_append`, `multiplex`, `groups`, `permits`, and `scale`
-//!   (a folder: one file per curve).
+//! - scenarios, none importing another: `cycles` (the pinned cycles `cycle`, `try`,
+//!   `shared`, `many`), `throughput`, `handoff` (locks and the semaphore), `hold` (plain and
+//!   multiplexed), `memory`, `instructions`, `metrics`, `latency` (through a delaying
+//!   proxy, `acquire_many` included), `cutover_append`, and `scale` (a folder: one file
+//!   per curve).
 
 mod callgrind;
 mod chart;
 mod clients;
 mod cutover_append;
-mod cycle;
+mod cycles;
 mod db;
-mod groups;
 mod handoff;
 mod harness;
 mod hold;
 mod instructions;
 mod latency;
-mod many;
 mod memory;
 mod metrics;
-mod multiplex;
 mod otel;
-mod permits;
 mod pin;
 mod pinned;
 mod plan;
 mod proxy;
 mod scale;
-mod shared;
 mod stats;
 mod throughput;
-mod try_acquire;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -67,8 +62,8 @@ usage: lock-bench [--url URL] [--quick] [--out FILE.json] [--only LIST] [--scale
                 the markdown and the charts (handoff.svg, scale.svg) beside it
   --only LIST   comma-separated scenarios: cycle, try, shared, many, throughput, handoff,
                 hold, memory, instructions (needs valgrind), metrics (valgrind),
-                latency, cutover-append, multiplex, groups, permits; and scale
-                (only when named: it needs a server sized for it)
+                latency, cutover-append; and scale (only when named: it needs a
+                server sized for it)
   --scale-max N the scale scenario's largest held-lock count (default 1e5, 1e4 with
                 --quick; 1e6 needs a server sized for it: `cargo xtask bench` sizes it)
 
@@ -78,7 +73,7 @@ usage: lock-bench [--url URL] [--quick] [--out FILE.json] [--only LIST] [--scale
                 library-fencing, library-otel, library-metrics-off, … as the tables name)
 ";
 
-const SCENARIOS: [&str; 16] = [
+const SCENARIOS: [&str; 13] = [
     "cycle",
     "try",
     "shared",
@@ -91,9 +86,6 @@ const SCENARIOS: [&str; 16] = [
     "metrics",
     "latency",
     "cutover-append",
-    "multiplex",
-    "groups",
-    "permits",
     "scale",
 ];
 
@@ -250,10 +242,7 @@ async fn run(args: &Args) -> Result<(), BoxError> {
             plan.mode()
         );
         let outcome = match scenario {
-            "cycle" => cycle::acquire(&db, plan)?,
-            "try" => try_acquire::try_acquire(&db, plan)?,
-            "shared" => shared::shared(&db, plan)?,
-            "many" => many::many(&db, plan)?,
+            "cycle" | "try" | "shared" | "many" => cycles::run(&db, plan, scenario)?,
             "throughput" => throughput::run(&db, plan).await?,
             "handoff" => handoff::run(&db, plan).await?,
             "hold" => hold::run(&db, plan).await?,
@@ -264,9 +253,6 @@ async fn run(args: &Args) -> Result<(), BoxError> {
             "metrics" => tokio::task::block_in_place(|| metrics::run(&args.url, plan, out_dir))?,
             "latency" => latency::run(&db, plan).await?,
             "cutover-append" => cutover_append::run(&db, plan).await?,
-            "multiplex" => multiplex::run(&db, plan).await?,
-            "groups" => groups::run(&db, plan).await?,
-            "permits" => permits::run(&db, plan).await?,
             "scale" => scale::run(&db, plan).await?,
             _ => unreachable!("scenario names are checked when parsing"),
         };
@@ -472,9 +458,9 @@ mod tests {
         assert!(sources.len() > 20, "read {} modules", sources.len());
         assert_eq!(back_edges(&sources), Vec::<String>::new());
         // A planted back-edge (the ground importing a scenario) is caught.
-        let planted = [("db".to_owned(), "use crate::{cycle, stats};".to_owned())];
-        assert_eq!(back_edges(&planted), ["db imports cycle"]);
-        let sideways = [("many".to_owned(), "crate::shared::shared(db)".to_owned())];
-        assert_eq!(back_edges(&sideways), ["many imports shared"]);
+        let planted = [("db".to_owned(), "use crate::{cycles, stats};".to_owned())];
+        assert_eq!(back_edges(&planted), ["db imports cycles"]);
+        let sideways = [("hold".to_owned(), "crate::handoff::run(db)".to_owned())];
+        assert_eq!(back_edges(&sideways), ["hold imports handoff"]);
     }
 }

@@ -10,7 +10,7 @@ use serde_json::json;
 use tokio::sync::Mutex;
 
 use crate::harness::{self, Outcome, cells};
-use crate::stats::{Latencies, as_f64, fmt_ns, fmt_rate, fmt_ratio, median, ratio};
+use crate::stats::{fmt_ns, fmt_rate, fmt_ratio, median, ratio};
 use crate::{BoxError, Plan};
 
 const TASKS: usize = 16;
@@ -34,33 +34,16 @@ async fn cycle(
     Ok(())
 }
 
-/// Per-operation time of `ops` cycles, in nanoseconds.
-async fn batch(
-    side: usize,
-    manager: &InMemoryLockManager,
-    mutex: &Mutex<()>,
-    ops: usize,
-) -> Result<u64, BoxError> {
-    let started = Instant::now();
-    for _ in 0..ops {
-        cycle(side, manager, mutex).await?;
-    }
-    Ok(u64::try_from(started.elapsed().as_nanos() / ops.max(1) as u128).unwrap_or(u64::MAX))
-}
-
 pub(crate) async fn run(plan: &Plan) -> Result<Outcome, BoxError> {
     let manager = InMemoryLockManager::new();
     let mutex = Arc::new(Mutex::new(()));
-    let batch_ops = plan.memory_batch;
+    let ops = plan.memory_batch;
 
-    // Uncontended cycles: batches, interleaved.
-    let mut per_op = [Latencies::new(), Latencies::new()];
-    for side in 0..2 {
-        batch(side, &manager, &mutex, batch_ops).await?;
-    }
-    harness::rounds(plan.memory_rounds, 2, async |_, side| {
-        for _ in 0..plan.memory_batches {
-            per_op[side].record_ns(batch(side, &manager, &mutex, batch_ops).await?);
+    // Uncontended cycles: a timed call is `ops` of them (one is too short to time alone).
+    let counts = (1, plan.memory_rounds, plan.memory_batches);
+    let calls = harness::batches(2, counts, async |side, _| {
+        for _ in 0..ops {
+            cycle(side, &manager, &mutex).await?;
         }
         Ok(())
     })
@@ -79,9 +62,10 @@ pub(crate) async fn run(plan: &Plan) -> Result<Outcome, BoxError> {
         Ok(())
     })
     .await?;
-    let [library, baseline] = &per_op;
+    let (library, baseline) = (&calls[0].pooled, &calls[1].pooled);
+    let per_op = |nanos: u64| fmt_ns(nanos / ops as u64);
     let (library_rate, mutex_rate) = (median(&rates[0]), median(&rates[1]));
-    let cycle_ratio = ratio(as_f64(library.p50()), as_f64(baseline.p50()));
+    let cycle_ratio = calls[0].ratios_to(&calls[1]).map(|r| r.median);
     let header = [
         "Measure",
         "library p50",
@@ -96,8 +80,9 @@ pub(crate) async fn run(plan: &Plan) -> Result<Outcome, BoxError> {
         &header,
     );
     out.note(format!(
-        "Cycle: {} rounds × {} batches of {batch_ops} operations per side, interleaved; \
-         each batch gives one per-operation time, and p50/p99 are over batches. \
+        "Cycle: {} rounds × {} batches of {ops} operations per side, interleaved; \
+         each batch gives one per-operation time, and p50/p99 are over batches; ÷ Mutex \
+         round by round. \
          Contended: {TASKS} tasks looping on one key (one `Mutex`) for {:.1} s per \
          window. No target: the in-memory manager is a test double; this shows what \
          its bookkeeping (key map, `LockInfo`, timestamps) costs over a bare mutex.",
@@ -106,11 +91,11 @@ pub(crate) async fn run(plan: &Plan) -> Result<Outcome, BoxError> {
         plan.memory_window.as_secs_f64()
     ));
     out.row(cells![
-        format!("uncontended acquire + release (per op, batches of {batch_ops})"),
-        fmt_ns(library.p50()),
-        fmt_ns(library.p99()),
-        fmt_ns(baseline.p50()),
-        fmt_ns(baseline.p99()),
+        format!("uncontended acquire + release (per op, batches of {ops})"),
+        per_op(library.p50()),
+        per_op(library.p99()),
+        per_op(baseline.p50()),
+        per_op(baseline.p99()),
         fmt_ratio(cycle_ratio),
     ]);
     out.row(cells![
@@ -123,9 +108,9 @@ pub(crate) async fn run(plan: &Plan) -> Result<Outcome, BoxError> {
     ]);
     Ok(out.with(json!({
         "cycle": {
-            "batch": batch_ops,
-            "library_per_op": library.to_json(),
-            "mutex_per_op": baseline.to_json(),
+            "batch": ops,
+            "library_per_batch": library.to_json(),
+            "mutex_per_batch": baseline.to_json(),
             "ratio_p50": cycle_ratio,
         },
         "contended": {

@@ -1,14 +1,16 @@
 //! Scenario 3: 16 tasks on 16 distinct keys, as fast as they can, for a fixed time: the
 //! library (one manager, a pool of 16) against raw tokio-postgres (16 dedicated
-//! connections, prepared) and raw sending the library's SQL text.
+//! connections, prepared) and raw sending the library's SQL text, each task a client of
+//! [`crate::clients`].
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use locks_port::{AcquireOptions, DistributedLock, LockGuard, lock_id};
+use locks_port::{AcquireOptions, lock_id};
 use locks_postgres::PostgresLockManager;
 use serde_json::json;
 
+use crate::clients::{Op, keys, library_text};
 use crate::db::{Database, Raw};
 use crate::harness::{self, Outcome, Ratios, Window, cells};
 use crate::stats::{Latencies, fmt_ns, fmt_rate, fmt_ratio, median, ratio};
@@ -23,40 +25,39 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     let pool = db.pool(TASKS, APP);
     db.warm(&pool, TASKS).await?;
     let manager = PostgresLockManager::new(pool);
-    let mut raw = Vec::with_capacity(TASKS);
-    for _ in 0..TASKS {
-        raw.push(Arc::new(Raw::connect(db, APP, false).await?));
+    // Side 0 the library, 1 raw prepared, 2 raw with the library's SQL text: per task a
+    // client on a key of its own.
+    let mut clients: [Vec<Arc<Op>>; 3] = Default::default();
+    for task in 0..TASKS {
+        let keys = keys(&format!("bench:throughput:{task}"), 1);
+        let id = lock_id(&keys[0]);
+        let ops = [
+            Op::Acquire {
+                manager: manager.clone(),
+                keys,
+                options: AcquireOptions::new(),
+            },
+            Op::RawPrepared {
+                raw: Raw::connect(db, APP, false).await?,
+                ids: vec![id],
+                try_lock: false,
+            },
+            Op::RawText {
+                client: db.connect(APP).await?,
+                texts: vec![library_text(id)],
+            },
+        ];
+        for (side, op) in ops.into_iter().enumerate() {
+            clients[side].push(Arc::new(op));
+        }
     }
-    let keys: Vec<String> = (0..TASKS)
-        .map(|n| format!("bench:throughput:{n}"))
-        .collect();
-    // Side 0 the library, 1 raw prepared, 2 raw with the library's SQL text.
     let window = async |side: usize, length: Duration| {
         let end = Instant::now() + length;
-        harness::window(TASKS, |index| {
-            let (manager, raw) = (manager.clone(), Arc::clone(&raw[index]));
-            let (key, id) = (keys[index].clone(), lock_id(&keys[index]));
-            let lock = format!(
-                "SELECT pg_advisory_lock({id}) \
-                 FROM (SELECT set_config('lock_timeout', '0', true)) AS options"
-            );
-            let unlock = format!("SELECT pg_advisory_unlock({id})");
+        harness::window(TASKS, |task| {
+            let (op, mut n) = (Arc::clone(&clients[side][task]), 0);
             harness::until(end, async move || {
-                match side {
-                    0 => drop(
-                        manager
-                            .acquire(&key, AcquireOptions::new())
-                            .await?
-                            .release()
-                            .await,
-                    ),
-                    1 => raw.cycle(id).await?,
-                    _ => {
-                        raw.client.simple_query(&lock).await?;
-                        raw.client.simple_query(&unlock).await?;
-                    }
-                }
-                Ok(())
+                n += 1;
+                op.cycle(n).await
             })
         })
         .await
@@ -122,7 +123,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     let names = [
         format!("library: {TASKS} tasks, one manager, pool of {TASKS}"),
         format!("raw: {TASKS} tasks, {TASKS} dedicated connections, prepared"),
-        "raw: as above, the library's SQL text (simple query)".to_owned(),
+        "raw: as above, the library's SQL text with a 5 s timeout (simple query)".to_owned(),
     ];
     let ratios = [
         format!("{} ({spread})", fmt_ratio(share)),
