@@ -24,6 +24,11 @@ use crate::{BoxError, DATABASE_URL_ENV};
 /// Cycles before the counted ones, in both runs.
 const WARMUP: usize = 50;
 
+/// A row named after a client and this is that client counted with the statement
+/// watchdog off: its statements and monitor on tokio timers (ADR 0015's fallback, which
+/// `LOCKS_POSTGRES_WATCHDOG=off` forces in the child), and no watchdog thread.
+pub(crate) const TIMERS: &str = "+timers";
+
 /// The child: `cycles` cycles of the client `name` after a warm-up, on a current-thread
 /// runtime; `-otel` in the name installs a tracing pipeline, `-metrics-sdk` the metrics SDK.
 pub(crate) fn child(url: &str, name: &str, cycles: usize) -> Result<(), BoxError> {
@@ -194,13 +199,21 @@ pub(crate) fn scenario(
 /// The total instruction count of one child run, from its callgrind output file.
 fn count(url: &str, name: &str, cycles: usize, dir: &Path) -> Result<u64, BoxError> {
     let out = dir.join(format!("{name}-{cycles}.out"));
-    let output = Command::new("valgrind")
+    let (client, timers) = match name.strip_suffix(TIMERS) {
+        Some(client) => (client, true),
+        None => (name, false),
+    };
+    let mut valgrind = Command::new("valgrind");
+    if timers {
+        valgrind.env("LOCKS_POSTGRES_WATCHDOG", "off");
+    }
+    let output = valgrind
         .arg("--tool=callgrind")
         .arg(format!("--callgrind-out-file={}", out.display()))
         .arg(std::env::current_exe()?)
         .args([
             "--count-instructions",
-            name,
+            client,
             "--cycles",
             &cycles.to_string(),
         ])

@@ -15,10 +15,11 @@ const LIBRARY_LIMIT: f64 = 1.2;
 const TRACED_LIMIT: f64 = 1.5;
 
 /// Each counted client, the client it is divided by, and its limit if it is gated.
-const ROWS: [(&str, &str, Option<f64>); 15] = [
+const ROWS: [(&str, &str, Option<f64>); 16] = [
     ("raw", "raw", None),
     ("library", "raw", Some(LIBRARY_LIMIT)),
     ("library-timeout", "raw", Some(LIBRARY_LIMIT)),
+    (LIBRARY_ON_TIMERS, "raw", None),
     ("library-fencing", "raw", None),
     ("library-keepalive-off", "raw", None),
     ("library-lease-off", "raw", None),
@@ -33,12 +34,20 @@ const ROWS: [(&str, &str, Option<f64>); 15] = [
     ("raw-many", "raw-many-each", None),
 ];
 
+/// `library` with the statement watchdog off (ADR 0015's verdict is this row against
+/// `library`).
+const LIBRARY_ON_TIMERS: &str = "library+timers";
+
 /// The rows, labelled as the pinned cycle's tables label them; a gated row's check is
 /// named by its label.
 fn rows() -> Vec<Row> {
     let row = |(name, baseline, limit): (&'static str, &'static str, Option<f64>)| Row {
         name,
-        label: label(name),
+        label: if name == LIBRARY_ON_TIMERS {
+            "library, statement watchdog off (tokio timers, ADR 0015): acquire (no timeout) + release"
+        } else {
+            label(name)
+        },
         baseline,
         target: limit.map(|limit| (limit, label(name))),
     };
@@ -60,6 +69,7 @@ pub(crate) fn run(url: &str, plan: &Plan, out_dir: &Path) -> Result<Outcome, Box
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::callgrind::TIMERS;
 
     #[test]
     fn every_row_is_divided_by_a_raw_row_of_the_run() {
@@ -78,5 +88,6 @@ mod tests {
             );
             assert_ne!(row.label, row.name, "{} has a label", row.name);
         }
+        assert_eq!(LIBRARY_ON_TIMERS.strip_suffix(TIMERS), Some("library"));
     }
 }

@@ -82,7 +82,7 @@ impl PostgresLockManagerBuilder {
     /// The meter the manager's instruments are made on (see the crate's *Metrics*
     /// section). Without one, they are made on the global meter provider as it is when
     /// the manager is built (scope `locks-postgres`): install the provider first, or
-    /// they are no-ops for good.
+    /// none is made (as with [`metrics(false)`](Self::metrics)).
     ///
     /// ```
     /// use locks_postgres::PostgresLockManager;
@@ -100,9 +100,9 @@ impl PostgresLockManagerBuilder {
     }
 
     /// Whether the manager records metrics at all (default on). Off, no instrument is
-    /// made and the lock cycle reads no clock for them; on with no meter provider
-    /// installed, the instruments are OpenTelemetry's no-ops (about 1 % of the cycle's
-    /// client instructions, see `docs/benchmarks.md`).
+    /// made and the lock cycle reads no clock for them; so too when it is on with no
+    /// [`meter`](Self::meter) given and no meter provider installed when the manager is
+    /// built (the global provider is then OpenTelemetry's no-op one).
     pub fn metrics(mut self, on: bool) -> Self {
         self.settings.metrics = on;
         self

@@ -5,9 +5,10 @@
 //! The instruments are made once per manager, from the meter given to
 //! [`PostgresLockManagerBuilder::meter`](crate::PostgresLockManagerBuilder::meter) or
 //! else from the global meter provider as it is when the manager is built. With no
-//! provider installed they are OpenTelemetry's no-ops, and the cost on the lock cycle is
-//! a few indirect calls: every attribute set is made here once (no key text ever, and
-//! nothing allocated per measurement), so the hot path passes a slice it already has.
+//! meter given and no provider installed, none is made (as with `metrics(false)`): the
+//! lock cycle reads no clock for them and calls nothing. Otherwise every attribute set
+//! is made here once (no key text ever, and nothing allocated per measurement), so the
+//! hot path passes a slice it already has.
 //!
 //! | instrument | kind | unit | attributes |
 //! | --- | --- | --- | --- |
@@ -151,10 +152,13 @@ struct Instruments {
 
 impl Metrics {
     /// The instruments, on `meter` or else on the global provider's meter for this crate;
-    /// none when `on` is false.
+    /// none when `on` is false, or when no meter is given and the global provider is
+    /// OpenTelemetry's default no-op one (decided once, here: the lock cycle then reads
+    /// no clock and calls no instrument, as with `metrics(false)`).
     pub(crate) fn new(on: bool, meter: Option<&Meter>, with_lock_id: bool) -> Self {
+        let recorded = on && (meter.is_some() || !no_global_provider());
         Self {
-            instruments: on.then(|| Instruments::new(meter, with_lock_id)),
+            instruments: recorded.then(|| Instruments::new(meter, with_lock_id)),
         }
     }
 
@@ -442,6 +446,14 @@ pub(crate) fn scope() -> InstrumentationScope {
         .build()
 }
 
+/// Whether the global meter provider is still OpenTelemetry's default, the no-op
+/// provider, whose instruments record nothing. It carries no state (a zero-sized
+/// value), where every provider that records holds its pipeline; so an empty provider
+/// is taken for the no-op one.
+fn no_global_provider() -> bool {
+    std::mem::size_of_val(&*opentelemetry::global::meter_provider()) == 0
+}
+
 fn mode_index(mode: LockMode) -> usize {
     usize::from(mode == LockMode::Shared)
 }
@@ -497,6 +509,24 @@ fn with_lock_id(attributes: &[KeyValue], lock_id: i64) -> SmallVec<[KeyValue; 4]
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// No unit test installs a global provider: the default one is the no-op one here.
+    #[test]
+    fn no_instrument_is_made_on_the_no_op_provider_and_a_given_meter_is_used() {
+        use opentelemetry::metrics::MeterProvider;
+
+        assert!(no_global_provider());
+        assert!(Metrics::new(true, None, false).started().is_none());
+        let recording = opentelemetry_sdk::metrics::SdkMeterProvider::builder().build();
+        let meter = recording.meter_with_scope(scope());
+        assert!(Metrics::new(true, Some(&meter), false).started().is_some());
+        assert!(Metrics::new(false, Some(&meter), false).started().is_none());
+        // An installed provider that records holds its pipeline: it is not taken for the
+        // no-op one.
+        assert_ne!(std::mem::size_of_val(&recording), 0);
+        let noop = opentelemetry::metrics::NoopMeterProvider::new();
+        assert_eq!(std::mem::size_of_val(&noop), 0);
+    }
 
     #[test]
     fn every_outcome_has_its_own_attributes_and_no_two_are_alike() {

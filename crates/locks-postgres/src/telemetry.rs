@@ -20,6 +20,8 @@ pub(crate) const DEFAULT_SPAN_LEVEL: Level = Level::DEBUG;
 macro_rules! span_at {
     ($level:expr, $name:literal, $($fields:tt)*) => {
         match $level {
+            // What each macro below checks first, before its fields are built.
+            level if !tracing::level_enabled!(level) => Span::none(),
             Level::TRACE => tracing::trace_span!($name, $($fields)*),
             Level::DEBUG => tracing::debug_span!($name, $($fields)*),
             Level::INFO => tracing::info_span!($name, $($fields)*),
@@ -37,6 +39,9 @@ pub(crate) fn manager_acquire_span(
     lock_id: i64,
     options: &AcquireOptions,
 ) -> Span {
+    if !tracing::level_enabled!(level) {
+        return Span::none(); // as below, without naming the operation first
+    }
     let shared = options.mode() == LockMode::Shared;
     let operation = match (options.timeout(), options.wait_strategy(), shared) {
         (Some(timeout), _, false) if timeout.is_zero() => "pg_try_advisory_lock",

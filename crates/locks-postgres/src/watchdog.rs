@@ -20,7 +20,9 @@
 //! Bounds: a deadline is never cut short and is held to the millisecond, plus however
 //! late the operating system runs the thread. With nothing armed for [`IDLE`] the
 //! thread sleeps until something is. If the thread cannot be started (or the process
-//! forked since), watches are not made and callers fall back to tokio timers.
+//! forked since), watches are not made and callers fall back to tokio timers; so too
+//! when the environment says [`SWITCH`]` = off` (read when a watch is made: the bench
+//! compares the two ways, ADR 0015).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -38,6 +40,10 @@ const NAP: Duration = Duration::from_secs(1);
 /// How long the thread keeps napping with nothing armed, before it sleeps until woken.
 const IDLE: Duration = Duration::from_secs(10);
 
+/// The environment variable that, set to `off`, makes no watches: statements and the
+/// monitor use tokio timers (the fallback), and no watchdog thread is started.
+pub(crate) const SWITCH: &str = "LOCKS_POSTGRES_WATCHDOG";
+
 /// A watch's word when nothing waits on it.
 const DISARMED: u64 = 0;
 /// A watch's word once its deadline passed.
@@ -53,8 +59,12 @@ pub(crate) struct Watch {
 }
 
 impl Watch {
-    /// A watch on the process's watchdog; `None` when its thread cannot be started.
+    /// A watch on the process's watchdog; `None` when its thread cannot be started or
+    /// the environment turns it off ([`SWITCH`]).
     pub(crate) fn new() -> Option<Arc<Self>> {
+        if std::env::var_os(SWITCH).is_some_and(|value| value == "off") {
+            return None;
+        }
         Watchdog::get().map(Self::on)
     }
 
