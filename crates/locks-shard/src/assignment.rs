@@ -177,9 +177,10 @@ where
         let Some(guard) = self.locks.try_acquire(&self.group.shard_key(name)).await? else {
             return Ok(None);
         };
+        let notice = self.locks.loss_notice_bound();
         let begun = match self
             .terms
-            .begin(self.group.name(), name, slot, holder_id)
+            .begin_with_notice(self.group.name(), name, slot, holder_id, notice)
             .await
         {
             Ok(begun) => begun,
@@ -200,7 +201,10 @@ where
             owned,
             slot,
             terms: self.terms.clone(),
-            wait_first: (!begun.previous_ended).then_some(self.takeover_delay),
+            // The previous owner did not end its term: it may not have stopped yet. Its
+            // own manager's bound on how soon it is told says how long to wait.
+            wait_first: (!begun.previous_ended)
+                .then(|| begun.previous_loss_notice.unwrap_or(self.takeover_delay)),
             drain_grace: self.drain_grace,
             instruments: self.instruments.clone(),
             attributes: self.attributes.to_vec(),

@@ -102,8 +102,11 @@ where
     }
 
     /// How long a member waits before starting a shard whose previous term was not
-    /// ended (see [`DEFAULT_TAKEOVER_DELAY`]). It must exceed the time an owner needs to
-    /// notice a loss (its manager's health-check interval); zero gives that order up.
+    /// ended, when that term's owner did not record how soon it is told of a loss (its
+    /// manager's [`loss_notice_bound`](DistributedLock::loss_notice_bound) was `None`, or
+    /// the store or the owner's version keeps none; see [`DEFAULT_TAKEOVER_DELAY`]). It
+    /// must exceed the time an owner needs to notice a loss (its manager's health-check
+    /// interval); zero gives that order up.
     #[must_use]
     pub fn takeover_delay(mut self, delay: Duration) -> Self {
         self.takeover_delay = delay;
