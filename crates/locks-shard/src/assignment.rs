@@ -11,7 +11,7 @@ use futures_util::future::join_all;
 use locks_port::{DistributedLock, LockAcquisitionError, LockGuard, LostSignal, Semaphore};
 use opentelemetry::KeyValue;
 
-use crate::assign::{target_share, to_shed, to_try};
+use crate::assign::{members_of, target_share, to_shed, to_try};
 use crate::group::ShardGroup;
 use crate::metrics::Instruments;
 use crate::task::{Owned, Running, TermPlan, spawn};
@@ -58,14 +58,19 @@ where
                 return;
             }
         };
-        let mut members: Vec<u32> = holders.held.iter().map(|h| h.slot).collect();
-        members.sort_unstable();
-        members.dedup();
+        let (members, me) = members_of(
+            holders
+                .held
+                .iter()
+                .map(|h| (h.slot, h.holder_id.as_deref())),
+            slot,
+            holder_id,
+        );
         if members != *seen {
             seen.clone_from(&members);
             *changed_at = Some(Instant::now());
         }
-        let Some(share) = target_share(self.group.len(), &members, slot) else {
+        let Some(share) = target_share(self.group.len(), &members, me) else {
             return;
         };
         self.rebalance(slot, holder_id, share, running, task).await;
