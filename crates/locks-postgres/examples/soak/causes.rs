@@ -135,9 +135,12 @@ mod cause {
         "lock lost with no fault on it (an outage's loss told after it, keepalive, self-stop)";
     pub(super) const OUTAGE: &str = "an outage, past the recovery bound";
     pub(super) const FIRST: &str = "no earlier task";
-    pub(super) const RECORDS: &str =
-        "a running task's last record to an outage's start (it records every 20 ms)";
 }
+
+/// The cause of a running task's last record to an outage's start: counted as owned
+/// (the task ran), told apart in the breakdown.
+pub(crate) const RECORDS: &str =
+    "a running task's last record to an outage's start (it records every 20 ms; owned)";
 
 /// The causes of the unowned piece `[from, to]` of a shard whose runs are `runs`: the
 /// part after the next term began (its takeover delay, or its task's start), and the part
@@ -164,7 +167,7 @@ pub(crate) fn causes(
         && previous.is_some_and(|previous| !previous.stopped)
         && to - from <= 2.0 * WRITE_EVERY.as_secs_f64()
     {
-        return vec![(cause::RECORDS, to - from)];
+        return vec![(RECORDS, to - from)];
     }
     let mut split = Vec::new();
     let begun = next.map_or(to, |next| next.since.clamp(from, to));
