@@ -8,7 +8,7 @@ use std::time::SystemTime;
 
 use locks_postgres::tokio_postgres::Client;
 
-use super::shards::{WRITE_EVERY, group};
+use super::shards::{RECOVERED_WITHIN, WRITE_EVERY, group};
 
 /// A task that started this long after its term began waited the takeover delay (500 ms
 /// by default; a task's first record takes milliseconds).
@@ -125,6 +125,8 @@ mod cause {
     pub(super) const TAKEOVER: &str = "takeover delay (the previous term not ended)";
     pub(super) const STARTING: &str = "term begun, task not yet recording";
     pub(super) const MOVE: &str = "hand-off of a rebalancing move (drain, end, release, next tick)";
+    pub(super) const MOVE_RECOVERED: &str =
+        "hand-off of a task begun within 10 s of an outage's end (a member back first took more)";
     pub(super) const CHURN: &str = "membership churn (handed over after a membership loss)";
     pub(super) const STOPPED: &str =
         "lock held by a stopped backend (until continued, then a tick)";
@@ -196,6 +198,7 @@ pub(crate) fn causes(
                     .map(|(_, hit)| *hit);
                 match (previous.stopped, hit) {
                     (true, Some(hit)) if hit.membership => cause::CHURN,
+                    (true, _) if begun_after_outage(previous, outages) => cause::MOVE_RECOVERED,
                     (true, _) => cause::MOVE,
                     (false, Some(hit)) if hit.what == "killed" => cause::KILLED,
                     (false, Some(hit)) if hit.membership => cause::MEMBERSHIP,
@@ -208,4 +211,12 @@ pub(crate) fn causes(
         split.push((before, begun - from));
     }
     split
+}
+
+/// Whether `run` started within the recovery bound of an outage's end.
+fn begun_after_outage(run: &Run, outages: &[(f64, f64)]) -> bool {
+    let bound = RECOVERED_WITHIN.as_secs_f64();
+    outages
+        .iter()
+        .any(|&(_, to)| (to..=to + bound).contains(&run.started))
 }

@@ -44,7 +44,7 @@ const OWNED_AT_LEAST: f64 = 0.99;
 /// How soon after an outage's end every shard must run again: the server frees a silent
 /// session's locks within its lease (6.9 s after a cut began, ADR 0016), then the takeover
 /// delay (0.5 s) and a tick; a restarted server's locks are free at once.
-const RECOVERED_WITHIN: Duration = Duration::from_secs(10);
+pub(crate) const RECOVERED_WITHIN: Duration = Duration::from_secs(10);
 
 const SCHEMA: &str = "\
 CREATE TABLE soak_shard_runs (id bigserial PRIMARY KEY, shard text NOT NULL, \
