@@ -11,7 +11,8 @@ use locks_postgres::tokio_postgres::Client;
 use super::shards::{RECOVERED_WITHIN, WRITE_EVERY, group};
 
 /// A task that started this long after its term began waited the takeover delay (500 ms
-/// by default; a task's first record takes milliseconds).
+/// when the previous owner recorded no bound; a task's first record takes milliseconds),
+/// even after a task that recorded its stop (whose term's end may have failed).
 const TAKEOVER_SEEN: f64 = 0.4;
 
 /// One task's records: its shard, member, token, when its term began, its start and
@@ -122,7 +123,8 @@ impl Hit {
 
 /// The causes an unowned piece of a shard's time is told by.
 mod cause {
-    pub(super) const TAKEOVER: &str = "takeover delay (the previous term not ended)";
+    pub(super) const TAKEOVER: &str =
+        "takeover delay (the previous term not ended), then the task's first record";
     pub(super) const STARTING: &str = "term begun, task not yet recording";
     pub(super) const MOVE: &str = "hand-off of a rebalancing move (drain, end, release, next tick)";
     pub(super) const MOVE_RECOVERED: &str =
@@ -176,7 +178,10 @@ pub(crate) fn causes(
     if let Some(next) = next
         && begun < to
     {
-        let waited = next.started - next.since >= TAKEOVER_SEEN;
+        // The previous task recorded no stop: its term did not end, and the next owner
+        // waited the previous owner's bound (100 ms) before its first record.
+        let waited = previous.is_some_and(|previous| !previous.stopped)
+            || next.started - next.since >= TAKEOVER_SEEN;
         split.push((
             if waited {
                 cause::TAKEOVER
