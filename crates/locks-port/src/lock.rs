@@ -333,6 +333,21 @@ pub trait DistributedLock: Send + Sync {
     /// the background.
     fn is_held(&self, key: &str) -> bool;
 
+    /// How soon, at worst, a holder of this manager's locks is told that the backend
+    /// ended its session (the guard's [`lost`](LockGuard::lost) signal fires), when the
+    /// manager knows it; `None` (the default) when it does not.
+    ///
+    /// A caller that takes over work from a holder whose session ended without a word
+    /// (a terminated session, a killed process) waits this long before starting, so that
+    /// the old holder has stopped first; it is the old holder's manager that knows the
+    /// bound, so the old holder records it where the next one reads it (the shard terms
+    /// of `locks-shard` do). With `None` a caller keeps its own conservative delay. A
+    /// holder cut off from the backend is not covered by it (its session ends by the
+    /// backend's timers, which a lease orders after the holder's own stop).
+    fn loss_notice_bound(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     /// Runs `body` while holding the lock for `key` and releases it afterwards, the
     /// Python library's `async with manager.acquire(key):`. Whatever `body` returns, an
     /// error included, is handed back unchanged once the lock is released.

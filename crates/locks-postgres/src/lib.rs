@@ -49,7 +49,7 @@ pub use lock_table::{LockTableGauge, LockTableUsage, is_lock_table_full, lock_ta
 /// The mode of a lock (exclusive or shared), the port's: named here too, as every
 /// call that takes a mode does.
 pub use locks_port::LockMode;
-pub use manager::PostgresLockManager;
+pub use manager::{ANNOUNCED_LOSS_NOTICE, PostgresLockManager};
 pub use many::PostgresLockGroup;
 pub use pool::connect::{CancelPath, LockConnect};
 

@@ -9,7 +9,8 @@ mod terms;
 pub use guard::{GUARD_WRITE, guard_write};
 pub use members::{MEMBERS_SCHEMA, MEMBERS_TABLE};
 pub use terms::{
-    DEFAULT_ANSWER_TIMEOUT, PostgresShardTerms, TERMS_SCHEMA, TERMS_TABLE, install_shard_terms,
+    DEFAULT_ANSWER_TIMEOUT, PostgresShardTerms, TERMS_SCHEMA, TERMS_TABLE, TERMS_UPGRADE,
+    install_shard_terms,
 };
 
 /// Re-exported so callers build the pool with the same versions as the store.

@@ -16,8 +16,11 @@ pub const TERMS_TABLE: &str = "locks_shard_terms";
 
 /// The statement that creates the term table, for migration tools: what
 /// [`install_shard_terms`] runs. One row per shard: the token of its latest term, who
-/// began it (membership slot, holder id), when (the server's clock) and whether its
-/// owner ended it.
+/// began it (membership slot, holder id), when (the server's clock), whether its owner
+/// ended it, and how soon its owner is told of a loss (`loss_notice_ms`, valid only while
+/// `loss_notice_token` is the row's token: a member of a version that does not record it
+/// leaves the pair behind, which then says nothing). A table created before the pair
+/// existed gains it with [`TERMS_UPGRADE`].
 pub const TERMS_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS locks_shard_terms (\
      group_name text NOT NULL, \
      shard text NOT NULL, \
@@ -26,7 +29,15 @@ pub const TERMS_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS locks_shard_terms (\
      holder_id text, \
      since timestamptz NOT NULL, \
      ended boolean NOT NULL DEFAULT false, \
+     loss_notice_ms integer, \
+     loss_notice_token bigint, \
      PRIMARY KEY (group_name, shard))";
+
+/// Adds the loss-notice columns to a term table created before they existed (run by
+/// [`install_shard_terms`] after [`TERMS_SCHEMA`]; does nothing on a table that has them).
+pub const TERMS_UPGRADE: &str = "ALTER TABLE locks_shard_terms \
+     ADD COLUMN IF NOT EXISTS loss_notice_ms integer, \
+     ADD COLUMN IF NOT EXISTS loss_notice_token bigint";
 
 /// The key whose transaction lock [`install_shard_terms`] holds while it creates the
 /// tables.
@@ -35,23 +46,30 @@ const INSTALL_KEY: &str = "locks-shard-postgres:install:locks_shard_terms";
 /// How long the store waits for any one answer of the server, by default.
 pub const DEFAULT_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The next term of a shard: one more than the last token (1 for the first), and
-/// whether the term before it was ended (true when there was none). The old row is read
-/// in the same statement; only the shard's lock holder begins terms, so nobody races it.
-const BEGIN: &str = "WITH old AS (SELECT ended FROM locks_shard_terms \
-       WHERE group_name = $1 AND shard = $2) \
+/// The next term of a shard: one more than the last token (1 for the first), its owner's
+/// loss notice in milliseconds (`$5`, or NULL), and whether the term before it was ended
+/// (true when there was none) with that term's loss notice (NULL unless recorded with its
+/// token). The old row is read in the same statement; only the shard's lock holder
+/// begins terms, so nobody races it.
+const BEGIN: &str = "WITH old AS (SELECT ended, \
+         CASE WHEN loss_notice_token = token THEN loss_notice_ms END AS notice \
+       FROM locks_shard_terms WHERE group_name = $1 AND shard = $2) \
      INSERT INTO locks_shard_terms AS t \
-       (group_name, shard, token, member_slot, holder_id, since, ended) \
-     VALUES ($1, $2, 1, $3, $4, clock_timestamp(), false) \
+       (group_name, shard, token, member_slot, holder_id, since, ended, \
+        loss_notice_ms, loss_notice_token) \
+     VALUES ($1, $2, 1, $3, $4, clock_timestamp(), false, $5, 1) \
      ON CONFLICT (group_name, shard) DO UPDATE SET token = t.token + 1, \
        member_slot = EXCLUDED.member_slot, holder_id = EXCLUDED.holder_id, \
-       since = EXCLUDED.since, ended = false \
-     RETURNING token, since, COALESCE((SELECT ended FROM old), true)";
+       since = EXCLUDED.since, ended = false, \
+       loss_notice_ms = EXCLUDED.loss_notice_ms, loss_notice_token = t.token + 1 \
+     RETURNING token, since, COALESCE((SELECT ended FROM old), true), \
+       (SELECT notice FROM old)";
 const END: &str = "UPDATE locks_shard_terms SET ended = true \
      WHERE group_name = $1 AND shard = $2 AND token = $3";
 const REJOINED: &str = "UPDATE locks_shard_terms SET member_slot = $4 \
      WHERE group_name = $1 AND shard = $2 AND token = $3 AND NOT ended";
-const TERMS: &str = "SELECT shard, token, member_slot, holder_id, since, ended \
+const TERMS: &str = "SELECT shard, token, member_slot, holder_id, since, ended, \
+       CASE WHEN loss_notice_token = token THEN loss_notice_ms END \
      FROM locks_shard_terms WHERE group_name = $1";
 
 /// Creates the term table and the member table ([`MEMBERS_SCHEMA`]) if they do not exist. Run it once per database (a migration, a
@@ -67,7 +85,7 @@ pub async fn install_shard_terms(
     locks_postgres::install_under_lock(
         client,
         INSTALL_KEY,
-        &format!("{TERMS_SCHEMA}; {MEMBERS_SCHEMA}"),
+        &format!("{TERMS_SCHEMA}; {TERMS_UPGRADE}; {MEMBERS_SCHEMA}"),
     )
     .await
 }
@@ -142,6 +160,20 @@ fn slot_param(member: u32) -> i32 {
     i32::try_from(member).unwrap_or(i32::MAX)
 }
 
+/// A loss notice as the table keeps it: whole milliseconds, rounded up (saturating).
+fn notice_param(notice: Option<Duration>) -> Option<i32> {
+    notice.map(|notice| {
+        let ms = notice.as_nanos().div_ceil(1_000_000);
+        i32::try_from(ms).unwrap_or(i32::MAX)
+    })
+}
+
+/// A loss notice read from the table (a negative one, which no member writes, as none).
+fn notice_of(ms: Option<i32>) -> Option<Duration> {
+    ms.and_then(|ms| u64::try_from(ms).ok())
+        .map(Duration::from_millis)
+}
+
 fn read_term(group: &str, row: &tokio_postgres::Row) -> Result<Term, LockAcquisitionError> {
     let read = |error| errors::driver(group, "reading a shard term", error);
     let slot: i32 = row.try_get(2).map_err(read)?;
@@ -152,7 +184,8 @@ fn read_term(group: &str, row: &tokio_postgres::Row) -> Result<Term, LockAcquisi
         row.try_get(3).map_err(read)?,
         row.try_get::<_, OffsetDateTime>(4).map_err(read)?,
         row.try_get(5).map_err(read)?,
-    ))
+    )
+    .with_loss_notice(notice_of(row.try_get(6).map_err(read)?)))
 }
 
 impl ShardTerms for PostgresShardTerms {
@@ -163,10 +196,28 @@ impl ShardTerms for PostgresShardTerms {
         member: u32,
         holder_id: Option<&str>,
     ) -> Result<Begun, LockAcquisitionError> {
+        self.begin_with_notice(group, shard, member, holder_id, None)
+            .await
+    }
+
+    async fn begin_with_notice(
+        &self,
+        group: &str,
+        shard: &str,
+        member: u32,
+        holder_id: Option<&str>,
+        loss_notice: Option<Duration>,
+    ) -> Result<Begun, LockAcquisitionError> {
         let what = "beginning a shard term";
         let slot = slot_param(member);
+        let notice = notice_param(loss_notice);
         let rows = self
-            .query(group, what, BEGIN, &[&group, &shard, &slot, &holder_id])
+            .query(
+                group,
+                what,
+                BEGIN,
+                &[&group, &shard, &slot, &holder_id, &notice],
+            )
             .await?;
         let row = rows.first().ok_or_else(|| {
             LockAcquisitionError::new(
@@ -183,8 +234,10 @@ impl ShardTerms for PostgresShardTerms {
             holder_id.map(str::to_owned),
             row.try_get(1).map_err(read)?,
             false,
-        );
-        Ok(Begun::new(term, row.try_get(2).map_err(read)?))
+        )
+        .with_loss_notice(notice_of(notice));
+        Ok(Begun::new(term, row.try_get(2).map_err(read)?)
+            .with_previous_loss_notice(notice_of(row.try_get(3).map_err(read)?)))
     }
 
     async fn end(&self, group: &str, shard: &str, token: i64) -> Result<(), LockAcquisitionError> {

@@ -14,6 +14,38 @@ pub fn target_share(shards: usize, members: &[u32], me: u32) -> Option<usize> {
     Some(shards / count + usize::from(index < shards % count))
 }
 
+/// The member list from the held membership slots, and the slot that stands for the
+/// member `slot` (holder `holder_id`) in it: one slot per holder id, its lowest, so a
+/// member whose old membership slot is still held (its backend stopped, not yet ended,
+/// while it joined again under another) counts once, on every member's list alike.
+/// Slots without a holder id count one each. Holder ids must be unique per process (as
+/// the renewals need): two processes of one holder id would count as one, whose share
+/// both then take, which over-subscribes the shards and leaves none unowned.
+pub(crate) fn members_of<'a>(
+    held: impl IntoIterator<Item = (u32, Option<&'a str>)>,
+    slot: u32,
+    holder_id: Option<&str>,
+) -> (Vec<u32>, u32) {
+    let mut lowest: std::collections::BTreeMap<&str, u32> = std::collections::BTreeMap::new();
+    let mut members = Vec::new();
+    for (held, holder) in held {
+        match holder {
+            Some(holder) => {
+                let kept = lowest.entry(holder).or_insert(held);
+                *kept = (*kept).min(held);
+            }
+            None => members.push(held),
+        }
+    }
+    let me = holder_id
+        .and_then(|holder| lowest.get(holder).copied())
+        .map_or(slot, |kept| kept.min(slot));
+    members.extend(lowest.into_values());
+    members.sort_unstable();
+    members.dedup();
+    (members, me)
+}
+
 /// The shards to shed from `owned` to come down to `share`: the ones `slot` scores
 /// lowest, so that the choice is stable from one tick to the next.
 pub(crate) fn to_shed(group: &ShardGroup, slot: u32, owned: &[usize], share: usize) -> Vec<usize> {
@@ -49,6 +81,23 @@ mod tests {
             }
         }
         assert_eq!(target_share(4, &[1, 2], 3), None);
+    }
+
+    #[test]
+    fn a_member_holding_two_slots_counts_once_on_every_list() {
+        let held = [
+            (1, Some("a")),
+            (2, Some("b")),
+            (5, Some("c")),
+            (7, Some("c")),
+        ];
+        // c holds 5 (its stopped backend) and 7: 5 stands for it on every list.
+        assert_eq!(members_of(held, 7, Some("c")), (vec![1, 2, 5], 5));
+        assert_eq!(members_of(held, 2, Some("b")), (vec![1, 2, 5], 2));
+        // Slots without a holder id count one each; a member not yet listed keeps its slot.
+        let anonymous = [(3, None), (4, None), (6, Some("d"))];
+        assert_eq!(members_of(anonymous, 4, None), (vec![3, 4, 6], 4));
+        assert_eq!(members_of(anonymous, 9, Some("e")), (vec![3, 4, 6], 9));
     }
 
     #[test]

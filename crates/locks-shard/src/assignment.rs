@@ -11,11 +11,45 @@ use futures_util::future::join_all;
 use locks_port::{DistributedLock, LockAcquisitionError, LockGuard, LostSignal, Semaphore};
 use opentelemetry::KeyValue;
 
-use crate::assign::{target_share, to_shed, to_try};
+use crate::assign::{members_of, target_share, to_shed, to_try};
 use crate::group::ShardGroup;
 use crate::metrics::Instruments;
 use crate::task::{Owned, Running, TermPlan, spawn};
 use crate::terms::ShardTerms;
+
+/// What a member's ticks remember from one tick, and one membership, to the next.
+#[derive(Debug, Default)]
+pub(crate) struct View {
+    /// The member list of the last tick.
+    seen: Vec<u32>,
+    /// When the member list last changed, until this member settled (the rebalance
+    /// duration).
+    changed_at: Option<Instant>,
+    /// After a rejoin: how many members the last membership saw, and until when this
+    /// member takes free shards only up to its share among that many.
+    expect: Option<(usize, Instant)>,
+}
+
+impl View {
+    /// A new membership begins: if an earlier one saw other members, expect them back
+    /// for `wait`.
+    pub(crate) fn joined(&mut self, wait: Duration) {
+        self.expect = (self.seen.len() > 1 && !wait.is_zero())
+            .then(|| (self.seen.len(), Instant::now() + wait));
+    }
+
+    /// How many shards this member may own by taking free ones, now that the member list
+    /// is `members` long: `None` for no limit but the share; else the largest share among
+    /// the members expected back, until they are back or the wait ran out.
+    fn take_cap(&mut self, shards: usize, members: usize) -> Option<usize> {
+        let (expected, until) = self.expect?;
+        if members >= expected || Instant::now() >= until {
+            self.expect = None;
+            return None;
+        }
+        Some(shards.div_ceil(expected))
+    }
+}
 
 /// What a member's ticks work with: its manager, term store and group, and how its terms
 /// run. Borrowed from the member for one membership.
@@ -43,8 +77,7 @@ where
         holder_id: Option<&str>,
         running: &mut BTreeMap<usize, Running>,
         task: &Arc<F>,
-        seen: &mut Vec<u32>,
-        changed_at: &mut Option<Instant>,
+        view: &mut View,
     ) where
         F: Fn(Owned, LostSignal) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
@@ -58,19 +91,28 @@ where
                 return;
             }
         };
-        let mut members: Vec<u32> = holders.held.iter().map(|h| h.slot).collect();
-        members.sort_unstable();
-        members.dedup();
-        if members != *seen {
-            seen.clone_from(&members);
-            *changed_at = Some(Instant::now());
+        let (members, me) = members_of(
+            holders
+                .held
+                .iter()
+                .map(|h| (h.slot, h.holder_id.as_deref())),
+            slot,
+            holder_id,
+        );
+        if members != view.seen {
+            view.seen.clone_from(&members);
+            view.changed_at = Some(Instant::now());
         }
-        let Some(share) = target_share(self.group.len(), &members, slot) else {
+        let Some(share) = target_share(self.group.len(), &members, me) else {
             return;
         };
-        self.rebalance(slot, holder_id, share, running, task).await;
+        let take_up_to = view
+            .take_cap(self.group.len(), members.len())
+            .map_or(share, |cap| cap.min(share));
+        self.rebalance(slot, holder_id, (share, take_up_to), running, task)
+            .await;
         let settled = running.len() == share && running.values().all(|term| !term.is_stopping());
-        if settled && let Some(at) = changed_at.take() {
+        if settled && let Some(at) = view.changed_at.take() {
             self.instruments
                 .rebalance
                 .record(at.elapsed().as_secs_f64(), self.attributes);
@@ -100,12 +142,13 @@ where
         }
     }
 
-    /// Sheds the shards above `share`, or takes free ones up to it.
+    /// Sheds the shards above `share`, or takes free ones up to `take_up_to` (the share,
+    /// or less while members are expected back).
     async fn rebalance<F, Fut>(
         &self,
         slot: u32,
         holder_id: Option<&str>,
-        share: usize,
+        (share, take_up_to): (usize, usize),
         running: &mut BTreeMap<usize, Running>,
         task: &Arc<F>,
     ) where
@@ -125,7 +168,7 @@ where
             }
             return;
         }
-        let mut wanted = share - active.len();
+        let mut wanted = take_up_to.saturating_sub(active.len());
         let owned: Vec<usize> = running.keys().copied().collect();
         let mut candidates = to_try(self.group, slot, &owned).into_iter();
         // As many tries at once as shards are wanted (after a member died, its shards
@@ -177,9 +220,10 @@ where
         let Some(guard) = self.locks.try_acquire(&self.group.shard_key(name)).await? else {
             return Ok(None);
         };
+        let notice = self.locks.loss_notice_bound();
         let begun = match self
             .terms
-            .begin(self.group.name(), name, slot, holder_id)
+            .begin_with_notice(self.group.name(), name, slot, holder_id, notice)
             .await
         {
             Ok(begun) => begun,
@@ -200,7 +244,10 @@ where
             owned,
             slot,
             terms: self.terms.clone(),
-            wait_first: (!begun.previous_ended).then_some(self.takeover_delay),
+            // The previous owner did not end its term: it may not have stopped yet. Its
+            // own manager's bound on how soon it is told says how long to wait.
+            wait_first: (!begun.previous_ended)
+                .then(|| begun.previous_loss_notice.unwrap_or(self.takeover_delay)),
             drain_grace: self.drain_grace,
             instruments: self.instruments.clone(),
             attributes: self.attributes.to_vec(),
@@ -209,5 +256,36 @@ where
         Ok(Some(spawn(guard, plan, move |owned, stop| {
             task(owned, stop)
         })))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rejoined_member_takes_only_its_share_among_the_members_it_saw_until_they_are_back() {
+        let mut view = View::default();
+        view.joined(Duration::from_secs(60));
+        assert_eq!(view.take_cap(24, 1), None, "a first join waits for nobody");
+        view.seen = vec![1, 2, 3];
+        view.joined(Duration::from_secs(60));
+        assert_eq!(
+            view.take_cap(24, 1),
+            Some(8),
+            "alone, it takes 8 of 24, not 24"
+        );
+        assert_eq!(view.take_cap(24, 2), Some(8));
+        assert_eq!(
+            view.take_cap(24, 3),
+            None,
+            "all back: no limit but the share"
+        );
+        assert_eq!(view.take_cap(24, 1), None, "and it stays lifted");
+        view.joined(Duration::ZERO);
+        assert_eq!(view.take_cap(24, 1), None, "a zero wait turns it off");
+        view.joined(Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(view.take_cap(24, 1), None, "the wait ran out");
     }
 }

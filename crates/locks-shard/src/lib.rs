@@ -14,7 +14,9 @@ mod terms;
 
 pub use assign::target_share;
 pub use group::{MAX_SHARDS, MIN_MEMBER_SLOTS, ShardGroup};
-pub use member::{DEFAULT_BACKOFF, DEFAULT_RENEWAL_EXPIRY, DEFAULT_TICK, ShardMember};
+pub use member::{
+    DEFAULT_BACKOFF, DEFAULT_REJOIN_WAIT, DEFAULT_RENEWAL_EXPIRY, DEFAULT_TICK, ShardMember,
+};
 pub use observe::{DEFAULT_WATCH_INTERVAL, ShardOwner, ShardWatch, Shards, owners, owners_by_name};
 pub use task::{DEFAULT_DRAIN_GRACE, DEFAULT_TAKEOVER_DELAY, Owned};
 pub use terms::{Begun, MemoryTerms, ShardTerms, Term};

@@ -16,7 +16,7 @@ use locks_port::{
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::Meter;
 
-use crate::assignment::Assignment;
+use crate::assignment::{Assignment, View};
 use crate::group::ShardGroup;
 use crate::membership::{Left, Membership, abort_all, overdue, stop_all};
 use crate::metrics::Instruments;
@@ -30,6 +30,11 @@ pub const DEFAULT_TICK: Duration = Duration::from_millis(100);
 
 /// The pause before a member joins again after it lost its membership or failed to join.
 pub const DEFAULT_BACKOFF: Duration = Duration::from_secs(1);
+
+/// How long a member that joins again after losing its membership waits, at most, for
+/// the members it saw before to be back before it takes more free shards than its
+/// share among them (see [`ShardMember::rejoin_wait`]).
+pub const DEFAULT_REJOIN_WAIT: Duration = Duration::from_secs(2);
 
 /// How long a member's liveness renewal lasts by default (see
 /// [`ShardMember::renewal`]): a member whose process stopped loses its shards within
@@ -47,6 +52,7 @@ pub struct ShardMember<M, T> {
     backoff: Duration,
     drain_grace: Duration,
     takeover_delay: Duration,
+    rejoin_wait: Duration,
     renewal: Option<Duration>,
     instruments: Instruments,
     attributes: Vec<KeyValue>,
@@ -72,6 +78,7 @@ where
             backoff: DEFAULT_BACKOFF,
             drain_grace: DEFAULT_DRAIN_GRACE,
             takeover_delay: DEFAULT_TAKEOVER_DELAY,
+            rejoin_wait: DEFAULT_REJOIN_WAIT,
             renewal: Some(DEFAULT_RENEWAL_EXPIRY),
             instruments: Instruments::global(),
             attributes: Vec::new(),
@@ -102,11 +109,29 @@ where
     }
 
     /// How long a member waits before starting a shard whose previous term was not
-    /// ended (see [`DEFAULT_TAKEOVER_DELAY`]). It must exceed the time an owner needs to
-    /// notice a loss (its manager's health-check interval); zero gives that order up.
+    /// ended, when that term's owner did not record how soon it is told of a loss (its
+    /// manager's [`loss_notice_bound`](DistributedLock::loss_notice_bound) was `None`, or
+    /// the store or the owner's version keeps none; see [`DEFAULT_TAKEOVER_DELAY`]). It
+    /// must exceed the time an owner needs to notice a loss (its manager's health-check
+    /// interval); zero gives that order up.
     #[must_use]
     pub fn takeover_delay(mut self, delay: Duration) -> Self {
         self.takeover_delay = delay;
+        self
+    }
+
+    /// How long a member that joins again after losing its membership (a server
+    /// restart, a cut network: the others most likely lost theirs too) waits, at most,
+    /// for as many members as its last membership saw: until then it takes free shards
+    /// only up to its share among that many ([`DEFAULT_REJOIN_WAIT`]). Without it the
+    /// first member back takes every free shard and hands most of them over again as
+    /// the others return, a move per shard. Kafka's `group.initial.rebalance.delay.ms`
+    /// waits so for a group's start. The shards of a member that does not come back are
+    /// taken once the wait ran out; zero turns the wait off. A process's first join waits
+    /// for nobody.
+    #[must_use]
+    pub fn rejoin_wait(mut self, wait: Duration) -> Self {
+        self.rejoin_wait = wait;
         self
     }
 
@@ -232,6 +257,8 @@ where
         // The terms running, kept from one membership to the next when only the
         // membership was lost (their locks still held).
         let mut running: BTreeMap<usize, Running> = BTreeMap::new();
+        // The member list as the last tick saw it, kept from one membership to the next.
+        let mut view = View::default();
         loop {
             running.retain(|_, term| !term.is_finished());
             if running.is_empty()
@@ -275,7 +302,7 @@ where
             renewing = self_stop.is_some() && permit.info().holder_id().is_some();
             let left = self
                 .membership(self_stop.as_ref())
-                .hold(&permit, &mut running, &task, shutdown.as_mut())
+                .hold(&permit, &mut running, &task, &mut view, shutdown.as_mut())
                 .await;
             match left {
                 Left::Lost => {
@@ -317,6 +344,7 @@ where
                 attributes: &self.attributes,
             },
             tick: self.tick,
+            rejoin_wait: self.rejoin_wait,
             self_stop,
         }
     }

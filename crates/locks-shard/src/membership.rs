@@ -7,11 +7,11 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use locks_port::{DistributedLock, LostSignal, PermitGuard, Semaphore};
 
-use crate::assignment::Assignment;
+use crate::assignment::{Assignment, View};
 use crate::renewal::{Renewals, SelfStop};
 use crate::task::{Owned, Running};
 use crate::terms::ShardTerms;
@@ -22,6 +22,8 @@ use crate::terms::ShardTerms;
 pub(crate) struct Membership<'a, M, T> {
     pub(crate) assignment: Assignment<'a, M, T>,
     pub(crate) tick: Duration,
+    /// How long a member that joined again waits for the members it saw before.
+    pub(crate) rejoin_wait: Duration,
     /// The member's renewal deadline (renewals on), carried from one membership to the
     /// next.
     pub(crate) self_stop: Option<&'a SelfStop>,
@@ -41,6 +43,7 @@ where
         permit: &P,
         running: &mut BTreeMap<usize, Running>,
         task: &Arc<F>,
+        view: &mut View,
         shutdown: Pin<&mut impl Future<Output = ()>>,
     ) -> Left
     where
@@ -62,19 +65,11 @@ where
             _ => None,
         };
         let overdue = overdue(self.self_stop.filter(|_| renewals.is_some()));
+        view.joined(self.rejoin_wait);
         let ticking = async {
-            let mut seen: Vec<u32> = Vec::new();
-            let mut changed_at: Option<Instant> = None;
             loop {
                 self.assignment
-                    .tick(
-                        slot,
-                        holder_id.as_deref(),
-                        running,
-                        task,
-                        &mut seen,
-                        &mut changed_at,
-                    )
+                    .tick(slot, holder_id.as_deref(), running, task, view)
                     .await;
                 tokio::time::sleep(self.tick).await;
             }

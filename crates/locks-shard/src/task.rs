@@ -59,9 +59,12 @@ pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(5);
 
 /// How long a member that took a shard whose previous term did not end cleanly (its
 /// owner died, or lost the lock) waits before starting the task, so that an owner whose
-/// session was ended has noticed and stopped first: as the leader's
-/// `DEFAULT_TAKEOVER_DELAY`, above the PostgreSQL adapter's health-check interval (200 ms
-/// by default). A shard handed over cleanly starts at once.
+/// session was ended has noticed and stopped first, when that owner did not record a
+/// bound of its own: as the leader's `DEFAULT_TAKEOVER_DELAY`, above the PostgreSQL
+/// adapter's health-check interval (200 ms by default). An owner whose manager knows how
+/// soon it is told of a loss ([`loss_notice_bound`](locks_port::DistributedLock::loss_notice_bound):
+/// 100 ms on `locks_postgres::plain_pool` and `tls_pool`) records it in its term, and
+/// the next owner waits that instead. A shard handed over cleanly starts at once.
 pub const DEFAULT_TAKEOVER_DELAY: Duration = Duration::from_millis(500);
 
 /// The user's task and the shard's guard of one term: dropped, the task's future goes

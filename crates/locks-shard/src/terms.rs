@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use locks_port::LockAcquisitionError;
 use time::OffsetDateTime;
@@ -26,6 +27,11 @@ pub struct Term {
     /// Whether the owner ended the term after its task stopped. A term that is not
     /// ended may still be over: its owner may have died without a word.
     pub ended: bool,
+    /// How soon, at worst, the owner is told that its lock's session ended, as its
+    /// manager says ([`loss_notice_bound`](locks_port::DistributedLock::loss_notice_bound)):
+    /// the next owner of a term that did not end waits this long before starting.
+    /// `None` when the owner's manager does not know, or the store does not keep it.
+    pub loss_notice: Option<Duration>,
 }
 
 impl Term {
@@ -46,7 +52,15 @@ impl Term {
             holder_id,
             since,
             ended,
+            loss_notice: None,
         }
+    }
+
+    /// The term, with its owner's [`loss_notice`](Self::loss_notice) bound.
+    #[must_use]
+    pub fn with_loss_notice(mut self, loss_notice: Option<Duration>) -> Self {
+        self.loss_notice = loss_notice;
+        self
     }
 }
 
@@ -60,6 +74,10 @@ pub struct Begun {
     pub term: Term,
     /// Whether the previous term was ended (`true` for a shard's first term).
     pub previous_ended: bool,
+    /// The previous term's [`loss_notice`](Term::loss_notice): how soon its owner is
+    /// told of a loss. When the previous term did not end, the new owner waits this long
+    /// before starting (its own takeover delay when `None`).
+    pub previous_loss_notice: Option<Duration>,
 }
 
 impl Begun {
@@ -69,7 +87,15 @@ impl Begun {
         Self {
             term,
             previous_ended,
+            previous_loss_notice: None,
         }
+    }
+
+    /// The begun term, with the previous term's [`loss_notice`](Term::loss_notice).
+    #[must_use]
+    pub fn with_previous_loss_notice(mut self, loss_notice: Option<Duration>) -> Self {
+        self.previous_loss_notice = loss_notice;
+        self
     }
 }
 
@@ -98,6 +124,32 @@ pub trait ShardTerms: Send + Sync {
         member: u32,
         holder_id: Option<&str>,
     ) -> impl Future<Output = Result<Begun, LockAcquisitionError>> + Send;
+
+    /// As [`begin`](Self::begin), and records `loss_notice`, how soon the new owner is
+    /// told that its lock's session ended (its manager's
+    /// [`loss_notice_bound`](locks_port::DistributedLock::loss_notice_bound)), for the
+    /// next owner to read in [`Begun::previous_loss_notice`]. A member begins its terms
+    /// with this.
+    ///
+    /// The default calls `begin` and records nothing: the next owner then waits its own
+    /// takeover delay, the conservative side.
+    ///
+    /// # Errors
+    /// As [`begin`](Self::begin).
+    ///
+    /// # Cancel safety
+    /// As [`begin`](Self::begin).
+    fn begin_with_notice(
+        &self,
+        group: &str,
+        shard: &str,
+        member: u32,
+        holder_id: Option<&str>,
+        loss_notice: Option<Duration>,
+    ) -> impl Future<Output = Result<Begun, LockAcquisitionError>> + Send {
+        let _ = loss_notice;
+        self.begin(group, shard, member, holder_id)
+    }
 
     /// Marks the term `token` of `shard` ended, if it is still the latest.
     ///
@@ -157,7 +209,7 @@ pub trait ShardTerms: Send + Sync {
         group: &str,
         member: u32,
         holder_id: &str,
-        expiry: std::time::Duration,
+        expiry: Duration,
     ) -> impl Future<Output = Result<u64, LockAcquisitionError>> + Send {
         let _ = (group, member, holder_id, expiry);
         std::future::ready(Ok(0))
@@ -202,11 +254,24 @@ impl ShardTerms for MemoryTerms {
         member: u32,
         holder_id: Option<&str>,
     ) -> Result<Begun, LockAcquisitionError> {
+        self.begin_with_notice(group, shard, member, holder_id, None)
+            .await
+    }
+
+    async fn begin_with_notice(
+        &self,
+        group: &str,
+        shard: &str,
+        member: u32,
+        holder_id: Option<&str>,
+        loss_notice: Option<Duration>,
+    ) -> Result<Begun, LockAcquisitionError> {
         let mut rows = self.rows();
         let key = (group.to_owned(), shard.to_owned());
-        let (token, previous_ended) = rows
-            .get(&key)
-            .map_or((1, true), |last| (last.token + 1, last.ended));
+        let (token, previous_ended, previous_notice) =
+            rows.get(&key).map_or((1, true, None), |last| {
+                (last.token + 1, last.ended, last.loss_notice)
+            });
         let term = Term::new(
             shard,
             token,
@@ -214,9 +279,10 @@ impl ShardTerms for MemoryTerms {
             holder_id.map(str::to_owned),
             OffsetDateTime::now_utc(),
             false,
-        );
+        )
+        .with_loss_notice(loss_notice);
         rows.insert(key, term.clone());
-        Ok(Begun::new(term, previous_ended))
+        Ok(Begun::new(term, previous_ended).with_previous_loss_notice(previous_notice))
     }
 
     async fn end(&self, group: &str, shard: &str, token: i64) -> Result<(), LockAcquisitionError> {
@@ -265,6 +331,17 @@ impl<T: ShardTerms + ?Sized> ShardTerms for Arc<T> {
         (**self).begin(group, shard, member, holder_id)
     }
 
+    fn begin_with_notice(
+        &self,
+        group: &str,
+        shard: &str,
+        member: u32,
+        holder_id: Option<&str>,
+        loss_notice: Option<Duration>,
+    ) -> impl Future<Output = Result<Begun, LockAcquisitionError>> + Send {
+        (**self).begin_with_notice(group, shard, member, holder_id, loss_notice)
+    }
+
     fn end(
         &self,
         group: &str,
@@ -296,7 +373,7 @@ impl<T: ShardTerms + ?Sized> ShardTerms for Arc<T> {
         group: &str,
         member: u32,
         holder_id: &str,
-        expiry: std::time::Duration,
+        expiry: Duration,
     ) -> impl Future<Output = Result<u64, LockAcquisitionError>> + Send {
         (**self).renew(group, member, holder_id, expiry)
     }

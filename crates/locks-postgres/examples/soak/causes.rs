@@ -8,10 +8,11 @@ use std::time::SystemTime;
 
 use locks_postgres::tokio_postgres::Client;
 
-use super::shards::{WRITE_EVERY, group};
+use super::shards::{RECOVERED_WITHIN, WRITE_EVERY, group};
 
 /// A task that started this long after its term began waited the takeover delay (500 ms
-/// by default; a task's first record takes milliseconds).
+/// when the previous owner recorded no bound; a task's first record takes milliseconds),
+/// even after a task that recorded its stop (whose term's end may have failed).
 const TAKEOVER_SEEN: f64 = 0.4;
 
 /// One task's records: its shard, member, token, when its term began, its start and
@@ -122,9 +123,12 @@ impl Hit {
 
 /// The causes an unowned piece of a shard's time is told by.
 mod cause {
-    pub(super) const TAKEOVER: &str = "takeover delay (the previous term not ended)";
+    pub(super) const TAKEOVER: &str =
+        "takeover delay (the previous term not ended), then the task's first record";
     pub(super) const STARTING: &str = "term begun, task not yet recording";
     pub(super) const MOVE: &str = "hand-off of a rebalancing move (drain, end, release, next tick)";
+    pub(super) const MOVE_RECOVERED: &str =
+        "hand-off of a task begun within 10 s of an outage's end (a member back first took more)";
     pub(super) const CHURN: &str = "membership churn (handed over after a membership loss)";
     pub(super) const STOPPED: &str =
         "lock held by a stopped backend (until continued, then a tick)";
@@ -135,9 +139,12 @@ mod cause {
         "lock lost with no fault on it (an outage's loss told after it, keepalive, self-stop)";
     pub(super) const OUTAGE: &str = "an outage, past the recovery bound";
     pub(super) const FIRST: &str = "no earlier task";
-    pub(super) const RECORDS: &str =
-        "a running task's last record to an outage's start (it records every 20 ms)";
 }
+
+/// The cause of a running task's last record to an outage's start: counted as owned
+/// (the task ran), told apart in the breakdown.
+pub(crate) const RECORDS: &str =
+    "a running task's last record to an outage's start (it records every 20 ms; owned)";
 
 /// The causes of the unowned piece `[from, to]` of a shard whose runs are `runs`: the
 /// part after the next term began (its takeover delay, or its task's start), and the part
@@ -164,14 +171,17 @@ pub(crate) fn causes(
         && previous.is_some_and(|previous| !previous.stopped)
         && to - from <= 2.0 * WRITE_EVERY.as_secs_f64()
     {
-        return vec![(cause::RECORDS, to - from)];
+        return vec![(RECORDS, to - from)];
     }
     let mut split = Vec::new();
     let begun = next.map_or(to, |next| next.since.clamp(from, to));
     if let Some(next) = next
         && begun < to
     {
-        let waited = next.started - next.since >= TAKEOVER_SEEN;
+        // The previous task recorded no stop: its term did not end, and the next owner
+        // waited the previous owner's bound (100 ms) before its first record.
+        let waited = previous.is_some_and(|previous| !previous.stopped)
+            || next.started - next.since >= TAKEOVER_SEEN;
         split.push((
             if waited {
                 cause::TAKEOVER
@@ -193,6 +203,7 @@ pub(crate) fn causes(
                     .map(|(_, hit)| *hit);
                 match (previous.stopped, hit) {
                     (true, Some(hit)) if hit.membership => cause::CHURN,
+                    (true, _) if begun_after_outage(previous, outages) => cause::MOVE_RECOVERED,
                     (true, _) => cause::MOVE,
                     (false, Some(hit)) if hit.what == "killed" => cause::KILLED,
                     (false, Some(hit)) if hit.membership => cause::MEMBERSHIP,
@@ -205,4 +216,12 @@ pub(crate) fn causes(
         split.push((before, begun - from));
     }
     split
+}
+
+/// Whether `run` started within the recovery bound of an outage's end.
+fn begun_after_outage(run: &Run, outages: &[(f64, f64)]) -> bool {
+    let bound = RECOVERED_WITHIN.as_secs_f64();
+    outages
+        .iter()
+        .any(|&(_, to)| (to..=to + bound).contains(&run.started))
 }

@@ -221,6 +221,17 @@ pub(crate) fn register(pool: &Pool, canceller: Canceller) {
 
 /// The canceller of `pool`: the one registered for it, or plain text.
 pub(crate) fn canceller_of(pool: &Pool) -> Canceller {
+    registered(pool).unwrap_or_else(Canceller::fallback)
+}
+
+/// Whether `pool` was built by [`plain_pool`](crate::plain_pool) or
+/// [`tls_pool`](crate::tls_pool): its connections are [`LockConnect`]'s, which announce
+/// their end. (A pool built by hand on `LockConnect` announces too, but nothing says so.)
+pub(crate) fn announces_end(pool: &Pool) -> bool {
+    registered(pool).is_some()
+}
+
+fn registered(pool: &Pool) -> Option<Canceller> {
     let pools = POOLS.lock().unwrap_or_else(PoisonError::into_inner);
     pools
         .iter()
@@ -229,5 +240,5 @@ pub(crate) fn canceller_of(pool: &Pool) -> Canceller {
             weak.upgrade()
                 .is_some_and(|live| ptr::eq(live.manager(), pool.manager()))
         })
-        .map_or_else(Canceller::fallback, |(_, canceller)| canceller.clone())
+        .map(|(_, canceller)| canceller.clone())
 }

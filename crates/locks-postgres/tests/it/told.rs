@@ -173,3 +173,17 @@ async fn the_monitor_tells_within_ms_announced_and_at_the_check_otherwise() {
         );
     }
 }
+
+/// The manager says how soon its holders are told only on a pool that announces a
+/// connection's end: a caller taking over from one of them may wait that instead of its
+/// conservative delay (`locks-shard` records it in each term).
+#[test]
+fn the_loss_notice_bound_is_known_only_on_an_announcing_pool() {
+    let announced = PostgresLockManager::builder(pool(1)).build();
+    assert_eq!(
+        announced.loss_notice_bound(),
+        Some(locks_postgres::ANNOUNCED_LOSS_NOTICE)
+    );
+    let unannounced = PostgresLockManager::builder(unannounced_pool(1)).build();
+    assert_eq!(unannounced.loss_notice_bound(), None);
+}

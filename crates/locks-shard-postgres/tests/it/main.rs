@@ -6,4 +6,5 @@ mod processes;
 mod record;
 mod rejoin;
 mod support;
+mod takeover;
 mod terms;

@@ -3,7 +3,7 @@ use std::time::{Duration, Instant};
 use locks_shard::{Owned, ShardTerms};
 use locks_shard_postgres::guard_write;
 
-use crate::support::{pool, terms, unique};
+use crate::support::{admin, pool, terms, unique};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_grow_per_shard_and_only_the_latest_term_ends() {
@@ -141,5 +141,63 @@ async fn a_stale_owner_s_write_is_refused_and_a_current_one_holds_off_the_next_t
         at >= committed,
         "the next term began {:?} after the start, before the write committed",
         at - started
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_term_s_loss_notice_reaches_the_next_owner_only_under_its_own_token() {
+    let store = terms().await;
+    let group = unique("notice");
+    let notice = Some(Duration::from_millis(100));
+    let first = store
+        .begin_with_notice(&group, "a", 1, Some("m1"), notice)
+        .await
+        .expect("begin");
+    assert_eq!(first.previous_loss_notice, None, "nothing before the first");
+    assert_eq!(first.term.loss_notice, notice);
+    let listed = store.terms(&group).await.expect("terms");
+    assert_eq!(listed[0].loss_notice, notice);
+    let second = store
+        .begin(&group, "a", 2, Some("m2"))
+        .await
+        .expect("begin");
+    assert!(!second.previous_ended);
+    assert_eq!(
+        second.previous_loss_notice, notice,
+        "the owner before said it"
+    );
+    let third = store
+        .begin_with_notice(&group, "a", 1, Some("m1"), notice)
+        .await
+        .expect("begin");
+    assert_eq!(
+        third.previous_loss_notice, None,
+        "the term before recorded nothing"
+    );
+    // A member of a version that does not know the columns begins a term without them:
+    // the pair left behind says nothing about that term's owner.
+    admin()
+        .await
+        .execute(
+            "UPDATE locks_shard_terms SET token = token + 1, ended = false \
+             WHERE group_name = $1 AND shard = 'a'",
+            &[&group],
+        )
+        .await
+        .expect("an older member's begin");
+    let fifth = store
+        .begin(&group, "a", 2, Some("m2"))
+        .await
+        .expect("begin");
+    assert_eq!(fifth.term.token, 5);
+    assert_eq!(fifth.previous_loss_notice, None, "an older member's term");
+    let rounded = store
+        .begin_with_notice(&group, "b", 1, None, Some(Duration::from_micros(1500)))
+        .await
+        .expect("begin");
+    assert_eq!(
+        rounded.term.loss_notice,
+        Some(Duration::from_millis(2)),
+        "kept in whole milliseconds, rounded up"
     );
 }

@@ -152,6 +152,49 @@ async fn a_dead_member_s_shards_are_taken_after_the_takeover_delay_without_overl
     }
 }
 
+/// How long after the previous term (not ended) began the next owner's task started,
+/// when that term recorded `notice` and the member's own takeover delay is `delay`.
+async fn takeover_after(notice: Option<Duration>, delay: Duration) -> Duration {
+    let fleet = Fleet::new(1);
+    let begun = Instant::now();
+    fleet
+        .terms
+        .begin_with_notice("projections", "tenant-0", 0, Some("gone"), notice)
+        .await
+        .expect("a term its owner never ends");
+    let member = fleet.member("next").takeover_delay(delay);
+    let (started, mut start) = tokio::sync::mpsc::unbounded_channel::<Instant>();
+    let run = tokio::spawn(async move {
+        let _ = member
+            .run(move |_owned, _stop| {
+                let _ = started.send(Instant::now());
+                std::future::pending::<()>()
+            })
+            .await;
+    });
+    let at = tokio::time::timeout(Duration::from_secs(30), start.recv())
+        .await
+        .expect("the shard's task started")
+        .expect("a start");
+    run.abort();
+    at - begun
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_owner_waits_the_previous_owner_s_recorded_loss_notice_or_its_own_delay() {
+    // The previous owner recorded how soon it is told of a loss: that, not the member's
+    // (here very long) takeover delay.
+    let notice = Duration::from_millis(80);
+    let took = takeover_after(Some(notice), Duration::from_secs(600)).await;
+    eprintln!("with a recorded notice of {notice:?}: started after {took:?}");
+    assert!(took >= notice, "started {took:?} after, before the notice");
+    // Nothing recorded (a manager that does not know, an older member): its own delay.
+    let delay = Duration::from_millis(300);
+    let took = takeover_after(None, delay).await;
+    eprintln!("with nothing recorded and a delay of {delay:?}: started after {took:?}");
+    assert!(took >= delay, "started {took:?} after, before the delay");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_with_another_shard_list_are_refused_with_a_configuration_error() {
     let mut fleet = Fleet::new(3);
