@@ -31,8 +31,17 @@ use crate::harness::{self, Outcome};
 use crate::stats::{Latencies, as_f64, fmt_ns, nanos};
 use crate::{BoxError, Plan};
 
-/// Connections of the holding manager (and of the raw holder).
+/// Connections of the holding manager (and of the raw holder) up to 250,000 held locks.
 const CONNECTIONS: usize = 50;
+/// The most locks a connection of the holding manager holds (on average): each statement
+/// costs the server more the more locks its session holds (`LockReleaseAll` walks them at
+/// every transaction's end), so larger counts take more connections.
+const LOCKS_PER_CONNECTION: usize = 5_000;
+
+/// Connections of the holding manager (and of the raw holder) for `max` held locks.
+fn connections(max: usize) -> usize {
+    max.div_ceil(LOCKS_PER_CONNECTION).max(CONNECTIONS)
+}
 /// Acquisitions in flight while growing to a count.
 const IN_FLIGHT: usize = 32;
 /// Probe cycles at each count (and while each read loops).
@@ -138,7 +147,8 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     let max_connections: usize = server[1].1.parse().unwrap_or(0);
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let needed = as_f64(plan.scale_max as u64).mul_add(1.2, 10_000.0) as u64;
-    if usage.capacity < needed || max_connections < CONNECTIONS + tasks::TASK_CONNECTIONS * 2 + 20 {
+    let holding = connections(plan.scale_max);
+    if usage.capacity < needed || max_connections < holding + tasks::TASK_CONNECTIONS * 2 + 20 {
         return Err(format!(
             "the server's lock table holds {} entries and it allows {max_connections} \
              connections; the scale scenario holds {} locks and opens up to {} connections: \
@@ -189,7 +199,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         .map(|(name, value)| format!("{name} = {value}"))
         .collect::<Vec<_>>()
         .join(", ");
-    let per_connection = (plan.scale_max * 3 / 2).div_ceil(CONNECTIONS);
+    let per_connection = (plan.scale_max * 3 / 2).div_ceil(holding);
     let title = "17. Scale: held locks, observation reads, tasks, waiters, groups";
     let header = [
         "Point",
@@ -200,8 +210,8 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     let mut out = Outcome::new("scale", title, &header);
     out.note(format!(
         "Server: {settings_line}. One manager holds the locks, multiplexed \
-         (`multiplex({per_connection})`) on {CONNECTIONS} connections, {IN_FLIGHT} \
-         acquisitions in flight; raw: `pg_advisory_lock` over {CONNECTIONS} \
+         (`multiplex({per_connection})`) on {holding} connections, {IN_FLIGHT} \
+         acquisitions in flight; raw: `pg_advisory_lock` over {holding} \
          connections, {IN_FLIGHT} in flight. Cycle: another manager's (raw: another \
          connection's) acquire + release of one key, {PROBE_CYCLES} at each count. \
          Bytes and CPU a lock: the process's heap (counting allocator) and RSS growth \
@@ -264,7 +274,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     let list = |values: Vec<Value>| Value::Array(values);
     Ok(out.with(json!({
         "server": server.iter().map(|(n, v)| ((*n).to_owned(), json!(v))).collect::<serde_json::Map<_, _>>(),
-        "connections": CONNECTIONS,
+        "connections": holding,
         "multiplex": per_connection,
         "in_flight": IN_FLIGHT,
         "held": list(held.iter().map(held::json).collect()),
