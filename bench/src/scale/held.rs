@@ -1,4 +1,4 @@
-//! The held-lock curve: one manager multiplexed on [`CONNECTIONS`] connections grows to
+//! The held-lock curve: one manager multiplexed on [`connections`] connections grows to
 //! 10³ … `--scale-max` held locks; at each count the time to reach it, another manager's
 //! cycle p50/p99, client heap, RSS and CPU at rest per held lock, the server's lock-table
 //! fill and the observation reads' costs ([`super::reads`]); then raw SQL grows to the
@@ -14,8 +14,8 @@ use locks_postgres::PostgresLockManager;
 use locks_postgres::tokio_postgres::Client;
 
 use super::reads::{self, LEADER, ReadCost, read_costs};
-use super::{APP, BLUE, CONNECTIONS, GREEN, IN_FLIGHT, ORANGE, P50P99, PROBE_CYCLES, Prober, RED};
-use super::{curve, open_pool, x};
+use super::{APP, BLUE, GREEN, IN_FLIGHT, ORANGE, P50P99, PROBE_CYCLES, Prober, RED};
+use super::{connections, curve, open_pool, x};
 use crate::chart::{Panel, Unit};
 use crate::db::{Database, Raw};
 use crate::harness::cells;
@@ -147,8 +147,9 @@ pub(super) async fn measure(
 ) -> Result<(Vec<Held>, Option<String>), BoxError> {
     let counts = counts(plan.scale_max);
     let max = *counts.last().unwrap_or(&1000);
-    let per_connection = (max * 3 / 2).div_ceil(CONNECTIONS);
-    let pool = open_pool(db, CONNECTIONS, APP).await?;
+    let holding = connections(max);
+    let per_connection = (max * 3 / 2).div_ceil(holding);
+    let pool = open_pool(db, holding, APP).await?;
     let holder = PostgresLockManager::builder(pool)
         .multiplex(per_connection)
         .build();
@@ -210,9 +211,11 @@ pub(super) async fn measure(
         let raw_probe_at = raw_probe.cycles(PROBE_CYCLES).await?;
         let reads = read_costs(&observer, &probe).await?;
         eprintln!(
-            "lock-bench: scale: {count} held in {:.1} s; probe p99 {}",
+            "lock-bench: scale: {count} held in {:.1} s; probe p99 {}; {} heap, {} RSS a lock",
             reach.as_secs_f64(),
-            fmt_ns(probe_at.1)
+            fmt_ns(probe_at.1),
+            fmt_bytes(heap),
+            rss.map_or("?".to_owned(), fmt_bytes)
         );
         points.push(Held {
             count,
@@ -237,7 +240,7 @@ pub(super) async fn measure(
     drop(holder);
 
     let mut clients = Vec::new();
-    for _ in 0..CONNECTIONS {
+    for _ in 0..holding {
         clients.push(Raw::connect(db, APP, false).await?);
     }
     let clients = Arc::new(clients);

@@ -17,8 +17,11 @@ use crate::BoxError;
 use crate::chart::{Panel, Unit};
 use crate::stats::{Latencies, as_f64, fmt_ns};
 
-/// How long the cycle is measured beside each observer at its interval (and without one).
+/// How long the cycle is measured beside each observer at its interval (and as long
+/// without one), in [`ROUNDS`] alternating windows.
 pub(super) const OBSERVE_WINDOW: Duration = Duration::from_secs(10);
+/// The alternating windows with and without an observer.
+pub(super) const ROUNDS: u32 = 5;
 /// The interval of the lock-table gauge observer.
 pub(super) const GAUGE_INTERVAL: Duration = Duration::from_secs(5);
 /// The election a leader holds while the reads are measured (with a board).
@@ -143,53 +146,100 @@ pub(super) async fn read_costs(
     let mut costs = Vec::new();
     let quiet = probe.cycles_until(PROBE_CYCLES, OBSERVE_WINDOW).await?;
     for read in Read::ALL {
-        let stop = Arc::new(AtomicBool::new(false));
-        let looping = {
-            let (observer, stop) = (observer.clone(), Arc::clone(&stop));
-            tokio::spawn(async move {
-                let mut own = Latencies::new();
-                let mut calls = 0;
-                while calls < 3 || !stop.load(Ordering::Relaxed) {
-                    let started = Instant::now();
-                    read.once(&observer).await?;
-                    own.record(started.elapsed());
-                    calls += 1;
-                }
-                Ok::<_, BoxError>((own.p50(), calls))
-            })
-        };
-        let window = if read.timed() {
-            OBSERVE_WINDOW
+        let cost = if read.timed() {
+            observed(read, observer, probe).await?
         } else {
-            Duration::ZERO
-        };
-        let during = probe.cycles_until(PROBE_CYCLES, window).await?;
-        stop.store(true, Ordering::Relaxed);
-        let (own, calls) = if read.endless() {
-            looping.abort();
-            (0, 0)
-        } else {
-            looping.await??
-        };
-        let cost = ReadCost {
-            read,
-            own,
-            calls,
-            probe_p99: during.1,
-            quiet_p99: read.timed().then_some(quiet.1),
+            let (during, own, calls) = beside(read, observer, probe, Duration::ZERO).await?;
+            ReadCost {
+                read,
+                own: own.p50(),
+                calls,
+                probe_p99: during.p99(),
+                quiet_p99: None,
+            }
         };
         // Said as measured: a later curve that stalls does not lose it.
+        let without = cost.quiet_p99.unwrap_or(quiet.1);
         eprintln!(
-            "lock-bench: scale: {}: own p50 {} ({calls} calls); cycle p99 {} (×{:.2} of {})",
+            "lock-bench: scale: {}: own p50 {} ({} calls); cycle p99 {} (×{:.2} of {})",
             read.name(),
-            fmt_ns(own),
-            fmt_ns(during.1),
-            as_f64(cost.probe_p99) / as_f64(cost.quiet_p99.unwrap_or(quiet.1).max(1)),
-            fmt_ns(cost.quiet_p99.unwrap_or(quiet.1)),
+            fmt_ns(cost.own),
+            cost.calls,
+            fmt_ns(cost.probe_p99),
+            as_f64(cost.probe_p99) / as_f64(without.max(1)),
+            fmt_ns(without),
         );
         costs.push(cost);
     }
     Ok(costs)
+}
+
+/// An observer at its interval: [`ROUNDS`] windows of the cycle without it and as many
+/// beside it, alternating, each side's cycles pooled, so that the machine's load
+/// drifting over [`OBSERVE_WINDOW`] weighs on both sides alike.
+async fn observed(
+    read: Read,
+    observer: &PostgresLockManager,
+    probe: &Prober,
+) -> Result<ReadCost, BoxError> {
+    let window = OBSERVE_WINDOW / ROUNDS;
+    let cycles = PROBE_CYCLES.div_ceil(ROUNDS as usize);
+    let (mut with, mut without, mut own, mut calls) =
+        (Latencies::new(), Latencies::new(), Latencies::new(), 0);
+    for _ in 0..ROUNDS {
+        probe.record_until(&mut without, cycles, window).await?;
+        let (during, its, n) = beside(read, observer, probe, window).await?;
+        with.merge(&during);
+        own.merge(&its);
+        calls += n;
+    }
+    Ok(ReadCost {
+        read,
+        own: own.p50(),
+        calls,
+        probe_p99: with.p99(),
+        quiet_p99: Some(without.p99()),
+    })
+}
+
+/// The probe's cycles (at least [`PROBE_CYCLES`], for at least `window`) while `read`
+/// runs in a loop, and the read's own times and calls (none for an endless one).
+async fn beside(
+    read: Read,
+    observer: &PostgresLockManager,
+    probe: &Prober,
+    window: Duration,
+) -> Result<(Latencies, Latencies, usize), BoxError> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let looping = {
+        let (observer, stop) = (observer.clone(), Arc::clone(&stop));
+        tokio::spawn(async move {
+            let mut own = Latencies::new();
+            let mut calls = 0;
+            while calls < 3 || !stop.load(Ordering::Relaxed) {
+                let started = Instant::now();
+                read.once(&observer).await?;
+                own.record(started.elapsed());
+                calls += 1;
+            }
+            Ok::<_, BoxError>((own, calls))
+        })
+    };
+    let mut during = Latencies::new();
+    let cycles = if read.timed() {
+        PROBE_CYCLES.div_ceil(ROUNDS as usize)
+    } else {
+        PROBE_CYCLES
+    };
+    probe.record_until(&mut during, cycles, window).await?;
+    stop.store(true, Ordering::Relaxed);
+    let (own, calls) = if read.endless() {
+        looping.abort();
+        (Latencies::new(), 0)
+    } else {
+        looping.await??
+    };
+    Ok((during, own, calls))
 }
 
 /// The reads' cell of a held-lock row: each one's own time, and the cycle p99 while it

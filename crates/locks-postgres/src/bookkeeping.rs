@@ -168,16 +168,20 @@ pub(crate) struct Ticket {
 /// displaced: almost always one, kept inline (no allocation).
 pub(crate) type Entries = SmallVec<[Held; 1]>;
 
-/// Every lock one manager holds, each entry in the table by the hash of its lock id:
-/// what the server locks, and a number to hash, where a key is a string (the lock id
-/// of a key is known on every path that looks it up). An id has one entry, or several
-/// when the manager holds it shared more than once (one per guard), or, by a 64-bit
-/// collision, holds another key of the same id (the server sees one lock): those sit
-/// side by side under one hash. One slot per entry, no list per id, so a held lock
-/// costs the table its entry and nothing more (bytes a held lock: `docs/benchmarks.md`).
-/// Every change of the count is told to the locks-held instrument.
+/// Every lock one manager holds: the entries side by side in one vector, and a table
+/// of their places by the hash of their lock id: what the server locks, and a number to
+/// hash, where a key is a string (the lock id of a key is known on every path that looks
+/// it up). An id has one entry, or several when the manager holds it shared more than
+/// once (one per guard), or, by a 64-bit collision, holds another key of the same id
+/// (the server sees one lock): their places sit side by side under one hash. The table's
+/// slack (a hash table grows before it is full: up to 2.3 slots a held lock) costs a
+/// place's 4 bytes and a control byte a slot, not an entry's size; the vector's at most
+/// doubles (bytes a held lock: `docs/benchmarks.md`). Taking an entry out moves the last
+/// one into its place. Every change of the count is told to the locks-held instrument.
 pub(crate) struct Book {
-    by_id: HashTable<Held>,
+    entries: Vec<Held>,
+    /// The index in `entries` of each entry, by the hash of its lock id.
+    places: HashTable<u32>,
     hasher: foldhash::fast::RandomState,
     metrics: Arc<Metrics>,
     /// The lock ids whose unlock runs in the background now (once per unlock), with
@@ -185,10 +189,17 @@ pub(crate) struct Book {
     releasing: Vec<i64>,
 }
 
+/// An index of `entries` as a place in the table.
+fn place(index: usize) -> u32 {
+    // 2³² entries would take over 300 GB: the process runs out of memory long before.
+    u32::try_from(index).expect("a manager holds fewer than 2^32 locks")
+}
+
 impl Book {
     pub(crate) fn new(metrics: Arc<Metrics>) -> Self {
         Self {
-            by_id: HashTable::new(),
+            entries: Vec::new(),
+            places: HashTable::new(),
             hasher: foldhash::fast::RandomState::default(),
             metrics,
             releasing: Vec::new(),
@@ -201,19 +212,46 @@ impl Book {
 
     /// The entries of `lock_id`.
     fn of(&self, lock_id: i64) -> impl Iterator<Item = &Held> {
-        self.by_id
+        self.places
             .iter_hash(self.hash(lock_id))
+            .map(|&at| &self.entries[at as usize])
             .filter(move |held| held.lock_id == lock_id)
     }
 
-    /// Takes out the first entry of `lock_id` that `which` picks.
+    /// The index of the first entry of `lock_id` that `which` picks.
+    fn find(&self, lock_id: i64, mut which: impl FnMut(&Held) -> bool) -> Option<usize> {
+        let entries = &self.entries;
+        self.places
+            .find(self.hash(lock_id), |&at| {
+                let held = &entries[at as usize];
+                held.lock_id == lock_id && which(held)
+            })
+            .map(|&at| at as usize)
+    }
+
+    /// Takes out the first entry of `lock_id` that `which` picks: its place out of the
+    /// table, and the last entry moved into its index.
     fn take(&mut self, lock_id: i64, mut which: impl FnMut(&Held) -> bool) -> Option<Held> {
         let hash = self.hash(lock_id);
-        let place = self
-            .by_id
-            .find_entry(hash, |held| held.lock_id == lock_id && which(held))
-            .ok()?;
-        let (taken, _) = place.remove();
+        let entries = &self.entries;
+        let (at, _) = self
+            .places
+            .find_entry(hash, |&at| {
+                let held = &entries[at as usize];
+                held.lock_id == lock_id && which(held)
+            })
+            .ok()?
+            .remove();
+        let taken = self.entries.swap_remove(at as usize);
+        if let Some(moved) = self.entries.get(at as usize) {
+            let last = place(self.entries.len());
+            if let Some(its) = self
+                .places
+                .find_mut(self.hash(moved.lock_id), |&i| i == last)
+            {
+                *its = at;
+            }
+        }
         self.metrics.held_changed(taken.mode, -1);
         Some(taken)
     }
@@ -236,11 +274,11 @@ impl Book {
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.by_id.len()
+        self.entries.len()
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.by_id.is_empty()
+        self.entries.is_empty()
     }
 
     /// Whether `key` (whose lock id is `lock_id`) is held.
@@ -280,10 +318,12 @@ impl Book {
             }
         }
         self.metrics.held_changed(entry.mode, 1);
-        let hasher = &self.hasher;
-        self.by_id
-            .insert_unique(self.hasher.hash_one(lock_id), entry, |held| {
-                hasher.hash_one(held.lock_id)
+        let at = place(self.entries.len());
+        self.entries.push(entry);
+        let (hasher, entries) = (&self.hasher, &self.entries);
+        self.places
+            .insert_unique(hasher.hash_one(lock_id), at, |&at| {
+                hasher.hash_one(entries[at as usize].lock_id)
             });
         displaced
     }
@@ -328,7 +368,8 @@ impl Book {
 
     /// Takes every entry out (a shutdown).
     pub(crate) fn drain(&mut self) -> Vec<Held> {
-        let drained: Vec<Held> = self.by_id.drain().collect();
+        self.places.clear();
+        let drained = std::mem::take(&mut self.entries);
         drained
             .iter()
             .for_each(|held| self.metrics.held_changed(held.mode, -1));
@@ -337,7 +378,7 @@ impl Book {
 
     /// Every entry, for the health monitor.
     pub(crate) fn entries_mut(&mut self) -> impl Iterator<Item = &mut Held> {
-        self.by_id.iter_mut()
+        self.entries.iter_mut()
     }
 
     /// Records that the acquisition `ticket` now holds its lock in `mode` (a
@@ -357,10 +398,8 @@ impl Book {
 
     /// The entry of one acquisition.
     pub(crate) fn get_mut(&mut self, ticket: &Ticket) -> Option<&mut Held> {
-        let (lock_id, number) = (ticket.lock_id, ticket.number);
-        self.by_id.find_mut(self.hash(lock_id), |held| {
-            held.lock_id == lock_id && held.ticket == number
-        })
+        let at = self.find(ticket.lock_id, |held| held.ticket == ticket.number)?;
+        self.entries.get_mut(at)
     }
 }
 

@@ -20,8 +20,11 @@
 //! Its state is kept in the manager (`health.rs`); the book gives back what a grant
 //! displaced, and the grant tells the monitor here.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
+
+use foldhash::fast::RandomState;
 
 use locks_port::{AcquisitionErrorKind, LostReason, ReleaseOutcome};
 use tokio::time::Instant;
@@ -62,6 +65,39 @@ struct Findings {
     /// Watched connections (permits) that ended, and those due a keepalive.
     ended_watched: Vec<Arc<Watched>>,
     due_watched: Vec<Arc<Watched>>,
+}
+
+/// What one round's look at a held lock's connection found.
+#[derive(Clone, Copy)]
+enum Verdict {
+    /// Released or pinged right now.
+    Busy,
+    /// Ended, or its session taken out.
+    Ended,
+    Open,
+    /// Open and due a keepalive: its place in [`Findings::due`].
+    Due(usize),
+}
+
+/// Looks at the connection in `slot`; one due a keepalive at `cadence` joins `due`.
+fn look(
+    slot: &SessionSlot,
+    now: Instant,
+    cadence: Option<std::time::Duration>,
+    due: &mut Vec<(SessionSlot, Vec<Ticket>)>,
+) -> Verdict {
+    let Ok(session) = slot.try_lock() else {
+        return Verdict::Busy;
+    };
+    match session.as_ref() {
+        Some(session) if session.is_closed() => Verdict::Ended,
+        None => Verdict::Ended,
+        Some(_) if cadence.is_some_and(|cadence| slot.keepalive_due(now, cadence)) => {
+            due.push((Arc::clone(slot), Vec::new()));
+            Verdict::Due(due.len() - 1)
+        }
+        Some(_) => Verdict::Open,
+    }
 }
 
 impl Inner {
@@ -164,43 +200,30 @@ impl Inner {
     }
 
     /// Looks at every held lock: which connections ended, which are due a keepalive.
+    /// Each connection is looked at once a round, however many locks share it (a
+    /// multiplexed one holds thousands): its verdict is kept by the slot's address, so
+    /// a round costs a lookup a held lock, not a look at the session and a search of
+    /// the connections due a keepalive.
     fn inspect(&self, now: Instant) -> Findings {
         let mut findings = Findings::default();
         self.inspect_watched(now, &mut findings);
         let cadence = self.settings().keepalive;
+        let mut verdicts: HashMap<usize, Verdict, RandomState> = HashMap::default();
         let mut book = self.book();
         for held in book.entries_mut() {
-            // A session being released or pinged is skipped this round.
-            let Ok(session) = held.slot().try_lock() else {
-                continue;
-            };
-            match session.as_ref() {
-                Some(session) if session.is_closed() => {
-                    findings.ended.push(held.ticket());
-                }
-                Some(_) => {
-                    drop(session);
-                    let Some(cadence) = cadence else {
-                        continue;
-                    };
-                    // The clock is the connection's: the locks sharing it are pinged
-                    // together, by one keepalive.
-                    let (entry, slot) = (held.ticket(), held.slot());
-                    match findings
-                        .due
-                        .iter_mut()
-                        .find(|(due, _)| Arc::ptr_eq(due, slot))
-                    {
-                        Some((_, entries)) => entries.push(entry),
-                        None if slot.keepalive_due(now, cadence) => {
-                            findings.due.push((Arc::clone(slot), vec![entry]));
-                        }
-                        None => {}
-                    }
-                }
-                // The session was closed under a group member (a failed unlock of
-                // another lock of its group): this lock went with it.
-                None => findings.ended.push(held.ticket()),
+            let slot = held.slot();
+            let verdict = *verdicts
+                .entry(Arc::as_ptr(slot).addr())
+                .or_insert_with(|| look(slot, now, cadence, &mut findings.due));
+            match verdict {
+                // A session being released or pinged is skipped this round.
+                Verdict::Busy | Verdict::Open => {}
+                // Ended, or closed under a group member (a failed unlock of another
+                // lock of its group): this lock went with it.
+                Verdict::Ended => findings.ended.push(held.ticket()),
+                // The clock is the connection's: the locks sharing it are pinged
+                // together, by one keepalive.
+                Verdict::Due(at) => findings.due[at].1.push(held.ticket()),
             }
         }
         findings

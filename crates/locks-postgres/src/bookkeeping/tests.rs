@@ -132,3 +132,29 @@ fn an_entry_stays_within_its_bytes() {
         std::mem::size_of::<Held>()
     );
 }
+
+#[test]
+fn taking_entries_out_anywhere_keeps_every_other_entry_found() {
+    let mut book = book();
+    let ticket = |n: u64| Ticket {
+        lock_id: i64::try_from(n % 97).unwrap_or(0),
+        number: n,
+    };
+    for n in 0..500 {
+        let mode = LockMode::Shared;
+        book.insert(held("k", ticket(n).lock_id, n, mode, Holding::Alone));
+    }
+    // From the middle, the front and the back: each moves another entry into its place.
+    for n in (0..500).filter(|n| n % 3 == 0) {
+        let Ticket { lock_id, number } = ticket(n);
+        assert_eq!(book.remove_one(lock_id, number).map(|h| h.ticket), Some(n));
+    }
+    assert_eq!(book.len(), 500 - 167);
+    for n in 0..500 {
+        let found = book.get_mut(&ticket(n)).map(|held| held.ticket);
+        assert_eq!(found, (n % 3 != 0).then_some(n), "ticket {n}");
+    }
+    assert_eq!(book.entries_mut().count(), 500 - 167);
+    assert_eq!(book.drain().len(), 500 - 167);
+    assert!(book.is_empty() && book.get_mut(&ticket(1)).is_none());
+}
