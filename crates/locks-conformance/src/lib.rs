@@ -81,6 +81,17 @@ pub trait Harness: Send + Sync + 'static {
 
     /// A new manager that contends with this harness's other managers.
     fn manager(&self) -> Self::Manager;
+
+    /// How many acquisitions of permits of `name` stand in the queue that serves them in
+    /// order, for an adapter where a waiter shows in
+    /// [`permit_holders`](locks_port::Semaphore::permit_holders) a step before it joins
+    /// that queue (PostgreSQL: the server's queue on the semaphore's turnstile). A case
+    /// that orders its waiters waits for this state, not for a sleep. `None`, the
+    /// default: a waiter `permit_holders` counts is in the queue already.
+    fn queued_permit_waiters(&self, name: &str) -> impl Future<Output = Option<usize>> + Send {
+        let _ = name;
+        async { None }
+    }
 }
 
 /// How long one case built by [`conformance_suite!`](crate::conformance_suite) may run

@@ -45,6 +45,22 @@ async fn try_permit<S: Semaphore>(
 }
 
 /// Waits until `name` shows `waiting` waiters (for up to [`WAIT`]).
+/// Waits until `waiting` acquisitions stand in the adapter's ordered queue
+/// ([`Harness::queued_permit_waiters`]), when the adapter has such a step.
+async fn until_queued<H: Harness>(harness: &H, name: &str, waiting: usize) {
+    let deadline = Instant::now() + WAIT;
+    while let Some(queued) = harness.queued_permit_waiters(name).await {
+        if queued >= waiting {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{waiting} waiters never stood in the queue: {queued} did"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 async fn until_waiting<S: Semaphore>(semaphores: &S, name: &str, waiting: usize) {
     let deadline = Instant::now() + WAIT;
     loop {
@@ -311,7 +327,7 @@ pub async fn waiters_are_served_in_arrival_order<H: Harness<Manager: Semaphore>>
             drop(permit);
         }));
         until_waiting(&harness.manager(), &name, waiter + 1).await;
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        until_queued(harness, &name, waiter + 1).await;
     }
     let holders = harness
         .manager()

@@ -22,6 +22,23 @@ impl Harness for PostgresHarness {
             .multiplex(self.locks_per_connection)
             .build()
     }
+
+    /// The sessions holding or queued on the semaphore's turnstile `(class, -1)`: a
+    /// waiter enters (takes the marker, and `permit_holders` counts it) one statement
+    /// before it joins this queue, the server's, which serves it in order.
+    async fn queued_permit_waiters(&self, name: &str) -> Option<usize> {
+        let class = self.manager().semaphore_class(name);
+        let client = self.pool.get().await.expect("a pooled connection");
+        let row = client
+            .query_one(
+                "SELECT count(DISTINCT pid) FROM pg_locks WHERE locktype = 'advisory' \
+                 AND objsubid = 2 AND classid = $1::int4::oid AND objid = (-1)::int4::oid",
+                &[&class],
+            )
+            .await
+            .expect("pg_locks");
+        Some(usize::try_from(row.get::<_, i64>(0)).expect("a count"))
+    }
 }
 
 fn harness(locks_per_connection: usize) -> PostgresHarness {

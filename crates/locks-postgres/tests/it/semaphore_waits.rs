@@ -1,7 +1,6 @@
 //! The semaphore's waits: a stopped waiter process never holds up free permits, and a
 //! permit freed while others wait reaches one of them at once, whatever its slot.
 
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use locks_port::{AcquireOptions, PermitGuard, ReleaseOutcome, Semaphore};
@@ -82,110 +81,108 @@ async fn a_stopped_waiter_process_never_holds_up_free_permits() {
     assert_eq!(granted.release().await, ReleaseOutcome::Unlocked);
 }
 
-/// Grants and releases seen by the contenders, on one clock.
-#[derive(Default)]
-struct Timeline {
-    /// `(at, change of permits held, change of waiters)`.
-    events: Vec<(Instant, i32, i32)>,
+/// Room a loaded machine keeps over the contract "a freed permit reaches the waiter
+/// within one pause (at most 5 ms) and the server's answer" (ADR 0022); the speed of the
+/// handoff is the bench's to measure (`cargo xtask bench`), not this test's.
+const AT_ONCE: Duration = Duration::from_secs(2);
+
+/// Whether a backend holds the turnstile `(class, -1)` of the semaphore of `class`.
+async fn turnstile_held(admin: &tokio_postgres::Client, class: i32) -> bool {
+    let row = admin
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 \
+             AND classid = $1::int4::oid AND objid = (-1)::int4::oid AND granted",
+            &[&class],
+        )
+        .await
+        .expect("pg_locks");
+    row.get::<_, i64>(0) == 1
 }
 
-/// The gap from each release made while someone waited to the next grant, and the
-/// share of permit time left free while someone waited, from `events` over `span`.
-pub(crate) fn gaps_and_idle(
-    mut events: Vec<(Instant, i32, i32)>,
-    permits: u32,
-    span: Duration,
-) -> (Vec<Duration>, f64) {
-    events.sort_by_key(|event| event.0);
-    let (mut held, mut waiting) = (0_i32, 0_i32);
-    let mut idle = Duration::ZERO;
-    let mut last: Option<Instant> = None;
-    let mut pending: std::collections::VecDeque<Instant> = std::collections::VecDeque::new();
-    let mut gaps = Vec::new();
-    let permits = i32::try_from(permits).unwrap_or(i32::MAX);
-    for (at, held_change, waiting_change) in events {
-        if let Some(last) = last {
-            let idle_permits = (permits - held).min(waiting).max(0);
-            idle += (at - last) * u32::try_from(idle_permits).unwrap_or(0);
-        }
-        last = Some(at);
-        if held_change < 0 && waiting > 0 {
-            pending.push_back(at);
-        }
-        if held_change > 0
-            && let Some(released) = pending.pop_front()
-        {
-            gaps.push(at - released);
-        }
-        held += held_change;
-        waiting += waiting_change;
-        if waiting == 0 {
-            pending.clear();
-        }
-    }
-    let total = span.as_secs_f64() * f64::from(permits);
-    (gaps, idle.as_secs_f64() / total)
+/// How many backends are queued (not granted) on a slot lock `(class, 0..permits)`.
+async fn queued_on_slots(admin: &tokio_postgres::Client, class: i32, permits: u32) -> i64 {
+    let last = i32::try_from(permits).expect("permits") - 1;
+    admin
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 \
+             AND classid = $1::int4::oid AND objid::int8 BETWEEN 0 AND $2::int4 \
+             AND NOT granted",
+            &[&class, &last],
+        )
+        .await
+        .expect("pg_locks")
+        .get(0)
 }
 
+/// All permits held; a waiter waits; the permit of one slot is freed, and the waiter
+/// gets that very slot; and again for every slot, in an order that is not the slots'.
+/// The waiter holds the turnstile and queues on no slot lock: it looks at every slot,
+/// so no slot is one it would see late.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_freed_permit_reaches_a_waiter_at_once_whatever_its_slot() {
     const PERMITS: u32 = 4;
-    const CONTENDERS: u64 = 8;
-    let name: Arc<str> = unique_key("work-conserving").into();
-    let timeline = Arc::new(Mutex::new(Timeline::default()));
-    let record = |timeline: &Mutex<Timeline>, held: i32, waiting: i32| {
-        let mut timeline = timeline.lock().unwrap_or_else(PoisonError::into_inner);
-        timeline.events.push((Instant::now(), held, waiting));
-    };
-    let started = Instant::now();
-    let end = started + Duration::from_secs(8);
-    let mut tasks = tokio::task::JoinSet::new();
-    for task in 0..CONTENDERS {
-        let (name, timeline) = (Arc::clone(&name), Arc::clone(&timeline));
-        let manager = PostgresLockManager::new(pool(1));
-        tasks.spawn(async move {
-            let mut turn = 0_u64;
-            while Instant::now() < end {
-                record(&timeline, 0, 1);
-                let permit = manager
+    let name = unique_key("whatever-its-slot");
+    let admin = crate::support::admin().await;
+    let holder = PostgresLockManager::new(pool(PERMITS as usize));
+    let class = holder.semaphore_class(&name);
+    let mut held = Vec::new();
+    for _ in 0..PERMITS {
+        held.push(
+            holder
+                .acquire_permit(&name, PERMITS, AcquireOptions::new())
+                .await
+                .expect("a free permit"),
+        );
+    }
+    let mut figures = Vec::new();
+    for slot in [2, 0, 3, 1] {
+        let waiter = PostgresLockManager::new(pool(1));
+        let queued = tokio::spawn({
+            let name = name.clone();
+            async move {
+                let permit = waiter
                     .acquire_permit(&name, PERMITS, Duration::from_secs(10))
-                    .await
-                    .expect("a permit within 10 s");
-                record(&timeline, 1, -1);
-                // A job of 100-400 ms, spread by task and turn.
-                let job = 100 + (task * 7_919 + turn * 104_729) % 301;
-                turn += 1;
-                tokio::time::sleep(Duration::from_millis(job)).await;
-                record(&timeline, -1, 0);
-                assert_eq!(permit.release().await, ReleaseOutcome::Unlocked);
+                    .await;
+                (permit, Instant::now())
             }
         });
+        wait_for("the waiter to hold the turnstile", || {
+            turnstile_held(&admin, class)
+        })
+        .await;
+        assert_eq!(
+            queued_on_slots(&admin, class, PERMITS).await,
+            0,
+            "the waiter queues on one slot instead of looking at all of them"
+        );
+        let index = held
+            .iter()
+            .position(|permit| permit.info().slot() == slot)
+            .expect("every slot is held");
+        let freed = held.swap_remove(index);
+        let released = Instant::now();
+        assert_eq!(freed.release().await, ReleaseOutcome::Unlocked);
+        let (granted, at) = queued.await.expect("the waiter's task");
+        let granted = granted.expect("the waiter gets the permit freed on any slot");
+        let after = at.saturating_duration_since(released);
+        figures.push(format!("slot {slot}: {after:?}"));
+        assert_eq!(granted.info().slot(), slot, "the waiter got another slot");
+        assert!(
+            after < AT_ONCE,
+            "the permit of slot {slot} reached the waiter after {after:?}"
+        );
+        held.push(granted);
     }
-    while let Some(joined) = tasks.join_next().await {
-        joined.expect("a contender");
-    }
-    let span = started.elapsed();
-    let events = std::mem::take(
-        &mut timeline
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .events,
-    );
-    let (mut gaps, idle) = gaps_and_idle(events, PERMITS, span);
-    gaps.sort_unstable();
-    let p99 = gaps[(gaps.len() * 99 / 100).min(gaps.len() - 1)];
     println!(
-        "{} handoffs, gap p50 {:?}, p99 {p99:?}, max {:?}; idle while waiting {:.3}%",
-        gaps.len(),
-        gaps[gaps.len() / 2],
-        gaps[gaps.len() - 1],
-        idle * 100.0
+        "from a release to the waiter's grant (release round trip included; load {}): {}",
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim(),
+        figures.join(", ")
     );
-    // Generous bounds for a shared machine; the bench measures the real figures
-    // (release build: p99 4.1 ms, idle 0.82%, against 86 ms and 6.4% for rounds on one slot).
-    assert!(gaps.len() >= 50, "{} handoffs", gaps.len());
-    assert!(p99 < Duration::from_millis(60), "gap p99 {p99:?}");
-    assert!(idle < 0.04, "idle while waiting {:.3}%", idle * 100.0);
+    for permit in held {
+        assert_eq!(permit.release().await, ReleaseOutcome::Unlocked);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
