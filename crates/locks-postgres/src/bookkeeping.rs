@@ -2,6 +2,7 @@
 //! the notifier of its guard's lost signal; registering a grant and taking entries out
 //! (the unlock that follows is a floor up, in `release.rs`).
 
+use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -179,7 +180,15 @@ pub(crate) type Entries = SmallVec<[Held; 1]>;
 /// doubles (bytes a held lock: `docs/benchmarks.md`). Taking an entry out moves the last
 /// one into its place. Every change of the count is told to the locks-held instrument.
 pub(crate) struct Book {
+    /// The entries on a connection of their own (alone or in a group) first, then those
+    /// on shared connections (multiplexing): `entries[..own]` and `entries[own..]`.
     entries: Vec<Held>,
+    /// How many entries come first, on connections of their own.
+    own: usize,
+    /// The shared connections that hold entries, by the address of their slot: the slot
+    /// and how many entries it holds. The monitor looks at each once a round, without
+    /// walking their locks (ADR 0029).
+    shared: HashMap<usize, (SessionSlot, usize), foldhash::fast::RandomState>,
     /// The index in `entries` of each entry, by the hash of its lock id.
     places: HashTable<u32>,
     hasher: foldhash::fast::RandomState,
@@ -199,6 +208,8 @@ impl Book {
     pub(crate) fn new(metrics: Arc<Metrics>) -> Self {
         Self {
             entries: Vec::new(),
+            own: 0,
+            shared: HashMap::default(),
             places: HashTable::new(),
             hasher: foldhash::fast::RandomState::default(),
             metrics,
@@ -242,18 +253,52 @@ impl Book {
             })
             .ok()?
             .remove();
-        let taken = self.entries.swap_remove(at as usize);
-        if let Some(moved) = self.entries.get(at as usize) {
-            let last = place(self.entries.len());
-            if let Some(its) = self
-                .places
-                .find_mut(self.hash(moved.lock_id), |&i| i == last)
-            {
-                *its = at;
-            }
+        let mut at = at as usize;
+        if at < self.own {
+            // Keep the entries on connections of their own first: the last of them
+            // takes this one's index, and this one leaves from the end of their run.
+            let last_own = self.own - 1;
+            self.entries.swap(at, last_own);
+            self.relocated(last_own, at);
+            at = last_own;
+            self.own = last_own;
+        }
+        let taken = self.entries.swap_remove(at);
+        self.relocated(self.entries.len(), at);
+        if matches!(taken.holding, Holding::Shared(_)) {
+            self.left_shared(&taken.slot);
         }
         self.metrics.held_changed(taken.mode, -1);
         Some(taken)
+    }
+
+    /// The entry now at index `to` was at index `from`: its place in the table follows.
+    /// Nothing to do when `to` is past the end or equals `from`.
+    fn relocated(&mut self, from: usize, to: usize) {
+        if from == to {
+            return;
+        }
+        let Some(moved) = self.entries.get(to) else {
+            return;
+        };
+        let (from, to) = (place(from), place(to));
+        if let Some(its) = self
+            .places
+            .find_mut(self.hasher.hash_one(moved.lock_id), |&i| i == from)
+        {
+            *its = to;
+        }
+    }
+
+    /// An entry on the shared connection in `slot` left the book.
+    fn left_shared(&mut self, slot: &SessionSlot) {
+        let address = Arc::as_ptr(slot).addr();
+        if let Some((_, count)) = self.shared.get_mut(&address) {
+            *count -= 1;
+            if *count == 0 {
+                self.shared.remove(&address);
+            }
+        }
     }
 
     /// An unlock of `lock_id` was handed to its connection; its answer is not read yet.
@@ -318,11 +363,31 @@ impl Book {
             }
         }
         self.metrics.held_changed(entry.mode, 1);
-        let at = place(self.entries.len());
+        let shared = matches!(entry.holding, Holding::Shared(_));
+        if shared {
+            let address = Arc::as_ptr(&entry.slot).addr();
+            self.shared
+                .entry(address)
+                .or_insert_with(|| (Arc::clone(&entry.slot), 0))
+                .1 += 1;
+        }
+        let end = self.entries.len();
         self.entries.push(entry);
+        let at = if shared || self.own == end {
+            end
+        } else {
+            // An entry on a connection of its own joins their run: the first shared
+            // entry moves to the end.
+            self.entries.swap(self.own, end);
+            self.relocated(self.own, end);
+            self.own
+        };
+        if !shared {
+            self.own += 1;
+        }
         let (hasher, entries) = (&self.hasher, &self.entries);
         self.places
-            .insert_unique(hasher.hash_one(lock_id), at, |&at| {
+            .insert_unique(hasher.hash_one(lock_id), place(at), |&at| {
                 hasher.hash_one(entries[at as usize].lock_id)
             });
         displaced
@@ -369,6 +434,8 @@ impl Book {
     /// Takes every entry out (a shutdown).
     pub(crate) fn drain(&mut self) -> Vec<Held> {
         self.places.clear();
+        self.own = 0;
+        self.shared.clear();
         let drained = std::mem::take(&mut self.entries);
         drained
             .iter()
@@ -376,9 +443,26 @@ impl Book {
         drained
     }
 
-    /// Every entry, for the health monitor.
-    pub(crate) fn entries_mut(&mut self) -> impl Iterator<Item = &mut Held> {
-        self.entries.iter_mut()
+    /// Every entry.
+    pub(crate) fn entries(&self) -> impl Iterator<Item = &Held> {
+        self.entries.iter()
+    }
+
+    /// The entries on connections of their own (alone or in a group), for the health
+    /// monitor: a look at each.
+    pub(crate) fn own_entries(&self) -> impl Iterator<Item = &Held> {
+        self.entries[..self.own].iter()
+    }
+
+    /// The entries on shared connections.
+    pub(crate) fn shared_entries(&self) -> impl Iterator<Item = &Held> {
+        self.entries[self.own..].iter()
+    }
+
+    /// The shared connections that hold entries, each once, for the health monitor:
+    /// a look at each, whatever the number of locks on it.
+    pub(crate) fn shared_slots(&self) -> impl Iterator<Item = &SessionSlot> {
+        self.shared.values().map(|(slot, _)| slot)
     }
 
     /// Records that the acquisition `ticket` now holds its lock in `mode` (a

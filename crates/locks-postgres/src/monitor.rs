@@ -199,18 +199,20 @@ impl Inner {
         }
     }
 
-    /// Looks at every held lock: which connections ended, which are due a keepalive.
-    /// Each connection is looked at once a round, however many locks share it (a
-    /// multiplexed one holds thousands): its verdict is kept by the slot's address, so
-    /// a round costs a lookup a held lock, not a look at the session and a search of
-    /// the connections due a keepalive.
+    /// Looks at every connection that holds locks: which ended, which are due a
+    /// keepalive. A connection of a lock's own (or a group's) is looked at through its
+    /// entries, once a round (a group's share one: the verdict is kept by the slot's
+    /// address). A shared connection (multiplexing) is looked at once, from the book's
+    /// list of them, without walking the thousands of locks it may hold: its locks are
+    /// walked only when it ended (here) or failed its keepalive (then), so a round at
+    /// rest costs a look a connection, not a lookup a held lock (ADR 0029).
     fn inspect(&self, now: Instant) -> Findings {
         let mut findings = Findings::default();
         self.inspect_watched(now, &mut findings);
         let cadence = self.settings().keepalive;
         let mut verdicts: HashMap<usize, Verdict, RandomState> = HashMap::default();
-        let mut book = self.book();
-        for held in book.entries_mut() {
+        let book = self.book();
+        for held in book.own_entries() {
             let slot = held.slot();
             let verdict = *verdicts
                 .entry(Arc::as_ptr(slot).addr())
@@ -221,10 +223,23 @@ impl Inner {
                 // Ended, or closed under a group member (a failed unlock of another
                 // lock of its group): this lock went with it.
                 Verdict::Ended => findings.ended.push(held.ticket()),
-                // The clock is the connection's: the locks sharing it are pinged
-                // together, by one keepalive.
                 Verdict::Due(at) => findings.due[at].1.push(held.ticket()),
             }
+        }
+        // A shared connection due a keepalive is pinged with no list of its locks: a
+        // failed ping finds them in the book then (`keepalive`).
+        let mut ended_shared: Vec<usize> = Vec::new();
+        for slot in book.shared_slots() {
+            if let Verdict::Ended = look(slot, now, cadence, &mut findings.due) {
+                ended_shared.push(Arc::as_ptr(slot).addr());
+            }
+        }
+        if !ended_shared.is_empty() {
+            findings.ended.extend(
+                book.shared_entries()
+                    .filter(|held| ended_shared.contains(&Arc::as_ptr(held.slot()).addr()))
+                    .map(Held::ticket),
+            );
         }
         findings
     }
@@ -254,13 +269,17 @@ impl Inner {
     /// (a shared connection's neighbours too) is lost now, each guard told, rather than
     /// at the monitor's next look (a connection this crate closes wakes no monitor).
     pub(crate) fn lose_closed_session(&self, slot: &SessionSlot, detail: &str) {
-        let tickets: Vec<Ticket> = self
-            .book()
-            .entries_mut()
-            .filter(|held| Arc::ptr_eq(held.slot(), slot))
-            .map(|held| held.ticket())
-            .collect();
+        let tickets = self.tickets_on(slot);
         self.lose_entries(&tickets, LostReason::ConnectionClosed, detail);
+    }
+
+    /// The acquisitions whose locks the session in `slot` holds now.
+    fn tickets_on(&self, slot: &SessionSlot) -> Vec<Ticket> {
+        self.book()
+            .entries()
+            .filter(|held| Arc::ptr_eq(held.slot(), slot))
+            .map(Held::ticket)
+            .collect()
     }
 
     /// A lost lock already out of the bookkeeping: discard its session, tell its
@@ -368,7 +387,8 @@ impl Inner {
         }
     }
 
-    /// One keepalive on a held, idle connection, for the locks `entries` on it.
+    /// One keepalive on a held, idle connection, for the locks `entries` on it (none
+    /// listed for a shared connection: those on it when the ping fails are lost).
     async fn keepalive(&self, entries: Vec<Ticket>, slot: SessionSlot) {
         let (outcome, sent) = {
             let mut session = slot.lock().await;
@@ -381,11 +401,18 @@ impl Inner {
                 .await;
             (answer, sent)
         };
+        if let Ok(Ok(Answer::Bool(true))) = outcome {
+            self.metrics().keepalive_answered(sent.elapsed());
+            slot.answered(Instant::now());
+            return;
+        }
+        let entries = if entries.is_empty() {
+            self.tickets_on(&slot)
+        } else {
+            entries
+        };
         match outcome {
-            Ok(Ok(Answer::Bool(true))) => {
-                self.metrics().keepalive_answered(sent.elapsed());
-                slot.answered(Instant::now());
-            }
+            Ok(Ok(Answer::Bool(true))) => {}
             Ok(Ok(Answer::WrongSession)) => self.lose_entries(
                 &entries,
                 LostReason::KeepaliveFailed,

@@ -286,6 +286,30 @@ impl Multiplexer {
     }
 }
 
+impl Membership {
+    /// A place for `lock_id` on a host whose session is in `slot`, belonging to no
+    /// multiplexer: for the bookkeeping's unit tests (an empty slot: dropping it does
+    /// nothing).
+    #[cfg(test)]
+    pub(crate) fn on_slot(slot: SessionSlot, lock_id: i64) -> Self {
+        Self {
+            host: Arc::new(Host {
+                slot,
+                answer_timeout: Duration::from_secs(1),
+                state: Mutex::new(HostState {
+                    ids: HashSet::from([lock_id]),
+                    retired: false,
+                    trying: 0,
+                }),
+                room: Arc::new(Notify::new()),
+            }),
+            lock_id,
+            mode: LockMode::Exclusive,
+            left: false,
+        }
+    }
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every change under these locks is one step: consistent even after a panic.
     mutex.lock().unwrap_or_else(PoisonError::into_inner)

@@ -1,6 +1,7 @@
 //! Unit tests of the bookkeeping's pure logic (no connection needed: the slots are empty).
 
 use super::*;
+use crate::multiplex::Membership;
 
 fn book() -> Book {
     Book::new(Arc::new(Metrics::new(false, None, false)))
@@ -154,7 +155,66 @@ fn taking_entries_out_anywhere_keeps_every_other_entry_found() {
         let found = book.get_mut(&ticket(n)).map(|held| held.ticket);
         assert_eq!(found, (n % 3 != 0).then_some(n), "ticket {n}");
     }
-    assert_eq!(book.entries_mut().count(), 500 - 167);
+    assert_eq!(book.entries().count(), 500 - 167);
     assert_eq!(book.drain().len(), 500 - 167);
     assert!(book.is_empty() && book.get_mut(&ticket(1)).is_none());
+}
+
+/// The entries on connections of their own stay first and those on shared connections
+/// after them, whatever is taken out where, and the book counts each shared connection
+/// while it holds entries: the monitor looks at the first run entry by entry and at the
+/// shared connections once each.
+#[test]
+fn own_entries_stay_first_and_shared_connections_are_counted_once() {
+    let mut book = book();
+    let slots: Vec<SessionSlot> = (0..3).map(|_| crate::slot::Slot::empty()).collect();
+    let entry = |n: u64| {
+        let lock_id = i64::try_from(n % 89).unwrap_or(0);
+        let holding = if n.is_multiple_of(3) {
+            Holding::Alone
+        } else {
+            let slot = Arc::clone(&slots[usize::try_from(n % 3).unwrap_or(0)]);
+            Holding::Shared(Membership::on_slot(slot, lock_id))
+        };
+        let mut held = held("k", lock_id, n, LockMode::Shared, holding);
+        if let Holding::Shared(member) = &held.holding {
+            held.slot = Arc::clone(member.slot());
+        }
+        held
+    };
+    let mut live: Vec<u64> = Vec::new();
+    // A fixed walk of inserts and removals from anywhere (a linear congruential step).
+    let mut step: u64 = 7;
+    for n in 0..2_000u64 {
+        step = step.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        if live.is_empty() || (step >> 33) % 5 < 3 {
+            book.insert(entry(n));
+            live.push(n);
+        } else {
+            let at = usize::try_from((step >> 33) % live.len() as u64).unwrap_or(0);
+            let gone = live.swap_remove(at);
+            let lock_id = i64::try_from(gone % 89).unwrap_or(0);
+            assert_eq!(book.remove_one(lock_id, gone).map(|h| h.ticket), Some(gone));
+        }
+        assert!(book.own_entries().all(|h| !matches!(h.holding, Holding::Shared(_))));
+        assert!(book.shared_entries().all(|h| matches!(h.holding, Holding::Shared(_))));
+        let on = |slot: &SessionSlot| {
+            book.shared_entries()
+                .filter(|h| Arc::ptr_eq(h.slot(), slot))
+                .count()
+        };
+        assert!(book.shared_slots().all(|slot| on(slot) > 0));
+        let holding = slots.iter().filter(|slot| on(slot) > 0).count();
+        assert_eq!(book.shared_slots().count(), holding, "after step {n}");
+    }
+    assert_eq!(book.len(), live.len());
+    for &n in &live {
+        let ticket = Ticket {
+            lock_id: i64::try_from(n % 89).unwrap_or(0),
+            number: n,
+        };
+        assert_eq!(book.get_mut(&ticket).map(|h| h.ticket), Some(n), "ticket {n}");
+    }
+    book.drain();
+    assert_eq!(book.shared_slots().count(), 0);
 }
