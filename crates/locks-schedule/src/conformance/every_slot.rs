@@ -214,7 +214,9 @@ fn per_second(counts: &BTreeMap<OffsetDateTime, usize>) -> Vec<usize> {
 }
 
 /// The check: with three hosts up to 2.9 s off, each looping for `slots` seconds, each
-/// host fired once in every slot, every slot from the first run to the last ran exactly
+/// host fired at most once in every slot and in at least half of them (a host whose skew
+/// leaves it a fraction of the ledger's slot skips one when its claim is slower than
+/// that), every slot from the first run to the last ran exactly
 /// once (by the job's record and by the ledger's rows, one attempt each), and after the
 /// loops are dropped nothing runs and the job's lock is free.
 pub async fn every_slot_runs_each_slot_once<L, G>(
@@ -232,11 +234,23 @@ pub async fn every_slot_runs_each_slot_once<L, G>(
     assert_eq!(runs.doubled(), 0, "slots run twice: {runs:?}");
     assert_eq!(runs.gaps, 0, "slots not run: {runs:?}");
     for (host, firings) in runs.firings_per_host.iter().enumerate() {
+        // The start is the exception: a host that reads the time off starts its loop in
+        // a slot of its own view, whose boundary may come before the true one.
+        let after_start = || firings.iter().skip(1);
         assert!(
-            // The start is the exception: a host that reads the time off starts its loop
-            // in a slot of its own view, whose boundary may come before the true one.
-            firings.len() >= expected && firings.iter().skip(1).all(|count| *count == 1),
-            "host {host} did not fire once in each slot: {:?}",
+            firings.len() >= expected && after_start().all(|count| *count <= 1),
+            "host {host} fired twice in a slot, or stopped firing: {:?}",
+            runs.firings_per_host
+        );
+        // A host whose clock is off fires when the ledger's slot has only the rest of its
+        // skew's second left (0.3 s for -2.7 s): a claim slower than that is refused as
+        // not due, and the slot is skipped by that host (the `MissedSlots` policy), which
+        // a loaded machine does. The loop must still fire in most slots.
+        let fired = after_start().filter(|count| **count == 1).count();
+        assert!(
+            2 * fired >= firings.len().saturating_sub(1),
+            "host {host} fired in only {fired} of {} slots: {:?}",
+            firings.len().saturating_sub(1),
             runs.firings_per_host
         );
     }
