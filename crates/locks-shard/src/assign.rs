@@ -3,6 +3,7 @@
 //! part of the same balanced assignment.
 
 use crate::group::ShardGroup;
+use crate::terms::Term;
 
 /// The number of shards the member `me` should own among `members` (sorted, distinct,
 /// `me` among them): ⌊N/M⌋, plus one for the first N mod M members of the list. The
@@ -44,6 +45,22 @@ pub(crate) fn members_of<'a>(
     members.sort_unstable();
     members.dedup();
     (members, me)
+}
+
+/// How many members a process joining for the first time expects back, from the group's
+/// latest terms: the distinct holder ids of the terms that did not end (a clean leave
+/// ends its terms; a crash or an outage leaves them). The joiner counts as one of them
+/// whether or not its own holder id is among them: a process started again has a new
+/// holder id (they are unique per process), so one not among them most likely stands in
+/// for one that is, as a member killed during an outage and started again does. Terms
+/// without a holder id say nothing.
+pub(crate) fn expected_from_terms<'a>(terms: impl IntoIterator<Item = &'a Term>) -> usize {
+    let holders: std::collections::BTreeSet<&str> = terms
+        .into_iter()
+        .filter(|term| !term.ended)
+        .filter_map(|term| term.holder_id.as_deref())
+        .collect();
+    holders.len().max(1)
 }
 
 /// The shards to shed from `owned` to come down to `share`: the ones `slot` scores
@@ -98,6 +115,26 @@ mod tests {
         let anonymous = [(3, None), (4, None), (6, Some("d"))];
         assert_eq!(members_of(anonymous, 4, None), (vec![3, 4, 6], 4));
         assert_eq!(members_of(anonymous, 9, Some("e")), (vec![3, 4, 6], 9));
+    }
+
+    #[test]
+    fn a_fresh_member_expects_the_holders_of_the_terms_that_did_not_end() {
+        let at = time::OffsetDateTime::UNIX_EPOCH;
+        let term = |shard: &str, holder: Option<&str>, ended: bool| {
+            Term::new(shard, 1, 0, holder.map(str::to_owned), at, ended)
+        };
+        let terms = [
+            term("s0", Some("a"), false),
+            term("s1", Some("a"), false),
+            term("s2", Some("b"), false),
+            term("s3", Some("c"), true),
+            term("s4", None, false),
+            term("s5", Some("d"), false),
+        ];
+        // a, b and d left terms behind; c left cleanly; the anonymous term says nothing.
+        assert_eq!(expected_from_terms(&terms), 3);
+        assert_eq!(expected_from_terms(&terms[3..5]), 1, "nobody to wait for");
+        assert_eq!(expected_from_terms(&[]), 1, "a group's first start");
     }
 
     #[test]

@@ -11,7 +11,7 @@ use futures_util::future::join_all;
 use locks_port::{DistributedLock, LockAcquisitionError, LockGuard, LostSignal, Semaphore};
 use opentelemetry::KeyValue;
 
-use crate::assign::{members_of, target_share, to_shed, to_try};
+use crate::assign::{expected_from_terms, members_of, target_share, to_shed, to_try};
 use crate::group::ShardGroup;
 use crate::metrics::Instruments;
 use crate::task::{Owned, Running, TermPlan, spawn};
@@ -25,8 +25,9 @@ pub(crate) struct View {
     /// When the member list last changed, until this member settled (the rebalance
     /// duration).
     changed_at: Option<Instant>,
-    /// After a rejoin: how many members the last membership saw, and until when this
-    /// member takes free shards only up to its share among that many.
+    /// After a join: how many members are expected (the last membership's, or for a
+    /// fresh member the holders of the group's terms that did not end), and until when
+    /// this member takes free shards only up to its share among that many.
     expect: Option<(usize, Instant)>,
 }
 
@@ -34,8 +35,19 @@ impl View {
     /// A new membership begins: if an earlier one saw other members, expect them back
     /// for `wait`.
     pub(crate) fn joined(&mut self, wait: Duration) {
-        self.expect = (self.seen.len() > 1 && !wait.is_zero())
-            .then(|| (self.seen.len(), Instant::now() + wait));
+        self.expect_back(self.seen.len(), wait);
+    }
+
+    /// Whether this member has seen no member list yet (a process's first membership):
+    /// what it expects comes from the term store ([`Assignment::expect_fleet`]).
+    pub(crate) fn fresh(&self) -> bool {
+        self.seen.is_empty()
+    }
+
+    /// Expects `expected` members (this one among them) for `wait`; nothing to wait
+    /// for when that is this member alone or the wait is zero.
+    fn expect_back(&mut self, expected: usize, wait: Duration) {
+        self.expect = (expected > 1 && !wait.is_zero()).then(|| (expected, Instant::now() + wait));
     }
 
     /// How many shards this member may own by taking free ones, now that the member list
@@ -116,6 +128,24 @@ where
             self.instruments
                 .rebalance
                 .record(at.elapsed().as_secs_f64(), self.attributes);
+        }
+    }
+
+    /// A fresh member (no member list seen yet) expects, for `wait`, as many members
+    /// as the group's terms that did not end have distinct holders
+    /// ([`expected_from_terms`]): after an outage in which its process was started
+    /// again, the fleet it finds there is most likely coming back, and it takes free
+    /// shards only up to its share among them, as a rejoining member does. One read of
+    /// the term store; if it fails, the member expects nobody.
+    pub(crate) async fn expect_fleet(&self, view: &mut View, wait: Duration) {
+        if wait.is_zero() {
+            return;
+        }
+        match self.terms.terms(self.group.name()).await {
+            Ok(terms) => view.expect_back(expected_from_terms(&terms), wait),
+            Err(error) => {
+                tracing::warn!(error = %error, "reading the shard terms at a first join failed");
+            }
         }
     }
 
@@ -287,5 +317,65 @@ mod tests {
         view.joined(Duration::from_millis(1));
         std::thread::sleep(Duration::from_millis(5));
         assert_eq!(view.take_cap(24, 1), None, "the wait ran out");
+    }
+
+    #[tokio::test]
+    async fn a_fresh_member_expects_the_fleet_it_finds_in_the_term_table() {
+        use locks_memory::InMemoryLockManager;
+
+        use crate::terms::{MemoryTerms, ShardTerms};
+
+        let group = ShardGroup::new("g", (0..24).map(|i| format!("s{i}"))).expect("a group");
+        let terms = MemoryTerms::new();
+        for (i, holder) in ["a", "a", "b", "c", "c"].into_iter().enumerate() {
+            terms
+                .begin("g", &format!("s{i}"), 0, Some(holder))
+                .await
+                .expect("begun");
+        }
+        // c left cleanly: its terms ended.
+        terms.end("g", "s3", 1).await.expect("ended");
+        terms.end("g", "s4", 1).await.expect("ended");
+        let locks = InMemoryLockManager::default();
+        let instruments = Instruments::global();
+        let assignment = Assignment {
+            locks: &locks,
+            terms: &terms,
+            group: &group,
+            drain_grace: Duration::ZERO,
+            takeover_delay: Duration::ZERO,
+            instruments: &instruments,
+            attributes: &[],
+        };
+        let mut view = View::default();
+        assert!(view.fresh());
+        assignment.expect_fleet(&mut view, Duration::ZERO).await;
+        assert_eq!(view.take_cap(24, 1), None, "a zero wait turns it off");
+        assignment
+            .expect_fleet(&mut view, Duration::from_secs(60))
+            .await;
+        assert_eq!(
+            view.take_cap(24, 1),
+            Some(12),
+            "a and b left terms behind: alone, it takes 12 of 24, not 24"
+        );
+        assert_eq!(
+            view.take_cap(24, 2),
+            None,
+            "both back: no limit but the share"
+        );
+        let empty = MemoryTerms::new();
+        let assignment = Assignment {
+            terms: &empty,
+            ..assignment
+        };
+        assignment
+            .expect_fleet(&mut view, Duration::from_secs(60))
+            .await;
+        assert_eq!(
+            view.take_cap(24, 1),
+            None,
+            "a group's first start waits for nobody"
+        );
     }
 }

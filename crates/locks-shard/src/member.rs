@@ -33,7 +33,8 @@ pub const DEFAULT_BACKOFF: Duration = Duration::from_secs(1);
 
 /// How long a member that joins again after losing its membership waits, at most, for
 /// the members it saw before to be back before it takes more free shards than its
-/// share among them (see [`ShardMember::rejoin_wait`]).
+/// share among them, and a process's first join for the members its group's term store
+/// names (see [`ShardMember::rejoin_wait`]).
 pub const DEFAULT_REJOIN_WAIT: Duration = Duration::from_secs(2);
 
 /// How long a member's liveness renewal lasts by default (see
@@ -127,8 +128,17 @@ where
     /// first member back takes every free shard and hands most of them over again as
     /// the others return, a move per shard. Kafka's `group.initial.rebalance.delay.ms`
     /// waits so for a group's start. The shards of a member that does not come back are
-    /// taken once the wait ran out; zero turns the wait off. A process's first join waits
-    /// for nobody.
+    /// taken once the wait ran out; zero turns the wait off.
+    ///
+    /// A process's first join expects, for the same wait, the fleet the term store
+    /// names: as many members as the group's latest terms that did not end have distinct
+    /// holder ids (a clean leave ends its terms; a crash or an outage leaves them), this
+    /// member standing in for one of them whether or not its holder id is among them (a
+    /// process started again has a new one). So a member process started again during
+    /// an outage takes only its share among the fleet coming back. The cost: after a
+    /// whole fleet crashed, a lone process started again waits up to this long before it
+    /// takes every shard; and processes started at once may expect more members than
+    /// come (the first one's new terms counted beside the old ones), waiting the whole wait.
     #[must_use]
     pub fn rejoin_wait(mut self, wait: Duration) -> Self {
         self.rejoin_wait = wait;

@@ -67,6 +67,9 @@ where
         let overdue = overdue(self.self_stop.filter(|_| renewals.is_some()));
         view.joined(self.rejoin_wait);
         let ticking = async {
+            if view.fresh() {
+                self.assignment.expect_fleet(view, self.rejoin_wait).await;
+            }
             loop {
                 self.assignment
                     .tick(slot, holder_id.as_deref(), running, task, view)

@@ -4,6 +4,7 @@
 //! delay, or how the task before it ended (handed over, or its lock lost) and the fault
 //! that can have ended it.
 
+use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 use locks_postgres::tokio_postgres::Client;
@@ -129,6 +130,8 @@ mod cause {
     pub(super) const MOVE: &str = "hand-off of a rebalancing move (drain, end, release, next tick)";
     pub(super) const MOVE_RECOVERED: &str =
         "hand-off of a task begun within 10 s of an outage's end (a member back first took more)";
+    pub(super) const MOVE_NEWCOMER: &str =
+        "hand-off to a member whose process started after the task (a started member's share)";
     pub(super) const CHURN: &str = "membership churn (handed over after a membership loss)";
     pub(super) const STOPPED: &str =
         "lock held by a stopped backend (until continued, then a tick)";
@@ -149,9 +152,13 @@ pub(crate) const RECORDS: &str =
 /// The causes of the unowned piece `[from, to]` of a shard whose runs are `runs`: the
 /// part after the next term began (its takeover delay, or its task's start), and the part
 /// before it, told by how the previous task ended and the fault that reached it.
+/// `first_seen` is when each member's first task started (on any shard): a hand-off to a
+/// member that was not there when the handed task began is that member's share, not a
+/// member back first that took more.
 pub(crate) fn causes(
     (from, to): (f64, f64),
     runs: &[&Run],
+    first_seen: &BTreeMap<&str, f64>,
     hits: &[(f64, &Hit)],
     outages: &[(f64, f64)],
     after_outage: bool,
@@ -195,6 +202,11 @@ pub(crate) fn causes(
         let before = match previous {
             None => cause::FIRST,
             Some(previous) => {
+                // The next task's member started after the previous task began.
+                let newcomer = |next: Option<&&Run>| {
+                    next.and_then(|next| first_seen.get(next.member.as_str()))
+                        .is_some_and(|&first| first > previous.started)
+                };
                 // The last fault that can have ended the previous task.
                 let hit = hits
                     .iter()
@@ -203,6 +215,7 @@ pub(crate) fn causes(
                     .map(|(_, hit)| *hit);
                 match (previous.stopped, hit) {
                     (true, Some(hit)) if hit.membership => cause::CHURN,
+                    (true, _) if newcomer(next) => cause::MOVE_NEWCOMER,
                     (true, _) if begun_after_outage(previous, outages) => cause::MOVE_RECOVERED,
                     (true, _) => cause::MOVE,
                     (false, Some(hit)) if hit.what == "killed" => cause::KILLED,

@@ -304,6 +304,11 @@ pub(crate) async fn check(admin: &Client, end: f64, faults: &Faults) -> Result<V
     for run in &runs {
         by_shard.entry(&run.shard).or_default().push(run);
     }
+    let mut first_seen: BTreeMap<&str, f64> = BTreeMap::new();
+    for run in &runs {
+        let first = first_seen.entry(&run.member).or_insert(run.started);
+        *first = first.min(run.started);
+    }
     let mut violations = Vec::new();
     if by_shard.len() != SHARDS {
         violations.push(format!(
@@ -361,7 +366,9 @@ pub(crate) async fn check(admin: &Client, end: f64, faults: &Faults) -> Result<V
             let after_outage = recovering
                 .iter()
                 .any(|&(_, until)| (until - from).abs() < 1e-6);
-            for (cause, seconds) in causes((from, to), runs, &hits, &outages, after_outage) {
+            for (cause, seconds) in
+                causes((from, to), runs, &first_seen, &hits, &outages, after_outage)
+            {
                 if cause == RECORDS {
                     recording += seconds;
                 }

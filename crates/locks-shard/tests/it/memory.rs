@@ -347,3 +347,46 @@ async fn a_member_that_cannot_renew_stops_its_tasks_before_its_renewal_expires()
         "a task outlived the renewal deadline: {longest:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_member_takes_only_its_share_among_the_fleet_its_term_table_names() {
+    let mut fleet = Fleet::new(24);
+    for name in ["a", "b", "c"] {
+        fleet.join(name);
+    }
+    fleet.settled(SETTLE).await;
+    // The whole fleet ends uncleanly (an outage, a crash): their terms are not ended.
+    for name in ["a", "b", "c"] {
+        fleet.abort(name).await;
+    }
+    // A process started again (a new holder id) finds a, b and c in the term table: it
+    // stands in for one of them and takes 8 of 24 until the others are back or its
+    // rejoin wait (the default 2 s) ran out.
+    let joined = Instant::now();
+    fleet.join("c2");
+    let owned = |fleet: &Fleet| {
+        fleet
+            .recorder
+            .running()
+            .values()
+            .filter(|m| *m == "c2")
+            .count()
+    };
+    let mut most = 0;
+    while joined.elapsed() < Duration::from_millis(1500) {
+        let now = owned(&fleet);
+        assert!(
+            now <= 8,
+            "a fresh member took {now} shards of 24 while the fleet its terms name was \
+             expected back"
+        );
+        most = most.max(now);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(most, 8, "it took its share among the expected three");
+    // Nobody else came: once the wait ran out it takes the rest.
+    fleet.settled(SETTLE).await;
+    assert_eq!(owned(&fleet), 24);
+    assert_eq!(fleet.recorder.overlaps(), Vec::new());
+    fleet.leave("c2").await;
+}
