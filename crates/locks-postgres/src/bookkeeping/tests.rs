@@ -196,8 +196,14 @@ fn own_entries_stay_first_and_shared_connections_are_counted_once() {
             let lock_id = i64::try_from(gone % 89).unwrap_or(0);
             assert_eq!(book.remove_one(lock_id, gone).map(|h| h.ticket), Some(gone));
         }
-        assert!(book.own_entries().all(|h| !matches!(h.holding, Holding::Shared(_))));
-        assert!(book.shared_entries().all(|h| matches!(h.holding, Holding::Shared(_))));
+        assert!(
+            book.own_entries()
+                .all(|h| !matches!(h.holding, Holding::Shared(_)))
+        );
+        assert!(
+            book.shared_entries()
+                .all(|h| matches!(h.holding, Holding::Shared(_)))
+        );
         let on = |slot: &SessionSlot| {
             book.shared_entries()
                 .filter(|h| Arc::ptr_eq(h.slot(), slot))
@@ -213,7 +219,11 @@ fn own_entries_stay_first_and_shared_connections_are_counted_once() {
             lock_id: i64::try_from(n % 89).unwrap_or(0),
             number: n,
         };
-        assert_eq!(book.get_mut(&ticket).map(|h| h.ticket), Some(n), "ticket {n}");
+        assert_eq!(
+            book.get_mut(&ticket).map(|h| h.ticket),
+            Some(n),
+            "ticket {n}"
+        );
     }
     book.drain();
     assert_eq!(book.shared_slots().count(), 0);
