@@ -11,13 +11,13 @@
 //!
 //! The modules stand in floors, each importing only from the floors below it (the test
 //! `imports_run_downward` fails on any other edge):
-//! - ground: `plan` (the error type, the mode's counts), `stats`, `pin`, `proxy`, `otel`;
+//! - ground: `plan` (the error type, the mode's counts), `stats`, `proxy`, `otel`;
 //! - 1: `harness` (alternating rounds, batches and windows, the report: rows, targets,
 //!   JSON, markdown), `db` (connections, raw statements), `chart`;
 //! - 2: `clients` (every client a cycle scenario compares, built by name);
-//! - 3: `pinned` (the pinned cycle method), `callgrind` (instruction counts);
-//! - scenarios, none importing another: `cycles` (the pinned cycles `cycle`, `try`,
-//!   `shared`, `many`), `throughput`, `handoff` (locks and the semaphore), `hold` (plain and
+//! - 3: `callgrind` (instruction counts);
+//! - scenarios, none importing another: `cycles` (the pinned cycle method and its
+//!   scenarios `cycle`, `try`, `shared`, `many`), `throughput`, `handoff` (locks and the semaphore), `hold` (plain and
 //!   multiplexed), `memory`, `instructions`, `metrics`, `latency` (through a delaying
 //!   proxy, `acquire_many` included), `cutover_append`, and `scale` (a folder: one file
 //!   per curve).
@@ -36,8 +36,6 @@ mod latency;
 mod memory;
 mod metrics;
 mod otel;
-mod pin;
-mod pinned;
 mod plan;
 mod proxy;
 mod scale;
@@ -381,10 +379,10 @@ mod tests {
     /// The floors of the module list above, lowest first; a module not named here is a
     /// scenario, the top floor.
     const FLOORS: [&[&str]; 4] = [
-        &["plan", "stats", "pin", "proxy", "otel"],
+        &["plan", "stats", "proxy", "otel"],
         &["harness", "db", "chart"],
         &["clients"],
-        &["pinned", "callgrind"],
+        &["callgrind"],
     ];
 
     fn floor(module: &str) -> usize {
