@@ -1,4 +1,4 @@
-//! Floor 1: the clients the cycle scenarios compare, built by name so that the pinned
+//! Floor 2: the clients the cycle scenarios compare, built by name so that the pinned
 //! cycles and the callgrind child measure the same code: the library's calls (with a
 //! setting, a timeout or a kind of lock in the name) and raw `tokio-postgres` statements.
 //!
@@ -11,8 +11,8 @@ use std::time::Duration;
 use locks_port::{
     AcquireOptions, DistributedLock, KeyDerivation, LockGuard, ReleaseOutcome, lock_id,
 };
-use locks_postgres::PostgresLockManager;
 use locks_postgres::tokio_postgres::{Client, SimpleQueryMessage, Statement};
+use locks_postgres::{PostgresLockManager, PostgresLockManagerBuilder as Builder};
 
 use crate::BoxError;
 use crate::db::{Database, NOT_HELD, Raw};
@@ -24,28 +24,43 @@ pub(crate) const KEYS: usize = 64;
 /// How many keys a group (`acquire_many`) takes at once.
 pub(crate) const GROUP: usize = 8;
 
-/// The words a library client's name may carry after `library`, and what its label says
-/// of them: a setting of the manager, or (for the caller) an OpenTelemetry pipeline; then
-/// a timeout, a kind of lock ([`label`] says those in the operation).
-const WORDS: [(&str, &str); 11] = [
-    ("-fencing", ", fencing on"),
-    ("-keepalive-off", ", keepalive off (and so no lease)"),
+/// The words a library client's name may carry after `library`, what its label says of
+/// each, and the setting of the manager it makes. Without a setting: `-otel` and
+/// `-metrics-sdk` are installed by the caller, and [`label`] says the operation's words.
+#[allow(clippy::type_complexity)]
+const WORDS: [(&str, &str, Option<fn(Builder) -> Builder>); 11] = [
+    ("-fencing", ", fencing on", Some(|b| b.fencing(true))),
+    (
+        "-keepalive-off",
+        ", keepalive off (and so no lease)",
+        Some(|b| b.keepalive(None)),
+    ),
     (
         "-lease-off",
         ", lease off (keepalive on; the server's TCP timers left alone; the default sets \
          them in the connection's set-up)",
+        Some(|b| b.lease(None)),
     ),
-    ("-metrics-off", ", metrics off (`metrics(false)`)"),
-    ("-metrics-sdk", ", metrics SDK installed"),
-    ("-otel", " + OpenTelemetry at INFO"),
-    ("-spans", ", lock spans at INFO"),
-    ("-timeout", ""),
-    ("-try", ""),
-    ("-shared", ""),
-    ("-many", ""),
+    (
+        "-metrics-off",
+        ", metrics off (`metrics(false)`)",
+        Some(|b| b.metrics(false)),
+    ),
+    ("-metrics-sdk", ", metrics SDK installed", None),
+    ("-otel", " + OpenTelemetry at INFO", None),
+    // Lock spans at INFO, so that an INFO subscriber records them (default: DEBUG).
+    (
+        "-spans",
+        ", lock spans at INFO",
+        Some(|b| b.span_level(tracing::Level::INFO)),
+    ),
+    ("-timeout", "", None),
+    ("-try", "", None),
+    ("-shared", "", None),
+    ("-many", "", None),
 ];
 
-/// What the tables call each raw client.
+/// The raw clients and what the tables call them.
 const RAW: [(&str, &str); 8] = [
     ("raw", "raw: prepared pg_advisory_lock($1) + unlock"),
     (
@@ -86,11 +101,7 @@ pub(crate) fn label(name: &'static str) -> &'static str {
         return name;
     };
     let has = |word: &str| words.contains(word);
-    let settings: String = WORDS
-        .iter()
-        .filter(|(w, _)| has(w))
-        .map(|(_, s)| *s)
-        .collect();
+    let settings: String = WORDS.iter().filter(|w| has(w.0)).map(|w| w.1).collect();
     let wait = if has("-timeout") {
         "timeout 5 s"
     } else {
@@ -111,22 +122,6 @@ pub(crate) fn label(name: &'static str) -> &'static str {
 /// `count` keys `{prefix}:{n}`.
 pub(crate) fn keys(prefix: &str, count: usize) -> Vec<String> {
     (0..count).map(|n| format!("{prefix}:{n}")).collect()
-}
-
-fn groups(prefix: &str) -> Vec<Vec<String>> {
-    keys(prefix, KEYS)
-        .chunks(GROUP)
-        .map(<[_]>::to_vec)
-        .collect()
-}
-
-/// The lock ids of `keys` in the library's one global order (ascending, duplicates merged).
-fn ordered_ids(keys: &[String]) -> Vec<i64> {
-    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-    KeyDerivation::CURRENT
-        .lock_order(&keys)
-        .into_keys()
-        .collect()
 }
 
 /// One way of taking and giving back a lock (or a group of locks).
@@ -151,13 +146,8 @@ pub(crate) enum Op {
         ids: Vec<i64>,
         try_lock: bool,
     },
-    /// The same as simple-protocol text.
-    RawSimple {
-        client: Client,
-        ids: Vec<i64>,
-        try_lock: bool,
-    },
-    /// Given statement texts, lock and unlock, one pair a key.
+    /// Statement texts sent as simple queries, lock and unlock, one pair a key; a lock
+    /// that answers `f` (a try) was refused.
     RawText {
         client: Client,
         texts: Vec<(String, String)>,
@@ -177,11 +167,8 @@ pub(crate) enum Op {
 }
 
 /// The client called `name`, on connections tagged `application_name`, going round keys
-/// of `prefix`: `raw`, `raw-simple`, `raw-text-timeout` (the library's SQL text with a 5 s
-/// timeout, as simple queries), `raw-try`, `raw-simple-try`, `raw-shared`, `raw-many-each`,
-/// `raw-many`, or `library` followed by any of [`WORDS`] (`library-timeout`,
-/// `library-fencing`, `library-shared`, `library-many-timeout`, …). `-otel` and
-/// `-metrics-sdk` change nothing here: the caller installs the pipeline.
+/// of `prefix`: one of [`RAW`], or `library` followed by any of [`WORDS`]
+/// (`library-timeout`, `library-fencing`, `library-shared`, `library-many-timeout`, …).
 pub(crate) async fn client(
     db: &Database,
     name: &str,
@@ -190,74 +177,80 @@ pub(crate) async fn client(
 ) -> Result<Op, BoxError> {
     let keys = keys(prefix, KEYS);
     let ids: Vec<i64> = keys.iter().map(|key| lock_id(key)).collect();
-    if name.starts_with("raw") {
-        let groups = || groups(prefix).iter().map(|g| ordered_ids(g)).collect();
-        let try_lock = name.ends_with("-try");
-        if let "raw" | "raw-try" | "raw-shared" | "raw-many" = name {
-            let raw = Raw::connect(db, application_name, name == "raw-shared").await?;
-            return Ok(if name == "raw-many" {
-                Op::RawMany {
-                    raw,
-                    groups: groups(),
-                }
+    let groups: Vec<Vec<String>> = keys.chunks(GROUP).map(<[_]>::to_vec).collect();
+    // The lock ids of each group in the library's one global order.
+    let ordered = || {
+        let order = |g: &Vec<String>| {
+            let keys: Vec<&str> = g.iter().map(String::as_str).collect();
+            KeyDerivation::CURRENT
+                .lock_order(&keys)
+                .into_keys()
+                .collect()
+        };
+        groups.iter().map(order).collect()
+    };
+    let try_lock = name.ends_with("-try");
+    let text = |id: &i64| {
+        let word = if try_lock { "try_" } else { "" };
+        let unlock = format!("SELECT pg_advisory_unlock({id})");
+        (format!("SELECT pg_{word}advisory_lock({id})"), unlock)
+    };
+    let raw = async |shared| Raw::connect(db, application_name, shared).await;
+    let connect = async || db.connect(application_name).await;
+    match name {
+        "raw" | "raw-try" | "raw-shared" => {
+            let raw = raw(name == "raw-shared").await?;
+            return Ok(Op::RawPrepared { raw, ids, try_lock });
+        }
+        "raw-many" => {
+            let raw = raw(false).await?;
+            let groups = ordered();
+            return Ok(Op::RawMany { raw, groups });
+        }
+        "raw-simple" | "raw-simple-try" | "raw-text-timeout" => {
+            let texts = if name == "raw-text-timeout" {
+                ids.iter().map(|id| library_text(*id)).collect()
             } else {
-                Op::RawPrepared { raw, ids, try_lock }
+                ids.iter().map(text).collect()
+            };
+            return Ok(Op::RawText {
+                client: connect().await?,
+                texts,
             });
         }
-        let client = db.connect(application_name).await?;
-        return Ok(match name {
-            "raw-simple" | "raw-simple-try" => Op::RawSimple {
-                client,
-                ids,
-                try_lock,
-            },
-            "raw-text-timeout" => Op::RawText {
-                client,
-                texts: ids.iter().map(|id| library_text(*id)).collect(),
-            },
-            "raw-many-each" => Op::RawEach {
+        "raw-many-each" => {
+            let client = connect().await?;
+            let unlock_each = "SELECT coalesce(bool_and(pg_advisory_unlock(t.id)), true) \
+                               FROM unnest($1::bigint[]) AS t(id)";
+            return Ok(Op::RawEach {
                 try_each: client.prepare(TRY_EACH).await?,
-                unlock_each: client
-                    .prepare(
-                        "SELECT coalesce(bool_and(pg_advisory_unlock(t.id)), true) \
-                         FROM unnest($1::bigint[]) AS t(id)",
-                    )
-                    .await?,
+                unlock_each: client.prepare(unlock_each).await?,
                 client,
-                groups: groups(),
-            },
-            _ => return Err(format!("unknown client `{name}`").into()),
-        });
+                groups: ordered(),
+            });
+        }
+        _ => {}
     }
     let words = name
         .strip_prefix("library")
         .ok_or_else(|| format!("unknown client `{name}`"))?;
-    let has = |word: &str| words.contains(word);
     let left = WORDS
         .iter()
-        .fold(words.to_owned(), |rest, (w, _)| rest.replace(w, ""));
+        .fold(words.to_owned(), |rest, w| rest.replace(w.0, ""));
     if !left.is_empty() {
         return Err(format!("unknown client `{name}` (`{left}` is not a setting)").into());
     }
-    let mut builder = PostgresLockManager::builder(db.pool(1, application_name));
+    let has = |word: &str| words.contains(word);
     if has("-fencing") {
-        locks_postgres::install_fencing(&db.connect(application_name).await?).await?;
-        builder = builder.fencing(true);
+        locks_postgres::install_fencing(&connect().await?).await?;
     }
-    if has("-keepalive-off") {
-        builder = builder.keepalive(None);
-    }
-    if has("-lease-off") {
-        builder = builder.lease(None);
-    }
-    if has("-metrics-off") {
-        builder = builder.metrics(false);
-    }
-    if has("-spans") {
-        // Lock spans at INFO, so that an INFO subscriber records them (default: DEBUG).
-        builder = builder.span_level(tracing::Level::INFO);
-    }
-    let manager = builder.build();
+    let manager = (WORDS.iter().filter(|w| has(w.0)))
+        .filter_map(|w| w.2)
+        .fold(
+            PostgresLockManager::builder(db.pool(1, application_name)),
+            |b, set| set(b),
+        )
+        .build();
     let mut options = if has("-shared") {
         AcquireOptions::shared()
     } else {
@@ -271,7 +264,7 @@ pub(crate) async fn client(
     } else if has("-many") {
         Op::AcquireMany {
             manager,
-            groups: groups(prefix),
+            groups,
             options,
         }
     } else {
@@ -311,6 +304,14 @@ fn nth<T>(items: &[T], n: usize) -> &T {
 
 const REFUSED: &str = "an uncontended pg_try_advisory_lock was refused";
 
+/// The first column of the first row of a simple query's answer.
+fn first_value(messages: &[SimpleQueryMessage]) -> Option<&str> {
+    messages.iter().find_map(|message| match message {
+        SimpleQueryMessage::Row(row) => row.get(0),
+        _ => None,
+    })
+}
+
 impl Op {
     /// Cycle `n`: one lock + unlock (of key `n mod KEYS`).
     pub(crate) async fn cycle(&self, n: usize) -> Result<(), BoxError> {
@@ -324,10 +325,8 @@ impl Op {
                 guard.release().await;
             }
             Self::TryAcquire { manager, keys } => {
-                let guard = manager
-                    .try_acquire(nth(keys, n).as_str())
-                    .await?
-                    .ok_or(REFUSED)?;
+                let key = nth(keys, n).as_str();
+                let guard = manager.try_acquire(key).await?.ok_or(REFUSED)?;
                 guard.release().await;
             }
             Self::AcquireMany {
@@ -353,29 +352,12 @@ impl Op {
                 }
                 raw.unlock(id).await?;
             }
-            Self::RawSimple {
-                client,
-                ids,
-                try_lock,
-            } => {
-                let (id, try_word) = (nth(ids, n), if *try_lock { "try_" } else { "" });
-                let answer = client
-                    .simple_query(&format!("SELECT pg_{try_word}advisory_lock({id})"))
-                    .await?;
-                if *try_lock && first_value(&answer).as_deref() != Some("t") {
-                    return Err(REFUSED.into());
-                }
-                let answer = client
-                    .simple_query(&format!("SELECT pg_advisory_unlock({id})"))
-                    .await?;
-                if first_value(&answer).as_deref() != Some("t") {
-                    return Err(NOT_HELD.into());
-                }
-            }
             Self::RawText { client, texts } => {
                 let (lock, unlock) = nth(texts, n);
-                client.simple_query(lock).await?;
-                if first_value(&client.simple_query(unlock).await?).as_deref() != Some("t") {
+                if first_value(&client.simple_query(lock).await?) == Some("f") {
+                    return Err(REFUSED.into());
+                }
+                if first_value(&client.simple_query(unlock).await?) != Some("t") {
                     return Err(NOT_HELD.into());
                 }
             }
@@ -411,31 +393,23 @@ impl Op {
     /// The server process behind this client's one connection.
     pub(crate) async fn backend_pid(&self) -> Result<i32, BoxError> {
         const PID: &str = "SELECT pg_backend_pid()";
-        Ok(match self {
+        let client = match self {
             Self::Acquire { manager, .. }
             | Self::TryAcquire { manager, .. }
-            | Self::AcquireMany { manager, .. } => manager
-                .pool()
-                .get()
-                .await?
-                .query_one(PID, &[])
-                .await?
-                .get(0),
-            Self::RawPrepared { raw, .. } | Self::RawMany { raw, .. } => {
-                raw.client.query_one(PID, &[]).await?.get(0)
+            | Self::AcquireMany { manager, .. } => {
+                return Ok(manager
+                    .pool()
+                    .get()
+                    .await?
+                    .query_one(PID, &[])
+                    .await?
+                    .get(0));
             }
-            Self::RawSimple { client, .. }
-            | Self::RawText { client, .. }
-            | Self::RawEach { client, .. } => client.query_one(PID, &[]).await?.get(0),
-        })
+            Self::RawPrepared { raw, .. } | Self::RawMany { raw, .. } => &raw.client,
+            Self::RawText { client, .. } | Self::RawEach { client, .. } => client,
+        };
+        Ok(client.query_one(PID, &[]).await?.get(0))
     }
-}
-
-fn first_value(messages: &[SimpleQueryMessage]) -> Option<String> {
-    messages.iter().find_map(|message| match message {
-        SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
-        _ => None,
-    })
 }
 
 #[cfg(test)]
