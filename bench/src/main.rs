@@ -51,26 +51,8 @@ use serde_json::{Map, Value, json};
 use crate::db::Database;
 pub(crate) use crate::plan::{BoxError, DATABASE_URL_ENV, Plan};
 
-const HELP: &str = "\
-usage: lock-bench [--url URL] [--quick] [--out FILE.json] [--only LIST] [--scale-max N]
-
-  --url URL     the PostgreSQL server (default: $LOCKS_DATABASE_URL)
-  --quick       small iteration counts (under a minute and a half)
-  --out FILE    the JSON results (default: target/bench/lock-bench-{quick,full}.json);
-                the markdown and the charts (handoff.svg, scale.svg) beside it
-  --only LIST   comma-separated scenarios: cycle, try, shared, many, throughput, handoff,
-                hold, memory, instructions (needs valgrind), metrics (valgrind),
-                latency, cutover-append; and scale (only when named: it needs a
-                server sized for it)
-  --scale-max N the scale scenario's largest held-lock count (default 1e5, 1e4 with
-                --quick; 1e6 needs a server sized for it: `cargo xtask bench` sizes it)
-
-  --count-instructions CLIENT --cycles N
-                the child that `instructions` runs under callgrind: N cycles of CLIENT
-                (raw, raw-shared, raw-many, library and its settings: library-timeout,
-                library-fencing, library-otel, library-metrics-off, … as the tables name)
-";
-
+/// The scenarios in the order they run; `scale` only when named (it needs a server sized
+/// for it and minutes).
 const SCENARIOS: [&str; 13] = [
     "cycle",
     "try",
@@ -87,114 +69,77 @@ const SCENARIOS: [&str; 13] = [
     "scale",
 ];
 
-#[derive(Debug)]
+/// The lock managers against raw baselines measured in the same run.
+#[derive(Debug, clap::Parser)]
+#[command(name = "lock-bench")]
 struct Args {
-    url: String,
-    plan: Plan,
-    out: PathBuf,
+    /// The PostgreSQL server [default: $LOCKS_DATABASE_URL]
+    #[arg(long)]
+    url: Option<String>,
+    /// Small iteration counts (under a minute and a half)
+    #[arg(long)]
+    quick: bool,
+    /// The JSON results [default: target/bench/lock-bench-{quick,full}.json]; the markdown
+    /// and the charts (handoff.svg, scale.svg) beside it
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// Comma-separated scenarios [default: all but scale]; instructions and metrics need
+    /// valgrind
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = SCENARIOS)]
     only: Vec<String>,
-    /// `--count-instructions CLIENT --cycles N`: the callgrind child.
-    child: Option<(String, usize)>,
+    /// The scale scenario's largest held-lock count [default: 1e5, 1e4 with --quick]; 1e6
+    /// needs a server sized for it (`cargo xtask bench` sizes it)
+    #[arg(long, value_name = "N", value_parser = plan::parse_count)]
+    scale_max: Option<usize>,
+    /// The child that `instructions` runs under callgrind: N cycles (--cycles) of CLIENT
+    /// (raw, raw-shared, raw-many, library and its settings: library-timeout,
+    /// library-fencing, library-otel, library-metrics-off, … as the tables name)
+    #[arg(long, value_name = "CLIENT", requires = "cycles")]
+    count_instructions: Option<String>,
+    /// With --count-instructions
+    #[arg(long, value_name = "N", requires = "count_instructions")]
+    cycles: Option<usize>,
 }
 
-/// `Ok(None)` for `--help`.
-fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Args>, String> {
-    let mut url = None;
-    let mut quick = false;
-    let mut out = None;
-    // `scale` needs a server sized for it and minutes: only when named.
-    let mut only: Vec<String> = SCENARIOS
-        .iter()
-        .filter(|s| **s != "scale")
-        .map(|s| (*s).to_owned())
-        .collect();
-    let mut child = None;
-    let mut cycles = None;
-    let mut scale_max = None;
-    let mut args = args.into_iter();
-    while let Some(arg) = args.next() {
-        let mut value = |name: &str| {
-            args.next()
-                .ok_or_else(|| format!("{name} needs a value\n\n{HELP}"))
-        };
-        match arg.as_str() {
-            "--url" => url = Some(value("--url")?),
-            "--quick" => quick = true,
-            "--out" => out = Some(PathBuf::from(value("--out")?)),
-            "--only" => {
-                only = value("--only")?
-                    .split(',')
-                    .map(|s| s.trim().to_owned())
-                    .filter(|s| !s.is_empty())
-                    .collect();
-                if let Some(unknown) = only.iter().find(|s| !SCENARIOS.contains(&s.as_str())) {
-                    return Err(format!("unknown scenario `{unknown}`\n\n{HELP}"));
-                }
-            }
-            "--scale-max" => scale_max = Some(plan::parse_count(&value("--scale-max")?)?),
-            "--count-instructions" => child = Some(value("--count-instructions")?),
-            "--cycles" => {
-                let text = value("--cycles")?;
-                cycles = Some(
-                    text.parse::<usize>()
-                        .map_err(|error| format!("--cycles {text}: {error}"))?,
-                );
-            }
-            "-h" | "--help" => return Ok(None),
-            other => return Err(format!("unexpected argument `{other}`\n\n{HELP}")),
-        }
+impl Args {
+    fn plan(&self) -> Plan {
+        let mut plan = Plan::new(self.quick);
+        plan.scale_max = self.scale_max.unwrap_or(plan.scale_max);
+        plan
     }
-    let child = match (child, cycles) {
-        (Some(client), Some(cycles)) => Some((client, cycles)),
-        (None, None) => None,
-        _ => {
-            return Err(format!(
-                "--count-instructions and --cycles go together\n\n{HELP}"
-            ));
-        }
-    };
-    let url = match url {
-        Some(url) => url,
-        None => std::env::var(DATABASE_URL_ENV)
-            .ok()
+
+    fn url(&self) -> Result<String, String> {
+        (self.url.clone())
+            .or_else(|| std::env::var(DATABASE_URL_ENV).ok())
             .filter(|url| !url.trim().is_empty())
-            .ok_or_else(|| format!("no server: pass --url or set {DATABASE_URL_ENV}\n\n{HELP}"))?,
-    };
-    let mut plan = Plan::new(quick);
-    if let Some(count) = scale_max {
-        plan.scale_max = count;
+            .ok_or_else(|| format!("no server: pass --url or set {DATABASE_URL_ENV}"))
     }
-    let out = out
-        .unwrap_or_else(|| PathBuf::from(format!("target/bench/lock-bench-{}.json", plan.mode())));
-    Ok(Some(Args {
-        url,
-        plan,
-        out,
-        only,
-        child,
-    }))
+
+    fn runs(&self, scenario: &str) -> bool {
+        match self.only.is_empty() {
+            true => scenario != "scale",
+            false => self.only.iter().any(|s| s == scenario),
+        }
+    }
+
+    fn out(&self) -> PathBuf {
+        let default = || format!("target/bench/lock-bench-{}.json", self.plan().mode());
+        self.out.clone().unwrap_or_else(|| default().into())
+    }
 }
 
 fn main() -> ExitCode {
-    let args = match parse(std::env::args().skip(1)) {
-        Ok(Some(args)) => args,
-        Ok(None) => {
-            print!("{HELP}");
-            return ExitCode::SUCCESS;
+    let args = <Args as clap::Parser>::parse();
+    let outcome = args.url().map_err(BoxError::from).and_then(|url| {
+        match (&args.count_instructions, args.cycles) {
+            (Some(client), Some(cycles)) => callgrind::child(&url, client, cycles),
+            _ => tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .map_err(|error| format!("could not start the Tokio runtime: {error}").into())
+                .and_then(|runtime| runtime.block_on(run(&args, &url))),
         }
-        Err(message) => {
-            eprintln!("lock-bench: {message}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let outcome = match &args.child {
-        Some((client, cycles)) => callgrind::child(&args.url, client, *cycles),
-        None => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .map_err(|error| format!("could not start the Tokio runtime: {error}").into())
-            .and_then(|runtime| runtime.block_on(run(&args))),
-    };
+    });
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -204,12 +149,12 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(args: &Args) -> Result<(), BoxError> {
+async fn run(args: &Args, url: &str) -> Result<(), BoxError> {
     if cfg!(debug_assertions) {
         eprintln!("lock-bench: warning: a debug build; figures are only meaningful with --release");
     }
-    let plan = &args.plan;
-    let db = Database::new(&args.url)?;
+    let plan = &args.plan();
+    let db = Database::new(url)?;
     let admin = db
         .connect("lock-bench-admin")
         .await
@@ -217,9 +162,7 @@ async fn run(args: &Args) -> Result<(), BoxError> {
     let server_version: String = admin.query_one("SHOW server_version", &[]).await?.get(0);
     let max_connections: String = admin.query_one("SHOW max_connections", &[]).await?.get(0);
     let needed = plan.hold_locks + 8;
-    if args.only.iter().any(|s| s == "hold")
-        && max_connections.parse::<usize>().unwrap_or(0) < needed
-    {
+    if args.runs("hold") && max_connections.parse::<usize>().unwrap_or(0) < needed {
         return Err(format!(
             "the server allows {max_connections} connections; the hold scenario needs {needed}"
         )
@@ -227,11 +170,12 @@ async fn run(args: &Args) -> Result<(), BoxError> {
     }
     drop(admin);
 
-    let out_dir = args.out.parent().unwrap_or_else(|| Path::new("."));
+    let out = args.out();
+    let out_dir = out.parent().unwrap_or_else(|| Path::new("."));
     let started = Instant::now();
     let mut outcomes = Vec::new();
     for scenario in SCENARIOS {
-        if !args.only.iter().any(|s| s == scenario) {
+        if !args.runs(scenario) {
             continue;
         }
         eprintln!(
@@ -246,9 +190,9 @@ async fn run(args: &Args) -> Result<(), BoxError> {
             "hold" => hold::run(&db, plan).await?,
             "memory" => memory::run(plan).await?,
             "instructions" => {
-                tokio::task::block_in_place(|| instructions::run(&args.url, plan, out_dir))?
+                tokio::task::block_in_place(|| instructions::run(url, plan, out_dir))?
             }
-            "metrics" => tokio::task::block_in_place(|| metrics::run(&args.url, plan, out_dir))?,
+            "metrics" => tokio::task::block_in_place(|| metrics::run(url, plan, out_dir))?,
             "latency" => latency::run(&db, plan).await?,
             "cutover-append" => cutover_append::run(&db, plan).await?,
             "scale" => scale::run(&db, plan).await?,
@@ -311,8 +255,8 @@ async fn run(args: &Args) -> Result<(), BoxError> {
         "targets": checks,
     });
     let mut files = vec![
-        (args.out.clone(), serde_json::to_string_pretty(&document)?),
-        (args.out.with_extension("md"), markdown),
+        (out.with_extension("md"), markdown),
+        (out.clone(), serde_json::to_string_pretty(&document)?),
     ];
     for outcome in &mut outcomes {
         for (name, contents) in outcome.files.drain(..) {
@@ -340,40 +284,45 @@ async fn run(args: &Args) -> Result<(), BoxError> {
 mod tests {
     use super::*;
 
-    fn args(list: &[&str]) -> Result<Option<Args>, String> {
-        parse(list.iter().map(|s| (*s).to_owned()))
+    fn args(list: &[&str]) -> Result<Args, clap::Error> {
+        <Args as clap::Parser>::try_parse_from(
+            std::iter::once("lock-bench").chain(list.iter().copied()),
+        )
     }
 
     #[test]
     fn arguments_are_parsed() {
+        <Args as clap::CommandFactory>::command().debug_assert();
         let parsed = args(&[
             "--url",
-            "postgres://x@y/z",
+            "u",
             "--quick",
             "--only",
             "cycle,hold",
             "--scale-max",
             "1e6",
-        ])
-        .unwrap()
-        .unwrap();
-        assert_eq!(parsed.url, "postgres://x@y/z");
-        assert!(parsed.plan.quick);
-        assert_eq!(parsed.only, ["cycle", "hold"]);
-        assert_eq!(parsed.plan.scale_max, 1_000_000);
-        assert!(args(&["--url", "u", "--scale-max", "lots"]).is_err());
-        assert_eq!(parsed.out, Path::new("target/bench/lock-bench-quick.json"));
-        let default = args(&["--url", "u"]).unwrap().unwrap();
-        assert!(default.only.iter().any(|s| s == "cycle"));
-        assert!(
-            !default.only.iter().any(|s| s == "scale"),
-            "scale only when named"
+        ]);
+        let parsed = parsed.unwrap();
+        assert_eq!(parsed.url().unwrap(), "u");
+        assert!(parsed.plan().quick);
+        assert!(parsed.runs("hold") && !parsed.runs("try"));
+        assert_eq!(parsed.plan().scale_max, 1_000_000);
+        assert_eq!(
+            parsed.out(),
+            Path::new("target/bench/lock-bench-quick.json")
         );
-        assert_eq!(default.plan.scale_max, 100_000);
-        assert!(args(&["--help"]).unwrap().is_none());
+        let default = args(&["--url", "u"]).unwrap();
+        assert!(default.runs("cycle"));
+        assert!(!default.runs("scale"), "scale only when named");
+        assert_eq!(default.plan().scale_max, 100_000);
+        assert!(args(&["--url", "u", "--scale-max", "lots"]).is_err());
         assert!(args(&["--url", "u", "--only", "nope"]).is_err());
         assert!(args(&["--url", "u", "--bogus"]).is_err());
         assert!(args(&["--url"]).is_err());
+        assert!(
+            args(&["--count-instructions", "raw"]).is_err(),
+            "without --cycles"
+        );
     }
 
     /// The floors of the module list above, lowest first; a module not named here is a
