@@ -61,48 +61,6 @@ pub(crate) fn child(url: &str, name: &str, cycles: usize) -> Result<(), BoxError
     Ok(())
 }
 
-/// valgrind's version, or why it cannot be used.
-fn valgrind_version() -> Result<String, BoxError> {
-    let output = Command::new("valgrind")
-        .arg("--version")
-        .output()
-        .map_err(|error| {
-            format!(
-                "valgrind is not installed ({error}): `cargo xtask bench` installs it, or \
-                 `apt-get install valgrind`"
-            )
-        })?;
-    Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
-}
-
-/// What callgrind counted of one client.
-#[derive(Debug, Clone, Copy)]
-struct Counted {
-    once: u64,
-    twice: u64,
-    per_cycle: f64,
-}
-
-/// Counts each client of `names` with N = `cycles` and 2N, its output files in
-/// `dir/callgrind`.
-fn measure(url: &str, names: &[&str], cycles: usize, dir: &Path) -> Result<Vec<Counted>, BoxError> {
-    let dir = dir.join("callgrind");
-    std::fs::create_dir_all(&dir)?;
-    names
-        .iter()
-        .map(|name| {
-            let once = count(url, name, cycles, &dir)?;
-            let twice = count(url, name, 2 * cycles, &dir)?;
-            let per_cycle = as_f64(twice.saturating_sub(once)) / as_f64(cycles as u64);
-            Ok(Counted {
-                once,
-                twice,
-                per_cycle,
-            })
-        })
-        .collect()
-}
-
 /// One counted client of a scenario: its name, what the table calls it, the client it is
 /// divided by, and its target (with the words its check starts with).
 #[derive(Debug, Clone, Copy)]
@@ -123,13 +81,36 @@ pub(crate) fn scenario(
     spec: &[Row],
     notes: Vec<String>,
 ) -> Result<Outcome, BoxError> {
-    let version = valgrind_version()?;
+    let version = Command::new("valgrind").arg("--version").output();
+    let version = version.map_err(|error| {
+        format!(
+            "valgrind is not installed ({error}): `cargo xtask bench` installs it, or \
+             `apt-get install valgrind`"
+        )
+    })?;
+    let version = String::from_utf8_lossy(&version.stdout).trim().to_owned();
     let started = std::time::Instant::now();
-    let names: Vec<&str> = spec.iter().map(|row| row.name).collect();
-    let counted = measure(url, &names, cycles, dir)?;
+    let dir = dir.join("callgrind");
+    std::fs::create_dir_all(&dir)?;
+    // Per client: the totals of N and 2N cycles, and their difference over N.
+    let mut counted = Vec::new();
+    for row in spec {
+        if !spec.iter().any(|r| r.name == row.baseline) {
+            return Err(
+                format!("{}: its baseline {} is not counted", row.name, row.baseline).into(),
+            );
+        }
+        let once = count(url, row.name, cycles, &dir)?;
+        let twice = count(url, row.name, 2 * cycles, &dir)?;
+        counted.push((
+            once,
+            twice,
+            as_f64(twice.saturating_sub(once)) / as_f64(cycles as u64),
+        ));
+    }
     let per_cycle = |name: &str| {
-        let index = names.iter().position(|n| *n == name);
-        index.map_or(0.0, |i| counted[i].per_cycle)
+        let index = spec.iter().position(|row| row.name == name);
+        index.map_or(0.0, |i| counted[i].2)
     };
     let fmt = |r: Option<f64>| r.map_or_else(|| "—".to_owned(), |r| format!("{r:.decimals$}×"));
     let ratio_header = if versus == "raw" { "÷ raw" } else { "÷ off" };
@@ -154,13 +135,13 @@ pub(crate) fn scenario(
     ));
     notes.into_iter().for_each(|note| out.note(note));
     let mut json_rows = Vec::new();
-    for (row, c) in spec.iter().zip(&counted) {
+    for (row, &(once, twice, per)) in spec.iter().zip(&counted) {
         let base = per_cycle(row.baseline);
-        let ratio = ratio(c.per_cycle, base);
+        let ratio = ratio(per, base);
         let [target, result] = match row.target {
             Some((limit, words)) => out.gate(
                 format!("{words}: instructions per cycle vs {versus}"),
-                format!("{} ({:.0} vs {base:.0})", fmt(ratio), c.per_cycle),
+                format!("{} ({per:.0} vs {base:.0})", fmt(ratio)),
                 format!("≤ {limit}×"),
                 ratio.is_some_and(|r| r <= limit),
             ),
@@ -168,12 +149,11 @@ pub(crate) fn scenario(
             None if row.baseline != spec[0].name => [format!("÷ {}", row.baseline), String::new()],
             None => Default::default(),
         };
-        let per_cycle = format!("{:.0}", c.per_cycle);
         out.row(cells![
             row.label,
-            c.once,
-            c.twice,
-            per_cycle,
+            once,
+            twice,
+            format!("{per:.0}"),
             fmt(ratio),
             target,
             result
@@ -181,9 +161,9 @@ pub(crate) fn scenario(
         json_rows.push(json!({
             "variant": row.name,
             "name": row.label,
-            "instructions_n": c.once,
-            "instructions_2n": c.twice,
-            "instructions_per_cycle": c.per_cycle,
+            "instructions_n": once,
+            "instructions_2n": twice,
+            "instructions_per_cycle": per,
             "ratio": ratio,
             "baseline": row.baseline,
         }));
