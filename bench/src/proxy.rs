@@ -14,9 +14,7 @@
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::time::{Duration, Instant};
 
 use crate::BoxError;
@@ -26,8 +24,8 @@ use crate::BoxError;
 pub(crate) struct Proxy {
     address: SocketAddr,
     stop: Arc<AtomicBool>,
+    /// Both ends of every connection made, to be shut down with the proxy.
     open: Arc<Mutex<Vec<TcpStream>>>,
-    accepting: Option<JoinHandle<()>>,
 }
 
 impl Proxy {
@@ -36,21 +34,22 @@ impl Proxy {
     pub(crate) fn start(upstream: (String, u16), one_way: Duration) -> Result<Self, BoxError> {
         let upstream: Vec<SocketAddr> = upstream.to_socket_addrs()?.collect();
         let listener = TcpListener::bind(("127.0.0.1", 0))?;
-        let address = listener.local_addr()?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let open = Arc::new(Mutex::new(Vec::new()));
-        let accepting = {
-            let (stop, open) = (Arc::clone(&stop), Arc::clone(&open));
-            std::thread::Builder::new()
-                .name("proxy-accept".into())
-                .spawn(move || accept(&listener, &upstream, one_way, &stop, &open))?
+        let (stop, open) = (Arc::default(), Arc::default());
+        let proxy = Self {
+            address: listener.local_addr()?,
+            stop: Arc::clone(&stop),
+            open: Arc::clone(&open),
         };
-        Ok(Self {
-            address,
-            stop,
-            open,
-            accepting: Some(accepting),
-        })
+        std::thread::Builder::new().spawn(move || {
+            for client in listener.incoming() {
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                // A connection the server refuses is dropped, which closes the client's.
+                let _ = client.and_then(|client| connect(client, &upstream, one_way, &open));
+            }
+        })?;
+        Ok(proxy)
     }
 
     pub(crate) fn port(&self) -> u16 {
@@ -61,89 +60,57 @@ impl Proxy {
 impl Drop for Proxy {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        // Wakes the accept loop, which then sees `stop`.
+        // Wakes the accept loop, which then sees `stop` and drops the listener.
         let _ = TcpStream::connect(self.address);
-        if let Some(accepting) = self.accepting.take() {
-            let _ = accepting.join();
-        }
-        for stream in self
-            .open
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .drain(..)
-        {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        for stream in open.drain(..) {
             let _ = stream.shutdown(Shutdown::Both);
         }
     }
 }
 
-fn accept(
-    listener: &TcpListener,
+/// Connects `client` to the server and pumps both ways.
+fn connect(
+    client: TcpStream,
     upstream: &[SocketAddr],
-    one_way: Duration,
-    stop: &AtomicBool,
+    delay: Duration,
     open: &Mutex<Vec<TcpStream>>,
-) {
-    for client in listener.incoming() {
-        if stop.load(Ordering::SeqCst) {
-            break;
-        }
-        let Ok(client) = client else { continue };
-        let Ok(server) = TcpStream::connect(upstream) else {
-            let _ = client.shutdown(Shutdown::Both);
-            continue;
-        };
-        let _ = client.set_nodelay(true);
-        let _ = server.set_nodelay(true);
-        let clones = (client.try_clone(), server.try_clone());
-        let (Ok(client_copy), Ok(server_copy)) = clones else {
-            continue;
-        };
-        if let (Ok(a), Ok(b)) = (client.try_clone(), server.try_clone()) {
-            open.lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .extend([a, b]);
-        }
-        pump(client, server_copy, one_way);
-        pump(server, client_copy, one_way);
-    }
+) -> std::io::Result<()> {
+    let server = TcpStream::connect(upstream)?;
+    client.set_nodelay(true)?;
+    server.set_nodelay(true)?;
+    let mut open = open.lock().unwrap_or_else(PoisonError::into_inner);
+    open.extend([client.try_clone()?, server.try_clone()?]);
+    pump(client.try_clone()?, server.try_clone()?, delay)?;
+    pump(server, client, delay)
 }
 
 /// Forwards what `from` sends to `to`, each chunk `delay` after it was read.
-fn pump(mut from: TcpStream, mut to: TcpStream, delay: Duration) {
+fn pump(mut from: TcpStream, mut to: TcpStream, delay: Duration) -> std::io::Result<()> {
     let (queue, due) = mpsc::channel::<(Instant, Vec<u8>)>();
-    let _ = std::thread::Builder::new()
-        .name("proxy-read".into())
-        .spawn(move || {
-            let mut buffer = vec![0u8; 64 * 1024];
-            loop {
-                match from.read(&mut buffer) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        if queue
-                            .send((Instant::now() + delay, buffer[..n].to_vec()))
-                            .is_err()
-                        {
-                            break;
-                        }
-                    }
-                }
+    std::thread::Builder::new().spawn(move || {
+        let mut buffer = vec![0u8; 64 * 1024];
+        while let Ok(n @ 1..) = from.read(&mut buffer) {
+            if queue
+                .send((Instant::now() + delay, buffer[..n].to_vec()))
+                .is_err()
+            {
+                break;
             }
-        });
-    let _ = std::thread::Builder::new()
-        .name("proxy-write".into())
-        .spawn(move || {
-            for (at, chunk) in due {
-                let now = Instant::now();
-                if at > now {
-                    std::thread::sleep(at - now);
-                }
-                if to.write_all(&chunk).is_err() {
-                    break;
-                }
+        }
+    })?;
+    std::thread::Builder::new().spawn(move || {
+        for (at, chunk) in due {
+            if let Some(wait) = at.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
             }
-            let _ = to.shutdown(Shutdown::Write);
-        });
+            if to.write_all(&chunk).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(Shutdown::Write);
+    })?;
+    Ok(())
 }
 
 #[cfg(test)]
