@@ -16,22 +16,39 @@ use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::prelude::*;
 
-/// Counts exported spans.
+/// An exporter that counts what it is handed (spans, or metric exports) and drops it.
 #[derive(Debug, Clone, Default)]
-struct CountingExporter {
-    exported: Arc<AtomicU64>,
+struct Counting(Arc<AtomicU64>);
+
+impl Counting {
+    fn add(&self, count: usize) -> impl Future<Output = OTelSdkResult> + Send + use<> {
+        let count = u64::try_from(count).unwrap_or(u64::MAX);
+        self.0.fetch_add(count, Ordering::Relaxed);
+        std::future::ready(Ok(()))
+    }
 }
 
-impl SpanExporter for CountingExporter {
-    fn export(
-        &self,
-        batch: Vec<SpanData>,
-    ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
-        self.exported.fetch_add(
-            u64::try_from(batch.len()).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
-        std::future::ready(Ok(()))
+impl SpanExporter for Counting {
+    fn export(&self, batch: Vec<SpanData>) -> impl Future<Output = OTelSdkResult> + Send {
+        self.add(batch.len())
+    }
+}
+
+impl PushMetricExporter for Counting {
+    fn export(&self, _: &ResourceMetrics) -> impl Future<Output = OTelSdkResult> + Send {
+        self.add(1)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        Ok(())
+    }
+
+    fn shutdown_with_timeout(&self, _: std::time::Duration) -> OTelSdkResult {
+        Ok(())
+    }
+
+    fn temporality(&self) -> Temporality {
+        Temporality::Cumulative
     }
 }
 
@@ -39,16 +56,15 @@ impl SpanExporter for CountingExporter {
 #[derive(Debug)]
 pub(crate) struct Pipeline {
     provider: SdkTracerProvider,
-    exported: Arc<AtomicU64>,
+    exported: Counting,
 }
 
 impl Pipeline {
     /// A batch span processor (its own export thread) in front of the counting exporter.
     pub(crate) fn new() -> Self {
-        let exporter = CountingExporter::default();
-        let exported = Arc::clone(&exporter.exported);
+        let exported = Counting::default();
         let provider = SdkTracerProvider::builder()
-            .with_batch_exporter(exporter)
+            .with_batch_exporter(exported.clone())
             .build();
         Self { provider, exported }
     }
@@ -66,7 +82,7 @@ impl Pipeline {
     /// Exports what is queued and returns how many spans have been exported so far.
     pub(crate) fn flush(&self) -> u64 {
         let _ = self.provider.force_flush();
-        self.exported.load(Ordering::Relaxed)
+        self.exported.0.load(Ordering::Relaxed)
     }
 }
 
@@ -76,50 +92,21 @@ impl Drop for Pipeline {
     }
 }
 
-/// Counts the metric exports it is handed and drops them.
-#[derive(Debug, Clone, Default)]
-struct CountingMetricExporter {
-    exports: Arc<AtomicU64>,
-}
-
-impl PushMetricExporter for CountingMetricExporter {
-    fn export(
-        &self,
-        _metrics: &ResourceMetrics,
-    ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
-        self.exports.fetch_add(1, Ordering::Relaxed);
-        std::future::ready(Ok(()))
-    }
-
-    fn force_flush(&self) -> OTelSdkResult {
-        Ok(())
-    }
-
-    fn shutdown_with_timeout(&self, _timeout: std::time::Duration) -> OTelSdkResult {
-        Ok(())
-    }
-
-    fn temporality(&self) -> Temporality {
-        Temporality::Cumulative
-    }
-}
-
 /// The OpenTelemetry metrics SDK as an application installs it: a global meter provider
 /// with a periodic reader (its own thread, exporting every 60 s by default) in front of
 /// an exporter that counts and drops.
 #[derive(Debug)]
 pub(crate) struct MetricsPipeline {
     provider: SdkMeterProvider,
-    exports: Arc<AtomicU64>,
+    exports: Counting,
 }
 
 impl MetricsPipeline {
     /// Installs the provider as the global one.
     pub(crate) fn install() -> Self {
-        let exporter = CountingMetricExporter::default();
-        let exports = Arc::clone(&exporter.exports);
+        let exports = Counting::default();
         let provider = SdkMeterProvider::builder()
-            .with_reader(PeriodicReader::builder(exporter).build())
+            .with_reader(PeriodicReader::builder(exports.clone()).build())
             .build();
         opentelemetry::global::set_meter_provider(provider.clone());
         Self { provider, exports }
@@ -128,7 +115,7 @@ impl MetricsPipeline {
     /// Exports what was recorded and returns how many exports there were.
     pub(crate) fn flush(&self) -> u64 {
         let _ = self.provider.force_flush();
-        self.exports.load(Ordering::Relaxed)
+        self.exports.0.load(Ordering::Relaxed)
     }
 }
 
