@@ -92,11 +92,8 @@ pub(crate) fn cdf(samples: &[u64]) -> Vec<(f64, f64)> {
 fn decades(values: impl Iterator<Item = f64>) -> (f64, f64) {
     let (mut low, mut high) = (i32::MAX, i32::MIN);
     for value in values.filter(|v| v.is_finite() && *v > 0.0) {
-        #[allow(clippy::cast_possible_truncation)]
-        {
-            low = low.min(value.log10().floor() as i32);
-            high = high.max(value.log10().ceil() as i32);
-        }
+        low = low.min(value.log10().floor() as i32);
+        high = high.max(value.log10().ceil() as i32);
     }
     if low > high {
         (low, high) = (0, 1);

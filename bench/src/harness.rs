@@ -178,9 +178,7 @@ impl Batches {
     /// The median of the runs, in nanoseconds.
     pub(crate) fn median(&self) -> u64 {
         let values: Vec<f64> = self.runs.iter().map(|&v| as_f64(v)).collect();
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let value = median(&values).round() as u64;
-        value
+        median(&values).round() as u64
     }
 
     /// The fastest run's p50, in nanoseconds (0 without runs).

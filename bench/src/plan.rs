@@ -81,7 +81,6 @@ pub(crate) fn parse_count(text: &str) -> Result<usize, String> {
     if !(1.0..=1e7).contains(&value) || value.fract() != 0.0 {
         return Err(format!("`{text}` is not a whole count from 1 to 1e7"));
     }
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     Ok(value as usize)
 }
 

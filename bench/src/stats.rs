@@ -29,17 +29,13 @@ impl Latencies {
     pub(crate) fn of(samples: &[u64]) -> Self {
         let mut latencies = Self::new();
         for &sample in samples {
-            latencies.record_ns(sample);
+            latencies.histogram.saturating_record(sample.max(1));
         }
         latencies
     }
 
     pub(crate) fn record(&mut self, elapsed: Duration) {
-        self.record_ns(nanos(elapsed));
-    }
-
-    pub(crate) fn record_ns(&mut self, nanos: u64) {
-        self.histogram.saturating_record(nanos.max(1));
+        self.histogram.saturating_record(nanos(elapsed).max(1));
     }
 
     pub(crate) fn merge(&mut self, other: &Self) {
@@ -53,11 +49,11 @@ impl Latencies {
     }
 
     /// The value at `quantile` (0..=1), in nanoseconds; 0 when empty.
-    pub(crate) fn quantile_ns(&self, quantile: f64) -> u64 {
-        if self.histogram.is_empty() {
-            return 0;
+    fn quantile_ns(&self, quantile: f64) -> u64 {
+        match self.histogram.is_empty() {
+            true => 0,
+            false => self.histogram.value_at_quantile(quantile),
         }
-        self.histogram.value_at_quantile(quantile)
     }
 
     pub(crate) fn p50(&self) -> u64 {
@@ -130,7 +126,6 @@ pub(crate) fn finite(value: f64) -> Value {
 
 /// A duration in nanoseconds as people read it: `183 µs`, `2.31 ms`, `1.20 s`.
 pub(crate) fn fmt_ns(nanos: u64) -> String {
-    #[allow(clippy::cast_precision_loss)]
     let ns = nanos as f64;
     if nanos < 1_000 {
         format!("{nanos} ns")
@@ -150,7 +145,6 @@ pub(crate) fn ratio(a: f64, b: f64) -> Option<f64> {
     (b > 0.0).then(|| a / b)
 }
 
-#[allow(clippy::cast_precision_loss)]
 pub(crate) fn as_f64(value: u64) -> f64 {
     value as f64
 }
@@ -162,7 +156,6 @@ pub(crate) fn fmt_ratio(ratio: Option<f64>) -> String {
 
 /// Operations per second with thousands grouped: `12 345/s`.
 pub(crate) fn fmt_rate(per_second: f64) -> String {
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let whole = per_second.round().max(0.0) as u64;
     format!("{}/s", group(whole))
 }
