@@ -37,13 +37,9 @@ impl Database {
 
     /// The server's TCP address (its first host), for a proxy in front of it.
     pub(crate) fn tcp_address(&self) -> Result<(String, u16), BoxError> {
-        match (
-            self.config.get_hosts().first(),
-            self.config.get_ports().first(),
-        ) {
-            (Some(tokio_postgres::config::Host::Tcp(host)), port) => {
-                Ok((host.clone(), port.copied().unwrap_or(5432)))
-            }
+        let port = self.config.get_ports().first().copied().unwrap_or(5432);
+        match self.config.get_hosts().first() {
+            Some(tokio_postgres::config::Host::Tcp(host)) => Ok((host.clone(), port)),
             _ => Err("the latency scenario needs a server reached over TCP".into()),
         }
     }
@@ -151,21 +147,16 @@ impl Raw {
     ) -> Result<Self, BoxError> {
         let client = db.connect(application_name).await?;
         let suffix = if shared { "_shared" } else { "" };
-        let prepare = async |name: &str| {
+        let prepare = async |name| {
             client
                 .prepare(&format!("SELECT pg_{name}{suffix}($1)"))
                 .await
         };
-        let (lock, try_lock) = (
-            prepare("advisory_lock").await?,
-            prepare("try_advisory_lock").await?,
-        );
-        let unlock = prepare("advisory_unlock").await?;
         Ok(Self {
+            lock: prepare("advisory_lock").await?,
+            try_lock: prepare("try_advisory_lock").await?,
+            unlock: prepare("advisory_unlock").await?,
             client,
-            lock,
-            try_lock,
-            unlock,
         })
     }
 
@@ -176,11 +167,7 @@ impl Raw {
     /// The unlock, an error when the server answers that the lock was not held.
     pub(crate) async fn unlock(&self, id: i64) -> Result<(), BoxError> {
         let released: bool = self.client.query_one(&self.unlock, &[&id]).await?.get(0);
-        if released {
-            Ok(())
-        } else {
-            Err(NOT_HELD.into())
-        }
+        released.then_some(()).ok_or_else(|| NOT_HELD.into())
     }
 
     /// Lock + unlock of `id`.

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::BoxError;
-use crate::stats::{Latencies, as_f64, fmt_ns, median};
+use crate::stats::{Latencies, as_f64, fmt_ns, fmt_ratio, median};
 
 /// The order of `count` sides in round `round`: side `round mod count` first, then the
 /// others in turn (two sides alternate: A B, B A, A B, …).
@@ -233,15 +233,9 @@ impl Ratios {
 
     /// `1.07×` and `1.02–1.11×`; `—` twice for `None`.
     pub(crate) fn fmt(ratios: Option<Self>) -> (String, String) {
-        ratios.map_or_else(
-            || ("—".to_owned(), "—".to_owned()),
-            |r| {
-                (
-                    format!("{:.2}×", r.median),
-                    format!("{:.2}–{:.2}×", r.low, r.high),
-                )
-            },
-        )
+        let range = |r: Self| format!("{:.2}–{:.2}×", r.low, r.high);
+        let median = fmt_ratio(ratios.map(|r| r.median));
+        (median, ratios.map_or_else(|| "—".to_owned(), range))
     }
 }
 
@@ -413,13 +407,9 @@ mod tests {
     }
 
     #[test]
-    fn tables_are_markdown() {
+    fn a_gate_is_a_check_two_cells_and_a_markdown_row() {
         let text = table(&["a", "b"], &[vec!["1".into(), "x|y".into()]]);
         assert_eq!(text, "| a | b |\n| --- | --- |\n| 1 | x\\|y |\n");
-    }
-
-    #[test]
-    fn a_gate_is_a_check_and_two_cells() {
         let mut outcome = Outcome::new("x", "X", &["a"]);
         let cells = outcome.gate("fast", "1.2×", "≤ 1.1×", false);
         assert_eq!(cells, ["≤ 1.1×", "MISS"]);
