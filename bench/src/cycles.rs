@@ -173,10 +173,8 @@ async fn measure(db: &Database, plan: &Plan, name: &str) -> Result<Outcome, BoxE
     let mut clients = Vec::new();
     for (index, &(name, role)) in names.iter().enumerate() {
         let op = client(db, name, &format!("{id}:{index}"), "lock-bench-cycle").await?;
-        let backend = u32::try_from(op.backend_pid().await?)
-            .ok()
-            .filter(|&pid| is_local_postgres(pid))
-            .and_then(|pid| i32::try_from(pid).ok().map(Pid::from_raw));
+        let pid = op.backend_pid().await?;
+        let backend = is_local_postgres(pid).then(|| Pid::from_raw(pid));
         let tracing = pipeline
             .as_ref()
             .filter(|_| name.contains("-otel"))
@@ -191,7 +189,7 @@ async fn measure(db: &Database, plan: &Plan, name: &str) -> Result<Outcome, BoxE
             next: 0,
         });
     }
-    let all = cpus(Pid::from_raw(0))?;
+    let all = allowed(Pid::from_raw(0))?;
     let one = *all.last().ok_or("no CPU is allowed")?;
     let placement = place(&clients, &[one])?;
     let outcome = harness::rounds(plan.cycle_rounds, clients.len(), async |_, side| {
@@ -229,7 +227,7 @@ async fn measure(db: &Database, plan: &Plan, name: &str) -> Result<Outcome, BoxE
 }
 
 /// The CPUs process (or thread) `pid` may run on, lowest first; 0 is this thread.
-fn cpus(pid: Pid) -> Result<Vec<usize>, BoxError> {
+fn allowed(pid: Pid) -> Result<Vec<usize>, BoxError> {
     let set = sched_getaffinity(pid).map_err(|error| format!("sched_getaffinity: {error}"))?;
     Ok((0..CpuSet::count())
         .filter(|&cpu| set.is_set(cpu).unwrap_or(false))
@@ -253,7 +251,8 @@ fn place(clients: &[Measured], cpus: &[usize]) -> Result<String, BoxError> {
     for pid in std::iter::once(Pid::from_raw(0)).chain(backends.iter().copied()) {
         pin(pid, cpus)?;
     }
-    let shown = backends.first().map(|&pid| cpus_of(pid));
+    let shown = (backends.first())
+        .map(|&pid| allowed(pid).map_or_else(|e| e.to_string(), |c| format!("{c:?}")));
     Ok(format!(
         "the client thread and {} of {} backends on CPU {cpus:?} (the first backend may \
          run on {}; a backend not on this machine is not pinned)",
@@ -263,12 +262,8 @@ fn place(clients: &[Measured], cpus: &[usize]) -> Result<String, BoxError> {
     ))
 }
 
-fn cpus_of(pid: Pid) -> String {
-    cpus(pid).map_or_else(|error| error.to_string(), |cpus| format!("{cpus:?}"))
-}
-
 /// Whether `pid` is a PostgreSQL process on this machine (the server is local).
-fn is_local_postgres(pid: u32) -> bool {
+fn is_local_postgres(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim() == "postgres")
 }
 
@@ -364,12 +359,12 @@ mod tests {
     fn a_thread_can_be_pinned_and_released() {
         std::thread::spawn(|| {
             let this = Pid::from_raw(0);
-            let all = cpus(this).unwrap();
+            let all = allowed(this).unwrap();
             let last = *all.last().unwrap();
             pin(this, &[last]).unwrap();
-            assert_eq!(cpus(this).unwrap(), [last]);
+            assert_eq!(allowed(this).unwrap(), [last]);
             pin(this, &all).unwrap();
-            assert_eq!(cpus(this).unwrap(), all);
+            assert_eq!(allowed(this).unwrap(), all);
         })
         .join()
         .unwrap();
