@@ -17,10 +17,10 @@
 //! - 2: `clients` (every client a cycle scenario compares, built by name);
 //! - 3: `callgrind` (instruction counts);
 //! - scenarios, none importing another: `cycles` (the pinned cycle method and its
-//!   scenarios `cycle`, `try`, `shared`, `many`), `throughput`, `handoff` (locks and the semaphore), `hold` (plain and
-//!   multiplexed), `memory`, `instructions`, `metrics`, `latency` (through a delaying
-//!   proxy, `acquire_many` included), `cutover_append`, and `scale` (a folder: one file
-//!   per curve).
+//!   scenarios `cycle`, `try`, `shared`, `many`), `throughput`, `handoff` (locks and the
+//!   semaphore), `hold` (plain and multiplexed), `memory`, `instructions`, `metrics`,
+//!   `latency` (through a delaying proxy, `acquire_many` included), `cutover_append`, and
+//!   `scale` (a folder: one file per curve).
 
 mod callgrind;
 mod chart;
