@@ -47,16 +47,10 @@ const MARKED: usize = 40;
 
 /// A tick in nanoseconds (the axis has one per decade): `10 µs`, `1 ms`, `1 s`.
 fn tick(nanos: f64) -> String {
-    let (value, unit) = if nanos >= 1e9 {
-        (nanos / 1e9, "s")
-    } else if nanos >= 1e6 {
-        (nanos / 1e6, "ms")
-    } else if nanos >= 1e3 {
-        (nanos / 1e3, "µs")
-    } else {
-        (nanos, "ns")
-    };
-    format!("{value:.0} {unit}")
+    let units = [(1e9, "s"), (1e6, "ms"), (1e3, "µs")];
+    let (scale, unit) =
+        (units.into_iter().find(|(scale, _)| nanos >= *scale)).unwrap_or((1.0, "ns"));
+    format!("{:.0} {unit}", nanos / scale)
 }
 
 /// A plain tick: `1000`, `0.1`, `1e6`.
