@@ -23,7 +23,10 @@
 //! - [`Plan::cycle_rounds`] **rounds** (9), every client one run a round, the order
 //!   rotating, so the clients alternate in time;
 //! - per client the **best run's p50**, and the ratio of the library's to raw
-//!   tokio-postgres doing the same two statements, prepared.
+//!   tokio-postgres doing the same two statements, prepared;
+//! - `cycle` on **both transports** the issue names: over the URL (TCP from xtask), then
+//!   over the same server's Unix socket (JSON key `cycle_acquire_socket`) when this
+//!   machine can reach one, each pass divided by its own raw.
 //!
 //! Why the best run and not the median of run-by-run ratios (what this bench reported
 //! before, and how a quick run of the same build came out at 1.06× against the issue's
@@ -65,7 +68,7 @@ use Role::{Baseline, Library, Reference, Setting};
 fn scenario(name: &str) -> (&'static str, &'static str, f64, Vec<(&'static str, Role)>) {
     match name {
         "cycle" => (
-            "cycle_acquire",
+            CYCLE,
             "1. Uncontended acquire + release cycle, pinned",
             1.10,
             vec![
@@ -116,6 +119,11 @@ fn scenario(name: &str) -> (&'static str, &'static str, f64, Vec<(&'static str, 
     }
 }
 
+/// The JSON key of scenario `cycle` over the URL's server (TCP, or the socket the URL
+/// names), and of its second pass over the same server's Unix socket.
+const CYCLE: &str = "cycle_acquire";
+const CYCLE_SOCKET: &str = "cycle_acquire_socket";
+
 struct Measured {
     label: &'static str,
     role: Role,
@@ -149,8 +157,11 @@ impl Measured {
 
 /// Runs scenario `name` on a thread of its own with a current-thread runtime (the
 /// connections' drivers run there too), so that pinning that thread pins everything the
-/// client does; the calling task of the multi-threaded runtime blocks meanwhile.
-pub(crate) fn run(db: &Database, plan: &Plan, name: &str) -> Result<Outcome, BoxError> {
+/// client does; the calling task of the multi-threaded runtime blocks meanwhile. Scenario
+/// `cycle` runs twice when the URL is TCP: over it, and then over the same server's Unix
+/// socket when this machine can reach one ([`Database::over_socket`]; a note says when
+/// not), the same clients by the same method, each pass divided by its own raw.
+pub(crate) fn run(db: &Database, plan: &Plan, name: &str) -> Result<Vec<Outcome>, BoxError> {
     let (db, plan, name) = (db.clone(), plan.clone(), name.to_owned());
     tokio::task::block_in_place(|| {
         std::thread::Builder::new()
@@ -159,15 +170,43 @@ pub(crate) fn run(db: &Database, plan: &Plan, name: &str) -> Result<Outcome, Box
                 tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()?
-                    .block_on(measure(&db, &plan, &name))
+                    .block_on(passes(&db, &plan, &name))
             })?
             .join()
             .map_err(|_| "the cycle thread panicked")?
     })
 }
 
-async fn measure(db: &Database, plan: &Plan, name: &str) -> Result<Outcome, BoxError> {
-    let (id, title, limit, names) = scenario(name);
+async fn passes(db: &Database, plan: &Plan, name: &str) -> Result<Vec<Outcome>, BoxError> {
+    let (id, ..) = scenario(name);
+    let mut first = measure(db, plan, name, id).await?;
+    if id != CYCLE {
+        return Ok(vec![first]);
+    }
+    let socket = match db.is_unix() {
+        true => Err("the URL names a Unix socket, so the pass above is over it".to_owned()),
+        false => db.over_socket().await,
+    };
+    match socket {
+        Ok(socket) => Ok(vec![
+            first,
+            measure(&socket, plan, name, CYCLE_SOCKET).await?,
+        ]),
+        Err(why) => {
+            first.note(format!("No second pass over a Unix socket: {why}."));
+            Ok(vec![first])
+        }
+    }
+}
+
+/// One pass of scenario `name` over `db`, reported under `id`.
+async fn measure(
+    db: &Database,
+    plan: &Plan,
+    name: &str,
+    id: &'static str,
+) -> Result<Outcome, BoxError> {
+    let (_, title, limit, names) = scenario(name);
     let otel = names.iter().any(|(name, ..)| name.contains("-otel"));
     let pipeline = otel.then(Pipeline::new);
     let mut clients = Vec::new();
@@ -222,8 +261,14 @@ async fn measure(db: &Database, plan: &Plan, name: &str) -> Result<Outcome, BoxE
              {exported} spans (the lock spans are at DEBUG unless the manager says INFO)."
         ));
     }
-    let out = Outcome::new(id, title, &HEADER);
-    Ok(report(out, plan, limit, &clients, notes))
+    let via = if db.is_unix() { "Unix socket" } else { "TCP" };
+    let out = Outcome::new(id, format!("{title}, over {via}"), &HEADER);
+    let pass = Pass {
+        via,
+        transport: db.transport(),
+        limit,
+    };
+    Ok(report(out, plan, &pass, &clients, notes))
 }
 
 /// The CPUs process (or thread) `pid` may run on, lowest first; 0 is this thread.
@@ -278,26 +323,36 @@ const HEADER: [&str; 8] = [
     "Result",
 ];
 
+/// What a pass's report says of it: `TCP` or `Unix socket`, where it connected, and the
+/// target of its library rows.
+struct Pass {
+    via: &'static str,
+    transport: String,
+    limit: f64,
+}
+
 fn report(
     mut out: Outcome,
     plan: &Plan,
-    limit: f64,
+    pass: &Pass,
     clients: &[Measured],
     notes: Vec<String>,
 ) -> Outcome {
+    let limit = pass.limit;
     let baseline = clients.iter().find(|c| c.role == Baseline);
     let base = baseline.map_or(0, |c| c.runs.best());
     let base_name = baseline.map_or("—", |c| c.label);
     out.note(format!(
         "{} rounds; a round runs every client once, the order rotating; a run is {} \
          untimed cycles and {} timed ones (lock + unlock, from the call to the return of \
-         the release) going round 64 keys, on one thread with a current-thread runtime. \
-         A run's figure is its p50; per client the best run's p50, ÷ raw against **{}**'s \
-         best; beside it the median run and the runs' range, and p99 over every timed \
-         cycle ({} mode).",
+         the release) going round 64 keys, on one thread with a current-thread runtime, \
+         over {}. A run's figure is its p50; per client the best run's p50, ÷ raw against \
+         **{}**'s best over the same connection kind; beside it the median run and the \
+         runs' range, and p99 over every timed cycle ({} mode).",
         plan.cycle_rounds,
         plan.cycle_warmup,
         plan.cycle_cycles,
+        pass.transport,
         base_name,
         plan.mode()
     ));
@@ -308,7 +363,7 @@ fn report(
         let ratio = ratio(as_f64(best), as_f64(base));
         let [target, result] = match c.role {
             Library => out.gate(
-                format!("{}: pinned p50 vs raw", c.label),
+                format!("{}: pinned p50 vs raw, {}", c.label, pass.via),
                 format!(
                     "{} ({} vs {}; best of {} runs)",
                     fmt_ratio(ratio),
@@ -343,6 +398,7 @@ fn report(
     }
     out.with(json!({
         "method": "pinned together to one CPU; 64 keys; best run p50 per client",
+        "transport": pass.transport,
         "rounds": plan.cycle_rounds,
         "warmup_cycles": plan.cycle_warmup,
         "cycles_per_run": plan.cycle_cycles,

@@ -1,12 +1,15 @@
 //! Floor 1: connections, the library's pools and the raw baselines' dedicated connections.
 
+use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
 use locks_postgres::deadpool_postgres::Pool;
+use locks_postgres::tokio_postgres::config::Host;
 use locks_postgres::tokio_postgres::{self, Client, NoTls, Statement};
 
 use crate::BoxError;
+use crate::plan::sources;
 
 /// Where to connect, parsed once.
 #[derive(Debug, Clone)]
@@ -39,15 +42,78 @@ impl Database {
     pub(crate) fn tcp_address(&self) -> Result<(String, u16), BoxError> {
         let port = self.config.get_ports().first().copied().unwrap_or(5432);
         match self.config.get_hosts().first() {
-            Some(tokio_postgres::config::Host::Tcp(host)) => Ok((host.clone(), port)),
+            Some(Host::Tcp(host)) => Ok((host.clone(), port)),
             _ => Err("the latency scenario needs a server reached over TCP".into()),
         }
     }
 
     /// The same server, user, password and database, reached at 127.0.0.1:`port`.
     pub(crate) fn through(&self, port: u16) -> Self {
+        self.at(Host::Tcp("127.0.0.1".into()), port)
+    }
+
+    /// How it connects: `TCP 127.0.0.1:5432` or `Unix socket /tmp/x/.s.PGSQL.5432`.
+    pub(crate) fn transport(&self) -> String {
+        let port = self.config.get_ports().first().copied().unwrap_or(5432);
+        match self.config.get_hosts().first() {
+            Some(Host::Unix(dir)) => format!("Unix socket {}/.s.PGSQL.{port}", dir.display()),
+            Some(Host::Tcp(host)) => format!("TCP {host}:{port}"),
+            None => format!("TCP localhost:{port}"),
+        }
+    }
+
+    /// Whether it connects over a Unix socket.
+    pub(crate) fn is_unix(&self) -> bool {
+        matches!(self.config.get_hosts().first(), Some(Host::Unix(_)))
+    }
+
+    /// The same server reached over its Unix socket: the first of the server's
+    /// `unix_socket_directories` that holds `.s.PGSQL.<port>` on this machine, checked
+    /// with a connection. `Err`: why there is none, a sentence for a note.
+    pub(crate) async fn over_socket(&self) -> Result<Self, String> {
+        let asked = async {
+            let admin = self.connect("lock-bench-admin").await?;
+            let show = async |name| -> Result<String, BoxError> {
+                Ok(admin.query_one(&format!("SHOW {name}"), &[]).await?.get(0))
+            };
+            Ok::<_, BoxError>((show("unix_socket_directories").await?, show("port").await?))
+        };
+        let (directories, port) = asked
+            .await
+            .map_err(|error| format!("the server's sockets are unknown: {}", sources(&*error)))?;
+        let port: u16 = port
+            .parse()
+            .map_err(|_| format!("the server's port `{port}` is not a number"))?;
+        let file = format!(".s.PGSQL.{port}");
+        let directory = (directories.split(','))
+            .map(str::trim)
+            .filter(|dir| !dir.is_empty() && !dir.starts_with('@'))
+            .find(|dir| Path::new(dir).join(&file).exists())
+            .ok_or_else(|| {
+                format!(
+                    "none of the server's unix_socket_directories (`{directories}`) holds \
+                     {file} on this machine"
+                )
+            })?;
+        let socket = self.at(Host::Unix(directory.into()), port);
+        match socket.connect("lock-bench-admin").await {
+            Ok(_) => Ok(socket),
+            Err(error) => Err(format!(
+                "{} does not take connections: {}",
+                socket.transport(),
+                sources(&*error)
+            )),
+        }
+    }
+
+    /// The same user, password and database at `host`:`port`.
+    fn at(&self, host: Host, port: u16) -> Self {
         let mut config = tokio_postgres::Config::new();
-        config.host("127.0.0.1").port(port);
+        match host {
+            Host::Tcp(name) => config.host(&name),
+            Host::Unix(dir) => config.host_path(dir),
+        };
+        config.port(port);
         if let Some(user) = self.config.get_user() {
             config.user(user);
         }

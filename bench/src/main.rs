@@ -143,7 +143,7 @@ fn main() -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("lock-bench: error: {error}");
+            eprintln!("lock-bench: error: {}", plan::sources(&*error));
             ExitCode::FAILURE
         }
     }
@@ -183,8 +183,11 @@ async fn run(args: &Args, url: &str) -> Result<(), BoxError> {
             started.elapsed().as_secs_f64(),
             plan.mode()
         );
+        if let "cycle" | "try" | "shared" | "many" = scenario {
+            outcomes.extend(cycles::run(&db, plan, scenario)?);
+            continue;
+        }
         let outcome = match scenario {
-            "cycle" | "try" | "shared" | "many" => cycles::run(&db, plan, scenario)?,
             "throughput" => throughput::run(&db, plan).await?,
             "handoff" => handoff::run(&db, plan).await?,
             "hold" => hold::run(&db, plan).await?,

@@ -6,6 +6,19 @@ pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pub(crate) const DATABASE_URL_ENV: &str = "LOCKS_DATABASE_URL";
 
+/// `error` and each of its sources, `: `-separated: tokio-postgres says `db error` and
+/// leaves the server's words (`ERROR: …`) to its source.
+pub(crate) fn sources(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut next = error.source();
+    while let Some(source) = next {
+        text.push_str(": ");
+        text.push_str(&source.to_string());
+        next = source.source();
+    }
+    text
+}
+
 /// Iteration counts and windows of one mode.
 #[derive(Debug, Clone)]
 pub(crate) struct Plan {
@@ -101,5 +114,28 @@ mod tests {
         assert!(parse_count("0").is_err());
         assert!(parse_count("1e9").is_err());
         assert!(parse_count("many").is_err());
+    }
+
+    #[test]
+    fn an_error_is_said_with_its_sources() {
+        #[derive(Debug)]
+        struct Db(std::io::Error);
+        impl std::fmt::Display for Db {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("db error")
+            }
+        }
+        impl std::error::Error for Db {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let server = std::io::Error::other("FATAL: role \"x\" does not exist");
+        assert_eq!(
+            sources(&Db(server)),
+            "db error: FATAL: role \"x\" does not exist"
+        );
+        let error: BoxError = "plain".into();
+        assert_eq!(sources(&*error), "plain");
     }
 }
