@@ -8,6 +8,9 @@
 //! - `locks-postgres` stands in floors ([`POSTGRES_FLOORS`], mirrored in the "Floors"
 //!   section of `docs/architecture.md`): a module imports only from a lower floor, or
 //!   from a module listed before it on its own floor.
+//! - The bench (`lock-bench`) stands in floors too ([`BENCH_FLOORS`], said in
+//!   `bench/src/main.rs`), more strictly: a module imports only from a lower floor, never
+//!   from its own (no scenario imports another).
 //!
 //! The checks work on module texts, so the unit tests below plant a back-edge, a circle
 //! and an unplaced module in a small crate held in memory and see each caught.
@@ -72,6 +75,68 @@ const POSTGRES_FLOORS: &[(&str, &[&str])] = &[
 ];
 
 const POSTGRES: &str = "locks-postgres";
+
+/// The floors of the bench, lowest first: a module imports only from a lower floor,
+/// never from one on its own ([`Beside::Never`]), so the scenarios are rooms apart over
+/// one harness. Said in `bench/src/main.rs`; every module of the bench must be on a floor.
+const BENCH_FLOORS: &[(&str, &[&str])] = &[
+    ("ground", &["plan", "stats", "proxy", "otel"]),
+    ("harness", &["harness", "db", "chart"]),
+    ("clients", &["clients"]),
+    ("instruction counts", &["callgrind"]),
+    (
+        "scenarios",
+        &[
+            "cycles",
+            "throughput",
+            "handoff",
+            "hold",
+            "memory",
+            "instructions",
+            "metrics",
+            "latency",
+            "cutover_append",
+            "scale",
+        ],
+    ),
+];
+
+const BENCH: &str = "lock-bench";
+
+/// What a module may import from its own floor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Beside {
+    /// A module listed before it (`locks-postgres`: a floor is ordered too).
+    Before,
+    /// Nothing (the bench: the modules of a floor stand side by side).
+    Never,
+}
+
+/// A crate's floors: the table, where it lives and is mirrored (for the messages), and
+/// the rule on one floor.
+#[derive(Debug, Clone, Copy)]
+struct Floors<'a> {
+    /// The table's name in this file.
+    name: &'a str,
+    /// Where else the floors are said, to be kept in step.
+    mirror: &'a str,
+    beside: Beside,
+    table: &'a [(&'a str, &'a [&'a str])],
+}
+
+const POSTGRES_RULE: Floors<'static> = Floors {
+    name: "POSTGRES_FLOORS",
+    mirror: "docs/architecture.md (\"Floors\")",
+    beside: Beside::Before,
+    table: POSTGRES_FLOORS,
+};
+
+const BENCH_RULE: Floors<'static> = Floors {
+    name: "BENCH_FLOORS",
+    mirror: "the floors paragraph of bench/src/main.rs",
+    beside: Beside::Never,
+    table: BENCH_FLOORS,
+};
 
 /// One `crate::x` path in a module's text.
 #[derive(Debug, Clone)]
@@ -309,11 +374,11 @@ impl fmt::Display for FloorViolation {
     }
 }
 
-/// Every import of `modules` that is not from below, by the `floors` table, and every
-/// module the table and the crate do not agree on.
-fn floor_violations(modules: &Modules, floors: &[(&str, &[&str])]) -> Vec<FloorViolation> {
+/// Every import of `modules` that is not from below, by the `floors` table and its rule
+/// on one floor, and every module the table and the crate do not agree on.
+fn floor_violations(modules: &Modules, floors: &Floors<'_>) -> Vec<FloorViolation> {
     let mut places: BTreeMap<&str, Place<'_>> = BTreeMap::new();
-    for (floor, (name, members)) in floors.iter().enumerate() {
+    for (floor, (name, members)) in floors.table.iter().enumerate() {
         for (rank, module) in members.iter().enumerate() {
             places.insert(module, Place { floor, name, rank });
         }
@@ -323,15 +388,17 @@ fn floor_violations(modules: &Modules, floors: &[(&str, &[&str])]) -> Vec<FloorV
         if !modules.contains_key(*module) {
             violations.push(FloorViolation::Unknown(format!(
                 "the floors name `{module}`, which is no module of the crate: take it out \
-                 of POSTGRES_FLOORS (tests/modules.rs) and docs/architecture.md"
+                 of {} (tests/modules.rs) and {}",
+                floors.name, floors.mirror
             )));
         }
     }
     for (module, imports) in modules {
         let Some(&from) = places.get(module.as_str()) else {
             violations.push(FloorViolation::Unplaced(format!(
-                "module `{module}` is on no floor: place it in POSTGRES_FLOORS \
-                 (tests/modules.rs) and in docs/architecture.md (\"Floors\")"
+                "module `{module}` is on no floor: place it in {} (tests/modules.rs) and \
+                 in {}",
+                floors.name, floors.mirror
             )));
             continue;
         };
@@ -339,13 +406,16 @@ fn floor_violations(modules: &Modules, floors: &[(&str, &[&str])]) -> Vec<FloorV
             let Some(&to) = places.get(import.target.as_str()) else {
                 continue; // reported as unplaced
             };
-            if (to.floor, to.rank) >= (from.floor, from.rank) {
-                violations.push(FloorViolation::Upward(format!(
-                    "{}:{}: `{}` imports `{}` from above it: `{module}` is on {from}, \
-                     `{}` on {to}\n    {}",
-                    import.file, import.line, module, import.target, import.target, import.text
-                )));
-            }
+            let whence = match floors.beside {
+                Beside::Never if to.floor == from.floor => "from its own floor",
+                Beside::Never if to.floor > from.floor => "from above it",
+                Beside::Before if (to.floor, to.rank) >= (from.floor, from.rank) => "from above it",
+                _ => continue,
+            };
+            violations.push(FloorViolation::Upward(format!(
+                "{}:{}: `{}` imports `{}` {whence}: `{module}` is on {from}, `{}` on {to}\n    {}",
+                import.file, import.line, module, import.target, import.target, import.text
+            )));
         }
     }
     violations
@@ -447,14 +517,14 @@ fn no_crate_has_an_import_circle_above_its_ceiling() {
     assert!(over.is_empty(), "\n{}\n", over.join("\n"));
 }
 
-#[test]
-fn the_adapter_imports_only_from_lower_floors() {
+/// Fails, naming each, on every import of crate `krate` that `floors` do not allow.
+fn assert_floors(krate: &str, floors: &Floors<'_>) {
     let crates = workspace_crates();
     let (_, modules) = crates
         .iter()
-        .find(|(name, _)| name == POSTGRES)
-        .expect("locks-postgres is a member");
-    let violations = floor_violations(modules, POSTGRES_FLOORS);
+        .find(|(name, _)| name == krate)
+        .unwrap_or_else(|| panic!("{krate} is not a member"));
+    let violations = floor_violations(modules, floors);
     assert!(
         violations.is_empty(),
         "\n{}\n",
@@ -464,6 +534,16 @@ fn the_adapter_imports_only_from_lower_floors() {
             .collect::<Vec<_>>()
             .join("\n")
     );
+}
+
+#[test]
+fn the_adapter_imports_only_from_lower_floors() {
+    assert_floors(POSTGRES, &POSTGRES_RULE);
+}
+
+#[test]
+fn the_bench_imports_only_from_lower_floors() {
+    assert_floors(BENCH, &BENCH_RULE);
 }
 
 /// The files of `locks-postgres` that may hold `impl Inner` blocks: the handle itself and
@@ -514,7 +594,18 @@ fn docs_architecture_md_states_the_floors_of_this_test() {
 
 // The checker on a small crate held in memory.
 
-const FLOORS: &[(&str, &[&str])] = &[("ground", &["errors", "sql"]), ("top", &["manager"])];
+const FLOORS: Floors<'static> = Floors {
+    name: "FLOORS",
+    mirror: "the docs",
+    beside: Beside::Before,
+    table: &[("ground", &["errors", "sql"]), ("top", &["manager"])],
+};
+
+/// The same floors, the bench's way: nothing from one's own floor.
+const APART: Floors<'static> = Floors {
+    beside: Beside::Never,
+    ..FLOORS
+};
 
 fn small_crate(sql: &str) -> Modules {
     let files = [
@@ -538,13 +629,13 @@ fn a_crate_that_imports_downward_breaks_nothing() {
     let modules = small_crate("use crate::errors::E;\n/// See [`crate::Root`].\n");
     assert_eq!(modules.len(), 3, "{modules:?}");
     assert_eq!(largest_circle(&modules), 0);
-    assert_eq!(floor_violations(&modules, FLOORS), []);
+    assert_eq!(floor_violations(&modules, &FLOORS), []);
 }
 
 #[test]
 fn a_planted_back_edge_is_named_with_its_file_import_and_both_floors() {
     let modules = small_crate("use crate::errors::E;\nuse crate::manager::Inner;\n");
-    let violations = floor_violations(&modules, FLOORS);
+    let violations = floor_violations(&modules, &FLOORS);
     let [FloorViolation::Upward(text)] = violations.as_slice() else {
         panic!("{violations:?}");
     };
@@ -569,9 +660,32 @@ fn a_floor_neighbour_above_counts_as_above() {
         target: "sql".into(),
     });
     assert!(matches!(
-        floor_violations(&errors_up, FLOORS).as_slice(),
+        floor_violations(&errors_up, &FLOORS).as_slice(),
         [FloorViolation::Upward(text)] if text.contains("`errors` imports `sql` from above it")
     ));
+}
+
+#[test]
+fn where_a_floor_stands_apart_its_own_floor_counts_too() {
+    // sql imports errors, listed before it on the ground: allowed in order, not apart.
+    let modules = small_crate("use crate::errors::E;\n");
+    assert_eq!(floor_violations(&modules, &FLOORS), []);
+    let violations = floor_violations(&modules, &APART);
+    let [FloorViolation::Upward(text)] = violations.as_slice() else {
+        panic!("{violations:?}");
+    };
+    assert_eq!(
+        text,
+        "src/sql.rs:1: `sql` imports `errors` from its own floor: `sql` is on floor 1 \
+         \"ground\", place 2, `errors` on floor 1 \"ground\", place 1\n    use crate::errors::E;"
+    );
+    // An import from above is one in either way; from below, in neither.
+    let up = small_crate("use crate::manager::M;\n");
+    assert!(matches!(
+        floor_violations(&up, &APART).as_slice(),
+        [FloorViolation::Upward(text)] if text.contains("`sql` imports `manager` from above it")
+    ));
+    assert_eq!(floor_violations(&small_crate(""), &APART), []);
 }
 
 #[test]
@@ -579,7 +693,7 @@ fn imports_in_a_test_module_do_not_count() {
     let modules = small_crate(
         "use crate::errors::E;\n\n#[cfg(test)]\nmod tests {\n    use crate::manager::M;\n}\n",
     );
-    assert_eq!(floor_violations(&modules, FLOORS), []);
+    assert_eq!(floor_violations(&modules, &FLOORS), []);
     assert_eq!(largest_circle(&modules), 0);
 }
 
@@ -587,11 +701,14 @@ fn imports_in_a_test_module_do_not_count() {
 fn a_module_on_no_floor_and_a_floor_naming_no_module_fail() {
     let mut modules = small_crate("");
     modules.insert("shards".into(), Vec::new());
-    let floors: &[(&str, &[&str])] = &[
-        ("ground", &["errors", "sql", "gone"]),
-        ("top", &["manager"]),
-    ];
-    let violations = floor_violations(&modules, floors);
+    let floors = Floors {
+        table: &[
+            ("ground", &["errors", "sql", "gone"]),
+            ("top", &["manager"]),
+        ],
+        ..FLOORS
+    };
+    let violations = floor_violations(&modules, &floors);
     assert_eq!(violations.len(), 2, "{violations:?}");
     assert!(
         violations

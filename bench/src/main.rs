@@ -9,18 +9,12 @@
 //! machine shifts both alike; it prints markdown tables (with PASS/MISS against the
 //! targets) and writes a JSON file and the charts (`handoff.svg`, `scale.svg`) next to it.
 //!
-//! The modules stand in floors, each importing only from the floors below it (the test
-//! `imports_run_downward` fails on any other edge):
-//! - ground: `plan` (the error type, the mode's counts), `stats`, `proxy`, `otel`;
-//! - 1: `harness` (alternating rounds, batches and windows, the report: rows, targets,
-//!   JSON, markdown), `db` (connections, raw statements), `chart`;
-//! - 2: `clients` (every client a cycle scenario compares, built by name);
-//! - 3: `callgrind` (instruction counts);
-//! - scenarios, none importing another: `cycles` (the pinned cycle method and its
-//!   scenarios `cycle`, `try`, `shared`, `many`), `throughput`, `handoff` (locks and the
-//!   semaphore), `hold` (plain and multiplexed), `memory`, `instructions`, `metrics`,
-//!   `latency` (through a delaying proxy, `acquire_many` included), `cutover_append`, and
-//!   `scale` (a folder: one file per curve).
+//! The modules stand in floors, each importing only from the floors below it, never from
+//! its own: ground (`plan`, `stats`, `proxy`, `otel`); the harness (`harness`, `db`,
+//! `chart`); `clients`; `callgrind`; and the scenarios, rooms apart over that harness
+//! (`cycles`, `throughput`, `handoff`, `hold`, `memory`, `instructions`, `metrics`,
+//! `latency`, `cutover_append`, `scale`). `BENCH_FLOORS` in `tests/modules.rs` holds the
+//! table and fails on any other edge: place a new module there.
 
 mod callgrind;
 mod chart;
@@ -326,95 +320,5 @@ mod tests {
             args(&["--count-instructions", "raw"]).is_err(),
             "without --cycles"
         );
-    }
-
-    /// The floors of the module list above, lowest first; a module not named here is a
-    /// scenario, the top floor.
-    const FLOORS: [&[&str]; 4] = [
-        &["plan", "stats", "proxy", "otel"],
-        &["harness", "db", "chart"],
-        &["clients"],
-        &["callgrind"],
-    ];
-
-    fn floor(module: &str) -> usize {
-        FLOORS
-            .iter()
-            .position(|floor| floor.contains(&module))
-            .unwrap_or(FLOORS.len())
-    }
-
-    /// The modules `text` names as `crate::x` or in `use crate::{x, …}` (before its tests).
-    fn imports(text: &str) -> Vec<String> {
-        let text = text.split("#[cfg(test)]").next().unwrap_or(text);
-        let ident = |name: &str| -> String {
-            let name = name.trim();
-            name.chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect()
-        };
-        let mut found: Vec<String> = Vec::new();
-        for (index, _) in text.match_indices("crate::") {
-            let rest = &text[index + "crate::".len()..];
-            match rest.strip_prefix('{') {
-                Some(group) => {
-                    let group = group.split('}').next().unwrap_or("");
-                    found.extend(group.split(',').map(ident));
-                }
-                None => found.push(ident(rest)),
-            }
-        }
-        found.retain(|name| name.starts_with(|c: char| c.is_ascii_lowercase()));
-        found
-    }
-
-    /// Each module imports only from floors below its own: the ground imports nothing of
-    /// the crate above it, and no scenario imports another.
-    fn back_edges(sources: &[(String, String)]) -> Vec<String> {
-        let mut wrong = Vec::new();
-        for (module, text) in sources {
-            for imported in imports(text) {
-                if imported != *module && floor(&imported) >= floor(module) {
-                    wrong.push(format!("{module} imports {imported}"));
-                }
-            }
-        }
-        wrong
-    }
-
-    #[test]
-    fn imports_run_downward() {
-        // Each file of `src/` is a module, and each file of a folder (`scale/`) is part of
-        // the module the folder is.
-        fn read(dir: &Path, module: Option<&str>, sources: &mut Vec<(String, String)>) {
-            for entry in std::fs::read_dir(dir).unwrap() {
-                let path = entry.unwrap().path();
-                let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
-                let name = module.map_or_else(|| stem.clone(), str::to_owned);
-                if path.is_dir() {
-                    read(&path, Some(&stem), sources);
-                } else if path.extension().is_some_and(|e| e == "rs") && name != "main" {
-                    sources.push((name, std::fs::read_to_string(&path).unwrap()));
-                }
-            }
-        }
-        let mut sources = Vec::new();
-        read(
-            &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
-            None,
-            &mut sources,
-        );
-        for module in ["plan", "harness", "clients", "callgrind", "cycles", "scale"] {
-            assert!(
-                sources.iter().any(|(m, _)| m == module),
-                "{module} not read"
-            );
-        }
-        assert_eq!(back_edges(&sources), Vec::<String>::new());
-        // A planted back-edge (the ground importing a scenario) is caught.
-        let planted = [("db".to_owned(), "use crate::{cycles, stats};".to_owned())];
-        assert_eq!(back_edges(&planted), ["db imports cycles"]);
-        let sideways = [("hold".to_owned(), "crate::handoff::run(db)".to_owned())];
-        assert_eq!(back_edges(&sideways), ["hold imports handoff"]);
     }
 }
