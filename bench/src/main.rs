@@ -149,10 +149,12 @@ async fn run(args: &Args, url: &str) -> Result<(), BoxError> {
     }
     let plan = &args.plan();
     let db = Database::new(url)?;
-    let admin = db
-        .connect("lock-bench-admin")
-        .await
-        .map_err(|error| format!("could not connect to the server: {error}"))?;
+    let admin = db.connect("lock-bench-admin").await.map_err(|error| {
+        format!(
+            "could not connect to the server: {}",
+            plan::sources(&*error)
+        )
+    })?;
     let server_version: String = admin.query_one("SHOW server_version", &[]).await?.get(0);
     let max_connections: String = admin.query_one("SHOW max_connections", &[]).await?.get(0);
     let needed = plan.hold_locks + 8;
@@ -199,20 +201,12 @@ async fn run(args: &Args, url: &str) -> Result<(), BoxError> {
     }
     let elapsed = started.elapsed();
 
-    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
-    let timestamp = time::OffsetDateTime::now_utc()
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default();
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|info| {
-            let line = info.lines().find(|line| line.starts_with("model name"))?;
-            line.split_once(':')
-                .map(|(_, model)| model.trim().to_owned())
-        });
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_owned())
-        .ok();
+    let Machine {
+        cores,
+        cpu,
+        kernel,
+        timestamp,
+    } = Machine::here();
     let heading = format!(
         "## lock-bench results ({} mode)\n\nPostgreSQL {server_version}, {cores} cores ({}), \
          {timestamp}, {:.0} s.",
@@ -260,12 +254,7 @@ async fn run(args: &Args, url: &str) -> Result<(), BoxError> {
             files.push((out_dir.join(name), contents));
         }
     }
-    for (path, contents) in files {
-        std::fs::create_dir_all(path.parent().unwrap_or_else(|| Path::new(".")))?;
-        std::fs::write(&path, contents)
-            .map_err(|error| format!("could not write {}: {error}", path.display()))?;
-        eprintln!("lock-bench: wrote {}", path.display());
-    }
+    write_files(files)?;
     let missed = outcomes
         .iter()
         .flat_map(|o| &o.checks)
@@ -273,6 +262,44 @@ async fn run(args: &Args, url: &str) -> Result<(), BoxError> {
         .count();
     if missed > 0 {
         eprintln!("lock-bench: {missed} target(s) missed (see the MISS rows)");
+    }
+    Ok(())
+}
+
+/// What the figures ran on, for the heading and the JSON's `meta`.
+struct Machine {
+    cores: usize,
+    cpu: Option<String>,
+    kernel: Option<String>,
+    timestamp: String,
+}
+
+impl Machine {
+    fn here() -> Self {
+        let read = |path| std::fs::read_to_string(path).ok();
+        let cpu = read("/proc/cpuinfo").and_then(|info| {
+            let line = info.lines().find(|line| line.starts_with("model name"))?;
+            line.split_once(':')
+                .map(|(_, model)| model.trim().to_owned())
+        });
+        Self {
+            cores: std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
+            cpu,
+            kernel: read("/proc/sys/kernel/osrelease").map(|s| s.trim().to_owned()),
+            timestamp: time::OffsetDateTime::now_utc()
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// Writes each file, making its folder first.
+fn write_files(files: Vec<(PathBuf, String)>) -> Result<(), BoxError> {
+    for (path, contents) in files {
+        std::fs::create_dir_all(path.parent().unwrap_or_else(|| Path::new(".")))?;
+        std::fs::write(&path, contents)
+            .map_err(|error| format!("could not write {}: {error}", path.display()))?;
+        eprintln!("lock-bench: wrote {}", path.display());
     }
     Ok(())
 }
@@ -285,6 +312,14 @@ mod tests {
         <Args as clap::Parser>::try_parse_from(
             std::iter::once("lock-bench").chain(list.iter().copied()),
         )
+    }
+
+    #[test]
+    fn the_machine_is_described() {
+        let machine = Machine::here();
+        assert!(machine.cores >= 1);
+        assert!(machine.timestamp.ends_with('Z'), "{}", machine.timestamp);
+        assert!(machine.kernel.is_some_and(|k| !k.is_empty()));
     }
 
     #[test]
