@@ -366,7 +366,7 @@ fn report(
                 format!("{}: pinned p50 vs raw, {}", c.label, pass.via),
                 format!(
                     "{} ({} vs {}; best of {} runs)",
-                    fmt_ratio(ratio),
+                    ratio.map_or_else(|| "—".to_owned(), |r| format!("{r:.3}×")),
                     fmt_ns(best),
                     fmt_ns(base),
                     runs.len()

@@ -124,13 +124,16 @@ pub(crate) fn finite(value: f64) -> Value {
     }
 }
 
-/// A duration in nanoseconds as people read it: `183 µs`, `2.31 ms`, `1.20 s`.
+/// A duration in nanoseconds as people read it, three digits from 1 µs to 1 ms: `24.4 µs`,
+/// `183 µs`, `2.31 ms`, `1.20 s`.
 pub(crate) fn fmt_ns(nanos: u64) -> String {
     let ns = nanos as f64;
     if nanos < 1_000 {
         format!("{nanos} ns")
     } else if nanos < 10_000 {
         format!("{:.2} µs", ns / 1e3)
+    } else if nanos < 100_000 {
+        format!("{:.1} µs", ns / 1e3)
     } else if nanos < 1_000_000 {
         format!("{:.0} µs", ns / 1e3)
     } else if nanos < 1_000_000_000 {
@@ -216,6 +219,7 @@ mod tests {
     fn figures_read_well() {
         assert_eq!(fmt_ns(950), "950 ns");
         assert_eq!(fmt_ns(1_500), "1.50 µs");
+        assert_eq!(fmt_ns(24_351), "24.4 µs");
         assert_eq!(fmt_ns(183_400), "183 µs");
         assert_eq!(fmt_ns(2_310_000), "2.31 ms");
         assert_eq!(fmt_rate(12_345.4), "12\u{202f}345/s");
