@@ -69,16 +69,20 @@ impl Database {
 
     /// The same server reached over its Unix socket: the first of the server's
     /// `unix_socket_directories` that holds `.s.PGSQL.<port>` on this machine, checked
-    /// with a connection. `Err`: why there is none, a sentence for a note.
+    /// with a connection to be the same server (the same postmaster start time, not
+    /// another one on this machine's same port). `Err`: why there is none, for a note.
     pub(crate) async fn over_socket(&self) -> Result<Self, String> {
-        let asked = async {
-            let admin = self.connect("lock-bench-admin").await?;
-            let show = async |name| -> Result<String, BoxError> {
-                Ok(admin.query_one(&format!("SHOW {name}"), &[]).await?.get(0))
-            };
-            Ok::<_, BoxError>((show("unix_socket_directories").await?, show("port").await?))
+        const ASK: &str = "SELECT current_setting('unix_socket_directories'), \
+                           current_setting('port'), pg_postmaster_start_time()::text";
+        let ask = async |db: &Self| -> Result<[String; 3], BoxError> {
+            let row = db
+                .connect("lock-bench-admin")
+                .await?
+                .query_one(ASK, &[])
+                .await?;
+            Ok([row.get(0), row.get(1), row.get(2)])
         };
-        let (directories, port) = asked
+        let [directories, port, started] = ask(self)
             .await
             .map_err(|error| format!("the server's sockets are unknown: {}", sources(&*error)))?;
         let port: u16 = port
@@ -86,7 +90,7 @@ impl Database {
             .map_err(|_| format!("the server's port `{port}` is not a number"))?;
         let file = format!(".s.PGSQL.{port}");
         let directory = (directories.split(','))
-            .map(str::trim)
+            .map(|dir| dir.trim().trim_matches('"'))
             .filter(|dir| !dir.is_empty() && !dir.starts_with('@'))
             .find(|dir| Path::new(dir).join(&file).exists())
             .ok_or_else(|| {
@@ -96,8 +100,12 @@ impl Database {
                 )
             })?;
         let socket = self.at(Host::Unix(directory.into()), port);
-        match socket.connect("lock-bench-admin").await {
-            Ok(_) => Ok(socket),
+        match ask(&socket).await {
+            Ok([.., there]) if there == started => Ok(socket),
+            Ok([.., there]) => Err(format!(
+                "{} leads to another server (started {there}, the URL's {started})",
+                socket.transport()
+            )),
             Err(error) => Err(format!(
                 "{} does not take connections: {}",
                 socket.transport(),
