@@ -14,7 +14,8 @@
 //! - ground: `plan` (the error type, the mode's counts), `stats`, `pin`, `proxy`, `otel`;
 //! - 1: `harness` (alternating rounds, batches and windows, the report: rows, targets,
 //!   JSON, markdown), `db` (connections, raw statements), `chart`;
-//! - 2: `clients` (every client a cycle scenario compares, built by name);
+//! - 2: `clients` (every client a cycle scenario compares, built by name), `turns` (tasks
+//!   taking turns on one key, and the recorder that times them);
 //! - 3: `pinned` (the pinned cycle method), `callgrind` (instruction counts);
 //! - scenarios, none importing another: `cycles` (the pinned cycles `cycle`, `try`,
 //!   `shared`, `many`), `throughput`, `handoff` (locks and the semaphore), `hold` (plain and
@@ -43,6 +44,7 @@ mod proxy;
 mod scale;
 mod stats;
 mod throughput;
+mod turns;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -383,7 +385,7 @@ mod tests {
     const FLOORS: [&[&str]; 4] = [
         &["plan", "stats", "pin", "proxy", "otel"],
         &["harness", "db", "chart"],
-        &["clients"],
+        &["clients", "turns"],
         &["pinned", "callgrind"],
     ];
 

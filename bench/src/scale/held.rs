@@ -9,19 +9,22 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use locks_leader::LeaderElection;
-use locks_port::{AcquireOptions, DistributedLock, LockGuard, LockRegistry};
+use locks_port::{AcquireOptions, DistributedLock, LockGuard, LockRegistry, lock_id};
 use locks_postgres::PostgresLockManager;
 use locks_postgres::tokio_postgres::Client;
 
+use serde_json::{Value, json};
+
 use super::reads::{self, LEADER, ReadCost, read_costs};
-use super::{APP, BLUE, GREEN, IN_FLIGHT, ORANGE, P50P99, PROBE_CYCLES, Prober, RED};
-use super::{connections, curve, open_pool, x};
+use super::{APP, BLUE, GREEN, IN_FLIGHT, ORANGE, P50P99, PROBE_CYCLES, RED};
+use super::{connections, curve, cycles, panel_of, x};
 use crate::chart::{Panel, Unit};
+use crate::clients::Op;
 use crate::db::{Database, Raw};
 use crate::harness::cells;
 use crate::stats::{allocated_bytes, as_f64, fmt_bytes, fmt_ns, nanos, rss_bytes};
+use crate::turns::open_pool;
 use crate::{BoxError, Plan};
-use serde_json::{Value, json};
 
 /// An acquisition of the holding manager that takes longer has stalled: the curve stops
 /// at the last count reached, and the report says so.
@@ -153,8 +156,18 @@ pub(super) async fn measure(
     let holder = PostgresLockManager::builder(pool)
         .multiplex(per_connection)
         .build();
-    let probe_pool = open_pool(db, 2, "lock-bench-scale-probe").await?;
-    let probe = Prober::Library(PostgresLockManager::new(probe_pool));
+    // Another manager's cycle of one key, and raw SQL's.
+    let (key, app) = ("bench:scale:probe", "lock-bench-scale-probe");
+    let probe = Op::Acquire {
+        manager: PostgresLockManager::new(open_pool(db, 2, app).await?),
+        keys: vec![key.to_owned()],
+        options: AcquireOptions::new(),
+    };
+    let raw_probe = Op::RawPrepared {
+        raw: Raw::connect(db, app, false).await?,
+        ids: vec![lock_id(key)],
+        try_lock: false,
+    };
     let observer_pool = open_pool(db, 3, "lock-bench-scale-observer").await?;
     let observer = PostgresLockManager::new(observer_pool);
     // A leader holds the election the reads watch, with a board.
@@ -166,9 +179,8 @@ pub(super) async fn measure(
             .run(|_| std::future::pending::<()>())
             .await
     });
-    let raw_probe = Prober::Raw(Raw::connect(db, "lock-bench-scale-probe", false).await?);
-    probe.cycles(50).await?;
-    raw_probe.cycles(50).await?;
+    cycles(&probe, 50, Duration::ZERO).await?;
+    cycles(&raw_probe, 50, Duration::ZERO).await?;
     let rest = Duration::from_secs(if plan.quick { 1 } else { 3 });
     let idle_cpu = cpu_at_rest(rest).await;
     let (heap0, rss0) = (allocated_bytes(), rss_bytes());
@@ -207,8 +219,8 @@ pub(super) async fn measure(
             .map(|(now, before)| per_lock(as_f64(now as u64) - as_f64(before as u64)));
         let cpu = per_lock(cpu_at_rest(rest).await - idle_cpu);
         let usage = locks_postgres::lock_table_usage(admin).await?;
-        let probe_at = probe.cycles(PROBE_CYCLES).await?;
-        let raw_probe_at = raw_probe.cycles(PROBE_CYCLES).await?;
+        let probe_at = cycles(&probe, PROBE_CYCLES, Duration::ZERO).await?;
+        let raw_probe_at = cycles(&raw_probe, PROBE_CYCLES, Duration::ZERO).await?;
         let reads = read_costs(&observer, &probe).await?;
         eprintln!(
             "lock-bench: scale: {count} held in {:.1} s; probe p99 {}; {} heap, {} RSS a lock",
@@ -305,71 +317,42 @@ pub(super) fn on_held(held: &[Held], f: impl Fn(&Held) -> f64) -> Vec<(f64, f64)
 
 /// The time to reach each count, the other manager's cycle, the bytes per held lock.
 pub(super) fn panels(held: &[Held]) -> [Panel; 3] {
-    let ns = |d: Duration| as_f64(nanos(d));
-    let panel = |title: &str, y_desc, y_unit, curves| Panel {
-        title: title.to_owned(),
-        x_desc: "held locks",
-        y_desc,
-        y_unit,
-        curves,
-    };
+    let on = |f: fn(&Held) -> f64| on_held(held, f);
+    let axis = |y: &'static str, unit| ("held locks", y, unit);
     [
-        panel(
+        panel_of(
             "time to hold N locks",
-            "time",
-            Unit::Nanos,
+            axis("time", Unit::Nanos),
             vec![
                 curve(
                     "library, multiplexed",
                     BLUE,
                     false,
-                    on_held(held, |h| ns(h.reach)),
+                    on(|h| as_f64(nanos(h.reach))),
                 ),
                 curve(
                     "raw pg_advisory_lock",
                     RED,
                     true,
-                    on_held(held, |h| ns(h.raw_reach)),
+                    on(|h| as_f64(nanos(h.raw_reach))),
                 ),
             ],
         ),
-        panel(
+        panel_of(
             "another session's acquire + release at N held",
-            "cycle",
-            Unit::Nanos,
+            axis("cycle", Unit::Nanos),
             vec![
-                curve(
-                    "library p99",
-                    BLUE,
-                    false,
-                    on_held(held, |h| as_f64(h.probe.1)),
-                ),
-                curve(
-                    "library p50",
-                    GREEN,
-                    false,
-                    on_held(held, |h| as_f64(h.probe.0)),
-                ),
-                curve(
-                    "raw p99",
-                    RED,
-                    true,
-                    on_held(held, |h| as_f64(h.raw_probe.1)),
-                ),
+                curve("library p99", BLUE, false, on(|h| as_f64(h.probe.1))),
+                curve("library p50", GREEN, false, on(|h| as_f64(h.probe.0))),
+                curve("raw p99", RED, true, on(|h| as_f64(h.raw_probe.1))),
             ],
         ),
-        panel(
+        panel_of(
             "client bytes per held lock",
-            "bytes",
-            Unit::Plain,
+            axis("bytes", Unit::Plain),
             vec![
-                curve("heap", BLUE, false, on_held(held, |h| h.heap_per_lock)),
-                curve(
-                    "RSS",
-                    ORANGE,
-                    false,
-                    on_held(held, |h| h.rss_per_lock.unwrap_or(0.0)),
-                ),
+                curve("heap", BLUE, false, on(|h| h.heap_per_lock)),
+                curve("RSS", ORANGE, false, on(|h| h.rss_per_lock.unwrap_or(0.0))),
             ],
         ),
     ]

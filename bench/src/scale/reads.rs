@@ -5,16 +5,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use locks_leader::LeaderElection;
-use locks_port::{AcquireOptions, PermitGuard, Semaphore};
+use locks_leader::{LeaderElection, LeaderWatch};
+use locks_port::{AcquireOptions, LeaderBoard, PermitGuard, Semaphore};
 use locks_postgres::PostgresLockManager;
 
 use serde_json::{Value, json};
 
 use super::held::{Held, on_held};
-use super::{BLUE, GREEN, ORANGE, PROBE_CYCLES, Prober, curve};
+use super::{BLUE, GREEN, ORANGE, PROBE_CYCLES, curve, cycles, panel_of, record};
 use crate::BoxError;
 use crate::chart::{Panel, Unit};
+use crate::clients::Op;
 use crate::stats::{Latencies, as_f64, fmt_ns};
 
 /// How long the cycle is measured beside each observer at its interval (and as long
@@ -33,11 +34,10 @@ pub(super) enum Read {
     Holders,
     LockTableUsage,
     WhoLeads,
-    /// One leader watch at its default interval, for [`OBSERVE_WINDOW`].
-    Watch,
-    /// The same without a board: it names the leader from `permit_holders` (`pg_locks`),
-    /// as every watch did before the board named it.
-    WatchWithoutBoard,
+    /// One leader watch at its default interval, for [`OBSERVE_WINDOW`], with a board
+    /// (`true`), or without: naming the leader from `permit_holders` (`pg_locks`), as
+    /// every watch did before the board named it.
+    Watch(bool),
     /// `lock_table_usage()` every [`GAUGE_INTERVAL`], for [`OBSERVE_WINDOW`].
     Gauge,
     /// A semaphore's acquire + release in a loop, for [`OBSERVE_WINDOW`].
@@ -49,8 +49,8 @@ impl Read {
         Self::Holders,
         Self::LockTableUsage,
         Self::WhoLeads,
-        Self::Watch,
-        Self::WatchWithoutBoard,
+        Self::Watch(true),
+        Self::Watch(false),
         Self::Gauge,
         Self::Permits,
     ];
@@ -60,8 +60,8 @@ impl Read {
             Self::Holders => "holders(key)",
             Self::LockTableUsage => "lock_table_usage()",
             Self::WhoLeads => "who_leads()",
-            Self::Watch => "watch() at its interval",
-            Self::WatchWithoutBoard => "watch() without a board",
+            Self::Watch(true) => "watch() at its interval",
+            Self::Watch(false) => "watch() without a board",
             Self::Gauge => "lock_table_usage() every 5 s",
             Self::Permits => "permit acquire + release",
         }
@@ -70,15 +70,12 @@ impl Read {
     /// Whether it runs at an interval for [`OBSERVE_WINDOW`] (compared with the cycle
     /// over the same window without it), rather than back to back.
     fn timed(self) -> bool {
-        matches!(
-            self,
-            Self::Watch | Self::WatchWithoutBoard | Self::Gauge | Self::Permits
-        )
+        self.endless() || matches!(self, Self::Permits)
     }
 
     /// Whether it runs until aborted (its own time is not counted).
     fn endless(self) -> bool {
-        matches!(self, Self::Watch | Self::WatchWithoutBoard | Self::Gauge)
+        matches!(self, Self::Watch(_) | Self::Gauge)
     }
 
     async fn once(self, observer: &PostgresLockManager) -> Result<(), BoxError> {
@@ -93,21 +90,12 @@ impl Read {
                         .await?,
                 );
             }
-            // Each runs until aborted: the leader does not change.
-            Self::Watch => {
-                let election =
-                    LeaderElection::new(observer.clone(), LEADER).board(observer.clone());
-                let mut watch = election.watch();
-                loop {
-                    watch.changed().await?;
-                }
-            }
-            Self::WatchWithoutBoard => {
+            Self::Watch(true) => {
                 let election = LeaderElection::new(observer.clone(), LEADER);
-                let mut watch = election.watch();
-                loop {
-                    watch.changed().await?;
-                }
+                watch(election.board(observer.clone()).watch()).await?;
+            }
+            Self::Watch(false) => {
+                watch(LeaderElection::new(observer.clone(), LEADER).watch()).await?
             }
             Self::Gauge => {
                 observer.lock_table_usage().await?;
@@ -122,6 +110,15 @@ impl Read {
             }
         }
         Ok(())
+    }
+}
+
+/// Follows a leader watch until aborted (the leader does not change).
+async fn watch<S: Semaphore, B: LeaderBoard>(
+    mut watch: LeaderWatch<'_, S, B>,
+) -> Result<(), BoxError> {
+    loop {
+        watch.changed().await?;
     }
 }
 
@@ -141,10 +138,10 @@ pub(super) struct ReadCost {
 /// Each read's own time and the probe's p99 while it loops.
 pub(super) async fn read_costs(
     observer: &PostgresLockManager,
-    probe: &Prober,
+    probe: &Op,
 ) -> Result<Vec<ReadCost>, BoxError> {
     let mut costs = Vec::new();
-    let quiet = probe.cycles_until(PROBE_CYCLES, OBSERVE_WINDOW).await?;
+    let quiet = cycles(probe, PROBE_CYCLES, OBSERVE_WINDOW).await?;
     for read in Read::ALL {
         let cost = if read.timed() {
             observed(read, observer, probe).await?
@@ -180,14 +177,14 @@ pub(super) async fn read_costs(
 async fn observed(
     read: Read,
     observer: &PostgresLockManager,
-    probe: &Prober,
+    probe: &Op,
 ) -> Result<ReadCost, BoxError> {
     let window = OBSERVE_WINDOW / ROUNDS;
     let cycles = PROBE_CYCLES.div_ceil(ROUNDS as usize);
     let (mut with, mut without, mut own, mut calls) =
         (Latencies::new(), Latencies::new(), Latencies::new(), 0);
     for _ in 0..ROUNDS {
-        probe.record_until(&mut without, cycles, window).await?;
+        record(probe, &mut without, cycles, window).await?;
         let (during, its, n) = beside(read, observer, probe, window).await?;
         with.merge(&during);
         own.merge(&its);
@@ -207,7 +204,7 @@ async fn observed(
 async fn beside(
     read: Read,
     observer: &PostgresLockManager,
-    probe: &Prober,
+    probe: &Op,
     window: Duration,
 ) -> Result<(Latencies, Latencies, usize), BoxError> {
     let stop = Arc::new(AtomicBool::new(false));
@@ -231,7 +228,7 @@ async fn beside(
     } else {
         PROBE_CYCLES
     };
-    probe.record_until(&mut during, cycles, window).await?;
+    record(probe, &mut during, cycles, window).await?;
     stop.store(true, Ordering::Relaxed);
     let (own, calls) = if read.endless() {
         looping.abort();
@@ -287,10 +284,7 @@ pub(super) fn json(h: &Held) -> Vec<Value> {
 pub(super) fn panels(held: &[Held]) -> [Panel; 2] {
     let colors = [BLUE, ORANGE, GREEN];
     let curves = |label: &dyn Fn(Read) -> String, y: &dyn Fn(&Held, &ReadCost) -> f64| {
-        let looped = Read::ALL
-            .iter()
-            .enumerate()
-            .filter(|(_, read)| !read.timed());
+        let looped = Read::ALL.iter().enumerate().filter(|(_, r)| !r.timed());
         looped
             .zip(colors)
             .map(|((index, read), color)| {
@@ -299,20 +293,17 @@ pub(super) fn panels(held: &[Held]) -> [Panel; 2] {
             })
             .collect()
     };
+    let axes = |y: &'static str, unit| ("held locks", y, unit);
     [
-        Panel {
-            title: "one observation read's own time".to_owned(),
-            x_desc: "held locks",
-            y_desc: "time",
-            y_unit: Unit::Nanos,
-            curves: curves(&|read| read.name().to_owned(), &|_, r| as_f64(r.own)),
-        },
-        Panel {
-            title: "cycle p99 while a read loops ÷ without".to_owned(),
-            x_desc: "held locks",
-            y_desc: "ratio",
-            y_unit: Unit::Plain,
-            curves: curves(&|read| format!("while {} loops", read.name()), &slowdown),
-        },
+        panel_of(
+            "one observation read's own time",
+            axes("time", Unit::Nanos),
+            curves(&|read| read.name().to_owned(), &|_, r| as_f64(r.own)),
+        ),
+        panel_of(
+            "cycle p99 while a read loops ÷ without",
+            axes("ratio", Unit::Plain),
+            curves(&|read| format!("while {} loops", read.name()), &slowdown),
+        ),
     ]
 }
