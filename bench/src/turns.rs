@@ -172,7 +172,7 @@ async fn takers(
 pub(crate) struct Turns {
     contender: Contender,
     tasks: usize,
-    recorder: Arc<Recorder>,
+    state: Arc<Mutex<State>>,
     /// The turns of each task, a window each.
     pub(crate) windows: Vec<Vec<u64>>,
     /// The windows' length, summed.
@@ -184,7 +184,7 @@ impl Turns {
         Self {
             contender,
             tasks,
-            recorder: Arc::new(Recorder::new(tasks, contender.capacity())),
+            state: Arc::new(Mutex::new(State::new(tasks, contender.capacity()))),
             windows: Vec::new(),
             measured: Duration::ZERO,
         }
@@ -207,27 +207,28 @@ impl Turns {
         let end = Instant::now() + length;
         let mut running = tokio::task::JoinSet::new();
         for (task, taker) in takers.into_iter().enumerate() {
-            let (recorder, key) = (Arc::clone(&self.recorder), Arc::clone(&key));
+            let (state, key) = (Arc::clone(&self.state), Arc::clone(&key));
             running.spawn(async move {
+                let record = |f: &dyn Fn(&mut State)| f(&mut lock(&state));
                 let mut turn = 0;
                 while Instant::now() < end {
                     let called = Instant::now();
-                    recorder.begin_wait(task, called);
+                    record(&|s| s.begin_wait(task, called));
                     let Ok(taken) = tokio::time::timeout_at(end.into(), taker.take(&key, id)).await
                     else {
                         // The window is over; dropping the wait cancels it.
-                        recorder.gave_up(task, Instant::now(), true);
+                        record(&|s| s.gave_up(task, Instant::now(), true));
                         break;
                     };
                     let taken = taken?;
                     if matches!(taken, Taken::TimedOut) {
-                        recorder.gave_up(task, Instant::now(), false);
+                        record(&|s| s.gave_up(task, Instant::now(), false));
                         continue;
                     }
-                    recorder.acquired(task, called, Instant::now());
+                    record(&|s| s.acquired(task, called, Instant::now()));
                     tokio::time::sleep(hold(task, turn)).await;
                     turn += 1;
-                    recorder.releasing(task, Instant::now());
+                    record(&|s| s.releasing(task, Instant::now()));
                     taker.give_back(taken, id).await?;
                 }
                 Ok::<_, BoxError>(())
@@ -236,7 +237,7 @@ impl Turns {
         while let Some(joined) = running.join_next().await {
             joined??;
         }
-        self.windows.push(self.recorder.finish_window());
+        self.windows.push(lock(&self.state).finish_window());
         self.measured += length;
         Ok(())
     }
@@ -247,8 +248,12 @@ impl Turns {
 
     /// What the windows recorded (taken: a second call finds it empty).
     pub(crate) fn take(&self) -> State {
-        self.recorder.with(std::mem::take)
+        std::mem::take(&mut lock(&self.state))
     }
+}
+
+fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// What happened during the windows of one [`Turns`].
@@ -281,6 +286,15 @@ pub(crate) struct State {
 }
 
 impl State {
+    fn new(tasks: usize, capacity: usize) -> Self {
+        Self {
+            capacity,
+            turns: vec![0; tasks],
+            waiting_since: vec![None; tasks],
+            ..Self::default()
+        }
+    }
+
     /// Adds the idle capacity since the last event, up to `now`; the next event's number.
     fn advance(&mut self, now: Instant) -> u64 {
         if let Some(last) = self.last {
@@ -300,96 +314,68 @@ impl State {
             self.open.retain_mut(|open| open.1 < since || f(open));
         }
     }
-}
 
-/// The events of the tasks of one [`Turns`], timed on one clock.
-#[derive(Debug)]
-struct Recorder(Mutex<State>);
-
-impl Recorder {
-    fn new(tasks: usize, capacity: usize) -> Self {
-        Self(Mutex::new(State {
-            capacity,
-            turns: vec![0; tasks],
-            waiting_since: vec![None; tasks],
-            ..State::default()
-        }))
+    fn begin_wait(&mut self, task: usize, at: Instant) {
+        self.waiting_since[task] = Some(self.advance(at));
+        self.waiting += 1;
     }
 
-    fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
-        f(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-
-    fn begin_wait(&self, task: usize, at: Instant) {
-        self.with(|s| {
-            s.waiting_since[task] = Some(s.advance(at));
-            s.waiting += 1;
+    fn acquired(&mut self, task: usize, called: Instant, at: Instant) {
+        self.advance(at);
+        let mut served = Vec::new();
+        self.end_wait(task, |&mut (released, ..)| {
+            served.push(nanos(at.saturating_duration_since(released)));
+            false
         });
-    }
-
-    fn acquired(&self, task: usize, called: Instant, at: Instant) {
-        self.with(|s| {
-            s.advance(at);
-            let mut served = Vec::new();
-            s.end_wait(task, |&mut (released, ..)| {
-                served.push(nanos(at.saturating_duration_since(released)));
-                false
-            });
-            s.waiter_gaps.extend(served);
-            s.inside += 1;
-            s.most_inside = s.most_inside.max(s.inside);
-            s.turns[task] += 1;
-            s.waits.push(nanos(at - called));
-            if let Some((released, releaser)) = s.released.pop_front() {
-                s.gaps.push(nanos(at.saturating_duration_since(released)));
-                s.retaken += u64::from(releaser == task);
-            }
-        });
+        self.waiter_gaps.extend(served);
+        self.inside += 1;
+        self.most_inside = self.most_inside.max(self.inside);
+        self.turns[task] += 1;
+        self.waits.push(nanos(at - called));
+        if let Some((released, releaser)) = self.released.pop_front() {
+            self.gaps
+                .push(nanos(at.saturating_duration_since(released)));
+            self.retaken += u64::from(releaser == task);
+        }
     }
 
     /// Call just before the release is issued.
-    fn releasing(&self, task: usize, at: Instant) {
-        self.with(|s| {
-            let event = s.advance(at);
-            s.inside -= 1;
-            s.released.push_back((at, task));
-            if s.waiting > 0 {
-                s.open.push((at, event, s.waiting));
-            }
-        });
+    fn releasing(&mut self, task: usize, at: Instant) {
+        let event = self.advance(at);
+        self.inside -= 1;
+        self.released.push_back((at, task));
+        if self.waiting > 0 {
+            self.open.push((at, event, self.waiting));
+        }
     }
 
     /// `task` stopped waiting without the lock: its acquire timed out, or the window
     /// ended (`at_end`).
-    fn gave_up(&self, task: usize, at: Instant, at_end: bool) {
-        self.with(|s| {
-            s.advance(at);
-            s.timeouts += u64::from(!at_end);
-            let mut emptied = 0;
-            s.end_wait(task, |(_, _, waiters)| {
-                *waiters -= 1;
-                emptied += u64::from(*waiters == 0);
-                *waiters > 0
-            });
-            *(if at_end {
-                &mut s.unserved_at_end
-            } else {
-                &mut s.abandoned
-            }) += emptied;
+    fn gave_up(&mut self, task: usize, at: Instant, at_end: bool) {
+        self.advance(at);
+        self.timeouts += u64::from(!at_end);
+        let mut emptied = 0;
+        self.end_wait(task, |(_, _, waiters)| {
+            *waiters -= 1;
+            emptied += u64::from(*waiters == 0);
+            *waiters > 0
         });
+        *(if at_end {
+            &mut self.unserved_at_end
+        } else {
+            &mut self.abandoned
+        }) += emptied;
     }
 
     /// Ends a window: what is still open was not served within it. The turns of each task.
-    fn finish_window(&self) -> Vec<u64> {
-        self.with(|s| {
-            s.unserved_at_end += u64::try_from(s.open.len()).unwrap_or(u64::MAX);
-            s.open.clear();
-            s.released.clear();
-            s.waiting_since.fill(None);
-            (s.waiting, s.inside, s.last) = (0, 0, None);
-            let tasks = s.turns.len();
-            std::mem::replace(&mut s.turns, vec![0; tasks])
-        })
+    fn finish_window(&mut self) -> Vec<u64> {
+        self.unserved_at_end += u64::try_from(self.open.len()).unwrap_or(u64::MAX);
+        self.open.clear();
+        self.released.clear();
+        self.waiting_since.fill(None);
+        (self.waiting, self.inside, self.last) = (0, 0, None);
+        let tasks = self.turns.len();
+        std::mem::replace(&mut self.turns, vec![0; tasks])
     }
 }
 
@@ -399,21 +385,20 @@ mod tests {
 
     #[test]
     fn a_waiter_gap_closes_only_when_a_waiter_gets_the_lock() {
-        let recorder = Recorder::new(3, 1);
+        let mut state = State::new(3, 1);
         let t0 = Instant::now();
         let ms = |n| t0 + Duration::from_millis(n);
         // Task 0 holds; 1 waits; 0 releases at 10 ms and takes it back at 11 ms.
-        recorder.begin_wait(0, t0);
-        recorder.acquired(0, t0, ms(1));
-        recorder.begin_wait(1, ms(5));
-        recorder.releasing(0, ms(10));
-        recorder.begin_wait(0, ms(10));
-        recorder.acquired(0, ms(10), ms(11));
+        state.begin_wait(0, t0);
+        state.acquired(0, t0, ms(1));
+        state.begin_wait(1, ms(5));
+        state.releasing(0, ms(10));
+        state.begin_wait(0, ms(10));
+        state.acquired(0, ms(10), ms(11));
         // 0 releases again at 20 ms; 1 gets it at 22 ms.
-        recorder.releasing(0, ms(20));
-        recorder.acquired(1, ms(5), ms(22));
-        assert_eq!(recorder.finish_window(), vec![2, 1, 0]);
-        let state = recorder.with(std::mem::take);
+        state.releasing(0, ms(20));
+        state.acquired(1, ms(5), ms(22));
+        assert_eq!(state.finish_window(), vec![2, 1, 0]);
         assert_eq!(state.gaps, vec![1_000_000, 2_000_000]);
         assert_eq!(state.retaken, 1);
         // Both releases had task 1 waiting: passed over for 12 ms, then 2 ms.
@@ -424,18 +409,17 @@ mod tests {
 
     #[test]
     fn a_semaphore_matches_releases_and_grants_in_order() {
-        let recorder = Recorder::new(3, 2);
+        let mut state = State::new(3, 2);
         let t0 = Instant::now();
         let ms = |n| t0 + Duration::from_millis(n);
-        recorder.acquired(0, t0, t0);
-        recorder.acquired(1, t0, t0);
-        recorder.begin_wait(2, t0);
-        recorder.releasing(0, ms(10));
-        recorder.releasing(1, ms(11));
-        recorder.acquired(2, t0, ms(13));
-        recorder.begin_wait(0, ms(13));
-        recorder.acquired(0, ms(13), ms(14));
-        let state = recorder.with(std::mem::take);
+        state.acquired(0, t0, t0);
+        state.acquired(1, t0, t0);
+        state.begin_wait(2, t0);
+        state.releasing(0, ms(10));
+        state.releasing(1, ms(11));
+        state.acquired(2, t0, ms(13));
+        state.begin_wait(0, ms(13));
+        state.acquired(0, ms(13), ms(14));
         assert_eq!(state.gaps, vec![3_000_000, 3_000_000]);
         assert_eq!((state.most_inside, state.inside), (2, 2));
         // One permit free while 2 waited (10–13 ms), then one while 0 waited (13–14).
@@ -444,18 +428,17 @@ mod tests {
 
     #[test]
     fn releases_whose_waiters_all_gave_up_are_counted_apart() {
-        let recorder = Recorder::new(3, 1);
+        let mut state = State::new(3, 1);
         let t0 = Instant::now();
         let ms = |n| t0 + Duration::from_millis(n);
-        recorder.acquired(0, t0, t0);
-        recorder.begin_wait(1, t0);
-        recorder.begin_wait(2, t0);
-        recorder.releasing(0, ms(3));
-        recorder.gave_up(1, ms(4), false);
+        state.acquired(0, t0, t0);
+        state.begin_wait(1, t0);
+        state.begin_wait(2, t0);
+        state.releasing(0, ms(3));
+        state.gave_up(1, ms(4), false);
         // Task 2 still waits: the release stays open until it too gives up.
-        assert_eq!(recorder.with(|s| (s.abandoned, s.open.len())), (0, 1));
-        recorder.gave_up(2, ms(5), false);
-        let state = recorder.with(std::mem::take);
+        assert_eq!((state.abandoned, state.open.len()), (0, 1));
+        state.gave_up(2, ms(5), false);
         assert_eq!((state.abandoned, state.timeouts), (1, 2));
         assert!(state.waiter_gaps.is_empty());
     }

@@ -187,11 +187,11 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
          connection's) acquire + release of one key, {PROBE_CYCLES} at each count. \
          Bytes and CPU a lock: the process's heap (counting allocator) and RSS growth \
          since the warmed, empty manager, and CPU a second at rest minus that with \
-         nothing held. Reads: each one's p50 while it runs in a loop, and the cycle p99 \
-         meanwhile ÷ the p99 without it; a leader holds the election `who_leads` reads \
-         (with a board). Observers at an interval (a leader watch, the gauge every {} s, \
-         a semaphore of 2 acquired and released in a loop): the cycle p99 over {} s \
-         beside it ÷ over {} s without, in {} alternating windows a side, pooled.",
+         nothing held. Reads (a leader holds the election `who_leads` reads, with a \
+         board; observers at an interval: a leader watch, the gauge every {} s, a \
+         semaphore of 2 acquired and released in a loop): each one's own p50 while it \
+         loops, and the cycle p99 over {} s beside it ÷ over {} s without, in {} \
+         alternating windows a side, pooled.",
         reads::GAUGE_INTERVAL.as_secs(),
         reads::OBSERVE_WINDOW.as_secs(),
         reads::OBSERVE_WINDOW.as_secs(),

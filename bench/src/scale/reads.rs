@@ -12,7 +12,7 @@ use locks_postgres::PostgresLockManager;
 use serde_json::{Value, json};
 
 use super::held::{Held, on_held};
-use super::{BLUE, GREEN, ORANGE, PROBE_CYCLES, curve, cycles, panel_of, record};
+use super::{BLUE, GREEN, ORANGE, PROBE_CYCLES, curve, panel_of, record};
 use crate::BoxError;
 use crate::chart::{Panel, Unit};
 use crate::clients::Op;
@@ -65,12 +65,6 @@ impl Read {
             Self::Gauge => "lock_table_usage() every 5 s",
             Self::Permits => "permit acquire + release",
         }
-    }
-
-    /// Whether it runs at an interval for [`OBSERVE_WINDOW`] (compared with the cycle
-    /// over the same window without it), rather than back to back.
-    fn timed(self) -> bool {
-        self.endless() || matches!(self, Self::Permits)
     }
 
     /// Whether it runs until aborted (its own time is not counted).
@@ -129,114 +123,73 @@ pub(super) struct ReadCost {
     /// The read's own time, p50 of its calls while it looped.
     pub(super) own: u64,
     pub(super) calls: usize,
-    /// The probe's cycle p99 while it looped.
+    /// The probe's cycle p99 while it looped, and over as long without it.
     pub(super) probe_p99: u64,
-    /// For an observer at its interval: the cycle p99 over the same window without it.
-    pub(super) quiet_p99: Option<u64>,
+    pub(super) quiet_p99: u64,
 }
 
-/// Each read's own time and the probe's p99 while it loops.
+/// Each read's own time and the cycle p99 beside it ÷ without: [`ROUNDS`] windows of
+/// the cycle without the read and as many beside it looping, alternating, each side's
+/// cycles pooled, so that the machine's load drifting over [`OBSERVE_WINDOW`] weighs on
+/// both sides alike.
 pub(super) async fn read_costs(
     observer: &PostgresLockManager,
     probe: &Op,
 ) -> Result<Vec<ReadCost>, BoxError> {
+    let (window, cycles) = (
+        OBSERVE_WINDOW / ROUNDS,
+        PROBE_CYCLES.div_ceil(ROUNDS as usize),
+    );
     let mut costs = Vec::new();
-    let quiet = cycles(probe, PROBE_CYCLES, OBSERVE_WINDOW).await?;
     for read in Read::ALL {
-        let cost = if read.timed() {
-            observed(read, observer, probe).await?
-        } else {
-            let (during, own, calls) = beside(read, observer, probe, Duration::ZERO).await?;
-            ReadCost {
-                read,
-                own: own.p50(),
-                calls,
-                probe_p99: during.p99(),
-                quiet_p99: None,
+        let (mut with, mut without) = (Latencies::new(), Latencies::new());
+        let (mut own, mut calls) = (Latencies::new(), 0);
+        for _ in 0..ROUNDS {
+            record(probe, &mut without, cycles, window).await?;
+            let stop = Arc::new(AtomicBool::new(false));
+            let looping = {
+                let (observer, stop) = (observer.clone(), Arc::clone(&stop));
+                tokio::spawn(async move {
+                    let (mut own, mut calls) = (Latencies::new(), 0);
+                    while calls == 0 || !stop.load(Ordering::Relaxed) {
+                        let started = Instant::now();
+                        read.once(&observer).await?;
+                        own.record(started.elapsed());
+                        calls += 1;
+                    }
+                    Ok::<_, BoxError>((own, calls))
+                })
+            };
+            record(probe, &mut with, cycles, window).await?;
+            stop.store(true, Ordering::Relaxed);
+            if read.endless() {
+                looping.abort();
+            } else {
+                let (its, n) = looping.await??;
+                own.merge(&its);
+                calls += n;
             }
+        }
+        let (probe_p99, quiet_p99) = (with.p99(), without.p99());
+        let cost = ReadCost {
+            read,
+            own: own.p50(),
+            calls,
+            probe_p99,
+            quiet_p99,
         };
         // Said as measured: a later curve that stalls does not lose it.
-        let without = cost.quiet_p99.unwrap_or(quiet.1);
         eprintln!(
-            "lock-bench: scale: {}: own p50 {} ({} calls); cycle p99 {} (×{:.2} of {})",
+            "lock-bench: scale: {}: own p50 {} ({calls} calls); cycle p99 {} (×{:.2} of {})",
             read.name(),
             fmt_ns(cost.own),
-            cost.calls,
-            fmt_ns(cost.probe_p99),
-            as_f64(cost.probe_p99) / as_f64(without.max(1)),
-            fmt_ns(without),
+            fmt_ns(probe_p99),
+            slowdown(&cost),
+            fmt_ns(quiet_p99),
         );
         costs.push(cost);
     }
     Ok(costs)
-}
-
-/// An observer at its interval: [`ROUNDS`] windows of the cycle without it and as many
-/// beside it, alternating, each side's cycles pooled, so that the machine's load
-/// drifting over [`OBSERVE_WINDOW`] weighs on both sides alike.
-async fn observed(
-    read: Read,
-    observer: &PostgresLockManager,
-    probe: &Op,
-) -> Result<ReadCost, BoxError> {
-    let window = OBSERVE_WINDOW / ROUNDS;
-    let cycles = PROBE_CYCLES.div_ceil(ROUNDS as usize);
-    let (mut with, mut without, mut own, mut calls) =
-        (Latencies::new(), Latencies::new(), Latencies::new(), 0);
-    for _ in 0..ROUNDS {
-        record(probe, &mut without, cycles, window).await?;
-        let (during, its, n) = beside(read, observer, probe, window).await?;
-        with.merge(&during);
-        own.merge(&its);
-        calls += n;
-    }
-    Ok(ReadCost {
-        read,
-        own: own.p50(),
-        calls,
-        probe_p99: with.p99(),
-        quiet_p99: Some(without.p99()),
-    })
-}
-
-/// The probe's cycles (at least [`PROBE_CYCLES`], for at least `window`) while `read`
-/// runs in a loop, and the read's own times and calls (none for an endless one).
-async fn beside(
-    read: Read,
-    observer: &PostgresLockManager,
-    probe: &Op,
-    window: Duration,
-) -> Result<(Latencies, Latencies, usize), BoxError> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let looping = {
-        let (observer, stop) = (observer.clone(), Arc::clone(&stop));
-        tokio::spawn(async move {
-            let mut own = Latencies::new();
-            let mut calls = 0;
-            while calls < 3 || !stop.load(Ordering::Relaxed) {
-                let started = Instant::now();
-                read.once(&observer).await?;
-                own.record(started.elapsed());
-                calls += 1;
-            }
-            Ok::<_, BoxError>((own, calls))
-        })
-    };
-    let mut during = Latencies::new();
-    let cycles = if read.timed() {
-        PROBE_CYCLES.div_ceil(ROUNDS as usize)
-    } else {
-        PROBE_CYCLES
-    };
-    record(probe, &mut during, cycles, window).await?;
-    stop.store(true, Ordering::Relaxed);
-    let (own, calls) = if read.endless() {
-        looping.abort();
-        (Latencies::new(), 0)
-    } else {
-        looping.await??
-    };
-    Ok((during, own, calls))
 }
 
 /// The reads' cell of a held-lock row: each one's own time, and the cycle p99 while it
@@ -250,17 +203,16 @@ pub(super) fn cell(h: &Held) -> String {
                 "{} {} (p99 ×{:.2})",
                 r.read.name(),
                 fmt_ns(r.own),
-                slowdown(h, r)
+                slowdown(r)
             )
         })
         .collect();
     reads.join("; ")
 }
 
-/// The cycle p99 beside the read ÷ without it: over the same window for an observer at
-/// its interval, else the count's own cycle p99.
-fn slowdown(h: &Held, r: &ReadCost) -> f64 {
-    as_f64(r.probe_p99) / as_f64(r.quiet_p99.unwrap_or(h.probe.1).max(1))
+/// The cycle p99 beside the read ÷ without it.
+fn slowdown(r: &ReadCost) -> f64 {
+    as_f64(r.probe_p99) / as_f64(r.quiet_p99.max(1))
 }
 
 pub(super) fn json(h: &Held) -> Vec<Value> {
@@ -273,7 +225,7 @@ pub(super) fn json(h: &Held) -> Vec<Value> {
                 "calls": r.calls,
                 "cycle_p99_ns_while_looping": r.probe_p99,
                 "cycle_p99_ns_same_window_without": r.quiet_p99,
-                "ratio_to_cycle_p99": slowdown(h, r),
+                "ratio_to_cycle_p99": slowdown(r),
             })
         })
         .collect()
@@ -283,12 +235,12 @@ pub(super) fn json(h: &Held) -> Vec<Value> {
 /// loop back to back (the observers at an interval are in the table and the JSON).
 pub(super) fn panels(held: &[Held]) -> [Panel; 2] {
     let colors = [BLUE, ORANGE, GREEN];
-    let curves = |label: &dyn Fn(Read) -> String, y: &dyn Fn(&Held, &ReadCost) -> f64| {
-        let looped = Read::ALL.iter().enumerate().filter(|(_, r)| !r.timed());
-        looped
+    let curves = |label: &dyn Fn(Read) -> String, y: &dyn Fn(&ReadCost) -> f64| {
+        // The reads that loop back to back: the first three.
+        (Read::ALL.iter().enumerate())
             .zip(colors)
             .map(|((index, read), color)| {
-                let points = on_held(held, |h| y(h, &h.reads[index]));
+                let points = on_held(held, |h| y(&h.reads[index]));
                 curve(&label(*read), color, false, points)
             })
             .collect()
@@ -298,7 +250,7 @@ pub(super) fn panels(held: &[Held]) -> [Panel; 2] {
         panel_of(
             "one observation read's own time",
             axes("time", Unit::Nanos),
-            curves(&|read| read.name().to_owned(), &|_, r| as_f64(r.own)),
+            curves(&|read| read.name().to_owned(), &|r| as_f64(r.own)),
         ),
         panel_of(
             "cycle p99 while a read loops ÷ without",
