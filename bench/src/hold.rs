@@ -17,7 +17,7 @@ use crate::db::{Database, granted_advisory_locks};
 use crate::harness::{self, Outcome, cells};
 use crate::stats::{Latencies, allocated_bytes, as_f64, fmt_bytes, fmt_ns, fmt_ratio};
 use crate::stats::{median, nanos, ratio};
-use crate::turns::open_pool;
+use crate::turns::{OPENING, each, open_pool};
 use crate::{BoxError, Plan};
 
 /// "A small client-side footprint": the manager's own bookkeeping per held lock, on top
@@ -153,16 +153,14 @@ async fn raw_round(
 ) -> Result<Value, BoxError> {
     let ids = (0..count).map(|n| lock_id(&format!("bench:hold-raw:{round}:{n}")));
     let empty = allocated_bytes();
-    let mut opening = tokio::task::JoinSet::new();
-    for _ in 0..count {
-        let db = db.clone();
-        opening.spawn(async move { db.connect(RAW_APP).await });
-    }
-    let mut clients = Vec::with_capacity(count);
-    while let Some(joined) = opening.join_next().await {
-        clients.push(joined??);
-    }
-    let connection = heap_per(empty, count);
+    let opener = db.clone();
+    let connect = move |_| {
+        let db = opener.clone();
+        async move { db.connect(RAW_APP).await }
+    };
+    let clients = each(0..count, OPENING, connect).await?;
+    // Less the vector that holds them (made after the count began, unlike the pool's).
+    let connection = heap_per(empty, count) - as_f64(std::mem::size_of::<Client>() as u64);
     let connected = allocated_bytes();
     let statements = |word: &'static str| {
         (ids.clone()).map(move |id| format!("SELECT pg_advisory_{word}({id})"))

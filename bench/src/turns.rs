@@ -19,6 +19,8 @@
 //!   time) over N × the windows' length.
 
 use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -130,18 +132,16 @@ async fn takers(
     app: &'static str,
     bounded: bool,
 ) -> Result<Vec<Taker>, BoxError> {
-    let at_once = Arc::new(tokio::sync::Semaphore::new(OPENING));
-    let mut opening = tokio::task::JoinSet::new();
-    for _ in 0..tasks {
-        let (db, at_once) = (db.clone(), Arc::clone(&at_once));
-        opening.spawn(async move {
-            let _turn = at_once.acquire().await?;
+    let db = db.clone();
+    each(0..tasks, OPENING, move |_| {
+        let db = db.clone();
+        async move {
             if contender == Contender::Raw {
                 let raw = Raw::connect(&db, app, false).await?;
                 if bounded {
                     raw.client.simple_query("SET lock_timeout = '5s'").await?;
                 }
-                return Ok::<_, BoxError>(Taker::Raw(raw));
+                return Ok(Taker::Raw(raw));
             }
             let pool = open_pool(&db, 1, app).await?;
             let strategy = if contender == Contender::Poll {
@@ -153,18 +153,46 @@ async fn takers(
             if bounded {
                 options = options.with_timeout(BOUNDED);
             }
-            Ok(Taker::Library(
-                PostgresLockManager::new(pool),
-                contender,
-                options,
-            ))
+            let manager = PostgresLockManager::new(pool);
+            Ok(Taker::Library(manager, contender, options))
+        }
+    })
+    .await
+}
+
+/// `f(n)` for each `n` of `range`, `at_once` calls at a time (workers taking the next
+/// `n` in turn, so a range of a million spawns `at_once` tasks): their answers, in the
+/// order they came.
+pub(crate) async fn each<T, F, Fut>(
+    range: Range<usize>,
+    at_once: usize,
+    f: F,
+) -> Result<Vec<T>, BoxError>
+where
+    T: Send + 'static,
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<T, BoxError>> + Send,
+{
+    let next = Arc::new(AtomicUsize::new(range.start));
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..at_once {
+        let (f, next, end) = (f.clone(), Arc::clone(&next), range.end);
+        workers.spawn(async move {
+            let mut answers = Vec::new();
+            loop {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                if n >= end {
+                    return Ok::<_, BoxError>(answers);
+                }
+                answers.push(f(n).await?);
+            }
         });
     }
-    let mut takers = Vec::with_capacity(tasks);
-    while let Some(joined) = opening.join_next().await {
-        takers.push(joined??);
+    let mut answers = Vec::with_capacity(range.len());
+    while let Some(joined) = workers.join_next().await {
+        answers.extend(joined??);
     }
-    Ok(takers)
+    Ok(answers)
 }
 
 /// What the windows of one contender and task count measured.

@@ -5,7 +5,6 @@
 //! same counts.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use locks_leader::LeaderElection;
@@ -23,7 +22,7 @@ use crate::clients::Op;
 use crate::db::{Database, Raw};
 use crate::harness::cells;
 use crate::stats::{allocated_bytes, as_f64, fmt_bytes, fmt_ns, nanos, rss_bytes};
-use crate::turns::open_pool;
+use crate::turns::{each, open_pool};
 use crate::{BoxError, Plan};
 
 /// An acquisition of the holding manager that takes longer has stalled: the curve stops
@@ -78,32 +77,6 @@ async fn cpu_at_rest(window: Duration) -> f64 {
     as_f64(nanos(cpu_time().saturating_sub(cpu))) / wall.elapsed().as_secs_f64()
 }
 
-/// Calls `take(n)` for each `n` of `from..to`, [`IN_FLIGHT`] calls at once.
-async fn take_all<F, Fut>(from: usize, to: usize, take: F) -> Result<(), BoxError>
-where
-    F: Fn(usize) -> Fut + Clone + Send + 'static,
-    Fut: Future<Output = Result<(), BoxError>> + Send,
-{
-    let next = Arc::new(AtomicUsize::new(from));
-    let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..IN_FLIGHT {
-        let (take, next) = (take.clone(), Arc::clone(&next));
-        workers.spawn(async move {
-            loop {
-                let n = next.fetch_add(1, Ordering::Relaxed);
-                if n >= to {
-                    return Ok::<_, BoxError>(());
-                }
-                take(n).await?;
-            }
-        });
-    }
-    while let Some(joined) = workers.join_next().await {
-        joined??;
-    }
-    Ok(())
-}
-
 /// Takes keys `from..to` with [`IN_FLIGHT`] acquisitions at once, keeping them.
 async fn grow(
     manager: &PostgresLockManager,
@@ -112,7 +85,7 @@ async fn grow(
     to: usize,
 ) -> Result<(), BoxError> {
     let manager = manager.clone();
-    take_all(from, to, move |n| {
+    each(from..to, IN_FLIGHT, move |n| {
         let manager = manager.clone();
         async move {
             let key = format!("bench:scale:{run}:{n}");
@@ -125,13 +98,14 @@ async fn grow(
         }
     })
     .await
+    .map(drop)
 }
 
 /// The raw side of [`grow`]: `pg_advisory_lock` of ids `from..to` over `clients`, each
 /// client pipelining its share, [`IN_FLIGHT`] at once in all.
 async fn raw_grow(clients: &Arc<Vec<Raw>>, from: usize, to: usize) -> Result<(), BoxError> {
     let clients = Arc::clone(clients);
-    take_all(from, to, move |n| {
+    each(from..to, IN_FLIGHT, move |n| {
         let clients = Arc::clone(&clients);
         async move {
             let id = i64::try_from(n)? + 1_000_000_000;
@@ -139,6 +113,7 @@ async fn raw_grow(clients: &Arc<Vec<Raw>>, from: usize, to: usize) -> Result<(),
         }
     })
     .await
+    .map(drop)
 }
 
 /// The held-lock curve: the library grows to each count (measured there), releases all,
