@@ -4,7 +4,7 @@
 //! of its own, as a separate process would: a manager and pool of one connection, or a
 //! raw connection; it loops acquire / hold / release until the window ends.
 //!
-//! The [`Recorder`] keeps every task's acquisitions, releases and give-ups on one
+//! Their [`State`] keeps every task's acquisitions, releases and give-ups on one
 //! monotonic clock shared by the tasks:
 //! - **gap**: from just before a holder calls release to the return of the next
 //!   acquisition by anyone (the releaser included), releases and acquisitions matched in
