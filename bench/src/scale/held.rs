@@ -77,39 +77,31 @@ async fn cpu_at_rest(window: Duration) -> f64 {
     as_f64(nanos(cpu_time().saturating_sub(cpu))) / wall.elapsed().as_secs_f64()
 }
 
-/// Takes keys `from..to` with [`IN_FLIGHT`] acquisitions at once, keeping them.
+/// Takes keys `from..to`, [`IN_FLIGHT`] at once, keeping them: with the holding
+/// manager (each acquisition given [`STALL`]), or raw `pg_advisory_lock` over `clients`,
+/// each client pipelining its share.
 async fn grow(
-    manager: &PostgresLockManager,
+    holder: Result<PostgresLockManager, Arc<Vec<Raw>>>,
     run: u32,
-    from: usize,
-    to: usize,
+    (from, to): (usize, usize),
 ) -> Result<(), BoxError> {
-    let manager = manager.clone();
+    let stalled = || format!("an acquisition waited over {} s", STALL.as_secs());
     each(from..to, IN_FLIGHT, move |n| {
-        let manager = manager.clone();
+        let holder = holder.clone();
         async move {
-            let key = format!("bench:scale:{run}:{n}");
-            let acquiring = manager.acquire(&key, AcquireOptions::new());
-            let guard = tokio::time::timeout(STALL, acquiring)
-                .await
-                .map_err(|_| format!("an acquisition waited over {} s", STALL.as_secs()))??;
-            drop(guard.into_held());
+            match holder {
+                Ok(manager) => {
+                    let key = format!("bench:scale:{run}:{n}");
+                    let acquiring = manager.acquire(&key, AcquireOptions::new());
+                    let guard = tokio::time::timeout(STALL, acquiring).await;
+                    drop(guard.map_err(|_| stalled())??.into_held());
+                }
+                Err(clients) => {
+                    let id = i64::try_from(n)? + 1_000_000_000;
+                    clients[n % clients.len()].lock(id).await?;
+                }
+            }
             Ok(())
-        }
-    })
-    .await
-    .map(drop)
-}
-
-/// The raw side of [`grow`]: `pg_advisory_lock` of ids `from..to` over `clients`, each
-/// client pipelining its share, [`IN_FLIGHT`] at once in all.
-async fn raw_grow(clients: &Arc<Vec<Raw>>, from: usize, to: usize) -> Result<(), BoxError> {
-    let clients = Arc::clone(clients);
-    each(from..to, IN_FLIGHT, move |n| {
-        let clients = Arc::clone(&clients);
-        async move {
-            let id = i64::try_from(n)? + 1_000_000_000;
-            Ok(clients[n % clients.len()].lock(id).await?)
         }
     })
     .await
@@ -170,7 +162,7 @@ pub(super) async fn measure(
     let mut stall = None;
     for &count in &counts {
         let growing = Instant::now();
-        let grown = grow(&holder, run, from, count).await;
+        let grown = grow(Ok(holder.clone()), run, (from, count)).await;
         reach += growing.elapsed();
         if let Err(error) = grown {
             let message = format!(
@@ -234,7 +226,7 @@ pub(super) async fn measure(
     let started = Instant::now();
     let mut from = 0;
     for point in &mut points {
-        raw_grow(&clients, from, point.count).await?;
+        grow(Err(Arc::clone(&clients)), run, (from, point.count)).await?;
         point.raw_reach = started.elapsed();
         from = point.count;
     }
