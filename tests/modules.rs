@@ -82,7 +82,7 @@ const POSTGRES: &str = "locks-postgres";
 const BENCH_FLOORS: &[(&str, &[&str])] = &[
     ("ground", &["plan", "stats", "proxy", "otel"]),
     ("harness", &["harness", "db", "chart"]),
-    ("clients", &["clients"]),
+    ("clients and turns", &["clients", "turns"]),
     ("instruction counts", &["callgrind"]),
     (
         "scenarios",

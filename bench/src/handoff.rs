@@ -5,261 +5,92 @@
 //! N = 4; then one window of long jobs on the semaphore (8 tasks, 100–400 ms, N = 4), where
 //! a permit freed on a slot nobody watches would show. Every window's order rotates.
 //!
-//! One [`Recorder`] times them all, on one monotonic clock shared by the tasks:
-//! - **gap**: from just before a holder calls release to the return of the next
-//!   acquisition by anyone (the releaser included), releases and acquisitions matched in
-//!   order (a semaphore has several releases outstanding);
-//! - **gap to a waiter**: from a release while other tasks waited to the return of an
-//!   acquisition by one of *those* tasks. Under a FIFO queue the two are the same; under
-//!   polling the releaser often takes the lock straight back, and this is how long the
-//!   tasks already waiting were passed over;
-//! - **fairness**: most turns / fewest turns among the tasks of one window (the worst);
-//! - **most inside**: the most tasks holding at once (never above N);
-//! - **idle share**: capacity left free while someone waited (`min(free, waiting)` over
-//!   time) over N × the windows' length.
+//! What is timed (gap, gap to a waiter, fairness, most inside, idle share) is defined
+//! in [`crate::turns`], which runs the windows.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use locks_port::{AcquireOptions, DistributedLock, LockGuard, PermitGuard, Semaphore};
-use locks_port::{LockAcquisitionError, WaitStrategy, lock_id};
-use locks_postgres::tokio_postgres::error::SqlState;
-use locks_postgres::{PostgresLockGuard, PostgresLockManager, PostgresPermit};
 use serde_json::{Value, json};
 
-mod recorder;
-use recorder::Recorder;
-
 use crate::chart::{Curve, Panel, Unit, cdf, curves_svg};
-use crate::db::{Database, Raw};
+use crate::db::Database;
 use crate::harness::{self, Outcome, cells, verdict};
 use crate::stats::{Latencies, as_f64, fairness, finite, fmt_ns, nanos};
+use crate::turns::{Contender, Turns};
 use crate::{BoxError, Plan};
 
-const HOLD: Duration = Duration::from_millis(2);
-const BOUNDED: Duration = Duration::from_secs(5);
 const CONTENDERS: [usize; 2] = [4, 16];
-const PERMITS: u32 = 4;
+const PERMITS: Contender = Contender::Permits(4);
 const JOB_TASKS: usize = 8;
 const JOB_WINDOW: Duration = Duration::from_secs(8);
+const APP: (&str, bool) = ("lock-bench-handoff", true);
 
-/// Who contends, and how they wait.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Contender {
-    /// Raw `pg_advisory_lock` under `lock_timeout = 5s`, one dedicated connection per task.
-    Raw,
-    /// The library, `WaitStrategy::Queue`: one server-side wait.
-    Queue,
-    /// The library, `WaitStrategy::Poll`: the Python library's `pg_try_advisory_lock` every 100 ms.
-    Poll,
-    /// The library's semaphore of [`PERMITS`] (its waiters always wait on the server).
-    Permits,
-}
-
-impl Contender {
-    /// Its name in the JSON, its label, and its colour in the chart.
-    fn says(self) -> (&'static str, &'static str, (u8, u8, u8)) {
-        match self {
-            Self::Raw => (
-                "raw",
-                "raw pg_advisory_lock (server queue)",
-                (0x7f, 0x7f, 0x7f),
-            ),
-            Self::Queue => (
-                "queue",
-                "library, Queue (server-side wait)",
-                (0x1f, 0x77, 0xb4),
-            ),
-            Self::Poll => (
-                "poll",
-                "library, Poll (100 ms, as the Python library)",
-                (0xd6, 0x27, 0x28),
-            ),
-            Self::Permits => ("permits", "library, semaphore of N = 4", (0x2c, 0xa0, 0x2c)),
-        }
-    }
-
-    fn capacity(self) -> usize {
-        if self == Self::Permits {
-            PERMITS as usize
-        } else {
-            1
-        }
+/// A contender's name in the JSON, its label, and its colour in the chart.
+fn says(contender: Contender) -> (&'static str, &'static str, (u8, u8, u8)) {
+    match contender {
+        Contender::Raw => (
+            "raw",
+            "raw pg_advisory_lock (server queue)",
+            (0x7f, 0x7f, 0x7f),
+        ),
+        Contender::Queue => (
+            "queue",
+            "library, Queue (server-side wait)",
+            (0x1f, 0x77, 0xb4),
+        ),
+        Contender::Poll => (
+            "poll",
+            "library, Poll (100 ms, as the Python library)",
+            (0xd6, 0x27, 0x28),
+        ),
+        Contender::Permits(_) => ("permits", "library, semaphore of N = 4", (0x2c, 0xa0, 0x2c)),
     }
 }
 
-/// How a task of one window takes and gives back the lock: a manager of its own, or a
-/// raw connection under `lock_timeout = 5s`.
-enum Taker {
-    Library(PostgresLockManager, Contender),
-    Raw(Raw),
+/// A hold of 2 ms.
+fn short(_: usize, _: u64) -> Duration {
+    Duration::from_millis(2)
 }
 
-enum Taken {
-    Lock(PostgresLockGuard),
-    Permit(PostgresPermit),
-    Raw,
-    TimedOut,
-}
-
-impl Taker {
-    async fn new(db: &Database, contender: Contender) -> Result<Self, BoxError> {
-        if contender == Contender::Raw {
-            let raw = Raw::connect(db, "lock-bench-handoff", false).await?;
-            raw.client.simple_query("SET lock_timeout = '5s'").await?;
-            return Ok(Self::Raw(raw));
-        }
-        let pool = db.pool(1, "lock-bench-handoff");
-        db.warm(&pool, 1).await?;
-        Ok(Self::Library(PostgresLockManager::new(pool), contender))
-    }
-
-    async fn take(&self, key: &str, id: i64) -> Result<Taken, BoxError> {
-        let timed_out = |error: LockAcquisitionError| -> Result<Taken, BoxError> {
-            if error.is_timeout() {
-                Ok(Taken::TimedOut)
-            } else {
-                Err(error.into())
-            }
-        };
-        let options = AcquireOptions::new().with_timeout(BOUNDED);
-        match self {
-            Self::Library(manager, Contender::Permits) => manager
-                .acquire_permit(key, PERMITS, options)
-                .await
-                .map_or_else(timed_out, |permit| Ok(Taken::Permit(permit))),
-            Self::Library(manager, contender) => {
-                let strategy = if *contender == Contender::Poll {
-                    WaitStrategy::Poll
-                } else {
-                    WaitStrategy::Queue
-                };
-                let options = options.with_wait_strategy(strategy);
-                (manager.acquire(key, options).await).map_or_else(timed_out, |g| Ok(Taken::Lock(g)))
-            }
-            Self::Raw(raw) => match raw.lock(id).await {
-                Ok(()) => Ok(Taken::Raw),
-                Err(error) if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
-                    Ok(Taken::TimedOut)
-                }
-                Err(error) => Err(error.into()),
-            },
-        }
-    }
-
-    async fn give_back(&self, taken: Taken, id: i64) -> Result<(), BoxError> {
-        match (self, taken) {
-            (_, Taken::Lock(guard)) => drop(guard.release().await),
-            (_, Taken::Permit(permit)) => drop(permit.release().await),
-            (Self::Raw(raw), Taken::Raw) => raw.unlock(id).await?,
-            _ => {}
-        }
-        Ok(())
-    }
-}
-
-/// How long a task holds on its `turn`: [`HOLD`], or with `jobs` a job of 100–400 ms
-/// (spread by task and turn).
-fn hold(jobs: bool, task: usize, turn: u64) -> Duration {
+/// A job of 100–400 ms, spread by task and turn.
+fn job(task: usize, turn: u64) -> Duration {
     let spread = (task as u64)
         .wrapping_mul(7_919)
         .wrapping_add(turn.wrapping_mul(104_729));
-    if jobs {
-        Duration::from_millis(100 + spread % 301)
-    } else {
-        HOLD
-    }
+    Duration::from_millis(100 + spread % 301)
 }
 
-/// One measured combination: who contends, how many, and what they did.
+/// One measured combination: who contends, how many, and their windows.
 struct Cell {
     contender: Contender,
-    tasks: usize,
     jobs: bool,
-    recorder: Arc<Recorder>,
-    /// The turns of each task, a window each.
-    windows: Vec<Vec<u64>>,
-    measured: Duration,
+    turns: Turns,
 }
 
 impl Cell {
     fn new(contender: Contender, tasks: usize, jobs: bool) -> Self {
-        let recorder = Arc::new(Recorder::new(tasks, contender.capacity()));
-        let (windows, measured) = (Vec::new(), Duration::ZERO);
+        let turns = Turns::new(contender, tasks);
         Self {
             contender,
-            tasks,
             jobs,
-            recorder,
-            windows,
-            measured,
+            turns,
         }
-    }
-
-    /// One window: the cell's tasks loop on a key of their own until `length` has passed.
-    async fn window(
-        &mut self,
-        db: &Database,
-        length: Duration,
-        key: String,
-    ) -> Result<(), BoxError> {
-        let mut takers = Vec::with_capacity(self.tasks);
-        for _ in 0..self.tasks {
-            takers.push(Taker::new(db, self.contender).await?);
-        }
-        let id = lock_id(&key);
-        let key: Arc<str> = key.into();
-        let end = Instant::now() + length;
-        let mut running = tokio::task::JoinSet::new();
-        for (task, taker) in takers.into_iter().enumerate() {
-            let (recorder, key, jobs) = (Arc::clone(&self.recorder), Arc::clone(&key), self.jobs);
-            running.spawn(async move {
-                let mut turn = 0;
-                while Instant::now() < end {
-                    let called = Instant::now();
-                    recorder.begin_wait(task, called);
-                    let Ok(taken) = tokio::time::timeout_at(end.into(), taker.take(&key, id)).await
-                    else {
-                        // The window is over; dropping the wait cancels it.
-                        recorder.gave_up(task, Instant::now(), true);
-                        break;
-                    };
-                    let taken = taken?;
-                    if matches!(taken, Taken::TimedOut) {
-                        recorder.gave_up(task, Instant::now(), false);
-                        continue;
-                    }
-                    recorder.acquired(task, called, Instant::now());
-                    tokio::time::sleep(hold(jobs, task, turn)).await;
-                    turn += 1;
-                    recorder.releasing(task, Instant::now());
-                    taker.give_back(taken, id).await?;
-                }
-                Ok::<_, BoxError>(())
-            });
-        }
-        while let Some(joined) = running.join_next().await {
-            joined??;
-        }
-        self.windows.push(self.recorder.finish_window());
-        self.measured += length;
-        Ok(())
     }
 
     /// Its targets: gap p99, fairness, idle share, and whether at most N hold at once.
     fn limits(&self) -> (Option<Duration>, Option<f64>, Option<f64>, bool) {
         let ms = Duration::from_millis;
-        match (self.contender, self.tasks, self.jobs) {
+        match (self.contender, self.turns.tasks(), self.jobs) {
             (Contender::Queue, 4, _) => (Some(ms(2)), Some(1.5), None, false),
             (Contender::Queue, ..) => (None, Some(1.5), None, false),
-            (Contender::Permits, _, false) => (Some(ms(5)), Some(1.5), None, true),
-            (Contender::Permits, _, true) => (Some(ms(10)), None, Some(0.01), true),
+            (Contender::Permits(_), _, false) => (Some(ms(5)), Some(1.5), None, true),
+            (Contender::Permits(_), _, true) => (Some(ms(10)), None, Some(0.01), true),
             _ => (None, None, None, false),
         }
     }
 
     fn name(&self) -> String {
-        let label = self.contender.says().1;
+        let label = says(self.contender).1;
         if self.jobs {
             format!("{label}, 100–400 ms jobs")
         } else {
@@ -282,7 +113,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     let mut cells: Vec<Cell> = CONTENDERS
         .iter()
         .flat_map(|&tasks| locks.map(|contender| Cell::new(contender, tasks, false)))
-        .chain([Cell::new(Contender::Permits, 16, false)])
+        .chain([Cell::new(PERMITS, 16, false)])
         .collect();
     harness::rounds(plan.handoff_rounds, cells.len(), async |round, side| {
         let cell = &mut cells[side];
@@ -292,12 +123,12 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             plan.handoff_window
         };
         let key = format!("bench:handoff:{round}:{side}:{}", std::process::id());
-        cell.window(db, length, key).await
+        cell.turns.window(db, APP, key, length, short).await
     })
     .await?;
-    let mut jobs = Cell::new(Contender::Permits, JOB_TASKS, true);
+    let mut jobs = Cell::new(PERMITS, JOB_TASKS, true);
     let key = format!("bench:handoff:jobs:{}", std::process::id());
-    jobs.window(db, JOB_WINDOW, key).await?;
+    jobs.turns.window(db, APP, key, JOB_WINDOW, job).await?;
     cells.push(jobs);
 
     let header = [
@@ -335,61 +166,55 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     let mut json_cells = Vec::new();
     let mut curves: [Vec<Curve>; 2] = Default::default();
     for cell in &cells {
-        let (id, _, color) = cell.contender.says();
-        let name = cell.name();
-        let state = cell.recorder.with(std::mem::take);
-        let gaps = Latencies::of(&state.gaps);
-        let waiter_gaps = Latencies::of(&state.waiter_gaps);
-        let waits = Latencies::of(&state.waits);
-        let fairness_by_window: Vec<f64> = cell.windows.iter().map(|t| fairness(t)).collect();
+        let (id, _, color) = says(cell.contender);
+        let (name, tasks, windows) = (cell.name(), cell.turns.tasks(), &cell.turns.windows);
+        let state = cell.turns.take();
+        let [gaps, waiter_gaps, waits] =
+            [&state.gaps, &state.waiter_gaps, &state.waits].map(|s| Latencies::of(s));
+        let fairness_by_window: Vec<f64> = windows.iter().map(|t| fairness(t)).collect();
         let worst = fairness_by_window.iter().copied().fold(0.0_f64, f64::max);
-        let turns: u64 = cell.windows.iter().flatten().sum();
+        let turns: u64 = windows.iter().flatten().sum();
         let capacity = cell.contender.capacity();
-        let idle =
-            state.idle.as_secs_f64() / (cell.measured.as_secs_f64() * as_f64(capacity as u64));
-        let what = format!("{name}, {} tasks", cell.tasks);
+        let idle = state.idle.as_secs_f64()
+            / (cell.turns.measured.as_secs_f64() * as_f64(capacity as u64));
+        let percent = |share: f64| format!("{:.2} %", share * 100.0);
         let (gap_limit, fairness_limit, idle_limit, inside) = cell.limits();
+        let gates = [
+            gap_limit.map(|limit| {
+                let pass = gaps.count() > 0 && gaps.p99() <= nanos(limit);
+                let limit = format!("≤ {}", fmt_ns(nanos(limit)));
+                ("gap p99", fmt_ns(gaps.p99()), limit, pass)
+            }),
+            fairness_limit.map(|limit| {
+                let measured = fmt_fairness(worst);
+                (
+                    "fairness (worst window)",
+                    measured,
+                    format!("≤ {limit}"),
+                    worst <= limit,
+                )
+            }),
+            idle_limit.map(|limit| {
+                let limit_text = format!("≤ {:.0} %", limit * 100.0);
+                ("idle share", percent(idle), limit_text, idle <= limit)
+            }),
+            inside.then(|| {
+                let (most, limit) = (state.most_inside, format!("≤ {capacity}"));
+                (
+                    "most inside at once",
+                    most.to_string(),
+                    limit,
+                    most <= capacity,
+                )
+            }),
+        ];
         let mut missed = Vec::new();
-        let mut gate = |measure: &str, measured: String, limit: String, pass: bool| {
-            out.gate(format!("handoff {measure}, {what}"), measured, limit, pass);
+        for (measure, measured, limit, pass) in gates.into_iter().flatten() {
+            let target = format!("handoff {measure}, {name}, {tasks} tasks");
+            out.gate(target, measured, limit, pass);
             if !pass {
-                missed.push(measure.to_owned());
+                missed.push(measure);
             }
-        };
-        if let Some(limit) = gap_limit {
-            let pass = gaps.count() > 0 && gaps.p99() <= nanos(limit);
-            gate(
-                "gap p99",
-                fmt_ns(gaps.p99()),
-                format!("≤ {}", fmt_ns(nanos(limit))),
-                pass,
-            );
-        }
-        if let Some(limit) = fairness_limit {
-            gate(
-                "fairness (worst window)",
-                fmt_fairness(worst),
-                format!("≤ {limit}"),
-                worst <= limit,
-            );
-        }
-        if let Some(limit) = idle_limit {
-            let shown = format!("{:.2} %", idle * 100.0);
-            gate(
-                "idle share",
-                shown,
-                format!("≤ {:.0} %", limit * 100.0),
-                idle <= limit,
-            );
-        }
-        if inside {
-            let most = state.most_inside;
-            gate(
-                "most inside at once",
-                most.to_string(),
-                format!("≤ {capacity}"),
-                most <= capacity,
-            );
         }
         let gated = gap_limit.is_some() || fairness_limit.is_some() || inside;
         let result = match &missed[..] {
@@ -400,13 +225,11 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         let retaken = if gaps.count() == 0 {
             "—".to_owned()
         } else {
-            format!(
-                "{:.0} %",
-                as_f64(state.retaken) * 100.0 / as_f64(gaps.count())
-            )
+            let share = as_f64(state.retaken) / as_f64(gaps.count());
+            format!("{:.0} %", share * 100.0)
         };
         out.row(cells![
-            cell.tasks,
+            tasks,
             name,
             turns,
             fmt_ns(gaps.p50()),
@@ -418,18 +241,18 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             retaken,
             state.timeouts,
             state.most_inside,
-            format!("{:.2} %", idle * 100.0),
+            percent(idle),
             result,
         ]);
         let fairness_by_window: Vec<Value> =
             fairness_by_window.iter().map(|&f| finite(f)).collect();
         json_cells.push(json!({
-            "contenders": cell.tasks,
+            "contenders": tasks,
             "strategy": id,
             "jobs": cell.jobs,
             "label": name,
             "turns": turns,
-            "turns_by_window": cell.windows,
+            "turns_by_window": windows,
             "fairness_by_window": fairness_by_window,
             "fairness_worst": finite(worst),
             "gap": gaps.to_json(),
@@ -442,27 +265,21 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             "releases_abandoned_by_all_waiters": state.abandoned,
             "releases_unserved_at_window_end": state.unserved_at_end,
         }));
-        if cell.contender != Contender::Permits {
+        if cell.contender != PERMITS {
             for (side, samples) in [&state.gaps, &state.waiter_gaps].into_iter().enumerate() {
                 curves[side].push(Curve {
-                    label: format!("{name}, {} contenders (n = {})", cell.tasks, samples.len()),
+                    label: format!("{name}, {tasks} contenders (n = {})", samples.len()),
                     color,
-                    dashed: cell.tasks > CONTENDERS[0],
+                    dashed: tasks > CONTENDERS[0],
                     points: cdf(samples),
                 });
             }
         }
     }
-    let server: String = db
-        .connect("lock-bench-handoff")
-        .await?
-        .query_one("SHOW server_version", &[])
-        .await?
-        .get(0);
     let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
     let chart_notes = [
         format!(
-            "PostgreSQL {server}, {cores} cores, {} mode; hold 2 ms, acquire timeout 5 s.",
+            "{cores} cores, {} mode; hold 2 ms, acquire timeout 5 s.",
             plan.mode()
         ),
         "n = handoffs (left) / releases made while other tasks waited (right); solid: 4 \
@@ -489,7 +306,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     Ok(out.with(json!({
         "hold_ms": 2,
         "acquire_timeout_s": 5,
-        "permits": PERMITS,
+        "permits": PERMITS.capacity(),
         "rounds": plan.handoff_rounds,
         "window_s": plan.handoff_window.as_secs_f64(),
         "poll_window_s": plan.handoff_poll_window.as_secs_f64(),

@@ -5,8 +5,8 @@
 //!   and `release_in_background(true)`: ADR 0010, the unlock off the caller's path) against
 //!   raw tokio-postgres's two statements;
 //! - at ~2 ms: `acquire_many` of 8 keys (its tries in one statement) against one key's
-//!   acquire + release, and 8 keys the old way (one try per round trip: [`old_way`]);
-//!   then contended, 4 tasks taking overlapping subsets of 6 keys, the one-statement tries
+//!   acquire + release, and 8 raw locks one round trip each (what the old way cost
+//!   uncontended); then contended, 4 tasks taking overlapping subsets of 6 keys, the one-statement tries
 //!   against the old way, in alternating windows.
 
 use std::sync::Arc;
@@ -22,7 +22,7 @@ use crate::clients::{KEYS, Op, client, keys, label};
 use crate::db::{Database, NOT_HELD};
 use crate::harness::{self, Outcome, cells};
 use crate::proxy::Proxy;
-use crate::stats::{Latencies, as_f64, fmt_ns, fmt_rate, median, nanos};
+use crate::stats::{Latencies, fmt_ns, fmt_rate, median, nanos};
 use crate::{BoxError, Plan};
 
 /// A round trip to simulate, its variants (the first is what the others are divided
@@ -49,7 +49,8 @@ const DELAYS: [Delay; 3] = [
     },
     Delay {
         round_trip: Duration::from_millis(2),
-        variants: &["library", "library-many", "old-many"],
+        // Uncontended, 8 locks in id order cost what the old way's 8 tries did.
+        variants: &["library", "library-many", "raw-many"],
         target: Some((
             "library-many",
             1.5,
@@ -62,54 +63,27 @@ const CONTENDED_KEYS: usize = 6;
 const CONTENDED_TASKS: usize = 4;
 const APP: &str = "lock-bench-latency";
 
-/// One way of taking a lock or a group: a client of [`crate::clients`], or the old way on
-/// a connection.
-enum Way {
-    Op(Op),
-    Old(Object, Vec<String>),
-}
-
-impl Way {
-    /// The variant `name` through `through`.
-    async fn new(through: &Database, name: &'static str) -> Result<(String, Self), BoxError> {
-        let prefix = format!("bench:latency:{name}");
-        Ok(match name {
-            "library-background" => {
-                // A pool of 2, so the next acquire need not wait for the first
-                // connection's answer.
-                let manager = PostgresLockManager::builder(through.pool(2, APP))
-                    .release_in_background(true)
-                    .build();
-                let (keys, options) = (keys(&prefix, KEYS), AcquireOptions::new());
-                let op = Op::Acquire {
-                    manager,
-                    keys,
-                    options,
-                };
-                let label = "library, release in background: acquire (no timeout) + release";
-                (label.to_owned(), Self::Op(op))
-            }
-            "old-many" => {
-                let label = "raw: 8 keys the old way (one try per round trip)";
-                let object = through.pool(1, APP).get().await?;
-                (label.to_owned(), Self::Old(object, keys(&prefix, 8)))
-            }
-            _ => {
-                let op = client(through, name, &prefix, APP).await?;
-                (label(name).to_owned(), Self::Op(op))
-            }
-        })
+/// The variant `name` through `through`: its label, and its client.
+async fn variant(through: &Database, name: &'static str) -> Result<(String, Op), BoxError> {
+    let prefix = format!("bench:latency:{name}");
+    if name != "library-background" {
+        return Ok((
+            label(name).to_owned(),
+            client(through, name, &prefix, APP).await?,
+        ));
     }
-
-    async fn cycle(&self, n: usize) -> Result<(), BoxError> {
-        match self {
-            Self::Op(op) => op.cycle(n).await,
-            Self::Old(client, keys) => {
-                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                old_way(client, &keys).await
-            }
-        }
-    }
+    // A pool of 2, so the next acquire need not wait for the first connection's answer.
+    let manager = PostgresLockManager::builder(through.pool(2, APP))
+        .release_in_background(true)
+        .build();
+    let (keys, options) = (keys(&prefix, KEYS), AcquireOptions::new());
+    let label = "library, release in background: acquire (no timeout) + release";
+    let op = Op::Acquire {
+        manager,
+        keys,
+        options,
+    };
+    Ok((label.to_owned(), op))
 }
 
 /// `acquire_many` as it was before its tries went into one statement, on one connection:
@@ -209,10 +183,10 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         let rtt = through.round_trip(APP).await?;
         let mut variants = Vec::new();
         for &name in delay.variants {
-            variants.push(Way::new(&through, name).await?);
+            variants.push(variant(&through, name).await?);
         }
-        // A group the old way costs 16 round trips: fewer cycles.
-        let old = delay.variants.contains(&"old-many");
+        // A group one statement a key costs 16 round trips: fewer cycles.
+        let old = delay.variants.contains(&"raw-many");
         let counts = (
             5,
             plan.latency_rounds,
@@ -260,38 +234,35 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
 
     // Contended, at the last round trip: alternating windows of the two ways.
     let window = plan.throughput_window;
-    let mut sides: [(u64, Latencies, Vec<f64>); 2] = Default::default();
+    let mut sides: [Vec<harness::Window>; 2] = Default::default();
     harness::rounds(plan.throughput_rounds, 2, async |round, side| {
         let seed = u64::try_from(round * 2 + side).unwrap_or(0);
-        let measured = contended_window(&through, side == 1, window, seed).await?;
-        let (total, pooled, rates) = &mut sides[side];
-        *total += measured.ops;
-        pooled.merge(&measured.latencies);
-        rates.push(as_f64(measured.ops) / window.as_secs_f64());
+        sides[side].push(contended_window(&through, side == 1, window, seed).await?);
         Ok(())
     })
     .await?;
+    let rates = sides.each_ref().map(|windows| {
+        let rates: Vec<f64> = windows.iter().map(harness::Window::rate).collect();
+        median(&rates)
+    });
     let names = [
         "tries in one statement",
         "the old way (one try per round trip)",
     ];
-    for (name, (total, pooled, rates)) in names.iter().zip(&sides) {
-        out.row(cells![
-            "~2 ms, contended",
-            format!(
-                "{name}: {total} groups, {} (median of windows)",
-                fmt_rate(median(rates))
-            ),
-            fmt_ns(pooled.p50()),
-            "",
-            fmt_ns(pooled.p99()),
-            "",
-            "",
-            "",
-            "",
-        ]);
+    for ((name, windows), rate) in names.iter().zip(&sides).zip(rates) {
+        let mut pooled = Latencies::new();
+        windows.iter().for_each(|w| pooled.merge(&w.latencies));
+        let groups = format!(
+            "{name}: {} groups, {} (median of windows)",
+            pooled.count(),
+            fmt_rate(rate)
+        );
+        let (p50, p99) = (fmt_ns(pooled.p50()), fmt_ns(pooled.p99()));
+        let mut row = cells!["~2 ms, contended", groups, p50, "", p99];
+        row.resize(header.len(), String::new());
+        out.row(row);
     }
-    let (new_rate, old_rate) = (median(&sides[0].2), median(&sides[1].2));
+    let [new_rate, old_rate] = rates;
     out.gate(
         format!(
             "contended acquire_many ({CONTENDED_TASKS} tasks, overlapping subsets of \

@@ -11,10 +11,10 @@
 //!
 //! The modules stand in floors, each importing only from the floors below it, never from
 //! its own: ground (`plan`, `stats`, `proxy`, `otel`); the harness (`harness`, `db`,
-//! `chart`); `clients`; `callgrind`; and the scenarios, rooms apart over that harness
-//! (`cycles`, `throughput`, `handoff`, `hold`, `memory`, `instructions`, `metrics`,
-//! `latency`, `cutover_append`, `scale`). `BENCH_FLOORS` in `tests/modules.rs` holds the
-//! table and fails on any other edge: place a new module there.
+//! `chart`); `clients` and `turns`; `callgrind`; and the scenarios, rooms apart over that
+//! harness (`cycles`, `throughput`, `handoff`, `hold`, `memory`, `instructions`,
+//! `metrics`, `latency`, `cutover_append`, `scale`). `BENCH_FLOORS` in `tests/modules.rs`
+//! holds the table and fails on any other edge: place a new module there.
 
 mod callgrind;
 mod chart;
@@ -35,6 +35,7 @@ mod proxy;
 mod scale;
 mod stats;
 mod throughput;
+mod turns;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -1,164 +1,141 @@
-//! Scenario 3: 16 tasks on 16 distinct keys, as fast as they can, for a fixed time: the
-//! library (one manager, a pool of 16) against raw tokio-postgres (16 dedicated
-//! connections, prepared) and raw sending the library's SQL text, each task a client of
-//! [`crate::clients`].
+//! Scenario `throughput`: N tasks (1 → 1,000) each on a key of its own, acquire + release
+//! in a loop for a window: one manager on min(N, [`CONNECTIONS`]) connections
+//! (`multiplex` when the tasks outnumber them; at 16 tasks a plain pool of 16) against raw
+//! tokio-postgres on as many dedicated connections, prepared, pipelined. Library and raw
+//! alternate window by window; a side's figure is the median of its windows' rates, the
+//! spread that of the library ÷ raw ratios window by window. The target is at 16 tasks.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use locks_port::{AcquireOptions, lock_id};
+use locks_port::{AcquireOptions, DistributedLock, LockGuard, lock_id};
 use locks_postgres::PostgresLockManager;
 use serde_json::json;
 
-use crate::clients::{Op, keys, library_text};
 use crate::db::{Database, Raw};
-use crate::harness::{self, Outcome, Ratios, Window, cells};
-use crate::stats::{Latencies, fmt_ns, fmt_rate, fmt_ratio, median, ratio};
+use crate::harness::{self, Outcome, Ratios, cells};
+use crate::stats::{fmt_rate, fmt_ratio, median, ratio};
+use crate::turns::open_pool;
 use crate::{BoxError, Plan};
 
-/// The least library throughput allowed, as a fraction of raw.
-const THROUGHPUT_LIMIT: f64 = 0.95;
-const TASKS: usize = 16;
+/// Concurrent tasks; the target is at [`GATED`].
+const TASKS: [usize; 5] = [1, 10, 16, 100, 1000];
+const GATED: usize = 16;
+/// The least library throughput allowed at [`GATED`] tasks, as a fraction of raw.
+const LIMIT: f64 = 0.95;
+/// At most this many connections serve either side.
+const CONNECTIONS: usize = 100;
 const APP: &str = "lock-bench-throughput";
 
-pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
-    let pool = db.pool(TASKS, APP);
-    db.warm(&pool, TASKS).await?;
-    let manager = PostgresLockManager::new(pool);
-    // Side 0 the library, 1 raw prepared, 2 raw with the library's SQL text: per task a
-    // client on a key of its own.
-    let mut clients: [Vec<Arc<Op>>; 3] = Default::default();
-    for task in 0..TASKS {
-        let keys = keys(&format!("bench:throughput:{task}"), 1);
-        let id = lock_id(&keys[0]);
-        let ops = [
-            Op::Acquire {
-                manager: manager.clone(),
-                keys,
-                options: AcquireOptions::new(),
-            },
-            Op::RawPrepared {
-                raw: Raw::connect(db, APP, false).await?,
-                ids: vec![id],
-                try_lock: false,
-            },
-            Op::RawText {
-                client: db.connect(APP).await?,
-                texts: vec![library_text(id)],
-            },
-        ];
-        for (side, op) in ops.into_iter().enumerate() {
-            clients[side].push(Arc::new(op));
-        }
+/// One point of the curve: the rates of each window, library and raw.
+#[derive(Debug)]
+struct Point {
+    tasks: usize,
+    connections: usize,
+    rates: [Vec<f64>; 2],
+}
+
+impl Point {
+    fn ratio(&self) -> Option<f64> {
+        ratio(median(&self.rates[0]), median(&self.rates[1]))
     }
-    let window = async |side: usize, length: Duration| {
-        let end = Instant::now() + length;
-        harness::window(TASKS, |task| {
-            let (op, mut n) = (Arc::clone(&clients[side][task]), 0);
-            harness::until(end, async move || {
-                n += 1;
-                op.cycle(n).await
+}
+
+async fn point(db: &Database, plan: &Plan, tasks: usize) -> Result<Point, BoxError> {
+    let connections = tasks.min(CONNECTIONS);
+    let manager = PostgresLockManager::builder(open_pool(db, connections, APP).await?)
+        .multiplex(tasks.div_ceil(connections))
+        .build();
+    let mut clients = Vec::new();
+    for _ in 0..connections {
+        clients.push(Raw::connect(db, APP, false).await?);
+    }
+    let clients = Arc::new(clients);
+    let mut rates: [Vec<f64>; 2] = Default::default();
+    harness::rounds(plan.throughput_rounds, 2, async |_, side| {
+        let end = Instant::now() + plan.scale_window;
+        let window = harness::window(tasks, |task| {
+            let key = format!("bench:throughput:{task}");
+            let (manager, clients) = (manager.clone(), Arc::clone(&clients));
+            let id = lock_id(&key);
+            harness::count(end, async move || {
+                if side == 0 {
+                    let guard = manager.acquire(&key, AcquireOptions::new()).await?;
+                    guard.release().await;
+                    Ok(())
+                } else {
+                    clients[task % clients.len()].cycle(id).await
+                }
             })
         })
-        .await
-    };
-    // A short unrecorded window of the first two, then rounds, the order rotating.
-    window(0, plan.throughput_window / 4).await?;
-    window(1, plan.throughput_window / 4).await?;
-    let mut windows: [Vec<Window>; 3] = Default::default();
-    harness::rounds(plan.throughput_rounds, 3, async |_, side| {
-        windows[side].push(window(side, plan.throughput_window).await?);
+        .await?;
+        rates[side].push(window.rate());
         Ok(())
     })
     .await?;
-    // Per side: the rate of each round, their median, and every latency merged.
-    let sides = windows.map(|windows| {
-        let rates: Vec<f64> = windows.iter().map(Window::rate).collect();
-        let mut latency = Latencies::new();
-        windows.iter().for_each(|w| latency.merge(&w.latencies));
-        (median(&rates), rates, latency)
-    });
-    let [
-        (library, library_rates, _),
-        (baseline, baseline_rates, _),
-        (text, ..),
-    ] = &sides;
-    let share = ratio(*library, *baseline);
-    // The spread: library ÷ raw round by round (each round runs both, back to back).
-    let per_round: Vec<f64> = library_rates
-        .iter()
-        .zip(baseline_rates)
-        .filter_map(|(library, raw)| ratio(*library, *raw))
-        .collect();
-    let spread = Ratios::of(&per_round).map_or("—".to_owned(), |r| {
-        format!("rounds {:.2}–{:.2}×", r.low, r.high)
-    });
-    let mut out = Outcome::new(
-        "throughput",
-        format!("3. Throughput: {TASKS} tasks on {TASKS} distinct keys"),
-        &[
-            "Variant", "ops/s", "p50", "p99", "÷ raw", "Target", "Result",
-        ],
-    );
+    Ok(Point {
+        tasks,
+        connections,
+        rates,
+    })
+}
+
+pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
+    // Both sides' connections at once, with room to spare: the points the server allows.
+    let admin = db.connect(APP).await?;
+    let allowed: String = admin.query_one("SHOW max_connections", &[]).await?.get(0);
+    let room = allowed.parse::<usize>().unwrap_or(0).saturating_sub(20) / 2;
+    let (counts, skipped): (Vec<usize>, Vec<usize>) =
+        TASKS.iter().partition(|&&t| t.min(CONNECTIONS) <= room);
+    drop(admin);
+    let mut points = Vec::new();
+    for tasks in counts {
+        let measured = point(db, plan, tasks).await;
+        points.push(measured.map_err(|error| format!("throughput, {tasks} tasks: {error}"))?);
+    }
+    let header = ["Tasks", "Connections", "library", "raw", "÷ raw", "Result"];
+    let title = "3. Throughput: N tasks on distinct keys";
+    let mut out = Outcome::new("throughput", title, &header);
     out.note(format!(
-        "{} rounds of {:.1} s per variant, the order rotating; ops/s is the median over \
-         rounds; latencies are per acquire+release, all rounds merged.",
+        "{} rounds of a {:.1} s window per side, alternating; cycles/s is the median over \
+         windows, ÷ raw the ratio of the medians (the windows' own ratios beside).",
         plan.throughput_rounds,
-        plan.throughput_window.as_secs_f64()
+        plan.scale_window.as_secs_f64()
     ));
-    let measured = format!(
-        "{} ({} vs {}; {spread})",
-        fmt_ratio(share),
-        fmt_rate(*library),
-        fmt_rate(*baseline)
-    );
-    let limit = format!("≥ {THROUGHPUT_LIMIT:.2}×");
-    let pass = share.is_some_and(|s| s >= THROUGHPUT_LIMIT);
-    let gate = out.gate(
-        "throughput, 16 tasks on distinct keys, vs raw",
-        measured,
-        limit,
-        pass,
-    );
-    let names = [
-        format!("library: {TASKS} tasks, one manager, pool of {TASKS}"),
-        format!("raw: {TASKS} tasks, {TASKS} dedicated connections, prepared"),
-        "raw: as above, the library's SQL text with a 5 s timeout (simple query)".to_owned(),
-    ];
-    let ratios = [
-        format!("{} ({spread})", fmt_ratio(share)),
-        "baseline".to_owned(),
-        fmt_ratio(ratio(*text, *baseline)),
-    ];
-    let mut json_sides = Vec::new();
-    for (index, (rate, rates, latency)) in sides.iter().enumerate() {
-        let [target, result] = if index == 0 {
-            gate.clone()
+    if !skipped.is_empty() {
+        out.note(format!(
+            "Not measured: {skipped:?} tasks (the server allows {allowed} connections)."
+        ));
+    }
+    let mut json_points = Vec::new();
+    for p in &points {
+        let per_window: Vec<f64> = (p.rates[0].iter().zip(&p.rates[1]))
+            .filter_map(|(library, raw)| ratio(*library, *raw))
+            .collect();
+        let spread = Ratios::fmt(Ratios::of(&per_window)).1;
+        let shown = format!("{} (windows {spread})", fmt_ratio(p.ratio()));
+        let result = if p.tasks == GATED {
+            let [library, raw] = p.rates.each_ref().map(|r| fmt_rate(median(r)));
+            let pass = p.ratio().is_some_and(|r| r >= LIMIT);
+            let measured = format!("{shown}; {library} vs {raw}");
+            let what = format!("throughput, {GATED} tasks on distinct keys, vs raw");
+            out.gate(what, measured, format!("≥ {LIMIT:.2}×"), pass)[1].clone()
         } else {
-            Default::default()
+            String::new()
         };
-        out.row(cells![
-            names[index],
-            fmt_rate(*rate),
-            fmt_ns(latency.p50()),
-            fmt_ns(latency.p99()),
-            ratios[index],
-            target,
-            result
-        ]);
-        json_sides.push(json!({
-            "ops_per_s_median": rate,
-            "ops_per_s_rounds": rates,
-            "latency": latency.to_json(),
+        let [library, raw] = p.rates.each_ref().map(|r| fmt_rate(median(r)));
+        out.row(cells![p.tasks, p.connections, library, raw, shown, result]);
+        json_points.push(json!({
+            "tasks": p.tasks, "connections": p.connections,
+            "library_per_s": median(&p.rates[0]), "raw_per_s": median(&p.rates[1]),
+            "library_per_s_windows": p.rates[0], "raw_per_s_windows": p.rates[1],
+            "ratio": p.ratio(),
         }));
     }
     Ok(out.with(json!({
-        "tasks": TASKS,
         "rounds": plan.throughput_rounds,
-        "window_s": plan.throughput_window.as_secs_f64(),
-        "library": json_sides[0],
-        "raw": json_sides[1],
-        "raw_library_sql_text": json_sides[2],
-        "ratio": share,
+        "window_s": plan.scale_window.as_secs_f64(),
+        "points": json_points,
+        "not_measured": skipped,
     })))
 }

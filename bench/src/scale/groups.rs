@@ -8,11 +8,12 @@ use locks_port::{AcquireOptions, lock_id};
 use locks_postgres::PostgresLockManager;
 use serde_json::{Value, json};
 
-use super::{BLUE, RED, curve, open_pool, x};
+use super::{BLUE, RED, curve, panel_of, x};
 use crate::chart::{Panel, Unit};
 use crate::db::{Database, NOT_HELD};
 use crate::harness::{self, cells};
 use crate::stats::{Latencies, as_f64, fmt_ns, fmt_ratio, ratio};
+use crate::turns::open_pool;
 use crate::{BoxError, Plan};
 
 /// Group sizes.
@@ -88,19 +89,15 @@ pub(super) fn json(g: &Group) -> Value {
 
 pub(super) fn panel(groups: &[Group]) -> Panel {
     let per_key = |f: fn(&Group) -> u64| {
-        groups
-            .iter()
-            .map(|g| (x(g.keys), as_f64(f(g)) / x(g.keys)))
-            .collect()
+        let point = |g: &Group| (x(g.keys), as_f64(f(g)) / x(g.keys));
+        groups.iter().map(point).collect()
     };
-    Panel {
-        title: "acquire_many + release, per key".to_owned(),
-        x_desc: "keys in the group",
-        y_desc: "per key",
-        y_unit: Unit::Nanos,
-        curves: vec![
+    panel_of(
+        "acquire_many + release, per key",
+        ("keys in the group", "per key", Unit::Nanos),
+        vec![
             curve("library", BLUE, false, per_key(|g| g.library)),
             curve("raw (one statement)", RED, true, per_key(|g| g.raw)),
         ],
-    }
+    )
 }

@@ -5,23 +5,25 @@
 //! same counts.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use locks_leader::LeaderElection;
-use locks_port::{AcquireOptions, DistributedLock, LockGuard, LockRegistry};
+use locks_port::{AcquireOptions, DistributedLock, LockGuard, LockRegistry, lock_id};
 use locks_postgres::PostgresLockManager;
 use locks_postgres::tokio_postgres::Client;
 
+use serde_json::{Value, json};
+
 use super::reads::{self, LEADER, ReadCost, read_costs};
-use super::{APP, BLUE, GREEN, IN_FLIGHT, ORANGE, P50P99, PROBE_CYCLES, Prober, RED};
-use super::{connections, curve, open_pool, x};
+use super::{APP, BLUE, GREEN, IN_FLIGHT, ORANGE, P50P99, PROBE_CYCLES, RED};
+use super::{connections, curve, cycles, panel_of, x};
 use crate::chart::{Panel, Unit};
+use crate::clients::Op;
 use crate::db::{Database, Raw};
 use crate::harness::cells;
 use crate::stats::{allocated_bytes, as_f64, fmt_bytes, fmt_ns, nanos, rss_bytes};
+use crate::turns::{each, open_pool};
 use crate::{BoxError, Plan};
-use serde_json::{Value, json};
 
 /// An acquisition of the holding manager that takes longer has stalled: the curve stops
 /// at the last count reached, and the report says so.
@@ -75,67 +77,35 @@ async fn cpu_at_rest(window: Duration) -> f64 {
     as_f64(nanos(cpu_time().saturating_sub(cpu))) / wall.elapsed().as_secs_f64()
 }
 
-/// Calls `take(n)` for each `n` of `from..to`, [`IN_FLIGHT`] calls at once.
-async fn take_all<F, Fut>(from: usize, to: usize, take: F) -> Result<(), BoxError>
-where
-    F: Fn(usize) -> Fut + Clone + Send + 'static,
-    Fut: Future<Output = Result<(), BoxError>> + Send,
-{
-    let next = Arc::new(AtomicUsize::new(from));
-    let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..IN_FLIGHT {
-        let (take, next) = (take.clone(), Arc::clone(&next));
-        workers.spawn(async move {
-            loop {
-                let n = next.fetch_add(1, Ordering::Relaxed);
-                if n >= to {
-                    return Ok::<_, BoxError>(());
-                }
-                take(n).await?;
-            }
-        });
-    }
-    while let Some(joined) = workers.join_next().await {
-        joined??;
-    }
-    Ok(())
-}
-
-/// Takes keys `from..to` with [`IN_FLIGHT`] acquisitions at once, keeping them.
+/// Takes keys `from..to`, [`IN_FLIGHT`] at once, keeping them: with the holding
+/// manager (each acquisition given [`STALL`]), or raw `pg_advisory_lock` over `clients`,
+/// each client pipelining its share.
 async fn grow(
-    manager: &PostgresLockManager,
+    holder: Result<PostgresLockManager, Arc<Vec<Raw>>>,
     run: u32,
-    from: usize,
-    to: usize,
+    (from, to): (usize, usize),
 ) -> Result<(), BoxError> {
-    let manager = manager.clone();
-    take_all(from, to, move |n| {
-        let manager = manager.clone();
+    let stalled = || format!("an acquisition waited over {} s", STALL.as_secs());
+    each(from..to, IN_FLIGHT, move |n| {
+        let holder = holder.clone();
         async move {
-            let key = format!("bench:scale:{run}:{n}");
-            let acquiring = manager.acquire(&key, AcquireOptions::new());
-            let guard = tokio::time::timeout(STALL, acquiring)
-                .await
-                .map_err(|_| format!("an acquisition waited over {} s", STALL.as_secs()))??;
-            drop(guard.into_held());
+            match holder {
+                Ok(manager) => {
+                    let key = format!("bench:scale:{run}:{n}");
+                    let acquiring = manager.acquire(&key, AcquireOptions::new());
+                    let guard = tokio::time::timeout(STALL, acquiring).await;
+                    drop(guard.map_err(|_| stalled())??.into_held());
+                }
+                Err(clients) => {
+                    let id = i64::try_from(n)? + 1_000_000_000;
+                    clients[n % clients.len()].lock(id).await?;
+                }
+            }
             Ok(())
         }
     })
     .await
-}
-
-/// The raw side of [`grow`]: `pg_advisory_lock` of ids `from..to` over `clients`, each
-/// client pipelining its share, [`IN_FLIGHT`] at once in all.
-async fn raw_grow(clients: &Arc<Vec<Raw>>, from: usize, to: usize) -> Result<(), BoxError> {
-    let clients = Arc::clone(clients);
-    take_all(from, to, move |n| {
-        let clients = Arc::clone(&clients);
-        async move {
-            let id = i64::try_from(n)? + 1_000_000_000;
-            Ok(clients[n % clients.len()].lock(id).await?)
-        }
-    })
-    .await
+    .map(drop)
 }
 
 /// The held-lock curve: the library grows to each count (measured there), releases all,
@@ -153,8 +123,18 @@ pub(super) async fn measure(
     let holder = PostgresLockManager::builder(pool)
         .multiplex(per_connection)
         .build();
-    let probe_pool = open_pool(db, 2, "lock-bench-scale-probe").await?;
-    let probe = Prober::Library(PostgresLockManager::new(probe_pool));
+    // Another manager's cycle of one key, and raw SQL's.
+    let (key, app) = ("bench:scale:probe", "lock-bench-scale-probe");
+    let probe = Op::Acquire {
+        manager: PostgresLockManager::new(open_pool(db, 2, app).await?),
+        keys: vec![key.to_owned()],
+        options: AcquireOptions::new(),
+    };
+    let raw_probe = Op::RawPrepared {
+        raw: Raw::connect(db, app, false).await?,
+        ids: vec![lock_id(key)],
+        try_lock: false,
+    };
     let observer_pool = open_pool(db, 3, "lock-bench-scale-observer").await?;
     let observer = PostgresLockManager::new(observer_pool);
     // A leader holds the election the reads watch, with a board.
@@ -166,9 +146,8 @@ pub(super) async fn measure(
             .run(|_| std::future::pending::<()>())
             .await
     });
-    let raw_probe = Prober::Raw(Raw::connect(db, "lock-bench-scale-probe", false).await?);
-    probe.cycles(50).await?;
-    raw_probe.cycles(50).await?;
+    cycles(&probe, 50, Duration::ZERO).await?;
+    cycles(&raw_probe, 50, Duration::ZERO).await?;
     let rest = Duration::from_secs(if plan.quick { 1 } else { 3 });
     let idle_cpu = cpu_at_rest(rest).await;
     let (heap0, rss0) = (allocated_bytes(), rss_bytes());
@@ -183,7 +162,7 @@ pub(super) async fn measure(
     let mut stall = None;
     for &count in &counts {
         let growing = Instant::now();
-        let grown = grow(&holder, run, from, count).await;
+        let grown = grow(Ok(holder.clone()), run, (from, count)).await;
         reach += growing.elapsed();
         if let Err(error) = grown {
             let message = format!(
@@ -207,8 +186,8 @@ pub(super) async fn measure(
             .map(|(now, before)| per_lock(as_f64(now as u64) - as_f64(before as u64)));
         let cpu = per_lock(cpu_at_rest(rest).await - idle_cpu);
         let usage = locks_postgres::lock_table_usage(admin).await?;
-        let probe_at = probe.cycles(PROBE_CYCLES).await?;
-        let raw_probe_at = raw_probe.cycles(PROBE_CYCLES).await?;
+        let probe_at = cycles(&probe, PROBE_CYCLES, Duration::ZERO).await?;
+        let raw_probe_at = cycles(&raw_probe, PROBE_CYCLES, Duration::ZERO).await?;
         let reads = read_costs(&observer, &probe).await?;
         eprintln!(
             "lock-bench: scale: {count} held in {:.1} s; probe p99 {}; {} heap, {} RSS a lock",
@@ -247,7 +226,7 @@ pub(super) async fn measure(
     let started = Instant::now();
     let mut from = 0;
     for point in &mut points {
-        raw_grow(&clients, from, point.count).await?;
+        grow(Err(Arc::clone(&clients)), run, (from, point.count)).await?;
         point.raw_reach = started.elapsed();
         from = point.count;
     }
@@ -305,71 +284,42 @@ pub(super) fn on_held(held: &[Held], f: impl Fn(&Held) -> f64) -> Vec<(f64, f64)
 
 /// The time to reach each count, the other manager's cycle, the bytes per held lock.
 pub(super) fn panels(held: &[Held]) -> [Panel; 3] {
-    let ns = |d: Duration| as_f64(nanos(d));
-    let panel = |title: &str, y_desc, y_unit, curves| Panel {
-        title: title.to_owned(),
-        x_desc: "held locks",
-        y_desc,
-        y_unit,
-        curves,
-    };
+    let on = |f: fn(&Held) -> f64| on_held(held, f);
+    let axis = |y: &'static str, unit| ("held locks", y, unit);
     [
-        panel(
+        panel_of(
             "time to hold N locks",
-            "time",
-            Unit::Nanos,
+            axis("time", Unit::Nanos),
             vec![
                 curve(
                     "library, multiplexed",
                     BLUE,
                     false,
-                    on_held(held, |h| ns(h.reach)),
+                    on(|h| as_f64(nanos(h.reach))),
                 ),
                 curve(
                     "raw pg_advisory_lock",
                     RED,
                     true,
-                    on_held(held, |h| ns(h.raw_reach)),
+                    on(|h| as_f64(nanos(h.raw_reach))),
                 ),
             ],
         ),
-        panel(
+        panel_of(
             "another session's acquire + release at N held",
-            "cycle",
-            Unit::Nanos,
+            axis("cycle", Unit::Nanos),
             vec![
-                curve(
-                    "library p99",
-                    BLUE,
-                    false,
-                    on_held(held, |h| as_f64(h.probe.1)),
-                ),
-                curve(
-                    "library p50",
-                    GREEN,
-                    false,
-                    on_held(held, |h| as_f64(h.probe.0)),
-                ),
-                curve(
-                    "raw p99",
-                    RED,
-                    true,
-                    on_held(held, |h| as_f64(h.raw_probe.1)),
-                ),
+                curve("library p99", BLUE, false, on(|h| as_f64(h.probe.1))),
+                curve("library p50", GREEN, false, on(|h| as_f64(h.probe.0))),
+                curve("raw p99", RED, true, on(|h| as_f64(h.raw_probe.1))),
             ],
         ),
-        panel(
+        panel_of(
             "client bytes per held lock",
-            "bytes",
-            Unit::Plain,
+            axis("bytes", Unit::Plain),
             vec![
-                curve("heap", BLUE, false, on_held(held, |h| h.heap_per_lock)),
-                curve(
-                    "RSS",
-                    ORANGE,
-                    false,
-                    on_held(held, |h| h.rss_per_lock.unwrap_or(0.0)),
-                ),
+                curve("heap", BLUE, false, on(|h| h.heap_per_lock)),
+                curve("RSS", ORANGE, false, on(|h| h.rss_per_lock.unwrap_or(0.0))),
             ],
         ),
     ]

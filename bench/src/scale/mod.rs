@@ -5,29 +5,26 @@
 //!   per held lock, the server's lock-table fill;
 //! - [`reads`]: at each of those counts, each observation read's own time and the cycle
 //!   p99 while it loops;
-//! - [`tasks`]: 1 → 1,000 tasks on distinct keys, throughput ÷ raw;
 //! - [`waiters`]: 4 → 1,000 waiters on one key, handoff p99 and fairness;
 //! - [`groups`]: `acquire_many` of 1 → 1,000 keys, cost per key.
 //!
-//! The server must be sized for it (`cargo xtask bench --only scale` starts one that is);
-//! the scenario reads its settings and shared memory and reports them.
+//! (Tasks on distinct keys, 1 → 1,000, are the `throughput` scenario's curve.) The server
+//! must be sized for it (`cargo xtask bench --only scale` starts one that is); the
+//! scenario reads its settings and shared memory and reports them.
 
 mod groups;
 mod held;
 mod reads;
-mod tasks;
 mod waiters;
 
 use std::time::{Duration, Instant};
 
-use locks_port::{AcquireOptions, DistributedLock, LockGuard, lock_id};
-use locks_postgres::PostgresLockManager;
-use locks_postgres::deadpool_postgres::Pool;
 use serde_json::{Value, json};
 
-use crate::chart::{Curve, curves_svg};
-use crate::db::{Database, Raw};
-use crate::harness::{self, Outcome};
+use crate::chart::{Curve, Panel, Unit, curves_svg};
+use crate::clients::Op;
+use crate::db::Database;
+use crate::harness::Outcome;
 use crate::stats::{Latencies, as_f64, fmt_ns, nanos};
 use crate::{BoxError, Plan};
 
@@ -47,8 +44,6 @@ fn connections(max: usize) -> usize {
 const IN_FLIGHT: usize = 32;
 /// Probe cycles at each count (and while each read loops).
 const PROBE_CYCLES: usize = 300;
-/// Connections opened at once (more, on a loaded machine, time out in the pool).
-const OPENING: usize = 16;
 const APP: &str = "lock-bench-scale";
 const SETTINGS: [&str; 6] = [
     "max_locks_per_transaction",
@@ -75,62 +70,30 @@ impl P50P99 {
     }
 }
 
-/// One cycle of the other manager or of raw SQL: acquire + release of one key.
-enum Prober {
-    Library(PostgresLockManager),
-    Raw(Raw),
+/// At least `count` cycles of `probe` (another manager's or raw SQL's acquire + release
+/// of one key), and for at least `window`, each one's time in `latencies`.
+async fn record(
+    probe: &Op,
+    latencies: &mut Latencies,
+    count: usize,
+    window: Duration,
+) -> Result<(), BoxError> {
+    let began = Instant::now();
+    let mut done = 0;
+    while done < count || began.elapsed() < window {
+        let started = Instant::now();
+        probe.cycle(done).await?;
+        latencies.record(started.elapsed());
+        done += 1;
+    }
+    Ok(())
 }
 
-impl Prober {
-    async fn cycles(&self, count: usize) -> Result<P50P99, BoxError> {
-        self.cycles_until(count, Duration::ZERO).await
-    }
-
-    /// At least `count` cycles, and for at least `window`.
-    async fn cycles_until(&self, count: usize, window: Duration) -> Result<P50P99, BoxError> {
-        let mut latencies = Latencies::new();
-        self.record_until(&mut latencies, count, window).await?;
-        Ok(P50P99(latencies.p50(), latencies.p99()))
-    }
-
-    /// At least `count` cycles, and for at least `window`, each one's time in `latencies`.
-    async fn record_until(
-        &self,
-        latencies: &mut Latencies,
-        count: usize,
-        window: Duration,
-    ) -> Result<(), BoxError> {
-        let key = "bench:scale:probe";
-        let began = Instant::now();
-        let mut done = 0;
-        while done < count || began.elapsed() < window {
-            done += 1;
-            let started = Instant::now();
-            match self {
-                Self::Library(manager) => {
-                    manager
-                        .acquire(key, AcquireOptions::new())
-                        .await?
-                        .release()
-                        .await;
-                }
-                Self::Raw(raw) => raw.cycle(lock_id(key)).await?,
-            }
-            latencies.record(started.elapsed());
-        }
-        Ok(())
-    }
-}
-
-/// A pool of `size` connections, all opened, at most [`OPENING`] at a time.
-async fn open_pool(db: &Database, size: usize, application_name: &str) -> Result<Pool, BoxError> {
-    let pool = db.pool(size, application_name);
-    let mut open = 0;
-    while open < size {
-        open = (open + OPENING).min(size);
-        db.warm(&pool, open).await?;
-    }
-    Ok(pool)
+/// [`record`] into a histogram of its own: its p50 and p99.
+async fn cycles(probe: &Op, count: usize, window: Duration) -> Result<P50P99, BoxError> {
+    let mut latencies = Latencies::new();
+    record(probe, &mut latencies, count, window).await?;
+    Ok(P50P99(latencies.p50(), latencies.p99()))
 }
 
 fn curve(label: &str, color: (u8, u8, u8), dashed: bool, points: Vec<(f64, f64)>) -> Curve {
@@ -140,6 +103,18 @@ fn curve(label: &str, color: (u8, u8, u8), dashed: bool, points: Vec<(f64, f64)>
         color,
         dashed,
         points,
+    }
+}
+
+/// A panel of `curves`: its title, and what its axes show.
+fn panel_of(title: &str, axes: (&'static str, &'static str, Unit), curves: Vec<Curve>) -> Panel {
+    let (x_desc, y_desc, y_unit) = axes;
+    Panel {
+        title: title.to_owned(),
+        x_desc,
+        y_desc,
+        y_unit,
+        curves,
     }
 }
 
@@ -160,7 +135,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let needed = as_f64(plan.scale_max as u64).mul_add(1.2, 10_000.0) as u64;
     let holding = connections(plan.scale_max);
-    if usage.capacity < needed || max_connections < holding + tasks::TASK_CONNECTIONS * 2 + 20 {
+    if usage.capacity < needed || max_connections < holding * 2 + 20 {
         return Err(format!(
             "the server's lock table holds {} entries and it allows {max_connections} \
              connections; the scale scenario holds {} locks and opens up to {} connections: \
@@ -174,11 +149,6 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     let (held, stall) = held::measure(db, plan, &admin)
         .await
         .map_err(|error| format!("scale, held locks: {error}"))?;
-    let mut tasks = Vec::new();
-    for count in tasks::TASKS {
-        let point = tasks::point(db, plan, count).await;
-        tasks.push(point.map_err(|error| format!("scale, {count} tasks: {error}"))?);
-    }
     // Each waiter has its own connection: as many as the server allows, with room to spare.
     let room = max_connections.saturating_sub(40);
     let (waiter_counts, skipped): (Vec<usize>, Vec<usize>) = waiters::WAITERS
@@ -186,19 +156,8 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         .partition(|w| **w <= room && (!plan.quick || **w <= 256));
     let mut waiters = Vec::new();
     for count in waiter_counts {
-        let mut sides = [(0, 0.0); 2];
-        for side in harness::order(count, 2) {
-            sides[side] = waiters::window(db, plan, count, side == 0)
-                .await
-                .map_err(|error| format!("scale, {count} waiters: {error}"))?;
-            db.sessions(&admin, waiters::APP, 0).await?;
-        }
-        let [library, raw] = sides;
-        waiters.push(waiters::Waiters {
-            waiters: count,
-            library,
-            raw,
-        });
+        let point = waiters::point(db, plan, &admin, count).await;
+        waiters.push(point.map_err(|error| format!("scale, {count} waiters: {error}"))?);
     }
     let mut groups = Vec::new();
     for size in groups::GROUPS {
@@ -212,7 +171,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         .collect::<Vec<_>>()
         .join(", ");
     let per_connection = (plan.scale_max * 3 / 2).div_ceil(holding);
-    let title = "17. Scale: held locks, observation reads, tasks, waiters, groups";
+    let title = "17. Scale: held locks, observation reads, waiters, groups";
     let header = [
         "Point",
         "Time",
@@ -228,26 +187,21 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
          connection's) acquire + release of one key, {PROBE_CYCLES} at each count. \
          Bytes and CPU a lock: the process's heap (counting allocator) and RSS growth \
          since the warmed, empty manager, and CPU a second at rest minus that with \
-         nothing held. Reads: each one's p50 while it runs in a loop, and the cycle p99 \
-         meanwhile ÷ the p99 without it; a leader holds the election `who_leads` reads \
-         (with a board). Observers at an interval (a leader watch, the gauge every {} s, \
-         a semaphore of 2 acquired and released in a loop): the cycle p99 over {} s \
-         beside it ÷ over {} s without, in {} alternating windows a side, pooled.",
+         nothing held. Reads (a leader holds the election `who_leads` reads, with a \
+         board; observers at an interval: a leader watch, the gauge every {} s, a \
+         semaphore of 2 acquired and released in a loop): each one's own p50 while it \
+         loops, and the cycle p99 over {} s beside it ÷ over {} s without, in {} \
+         alternating windows a side, pooled.",
         reads::GAUGE_INTERVAL.as_secs(),
         reads::OBSERVE_WINDOW.as_secs(),
         reads::OBSERVE_WINDOW.as_secs(),
         reads::ROUNDS
     ));
     out.note(format!(
-        "Tasks: N tasks each on its own key, acquire + release in a loop for {:.1} s; \
-         library multiplexed on min(N, {}) connections, raw pipelined \
-         on as many; median of {} round(s). Waiters: N tasks (each its own connection, \
-         library `Queue`) acquire / hold {} / release one key; handoff = release → \
-         next grant; fairness = most ÷ fewest turns. Groups: `acquire_many` + release \
-         against one `pg_advisory_lock` over `unnest` + one unlock statement, p50.",
-        plan.scale_window.as_secs_f64(),
-        tasks::TASK_CONNECTIONS,
-        plan.scale_rounds,
+        "Waiters: N tasks (each its own connection, library `Queue`, no timeout) acquire \
+         / hold {} / release one key; handoff = release → next grant; fairness = most ÷ \
+         fewest turns. Groups: `acquire_many` + release against one `pg_advisory_lock` \
+         over `unnest` + one unlock statement, p50.",
         fmt_ns(nanos(waiters::HOLD))
     ));
     if let Some(stall) = &stall {
@@ -265,33 +219,26 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         ));
     }
     held.iter().for_each(|h| out.row(held::row(h)));
-    tasks.iter().for_each(|t| out.row(tasks::row(t)));
     waiters.iter().for_each(|w| out.row(waiters::row(w)));
     groups.iter().for_each(|g| out.row(groups::row(g)));
     let panels: Vec<_> = (held::panels(&held).into_iter())
         .chain(reads::panels(&held))
-        .chain([
-            tasks::panel(&tasks),
-            waiters::panel(&waiters),
-            groups::panel(&groups),
-        ])
+        .chain([waiters::panel(&waiters), groups::panel(&groups)])
         .collect();
     let chart_notes = [format!("Server: {settings_line}.")];
-    let svg = curves_svg(
-        "Scale: how each cost grows (log-log)",
-        &panels,
-        4,
-        &chart_notes,
-    )?;
-    out.files.push(("scale.svg", svg));
+    let title = "Scale: how each cost grows (log-log)";
+    out.files
+        .push(("scale.svg", curves_svg(title, &panels, 4, &chart_notes)?));
     let list = |values: Vec<Value>| Value::Array(values);
+    let server: serde_json::Map<_, _> = (server.iter())
+        .map(|(name, value)| ((*name).to_owned(), json!(value)))
+        .collect();
     Ok(out.with(json!({
-        "server": server.iter().map(|(n, v)| ((*n).to_owned(), json!(v))).collect::<serde_json::Map<_, _>>(),
+        "server": server,
         "connections": holding,
         "multiplex": per_connection,
         "in_flight": IN_FLIGHT,
         "held": list(held.iter().map(held::json).collect()),
-        "tasks": list(tasks.iter().map(tasks::json).collect()),
         "waiters": list(waiters.iter().map(waiters::json).collect()),
         "waiters_not_measured": skipped,
         "held_stalled": stall,

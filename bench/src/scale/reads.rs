@@ -5,16 +5,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use locks_leader::LeaderElection;
-use locks_port::{AcquireOptions, PermitGuard, Semaphore};
+use locks_leader::{LeaderElection, LeaderWatch};
+use locks_port::{AcquireOptions, LeaderBoard, PermitGuard, Semaphore};
 use locks_postgres::PostgresLockManager;
 
 use serde_json::{Value, json};
 
 use super::held::{Held, on_held};
-use super::{BLUE, GREEN, ORANGE, PROBE_CYCLES, Prober, curve};
+use super::{BLUE, GREEN, ORANGE, PROBE_CYCLES, curve, panel_of, record};
 use crate::BoxError;
 use crate::chart::{Panel, Unit};
+use crate::clients::Op;
 use crate::stats::{Latencies, as_f64, fmt_ns};
 
 /// How long the cycle is measured beside each observer at its interval (and as long
@@ -33,11 +34,10 @@ pub(super) enum Read {
     Holders,
     LockTableUsage,
     WhoLeads,
-    /// One leader watch at its default interval, for [`OBSERVE_WINDOW`].
-    Watch,
-    /// The same without a board: it names the leader from `permit_holders` (`pg_locks`),
-    /// as every watch did before the board named it.
-    WatchWithoutBoard,
+    /// One leader watch at its default interval, for [`OBSERVE_WINDOW`], with a board
+    /// (`true`), or without: naming the leader from `permit_holders` (`pg_locks`), as
+    /// every watch did before the board named it.
+    Watch(bool),
     /// `lock_table_usage()` every [`GAUGE_INTERVAL`], for [`OBSERVE_WINDOW`].
     Gauge,
     /// A semaphore's acquire + release in a loop, for [`OBSERVE_WINDOW`].
@@ -49,8 +49,8 @@ impl Read {
         Self::Holders,
         Self::LockTableUsage,
         Self::WhoLeads,
-        Self::Watch,
-        Self::WatchWithoutBoard,
+        Self::Watch(true),
+        Self::Watch(false),
         Self::Gauge,
         Self::Permits,
     ];
@@ -60,25 +60,16 @@ impl Read {
             Self::Holders => "holders(key)",
             Self::LockTableUsage => "lock_table_usage()",
             Self::WhoLeads => "who_leads()",
-            Self::Watch => "watch() at its interval",
-            Self::WatchWithoutBoard => "watch() without a board",
+            Self::Watch(true) => "watch() at its interval",
+            Self::Watch(false) => "watch() without a board",
             Self::Gauge => "lock_table_usage() every 5 s",
             Self::Permits => "permit acquire + release",
         }
     }
 
-    /// Whether it runs at an interval for [`OBSERVE_WINDOW`] (compared with the cycle
-    /// over the same window without it), rather than back to back.
-    fn timed(self) -> bool {
-        matches!(
-            self,
-            Self::Watch | Self::WatchWithoutBoard | Self::Gauge | Self::Permits
-        )
-    }
-
     /// Whether it runs until aborted (its own time is not counted).
     fn endless(self) -> bool {
-        matches!(self, Self::Watch | Self::WatchWithoutBoard | Self::Gauge)
+        matches!(self, Self::Watch(_) | Self::Gauge)
     }
 
     async fn once(self, observer: &PostgresLockManager) -> Result<(), BoxError> {
@@ -93,21 +84,12 @@ impl Read {
                         .await?,
                 );
             }
-            // Each runs until aborted: the leader does not change.
-            Self::Watch => {
-                let election =
-                    LeaderElection::new(observer.clone(), LEADER).board(observer.clone());
-                let mut watch = election.watch();
-                loop {
-                    watch.changed().await?;
-                }
-            }
-            Self::WatchWithoutBoard => {
+            Self::Watch(true) => {
                 let election = LeaderElection::new(observer.clone(), LEADER);
-                let mut watch = election.watch();
-                loop {
-                    watch.changed().await?;
-                }
+                watch(election.board(observer.clone()).watch()).await?;
+            }
+            Self::Watch(false) => {
+                watch(LeaderElection::new(observer.clone(), LEADER).watch()).await?
             }
             Self::Gauge => {
                 observer.lock_table_usage().await?;
@@ -125,6 +107,15 @@ impl Read {
     }
 }
 
+/// Follows a leader watch until aborted (the leader does not change).
+async fn watch<S: Semaphore, B: LeaderBoard>(
+    mut watch: LeaderWatch<'_, S, B>,
+) -> Result<(), BoxError> {
+    loop {
+        watch.changed().await?;
+    }
+}
+
 /// What one read cost at one count.
 #[derive(Debug)]
 pub(super) struct ReadCost {
@@ -132,114 +123,73 @@ pub(super) struct ReadCost {
     /// The read's own time, p50 of its calls while it looped.
     pub(super) own: u64,
     pub(super) calls: usize,
-    /// The probe's cycle p99 while it looped.
+    /// The probe's cycle p99 while it looped, and over as long without it.
     pub(super) probe_p99: u64,
-    /// For an observer at its interval: the cycle p99 over the same window without it.
-    pub(super) quiet_p99: Option<u64>,
+    pub(super) quiet_p99: u64,
 }
 
-/// Each read's own time and the probe's p99 while it loops.
+/// Each read's own time and the cycle p99 beside it ÷ without: [`ROUNDS`] windows of
+/// the cycle without the read and as many beside it looping, alternating, each side's
+/// cycles pooled, so that the machine's load drifting over [`OBSERVE_WINDOW`] weighs on
+/// both sides alike.
 pub(super) async fn read_costs(
     observer: &PostgresLockManager,
-    probe: &Prober,
+    probe: &Op,
 ) -> Result<Vec<ReadCost>, BoxError> {
+    let (window, cycles) = (
+        OBSERVE_WINDOW / ROUNDS,
+        PROBE_CYCLES.div_ceil(ROUNDS as usize),
+    );
     let mut costs = Vec::new();
-    let quiet = probe.cycles_until(PROBE_CYCLES, OBSERVE_WINDOW).await?;
     for read in Read::ALL {
-        let cost = if read.timed() {
-            observed(read, observer, probe).await?
-        } else {
-            let (during, own, calls) = beside(read, observer, probe, Duration::ZERO).await?;
-            ReadCost {
-                read,
-                own: own.p50(),
-                calls,
-                probe_p99: during.p99(),
-                quiet_p99: None,
+        let (mut with, mut without) = (Latencies::new(), Latencies::new());
+        let (mut own, mut calls) = (Latencies::new(), 0);
+        for _ in 0..ROUNDS {
+            record(probe, &mut without, cycles, window).await?;
+            let stop = Arc::new(AtomicBool::new(false));
+            let looping = {
+                let (observer, stop) = (observer.clone(), Arc::clone(&stop));
+                tokio::spawn(async move {
+                    let (mut own, mut calls) = (Latencies::new(), 0);
+                    while calls == 0 || !stop.load(Ordering::Relaxed) {
+                        let started = Instant::now();
+                        read.once(&observer).await?;
+                        own.record(started.elapsed());
+                        calls += 1;
+                    }
+                    Ok::<_, BoxError>((own, calls))
+                })
+            };
+            record(probe, &mut with, cycles, window).await?;
+            stop.store(true, Ordering::Relaxed);
+            if read.endless() {
+                looping.abort();
+            } else {
+                let (its, n) = looping.await??;
+                own.merge(&its);
+                calls += n;
             }
+        }
+        let (probe_p99, quiet_p99) = (with.p99(), without.p99());
+        let cost = ReadCost {
+            read,
+            own: own.p50(),
+            calls,
+            probe_p99,
+            quiet_p99,
         };
         // Said as measured: a later curve that stalls does not lose it.
-        let without = cost.quiet_p99.unwrap_or(quiet.1);
         eprintln!(
-            "lock-bench: scale: {}: own p50 {} ({} calls); cycle p99 {} (×{:.2} of {})",
+            "lock-bench: scale: {}: own p50 {} ({calls} calls); cycle p99 {} (×{:.2} of {})",
             read.name(),
             fmt_ns(cost.own),
-            cost.calls,
-            fmt_ns(cost.probe_p99),
-            as_f64(cost.probe_p99) / as_f64(without.max(1)),
-            fmt_ns(without),
+            fmt_ns(probe_p99),
+            slowdown(&cost),
+            fmt_ns(quiet_p99),
         );
         costs.push(cost);
     }
     Ok(costs)
-}
-
-/// An observer at its interval: [`ROUNDS`] windows of the cycle without it and as many
-/// beside it, alternating, each side's cycles pooled, so that the machine's load
-/// drifting over [`OBSERVE_WINDOW`] weighs on both sides alike.
-async fn observed(
-    read: Read,
-    observer: &PostgresLockManager,
-    probe: &Prober,
-) -> Result<ReadCost, BoxError> {
-    let window = OBSERVE_WINDOW / ROUNDS;
-    let cycles = PROBE_CYCLES.div_ceil(ROUNDS as usize);
-    let (mut with, mut without, mut own, mut calls) =
-        (Latencies::new(), Latencies::new(), Latencies::new(), 0);
-    for _ in 0..ROUNDS {
-        probe.record_until(&mut without, cycles, window).await?;
-        let (during, its, n) = beside(read, observer, probe, window).await?;
-        with.merge(&during);
-        own.merge(&its);
-        calls += n;
-    }
-    Ok(ReadCost {
-        read,
-        own: own.p50(),
-        calls,
-        probe_p99: with.p99(),
-        quiet_p99: Some(without.p99()),
-    })
-}
-
-/// The probe's cycles (at least [`PROBE_CYCLES`], for at least `window`) while `read`
-/// runs in a loop, and the read's own times and calls (none for an endless one).
-async fn beside(
-    read: Read,
-    observer: &PostgresLockManager,
-    probe: &Prober,
-    window: Duration,
-) -> Result<(Latencies, Latencies, usize), BoxError> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let looping = {
-        let (observer, stop) = (observer.clone(), Arc::clone(&stop));
-        tokio::spawn(async move {
-            let mut own = Latencies::new();
-            let mut calls = 0;
-            while calls < 3 || !stop.load(Ordering::Relaxed) {
-                let started = Instant::now();
-                read.once(&observer).await?;
-                own.record(started.elapsed());
-                calls += 1;
-            }
-            Ok::<_, BoxError>((own, calls))
-        })
-    };
-    let mut during = Latencies::new();
-    let cycles = if read.timed() {
-        PROBE_CYCLES.div_ceil(ROUNDS as usize)
-    } else {
-        PROBE_CYCLES
-    };
-    probe.record_until(&mut during, cycles, window).await?;
-    stop.store(true, Ordering::Relaxed);
-    let (own, calls) = if read.endless() {
-        looping.abort();
-        (Latencies::new(), 0)
-    } else {
-        looping.await??
-    };
-    Ok((during, own, calls))
 }
 
 /// The reads' cell of a held-lock row: each one's own time, and the cycle p99 while it
@@ -253,17 +203,16 @@ pub(super) fn cell(h: &Held) -> String {
                 "{} {} (p99 ×{:.2})",
                 r.read.name(),
                 fmt_ns(r.own),
-                slowdown(h, r)
+                slowdown(r)
             )
         })
         .collect();
     reads.join("; ")
 }
 
-/// The cycle p99 beside the read ÷ without it: over the same window for an observer at
-/// its interval, else the count's own cycle p99.
-fn slowdown(h: &Held, r: &ReadCost) -> f64 {
-    as_f64(r.probe_p99) / as_f64(r.quiet_p99.unwrap_or(h.probe.1).max(1))
+/// The cycle p99 beside the read ÷ without it.
+fn slowdown(r: &ReadCost) -> f64 {
+    as_f64(r.probe_p99) / as_f64(r.quiet_p99.max(1))
 }
 
 pub(super) fn json(h: &Held) -> Vec<Value> {
@@ -276,7 +225,7 @@ pub(super) fn json(h: &Held) -> Vec<Value> {
                 "calls": r.calls,
                 "cycle_p99_ns_while_looping": r.probe_p99,
                 "cycle_p99_ns_same_window_without": r.quiet_p99,
-                "ratio_to_cycle_p99": slowdown(h, r),
+                "ratio_to_cycle_p99": slowdown(r),
             })
         })
         .collect()
@@ -286,33 +235,27 @@ pub(super) fn json(h: &Held) -> Vec<Value> {
 /// loop back to back (the observers at an interval are in the table and the JSON).
 pub(super) fn panels(held: &[Held]) -> [Panel; 2] {
     let colors = [BLUE, ORANGE, GREEN];
-    let curves = |label: &dyn Fn(Read) -> String, y: &dyn Fn(&Held, &ReadCost) -> f64| {
-        let looped = Read::ALL
-            .iter()
-            .enumerate()
-            .filter(|(_, read)| !read.timed());
-        looped
+    let curves = |label: &dyn Fn(Read) -> String, y: &dyn Fn(&ReadCost) -> f64| {
+        // The reads that loop back to back: the first three.
+        (Read::ALL.iter().enumerate())
             .zip(colors)
             .map(|((index, read), color)| {
-                let points = on_held(held, |h| y(h, &h.reads[index]));
+                let points = on_held(held, |h| y(&h.reads[index]));
                 curve(&label(*read), color, false, points)
             })
             .collect()
     };
+    let axes = |y: &'static str, unit| ("held locks", y, unit);
     [
-        Panel {
-            title: "one observation read's own time".to_owned(),
-            x_desc: "held locks",
-            y_desc: "time",
-            y_unit: Unit::Nanos,
-            curves: curves(&|read| read.name().to_owned(), &|_, r| as_f64(r.own)),
-        },
-        Panel {
-            title: "cycle p99 while a read loops ÷ without".to_owned(),
-            x_desc: "held locks",
-            y_desc: "ratio",
-            y_unit: Unit::Plain,
-            curves: curves(&|read| format!("while {} loops", read.name()), &slowdown),
-        },
+        panel_of(
+            "one observation read's own time",
+            axes("time", Unit::Nanos),
+            curves(&|read| read.name().to_owned(), &|r| as_f64(r.own)),
+        ),
+        panel_of(
+            "cycle p99 while a read loops ÷ without",
+            axes("ratio", Unit::Plain),
+            curves(&|read| format!("while {} loops", read.name()), &slowdown),
+        ),
     ]
 }
