@@ -89,16 +89,12 @@ impl Database {
             .parse()
             .map_err(|_| format!("the server's port `{port}` is not a number"))?;
         let file = format!(".s.PGSQL.{port}");
-        let directory = (directories.split(','))
-            .map(|dir| dir.trim().trim_matches('"'))
-            .filter(|dir| !dir.is_empty() && !dir.starts_with('@'))
-            .find(|dir| Path::new(dir).join(&file).exists())
-            .ok_or_else(|| {
-                format!(
-                    "none of the server's unix_socket_directories (`{directories}`) holds \
+        let directory = socket_directory(&directories, &file).ok_or_else(|| {
+            format!(
+                "none of the server's unix_socket_directories (`{directories}`) holds \
                      {file} on this machine"
-                )
-            })?;
+            )
+        })?;
         let socket = self.at(Host::Unix(directory.into()), port);
         match ask(&socket).await {
             Ok([.., there]) if there == started => Ok(socket),
@@ -201,6 +197,16 @@ impl Database {
     }
 }
 
+/// The first of `directories` (the server's `unix_socket_directories`: comma-separated,
+/// each perhaps quoted; `@name` an abstract socket, which has no file) that holds `file`
+/// on this machine.
+fn socket_directory<'a>(directories: &'a str, file: &str) -> Option<&'a str> {
+    (directories.split(','))
+        .map(|dir| dir.trim().trim_matches('"'))
+        .filter(|dir| !dir.is_empty() && !dir.starts_with('@'))
+        .find(|dir| Path::new(dir).join(file).exists())
+}
+
 /// A raw baseline: a dedicated connection with its lock, try and unlock statements
 /// prepared.
 #[derive(Debug)]
@@ -266,4 +272,26 @@ pub(crate) async fn granted_advisory_locks(
         )
         .await?
         .get(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_socket_is_the_first_directory_holding_its_file() {
+        let here = std::env::temp_dir().join(format!("lock-bench-socket-{}", std::process::id()));
+        std::fs::create_dir_all(&here).unwrap();
+        std::fs::write(here.join(".s.PGSQL.5432"), "").unwrap();
+        let found = |listed: &str, file| socket_directory(listed, file).map(str::to_owned);
+        let text = here.to_str().unwrap();
+        let listed = format!("/nowhere/at/all, @abstract, \"{text}\", /tmp");
+        let answers = [
+            found(&listed, ".s.PGSQL.5432"),
+            found(&listed, ".s.PGSQL.5433"),
+            found("", ".s.PGSQL.5432"),
+        ];
+        std::fs::remove_dir_all(&here).unwrap();
+        assert_eq!(answers, [Some(text.to_owned()), None, None]);
+    }
 }
