@@ -7,9 +7,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::future::join_all;
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use locks_port::{DistributedLock, LockAcquisitionError, LockGuard, LostSignal, Semaphore};
 use opentelemetry::KeyValue;
+use tokio::sync::Notify;
 
 use crate::assign::{expected_from_terms, members_of, target_share, to_shed, to_try};
 use crate::group::ShardGroup;
@@ -74,6 +76,10 @@ pub(crate) struct Assignment<'a, M, T> {
     pub(crate) takeover_delay: Duration,
     pub(crate) instruments: &'a Instruments,
     pub(crate) attributes: &'a [KeyValue],
+    /// Told by each term's tokio task when it is over (its lock released), so that the
+    /// member ticks at once: a shard it lost and may own again is taken back without
+    /// waiting for the next tick.
+    pub(crate) ended: &'a Arc<Notify>,
 }
 
 impl<M, T> Assignment<'_, M, T>
@@ -94,6 +100,7 @@ where
         F: Fn(Owned, LostSignal) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
+        tracing::trace!(slot, "tick");
         running.retain(|_, term| !term.is_finished());
         self.rejoined(slot, running).await;
         let holders = match self.locks.permit_holders(&self.group.members_name()).await {
@@ -103,6 +110,11 @@ where
                 return;
             }
         };
+        tracing::trace!(
+            members = holders.held.len(),
+            owned = running.len(),
+            "members read"
+        );
         let (members, me) = members_of(
             holders
                 .held
@@ -201,35 +213,33 @@ where
         let mut wanted = take_up_to.saturating_sub(active.len());
         let owned: Vec<usize> = running.keys().copied().collect();
         let mut candidates = to_try(self.group, slot, &owned).into_iter();
-        // As many tries at once as shards are wanted (after a member died, its shards
-        // are taken in one round trip, not one after the other), in score order.
-        while wanted > 0 {
-            let batch: Vec<usize> = candidates.by_ref().take(wanted).collect();
-            if batch.is_empty() {
-                break;
+        // As many tries at once as shards are still wanted, in score order (after a
+        // member died, its shards are taken in one round trip, not one after the
+        // other), and the next candidate tried as soon as a try finds its shard busy:
+        // a slow try (a connection being opened on a loaded server) holds up only its
+        // own shard, not the others of its round.
+        let mut trying = FuturesUnordered::new();
+        let mut failed = false;
+        loop {
+            while !failed && trying.len() < wanted {
+                let Some(shard) = candidates.next() else {
+                    break;
+                };
+                trying.push(async move { (shard, self.take(slot, holder_id, shard, task).await) });
             }
-            let taken = join_all(
-                batch
-                    .iter()
-                    .map(|&shard| self.take(slot, holder_id, shard, task)),
-            )
-            .await;
-            let mut failed = false;
-            for (shard, outcome) in batch.into_iter().zip(taken) {
-                match outcome {
-                    Ok(Some(term)) => {
-                        running.insert(shard, term);
-                        wanted -= 1;
-                    }
-                    Ok(None) => {}
-                    Err(error) => {
-                        tracing::warn!(error = %error, "taking a shard failed");
-                        failed = true;
-                    }
+            let Some((shard, outcome)) = trying.next().await else {
+                break;
+            };
+            match outcome {
+                Ok(Some(term)) => {
+                    running.insert(shard, term);
+                    wanted -= 1;
                 }
-            }
-            if failed {
-                break;
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::warn!(error = %error, "taking a shard failed");
+                    failed = true;
+                }
             }
         }
     }
@@ -247,9 +257,15 @@ where
         Fut: Future<Output = ()> + Send + 'static,
     {
         let name = self.group.shard(shard).unwrap_or_default();
+        let trying = Instant::now();
         let Some(guard) = self.locks.try_acquire(&self.group.shard_key(name)).await? else {
+            tracing::trace!(shard = name, took = ?trying.elapsed(), "shard busy");
             return Ok(None);
         };
+        // The previous owner's session ended before this grant: its loss notice is
+        // counted from here, not from after the term's begin.
+        let taken_at = tokio::time::Instant::now();
+        tracing::trace!(shard = name, took = ?trying.elapsed(), "shard lock taken");
         let notice = self.locks.loss_notice_bound();
         let begun = match self
             .terms
@@ -263,6 +279,12 @@ where
             }
         };
         self.instruments.terms.add(1, self.attributes);
+        tracing::trace!(
+            shard = name,
+            token = begun.term.token,
+            previous_ended = begun.previous_ended,
+            "term begun"
+        );
         let owned = Owned {
             group: self.group.name().into(),
             shard: name.into(),
@@ -275,12 +297,15 @@ where
             slot,
             terms: self.terms.clone(),
             // The previous owner did not end its term: it may not have stopped yet. Its
-            // own manager's bound on how soon it is told says how long to wait.
-            wait_first: (!begun.previous_ended)
-                .then(|| begun.previous_loss_notice.unwrap_or(self.takeover_delay)),
+            // own manager's bound on how soon it is told says how long to wait, from
+            // when this member was granted the lock (the owner's session had ended by
+            // then).
+            wait_until: (!begun.previous_ended)
+                .then(|| taken_at + begun.previous_loss_notice.unwrap_or(self.takeover_delay)),
             drain_grace: self.drain_grace,
             instruments: self.instruments.clone(),
             attributes: self.attributes.to_vec(),
+            ended: Arc::clone(self.ended),
         };
         let task = Arc::clone(task);
         Ok(Some(spawn(guard, plan, move |owned, stop| {
@@ -338,6 +363,7 @@ mod tests {
         terms.end("g", "s4", 1).await.expect("ended");
         let locks = InMemoryLockManager::default();
         let instruments = Instruments::global();
+        let ended = Arc::new(Notify::new());
         let assignment = Assignment {
             locks: &locks,
             terms: &terms,
@@ -346,6 +372,7 @@ mod tests {
             takeover_delay: Duration::ZERO,
             instruments: &instruments,
             attributes: &[],
+            ended: &ended,
         };
         let mut view = View::default();
         assert!(view.fresh());

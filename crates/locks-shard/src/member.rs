@@ -15,6 +15,7 @@ use locks_port::{
 };
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::Meter;
+use tokio::sync::Notify;
 
 use crate::assignment::{Assignment, View};
 use crate::group::ShardGroup;
@@ -269,6 +270,8 @@ where
         let mut running: BTreeMap<usize, Running> = BTreeMap::new();
         // The member list as the last tick saw it, kept from one membership to the next.
         let mut view = View::default();
+        // Told when a term is over, so that the next tick comes at once.
+        let ended = Arc::new(Notify::new());
         loop {
             running.retain(|_, term| !term.is_finished());
             if running.is_empty()
@@ -311,7 +314,7 @@ where
             };
             renewing = self_stop.is_some() && permit.info().holder_id().is_some();
             let left = self
-                .membership(self_stop.as_ref())
+                .membership(self_stop.as_ref(), &ended)
                 .hold(&permit, &mut running, &task, &mut view, shutdown.as_mut())
                 .await;
             match left {
@@ -342,7 +345,11 @@ where
     }
 
     /// The settings of one membership, borrowed from this member.
-    fn membership<'a>(&'a self, self_stop: Option<&'a SelfStop>) -> Membership<'a, M, T> {
+    fn membership<'a>(
+        &'a self,
+        self_stop: Option<&'a SelfStop>,
+        ended: &'a Arc<Notify>,
+    ) -> Membership<'a, M, T> {
         Membership {
             assignment: Assignment {
                 locks: &self.locks,
@@ -352,6 +359,7 @@ where
                 takeover_delay: self.takeover_delay,
                 instruments: &self.instruments,
                 attributes: &self.attributes,
+                ended,
             },
             tick: self.tick,
             rejoin_wait: self.rejoin_wait,

@@ -10,7 +10,7 @@ use std::time::Duration;
 use locks_port::{LockGuard, LossNotifier, LostReason};
 use opentelemetry::KeyValue;
 use time::OffsetDateTime;
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::metrics::Instruments;
@@ -148,10 +148,14 @@ pub(crate) struct TermPlan<T> {
     /// The member's slot the term began under.
     pub(crate) slot: u32,
     pub(crate) terms: T,
-    pub(crate) wait_first: Option<Duration>,
+    /// Until when the task waits before it starts (the previous owner's loss notice
+    /// counted from this member's grant of the lock), when the previous term did not end.
+    pub(crate) wait_until: Option<tokio::time::Instant>,
     pub(crate) drain_grace: Duration,
     pub(crate) instruments: Instruments,
     pub(crate) attributes: Vec<KeyValue>,
+    /// Told once the term is over and its lock released.
+    pub(crate) ended: Arc<Notify>,
 }
 
 enum Ended {
@@ -184,21 +188,26 @@ where
             owned,
             slot: _,
             terms,
-            wait_first,
+            wait_until,
             drain_grace,
             instruments,
             attributes,
+            ended: over,
         } = plan;
-        if let Some(delay) = wait_first {
+        if let Some(until) = wait_until {
             // The previous owner did not end its term: let it notice its loss and stop.
+            // Some(whether the lock was lost) when the term ends before its task starts.
             let early = tokio::select! {
                 biased;
-                _ = lost.clone() => true,
-                _ = &mut rx => true,
-                () = tokio::time::sleep(delay) => false,
+                _ = lost.clone() => Some(true),
+                _ = &mut rx => Some(false),
+                () = tokio::time::sleep_until(until) => None,
             };
-            if early {
+            if let Some(lost_lock) = early {
                 finish(&mut holding, &terms, &owned).await;
+                if lost_lock {
+                    over.notify_one();
+                }
                 return;
             }
         }
@@ -218,6 +227,7 @@ where
                 },
             }
         };
+        let lost_lock = matches!(ended, Ended::Lost(_));
         match ended {
             Ended::Lost(reason) => {
                 // Someone else may own the shard already: no drain.
@@ -247,6 +257,13 @@ where
         instruments.owned.add(-1, &attributes);
         tracing::debug!(shard = %owned.shard, token = owned.token, "shard task stopped");
         finish(&mut holding, &terms, &owned).await;
+        if lost_lock {
+            // The member may own the shard again at once (a terminated session: its
+            // share has not changed). Not after a hand-off or a task that returned: the
+            // first is not this member's any more, the second would be run again in a
+            // loop as fast as the server answers.
+            over.notify_one();
+        }
     });
     Running {
         handoff: Some(tx),
