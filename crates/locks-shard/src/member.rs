@@ -87,8 +87,9 @@ where
         }
     }
 
-    /// How often the member reads the member list and takes or sheds shards (a zero
-    /// tick is read as 1 ms).
+    /// How often the member reads the member list and takes or sheds shards, counted
+    /// from one tick's start to the next (a zero tick is read as 1 ms). A member also
+    /// ticks at once when one of its terms lost its lock, to take the shard back.
     #[must_use]
     pub fn tick(mut self, tick: Duration) -> Self {
         self.tick = tick.max(Duration::from_millis(1));
@@ -111,7 +112,8 @@ where
     }
 
     /// How long a member waits before starting a shard whose previous term was not
-    /// ended, when that term's owner did not record how soon it is told of a loss (its
+    /// ended (counted from the grant of the shard's lock), when that term's owner did
+    /// not record how soon it is told of a loss (its
     /// manager's [`loss_notice_bound`](DistributedLock::loss_notice_bound) was `None`, or
     /// the store or the owner's version keeps none; see [`DEFAULT_TAKEOVER_DELAY`]). It
     /// must exceed the time an owner needs to notice a loss (its manager's health-check
