@@ -101,6 +101,13 @@ where
         Fut: Future<Output = ()> + Send + 'static,
     {
         tracing::trace!(slot, "tick");
+        // The shards whose locks this member just lost are tried first: most often
+        // still its share, and free.
+        let retake: Vec<usize> = running
+            .iter()
+            .filter(|(_, term)| term.lost_lock())
+            .map(|(&shard, _)| shard)
+            .collect();
         running.retain(|_, term| !term.is_finished());
         self.rejoined(slot, running).await;
         let holders = match self.locks.permit_holders(&self.group.members_name()).await {
@@ -133,7 +140,7 @@ where
         let take_up_to = view
             .take_cap(self.group.len(), members.len())
             .map_or(share, |cap| cap.min(share));
-        self.rebalance(slot, holder_id, (share, take_up_to), running, task)
+        self.rebalance(slot, holder_id, (share, take_up_to), &retake, running, task)
             .await;
         let settled = running.len() == share && running.values().all(|term| !term.is_stopping());
         if settled && let Some(at) = view.changed_at.take() {
@@ -185,12 +192,14 @@ where
     }
 
     /// Sheds the shards above `share`, or takes free ones up to `take_up_to` (the share,
-    /// or less while members are expected back).
+    /// or less while members are expected back), trying first the shards in `retake`
+    /// (whose locks this member just lost).
     async fn rebalance<F, Fut>(
         &self,
         slot: u32,
         holder_id: Option<&str>,
         (share, take_up_to): (usize, usize),
+        retake: &[usize],
         running: &mut BTreeMap<usize, Running>,
         task: &Arc<F>,
     ) where
@@ -212,7 +221,11 @@ where
         }
         let mut wanted = take_up_to.saturating_sub(active.len());
         let owned: Vec<usize> = running.keys().copied().collect();
-        let mut candidates = to_try(self.group, slot, &owned).into_iter();
+        let mut candidates = retake.iter().copied().chain(
+            to_try(self.group, slot, &owned)
+                .into_iter()
+                .filter(|shard| !retake.contains(shard)),
+        );
         // As many tries at once as shards are still wanted, in score order (after a
         // member died, its shards are taken in one round trip, not one after the
         // other), and the next candidate tried as soon as a try finds its shard busy:

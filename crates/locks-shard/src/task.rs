@@ -5,6 +5,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use locks_port::{LockGuard, LossNotifier, LostReason};
@@ -93,6 +94,8 @@ pub(crate) struct Running {
     token: i64,
     /// The member's slot the term store records for the term.
     slot: u32,
+    /// Set once the term lost its lock and let it go (its tokio task about to return).
+    lost: Arc<AtomicBool>,
 }
 
 impl Running {
@@ -118,7 +121,13 @@ impl Running {
     }
 
     pub(crate) fn is_finished(&self) -> bool {
-        self.handle.is_finished()
+        self.lost_lock() || self.handle.is_finished()
+    }
+
+    /// Whether the term is over because its lock was lost (its lock let go): the
+    /// member may take the shard back at once.
+    pub(crate) fn lost_lock(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
     }
 
     /// Drops the task at once (no drain, the term not ended) and waits until its tokio
@@ -178,6 +187,8 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     let (tx, mut rx) = oneshot::channel::<()>();
+    let lost_flag = Arc::new(AtomicBool::new(false));
+    let lost_told = Arc::clone(&lost_flag);
     let (shard, token, slot) = (Arc::clone(&plan.owned.shard), plan.owned.token, plan.slot);
     let handle = tokio::spawn(async move {
         let lost = guard.lost();
@@ -207,6 +218,7 @@ where
             if let Some(lost_lock) = early {
                 finish(&mut holding, &terms, &owned).await;
                 if lost_lock {
+                    lost_told.store(true, Ordering::Release);
                     over.notify_one();
                 }
                 return;
@@ -263,6 +275,7 @@ where
             // share has not changed). Not after a hand-off or a task that returned: the
             // first is not this member's any more, the second would be run again in a
             // loop as fast as the server answers.
+            lost_told.store(true, Ordering::Release);
             over.notify_one();
         }
     });
@@ -272,6 +285,7 @@ where
         shard,
         token,
         slot,
+        lost: lost_flag,
     }
 }
 

@@ -467,7 +467,10 @@ pub(crate) async fn check(admin: &Client, end: f64, faults: &Faults) -> Result<V
         "shards: unowned outside outages and recoveries, per shard on average: {total:.2} s, by cause:"
     );
     for (cause, (seconds, pieces)) in by {
-        println!("  {seconds:6.2} s  {pieces:5} pieces  {cause}");
+        // A piece's mean length, over all shards (`seconds` is per shard).
+        #[allow(clippy::cast_precision_loss)]
+        let each = seconds * SHARDS as f64 / pieces.max(1) as f64 * 1e3;
+        println!("  {seconds:6.2} s  {pieces:5} pieces  {each:4.0} ms each  {cause}");
     }
     if std::env::var_os("SOAK_SHARD_DETAIL").is_some() {
         for line in lines {
