@@ -20,9 +20,14 @@ pub(crate) async fn warm(pools: &[&Pool], count: usize) {
     .await;
 }
 
-/// Every 250 ms, checks out as many connections of each pool as it takes to have
-/// `count` in all, those in use counted (each returned as soon as it is had): the idle
-/// ones are checked (a closed one is dropped), and the missing ones opened.
+/// How many connections of a pool [`keep_warm`] checks out at most in a round: a
+/// gentle refill (8 a second), not a burst of every member's connections at once when
+/// the server is back from a restart, while its members retake their shards.
+const REFILL_AT_ONCE: usize = 2;
+
+/// Every 250 ms, checks out up to [`REFILL_AT_ONCE`] connections of each pool that has
+/// fewer than `count` in all, those in use counted (each returned as soon as it is
+/// had): a closed idle one is dropped, a missing one opened.
 pub(crate) async fn keep_warm(pools: [Pool; 2], count: usize) {
     loop {
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -30,7 +35,12 @@ pub(crate) async fn keep_warm(pools: [Pool; 2], count: usize) {
             let status = pool.status();
             let in_use = status.size.saturating_sub(status.available);
             let idle_wanted = count.saturating_sub(in_use);
-            let checking = (0..idle_wanted).map(|_| async { drop(pool.get().await) });
+            let refill = if status.size < count {
+                idle_wanted.min(REFILL_AT_ONCE + status.available)
+            } else {
+                0
+            };
+            let checking = (0..refill).map(|_| async { drop(pool.get().await) });
             let _ = tokio::time::timeout(
                 Duration::from_secs(2),
                 futures_util::future::join_all(checking),
