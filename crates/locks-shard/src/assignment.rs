@@ -76,8 +76,8 @@ pub(crate) struct Assignment<'a, M, T> {
     pub(crate) takeover_delay: Duration,
     pub(crate) instruments: &'a Instruments,
     pub(crate) attributes: &'a [KeyValue],
-    /// Told by each term's tokio task when it is over (its lock released), so that the
-    /// member ticks at once: a shard it lost and may own again is taken back without
+    /// Told by a term's tokio task when the term lost its lock (and let it go), so that
+    /// the member ticks at once: a shard it lost and may own again is taken back without
     /// waiting for the next tick.
     pub(crate) ended: &'a Arc<Notify>,
 }

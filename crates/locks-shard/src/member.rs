@@ -272,7 +272,7 @@ where
         let mut running: BTreeMap<usize, Running> = BTreeMap::new();
         // The member list as the last tick saw it, kept from one membership to the next.
         let mut view = View::default();
-        // Told when a term is over, so that the next tick comes at once.
+        // Told when a term lost its lock, so that the next tick comes at once.
         let ended = Arc::new(Notify::new());
         loop {
             running.retain(|_, term| !term.is_finished());

@@ -72,7 +72,7 @@ where
                 self.assignment.expect_fleet(view, self.rejoin_wait).await;
             }
             // A tick every period from the last one's start (not a period after its
-            // work), and at once when one of this member's terms is over.
+            // work), and at once when one of this member's terms lost its lock.
             let mut ticks = tokio::time::interval(self.tick);
             ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
             ticks.tick().await;

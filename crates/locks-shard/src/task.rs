@@ -61,8 +61,8 @@ pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(5);
 /// How long a member that took a shard whose previous term did not end cleanly (its
 /// owner died, or lost the lock) waits before starting the task, counted from the grant
 /// of the shard's lock (the previous owner's session had ended by then), so that an
-/// owner whose session was ended has noticed and stopped first, when that owner did not record a
-/// bound of its own: as the leader's `DEFAULT_TAKEOVER_DELAY`, above the PostgreSQL
+/// owner whose session was ended has noticed and stopped first, when that owner did not
+/// record a bound of its own: as the leader's `DEFAULT_TAKEOVER_DELAY`, above the PostgreSQL
 /// adapter's health-check interval (200 ms by default). An owner whose manager knows how
 /// soon it is told of a loss ([`loss_notice_bound`](locks_port::DistributedLock::loss_notice_bound):
 /// 100 ms on `locks_postgres::plain_pool` and `tls_pool`) records it in its term, and
@@ -164,7 +164,7 @@ pub(crate) struct TermPlan<T> {
     pub(crate) drain_grace: Duration,
     pub(crate) instruments: Instruments,
     pub(crate) attributes: Vec<KeyValue>,
-    /// Told once the term is over and its lock released.
+    /// Told once the term lost its lock and let it go.
     pub(crate) ended: Arc<Notify>,
 }
 
