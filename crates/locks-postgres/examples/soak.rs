@@ -29,6 +29,8 @@ mod causes;
 mod patroni;
 #[path = "soak/shards.rs"]
 mod shards;
+#[path = "soak/warm.rs"]
+mod warm;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 

@@ -7,9 +7,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::future::join_all;
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use locks_port::{DistributedLock, LockAcquisitionError, LockGuard, LostSignal, Semaphore};
 use opentelemetry::KeyValue;
+use tokio::sync::Notify;
 
 use crate::assign::{expected_from_terms, members_of, target_share, to_shed, to_try};
 use crate::group::ShardGroup;
@@ -74,6 +76,10 @@ pub(crate) struct Assignment<'a, M, T> {
     pub(crate) takeover_delay: Duration,
     pub(crate) instruments: &'a Instruments,
     pub(crate) attributes: &'a [KeyValue],
+    /// Told by a term's tokio task when the term lost its lock (and let it go), so that
+    /// the member ticks at once: a shard it lost and may own again is taken back without
+    /// waiting for the next tick.
+    pub(crate) ended: &'a Arc<Notify>,
 }
 
 impl<M, T> Assignment<'_, M, T>
@@ -94,6 +100,14 @@ where
         F: Fn(Owned, LostSignal) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
+        tracing::trace!(slot, "tick");
+        // The shards whose locks this member just lost are tried first: most often
+        // still its share, and free.
+        let retake: Vec<usize> = running
+            .iter()
+            .filter(|(_, term)| term.lost_lock())
+            .map(|(&shard, _)| shard)
+            .collect();
         running.retain(|_, term| !term.is_finished());
         self.rejoined(slot, running).await;
         let holders = match self.locks.permit_holders(&self.group.members_name()).await {
@@ -103,6 +117,11 @@ where
                 return;
             }
         };
+        tracing::trace!(
+            members = holders.held.len(),
+            owned = running.len(),
+            "members read"
+        );
         let (members, me) = members_of(
             holders
                 .held
@@ -121,7 +140,7 @@ where
         let take_up_to = view
             .take_cap(self.group.len(), members.len())
             .map_or(share, |cap| cap.min(share));
-        self.rebalance(slot, holder_id, (share, take_up_to), running, task)
+        self.rebalance(slot, holder_id, (share, take_up_to), &retake, running, task)
             .await;
         let settled = running.len() == share && running.values().all(|term| !term.is_stopping());
         if settled && let Some(at) = view.changed_at.take() {
@@ -173,12 +192,14 @@ where
     }
 
     /// Sheds the shards above `share`, or takes free ones up to `take_up_to` (the share,
-    /// or less while members are expected back).
+    /// or less while members are expected back), trying first the shards in `retake`
+    /// (whose locks this member just lost).
     async fn rebalance<F, Fut>(
         &self,
         slot: u32,
         holder_id: Option<&str>,
         (share, take_up_to): (usize, usize),
+        retake: &[usize],
         running: &mut BTreeMap<usize, Running>,
         task: &Arc<F>,
     ) where
@@ -200,36 +221,38 @@ where
         }
         let mut wanted = take_up_to.saturating_sub(active.len());
         let owned: Vec<usize> = running.keys().copied().collect();
-        let mut candidates = to_try(self.group, slot, &owned).into_iter();
-        // As many tries at once as shards are wanted (after a member died, its shards
-        // are taken in one round trip, not one after the other), in score order.
-        while wanted > 0 {
-            let batch: Vec<usize> = candidates.by_ref().take(wanted).collect();
-            if batch.is_empty() {
-                break;
+        let mut candidates = retake.iter().copied().chain(
+            to_try(self.group, slot, &owned)
+                .into_iter()
+                .filter(|shard| !retake.contains(shard)),
+        );
+        // As many tries at once as shards are still wanted, in score order (after a
+        // member died, its shards are taken in one round trip, not one after the
+        // other), and the next candidate tried as soon as a try finds its shard busy:
+        // a slow try (a connection being opened on a loaded server) holds up only its
+        // own shard, not the others of its round.
+        let mut trying = FuturesUnordered::new();
+        let mut failed = false;
+        loop {
+            while !failed && trying.len() < wanted {
+                let Some(shard) = candidates.next() else {
+                    break;
+                };
+                trying.push(async move { (shard, self.take(slot, holder_id, shard, task).await) });
             }
-            let taken = join_all(
-                batch
-                    .iter()
-                    .map(|&shard| self.take(slot, holder_id, shard, task)),
-            )
-            .await;
-            let mut failed = false;
-            for (shard, outcome) in batch.into_iter().zip(taken) {
-                match outcome {
-                    Ok(Some(term)) => {
-                        running.insert(shard, term);
-                        wanted -= 1;
-                    }
-                    Ok(None) => {}
-                    Err(error) => {
-                        tracing::warn!(error = %error, "taking a shard failed");
-                        failed = true;
-                    }
+            let Some((shard, outcome)) = trying.next().await else {
+                break;
+            };
+            match outcome {
+                Ok(Some(term)) => {
+                    running.insert(shard, term);
+                    wanted -= 1;
                 }
-            }
-            if failed {
-                break;
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::warn!(error = %error, "taking a shard failed");
+                    failed = true;
+                }
             }
         }
     }
@@ -247,9 +270,15 @@ where
         Fut: Future<Output = ()> + Send + 'static,
     {
         let name = self.group.shard(shard).unwrap_or_default();
+        let trying = Instant::now();
         let Some(guard) = self.locks.try_acquire(&self.group.shard_key(name)).await? else {
+            tracing::trace!(shard = name, took = ?trying.elapsed(), "shard busy");
             return Ok(None);
         };
+        // The previous owner's session ended before this grant: its loss notice is
+        // counted from here, not from after the term's begin.
+        let taken_at = tokio::time::Instant::now();
+        tracing::trace!(shard = name, took = ?trying.elapsed(), "shard lock taken");
         let notice = self.locks.loss_notice_bound();
         let begun = match self
             .terms
@@ -263,6 +292,12 @@ where
             }
         };
         self.instruments.terms.add(1, self.attributes);
+        tracing::trace!(
+            shard = name,
+            token = begun.term.token,
+            previous_ended = begun.previous_ended,
+            "term begun"
+        );
         let owned = Owned {
             group: self.group.name().into(),
             shard: name.into(),
@@ -275,12 +310,15 @@ where
             slot,
             terms: self.terms.clone(),
             // The previous owner did not end its term: it may not have stopped yet. Its
-            // own manager's bound on how soon it is told says how long to wait.
-            wait_first: (!begun.previous_ended)
-                .then(|| begun.previous_loss_notice.unwrap_or(self.takeover_delay)),
+            // own manager's bound on how soon it is told says how long to wait, from
+            // when this member was granted the lock (the owner's session had ended by
+            // then).
+            wait_until: (!begun.previous_ended)
+                .then(|| taken_at + begun.previous_loss_notice.unwrap_or(self.takeover_delay)),
             drain_grace: self.drain_grace,
             instruments: self.instruments.clone(),
             attributes: self.attributes.to_vec(),
+            ended: Arc::clone(self.ended),
         };
         let task = Arc::clone(task);
         Ok(Some(spawn(guard, plan, move |owned, stop| {
@@ -338,6 +376,7 @@ mod tests {
         terms.end("g", "s4", 1).await.expect("ended");
         let locks = InMemoryLockManager::default();
         let instruments = Instruments::global();
+        let ended = Arc::new(Notify::new());
         let assignment = Assignment {
             locks: &locks,
             terms: &terms,
@@ -346,6 +385,7 @@ mod tests {
             takeover_delay: Duration::ZERO,
             instruments: &instruments,
             attributes: &[],
+            ended: &ended,
         };
         let mut view = View::default();
         assert!(view.fresh());

@@ -15,6 +15,7 @@ use locks_port::{
 };
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::Meter;
+use tokio::sync::Notify;
 
 use crate::assignment::{Assignment, View};
 use crate::group::ShardGroup;
@@ -86,8 +87,9 @@ where
         }
     }
 
-    /// How often the member reads the member list and takes or sheds shards (a zero
-    /// tick is read as 1 ms).
+    /// How often the member reads the member list and takes or sheds shards, counted
+    /// from one tick's start to the next (a zero tick is read as 1 ms). A member also
+    /// ticks at once when one of its terms lost its lock, to take the shard back.
     #[must_use]
     pub fn tick(mut self, tick: Duration) -> Self {
         self.tick = tick.max(Duration::from_millis(1));
@@ -110,7 +112,8 @@ where
     }
 
     /// How long a member waits before starting a shard whose previous term was not
-    /// ended, when that term's owner did not record how soon it is told of a loss (its
+    /// ended (counted from the grant of the shard's lock), when that term's owner did
+    /// not record how soon it is told of a loss (its
     /// manager's [`loss_notice_bound`](DistributedLock::loss_notice_bound) was `None`, or
     /// the store or the owner's version keeps none; see [`DEFAULT_TAKEOVER_DELAY`]). It
     /// must exceed the time an owner needs to notice a loss (its manager's health-check
@@ -269,6 +272,8 @@ where
         let mut running: BTreeMap<usize, Running> = BTreeMap::new();
         // The member list as the last tick saw it, kept from one membership to the next.
         let mut view = View::default();
+        // Told when a term lost its lock, so that the next tick comes at once.
+        let ended = Arc::new(Notify::new());
         loop {
             running.retain(|_, term| !term.is_finished());
             if running.is_empty()
@@ -311,7 +316,7 @@ where
             };
             renewing = self_stop.is_some() && permit.info().holder_id().is_some();
             let left = self
-                .membership(self_stop.as_ref())
+                .membership(self_stop.as_ref(), &ended)
                 .hold(&permit, &mut running, &task, &mut view, shutdown.as_mut())
                 .await;
             match left {
@@ -342,7 +347,11 @@ where
     }
 
     /// The settings of one membership, borrowed from this member.
-    fn membership<'a>(&'a self, self_stop: Option<&'a SelfStop>) -> Membership<'a, M, T> {
+    fn membership<'a>(
+        &'a self,
+        self_stop: Option<&'a SelfStop>,
+        ended: &'a Arc<Notify>,
+    ) -> Membership<'a, M, T> {
         Membership {
             assignment: Assignment {
                 locks: &self.locks,
@@ -352,6 +361,7 @@ where
                 takeover_delay: self.takeover_delay,
                 instruments: &self.instruments,
                 attributes: &self.attributes,
+                ended,
             },
             tick: self.tick,
             rejoin_wait: self.rejoin_wait,

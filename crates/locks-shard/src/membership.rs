@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use locks_port::{DistributedLock, LostSignal, PermitGuard, Semaphore};
+use tokio::time::MissedTickBehavior;
 
 use crate::assignment::{Assignment, View};
 use crate::renewal::{Renewals, SelfStop};
@@ -70,11 +71,20 @@ where
             if view.fresh() {
                 self.assignment.expect_fleet(view, self.rejoin_wait).await;
             }
+            // A tick every period from the last one's start (not a period after its
+            // work), and at once when one of this member's terms lost its lock.
+            let mut ticks = tokio::time::interval(self.tick);
+            ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            ticks.tick().await;
             loop {
                 self.assignment
                     .tick(slot, holder_id.as_deref(), running, task, view)
                     .await;
-                tokio::time::sleep(self.tick).await;
+                tokio::select! {
+                    biased;
+                    () = self.assignment.ended.notified() => {}
+                    _ = ticks.tick() => {}
+                }
             }
         };
         tokio::select! {

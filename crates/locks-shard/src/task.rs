@@ -5,12 +5,13 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use locks_port::{LockGuard, LossNotifier, LostReason};
 use opentelemetry::KeyValue;
 use time::OffsetDateTime;
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::metrics::Instruments;
@@ -58,9 +59,10 @@ impl Owned {
 pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(5);
 
 /// How long a member that took a shard whose previous term did not end cleanly (its
-/// owner died, or lost the lock) waits before starting the task, so that an owner whose
-/// session was ended has noticed and stopped first, when that owner did not record a
-/// bound of its own: as the leader's `DEFAULT_TAKEOVER_DELAY`, above the PostgreSQL
+/// owner died, or lost the lock) waits before starting the task, counted from the grant
+/// of the shard's lock (the previous owner's session had ended by then), so that an
+/// owner whose session was ended has noticed and stopped first, when that owner did not
+/// record a bound of its own: as the leader's `DEFAULT_TAKEOVER_DELAY`, above the PostgreSQL
 /// adapter's health-check interval (200 ms by default). An owner whose manager knows how
 /// soon it is told of a loss ([`loss_notice_bound`](locks_port::DistributedLock::loss_notice_bound):
 /// 100 ms on `locks_postgres::plain_pool` and `tls_pool`) records it in its term, and
@@ -92,6 +94,8 @@ pub(crate) struct Running {
     token: i64,
     /// The member's slot the term store records for the term.
     slot: u32,
+    /// Set once the term lost its lock and let it go (its tokio task about to return).
+    lost: Arc<AtomicBool>,
 }
 
 impl Running {
@@ -117,7 +121,13 @@ impl Running {
     }
 
     pub(crate) fn is_finished(&self) -> bool {
-        self.handle.is_finished()
+        self.lost_lock() || self.handle.is_finished()
+    }
+
+    /// Whether the term is over because its lock was lost (its lock let go): the
+    /// member may take the shard back at once.
+    pub(crate) fn lost_lock(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
     }
 
     /// Drops the task at once (no drain, the term not ended) and waits until its tokio
@@ -148,10 +158,14 @@ pub(crate) struct TermPlan<T> {
     /// The member's slot the term began under.
     pub(crate) slot: u32,
     pub(crate) terms: T,
-    pub(crate) wait_first: Option<Duration>,
+    /// Until when the task waits before it starts (the previous owner's loss notice
+    /// counted from this member's grant of the lock), when the previous term did not end.
+    pub(crate) wait_until: Option<tokio::time::Instant>,
     pub(crate) drain_grace: Duration,
     pub(crate) instruments: Instruments,
     pub(crate) attributes: Vec<KeyValue>,
+    /// Told once the term lost its lock and let it go.
+    pub(crate) ended: Arc<Notify>,
 }
 
 enum Ended {
@@ -173,6 +187,8 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     let (tx, mut rx) = oneshot::channel::<()>();
+    let lost_flag = Arc::new(AtomicBool::new(false));
+    let lost_told = Arc::clone(&lost_flag);
     let (shard, token, slot) = (Arc::clone(&plan.owned.shard), plan.owned.token, plan.slot);
     let handle = tokio::spawn(async move {
         let lost = guard.lost();
@@ -184,21 +200,27 @@ where
             owned,
             slot: _,
             terms,
-            wait_first,
+            wait_until,
             drain_grace,
             instruments,
             attributes,
+            ended: over,
         } = plan;
-        if let Some(delay) = wait_first {
+        if let Some(until) = wait_until {
             // The previous owner did not end its term: let it notice its loss and stop.
+            // Some(whether the lock was lost) when the term ends before its task starts.
             let early = tokio::select! {
                 biased;
-                _ = lost.clone() => true,
-                _ = &mut rx => true,
-                () = tokio::time::sleep(delay) => false,
+                _ = lost.clone() => Some(true),
+                _ = &mut rx => Some(false),
+                () = tokio::time::sleep_until(until) => None,
             };
-            if early {
+            if let Some(lost_lock) = early {
                 finish(&mut holding, &terms, &owned).await;
+                if lost_lock {
+                    lost_told.store(true, Ordering::Release);
+                    over.notify_one();
+                }
                 return;
             }
         }
@@ -218,6 +240,7 @@ where
                 },
             }
         };
+        let lost_lock = matches!(ended, Ended::Lost(_));
         match ended {
             Ended::Lost(reason) => {
                 // Someone else may own the shard already: no drain.
@@ -247,6 +270,14 @@ where
         instruments.owned.add(-1, &attributes);
         tracing::debug!(shard = %owned.shard, token = owned.token, "shard task stopped");
         finish(&mut holding, &terms, &owned).await;
+        if lost_lock {
+            // The member may own the shard again at once (a terminated session: its
+            // share has not changed). Not after a hand-off or a task that returned: the
+            // first is not this member's any more, the second would be run again in a
+            // loop as fast as the server answers.
+            lost_told.store(true, Ordering::Release);
+            over.notify_one();
+        }
     });
     Running {
         handoff: Some(tx),
@@ -254,6 +285,7 @@ where
         shard,
         token,
         slot,
+        lost: lost_flag,
     }
 }
 

@@ -30,6 +30,7 @@ pub(crate) struct Run {
 }
 
 /// A fault that reached a shard member, as the driver saw it when it made it.
+#[derive(Debug)]
 pub(crate) struct Hit {
     pub(crate) at: SystemTime,
     /// `terminated`, `stopped` (a backend) or `killed` (the member's process).

@@ -30,6 +30,7 @@ use locks_shard_postgres::deadpool_postgres::Pool;
 use locks_shard_postgres::{PostgresShardTerms, guard_write, install_shard_terms};
 
 use super::causes::{Hit, RECORDS, Run, causes};
+use super::warm::{keep_warm, trace_pool_size, warm};
 use super::{Error, Faults};
 
 /// The shards of the soak's group.
@@ -100,6 +101,14 @@ pub(crate) async fn now(admin: &Client) -> Result<f64, Error> {
 pub(crate) async fn member(url: &str, name: &str) -> Result<(), Error> {
     let parent = std::os::unix::process::parent_id();
     let holder = format!("{name}-{}", std::process::id());
+    if std::env::var_os("SOAK_SHARD_TRACE").is_some() {
+        // Where a move's time goes: the member's ticks, takes and begins, timestamped.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter("locks_shard=trace,warn")
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .try_init();
+    }
     // A writer frozen in its transaction holds its term row, and so the next term: the
     // server ends such a transaction after 1 s.
     let mut config: tokio_postgres::Config = url.parse()?;
@@ -110,8 +119,16 @@ pub(crate) async fn member(url: &str, name: &str) -> Result<(), Error> {
     // a killed member: N / (M - 1)) opened before joining, as a service would at start: a
     // member started again takes its share back, and a survivor a dead member's shards,
     // without opening a connection per shard on the way (each opened on a loaded server
-    // lengthens the move).
-    warm(&[&lock_pool, &writes], SHARDS.div_ceil(MEMBERS - 1) + 2).await;
+    // lengthens the move). And kept so, as a pool with a minimum of idle connections
+    // would (bb8's `min_idle`, HikariCP's `minimumIdle`; deadpool has none): those a
+    // server restart or a terminated backend closed are opened again in the background,
+    // not by the next take of a shard.
+    let warm_count = SHARDS.div_ceil(MEMBERS - 1) + 2;
+    warm(&[&lock_pool, &writes], warm_count).await;
+    tokio::spawn(keep_warm([lock_pool.clone(), writes.clone()], warm_count));
+    if std::env::var_os("SOAK_SHARD_TRACE").is_some() {
+        tokio::spawn(trace_pool_size(lock_pool.clone(), holder.clone()));
+    }
     // As the counter workers' managers: a lost connection is told within 1.5 s.
     let locks = PostgresLockManager::builder(lock_pool)
         .holder_id(&holder)
@@ -147,20 +164,6 @@ pub(crate) async fn member(url: &str, name: &str) -> Result<(), Error> {
             .into()),
         () = orphaned => Ok(()),
     }
-}
-
-/// Opens up to `count` connections in each pool (returned to it at once), at most a
-/// couple of seconds' worth: a pool that cannot is warmed as far as it got.
-async fn warm(pools: &[&Pool], count: usize) {
-    let opening = pools
-        .iter()
-        .flat_map(|pool| (0..count).map(|_| pool.get()))
-        .collect::<Vec<_>>();
-    let _ = tokio::time::timeout(
-        Duration::from_secs(2),
-        futures_util::future::join_all(opening),
-    )
-    .await;
 }
 
 /// What a task records in one guarded transaction.
@@ -321,6 +324,12 @@ pub(crate) async fn check(admin: &Client, end: f64, faults: &Faults) -> Result<V
         .values()
         .filter_map(|runs| runs.first().map(|run| run.started))
         .fold(f64::MIN, f64::max);
+    let trace = std::env::var_os("SOAK_SHARD_TRACE").is_some();
+    if trace {
+        for (at, hit) in &hits {
+            println!("hit {at:.3} {hit:?}");
+        }
+    }
     let mut overlaps = 0;
     let mut moves = 0;
     let (mut least, mut least_up, mut least_strict, mut most_up) =
@@ -369,6 +378,14 @@ pub(crate) async fn check(admin: &Client, end: f64, faults: &Faults) -> Result<V
             for (cause, seconds) in
                 causes((from, to), runs, &first_seen, &hits, &outages, after_outage)
             {
+                if trace {
+                    let next = runs.iter().find(|run| run.started >= to - 1e-6);
+                    println!(
+                        "piece {shard} {from:.3} {to:.3} {seconds:.3} next {} since {:.3} | {cause}",
+                        next.map_or("-", |run| run.member.as_str()),
+                        next.map_or(0.0, |run| run.since),
+                    );
+                }
                 if cause == RECORDS {
                     recording += seconds;
                 }
@@ -450,7 +467,10 @@ pub(crate) async fn check(admin: &Client, end: f64, faults: &Faults) -> Result<V
         "shards: unowned outside outages and recoveries, per shard on average: {total:.2} s, by cause:"
     );
     for (cause, (seconds, pieces)) in by {
-        println!("  {seconds:6.2} s  {pieces:5} pieces  {cause}");
+        // A piece's mean length, over all shards (`seconds` is per shard).
+        #[allow(clippy::cast_precision_loss)]
+        let each = seconds * SHARDS as f64 / pieces.max(1) as f64 * 1e3;
+        println!("  {seconds:6.2} s  {pieces:5} pieces  {each:4.0} ms each  {cause}");
     }
     if std::env::var_os("SOAK_SHARD_DETAIL").is_some() {
         for line in lines {

@@ -110,6 +110,58 @@ async fn a_lost_shard_stops_its_task_at_once_and_moves_under_a_newer_token() {
     assert_eq!(fleet.recorder.overlaps(), Vec::new());
 }
 
+// One thread: the double tells the guard of its loss just before it frees the key
+// (PostgreSQL frees it first), which on two threads the woken tick could get between.
+#[tokio::test]
+async fn a_member_takes_a_lost_shard_back_at_once_not_on_its_next_tick() {
+    let fleet = Fleet::new(2);
+    let manager = fleet.table.manager_with_holder_id("a");
+    // A tick far longer than the test may take: only the wake on the lost term can
+    // bring the shard back in time.
+    let member = ShardMember::new(manager.clone(), fleet.terms.clone(), fleet.group.clone())
+        .tick(Duration::from_secs(600));
+    let recorder = fleet.recorder.clone();
+    let run = tokio::spawn(async move {
+        let _ = member
+            .run(move |owned, stop| {
+                let alive = recorder.start("a", &owned);
+                async move {
+                    let _alive = alive;
+                    stop.await;
+                }
+            })
+            .await;
+    });
+    let started = Instant::now();
+    while fleet.recorder.running().len() < 2 {
+        assert!(
+            started.elapsed() < SETTLE,
+            "the first tick took both shards"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let first = fleet.recorder.snapshot()[0].clone();
+    let shard = fleet.group.shard(first.shard).expect("a shard").to_owned();
+    assert!(manager.lose(&fleet.group.shard_key(&shard), LostReason::ConnectionClosed));
+    let lost = Instant::now();
+    loop {
+        let lives = fleet.recorder.snapshot();
+        if lives.iter().any(|life| {
+            life.shard == first.shard && life.token > first.token && life.stop.is_none()
+        }) {
+            break;
+        }
+        assert!(
+            lost.elapsed() < SETTLE,
+            "the lost shard waited for the next tick (600 s): {lives:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    eprintln!("the lost shard ran again after {:?}", lost.elapsed());
+    run.abort();
+    assert_eq!(fleet.recorder.overlaps(), Vec::new());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_that_ignores_its_stop_is_dropped_when_the_grace_runs_out() {
     let mut fleet = Fleet::new(4);
