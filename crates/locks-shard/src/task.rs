@@ -172,6 +172,10 @@ enum Ended {
     Lost(LostReason),
     HandOff,
     Returned,
+    /// The member dropped the term ([`Running`] dropped or aborted, its hand-off sender
+    /// with it): the tokio task is being aborted, and if it runs first it does as the
+    /// abort would, so the term is never ended for it.
+    Dropped,
 }
 
 /// Starts the term on a tokio task of its own. `make` builds the user's future from the
@@ -212,7 +216,11 @@ where
             let early = tokio::select! {
                 biased;
                 _ = lost.clone() => Some(true),
-                _ = &mut rx => Some(false),
+                told = &mut rx => match told {
+                    Ok(()) => Some(false),
+                    // Dropped, not handed over: no end recorded (see `Ended::Dropped`).
+                    Err(_) => return,
+                },
                 () = tokio::time::sleep_until(until) => None,
             };
             if let Some(lost_lock) = early {
@@ -235,7 +243,10 @@ where
                 Some(mut task) => tokio::select! {
                     biased;
                     reason = lost.clone() => Ended::Lost(reason),
-                    _ = &mut rx => Ended::HandOff,
+                    told = &mut rx => match told {
+                        Ok(()) => Ended::HandOff,
+                        Err(_) => Ended::Dropped,
+                    },
                     () = &mut task => Ended::Returned,
                 },
             }
@@ -264,6 +275,12 @@ where
                 }
             }
             Ended::Returned => {}
+            Ended::Dropped => {
+                // The task's future, then the lock's guard: the term is not ended.
+                drop(holding);
+                instruments.owned.add(-1, &attributes);
+                return;
+            }
         }
         // The task's future is dropped before anything else happens.
         holding.task = None;
