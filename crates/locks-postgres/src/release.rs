@@ -101,7 +101,12 @@ pub(crate) async fn unlock(inner: &Inner, mut held: Held) -> ReleaseOutcome {
         statement,
         &recorder
     ));
-    unlocking.instrument(span).await
+    // As the acquisition: a span no subscriber records is not entered.
+    if span.is_disabled() {
+        unlocking.await
+    } else {
+        unlocking.instrument(span).await
+    }
 }
 
 /// Runs the unlock `statement` of `held` (locks of one session), then gives the
