@@ -127,6 +127,10 @@ pub(crate) fn step_limit(inner: &Inner, deadline: Option<Deadline>) -> Limit {
 
 /// The whole acquisition on a session of its own, up to the bookkeeping, within
 /// `deadline` (already running; `None` for an unbounded call).
+///
+/// The checkout and the first try are written out here rather than through
+/// [`try_lock`] (one function, [`tried`], reads the try's answer for both): each
+/// layer of future costs the uncontended cycle its moves and its polls.
 pub(crate) async fn acquire_session_until(
     inner: &Inner,
     key: &str,
@@ -136,18 +140,6 @@ pub(crate) async fn acquire_session_until(
 ) -> Attempt {
     let wait = deadline.map_or(PoolWait::Forever, PoolWait::Until);
     let session = checkout::checkout(inner, key, wait, deadline).await?;
-    acquire_on_session(inner, key, lock_id, options, deadline, session).await
-}
-
-/// The acquisition on `session` (checked out for it), up to the bookkeeping.
-async fn acquire_on_session(
-    inner: &Inner,
-    key: &str,
-    lock_id: i64,
-    options: AcquireOptions,
-    deadline: Option<Deadline>,
-    session: Session,
-) -> Attempt {
     let mode = options.mode();
     let polls = deadline.is_some() && options.wait_strategy() == WaitStrategy::Poll;
     // Every acquisition starts with one pg_try_advisory_lock: uncontended, that is
@@ -168,7 +160,10 @@ async fn acquire_on_session(
         );
         session
     } else {
-        match try_lock(inner, key, lock_id, mode, session, deadline).await? {
+        let statement = Statement::TryLock { lock_id, mode };
+        let limit = step_limit(inner, deadline);
+        let answer = answered(inner, key, session, statement, limit, deadline).await?;
+        match tried(key, deadline, answer)? {
             Tried::Granted(session) => return Ok(session),
             Tried::Busy(session) => session,
         }
@@ -363,7 +358,18 @@ pub(crate) async fn try_lock(
 ) -> Result<Tried, LockAcquisitionError> {
     let statement = Statement::TryLock { lock_id, mode };
     let limit = step_limit(inner, deadline);
-    match answered(inner, key, session, statement, limit, deadline).await? {
+    let answer = answered(inner, key, session, statement, limit, deadline).await?;
+    tried(key, deadline, answer)
+}
+
+/// What a `pg_try_advisory_lock` answered (see [`answered`]). On an error the
+/// session is closed (whatever the statement did, that undoes it).
+fn tried(
+    key: &str,
+    deadline: Option<Deadline>,
+    answer: (Session, Result<Answer, tokio_postgres::Error>),
+) -> Result<Tried, LockAcquisitionError> {
+    match answer {
         (session, Ok(Answer::Bool(true))) => Ok(Tried::Granted(session)),
         (session, Ok(_)) => Ok(Tried::Busy(session)),
         (session, Err(error)) => {
