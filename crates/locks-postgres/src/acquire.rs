@@ -125,6 +125,39 @@ pub(crate) fn step_limit(inner: &Inner, deadline: Option<Deadline>) -> Limit {
     Deadline::limit(deadline, settings.deadline_margin, settings.answer_timeout)
 }
 
+/// [`answered`] written out where it is used (an expression with `.await`s, for an
+/// `async` body): the uncontended acquisition's try, without a layer of future of
+/// its own. As `cached_or_prepared!` in `connection.rs`.
+macro_rules! answered {
+    ($inner:expr, $key:expr, $session:expr, $statement:expr, $limit:expr, $deadline:expr) => {{
+        let (inner, key, statement, limit, deadline) =
+            ($inner, $key, $statement, $limit, $deadline);
+        let mut session: Session = $session;
+        let read = if session.is_set_up() {
+            let fresh = session.is_fresh();
+            // Pinned where made (the statement's future is large), and gone after.
+            let answer = {
+                let running = std::pin::pin!(statement.run(&mut session, limit));
+                running.await.ok()
+            };
+            read_answer(inner, key, session, fresh, answer, deadline)
+        } else {
+            Ok(Read::SetUpFirst(session))
+        };
+        match read {
+            Ok(Read::Answered(session, answer)) => Ok((session, answer)),
+            // Once per connection: boxed, out of the common path's future.
+            Ok(Read::SetUpFirst(session)) => {
+                Box::pin(answered_after_setup(
+                    inner, key, session, statement, limit, deadline,
+                ))
+                .await
+            }
+            Err(error) => Err(error),
+        }
+    }};
+}
+
 /// The whole acquisition on a session of its own, up to the bookkeeping, within
 /// `deadline` (already running; `None` for an unbounded call).
 ///
@@ -162,7 +195,7 @@ pub(crate) async fn acquire_session_until(
     } else {
         let statement = Statement::TryLock { lock_id, mode };
         let limit = step_limit(inner, deadline);
-        let answer = answered(inner, key, session, statement, limit, deadline).await?;
+        let answer = answered!(inner, key, session, statement, limit, deadline)?;
         match tried(key, deadline, answer)? {
             Tried::Granted(session) => return Ok(session),
             Tried::Busy(session) => session,
@@ -295,42 +328,72 @@ pub(crate) fn tell_of_own_hold(
 pub(crate) async fn answered(
     inner: &Inner,
     key: &str,
+    session: Session,
+    statement: Statement<'_>,
+    limit: Limit,
+    deadline: Option<Deadline>,
+) -> Result<(Session, Result<Answer, tokio_postgres::Error>), LockAcquisitionError> {
+    answered!(inner, key, session, statement, limit, deadline)
+}
+
+/// What a set-up session's answer to a statement means.
+enum Read {
+    /// The session and the statement's answer (never [`Answer::WrongSession`] nor
+    /// [`Answer::NoRow`]).
+    Answered(Session, Result<Answer, tokio_postgres::Error>),
+    /// The session is not set up (or the pool's recycling reset it): the statement
+    /// runs again behind a fresh set-up.
+    SetUpFirst(Session),
+}
+
+/// Reads a set-up session's `answer` (`None`: none within the limit), `fresh` if no
+/// statement had run on it since its checkout. On failure the session is closed.
+fn read_answer(
+    inner: &Inner,
+    key: &str,
+    mut session: Session,
+    fresh: bool,
+    answer: Option<Result<Answer, tokio_postgres::Error>>,
+    deadline: Option<Deadline>,
+) -> Result<Read, LockAcquisitionError> {
+    match answer {
+        None => {
+            drop(session);
+            let answer_timeout = inner.settings().answer_timeout;
+            Err(no_answer(key, deadline, answer_timeout))
+        }
+        // It did nothing. Straight after checkout the pool's recycling may
+        // have reset the session: once more, behind a fresh set-up.
+        Some(Ok(Answer::WrongSession)) if fresh => {
+            session.mark_set_up(false);
+            Ok(Read::SetUpFirst(session))
+        }
+        Some(Ok(Answer::WrongSession)) => {
+            drop(session);
+            Err(refused(key, MOVED_BETWEEN_SESSIONS, deadline))
+        }
+        Some(Ok(Answer::NoRow)) => {
+            drop(session);
+            Err(no_row(key, deadline))
+        }
+        Some(answer) => Ok(Read::Answered(session, answer)),
+    }
+}
+
+/// [`answered`] on a session to set up first: the set-up pipelined with the
+/// statement.
+async fn answered_after_setup(
+    inner: &Inner,
+    key: &str,
     mut session: Session,
     statement: Statement<'_>,
     limit: Limit,
     deadline: Option<Deadline>,
 ) -> Result<(Session, Result<Answer, tokio_postgres::Error>), LockAcquisitionError> {
-    let answer_timeout = inner.settings().answer_timeout;
-    if session.is_set_up() {
-        let fresh = session.is_fresh();
-        // Pinned where made (the statement's future is large), and gone after.
-        let answer = {
-            let running = std::pin::pin!(statement.run(&mut session, limit));
-            running.await.ok()
-        };
-        match answer {
-            None => {
-                drop(session);
-                return Err(no_answer(key, deadline, answer_timeout));
-            }
-            // It did nothing. Straight after checkout the pool's recycling may
-            // have reset the session: once more, behind a fresh set-up.
-            Some(Ok(Answer::WrongSession)) if fresh => session.mark_set_up(false),
-            Some(Ok(Answer::WrongSession)) => {
-                drop(session);
-                return Err(refused(key, MOVED_BETWEEN_SESSIONS, deadline));
-            }
-            Some(Ok(Answer::NoRow)) => {
-                drop(session);
-                return Err(no_row(key, deadline));
-            }
-            Some(answer) => return Ok((session, answer)),
-        }
-    }
-    // Once per connection: boxed, out of the common path's future.
-    let setup = Box::pin(statement.run_after_setup(&mut session, inner.setup_values(), limit));
+    let setup = statement.run_after_setup(&mut session, inner.setup_values(), limit);
     let Some((setup, answer)) = setup.await.ok() else {
         drop(session);
+        let answer_timeout = inner.settings().answer_timeout;
         return Err(no_answer(key, deadline, answer_timeout));
     };
     let refusal = match setup {
