@@ -81,37 +81,48 @@ pub(crate) async fn unlock_together(inner: &Inner, mut taken: Entries) -> Releas
 /// Unlocks a lock taken out of the bookkeeping. Never fails: when the unlock fails
 /// or the session did not hold the lock, the session is closed instead of being
 /// given back, which frees whatever it held.
-pub(crate) async fn unlock(inner: &Inner, mut held: Held) -> ReleaseOutcome {
-    let span = release_span(
-        inner.settings().span_level,
-        inner.shown(held.key()),
-        held.lock_id(),
-        held.mode(),
-    );
-    // The span's own handle, to record the outcome on (cheaper than looking up the
-    // current span).
-    let recorder = span.clone();
-    let statement = Statement::Unlock {
-        lock_id: held.lock_id(),
-        mode: held.mode(),
-    };
-    let unlocking = std::pin::pin!(unlock_on_session(
-        inner,
-        std::slice::from_mut(&mut held),
-        statement,
-        &recorder
-    ));
-    // As the acquisition: a span no subscriber records is not entered.
-    if span.is_disabled() {
-        unlocking.await
-    } else {
-        unlocking.instrument(span).await
-    }
+pub(crate) async fn unlock(inner: &Inner, held: Held) -> ReleaseOutcome {
+    unlock_held!(inner, held)
 }
+
+/// [`unlock`] written out where it is used (an expression with `.await`, for an
+/// `async` body): a guard's release, without a layer of future of its own around
+/// it. As `cached_or_prepared!` in `connection.rs`.
+macro_rules! unlock_held {
+    ($inner:expr, $held:expr) => {{
+        let (inner, mut held): (&$crate::inner::Inner, $crate::bookkeeping::Held) = ($inner, $held);
+        let span = $crate::telemetry::release_span(
+            inner.settings().span_level,
+            inner.shown(held.key()),
+            held.lock_id(),
+            held.mode(),
+        );
+        // The span's own handle, to record the outcome on (cheaper than looking up
+        // the current span).
+        let recorder = span.clone();
+        let statement = $crate::sql::Statement::Unlock {
+            lock_id: held.lock_id(),
+            mode: held.mode(),
+        };
+        let unlocking = std::pin::pin!($crate::release::unlock_on_session(
+            inner,
+            std::slice::from_mut(&mut held),
+            statement,
+            &recorder
+        ));
+        // As the acquisition: a span no subscriber records is not entered.
+        if span.is_disabled() {
+            unlocking.await
+        } else {
+            tracing::Instrument::instrument(unlocking, span).await
+        }
+    }};
+}
+pub(crate) use unlock_held;
 
 /// Runs the unlock `statement` of `held` (locks of one session), then gives the
 /// session back when it holds nothing more, or closes it when the unlock failed.
-async fn unlock_on_session(
+pub(crate) async fn unlock_on_session(
     inner: &Inner,
     held: &mut [Held],
     statement: Statement<'_>,
