@@ -172,7 +172,7 @@ pub(crate) async fn acquire_session_until(
     deadline: Option<Deadline>,
 ) -> Attempt {
     let wait = deadline.map_or(PoolWait::Forever, PoolWait::Until);
-    let session = checkout::checkout(inner, key, wait, deadline).await?;
+    let session = checkout::checked_out!(inner, key, wait, deadline)?;
     let mode = options.mode();
     let polls = deadline.is_some() && options.wait_strategy() == WaitStrategy::Poll;
     // Every acquisition starts with one pg_try_advisory_lock: uncontended, that is
