@@ -51,6 +51,92 @@ pub(crate) enum Tried {
     Busy(Session),
 }
 
+/// [`answered`] written out where it is used (an expression with `.await`s, for an
+/// `async` body): the uncontended acquisition's try, without a layer of future of
+/// its own. As `cached_or_prepared!` in `connection.rs`.
+macro_rules! answered {
+    ($inner:expr, $key:expr, $session:expr, $statement:expr, $limit:expr, $deadline:expr) => {{
+        let (inner, key, statement, limit, deadline) =
+            ($inner, $key, $statement, $limit, $deadline);
+        let mut session: Session = $session;
+        let read = if session.is_set_up() {
+            let fresh = session.is_fresh();
+            // Pinned where made (the statement's future is large), and gone after.
+            let answer = {
+                let running = std::pin::pin!(statement.run(&mut session, limit));
+                running.await.ok()
+            };
+            read_answer(inner, key, session, fresh, answer, deadline)
+        } else {
+            Ok(Read::SetUpFirst(session))
+        };
+        match read {
+            Ok(Read::Answered(session, answer)) => Ok((session, answer)),
+            // Once per connection: boxed, out of the common path's future.
+            Ok(Read::SetUpFirst(session)) => {
+                Box::pin(answered_after_setup(
+                    inner, key, session, statement, limit, deadline,
+                ))
+                .await
+            }
+            Err(error) => Err(error),
+        }
+    }};
+}
+
+/// [`acquire_session_until`] written out where it is used (an expression with
+/// `.await`s, for an `async` body returning a `Result` with a
+/// [`LockAcquisitionError`]): the acquisition of a lock on a session of its own,
+/// without a layer of future of its own inside [`acquire_grant`]. The checkout, the
+/// first try and its answer are written out too ([`checkout::checked_out!`],
+/// [`answered!`], [`tried`]): each layer of future costs the uncontended cycle its
+/// moves and its polls.
+macro_rules! session_until {
+    ($inner:expr, $key:expr, $lock_id:expr, $options:expr, $deadline:expr) => {{
+        let (inner, key, lock_id, options, deadline): (
+            &Inner,
+            &str,
+            i64,
+            AcquireOptions,
+            Option<Deadline>,
+        ) = ($inner, $key, $lock_id, $options, $deadline);
+        let wait = deadline.map_or(PoolWait::Forever, PoolWait::Until);
+        let session = checkout::checked_out!(inner, key, wait, deadline)?;
+        let mode = options.mode();
+        let polls = deadline.is_some() && options.wait_strategy() == WaitStrategy::Poll;
+        // Every acquisition starts with one pg_try_advisory_lock: uncontended, that
+        // is the only statement (and the cheapest). It cannot jump the server's
+        // queue: a released lock is granted to the first waiter at release, and a
+        // request that conflicts with a queued waiter waits behind it, so it is
+        // never seen free while others wait. Except when this manager's own unlock
+        // of the key is still in flight on another connection (a release in the
+        // background): a try could reach the server first and find the key busy, so
+        // the acquisition waits in the queue at once and is granted the moment the
+        // unlock lands.
+        let own_unlock_in_flight =
+            inner.settings().release_in_background && !polls && inner.book().is_releasing(lock_id);
+        let tried = if own_unlock_in_flight {
+            tracing::debug!(
+                key = inner.shown(key),
+                lock_id,
+                "this manager's unlock of the key is in flight: waiting in the queue for it"
+            );
+            Tried::Busy(session)
+        } else {
+            let statement = Statement::TryLock { lock_id, mode };
+            let limit = step_limit(inner, deadline);
+            let answer = answered!(inner, key, session, statement, limit, deadline)?;
+            tried(key, deadline, answer)?
+        };
+        match tried {
+            Tried::Granted(session) => Ok(session),
+            Tried::Busy(session) => {
+                wait_after_try(inner, key, lock_id, options, deadline, session).await
+            }
+        }
+    }};
+}
+
 /// The acquisition up to the bookkeeping, multiplexed or not.
 pub(crate) async fn acquire_grant(
     inner: &Inner,
@@ -64,9 +150,7 @@ pub(crate) async fn acquire_grant(
         Some(_) => Box::pin(acquire_member(inner, key, lock_id, options, deadline))
             .await
             .map(Grant::Shared),
-        None => acquire_session_until(inner, key, lock_id, options, deadline)
-            .await
-            .map(Grant::Own),
+        None => session_until!(inner, key, lock_id, options, deadline).map(Grant::Own),
     }
 }
 
@@ -125,45 +209,8 @@ pub(crate) fn step_limit(inner: &Inner, deadline: Option<Deadline>) -> Limit {
     Deadline::limit(deadline, settings.deadline_margin, settings.answer_timeout)
 }
 
-/// [`answered`] written out where it is used (an expression with `.await`s, for an
-/// `async` body): the uncontended acquisition's try, without a layer of future of
-/// its own. As `cached_or_prepared!` in `connection.rs`.
-macro_rules! answered {
-    ($inner:expr, $key:expr, $session:expr, $statement:expr, $limit:expr, $deadline:expr) => {{
-        let (inner, key, statement, limit, deadline) =
-            ($inner, $key, $statement, $limit, $deadline);
-        let mut session: Session = $session;
-        let read = if session.is_set_up() {
-            let fresh = session.is_fresh();
-            // Pinned where made (the statement's future is large), and gone after.
-            let answer = {
-                let running = std::pin::pin!(statement.run(&mut session, limit));
-                running.await.ok()
-            };
-            read_answer(inner, key, session, fresh, answer, deadline)
-        } else {
-            Ok(Read::SetUpFirst(session))
-        };
-        match read {
-            Ok(Read::Answered(session, answer)) => Ok((session, answer)),
-            // Once per connection: boxed, out of the common path's future.
-            Ok(Read::SetUpFirst(session)) => {
-                Box::pin(answered_after_setup(
-                    inner, key, session, statement, limit, deadline,
-                ))
-                .await
-            }
-            Err(error) => Err(error),
-        }
-    }};
-}
-
 /// The whole acquisition on a session of its own, up to the bookkeeping, within
 /// `deadline` (already running; `None` for an unbounded call).
-///
-/// The checkout and the first try are written out here rather than through
-/// [`try_lock`] (one function, [`tried`], reads the try's answer for both): each
-/// layer of future costs the uncontended cycle its moves and its polls.
 pub(crate) async fn acquire_session_until(
     inner: &Inner,
     key: &str,
@@ -171,37 +218,7 @@ pub(crate) async fn acquire_session_until(
     options: AcquireOptions,
     deadline: Option<Deadline>,
 ) -> Attempt {
-    let wait = deadline.map_or(PoolWait::Forever, PoolWait::Until);
-    let session = checkout::checked_out!(inner, key, wait, deadline)?;
-    let mode = options.mode();
-    let polls = deadline.is_some() && options.wait_strategy() == WaitStrategy::Poll;
-    // Every acquisition starts with one pg_try_advisory_lock: uncontended, that is
-    // the only statement (and the cheapest). It cannot jump the server's queue: a
-    // released lock is granted to the first waiter at release, and a request that
-    // conflicts with a queued waiter waits behind it, so it is never seen free
-    // while others wait. Except when this manager's own unlock of the key is still
-    // in flight on another connection (a release in the background): a try could
-    // reach the server first and find the key busy, so the acquisition waits in
-    // the queue at once and is granted the moment the unlock lands.
-    let own_unlock_in_flight =
-        inner.settings().release_in_background && !polls && inner.book().is_releasing(lock_id);
-    let session = if own_unlock_in_flight {
-        tracing::debug!(
-            key = inner.shown(key),
-            lock_id,
-            "this manager's unlock of the key is in flight: waiting in the queue for it"
-        );
-        session
-    } else {
-        let statement = Statement::TryLock { lock_id, mode };
-        let limit = step_limit(inner, deadline);
-        let answer = answered!(inner, key, session, statement, limit, deadline)?;
-        match tried(key, deadline, answer)? {
-            Tried::Granted(session) => return Ok(session),
-            Tried::Busy(session) => session,
-        }
-    };
-    wait_after_try(inner, key, lock_id, options, deadline, session).await
+    session_until!(inner, key, lock_id, options, deadline)
 }
 
 /// The wait for a lock found busy (or about to be freed by this manager), on
