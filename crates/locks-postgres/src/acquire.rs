@@ -4,9 +4,13 @@
 //! step inside the call's deadline. The wait is the same for one key and for the next
 //! key of an `acquire_many`.
 
+#[macro_use]
+mod answer;
 mod group;
 mod member;
 
+use answer::{Read, answered_after_setup, read_answer, tried};
+pub(crate) use answer::{answered, try_lock};
 pub(crate) use group::acquire_group;
 use member::{acquire_member, try_member};
 
@@ -24,10 +28,8 @@ use tracing::Span;
 use crate::bookkeeping::Holding;
 use crate::checkout;
 use crate::checkout::{Attempt, PoolWait};
-use crate::connection::{Session, SetUp};
-use crate::errors::{
-    MOVED_BETWEEN_SESSIONS, STANDBY, driver_error, no_answer, no_row, refused, with_timeout,
-};
+use crate::connection::Session;
+use crate::errors::{driver_error, with_timeout};
 use crate::grant;
 use crate::guard::PostgresLockGuard;
 use crate::inner::Inner;
@@ -51,6 +53,59 @@ pub(crate) enum Tried {
     Busy(Session),
 }
 
+/// [`acquire_session_until`] written out where it is used (an expression with
+/// `.await`s, for an `async` body returning a `Result` with a
+/// [`LockAcquisitionError`]): the acquisition of a lock on a session of its own,
+/// without a layer of future of its own inside [`acquire_grant`]. The checkout, the
+/// first try and its answer are written out too ([`checkout::checked_out!`],
+/// [`answered!`], [`tried`]): each layer of future costs the uncontended cycle its
+/// moves and its polls.
+macro_rules! session_until {
+    ($inner:expr, $key:expr, $lock_id:expr, $options:expr, $deadline:expr) => {{
+        let (inner, key, lock_id, options, deadline): (
+            &Inner,
+            &str,
+            i64,
+            AcquireOptions,
+            Option<Deadline>,
+        ) = ($inner, $key, $lock_id, $options, $deadline);
+        let wait = deadline.map_or(PoolWait::Forever, PoolWait::Until);
+        let session = checkout::checked_out!(inner, key, wait, deadline)?;
+        let mode = options.mode();
+        let polls = deadline.is_some() && options.wait_strategy() == WaitStrategy::Poll;
+        // Every acquisition starts with one pg_try_advisory_lock: uncontended, that
+        // is the only statement (and the cheapest). It cannot jump the server's
+        // queue: a released lock is granted to the first waiter at release, and a
+        // request that conflicts with a queued waiter waits behind it, so it is
+        // never seen free while others wait. Except when this manager's own unlock
+        // of the key is still in flight on another connection (a release in the
+        // background): a try could reach the server first and find the key busy, so
+        // the acquisition waits in the queue at once and is granted the moment the
+        // unlock lands.
+        let own_unlock_in_flight =
+            inner.settings().release_in_background && !polls && inner.book().is_releasing(lock_id);
+        let tried = if own_unlock_in_flight {
+            tracing::debug!(
+                key = inner.shown(key),
+                lock_id,
+                "this manager's unlock of the key is in flight: waiting in the queue for it"
+            );
+            Tried::Busy(session)
+        } else {
+            let statement = Statement::TryLock { lock_id, mode };
+            let limit = step_limit(inner, deadline);
+            let answer = answered!(inner, key, session, statement, limit, deadline)?;
+            tried(key, deadline, answer)?
+        };
+        match tried {
+            Tried::Granted(session) => Ok(session),
+            Tried::Busy(session) => {
+                wait_after_try(inner, key, lock_id, options, deadline, session).await
+            }
+        }
+    }};
+}
+
 /// The acquisition up to the bookkeeping, multiplexed or not.
 pub(crate) async fn acquire_grant(
     inner: &Inner,
@@ -64,9 +119,7 @@ pub(crate) async fn acquire_grant(
         Some(_) => Box::pin(acquire_member(inner, key, lock_id, options, deadline))
             .await
             .map(Grant::Shared),
-        None => acquire_session_until(inner, key, lock_id, options, deadline)
-            .await
-            .map(Grant::Own),
+        None => session_until!(inner, key, lock_id, options, deadline).map(Grant::Own),
     }
 }
 
@@ -134,46 +187,7 @@ pub(crate) async fn acquire_session_until(
     options: AcquireOptions,
     deadline: Option<Deadline>,
 ) -> Attempt {
-    let wait = deadline.map_or(PoolWait::Forever, PoolWait::Until);
-    let session = checkout::checkout(inner, key, wait, deadline).await?;
-    acquire_on_session(inner, key, lock_id, options, deadline, session).await
-}
-
-/// The acquisition on `session` (checked out for it), up to the bookkeeping.
-async fn acquire_on_session(
-    inner: &Inner,
-    key: &str,
-    lock_id: i64,
-    options: AcquireOptions,
-    deadline: Option<Deadline>,
-    session: Session,
-) -> Attempt {
-    let mode = options.mode();
-    let polls = deadline.is_some() && options.wait_strategy() == WaitStrategy::Poll;
-    // Every acquisition starts with one pg_try_advisory_lock: uncontended, that is
-    // the only statement (and the cheapest). It cannot jump the server's queue: a
-    // released lock is granted to the first waiter at release, and a request that
-    // conflicts with a queued waiter waits behind it, so it is never seen free
-    // while others wait. Except when this manager's own unlock of the key is still
-    // in flight on another connection (a release in the background): a try could
-    // reach the server first and find the key busy, so the acquisition waits in
-    // the queue at once and is granted the moment the unlock lands.
-    let own_unlock_in_flight =
-        inner.settings().release_in_background && !polls && inner.book().is_releasing(lock_id);
-    let session = if own_unlock_in_flight {
-        tracing::debug!(
-            key = inner.shown(key),
-            lock_id,
-            "this manager's unlock of the key is in flight: waiting in the queue for it"
-        );
-        session
-    } else {
-        match try_lock(inner, key, lock_id, mode, session, deadline).await? {
-            Tried::Granted(session) => return Ok(session),
-            Tried::Busy(session) => session,
-        }
-    };
-    wait_after_try(inner, key, lock_id, options, deadline, session).await
+    session_until!(inner, key, lock_id, options, deadline)
 }
 
 /// The wait for a lock found busy (or about to be freed by this manager), on
@@ -283,93 +297,6 @@ pub(crate) fn tell_of_own_hold(
             then,
             "the key is busy because this manager holds it itself"
         );
-    }
-}
-
-/// Runs `statement` within `limit`. A connection not set up yet is set up first,
-/// pipelined with the statement (see [`crate::sql::SESSION_SETUP`]). A statement
-/// that reached a server session not marked as the connection's own did nothing:
-/// it is run once more behind a fresh set-up (a pool's recycling may have reset the
-/// session's settings), and if it misses again, or the set-up finds the session
-/// marked by another connection, the statements are being moved between server
-/// sessions (a transaction-pooling proxy) and the call fails with
-/// [`Configuration`](locks_port::AcquisitionErrorKind::Configuration). On expiry
-/// the session is dropped: the statement cancelled, the connection closed, which
-/// undoes whatever it did; so it is when the statement answered no row. The answer
-/// is never [`Answer::WrongSession`] nor [`Answer::NoRow`].
-pub(crate) async fn answered(
-    inner: &Inner,
-    key: &str,
-    mut session: Session,
-    statement: Statement<'_>,
-    limit: Limit,
-    deadline: Option<Deadline>,
-) -> Result<(Session, Result<Answer, tokio_postgres::Error>), LockAcquisitionError> {
-    let answer_timeout = inner.settings().answer_timeout;
-    if session.is_set_up() {
-        let fresh = session.is_fresh();
-        // Pinned where made (the statement's future is large), and gone after.
-        let answer = {
-            let running = std::pin::pin!(statement.run(&mut session, limit));
-            running.await.ok()
-        };
-        match answer {
-            None => {
-                drop(session);
-                return Err(no_answer(key, deadline, answer_timeout));
-            }
-            // It did nothing. Straight after checkout the pool's recycling may
-            // have reset the session: once more, behind a fresh set-up.
-            Some(Ok(Answer::WrongSession)) if fresh => session.mark_set_up(false),
-            Some(Ok(Answer::WrongSession)) => {
-                drop(session);
-                return Err(refused(key, MOVED_BETWEEN_SESSIONS, deadline));
-            }
-            Some(Ok(Answer::NoRow)) => {
-                drop(session);
-                return Err(no_row(key, deadline));
-            }
-            Some(answer) => return Ok((session, answer)),
-        }
-    }
-    // Once per connection: boxed, out of the common path's future.
-    let setup = Box::pin(statement.run_after_setup(&mut session, inner.setup_values(), limit));
-    let Some((setup, answer)) = setup.await.ok() else {
-        drop(session);
-        return Err(no_answer(key, deadline, answer_timeout));
-    };
-    let refusal = match setup {
-        Ok(SetUp::Done) if !matches!(answer, Ok(Answer::WrongSession)) => {
-            session.mark_set_up(true);
-            return Ok((session, answer));
-        }
-        Ok(SetUp::Standby) => refused(key, STANDBY, deadline),
-        Ok(SetUp::Done | SetUp::Foreign) => refused(key, MOVED_BETWEEN_SESSIONS, deadline),
-        Err(error) => with_timeout(driver_error(key, error), deadline),
-    };
-    drop(session);
-    Err(refusal)
-}
-
-/// One `pg_try_advisory_lock`. On an error the session is closed (whatever the
-/// statement did, that undoes it).
-pub(crate) async fn try_lock(
-    inner: &Inner,
-    key: &str,
-    lock_id: i64,
-    mode: LockMode,
-    session: Session,
-    deadline: Option<Deadline>,
-) -> Result<Tried, LockAcquisitionError> {
-    let statement = Statement::TryLock { lock_id, mode };
-    let limit = step_limit(inner, deadline);
-    match answered(inner, key, session, statement, limit, deadline).await? {
-        (session, Ok(Answer::Bool(true))) => Ok(Tried::Granted(session)),
-        (session, Ok(_)) => Ok(Tried::Busy(session)),
-        (session, Err(error)) => {
-            session.close();
-            Err(with_timeout(driver_error(key, error), deadline))
-        }
     }
 }
 

@@ -77,11 +77,6 @@ impl Held {
         UNIX_EPOCH + Duration::from_nanos(self.since_ns)
     }
 
-    /// The key, as the guard's [`LockInfo`] shares it.
-    pub(crate) fn shared_key(&self) -> &Arc<str> {
-        &self.key
-    }
-
     pub(crate) fn lock_id(&self) -> i64 {
         self.lock_id
     }

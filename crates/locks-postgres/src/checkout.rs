@@ -7,7 +7,7 @@ use std::time::Duration;
 use locks_port::timeout_reason;
 
 use crate::connection::Session;
-use crate::errors::{lease_refused, pool_exhausted, unreachable, with_timeout};
+use crate::errors::{pool_exhausted, unreachable, with_timeout};
 use crate::inner::Inner;
 use crate::limit::{Deadline, Expired};
 use crate::pool::{self, PoolError, Pooled, checkout_error};
@@ -37,31 +37,81 @@ pub(crate) async fn checkout(
     wait: PoolWait,
     deadline: Option<Deadline>,
 ) -> Attempt {
-    if let Err(lease) = inner.lease() {
-        return Err(lease_refused(key, lease, deadline));
-    }
+    checked_out!(inner, key, wait, deadline)
+}
+
+/// [`checkout`] written out where it is used (an expression with `.await`, for an
+/// `async` body): the uncontended acquisition's checkout of an idle connection,
+/// without a layer of future of its own; the rest ([`after_first_look`]) is boxed.
+/// As `cached_or_prepared!` in `connection.rs`.
+macro_rules! checked_out {
+    ($inner:expr, $key:expr, $wait:expr, $deadline:expr) => {{
+        let (inner, key, wait, deadline): (
+            &$crate::inner::Inner,
+            &str,
+            $crate::checkout::PoolWait,
+            Option<$crate::limit::Deadline>,
+        ) = ($inner, $key, $wait, $deadline);
+        match inner.lease() {
+            Err(lease) => Err($crate::errors::lease_refused(key, lease, deadline)),
+            Ok(_) => {
+                // Opening a connection is held to the caller's deadline itself: the
+                // margin is for a live session's answer, which decides whether a lock
+                // was granted. A zero timeout is a try (it waits for nobody) and opens
+                // as `try_acquire` does.
+                let opening = deadline.filter(|deadline| !deadline.timeout.is_zero());
+                let connecting = $crate::limit::Deadline::limit(
+                    opening,
+                    std::time::Duration::ZERO,
+                    inner.settings().connect_timeout,
+                );
+                // Not boxed: the pool's future (it may open a connection) is large,
+                // but copying it into the limit costs less than allocating it on
+                // every checkout.
+                match connecting
+                    .run($crate::pool::idle_or_new(inner.pool()))
+                    .await
+                {
+                    // An idle connection: the common case, made into a session at once.
+                    Ok(Ok(object)) => Ok($crate::connection::Session::new(
+                        object,
+                        inner.connections(),
+                    )),
+                    first => {
+                        let rest =
+                            $crate::checkout::after_first_look(inner, key, wait, deadline, first);
+                        Box::pin(rest).await
+                    }
+                }
+            }
+        }
+    }};
+}
+pub(crate) use checked_out;
+
+/// A checkout that found no idle connection at once (`first`: what the pool said): a
+/// wait for a free slot, or the failure.
+pub(crate) async fn after_first_look(
+    inner: &Inner,
+    key: &str,
+    wait: PoolWait,
+    deadline: Option<Deadline>,
+    first: Result<Result<Pooled, PoolError>, Expired>,
+) -> Attempt {
     let settings = inner.settings();
-    // Opening a connection is held to the caller's deadline itself: the margin is
-    // for a live session's answer, which decides whether a lock was granted. A zero
-    // timeout is a try (it waits for nobody) and opens as `try_acquire` does.
-    let opening = deadline.filter(|deadline| !deadline.timeout.is_zero());
-    let connecting = Deadline::limit(opening, Duration::ZERO, settings.connect_timeout);
     let pool_size = || pool::max_size(inner.pool());
-    // Not boxed: the pool's future (it may open a connection) is large, but copying
-    // it into the limit costs less than allocating it on every checkout.
-    let checked_out = match connecting.run(pool::idle_or_new(inner.pool())).await {
-        // An idle connection: the common case, made into a session at once.
-        Ok(Ok(object)) => return Ok(Session::new(object, inner.connections())),
+    let checked_out = match first {
+        Ok(Ok(object)) => Ok(object),
         Err(Expired) => return Err(unreachable(key, deadline, settings.connect_timeout)),
         Ok(Err(error)) if pool::is_busy(&error) => match wait {
             PoolWait::No => {
                 let what = "no pool connection was free";
                 return Err(pool_exhausted(key, what, pool_size(), None));
             }
-            PoolWait::Forever => Box::pin(wait_for_slot(inner)).await,
+            PoolWait::Forever => wait_for_slot(inner).await,
             PoolWait::Until(deadline) => {
                 let limit = Deadline::limit(Some(deadline), Duration::ZERO, Duration::ZERO);
-                match limit.run(Box::pin(wait_for_slot(inner))).await {
+                match limit.run(wait_for_slot(inner)).await {
                     Ok(result) => result,
                     Err(Expired) => {
                         let what = format!(

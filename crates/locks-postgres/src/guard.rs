@@ -92,7 +92,7 @@ impl LockGuard for PostgresLockGuard {
             return gone(&self.lost);
         };
         if !self.inner.settings().release_in_background {
-            return release::unlock(&self.inner, held).await;
+            return release::unlock_held!(&self.inner, held);
         }
         // Polled once here, the unlock takes the session and hands its statement to
         // the connection; the answer is read by a task of its own. The connection

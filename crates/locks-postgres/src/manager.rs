@@ -422,7 +422,13 @@ impl DistributedLock for PostgresLockManager {
         // Pinned where it is made and awaited through the pin: the acquisition's
         // future is large, and wrapping it by value would copy it twice per call.
         let acquiring = std::pin::pin!(acquire::acquire_grant(inner, key, lock_id, options));
-        let attempt = acquiring.instrument(span.clone()).await;
+        // No subscriber records the span (the default): no layer of future to enter
+        // and exit it on every poll.
+        let attempt = if span.is_disabled() {
+            acquiring.await
+        } else {
+            acquiring.instrument(span.clone()).await
+        };
         let attempt = match attempt {
             Ok(grant) => {
                 acquire::register_grant(inner, shared_key, lock_id, options.mode(), grant, &span)

@@ -104,7 +104,10 @@ impl Inner {
     /// Starts the monitor if it is not running (called after each grant). Without a
     /// Tokio runtime at hand nothing is started; the next grant inside one starts it.
     pub(crate) fn ensure_monitor(self: &Arc<Self>) {
-        if self.health().monitor_running.swap(true, Ordering::AcqRel) {
+        // Read first: it runs already on every grant but the first, and a read is
+        // cheaper than a swap.
+        let running = &self.health().monitor_running;
+        if running.load(Ordering::Acquire) || running.swap(true, Ordering::AcqRel) {
             return;
         }
         match tokio::runtime::Handle::try_current() {

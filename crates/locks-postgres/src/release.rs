@@ -5,14 +5,17 @@
 
 use std::sync::Arc;
 
+use futures_util::lock::MutexGuard;
+
 use locks_port::{AcquisitionErrorKind, ReleaseOutcome};
 use smallvec::SmallVec;
 use tracing::{Instrument, Span};
 
 use crate::bookkeeping::{Entries, Held};
+use crate::connection::Session;
 use crate::errors::{MOVED_BETWEEN_SESSIONS, describe, driver_kind, sqlstate};
 use crate::inner::Inner;
-use crate::limit::{Expired, Limit};
+use crate::limit::Expired;
 use crate::sql::{Answer, Answered, Statement};
 use crate::telemetry::{record_failure, record_released, release_span};
 
@@ -81,59 +84,117 @@ pub(crate) async fn unlock_together(inner: &Inner, mut taken: Entries) -> Releas
 /// Unlocks a lock taken out of the bookkeeping. Never fails: when the unlock fails
 /// or the session did not hold the lock, the session is closed instead of being
 /// given back, which frees whatever it held.
-pub(crate) async fn unlock(inner: &Inner, mut held: Held) -> ReleaseOutcome {
-    let span = release_span(
-        inner.settings().span_level,
-        inner.shown(held.key()),
-        held.lock_id(),
-        held.mode(),
-    );
-    // The span's own handle, to record the outcome on (cheaper than looking up the
-    // current span).
-    let recorder = span.clone();
-    let statement = Statement::Unlock {
-        lock_id: held.lock_id(),
-        mode: held.mode(),
-    };
-    let unlocking = std::pin::pin!(unlock_on_session(
-        inner,
-        std::slice::from_mut(&mut held),
-        statement,
-        &recorder
-    ));
-    unlocking.instrument(span).await
+pub(crate) async fn unlock(inner: &Inner, held: Held) -> ReleaseOutcome {
+    unlock_held!(inner, held)
 }
+
+/// [`unlock`] written out where it is used (an expression with `.await`, for an
+/// `async` body): a guard's release, without a layer of future of its own around
+/// it. As `cached_or_prepared!` in `connection.rs`.
+macro_rules! unlock_held {
+    ($inner:expr, $held:expr) => {{
+        let (inner, mut held): (&$crate::inner::Inner, $crate::bookkeeping::Held) = ($inner, $held);
+        let span = $crate::telemetry::release_span(
+            inner.settings().span_level,
+            inner.shown(held.key()),
+            held.lock_id(),
+            held.mode(),
+        );
+        // The span's own handle, to record the outcome on (cheaper than looking up
+        // the current span).
+        let recorder = span.clone();
+        let statement = $crate::sql::Statement::Unlock {
+            lock_id: held.lock_id(),
+            mode: held.mode(),
+        };
+        // As the acquisition: a span no subscriber records is not entered (and the
+        // unlock is written out here, without a future of its own).
+        if span.is_disabled() {
+            $crate::release::on_session!(
+                inner,
+                std::slice::from_mut(&mut held),
+                statement,
+                &recorder
+            )
+        } else {
+            let unlocking = std::pin::pin!($crate::release::unlock_on_session(
+                inner,
+                std::slice::from_mut(&mut held),
+                statement,
+                &recorder
+            ));
+            tracing::Instrument::instrument(unlocking, span).await
+        }
+    }};
+}
+pub(crate) use unlock_held;
 
 /// Runs the unlock `statement` of `held` (locks of one session), then gives the
 /// session back when it holds nothing more, or closes it when the unlock failed.
-async fn unlock_on_session(
+pub(crate) async fn unlock_on_session(
     inner: &Inner,
     held: &mut [Held],
     statement: Statement<'_>,
     recorder: &Span,
 ) -> ReleaseOutcome {
-    let Some(first) = held.first() else {
-        return ReleaseOutcome::Unlocked;
-    };
-    let (key, lock_id) = (Arc::clone(first.shared_key()), first.lock_id());
-    // Waits for a keepalive in flight (bounded by the answer timeout); free, as it
-    // nearly always is, the slot is taken without the lock's future.
-    let slot = Arc::clone(first.slot());
-    let mut slot = match slot.try_lock() {
-        Ok(slot) => slot,
-        Err(_) => slot.lock().await,
-    };
-    let Some(session) = slot.as_mut() else {
-        // The health monitor took it: the lock was lost meanwhile.
-        record_released(recorder, false);
-        return ReleaseOutcome::AlreadyReleased;
-    };
-    // Pinned where made (the statement's future is large), and gone after.
-    let answer = {
-        let limit = Limit::Waiting(inner.settings().answer_timeout);
-        let running = std::pin::pin!(statement.run(session, limit));
-        running.await
-    };
+    on_session!(inner, held, statement, recorder)
+}
+
+/// [`unlock_on_session`] written out where it is used (an expression with `.await`,
+/// for an `async` body): a guard's release, without a layer of future of its own.
+/// After the answer, [`settle`] decides.
+macro_rules! on_session {
+    ($inner:expr, $held:expr, $statement:expr, $recorder:expr) => {{
+        let (inner, held, statement, recorder): (
+            &$crate::inner::Inner,
+            &mut [$crate::bookkeeping::Held],
+            $crate::sql::Statement<'_>,
+            &tracing::Span,
+        ) = ($inner, $held, $statement, $recorder);
+        match held.first() {
+            None => locks_port::ReleaseOutcome::Unlocked,
+            Some(first) => {
+                // Waits for a keepalive in flight (bounded by the answer timeout);
+                // free, as it nearly always is, the slot is taken without the lock's
+                // future.
+                let slot = std::sync::Arc::clone(first.slot());
+                let mut slot = match slot.try_lock() {
+                    Ok(slot) => slot,
+                    Err(_) => slot.lock().await,
+                };
+                match slot.as_mut() {
+                    // The health monitor took it: the lock was lost meanwhile.
+                    None => {
+                        $crate::telemetry::record_released(recorder, false);
+                        locks_port::ReleaseOutcome::AlreadyReleased
+                    }
+                    Some(session) => {
+                        // Pinned where made (the statement's future is large), and
+                        // gone after.
+                        let answer = {
+                            let limit =
+                                $crate::limit::Limit::Waiting(inner.settings().answer_timeout);
+                            let running = std::pin::pin!(statement.run(session, limit));
+                            running.await
+                        };
+                        $crate::release::settle(inner, held, slot, &answer, recorder)
+                    }
+                }
+            }
+        }
+    }};
+}
+pub(crate) use on_session;
+
+/// What an unlock's `answer` leaves: the session (in `slot`) given back when it
+/// holds nothing more, or closed when the unlock failed.
+pub(crate) fn settle(
+    inner: &Inner,
+    held: &mut [Held],
+    mut slot: MutexGuard<'_, Option<Session>>,
+    answer: &Answered,
+    recorder: &Span,
+) -> ReleaseOutcome {
     let unlocked = matches!(answer, Ok(Ok(Answer::Bool(true))));
     // The session of a group, or a shared connection's, holds the others' locks
     // until the last unlock: then it stays in the slot.
@@ -143,7 +204,12 @@ async fn unlock_on_session(
     }
     if unlocked {
         record_released(recorder, true);
-        tracing::debug!(key = inner.shown(&key), lock_id, "lock released");
+        let first = &held[0];
+        tracing::debug!(
+            key = inner.shown(first.key()),
+            lock_id = first.lock_id(),
+            "lock released"
+        );
     }
     if unlocked && !last {
         return ReleaseOutcome::Unlocked;
@@ -158,7 +224,7 @@ async fn unlock_on_session(
     }
     // Every path but a confirmed unlock closes the session, which frees whatever
     // it held.
-    let (kind, code) = failed_unlock(inner, &held[0], &answer);
+    let (kind, code) = failed_unlock(inner, &held[0], answer);
     session.close();
     record_released(recorder, false);
     record_failure(recorder, kind, code);
