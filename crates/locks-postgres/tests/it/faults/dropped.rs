@@ -9,7 +9,7 @@ use std::time::Duration;
 use locks_port::{
     AcquireOptions, DistributedLock, LockGuard, LockRegistry, LostReason, ReleaseOutcome,
 };
-use locks_postgres::PostgresLockManager;
+use locks_postgres::{PostgresLockManager, tokio_postgres};
 
 use super::{
     Mode, Neighbours, Watched, assert_pool_within_bounds, assert_still_locks, holder_and_waiter,
@@ -109,7 +109,9 @@ const DROP_POINTS_US: [Option<u64>; 15] = [
 
 in_both_modes!(a_try_acquire_dropped_mid_flight_leaves_no_lock_held);
 async fn a_try_acquire_dropped_mid_flight_leaves_no_lock_held(mode: Mode) {
-    let manager = mode.manager(pool(2));
+    // Named, so that the sessions of dropped tries can be told until their backends end.
+    let holder = format!("dropped-try-{mode:?}-{}", std::process::id());
+    let manager = mode.builder(pool(2)).holder_id(&holder).build();
     let lock = Watched::new("dropped-try").await;
     let key = &lock.key;
     let neighbours = mode.neighbours(&manager, &lock.admin).await;
@@ -140,8 +142,28 @@ async fn a_try_acquire_dropped_mid_flight_leaves_no_lock_held(mode: Mode) {
             assert!(!manager.is_held(key));
             lock.until_free("a dropped try_acquire's lock to be freed")
                 .await;
+            // A dropped try's statement may not have reached the server yet: the key
+            // free above, it may still be taken (and then let go) by that statement, on
+            // a closed session whose backend has not ended or, multiplexed, on the shared
+            // one. Wait until no backend of this manager is left outside its pool and
+            // none is running a statement, the key still free 50 ms later.
+            let settled = || async {
+                let (named, busy) = named_backends(&lock.admin, &holder).await;
+                named <= manager.pool().status().size && busy == 0 && lock.holders().await == 0
+            };
+            wait_for("a dropped try_acquire's statement to be over", || async {
+                settled().await && {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    settled().await
+                }
+            })
+            .await;
         }
     }
+    assert!(
+        named_backends(&lock.admin, &holder).await.0 >= 1,
+        "the pool's sessions carry the holder id (else the wait above saw nothing)"
+    );
     println!("{mode:?} try_acquire: dropped mid-flight {dropped}, finished {finished}");
     assert_pool_within_bounds(&manager);
     neighbours.assert_untouched(&lock.admin).await;
@@ -152,6 +174,21 @@ async fn a_try_acquire_dropped_mid_flight_leaves_no_lock_held(mode: Mode) {
         .expect("the manager still works");
     assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
     neighbours.release().await;
+}
+
+/// How many server sessions carry holder id `holder` in their `application_name`, and
+/// how many of them are not idle (running a statement).
+async fn named_backends(admin: &tokio_postgres::Client, holder: &str) -> (usize, usize) {
+    let row = admin
+        .query_one(
+            "SELECT count(*), count(*) FILTER (WHERE state <> 'idle') \
+             FROM pg_stat_activity WHERE application_name = $1",
+            &[&format!("locks:{holder}")],
+        )
+        .await
+        .expect("pg_stat_activity");
+    let count = |i: usize| usize::try_from(row.get::<_, i64>(i)).unwrap_or(0);
+    (count(0), count(1))
 }
 
 in_both_modes!(a_release_dropped_mid_flight_still_frees_the_lock);
