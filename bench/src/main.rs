@@ -220,7 +220,7 @@ async fn run(args: &Args, url: &str) -> Result<(), BoxError> {
 
     let mut scenarios = Map::new();
     for outcome in &outcomes {
-        scenarios.insert(outcome.id.to_owned(), outcome.json.clone());
+        scenarios.insert(outcome.id.to_owned(), outcome.to_json());
     }
     let checks: Vec<Value> = outcomes
         .iter()
@@ -242,6 +242,7 @@ async fn run(args: &Args, url: &str) -> Result<(), BoxError> {
             "optimized_build": !cfg!(debug_assertions),
             "elapsed_s": elapsed.as_secs_f64(),
             "plan": format!("{plan:?}"),
+            "units": "durations in ns, sizes in bytes, rates per second",
         },
         "scenarios": scenarios,
         "targets": checks,

@@ -73,7 +73,7 @@ pub(super) async fn point(db: &Database, plan: &Plan, size: usize) -> Result<Gro
     })
 }
 
-pub(super) fn row(g: &Group) -> Vec<String> {
+pub(super) fn row(g: &Group) -> Vec<crate::harness::Cell> {
     let per = |total: u64| fmt_ns(total / g.keys.max(1) as u64);
     cells![
         format!("acquire_many of {}", g.keys),

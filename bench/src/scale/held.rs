@@ -235,7 +235,7 @@ pub(super) async fn measure(
     Ok((points, stall))
 }
 
-pub(super) fn row(h: &Held) -> Vec<String> {
+pub(super) fn row(h: &Held) -> Vec<crate::harness::Cell> {
     cells![
         format!("{} held", h.count),
         format!(

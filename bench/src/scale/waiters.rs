@@ -60,7 +60,7 @@ pub(super) async fn point(
     })
 }
 
-pub(super) fn row(w: &Waiters) -> Vec<String> {
+pub(super) fn row(w: &Waiters) -> Vec<crate::harness::Cell> {
     cells![
         format!("{} waiters, one key", w.waiters),
         format!(
