@@ -51,7 +51,7 @@ fn job(task: usize, turn: u64) -> Duration {
     Duration::from_millis(100 + spread % 301)
 }
 
-/// One measured combination: who contends, how many, and their windows.
+/// One measured case (a row): who contends, how many, and their windows.
 struct Case {
     contender: Contender,
     jobs: bool,
@@ -101,26 +101,26 @@ fn fmt_fairness(value: f64) -> String {
 /// The handoff scenario, with its chart.
 pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
     let locks = [Contender::Raw, Contender::Queue, Contender::Poll];
-    let mut cells: Vec<Case> = CONTENDERS
+    let mut cases: Vec<Case> = CONTENDERS
         .iter()
         .flat_map(|&tasks| locks.map(|contender| Case::new(contender, tasks, false)))
         .chain([Case::new(PERMITS, 16, false)])
         .collect();
-    harness::rounds(plan.handoff_rounds, cells.len(), async |round, side| {
-        let cell = &mut cells[side];
-        let length = if cell.contender == Contender::Poll {
+    harness::rounds(plan.handoff_rounds, cases.len(), async |round, side| {
+        let case = &mut cases[side];
+        let length = if case.contender == Contender::Poll {
             plan.handoff_poll_window
         } else {
             plan.handoff_window
         };
         let key = format!("bench:handoff:{round}:{side}:{}", std::process::id());
-        cell.turns.window(db, APP, key, length, short).await
+        case.turns.window(db, APP, key, length, short).await
     })
     .await?;
     let mut jobs = Case::new(PERMITS, JOB_TASKS, true);
     let key = format!("bench:handoff:jobs:{}", std::process::id());
     jobs.turns.window(db, APP, key, JOB_WINDOW, job).await?;
-    cells.push(jobs);
+    cases.push(jobs);
 
     let header = [
         "Tasks",
@@ -156,19 +156,19 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     ));
     let mut left_out = Vec::new();
     let mut curves: [Vec<Curve>; 2] = Default::default();
-    for cell in &cells {
-        let (_, color) = says(cell.contender);
-        let (name, tasks, windows) = (cell.name(), cell.turns.tasks(), &cell.turns.windows);
-        let state = cell.turns.take();
+    for case in &cases {
+        let (_, color) = says(case.contender);
+        let (name, tasks, windows) = (case.name(), case.turns.tasks(), &case.turns.windows);
+        let state = case.turns.take();
         let [gaps, waiter_gaps, waits] =
             [&state.gaps, &state.waiter_gaps, &state.waits].map(|s| Latencies::of(s));
         let worst = windows.iter().map(|t| fairness(t)).fold(0.0_f64, f64::max);
         let turns: u64 = windows.iter().flatten().sum();
-        let capacity = cell.contender.capacity();
+        let capacity = case.contender.capacity();
         let idle = state.idle.as_secs_f64()
-            / (cell.turns.measured.as_secs_f64() * as_f64(capacity as u64));
+            / (case.turns.measured.as_secs_f64() * as_f64(capacity as u64));
         let percent = |share: f64| Cell::new(format!("{:.2} %", share * 100.0), share);
-        let (gap_limit, fairness_limit, idle_limit, inside) = cell.limits();
+        let (gap_limit, fairness_limit, idle_limit, inside) = case.limits();
         let gates = [
             gap_limit.map(|limit| {
                 let pass = gaps.count() > 0 && gaps.p99() <= nanos(limit);
@@ -240,7 +240,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             "releases_abandoned_by_all_waiters": state.abandoned,
             "releases_unserved_at_window_end": state.unserved_at_end,
         }));
-        if cell.contender != PERMITS {
+        if case.contender != PERMITS {
             for (side, samples) in [&state.gaps, &state.waiter_gaps].into_iter().enumerate() {
                 curves[side].push(Curve {
                     label: format!("{name}, {tasks} contenders (n = {})", samples.len()),

@@ -4,8 +4,9 @@
 //! alike); a turn is a batch of timed calls after a warm-up, or a window of tasks looping
 //! until a deadline; what a side measured is kept as a histogram of every sample plus each
 //! batch's p50 (a "run"), so that sides compare run by run, neighbours in time. Then the
-//! report: the scenario's table (its rows, the targets checked as PASS or MISS), its JSON
-//! and its files ([`Outcome`]), and the markdown made of all of them.
+//! report, written once: the scenario's table (its rows of [`Cell`]s, the targets checked
+//! as PASS or MISS) and its files ([`Outcome`]); the markdown shows the cells' text, the
+//! JSON their figures ([`Outcome::to_json`]).
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
