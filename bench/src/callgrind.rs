@@ -12,11 +12,9 @@
 use std::path::Path;
 use std::process::Command;
 
-use serde_json::json;
-
 use crate::clients::client;
 use crate::db::Database;
-use crate::harness::{Outcome, cells};
+use crate::harness::{Cell, Outcome, cells};
 use crate::otel::{MetricsPipeline, Pipeline};
 use crate::stats::{as_f64, ratio};
 use crate::{BoxError, DATABASE_URL_ENV};
@@ -134,46 +132,33 @@ pub(crate) fn scenario(
         started.elapsed().as_secs_f64()
     ));
     notes.into_iter().for_each(|note| out.note(note));
-    let mut json_rows = Vec::new();
     for (row, &(once, twice, per)) in spec.iter().zip(&counted) {
         let base = per_cycle(row.baseline);
         let ratio = ratio(per, base);
         let [target, result] = match row.target {
             Some((limit, words)) => out.gate(
                 format!("{words}: instructions per cycle vs {versus}"),
-                format!("{} ({per:.0} vs {base:.0})", fmt(ratio)),
+                Cell::new(format!("{} ({per:.0} vs {base:.0})", fmt(ratio)), ratio),
                 format!("≤ {limit}×"),
                 ratio.is_some_and(|r| r <= limit),
             ),
-            None if row.baseline == row.name => ["baseline".to_owned(), String::new()],
-            None if row.baseline != spec[0].name => [format!("÷ {}", row.baseline), String::new()],
+            None if row.baseline == row.name => [Cell::from("baseline"), Cell::default()],
+            None if row.baseline != spec[0].name => {
+                [Cell::from(format!("÷ {}", row.baseline)), Cell::default()]
+            }
             None => Default::default(),
         };
         out.row(cells![
             row.label,
             once,
             twice,
-            format!("{per:.0}"),
-            fmt(ratio),
+            Cell::new(format!("{per:.0}"), per),
+            Cell::new(fmt(ratio), ratio),
             target,
             result
         ]);
-        json_rows.push(json!({
-            "variant": row.name,
-            "name": row.label,
-            "instructions_n": once,
-            "instructions_2n": twice,
-            "instructions_per_cycle": per,
-            "ratio": ratio,
-            "baseline": row.baseline,
-        }));
     }
-    Ok(out.with(json!({
-        "valgrind": version,
-        "cycles": cycles,
-        "warmup": WARMUP,
-        "variants": json_rows,
-    })))
+    Ok(out)
 }
 
 /// The total instruction count of one child run, from its callgrind output file.

@@ -40,13 +40,12 @@
 
 use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
 use nix::unistd::Pid;
-use serde_json::json;
 
 use crate::clients::{GROUP, Op, client, label};
 use crate::db::Database;
-use crate::harness::{self, Batches, Outcome, cells};
+use crate::harness::{self, Batches, Cell, Outcome, cells};
 use crate::otel::Pipeline;
-use crate::stats::{Latencies, as_f64, fmt_ns, fmt_ratio, ratio};
+use crate::stats::{Latencies, as_f64, fmt_ns, ratio};
 use crate::{BoxError, Plan};
 
 /// What a client is for.
@@ -357,54 +356,40 @@ fn report(
         plan.mode()
     ));
     notes.into_iter().for_each(|note| out.note(note));
-    let mut json_clients = Vec::new();
     for c in clients {
-        let (best, runs) = (c.runs.best(), &c.runs.runs);
+        let best = c.runs.best();
         let ratio = ratio(as_f64(best), as_f64(base));
         let [target, result] = match c.role {
             Library => out.gate(
                 format!("{}: pinned p50 vs raw, {}", c.label, pass.via),
-                format!(
-                    "{} ({} vs {}; best of {} runs)",
-                    ratio.map_or_else(|| "—".to_owned(), |r| format!("{r:.3}×")),
-                    fmt_ns(best),
-                    fmt_ns(base),
-                    runs.len()
+                Cell::new(
+                    format!(
+                        "{} ({} vs {}; best of {} runs)",
+                        ratio.map_or_else(|| "—".to_owned(), |r| format!("{r:.3}×")),
+                        fmt_ns(best),
+                        fmt_ns(base),
+                        c.runs.runs.len()
+                    ),
+                    ratio,
                 ),
                 format!("≤ {limit:.2}×"),
                 ratio.is_some_and(|r| r <= limit),
             ),
-            Baseline => ["baseline".to_owned(), String::new()],
+            Baseline => [Cell::from("baseline"), Cell::default()],
             Setting | Reference => Default::default(),
         };
         out.row(cells![
             c.label,
-            fmt_ns(best),
-            fmt_ratio(ratio),
-            fmt_ns(c.runs.median()),
+            Cell::ns(best),
+            Cell::ratio(ratio),
+            Cell::ns(c.runs.median()),
             c.runs.spread(),
-            fmt_ns(c.runs.pooled.p99()),
+            Cell::ns(c.runs.pooled.p99()),
             target,
             result,
         ]);
-        json_clients.push(json!({
-            "name": c.label,
-            "role": format!("{:?}", c.role).to_lowercase(),
-            "run_p50s_ns": runs,
-            "best_run_p50_ns": best,
-            "ratio_best": ratio,
-            "latency": c.runs.pooled.to_json(),
-        }));
     }
-    out.with(json!({
-        "method": "pinned together to one CPU; 64 keys; best run p50 per client",
-        "transport": pass.transport,
-        "rounds": plan.cycle_rounds,
-        "warmup_cycles": plan.cycle_warmup,
-        "cycles_per_run": plan.cycle_cycles,
-        "baseline": base_name,
-        "clients": json_clients,
-    }))
+    out
 }
 
 #[cfg(test)]

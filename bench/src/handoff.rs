@@ -10,11 +10,11 @@
 
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::chart::{Curve, Panel, Unit, cdf, curves_svg};
 use crate::db::Database;
-use crate::harness::{self, Outcome, cells, verdict};
+use crate::harness::{self, Cell, Outcome, cells, verdict};
 use crate::stats::{Latencies, as_f64, fairness, finite, fmt_ns, nanos};
 use crate::turns::{Contender, Turns};
 use crate::{BoxError, Plan};
@@ -25,25 +25,16 @@ const JOB_TASKS: usize = 8;
 const JOB_WINDOW: Duration = Duration::from_secs(8);
 const APP: (&str, bool) = ("lock-bench-handoff", true);
 
-/// A contender's name in the JSON, its label, and its colour in the chart.
-fn says(contender: Contender) -> (&'static str, &'static str, (u8, u8, u8)) {
+/// A contender's label, and its colour in the chart.
+fn says(contender: Contender) -> (&'static str, (u8, u8, u8)) {
     match contender {
-        Contender::Raw => (
-            "raw",
-            "raw pg_advisory_lock (server queue)",
-            (0x7f, 0x7f, 0x7f),
-        ),
-        Contender::Queue => (
-            "queue",
-            "library, Queue (server-side wait)",
-            (0x1f, 0x77, 0xb4),
-        ),
+        Contender::Raw => ("raw pg_advisory_lock (server queue)", (0x7f, 0x7f, 0x7f)),
+        Contender::Queue => ("library, Queue (server-side wait)", (0x1f, 0x77, 0xb4)),
         Contender::Poll => (
-            "poll",
             "library, Poll (100 ms, as the Python library)",
             (0xd6, 0x27, 0x28),
         ),
-        Contender::Permits(_) => ("permits", "library, semaphore of N = 4", (0x2c, 0xa0, 0x2c)),
+        Contender::Permits(_) => ("library, semaphore of N = 4", (0x2c, 0xa0, 0x2c)),
     }
 }
 
@@ -60,14 +51,14 @@ fn job(task: usize, turn: u64) -> Duration {
     Duration::from_millis(100 + spread % 301)
 }
 
-/// One measured combination: who contends, how many, and their windows.
-struct Cell {
+/// One measured case (a row): who contends, how many, and their windows.
+struct Case {
     contender: Contender,
     jobs: bool,
     turns: Turns,
 }
 
-impl Cell {
+impl Case {
     fn new(contender: Contender, tasks: usize, jobs: bool) -> Self {
         let turns = Turns::new(contender, tasks);
         Self {
@@ -90,7 +81,7 @@ impl Cell {
     }
 
     fn name(&self) -> String {
-        let label = says(self.contender).1;
+        let label = says(self.contender).0;
         if self.jobs {
             format!("{label}, 100–400 ms jobs")
         } else {
@@ -110,26 +101,26 @@ fn fmt_fairness(value: f64) -> String {
 /// The handoff scenario, with its chart.
 pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
     let locks = [Contender::Raw, Contender::Queue, Contender::Poll];
-    let mut cells: Vec<Cell> = CONTENDERS
+    let mut cases: Vec<Case> = CONTENDERS
         .iter()
-        .flat_map(|&tasks| locks.map(|contender| Cell::new(contender, tasks, false)))
-        .chain([Cell::new(PERMITS, 16, false)])
+        .flat_map(|&tasks| locks.map(|contender| Case::new(contender, tasks, false)))
+        .chain([Case::new(PERMITS, 16, false)])
         .collect();
-    harness::rounds(plan.handoff_rounds, cells.len(), async |round, side| {
-        let cell = &mut cells[side];
-        let length = if cell.contender == Contender::Poll {
+    harness::rounds(plan.handoff_rounds, cases.len(), async |round, side| {
+        let case = &mut cases[side];
+        let length = if case.contender == Contender::Poll {
             plan.handoff_poll_window
         } else {
             plan.handoff_window
         };
         let key = format!("bench:handoff:{round}:{side}:{}", std::process::id());
-        cell.turns.window(db, APP, key, length, short).await
+        case.turns.window(db, APP, key, length, short).await
     })
     .await?;
-    let mut jobs = Cell::new(PERMITS, JOB_TASKS, true);
+    let mut jobs = Case::new(PERMITS, JOB_TASKS, true);
     let key = format!("bench:handoff:jobs:{}", std::process::id());
     jobs.turns.window(db, APP, key, JOB_WINDOW, job).await?;
-    cells.push(jobs);
+    cases.push(jobs);
 
     let header = [
         "Tasks",
@@ -163,30 +154,30 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         plan.handoff_window.as_secs_f64(),
         plan.handoff_poll_window.as_secs_f64(),
     ));
-    let mut json_cells = Vec::new();
+    let mut left_out = Vec::new();
     let mut curves: [Vec<Curve>; 2] = Default::default();
-    for cell in &cells {
-        let (id, _, color) = says(cell.contender);
-        let (name, tasks, windows) = (cell.name(), cell.turns.tasks(), &cell.turns.windows);
-        let state = cell.turns.take();
+    for case in &cases {
+        let (_, color) = says(case.contender);
+        let (name, tasks, windows) = (case.name(), case.turns.tasks(), &case.turns.windows);
+        let state = case.turns.take();
         let [gaps, waiter_gaps, waits] =
             [&state.gaps, &state.waiter_gaps, &state.waits].map(|s| Latencies::of(s));
-        let fairness_by_window: Vec<f64> = windows.iter().map(|t| fairness(t)).collect();
-        let worst = fairness_by_window.iter().copied().fold(0.0_f64, f64::max);
+        let worst = windows.iter().map(|t| fairness(t)).fold(0.0_f64, f64::max);
         let turns: u64 = windows.iter().flatten().sum();
-        let capacity = cell.contender.capacity();
+        let capacity = case.contender.capacity();
         let idle = state.idle.as_secs_f64()
-            / (cell.turns.measured.as_secs_f64() * as_f64(capacity as u64));
-        let percent = |share: f64| format!("{:.2} %", share * 100.0);
-        let (gap_limit, fairness_limit, idle_limit, inside) = cell.limits();
+            / (case.turns.measured.as_secs_f64() * as_f64(capacity as u64));
+        let percent = |share: f64| Cell::new(format!("{:.2} %", share * 100.0), share);
+        let (gap_limit, fairness_limit, idle_limit, inside) = case.limits();
         let gates = [
             gap_limit.map(|limit| {
                 let pass = gaps.count() > 0 && gaps.p99() <= nanos(limit);
                 let limit = format!("≤ {}", fmt_ns(nanos(limit)));
-                ("gap p99", fmt_ns(gaps.p99()), limit, pass)
+                ("gap p99", Cell::ns(gaps.p99()), limit, pass)
             }),
             fairness_limit.map(|limit| {
                 let measured = fmt_fairness(worst);
+                let measured = Cell::new(measured, finite(worst));
                 (
                     "fairness (worst window)",
                     measured,
@@ -202,7 +193,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
                 let (most, limit) = (state.most_inside, format!("≤ {capacity}"));
                 (
                     "most inside at once",
-                    most.to_string(),
+                    Cell::from(most),
                     limit,
                     most <= capacity,
                 )
@@ -223,49 +214,33 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             missed => format!("MISS: {}", missed.join(", ")),
         };
         let retaken = if gaps.count() == 0 {
-            "—".to_owned()
+            Cell::from("—")
         } else {
             let share = as_f64(state.retaken) / as_f64(gaps.count());
-            format!("{:.0} %", share * 100.0)
+            Cell::new(format!("{:.0} %", share * 100.0), share)
         };
         out.row(cells![
             tasks,
-            name,
+            &name,
             turns,
-            fmt_ns(gaps.p50()),
-            fmt_ns(gaps.p99()),
-            fmt_ns(waiter_gaps.p50()),
-            fmt_ns(waiter_gaps.p99()),
-            fmt_ns(waits.p99()),
-            fmt_fairness(worst),
+            Cell::ns(gaps.p50()),
+            Cell::ns(gaps.p99()),
+            Cell::ns(waiter_gaps.p50()),
+            Cell::ns(waiter_gaps.p99()),
+            Cell::ns(waits.p99()),
+            Cell::new(fmt_fairness(worst), finite(worst)),
             retaken,
             state.timeouts,
             state.most_inside,
             percent(idle),
             result,
         ]);
-        let fairness_by_window: Vec<Value> =
-            fairness_by_window.iter().map(|&f| finite(f)).collect();
-        json_cells.push(json!({
-            "contenders": tasks,
-            "strategy": id,
-            "jobs": cell.jobs,
-            "label": name,
-            "turns": turns,
-            "turns_by_window": windows,
-            "fairness_by_window": fairness_by_window,
-            "fairness_worst": finite(worst),
-            "gap": gaps.to_json(),
-            "gap_to_waiter": waiter_gaps.to_json(),
-            "wait": waits.to_json(),
-            "most_inside": state.most_inside,
-            "idle_share": idle,
-            "retaken_by_releaser": state.retaken,
-            "timeouts": state.timeouts,
+        left_out.push(json!({
+            "row": format!("{name}, {tasks} tasks"),
             "releases_abandoned_by_all_waiters": state.abandoned,
             "releases_unserved_at_window_end": state.unserved_at_end,
         }));
-        if cell.contender != PERMITS {
+        if case.contender != PERMITS {
             for (side, samples) in [&state.gaps, &state.waiter_gaps].into_iter().enumerate() {
                 curves[side].push(Curve {
                     label: format!("{name}, {tasks} contenders (n = {})", samples.len()),
@@ -303,14 +278,5 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     let title = "Lock handoff: cumulative distribution of gaps (log scale)";
     let svg = curves_svg(title, &panels.collect::<Vec<_>>(), 2, &chart_notes)?;
     out.files.push(("handoff.svg", svg));
-    Ok(out.with(json!({
-        "hold_ms": 2,
-        "acquire_timeout_s": 5,
-        "permits": PERMITS.capacity(),
-        "rounds": plan.handoff_rounds,
-        "window_s": plan.handoff_window.as_secs_f64(),
-        "poll_window_s": plan.handoff_poll_window.as_secs_f64(),
-        "jobs_window_s": JOB_WINDOW.as_secs_f64(),
-        "cells": json_cells,
-    })))
+    Ok(out.with(json!({ "releases_not_handoffs": left_out })))
 }

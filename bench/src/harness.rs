@@ -4,16 +4,17 @@
 //! alike); a turn is a batch of timed calls after a warm-up, or a window of tasks looping
 //! until a deadline; what a side measured is kept as a histogram of every sample plus each
 //! batch's p50 (a "run"), so that sides compare run by run, neighbours in time. Then the
-//! report: the scenario's table (its rows, the targets checked as PASS or MISS), its JSON
-//! and its files ([`Outcome`]), and the markdown made of all of them.
+//! report, written once: the scenario's table (its rows of [`Cell`]s, the targets checked
+//! as PASS or MISS) and its files ([`Outcome`]); the markdown shows the cells' text, the
+//! JSON their figures ([`Outcome::to_json`]).
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use crate::BoxError;
-use crate::stats::{Latencies, as_f64, fmt_ns, fmt_ratio, median};
+use crate::stats::{Latencies, as_f64, fmt_bytes, fmt_ns, fmt_rate, fmt_ratio, median};
 
 /// The order of `count` sides in round `round`: side `round mod count` first, then the
 /// others in turn (two sides alternate: A B, B A, A B, …).
@@ -154,25 +155,19 @@ impl Batches {
     }
 
     /// Against `base`, the cells a table shows (p50 as the median run, the runs' spread,
-    /// p99, the ratio and its spread), the ratios, and the JSON.
-    pub(crate) fn against(&self, base: &Self) -> (Vec<String>, Option<Ratios>, Value) {
+    /// p99, the ratio and its spread; the JSON gets the runs and the ratios' range), and
+    /// the ratios.
+    pub(crate) fn against(&self, base: &Self) -> (Vec<Cell>, Option<Ratios>) {
         let ratios = self.ratios_to(base);
         let (ratio, spread) = Ratios::fmt(ratios);
         let cells = vec![
-            fmt_ns(self.median()),
+            Cell::ns(self.median()),
             self.spread(),
-            fmt_ns(self.pooled.p99()),
-            ratio,
-            spread,
+            Cell::ns(self.pooled.p99()),
+            Cell::new(ratio, ratios.map(|r| r.median)),
+            Cell::new(spread, ratios.map(|r| vec![r.low, r.high])),
         ];
-        let json = json!({
-            "run_p50s_ns": self.runs,
-            "latency": self.pooled.to_json(),
-            "ratio_median": ratios.map(|r| r.median),
-            "ratio_min": ratios.map(|r| r.low),
-            "ratio_max": ratios.map(|r| r.high),
-        });
-        (cells, ratios, json)
+        (cells, ratios)
     }
 
     /// The median of the runs, in nanoseconds.
@@ -186,12 +181,13 @@ impl Batches {
         self.runs.iter().copied().min().unwrap_or(0)
     }
 
-    /// The runs' spread, `183 µs–201 µs`, or `—`.
-    pub(crate) fn spread(&self) -> String {
-        match (self.runs.iter().min(), self.runs.iter().max()) {
+    /// The runs' spread, `183 µs–201 µs`, or `—`; the JSON gets every run's p50.
+    pub(crate) fn spread(&self) -> Cell {
+        let text = match (self.runs.iter().min(), self.runs.iter().max()) {
             (Some(&low), Some(&high)) => format!("{}–{}", fmt_ns(low), fmt_ns(high)),
             _ => "—".to_owned(),
-        }
+        };
+        Cell::new(text, self.runs.clone())
     }
 
     /// These runs over `base`'s, run by run (the runs of one round are neighbours in time):
@@ -239,14 +235,63 @@ impl Ratios {
     }
 }
 
-/// The cells of a table row, each written with `to_string`.
+/// A cell of a table: the text it shows, and what the JSON holds for it: the figure
+/// itself where the text shows one (durations in nanoseconds, sizes in bytes, rates per
+/// second, ratios as numbers, a spread as its values), else the text.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Cell {
+    pub(crate) text: String,
+    pub(crate) value: Value,
+}
+
+impl Cell {
+    pub(crate) fn new(text: impl Into<String>, value: impl Into<Value>) -> Self {
+        let (text, value) = (text.into(), value.into());
+        Self { text, value }
+    }
+
+    /// A duration: `183 µs`, and its nanoseconds.
+    pub(crate) fn ns(nanos: u64) -> Self {
+        Self::new(fmt_ns(nanos), nanos)
+    }
+
+    /// A ratio: `1.07×` (`—` for `None`), and the number.
+    pub(crate) fn ratio(ratio: Option<f64>) -> Self {
+        Self::new(fmt_ratio(ratio), ratio)
+    }
+
+    /// Operations per second: `12 345/s`, and the number.
+    pub(crate) fn rate(per_second: f64) -> Self {
+        Self::new(fmt_rate(per_second), per_second)
+    }
+
+    /// Bytes: `1 234 B`, and the number.
+    pub(crate) fn bytes(bytes: f64) -> Self {
+        Self::new(fmt_bytes(bytes), bytes)
+    }
+}
+
+/// Texts are their own value; counts are numbers.
+macro_rules! cell_from {
+    ($($text:ty),*; $($count:ty),*) => {
+        $(impl From<$text> for Cell {
+            fn from(text: $text) -> Self { Self::new(text.to_string(), text.to_string()) }
+        })*
+        $(impl From<$count> for Cell {
+            fn from(count: $count) -> Self { Self::new(count.to_string(), count) }
+        })*
+    };
+}
+cell_from!(String, &str, &String; u64, usize, i64);
+
+/// The cells of a table row, each [`Cell::from`] its value.
 macro_rules! cells {
-    ($($cell:expr),* $(,)?) => { vec![$(ToString::to_string(&$cell)),*] };
+    ($($cell:expr),* $(,)?) => { vec![$($crate::harness::Cell::from($cell)),*] };
 }
 pub(crate) use cells;
 
-/// One scenario's results: its table (a titled section with notes), its targets, its
-/// JSON and the files to write beside the results (the charts).
+/// One scenario's results: its table (a titled section with notes), its targets, what
+/// its JSON holds beyond them, and the files to write beside the results (the charts).
 #[derive(Debug)]
 pub(crate) struct Outcome {
     /// The key of this scenario in the JSON file.
@@ -254,9 +299,10 @@ pub(crate) struct Outcome {
     title: String,
     notes: Vec<String>,
     header: Vec<&'static str>,
-    rows: Vec<Vec<String>>,
+    rows: Vec<Vec<Cell>>,
     pub(crate) checks: Vec<Check>,
-    pub(crate) json: Value,
+    /// Fields of the JSON beyond the table (what the table does not show).
+    extra: Value,
     pub(crate) files: Vec<(&'static str, String)>,
 }
 
@@ -270,7 +316,7 @@ impl Outcome {
             header: header.to_vec(),
             rows: Vec::new(),
             checks: Vec::new(),
-            json: Value::Null,
+            extra: Value::Null,
             files: Vec::new(),
         }
     }
@@ -280,7 +326,7 @@ impl Outcome {
         self.notes.push(note.into());
     }
 
-    pub(crate) fn row(&mut self, cells: Vec<String>) {
+    pub(crate) fn row(&mut self, cells: Vec<Cell>) {
         self.rows.push(cells);
     }
 
@@ -289,12 +335,12 @@ impl Outcome {
     pub(crate) fn gate(
         &mut self,
         name: impl Into<String>,
-        measured: impl Into<String>,
+        measured: impl Into<Cell>,
         limit: impl Into<String>,
         pass: bool,
-    ) -> [String; 2] {
+    ) -> [Cell; 2] {
         let target = limit.into();
-        let cells = [target.clone(), verdict(pass).to_owned()];
+        let cells = [Cell::from(&target), Cell::from(verdict(pass))];
         let (name, measured) = (name.into(), measured.into());
         self.checks.push(Check {
             name,
@@ -305,10 +351,31 @@ impl Outcome {
         cells
     }
 
-    /// With the JSON.
-    pub(crate) fn with(mut self, json: Value) -> Self {
-        self.json = json;
+    /// With `extra`'s fields in the JSON beside the table's.
+    pub(crate) fn with(mut self, extra: Value) -> Self {
+        self.extra = extra;
         self
+    }
+
+    /// The JSON: the title, the notes, one object a row keyed by the header (cells that
+    /// show nothing left out), the targets, and the extra fields.
+    pub(crate) fn to_json(&self) -> Value {
+        let row = |cells: &Vec<Cell>| -> Map<String, Value> {
+            (self.header.iter().zip(cells))
+                .filter(|(_, cell)| !cell.text.is_empty())
+                .map(|(name, cell)| ((*name).to_owned(), cell.value.clone()))
+                .collect()
+        };
+        let mut json = json!({
+            "title": self.title,
+            "notes": self.notes,
+            "rows": self.rows.iter().map(row).collect::<Vec<_>>(),
+            "targets": self.checks.iter().map(Check::to_json).collect::<Vec<_>>(),
+        });
+        if let (Some(json), Value::Object(extra)) = (json.as_object_mut(), &self.extra) {
+            json.extend(extra.clone());
+        }
+        json
     }
 }
 
@@ -316,16 +383,19 @@ impl Outcome {
 #[derive(Debug, Clone)]
 pub(crate) struct Check {
     pub(crate) name: String,
-    pub(crate) measured: String,
+    pub(crate) measured: Cell,
     pub(crate) target: String,
     pub(crate) pass: bool,
 }
 
 impl Check {
+    /// What was measured as its text, and as its figure where it has one (`value`).
     pub(crate) fn to_json(&self) -> Value {
+        let value = Some(&self.measured.value).filter(|v| !v.is_string());
         json!({
             "target": self.name,
-            "measured": self.measured,
+            "measured": self.measured.text,
+            "value": value,
             "limit": self.target,
             "pass": self.pass,
         })
@@ -337,7 +407,7 @@ pub(crate) fn verdict(pass: bool) -> &'static str {
 }
 
 /// A markdown table; `|` inside cells is escaped.
-pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+pub(crate) fn table(header: &[&str], rows: &[Vec<Cell>]) -> String {
     let line = |cells: &mut dyn Iterator<Item = &str>| {
         let cells: Vec<String> = cells.map(|c| c.replace('|', "\\|")).collect();
         format!("| {} |\n", cells.join(" | "))
@@ -345,7 +415,7 @@ pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut out = line(&mut header.iter().copied());
     let _ = writeln!(out, "|{}|", vec![" --- "; header.len()].join("|"));
     for row in rows {
-        out.push_str(&line(&mut row.iter().map(String::as_str)));
+        out.push_str(&line(&mut row.iter().map(|cell| cell.text.as_str())));
     }
     out
 }
@@ -363,9 +433,9 @@ pub(crate) fn markdown(heading: &str, outcomes: &[Outcome]) -> String {
     let checks: Vec<&Check> = outcomes.iter().flat_map(|o| &o.checks).collect();
     if !checks.is_empty() {
         let _ = writeln!(out, "\n### Targets\n");
-        let rows: Vec<Vec<String>> = checks
+        let rows: Vec<Vec<Cell>> = checks
             .iter()
-            .map(|c| cells![c.name, c.measured, c.target, verdict(c.pass)])
+            .map(|c| cells![&c.name, &c.measured.text, &c.target, verdict(c.pass)])
             .collect();
         out.push_str(&table(&["Target", "Measured", "Limit", "Result"], &rows));
     }
@@ -400,20 +470,54 @@ mod tests {
         assert!((ratios.low - 1.1).abs() < 1e-9);
         assert!((ratios.high - 1.5).abs() < 1e-9);
         assert_eq!(Ratios::fmt(Some(ratios)).0, "1.20×");
-        assert_eq!(side(&[]).spread(), "—");
-        assert_eq!(side(&[1_500, 900]).spread(), "900 ns–1.50 µs");
+        assert_eq!(side(&[]).spread().text, "—");
+        let spread = side(&[1_500, 900]).spread();
+        assert_eq!(
+            (spread.text.as_str(), spread.value),
+            ("900 ns–1.50 µs", json!([1_500, 900]))
+        );
         assert_eq!(side(&[1, 2, 4]).median(), 2);
         assert_eq!(side(&[3, 2, 4]).best(), 2);
     }
 
     #[test]
     fn a_gate_is_a_check_two_cells_and_a_markdown_row() {
-        let text = table(&["a", "b"], &[vec!["1".into(), "x|y".into()]]);
+        let text = table(&["a", "b"], &[cells!["1", "x|y"]]);
         assert_eq!(text, "| a | b |\n| --- | --- |\n| 1 | x\\|y |\n");
         let mut outcome = Outcome::new("x", "X", &["a"]);
         let cells = outcome.gate("fast", "1.2×", "≤ 1.1×", false);
-        assert_eq!(cells, ["≤ 1.1×", "MISS"]);
+        assert_eq!(cells.map(|c| c.text), ["≤ 1.1×", "MISS"]);
         assert_eq!(outcome.checks.len(), 1);
         assert!(markdown("# h", &[outcome]).contains("| fast | 1.2× | ≤ 1.1× | MISS |"));
+    }
+
+    #[test]
+    fn the_json_holds_each_row_by_the_header_with_its_figures() {
+        let mut outcome = Outcome::new("x", "X", &["Client", "p50", "÷ raw", "n", "Result"]);
+        let [_, result] = outcome.gate("fast", Cell::ratio(Some(1.5)), "≤ 1.1×", false);
+        outcome.row(cells!["raw", Cell::ns(1_500), Cell::ratio(None), 3_u64, ""]);
+        outcome.row(cells![
+            "lib",
+            Cell::ns(900),
+            Cell::ratio(Some(0.6)),
+            2_usize,
+            result
+        ]);
+        let outcome = outcome.with(json!({ "more": 1 }));
+        let json = outcome.to_json();
+        assert_eq!(
+            json["rows"],
+            json!([
+                { "Client": "raw", "p50": 1_500, "÷ raw": null, "n": 3 },
+                { "Client": "lib", "p50": 900, "÷ raw": 0.6, "n": 2, "Result": "MISS" },
+            ])
+        );
+        assert_eq!(json["targets"][0]["value"], json!(1.5));
+        assert_eq!(json["targets"][0]["measured"], "1.50×");
+        assert_eq!(
+            (json["title"].as_str(), &json["more"]),
+            (Some("X"), &json!(1))
+        );
+        assert!(markdown("# h", &[outcome]).contains("| lib | 900 ns | 0.60× | 2 | MISS |"));
     }
 }

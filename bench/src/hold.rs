@@ -14,8 +14,8 @@ use locks_postgres::tokio_postgres::Client;
 use serde_json::{Value, json};
 
 use crate::db::{Database, granted_advisory_locks};
-use crate::harness::{self, Outcome, cells};
-use crate::stats::{Latencies, allocated_bytes, as_f64, fmt_bytes, fmt_ns, fmt_ratio};
+use crate::harness::{self, Cell, Outcome, cells};
+use crate::stats::{Latencies, allocated_bytes, as_f64, fmt_bytes, fmt_ns};
 use crate::stats::{median, nanos, ratio};
 use crate::turns::{OPENING, each, open_pool};
 use crate::{BoxError, Plan};
@@ -210,9 +210,9 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
                 .collect::<Vec<_>>(),
         )
     };
-    let bytes = |side: &[Value], key: &str| fmt_bytes(median(side, key));
+    let bytes = |side: &[Value], key: &str| Cell::bytes(median(side, key));
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let seconds = |side: &[Value], key: &str| fmt_ns((median(side, key) * 1e9) as u64);
+    let seconds = |side: &[Value], key: &str| Cell::ns((median(side, key) * 1e9) as u64);
     let one_each = library.iter().all(|r| {
         let keys = ["pool_size", "held_lock_count", "released", "sessions"];
         keys.into_iter()
@@ -256,7 +256,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     let limit = format!("≤ {}", fmt_bytes(BOOKKEEPING_LIMIT));
     let small = bookkeeping <= BOOKKEEPING_LIMIT;
     let name = "manager bookkeeping per held lock";
-    let [limit, small] = out.gate(name, fmt_bytes(bookkeeping), limit, small);
+    let [limit, small] = out.gate(name, Cell::bytes(bookkeeping), limit, small);
     let raw_sessions = (&raw_last["sessions"], &raw_last["granted_advisory_locks"]);
     let rows = [
         cells![
@@ -282,7 +282,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         ],
         cells![
             "manager bookkeeping per held lock (heap, beyond the lock's connection)",
-            fmt_bytes(bookkeeping),
+            Cell::bytes(bookkeeping),
             "—",
             limit,
             small,
@@ -298,24 +298,19 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             format!("release_all of {count} (raw: {count} unlocks one after another)"),
             seconds(library, "release_all_s"),
             seconds(raw, "unlock_all_s"),
-            fmt_ratio(release_ratio),
+            Cell::ratio(release_ratio),
             "",
         ],
     ];
     rows.into_iter().for_each(|row| out.row(row));
-    let multiplex = multiplexed(db, &admin, &mut out).await?;
-    Ok(out.with(json!({
-        "locks": count,
-        "library": library,
-        "raw": raw,
-        "multiplex": multiplex,
-    })))
+    multiplexed(db, &admin, &mut out).await?;
+    Ok(out.with(json!({ "rounds": { "library": library, "raw": raw } })))
 }
 
 /// [`MUX_LOCKS`] locks held by one manager with `multiplex(100)` on a pool of
 /// [`MUX_CONNECTIONS`], acquired in batches alternating with an unmultiplexed manager's;
-/// then one `release_all`. Its rows and targets go to `out`; its JSON is returned.
-async fn multiplexed(db: &Database, admin: &Client, out: &mut Outcome) -> Result<Value, BoxError> {
+/// then one `release_all`. Its rows and targets go to `out`.
+async fn multiplexed(db: &Database, admin: &Client, out: &mut Outcome) -> Result<(), BoxError> {
     let capacity = locks_postgres::lock_table_usage(admin).await?.capacity;
     if capacity < (MUX_LOCKS + MUX_LOCKS / 2) as u64 {
         return Err(format!(
@@ -362,18 +357,21 @@ async fn multiplexed(db: &Database, admin: &Client, out: &mut Outcome) -> Result
     );
     let [_, fast] = out.gate(
         "multiplexed acquire p50 / unmultiplexed acquire p50",
-        fmt_ratio(acquire_ratio),
+        Cell::ratio(acquire_ratio),
         format!("≤ {MUX_ACQUIRE_LIMIT}x"),
         acquire_ratio.is_some_and(|r| r <= MUX_ACQUIRE_LIMIT),
     );
     let limit = format!("< {}", fmt_ns(nanos(MUX_RELEASE_ALL_LIMIT)));
     let [_, quick] = out.gate(
         format!("release_all of {MUX_LOCKS} multiplexed locks"),
-        fmt_ns(nanos(took)),
+        Cell::ns(nanos(took)),
         limit.clone(),
         released == MUX_LOCKS && left == 0 && took < MUX_RELEASE_ALL_LIMIT,
     );
-    let p50_p99 = |l: &Latencies| format!("{} ({})", fmt_ns(l.p50()), fmt_ns(l.p99()));
+    let p50_p99 = |l: &Latencies| {
+        let text = format!("{} ({})", fmt_ns(l.p50()), fmt_ns(l.p99()));
+        Cell::new(text, [l.p50(), l.p99()])
+    };
     out.row(cells![
         format!("`multiplex({per_connection})`: {MUX_LOCKS} held / granted in pg_locks / pool size / sessions"),
         format!("{held} / {granted} / {pool_size} / {sessions}"),
@@ -385,28 +383,15 @@ async fn multiplexed(db: &Database, admin: &Client, out: &mut Outcome) -> Result
         format!("multiplexed acquire p50 (p99), uncontended, lock kept; {MUX_LOCKS} samples each"),
         p50_p99(mux_acquire),
         p50_p99(plain_acquire),
-        fmt_ratio(acquire_ratio),
+        Cell::ratio(acquire_ratio),
         fast,
     ]);
     out.row(cells![
         format!("multiplexed release_all of {MUX_LOCKS} (then granted: {left})"),
-        fmt_ns(nanos(took)),
+        Cell::ns(nanos(took)),
         "—",
         limit,
         quick,
     ]);
-    Ok(json!({
-        "locks": MUX_LOCKS,
-        "connections": MUX_CONNECTIONS,
-        "held_lock_count": held,
-        "granted_advisory_locks": granted,
-        "pool_size": pool_size,
-        "sessions": sessions,
-        "acquire_multiplexed": mux_acquire.to_json(),
-        "acquire_unmultiplexed": plain_acquire.to_json(),
-        "acquire_p50_ratio": acquire_ratio,
-        "release_all_s": took.as_secs_f64(),
-        "released": released,
-        "granted_after_release_all": left,
-    }))
+    Ok(())
 }

@@ -16,11 +16,10 @@ use locks_conformance::Lcg;
 use locks_port::{AcquireOptions, KeyDerivation};
 use locks_postgres::PostgresLockManager;
 use locks_postgres::deadpool_postgres::Object;
-use serde_json::json;
 
 use crate::clients::{KEYS, Op, client, keys, label};
 use crate::db::{Database, NOT_HELD};
-use crate::harness::{self, Outcome, cells};
+use crate::harness::{self, Cell, Outcome, cells};
 use crate::proxy::Proxy;
 use crate::stats::{Latencies, fmt_ns, fmt_rate, median, nanos};
 use crate::{BoxError, Plan};
@@ -172,7 +171,6 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     ];
     let title = "8. Acquire + release over a simulated network (delaying proxy)";
     let mut out = Outcome::new("latency", title, &header);
-    let mut json_delays = Vec::new();
     let mut last = None;
     for delay in DELAYS {
         // Half of what the proxy must add to its own cost each way: its thread hand-offs
@@ -196,37 +194,39 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             variants[side].1.cycle(n).await
         })
         .await?;
-        let rtt_label = format!(
-            "{} (aimed at {}; {} added each way)",
-            fmt_ns(rtt),
-            fmt_ns(nanos(delay.round_trip)),
-            fmt_ns(nanos(one_way))
+        let rtt_label = Cell::new(
+            format!(
+                "{} (aimed at {}; {} added each way)",
+                fmt_ns(rtt),
+                fmt_ns(nanos(delay.round_trip)),
+                fmt_ns(nanos(one_way))
+            ),
+            rtt,
         );
-        let mut json_variants = Vec::new();
         let first = &measured[0];
         for (index, (batches, (name, _))) in measured.iter().zip(&variants).enumerate() {
-            let (cells, ratios, mut json) = batches.against(first);
-            json["name"] = json!(name);
+            let (cells, ratios) = batches.against(first);
             let [target, result] = match delay.target {
-                _ if index == 0 => ["baseline".to_owned(), String::new()],
+                _ if index == 0 => [Cell::from("baseline"), Cell::default()],
                 Some((gated, limit, what)) if delay.variants[index] == gated => out.gate(
                     format!("{name} {what}"),
-                    format!("{} ({} vs {})", cells[3], cells[0], fmt_ns(first.median())),
+                    Cell::new(
+                        format!(
+                            "{} ({} vs {})",
+                            cells[3].text,
+                            cells[0].text,
+                            fmt_ns(first.median())
+                        ),
+                        ratios.map(|r| r.median),
+                    ),
                     format!("≤ {limit:.1}×"),
                     ratios.is_some_and(|r| r.median <= limit),
                 ),
                 _ => Default::default(),
             };
-            let head = vec![rtt_label.clone(), name.clone()];
+            let head = cells![rtt_label.clone(), name];
             out.row([head, cells, vec![target, result]].concat());
-            json_variants.push(json);
         }
-        json_delays.push(json!({
-            "target_round_trip_ns": nanos(delay.round_trip),
-            "one_way_ns": nanos(one_way),
-            "round_trip_p50_ns": rtt,
-            "variants": json_variants,
-        }));
         drop(variants);
         last = Some((proxy, through));
     }
@@ -257,9 +257,9 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             pooled.count(),
             fmt_rate(rate)
         );
-        let (p50, p99) = (fmt_ns(pooled.p50()), fmt_ns(pooled.p99()));
+        let (p50, p99) = (Cell::ns(pooled.p50()), Cell::ns(pooled.p99()));
         let mut row = cells!["~2 ms, contended", groups, p50, "", p99];
-        row.resize(header.len(), String::new());
+        row.resize(header.len(), Cell::default());
         out.row(row);
     }
     let [new_rate, old_rate] = rates;
@@ -268,12 +268,11 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             "contended acquire_many ({CONTENDED_TASKS} tasks, overlapping subsets of \
              {CONTENDED_KEYS} keys): groups per second vs the old way"
         ),
-        format!(
-            "{:.2}× ({} vs {})",
-            new_rate / old_rate.max(f64::MIN_POSITIVE),
-            fmt_rate(new_rate),
-            fmt_rate(old_rate)
-        ),
+        {
+            let ratio = new_rate / old_rate.max(f64::MIN_POSITIVE);
+            let (new, old) = (fmt_rate(new_rate), fmt_rate(old_rate));
+            Cell::new(format!("{ratio:.2}× ({new} vs {old})"), ratio)
+        },
         "≥ 0.95× (not slower)",
         new_rate >= old_rate * 0.95,
     );
@@ -295,15 +294,5 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
          per way, alternating; p50/p99 per group.",
         plan.throughput_rounds
     ));
-    Ok(out.with(json!({
-        "rounds": plan.latency_rounds,
-        "cycles_per_round": plan.latency_batch,
-        "direct_round_trip_p50_ns": direct,
-        "proxy_no_delay_round_trip_p50_ns": bare,
-        "delays": json_delays,
-        "contended": {
-            "new_rate_median": new_rate,
-            "old_rate_median": old_rate,
-        },
-    })))
+    Ok(out)
 }

@@ -41,7 +41,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use serde_json::{Map, Value, json};
+use serde_json::{Map, json};
 
 use crate::db::Database;
 pub(crate) use crate::plan::{BoxError, DATABASE_URL_ENV, Plan};
@@ -220,13 +220,8 @@ async fn run(args: &Args, url: &str) -> Result<(), BoxError> {
 
     let mut scenarios = Map::new();
     for outcome in &outcomes {
-        scenarios.insert(outcome.id.to_owned(), outcome.json.clone());
+        scenarios.insert(outcome.id.to_owned(), outcome.to_json());
     }
-    let checks: Vec<Value> = outcomes
-        .iter()
-        .flat_map(|o| &o.checks)
-        .map(harness::Check::to_json)
-        .collect();
     let document = json!({
         "meta": {
             "tool": "lock-bench",
@@ -242,9 +237,9 @@ async fn run(args: &Args, url: &str) -> Result<(), BoxError> {
             "optimized_build": !cfg!(debug_assertions),
             "elapsed_s": elapsed.as_secs_f64(),
             "plan": format!("{plan:?}"),
+            "units": "durations in ns, sizes in bytes, rates per second",
         },
         "scenarios": scenarios,
-        "targets": checks,
     });
     let mut files = vec![
         (out.with_extension("md"), markdown),

@@ -9,8 +9,8 @@ use locks_port::{AcquireOptions, DistributedLock, LockGuard};
 use serde_json::json;
 use tokio::sync::Mutex;
 
-use crate::harness::{self, Outcome, cells};
-use crate::stats::{fmt_ns, fmt_rate, fmt_ratio, median, ratio};
+use crate::harness::{self, Cell, Outcome, cells};
+use crate::stats::{median, ratio};
 use crate::{BoxError, Plan};
 
 const TASKS: usize = 16;
@@ -63,7 +63,7 @@ pub(crate) async fn run(plan: &Plan) -> Result<Outcome, BoxError> {
     })
     .await?;
     let (library, baseline) = (&calls[0].pooled, &calls[1].pooled);
-    let per_op = |nanos: u64| fmt_ns(nanos / ops as u64);
+    let per_op = |nanos: u64| Cell::ns(nanos / ops as u64);
     let (library_rate, mutex_rate) = (median(&rates[0]), median(&rates[1]));
     let cycle_ratio = calls[0].ratios_to(&calls[1]).map(|r| r.median);
     let header = [
@@ -96,31 +96,15 @@ pub(crate) async fn run(plan: &Plan) -> Result<Outcome, BoxError> {
         per_op(library.p99()),
         per_op(baseline.p50()),
         per_op(baseline.p99()),
-        fmt_ratio(cycle_ratio),
+        Cell::ratio(cycle_ratio),
     ]);
     out.row(cells![
         format!("{TASKS} tasks on one key, ops/s (median of rounds)"),
-        fmt_rate(library_rate),
+        Cell::rate(library_rate),
         "",
-        fmt_rate(mutex_rate),
+        Cell::rate(mutex_rate),
         "",
-        fmt_ratio(ratio(library_rate, mutex_rate)),
+        Cell::ratio(ratio(library_rate, mutex_rate)),
     ]);
-    Ok(out.with(json!({
-        "cycle": {
-            "batch": ops,
-            "library_per_batch": library.to_json(),
-            "mutex_per_batch": baseline.to_json(),
-            "ratio_p50": cycle_ratio,
-        },
-        "contended": {
-            "tasks": TASKS,
-            "window_s": plan.memory_window.as_secs_f64(),
-            "library_ops_per_s_median": library_rate,
-            "library_ops_per_s_rounds": rates[0],
-            "mutex_ops_per_s_median": mutex_rate,
-            "mutex_ops_per_s_rounds": rates[1],
-            "ratio": ratio(library_rate, mutex_rate),
-        },
-    })))
+    Ok(out.with(json!({ "ops_per_s_rounds": { "library": rates[0], "mutex": rates[1] } })))
 }

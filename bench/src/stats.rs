@@ -63,23 +63,6 @@ impl Latencies {
     pub(crate) fn p99(&self) -> u64 {
         self.quantile_ns(0.99)
     }
-
-    /// Count, mean and the usual percentiles, in nanoseconds.
-    pub(crate) fn to_json(&self) -> Value {
-        if self.histogram.is_empty() {
-            return json!({ "count": 0 });
-        }
-        json!({
-            "count": self.count(),
-            "mean_ns": self.histogram.mean().round(),
-            "min_ns": self.histogram.min(),
-            "p50_ns": self.p50(),
-            "p90_ns": self.quantile_ns(0.90),
-            "p99_ns": self.p99(),
-            "p999_ns": self.quantile_ns(0.999),
-            "max_ns": self.histogram.max(),
-        })
-    }
 }
 
 /// Counts live heap bytes (for the per-lock memory figures); otherwise the system allocator.

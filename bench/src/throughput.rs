@@ -13,8 +13,8 @@ use locks_postgres::PostgresLockManager;
 use serde_json::json;
 
 use crate::db::{Database, Raw};
-use crate::harness::{self, Outcome, Ratios, cells};
-use crate::stats::{fmt_rate, fmt_ratio, median, ratio};
+use crate::harness::{self, Cell, Outcome, Ratios, cells};
+use crate::stats::{fmt_ratio, median, ratio};
 use crate::turns::open_pool;
 use crate::{BoxError, Plan};
 
@@ -107,35 +107,28 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             "Not measured: {skipped:?} tasks (the server allows {allowed} connections)."
         ));
     }
-    let mut json_points = Vec::new();
     for p in &points {
         let per_window: Vec<f64> = (p.rates[0].iter().zip(&p.rates[1]))
             .filter_map(|(library, raw)| ratio(*library, *raw))
             .collect();
         let spread = Ratios::fmt(Ratios::of(&per_window)).1;
-        let shown = format!("{} (windows {spread})", fmt_ratio(p.ratio()));
+        let shown = Cell::new(
+            format!("{} (windows {spread})", fmt_ratio(p.ratio())),
+            p.ratio(),
+        );
+        let [library, raw] = p.rates.each_ref().map(|r| Cell::rate(median(r)));
         let result = if p.tasks == GATED {
-            let [library, raw] = p.rates.each_ref().map(|r| fmt_rate(median(r)));
             let pass = p.ratio().is_some_and(|r| r >= LIMIT);
-            let measured = format!("{shown}; {library} vs {raw}");
+            let text = format!("{}; {} vs {}", shown.text, library.text, raw.text);
+            let measured = Cell::new(text, p.ratio());
             let what = format!("throughput, {GATED} tasks on distinct keys, vs raw");
-            out.gate(what, measured, format!("≥ {LIMIT:.2}×"), pass)[1].clone()
+            let [_, result] = out.gate(what, measured, format!("≥ {LIMIT:.2}×"), pass);
+            result
         } else {
-            String::new()
+            Cell::default()
         };
-        let [library, raw] = p.rates.each_ref().map(|r| fmt_rate(median(r)));
         out.row(cells![p.tasks, p.connections, library, raw, shown, result]);
-        json_points.push(json!({
-            "tasks": p.tasks, "connections": p.connections,
-            "library_per_s": median(&p.rates[0]), "raw_per_s": median(&p.rates[1]),
-            "library_per_s_windows": p.rates[0], "raw_per_s_windows": p.rates[1],
-            "ratio": p.ratio(),
-        }));
     }
-    Ok(out.with(json!({
-        "rounds": plan.throughput_rounds,
-        "window_s": plan.scale_window.as_secs_f64(),
-        "points": json_points,
-        "not_measured": skipped,
-    })))
+    let windows: Vec<_> = points.iter().map(|p| &p.rates).collect();
+    Ok(out.with(json!({ "per_s_by_window_library_raw": windows })))
 }

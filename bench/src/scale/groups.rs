@@ -6,7 +6,6 @@ use std::time::Instant;
 
 use locks_port::{AcquireOptions, lock_id};
 use locks_postgres::PostgresLockManager;
-use serde_json::{Value, json};
 
 use super::{BLUE, RED, curve, panel_of, x};
 use crate::chart::{Panel, Unit};
@@ -21,7 +20,7 @@ pub(super) const GROUPS: [usize; 4] = [1, 10, 100, 1000];
 const APP: &str = "lock-bench-scale-groups";
 
 /// The p50 of the library's and raw's group cycle of `keys` keys.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize)]
 pub(super) struct Group {
     keys: usize,
     library: u64,
@@ -73,7 +72,7 @@ pub(super) async fn point(db: &Database, plan: &Plan, size: usize) -> Result<Gro
     })
 }
 
-pub(super) fn row(g: &Group) -> Vec<String> {
+pub(super) fn row(g: &Group) -> Vec<crate::harness::Cell> {
     let per = |total: u64| fmt_ns(total / g.keys.max(1) as u64);
     cells![
         format!("acquire_many of {}", g.keys),
@@ -81,10 +80,6 @@ pub(super) fn row(g: &Group) -> Vec<String> {
         format!("{} a key (raw {})", per(g.library), per(g.raw)),
         fmt_ratio(ratio(as_f64(g.library), as_f64(g.raw))),
     ]
-}
-
-pub(super) fn json(g: &Group) -> Value {
-    json!({ "keys": g.keys, "library_p50_ns": g.library, "raw_p50_ns": g.raw })
 }
 
 pub(super) fn panel(groups: &[Group]) -> Panel {

@@ -12,8 +12,6 @@ use locks_port::{AcquireOptions, DistributedLock, LockGuard, LockRegistry, lock_
 use locks_postgres::PostgresLockManager;
 use locks_postgres::tokio_postgres::Client;
 
-use serde_json::{Value, json};
-
 use super::reads::{self, LEADER, ReadCost, read_costs};
 use super::{APP, BLUE, GREEN, IN_FLIGHT, ORANGE, P50P99, PROBE_CYCLES, RED};
 use super::{connections, curve, cycles, panel_of, x};
@@ -30,11 +28,13 @@ use crate::{BoxError, Plan};
 pub(super) const STALL: Duration = Duration::from_secs(60);
 
 /// The held-lock curve at one count.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize)]
 pub(super) struct Held {
     pub(super) count: usize,
     /// From the first acquisition to this count.
+    #[serde(serialize_with = "super::ns")]
     pub(super) reach: Duration,
+    #[serde(serialize_with = "super::ns")]
     pub(super) raw_reach: Duration,
     pub(super) probe: P50P99,
     pub(super) raw_probe: P50P99,
@@ -235,7 +235,7 @@ pub(super) async fn measure(
     Ok((points, stall))
 }
 
-pub(super) fn row(h: &Held) -> Vec<String> {
+pub(super) fn row(h: &Held) -> Vec<crate::harness::Cell> {
     cells![
         format!("{} held", h.count),
         format!(
@@ -259,22 +259,6 @@ pub(super) fn row(h: &Held) -> Vec<String> {
         ),
         reads::cell(h),
     ]
-}
-
-pub(super) fn json(h: &Held) -> Value {
-    json!({
-        "count": h.count,
-        "reach_s": h.reach.as_secs_f64(),
-        "raw_reach_s": h.raw_reach.as_secs_f64(),
-        "cycle": h.probe.to_json(),
-        "raw_cycle": h.raw_probe.to_json(),
-        "heap_bytes_per_lock": h.heap_per_lock,
-        "rss_bytes_per_lock": h.rss_per_lock,
-        "cpu_ns_per_s_per_lock": h.cpu_per_lock,
-        "lock_table_advisory": h.advisory,
-        "lock_table_capacity": h.capacity,
-        "reads": reads::json(h),
-    })
 }
 
 /// The points of a curve over the held-lock counts.

@@ -19,7 +19,7 @@ mod waiters;
 
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::chart::{Curve, Panel, Unit, curves_svg};
 use crate::clients::Op;
@@ -61,13 +61,12 @@ const RED: (u8, u8, u8) = (0xd6, 0x27, 0x28);
 
 /// p50 and p99 of a histogram, in nanoseconds (kept instead of the histogram, whose
 /// memory would count against the held locks').
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, serde::Serialize)]
 struct P50P99(u64, u64);
 
-impl P50P99 {
-    fn to_json(self) -> Value {
-        json!({ "p50_ns": self.0, "p99_ns": self.1 })
-    }
+/// A duration in the JSON: its nanoseconds.
+fn ns<S: serde::Serializer>(duration: &Duration, to: S) -> Result<S::Ok, S::Error> {
+    to.serialize_u64(nanos(*duration))
 }
 
 /// At least `count` cycles of `probe` (another manager's or raw SQL's acquire + release
@@ -229,19 +228,5 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     let title = "Scale: how each cost grows (log-log)";
     out.files
         .push(("scale.svg", curves_svg(title, &panels, 4, &chart_notes)?));
-    let list = |values: Vec<Value>| Value::Array(values);
-    let server: serde_json::Map<_, _> = (server.iter())
-        .map(|(name, value)| ((*name).to_owned(), json!(value)))
-        .collect();
-    Ok(out.with(json!({
-        "server": server,
-        "connections": holding,
-        "multiplex": per_connection,
-        "in_flight": IN_FLIGHT,
-        "held": list(held.iter().map(held::json).collect()),
-        "waiters": list(waiters.iter().map(waiters::json).collect()),
-        "waiters_not_measured": skipped,
-        "held_stalled": stall,
-        "groups": list(groups.iter().map(groups::json).collect()),
-    })))
+    Ok(out.with(json!({ "held": held, "waiters": waiters, "groups": groups })))
 }

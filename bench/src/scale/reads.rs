@@ -9,8 +9,6 @@ use locks_leader::{LeaderElection, LeaderWatch};
 use locks_port::{AcquireOptions, LeaderBoard, PermitGuard, Semaphore};
 use locks_postgres::PostgresLockManager;
 
-use serde_json::{Value, json};
-
 use super::held::{Held, on_held};
 use super::{BLUE, GREEN, ORANGE, PROBE_CYCLES, curve, panel_of, record};
 use crate::BoxError;
@@ -42,6 +40,13 @@ pub(super) enum Read {
     Gauge,
     /// A semaphore's acquire + release in a loop, for [`OBSERVE_WINDOW`].
     Permits,
+}
+
+/// A read in the JSON: its name.
+impl serde::Serialize for Read {
+    fn serialize<S: serde::Serializer>(&self, to: S) -> Result<S::Ok, S::Error> {
+        to.serialize_str(self.name())
+    }
 }
 
 impl Read {
@@ -117,7 +122,7 @@ async fn watch<S: Semaphore, B: LeaderBoard>(
 }
 
 /// What one read cost at one count.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize)]
 pub(super) struct ReadCost {
     pub(super) read: Read,
     /// The read's own time, p50 of its calls while it looped.
@@ -213,22 +218,6 @@ pub(super) fn cell(h: &Held) -> String {
 /// The cycle p99 beside the read ÷ without it.
 fn slowdown(r: &ReadCost) -> f64 {
     as_f64(r.probe_p99) / as_f64(r.quiet_p99.max(1))
-}
-
-pub(super) fn json(h: &Held) -> Vec<Value> {
-    h.reads
-        .iter()
-        .map(|r| {
-            json!({
-                "read": r.read.name(),
-                "own_p50_ns": r.own,
-                "calls": r.calls,
-                "cycle_p99_ns_while_looping": r.probe_p99,
-                "cycle_p99_ns_same_window_without": r.quiet_p99,
-                "ratio_to_cycle_p99": slowdown(r),
-            })
-        })
-        .collect()
 }
 
 /// Each read's own time, and the cycle p99 while it loops ÷ without: the reads that

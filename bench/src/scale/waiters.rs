@@ -6,13 +6,12 @@
 use std::time::Duration;
 
 use locks_postgres::tokio_postgres::Client;
-use serde_json::{Value, json};
 
 use super::{BLUE, RED, curve, panel_of, x};
 use crate::chart::{Panel, Unit};
 use crate::db::Database;
 use crate::harness::{self, cells};
-use crate::stats::{Latencies, as_f64, fairness, finite, fmt_ns};
+use crate::stats::{Latencies, as_f64, fairness, fmt_ns};
 use crate::turns::{Contender, Turns};
 use crate::{BoxError, Plan};
 
@@ -23,7 +22,7 @@ pub(super) const HOLD: Duration = Duration::from_millis(1);
 const APP: &str = "lock-bench-scale-waiters";
 
 /// Handoff p99 and fairness of the library and of raw, at `waiters` waiters.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize)]
 pub(super) struct Waiters {
     waiters: usize,
     library: (u64, f64),
@@ -60,7 +59,7 @@ pub(super) async fn point(
     })
 }
 
-pub(super) fn row(w: &Waiters) -> Vec<String> {
+pub(super) fn row(w: &Waiters) -> Vec<crate::harness::Cell> {
     cells![
         format!("{} waiters, one key", w.waiters),
         format!(
@@ -71,14 +70,6 @@ pub(super) fn row(w: &Waiters) -> Vec<String> {
         format!("fairness {:.2} (raw {:.2})", w.library.1, w.raw.1),
         "",
     ]
-}
-
-pub(super) fn json(w: &Waiters) -> Value {
-    json!({
-        "waiters": w.waiters,
-        "library_handoff_p99_ns": w.library.0, "library_fairness": finite(w.library.1),
-        "raw_handoff_p99_ns": w.raw.0, "raw_fairness": finite(w.raw.1),
-    })
 }
 
 pub(super) fn panel(waiters: &[Waiters]) -> Panel {
