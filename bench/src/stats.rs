@@ -148,6 +148,8 @@ pub(crate) fn fmt_rate(per_second: f64) -> String {
 
 /// Bytes as `1 234 B` or `12.3 KiB`.
 pub(crate) fn fmt_bytes(bytes: f64) -> String {
+    // A median of small deltas can be -0.3: shown as 0, not "-0".
+    let bytes = if bytes.abs() < 0.5 { 0.0 } else { bytes };
     if bytes.abs() < 10_000.0 {
         format!("{bytes:.0} B")
     } else {
