@@ -135,12 +135,17 @@ async fn takeover(a_manager: PostgresLockManager, role: &str, b_delay: Duration)
     tokio::time::sleep(Duration::from_millis(200)).await;
     // a's every session ends (its reads' too, which do not carry its holder id), and it
     // cannot open new ones: it neither joins again nor takes the shard back, so b takes
-    // it over.
-    admin()
+    // it over. Two statements, two transactions: in one batch they are one transaction,
+    // the terminations signalled before NOLOGIN commits, and a member reconnecting in
+    // between logs in and joins again (its share then b's, b never took the shard).
+    let server = admin().await;
+    server
+        .batch_execute(&format!("ALTER ROLE {role} NOLOGIN"))
         .await
+        .expect("a's role can no longer log in");
+    server
         .batch_execute(&format!(
-            "ALTER ROLE {role} NOLOGIN; \
-             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'"
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'"
         ))
         .await
         .expect("end a's sessions");
