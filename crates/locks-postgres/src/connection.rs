@@ -40,7 +40,14 @@ pub(crate) struct Known {
     /// What holds its statements to their limits (`None`: the watchdog could not be
     /// started, and each statement has a timer of its own).
     watch: Option<Arc<Watch>>,
+    /// The slot the connection's last lock was held in (`slot.rs`, a floor up: named
+    /// here as `Any`), kept for its next lock so that a grant allocates no slot;
+    /// empty of any session while kept.
+    spare: Option<Spare>,
 }
+
+/// A slot kept with its connection (see [`Known`]).
+pub(crate) type Spare = Arc<dyn std::any::Any + Send + Sync>;
 
 impl Known {
     fn of(object: &Object) -> Box<Self> {
@@ -50,6 +57,7 @@ impl Known {
             marker: marker(object),
             prepared: Vec::new(),
             watch: Watch::new(),
+            spare: None,
         })
     }
 }
@@ -409,6 +417,23 @@ impl Session {
             .as_ref()
             .and_then(|known| known.object.as_ref())
             .is_none_or(|object| object.is_closed())
+    }
+
+    /// The slot kept with the connection, if any (taken: it is kept again only by
+    /// [`into_pool_keeping`](Self::into_pool_keeping)).
+    pub(crate) fn take_spare(&mut self) -> Option<Spare> {
+        self.conn
+            .as_deref_mut()
+            .and_then(|known| known.spare.take())
+    }
+
+    /// [`into_pool`](Self::into_pool), keeping `spare` (a slot with no session in it)
+    /// with the connection for its next lock.
+    pub(crate) fn into_pool_keeping(mut self, spare: Spare) {
+        if let Some(known) = self.conn.as_deref_mut() {
+            known.spare = Some(spare);
+        }
+        self.into_pool();
     }
 
     /// Gives the connection back to the pool. Only call this when the session is known
