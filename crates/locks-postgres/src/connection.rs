@@ -10,6 +10,7 @@ use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use futures_util::TryStreamExt;
+use locks_port::LossNotifier;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Row, SimpleQueryMessage};
 
@@ -44,6 +45,9 @@ pub(crate) struct Known {
     /// here as `Any`), kept for its next lock so that a grant allocates no slot;
     /// empty of any session while kept.
     spare: Option<Spare>,
+    /// The loss notifier of the connection's last lock, kept as its slot is (renewed
+    /// for the next lock when nothing shares it: `LossNotifier::renewed`).
+    spare_notifier: Option<LossNotifier>,
 }
 
 /// A slot kept with its connection (see [`Known`]).
@@ -58,6 +62,7 @@ impl Known {
             prepared: Vec::new(),
             watch: Watch::new(),
             spare: None,
+            spare_notifier: None,
         })
     }
 }
@@ -427,11 +432,19 @@ impl Session {
             .and_then(|known| known.spare.take())
     }
 
+    /// The loss notifier kept with the connection, if any.
+    pub(crate) fn take_spare_notifier(&mut self) -> Option<LossNotifier> {
+        self.conn
+            .as_deref_mut()
+            .and_then(|known| known.spare_notifier.take())
+    }
+
     /// [`into_pool`](Self::into_pool), keeping `spare` (a slot with no session in it)
-    /// with the connection for its next lock.
-    pub(crate) fn into_pool_keeping(mut self, spare: Spare) {
+    /// and its last lock's `notifier` with the connection for its next lock.
+    pub(crate) fn into_pool_keeping(mut self, spare: Spare, notifier: LossNotifier) {
         if let Some(known) = self.conn.as_deref_mut() {
             known.spare = Some(spare);
+            known.spare_notifier = Some(notifier);
         }
         self.into_pool();
     }

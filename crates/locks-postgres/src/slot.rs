@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex as SyncMutex, PoisonError};
 use std::time::Duration;
 
 use futures_util::lock::{Mutex as AsyncMutex, MutexGuard, MutexLockFuture};
+use locks_port::LossNotifier;
 use tokio::time::Instant;
 
 use crate::connection::Session;
@@ -46,9 +47,10 @@ fn refilled(mut spare: SessionSlot, session: Session) -> Result<SessionSlot, Ses
 }
 
 /// Gives `session` (taken out of `slot`: it holds no lock) back to the pool, keeping
-/// `slot` with the connection for its next lock.
-pub(crate) fn keep(slot: &SessionSlot, session: Session) {
-    session.into_pool_keeping(Arc::clone(slot) as Arc<dyn std::any::Any + Send + Sync>);
+/// `slot` and its last lock's `notifier` with the connection for its next lock.
+pub(crate) fn keep(slot: &SessionSlot, notifier: &LossNotifier, session: Session) {
+    let slot = Arc::clone(slot) as Arc<dyn std::any::Any + Send + Sync>;
+    session.into_pool_keeping(slot, notifier.clone());
 }
 
 /// An async mutex around a held lock's session. `futures`' mutex, not tokio's: its
