@@ -136,6 +136,32 @@ impl LossNotifier {
         }
     }
 
+    /// A notifier whose lock is held, for the next acquisition: this one made new
+    /// again when nothing else shares it (no clone of it, no signal, no future
+    /// awaiting one), so its allocation is reused; else a new one.
+    ///
+    /// ```
+    /// use locks_port::{LossNotifier, LostReason};
+    ///
+    /// let notifier = LossNotifier::new();
+    /// notifier.notify(LostReason::Released);
+    /// let next = notifier.renewed();
+    /// assert!(!next.is_lost());
+    /// ```
+    #[must_use]
+    pub fn renewed(mut self) -> Self {
+        let Some(shared) = Arc::get_mut(&mut self.shared) else {
+            return Self::new();
+        };
+        *shared.reason.get_mut() = 0;
+        *shared.waited.get_mut() = false;
+        *shared
+            .wakers
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+        self
+    }
+
     /// The signal to hand to the guard (any number of clones).
     #[must_use]
     pub fn signal(&self) -> LostSignal {
@@ -321,6 +347,39 @@ impl fmt::Debug for Lost {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_renewed_notifier_is_held_again_and_reused_only_when_unshared() {
+        let notifier = LossNotifier::new();
+        let signal = notifier.signal();
+        notifier.notify(LostReason::ConnectionClosed);
+        let at = Arc::as_ptr(&notifier.shared);
+        // A signal still out there keeps its reason: a new notifier, not this one.
+        let shared = notifier.renewed();
+        assert_ne!(Arc::as_ptr(&shared.shared), at);
+        assert_eq!(signal.reason(), Some(LostReason::ConnectionClosed));
+
+        let notifier = LossNotifier::new();
+        let waiter = notifier.signal();
+        let mut waiting = Box::pin(waiter.clone().into_future());
+        let waker = std::task::Waker::noop();
+        assert!(
+            waiting
+                .as_mut()
+                .poll(&mut Context::from_waker(waker))
+                .is_pending()
+        );
+        notifier.notify(LostReason::Released);
+        drop((waiting, waiter));
+        let at = Arc::as_ptr(&notifier.shared);
+        let next = notifier.renewed();
+        assert_eq!(Arc::as_ptr(&next.shared), at, "unshared: reused");
+        assert!(!next.is_lost());
+        assert!(!next.shared.waited.load(Ordering::SeqCst));
+        let signal = next.signal();
+        assert!(next.notify(LostReason::KeepaliveFailed));
+        assert_eq!(signal.reason(), Some(LostReason::KeepaliveFailed));
+    }
 
     #[test]
     fn a_held_lock_costs_its_signal_at_most_40_bytes() {

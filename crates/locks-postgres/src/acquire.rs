@@ -159,15 +159,19 @@ pub(crate) fn register_grant<'a>(
     grant: Grant,
     span: &'a Span,
 ) -> Registering<'a> {
-    let (slot, holding) = match grant {
-        Grant::Own(session) => (new_slot(session), Holding::Alone),
-        Grant::Shared(member) => (Arc::clone(member.slot()), Holding::Shared(member)),
+    let (slot, holding, notifier) = match grant {
+        Grant::Own(mut session) => {
+            let notifier = session.take_spare_notifier();
+            (new_slot(session), Holding::Alone, notifier)
+        }
+        Grant::Shared(member) => (Arc::clone(member.slot()), Holding::Shared(member), None),
     };
     if inner.settings().fencing {
         let fencing = grant::register_fenced(inner, key, lock_id, mode, slot, holding, span);
         return Either::Right(Box::pin(fencing));
     }
-    let guard = grant::record(inner, (key, lock_id, mode, slot, holding), None, span);
+    let grant = (key, lock_id, mode, slot, holding);
+    let guard = grant::record(inner, grant, notifier, None, span);
     Either::Left(std::future::ready(Ok(guard)))
 }
 

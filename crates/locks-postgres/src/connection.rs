@@ -10,6 +10,7 @@ use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use futures_util::TryStreamExt;
+use locks_port::LossNotifier;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Row, SimpleQueryMessage};
 
@@ -40,7 +41,17 @@ pub(crate) struct Known {
     /// What holds its statements to their limits (`None`: the watchdog could not be
     /// started, and each statement has a timer of its own).
     watch: Option<Arc<Watch>>,
+    /// The slot the connection's last lock was held in (`slot.rs`, a floor up: named
+    /// here as `Any`), kept for its next lock so that a grant allocates no slot;
+    /// empty of any session while kept.
+    spare: Option<Spare>,
+    /// The loss notifier of the connection's last lock, kept as its slot is (renewed
+    /// for the next lock when nothing shares it: `LossNotifier::renewed`).
+    spare_notifier: Option<LossNotifier>,
 }
+
+/// A slot kept with its connection (see [`Known`]).
+pub(crate) type Spare = Arc<dyn std::any::Any + Send + Sync>;
 
 impl Known {
     fn of(object: &Object) -> Box<Self> {
@@ -50,6 +61,8 @@ impl Known {
             marker: marker(object),
             prepared: Vec::new(),
             watch: Watch::new(),
+            spare: None,
+            spare_notifier: None,
         })
     }
 }
@@ -409,6 +422,31 @@ impl Session {
             .as_ref()
             .and_then(|known| known.object.as_ref())
             .is_none_or(|object| object.is_closed())
+    }
+
+    /// The slot kept with the connection, if any (taken: it is kept again only by
+    /// [`into_pool_keeping`](Self::into_pool_keeping)).
+    pub(crate) fn take_spare(&mut self) -> Option<Spare> {
+        self.conn
+            .as_deref_mut()
+            .and_then(|known| known.spare.take())
+    }
+
+    /// The loss notifier kept with the connection, if any.
+    pub(crate) fn take_spare_notifier(&mut self) -> Option<LossNotifier> {
+        self.conn
+            .as_deref_mut()
+            .and_then(|known| known.spare_notifier.take())
+    }
+
+    /// [`into_pool`](Self::into_pool), keeping `spare` (a slot with no session in it)
+    /// and its last lock's `notifier` with the connection for its next lock.
+    pub(crate) fn into_pool_keeping(mut self, spare: Spare, notifier: LossNotifier) {
+        if let Some(known) = self.conn.as_deref_mut() {
+            known.spare = Some(spare);
+            known.spare_notifier = Some(notifier);
+        }
+        self.into_pool();
     }
 
     /// Gives the connection back to the pool. Only call this when the session is known

@@ -41,14 +41,16 @@ pub(crate) async fn register_fenced(
         Box::pin(taking).await?
     };
     let grant = (shared_key, lock_id, mode, slot, holding);
-    Ok(record(inner, grant, Some(fencing_token), span))
+    Ok(record(inner, grant, None, Some(fencing_token), span))
 }
 
 /// Records a granted lock (its key, lock id and mode, on the session in a slot,
-/// owned as the [`Holding`] says) and hands out its guard. No I/O.
+/// owned as the [`Holding`] says) and hands out its guard; its loss notifier is
+/// `spare` renewed (the connection's last lock's, kept with it), or a new one. No I/O.
 pub(crate) fn record(
     inner: &Arc<Inner>,
     (shared_key, lock_id, mode, slot, holding): (Arc<str>, i64, LockMode, SessionSlot, Holding),
+    spare: Option<LossNotifier>,
     fencing_token: Option<i64>,
     span: &Span,
 ) -> PostgresLockGuard {
@@ -59,7 +61,7 @@ pub(crate) fn record(
         info = info.with_fencing_token(fencing_token);
     }
     let ticket = inner.next_ticket();
-    let notifier = LossNotifier::new();
+    let notifier = spare.map_or_else(LossNotifier::new, LossNotifier::renewed);
     let lost = notifier.signal();
     tracing::debug!(
         parent: span,

@@ -219,7 +219,7 @@ pub(crate) fn settle(
     };
     drop(slot);
     if unlocked {
-        session.into_pool();
+        crate::slot::keep(held[0].slot(), held[0].notifier(), session);
         return ReleaseOutcome::Unlocked;
     }
     // Every path but a confirmed unlock closes the session, which frees whatever

@@ -2,11 +2,16 @@
 //! it and the health monitor's keepalive; whoever takes the session out owns it. The
 //! slot also keeps when the connection last answered a keepalive: one clock per
 //! connection, however many locks share it.
+//!
+//! A slot goes back to the pool with its connection once its last lock is unlocked
+//! ([`keep`]), and the connection's next lock refills it ([`new_slot`]) when nothing
+//! holds it any more: one allocation (about 90 instructions) less a lock cycle.
 
 use std::sync::{Arc, Mutex as SyncMutex, PoisonError};
 use std::time::Duration;
 
 use futures_util::lock::{Mutex as AsyncMutex, MutexGuard, MutexLockFuture};
+use locks_port::LossNotifier;
 use tokio::time::Instant;
 
 use crate::connection::Session;
@@ -15,12 +20,37 @@ use crate::connection::Session;
 /// monitor's keepalive; whoever takes it out owns the connection. `None` once taken.
 pub(crate) type SessionSlot = Arc<Slot>;
 
-/// The slot of a session that has just taken its first lock.
-pub(crate) fn new_slot(session: Session) -> SessionSlot {
+/// The slot of a session that has just taken its first lock: the one its connection
+/// kept from its last lock ([`keep`]) when nothing holds that any more, else a new one.
+pub(crate) fn new_slot(mut session: Session) -> SessionSlot {
+    match session.take_spare().map(Arc::downcast::<Slot>) {
+        Some(Ok(spare)) => refilled(spare, session).unwrap_or_else(fresh),
+        _ => fresh(session),
+    }
+}
+
+fn fresh(session: Session) -> SessionSlot {
     Arc::new(Slot {
         session: AsyncMutex::new(Some(session)),
         keepalive: SyncMutex::new(Keepalive::Unseen),
     })
+}
+
+/// `spare` with `session` in it and its keepalive clock unseen, as a new slot's; the
+/// session back if something still holds the slot (a keepalive, a lock's entry).
+fn refilled(mut spare: SessionSlot, session: Session) -> Result<SessionSlot, Session> {
+    let Some(slot) = Arc::get_mut(&mut spare) else {
+        return Err(session);
+    };
+    slot.refill(Some(session));
+    Ok(spare)
+}
+
+/// Gives `session` (taken out of `slot`: it holds no lock) back to the pool, keeping
+/// `slot` and its last lock's `notifier` with the connection for its next lock.
+pub(crate) fn keep(slot: &SessionSlot, notifier: &LossNotifier, session: Session) {
+    let slot = Arc::clone(slot) as Arc<dyn std::any::Any + Send + Sync>;
+    session.into_pool_keeping(slot, notifier.clone());
 }
 
 /// An async mutex around a held lock's session. `futures`' mutex, not tokio's: its
@@ -57,6 +87,15 @@ impl Slot {
             session: AsyncMutex::new(None),
             keepalive: SyncMutex::new(Keepalive::Unseen),
         })
+    }
+
+    /// Puts `session` in the slot, its keepalive clock unseen: as a new slot.
+    fn refill(&mut self, session: Option<Session>) {
+        *self.session.get_mut() = session;
+        *self
+            .keepalive
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner) = Keepalive::Unseen;
     }
 
     /// Waits for the slot.
@@ -119,5 +158,25 @@ mod tests {
         slot.answered(start + 2 * cadence);
         assert!(!slot.keepalive_due(start + 2 * cadence, cadence));
         assert!(slot.keepalive_due(start + 3 * cadence, cadence));
+    }
+
+    #[test]
+    fn a_kept_slot_is_refilled_as_a_new_one_only_when_nothing_holds_it() {
+        let cadence = Duration::from_secs(10);
+        let start = Instant::now();
+        let mut kept = Slot::empty();
+        // Its last lock's keepalive was in flight when the connection went back.
+        assert!(!kept.keepalive_due(start, cadence));
+        assert!(kept.keepalive_due(start + cadence, cadence));
+        let holder = Arc::clone(&kept);
+        assert!(Arc::get_mut(&mut kept).is_none(), "held: not refilled");
+        drop(holder);
+        Arc::get_mut(&mut kept)
+            .expect("nothing holds it")
+            .refill(None);
+        // As a new slot's: the first look starts the count, a keepalive is due later.
+        let later = start + 5 * cadence;
+        assert!(!kept.keepalive_due(later, cadence));
+        assert!(kept.keepalive_due(later + cadence, cadence));
     }
 }

@@ -17,12 +17,15 @@
 //! what is due as expired and wakes its task. A deadline earlier than the thread's
 //! planned wake-up wakes the thread (rare: statement limits are seconds, naps one).
 //!
-//! Bounds: a deadline is never cut short and is held to the millisecond, plus however
-//! late the operating system runs the thread. With nothing armed for [`IDLE`] the
-//! thread sleeps until something is. If the thread cannot be started (or the process
-//! forked since), watches are not made and callers fall back to tokio timers; so too
-//! when the environment says [`SWITCH`]` = off` (read when a watch is made: the bench
-//! compares the two ways, ADR 0015).
+//! Bounds: a deadline is never cut short and is held to within two milliseconds, plus
+//! however late the operating system runs the thread. A statement that arms its watch
+//! reads the clock once, on Linux straight from `CLOCK_MONOTONIC` (the clock of
+//! [`Instant`]) in whole ms ([`Monotonic`]; `Instant::now` and the subtraction of the
+//! epoch cost the lock cycle's two arms about 90 instructions more). With nothing armed
+//! for [`IDLE`] the thread sleeps until something is. If the thread cannot be started
+//! (or the process forked since), watches are not made and callers fall back to tokio
+//! timers; so too when the environment says [`SWITCH`]` = off` (read when a watch is
+//! made: the bench compares the two ways, ADR 0015).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -192,6 +195,8 @@ impl<F: Future> Future for Watched<'_, F> {
 struct Watchdog {
     /// Its clock counts milliseconds from here.
     epoch: Instant,
+    /// The clock statements arm with, read directly (`None`: through [`Instant`]).
+    monotonic: Option<Monotonic>,
     /// When the thread plans to wake next (ms of its clock; `u64::MAX`: when woken).
     next_wake: AtomicU64,
     state: Mutex<State>,
@@ -229,8 +234,10 @@ impl Watchdog {
 
     /// A watchdog and its thread (which lives as long as the process).
     fn start(nap: Duration, idle: Duration) -> Option<&'static Self> {
+        let (epoch, monotonic) = Monotonic::start();
         let dog: &'static Self = Box::leak(Box::new(Self {
-            epoch: Instant::now(),
+            epoch,
+            monotonic,
             next_wake: AtomicU64::new(0),
             state: Mutex::default(),
             wake: Condvar::new(),
@@ -257,6 +264,15 @@ impl Watchdog {
         millis(at.saturating_duration_since(self.epoch))
     }
 
+    /// Now, in ms of the watchdog's clock, never earlier than [`ms`](Self::ms) of
+    /// `Instant::now()` would say (two ms later at most): the start of a wait that
+    /// arms a watch.
+    fn arming_ms(&self) -> u64 {
+        self.monotonic
+            .and_then(Monotonic::now_ms)
+            .unwrap_or_else(|| self.ms(Instant::now()))
+    }
+
     /// The deadline of a wait from now within `limit`, in ms of the watchdog's clock,
     /// rounded up; `None` without a limit. Never [`DISARMED`] nor [`EXPIRED`].
     fn deadline_ms(&self, limit: Limit) -> Option<u64> {
@@ -265,7 +281,7 @@ impl Watchdog {
             Limit::Since(start, duration) => {
                 self.ms(start.into_std()).saturating_add(millis(duration))
             }
-            Limit::Waiting(duration) => self.ms(Instant::now()).saturating_add(millis(duration)),
+            Limit::Waiting(duration) => self.arming_ms().saturating_add(millis(duration)),
         };
         Some(ms.saturating_add(1).clamp(1, EXPIRED - 1))
     }
@@ -326,6 +342,60 @@ impl Watchdog {
             None => false,
         });
         earliest
+    }
+}
+
+/// `CLOCK_MONOTONIC` read directly (Linux), the clock of [`Instant`]: in whole ms
+/// from the epoch's ms, without std's `Timespec` checks and `Instant` subtraction.
+#[derive(Debug, Clone, Copy)]
+struct Monotonic {
+    /// `CLOCK_MONOTONIC` in whole ms, read just before the watchdog's epoch: never
+    /// later than it, so a time counted from it is never earlier than the epoch's count.
+    epoch_ms: u64,
+}
+
+#[cfg(target_os = "linux")]
+impl Monotonic {
+    /// The watchdog's epoch and its clock in ms (`None` if it cannot be read).
+    fn start() -> (Instant, Option<Self>) {
+        // Read again if the thread was held up between the reads (the epoch's ms would
+        // be early, and every deadline that much late).
+        let read = || (Self::read_ms(), Instant::now(), Self::read_ms());
+        let (mut epoch_ms, mut epoch, mut after) = read();
+        for _ in 0..3 {
+            match (epoch_ms, after) {
+                (Some(before), Some(after)) if after.saturating_sub(before) > 1 => {}
+                _ => break,
+            }
+            (epoch_ms, epoch, after) = read();
+        }
+        (epoch, epoch_ms.map(|epoch_ms| Self { epoch_ms }))
+    }
+
+    /// `CLOCK_MONOTONIC` in whole ms (rounded down).
+    fn read_ms() -> Option<u64> {
+        let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).ok()?;
+        let secs = u64::try_from(now.tv_sec()).ok()?;
+        let ms = u64::try_from(now.tv_nsec()).ok()? / 1_000_000;
+        Some(secs.saturating_mul(1000).saturating_add(ms))
+    }
+
+    /// Now, in ms from the epoch: never earlier than the epoch's count of `Instant`s,
+    /// two ms later at most (the roundings down, the reads around the epoch);
+    /// `None` if the clock cannot be read.
+    fn now_ms(self) -> Option<u64> {
+        Some(Self::read_ms()?.saturating_sub(self.epoch_ms))
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+impl Monotonic {
+    fn start() -> (Instant, Option<Self>) {
+        (Instant::now(), None)
+    }
+
+    fn now_ms(self) -> Option<u64> {
+        None
     }
 }
 
@@ -424,6 +494,40 @@ mod tests {
         assert_eq!(dog.next_wake.load(Ordering::SeqCst), u64::MAX);
         let waited = expires_after(&watch, Duration::from_millis(40)).await;
         assert!(waited < Duration::from_secs(2), "{waited:?}");
+    }
+
+    /// The clock a watch arms with is never behind the one the thread expires
+    /// deadlines by (a deadline is never cut short), and at most two ms ahead of it (a
+    /// third for a start held up between its reads of the clocks).
+    #[test]
+    fn the_arming_clock_is_never_behind_the_expiring_one() {
+        let dog = watchdog(NAP, IDLE);
+        for round in 0..3_000 {
+            if round % 100 == 0 {
+                // Past the clock's first ms (where a count saturating at 0 hides a shift).
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let before = dog.ms(Instant::now());
+            let arming = dog.arming_ms();
+            let after = dog.ms(Instant::now());
+            assert!(
+                arming >= before,
+                "armed at {arming} ms, before it {before} ms"
+            );
+            assert!(
+                arming <= after + 3,
+                "armed at {arming} ms, after it {after} ms"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn short_waits_never_end_early() {
+        let watch = Watch::on(watchdog(NAP, IDLE));
+        for limit in (2..12).map(Duration::from_millis) {
+            let waited = expires_after(&watch, limit).await;
+            assert!(waited >= limit, "{waited:?} < {limit:?}");
+        }
     }
 
     #[tokio::test]

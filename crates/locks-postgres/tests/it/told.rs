@@ -187,3 +187,32 @@ fn the_loss_notice_bound_is_known_only_on_an_announcing_pool() {
     let unannounced = PostgresLockManager::builder(unannounced_pool(1)).build();
     assert_eq!(unannounced.loss_notice_bound(), None);
 }
+
+/// A connection's next lock is told of its own loss only: the signal of the last lock on
+/// it (kept by its holder, or dropped, so that the next lock reuses what it was made of)
+/// neither carries over nor changes.
+#[tokio::test]
+async fn the_next_lock_on_a_connection_has_a_signal_of_its_own() {
+    let holder = unique_key("told-next");
+    let locks = PostgresLockManager::builder(pool(1))
+        .holder_id(&holder)
+        .lease(None)
+        .keepalive(None)
+        .health_check_interval(Duration::from_secs(30))
+        .build();
+    let first = locks.acquire(&unique_key("a"), None).await.expect("lock");
+    let kept = first.lost();
+    assert_eq!(first.release().await, ReleaseOutcome::Unlocked);
+    assert_eq!(kept.reason(), Some(LostReason::Released));
+    // The pool's one connection again: its last lock's signal is still out there.
+    let second = locks.acquire(&unique_key("b"), None).await.expect("lock");
+    assert!(!second.is_lost());
+    assert_eq!(second.release().await, ReleaseOutcome::Unlocked);
+    assert_eq!(kept.reason(), Some(LostReason::Released));
+    drop(kept);
+    // Nothing shares the last signal now: the next lock's is made of it, held again.
+    let third = locks.acquire(&unique_key("c"), None).await.expect("lock");
+    assert!(!third.is_lost());
+    told_after_terminate(&holder, third.lost()).await;
+    assert!(third.is_lost());
+}
