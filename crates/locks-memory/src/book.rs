@@ -41,9 +41,20 @@ pub(crate) struct Held {
     since: SystemTime,
 }
 
+impl Held {
+    /// Frees the key, then tells the guard `reason`: the order of a PostgreSQL session's
+    /// end, where the server frees the lock and the client hears of it after, so a guard
+    /// told of its loss finds the key free for anyone (itself included) at once.
+    pub(crate) fn end(&mut self, reason: LostReason) {
+        self.permit.give_up();
+        self.notifier.notify(reason);
+    }
+}
+
 impl Drop for Held {
     fn drop(&mut self) {
-        self.notifier.notify(LostReason::Released);
+        // Told `Released` unless `end` told it something first (the first reason stays).
+        self.end(LostReason::Released);
     }
 }
 

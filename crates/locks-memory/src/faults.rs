@@ -36,8 +36,9 @@ impl ManagerInner {
 
 impl InMemoryLockManager {
     /// Takes the lock of `key` away from this manager as a PostgreSQL manager loses it
-    /// when its session ends: the guard's [`lost`](locks_port::LockGuard::lost) signal
-    /// fires with `reason`, the key is free for others at once, and the guard's release
+    /// when its session ends: the key is free for others at once, then the guard's
+    /// [`lost`](locks_port::LockGuard::lost) signal fires with `reason` (in that order, as
+    /// the server frees a lock before its client hears of it), and the guard's release
     /// reports [`ReleaseOutcome::Lost`]. A key held as part of a group loses the whole
     /// group (one session holds them all); a key this manager holds more than once (shared,
     /// twice) loses every hold. `false` when this manager does not hold `key`.
@@ -60,7 +61,7 @@ impl InMemoryLockManager {
     /// # }
     /// ```
     pub fn lose(&self, key: &str, reason: LostReason) -> bool {
-        let taken: Vec<Held> = {
+        let mut taken: Vec<Held> = {
             let mut held = self.inner.held_map();
             let tokens = held.tokens_of(key);
             if tokens.is_empty() {
@@ -68,11 +69,10 @@ impl InMemoryLockManager {
             }
             held.remove_tokens(&tokens)
         };
-        for entry in &taken {
-            entry.notifier.notify(reason);
+        // Outside the bookkeeping mutex: each key is free before its guard is told.
+        for entry in &mut taken {
+            entry.end(reason);
         }
-        // Dropped outside the bookkeeping mutex: frees the keys for the next holder.
-        drop(taken);
         true
     }
 
@@ -96,9 +96,9 @@ impl InMemoryLockManager {
     /// # }
     /// ```
     pub fn end_session(&self, reason: LostReason) -> usize {
-        let held = self.inner.held_map().drain();
-        for entry in &held {
-            entry.notifier.notify(reason);
+        let mut held = self.inner.held_map().drain();
+        for entry in &mut held {
+            entry.end(reason);
         }
         let permits = self.inner.permits.drain();
         let lost_permits = permits.iter().filter(|cell| cell.give_back(reason)).count();

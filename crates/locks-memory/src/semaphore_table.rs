@@ -108,8 +108,8 @@ impl PermitCell {
         }
     }
 
-    /// Gives the permit back, its guard told `reason` first; `false` when it was given
-    /// back already.
+    /// Gives the permit back, then tells its guard `reason` (as a lock's key is free
+    /// before its guard is told); `false` when it was given back already.
     pub(crate) fn give_back(&self, reason: locks_port::LostReason) -> bool {
         let taken = self
             .taken
@@ -119,11 +119,11 @@ impl PermitCell {
         let Some(taken) = taken else {
             return false;
         };
-        self.notifier.notify(reason);
         if let Some(place) = taken.entry.slots().get_mut(self.slot as usize) {
             *place = None;
         }
         taken.entry.queue.add_permits(1);
+        self.notifier.notify(reason);
         true
     }
 }

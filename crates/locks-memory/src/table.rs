@@ -200,6 +200,13 @@ impl HeldPermit {
         self.slot.semaphore().add_permits(extra as usize);
     }
 
+    /// Gives every permit back now (the key is free for the next holder); dropping it
+    /// afterwards gives nothing more back.
+    pub(crate) fn give_up(&mut self) {
+        let permits = std::mem::take(&mut self.permits);
+        self.slot.semaphore().add_permits(permits as usize);
+    }
+
     /// Takes the permits a shared hold lacks, if they are free now (an exclusive hold
     /// then); whether the hold is exclusive. Never waits: with other readers in, or a
     /// writer queued (it has taken every permit given back since it queued), the hold

@@ -1,9 +1,13 @@
 //! The double can lose: `lose`, `end_session` and `fail_next_acquire` drive a caller's
 //! code through every loss and error branch, for a lock, a group and a permit.
 
+use std::future::{Future, IntoFuture};
+use std::pin::pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-use locks_memory::InMemoryLockTable;
+use locks_memory::{InMemoryLockManager, InMemoryLockTable};
 use locks_port::{
     AcquisitionErrorKind, DistributedLock, LockError, LockGuard, LockRegistry, LostReason,
     PermitGuard, ReleaseOutcome, Semaphore,
@@ -75,6 +79,71 @@ async fn a_group_is_lost_as_one_session() {
         group.release().await,
         ReleaseOutcome::Lost(LostReason::KeepaliveFailed)
     );
+}
+
+/// A waker that, when woken (inside the loss's `notify`), tries the lost key or permit
+/// through another manager: whether it was free at the moment the guard was told.
+struct TriesAtWake {
+    other: InMemoryLockManager,
+    permit: bool,
+    free: Mutex<Option<bool>>,
+}
+
+impl Wake for TriesAtWake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let mut cx = Context::from_waker(Waker::noop());
+        let free = if self.permit {
+            let mut tried = pin!(self.other.try_acquire_permit("exports", 1));
+            matches!(tried.as_mut().poll(&mut cx), Poll::Ready(Ok(Some(_))))
+        } else {
+            let mut tried = pin!(self.other.try_acquire("job"));
+            matches!(tried.as_mut().poll(&mut cx), Poll::Ready(Ok(Some(_))))
+        };
+        *self.free.lock().expect("not poisoned") = Some(free);
+    }
+}
+
+/// PostgreSQL frees a lock when its session ends and the client hears of it after, so a
+/// loss handler can take the key again at once; the double keeps that order for `lose`
+/// and `end_session`, locks and permits alike.
+#[tokio::test]
+async fn a_guard_is_told_of_its_loss_only_once_its_key_is_free() {
+    for (permit, by_end_session) in [(false, false), (false, true), (true, true)] {
+        let table = InMemoryLockTable::new();
+        let locks = table.manager();
+        let tries = Arc::new(TriesAtWake {
+            other: table.manager(),
+            permit,
+            free: Mutex::new(None),
+        });
+        let waker = Waker::from(Arc::clone(&tries));
+        let mut cx = Context::from_waker(&waker);
+        let (lock, held_permit);
+        let lost = if permit {
+            held_permit = locks.acquire_permit("exports", 1, Duration::ZERO).await;
+            held_permit.as_ref().expect("free").lost()
+        } else {
+            lock = locks.acquire("job", Duration::ZERO).await;
+            lock.as_ref().expect("free").lost()
+        };
+        let mut lost = pin!(lost.into_future());
+        assert!(lost.as_mut().poll(&mut cx).is_pending(), "held");
+        if by_end_session {
+            assert_eq!(locks.end_session(LostReason::ConnectionClosed), 1);
+        } else {
+            assert!(locks.lose("job", LostReason::ConnectionClosed));
+        }
+        let free = *tries.free.lock().expect("not poisoned");
+        assert_eq!(
+            free,
+            Some(true),
+            "told of its loss (permit: {permit}, end_session: {by_end_session}) while the key was still taken"
+        );
+    }
 }
 
 #[tokio::test]

@@ -110,9 +110,9 @@ async fn a_lost_shard_stops_its_task_at_once_and_moves_under_a_newer_token() {
     assert_eq!(fleet.recorder.overlaps(), Vec::new());
 }
 
-// One thread: the double tells the guard of its loss just before it frees the key
-// (PostgreSQL frees it first), which on two threads the woken tick could get between.
-#[tokio::test]
+// Two threads: the woken tick may run at once; the double frees a lost key before it
+// tells the guard (as PostgreSQL does), so the retake finds it free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_takes_a_lost_shard_back_at_once_not_on_its_next_tick() {
     let fleet = Fleet::new(2);
     let manager = fleet.table.manager_with_holder_id("a");
