@@ -2,7 +2,7 @@
 //!
 //! Run it through `cargo xtask bench [--quick]` (which provides a PostgreSQL server), or
 //! directly: `cargo run --release -p lock-bench -- --url postgres://… [--quick]
-//! [--out target/bench/results.json] [--only cycle,try,shared,many,throughput,…]`.
+//! [--out target/bench/results.json] [--only cycle,try,shared,throughput,…]`.
 //! Without `--url` it reads `LOCKS_DATABASE_URL`.
 //!
 //! Every scenario alternates the library and its baseline within the run, so a noisy
@@ -48,11 +48,10 @@ pub(crate) use crate::plan::{BoxError, DATABASE_URL_ENV, Plan};
 
 /// The scenarios in the order they run; `scale` only when named (it needs a server sized
 /// for it and minutes).
-const SCENARIOS: [&str; 13] = [
+const SCENARIOS: [&str; 12] = [
     "cycle",
     "try",
     "shared",
-    "many",
     "throughput",
     "handoff",
     "hold",
@@ -180,7 +179,7 @@ async fn run(args: &Args, url: &str) -> Result<(), BoxError> {
             started.elapsed().as_secs_f64(),
             plan.mode()
         );
-        if let "cycle" | "try" | "shared" | "many" = scenario {
+        if let "cycle" | "try" | "shared" = scenario {
             outcomes.extend(cycles::run(&db, plan, scenario)?);
             continue;
         }
