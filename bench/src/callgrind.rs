@@ -1,13 +1,7 @@
-//! Floor 2: client instructions per cycle, counted by valgrind's callgrind (scenarios
-//! `instructions` and `metrics`).
-//!
-//! The bench runs itself (the same binary) under `valgrind --tool=callgrind` in a child
-//! mode ([`child`]) that builds one client of [`crate::clients`] by name, warms up, runs N
-//! cycles and exits; once with N cycles and once with 2N. The difference of the two totals
-//! is N cycles with the start-up, connection and shut-down subtracted. Instruction counts do
-//! not depend on how busy the machine is, so the ratios repeat where wall-clock ratios do
-//! not. Every thread of the child is counted: the connection drivers, the runtime and, with
-//! OpenTelemetry, the batch span processor's export thread.
+//! Floor 2: client instructions per cycle (`instructions`, `metrics`): the bench runs
+//! itself under `valgrind --tool=callgrind` in a child mode ([`child`]) that makes one
+//! client of [`crate::clients`] and runs N cycles, then 2N; the difference over N is a
+//! cycle with start-up and exit subtracted. Every thread of the child counts.
 
 use std::path::Path;
 use std::process::Command;
@@ -123,12 +117,8 @@ pub(crate) fn scenario(
     ];
     let mut out = Outcome::new(id, title, &header);
     out.note(format!(
-        "{version}, `--tool=callgrind`, this binary in a child mode: connect, {WARMUP} \
-         warm-up cycles, then N cycles on a current-thread runtime, going round 64 keys \
-         as the pinned cycle does; run once with N = {cycles} and once with 2N; per \
-         cycle = (total(2N) − total(N)) / N, so start-up, connecting and exit cancel \
-         out. Every thread of the client counts; the server's instructions do not. \
-         {:.0} s.",
+        "{version}; {WARMUP} warm-up cycles, then N = {cycles} and 2N; per cycle = \
+         (total(2N) − total(N)) / N, every client thread counted. {:.0} s.",
         started.elapsed().as_secs_f64()
     ));
     notes.into_iter().for_each(|note| out.note(note));

@@ -348,27 +348,3 @@ impl Op {
         Ok(client.query_one(PID, &[]).await?.get(0))
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn labels_say_the_words_of_the_name() {
-        assert_eq!(label("raw-try"), RAW[1].1);
-        assert_eq!(
-            label("library-fencing-timeout"),
-            "library, fencing on: acquire (timeout 5 s) + release"
-        );
-        assert_eq!(
-            label("library-otel-spans"),
-            "library + OpenTelemetry at INFO, lock spans at INFO: acquire (no timeout) + release"
-        );
-        assert_eq!(
-            label("library-many"),
-            "library: acquire_many of 8 keys (no timeout) + release"
-        );
-        assert_eq!(label("library-try"), "library: try_acquire + release");
-        assert_eq!(label("other"), "other");
-    }
-}

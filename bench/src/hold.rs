@@ -1,9 +1,6 @@
-//! Scenario `hold` (5): many locks held at once by one manager. Unmultiplexed, 500 locks
-//! (100 in quick mode) on a pool of as many, against as many raw connections: client
-//! heap per connection and per held lock, connections per held lock, and `release_all`
-//! against the unlocks one after another. Multiplexed ([`multiplexed`]), 10,000 locks on
-//! at most 100 connections (`multiplex(100)`): its acquire against the unmultiplexed
-//! manager's in the same run, and `release_all` of them all.
+//! Scenario `hold` (5): 500 locks (100 quick) held by one manager on a pool of as many,
+//! against as many raw connections (heap per connection and per held lock, `release_all`
+//! ÷ the unlocks in turn); then 10,000 multiplexed on 100 connections ([`multiplexed`]).
 
 use std::time::{Duration, Instant};
 
@@ -94,12 +91,9 @@ async fn library_round(
     let empty = allocated_bytes();
     let pool = open_pool(db, count, LIBRARY_APP).await?;
     let connection = heap_per(empty, count);
-    // Every connection takes and gives back one lock (of keys of its own) through the
-    // manager measured next, so what a connection keeps after its first lock (its set-up
-    // and prepared statements, which the manager knows per connection) is counted apart
-    // from the bookkeeping. (A throwaway manager for this, as before, left the measured
-    // manager to prepare every statement again on every connection, and credited that
-    // to its bookkeeping: 1.2 KiB "per held lock" with 500 locks, 0.7 KiB with 100.)
+    // Every connection takes and gives back one lock through the manager measured next,
+    // so what a connection keeps after its first lock (its prepared statements) is
+    // counted apart from the bookkeeping.
     let connected = allocated_bytes();
     let manager = PostgresLockManager::new(pool.clone());
     let prefix = format!("bench:hold:{round}");
@@ -234,15 +228,9 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     );
     let mut out = Outcome::new("hold_many", title, &header);
     out.note(format!(
-        "{} rounds, library and raw alternating; medians over rounds. Heap = live \
-         bytes from a counting global allocator. Connection cost: opening the pool \
-         ({count} connections, one query each); then every connection takes and gives \
-         back one lock through the manager measured next; bookkeeping: that manager \
-         acquiring {count} locks, the guards turned into held entries (`into_held`); \
-         guard: what the guards add while kept. Baseline: {count} raw connections; for \
-         the multiplexed rows, an unmultiplexed manager (pool of {MUX_BATCH}, warmed and \
-         primed; its locks released after each batch, untimed) acquiring as many in \
-         batches of {MUX_BATCH} alternating with the multiplexed manager's.",
+        "{} rounds, library and raw alternating; medians over rounds; heap = live bytes \
+         (counting allocator). Multiplexed: batches of {MUX_BATCH} alternating with an \
+         unmultiplexed manager's (pool of {MUX_BATCH}).",
         plan.hold_rounds
     ));
     let (pool, sessions) = (&last["pool_size"], &last["sessions"]);
