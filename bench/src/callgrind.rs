@@ -11,7 +11,7 @@ use crate::db::Database;
 use crate::harness::{Cell, Outcome, cells};
 use crate::otel::{MetricsPipeline, Pipeline};
 use crate::stats::{as_f64, ratio};
-use crate::{BoxError, DATABASE_URL_ENV};
+use crate::{BoxError, DATABASE_URL_ENV, Plan};
 
 /// Cycles before the counted ones, in both runs.
 const WARMUP: usize = 50;
@@ -67,7 +67,7 @@ pub(crate) struct Row {
 /// baseline in the check and the header (`raw`, `off`), `decimals` the ratios' precision.
 pub(crate) fn scenario(
     url: &str,
-    cycles: usize,
+    plan: &Plan,
     dir: &Path,
     (id, title, versus, decimals): (&'static str, &str, &str, usize),
     spec: &[Row],
@@ -82,6 +82,7 @@ pub(crate) fn scenario(
     })?;
     let version = String::from_utf8_lossy(&version.stdout).trim().to_owned();
     let started = std::time::Instant::now();
+    let cycles = plan.pick(300, 2000);
     let dir = dir.join("callgrind");
     std::fs::create_dir_all(&dir)?;
     // Per client: the totals of N and 2N cycles, and their difference over N.

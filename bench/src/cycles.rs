@@ -62,6 +62,11 @@ fn scenario(name: &str) -> (&'static str, &'static str, f64, Vec<(&'static str, 
     }
 }
 
+/// Rounds, and the untimed and timed cycles of a run.
+fn counts(plan: &Plan) -> [usize; 3] {
+    [plan.pick(3, 9), plan.pick(100, 500), plan.pick(1000, 5000)]
+}
+
 /// The JSON key of scenario `cycle` over the URL's server (TCP, or the socket the URL
 /// names), and of its second pass over the same server's Unix socket.
 const CYCLE: &str = "cycle_acquire";
@@ -174,10 +179,9 @@ async fn measure(
     let all = allowed(Pid::from_raw(0))?;
     let one = *all.last().ok_or("no CPU is allowed")?;
     let placement = place(&clients, &[one])?;
-    let outcome = harness::rounds(plan.cycle_rounds, clients.len(), async |_, side| {
-        clients[side]
-            .run(plan.cycle_warmup, plan.cycle_cycles)
-            .await
+    let [rounds, warmup, cycles] = counts(plan);
+    let outcome = harness::rounds(rounds, clients.len(), async |_, side| {
+        clients[side].run(warmup, cycles).await
     })
     .await;
     place(&clients, &all)?;
@@ -280,9 +284,9 @@ fn report(
     out.note(format!(
         "{} rounds of {} + {} cycles a client over {}, ÷ **{}**'s best run ({} mode; \
          method: docs/benchmarks.md, \"How fast\").",
-        plan.cycle_rounds,
-        plan.cycle_warmup,
-        plan.cycle_cycles,
+        counts(plan)[0],
+        counts(plan)[1],
+        counts(plan)[2],
         pass.transport,
         base_name,
         plan.mode()

@@ -100,12 +100,12 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         .flat_map(|&tasks| locks.map(|contender| Case::new(contender, tasks, false)))
         .chain([Case::new(PERMITS, 16, false)])
         .collect();
-    harness::rounds(plan.handoff_rounds, cases.len(), async |round, side| {
+    harness::rounds(plan.pick(2, 5), cases.len(), async |round, side| {
         let case = &mut cases[side];
         let length = if case.contender == Contender::Poll {
-            plan.handoff_poll_window
+            plan.ms(1500, 6000)
         } else {
-            plan.handoff_window
+            plan.ms(600, 2000)
         };
         let key = format!("bench:handoff:{round}:{side}:{}", std::process::id());
         case.turns.window(db, APP, key, length, short).await
@@ -137,9 +137,9 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     out.note(format!(
         "{} rounds of one window a row ({:.1} s, Poll {:.1} s), then {JOB_WINDOW:?} of long \
          jobs; definitions: docs/benchmarks.md, \"What each scenario measures\".",
-        plan.handoff_rounds,
-        plan.handoff_window.as_secs_f64(),
-        plan.handoff_poll_window.as_secs_f64(),
+        plan.pick(2, 5),
+        plan.ms(600, 2000).as_secs_f64(),
+        plan.ms(1500, 6000).as_secs_f64(),
     ));
     let mut left_out = Vec::new();
     let mut curves: [Vec<Curve>; 2] = Default::default();

@@ -32,6 +32,11 @@ const MUX_ACQUIRE_LIMIT: f64 = 1.2;
 const MUX_RELEASE_ALL_LIMIT: Duration = Duration::from_secs(1);
 const MUX_APP: &str = "lock-bench-multiplex";
 
+/// Locks held by the unmultiplexed manager (and raw connections): 100, or 500.
+pub(crate) fn locks(plan: &Plan) -> usize {
+    plan.pick(100, 500)
+}
+
 /// Live heap bytes per lock from `before` to now, over `count` locks.
 fn heap_per(before: usize, count: usize) -> f64 {
     (as_f64(allocated_bytes() as u64) - as_f64(before as u64)) / as_f64(count as u64)
@@ -182,10 +187,10 @@ async fn raw_round(
 }
 
 pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
-    let count = plan.hold_locks;
+    let (count, rounds) = (locks(plan), plan.pick(2, 3));
     let admin = db.connect("lock-bench-admin").await?;
     let mut sides: [Vec<Value>; 2] = Default::default();
-    harness::rounds(plan.hold_rounds, 2, async |round, side| {
+    harness::rounds(rounds, 2, async |round, side| {
         sides[side].push(if side == 0 {
             library_round(db, &admin, count, round).await?
         } else {
@@ -231,7 +236,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         "{} rounds, library and raw alternating; medians over rounds; heap = live bytes \
          (counting allocator). Multiplexed: batches of {MUX_BATCH} alternating with an \
          unmultiplexed manager's (pool of {MUX_BATCH}).",
-        plan.hold_rounds
+        rounds
     ));
     let (pool, sessions) = (&last["pool_size"], &last["sessions"]);
     let granted = &last["granted_advisory_locks"];

@@ -171,7 +171,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         for &name in delay.variants {
             variants.push(variant(&through, name).await?);
         }
-        let counts = (5, plan.latency_rounds, plan.latency_batch);
+        let counts = (5, plan.pick(5, 10), plan.pick(40, 200));
         let measured = harness::batches(variants.len(), counts, async |side, n| {
             variants[side].1.cycle(n).await
         })
@@ -215,9 +215,9 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     let (_proxy, through) = last.ok_or("no delay")?;
 
     // Contended, at the last round trip: alternating windows of the two ways.
-    let window = plan.throughput_window;
+    let window = plan.ms(600, 3000);
     let mut sides: [Vec<harness::Window>; 2] = Default::default();
-    harness::rounds(plan.throughput_rounds, 2, async |round, side| {
+    harness::rounds(plan.pick(3, 6), 2, async |round, side| {
         let seed = u64::try_from(round * 2 + side).unwrap_or(0);
         sides[side].push(contended_window(&through, side == 1, window, seed).await?);
         Ok(())
@@ -264,8 +264,8 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
          Contended: {} alternating windows of {window:?} a way.",
         fmt_ns(direct),
         fmt_ns(bare),
-        plan.latency_rounds,
-        plan.throughput_rounds
+        plan.pick(5, 10),
+        plan.pick(3, 6)
     ));
     Ok(out)
 }

@@ -145,12 +145,10 @@ async fn run(args: &Args, url: &str) -> Result<(), BoxError> {
     })?;
     let server_version: String = admin.query_one("SHOW server_version", &[]).await?.get(0);
     let max_connections: String = admin.query_one("SHOW max_connections", &[]).await?.get(0);
-    let needed = plan.hold_locks + 8;
+    let needed = hold::locks(plan) + 8;
     if args.runs("hold") && max_connections.parse::<usize>().unwrap_or(0) < needed {
-        return Err(format!(
-            "the server allows {max_connections} connections; the hold scenario needs {needed}"
-        )
-        .into());
+        let error = format!("the server allows {max_connections} connections; hold needs {needed}");
+        return Err(error.into());
     }
     drop(admin);
 
