@@ -33,34 +33,23 @@ pub(crate) async fn rounds(
     Ok(())
 }
 
-/// Calls `op` until `end`, timing each call: how many calls it made, and their latencies.
+/// Calls `op` until `end`: how many calls it made, and (when `timed`; not where reading
+/// the clock would weigh on what is measured) their latencies.
 pub(crate) async fn until(
     end: Instant,
+    timed: bool,
     mut op: impl AsyncFnMut() -> Result<(), BoxError>,
 ) -> Result<(u64, Latencies), BoxError> {
-    let mut latencies = Latencies::new();
-    let mut ops = 0;
+    let (mut ops, mut latencies) = (0, Latencies::new());
     while Instant::now() < end {
-        let started = Instant::now();
+        let started = timed.then(Instant::now);
         op().await?;
-        latencies.record(started.elapsed());
+        if let Some(started) = started {
+            latencies.record(started.elapsed());
+        }
         ops += 1;
     }
     Ok((ops, latencies))
-}
-
-/// Calls `op` until `end` without timing the calls (where reading the clock would weigh
-/// on what is measured): how many calls it made, and no latencies.
-pub(crate) async fn count(
-    end: Instant,
-    mut op: impl AsyncFnMut() -> Result<(), BoxError>,
-) -> Result<(u64, Latencies), BoxError> {
-    let mut ops = 0;
-    while Instant::now() < end {
-        op().await?;
-        ops += 1;
-    }
-    Ok((ops, Latencies::new()))
 }
 
 /// What the tasks of one window did together.
