@@ -1,13 +1,7 @@
-//! Floor 2: client instructions per cycle, counted by valgrind's callgrind (scenarios
-//! `instructions` and `metrics`).
-//!
-//! The bench runs itself (the same binary) under `valgrind --tool=callgrind` in a child
-//! mode ([`child`]) that builds one client of [`crate::clients`] by name, warms up, runs N
-//! cycles and exits; once with N cycles and once with 2N. The difference of the two totals
-//! is N cycles with the start-up, connection and shut-down subtracted. Instruction counts do
-//! not depend on how busy the machine is, so the ratios repeat where wall-clock ratios do
-//! not. Every thread of the child is counted: the connection drivers, the runtime and, with
-//! OpenTelemetry, the batch span processor's export thread.
+//! Floor 2: client instructions per cycle (`instructions`, `metrics`): the bench runs
+//! itself under `valgrind --tool=callgrind` in a child mode ([`child`]) that makes one
+//! client of [`crate::clients`] and runs N cycles, then 2N; the difference over N is a
+//! cycle with start-up and exit subtracted. Every thread of the child counts.
 
 use std::path::Path;
 use std::process::Command;
@@ -17,7 +11,7 @@ use crate::db::Database;
 use crate::harness::{Cell, Outcome, cells};
 use crate::otel::{MetricsPipeline, Pipeline};
 use crate::stats::{as_f64, ratio};
-use crate::{BoxError, DATABASE_URL_ENV};
+use crate::{BoxError, DATABASE_URL_ENV, Plan};
 
 /// Cycles before the counted ones, in both runs.
 const WARMUP: usize = 50;
@@ -73,7 +67,7 @@ pub(crate) struct Row {
 /// baseline in the check and the header (`raw`, `off`), `decimals` the ratios' precision.
 pub(crate) fn scenario(
     url: &str,
-    cycles: usize,
+    plan: &Plan,
     dir: &Path,
     (id, title, versus, decimals): (&'static str, &str, &str, usize),
     spec: &[Row],
@@ -88,6 +82,7 @@ pub(crate) fn scenario(
     })?;
     let version = String::from_utf8_lossy(&version.stdout).trim().to_owned();
     let started = std::time::Instant::now();
+    let cycles = plan.pick(300, 2000);
     let dir = dir.join("callgrind");
     std::fs::create_dir_all(&dir)?;
     // Per client: the totals of N and 2N cycles, and their difference over N.
@@ -123,12 +118,8 @@ pub(crate) fn scenario(
     ];
     let mut out = Outcome::new(id, title, &header);
     out.note(format!(
-        "{version}, `--tool=callgrind`, this binary in a child mode: connect, {WARMUP} \
-         warm-up cycles, then N cycles on a current-thread runtime, going round 64 keys \
-         as the pinned cycle does; run once with N = {cycles} and once with 2N; per \
-         cycle = (total(2N) − total(N)) / N, so start-up, connecting and exit cancel \
-         out. Every thread of the client counts; the server's instructions do not. \
-         {:.0} s.",
+        "{version}; {WARMUP} warm-up cycles, then N = {cycles} and 2N; per cycle = \
+         (total(2N) − total(N)) / N, every client thread counted. {:.0} s.",
         started.elapsed().as_secs_f64()
     ));
     notes.into_iter().for_each(|note| out.note(note));

@@ -11,7 +11,7 @@ use std::time::Duration;
 use locks_port::{
     AcquireOptions, DistributedLock, KeyDerivation, LockGuard, ReleaseOutcome, lock_id,
 };
-use locks_postgres::tokio_postgres::{Client, SimpleQueryMessage, Statement};
+use locks_postgres::tokio_postgres::{Client, Statement};
 use locks_postgres::{PostgresLockManager, PostgresLockManagerBuilder as Builder};
 
 use crate::BoxError;
@@ -61,21 +61,9 @@ const WORDS: [(&str, &str, Option<fn(Builder) -> Builder>); 11] = [
 ];
 
 /// The raw clients and what the tables call them.
-const RAW: [(&str, &str); 8] = [
+const RAW: [(&str, &str); 5] = [
     ("raw", "raw: prepared pg_advisory_lock($1) + unlock"),
-    (
-        "raw-simple",
-        "raw: simple-query pg_advisory_lock(n) + unlock",
-    ),
-    (
-        "raw-text-timeout",
-        "raw: the library's SQL text, timeout 5 s",
-    ),
     ("raw-try", "raw: prepared pg_try_advisory_lock($1) + unlock"),
-    (
-        "raw-simple-try",
-        "raw: simple-query pg_try_advisory_lock(n) + unlock",
-    ),
     (
         "raw-shared",
         "raw: prepared pg_advisory_lock_shared($1) + unlock_shared",
@@ -146,12 +134,6 @@ pub(crate) enum Op {
         ids: Vec<i64>,
         try_lock: bool,
     },
-    /// Statement texts sent as simple queries, lock and unlock, one pair a key; a lock
-    /// that answers `f` (a try) was refused.
-    RawText {
-        client: Client,
-        texts: Vec<(String, String)>,
-    },
     /// Each group's tries in one prepared statement over an array of its ids, then its
     /// unlocks in another: the library's two statements (ADR 0019) without the session
     /// marker.
@@ -190,11 +172,6 @@ pub(crate) async fn client(
         groups.iter().map(order).collect()
     };
     let try_lock = name.ends_with("-try");
-    let text = |id: &i64| {
-        let word = if try_lock { "try_" } else { "" };
-        let unlock = format!("SELECT pg_advisory_unlock({id})");
-        (format!("SELECT pg_{word}advisory_lock({id})"), unlock)
-    };
     let raw = async |shared| Raw::connect(db, application_name, shared).await;
     let connect = async || db.connect(application_name).await;
     match name {
@@ -206,17 +183,6 @@ pub(crate) async fn client(
             let raw = raw(false).await?;
             let groups = ordered();
             return Ok(Op::RawMany { raw, groups });
-        }
-        "raw-simple" | "raw-simple-try" | "raw-text-timeout" => {
-            let texts = if name == "raw-text-timeout" {
-                ids.iter().map(|id| library_text(*id)).collect()
-            } else {
-                ids.iter().map(text).collect()
-            };
-            return Ok(Op::RawText {
-                client: connect().await?,
-                texts,
-            });
         }
         "raw-many-each" => {
             let client = connect().await?;
@@ -286,31 +252,11 @@ const TRY_EACH: &str = "WITH tried AS MATERIALIZED (SELECT t.ord, t.id, \
     (SELECT count(pg_advisory_unlock(tried.id)) FROM tried, busy \
     WHERE tried.got AND tried.ord > busy.at)";
 
-/// The library's statement texts for a bounded wait on `id`, and its unlock.
-pub(crate) fn library_text(id: i64) -> (String, String) {
-    let ms = BOUNDED.as_millis();
-    (
-        format!(
-            "SELECT pg_advisory_lock({id}) \
-             FROM (SELECT set_config('lock_timeout', '{ms}', true)) AS options"
-        ),
-        format!("SELECT pg_advisory_unlock({id})"),
-    )
-}
-
 fn nth<T>(items: &[T], n: usize) -> &T {
     &items[n % items.len()]
 }
 
 const REFUSED: &str = "an uncontended pg_try_advisory_lock was refused";
-
-/// The first column of the first row of a simple query's answer.
-fn first_value(messages: &[SimpleQueryMessage]) -> Option<&str> {
-    messages.iter().find_map(|message| match message {
-        SimpleQueryMessage::Row(row) => row.get(0),
-        _ => None,
-    })
-}
 
 impl Op {
     /// Cycle `n`: one lock + unlock (of key `n mod KEYS`).
@@ -351,15 +297,6 @@ impl Op {
                     raw.lock(id).await?;
                 }
                 raw.unlock(id).await?;
-            }
-            Self::RawText { client, texts } => {
-                let (lock, unlock) = nth(texts, n);
-                if first_value(&client.simple_query(lock).await?) == Some("f") {
-                    return Err(REFUSED.into());
-                }
-                if first_value(&client.simple_query(unlock).await?) != Some("t") {
-                    return Err(NOT_HELD.into());
-                }
             }
             Self::RawEach {
                 client,
@@ -406,32 +343,8 @@ impl Op {
                     .get(0));
             }
             Self::RawPrepared { raw, .. } | Self::RawMany { raw, .. } => &raw.client,
-            Self::RawText { client, .. } | Self::RawEach { client, .. } => client,
+            Self::RawEach { client, .. } => client,
         };
         Ok(client.query_one(PID, &[]).await?.get(0))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn labels_say_the_words_of_the_name() {
-        assert_eq!(label("raw-try"), RAW[3].1);
-        assert_eq!(
-            label("library-fencing-timeout"),
-            "library, fencing on: acquire (timeout 5 s) + release"
-        );
-        assert_eq!(
-            label("library-otel-spans"),
-            "library + OpenTelemetry at INFO, lock spans at INFO: acquire (no timeout) + release"
-        );
-        assert_eq!(
-            label("library-many"),
-            "library: acquire_many of 8 keys (no timeout) + release"
-        );
-        assert_eq!(label("library-try"), "library: try_acquire + release");
-        assert_eq!(label("other"), "other");
     }
 }

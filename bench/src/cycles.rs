@@ -1,69 +1,30 @@
-//! Scenarios `cycle` (1), `try` (2), `shared` (9) and `many` (10): an uncontended cycle,
-//! pinned, the library's clients against raw tokio-postgres doing the same statements,
-//! prepared:
-//! - `cycle`: `acquire` + `release`, without and with a timeout, with the settings a user
-//!   may change and with an OpenTelemetry pipeline, against `pg_advisory_lock($1)` +
-//!   `pg_advisory_unlock($1)`;
-//! - `try`: `try_acquire` + `release` against `pg_try_advisory_lock($1)` + unlock;
-//! - `shared`: a shared (reader) lock against `pg_advisory_lock_shared($1)` + its unlock;
-//! - `many`: `acquire_many` of eight keys and the group's release against the library's two
-//!   statements (ADR 0019) without its session-marker check: the eight tries in one over
-//!   an array of the ids, then the eight unlocks in another. Shown beside it: the eight
-//!   locks in ascending lock-id order and the eight unlocks one statement each (sixteen
-//!   round trips, how `acquire_many` worked before ADR 0019).
-//!
-//! The pinned method, as issue 42 states it for the figure it measured (1.14× on `eb67232`):
-//! - the client thread and every client's server backend **pinned together to one CPU**
-//!   (`sched_setaffinity`, nix's safe wrapper, for both: a backend is another user's
-//!   process, so this needs root or its owner, as `taskset -p` would), so each hand-over
-//!   between them is a plain context switch and not the wake-up of an idle vCPU;
-//! - each client goes round **64 keys** (see [`crate::clients`]), lock + unlock a cycle;
-//! - a **run** is [`Plan::cycle_warmup`] untimed cycles (500) and then
-//!   [`Plan::cycle_cycles`] timed ones (5,000); its figure is its p50;
-//! - [`Plan::cycle_rounds`] **rounds** (9), every client one run a round, the order
-//!   rotating, so the clients alternate in time;
-//! - per client the **best run's p50**, and the ratio of the library's to raw
-//!   tokio-postgres doing the same two statements, prepared;
-//! - `cycle` on **both transports** the issue names: over the URL (TCP from xtask), then
-//!   over the same server's Unix socket (JSON key `cycle_acquire_socket`) when this
-//!   machine can reach one, each pass divided by its own raw.
-//!
-//! Why the best run and not the median of run-by-run ratios (what this bench reported
-//! before, and how a quick run of the same build came out at 1.06× against the issue's
-//! 1.14×): on a shared machine other work only ever adds time, so the least disturbed run
-//! of each client is the closest estimate of its own cost, and the ratio of two such
-//! minima does not move with the load the way a ratio of two disturbed runs does. The
-//! spread of the runs is printed beside it, so a noisy run shows as one. Client
-//! instructions, which do not depend on the load at all, are scenario `instructions` (the
-//! same clients, counted by callgrind): `--only cycle,instructions` reproduces both of the
-//! issue's figures.
+//! Scenarios `cycle`, `try` and `shared`: an uncontended lock + unlock, pinned, the
+//! library's clients against raw tokio-postgres doing the same statements, prepared; `cycle`
+//! over TCP and then over the same server's Unix socket. The method (the client thread and
+//! its backends pinned to one CPU, 64 keys, 9 rounds of 500 + 5,000 cycles, each client's
+//! best run p50 ÷ raw's) and why the best run: `docs/benchmarks.md`, "How fast".
 
 use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
 use nix::unistd::Pid;
 
-use crate::clients::{GROUP, Op, client, label};
+use crate::clients::{Op, client, label};
 use crate::db::Database;
 use crate::harness::{self, Batches, Cell, Outcome, cells};
 use crate::otel::Pipeline;
 use crate::stats::{Latencies, as_f64, fmt_ns, ratio};
 use crate::{BoxError, Plan};
 
-/// What a client is for.
+/// What a client is for: checked against the baseline, shown (a setting), or the baseline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Role {
-    /// The library, checked against the baseline.
     Library,
-    /// The library with a setting changed or a pipeline installed: shown, no target.
     Setting,
-    /// Raw tokio-postgres doing the same statements, prepared: what "÷ raw" divides by.
     Baseline,
-    /// Shown for reading the figures (simple-query raw, the library's SQL text, …).
-    Reference,
 }
-use Role::{Baseline, Library, Reference, Setting};
+use Role::{Baseline, Library, Setting};
 
-/// The scenario `name` (`cycle`, `try`, `shared` or `many`): its JSON key, title, the
-/// target of its library rows, and its clients by name ([`client`]), each with a role.
+/// The scenario `name` (`cycle`, `try` or `shared`): its JSON key, title, the target of
+/// its library rows, and its clients by name ([`client`]), each with a role.
 fn scenario(name: &str) -> (&'static str, &'static str, f64, Vec<(&'static str, Role)>) {
     match name {
         "cycle" => (
@@ -80,21 +41,15 @@ fn scenario(name: &str) -> (&'static str, &'static str, f64, Vec<(&'static str, 
                 ("library-otel", Setting),
                 ("library-timeout-otel", Setting),
                 ("library-otel-spans", Setting),
-                ("raw-simple", Reference),
-                ("raw-text-timeout", Reference),
             ],
         ),
         "try" => (
             "cycle_try_acquire",
             "2. Uncontended try_acquire + release cycle, pinned",
             1.15,
-            vec![
-                ("raw-try", Baseline),
-                ("library-try", Library),
-                ("raw-simple-try", Reference),
-            ],
+            vec![("raw-try", Baseline), ("library-try", Library)],
         ),
-        "shared" => (
+        _ => (
             "cycle_shared",
             "9. Uncontended shared-lock acquire + release cycle, pinned",
             1.2,
@@ -104,18 +59,12 @@ fn scenario(name: &str) -> (&'static str, &'static str, f64, Vec<(&'static str, 
                 ("library-shared-timeout", Library),
             ],
         ),
-        _ => (
-            "cycle_many",
-            "10. Uncontended acquire_many of 8 keys + release, pinned",
-            1.2,
-            vec![
-                ("raw-many-each", Baseline),
-                ("library-many", Library),
-                ("library-many-timeout", Library),
-                ("raw-many", Reference),
-            ],
-        ),
     }
+}
+
+/// Rounds, and the untimed and timed cycles of a run.
+fn counts(plan: &Plan) -> [usize; 3] {
+    [plan.pick(3, 9), plan.pick(100, 500), plan.pick(1000, 5000)]
 }
 
 /// The JSON key of scenario `cycle` over the URL's server (TCP, or the socket the URL
@@ -230,23 +179,14 @@ async fn measure(
     let all = allowed(Pid::from_raw(0))?;
     let one = *all.last().ok_or("no CPU is allowed")?;
     let placement = place(&clients, &[one])?;
-    let outcome = harness::rounds(plan.cycle_rounds, clients.len(), async |_, side| {
-        clients[side]
-            .run(plan.cycle_warmup, plan.cycle_cycles)
-            .await
+    let [rounds, warmup, cycles] = counts(plan);
+    let outcome = harness::rounds(rounds, clients.len(), async |_, side| {
+        clients[side].run(warmup, cycles).await
     })
     .await;
     place(&clients, &all)?;
     outcome?;
     let mut notes = vec![format!("Placement: {placement}.")];
-    if id == "cycle_many" {
-        notes.push(format!(
-            "Here one cycle takes and gives back a group of {GROUP} keys, the 64 keys in 8 \
-             groups of {GROUP}. The library and the baseline each make 2 round trips; the \
-             one-statement-per-key row makes {}.",
-            2 * GROUP
-        ));
-    }
     if let Some(pipeline) = &pipeline {
         let exported = pipeline.flush();
         if exported == 0 {
@@ -342,15 +282,11 @@ fn report(
     let base = baseline.map_or(0, |c| c.runs.best());
     let base_name = baseline.map_or("—", |c| c.label);
     out.note(format!(
-        "{} rounds; a round runs every client once, the order rotating; a run is {} \
-         untimed cycles and {} timed ones (lock + unlock, from the call to the return of \
-         the release) going round 64 keys, on one thread with a current-thread runtime, \
-         over {}. A run's figure is its p50; per client the best run's p50, ÷ raw against \
-         **{}**'s best over the same connection kind; beside it the median run and the \
-         runs' range, and p99 over every timed cycle ({} mode).",
-        plan.cycle_rounds,
-        plan.cycle_warmup,
-        plan.cycle_cycles,
+        "{} rounds of {} + {} cycles a client over {}, ÷ **{}**'s best run ({} mode; \
+         method: docs/benchmarks.md, \"How fast\").",
+        counts(plan)[0],
+        counts(plan)[1],
+        counts(plan)[2],
         pass.transport,
         base_name,
         plan.mode()
@@ -376,7 +312,7 @@ fn report(
                 ratio.is_some_and(|r| r <= limit),
             ),
             Baseline => [Cell::from("baseline"), Cell::default()],
-            Setting | Reference => Default::default(),
+            Setting => Default::default(),
         };
         out.row(cells![
             c.label,

@@ -1,12 +1,6 @@
-//! Scenario `handoff`: contention on one key. Tasks loop acquire (timeout 5 s) / hold 2 ms
-//! / release, each with its own manager and pool of one connection (raw: a connection of
-//! its own), as separate processes would: 4 and 16 tasks on a lock, waiting as raw
-//! `pg_advisory_lock`, the library's `Queue` and its `Poll`; 16 tasks on a semaphore of
-//! N = 4; then one window of long jobs on the semaphore (8 tasks, 100–400 ms, N = 4), where
-//! a permit freed on a slot nobody watches would show. Every window's order rotates.
-//!
-//! What is timed (gap, gap to a waiter, fairness, most inside, idle share) is defined
-//! in [`crate::turns`], which runs the windows.
+//! Scenario `handoff`: 4 and 16 tasks on one key (raw, `Queue`, `Poll`) and 16 on a
+//! semaphore of N = 4, acquire (timeout 5 s) / hold 2 ms / release, each with a manager and
+//! pool of one; then a window of long jobs on the semaphore. Timed by [`crate::turns`].
 
 use std::time::Duration;
 
@@ -106,12 +100,12 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         .flat_map(|&tasks| locks.map(|contender| Case::new(contender, tasks, false)))
         .chain([Case::new(PERMITS, 16, false)])
         .collect();
-    harness::rounds(plan.handoff_rounds, cases.len(), async |round, side| {
+    harness::rounds(plan.pick(2, 5), cases.len(), async |round, side| {
         let case = &mut cases[side];
         let length = if case.contender == Contender::Poll {
-            plan.handoff_poll_window
+            plan.ms(1500, 6000)
         } else {
-            plan.handoff_window
+            plan.ms(600, 2000)
         };
         let key = format!("bench:handoff:{round}:{side}:{}", std::process::id());
         case.turns.window(db, APP, key, length, short).await
@@ -141,18 +135,11 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     let title = "4. Handoff under contention: one key, hold 2 ms, acquire timeout 5 s";
     let mut out = Outcome::new("handoff", title, &header);
     out.note(format!(
-        "{} rounds, each one window per row ({:.1} s, Poll {:.1} s), the order rotating; \
-         then one window of {JOB_WINDOW:?} of long jobs. Every task has its own manager and \
-         pool of one (like separate processes). **gap** = from just before a holder calls \
-         release to the return of the next acquisition by anyone, matched in order; **gap \
-         to a waiter** = from a release while others waited to the return of an acquisition \
-         by one of those waiters; **wait** = one acquire call, start to grant; **fairness** \
-         = most turns / fewest turns per window (worst window); **re-taken** = share of \
-         handoffs where the releaser took the lock straight back; **idle share** = capacity \
-         left free while someone waited, over N × the time.",
-        plan.handoff_rounds,
-        plan.handoff_window.as_secs_f64(),
-        plan.handoff_poll_window.as_secs_f64(),
+        "{} rounds of one window a row ({:.1} s, Poll {:.1} s), then {JOB_WINDOW:?} of long \
+         jobs; definitions: docs/benchmarks.md, \"What each scenario measures\".",
+        plan.pick(2, 5),
+        plan.ms(600, 2000).as_secs_f64(),
+        plan.ms(1500, 6000).as_secs_f64(),
     ));
     let mut left_out = Vec::new();
     let mut curves: [Vec<Curve>; 2] = Default::default();

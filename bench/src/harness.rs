@@ -1,12 +1,8 @@
-//! Floor 1: the harness every scenario runs on: the sides take turns in rounds, the order
-//! rotating from round to round so that none always runs first or last (whatever drifts
-//! during a run, a cache, a frequency, the server's background work, hits every side
-//! alike); a turn is a batch of timed calls after a warm-up, or a window of tasks looping
-//! until a deadline; what a side measured is kept as a histogram of every sample plus each
-//! batch's p50 (a "run"), so that sides compare run by run, neighbours in time. Then the
-//! report, written once: the scenario's table (its rows of [`Cell`]s, the targets checked
-//! as PASS or MISS) and its files ([`Outcome`]); the markdown shows the cells' text, the
-//! JSON their figures ([`Outcome::to_json`]).
+//! Floor 1: the harness every scenario runs on. Sides take turns in rounds, the order
+//! rotating ([`order`]); a turn is a batch of timed calls after a warm-up ([`batches`]) or
+//! a window of tasks looping until a deadline ([`window`]); a side keeps every sample and
+//! each batch's p50 (a run, [`Batches`]). Then the report, written once ([`Outcome`]):
+//! rows of [`Cell`]s (markdown shows their text, the JSON their figures) and PASS/MISS.
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -37,34 +33,23 @@ pub(crate) async fn rounds(
     Ok(())
 }
 
-/// Calls `op` until `end`, timing each call: how many calls it made, and their latencies.
+/// Calls `op` until `end`: how many calls it made, and (when `timed`; not where reading
+/// the clock would weigh on what is measured) their latencies.
 pub(crate) async fn until(
     end: Instant,
+    timed: bool,
     mut op: impl AsyncFnMut() -> Result<(), BoxError>,
 ) -> Result<(u64, Latencies), BoxError> {
-    let mut latencies = Latencies::new();
-    let mut ops = 0;
+    let (mut ops, mut latencies) = (0, Latencies::new());
     while Instant::now() < end {
-        let started = Instant::now();
+        let started = timed.then(Instant::now);
         op().await?;
-        latencies.record(started.elapsed());
+        if let Some(started) = started {
+            latencies.record(started.elapsed());
+        }
         ops += 1;
     }
     Ok((ops, latencies))
-}
-
-/// Calls `op` until `end` without timing the calls (where reading the clock would weigh
-/// on what is measured): how many calls it made, and no latencies.
-pub(crate) async fn count(
-    end: Instant,
-    mut op: impl AsyncFnMut() -> Result<(), BoxError>,
-) -> Result<(u64, Latencies), BoxError> {
-    let mut ops = 0;
-    while Instant::now() < end {
-        op().await?;
-        ops += 1;
-    }
-    Ok((ops, Latencies::new()))
 }
 
 /// What the tasks of one window did together.

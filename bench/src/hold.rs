@@ -1,9 +1,6 @@
-//! Scenario `hold` (5): many locks held at once by one manager. Unmultiplexed, 500 locks
-//! (100 in quick mode) on a pool of as many, against as many raw connections: client
-//! heap per connection and per held lock, connections per held lock, and `release_all`
-//! against the unlocks one after another. Multiplexed ([`multiplexed`]), 10,000 locks on
-//! at most 100 connections (`multiplex(100)`): its acquire against the unmultiplexed
-//! manager's in the same run, and `release_all` of them all.
+//! Scenario `hold` (5): 500 locks (100 quick) held by one manager on a pool of as many,
+//! against as many raw connections (heap per connection and per held lock, `release_all`
+//! ÷ the unlocks in turn); then 10,000 multiplexed on 100 connections ([`multiplexed`]).
 
 use std::time::{Duration, Instant};
 
@@ -34,6 +31,11 @@ const MUX_BATCH: usize = 100;
 const MUX_ACQUIRE_LIMIT: f64 = 1.2;
 const MUX_RELEASE_ALL_LIMIT: Duration = Duration::from_secs(1);
 const MUX_APP: &str = "lock-bench-multiplex";
+
+/// Locks held by the unmultiplexed manager (and raw connections): 100, or 500.
+pub(crate) fn locks(plan: &Plan) -> usize {
+    plan.pick(100, 500)
+}
 
 /// Live heap bytes per lock from `before` to now, over `count` locks.
 fn heap_per(before: usize, count: usize) -> f64 {
@@ -94,12 +96,9 @@ async fn library_round(
     let empty = allocated_bytes();
     let pool = open_pool(db, count, LIBRARY_APP).await?;
     let connection = heap_per(empty, count);
-    // Every connection takes and gives back one lock (of keys of its own) through the
-    // manager measured next, so what a connection keeps after its first lock (its set-up
-    // and prepared statements, which the manager knows per connection) is counted apart
-    // from the bookkeeping. (A throwaway manager for this, as before, left the measured
-    // manager to prepare every statement again on every connection, and credited that
-    // to its bookkeeping: 1.2 KiB "per held lock" with 500 locks, 0.7 KiB with 100.)
+    // Every connection takes and gives back one lock through the manager measured next,
+    // so what a connection keeps after its first lock (its prepared statements) is
+    // counted apart from the bookkeeping.
     let connected = allocated_bytes();
     let manager = PostgresLockManager::new(pool.clone());
     let prefix = format!("bench:hold:{round}");
@@ -188,10 +187,10 @@ async fn raw_round(
 }
 
 pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
-    let count = plan.hold_locks;
+    let (count, rounds) = (locks(plan), plan.pick(2, 3));
     let admin = db.connect("lock-bench-admin").await?;
     let mut sides: [Vec<Value>; 2] = Default::default();
-    harness::rounds(plan.hold_rounds, 2, async |round, side| {
+    harness::rounds(rounds, 2, async |round, side| {
         sides[side].push(if side == 0 {
             library_round(db, &admin, count, round).await?
         } else {
@@ -234,16 +233,10 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     );
     let mut out = Outcome::new("hold_many", title, &header);
     out.note(format!(
-        "{} rounds, library and raw alternating; medians over rounds. Heap = live \
-         bytes from a counting global allocator. Connection cost: opening the pool \
-         ({count} connections, one query each); then every connection takes and gives \
-         back one lock through the manager measured next; bookkeeping: that manager \
-         acquiring {count} locks, the guards turned into held entries (`into_held`); \
-         guard: what the guards add while kept. Baseline: {count} raw connections; for \
-         the multiplexed rows, an unmultiplexed manager (pool of {MUX_BATCH}, warmed and \
-         primed; its locks released after each batch, untimed) acquiring as many in \
-         batches of {MUX_BATCH} alternating with the multiplexed manager's.",
-        plan.hold_rounds
+        "{} rounds, library and raw alternating; medians over rounds; heap = live bytes \
+         (counting allocator). Multiplexed: batches of {MUX_BATCH} alternating with an \
+         unmultiplexed manager's (pool of {MUX_BATCH}).",
+        rounds
     ));
     let (pool, sessions) = (&last["pool_size"], &last["sessions"]);
     let granted = &last["granted_advisory_locks"];

@@ -61,5 +61,5 @@ pub(crate) fn run(url: &str, plan: &Plan, out_dir: &Path) -> Result<Outcome, Box
             .to_owned(),
     ];
     let id = ("instructions", title, "raw", 2);
-    scenario(url, plan.callgrind_cycles, out_dir, id, &rows(), notes)
+    scenario(url, plan, out_dir, id, &rows(), notes)
 }

@@ -1,13 +1,8 @@
-//! Scenario `latency` (8): the caller-visible cycle over a simulated network, every
-//! connection through a delaying TCP proxy ([`Proxy`]), each variant against the first of
-//! its round trip, batches interleaved:
-//! - at ~0.5 and ~1 ms: the library's acquire + release (default release, with a timeout,
-//!   and `release_in_background(true)`: ADR 0010, the unlock off the caller's path) against
-//!   raw tokio-postgres's two statements;
-//! - at ~2 ms: `acquire_many` of 8 keys (its tries in one statement) against one key's
-//!   acquire + release, and 8 raw locks one round trip each (what the old way cost
-//!   uncontended); then contended, 4 tasks taking overlapping subsets of 6 keys, the one-statement tries
-//!   against the old way, in alternating windows.
+//! Scenario `latency` (8): the caller-visible cycle through a delaying TCP proxy
+//! ([`Proxy`]), batches interleaved, each variant ÷ the first of its round trip: at ~1 ms
+//! the library's acquire + release (default, and `release_in_background(true)`) ÷ raw's
+//! two statements; at ~2 ms `acquire_many` of 8 keys ÷ one key's cycle, then contended,
+//! 4 tasks on overlapping subsets of 6 keys, ÷ the old way (one try per round trip).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,24 +27,17 @@ struct Delay {
     target: Option<(&'static str, f64, &'static str)>,
 }
 
-const SINGLE: &[&str] = &["raw", "library", "library-timeout", "library-background"];
-const DELAYS: [Delay; 3] = [
-    Delay {
-        round_trip: Duration::from_micros(500),
-        variants: SINGLE,
-        target: None,
-    },
+const DELAYS: [Delay; 2] = [
     // Only a release in the background can meet it; the default release waits for the
     // unlock's answer, as raw does.
     Delay {
         round_trip: Duration::from_millis(1),
-        variants: SINGLE,
+        variants: &["raw", "library", "library-background"],
         target: Some(("library-background", 0.6, "under a 1 ms round trip vs raw")),
     },
     Delay {
         round_trip: Duration::from_millis(2),
-        // Uncontended, 8 locks in id order cost what the old way's 8 tries did.
-        variants: &["library", "library-many", "raw-many"],
+        variants: &["library", "library-many"],
         target: Some((
             "library-many",
             1.5,
@@ -136,7 +124,7 @@ async fn contended_window(
     harness::window(CONTENDED_TASKS, |task| {
         let (keys, way) = (Arc::clone(&keys), Arc::clone(&ways[task]));
         let mut random = Lcg::new(seed * 16 + u64::try_from(task).unwrap_or(0) + 1);
-        harness::until(end, async move || {
+        harness::until(end, true, async move || {
             let keys = random.subset(&keys, 2, 4);
             match &*way {
                 Ok(manager) => {
@@ -183,13 +171,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         for &name in delay.variants {
             variants.push(variant(&through, name).await?);
         }
-        // A group one statement a key costs 16 round trips: fewer cycles.
-        let old = delay.variants.contains(&"raw-many");
-        let counts = (
-            5,
-            plan.latency_rounds,
-            (plan.latency_batch / if old { 4 } else { 1 }).max(10),
-        );
+        let counts = (5, plan.pick(5, 10), plan.pick(40, 200));
         let measured = harness::batches(variants.len(), counts, async |side, n| {
             variants[side].1.cycle(n).await
         })
@@ -233,9 +215,9 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     let (_proxy, through) = last.ok_or("no delay")?;
 
     // Contended, at the last round trip: alternating windows of the two ways.
-    let window = plan.throughput_window;
+    let window = plan.ms(600, 3000);
     let mut sides: [Vec<harness::Window>; 2] = Default::default();
-    harness::rounds(plan.throughput_rounds, 2, async |round, side| {
+    harness::rounds(plan.pick(3, 6), 2, async |round, side| {
         let seed = u64::try_from(round * 2 + side).unwrap_or(0);
         sides[side].push(contended_window(&through, side == 1, window, seed).await?);
         Ok(())
@@ -277,22 +259,13 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         new_rate >= old_rate * 0.95,
     );
     out.note(format!(
-        "Every connection goes through a TCP proxy in this process that delays each \
-         direction by the given amount (order kept). Round trip = p50 of a prepared \
-         `SELECT 1` through the proxy ({} without it, {} through it with no delay). {} \
-         runs per variant and delay, interleaved; a run's figure is its p50; shown are the \
-         median of the runs, their spread, p99 over all cycles, and the ratio to the \
-         delay's first variant taken run by run. The raw cycle is two statements, two \
-         round trips.",
+        "Round trip = p50 of a prepared `SELECT 1` through the proxy ({} without it, {} \
+         through it with no delay); {} interleaved runs a variant, the ratio run by run. \
+         Contended: {} alternating windows of {window:?} a way.",
         fmt_ns(direct),
         fmt_ns(bare),
-        plan.latency_rounds,
-    ));
-    out.note(format!(
-        "Contended: {CONTENDED_TASKS} tasks (a manager and a connection each) take random \
-         subsets of 2–4 of {CONTENDED_KEYS} keys (timeout 30 s) for {} windows of {window:?} \
-         per way, alternating; p50/p99 per group.",
-        plan.throughput_rounds
+        plan.pick(5, 10),
+        plan.pick(3, 6)
     ));
     Ok(out)
 }

@@ -1,20 +1,8 @@
-//! `lock-bench`: the lock managers against raw baselines measured in the same run.
-//!
-//! Run it through `cargo xtask bench [--quick]` (which provides a PostgreSQL server), or
-//! directly: `cargo run --release -p lock-bench -- --url postgres://… [--quick]
-//! [--out target/bench/results.json] [--only cycle,try,shared,many,throughput,…]`.
-//! Without `--url` it reads `LOCKS_DATABASE_URL`.
-//!
-//! Every scenario alternates the library and its baseline within the run, so a noisy
-//! machine shifts both alike; it prints markdown tables (with PASS/MISS against the
-//! targets) and writes a JSON file and the charts (`handoff.svg`, `scale.svg`) next to it.
-//!
-//! The modules stand in floors, each importing only from the floors below it, never from
-//! its own: ground (`plan`, `stats`, `proxy`, `otel`); the harness (`harness`, `db`,
-//! `chart`); `clients` and `turns`; `callgrind`; and the scenarios, rooms apart over that
-//! harness (`cycles`, `throughput`, `handoff`, `hold`, `memory`, `instructions`,
-//! `metrics`, `latency`, `cutover_append`, `scale`). `BENCH_FLOORS` in `tests/modules.rs`
-//! holds the table and fails on any other edge: place a new module there.
+//! `lock-bench`: the lock managers against raw baselines measured in the same run. Run it
+//! through `cargo xtask bench` (which provides a server) or with `--url`/`LOCKS_DATABASE_URL`;
+//! what it measures and how: `docs/benchmarks.md`. The modules stand in floors, each
+//! importing only from floors below it (`BENCH_FLOORS` in `tests/modules.rs`): place a new
+//! module there.
 
 mod callgrind;
 mod chart;
@@ -48,11 +36,10 @@ pub(crate) use crate::plan::{BoxError, DATABASE_URL_ENV, Plan};
 
 /// The scenarios in the order they run; `scale` only when named (it needs a server sized
 /// for it and minutes).
-const SCENARIOS: [&str; 13] = [
+const SCENARIOS: [&str; 12] = [
     "cycle",
     "try",
     "shared",
-    "many",
     "throughput",
     "handoff",
     "hold",
@@ -158,12 +145,10 @@ async fn run(args: &Args, url: &str) -> Result<(), BoxError> {
     })?;
     let server_version: String = admin.query_one("SHOW server_version", &[]).await?.get(0);
     let max_connections: String = admin.query_one("SHOW max_connections", &[]).await?.get(0);
-    let needed = plan.hold_locks + 8;
+    let needed = hold::locks(plan) + 8;
     if args.runs("hold") && max_connections.parse::<usize>().unwrap_or(0) < needed {
-        return Err(format!(
-            "the server allows {max_connections} connections; the hold scenario needs {needed}"
-        )
-        .into());
+        let error = format!("the server allows {max_connections} connections; hold needs {needed}");
+        return Err(error.into());
     }
     drop(admin);
 
@@ -180,7 +165,7 @@ async fn run(args: &Args, url: &str) -> Result<(), BoxError> {
             started.elapsed().as_secs_f64(),
             plan.mode()
         );
-        if let "cycle" | "try" | "shared" | "many" = scenario {
+        if let "cycle" | "try" | "shared" = scenario {
             outcomes.extend(cycles::run(&db, plan, scenario)?);
             continue;
         }
@@ -308,14 +293,6 @@ mod tests {
         <Args as clap::Parser>::try_parse_from(
             std::iter::once("lock-bench").chain(list.iter().copied()),
         )
-    }
-
-    #[test]
-    fn the_machine_is_described() {
-        let machine = Machine::here();
-        assert!(machine.cores >= 1);
-        assert!(machine.timestamp.ends_with('Z'), "{}", machine.timestamp);
-        assert!(machine.kernel.is_some_and(|k| !k.is_empty()));
     }
 
     #[test]

@@ -37,10 +37,10 @@ async fn cycle(
 pub(crate) async fn run(plan: &Plan) -> Result<Outcome, BoxError> {
     let manager = InMemoryLockManager::new();
     let mutex = Arc::new(Mutex::new(()));
-    let ops = plan.memory_batch;
+    let ops = 1000;
 
     // Uncontended cycles: a timed call is `ops` of them (one is too short to time alone).
-    let counts = (1, plan.memory_rounds, plan.memory_batches);
+    let counts = (1, plan.pick(4, 10), plan.pick(20, 50));
     let calls = harness::batches(2, counts, async |side, _| {
         for _ in 0..ops {
             cycle(side, &manager, &mutex).await?;
@@ -51,11 +51,13 @@ pub(crate) async fn run(plan: &Plan) -> Result<Outcome, BoxError> {
 
     // Contended throughput: 16 tasks, one key, alternating rounds (untimed cycles).
     let mut rates: [Vec<f64>; 2] = Default::default();
-    harness::rounds(plan.memory_windows, 2, async |_, side| {
-        let end = Instant::now() + plan.memory_window;
+    harness::rounds(plan.pick(4, 6), 2, async |_, side| {
+        let end = Instant::now() + plan.ms(300, 1000);
         let window = harness::window(TASKS, |_| {
             let (manager, mutex) = (manager.clone(), Arc::clone(&mutex));
-            harness::count(end, async move || cycle(side, &manager, &mutex).await)
+            harness::until(end, false, async move || {
+                cycle(side, &manager, &mutex).await
+            })
         })
         .await?;
         rates[side].push(window.rate());
@@ -86,9 +88,9 @@ pub(crate) async fn run(plan: &Plan) -> Result<Outcome, BoxError> {
          Contended: {TASKS} tasks looping on one key (one `Mutex`) for {:.1} s per \
          window. No target: the in-memory manager is a test double; this shows what \
          its bookkeeping (key map, `LockInfo`, timestamps) costs over a bare mutex.",
-        plan.memory_rounds,
-        plan.memory_batches,
-        plan.memory_window.as_secs_f64()
+        plan.pick(4, 10),
+        plan.pick(20, 50),
+        plan.ms(300, 1000).as_secs_f64()
     ));
     out.row(cells![
         format!("uncontended acquire + release (per op, batches of {ops})"),

@@ -48,5 +48,5 @@ pub(crate) fn run(url: &str, plan: &Plan, out_dir: &Path) -> Result<Outcome, Box
             .to_owned(),
     ];
     let id = ("metrics", title, "metrics off", 3);
-    scenario(url, plan.callgrind_cycles, out_dir, id, &ROWS, notes)
+    scenario(url, plan, out_dir, id, &ROWS, notes)
 }

@@ -1,8 +1,6 @@
 //! A tracing + OpenTelemetry pipeline as users install it (tracing-opentelemetry's layer on
-//! the SDK's batch span processor, behind an INFO level filter, as `RUST_LOG=info`), with an
-//! exporter that counts the spans it is handed and drops them: everything up to the wire is
-//! done, nothing accumulates. Beside it, the metrics SDK as applications install it
-//! ([`MetricsPipeline`]), for the `metrics` scenario.
+//! the SDK's batch span processor, behind an INFO filter) and the metrics SDK
+//! ([`MetricsPipeline`]), each with an exporter that counts what it is handed and drops it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -19,69 +19,38 @@ pub(crate) fn sources(error: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-/// Iteration counts and windows of one mode.
+/// The mode (quick or full) and the scale scenario's largest count; each scenario picks
+/// its own counts for the mode ([`Plan::pick`]).
 #[derive(Debug, Clone)]
 pub(crate) struct Plan {
     pub(crate) quick: bool,
-    /// The pinned cycle scenarios: rounds, and the untimed and timed cycles of one run.
-    pub(crate) cycle_rounds: usize,
-    pub(crate) cycle_warmup: usize,
-    pub(crate) cycle_cycles: usize,
-    pub(crate) throughput_rounds: usize,
-    pub(crate) throughput_window: Duration,
-    pub(crate) handoff_rounds: usize,
-    pub(crate) handoff_window: Duration,
-    pub(crate) handoff_poll_window: Duration,
-    pub(crate) hold_locks: usize,
-    pub(crate) hold_rounds: usize,
-    pub(crate) memory_rounds: usize,
-    pub(crate) memory_batches: usize,
-    pub(crate) memory_batch: usize,
-    pub(crate) memory_window: Duration,
-    pub(crate) memory_windows: usize,
-    /// N of the callgrind runs (N and 2N cycles).
-    pub(crate) callgrind_cycles: usize,
-    pub(crate) latency_rounds: usize,
-    pub(crate) latency_batch: usize,
     /// The `scale` scenario's largest held-lock count (10^4 quick, 10^5 full; `--scale-max`).
     pub(crate) scale_max: usize,
-    /// Each `scale` curve point's measuring window (throughput, handoff, groups).
-    pub(crate) scale_window: Duration,
-    /// Rounds of each `scale` comparison (library and raw alternate within a round).
-    pub(crate) scale_rounds: usize,
 }
 
 impl Plan {
     pub(crate) fn new(quick: bool) -> Self {
-        let ms = |q, f| Duration::from_millis(pick(quick, q, f));
-        Self {
-            quick,
-            cycle_rounds: pick(quick, 3, 9),
-            cycle_warmup: pick(quick, 100, 500),
-            cycle_cycles: pick(quick, 1000, 5000),
-            throughput_rounds: pick(quick, 3, 6),
-            throughput_window: ms(600, 3000),
-            handoff_rounds: pick(quick, 2, 5),
-            handoff_window: ms(600, 2000),
-            handoff_poll_window: ms(1500, 6000),
-            hold_locks: pick(quick, 100, 500),
-            hold_rounds: pick(quick, 2, 3),
-            memory_rounds: pick(quick, 4, 10),
-            memory_batches: pick(quick, 20, 50),
-            memory_batch: 1000,
-            memory_window: ms(300, 1000),
-            memory_windows: pick(quick, 4, 6),
-            callgrind_cycles: pick(quick, 300, 2000),
-            latency_rounds: pick(quick, 5, 10),
-            latency_batch: pick(quick, 40, 200),
-            scale_max: pick(quick, 10_000, 100_000),
-            scale_window: ms(300, 1000),
-            scale_rounds: pick(quick, 1, 3),
-        }
+        let scale_max = if quick { 10_000 } else { 100_000 };
+        Self { quick, scale_max }
+    }
+
+    /// `quick` in quick mode, else `full`.
+    pub(crate) fn pick<T>(&self, quick: T, full: T) -> T {
+        if self.quick { quick } else { full }
+    }
+
+    /// A window of `quick` or `full` milliseconds.
+    pub(crate) fn ms(&self, quick: u64, full: u64) -> Duration {
+        Duration::from_millis(self.pick(quick, full))
+    }
+
+    /// A curve point's measuring window (`throughput`, the scale curves).
+    pub(crate) fn window(&self) -> Duration {
+        self.ms(300, 1000)
     }
 
     pub(crate) fn mode(&self) -> &'static str {
-        if self.quick { "quick" } else { "full" }
+        self.pick("quick", "full")
     }
 }
 
@@ -95,10 +64,6 @@ pub(crate) fn parse_count(text: &str) -> Result<usize, String> {
         return Err(format!("`{text}` is not a whole count from 1 to 1e7"));
     }
     Ok(value as usize)
-}
-
-fn pick<T>(quick: bool, small: T, full: T) -> T {
-    if quick { small } else { full }
 }
 
 #[cfg(test)]

@@ -1,15 +1,7 @@
-//! A TCP proxy that delays each direction by a fixed amount: a simulated network between
-//! the bench and a local server (these kernels have no `netem` qdisc).
-//!
-//! Per connection and direction, a reader thread stamps every chunk it reads with the
-//! instant it is due (read time + delay) and queues it; a writer thread takes the chunks in
-//! order, sleeps until each is due and writes it. The delay is the same for every chunk, so
-//! due times never go backwards and order is kept; the bandwidth is not limited.
-//!
-//! Threads and `std::thread::sleep` rather than Tokio: Tokio's timer rounds every sleep up
-//! to the next millisecond tick, so a 0.25 ms delay would come out as 1–2 ms; a thread's
-//! `nanosleep` wakes within about 60 µs (the default timer slack). What a chunk waits is
-//! checked by the latency scenario, which measures the round trip through the proxy.
+//! A TCP proxy that delays each direction by a fixed amount (these kernels have no `netem`).
+//! Per connection and direction a reader thread stamps each chunk with when it is due and
+//! a writer thread sleeps until then: threads, because Tokio's timer rounds sleeps up to
+//! the next millisecond and a thread's `nanosleep` wakes within about 60 µs.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};

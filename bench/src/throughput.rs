@@ -52,13 +52,13 @@ async fn point(db: &Database, plan: &Plan, tasks: usize) -> Result<Point, BoxErr
     }
     let clients = Arc::new(clients);
     let mut rates: [Vec<f64>; 2] = Default::default();
-    harness::rounds(plan.throughput_rounds, 2, async |_, side| {
-        let end = Instant::now() + plan.scale_window;
+    harness::rounds(plan.pick(3, 6), 2, async |_, side| {
+        let end = Instant::now() + plan.window();
         let window = harness::window(tasks, |task| {
             let key = format!("bench:throughput:{task}");
             let (manager, clients) = (manager.clone(), Arc::clone(&clients));
             let id = lock_id(&key);
-            harness::count(end, async move || {
+            harness::until(end, false, async move || {
                 if side == 0 {
                     let guard = manager.acquire(&key, AcquireOptions::new()).await?;
                     guard.release().await;
@@ -99,8 +99,8 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     out.note(format!(
         "{} rounds of a {:.1} s window per side, alternating; cycles/s is the median over \
          windows, ÷ raw the ratio of the medians (the windows' own ratios beside).",
-        plan.throughput_rounds,
-        plan.scale_window.as_secs_f64()
+        plan.pick(3, 6),
+        plan.window().as_secs_f64()
     ));
     if !skipped.is_empty() {
         out.note(format!(

@@ -1,22 +1,9 @@
-//! Floor 2: tasks taking turns on one key, and the recorder that times them (the
-//! `handoff` scenario and the scale scenario's waiters curve); and pools opened a few
-//! connections at a time ([`open_pool`]) for every scenario that opens many. Each task has a [`Taker`]
-//! of its own, as a separate process would: a manager and pool of one connection, or a
-//! raw connection; it loops acquire / hold / release until the window ends.
-//!
-//! Their [`State`] keeps every task's acquisitions, releases and give-ups on one
-//! monotonic clock shared by the tasks:
-//! - **gap**: from just before a holder calls release to the return of the next
-//!   acquisition by anyone (the releaser included), releases and acquisitions matched in
-//!   order (a semaphore has several releases outstanding);
-//! - **gap to a waiter**: from a release while other tasks waited to the return of an
-//!   acquisition by one of *those* tasks. Under a FIFO queue the two are the same; under
-//!   polling the releaser often takes the lock straight back, and this is how long the
-//!   tasks already waiting were passed over;
-//! - **turns** of each task per window (fairness: most / fewest, [`crate::stats::fairness`]);
-//! - **most inside**: the most tasks holding at once (never above N);
-//! - **idle share**: capacity left free while someone waited (`min(free, waiting)` over
-//!   time) over N × the windows' length.
+//! Floor 2: tasks taking turns on one key (`handoff`, the scale waiters curve), each with a
+//! [`Taker`] of its own (a manager and pool of one, or a raw connection) looping acquire /
+//! hold / release until the window ends, and the [`State`] that times them on one clock:
+//! gap, gap to a waiter, turns, most inside, idle share, as defined in
+//! `docs/benchmarks.md` ("What each scenario measures"). Also pools opened a few
+//! connections at a time ([`open_pool`]) and bounded concurrency ([`each`]).
 
 use std::collections::VecDeque;
 use std::ops::Range;

@@ -34,8 +34,8 @@ target/bench/handoff.svg (and scale.svg). Installs valgrind (apt-get) when it is
 
   --quick       small iteration counts (about a minute of measuring)
   --out FILE    where the JSON goes (the .md and the charts go beside it)
-  --only LIST   comma-separated scenarios: cycle, try, shared, many, throughput, handoff,
-                hold, memory, instructions, metrics, latency, cutover-append; and scale
+  --only LIST   comma-separated scenarios: cycle, try, shared, throughput, handoff, hold,
+                memory, instructions, metrics, latency, cutover-append; and scale
                 (only when named)
   --scale-max N the scale scenario's largest held-lock count (default 1e5, 1e4 with
                 --quick; 1e6 takes minutes and a server of ~1 GB shared memory, which

@@ -44,8 +44,8 @@ pub(super) async fn point(db: &Database, plan: &Plan, size: usize) -> Result<Gro
         .collect();
     let ids: Vec<i64> = keys.iter().map(|k| lock_id(k)).collect();
     let mut sides = [Latencies::new(), Latencies::new()];
-    harness::rounds(plan.scale_rounds.max(2), 2, async |_, side| {
-        let end = Instant::now() + plan.scale_window / 2;
+    harness::rounds(plan.pick(2, 3), 2, async |_, side| {
+        let end = Instant::now() + plan.window() / 2;
         let mut calls = 0;
         while calls < 3 || Instant::now() < end {
             let started = Instant::now();

@@ -308,16 +308,3 @@ pub(super) fn panels(held: &[Held]) -> [Panel; 3] {
         ),
     ]
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn counts_are_decades_up_to_the_largest() {
-        assert_eq!(counts(100_000), [1000, 10_000, 100_000]);
-        assert_eq!(counts(1_000_000), [1000, 10_000, 100_000, 1_000_000]);
-        assert_eq!(counts(50_000), [1000, 10_000, 50_000]);
-        assert_eq!(counts(10), [10]);
-    }
-}

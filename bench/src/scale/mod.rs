@@ -1,16 +1,6 @@
-//! Scenario `scale`: how each cost grows, one curve a file, beside raw tokio-postgres doing
-//! the same work where there is a raw equivalent:
-//! - [`held`]: locks held by one multiplexed manager, 10³ … `--scale-max` (10⁵ by
-//!   default): the time to reach each count, another manager's cycle, bytes and CPU at rest
-//!   per held lock, the server's lock-table fill;
-//! - [`reads`]: at each of those counts, each observation read's own time and the cycle
-//!   p99 while it loops;
-//! - [`waiters`]: 4 → 1,000 waiters on one key, handoff p99 and fairness;
-//! - [`groups`]: `acquire_many` of 1 → 1,000 keys, cost per key.
-//!
-//! (Tasks on distinct keys, 1 → 1,000, are the `throughput` scenario's curve.) The server
-//! must be sized for it (`cargo xtask bench --only scale` starts one that is); the
-//! scenario reads its settings and shared memory and reports them.
+//! Scenario `scale`: how each cost grows, one curve a file ([`held`], [`reads`],
+//! [`waiters`], [`groups`]), beside raw tokio-postgres where there is an equivalent. It
+//! needs a server sized for it (`cargo xtask bench --only scale` starts one).
 
 mod groups;
 mod held;

@@ -38,7 +38,7 @@ pub(super) async fn point(
 ) -> Result<Waiters, BoxError> {
     // Every waiter gets several turns in a window, at 2-4 ms a handoff.
     let length = plan
-        .scale_window
+        .window()
         .max(HOLD * u32::try_from(waiters * 12).unwrap_or(12_000));
     let mut sides = [(0, 0.0); 2];
     for side in harness::order(waiters, 2) {
