@@ -1,16 +1,17 @@
 //! Stall patience (`stall_patience`): a held lock whose backend stops answering for a
 //! while (SIGSTOP) but whose session lives is not declared lost while the server shows
 //! the backend alive; it is lost once the patience is spent, or at once when nobody can
-//! look. Each case runs on a cluster of its own (a stopped backend must not touch the
+//! look or the server has the backend no more. Each case runs on a cluster of its own (a stopped backend must not touch the
 //! shared server). Without patience, see `health.rs`
 //! (`a_stopped_backend_under_a_held_lock_is_noticed_by_keepalive`).
 
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use locks_port::{AcquireOptions, DistributedLock, LockGuard, LostReason, ReleaseOutcome};
 use locks_postgres::{PostgresLockGuard, PostgresLockManager, tokio_postgres};
-use throwaway_pg::ThrowawayPostgres;
 
 use super::server::{Continue, signal};
 use super::{Mode, Watched, admin_at, drop_cluster, own_cluster, pool_from};
@@ -22,15 +23,10 @@ const A: Duration = Duration::from_millis(300);
 /// The monitor's health-check interval (the default).
 const H: Duration = Duration::from_millis(200);
 
-/// A manager in `mode` on a pool of `size` connections to `cluster`, with keepalives
-/// every [`K`], answer timeout [`A`] and `patience`.
-fn patient(
-    mode: Mode,
-    cluster: &ThrowawayPostgres,
-    size: usize,
-    patience: Duration,
-) -> PostgresLockManager {
-    let mut config = tokio_postgres::Config::from_str(&cluster.url()).expect("URL");
+/// A manager in `mode` on a pool of `size` connections to `url`, with keepalives every
+/// [`K`], answer timeout [`A`] and `patience`.
+fn patient(mode: Mode, url: &str, size: usize, patience: Duration) -> PostgresLockManager {
+    let mut config = tokio_postgres::Config::from_str(url).expect("URL");
     config.application_name("it-stalled");
     mode.builder(pool_from(config, size))
         .keepalive(Some(K))
@@ -96,7 +92,7 @@ in_both_modes!(a_lock_outlives_a_backend_stopped_within_the_patience);
 /// untouched too.
 async fn a_lock_outlives_a_backend_stopped_within_the_patience(mode: Mode) {
     let cluster = own_cluster("the stall-patience test");
-    let manager = patient(mode, &cluster, 3, Duration::from_secs(3));
+    let manager = patient(mode, &cluster.url(), 3, Duration::from_secs(3));
     let other = PostgresLockManager::new(pool_from(
         tokio_postgres::Config::from_str(&cluster.url()).expect("URL"),
         1,
@@ -148,7 +144,7 @@ in_both_modes!(a_backend_stopped_past_the_patience_is_told_lost_within_its_bound
 async fn a_backend_stopped_past_the_patience_is_told_lost_within_its_bound(mode: Mode) {
     let patience = Duration::from_secs(1);
     let cluster = own_cluster("the spent-patience test");
-    let manager = patient(mode, &cluster, 3, patience);
+    let manager = patient(mode, &cluster.url(), 3, patience);
     let lock = Watched::on(admin_at(&cluster.url()).await, unique_key("stalled-long"));
     let stopped = Stopped::hold(&manager, lock).await;
     let (reason, told) = stopped.told().await;
@@ -174,7 +170,7 @@ async fn a_backend_stopped_past_the_patience_is_told_lost_within_its_bound(mode:
 async fn no_connection_to_look_with_loses_the_lock_without_waiting_the_patience() {
     let patience = Duration::from_secs(3);
     let cluster = own_cluster("the no-look test");
-    let manager = patient(Mode::Plain, &cluster, 1, patience);
+    let manager = patient(Mode::Plain, &cluster.url(), 1, patience);
     let lock = Watched::on(
         admin_at(&cluster.url()).await,
         unique_key("stalled-no-look"),
@@ -191,4 +187,118 @@ async fn no_connection_to_look_with_loses_the_lock_without_waiting_the_patience(
     let lock = stopped.continue_until_freed().await;
     drop((lock, manager));
     drop_cluster(cluster);
+}
+
+/// Patience 3 s, the held lock's session silenced by the network (a proxy that stops
+/// forwarding its traffic), then its backend terminated from the server's side: the
+/// look, on a new connection, finds the backend gone, and the lock is lost at once with
+/// `ConnectionClosed`, long before `A + P`. (A stopped backend cannot be terminated: it
+/// would exit only when continued.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_the_server_has_no_more_is_lost_without_waiting_the_patience() {
+    let patience = Duration::from_secs(3);
+    let cluster = own_cluster("the gone-backend test");
+    let proxy = FreezingProxy::to(cluster.port()).await;
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port);
+    let manager = patient(Mode::Plain, &url, 3, patience);
+    let lock = Watched::on(admin_at(&cluster.url()).await, unique_key("stalled-gone"));
+    let guard = manager
+        .acquire(&lock.key, AcquireOptions::new())
+        .await
+        .unwrap();
+    let pid = lock.the_holder().await;
+    proxy.freeze();
+    lock.terminate(pid).await;
+    let started = Instant::now();
+    let reason = tokio::time::timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("told");
+    let told = started.elapsed();
+    eprintln!("a backend gone under a silent session: told {reason:?} {told:?} after");
+    assert_eq!(reason, LostReason::ConnectionClosed);
+    assert!(told < A + patience, "waited the patience: {told:?}");
+    assert!(!manager.is_held(&lock.key));
+    drop((lock, manager, proxy));
+    drop_cluster(cluster);
+}
+
+/// A TCP proxy to a local port that can freeze the connections it carries: a frozen
+/// one forwards nothing more either way (a silent network for that session alone);
+/// connections made later pass.
+struct FreezingProxy {
+    port: u16,
+    carried: Arc<Mutex<Vec<Arc<AtomicBool>>>>,
+    accepting: tokio::task::JoinHandle<()>,
+}
+
+impl FreezingProxy {
+    async fn to(target: u16) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("address").port();
+        let carried: Arc<Mutex<Vec<Arc<AtomicBool>>>> = Arc::default();
+        let list = Arc::clone(&carried);
+        let accepting = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await else {
+                    continue;
+                };
+                let frozen = Arc::new(AtomicBool::new(false));
+                list.lock().unwrap().push(Arc::clone(&frozen));
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                tokio::spawn(forward(client_read, server_write, Arc::clone(&frozen)));
+                tokio::spawn(forward(server_read, client_write, frozen));
+            }
+        });
+        Self {
+            port,
+            carried,
+            accepting,
+        }
+    }
+
+    /// Freezes every connection carried now.
+    fn freeze(&self) {
+        for frozen in self.carried.lock().unwrap().iter() {
+            frozen.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for FreezingProxy {
+    fn drop(&mut self) {
+        self.accepting.abort();
+    }
+}
+
+/// Copies `from` to `to` until either ends, or forever silent once `frozen`.
+async fn forward(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    frozen: Arc<AtomicBool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buffer = vec![0; 16 * 1024];
+    loop {
+        let read = tokio::select! {
+            read = from.read(&mut buffer) => read,
+            () = until(&frozen) => std::future::pending().await,
+        };
+        let Ok(count @ 1..) = read else { return };
+        if frozen.load(Ordering::SeqCst) {
+            return std::future::pending().await;
+        }
+        if to.write_all(&buffer[..count]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Returns once `flag` is set (polled every 10 ms).
+async fn until(flag: &AtomicBool) {
+    while !flag.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
