@@ -1,8 +1,8 @@
 //! Stall patience (`stall_patience`): a held lock whose backend stops answering for a
 //! while (SIGSTOP) but whose session lives is not declared lost while the server shows
 //! the backend alive; it is lost once the patience is spent, or at once when nobody can
-//! look or the server has the backend no more. Each case runs on a cluster of its own (a stopped backend must not touch the
-//! shared server). Without patience, see `health.rs`
+//! look or the server has the backend no more. Each case runs on a cluster of its own (a
+//! stopped backend must not touch the shared server). Without patience, see `health.rs`
 //! (`a_stopped_backend_under_a_held_lock_is_noticed_by_keepalive`).
 
 use std::str::FromStr;
