@@ -155,9 +155,8 @@ macro_rules! on_session {
             None => locks_port::ReleaseOutcome::Unlocked,
             Some(first) => {
                 // Waits for a keepalive in flight (bounded by the answer timeout, plus
-                // the stall patience when set);
-                // free, as it nearly always is, the slot is taken without the lock's
-                // future.
+                // the stall patience when set); free, as it nearly always is, the slot
+                // is taken without the lock's future.
                 let slot = std::sync::Arc::clone(first.slot());
                 let mut slot = match slot.try_lock() {
                     Ok(slot) => slot,
