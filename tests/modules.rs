@@ -50,7 +50,14 @@ const POSTGRES_FLOORS: &[(&str, &[&str])] = &[
     ),
     (
         "book and monitor",
-        &["multiplex", "bookkeeping", "health", "inner", "monitor"],
+        &[
+            "multiplex",
+            "bookkeeping",
+            "health",
+            "inner",
+            "stall",
+            "monitor",
+        ],
     ),
     (
         "strategies",

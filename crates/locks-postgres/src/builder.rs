@@ -161,6 +161,56 @@ impl PostgresLockManagerBuilder {
         self
     }
 
+    /// Patience with a stalled session (off by default): a keepalive that gets no
+    /// answer within the [`answer_timeout`](Self::answer_timeout) does not lose the lock
+    /// yet while the server shows the session's backend alive. The manager asks, over
+    /// another connection of its pool, whether `pg_stat_activity` still has the
+    /// session's backend (its pid and start, read once per connection by the set-up:
+    /// nothing more per lock), and again every keepalive cadence; each look is bounded by
+    /// the answer timeout. While the backend is there its session's locks are held (a
+    /// session-level advisory lock ends only with its session, or by a statement on it,
+    /// and the only statement in flight there is the keepalive), so nobody else can be
+    /// granted them. The answer then arriving is a keepalive answered as ever. The lock
+    /// is lost ([`KeepaliveFailed`](locks_port::LostReason::KeepaliveFailed)) when the
+    /// look fails (no pool connection free within its bound, the server unreachable, no
+    /// answer) or when `patience` has passed beyond the answer timeout; lost
+    /// ([`ConnectionClosed`](locks_port::LostReason::ConnectionClosed)) when the server
+    /// says the backend is gone. A keepalive that errors is lost at once, as without
+    /// patience: patience applies to silence only.
+    ///
+    /// What it is for: a backend that stops answering for a while though its session
+    /// lives, a `SIGSTOP`ped backend (a chaos test, a debugger), a server too busy to
+    /// answer within the answer timeout. Without patience such a lock is declared lost,
+    /// its connection closed, and the lock stays taken by the stalled backend until it
+    /// runs again: the holder gives up what nobody else can take. What it costs: a host
+    /// cut off from the server cannot have its backend confirmed, so its loss is told
+    /// once a look fails (within another answer timeout), at worst `patience` later
+    /// than without patience, and
+    /// [`Lease::holder_told_within`](crate::Lease::holder_told_within) grows by
+    /// `patience`. The server timers of the [`lease`](Self::lease) are derived from that
+    /// larger bound (the margin stays whole), and a lease it no longer fits is refused
+    /// with a message that names patience. A release or a downgrade waits for the
+    /// keepalive in flight, up to the answer timeout plus `patience`.
+    ///
+    /// `Duration::ZERO` turns it off.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use locks_postgres::PostgresLockManager;
+    ///
+    /// let pool = locks_postgres::plain_pool("postgres://app@localhost/app", 8)?;
+    /// let locks = PostgresLockManager::builder(pool)
+    ///     .stall_patience(Duration::from_millis(2500))
+    ///     .try_build()?;
+    /// let lease = locks.lease().unwrap(); // keepalive 10 s + answer 5 s + 2.5 s + 2 × 200 ms
+    /// assert_eq!(lease.holder_told_within, Duration::from_millis(17_900));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn stall_patience(mut self, patience: Duration) -> Self {
+        self.settings.stall_patience = (!patience.is_zero()).then_some(patience);
+        self
+    }
+
     /// The lease (default 60 s): if the holder's host vanishes without closing its
     /// sockets (power loss, a frozen VM, a cut network), the server frees its locks
     /// within this, and the holder's [`lost`](locks_port::LockGuard::lost) signal fires

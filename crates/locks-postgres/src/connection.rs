@@ -48,6 +48,16 @@ pub(crate) struct Known {
     /// The loss notifier of the connection's last lock, kept as its slot is (renewed
     /// for the next lock when nothing shares it: `LossNotifier::renewed`).
     spare_notifier: Option<LossNotifier>,
+    /// Its server session, as the set-up read it (when asked to: stall patience).
+    backend: Option<Backend>,
+}
+
+/// A server session: its backend's pid and start. Pids are reused; the pair names one
+/// session for the life of the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Backend {
+    pub(crate) pid: i32,
+    pub(crate) started: std::time::SystemTime,
 }
 
 /// A slot kept with its connection (see [`Known`]).
@@ -63,6 +73,7 @@ impl Known {
             watch: Watch::new(),
             spare: None,
             spare_notifier: None,
+            backend: None,
         })
     }
 }
@@ -177,6 +188,8 @@ pub(crate) struct SetupValues<'a> {
     /// The lease's server timers (see [`crate::lease::ServerTimers::as_settings`]), or
     /// `None` to leave the server's own.
     pub(crate) timers: Option<&'a [String; 5]>,
+    /// Whether to read the session's [`Backend`] (stall patience needs it).
+    pub(crate) identify: bool,
 }
 
 impl SetupValues<'_> {
@@ -252,6 +265,11 @@ impl Session {
     /// Whether the connection has been set up (by this process's managers).
     pub(crate) fn is_set_up(&self) -> bool {
         self.conn.as_ref().is_some_and(|known| known.set_up)
+    }
+
+    /// The server session, as the set-up read it (`None`: not asked, or not set up).
+    pub(crate) fn backend(&self) -> Option<Backend> {
+        self.conn.as_ref().and_then(|known| known.backend)
     }
 
     /// Records whether the connection is set up; `false` makes the next statement
@@ -344,16 +362,20 @@ impl Session {
                                     &values.timer(2),
                                     &values.timer(3),
                                     &values.timer(4),
+                                    &values.identify,
                                 ],
                             )
                             .await?;
                         let in_recovery: bool = row.try_get(0)?;
                         let owner: Option<&str> = row.try_get(1)?;
-                        Ok(match (in_recovery, owner) {
+                        let pid: i32 = row.try_get(2)?;
+                        let started: Option<std::time::SystemTime> = row.try_get(3)?;
+                        let set_up = match (in_recovery, owner) {
                             (true, _) => SetUp::Standby,
                             (false, Some(_)) => SetUp::Done,
                             (false, None) => SetUp::Foreign,
-                        })
+                        };
+                        Ok((set_up, started.map(|started| Backend { pid, started })))
                     };
                     let answers = tokio::join!(setting_up, object.query_one(&lock, params));
                     *slot(cached, &SESSION_SETUP) = Some(setup);
@@ -361,11 +383,20 @@ impl Session {
                     answers
                 }
                 // Nothing ran; the statement's own error (if any) is the one to report.
-                (Err(error), Ok(_)) | (Ok(_), Err(error)) => (Ok(SetUp::Done), Err(error)),
+                (Err(error), Ok(_)) | (Ok(_), Err(error)) => (Ok((SetUp::Done, None)), Err(error)),
                 (Err(error), Err(other)) => (Err(error), Err(other)),
             }
         })
         .await
+        .map(|(set_up, answer)| (set_up.map(|set_up| self.identified(set_up)), answer))
+    }
+
+    /// Records the server session the set-up read, and hands back the set-up's outcome.
+    fn identified(&mut self, (set_up, backend): (SetUp, Option<Backend>)) -> SetUp {
+        if let Some(known) = self.conn.as_deref_mut() {
+            known.backend = backend;
+        }
+        set_up
     }
 
     /// Runs `sql` as a simple query (no parameters, not prepared: the semaphore's

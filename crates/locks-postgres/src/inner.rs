@@ -155,6 +155,7 @@ impl Inner {
         SetupValues {
             application_name: self.application_name.as_deref(),
             timers: self.server_timers.as_ref(),
+            identify: self.settings.stall_patience.is_some(),
         }
     }
 

@@ -13,7 +13,9 @@
 //! ```
 //!
 //! The derivation (all bounds counted from the holder's last exchange with the server):
-//! - told ≤ `K + A + 2h` (`h` the health-check interval);
+//! - told ≤ `K + A + P + 2h` (`h` the health-check interval, `P` the stall patience,
+//!   0 unless set: a keepalive unanswered within `A` may wait `P` more while the server
+//!   shows its backend alive, never longer);
 //! - the server's `tcp_user_timeout` `U = told + M`: the earliest the server can close a
 //!   silent session, whether it is idle (keepalive probes unanswered) or has data the
 //!   client never acknowledged (the answer to a keepalive, a grant);
@@ -50,8 +52,10 @@ pub struct Lease {
     pub duration: Duration,
     /// How long before the server can free the lock the holder is told, at least.
     pub margin: Duration,
-    /// The holder's lost signal fires within this (keepalive cadence, answer timeout
-    /// and two health-check intervals).
+    /// The holder's lost signal fires within this (keepalive cadence, answer timeout,
+    /// [stall patience](crate::PostgresLockManagerBuilder::stall_patience) if set, and
+    /// two health-check intervals). The server timers are set from it, so patience
+    /// moves them later by as much: the margin stays whole.
     pub holder_told_within: Duration,
     /// The server frees the lock of a silent holder no sooner than this.
     pub server_frees_after: Duration,
@@ -154,6 +158,7 @@ impl Lease {
         margin: Duration,
         keepalive: Option<Duration>,
         answer_timeout: Duration,
+        patience: Duration,
         health_check_interval: Duration,
     ) -> Result<Self, LeaseError> {
         let Some(keepalive) = keepalive else {
@@ -165,6 +170,7 @@ impl Lease {
         };
         let told = keepalive
             .saturating_add(answer_timeout)
+            .saturating_add(patience)
             .saturating_add(health_check_interval.saturating_mul(2));
         let interval = Duration::from_secs((duration.as_secs() / 12).clamp(1, 30));
         let user_timeout = ceil_ms(told.saturating_add(margin));
@@ -182,13 +188,21 @@ impl Lease {
             ));
         let needed = latest.saturating_add(SLACK);
         if needed > duration {
+            let (patience, or_patience) = if patience.is_zero() {
+                (String::new(), "")
+            } else {
+                (
+                    format!(" + stall patience {patience:?}"),
+                    ", stall patience",
+                )
+            };
             return Err(LeaseError::new(format!(
                 "a lease of {duration:?} is too short: the holder is told within {told:?} \
-                 (keepalive {keepalive:?} + answer timeout {answer_timeout:?} + 2 health \
-                 checks of {health_check_interval:?}), the server must wait the margin \
+                 (keepalive {keepalive:?} + answer timeout {answer_timeout:?}{patience} + 2 \
+                 health checks of {health_check_interval:?}), the server must wait the margin \
                  {margin:?} more and frees the lock within one probe interval ({interval:?}) \
                  after that, plus {SLACK:?} of slack: it needs at least {needed:?}; lengthen \
-                 the lease or shorten the keepalive, answer timeout or margin"
+                 the lease or shorten the keepalive, answer timeout{or_patience} or margin"
             )));
         }
         Ok(Self {
@@ -241,6 +255,7 @@ mod tests {
             DEFAULT_MARGIN,
             Some(Duration::from_secs_f64(keepalive)),
             Duration::from_secs_f64(answer),
+            Duration::ZERO,
             H,
         )
     }
@@ -292,6 +307,7 @@ mod tests {
                 DEFAULT_MARGIN,
                 Some(keepalive),
                 answer,
+                Duration::ZERO,
                 H,
             )
             .unwrap_or_else(|error| panic!("lease {lease}: {error}"));
@@ -330,6 +346,7 @@ mod tests {
             DEFAULT_MARGIN,
             None,
             Duration::from_secs(5),
+            Duration::ZERO,
             H,
         )
         .expect_err("no keepalive");
@@ -339,10 +356,43 @@ mod tests {
             Duration::from_secs(50),
             Some(Duration::from_secs(10)),
             Duration::from_secs(5),
+            Duration::ZERO,
             H,
         )
         .expect_err("a 50 s margin leaves no room in 60 s");
         assert!(margin.to_string().contains("margin 50s"), "{margin}");
+    }
+
+    #[test]
+    fn patience_is_told_within_and_moves_the_server_timers_later_by_as_much() {
+        let lease = |patience| {
+            Lease::derive(
+                DEFAULT_LEASE,
+                DEFAULT_MARGIN,
+                Some(Duration::from_secs(10)),
+                Duration::from_secs(5),
+                patience,
+                H,
+            )
+        };
+        let without = lease(Duration::ZERO).expect("the default lease");
+        let with = lease(Duration::from_secs(3)).expect("3 s of patience fit in 60 s");
+        assert_eq!(
+            with.holder_told_within,
+            without.holder_told_within + Duration::from_secs(3)
+        );
+        assert_eq!(
+            with.server_frees_after,
+            without.server_frees_after + Duration::from_secs(3)
+        );
+        assert!(with.holder_told_within + with.margin <= with.server_frees_after);
+        let error = lease(Duration::from_secs(40)).expect_err("40 s of patience do not fit");
+        let text = error.to_string();
+        assert!(text.contains("stall patience 40s"), "{text}");
+        assert!(
+            text.contains("answer timeout, stall patience or margin"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -351,6 +401,7 @@ mod tests {
             Duration::MAX,
             Duration::MAX,
             Some(Duration::MAX),
+            Duration::MAX,
             Duration::MAX,
             Duration::MAX,
         );

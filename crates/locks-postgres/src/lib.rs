@@ -31,6 +31,7 @@ mod semaphore;
 mod settings;
 mod slot;
 mod sql;
+mod stall;
 mod store;
 mod telemetry;
 mod watchdog;

@@ -170,7 +170,7 @@ pub(crate) async fn try_upgrade(
 }
 
 /// Waits for the lock's session (a keepalive in flight on it; bounded by the answer
-/// timeout, and a cancel here changes nothing): the slot, locked, its session to be
+/// timeout, plus the stall patience when set, and a cancel here changes nothing): the slot, locked, its session to be
 /// closed unless [`answered`](CloseUnlessAnswered::answered). Lost when the health
 /// monitor took the session.
 async fn lock_session<'s>(

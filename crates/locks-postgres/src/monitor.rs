@@ -10,7 +10,8 @@
 //! [`keepalive`](crate::PostgresLockManagerBuilder::keepalive) cadence it sends an idle
 //! held connection one `SELECT true`; no answer within the answer timeout (a hung or
 //! stopped server, a silent network cut) loses the lock with
-//! [`LostReason::KeepaliveFailed`], and the connection is closed.
+//! [`LostReason::KeepaliveFailed`], and the connection is closed; with stall patience,
+//! not while the server shows the session's backend alive (the ping, `stall.rs`).
 //!
 //! A lost lock leaves the bookkeeping at once (`is_held` is false, `held_lock_count`
 //! drops), its guard's signal fires, its connection is discarded, a WARNING event in
@@ -34,10 +35,10 @@ use crate::connection::Session;
 use crate::errors::{MOVED_BETWEEN_SESSIONS, describe, driver_kind};
 use crate::health::{LostLockCounts, Watched};
 use crate::inner::Inner;
-use crate::limit::Limit;
 use crate::pool::connect::connection_ended;
 use crate::slot::SessionSlot;
-use crate::sql::{Answer, Statement};
+use crate::sql::Answer;
+use crate::stall::ping;
 use crate::telemetry::lost_span;
 use crate::watchdog::Watch;
 
@@ -184,15 +185,13 @@ impl Inner {
             let Some(session) = session.as_mut() else {
                 return; // released meanwhile
             };
-            let answer = Statement::Ping
-                .run(session, Limit::Waiting(self.settings().answer_timeout))
-                .await;
-            match answer {
+            match ping(self, session).await {
                 Ok(Ok(Answer::Bool(true))) => None,
                 Ok(Err(error)) if error.is_closed() || error.code().is_some() => {
                     Some(LostReason::ConnectionClosed)
                 }
                 _ if session.is_closed() => Some(LostReason::ConnectionClosed),
+                Err(silence) => Some(silence.reason),
                 _ => Some(LostReason::KeepaliveFailed),
             }
         };
@@ -399,10 +398,7 @@ impl Inner {
                 return; // released meanwhile
             };
             let sent = Instant::now();
-            let answer = Statement::Ping
-                .run(session, Limit::Waiting(self.settings().answer_timeout))
-                .await;
-            (answer, sent)
+            (ping(self, session).await, sent)
         };
         if let Ok(Ok(Answer::Bool(true))) = outcome {
             self.metrics().keepalive_answered(sent.elapsed());
@@ -432,13 +428,7 @@ impl Inner {
                 };
                 self.lose_entries(&entries, reason, &describe(&error));
             }
-            Err(_elapsed) => {
-                let detail = format!(
-                    "no answer to a keepalive within {:?}",
-                    self.settings().answer_timeout
-                );
-                self.lose_entries(&entries, LostReason::KeepaliveFailed, &detail);
-            }
+            Err(silence) => self.lose_entries(&entries, silence.reason, &silence.detail),
         }
     }
 }

@@ -71,7 +71,8 @@ fn with_marker(text: &str, marker: &str) -> String {
 /// Run once on every connection the manager uses, before its first lock statement
 /// (pipelined with it). `$1` is the `application_name` (or NULL), `$2` the
 /// connection's marker, `$3` to `$7` the lease's server timers (or NULL: see
-/// [`crate::lease::ServerTimers::as_settings`]).
+/// [`crate::lease::ServerTimers::as_settings`]), `$8` whether to read the backend's
+/// start (a manager with stall patience: see `stall.rs`).
 ///
 /// It first claims the server session: `locks.session = $2`, unless the session
 /// already carries another connection's marker (then it changes nothing and answers
@@ -90,9 +91,14 @@ fn with_marker(text: &str, marker: &str) -> String {
 ///   `client_connection_check_interval` (each skipped where the server lacks it).
 ///
 /// Answers `pg_is_in_recovery()` (a standby must not be used: its advisory locks
-/// exclude nothing on the primary) and the owner (the marker, or NULL when foreign).
+/// exclude nothing on the primary), the owner (the marker, or NULL when foreign), the
+/// backend's pid and, when `$8`, its `backend_start` from `pg_stat_activity` (else
+/// NULL): the pair names the server session, so a stalled one can be looked up later
+/// from another connection (pids are reused; a pid and a start are not).
 pub(crate) static SESSION_SETUP: Query = Query::new(
-    "SELECT pg_is_in_recovery(), owner \
+    "SELECT pg_is_in_recovery(), owner, pg_backend_pid(), \
+     CASE WHEN $8::bool \
+     THEN (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()) END \
      FROM (SELECT CASE WHEN coalesce(current_setting('locks.session', true), '') IN ('', $2) \
      THEN set_config('locks.session', $2, false) END AS owner) AS mark, \
      LATERAL (SELECT \

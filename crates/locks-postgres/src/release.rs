@@ -154,9 +154,9 @@ macro_rules! on_session {
         match held.first() {
             None => locks_port::ReleaseOutcome::Unlocked,
             Some(first) => {
-                // Waits for a keepalive in flight (bounded by the answer timeout);
-                // free, as it nearly always is, the slot is taken without the lock's
-                // future.
+                // Waits for a keepalive in flight (bounded by the answer timeout, plus
+                // the stall patience when set); free, as it nearly always is, the slot
+                // is taken without the lock's future.
                 let slot = std::sync::Arc::clone(first.slot());
                 let mut slot = match slot.try_lock() {
                     Ok(slot) => slot,

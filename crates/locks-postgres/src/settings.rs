@@ -72,6 +72,9 @@ pub(crate) struct Settings {
     /// Whether the manager records metrics, and whether they carry `lock.id`.
     pub(crate) metrics: bool,
     pub(crate) metrics_lock_id: bool,
+    /// How long past the answer timeout a keepalive waits on a session whose backend the
+    /// server still shows alive (`None`: not at all; see `stall.rs`).
+    pub(crate) stall_patience: Option<Duration>,
 }
 
 impl Settings {
@@ -103,6 +106,7 @@ impl Settings {
         lease_set: false,
         metrics: true,
         metrics_lock_id: false,
+        stall_patience: None,
     };
 
     /// Settles the timings a lease derives (those not set explicitly) and derives the
@@ -132,6 +136,7 @@ impl Settings {
             self.lease_margin,
             self.keepalive,
             self.answer_timeout,
+            self.stall_patience.unwrap_or(Duration::ZERO),
             self.health_check_interval,
         );
         (self, lease.map(Some))

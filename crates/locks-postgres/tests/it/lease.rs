@@ -151,6 +151,66 @@ async fn a_lease_that_cannot_hold_is_refused_with_the_reason() {
     );
 }
 
+/// Stall patience is in the bound the holder is told within, and the server timers on
+/// each connection are derived from that larger bound (the margin stays whole); a lease
+/// that cannot fit the patience is refused with a message that names it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stall_patience_is_told_within_and_sets_the_server_timers_later() {
+    let patience = Duration::from_millis(2500);
+    let lease_of = |patience| {
+        let pool = pool(1);
+        let manager = PostgresLockManager::builder(pool.clone())
+            .stall_patience(patience)
+            .try_build()
+            .expect("the default lease with patience");
+        let lease = manager.lease().expect("on by default");
+        (pool, manager, lease)
+    };
+    let (_, _, without) = lease_of(Duration::ZERO);
+    let (used, manager, with) = lease_of(patience);
+    assert_eq!(
+        with.holder_told_within,
+        without.holder_told_within + patience
+    );
+    assert_eq!(
+        with.server.user_timeout,
+        without.server.user_timeout + patience
+    );
+    assert!(with.holder_told_within + with.margin <= with.server_frees_after);
+    manager
+        .acquire(&unique_key("patience-timers"), Duration::from_secs(5))
+        .await
+        .expect("acquire")
+        .release()
+        .await;
+    let client = used.get().await.expect("the manager's connection");
+    let over_tcp: bool = client
+        .query_one("SELECT inet_client_addr() IS NOT NULL", &[])
+        .await
+        .unwrap()
+        .get(0);
+    if over_tcp {
+        let user_timeout = timers(&client)
+            .await
+            .into_iter()
+            .find(|(name, _)| name == "tcp_user_timeout")
+            .map(|(_, setting)| setting);
+        assert_eq!(
+            user_timeout,
+            Some(with.server.user_timeout.as_millis().to_string()),
+            "the connection's tcp_user_timeout includes the patience"
+        );
+    }
+    let refused = PostgresLockManager::builder(pool(1))
+        .lease(Some(Duration::from_secs(20)))
+        .stall_patience(Duration::from_secs(10))
+        .try_build()
+        .expect_err("10 s of patience do not fit a 20 s lease");
+    let text = refused.to_string();
+    assert!(text.contains("stall patience 10s"), "{text}");
+    assert!(text.contains("lease of 20s is too short"), "{text}");
+}
+
 /// Opening a connection to a server that accepts and never answers (a stopped
 /// postmaster) is held to the caller's deadline, not the deadline plus the margin.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

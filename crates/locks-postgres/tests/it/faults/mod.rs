@@ -1,9 +1,10 @@
 //! Faults on a real server, one file per family: sessions ended or cancelled under a
 //! holder or a waiter ([`sessions`]), the server going away ([`server`]), futures
 //! dropped mid-flight ([`dropped`]), bounded waits racing releases, an exhausted pool and
-//! polling ([`bounded_waits`]), keys and holder ids no SQL should see ([`keys`]). Each
-//! test checks `pg_locks` from a separate admin connection, because "no lock left
-//! behind" is what matters; the fixtures for that are here.
+//! polling ([`bounded_waits`]), keys and holder ids no SQL should see ([`keys`]), a
+//! stalled backend under stall patience ([`stalled`]). Each test checks `pg_locks` from
+//! a separate admin connection, because "no lock left behind" is what matters; the
+//! fixtures for that are here.
 //!
 //! Modes: a case marked [`in_both_modes!`] runs once with a plain manager and once
 //! multiplexed ([`Mode`]; its test names end `::plain` and `::multiplexed`): every
@@ -39,6 +40,7 @@ mod health;
 mod keys;
 pub(crate) mod server;
 mod sessions;
+mod stalled;
 
 use std::future::Future;
 use std::str::FromStr;
