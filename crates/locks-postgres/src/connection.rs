@@ -211,7 +211,15 @@ pub(crate) enum SetUp {
 impl Session {
     pub(crate) fn new(object: Object, home: &Arc<Connections>) -> Self {
         let mut known = home.take(&object);
-        known.object = Some(object);
+        // A kept `Known` holds no connection (`into_pool` took it out; should one be
+        // there, it goes first). The object (a few hundred bytes) is then written into
+        // the box straight from the argument: assigned over an `Option` that might need
+        // dropping, it was copied twice, through a temporary. What `replace` gives back
+        // is that `None`: nothing is forgotten.
+        if known.object.is_some() {
+            known.object = None;
+        }
+        std::mem::forget(known.object.replace(object));
         Self {
             conn: Some(known),
             in_flight: false,
