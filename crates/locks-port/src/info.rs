@@ -46,6 +46,19 @@ impl LockInfo {
         Self::at(key.into(), lock_id, SystemTime::now(), holder_id)
     }
 
+    /// Builds the value for a lock granted at `acquired_at` as the system clock read it
+    /// (for a manager that read the clock itself, to keep the same reading in its own
+    /// book); [`acquired_at_system_time`](Self::acquired_at_system_time) gives it back.
+    #[must_use]
+    pub fn acquired_at_system_time_of(
+        key: impl Into<Arc<str>>,
+        lock_id: i64,
+        acquired_at: SystemTime,
+        holder_id: Option<String>,
+    ) -> Self {
+        Self::at(key.into(), lock_id, acquired_at, holder_id)
+    }
+
     fn at(key: Arc<str>, lock_id: i64, acquired_at: SystemTime, holder_id: Option<String>) -> Self {
         Self {
             key,
@@ -146,6 +159,10 @@ mod tests {
         for at in extremes {
             assert_eq!(LockInfo::new("k", 1, at, None).acquired_at(), at);
         }
+        let read = SystemTime::UNIX_EPOCH + std::time::Duration::new(1_765_000_000, 123_456_789);
+        let given = LockInfo::acquired_at_system_time_of("k", 1, read, None);
+        assert_eq!(given.acquired_at_system_time(), read);
+        assert_eq!(given.acquired_at(), OffsetDateTime::from(read));
         let before = OffsetDateTime::now_utc();
         let now = LockInfo::acquired_now("k", 1, None).acquired_at();
         assert!(before <= now && now <= OffsetDateTime::now_utc());

@@ -46,22 +46,25 @@ pub(crate) struct Held {
 }
 
 impl Held {
-    /// The entry of the grant `info` describes (its lock id, mode and time; `key` is
-    /// its key, shared), of the acquisition with `ticket`.
+    /// The entry of the grant `info` describes (its lock id and mode; `key` is its key,
+    /// shared; `granted` the reading its time came from), of the acquisition with
+    /// `ticket`.
     pub(crate) fn new(
         key: Arc<str>,
         ticket: u64,
         info: &LockInfo,
+        granted: Granted,
         slot: SessionSlot,
         notifier: LossNotifier,
         holding: Holding,
     ) -> Self {
+        debug_assert_eq!(info.acquired_at_system_time(), granted.at);
         Self {
             key,
             ticket,
             lock_id: info.lock_id(),
             mode: info.mode(),
-            since_ns: nanos_since_epoch(info.acquired_at_system_time()),
+            since_ns: granted.since_ns,
             slot,
             notifier,
             holding,
@@ -118,6 +121,53 @@ impl Held {
             Holding::Group(group) => group.left.fetch_sub(1, Ordering::AcqRel) == 1,
             Holding::Shared(member) => member.leave(),
         }
+    }
+}
+
+/// When a lock was granted: one reading of the system clock, as the guard's
+/// `acquired_at` and as its book entry's nanoseconds since the Unix epoch. On Linux
+/// `CLOCK_REALTIME` (the clock of [`SystemTime`]) is read directly and both are made
+/// from its seconds and nanoseconds: converting a `SystemTime` with std's
+/// `duration_since` cost the lock cycle about 115 instructions.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Granted {
+    at: SystemTime,
+    since_ns: u64,
+}
+
+impl Granted {
+    /// Now.
+    pub(crate) fn now() -> Self {
+        #[cfg(target_os = "linux")]
+        if let Some(granted) = Self::read_realtime() {
+            return granted;
+        }
+        let at = SystemTime::now();
+        Self {
+            at,
+            since_ns: nanos_since_epoch(at),
+        }
+    }
+
+    /// `CLOCK_REALTIME`, read directly; `None` if it cannot be read or is before the
+    /// epoch or past 2554 (then [`now`](Self::now) reads `SystemTime`).
+    #[cfg(target_os = "linux")]
+    fn read_realtime() -> Option<Self> {
+        let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_REALTIME).ok()?;
+        let secs = u64::try_from(now.tv_sec()).ok()?;
+        let nanos = u32::try_from(now.tv_nsec())
+            .ok()
+            .filter(|&nanos| nanos < 1_000_000_000)?;
+        let since_ns = secs
+            .checked_mul(1_000_000_000)?
+            .checked_add(u64::from(nanos))?;
+        let at = UNIX_EPOCH.checked_add(Duration::new(secs, nanos))?;
+        Some(Self { at, since_ns })
+    }
+
+    /// The guard's description of a grant at this time.
+    pub(crate) fn info(self, key: Arc<str>, lock_id: i64, holder_id: Option<String>) -> LockInfo {
+        LockInfo::acquired_at_system_time_of(key, lock_id, self.at, holder_id)
     }
 }
 

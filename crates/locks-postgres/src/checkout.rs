@@ -2,11 +2,15 @@
 //! for a free slot (as long as it takes, until the deadline, or not at all for a try),
 //! and opening a connection held to the deadline too.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use locks_port::timeout_reason;
 
-use crate::connection::Session;
+use crate::connection::{Connections, Session};
 use crate::errors::{pool_exhausted, unreachable, with_timeout};
 use crate::inner::Inner;
 use crate::limit::{Deadline, Expired};
@@ -68,15 +72,16 @@ macro_rules! checked_out {
                 // Not boxed: the pool's future (it may open a connection) is large,
                 // but copying it into the limit costs less than allocating it on
                 // every checkout.
+                let checkout = $crate::pool::idle_or_new(inner.pool());
                 match connecting
-                    .run($crate::pool::idle_or_new(inner.pool()))
+                    .run($crate::checkout::into_session(
+                        checkout,
+                        inner.connections(),
+                    ))
                     .await
                 {
-                    // An idle connection: the common case, made into a session at once.
-                    Ok(Ok(object)) => Ok($crate::connection::Session::new(
-                        object,
-                        inner.connections(),
-                    )),
+                    // An idle connection: the common case, already a session.
+                    Ok(Ok(session)) => Ok(session),
                     first => {
                         let rest =
                             $crate::checkout::after_first_look(inner, key, wait, deadline, first);
@@ -96,12 +101,12 @@ pub(crate) async fn after_first_look(
     key: &str,
     wait: PoolWait,
     deadline: Option<Deadline>,
-    first: Result<Result<Pooled, PoolError>, Expired>,
+    first: Result<Result<Session, PoolError>, Expired>,
 ) -> Attempt {
     let settings = inner.settings();
     let pool_size = || pool::max_size(inner.pool());
     let checked_out = match first {
-        Ok(Ok(object)) => Ok(object),
+        Ok(Ok(session)) => return Ok(session),
         Err(Expired) => return Err(unreachable(key, deadline, settings.connect_timeout)),
         Ok(Err(error)) if pool::is_busy(&error) => match wait {
             PoolWait::No => {
@@ -128,6 +133,37 @@ pub(crate) async fn after_first_look(
     match checked_out {
         Ok(object) => Ok(Session::new(object, inner.connections())),
         Err(error) => Err(with_timeout(checkout_error(key, error), deadline)),
+    }
+}
+
+/// `checkout` made into a [`Session`] of `home`'s where the pool hands the connection
+/// over (see [`IntoSession`]).
+pub(crate) fn into_session<F>(checkout: F, home: &Arc<Connections>) -> IntoSession<'_, F> {
+    IntoSession { checkout, home }
+}
+
+pin_project_lite::pin_project! {
+    /// A checkout's future that makes the pooled connection into a [`Session`] as it
+    /// comes out of the pool: the pooled object (a few hundred bytes) is moved once, into
+    /// the session's box, instead of through every layer of future above (the limit,
+    /// the acquisition), each move a copy of it.
+    pub(crate) struct IntoSession<'h, F> {
+        #[pin]
+        checkout: F,
+        home: &'h Arc<Connections>,
+    }
+}
+
+impl<F: Future<Output = Result<Pooled, PoolError>>> Future for IntoSession<'_, F> {
+    type Output = Result<Session, PoolError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        match this.checkout.poll(cx) {
+            Poll::Ready(Ok(object)) => Poll::Ready(Ok(Session::new(object, this.home))),
+            Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
+            Poll::Pending => Poll::Pending,
+        }
     }
 }
 

@@ -224,7 +224,15 @@ pub(crate) enum SetUp {
 impl Session {
     pub(crate) fn new(object: Object, home: &Arc<Connections>) -> Self {
         let mut known = home.take(&object);
-        known.object = Some(object);
+        // A kept `Known` holds no connection (`into_pool` took it out; should one be
+        // there, it goes first). The object (a few hundred bytes) is then written into
+        // the box straight from the argument: assigned over an `Option` that might need
+        // dropping, it was copied twice, through a temporary. What `replace` gives back
+        // is that `None`: nothing is forgotten.
+        if known.object.is_some() {
+            known.object = None;
+        }
+        std::mem::forget(known.object.replace(object));
         Self {
             conn: Some(known),
             in_flight: false,
@@ -294,7 +302,7 @@ impl Session {
         params: &[&(dyn ToSql + Sync)],
         limit: Limit,
     ) -> Result<Result<Row, tokio_postgres::Error>, Expired> {
-        self.in_flight(limit, async |object, marker, cached| {
+        self.in_flight(limit, |object, marker, cached| async move {
             let prepared = cached_or_prepared!(object, marker, cached, query);
             object.query_one(prepared, params).await
         })
@@ -312,16 +320,17 @@ impl Session {
     ///
     /// A plain function handing back [`in_flight`](Self::in_flight)'s future: one
     /// layer of future less around every lock statement.
-    pub(crate) fn read_within<T>(
+    pub(crate) fn read_within<'p, T>(
         &mut self,
         query: &'static Query,
-        params: &[&(dyn ToSql + Sync)],
+        params: impl AsRef<[&'p (dyn ToSql + Sync)]>,
         limit: Limit,
         read: impl FnOnce(Option<Row>) -> Result<T, tokio_postgres::Error>,
     ) -> impl Future<Output = Result<Result<T, tokio_postgres::Error>, Expired>> {
-        self.in_flight(limit, async move |object, marker, cached| {
+        self.in_flight(limit, move |object, marker, cached| async move {
             let prepared = cached_or_prepared!(object, marker, cached, query);
-            let rows = object.query_raw(prepared, params.iter().copied()).await?;
+            let params = params.as_ref().iter().copied();
+            let rows = object.query_raw(prepared, params).await?;
             read(std::pin::pin!(rows).try_next().await?)
         })
     }
@@ -339,7 +348,7 @@ impl Session {
         params: &[&(dyn ToSql + Sync)],
         limit: Limit,
     ) -> AfterSetup<Row> {
-        self.in_flight(limit, async |object, marker, cached| {
+        self.in_flight(limit, |object, marker, cached| async move {
             let (setup, lock) = (
                 slot(cached, &SESSION_SETUP).clone(),
                 slot(cached, query).clone(),
@@ -411,7 +420,7 @@ impl Session {
         sql: &str,
         limit: Limit,
     ) -> Result<Result<Vec<SimpleQueryMessage>, tokio_postgres::Error>, Expired> {
-        self.in_flight(limit, async |object, _, _| object.simple_query(sql).await)
+        self.in_flight(limit, |object, _, _| object.simple_query(sql))
             .await
     }
 
@@ -420,11 +429,17 @@ impl Session {
     /// flag set until it finishes: a future dropped before then, or a limit that passes
     /// first ([`Expired`]), leaves the flag set, and dropping the session cancels the
     /// statement and closes the connection.
-    async fn in_flight<T>(
-        &mut self,
+    ///
+    /// A plain function handing back [`InFlight`], which clears the flag: no `async`
+    /// state machine of its own around every statement.
+    fn in_flight<'s, T, F>(
+        &'s mut self,
         limit: Limit,
-        statement: impl AsyncFnOnce(&Object, &str, &mut Vec<Option<tokio_postgres::Statement>>) -> T,
-    ) -> Result<T, Expired> {
+        statement: impl FnOnce(&'s Object, &'s str, &'s mut Vec<Option<tokio_postgres::Statement>>) -> F,
+    ) -> impl Future<Output = Result<T, Expired>>
+    where
+        F: Future<Output = T>,
+    {
         let Parts {
             object,
             marker,
@@ -434,10 +449,10 @@ impl Session {
         } = self.parts();
         *in_flight = true;
         let running = statement(object, marker, prepared);
-        let answer = within(watch, limit, std::pin::pin!(running)).await?;
-        // Reached only when the statement finished (answer or error): no cancel needed.
-        *in_flight = false;
-        Ok(answer)
+        InFlight {
+            within: within(watch, limit, running),
+            in_flight,
+        }
     }
 
     /// The connection's session marker, for statements of its own that must check it
@@ -500,14 +515,8 @@ impl Session {
 }
 
 /// `statement` within `limit`: held by the connection's watch, or by a timer of its own.
-/// The statement is pinned by the caller and passed by reference (moving its future
-/// would copy it), and this is a plain function, not an `async fn`: one layer of
-/// future less around every statement.
-fn within<'w, F: Future>(
-    watch: Option<&'w Watch>,
-    limit: Limit,
-    statement: Pin<&'w mut F>,
-) -> Within<'w, F> {
+/// A plain function, not an `async fn`: one layer of future less around every statement.
+fn within<F: Future>(watch: Option<&Watch>, limit: Limit, statement: F) -> Within<'_, F> {
     match watch {
         Some(watch) => Within::Watched {
             watched: watch.run(limit, statement),
@@ -522,8 +531,8 @@ pin_project_lite::pin_project! {
     /// The future of [`within`].
     #[project = WithinProjection]
     enum Within<'w, F> {
-        Watched { #[pin] watched: Watched<'w, Pin<&'w mut F>> },
-        Timed { #[pin] timed: Bounded<Pin<&'w mut F>> },
+        Watched { #[pin] watched: Watched<'w, F> },
+        Timed { #[pin] timed: Bounded<F> },
     }
 }
 
@@ -535,6 +544,31 @@ impl<F: Future> Future for Within<'_, F> {
             WithinProjection::Watched { watched } => watched.poll(cx),
             WithinProjection::Timed { timed } => timed.poll(cx),
         }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`Session::in_flight`]: the statement within its limit; the
+    /// session's in-flight flag is cleared once the statement finished (answer or
+    /// error), and stays set if the limit passed first or the future is dropped.
+    struct InFlight<'s, F> {
+        #[pin]
+        within: Within<'s, F>,
+        in_flight: &'s mut bool,
+    }
+}
+
+impl<F: Future> Future for InFlight<'_, F> {
+    type Output = Result<F::Output, Expired>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let answer = std::task::ready!(this.within.poll(cx));
+        if answer.is_ok() {
+            // The statement finished: no cancel needed.
+            **this.in_flight = false;
+        }
+        Poll::Ready(answer)
     }
 }
 

@@ -5,10 +5,10 @@
 
 use std::sync::Arc;
 
-use locks_port::{AcquisitionErrorKind, LockAcquisitionError, LockInfo, LockMode, LossNotifier};
+use locks_port::{AcquisitionErrorKind, LockAcquisitionError, LockMode, LossNotifier};
 use tracing::{Instrument, Span};
 
-use crate::bookkeeping::{Held, Holding};
+use crate::bookkeeping::{Granted, Held, Holding};
 use crate::fencing;
 use crate::guard::PostgresLockGuard;
 use crate::inner::Inner;
@@ -54,9 +54,10 @@ pub(crate) fn record(
     fencing_token: Option<i64>,
     span: &Span,
 ) -> PostgresLockGuard {
-    let mut info =
-        LockInfo::acquired_now(Arc::clone(&shared_key), lock_id, inner.holder_id().cloned())
-            .with_mode(mode);
+    let granted = Granted::now();
+    let mut info = granted
+        .info(Arc::clone(&shared_key), lock_id, inner.holder_id().cloned())
+        .with_mode(mode);
     if let Some(fencing_token) = fencing_token {
         info = info.with_fencing_token(fencing_token);
     }
@@ -71,7 +72,7 @@ pub(crate) fn record(
         holder_id = inner.holder_id().map(String::as_str),
         "lock acquired"
     );
-    let entry = Held::new(shared_key, ticket, &info, slot, notifier, holding);
+    let entry = Held::new(shared_key, ticket, &info, granted, slot, notifier, holding);
     // One entry: what it displaces comes back inline (no list to gather into).
     let displaced = inner.book().insert(entry);
     lose_displaced_and_watch(inner, displaced, span);

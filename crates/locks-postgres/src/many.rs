@@ -11,7 +11,7 @@ use locks_port::{
 use tracing::{Instrument, Span};
 
 use crate::acquire;
-use crate::bookkeeping::{Entries, Group, Held, Holding};
+use crate::bookkeeping::{Entries, Granted, Group, Held, Holding};
 use crate::connection::Session;
 use crate::fencing;
 use crate::grant;
@@ -88,9 +88,10 @@ async fn register_group(
     let mut entries = Vec::with_capacity(keys.len());
     for (&lock_id, &key) in group.lock_ids().iter().zip(keys) {
         let shared_key: Arc<str> = Arc::from(key);
-        let mut info =
-            LockInfo::acquired_now(Arc::clone(&shared_key), lock_id, inner.holder_id().cloned())
-                .with_mode(mode);
+        let granted = Granted::now();
+        let mut info = granted
+            .info(Arc::clone(&shared_key), lock_id, inner.holder_id().cloned())
+            .with_mode(mode);
         if let Some(&token) = fencing_tokens
             .as_ref()
             .and_then(|tokens| tokens.get(&lock_id))
@@ -101,6 +102,7 @@ async fn register_group(
             shared_key,
             ticket,
             &info,
+            granted,
             Arc::clone(&slot),
             notifier.clone(),
             Holding::Group(Arc::clone(&group)),

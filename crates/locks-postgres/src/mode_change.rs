@@ -32,6 +32,7 @@ use locks_port::{
     AcquisitionErrorKind, LockAcquisitionError, LockError, LockInfo, LockLostError, LockMode,
     LostReason, LostSignal,
 };
+use tokio_postgres::types::ToSql;
 
 use crate::bookkeeping::Ticket;
 use crate::connection::Session;
@@ -267,10 +268,15 @@ impl CloseUnlessAnswered<'_> {
         };
         let limit = Limit::Waiting(self.inner.settings().answer_timeout);
         session
-            .read_within(query, &[&lock_id], limit, |row| match row {
-                Some(row) => row.try_get::<_, Option<T>>(0).map(Some),
-                None => Ok(None),
-            })
+            .read_within(
+                query,
+                [&lock_id as &(dyn ToSql + Sync)],
+                limit,
+                |row| match row {
+                    Some(row) => row.try_get::<_, Option<T>>(0).map(Some),
+                    None => Ok(None),
+                },
+            )
             .await
     }
 

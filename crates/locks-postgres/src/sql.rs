@@ -13,6 +13,7 @@
 //! sessions, and a session advisory lock taken on one of them would exclude nothing;
 //! the check makes that a clear error instead of a silent double grant.
 
+use std::future::Future;
 use std::time::Duration;
 
 use locks_port::LockMode;
@@ -41,11 +42,12 @@ macro_rules! answered {
 /// One lock statement and its parameters.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Statement<'a> {
-    /// Blocks until the lock is granted or `lock_timeout_ms` passes (0 = forever).
+    /// Blocks until the lock is granted or `lock_timeout_ms` passes (0 = forever; at
+    /// most `i32::MAX`, the server's limit, and bound as an integer).
     Lock {
         lock_id: i64,
         mode: LockMode,
-        lock_timeout_ms: u32,
+        lock_timeout_ms: i32,
     },
     /// Takes the lock if it is free; answers a boolean.
     TryLock { lock_id: i64, mode: LockMode },
@@ -191,6 +193,16 @@ pub(crate) enum Answer {
 /// `Err(Expired)` no answer within the limit (the statement is still in flight).
 pub(crate) type Answered = Result<Result<Answer, tokio_postgres::Error>, Expired>;
 
+/// A statement's parameters: the first `.1` of the array (a statement binds two at most).
+#[derive(Clone, Copy)]
+struct Params<'p>([&'p (dyn ToSql + Sync); 2], usize);
+
+impl<'p> AsRef<[&'p (dyn ToSql + Sync)]> for Params<'p> {
+    fn as_ref(&self) -> &[&'p (dyn ToSql + Sync)] {
+        &self.0[..self.1]
+    }
+}
+
 impl Statement<'static> {
     /// The wait's `Lock` statement and the limit of its answer: the deadline plus the
     /// margin, or none for an unbounded wait (it waits as long as it takes; a
@@ -205,7 +217,8 @@ impl Statement<'static> {
         let (lock_timeout_ms, limit) = match deadline {
             None => (0, Limit::None),
             Some(bounded) => (
-                bounded.lock_timeout_ms()?,
+                // At most i32::MAX already.
+                i32::try_from(bounded.lock_timeout_ms()?).unwrap_or(i32::MAX),
                 Deadline::limit(deadline, margin, Duration::ZERO),
             ),
         };
@@ -263,15 +276,19 @@ impl Statement<'_> {
     /// If the future is dropped before the answer arrives, or the limit passes first
     /// ([`Expired`]), the statement is still in flight: dropping the session cancels
     /// it and closes the connection.
-    pub(crate) async fn run(self, session: &mut Session, limit: Limit) -> Answered {
-        let mut lock_timeout = 0;
-        let (params, count) = self.params(&mut lock_timeout);
-        session
-            .read_within(self.query(), &params[..count], limit, |row| match row {
-                Some(row) => self.read(&row),
-                None => Ok(Answer::NoRow),
-            })
-            .await
+    ///
+    /// A plain function handing back [`Session::read_within`]'s future, its parameters
+    /// bound by reference to the statement (which the caller keeps): one layer of future
+    /// less around every lock statement.
+    pub(crate) fn run<'s>(
+        &'s self,
+        session: &'s mut Session,
+        limit: Limit,
+    ) -> impl Future<Output = Answered> + 's {
+        session.read_within(self.query(), self.params(), limit, |row| match row {
+            Some(row) => self.read(&row),
+            None => Ok(Answer::NoRow),
+        })
     }
 
     /// Sets a new connection up for holding locks
@@ -285,34 +302,28 @@ impl Statement<'_> {
         values: SetupValues<'_>,
         limit: Limit,
     ) -> AfterSetup<Answer> {
-        let mut lock_timeout = 0;
-        let (params, count) = self.params(&mut lock_timeout);
         let (set_up, row) = session
-            .query_after_setup(values, self.query(), &params[..count], limit)
+            .query_after_setup(values, self.query(), self.params().as_ref(), limit)
             .await?;
         Ok((set_up, row.and_then(|row| self.read(&row))))
     }
 
-    /// The statement's parameters (the first `count` of them); `lock_timeout` holds
-    /// the wait's timeout, bound as an integer (at most `i32::MAX` ms already).
-    fn params<'p>(&'p self, lock_timeout: &'p mut i32) -> ([&'p (dyn ToSql + Sync); 2], usize) {
+    /// The statement's parameters, bound by reference to it.
+    fn params(&self) -> Params<'_> {
         const NONE: &(dyn ToSql + Sync) = &0_i32;
         match self {
             Self::Lock {
                 lock_id,
                 lock_timeout_ms,
                 ..
-            } => {
-                *lock_timeout = i32::try_from(*lock_timeout_ms).unwrap_or(i32::MAX);
-                ([lock_id, lock_timeout], 2)
-            }
+            } => Params([lock_id, lock_timeout_ms], 2),
             Self::TryLock { lock_id, .. }
             | Self::Unlock { lock_id, .. }
-            | Self::UnlockIfHeld { lock_id, .. } => ([lock_id, NONE], 1),
+            | Self::UnlockIfHeld { lock_id, .. } => Params([lock_id, NONE], 1),
             Self::TryLockEach { lock_ids, .. } | Self::UnlockEach { lock_ids, .. } => {
-                ([lock_ids, NONE], 1)
+                Params([lock_ids, NONE], 1)
             }
-            Self::Ping | Self::UnlockAll => ([NONE, NONE], 0),
+            Self::Ping | Self::UnlockAll => Params([NONE, NONE], 0),
         }
     }
 

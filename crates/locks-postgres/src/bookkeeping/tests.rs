@@ -10,11 +10,13 @@ fn book() -> Book {
 /// An entry whose session slot is empty (no connection: the book never looks
 /// inside it).
 fn held(key: &str, lock_id: i64, ticket: u64, mode: LockMode, holding: Holding) -> Held {
-    let info = LockInfo::acquired_now(key, lock_id, None).with_mode(mode);
+    let granted = Granted::now();
+    let info = granted.info(Arc::from(key), lock_id, None).with_mode(mode);
     Held::new(
         Arc::from(key),
         ticket,
         &info,
+        granted,
         crate::slot::Slot::empty(),
         LossNotifier::new(),
         holding,
@@ -227,4 +229,30 @@ fn own_entries_stay_first_and_shared_connections_are_counted_once() {
     }
     book.drain();
     assert_eq!(book.shared_slots().count(), 0);
+}
+
+#[test]
+fn a_grant_time_is_one_reading_the_guard_and_the_entry_share() {
+    for _ in 0..1000 {
+        let before = SystemTime::now();
+        let granted = Granted::now();
+        let after = SystemTime::now();
+        assert!(before <= granted.at && granted.at <= after, "{granted:?}");
+        let info = granted.info(Arc::from("k"), 1, None);
+        assert_eq!(info.acquired_at_system_time(), granted.at);
+        let entry = Held::new(
+            Arc::from("k"),
+            1,
+            &info,
+            granted,
+            crate::slot::Slot::empty(),
+            LossNotifier::new(),
+            Holding::Alone,
+        );
+        assert_eq!(
+            entry.since(),
+            info.acquired_at_system_time(),
+            "the entry's time is the guard's, to the nanosecond"
+        );
+    }
 }
