@@ -22,6 +22,8 @@ const K: Duration = Duration::from_millis(300);
 const A: Duration = Duration::from_millis(300);
 /// The monitor's health-check interval (the default).
 const H: Duration = Duration::from_millis(200);
+/// What a busy machine may add to a bound on when a holder is told (scheduling).
+const ALLOWANCE: Duration = Duration::from_millis(1500);
 
 /// A manager in `mode` on a pool of `size` connections to `url`, with keepalives every
 /// [`K`], answer timeout [`A`] and `patience`.
@@ -155,8 +157,7 @@ async fn a_backend_stopped_past_the_patience_is_told_lost_within_its_bound(mode:
         "told before the patience was spent: {told:?}"
     );
     let bound = K + A + patience + H * 2;
-    let allowance = Duration::from_millis(1500);
-    assert!(told < bound + allowance, "{told:?}, bound {bound:?}");
+    assert!(told < bound + ALLOWANCE, "{told:?}, bound {bound:?}");
     assert!(!manager.is_held(&stopped.lock.key));
     let lock = stopped.continue_until_freed().await;
     drop((lock, manager));
@@ -182,8 +183,7 @@ async fn no_connection_to_look_with_loses_the_lock_without_waiting_the_patience(
     assert!(told >= A, "{told:?}");
     assert!(told < A + patience, "waited the patience: {told:?}");
     let bound = K + A + A + H * 2;
-    let allowance = Duration::from_millis(1500);
-    assert!(told < bound + allowance, "{told:?}, bound {bound:?}");
+    assert!(told < bound + ALLOWANCE, "{told:?}, bound {bound:?}");
     let lock = stopped.continue_until_freed().await;
     drop((lock, manager));
     drop_cluster(cluster);
