@@ -79,6 +79,52 @@ pub(crate) fn to_try(group: &ShardGroup, slot: u32, owned: &[usize]) -> Vec<usiz
     ranked
 }
 
+/// The shards the member `me` waits for in the queue of their locks, up to `wanted` of
+/// them, best first: the ones the other members of `members` will shed to come down to
+/// their shares, as each of them chooses ([`to_shed`], on what `terms` say it owns),
+/// that no member listed before `me` and short of its own share waits for. A member that
+/// joined finds no free shard while the owners drain theirs; queued on the ones they
+/// shed, it is granted each at its release, not on a later tick. Every short member
+/// computes this from the same terms, so they queue on different shards; a guess that
+/// turns out wrong costs only its wait.
+pub(crate) fn to_claim(
+    group: &ShardGroup,
+    members: &[u32],
+    me: u32,
+    terms: &[Term],
+    wanted: usize,
+) -> Vec<usize> {
+    let mut owned: std::collections::BTreeMap<u32, Vec<usize>> = std::collections::BTreeMap::new();
+    for term in terms.iter().filter(|term| !term.ended) {
+        if let Some(shard) = group.index_of(&term.shard) {
+            owned.entry(term.member).or_default().push(shard);
+        }
+    }
+    let share = |slot: u32| target_share(group.len(), members, slot).unwrap_or(0);
+    let mut shed: Vec<usize> = Vec::new();
+    for (&slot, shards) in &owned {
+        if slot != me && members.contains(&slot) {
+            shed.extend(to_shed(group, slot, shards, share(slot)));
+        }
+    }
+    for &other in members {
+        if shed.is_empty() {
+            break;
+        }
+        let short = if other == me {
+            wanted
+        } else {
+            share(other).saturating_sub(owned.get(&other).map_or(0, Vec::len))
+        };
+        shed.sort_by_key(|&shard| (std::cmp::Reverse(group.score(other, shard)), shard));
+        let taken: Vec<usize> = shed.drain(..short.min(shed.len())).collect();
+        if other == me {
+            return taken;
+        }
+    }
+    Vec::new()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,5 +194,31 @@ mod tests {
         let tried = to_try(&group, 7, &owned);
         assert_eq!(tried.len(), 14);
         assert!(tried.iter().all(|s| !owned.contains(s)));
+    }
+
+    #[test]
+    fn a_joiner_claims_what_the_owners_shed_and_two_joiners_claim_apart() {
+        let group = ShardGroup::new("g", (0..12).map(|i| format!("s{i}"))).unwrap();
+        let at = time::OffsetDateTime::UNIX_EPOCH;
+        // Slot 1 owns all 12; slots 2 and 3 just joined.
+        let terms: Vec<Term> = (0..12)
+            .map(|i| Term::new(format!("s{i}"), 1, 1, Some("a".into()), at, false))
+            .collect();
+        let shed = to_shed(&group, 1, &(0..12).collect::<Vec<_>>(), 4);
+        let two = to_claim(&group, &[1, 2, 3], 2, &terms, 4);
+        let three = to_claim(&group, &[1, 2, 3], 3, &terms, 4);
+        assert_eq!((two.len(), three.len()), (4, 4));
+        assert!(two.iter().chain(&three).all(|s| shed.contains(s)));
+        assert!(two.iter().all(|s| !three.contains(s)), "{two:?} {three:?}");
+        // Only as many as wanted; none once the owner is at its share.
+        assert_eq!(to_claim(&group, &[1, 2, 3], 2, &terms, 1), two[..1]);
+        assert!(to_claim(&group, &[1, 2], 2, &terms[..6], 6).is_empty());
+        // An ended term or a member no longer listed sheds nothing.
+        let ended: Vec<Term> = terms
+            .iter()
+            .map(|t| Term::new(t.shard.clone(), 1, 1, None, at, true))
+            .collect();
+        assert!(to_claim(&group, &[1, 2], 2, &ended, 6).is_empty());
+        assert!(to_claim(&group, &[2, 3], 2, &terms, 6).is_empty());
     }
 }

@@ -8,16 +8,23 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use futures_util::future::{AbortHandle, BoxFuture, abortable};
 use futures_util::stream::FuturesUnordered;
-use locks_port::{DistributedLock, LockAcquisitionError, LockGuard, LostSignal, Semaphore};
+use locks_port::{
+    AcquisitionErrorKind, DistributedLock, LockAcquisitionError, LockGuard, LostSignal, Semaphore,
+};
 use opentelemetry::KeyValue;
 use tokio::sync::Notify;
 
-use crate::assign::{expected_from_terms, members_of, target_share, to_shed, to_try};
+use crate::assign::{expected_from_terms, members_of, target_share, to_claim, to_shed, to_try};
 use crate::group::ShardGroup;
 use crate::metrics::Instruments;
 use crate::task::{Owned, Running, TermPlan, spawn};
 use crate::terms::ShardTerms;
+
+/// How long a claim waits at least (at most the drain grace if that is longer): the
+/// owner sheds on its next tick, and drains first.
+const CLAIM_WAIT_AT_LEAST: Duration = Duration::from_secs(1);
 
 /// What a member's ticks remember from one tick, and one membership, to the next.
 #[derive(Debug, Default)]
@@ -65,6 +72,85 @@ impl View {
     }
 }
 
+/// What a take of a shard came to: the shard and its running term, `None` when the
+/// shard was busy (or a claim's wait ran out, or the claim was given up).
+type Taken = (usize, Result<Option<Running>, LockAcquisitionError>);
+
+/// The shards a member waits for in their locks' queues ([`to_claim`]), each wait
+/// bounded, given up as soon as a tick no longer expects the shard to be shed to it.
+pub(crate) struct Claims<'s> {
+    waiting: FuturesUnordered<BoxFuture<'s, (u64, Taken)>>,
+    handles: BTreeMap<usize, (u64, AbortHandle)>,
+    next_id: u64,
+}
+
+impl Default for Claims<'_> {
+    fn default() -> Self {
+        Self {
+            waiting: FuturesUnordered::new(),
+            handles: BTreeMap::new(),
+            next_id: 0,
+        }
+    }
+}
+
+impl<'s> Claims<'s> {
+    fn contains(&self, shard: usize) -> bool {
+        self.handles.contains_key(&shard)
+    }
+
+    fn len(&self) -> usize {
+        self.handles.len()
+    }
+
+    fn shards(&self) -> Vec<usize> {
+        self.handles.keys().copied().collect()
+    }
+
+    /// Gives up every claim but those on `keep`.
+    fn keep_only(&mut self, keep: &[usize]) {
+        self.handles.retain(|shard, (_, handle)| {
+            let kept = keep.contains(shard);
+            if !kept {
+                handle.abort();
+            }
+            kept
+        });
+    }
+
+    fn push(&mut self, shard: usize, wait: impl Future<Output = Taken> + Send + 's) {
+        let (wait, handle) = abortable(wait);
+        let id = self.next_id;
+        self.next_id += 1;
+        self.handles.insert(shard, (id, handle));
+        self.waiting.push(Box::pin(async move {
+            (id, wait.await.unwrap_or((shard, Ok(None))))
+        }));
+    }
+
+    /// The next claim that came to an end (granted, ran out or given up); pending while
+    /// there is none.
+    pub(crate) async fn next(&mut self) -> Taken {
+        let Some((id, taken)) = self.waiting.next().await else {
+            return std::future::pending().await;
+        };
+        if self
+            .handles
+            .get(&taken.0)
+            .is_some_and(|(kept, _)| *kept == id)
+        {
+            self.handles.remove(&taken.0);
+        }
+        taken
+    }
+}
+
+impl std::fmt::Debug for Claims<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.handles.keys()).finish()
+    }
+}
+
 /// What a member's ticks work with: its manager, term store and group, and how its terms
 /// run. Borrowed from the member for one membership.
 #[derive(Debug)]
@@ -88,14 +174,15 @@ where
     M::Guard: 'static,
     T: ShardTerms + Clone + 'static,
 {
-    /// One tick: reads the members, and sheds or takes shards.
-    pub(crate) async fn tick<F, Fut>(
-        &self,
-        slot: u32,
-        holder_id: Option<&str>,
+    /// One tick: reads the members, and sheds or takes shards (or waits in the queue
+    /// of those the others shed to it: `claims`).
+    pub(crate) async fn tick<'s, F, Fut>(
+        &'s self,
+        (slot, holder_id): (u32, Option<&'s str>),
         running: &mut BTreeMap<usize, Running>,
         task: &Arc<F>,
         view: &mut View,
+        claims: &mut Claims<'s>,
     ) where
         F: Fn(Owned, LostSignal) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
@@ -140,8 +227,16 @@ where
         let take_up_to = view
             .take_cap(self.group.len(), members.len())
             .map_or(share, |cap| cap.min(share));
-        self.rebalance(slot, holder_id, (share, take_up_to), &retake, running, task)
-            .await;
+        self.rebalance(
+            (slot, holder_id),
+            (&members, me),
+            (share, take_up_to),
+            &retake,
+            running,
+            task,
+            claims,
+        )
+        .await;
         let settled = running.len() == share && running.values().all(|term| !term.is_stopping());
         if settled && let Some(at) = view.changed_at.take() {
             self.instruments
@@ -193,15 +288,18 @@ where
 
     /// Sheds the shards above `share`, or takes free ones up to `take_up_to` (the share,
     /// or less while members are expected back), trying first the shards in `retake`
-    /// (whose locks this member just lost).
-    async fn rebalance<F, Fut>(
-        &self,
-        slot: u32,
-        holder_id: Option<&str>,
+    /// (whose locks this member just lost); if that leaves it short, waits in the queue
+    /// of the shards the others will shed to it (`claims`, kept from tick to tick).
+    #[allow(clippy::too_many_arguments)]
+    async fn rebalance<'s, F, Fut>(
+        &'s self,
+        (slot, holder_id): (u32, Option<&'s str>),
+        (members, me): (&[u32], u32),
         (share, take_up_to): (usize, usize),
         retake: &[usize],
         running: &mut BTreeMap<usize, Running>,
         task: &Arc<F>,
+        claims: &mut Claims<'s>,
     ) where
         F: Fn(Owned, LostSignal) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
@@ -212,6 +310,7 @@ where
             .map(|(&shard, _)| shard)
             .collect();
         if active.len() > share {
+            claims.keep_only(&[]);
             for shard in to_shed(self.group, slot, &active, share) {
                 if let Some(term) = running.get_mut(&shard) {
                     term.hand_off();
@@ -221,10 +320,11 @@ where
         }
         let mut wanted = take_up_to.saturating_sub(active.len());
         let owned: Vec<usize> = running.keys().copied().collect();
+        let claimed = claims.shards();
         let mut candidates = retake.iter().copied().chain(
             to_try(self.group, slot, &owned)
                 .into_iter()
-                .filter(|shard| !retake.contains(shard)),
+                .filter(|shard| !retake.contains(shard) && !claimed.contains(shard)),
         );
         // As many tries at once as shards are still wanted, in score order (after a
         // member died, its shards are taken in one round trip, not one after the
@@ -238,7 +338,7 @@ where
                 let Some(shard) = candidates.next() else {
                     break;
                 };
-                trying.push(async move { (shard, self.take(slot, holder_id, shard, task).await) });
+                trying.push(self.take(slot, holder_id, shard, Arc::clone(task), None));
             }
             let Some((shard, outcome)) = trying.next().await else {
                 break;
@@ -255,23 +355,92 @@ where
                 }
             }
         }
+        if failed {
+            return;
+        }
+        if wanted == 0 {
+            claims.keep_only(&[]);
+            return;
+        }
+        // Short of its share with no shard free: the others own too many (this member
+        // just joined) and will shed them on their next ticks. Queued on the ones each
+        // will shed, this member is granted each as its owner releases it.
+        let terms = match self.terms.terms(self.group.name()).await {
+            Ok(terms) => terms,
+            Err(error) => {
+                tracing::warn!(error = %error, "reading the shard terms to claim failed");
+                return;
+            }
+        };
+        let picks = to_claim(self.group, members, me, &terms, wanted);
+        claims.keep_only(&picks);
+        let wait = self.drain_grace.max(CLAIM_WAIT_AT_LEAST);
+        for shard in picks {
+            if !claims.contains(shard) && !running.contains_key(&shard) {
+                tracing::trace!(shard, "claim queued");
+                claims.push(
+                    shard,
+                    self.take(slot, holder_id, shard, Arc::clone(task), Some(wait)),
+                );
+            }
+        }
+        tracing::trace!(claims = claims.len(), "claims");
     }
 
-    /// Takes `shard` if its lock is free: begins a term and starts its task.
+    /// A claim that came to an end (`taken`): its term joins the running ones.
+    pub(crate) fn claimed(&self, taken: Taken, running: &mut BTreeMap<usize, Running>) {
+        match taken {
+            (shard, Ok(Some(term))) => {
+                tracing::trace!(shard, "claim granted");
+                // Never already running: the claim held the lock.
+                running.entry(shard).or_insert(term);
+            }
+            (_, Ok(None)) => {}
+            (_, Err(error)) => tracing::warn!(error = %error, "a claim on a shard failed"),
+        }
+    }
+
+    /// Takes `shard` if its lock is free (`wait` `None`), or once it is within `wait`:
+    /// begins a term and starts its task.
     async fn take<F, Fut>(
         &self,
         slot: u32,
         holder_id: Option<&str>,
         shard: usize,
-        task: &Arc<F>,
+        task: Arc<F>,
+        wait: Option<Duration>,
+    ) -> Taken
+    where
+        F: Fn(Owned, LostSignal) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        (shard, self.begin(slot, holder_id, shard, task, wait).await)
+    }
+
+    async fn begin<F, Fut>(
+        &self,
+        slot: u32,
+        holder_id: Option<&str>,
+        shard: usize,
+        task: Arc<F>,
+        wait: Option<Duration>,
     ) -> Result<Option<Running>, LockAcquisitionError>
     where
         F: Fn(Owned, LostSignal) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
         let name = self.group.shard(shard).unwrap_or_default();
+        let key = self.group.shard_key(name);
         let trying = Instant::now();
-        let Some(guard) = self.locks.try_acquire(&self.group.shard_key(name)).await? else {
+        let guard = match wait {
+            None => self.locks.try_acquire(&key).await?,
+            Some(wait) => match self.locks.acquire(&key, wait).await {
+                Ok(guard) => Some(guard),
+                Err(error) if error.kind() == AcquisitionErrorKind::Timeout => None,
+                Err(error) => return Err(error),
+            },
+        };
+        let Some(guard) = guard else {
             tracing::trace!(shard = name, took = ?trying.elapsed(), "shard busy");
             return Ok(None);
         };
@@ -320,7 +489,6 @@ where
             attributes: self.attributes.to_vec(),
             ended: Arc::clone(self.ended),
         };
-        let task = Arc::clone(task);
         Ok(Some(spawn(guard, plan, move |owned, stop| {
             task(owned, stop)
         })))

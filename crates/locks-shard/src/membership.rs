@@ -12,7 +12,7 @@ use std::time::Duration;
 use locks_port::{DistributedLock, LostSignal, PermitGuard, Semaphore};
 use tokio::time::MissedTickBehavior;
 
-use crate::assignment::{Assignment, View};
+use crate::assignment::{Assignment, Claims, View};
 use crate::renewal::{Renewals, SelfStop};
 use crate::task::{Owned, Running};
 use crate::terms::ShardTerms;
@@ -76,14 +76,26 @@ where
             let mut ticks = tokio::time::interval(self.tick);
             ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
             ticks.tick().await;
+            let mut claims = Claims::default();
             loop {
                 self.assignment
-                    .tick(slot, holder_id.as_deref(), running, task, view)
+                    .tick(
+                        (slot, holder_id.as_deref()),
+                        running,
+                        task,
+                        view,
+                        &mut claims,
+                    )
                     .await;
-                tokio::select! {
-                    biased;
-                    () = self.assignment.ended.notified() => {}
-                    _ = ticks.tick() => {}
+                // Between ticks, the shards this member waits for start as they are
+                // granted.
+                loop {
+                    tokio::select! {
+                        biased;
+                        () = self.assignment.ended.notified() => break,
+                        taken = claims.next() => self.assignment.claimed(taken, running),
+                        _ = ticks.tick() => break,
+                    }
                 }
             }
         };

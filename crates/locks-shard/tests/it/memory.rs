@@ -447,3 +447,46 @@ async fn a_fresh_member_takes_only_its_share_among_the_fleet_its_term_table_name
     assert_eq!(fleet.recorder.overlaps(), Vec::new());
     fleet.leave("c2").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joiner_is_granted_the_shards_shed_to_it_as_they_are_released_not_on_its_next_tick() {
+    let mut fleet = Fleet::new(8);
+    fleet.drain = Drain::Slow(Duration::from_millis(30));
+    fleet.join("a");
+    fleet.settled(SETTLE).await;
+    let before = fleet.recorder.running();
+    // A tick far longer than the test may take: b's first tick finds every shard busy
+    // (a drains the ones it sheds), so only its queued claims can bring it its share.
+    let manager = fleet.table.manager_with_holder_id("b");
+    let member = ShardMember::new(manager, fleet.terms.clone(), fleet.group.clone())
+        .tick(Duration::from_secs(600))
+        .drain_grace(fleet.grace);
+    let recorder = fleet.recorder.clone();
+    let joined = Instant::now();
+    let run = tokio::spawn(async move {
+        let _ = member
+            .run(move |owned, stop| {
+                let alive = recorder.start("b", &owned);
+                async move {
+                    let _alive = alive;
+                    stop.await;
+                }
+            })
+            .await;
+    });
+    loop {
+        let running = fleet.recorder.running();
+        if running.values().filter(|m| *m == "b").count() == 4 {
+            assert_eq!(moved(&before, &running), 4, "only b's share moved");
+            break;
+        }
+        assert!(
+            joined.elapsed() < SETTLE,
+            "b waited for its next tick (600 s): running {running:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    eprintln!("b ran its share {:?} after it joined", joined.elapsed());
+    run.abort();
+    assert_eq!(fleet.recorder.overlaps(), Vec::new());
+}
