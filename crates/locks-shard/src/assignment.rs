@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use futures_util::future::{AbortHandle, BoxFuture, abortable};
 use futures_util::stream::FuturesUnordered;
 use locks_port::{
     AcquisitionErrorKind, DistributedLock, LockAcquisitionError, LockGuard, LostSignal, Semaphore,
@@ -21,6 +20,7 @@ use crate::group::ShardGroup;
 use crate::metrics::Instruments;
 use crate::task::{Owned, Running, TermPlan, spawn};
 use crate::terms::ShardTerms;
+use crate::waits::Waits;
 
 /// How long a claim waits at least (at most the drain grace if that is longer): the
 /// owner sheds on its next tick, and drains first.
@@ -73,83 +73,12 @@ impl View {
 }
 
 /// What a take of a shard came to: the shard and its running term, `None` when the
-/// shard was busy (or a claim's wait ran out, or the claim was given up).
+/// shard was busy (or a claim's wait ran out).
 type Taken = (usize, Result<Option<Running>, LockAcquisitionError>);
 
 /// The shards a member waits for in their locks' queues ([`to_claim`]), each wait
 /// bounded, given up as soon as a tick no longer expects the shard to be shed to it.
-pub(crate) struct Claims<'s> {
-    waiting: FuturesUnordered<BoxFuture<'s, (u64, Taken)>>,
-    handles: BTreeMap<usize, (u64, AbortHandle)>,
-    next_id: u64,
-}
-
-impl Default for Claims<'_> {
-    fn default() -> Self {
-        Self {
-            waiting: FuturesUnordered::new(),
-            handles: BTreeMap::new(),
-            next_id: 0,
-        }
-    }
-}
-
-impl<'s> Claims<'s> {
-    fn contains(&self, shard: usize) -> bool {
-        self.handles.contains_key(&shard)
-    }
-
-    fn len(&self) -> usize {
-        self.handles.len()
-    }
-
-    fn shards(&self) -> Vec<usize> {
-        self.handles.keys().copied().collect()
-    }
-
-    /// Gives up every claim but those on `keep`.
-    fn keep_only(&mut self, keep: &[usize]) {
-        self.handles.retain(|shard, (_, handle)| {
-            let kept = keep.contains(shard);
-            if !kept {
-                handle.abort();
-            }
-            kept
-        });
-    }
-
-    fn push(&mut self, shard: usize, wait: impl Future<Output = Taken> + Send + 's) {
-        let (wait, handle) = abortable(wait);
-        let id = self.next_id;
-        self.next_id += 1;
-        self.handles.insert(shard, (id, handle));
-        self.waiting.push(Box::pin(async move {
-            (id, wait.await.unwrap_or((shard, Ok(None))))
-        }));
-    }
-
-    /// The next claim that came to an end (granted, ran out or given up); pending while
-    /// there is none.
-    pub(crate) async fn next(&mut self) -> Taken {
-        let Some((id, taken)) = self.waiting.next().await else {
-            return std::future::pending().await;
-        };
-        if self
-            .handles
-            .get(&taken.0)
-            .is_some_and(|(kept, _)| *kept == id)
-        {
-            self.handles.remove(&taken.0);
-        }
-        taken
-    }
-}
-
-impl std::fmt::Debug for Claims<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_set().entries(self.handles.keys()).finish()
-    }
-}
+pub(crate) type Claims<'s> = Waits<'s, usize, Result<Option<Running>, LockAcquisitionError>>;
 
 /// What a member's ticks work with: its manager, term store and group, and how its terms
 /// run. Borrowed from the member for one membership.
@@ -320,7 +249,7 @@ where
         }
         let mut wanted = take_up_to.saturating_sub(active.len());
         let owned: Vec<usize> = running.keys().copied().collect();
-        let claimed = claims.shards();
+        let claimed = claims.keys();
         let mut candidates = retake.iter().copied().chain(
             to_try(self.group, slot, &owned)
                 .into_iter()
@@ -380,7 +309,7 @@ where
                 tracing::trace!(shard, "claim queued");
                 claims.push(
                     shard,
-                    self.take(slot, holder_id, shard, Arc::clone(task), Some(wait)),
+                    self.begin(slot, holder_id, shard, Arc::clone(task), Some(wait)),
                 );
             }
         }

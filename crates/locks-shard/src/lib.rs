@@ -11,6 +11,7 @@ mod observe;
 mod renewal;
 mod task;
 mod terms;
+mod waits;
 
 pub use assign::target_share;
 pub use group::{MAX_SHARDS, MIN_MEMBER_SLOTS, ShardGroup};
