@@ -80,49 +80,70 @@ pub(crate) fn to_try(group: &ShardGroup, slot: u32, owned: &[usize]) -> Vec<usiz
 }
 
 /// The shards the member `me` waits for in the queue of their locks, up to `wanted` of
-/// them, best first: the ones the other members of `members` will shed to come down to
-/// their shares, as each of them chooses ([`to_shed`], on what `terms` say it owns),
-/// that no member listed before `me` and short of its own share waits for. A member that
-/// joined finds no free shard while the owners drain theirs; queued on the ones they
-/// shed, it is granted each at its release, not on a later tick. Every short member
-/// computes this from the same terms, so they queue on different shards; a guess that
-/// turns out wrong costs only its wait.
+/// them, best first, none of `mine` (the ones it runs): those the other members of
+/// `members` will shed to come down to their shares, as each of them chooses
+/// ([`to_shed`], on what `terms` say it owns), and those no listed member owns by the
+/// terms (a term just ended by a hand-off whose lock is not yet released, a dead
+/// member's lock its stopped backend still holds), that no member listed before `me` and
+/// short of its own share waits for. A member that joined finds no free shard while the
+/// owners drain theirs; queued on the ones they shed, it is granted each at its
+/// release, not on a later tick. Every short member computes this from the same terms,
+/// so they queue on different shards; a guess that turns out wrong costs only its wait.
 pub(crate) fn to_claim(
     group: &ShardGroup,
-    members: &[u32],
-    me: u32,
+    (members, me): (&[u32], u32),
     terms: &[Term],
+    mine: &[usize],
     wanted: usize,
 ) -> Vec<usize> {
     let mut owned: std::collections::BTreeMap<u32, Vec<usize>> = std::collections::BTreeMap::new();
     for term in terms.iter().filter(|term| !term.ended) {
-        if let Some(shard) = group.index_of(&term.shard) {
+        if let Some(shard) = group.index_of(&term.shard)
+            && members.contains(&term.member)
+        {
             owned.entry(term.member).or_default().push(shard);
         }
     }
     let share = |slot: u32| target_share(group.len(), members, slot).unwrap_or(0);
-    let mut shed: Vec<usize> = Vec::new();
+    let mut pool: Vec<usize> = (0..group.len())
+        .filter(|shard| !owned.values().any(|shards| shards.contains(shard)))
+        .collect();
     for (&slot, shards) in &owned {
-        if slot != me && members.contains(&slot) {
-            shed.extend(to_shed(group, slot, shards, share(slot)));
+        if slot != me {
+            pool.extend(to_shed(group, slot, shards, share(slot)));
         }
     }
+    pool.retain(|shard| !mine.contains(shard));
     for &other in members {
-        if shed.is_empty() {
-            break;
-        }
         let short = if other == me {
             wanted
         } else {
             share(other).saturating_sub(owned.get(&other).map_or(0, Vec::len))
         };
-        shed.sort_by_key(|&shard| (std::cmp::Reverse(group.score(other, shard)), shard));
-        let taken: Vec<usize> = shed.drain(..short.min(shed.len())).collect();
+        pool.sort_by_key(|&shard| (std::cmp::Reverse(group.score(other, shard)), shard));
+        let taken: Vec<usize> = pool.drain(..short.min(pool.len())).collect();
         if other == me {
             return taken;
         }
     }
     Vec::new()
+}
+
+/// How many members each member watches: the ones after it on the list.
+pub(crate) const WATCHED: usize = 2;
+
+/// The members `me` watches: the [`WATCHED`] members after it on the sorted list
+/// `members`, wrapping around, never itself. Every member is watched by as many others
+/// (in a fleet of three or fewer, by all of them), so a death wakes that many at once;
+/// the others find it on their next tick.
+pub(crate) fn to_watch(members: &[u32], me: u32) -> Vec<u32> {
+    let Some(at) = members.iter().position(|&m| m == me) else {
+        return Vec::new();
+    };
+    (1..members.len())
+        .map(|step| members[(at + step) % members.len()])
+        .take(WATCHED)
+        .collect()
 }
 
 #[cfg(test)]
@@ -197,7 +218,7 @@ mod tests {
     }
 
     #[test]
-    fn a_joiner_claims_what_the_owners_shed_and_two_joiners_claim_apart() {
+    fn a_joiner_claims_what_the_owners_shed_and_what_nobody_owns_and_two_joiners_claim_apart() {
         let group = ShardGroup::new("g", (0..12).map(|i| format!("s{i}"))).unwrap();
         let at = time::OffsetDateTime::UNIX_EPOCH;
         // Slot 1 owns all 12; slots 2 and 3 just joined.
@@ -205,20 +226,50 @@ mod tests {
             .map(|i| Term::new(format!("s{i}"), 1, 1, Some("a".into()), at, false))
             .collect();
         let shed = to_shed(&group, 1, &(0..12).collect::<Vec<_>>(), 4);
-        let two = to_claim(&group, &[1, 2, 3], 2, &terms, 4);
-        let three = to_claim(&group, &[1, 2, 3], 3, &terms, 4);
+        let two = to_claim(&group, (&[1, 2, 3], 2), &terms, &[], 4);
+        let three = to_claim(&group, (&[1, 2, 3], 3), &terms, &[], 4);
         assert_eq!((two.len(), three.len()), (4, 4));
         assert!(two.iter().chain(&three).all(|s| shed.contains(s)));
         assert!(two.iter().all(|s| !three.contains(s)), "{two:?} {three:?}");
         // Only as many as wanted; none once the owner is at its share.
-        assert_eq!(to_claim(&group, &[1, 2, 3], 2, &terms, 1), two[..1]);
-        assert!(to_claim(&group, &[1, 2], 2, &terms[..6], 6).is_empty());
-        // An ended term or a member no longer listed sheds nothing.
-        let ended: Vec<Term> = terms
-            .iter()
-            .map(|t| Term::new(t.shard.clone(), 1, 1, None, at, true))
-            .collect();
-        assert!(to_claim(&group, &[1, 2], 2, &ended, 6).is_empty());
-        assert!(to_claim(&group, &[2, 3], 2, &terms, 6).is_empty());
+        assert_eq!(to_claim(&group, (&[1, 2, 3], 2), &terms, &[], 1), two[..1]);
+        let half: Vec<Term> = terms[..6].to_vec();
+        let rest: Vec<usize> = (6..12).collect();
+        assert!(to_claim(&group, (&[1, 2], 2), &half, &rest, 6).is_empty());
+        // A shard whose term ended (its lock about to be released), or whose owner is no
+        // longer listed, is claimed as a free one; never one this member runs.
+        let mut ended = terms.clone();
+        ended[5].ended = true;
+        let claimed = to_claim(&group, (&[1, 2, 3], 2), &ended, &[], 12);
+        assert!(claimed.contains(&5), "{claimed:?}");
+        let (two, three) = (
+            to_claim(&group, (&[2, 3], 2), &terms, &[], 6),
+            to_claim(&group, (&[2, 3], 3), &terms, &[], 6),
+        );
+        assert_eq!((two.len(), three.len()), (6, 6));
+        assert!(two.iter().all(|s| !three.contains(s)), "{two:?} {three:?}");
+        let gone = to_claim(&group, (&[2], 2), &terms, &[0, 1], 12);
+        assert_eq!(
+            gone,
+            to_try(&group, 2, &[0, 1]),
+            "all of the gone owner's but mine"
+        );
+    }
+
+    #[test]
+    fn each_member_watches_the_next_two_and_is_watched_by_two() {
+        assert_eq!(to_watch(&[1, 4, 6, 9], 4), vec![6, 9]);
+        assert_eq!(to_watch(&[1, 4, 6, 9], 9), vec![1, 4]);
+        assert_eq!(to_watch(&[1, 4], 4), vec![1]);
+        assert!(to_watch(&[4], 4).is_empty());
+        assert!(to_watch(&[1, 2], 3).is_empty(), "not listed: nobody");
+        let members = [2, 3, 5, 7, 11];
+        for &m in &members {
+            let watchers = members
+                .iter()
+                .filter(|&&w| to_watch(&members, w).contains(&m))
+                .count();
+            assert_eq!(watchers, WATCHED);
+        }
     }
 }

@@ -18,6 +18,7 @@ use tokio::sync::Notify;
 use crate::assign::{expected_from_terms, members_of, target_share, to_claim, to_shed, to_try};
 use crate::group::ShardGroup;
 use crate::metrics::Instruments;
+use crate::presence::Presence;
 use crate::task::{Owned, Running, TermPlan, spawn};
 use crate::terms::ShardTerms;
 use crate::waits::Waits;
@@ -38,6 +39,8 @@ pub(crate) struct View {
     /// fresh member the holders of the group's terms that did not end), and until when
     /// this member takes free shards only up to its share among that many.
     expect: Option<(usize, Instant)>,
+    /// Whether the last tick left this member short of what it may take.
+    short: bool,
 }
 
 impl View {
@@ -45,6 +48,13 @@ impl View {
     /// for `wait`.
     pub(crate) fn joined(&mut self, wait: Duration) {
         self.expect_back(self.seen.len(), wait);
+    }
+
+    /// Whether the last member list read listed `slot`, or the last tick left this
+    /// member short: a dead member's sessions end one by one, so its last shards may
+    /// be free only a moment after the others.
+    pub(crate) fn lists_or_short(&self, slot: u32) -> bool {
+        self.short || self.seen.contains(&slot)
     }
 
     /// Whether this member has seen no member list yet (a process's first membership):
@@ -80,6 +90,13 @@ type Taken = (usize, Result<Option<Running>, LockAcquisitionError>);
 /// bounded, given up as soon as a tick no longer expects the shard to be shed to it.
 pub(crate) type Claims<'s> = Waits<'s, usize, Result<Option<Running>, LockAcquisitionError>>;
 
+/// What a member waits for between its ticks: the shards it claims, and the deaths of
+/// the members it watches.
+pub(crate) struct Waiting<'s, M: DistributedLock> {
+    pub(crate) claims: Claims<'s>,
+    pub(crate) presence: Presence<'s, M>,
+}
+
 /// What a member's ticks work with: its manager, term store and group, and how its terms
 /// run. Borrowed from the member for one membership.
 #[derive(Debug)]
@@ -111,12 +128,13 @@ where
         running: &mut BTreeMap<usize, Running>,
         task: &Arc<F>,
         view: &mut View,
-        claims: &mut Claims<'s>,
+        waiting: &mut Waiting<'s, M>,
     ) where
         F: Fn(Owned, LostSignal) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
         tracing::trace!(slot, "tick");
+        waiting.presence.hold(slot).await;
         // The shards whose locks this member just lost are tried first: most often
         // still its share, and free.
         let retake: Vec<usize> = running
@@ -150,6 +168,7 @@ where
             view.seen.clone_from(&members);
             view.changed_at = Some(Instant::now());
         }
+        waiting.presence.watch(&members, me);
         let Some(share) = target_share(self.group.len(), &members, me) else {
             return;
         };
@@ -163,9 +182,10 @@ where
             &retake,
             running,
             task,
-            claims,
+            &mut waiting.claims,
         )
         .await;
+        view.short = running.len() < take_up_to;
         let settled = running.len() == share && running.values().all(|term| !term.is_stopping());
         if settled && let Some(at) = view.changed_at.take() {
             self.instruments
@@ -301,11 +321,12 @@ where
                 return;
             }
         };
-        let picks = to_claim(self.group, members, me, &terms, wanted);
+        let mine: Vec<usize> = running.keys().copied().collect();
+        let picks = to_claim(self.group, (members, me), &terms, &mine, wanted);
         claims.keep_only(&picks);
         let wait = self.drain_grace.max(CLAIM_WAIT_AT_LEAST);
         for shard in picks {
-            if !claims.contains(shard) && !running.contains_key(&shard) {
+            if !claims.contains(shard) {
                 tracing::trace!(shard, "claim queued");
                 claims.push(
                     shard,
@@ -313,7 +334,9 @@ where
                 );
             }
         }
-        tracing::trace!(claims = claims.len(), "claims");
+        if claims.len() > 0 {
+            tracing::trace!(claims = claims.len(), "claims");
+        }
     }
 
     /// A claim that came to an end (`taken`): its term joins the running ones.

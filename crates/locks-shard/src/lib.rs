@@ -8,6 +8,7 @@ mod member;
 mod membership;
 pub mod metrics;
 mod observe;
+mod presence;
 mod renewal;
 mod task;
 mod terms;

@@ -70,7 +70,9 @@ where
     /// terms in `terms`, with the default tick, back-off, drain grace and takeover delay.
     ///
     /// A member holds one permit of the membership semaphore and one lock per owned
-    /// shard: on PostgreSQL, one pool connection each, and one more for its reads.
+    /// shard, a presence lock, and waits on the presence locks of two other members (so
+    /// that it is woken when one of them dies): on PostgreSQL, one pool connection
+    /// each, and one more for its reads (size the pool for N/M + 5).
     pub fn new(locks: M, terms: T, group: ShardGroup) -> Self {
         Self {
             locks,

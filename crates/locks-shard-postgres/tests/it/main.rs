@@ -8,3 +8,4 @@ mod rejoin;
 mod support;
 mod takeover;
 mod terms;
+mod wake;
