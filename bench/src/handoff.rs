@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::chart::{Curve, Panel, Unit, cdf, curves_svg};
+use crate::chart::{BLUE, Curve, GREEN, GREY, RED, Rgb, Unit, cdf, curve, curves_svg, panel};
 use crate::db::Database;
 use crate::harness::{self, Cell, Outcome, cells, verdict};
 use crate::stats::{Latencies, as_f64, fairness, finite, fmt_ns, nanos};
@@ -20,15 +20,12 @@ const JOB_WINDOW: Duration = Duration::from_secs(8);
 const APP: (&str, bool) = ("lock-bench-handoff", true);
 
 /// A contender's label, and its colour in the chart.
-fn says(contender: Contender) -> (&'static str, (u8, u8, u8)) {
+fn says(contender: Contender) -> (&'static str, Rgb) {
     match contender {
-        Contender::Raw => ("raw pg_advisory_lock (server queue)", (0x7f, 0x7f, 0x7f)),
-        Contender::Queue => ("library, Queue (server-side wait)", (0x1f, 0x77, 0xb4)),
-        Contender::Poll => (
-            "library, Poll (100 ms, as the Python library)",
-            (0xd6, 0x27, 0x28),
-        ),
-        Contender::Permits(_) => ("library, semaphore of N = 4", (0x2c, 0xa0, 0x2c)),
+        Contender::Raw => ("raw pg_advisory_lock (server queue)", GREY),
+        Contender::Queue => ("library, Queue (server-side wait)", BLUE),
+        Contender::Poll => ("library, Poll (100 ms, as the Python library)", RED),
+        Contender::Permits(_) => ("library, semaphore of N = 4", GREEN),
     }
 }
 
@@ -229,12 +226,9 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         }));
         if case.contender != PERMITS {
             for (side, samples) in [&state.gaps, &state.waiter_gaps].into_iter().enumerate() {
-                curves[side].push(Curve {
-                    label: format!("{name}, {tasks} contenders (n = {})", samples.len()),
-                    color,
-                    dashed: tasks > CONTENDERS[0],
-                    points: cdf(samples),
-                });
+                let label = format!("{name}, {tasks} contenders (n = {})", samples.len());
+                let dashed = tasks > CONTENDERS[0];
+                curves[side].push(curve(&label, color, dashed, cdf(samples)));
             }
         }
     }
@@ -255,13 +249,8 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         "release → next acquisition (anyone)",
         "release → acquisition by a task already waiting",
     ];
-    let panels = titles.into_iter().zip(curves).map(|(title, curves)| Panel {
-        title: title.to_owned(),
-        x_desc: "gap",
-        y_desc: "share of handoffs",
-        y_unit: Unit::Share,
-        curves,
-    });
+    let axes = ("gap", "share of handoffs", Unit::Share);
+    let panels = (titles.into_iter().zip(curves)).map(|(title, curves)| panel(title, axes, curves));
     let title = "Lock handoff: cumulative distribution of gaps (log scale)";
     let svg = curves_svg(title, &panels.collect::<Vec<_>>(), 2, &chart_notes)?;
     out.files.push(("handoff.svg", svg));

@@ -33,15 +33,16 @@ pub(crate) async fn rounds(
     Ok(())
 }
 
-/// Calls `op` until `end`: how many calls it made, and (when `timed`; not where reading
-/// the clock would weigh on what is measured) their latencies.
+/// Calls `op` until `end`, and at least `min` times: how many calls it made, and (when
+/// `timed`; not where reading the clock would weigh on what is measured) their latencies.
 pub(crate) async fn until(
     end: Instant,
+    min: u64,
     timed: bool,
     mut op: impl AsyncFnMut() -> Result<(), BoxError>,
 ) -> Result<(u64, Latencies), BoxError> {
     let (mut ops, mut latencies) = (0, Latencies::new());
-    while Instant::now() < end {
+    while ops < min || Instant::now() < end {
         let started = timed.then(Instant::now);
         op().await?;
         if let Some(started) = started {

@@ -124,7 +124,7 @@ async fn contended_window(
     harness::window(CONTENDED_TASKS, |task| {
         let (keys, way) = (Arc::clone(&keys), Arc::clone(&ways[task]));
         let mut random = Lcg::new(seed * 16 + u64::try_from(task).unwrap_or(0) + 1);
-        harness::until(end, true, async move || {
+        harness::until(end, 0, true, async move || {
             let keys = random.subset(&keys, 2, 4);
             match &*way {
                 Ok(manager) => {

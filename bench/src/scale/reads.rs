@@ -10,9 +10,9 @@ use locks_port::{AcquireOptions, LeaderBoard, PermitGuard, Semaphore};
 use locks_postgres::PostgresLockManager;
 
 use super::held::{Held, on_held};
-use super::{BLUE, GREEN, ORANGE, PROBE_CYCLES, curve, panel_of, record};
+use super::{PROBE_CYCLES, record};
 use crate::BoxError;
-use crate::chart::{Panel, Unit};
+use crate::chart::{BLUE, GREEN, ORANGE, Panel, Unit, curve, panel};
 use crate::clients::Op;
 use crate::stats::{Latencies, as_f64, fmt_ns};
 
@@ -150,7 +150,7 @@ pub(super) async fn read_costs(
         let (mut with, mut without) = (Latencies::new(), Latencies::new());
         let (mut own, mut calls) = (Latencies::new(), 0);
         for _ in 0..ROUNDS {
-            record(probe, &mut without, cycles, window).await?;
+            without.merge(&record(probe, cycles, window).await?);
             let stop = Arc::new(AtomicBool::new(false));
             let looping = {
                 let (observer, stop) = (observer.clone(), Arc::clone(&stop));
@@ -165,7 +165,7 @@ pub(super) async fn read_costs(
                     Ok::<_, BoxError>((own, calls))
                 })
             };
-            record(probe, &mut with, cycles, window).await?;
+            with.merge(&record(probe, cycles, window).await?);
             stop.store(true, Ordering::Relaxed);
             if read.endless() {
                 looping.abort();
@@ -236,12 +236,12 @@ pub(super) fn panels(held: &[Held]) -> [Panel; 2] {
     };
     let axes = |y: &'static str, unit| ("held locks", y, unit);
     [
-        panel_of(
+        panel(
             "one observation read's own time",
             axes("time", Unit::Nanos),
             curves(&|read| read.name().to_owned(), &|r| as_f64(r.own)),
         ),
-        panel_of(
+        panel(
             "cycle p99 while a read loops ÷ without",
             axes("ratio", Unit::Plain),
             curves(&|read| format!("while {} loops", read.name()), &slowdown),
