@@ -329,22 +329,20 @@ impl Op {
 
     /// The server process behind this client's one connection.
     pub(crate) async fn backend_pid(&self) -> Result<i32, BoxError> {
-        const PID: &str = "SELECT pg_backend_pid()";
-        let client = match self {
+        let object;
+        let client: &Client = match self {
             Self::Acquire { manager, .. }
             | Self::TryAcquire { manager, .. }
             | Self::AcquireMany { manager, .. } => {
-                return Ok(manager
-                    .pool()
-                    .get()
-                    .await?
-                    .query_one(PID, &[])
-                    .await?
-                    .get(0));
+                object = manager.pool().get().await?;
+                &object
             }
             Self::RawPrepared { raw, .. } | Self::RawMany { raw, .. } => &raw.client,
             Self::RawEach { client, .. } => client,
         };
-        Ok(client.query_one(PID, &[]).await?.get(0))
+        Ok(client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await?
+            .get(0))
     }
 }

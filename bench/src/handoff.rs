@@ -152,46 +152,42 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         let idle = state.idle.as_secs_f64()
             / (case.turns.measured.as_secs_f64() * as_f64(capacity as u64));
         let percent = |share: f64| Cell::new(format!("{:.2} %", share * 100.0), share);
+        let fair = Cell::new(fmt_fairness(worst), finite(worst));
         let (gap_limit, fairness_limit, idle_limit, inside) = case.limits();
+        // Each target: what it measures, its limit when this row has one, whether it held.
         let gates = [
-            gap_limit.map(|limit| {
-                let pass = gaps.count() > 0 && gaps.p99() <= nanos(limit);
-                let limit = format!("≤ {}", fmt_ns(nanos(limit)));
-                ("gap p99", Cell::ns(gaps.p99()), limit, pass)
-            }),
-            fairness_limit.map(|limit| {
-                let measured = fmt_fairness(worst);
-                let measured = Cell::new(measured, finite(worst));
-                (
-                    "fairness (worst window)",
-                    measured,
-                    format!("≤ {limit}"),
-                    worst <= limit,
-                )
-            }),
-            idle_limit.map(|limit| {
-                let limit_text = format!("≤ {:.0} %", limit * 100.0);
-                ("idle share", percent(idle), limit_text, idle <= limit)
-            }),
-            inside.then(|| {
-                let (most, limit) = (state.most_inside, format!("≤ {capacity}"));
-                (
-                    "most inside at once",
-                    Cell::from(most),
-                    limit,
-                    most <= capacity,
-                )
-            }),
+            (
+                ("gap p99", Cell::ns(gaps.p99())),
+                gap_limit.map(|limit| fmt_ns(nanos(limit))),
+                gap_limit.is_some_and(|l| gaps.count() > 0 && gaps.p99() <= nanos(l)),
+            ),
+            (
+                ("fairness (worst window)", fair.clone()),
+                fairness_limit.map(|limit| limit.to_string()),
+                fairness_limit.is_some_and(|limit| worst <= limit),
+            ),
+            (
+                ("idle share", percent(idle)),
+                idle_limit.map(|limit| format!("{:.0} %", limit * 100.0)),
+                idle_limit.is_some_and(|limit| idle <= limit),
+            ),
+            (
+                ("most inside at once", Cell::from(state.most_inside)),
+                inside.then(|| capacity.to_string()),
+                state.most_inside <= capacity,
+            ),
         ];
         let mut missed = Vec::new();
-        for (measure, measured, limit, pass) in gates.into_iter().flatten() {
+        let mut gated = false;
+        for ((measure, measured), limit, pass) in gates {
+            let Some(limit) = limit else { continue };
             let target = format!("handoff {measure}, {name}, {tasks} tasks");
-            out.gate(target, measured, limit, pass);
+            out.gate(target, measured, format!("≤ {limit}"), pass);
+            gated = true;
             if !pass {
                 missed.push(measure);
             }
         }
-        let gated = gap_limit.is_some() || fairness_limit.is_some() || inside;
         let result = match &missed[..] {
             [] if !gated => String::new(),
             [] => verdict(true).to_owned(),
@@ -212,7 +208,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             Cell::ns(waiter_gaps.p50()),
             Cell::ns(waiter_gaps.p99()),
             Cell::ns(waits.p99()),
-            Cell::new(fmt_fairness(worst), finite(worst)),
+            fair,
             retaken,
             state.timeouts,
             state.most_inside,

@@ -78,34 +78,21 @@ impl Read {
     }
 
     async fn once(self, observer: &PostgresLockManager) -> Result<(), BoxError> {
+        let election = || LeaderElection::new(observer.clone(), LEADER);
         match self {
             Self::Holders => drop(observer.holders("bench:scale:probe").await?),
             Self::LockTableUsage => drop(observer.lock_table_usage().await?),
-            Self::WhoLeads => {
-                drop(
-                    LeaderElection::new(observer.clone(), LEADER)
-                        .board(observer.clone())
-                        .who_leads()
-                        .await?,
-                );
-            }
-            Self::Watch(true) => {
-                let election = LeaderElection::new(observer.clone(), LEADER);
-                watch(election.board(observer.clone()).watch()).await?;
-            }
-            Self::Watch(false) => {
-                watch(LeaderElection::new(observer.clone(), LEADER).watch()).await?
-            }
+            Self::WhoLeads => drop(election().board(observer.clone()).who_leads().await?),
+            Self::Watch(true) => watch(election().board(observer.clone()).watch()).await?,
+            Self::Watch(false) => watch(election().watch()).await?,
             Self::Gauge => {
                 observer.lock_table_usage().await?;
                 tokio::time::sleep(GAUGE_INTERVAL).await;
             }
             Self::Permits => {
-                observer
-                    .acquire_permit("bench:scale:permits", 2, AcquireOptions::new())
-                    .await?
-                    .release()
-                    .await;
+                let options = AcquireOptions::new();
+                let permit = observer.acquire_permit("bench:scale:permits", 2, options);
+                permit.await?.release().await;
             }
         }
         Ok(())
