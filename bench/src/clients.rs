@@ -28,7 +28,13 @@ pub(crate) const GROUP: usize = 8;
 /// each, and the setting of the manager it makes. Without a setting: `-otel` and
 /// `-metrics-sdk` are installed by the caller, and [`label`] says the operation's words.
 #[allow(clippy::type_complexity)]
-const WORDS: [(&str, &str, Option<fn(Builder) -> Builder>); 11] = [
+const WORDS: [(&str, &str, Option<fn(Builder) -> Builder>); 12] = [
+    // On a pool of 2, so that the next acquire need not wait for the unlock's answer.
+    (
+        "-background",
+        ", release in background",
+        Some(|b| b.release_in_background(true)),
+    ),
     ("-fencing", ", fencing on", Some(|b| b.fencing(true))),
     (
         "-keepalive-off",
@@ -210,10 +216,11 @@ pub(crate) async fn client(
     if has("-fencing") {
         locks_postgres::install_fencing(&connect().await?).await?;
     }
+    let pool_size = if has("-background") { 2 } else { 1 };
     let manager = (WORDS.iter().filter(|w| has(w.0)))
         .filter_map(|w| w.2)
         .fold(
-            PostgresLockManager::builder(db.pool(1, application_name)),
+            PostgresLockManager::builder(db.pool(pool_size, application_name)),
             |b, set| set(b),
         )
         .build();
