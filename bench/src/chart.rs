@@ -192,17 +192,16 @@ where
         .y_label_area_size(56)
         .build_cartesian_2d((x.0..x.1).log_scale(), y)?;
     let (x_desc, y_desc, unit) = panel.axes;
+    let x_tick: fn(f64) -> String = if unit == Unit::Share {
+        tick
+    } else {
+        plain_tick
+    };
     chart
         .configure_mesh()
         .x_desc(x_desc)
         .y_desc(y_desc)
-        .x_label_formatter(&|x| {
-            if unit == Unit::Share {
-                tick(*x)
-            } else {
-                plain_tick(*x)
-            }
-        })
+        .x_label_formatter(&|x| x_tick(*x))
         .y_label_formatter(&|y| match unit {
             Unit::Nanos => tick(*y),
             Unit::Plain => plain_tick(*y),
