@@ -169,7 +169,7 @@ where
 {
     let next = Arc::new(AtomicUsize::new(range.start));
     let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..at_once {
+    for _ in 0..at_once.min(range.len()) {
         let (f, next, end) = (f.clone(), Arc::clone(&next), range.end);
         workers.spawn(async move {
             let mut answers = Vec::new();
