@@ -15,19 +15,56 @@ use crate::stats::as_f64;
 #[derive(Debug)]
 pub(crate) struct Curve {
     pub(crate) label: String,
-    pub(crate) color: (u8, u8, u8),
+    pub(crate) color: Rgb,
     pub(crate) dashed: bool,
     pub(crate) points: Vec<(f64, f64)>,
 }
 
-/// One panel of a [`curves_svg`] chart; `y_unit` says how its y axis reads.
+/// A curve's colour, (red, green, blue).
+pub(crate) type Rgb = (u8, u8, u8);
+pub(crate) const BLUE: Rgb = (0x1f, 0x77, 0xb4);
+pub(crate) const ORANGE: Rgb = (0xff, 0x7f, 0x0e);
+pub(crate) const GREEN: Rgb = (0x2c, 0xa0, 0x2c);
+pub(crate) const RED: Rgb = (0xd6, 0x27, 0x28);
+pub(crate) const GREY: Rgb = (0x7f, 0x7f, 0x7f);
+
+/// A curve of `points` labelled `label`.
+pub(crate) fn curve(label: &str, color: Rgb, dashed: bool, points: Vec<(f64, f64)>) -> Curve {
+    let label = label.to_owned();
+    Curve {
+        label,
+        color,
+        dashed,
+        points,
+    }
+}
+
+/// One panel of a [`curves_svg`] chart: its title, what its axes show and how its y axis
+/// reads, and its curves.
 #[derive(Debug)]
 pub(crate) struct Panel {
     pub(crate) title: String,
-    pub(crate) x_desc: &'static str,
-    pub(crate) y_desc: &'static str,
-    pub(crate) y_unit: Unit,
+    pub(crate) axes: (&'static str, &'static str, Unit),
     pub(crate) curves: Vec<Curve>,
+}
+
+/// A panel of `curves` under `title`: (x description, y description, y unit).
+pub(crate) fn panel(
+    title: &str,
+    axes: (&'static str, &'static str, Unit),
+    curves: Vec<Curve>,
+) -> Panel {
+    let title = title.to_owned();
+    Panel {
+        title,
+        axes,
+        curves,
+    }
+}
+
+/// A count on a chart's x axis.
+pub(crate) fn x(count: usize) -> f64 {
+    as_f64(count as u64)
 }
 
 /// How a panel's axes read.
@@ -123,7 +160,7 @@ pub(crate) fn curves_svg(
                     .flat_map(move |c| c.points.iter().map(move |p| if y { p.1 } else { p.0 }))
             };
             let (x_low, x_high) = decades(along(false));
-            if panel.y_unit == Unit::Share {
+            if panel.axes.2 == Unit::Share {
                 draw(area, panel, (x_low, x_high), 0.0..1.0)?;
             } else {
                 let (y_low, y_high) = decades(along(true));
@@ -154,18 +191,17 @@ where
         .x_label_area_size(36)
         .y_label_area_size(56)
         .build_cartesian_2d((x.0..x.1).log_scale(), y)?;
-    let unit = panel.y_unit;
+    let (x_desc, y_desc, unit) = panel.axes;
+    let x_tick: fn(f64) -> String = if unit == Unit::Share {
+        tick
+    } else {
+        plain_tick
+    };
     chart
         .configure_mesh()
-        .x_desc(panel.x_desc)
-        .y_desc(panel.y_desc)
-        .x_label_formatter(&|x| {
-            if unit == Unit::Share {
-                tick(*x)
-            } else {
-                plain_tick(*x)
-            }
-        })
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .x_label_formatter(&|x| x_tick(*x))
         .y_label_formatter(&|y| match unit {
             Unit::Nanos => tick(*y),
             Unit::Plain => plain_tick(*y),
@@ -217,34 +253,25 @@ mod tests {
 
     #[test]
     fn panels_are_svg_with_every_curve_in_a_legend() {
-        let curve = |label: &str, dashed, points| Curve {
-            label: label.to_owned(),
-            color: (0x1f, 0x77, 0xb4),
-            dashed,
-            points,
-        };
         let panels = [
-            Panel {
-                title: "time to hold".to_owned(),
-                x_desc: "held locks",
-                y_desc: "time",
-                y_unit: Unit::Nanos,
-                curves: vec![curve(
+            panel(
+                "time to hold",
+                ("held locks", "time", Unit::Nanos),
+                vec![curve(
                     "library",
+                    BLUE,
                     false,
                     vec![(1e3, 2e8), (1e4, 2e9), (1e5, 0.0)],
                 )],
-            },
-            Panel {
-                title: "gaps".to_owned(),
-                x_desc: "gap",
-                y_desc: "share",
-                y_unit: Unit::Share,
-                curves: vec![
-                    curve("Queue (n = 2)", false, cdf(&[100_000, 200_000])),
-                    curve("Poll (n = 0)", true, cdf(&[])),
+            ),
+            panel(
+                "gaps",
+                ("gap", "share", Unit::Share),
+                vec![
+                    curve("Queue (n = 2)", BLUE, false, cdf(&[100_000, 200_000])),
+                    curve("Poll (n = 0)", RED, true, cdf(&[])),
                 ],
-            },
+            ),
         ];
         let svg = curves_svg("Scale", &panels, 2, &["a note".to_owned()]).unwrap();
         assert!(svg.trim_start().starts_with("<svg"), "{}", &svg[..80]);

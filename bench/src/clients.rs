@@ -28,7 +28,13 @@ pub(crate) const GROUP: usize = 8;
 /// each, and the setting of the manager it makes. Without a setting: `-otel` and
 /// `-metrics-sdk` are installed by the caller, and [`label`] says the operation's words.
 #[allow(clippy::type_complexity)]
-const WORDS: [(&str, &str, Option<fn(Builder) -> Builder>); 11] = [
+const WORDS: [(&str, &str, Option<fn(Builder) -> Builder>); 12] = [
+    // On a pool of 2, so that the next acquire need not wait for the unlock's answer.
+    (
+        "-background",
+        ", release in background",
+        Some(|b| b.release_in_background(true)),
+    ),
     ("-fencing", ", fencing on", Some(|b| b.fencing(true))),
     (
         "-keepalive-off",
@@ -210,10 +216,11 @@ pub(crate) async fn client(
     if has("-fencing") {
         locks_postgres::install_fencing(&connect().await?).await?;
     }
+    let pool_size = if has("-background") { 2 } else { 1 };
     let manager = (WORDS.iter().filter(|w| has(w.0)))
         .filter_map(|w| w.2)
         .fold(
-            PostgresLockManager::builder(db.pool(1, application_name)),
+            PostgresLockManager::builder(db.pool(pool_size, application_name)),
             |b, set| set(b),
         )
         .build();
@@ -329,22 +336,20 @@ impl Op {
 
     /// The server process behind this client's one connection.
     pub(crate) async fn backend_pid(&self) -> Result<i32, BoxError> {
-        const PID: &str = "SELECT pg_backend_pid()";
-        let client = match self {
+        let object;
+        let client: &Client = match self {
             Self::Acquire { manager, .. }
             | Self::TryAcquire { manager, .. }
             | Self::AcquireMany { manager, .. } => {
-                return Ok(manager
-                    .pool()
-                    .get()
-                    .await?
-                    .query_one(PID, &[])
-                    .await?
-                    .get(0));
+                object = manager.pool().get().await?;
+                &object
             }
             Self::RawPrepared { raw, .. } | Self::RawMany { raw, .. } => &raw.client,
             Self::RawEach { client, .. } => client,
         };
-        Ok(client.query_one(PID, &[]).await?.get(0))
+        Ok(client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await?
+            .get(0))
     }
 }

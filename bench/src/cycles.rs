@@ -200,14 +200,7 @@ async fn measure(
              {exported} spans (the lock spans are at DEBUG unless the manager says INFO)."
         ));
     }
-    let via = if db.is_unix() { "Unix socket" } else { "TCP" };
-    let out = Outcome::new(id, format!("{title}, over {via}"), &HEADER);
-    let pass = Pass {
-        via,
-        transport: db.transport(),
-        limit,
-    };
-    Ok(report(out, plan, &pass, &clients, notes))
+    Ok(report(db, plan, (id, title, limit), &clients, notes))
 }
 
 /// The CPUs process (or thread) `pid` may run on, lowest first; 0 is this thread.
@@ -262,22 +255,17 @@ const HEADER: [&str; 8] = [
     "Result",
 ];
 
-/// What a pass's report says of it: `TCP` or `Unix socket`, where it connected, and the
-/// target of its library rows.
-struct Pass {
-    via: &'static str,
-    transport: String,
-    limit: f64,
-}
-
+/// The table of a pass over `db` under `id` and `title`, `limit` the target of its
+/// library rows.
 fn report(
-    mut out: Outcome,
+    db: &Database,
     plan: &Plan,
-    pass: &Pass,
+    (id, title, limit): (&'static str, &str, f64),
     clients: &[Measured],
     notes: Vec<String>,
 ) -> Outcome {
-    let limit = pass.limit;
+    let via = if db.is_unix() { "Unix socket" } else { "TCP" };
+    let mut out = Outcome::new(id, format!("{title}, over {via}"), &HEADER);
     let baseline = clients.iter().find(|c| c.role == Baseline);
     let base = baseline.map_or(0, |c| c.runs.best());
     let base_name = baseline.map_or("—", |c| c.label);
@@ -287,7 +275,7 @@ fn report(
         counts(plan)[0],
         counts(plan)[1],
         counts(plan)[2],
-        pass.transport,
+        db.transport(),
         base_name,
         plan.mode()
     ));
@@ -297,7 +285,7 @@ fn report(
         let ratio = ratio(as_f64(best), as_f64(base));
         let [target, result] = match c.role {
             Library => out.gate(
-                format!("{}: pinned p50 vs raw, {}", c.label, pass.via),
+                format!("{}: pinned p50 vs raw, {}", c.label, via),
                 Cell::new(
                     format!(
                         "{} ({} vs {}; best of {} runs)",

@@ -139,26 +139,6 @@ impl Database {
             .expect("a pool with a runtime and no hooks always builds")
     }
 
-    /// Opens `count` connections of `pool` at once and gives them back, each having run
-    /// one query (so its buffers are grown before anything is measured).
-    pub(crate) async fn warm(&self, pool: &Pool, count: usize) -> Result<(), BoxError> {
-        let mut opening = tokio::task::JoinSet::new();
-        for _ in 0..count {
-            let pool = pool.clone();
-            opening.spawn(async move {
-                let object = pool.get().await?;
-                object.simple_query("SELECT 1").await?;
-                Ok::<_, BoxError>(object)
-            });
-        }
-        let mut objects = Vec::with_capacity(count);
-        while let Some(joined) = opening.join_next().await {
-            objects.push(joined??);
-        }
-        drop(objects);
-        Ok(())
-    }
-
     /// A dedicated connection (the raw baselines), its driver task spawned.
     pub(crate) async fn connect(&self, application_name: &str) -> Result<Client, BoxError> {
         let mut config = self.config.clone();

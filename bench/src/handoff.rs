@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::chart::{Curve, Panel, Unit, cdf, curves_svg};
+use crate::chart::{BLUE, Curve, GREEN, GREY, RED, Rgb, Unit, cdf, curve, curves_svg, panel};
 use crate::db::Database;
 use crate::harness::{self, Cell, Outcome, cells, verdict};
 use crate::stats::{Latencies, as_f64, fairness, finite, fmt_ns, nanos};
@@ -20,15 +20,12 @@ const JOB_WINDOW: Duration = Duration::from_secs(8);
 const APP: (&str, bool) = ("lock-bench-handoff", true);
 
 /// A contender's label, and its colour in the chart.
-fn says(contender: Contender) -> (&'static str, (u8, u8, u8)) {
+fn says(contender: Contender) -> (&'static str, Rgb) {
     match contender {
-        Contender::Raw => ("raw pg_advisory_lock (server queue)", (0x7f, 0x7f, 0x7f)),
-        Contender::Queue => ("library, Queue (server-side wait)", (0x1f, 0x77, 0xb4)),
-        Contender::Poll => (
-            "library, Poll (100 ms, as the Python library)",
-            (0xd6, 0x27, 0x28),
-        ),
-        Contender::Permits(_) => ("library, semaphore of N = 4", (0x2c, 0xa0, 0x2c)),
+        Contender::Raw => ("raw pg_advisory_lock (server queue)", GREY),
+        Contender::Queue => ("library, Queue (server-side wait)", BLUE),
+        Contender::Poll => ("library, Poll (100 ms, as the Python library)", RED),
+        Contender::Permits(_) => ("library, semaphore of N = 4", GREEN),
     }
 }
 
@@ -155,46 +152,42 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         let idle = state.idle.as_secs_f64()
             / (case.turns.measured.as_secs_f64() * as_f64(capacity as u64));
         let percent = |share: f64| Cell::new(format!("{:.2} %", share * 100.0), share);
+        let fair = Cell::new(fmt_fairness(worst), finite(worst));
         let (gap_limit, fairness_limit, idle_limit, inside) = case.limits();
+        // Each target: what it measures, its limit when this row has one, whether it held.
         let gates = [
-            gap_limit.map(|limit| {
-                let pass = gaps.count() > 0 && gaps.p99() <= nanos(limit);
-                let limit = format!("≤ {}", fmt_ns(nanos(limit)));
-                ("gap p99", Cell::ns(gaps.p99()), limit, pass)
-            }),
-            fairness_limit.map(|limit| {
-                let measured = fmt_fairness(worst);
-                let measured = Cell::new(measured, finite(worst));
-                (
-                    "fairness (worst window)",
-                    measured,
-                    format!("≤ {limit}"),
-                    worst <= limit,
-                )
-            }),
-            idle_limit.map(|limit| {
-                let limit_text = format!("≤ {:.0} %", limit * 100.0);
-                ("idle share", percent(idle), limit_text, idle <= limit)
-            }),
-            inside.then(|| {
-                let (most, limit) = (state.most_inside, format!("≤ {capacity}"));
-                (
-                    "most inside at once",
-                    Cell::from(most),
-                    limit,
-                    most <= capacity,
-                )
-            }),
+            (
+                ("gap p99", Cell::ns(gaps.p99())),
+                gap_limit.map(|limit| fmt_ns(nanos(limit))),
+                gap_limit.is_some_and(|l| gaps.count() > 0 && gaps.p99() <= nanos(l)),
+            ),
+            (
+                ("fairness (worst window)", fair.clone()),
+                fairness_limit.map(|limit| limit.to_string()),
+                fairness_limit.is_some_and(|limit| worst <= limit),
+            ),
+            (
+                ("idle share", percent(idle)),
+                idle_limit.map(|limit| format!("{:.0} %", limit * 100.0)),
+                idle_limit.is_some_and(|limit| idle <= limit),
+            ),
+            (
+                ("most inside at once", Cell::from(state.most_inside)),
+                inside.then(|| capacity.to_string()),
+                state.most_inside <= capacity,
+            ),
         ];
         let mut missed = Vec::new();
-        for (measure, measured, limit, pass) in gates.into_iter().flatten() {
+        let mut gated = false;
+        for ((measure, measured), limit, pass) in gates {
+            let Some(limit) = limit else { continue };
             let target = format!("handoff {measure}, {name}, {tasks} tasks");
-            out.gate(target, measured, limit, pass);
+            out.gate(target, measured, format!("≤ {limit}"), pass);
+            gated = true;
             if !pass {
                 missed.push(measure);
             }
         }
-        let gated = gap_limit.is_some() || fairness_limit.is_some() || inside;
         let result = match &missed[..] {
             [] if !gated => String::new(),
             [] => verdict(true).to_owned(),
@@ -215,7 +208,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             Cell::ns(waiter_gaps.p50()),
             Cell::ns(waiter_gaps.p99()),
             Cell::ns(waits.p99()),
-            Cell::new(fmt_fairness(worst), finite(worst)),
+            fair,
             retaken,
             state.timeouts,
             state.most_inside,
@@ -229,12 +222,9 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         }));
         if case.contender != PERMITS {
             for (side, samples) in [&state.gaps, &state.waiter_gaps].into_iter().enumerate() {
-                curves[side].push(Curve {
-                    label: format!("{name}, {tasks} contenders (n = {})", samples.len()),
-                    color,
-                    dashed: tasks > CONTENDERS[0],
-                    points: cdf(samples),
-                });
+                let label = format!("{name}, {tasks} contenders (n = {})", samples.len());
+                let dashed = tasks > CONTENDERS[0];
+                curves[side].push(curve(&label, color, dashed, cdf(samples)));
             }
         }
     }
@@ -255,13 +245,8 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         "release → next acquisition (anyone)",
         "release → acquisition by a task already waiting",
     ];
-    let panels = titles.into_iter().zip(curves).map(|(title, curves)| Panel {
-        title: title.to_owned(),
-        x_desc: "gap",
-        y_desc: "share of handoffs",
-        y_unit: Unit::Share,
-        curves,
-    });
+    let axes = ("gap", "share of handoffs", Unit::Share);
+    let panels = (titles.into_iter().zip(curves)).map(|(title, curves)| panel(title, axes, curves));
     let title = "Lock handoff: cumulative distribution of gaps (log scale)";
     let svg = curves_svg(title, &panels.collect::<Vec<_>>(), 2, &chart_notes)?;
     out.files.push(("handoff.svg", svg));

@@ -33,15 +33,16 @@ pub(crate) async fn rounds(
     Ok(())
 }
 
-/// Calls `op` until `end`: how many calls it made, and (when `timed`; not where reading
-/// the clock would weigh on what is measured) their latencies.
+/// Calls `op` until `end`, and at least `min` times: how many calls it made, and (when
+/// `timed`; not where reading the clock would weigh on what is measured) their latencies.
 pub(crate) async fn until(
     end: Instant,
+    min: u64,
     timed: bool,
     mut op: impl AsyncFnMut() -> Result<(), BoxError>,
 ) -> Result<(u64, Latencies), BoxError> {
     let (mut ops, mut latencies) = (0, Latencies::new());
-    while Instant::now() < end {
+    while ops < min || Instant::now() < end {
         let started = timed.then(Instant::now);
         op().await?;
         if let Some(started) = started {
@@ -324,13 +325,15 @@ impl Outcome {
         limit: impl Into<String>,
         pass: bool,
     ) -> [Cell; 2] {
-        let target = limit.into();
-        let cells = [Cell::from(&target), Cell::from(verdict(pass))];
-        let (name, measured) = (name.into(), measured.into());
+        let (limit, measured) = (limit.into(), measured.into());
+        let cells = [Cell::from(&limit), Cell::from(verdict(pass))];
+        let value = Some(measured.value).filter(|v| !v.is_string());
+        let (target, measured) = (name.into(), measured.text);
         self.checks.push(Check {
-            name,
-            measured,
             target,
+            measured,
+            value,
+            limit,
             pass,
         });
         cells
@@ -355,7 +358,7 @@ impl Outcome {
             "title": self.title,
             "notes": self.notes,
             "rows": self.rows.iter().map(row).collect::<Vec<_>>(),
-            "targets": self.checks.iter().map(Check::to_json).collect::<Vec<_>>(),
+            "targets": self.checks,
         });
         if let (Some(json), Value::Object(extra)) = (json.as_object_mut(), &self.extra) {
             json.extend(extra.clone());
@@ -364,27 +367,15 @@ impl Outcome {
     }
 }
 
-/// One target and whether it was met.
-#[derive(Debug, Clone)]
+/// One target and whether it was met, as the JSON holds it: what was measured as its
+/// text, and as its figure where it has one (`value`).
+#[derive(Debug, Clone, serde::Serialize)]
 pub(crate) struct Check {
-    pub(crate) name: String,
-    pub(crate) measured: Cell,
     pub(crate) target: String,
+    pub(crate) measured: String,
+    pub(crate) value: Option<Value>,
+    pub(crate) limit: String,
     pub(crate) pass: bool,
-}
-
-impl Check {
-    /// What was measured as its text, and as its figure where it has one (`value`).
-    pub(crate) fn to_json(&self) -> Value {
-        let value = Some(&self.measured.value).filter(|v| !v.is_string());
-        json!({
-            "target": self.name,
-            "measured": self.measured.text,
-            "value": value,
-            "limit": self.target,
-            "pass": self.pass,
-        })
-    }
 }
 
 pub(crate) fn verdict(pass: bool) -> &'static str {
@@ -420,7 +411,7 @@ pub(crate) fn markdown(heading: &str, outcomes: &[Outcome]) -> String {
         let _ = writeln!(out, "\n### Targets\n");
         let rows: Vec<Vec<Cell>> = checks
             .iter()
-            .map(|c| cells![&c.name, &c.measured.text, &c.target, verdict(c.pass)])
+            .map(|c| cells![&c.target, &c.measured, &c.limit, verdict(c.pass)])
             .collect();
         out.push_str(&table(&["Target", "Measured", "Limit", "Result"], &rows));
     }

@@ -52,13 +52,8 @@ async fn census(
 ) -> Result<[i64; 4], BoxError> {
     let sessions = db.sessions(admin, app, i64::try_from(expected)?).await?;
     let granted = granted_advisory_locks(admin, app).await?;
-    let (held, pool) = (manager.held_lock_count(), pool.status().size);
-    Ok([
-        i64::try_from(held)?,
-        i64::try_from(pool)?,
-        sessions,
-        granted,
-    ])
+    let held = i64::try_from(manager.held_lock_count())?;
+    Ok([held, i64::try_from(pool.status().size)?, sessions, granted])
 }
 
 /// `manager.release_all()`, timed: how many it released, in how long.

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use locks_conformance::Lcg;
-use locks_port::{AcquireOptions, KeyDerivation};
+use locks_port::KeyDerivation;
 use locks_postgres::PostgresLockManager;
 use locks_postgres::deadpool_postgres::Object;
 
-use crate::clients::{KEYS, Op, client, keys, label};
+use crate::clients::{client, keys, label};
 use crate::db::{Database, NOT_HELD};
 use crate::harness::{self, Cell, Outcome, cells};
 use crate::proxy::Proxy;
@@ -49,29 +49,6 @@ const DELAYS: [Delay; 2] = [
 const CONTENDED_KEYS: usize = 6;
 const CONTENDED_TASKS: usize = 4;
 const APP: &str = "lock-bench-latency";
-
-/// The variant `name` through `through`: its label, and its client.
-async fn variant(through: &Database, name: &'static str) -> Result<(String, Op), BoxError> {
-    let prefix = format!("bench:latency:{name}");
-    if name != "library-background" {
-        return Ok((
-            label(name).to_owned(),
-            client(through, name, &prefix, APP).await?,
-        ));
-    }
-    // A pool of 2, so the next acquire need not wait for the first connection's answer.
-    let manager = PostgresLockManager::builder(through.pool(2, APP))
-        .release_in_background(true)
-        .build();
-    let (keys, options) = (keys(&prefix, KEYS), AcquireOptions::new());
-    let label = "library, release in background: acquire (no timeout) + release";
-    let op = Op::Acquire {
-        manager,
-        keys,
-        options,
-    };
-    Ok((label.to_owned(), op))
-}
 
 /// `acquire_many` as it was before its tries went into one statement, on one connection:
 /// the keys in the one global order, a `pg_try_advisory_lock` round trip each, a
@@ -124,7 +101,7 @@ async fn contended_window(
     harness::window(CONTENDED_TASKS, |task| {
         let (keys, way) = (Arc::clone(&keys), Arc::clone(&ways[task]));
         let mut random = Lcg::new(seed * 16 + u64::try_from(task).unwrap_or(0) + 1);
-        harness::until(end, true, async move || {
+        harness::until(end, 0, true, async move || {
             let keys = random.subset(&keys, 2, 4);
             match &*way {
                 Ok(manager) => {
@@ -169,7 +146,8 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         let rtt = through.round_trip(APP).await?;
         let mut variants = Vec::new();
         for &name in delay.variants {
-            variants.push(variant(&through, name).await?);
+            let prefix = format!("bench:latency:{name}");
+            variants.push((label(name), client(&through, name, &prefix, APP).await?));
         }
         let counts = (5, plan.pick(5, 10), plan.pick(40, 200));
         let measured = harness::batches(variants.len(), counts, async |side, n| {
@@ -206,7 +184,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
                 ),
                 _ => Default::default(),
             };
-            let head = cells![rtt_label.clone(), name];
+            let head = cells![rtt_label.clone(), *name];
             out.row([head, cells, vec![target, result]].concat());
         }
         drop(variants);

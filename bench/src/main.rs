@@ -187,12 +187,10 @@ async fn run(args: &Args, url: &str) -> Result<(), BoxError> {
     }
     let elapsed = started.elapsed();
 
-    let Machine {
-        cores,
-        cpu,
-        kernel,
-        timestamp,
-    } = Machine::here();
+    let (cores, cpu, kernel) = machine();
+    let timestamp = (time::OffsetDateTime::now_utc())
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default();
     let heading = format!(
         "## lock-bench results ({} mode)\n\nPostgreSQL {server_version}, {cores} cores ({}), \
          {timestamp}, {:.0} s.",
@@ -247,31 +245,17 @@ async fn run(args: &Args, url: &str) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// What the figures ran on, for the heading and the JSON's `meta`.
-struct Machine {
-    cores: usize,
-    cpu: Option<String>,
-    kernel: Option<String>,
-    timestamp: String,
-}
-
-impl Machine {
-    fn here() -> Self {
-        let read = |path| std::fs::read_to_string(path).ok();
-        let cpu = read("/proc/cpuinfo").and_then(|info| {
-            let line = info.lines().find(|line| line.starts_with("model name"))?;
-            line.split_once(':')
-                .map(|(_, model)| model.trim().to_owned())
-        });
-        Self {
-            cores: std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
-            cpu,
-            kernel: read("/proc/sys/kernel/osrelease").map(|s| s.trim().to_owned()),
-            timestamp: time::OffsetDateTime::now_utc()
-                .format(&time::format_description::well_known::Rfc3339)
-                .unwrap_or_default(),
-        }
-    }
+/// What the figures ran on, for the heading and the JSON's `meta`: cores, CPU, kernel.
+fn machine() -> (usize, Option<String>, Option<String>) {
+    let read = |path| std::fs::read_to_string(path).ok();
+    let cpu = read("/proc/cpuinfo").and_then(|info| {
+        let line = info.lines().find(|line| line.starts_with("model name"))?;
+        line.split_once(':')
+            .map(|(_, model)| model.trim().to_owned())
+    });
+    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    let kernel = read("/proc/sys/kernel/osrelease").map(|s| s.trim().to_owned());
+    (cores, cpu, kernel)
 }
 
 /// Writes each file, making its folder first.

@@ -55,7 +55,7 @@ pub(crate) async fn run(plan: &Plan) -> Result<Outcome, BoxError> {
         let end = Instant::now() + plan.ms(300, 1000);
         let window = harness::window(TASKS, |_| {
             let (manager, mutex) = (manager.clone(), Arc::clone(&mutex));
-            harness::until(end, false, async move || {
+            harness::until(end, 0, false, async move || {
                 cycle(side, &manager, &mutex).await
             })
         })

@@ -110,19 +110,15 @@ pub(crate) fn finite(value: f64) -> Value {
 /// A duration in nanoseconds as people read it, three digits from 1 µs to 1 ms: `24.4 µs`,
 /// `183 µs`, `2.31 ms`, `1.20 s`.
 pub(crate) fn fmt_ns(nanos: u64) -> String {
+    // From the largest: the least value shown in a unit, its size, its decimals.
+    let units = [(1e9, 1e9, "s", 2), (1e6, 1e6, "ms", 2), (1e5, 1e3, "µs", 0)];
+    let units = units
+        .into_iter()
+        .chain([(1e4, 1e3, "µs", 1), (1e3, 1e3, "µs", 2)]);
     let ns = nanos as f64;
-    if nanos < 1_000 {
-        format!("{nanos} ns")
-    } else if nanos < 10_000 {
-        format!("{:.2} µs", ns / 1e3)
-    } else if nanos < 100_000 {
-        format!("{:.1} µs", ns / 1e3)
-    } else if nanos < 1_000_000 {
-        format!("{:.0} µs", ns / 1e3)
-    } else if nanos < 1_000_000_000 {
-        format!("{:.2} ms", ns / 1e6)
-    } else {
-        format!("{:.2} s", ns / 1e9)
+    match units.into_iter().find(|(least, ..)| ns >= *least) {
+        Some((_, size, unit, decimals)) => format!("{:.decimals$} {unit}", ns / size),
+        None => format!("{nanos} ns"),
     }
 }
 

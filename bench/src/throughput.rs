@@ -58,7 +58,7 @@ async fn point(db: &Database, plan: &Plan, tasks: usize) -> Result<Point, BoxErr
             let key = format!("bench:throughput:{task}");
             let (manager, clients) = (manager.clone(), Arc::clone(&clients));
             let id = lock_id(&key);
-            harness::until(end, false, async move || {
+            harness::until(end, 0, false, async move || {
                 if side == 0 {
                     let guard = manager.acquire(&key, AcquireOptions::new()).await?;
                     guard.release().await;

@@ -26,14 +26,21 @@ const BOUNDED: Duration = Duration::from_secs(5);
 /// Connections opened at once (more, on a loaded machine, time out in the pool).
 pub(crate) const OPENING: usize = 16;
 
-/// A pool of `size` connections tagged `app`, all opened, [`OPENING`] at a time.
+/// A pool of `size` connections tagged `app`, all opened, [`OPENING`] at a time, each
+/// having run one query (so its buffers are grown before anything is measured).
 pub(crate) async fn open_pool(db: &Database, size: usize, app: &str) -> Result<Pool, BoxError> {
     let pool = db.pool(size, app);
-    let mut open = 0;
-    while open < size {
-        open = (open + OPENING).min(size);
-        db.warm(&pool, open).await?;
-    }
+    let opener = pool.clone();
+    // Every object is kept until all are open, so that the pool opens `size` connections.
+    let objects = each(0..size, OPENING, move |_| {
+        let pool = opener.clone();
+        async move {
+            let object = pool.get().await?;
+            object.simple_query("SELECT 1").await?;
+            Ok(object)
+        }
+    });
+    drop(objects.await?);
     Ok(pool)
 }
 
@@ -162,7 +169,7 @@ where
 {
     let next = Arc::new(AtomicUsize::new(range.start));
     let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..at_once {
+    for _ in 0..at_once.min(range.len()) {
         let (f, next, end) = (f.clone(), Arc::clone(&next), range.end);
         workers.spawn(async move {
             let mut answers = Vec::new();

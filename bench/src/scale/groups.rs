@@ -7,8 +7,7 @@ use std::time::Instant;
 use locks_port::{AcquireOptions, lock_id};
 use locks_postgres::PostgresLockManager;
 
-use super::{BLUE, RED, curve, panel_of, x};
-use crate::chart::{Panel, Unit};
+use crate::chart::{BLUE, Panel, RED, Unit, curve, panel, x};
 use crate::db::{Database, NOT_HELD};
 use crate::harness::{self, cells};
 use crate::stats::{Latencies, as_f64, fmt_ns, fmt_ratio, ratio};
@@ -46,9 +45,7 @@ pub(super) async fn point(db: &Database, plan: &Plan, size: usize) -> Result<Gro
     let mut sides = [Latencies::new(), Latencies::new()];
     harness::rounds(plan.pick(2, 3), 2, async |_, side| {
         let end = Instant::now() + plan.window() / 2;
-        let mut calls = 0;
-        while calls < 3 || Instant::now() < end {
-            let started = Instant::now();
+        let (_, measured) = harness::until(end, 3, true, async || {
             if side == 0 {
                 let group = manager.acquire_many(&keys, AcquireOptions::new()).await?;
                 group.release().await;
@@ -59,9 +56,10 @@ pub(super) async fn point(db: &Database, plan: &Plan, size: usize) -> Result<Gro
                     return Err(NOT_HELD.into());
                 }
             }
-            sides[side].record(started.elapsed());
-            calls += 1;
-        }
+            Ok(())
+        })
+        .await?;
+        sides[side].merge(&measured);
         Ok(())
     })
     .await?;
@@ -82,17 +80,17 @@ pub(super) fn row(g: &Group) -> Vec<crate::harness::Cell> {
     ]
 }
 
-pub(super) fn panel(groups: &[Group]) -> Panel {
-    let per_key = |f: fn(&Group) -> u64| {
-        let point = |g: &Group| (x(g.keys), as_f64(f(g)) / x(g.keys));
-        groups.iter().map(point).collect()
+pub(super) fn chart(groups: &[Group]) -> Panel {
+    let per_key = |label, color, dashed, f: fn(&Group) -> u64| {
+        let points = groups.iter().map(|g| (x(g.keys), as_f64(f(g)) / x(g.keys)));
+        curve(label, color, dashed, points.collect())
     };
-    panel_of(
+    panel(
         "acquire_many + release, per key",
         ("keys in the group", "per key", Unit::Nanos),
         vec![
-            curve("library", BLUE, false, per_key(|g| g.library)),
-            curve("raw (one statement)", RED, true, per_key(|g| g.raw)),
+            per_key("library", BLUE, false, |g| g.library),
+            per_key("raw (one statement)", RED, true, |g| g.raw),
         ],
     )
 }

@@ -13,9 +13,8 @@ use locks_postgres::PostgresLockManager;
 use locks_postgres::tokio_postgres::Client;
 
 use super::reads::{self, LEADER, ReadCost, read_costs};
-use super::{APP, BLUE, GREEN, IN_FLIGHT, ORANGE, P50P99, PROBE_CYCLES, RED};
-use super::{connections, curve, cycles, panel_of, x};
-use crate::chart::{Panel, Unit};
+use super::{APP, IN_FLIGHT, P50P99, PROBE_CYCLES, connections, cycles};
+use crate::chart::{BLUE, GREEN, ORANGE, Panel, RED, Unit, curve, panel, x};
 use crate::clients::Op;
 use crate::db::{Database, Raw};
 use crate::harness::cells;
@@ -268,42 +267,37 @@ pub(super) fn on_held(held: &[Held], f: impl Fn(&Held) -> f64) -> Vec<(f64, f64)
 
 /// The time to reach each count, the other manager's cycle, the bytes per held lock.
 pub(super) fn panels(held: &[Held]) -> [Panel; 3] {
-    let on = |f: fn(&Held) -> f64| on_held(held, f);
-    let axis = |y: &'static str, unit| ("held locks", y, unit);
+    let on =
+        |label, color, dashed, f: fn(&Held) -> f64| curve(label, color, dashed, on_held(held, f));
+    let axes = |y: &'static str, unit| ("held locks", y, unit);
     [
-        panel_of(
+        panel(
             "time to hold N locks",
-            axis("time", Unit::Nanos),
+            axes("time", Unit::Nanos),
             vec![
-                curve(
-                    "library, multiplexed",
-                    BLUE,
-                    false,
-                    on(|h| as_f64(nanos(h.reach))),
-                ),
-                curve(
-                    "raw pg_advisory_lock",
-                    RED,
-                    true,
-                    on(|h| as_f64(nanos(h.raw_reach))),
-                ),
+                on("library, multiplexed", BLUE, false, |h| {
+                    as_f64(nanos(h.reach))
+                }),
+                on("raw pg_advisory_lock", RED, true, |h| {
+                    as_f64(nanos(h.raw_reach))
+                }),
             ],
         ),
-        panel_of(
+        panel(
             "another session's acquire + release at N held",
-            axis("cycle", Unit::Nanos),
+            axes("cycle", Unit::Nanos),
             vec![
-                curve("library p99", BLUE, false, on(|h| as_f64(h.probe.1))),
-                curve("library p50", GREEN, false, on(|h| as_f64(h.probe.0))),
-                curve("raw p99", RED, true, on(|h| as_f64(h.raw_probe.1))),
+                on("library p99", BLUE, false, |h| as_f64(h.probe.1)),
+                on("library p50", GREEN, false, |h| as_f64(h.probe.0)),
+                on("raw p99", RED, true, |h| as_f64(h.raw_probe.1)),
             ],
         ),
-        panel_of(
+        panel(
             "client bytes per held lock",
-            axis("bytes", Unit::Plain),
+            axes("bytes", Unit::Plain),
             vec![
-                curve("heap", BLUE, false, on(|h| h.heap_per_lock)),
-                curve("RSS", ORANGE, false, on(|h| h.rss_per_lock.unwrap_or(0.0))),
+                on("heap", BLUE, false, |h| h.heap_per_lock),
+                on("RSS", ORANGE, false, |h| h.rss_per_lock.unwrap_or(0.0)),
             ],
         ),
     ]

@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::chart::{Curve, Panel, Unit, curves_svg};
+use crate::chart::curves_svg;
 use crate::clients::Op;
 use crate::db::Database;
-use crate::harness::Outcome;
+use crate::harness::{self, Outcome};
 use crate::stats::{Latencies, as_f64, fmt_ns, nanos};
 use crate::{BoxError, Plan};
 
@@ -44,11 +44,6 @@ const SETTINGS: [&str; 6] = [
     "server_version",
 ];
 
-const BLUE: (u8, u8, u8) = (0x1f, 0x77, 0xb4);
-const ORANGE: (u8, u8, u8) = (0xff, 0x7f, 0x0e);
-const GREEN: (u8, u8, u8) = (0x2c, 0xa0, 0x2c);
-const RED: (u8, u8, u8) = (0xd6, 0x27, 0x28);
-
 /// p50 and p99 of a histogram, in nanoseconds (kept instead of the histogram, whose
 /// memory would count against the held locks').
 #[derive(Debug, Clone, Copy, serde::Serialize)]
@@ -60,56 +55,17 @@ fn ns<S: serde::Serializer>(duration: &Duration, to: S) -> Result<S::Ok, S::Erro
 }
 
 /// At least `count` cycles of `probe` (another manager's or raw SQL's acquire + release
-/// of one key), and for at least `window`, each one's time in `latencies`.
-async fn record(
-    probe: &Op,
-    latencies: &mut Latencies,
-    count: usize,
-    window: Duration,
-) -> Result<(), BoxError> {
-    let began = Instant::now();
-    let mut done = 0;
-    while done < count || began.elapsed() < window {
-        let started = Instant::now();
-        probe.cycle(done).await?;
-        latencies.record(started.elapsed());
-        done += 1;
-    }
-    Ok(())
+/// of one key), and for at least `window`: each one's time.
+async fn record(probe: &Op, count: usize, window: Duration) -> Result<Latencies, BoxError> {
+    let (end, count) = (Instant::now() + window, u64::try_from(count)?);
+    let cycle = async || probe.cycle(0).await;
+    Ok(harness::until(end, count, true, cycle).await?.1)
 }
 
-/// [`record`] into a histogram of its own: its p50 and p99.
+/// [`record`]'s p50 and p99.
 async fn cycles(probe: &Op, count: usize, window: Duration) -> Result<P50P99, BoxError> {
-    let mut latencies = Latencies::new();
-    record(probe, &mut latencies, count, window).await?;
+    let latencies = record(probe, count, window).await?;
     Ok(P50P99(latencies.p50(), latencies.p99()))
-}
-
-fn curve(label: &str, color: (u8, u8, u8), dashed: bool, points: Vec<(f64, f64)>) -> Curve {
-    let label = label.to_owned();
-    Curve {
-        label,
-        color,
-        dashed,
-        points,
-    }
-}
-
-/// A panel of `curves`: its title, and what its axes show.
-fn panel_of(title: &str, axes: (&'static str, &'static str, Unit), curves: Vec<Curve>) -> Panel {
-    let (x_desc, y_desc, y_unit) = axes;
-    Panel {
-        title: title.to_owned(),
-        x_desc,
-        y_desc,
-        y_unit,
-        curves,
-    }
-}
-
-/// A count on a chart's x axis.
-fn x(count: usize) -> f64 {
-    as_f64(count as u64)
 }
 
 pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
@@ -212,7 +168,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     groups.iter().for_each(|g| out.row(groups::row(g)));
     let panels: Vec<_> = (held::panels(&held).into_iter())
         .chain(reads::panels(&held))
-        .chain([waiters::panel(&waiters), groups::panel(&groups)])
+        .chain([waiters::chart(&waiters), groups::chart(&groups)])
         .collect();
     let chart_notes = [format!("Server: {settings_line}.")];
     let title = "Scale: how each cost grows (log-log)";

@@ -10,9 +10,9 @@ use locks_port::{AcquireOptions, LeaderBoard, PermitGuard, Semaphore};
 use locks_postgres::PostgresLockManager;
 
 use super::held::{Held, on_held};
-use super::{BLUE, GREEN, ORANGE, PROBE_CYCLES, curve, panel_of, record};
+use super::{PROBE_CYCLES, record};
 use crate::BoxError;
-use crate::chart::{Panel, Unit};
+use crate::chart::{BLUE, GREEN, ORANGE, Panel, Unit, curve, panel};
 use crate::clients::Op;
 use crate::stats::{Latencies, as_f64, fmt_ns};
 
@@ -78,34 +78,21 @@ impl Read {
     }
 
     async fn once(self, observer: &PostgresLockManager) -> Result<(), BoxError> {
+        let election = || LeaderElection::new(observer.clone(), LEADER);
         match self {
             Self::Holders => drop(observer.holders("bench:scale:probe").await?),
             Self::LockTableUsage => drop(observer.lock_table_usage().await?),
-            Self::WhoLeads => {
-                drop(
-                    LeaderElection::new(observer.clone(), LEADER)
-                        .board(observer.clone())
-                        .who_leads()
-                        .await?,
-                );
-            }
-            Self::Watch(true) => {
-                let election = LeaderElection::new(observer.clone(), LEADER);
-                watch(election.board(observer.clone()).watch()).await?;
-            }
-            Self::Watch(false) => {
-                watch(LeaderElection::new(observer.clone(), LEADER).watch()).await?
-            }
+            Self::WhoLeads => drop(election().board(observer.clone()).who_leads().await?),
+            Self::Watch(true) => watch(election().board(observer.clone()).watch()).await?,
+            Self::Watch(false) => watch(election().watch()).await?,
             Self::Gauge => {
                 observer.lock_table_usage().await?;
                 tokio::time::sleep(GAUGE_INTERVAL).await;
             }
             Self::Permits => {
-                observer
-                    .acquire_permit("bench:scale:permits", 2, AcquireOptions::new())
-                    .await?
-                    .release()
-                    .await;
+                let options = AcquireOptions::new();
+                let permit = observer.acquire_permit("bench:scale:permits", 2, options);
+                permit.await?.release().await;
             }
         }
         Ok(())
@@ -150,7 +137,7 @@ pub(super) async fn read_costs(
         let (mut with, mut without) = (Latencies::new(), Latencies::new());
         let (mut own, mut calls) = (Latencies::new(), 0);
         for _ in 0..ROUNDS {
-            record(probe, &mut without, cycles, window).await?;
+            without.merge(&record(probe, cycles, window).await?);
             let stop = Arc::new(AtomicBool::new(false));
             let looping = {
                 let (observer, stop) = (observer.clone(), Arc::clone(&stop));
@@ -165,7 +152,7 @@ pub(super) async fn read_costs(
                     Ok::<_, BoxError>((own, calls))
                 })
             };
-            record(probe, &mut with, cycles, window).await?;
+            with.merge(&record(probe, cycles, window).await?);
             stop.store(true, Ordering::Relaxed);
             if read.endless() {
                 looping.abort();
@@ -236,12 +223,12 @@ pub(super) fn panels(held: &[Held]) -> [Panel; 2] {
     };
     let axes = |y: &'static str, unit| ("held locks", y, unit);
     [
-        panel_of(
+        panel(
             "one observation read's own time",
             axes("time", Unit::Nanos),
             curves(&|read| read.name().to_owned(), &|r| as_f64(r.own)),
         ),
-        panel_of(
+        panel(
             "cycle p99 while a read loops ÷ without",
             axes("ratio", Unit::Plain),
             curves(&|read| format!("while {} loops", read.name()), &slowdown),

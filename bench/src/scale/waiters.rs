@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use locks_postgres::tokio_postgres::Client;
 
-use super::{BLUE, RED, curve, panel_of, x};
-use crate::chart::{Panel, Unit};
+use crate::chart::{BLUE, Panel, RED, Unit, curve, panel, x};
 use crate::db::Database;
 use crate::harness::{self, cells};
 use crate::stats::{Latencies, as_f64, fairness, fmt_ns};
@@ -72,17 +71,17 @@ pub(super) fn row(w: &Waiters) -> Vec<crate::harness::Cell> {
     ]
 }
 
-pub(super) fn panel(waiters: &[Waiters]) -> Panel {
-    let points = |f: fn(&Waiters) -> u64| {
-        let point = |w: &Waiters| (x(w.waiters), as_f64(f(w)));
-        waiters.iter().map(point).collect()
+pub(super) fn chart(waiters: &[Waiters]) -> Panel {
+    let p99 = |label, color, dashed, f: fn(&Waiters) -> u64| {
+        let points = waiters.iter().map(|w| (x(w.waiters), as_f64(f(w))));
+        curve(label, color, dashed, points.collect())
     };
-    panel_of(
+    panel(
         "handoff p99, waiters on one key",
         ("waiters", "release → grant", Unit::Nanos),
         vec![
-            curve("library (Queue)", BLUE, false, points(|w| w.library.0)),
-            curve("raw", RED, true, points(|w| w.raw.0)),
+            p99("library (Queue)", BLUE, false, |w| w.library.0),
+            p99("raw", RED, true, |w| w.raw.0),
         ],
     )
 }
