@@ -23,10 +23,6 @@ use crate::task::{Owned, Running, TermPlan, spawn};
 use crate::terms::ShardTerms;
 use crate::waits::Waits;
 
-/// How long a claim waits at least (at most the drain grace if that is longer): the
-/// owner sheds on its next tick, and drains first.
-const CLAIM_WAIT_AT_LEAST: Duration = Duration::from_secs(1);
-
 /// What a member's ticks remember from one tick, and one membership, to the next.
 #[derive(Debug, Default)]
 pub(crate) struct View {
@@ -106,6 +102,11 @@ pub(crate) struct Assignment<'a, M, T> {
     pub(crate) group: &'a ShardGroup,
     pub(crate) drain_grace: Duration,
     pub(crate) takeover_delay: Duration,
+    /// How long one claim waits (three ticks, 1 s at most: a claim that runs out is
+    /// queued again on the next tick while still expected). Short, so that the server
+    /// grants a shard to a member cut off from it during a wait only within that long:
+    /// the server ends the wait itself (`lock_timeout`).
+    pub(crate) claim_wait: Duration,
     pub(crate) instruments: &'a Instruments,
     pub(crate) attributes: &'a [KeyValue],
     /// Told by a term's tokio task when the term lost its lock (and let it go), so that
@@ -324,7 +325,7 @@ where
         let mine: Vec<usize> = running.keys().copied().collect();
         let picks = to_claim(self.group, (members, me), &terms, &mine, wanted);
         claims.keep_only(&picks);
-        let wait = self.drain_grace.max(CLAIM_WAIT_AT_LEAST);
+        let wait = self.claim_wait;
         for shard in picks {
             if !claims.contains(shard) {
                 tracing::trace!(shard, "claim queued");
@@ -503,6 +504,7 @@ mod tests {
             group: &group,
             drain_grace: Duration::ZERO,
             takeover_delay: Duration::ZERO,
+            claim_wait: Duration::ZERO,
             instruments: &instruments,
             attributes: &[],
             ended: &ended,

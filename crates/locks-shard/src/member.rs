@@ -361,6 +361,7 @@ where
                 group: &self.group,
                 drain_grace: self.drain_grace,
                 takeover_delay: self.takeover_delay,
+                claim_wait: self.tick.saturating_mul(3).min(Duration::from_secs(1)),
                 instruments: &self.instruments,
                 attributes: &self.attributes,
                 ended,

@@ -12,8 +12,9 @@ use crate::group::ShardGroup;
 use crate::waits::Waits;
 
 /// How long one watch waits before it is armed again (on a later tick): a bound on
-/// how long a pool connection goes unchecked by a watch that is never granted.
-const WATCH_WAIT: Duration = Duration::from_secs(30);
+/// how long a pool connection goes unchecked by a watch that is never granted, and on
+/// how long the server may keep a wait of a member cut off from it.
+const WATCH_WAIT: Duration = Duration::from_secs(10);
 
 /// A member whose presence lock was found free is not watched again for this long
 /// while it is still listed (a member without a presence lock, or one that lost it and
