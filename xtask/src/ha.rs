@@ -4,9 +4,9 @@
 //! Installs Patroni, etcd and curl first when they are missing
 //! (`scripts/install-test-deps.sh --ha`), then runs `cargo test -p locks-postgres
 //! --features ha-tests --test patroni`: a crash of the primary's postmaster, a switchover
-//! and a failover on one cluster, a primary whose Patroni is frozen on another, and a
-//! primary cut off by the network (network namespaces, as root) on a third, which then
-//! rejoins as a replica once the link is back (about 80 s on two cores, the clusters'
+//! and a failover on one cluster, a primary whose Patroni is frozen on another (resumed
+//! with its link to etcd down), and a primary cut off by the network on a third, which then
+//! rejoins as a replica once the link is back (both in network namespaces, as root) (about 80 s on two cores, the clusters'
 //! start included). Not part of the default run, which needs neither Patroni nor etcd.
 
 use crate::cargo;

@@ -61,7 +61,7 @@ fn ip(args: &[&str]) -> Result<(), NetworkError> {
 }
 
 impl NetworkPair {
-    /// Makes the pair. `name` (a few ASCII letters) and this process's id name the
+    /// Makes the pair. `name` (a few ASCII letters or digits) and this process's id name the
     /// namespaces (`<name>-near-<pid>`, `<name>-far-<pid>`); `second_octet` picks the
     /// address range (`10.<second_octet>.<pid % 250>.0/30`), so two users in one process
     /// tree pick different ones.

@@ -5,10 +5,11 @@
 //! failover`; after each: every holder told within the bound, new acquisitions on the
 //! primary Patroni names within the failover bound, nothing granted on the other node,
 //! fencing tokens strictly above every token before. Two more clusters have their primary
-//! cut off while clients still reach it: its Patroni frozen (`frozen.rs`), or its network
-//! to etcd and the other node cut (`partition.rs`, which then brings the link back and
-//! follows the old primary until it streams from the new one). Its own test binary (run by `cargo
-//! xtask test --ha`): it needs Patroni and etcd and starts its own clusters.
+//! cut off while clients still reach it: its Patroni frozen (`frozen.rs`, which resumes it
+//! with its link to etcd down), or its network to etcd and the other node cut
+//! (`partition.rs`, which then brings the link back and follows the old primary until it
+//! streams from the new one); both in network namespaces, as root. Its own test binary
+//! (run by `cargo xtask test --ha`): it needs Patroni and etcd and starts its own clusters.
 
 mod frozen;
 mod partition;
@@ -294,6 +295,21 @@ async fn patroni_crash_switchover_and_failover() {
     );
     drop(manager);
     blocking(move || drop(cluster)).await;
+}
+
+/// A [`PatroniCluster::start_partitionable`] pair (as root), node 0 leading: the node a
+/// link cut separates from etcd and node 1.
+async fn partitionable() -> Arc<PatroniCluster> {
+    let cluster = Arc::new(
+        blocking(|| {
+            PatroniCluster::start_partitionable().unwrap_or_else(|error| {
+                panic!("start the Patroni pair in network namespaces (needs root): {error}")
+            })
+        })
+        .await,
+    );
+    assert_eq!(cluster.leader(), Some(0), "node 0 bootstraps and leads");
+    cluster
 }
 
 /// A session on node `node` alone, with the protected table's writes.

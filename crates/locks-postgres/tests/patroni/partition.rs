@@ -12,8 +12,8 @@ use locks_postgres::{PostgresLockGuard, PostgresLockManager};
 use throwaway_pg::PatroniCluster;
 
 use super::{
-    FAILOVER, blocking, fenced, fenced_write, new_write_lands_stale_refused, pool, protect,
-    session_on, stale_holder,
+    FAILOVER, blocking, fenced, fenced_write, new_write_lands_stale_refused, partitionable, pool,
+    protect, session_on, stale_holder,
 };
 
 /// How long the test waits, from the cut, for the other node to grant the key and the
@@ -66,16 +66,8 @@ struct Window {
 /// shows node 1's data.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_cut_off_by_the_network_until_patroni_demotes_it() {
-    let cluster = Arc::new(
-        blocking(|| {
-            PatroniCluster::start_partitionable().unwrap_or_else(|error| {
-                panic!("start the Patroni pair in network namespaces (needs root): {error}")
-            })
-        })
-        .await,
-    );
+    let cluster = partitionable().await;
     let (old, new) = (0, 1);
-    assert_eq!(cluster.leader(), Some(old), "node 0 bootstraps and leads");
     let key = "patroni:partition";
     protect(&cluster, old, key).await;
     let (stale, held, stale_token, on_old) =

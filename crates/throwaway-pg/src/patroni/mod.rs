@@ -408,6 +408,13 @@ impl PatroniCluster {
     /// while clients that reach its PostgreSQL are still served. After the TTL the other
     /// node takes over; [`resume_patroni`](Self::resume_patroni) lets it find out and demote.
     ///
+    /// Patroni 3.0.2 (Debian 12's) may not: frozen after its loop read the cluster and
+    /// before it renewed its lease, it resumes on that stale view, takes a new lease and
+    /// writes the leader key over the new leader's without a condition
+    /// (patroni/patroni#2689, fixed in 3.0.3), and the new leader demotes itself. To have
+    /// it demote wherever the freeze caught it, resume it cut off from etcd
+    /// ([`start_partitionable`](Self::start_partitionable), [`cut_off`](Self::cut_off)).
+    ///
     /// # Errors
     /// The node's Patroni is not running, or `kill` failed.
     pub fn pause_patroni(&self, node: usize) -> Result<(), Error> {

@@ -2,6 +2,7 @@
 //! leader) in one network namespace, etcd and node 1 in another, joined by a veth pair.
 
 use std::io;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use super::PatroniCluster;
 use crate::{Error, NetworkPair};
@@ -9,6 +10,12 @@ use crate::{Error, NetworkPair};
 /// The second octet of the pair's addresses (`10.219.<pid % 250>.0/30`), apart from the
 /// other users of [`NetworkPair`] in this workspace.
 const OCTET: u8 = 219;
+
+/// How many partitionable pairs this process has made: each pair's namespaces and links
+/// are named after its number (`p00`, `p01`, ...), so that two tests of one binary can
+/// each run one at once (the names are global; the addresses live in the pair's own
+/// namespaces). A hundred apart, numbers are reused.
+static MADE: AtomicU8 = AtomicU8::new(0);
 
 impl PatroniCluster {
     /// As [`start`](Self::start), with node 0 (which bootstraps and leads) in one network
@@ -20,13 +27,15 @@ impl PatroniCluster {
     /// a cut-off primary. Patroni's REST API is asked from inside the namespaces with
     /// `curl`.
     ///
-    /// Needs root (for `ip netns`), iproute2 and curl.
+    /// Needs root (for `ip netns`), iproute2 and curl. Several may run at once in one
+    /// process.
     ///
     /// # Errors
     /// As [`start`](Self::start), and an [`Error::Io`] that says why the namespaces
     /// could not be made.
     pub fn start_partitionable() -> Result<Self, Error> {
-        let network = NetworkPair::make("pat", OCTET).map_err(|error| {
+        let number = MADE.fetch_add(1, Ordering::Relaxed) % 100;
+        let network = NetworkPair::make(&format!("p{number:02}"), OCTET).map_err(|error| {
             Error::io(
                 "make the network namespaces for the Patroni pair",
                 io::Error::other(error.to_string()),
