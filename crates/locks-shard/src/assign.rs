@@ -82,9 +82,8 @@ pub(crate) fn to_try(group: &ShardGroup, slot: u32, owned: &[usize]) -> Vec<usiz
 /// The shards the member `me` waits for in the queue of their locks, up to `wanted` of
 /// them, best first, none of `mine` (the ones it runs): those the other members of
 /// `members` will shed to come down to their shares, as each of them chooses
-/// ([`to_shed`], on what `terms` say it owns), and those no listed member owns by the
-/// terms (a term just ended by a hand-off whose lock is not yet released, a dead
-/// member's lock its stopped backend still holds), that no member listed before `me` and
+/// ([`to_shed`], on what `terms` say it owns), and those whose latest term ended (a
+/// hand-off's, its lock released a round trip later), that no member listed before `me` and
 /// short of its own share waits for. A member that joined finds no free shard while the
 /// owners drain theirs; queued on the ones they shed, it is granted each at its
 /// release, not on a later tick. Every short member computes this from the same terms,
@@ -105,8 +104,13 @@ pub(crate) fn to_claim(
         }
     }
     let share = |slot: u32| target_share(group.len(), members, slot).unwrap_or(0);
-    let mut pool: Vec<usize> = (0..group.len())
-        .filter(|shard| !owned.values().any(|shards| shards.contains(shard)))
+    // Not the shards of a term that did not end and whose owner is not listed: most
+    // often free already (a dead member's; the tries take them), or held by a backend
+    // that a claim would wait on for its whole wait, tick after tick.
+    let mut pool: Vec<usize> = terms
+        .iter()
+        .filter(|term| term.ended)
+        .filter_map(|term| group.index_of(&term.shard))
         .collect();
     for (&slot, shards) in &owned {
         if slot != me {
@@ -236,23 +240,22 @@ mod tests {
         let half: Vec<Term> = terms[..6].to_vec();
         let rest: Vec<usize> = (6..12).collect();
         assert!(to_claim(&group, (&[1, 2], 2), &half, &rest, 6).is_empty());
-        // A shard whose term ended (its lock about to be released), or whose owner is no
-        // longer listed, is claimed as a free one; never one this member runs.
+        // A shard whose term ended (its lock about to be released) is claimed as a free
+        // one; never one this member runs; nor one of an owner no longer listed whose
+        // term did not end (free already, or held by a backend for who knows how long).
         let mut ended = terms.clone();
         ended[5].ended = true;
         let claimed = to_claim(&group, (&[1, 2, 3], 2), &ended, &[], 12);
         assert!(claimed.contains(&5), "{claimed:?}");
+        assert!(!to_claim(&group, (&[1, 2, 3], 2), &ended, &[5], 12).contains(&5));
         let (two, three) = (
-            to_claim(&group, (&[2, 3], 2), &terms, &[], 6),
-            to_claim(&group, (&[2, 3], 3), &terms, &[], 6),
+            to_claim(&group, (&[2, 3], 2), &ended, &[], 6),
+            to_claim(&group, (&[2, 3], 3), &ended, &[], 6),
         );
-        assert_eq!((two.len(), three.len()), (6, 6));
-        assert!(two.iter().all(|s| !three.contains(s)), "{two:?} {three:?}");
-        let gone = to_claim(&group, (&[2], 2), &terms, &[0, 1], 12);
         assert_eq!(
-            gone,
-            to_try(&group, 2, &[0, 1]),
-            "all of the gone owner's but mine"
+            (two, three),
+            (vec![5], vec![]),
+            "only the ended one, to the first"
         );
     }
 
