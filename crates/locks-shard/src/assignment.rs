@@ -9,19 +9,15 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
-use locks_port::{
-    AcquisitionErrorKind, DistributedLock, LockAcquisitionError, LockGuard, LostSignal, Semaphore,
-};
+use locks_port::{DistributedLock, LockAcquisitionError, LockGuard, LostSignal, Semaphore};
 use opentelemetry::KeyValue;
 use tokio::sync::Notify;
 
-use crate::assign::{expected_from_terms, members_of, target_share, to_claim, to_shed, to_try};
+use crate::assign::{expected_from_terms, members_of, target_share, to_shed, to_try};
 use crate::group::ShardGroup;
 use crate::metrics::Instruments;
-use crate::presence::Presence;
 use crate::task::{Owned, Running, TermPlan, spawn};
 use crate::terms::ShardTerms;
-use crate::waits::Waits;
 
 /// What a member's ticks remember from one tick, and one membership, to the next.
 #[derive(Debug, Default)]
@@ -35,8 +31,6 @@ pub(crate) struct View {
     /// fresh member the holders of the group's terms that did not end), and until when
     /// this member takes free shards only up to its share among that many.
     expect: Option<(usize, Instant)>,
-    /// Whether the last tick left this member short of what it may take.
-    short: bool,
 }
 
 impl View {
@@ -44,13 +38,6 @@ impl View {
     /// for `wait`.
     pub(crate) fn joined(&mut self, wait: Duration) {
         self.expect_back(self.seen.len(), wait);
-    }
-
-    /// Whether the last member list read listed `slot`, or the last tick left this
-    /// member short: a dead member's sessions end one by one, so its last shards may
-    /// be free only a moment after the others.
-    pub(crate) fn lists_or_short(&self, slot: u32) -> bool {
-        self.short || self.seen.contains(&slot)
     }
 
     /// Whether this member has seen no member list yet (a process's first membership):
@@ -78,21 +65,6 @@ impl View {
     }
 }
 
-/// What a take of a shard came to: the shard and its running term, `None` when the
-/// shard was busy (or a claim's wait ran out).
-type Taken = (usize, Result<Option<Running>, LockAcquisitionError>);
-
-/// The shards a member waits for in their locks' queues ([`to_claim`]), each wait
-/// bounded, given up as soon as a tick no longer expects the shard to be shed to it.
-pub(crate) type Claims<'s> = Waits<'s, usize, Result<Option<Running>, LockAcquisitionError>>;
-
-/// What a member waits for between its ticks: the shards it claims, and the deaths of
-/// the members it watches.
-pub(crate) struct Waiting<'s, M: DistributedLock> {
-    pub(crate) claims: Claims<'s>,
-    pub(crate) presence: Presence<'s, M>,
-}
-
 /// What a member's ticks work with: its manager, term store and group, and how its terms
 /// run. Borrowed from the member for one membership.
 #[derive(Debug)]
@@ -102,11 +74,6 @@ pub(crate) struct Assignment<'a, M, T> {
     pub(crate) group: &'a ShardGroup,
     pub(crate) drain_grace: Duration,
     pub(crate) takeover_delay: Duration,
-    /// How long one claim waits (three ticks, 1 s at most: a claim that runs out is
-    /// queued again on the next tick while still expected). Short, so that the server
-    /// grants a shard to a member cut off from it during a wait only within that long:
-    /// the server ends the wait itself (`lock_timeout`).
-    pub(crate) claim_wait: Duration,
     pub(crate) instruments: &'a Instruments,
     pub(crate) attributes: &'a [KeyValue],
     /// Told by a term's tokio task when the term lost its lock (and let it go), so that
@@ -121,21 +88,19 @@ where
     M::Guard: 'static,
     T: ShardTerms + Clone + 'static,
 {
-    /// One tick: reads the members, and sheds or takes shards (or waits in the queue
-    /// of those the others shed to it: `claims`).
-    pub(crate) async fn tick<'s, F, Fut>(
-        &'s self,
-        (slot, holder_id): (u32, Option<&'s str>),
+    /// One tick: reads the members, and sheds or takes shards.
+    pub(crate) async fn tick<F, Fut>(
+        &self,
+        slot: u32,
+        holder_id: Option<&str>,
         running: &mut BTreeMap<usize, Running>,
         task: &Arc<F>,
         view: &mut View,
-        waiting: &mut Waiting<'s, M>,
     ) where
         F: Fn(Owned, LostSignal) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
         tracing::trace!(slot, "tick");
-        waiting.presence.hold(slot).await;
         // The shards whose locks this member just lost are tried first: most often
         // still its share, and free.
         let retake: Vec<usize> = running
@@ -169,24 +134,14 @@ where
             view.seen.clone_from(&members);
             view.changed_at = Some(Instant::now());
         }
-        waiting.presence.watch(&members, me);
         let Some(share) = target_share(self.group.len(), &members, me) else {
             return;
         };
         let take_up_to = view
             .take_cap(self.group.len(), members.len())
             .map_or(share, |cap| cap.min(share));
-        self.rebalance(
-            (slot, holder_id),
-            (&members, me),
-            (share, take_up_to),
-            &retake,
-            running,
-            task,
-            &mut waiting.claims,
-        )
-        .await;
-        view.short = running.len() < take_up_to;
+        self.rebalance(slot, holder_id, (share, take_up_to), &retake, running, task)
+            .await;
         let settled = running.len() == share && running.values().all(|term| !term.is_stopping());
         if settled && let Some(at) = view.changed_at.take() {
             self.instruments
@@ -238,18 +193,15 @@ where
 
     /// Sheds the shards above `share`, or takes free ones up to `take_up_to` (the share,
     /// or less while members are expected back), trying first the shards in `retake`
-    /// (whose locks this member just lost); if that leaves it short, waits in the queue
-    /// of the shards the others will shed to it (`claims`, kept from tick to tick).
-    #[allow(clippy::too_many_arguments)]
-    async fn rebalance<'s, F, Fut>(
-        &'s self,
-        (slot, holder_id): (u32, Option<&'s str>),
-        (members, me): (&[u32], u32),
+    /// (whose locks this member just lost).
+    async fn rebalance<F, Fut>(
+        &self,
+        slot: u32,
+        holder_id: Option<&str>,
         (share, take_up_to): (usize, usize),
         retake: &[usize],
         running: &mut BTreeMap<usize, Running>,
         task: &Arc<F>,
-        claims: &mut Claims<'s>,
     ) where
         F: Fn(Owned, LostSignal) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
@@ -260,7 +212,6 @@ where
             .map(|(&shard, _)| shard)
             .collect();
         if active.len() > share {
-            claims.keep_only(&[]);
             for shard in to_shed(self.group, slot, &active, share) {
                 if let Some(term) = running.get_mut(&shard) {
                     term.hand_off();
@@ -270,11 +221,10 @@ where
         }
         let mut wanted = take_up_to.saturating_sub(active.len());
         let owned: Vec<usize> = running.keys().copied().collect();
-        let claimed = claims.keys();
         let mut candidates = retake.iter().copied().chain(
             to_try(self.group, slot, &owned)
                 .into_iter()
-                .filter(|shard| !retake.contains(shard) && !claimed.contains(shard)),
+                .filter(|shard| !retake.contains(shard)),
         );
         // As many tries at once as shards are still wanted, in score order (after a
         // member died, its shards are taken in one round trip, not one after the
@@ -288,7 +238,7 @@ where
                 let Some(shard) = candidates.next() else {
                     break;
                 };
-                trying.push(self.take(slot, holder_id, shard, Arc::clone(task), None));
+                trying.push(async move { (shard, self.take(slot, holder_id, shard, task).await) });
             }
             let Some((shard, outcome)) = trying.next().await else {
                 break;
@@ -305,95 +255,23 @@ where
                 }
             }
         }
-        if failed {
-            return;
-        }
-        if wanted == 0 {
-            claims.keep_only(&[]);
-            return;
-        }
-        // Short of its share with no shard free: the others own too many (this member
-        // just joined) and will shed them on their next ticks. Queued on the ones each
-        // will shed, this member is granted each as its owner releases it.
-        let terms = match self.terms.terms(self.group.name()).await {
-            Ok(terms) => terms,
-            Err(error) => {
-                tracing::warn!(error = %error, "reading the shard terms to claim failed");
-                return;
-            }
-        };
-        let mine: Vec<usize> = running.keys().copied().collect();
-        let picks = to_claim(self.group, (members, me), &terms, &mine, wanted);
-        claims.keep_only(&picks);
-        let wait = self.claim_wait;
-        for shard in picks {
-            if !claims.contains(shard) {
-                tracing::trace!(shard, "claim queued");
-                claims.push(
-                    shard,
-                    self.begin(slot, holder_id, shard, Arc::clone(task), Some(wait)),
-                );
-            }
-        }
-        if claims.len() > 0 {
-            tracing::trace!(claims = claims.len(), "claims");
-        }
     }
 
-    /// A claim that came to an end (`taken`): its term joins the running ones.
-    pub(crate) fn claimed(&self, taken: Taken, running: &mut BTreeMap<usize, Running>) {
-        match taken {
-            (shard, Ok(Some(term))) => {
-                tracing::trace!(shard, "claim granted");
-                // Never already running: the claim held the lock.
-                running.entry(shard).or_insert(term);
-            }
-            (_, Ok(None)) => {}
-            (_, Err(error)) => tracing::warn!(error = %error, "a claim on a shard failed"),
-        }
-    }
-
-    /// Takes `shard` if its lock is free (`wait` `None`), or once it is within `wait`:
-    /// begins a term and starts its task.
+    /// Takes `shard` if its lock is free: begins a term and starts its task.
     async fn take<F, Fut>(
         &self,
         slot: u32,
         holder_id: Option<&str>,
         shard: usize,
-        task: Arc<F>,
-        wait: Option<Duration>,
-    ) -> Taken
-    where
-        F: Fn(Owned, LostSignal) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = ()> + Send + 'static,
-    {
-        (shard, self.begin(slot, holder_id, shard, task, wait).await)
-    }
-
-    async fn begin<F, Fut>(
-        &self,
-        slot: u32,
-        holder_id: Option<&str>,
-        shard: usize,
-        task: Arc<F>,
-        wait: Option<Duration>,
+        task: &Arc<F>,
     ) -> Result<Option<Running>, LockAcquisitionError>
     where
         F: Fn(Owned, LostSignal) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
         let name = self.group.shard(shard).unwrap_or_default();
-        let key = self.group.shard_key(name);
         let trying = Instant::now();
-        let guard = match wait {
-            None => self.locks.try_acquire(&key).await?,
-            Some(wait) => match self.locks.acquire(&key, wait).await {
-                Ok(guard) => Some(guard),
-                Err(error) if error.kind() == AcquisitionErrorKind::Timeout => None,
-                Err(error) => return Err(error),
-            },
-        };
-        let Some(guard) = guard else {
+        let Some(guard) = self.locks.try_acquire(&self.group.shard_key(name)).await? else {
             tracing::trace!(shard = name, took = ?trying.elapsed(), "shard busy");
             return Ok(None);
         };
@@ -442,6 +320,7 @@ where
             attributes: self.attributes.to_vec(),
             ended: Arc::clone(self.ended),
         };
+        let task = Arc::clone(task);
         Ok(Some(spawn(guard, plan, move |owned, stop| {
             task(owned, stop)
         })))
@@ -504,7 +383,6 @@ mod tests {
             group: &group,
             drain_grace: Duration::ZERO,
             takeover_delay: Duration::ZERO,
-            claim_wait: Duration::ZERO,
             instruments: &instruments,
             attributes: &[],
             ended: &ended,

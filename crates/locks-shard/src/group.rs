@@ -146,13 +146,6 @@ impl ShardGroup {
         format!("{}\u{0}shard\u{0}{name}", self.name)
     }
 
-    /// The key of the presence lock of the member in membership slot `slot`: held by
-    /// the member for as long as it is one, and waited for by the members after it on
-    /// the list, which are granted it when its sessions end.
-    pub(crate) fn presence_key(&self, slot: u32) -> String {
-        format!("{}\u{0}presence\u{0}{slot}", self.name)
-    }
-
     /// The name of the group's membership semaphore: each member holds one permit.
     #[must_use]
     pub fn members_name(&self) -> String {

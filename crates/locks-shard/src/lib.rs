@@ -8,11 +8,9 @@ mod member;
 mod membership;
 pub mod metrics;
 mod observe;
-mod presence;
 mod renewal;
 mod task;
 mod terms;
-mod waits;
 
 pub use assign::target_share;
 pub use group::{MAX_SHARDS, MIN_MEMBER_SLOTS, ShardGroup};

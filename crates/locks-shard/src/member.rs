@@ -70,9 +70,7 @@ where
     /// terms in `terms`, with the default tick, back-off, drain grace and takeover delay.
     ///
     /// A member holds one permit of the membership semaphore and one lock per owned
-    /// shard, a presence lock, and waits on the presence locks of two other members (so
-    /// that it is woken when one of them dies): on PostgreSQL, one pool connection
-    /// each, and one more for its reads (size the pool for N/M + 5).
+    /// shard: on PostgreSQL, one pool connection each, and one more for its reads.
     pub fn new(locks: M, terms: T, group: ShardGroup) -> Self {
         Self {
             locks,
@@ -361,7 +359,6 @@ where
                 group: &self.group,
                 drain_grace: self.drain_grace,
                 takeover_delay: self.takeover_delay,
-                claim_wait: self.tick.saturating_mul(3).min(Duration::from_secs(1)),
                 instruments: &self.instruments,
                 attributes: &self.attributes,
                 ended,

@@ -7,24 +7,15 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use locks_port::{DistributedLock, LostSignal, PermitGuard, Semaphore};
 use tokio::time::MissedTickBehavior;
 
-use crate::assignment::{Assignment, Claims, View, Waiting};
-use crate::presence::Presence;
+use crate::assignment::{Assignment, View};
 use crate::renewal::{Renewals, SelfStop};
 use crate::task::{Owned, Running};
 use crate::terms::ShardTerms;
-
-/// How soon a member reads the member list again after a watched member's presence
-/// ended while the list still named it.
-const RECHECK_EVERY: Duration = Duration::from_millis(2);
-
-/// For how long after a watched member's presence ended a member reads again so soon
-/// (at most a tick): past it, the next tick finds the member gone.
-const RECHECK_FOR: Duration = Duration::from_millis(20);
 
 /// A membership's settings: the assignment it ticks, how often, and the member's renewal
 /// expiry.
@@ -77,12 +68,6 @@ where
         let overdue = overdue(self.self_stop.filter(|_| renewals.is_some()));
         view.joined(self.rejoin_wait);
         let ticking = async {
-            let mut waiting = Waiting {
-                claims: Claims::default(),
-                presence: Presence::new(self.assignment.locks, self.assignment.group),
-            };
-            // First, so that the members watching this one find it held.
-            waiting.presence.hold(slot).await;
             if view.fresh() {
                 self.assignment.expect_fleet(view, self.rejoin_wait).await;
             }
@@ -91,38 +76,14 @@ where
             let mut ticks = tokio::time::interval(self.tick);
             ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
             ticks.tick().await;
-            // A watched member whose presence ended, while the member list still
-            // lists it or this member is still short (its other sessions end a
-            // moment later): read again soon.
-            let mut recheck: Option<(u32, Instant)> = None;
             loop {
                 self.assignment
-                    .tick(
-                        (slot, holder_id.as_deref()),
-                        running,
-                        task,
-                        view,
-                        &mut waiting,
-                    )
+                    .tick(slot, holder_id.as_deref(), running, task, view)
                     .await;
-                recheck = recheck.filter(|&(dead, since)| {
-                    view.lists_or_short(dead) && since.elapsed() < RECHECK_FOR.min(self.tick)
-                });
-                // Between ticks, the shards this member waits for start as they are
-                // granted, and a watched member's death brings the next tick forward.
-                loop {
-                    tokio::select! {
-                        biased;
-                        () = self.assignment.ended.notified() => break,
-                        taken = waiting.claims.next() => self.assignment.claimed(taken, running),
-                        dead = waiting.presence.ended() => {
-                            tracing::trace!(slot = dead, "a watched member's presence ended");
-                            recheck = Some((dead, Instant::now()));
-                            break;
-                        }
-                        () = tokio::time::sleep(RECHECK_EVERY), if recheck.is_some() => break,
-                        _ = ticks.tick() => break,
-                    }
+                tokio::select! {
+                    biased;
+                    () = self.assignment.ended.notified() => {}
+                    _ = ticks.tick() => {}
                 }
             }
         };

@@ -66,9 +66,7 @@ pub(crate) async fn run(
         .map_err(|error| Failure::new(USAGE, chain(&error)))?;
     let holder = holder_id(target);
     let application = format!("locks:{holder}");
-    // Every shard (a member may own them all for a moment), the membership permit, the
-    // presence lock, two watches of other members, a read, and one to spare.
-    let pool = connect::pool(target, names.len() + 6, &application)?;
+    let pool = connect::pool(target, names.len() + 4, &application)?;
     let keepalive = (!args.keepalive.is_zero()).then_some(args.keepalive);
     let manager = crate::lease::Settings {
         pool: &pool,

@@ -128,8 +128,7 @@ pub(crate) async fn member(url: &str, name: &str) -> Result<(), Error> {
     // would (bb8's `min_idle`, HikariCP's `minimumIdle`; deadpool has none): those a
     // server restart or a terminated backend closed are opened again in the background,
     // not by the next take of a shard.
-    // Plus the member's permit and read, its presence lock and its two watches.
-    let warm_count = SHARDS.div_ceil(MEMBERS - 1) + 5;
+    let warm_count = SHARDS.div_ceil(MEMBERS - 1) + 2;
     warm(&[&lock_pool, &writes], warm_count).await;
     tokio::spawn(keep_warm([lock_pool.clone(), writes.clone()], warm_count));
     if std::env::var_os("SOAK_SHARD_TRACE").is_some() {

@@ -8,4 +8,3 @@ mod rejoin;
 mod support;
 mod takeover;
 mod terms;
-mod wake;

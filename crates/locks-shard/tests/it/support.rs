@@ -188,44 +188,6 @@ impl Fleet {
         );
     }
 
-    /// Runs `member`, built by the test with settings of its own, as `name`: each of
-    /// its tasks recorded, and run until told to stop.
-    pub(crate) fn recorded(
-        &self,
-        name: &str,
-        member: ShardMember<InMemoryLockManager, MemoryTerms>,
-    ) -> JoinHandle<()> {
-        let (recorder, who) = (self.recorder.clone(), name.to_owned());
-        tokio::spawn(async move {
-            let _ = member
-                .run(move |owned, stop| {
-                    let alive = recorder.start(&who, &owned);
-                    async move {
-                        let _alive = alive;
-                        stop.await;
-                    }
-                })
-                .await;
-        })
-    }
-
-    /// Waits until `name` runs `count` shards' tasks; how long it took. Fails with
-    /// `what` after 5 s.
-    pub(crate) async fn until_runs(&self, name: &str, count: usize, what: &str) -> Duration {
-        let from = Instant::now();
-        loop {
-            let running = self.recorder.running();
-            if running.values().filter(|m| *m == name).count() == count {
-                return from.elapsed();
-            }
-            assert!(
-                from.elapsed() < Duration::from_secs(5),
-                "{what}: running {running:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    }
-
     /// A clean leave: waits until the member has handed everything over.
     pub(crate) async fn leave(&mut self, name: &str) {
         let mut member = self.members.remove(name).expect("a member");
