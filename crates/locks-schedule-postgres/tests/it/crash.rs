@@ -12,7 +12,7 @@ use locks_schedule_postgres::{PostgresLedger, install_ledger};
 use throwaway_pg::ThrowawayPostgres;
 use throwaway_pg::testing::child::{Child, env, say};
 
-use crate::support::{database_url, ledger, manager, next_slot, pool_on, unique};
+use crate::support::{database_url, ledger, manager, next_slot, pool_on, rows_kept, unique};
 
 const ROLE: &str = "SCHEDULE_CHILD_ROLE";
 const JOB: &str = "SCHEDULE_JOB";
@@ -114,6 +114,7 @@ async fn kill_mid_job(crash: &str) -> (Slot, RunReport, Option<(u32, Option<Outc
 /// At-most-once: the killed runner's slot is marked abandoned and not run again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_runner_slot_is_abandoned_at_most_once() {
+    let _rows = rows_kept().await;
     let (slot, report, seen) = kill_mid_job("at_most_once").await;
     assert_eq!(
         verdict_for(&report, &slot),
@@ -134,6 +135,7 @@ async fn a_killed_runner_slot_is_abandoned_at_most_once() {
 /// the job is told the first attempt was abandoned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_runner_slot_is_rerun_at_least_once() {
+    let _rows = rows_kept().await;
     let (slot, report, seen) = kill_mid_job("at_least_once").await;
     assert!(
         matches!(

@@ -4,10 +4,11 @@
 
 use locks_schedule::conformance;
 
-use crate::support::{ledger, manager, unique};
+use crate::support::{ledger, manager, rows_kept, unique};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_firing_loop_runs_each_slot_once_across_skewed_hosts() {
+    let _rows = rows_kept().await;
     let ledger = ledger().await;
     let hosts = [manager(), manager(), manager()];
     conformance::every_slot_runs_each_slot_once(

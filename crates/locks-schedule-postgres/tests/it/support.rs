@@ -7,9 +7,27 @@ use deadpool_postgres::Pool;
 use locks_postgres::PostgresLockManager;
 use locks_schedule::{Ledger, Schedule};
 use locks_schedule_postgres::{PostgresLedger, install_ledger};
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 pub(crate) use throwaway_pg::testing::{database_url, unique};
+
+/// The contract's retention check prunes the whole ledger table (every job's rows before
+/// a cut-off, but each job's latest), and the tests of this binary run at once: a test
+/// that reads back more than its jobs' latest rows holds this shared
+/// ([`rows_kept`]), the contract test alone ([`pruning`]), so a prune never deletes rows
+/// another test is about to count (one did: the firing loop's ledger read back 1 row
+/// of 9).
+static LEDGER_ROWS: RwLock<()> = RwLock::const_new(());
+
+/// Held while a test counts on its rows staying in the ledger.
+pub(crate) async fn rows_kept() -> RwLockReadGuard<'static, ()> {
+    LEDGER_ROWS.read().await
+}
+
+/// Held while a test may prune the ledger.
+pub(crate) async fn pruning() -> RwLockWriteGuard<'static, ()> {
+    LEDGER_ROWS.write().await
+}
 
 /// A pool on the test server (or on `url`).
 pub(crate) fn pool_on(url: &str, size: usize) -> Pool {
