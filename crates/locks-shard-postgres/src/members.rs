@@ -17,20 +17,86 @@ pub const MEMBERS_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS locks_shard_members
      expires timestamptz NOT NULL, \
      PRIMARY KEY (group_name, member_slot))";
 
+/// Whether slot `member_slot` of the semaphore class `$CLASS` is held: a shared try of it,
+/// let go in the same expression when granted (the adapter's `permit_held` probe). One
+/// lock-table entry taken and freed; never `pg_locks`.
+macro_rules! held {
+    ($class:literal) => {
+        concat!(
+            "CASE WHEN pg_try_advisory_lock_shared(",
+            $class,
+            "::int4, member_slot) THEN NOT pg_advisory_unlock_shared(",
+            $class,
+            "::int4, member_slot) ELSE true END"
+        )
+    };
+}
+
+/// A renewal's first part: `mine`, the upsert of this member's row (`$1` group, `$2` slot,
+/// `$3` its sessions' application name, `$4` the expiry in seconds), then a comma.
+macro_rules! renew_mine {
+    () => {
+        "WITH mine AS (\
+           INSERT INTO locks_shard_members AS m \
+             (group_name, member_slot, application_name, expires) \
+           VALUES ($1, $2, $3, clock_timestamp() + make_interval(secs => $4::float8)) \
+           ON CONFLICT (group_name, member_slot) DO UPDATE \
+             SET application_name = EXCLUDED.application_name, expires = EXCLUDED.expires \
+           RETURNING 1), "
+    };
+}
+
+/// Enters a member in the roster: its row (`$1` group, `$2` slot, `$3` its sessions'
+/// application name, or `''` without a holder id), expiring after `$4` seconds, or never
+/// when `$4` is NULL (a member that does not renew: its row lasts until another member
+/// takes its slot, and says nothing while the slot is free).
+pub(crate) const ENTER: &str = "INSERT INTO locks_shard_members AS m \
+       (group_name, member_slot, application_name, expires) \
+     VALUES ($1, $2, $3, COALESCE(clock_timestamp() + make_interval(secs => $4::float8), \
+       'infinity'::timestamptz)) \
+     ON CONFLICT (group_name, member_slot) DO UPDATE \
+       SET application_name = EXCLUDED.application_name, expires = EXCLUDED.expires";
+
+/// The roster (`$1` group, `$2` the membership semaphore's class): each row whose slot
+/// is held now, by a probe of the slot, never `pg_locks`: its cost grows with the group's
+/// rows, not with the locks held on the server.
+pub(crate) const ROSTER: &str = concat!(
+    "SELECT member_slot, application_name FROM locks_shard_members \
+     WHERE group_name = $1 AND ",
+    held!("$2"),
+    " ORDER BY member_slot"
+);
+
+/// A renewal's first statement: renews this member's row (as [`RENEW`]), forgets the
+/// group's expired rows whose slot is free (members that left or died), and counts the
+/// expired rows whose slot is still held (by a probe, never `pg_locks`). Only when that
+/// count is not zero does the renewal run [`RENEW`], which reads `pg_locks` to end the
+/// sessions of those members: a member whose process stopped is rare, and a renewal
+/// costs the same at any server size otherwise.
+pub(crate) const RENEW_LOOK: &str = concat!(
+    renew_mine!(),
+    "expired AS MATERIALIZED (\
+       SELECT member_slot, ",
+    held!("$5"),
+    " AS held FROM locks_shard_members \
+       WHERE group_name = $1 AND member_slot <> $2 AND expires < clock_timestamp()), \
+     forgotten AS (\
+       DELETE FROM locks_shard_members f USING expired e \
+       WHERE f.group_name = $1 AND f.member_slot = e.member_slot AND NOT e.held \
+         AND f.expires < clock_timestamp() \
+       RETURNING 1) \
+     SELECT count(*) FILTER (WHERE held)::int8 FROM expired"
+);
+
 /// One statement: renews this member's row (`$1` group, `$2` slot, `$3` its sessions'
 /// application name, `$4` the expiry in seconds); deletes the group's expired rows; and
 /// for each expired member whose membership slot (`$5` the semaphore's class) is still
 /// held by a session of its application name, ends every session of that name. A member
 /// that left (its slot free) is only forgotten; one that stopped is ended. (A
 /// data-modifying `WITH` runs whether or not the rest reads it.)
-pub(crate) const RENEW: &str = "WITH mine AS (\
-       INSERT INTO locks_shard_members AS m \
-         (group_name, member_slot, application_name, expires) \
-       VALUES ($1, $2, $3, clock_timestamp() + make_interval(secs => $4::float8)) \
-       ON CONFLICT (group_name, member_slot) DO UPDATE \
-         SET application_name = EXCLUDED.application_name, expires = EXCLUDED.expires \
-       RETURNING 1), \
-     expired AS (\
+pub(crate) const RENEW: &str = concat!(
+    renew_mine!(),
+    "expired AS (\
        DELETE FROM locks_shard_members \
        WHERE group_name = $1 AND member_slot <> $2 AND expires < clock_timestamp() \
        RETURNING member_slot, application_name), \
@@ -41,7 +107,8 @@ pub(crate) const RENEW: &str = "WITH mine AS (\
        JOIN pg_stat_activity a ON a.pid = l.pid AND a.application_name = e.application_name) \
      SELECT count(pg_terminate_backend(a.pid))::int8 FROM pg_stat_activity a \
      JOIN stuck s ON a.application_name = s.application_name \
-     WHERE a.pid <> pg_backend_pid()";
+     WHERE a.pid <> pg_backend_pid()"
+);
 
 /// The class of the group's membership semaphore.
 pub(crate) fn members_class(members_name: &str) -> i32 {
@@ -51,4 +118,28 @@ pub(crate) fn members_class(members_name: &str) -> i32 {
 /// The expiry in seconds, as the statement takes it.
 pub(crate) fn seconds(expiry: Duration) -> f64 {
     expiry.as_secs_f64()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ENTER, RENEW, RENEW_LOOK, ROSTER};
+
+    #[test]
+    fn what_a_tick_and_a_renewal_run_never_reads_pg_locks() {
+        for (name, statement) in [
+            ("ENTER", ENTER),
+            ("ROSTER", ROSTER),
+            ("RENEW_LOOK", RENEW_LOOK),
+        ] {
+            assert!(
+                !statement.contains("pg_locks"),
+                "{name} reads the whole lock table: {statement}"
+            );
+        }
+        assert!(
+            RENEW.contains("pg_locks"),
+            "only the renewal that found a stopped member's slot held reads it"
+        );
+        assert!(ROSTER.contains("pg_try_advisory_lock_shared($2::int4, member_slot)"));
+    }
 }

@@ -4,12 +4,12 @@ use std::future::Future;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use locks_shard::locks_port::LockAcquisitionError;
+use locks_shard::locks_port::{LockAcquisitionError, PermitHolder};
 use locks_shard::{Begun, ShardTerms, Term};
 use time::OffsetDateTime;
 
 use crate::errors;
-use crate::members::{MEMBERS_SCHEMA, RENEW, members_class, seconds};
+use crate::members::{ENTER, MEMBERS_SCHEMA, RENEW, RENEW_LOOK, ROSTER, members_class, seconds};
 
 /// The term table (in the connection's `search_path` schema).
 pub const TERMS_TABLE: &str = "locks_shard_terms";
@@ -272,9 +272,64 @@ impl ShardTerms for PostgresShardTerms {
             .collect()
     }
 
+    /// Writes the member's row in the member table ([`MEMBERS_TABLE`](crate::MEMBERS_TABLE)):
+    /// its slot and its sessions' `application_name`, expiring with its renewals, or
+    /// never for a member that does not renew.
+    async fn enter(
+        &self,
+        group: &str,
+        member: u32,
+        holder_id: Option<&str>,
+        expiry: Option<Duration>,
+    ) -> Result<(), LockAcquisitionError> {
+        let slot = slot_param(member);
+        let name = holder_id.map_or_else(String::new, locks_postgres::holder_application_name);
+        let expiry = expiry.map(seconds);
+        self.query(
+            group,
+            "entering a shard group member",
+            ENTER,
+            &[&group, &slot, &name, &expiry],
+        )
+        .await
+        .map(drop)
+    }
+
+    /// The member table's rows whose slot is held, each slot probed with a shared try
+    /// of it (let go at once), never `pg_locks`: one statement whose cost grows with the
+    /// group's rows, not with the locks held on the server.
+    async fn roster(
+        &self,
+        group: &str,
+        members_name: &str,
+    ) -> Result<Option<Vec<PermitHolder>>, LockAcquisitionError> {
+        let what = "reading the shard group's roster";
+        let class = members_class(members_name);
+        let read = |error| errors::driver(group, what, error);
+        self.query(group, what, ROSTER, &[&group, &class])
+            .await?
+            .iter()
+            .map(|row| {
+                let slot: i32 = row.try_get(0).map_err(read)?;
+                let name: String = row.try_get(1).map_err(read)?;
+                let holder_id = name
+                    .strip_prefix(locks_postgres::HOLDER_APPLICATION_NAME_PREFIX)
+                    .map(str::to_owned);
+                Ok(PermitHolder::new(
+                    u32::try_from(slot).unwrap_or(0),
+                    holder_id,
+                    None,
+                ))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
+    }
+
     /// Renews the member's row and ends the sessions of expired members that still hold
     /// their membership slot, with `pg_terminate_backend` (the role needs to be allowed
-    /// to: the same role as the members', or `pg_signal_backend`).
+    /// to: the same role as the members', or `pg_signal_backend`). One statement that
+    /// never reads `pg_locks`; a second, which does (to find those members' sessions),
+    /// only when an expired member's slot is held.
     async fn renew(
         &self,
         group: &str,
@@ -287,20 +342,18 @@ impl ShardTerms for PostgresShardTerms {
         let name = locks_postgres::holder_application_name(holder_id);
         let members = locks_shard::ShardGroup::members_name_of(group);
         let class = members_class(&members);
-        let rows = self
-            .query(
-                group,
-                what,
-                RENEW,
-                &[&group, &slot, &name, &seconds(expiry), &class],
-            )
-            .await?;
-        let ended: i64 = match rows.first() {
-            Some(row) => row
-                .try_get(0)
-                .map_err(|error| errors::driver(group, what, error))?,
-            None => 0,
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+            [&group, &slot, &name, &seconds(expiry), &class];
+        let count = async |statement| {
+            let rows = self.query(group, what, statement, &params).await?;
+            rows.first().map_or(Ok(0), |row| {
+                row.try_get::<_, i64>(0)
+                    .map_err(|error| errors::driver(group, what, error))
+            })
         };
-        Ok(u64::try_from(ended).unwrap_or(0))
+        if count(RENEW_LOOK).await? == 0 {
+            return Ok(0);
+        }
+        Ok(u64::try_from(count(RENEW).await?).unwrap_or(0))
     }
 }

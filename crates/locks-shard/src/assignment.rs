@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
-use locks_port::{DistributedLock, LockAcquisitionError, LockGuard, LostSignal, Semaphore};
+use locks_port::{
+    DistributedLock, LockAcquisitionError, LockGuard, LostSignal, PermitHolder, Semaphore,
+};
 use opentelemetry::KeyValue;
 use tokio::sync::Notify;
 
@@ -17,7 +19,7 @@ use crate::assign::{expected_from_terms, members_of, target_share, to_shed, to_t
 use crate::group::ShardGroup;
 use crate::metrics::Instruments;
 use crate::task::{Owned, Running, TermPlan, spawn};
-use crate::terms::ShardTerms;
+use crate::terms::{ShardTerms, held_members};
 
 /// What a member's ticks remember from one tick, and one membership, to the next.
 #[derive(Debug, Default)]
@@ -74,6 +76,8 @@ pub(crate) struct Assignment<'a, M, T> {
     pub(crate) group: &'a ShardGroup,
     pub(crate) drain_grace: Duration,
     pub(crate) takeover_delay: Duration,
+    /// The member's renewal expiry (renewals on), written with its roster entry.
+    pub(crate) renewal: Option<Duration>,
     pub(crate) instruments: &'a Instruments,
     pub(crate) attributes: &'a [KeyValue],
     /// Told by a term's tokio task when the term lost its lock (and let it go), so that
@@ -110,23 +114,26 @@ where
             .collect();
         running.retain(|_, term| !term.is_finished());
         self.rejoined(slot, running).await;
-        let holders = match self.locks.permit_holders(&self.group.members_name()).await {
-            Ok(holders) => holders,
-            Err(error) => {
-                tracing::warn!(error = %error, "reading the shard group's members failed");
-                return;
-            }
-        };
-        tracing::trace!(
-            members = holders.held.len(),
-            owned = running.len(),
-            "members read"
-        );
+        let members_name = self.group.members_name();
+        let (mut held, from_roster) =
+            match held_members(self.locks, self.terms, self.group.name(), &members_name).await {
+                Ok(read) => read,
+                Err(error) => {
+                    tracing::warn!(error = %error, "reading the shard group's members failed");
+                    return;
+                }
+            };
+        tracing::trace!(members = held.len(), owned = running.len(), "members read");
+        if from_roster && !held.iter().any(|h| h.slot == slot) {
+            // This member holds its slot (its membership is not lost), but the roster does
+            // not list it: its entry failed, or was deleted. It enters again, and counts
+            // itself meanwhile. (Read from the lock table, a member not listed has lost
+            // its permit: it waits for its membership's end, as before the roster.)
+            self.enter(slot, holder_id).await;
+            held.push(PermitHolder::new(slot, holder_id.map(str::to_owned), None));
+        }
         let (members, me) = members_of(
-            holders
-                .held
-                .iter()
-                .map(|h| (h.slot, h.holder_id.as_deref())),
+            held.iter().map(|h| (h.slot, h.holder_id.as_deref())),
             slot,
             holder_id,
         );
@@ -147,6 +154,20 @@ where
             self.instruments
                 .rebalance
                 .record(at.elapsed().as_secs_f64(), self.attributes);
+        }
+    }
+
+    /// Enters this member in the group's roster ([`ShardTerms::enter`]), with its
+    /// renewal expiry when it renews. A failure is logged; the next tick that does not
+    /// find it listed enters again.
+    pub(crate) async fn enter(&self, slot: u32, holder_id: Option<&str>) {
+        let expiry = self.renewal.filter(|_| holder_id.is_some());
+        if let Err(error) = self
+            .terms
+            .enter(self.group.name(), slot, holder_id, expiry)
+            .await
+        {
+            tracing::warn!(error = %error, "entering the shard group's roster failed");
         }
     }
 
@@ -383,6 +404,7 @@ mod tests {
             group: &group,
             drain_grace: Duration::ZERO,
             takeover_delay: Duration::ZERO,
+            renewal: None,
             instruments: &instruments,
             attributes: &[],
             ended: &ended,

@@ -359,6 +359,7 @@ where
                 group: &self.group,
                 drain_grace: self.drain_grace,
                 takeover_delay: self.takeover_delay,
+                renewal: self.renewal,
                 instruments: &self.instruments,
                 attributes: &self.attributes,
                 ended,

@@ -68,6 +68,9 @@ where
         let overdue = overdue(self.self_stop.filter(|_| renewals.is_some()));
         view.joined(self.rejoin_wait);
         let ticking = async {
+            // Listed in the roster before the first tick, so that this member's first
+            // read finds itself and the others' next ones find it.
+            self.assignment.enter(slot, holder_id.as_deref()).await;
             if view.fresh() {
                 self.assignment.expect_fleet(view, self.rejoin_wait).await;
             }

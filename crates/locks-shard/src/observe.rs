@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use locks_port::{LockAcquisitionError, PermitHolders, Semaphore};
+use locks_port::{LockAcquisitionError, PermitHolder, Semaphore};
 use time::OffsetDateTime;
 
 use crate::group::ShardGroup;
-use crate::terms::{ShardTerms, Term};
+use crate::terms::{ShardTerms, Term, held_members};
 
 /// The owner of one shard (see [`owners`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,8 +63,9 @@ impl Shards {
     }
 }
 
-/// Who owns which shard of `group` now: two reads (the membership semaphore's holders,
-/// then the term store). A term is named when it is not ended and its member's permit is
+/// Who owns which shard of `group` now: two reads (the members, from the term store's
+/// [`roster`](ShardTerms::roster) or else the membership semaphore's holders, then the
+/// term store). A term is named when it is not ended and its member's permit is
 /// held by the same holder, so a dead member's terms are not named once its permit is
 /// free. A term is named from its beginning, which may be up to the takeover delay
 /// before its task starts.
@@ -76,7 +77,7 @@ pub async fn owners<S: Semaphore, T: ShardTerms>(
     terms: &T,
     group: &ShardGroup,
 ) -> Result<Shards, LockAcquisitionError> {
-    let holders = semaphores.permit_holders(&group.members_name()).await?;
+    let (holders, _) = held_members(semaphores, terms, group.name(), &group.members_name()).await?;
     let latest = terms.terms(group.name()).await?;
     Ok(assemble(&holders, &latest, group.shards()))
 }
@@ -92,9 +93,13 @@ pub async fn owners_by_name<S: Semaphore, T: ShardTerms>(
     terms: &T,
     group: &str,
 ) -> Result<Shards, LockAcquisitionError> {
-    let holders = semaphores
-        .permit_holders(&ShardGroup::members_name_of(group))
-        .await?;
+    let (holders, _) = held_members(
+        semaphores,
+        terms,
+        group,
+        &ShardGroup::members_name_of(group),
+    )
+    .await?;
     let latest = terms.terms(group).await?;
     let mut names: Vec<&str> = latest.iter().map(|term| term.shard.as_str()).collect();
     names.sort_unstable();
@@ -104,11 +109,11 @@ pub async fn owners_by_name<S: Semaphore, T: ShardTerms>(
 /// The owner of each of `names`: its latest term, if not ended and its member's slot is
 /// held by the same holder.
 fn assemble<'a>(
-    holders: &PermitHolders,
+    holders: &[PermitHolder],
     latest: &[Term],
     names: impl Iterator<Item = &'a str>,
 ) -> Shards {
-    let mut members: Vec<u32> = holders.held.iter().map(|h| h.slot).collect();
+    let mut members: Vec<u32> = holders.iter().map(|h| h.slot).collect();
     members.sort_unstable();
     members.dedup();
     let shards = names
@@ -118,7 +123,6 @@ fn assemble<'a>(
                 .find(|term| term.shard == name && !term.ended)
                 .filter(|term| {
                     holders
-                        .held
                         .iter()
                         .any(|h| h.slot == term.member && h.holder_id == term.holder_id)
                 })

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use locks_port::LockAcquisitionError;
+use locks_port::{LockAcquisitionError, PermitHolder, Semaphore};
 use time::OffsetDateTime;
 
 /// One ownership term of a shard, as the term store records it.
@@ -192,6 +192,54 @@ pub trait ShardTerms: Send + Sync {
         std::future::ready(Ok(()))
     }
 
+    /// Records in the group's roster that membership slot `member` is held by the member
+    /// of `holder_id`, as it joins (before its first tick) and again whenever
+    /// [`roster`](Self::roster) does not list it. `expiry` is its renewal expiry when it
+    /// renews ([`renew`](Self::renew) keeps the entry from then on), `None` when it does
+    /// not (the entry then lasts until another member takes the slot).
+    ///
+    /// The default does nothing, and [`roster`](Self::roster) then reads nothing.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn enter(
+        &self,
+        group: &str,
+        member: u32,
+        holder_id: Option<&str>,
+        expiry: Option<Duration>,
+    ) -> impl Future<Output = Result<(), LockAcquisitionError>> + Send {
+        let _ = (group, member, holder_id, expiry);
+        std::future::ready(Ok(()))
+    }
+
+    /// The group's members as its roster names them: the membership slots (of the
+    /// semaphore `members_name`) that are held now and have an entry
+    /// ([`enter`](Self::enter) or [`renew`](Self::renew)), each with the holder id of its
+    /// entry, without reading the lock manager's whole table. A member's ticks and
+    /// [`owners`](crate::owners) read this instead of the semaphore's
+    /// [`permit_holders`](locks_port::Semaphore::permit_holders), which on PostgreSQL
+    /// copies the server's whole lock table (`pg_locks`) and holds up every other
+    /// session's lock request while it does.
+    ///
+    /// A slot taken a moment ago may be listed under its previous holder's id, or not
+    /// at all, until its member's entry is written: a member that is not listed enters
+    /// again on its next tick.
+    ///
+    /// `Ok(None)` (the default) when the store keeps no roster: the members are then read
+    /// from [`permit_holders`](locks_port::Semaphore::permit_holders).
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn roster(
+        &self,
+        group: &str,
+        members_name: &str,
+    ) -> impl Future<Output = Result<Option<Vec<PermitHolder>>, LockAcquisitionError>> + Send {
+        let _ = (group, members_name);
+        std::future::ready(Ok(None))
+    }
+
     /// Renews the liveness of the member `member` (its manager's `holder_id`) for
     /// `expiry`, and ends the lock sessions of the group's members whose renewal expired:
     /// a member whose process stopped (`SIGSTOP`, a frozen VM, a deadlocked runtime) still
@@ -213,6 +261,22 @@ pub trait ShardTerms: Send + Sync {
     ) -> impl Future<Output = Result<u64, LockAcquisitionError>> + Send {
         let _ = (group, member, holder_id, expiry);
         std::future::ready(Ok(0))
+    }
+}
+
+/// The members of a group now, by membership slot with their holder ids: from the term
+/// store's [`roster`](ShardTerms::roster) when it keeps one (never `pg_locks`), else from
+/// the membership semaphore's [`permit_holders`](Semaphore::permit_holders); and whether
+/// they came from the roster.
+pub(crate) async fn held_members<S: Semaphore, T: ShardTerms>(
+    semaphores: &S,
+    terms: &T,
+    group: &str,
+    members_name: &str,
+) -> Result<(Vec<PermitHolder>, bool), LockAcquisitionError> {
+    match terms.roster(group, members_name).await? {
+        Some(held) => Ok((held, true)),
+        None => Ok((semaphores.permit_holders(members_name).await?.held, false)),
     }
 }
 

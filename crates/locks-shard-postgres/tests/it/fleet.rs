@@ -47,6 +47,8 @@ pub(crate) struct Fleet {
     /// Every task started, in start order.
     lives: Arc<Mutex<Vec<Life>>>,
     members: BTreeMap<String, (oneshot::Sender<()>, JoinHandle<()>)>,
+    /// The renewal expiry of members joined from now on.
+    pub(crate) renewal: Option<Duration>,
 }
 
 impl Fleet {
@@ -56,6 +58,7 @@ impl Fleet {
             handed: Arc::default(),
             lives: Arc::default(),
             members: BTreeMap::new(),
+            renewal: Some(locks_shard::DEFAULT_RENEWAL_EXPIRY),
         }
     }
 
@@ -74,7 +77,8 @@ impl Fleet {
             self.watcher.group.clone(),
         )
         .tick(Duration::from_millis(50))
-        .backoff(Duration::from_millis(200));
+        .backoff(Duration::from_millis(200))
+        .renewal(self.renewal);
         let writes = self.watcher.writes.clone();
         let handed = Arc::clone(&self.handed);
         let lives = Arc::clone(&self.lives);

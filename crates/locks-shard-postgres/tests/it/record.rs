@@ -30,7 +30,7 @@ pub(crate) struct Watcher {
     pub(crate) group: ShardGroup,
     pub(crate) terms: PostgresShardTerms,
     pub(crate) writes: Pool,
-    observer: PostgresLockManager,
+    pub(crate) observer: PostgresLockManager,
 }
 
 impl Watcher {

@@ -1,0 +1,195 @@
+//! The roster: members read their group's members from the member table and a probe of
+//! each listed slot, never from `pg_locks`. It names the members the lock table shows; a
+//! member missing from it (its row deleted) enters again on its next tick, and nothing
+//! moves meanwhile; a member without a holder id or renewals is listed too.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use locks_postgres::PostgresLockManager;
+use locks_shard::locks_port::Semaphore;
+use locks_shard::{ShardMember, ShardTerms};
+
+use crate::fleet::{Fleet, holders};
+use crate::record::{SHARDS, Watcher, group};
+use crate::support::{admin, pool, unique};
+
+const WITHIN: Duration = Duration::from_secs(20);
+
+/// How soon a member whose row is gone is listed again: its next tick (50 ms here), with
+/// room for a loaded machine; its renewals come every 12 s in that test.
+const ENTERED_AGAIN: Duration = Duration::from_secs(2);
+
+/// The group's members as (slot, holder id): from the roster, and from `pg_locks`.
+async fn both(
+    watcher: &Watcher,
+) -> (
+    BTreeSet<(u32, Option<String>)>,
+    BTreeSet<(u32, Option<String>)>,
+) {
+    let members = watcher.group.members_name();
+    let roster = watcher
+        .terms
+        .roster(watcher.group.name(), &members)
+        .await
+        .expect("the roster")
+        .expect("the PostgreSQL store keeps a roster");
+    let locks = watcher
+        .observer
+        .permit_holders(&members)
+        .await
+        .expect("the permit holders")
+        .held;
+    let pairs = |held: Vec<locks_shard::locks_port::PermitHolder>| {
+        held.into_iter().map(|h| (h.slot, h.holder_id)).collect()
+    };
+    (pairs(roster), pairs(locks))
+}
+
+/// Waits until the roster names what `pg_locks` shows, with `count` members.
+async fn agree(watcher: &Watcher, count: usize) -> BTreeSet<(u32, Option<String>)> {
+    let from = Instant::now();
+    loop {
+        let (roster, locks) = both(watcher).await;
+        if roster == locks && roster.len() == count {
+            return roster;
+        }
+        assert!(
+            from.elapsed() < WITHIN,
+            "the roster {roster:?} never named the {count} members the lock table shows: {locks:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_roster_names_the_members_and_one_whose_row_is_gone_enters_again_with_nothing_moved() {
+    let mut fleet = Fleet::new().await;
+    // Renewals (which write the row too) every 12 s: what brings a row back within the
+    // bound below is the member's tick.
+    fleet.renewal = Some(Duration::from_secs(60));
+    let from = Instant::now();
+    for name in ["o0", "o1", "o2"] {
+        fleet.join(name);
+    }
+    let (before, _) = fleet.settled(3, from).await;
+    let listed = agree(&fleet.watcher, 3).await;
+    assert_eq!(
+        listed
+            .iter()
+            .filter_map(|(_, h)| h.as_deref())
+            .collect::<BTreeSet<_>>(),
+        BTreeSet::from(["o0", "o1", "o2"])
+    );
+    let lives_before = fleet.lives().len();
+
+    // Every row goes (an operator's mistake, a restore): each member finds itself
+    // missing on its next tick and enters again.
+    let deleted = admin()
+        .await
+        .execute(
+            "DELETE FROM locks_shard_members WHERE group_name = $1",
+            &[&fleet.watcher.group.name()],
+        )
+        .await
+        .expect("delete the rows");
+    assert_eq!(deleted, 3, "a row per member");
+    let back = Instant::now();
+    assert_eq!(
+        agree(&fleet.watcher, 3).await,
+        listed,
+        "each member under its slot again"
+    );
+    let took = back.elapsed();
+    eprintln!("every member entered again {took:?} after its row was deleted");
+    assert!(
+        took < ENTERED_AGAIN,
+        "the members entered again after {took:?}, not on their next tick (50 ms)"
+    );
+    let (after, _) = fleet.settled(3, back).await;
+    assert_eq!(holders(&after), holders(&before), "a shard moved");
+    assert_eq!(
+        fleet.lives().len(),
+        lives_before,
+        "a task started: a shard moved"
+    );
+
+    // A member that left is not listed, though its row stays.
+    let o1_slot = listed
+        .iter()
+        .find(|(_, h)| h.as_deref() == Some("o1"))
+        .map(|(slot, _)| *slot)
+        .expect("o1 listed");
+    let from = Instant::now();
+    fleet.leave("o1").await;
+    fleet.settled(2, from).await;
+    let rows: i64 = admin()
+        .await
+        .query_one(
+            "SELECT count(*) FROM locks_shard_members WHERE group_name = $1 AND member_slot = $2",
+            &[&fleet.watcher.group.name(), &(o1_slot as i32)],
+        )
+        .await
+        .expect("o1's row")
+        .get(0);
+    assert_eq!(rows, 1, "o1's row stays until it expires");
+    let listed = agree(&fleet.watcher, 2).await;
+    assert!(
+        !listed.iter().any(|(slot, _)| *slot == o1_slot),
+        "o1 listed after it left"
+    );
+
+    fleet.leave_all().await;
+    let (interleaved, refused) = fleet.watcher.interleaved_and_refused(&[]).await;
+    assert_eq!((interleaved, refused), (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_without_a_holder_id_or_renewals_is_listed_and_keeps_its_row() {
+    let watcher = Watcher::new(group(&unique("anonymous"))).await;
+    let anonymous = ShardMember::new(
+        PostgresLockManager::builder(pool(SHARDS + 4)).build(),
+        watcher.terms.clone(),
+        watcher.group.clone(),
+    )
+    .tick(Duration::from_millis(50))
+    .renewal(None);
+    let run = tokio::spawn(async move {
+        anonymous
+            .run(|_, stop| async move {
+                let _ = stop.await;
+            })
+            .await
+    });
+    let listed = agree(&watcher, 1).await;
+    assert_eq!(
+        listed.into_iter().next().map(|(_, holder)| holder),
+        Some(None),
+        "listed without a holder id"
+    );
+    let never: bool = admin()
+        .await
+        .query_one(
+            "SELECT expires = 'infinity' FROM locks_shard_members WHERE group_name = $1",
+            &[&watcher.group.name()],
+        )
+        .await
+        .expect("its row")
+        .get(0);
+    assert!(
+        never,
+        "a member that does not renew has a row that does not expire"
+    );
+    let from = Instant::now();
+    loop {
+        if watcher.owners().await.is_balanced() {
+            break;
+        }
+        assert!(
+            from.elapsed() < WITHIN,
+            "the lone member never owned every shard"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    run.abort();
+}
