@@ -11,6 +11,8 @@ use locks_leader::LeaderElection;
 use locks_port::{AcquireOptions, DistributedLock, LockGuard, LockRegistry, lock_id};
 use locks_postgres::PostgresLockManager;
 use locks_postgres::tokio_postgres::Client;
+use locks_shard::{ShardGroup, ShardMember};
+use locks_shard_postgres::PostgresShardTerms;
 
 use super::reads::{self, LEADER, ReadCost, read_costs};
 use super::{APP, IN_FLIGHT, P50P99, PROBE_CYCLES, connections, cycles};
@@ -145,6 +147,27 @@ pub(super) async fn measure(
             .run(|_| std::future::pending::<()>())
             .await
     });
+    // A member of a shard group of 4 runs (its permit, its roster row, 4 shard locks),
+    // for the shard owners reads.
+    locks_shard_postgres::install_shard_terms(admin).await?;
+    let sharded = Arc::new(reads::Sharded {
+        group: ShardGroup::new("bench:scale:shards", (0..4).map(|i| format!("s{i}")))?,
+        terms: PostgresShardTerms::new(open_pool(db, 2, "lock-bench-scale-terms").await?),
+    });
+    let member = ShardMember::new(
+        PostgresLockManager::builder(open_pool(db, 6, "lock-bench-scale-member").await?)
+            .holder_id("bench-member")
+            .build(),
+        sharded.terms.clone(),
+        sharded.group.clone(),
+    );
+    let membering = tokio::spawn(async move {
+        member
+            .run(|_, stop| async move {
+                let _ = stop.await;
+            })
+            .await
+    });
     cycles(&probe, 50, Duration::ZERO).await?;
     cycles(&raw_probe, 50, Duration::ZERO).await?;
     let rest = Duration::from_secs(if plan.quick { 1 } else { 3 });
@@ -187,7 +210,7 @@ pub(super) async fn measure(
         let usage = locks_postgres::lock_table_usage(admin).await?;
         let probe_at = cycles(&probe, PROBE_CYCLES, Duration::ZERO).await?;
         let raw_probe_at = cycles(&raw_probe, PROBE_CYCLES, Duration::ZERO).await?;
-        let reads = read_costs(&observer, &probe).await?;
+        let reads = read_costs(&observer, &sharded, &probe).await?;
         eprintln!(
             "lock-bench: scale: {count} held in {:.1} s; probe p99 {}; {} heap, {} RSS a lock",
             reach.as_secs_f64(),
@@ -210,6 +233,7 @@ pub(super) async fn measure(
         });
     }
     leading.abort();
+    membering.abort();
     let held = holder.held_lock_count();
     let released = holder.release_all().await;
     if released != held {

@@ -134,8 +134,9 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
          since the warmed, empty manager, and CPU a second at rest minus that with \
          nothing held. Reads (a leader holds the election `who_leads` reads, with a \
          board; observers at an interval: a leader watch, the gauge every {} s, a \
-         semaphore of 2 acquired and released in a loop): each one's own p50 while it \
-         loops, and the cycle p99 over {} s beside it ÷ over {} s without, in {} \
+         semaphore of 2 acquired and released in a loop; a shard group's `owners()`, what \
+         a member's tick reads, with a member of 4 shards running: from the roster, and \
+         from `pg_locks` as before it): each one's own p50 while it loops, and the cycle p99 over {} s beside it ÷ over {} s without, in {} \
          alternating windows a side, pooled.",
         reads::GAUGE_INTERVAL.as_secs(),
         reads::OBSERVE_WINDOW.as_secs(),

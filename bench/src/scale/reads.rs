@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 use locks_leader::{LeaderElection, LeaderWatch};
 use locks_port::{AcquireOptions, LeaderBoard, PermitGuard, Semaphore};
 use locks_postgres::PostgresLockManager;
+use locks_shard::{ShardGroup, ShardTerms};
+use locks_shard_postgres::PostgresShardTerms;
 
 use super::held::{Held, on_held};
 use super::{PROBE_CYCLES, record};
@@ -40,6 +42,16 @@ pub(super) enum Read {
     Gauge,
     /// A semaphore's acquire + release in a loop, for [`OBSERVE_WINDOW`].
     Permits,
+    /// A shard group's owners (what a member's tick reads, and `pglock shards`): the
+    /// members from the term store's roster and the term rows (`true`), or the members
+    /// from `permit_holders` (`pg_locks`), as before the roster.
+    ShardOwners(bool),
+}
+
+/// The shard group a member runs while the reads are measured.
+pub(super) struct Sharded {
+    pub(super) group: ShardGroup,
+    pub(super) terms: PostgresShardTerms,
 }
 
 /// A read in the JSON: its name.
@@ -50,7 +62,7 @@ impl serde::Serialize for Read {
 }
 
 impl Read {
-    pub(super) const ALL: [Self; 7] = [
+    pub(super) const ALL: [Self; 9] = [
         Self::Holders,
         Self::LockTableUsage,
         Self::WhoLeads,
@@ -58,6 +70,8 @@ impl Read {
         Self::Watch(false),
         Self::Gauge,
         Self::Permits,
+        Self::ShardOwners(true),
+        Self::ShardOwners(false),
     ];
 
     pub(super) fn name(self) -> &'static str {
@@ -69,6 +83,8 @@ impl Read {
             Self::Watch(false) => "watch() without a board",
             Self::Gauge => "lock_table_usage() every 5 s",
             Self::Permits => "permit acquire + release",
+            Self::ShardOwners(true) => "shard owners()",
+            Self::ShardOwners(false) => "shard owners() from pg_locks",
         }
     }
 
@@ -77,7 +93,7 @@ impl Read {
         matches!(self, Self::Watch(_) | Self::Gauge)
     }
 
-    async fn once(self, observer: &PostgresLockManager) -> Result<(), BoxError> {
+    async fn once(self, observer: &PostgresLockManager, sharded: &Sharded) -> Result<(), BoxError> {
         let election = || LeaderElection::new(observer.clone(), LEADER);
         match self {
             Self::Holders => drop(observer.holders("bench:scale:probe").await?),
@@ -93,6 +109,17 @@ impl Read {
                 let options = AcquireOptions::new();
                 let permit = observer.acquire_permit("bench:scale:permits", 2, options);
                 permit.await?.release().await;
+            }
+            Self::ShardOwners(true) => {
+                drop(locks_shard::owners(observer, &sharded.terms, &sharded.group).await?);
+            }
+            Self::ShardOwners(false) => {
+                drop(
+                    observer
+                        .permit_holders(&sharded.group.members_name())
+                        .await?,
+                );
+                drop(sharded.terms.terms(sharded.group.name()).await?);
             }
         }
         Ok(())
@@ -126,6 +153,7 @@ pub(super) struct ReadCost {
 /// both sides alike.
 pub(super) async fn read_costs(
     observer: &PostgresLockManager,
+    sharded: &Arc<Sharded>,
     probe: &Op,
 ) -> Result<Vec<ReadCost>, BoxError> {
     let (window, cycles) = (
@@ -141,11 +169,12 @@ pub(super) async fn read_costs(
             let stop = Arc::new(AtomicBool::new(false));
             let looping = {
                 let (observer, stop) = (observer.clone(), Arc::clone(&stop));
+                let sharded = Arc::clone(sharded);
                 tokio::spawn(async move {
                     let (mut own, mut calls) = (Latencies::new(), 0);
                     while calls == 0 || !stop.load(Ordering::Relaxed) {
                         let started = Instant::now();
-                        read.once(&observer).await?;
+                        read.once(&observer, &sharded).await?;
                         own.record(started.elapsed());
                         calls += 1;
                     }
