@@ -2,6 +2,8 @@
 //! the sorted member list and what the member owns, so every member computes its own
 //! part of the same balanced assignment.
 
+use time::OffsetDateTime;
+
 use crate::group::ShardGroup;
 use crate::terms::Term;
 
@@ -63,13 +65,22 @@ pub(crate) fn expected_from_terms<'a>(terms: impl IntoIterator<Item = &'a Term>)
     holders.len().max(1)
 }
 
-/// The shards to shed from `owned` to come down to `share`: the ones `slot` scores
-/// lowest, so that the choice is stable from one tick to the next.
-pub(crate) fn to_shed(group: &ShardGroup, slot: u32, owned: &[usize], share: usize) -> Vec<usize> {
-    let mut ranked: Vec<usize> = owned.to_vec();
-    ranked.sort_by_key(|&shard| (group.score(slot, shard), shard));
+/// The shards to shed from `owned` (each with when its term began) to come down to
+/// `share`: the ones held longest, those `slot` scores lowest among equals, so that the
+/// choice is stable from one tick to the next. Each move leaves its shard unowned for a
+/// moment; shedding the longest held spreads the moves over the shards, where a fixed
+/// order (the score alone) moved the same few at every change of the members (a soak
+/// moved one shard 21 times to members started again, against 7 on average).
+pub(crate) fn to_shed(
+    group: &ShardGroup,
+    slot: u32,
+    owned: &[(usize, OffsetDateTime)],
+    share: usize,
+) -> Vec<usize> {
+    let mut ranked: Vec<(usize, OffsetDateTime)> = owned.to_vec();
+    ranked.sort_by_key(|&(shard, since)| (since, group.score(slot, shard), shard));
     ranked.truncate(owned.len().saturating_sub(share));
-    ranked
+    ranked.into_iter().map(|(shard, _)| shard).collect()
 }
 
 /// The shards `slot` does not own, in the order it tries them: highest score first.
@@ -138,13 +149,31 @@ mod tests {
     }
 
     #[test]
-    fn shedding_is_stable_and_exact() {
+    fn shedding_is_stable_and_exact_and_sheds_the_longest_held_first() {
         let group = ShardGroup::new("g", (0..24).map(|i| format!("s{i}"))).unwrap();
-        let owned: Vec<usize> = (0..10).collect();
-        let shed = to_shed(&group, 7, &owned, 6);
+        let at = |seconds: i64| OffsetDateTime::UNIX_EPOCH + time::Duration::seconds(seconds);
+        let alike: Vec<(usize, OffsetDateTime)> = (0..10).map(|s| (s, at(0))).collect();
+        let shed = to_shed(&group, 7, &alike, 6);
         assert_eq!(shed.len(), 4);
-        assert_eq!(shed, to_shed(&group, 7, &owned, 6));
-        assert!(to_shed(&group, 7, &owned, 12).is_empty());
+        assert_eq!(shed, to_shed(&group, 7, &alike, 6));
+        assert!(to_shed(&group, 7, &alike, 12).is_empty());
+        // Shards 6..10 taken later (from a member that died): the four held longest go,
+        // whatever their scores, and the same four on every tick.
+        let taken_late: Vec<(usize, OffsetDateTime)> = (0..10)
+            .map(|s| {
+                (
+                    s,
+                    at(if s >= 6 {
+                        100
+                    } else {
+                        i64::try_from(s).unwrap()
+                    }),
+                )
+            })
+            .collect();
+        assert_eq!(to_shed(&group, 7, &taken_late, 6), vec![0, 1, 2, 3]);
+        assert_eq!(to_shed(&group, 7, &taken_late, 6), vec![0, 1, 2, 3]);
+        let owned: Vec<usize> = alike.iter().map(|&(s, _)| s).collect();
         let tried = to_try(&group, 7, &owned);
         assert_eq!(tried.len(), 14);
         assert!(tried.iter().all(|s| !owned.contains(s)));

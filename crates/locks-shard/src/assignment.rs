@@ -227,10 +227,10 @@ where
         F: Fn(Owned, LostSignal) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        let active: Vec<usize> = running
+        let active: Vec<(usize, time::OffsetDateTime)> = running
             .iter()
             .filter(|(_, term)| !term.is_stopping())
-            .map(|(&shard, _)| shard)
+            .map(|(&shard, term)| (shard, term.since()))
             .collect();
         if active.len() > share {
             for shard in to_shed(self.group, slot, &active, share) {

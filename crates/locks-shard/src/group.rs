@@ -189,7 +189,8 @@ impl ShardGroup {
 
     /// A 64-bit score of `shard` for the member `slot` (rendezvous hashing): a member
     /// tries free shards in the order of its scores, so members that look for work at
-    /// once try different shards first, and sheds the shards it scores lowest.
+    /// once try different shards first, and of the shards it has held equally long, sheds
+    /// those it scores lowest.
     pub(crate) fn score(&self, slot: u32, shard: usize) -> u64 {
         let mut hasher = Sha256::new();
         hasher.update(self.digest);

@@ -94,6 +94,8 @@ pub(crate) struct Running {
     token: i64,
     /// The member's slot the term store records for the term.
     slot: u32,
+    /// When the term began, by the store's clock.
+    since: OffsetDateTime,
     /// Set once the term lost its lock and let it go (its tokio task about to return).
     lost: Arc<AtomicBool>,
 }
@@ -102,6 +104,11 @@ impl Running {
     /// The shard's name, the term's token and the member slot the store records for it.
     pub(crate) fn term(&self) -> (&str, i64, u32) {
         (&self.shard, self.token, self.slot)
+    }
+
+    /// When the term began, by the store's clock.
+    pub(crate) fn since(&self) -> OffsetDateTime {
+        self.since
     }
 
     /// The store now records the term under `slot` (its member joined again under it).
@@ -194,6 +201,7 @@ where
     let lost_flag = Arc::new(AtomicBool::new(false));
     let lost_told = Arc::clone(&lost_flag);
     let (shard, token, slot) = (Arc::clone(&plan.owned.shard), plan.owned.token, plan.slot);
+    let since = plan.owned.since;
     let handle = tokio::spawn(async move {
         let lost = guard.lost();
         let mut holding: Holding<Fut, G> = Holding {
@@ -302,6 +310,7 @@ where
         shard,
         token,
         slot,
+        since,
         lost: lost_flag,
     }
 }

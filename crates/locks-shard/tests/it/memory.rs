@@ -74,6 +74,49 @@ async fn joins_and_leaves_stay_balanced_move_only_what_must_and_never_overlap() 
     assert!(fleet.recorder.running().is_empty());
 }
 
+/// A member killed and started again takes the same membership slot back, so a shed
+/// order fixed per slot (the score alone) moved the same shards at every join. Shedding
+/// the longest held spreads the moves: 6 joins of 8 shards each over 24 shards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_killed_and_started_again_are_handed_different_shards_each_time() {
+    let mut fleet = Fleet::new(24);
+    for name in ["a", "b", "c0"] {
+        fleet.join(name);
+        fleet.settled(SETTLE).await;
+    }
+    let mut handed: BTreeMap<usize, usize> = BTreeMap::new();
+    for round in 1..=6 {
+        fleet.abort(&format!("c{}", round - 1)).await;
+        fleet.settled(SETTLE).await;
+        let before = fleet.recorder.running();
+        let joiner = format!("c{round}");
+        fleet.join(&joiner);
+        fleet.settled(SETTLE).await;
+        for (shard, member) in fleet.recorder.running() {
+            if member == joiner && before.get(&shard) != Some(&member) {
+                *handed.entry(shard).or_default() += 1;
+            }
+        }
+    }
+    let most = handed.values().copied().max().unwrap_or(0);
+    eprintln!("shards handed to a member started again, by shard: {handed:?}");
+    assert_eq!(
+        handed.values().sum::<usize>(),
+        48,
+        "each join took its share of 8"
+    );
+    assert!(
+        most <= 3,
+        "one shard was handed to a member started again {most} times in 6 joins \
+         (48 moves over 24 shards): {handed:?}"
+    );
+    assert_eq!(
+        fleet.recorder.overlaps(),
+        Vec::new(),
+        "two tasks of one shard at once"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_shard_stops_its_task_at_once_and_moves_under_a_newer_token() {
     let mut fleet = Fleet::new(6);
