@@ -153,6 +153,9 @@ pub(crate) async fn member(url: &str, name: &str) -> Result<(), Error> {
     // its own, which dropping the task does not stop, ignores its stop signal and writes
     // without the token's guard. The checker must then report overlaps and stale writes.
     let broken = std::env::var("SOAK_BREAK").is_ok_and(|breaking| breaking == "shards");
+    // Each trace line of the member's ticks names its holder (several members write to
+    // one stderr).
+    let span = tracing::warn_span!("member", holder = %holder);
     let run = member.run(move |owned, stop| {
         let work = task(writes.clone(), holder.clone(), owned, stop, broken);
         async move {
@@ -170,7 +173,7 @@ pub(crate) async fn member(url: &str, name: &str) -> Result<(), Error> {
         }
     };
     tokio::select! {
-        ran = run => Err(ran.map_or_else(|error| error.to_string(), |never| match never {})
+        ran = tracing::Instrument::instrument(run, span) => Err(ran.map_or_else(|error| error.to_string(), |never| match never {})
             .into()),
         () = orphaned => Ok(()),
     }
