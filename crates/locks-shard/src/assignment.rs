@@ -147,6 +147,17 @@ where
         let take_up_to = view
             .take_cap(self.group.len(), members.len())
             .map_or(share, |cap| cap.min(share));
+        if tracing::enabled!(tracing::Level::TRACE) {
+            let stopping = running.values().filter(|term| term.is_stopping()).count();
+            tracing::trace!(
+                members = members.len(),
+                share,
+                take_up_to,
+                active = running.len() - stopping,
+                stopping,
+                "share"
+            );
+        }
         self.rebalance(slot, holder_id, (share, take_up_to), &retake, running, task)
             .await;
         let settled = running.len() == share && running.values().all(|term| !term.is_stopping());
