@@ -32,30 +32,32 @@ macro_rules! held {
     };
 }
 
-/// A renewal's first part: `mine`, the upsert of this member's row (`$1` group, `$2` slot,
-/// `$3` its sessions' application name, `$4` the expiry in seconds), then a comma.
-macro_rules! renew_mine {
+/// The upsert of a member's row (`$1` group, `$2` slot, `$3` its sessions' application
+/// name, or `''` without a holder id), expiring after `$4` seconds, or never when `$4` is
+/// NULL (a member that does not renew: its row lasts until another member takes its slot,
+/// and says nothing while the slot is free). [`ENTER`] alone, and the first part of a
+/// renewal (`renew_mine!`).
+macro_rules! upsert_member {
     () => {
-        "WITH mine AS (\
-           INSERT INTO locks_shard_members AS m \
-             (group_name, member_slot, application_name, expires) \
-           VALUES ($1, $2, $3, clock_timestamp() + make_interval(secs => $4::float8)) \
-           ON CONFLICT (group_name, member_slot) DO UPDATE \
-             SET application_name = EXCLUDED.application_name, expires = EXCLUDED.expires \
-           RETURNING 1), "
+        "INSERT INTO locks_shard_members AS m \
+           (group_name, member_slot, application_name, expires) \
+         VALUES ($1, $2, $3, COALESCE(clock_timestamp() + make_interval(secs => $4::float8), \
+           'infinity'::timestamptz)) \
+         ON CONFLICT (group_name, member_slot) DO UPDATE \
+           SET application_name = EXCLUDED.application_name, expires = EXCLUDED.expires"
     };
 }
 
-/// Enters a member in the roster: its row (`$1` group, `$2` slot, `$3` its sessions'
-/// application name, or `''` without a holder id), expiring after `$4` seconds, or never
-/// when `$4` is NULL (a member that does not renew: its row lasts until another member
-/// takes its slot, and says nothing while the slot is free).
-pub(crate) const ENTER: &str = "INSERT INTO locks_shard_members AS m \
-       (group_name, member_slot, application_name, expires) \
-     VALUES ($1, $2, $3, COALESCE(clock_timestamp() + make_interval(secs => $4::float8), \
-       'infinity'::timestamptz)) \
-     ON CONFLICT (group_name, member_slot) DO UPDATE \
-       SET application_name = EXCLUDED.application_name, expires = EXCLUDED.expires";
+/// A renewal's first part: `mine`, the upsert of this member's row (`upsert_member!`,
+/// `$4` the expiry in seconds), then a comma.
+macro_rules! renew_mine {
+    () => {
+        concat!("WITH mine AS (", upsert_member!(), " RETURNING 1), ")
+    };
+}
+
+/// Enters a member in the roster: its row (`upsert_member!`).
+pub(crate) const ENTER: &str = upsert_member!();
 
 /// The roster (`$1` group, `$2` the membership semaphore's class): each row whose slot
 /// is held now, by a probe of the slot, never `pg_locks`: its cost grows with the group's
