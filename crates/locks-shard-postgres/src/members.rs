@@ -92,10 +92,15 @@ pub(crate) const RENEW_LOOK: &str = concat!(
 
 /// One statement: renews this member's row (`$1` group, `$2` slot, `$3` its sessions'
 /// application name, `$4` the expiry in seconds); deletes the group's expired rows; and
-/// for each expired member whose membership slot (`$5` the semaphore's class) is still
-/// held by a session of its application name, ends every session of that name. A member
-/// that left (its slot free) is only forgotten; one that stopped is ended. (A
-/// data-modifying `WITH` runs whether or not the rest reads it.)
+/// for each expired row whose membership slot (`$5` the semaphore's class) is still held
+/// by a session of its application name, ends that session, and every session of that
+/// name when no row of that name is live. A member that left (its slot free) is only
+/// forgotten; one that stopped is ended. A member that joined again under another slot
+/// (its row there live) while the session of its old membership, gone on its side,
+/// still holds the old slot on the server (after a network cut, until the server's
+/// timers end it), loses that session alone, not the sessions it runs its shards on.
+/// (A data-modifying `WITH` runs whether or not the rest reads it; every part reads the
+/// table as it was before this statement.)
 pub(crate) const RENEW: &str = concat!(
     renew_mine!(),
     "expired AS (\
@@ -103,13 +108,18 @@ pub(crate) const RENEW: &str = concat!(
        WHERE group_name = $1 AND member_slot <> $2 AND expires < clock_timestamp() \
        RETURNING member_slot, application_name), \
      stuck AS (\
-       SELECT DISTINCT e.application_name FROM expired e \
+       SELECT a.pid, e.application_name FROM expired e \
        JOIN pg_locks l ON l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted \
          AND l.classid = $5::int4::oid AND l.objid = e.member_slot::oid \
-       JOIN pg_stat_activity a ON a.pid = l.pid AND a.application_name = e.application_name) \
+       JOIN pg_stat_activity a ON a.pid = l.pid AND a.application_name = e.application_name), \
+     renewing AS (\
+       SELECT application_name FROM locks_shard_members \
+       WHERE group_name = $1 AND expires >= clock_timestamp() \
+       UNION SELECT $3) \
      SELECT count(pg_terminate_backend(a.pid))::int8 FROM pg_stat_activity a \
-     JOIN stuck s ON a.application_name = s.application_name \
-     WHERE a.pid <> pg_backend_pid()"
+     WHERE a.pid <> pg_backend_pid() AND (a.pid IN (SELECT pid FROM stuck) \
+       OR a.application_name IN (SELECT application_name FROM stuck \
+         WHERE application_name NOT IN (SELECT application_name FROM renewing)))"
 );
 
 /// The class of the group's membership semaphore.

@@ -244,7 +244,8 @@ pub trait ShardTerms: Send + Sync {
     /// `expiry`, and ends the lock sessions of the group's members whose renewal expired:
     /// a member whose process stopped (`SIGSTOP`, a frozen VM, a deadlocked runtime) still
     /// holds its locks while its kernel answers TCP, and this is what frees its shards.
-    /// Returns how many sessions were ended.
+    /// A member that renews under another slot loses only the session that still holds
+    /// its old, expired one. Returns how many sessions were ended.
     ///
     /// The default does nothing (returns 0): a store that cannot end sessions (the
     /// in-memory one, whose members cannot freeze apart from their process) leaves the

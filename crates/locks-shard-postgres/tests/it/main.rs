@@ -5,6 +5,7 @@ mod fleet;
 mod processes;
 mod record;
 mod rejoin;
+mod renewal;
 mod roster;
 mod support;
 mod takeover;

@@ -1,0 +1,141 @@
+//! A renewal ends the sessions of a member whose row expired while its membership slot is
+//! still held: every session of a member that stopped renewing, and only the old slot's
+//! session of a member that joined again under another slot (its sessions gone on its
+//! side but not yet on the server's, after a network cut), never the sessions that member
+//! runs its shards on.
+
+use std::time::Duration;
+
+use locks_shard::locks_port::PermitDerivation;
+use locks_shard::{ShardGroup, ShardTerms};
+use locks_shard_postgres::tokio_postgres::Client;
+
+use crate::support::{admin, database_url, terms, unique};
+
+/// A session named as the sessions of holder `holder` are, holding slot `slot` of the
+/// membership semaphore `class` when given one; and its backend's pid.
+async fn session(holder: &str, class: i32, slot: Option<i32>) -> (Client, i32) {
+    let mut config: locks_shard_postgres::tokio_postgres::Config =
+        database_url().parse().expect("the test server's URL");
+    config.application_name(locks_postgres::holder_application_name(holder));
+    let (client, connection) = config
+        .connect(locks_shard_postgres::tokio_postgres::NoTls)
+        .await
+        .expect("a session");
+    tokio::spawn(connection);
+    if let Some(slot) = slot {
+        client
+            .execute(
+                "SELECT pg_advisory_lock($1::int4, $2::int4)",
+                &[&class, &slot],
+            )
+            .await
+            .expect("the slot");
+    }
+    let pid = client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .expect("its pid")
+        .get(0);
+    (client, pid)
+}
+
+/// A row of the member table for `slot`, of holder `holder`, expiring `seconds` from now
+/// (in the past when negative).
+async fn row(admin: &Client, group: &str, slot: i32, holder: &str, seconds: f64) {
+    admin
+        .execute(
+            "INSERT INTO locks_shard_members (group_name, member_slot, application_name, expires) \
+             VALUES ($1, $2, $3, clock_timestamp() + make_interval(secs => $4))",
+            &[
+                &group,
+                &slot,
+                &locks_postgres::holder_application_name(holder),
+                &seconds,
+            ],
+        )
+        .await
+        .expect("a member row");
+}
+
+/// Whether the backend `pid` is still there.
+async fn alive(admin: &Client, pid: i32) -> bool {
+    admin
+        .query_one(
+            "SELECT count(*) > 0 FROM pg_stat_activity WHERE pid = $1",
+            &[&pid],
+        )
+        .await
+        .expect("pg_stat_activity")
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_ends_a_stopped_member_but_only_the_old_slot_of_one_that_joined_again() {
+    let terms = terms().await;
+    let admin = admin().await;
+    let group = unique("renewal");
+    let class = PermitDerivation::CURRENT.class(&ShardGroup::members_name_of(&group));
+    let (x, z) = (unique("x"), unique("z"));
+    // x: its old membership's session still holds slot 1 on the server (its side gave it
+    // up), and x runs on: a live row under slot 2, and a session holding a shard's lock.
+    let (_old, old_pid) = session(&x, class, Some(1)).await;
+    let (_current, current_pid) = session(&x, class, Some(2)).await;
+    let (running, running_pid) = session(&x, class, None).await;
+    running
+        .execute("SELECT pg_advisory_lock(7)", &[])
+        .await
+        .expect("a shard's lock");
+    row(&admin, &group, 1, &x, -5.0).await;
+    row(&admin, &group, 2, &x, 60.0).await;
+    // z stopped renewing: its row expired, its slot and a shard's lock still held.
+    let (_z_slot, z_slot_pid) = session(&z, class, Some(3)).await;
+    let (z_shard, z_shard_pid) = session(&z, class, None).await;
+    z_shard
+        .execute("SELECT pg_advisory_lock(8)", &[])
+        .await
+        .expect("a shard's lock");
+    row(&admin, &group, 3, &z, -5.0).await;
+
+    let ended = terms
+        .renew(&group, 4, &unique("y"), Duration::from_secs(10))
+        .await
+        .expect("a renewal");
+    // pg_terminate_backend signals; the backends go a moment later.
+    let gone = async |pid| {
+        for _ in 0..100 {
+            if !alive(&admin, pid).await {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    };
+    assert!(gone(z_slot_pid).await, "the stopped member's slot session");
+    assert!(
+        gone(z_shard_pid).await,
+        "the stopped member's shard session"
+    );
+    assert!(gone(old_pid).await, "the old slot's session of x");
+    assert!(
+        alive(&admin, current_pid).await && alive(&admin, running_pid).await,
+        "a renewal ended the sessions of x, which renews under another slot: its shards \
+         would be lost"
+    );
+    assert_eq!(ended, 3, "the three sessions above, no other");
+    let rows: Vec<i32> = admin
+        .query(
+            "SELECT member_slot FROM locks_shard_members WHERE group_name = $1 ORDER BY 1",
+            &[&group],
+        )
+        .await
+        .expect("the rows")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(
+        rows,
+        vec![2, 4],
+        "the expired rows deleted, x's and y's kept"
+    );
+}
