@@ -150,6 +150,17 @@ mod cause {
 pub(crate) const RECORDS: &str =
     "a running task's last record to an outage's start (it records every 20 ms; owned)";
 
+/// The cause of a running task's last record to the kill of its member's process:
+/// counted as owned (the task ran, holding the shard's lock, until its process died;
+/// the record it was writing died with it), told apart in the breakdown.
+pub(crate) const RECORDS_KILLED: &str =
+    "a running task's last record to its member's kill (it records every 20 ms; owned)";
+
+/// Whether a piece of that cause counts as owned (the strict share does not).
+pub(crate) fn owned(cause: &str) -> bool {
+    cause == RECORDS || cause == RECORDS_KILLED
+}
+
 /// The causes of the unowned piece `[from, to]` of a shard whose runs are `runs`: the
 /// part after the next term began (its takeover delay, or its task's start), and the part
 /// before it, told by how the previous task ended and the fault that reached it.
@@ -209,11 +220,21 @@ pub(crate) fn causes(
                         .is_some_and(|&first| first > previous.started)
                 };
                 // The last fault that can have ended the previous task.
-                let hit = hits
+                let last = hits
                     .iter()
                     .filter(|(at, hit)| hit.ended(*at, previous))
-                    .max_by(|a, b| a.0.total_cmp(&b.0))
-                    .map(|(_, hit)| *hit);
+                    .max_by(|a, b| a.0.total_cmp(&b.0));
+                let hit = last.map(|(_, hit)| *hit);
+                // Killed after its last record: it ran until the kill.
+                if let Some(&(at, hit)) = last
+                    && hit.what == "killed"
+                    && !previous.stopped
+                    && (from..begun).contains(&at)
+                {
+                    split.push((RECORDS_KILLED, at - from));
+                    split.push((cause::KILLED, begun - at));
+                    return split;
+                }
                 match (previous.stopped, hit) {
                     (true, Some(hit)) if hit.membership => cause::CHURN,
                     (true, _) if newcomer(next) => cause::MOVE_NEWCOMER,

@@ -13,8 +13,8 @@
 //! is below an earlier accepted one), refused writes, moves, and the share of the time the
 //! shard was owned, over the whole run and outside the outages (a server restart or a
 //! cut of every worker's network: no member can own anything then); a running task's
-//! last record to an outage's start counts as owned (it ran; the strict share without
-//! it is printed beside). Each unowned piece
+//! last record to an outage's start, or to its member's kill, counts as owned (it ran;
+//! the strict share without it is printed beside). Each unowned piece
 //! outside them is told by its cause: the next term's takeover delay, or how the task
 //! before it ended (handed over, or its lock lost) and the fault that reached its lock or
 //! its member (the driver reads what a backend held before it terminates or stops it).
@@ -29,7 +29,7 @@ use locks_shard::{Owned, ShardGroup, ShardMember};
 use locks_shard_postgres::deadpool_postgres::Pool;
 use locks_shard_postgres::{PostgresShardTerms, guard_write, install_shard_terms};
 
-use super::causes::{Hit, RECORDS, Run, causes};
+use super::causes::{self, Hit, Run, causes};
 use super::warm::{keep_warm, trace_pool_size, warm};
 use super::{Error, Faults};
 
@@ -379,9 +379,9 @@ pub(crate) async fn check(admin: &Client, end: f64, faults: &Faults) -> Result<V
             .collect();
         let owned = covered(runs, start, end, &[]).0;
         let (strict_up, up, unowned) = covered(runs, start, end, &recovering);
-        // A running task's last record before an outage to the outage's start: the task
-        // ran, and recorded every 20 ms; the owned share counts it as owned (the strict
-        // share, printed beside, does not).
+        // A running task's last record before an outage to the outage's start, or to the
+        // kill of its member: the task ran, and recorded every 20 ms; the owned share
+        // counts it as owned (the strict share, printed beside, does not).
         let mut recording = 0.0;
         for (from, to) in unowned {
             // Past the recovery bound: the piece starts where a recovery was cut off.
@@ -399,7 +399,7 @@ pub(crate) async fn check(admin: &Client, end: f64, faults: &Faults) -> Result<V
                         next.map_or(0.0, |run| run.since),
                     );
                 }
-                if cause == RECORDS {
+                if causes::owned(cause) {
                     recording += seconds;
                 }
                 let entry = unowned_by.entry(cause).or_default();
@@ -452,7 +452,7 @@ pub(crate) async fn check(admin: &Client, end: f64, faults: &Faults) -> Result<V
          {refused} refused by the token; overlaps: {overlaps}; every shard ran again within \
          {recovery:.1} s of an outage's end (bound {RECOVERED_WITHIN:?}); least owned share: \
          {:.2} % ({:.2} % outside outages and recoveries, bound {:.0} %; shards \
-         {:.2}-{:.2} %; strictly, the record period before an outage unowned: {:.2} %)",
+         {:.2}-{:.2} %; strictly, the record period before an outage or a kill unowned: {:.2} %)",
         end - start,
         down,
         outages.len(),
