@@ -12,9 +12,16 @@ use locks_shard_postgres::tokio_postgres::Client;
 
 use crate::support::{admin, database_url, terms, unique};
 
-/// A session named as the sessions of holder `holder` are, holding slot `slot` of the
-/// membership semaphore `class` when given one; and its backend's pid.
-async fn session(holder: &str, class: i32, slot: Option<i32>) -> (Client, i32) {
+/// What a test session holds: a slot of the membership semaphore (its class, the slot),
+/// or a shard's lock (its key).
+enum Held {
+    Slot(i32, i32),
+    Shard(i64),
+}
+
+/// A session named as the sessions of holder `holder` are, holding `held`; and its
+/// backend's pid.
+async fn session(holder: &str, held: Held) -> (Client, i32) {
     let mut config: locks_shard_postgres::tokio_postgres::Config =
         database_url().parse().expect("the test server's URL");
     config.application_name(locks_postgres::holder_application_name(holder));
@@ -23,15 +30,19 @@ async fn session(holder: &str, class: i32, slot: Option<i32>) -> (Client, i32) {
         .await
         .expect("a session");
     tokio::spawn(connection);
-    if let Some(slot) = slot {
-        client
+    match held {
+        Held::Slot(class, slot) => client
             .execute(
                 "SELECT pg_advisory_lock($1::int4, $2::int4)",
                 &[&class, &slot],
             )
             .await
-            .expect("the slot");
-    }
+            .expect("the slot"),
+        Held::Shard(key) => client
+            .execute("SELECT pg_advisory_lock($1)", &[&key])
+            .await
+            .expect("a shard's lock"),
+    };
     let pid = client
         .query_one("SELECT pg_backend_pid()", &[])
         .await
@@ -79,22 +90,14 @@ async fn a_renewal_ends_a_stopped_member_but_only_the_old_slot_of_one_that_joine
     let (x, z) = (unique("x"), unique("z"));
     // x: its old membership's session still holds slot 1 on the server (its side gave it
     // up), and x runs on: a live row under slot 2, and a session holding a shard's lock.
-    let (_old, old_pid) = session(&x, class, Some(1)).await;
-    let (_current, current_pid) = session(&x, class, Some(2)).await;
-    let (running, running_pid) = session(&x, class, None).await;
-    running
-        .execute("SELECT pg_advisory_lock(7)", &[])
-        .await
-        .expect("a shard's lock");
+    let (_old, old_pid) = session(&x, Held::Slot(class, 1)).await;
+    let (_current, current_pid) = session(&x, Held::Slot(class, 2)).await;
+    let (_running, running_pid) = session(&x, Held::Shard(7)).await;
     row(&admin, &group, 1, &x, -5.0).await;
     row(&admin, &group, 2, &x, 60.0).await;
     // z stopped renewing: its row expired, its slot and a shard's lock still held.
-    let (_z_slot, z_slot_pid) = session(&z, class, Some(3)).await;
-    let (z_shard, z_shard_pid) = session(&z, class, None).await;
-    z_shard
-        .execute("SELECT pg_advisory_lock(8)", &[])
-        .await
-        .expect("a shard's lock");
+    let (_z_slot, z_slot_pid) = session(&z, Held::Slot(class, 3)).await;
+    let (_z_shard, z_shard_pid) = session(&z, Held::Shard(8)).await;
     row(&admin, &group, 3, &z, -5.0).await;
 
     let ended = terms
