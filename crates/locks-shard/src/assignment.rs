@@ -124,13 +124,8 @@ where
                 }
             };
         tracing::trace!(members = held.len(), owned = running.len(), "members read");
-        if from_roster && !held.iter().any(|h| h.slot == slot) {
-            // This member holds its slot (its membership is not lost), but the roster does
-            // not list it: its entry failed, or was deleted. It enters again, and counts
-            // itself meanwhile. (Read from the lock table, a member not listed has lost
-            // its permit: it waits for its membership's end, as before the roster.)
-            self.enter(slot, holder_id).await;
-            held.push(PermitHolder::new(slot, holder_id.map(str::to_owned), None));
+        if from_roster {
+            self.listed(slot, holder_id, &mut held).await;
         }
         let (members, me) = members_of(
             held.iter().map(|h| (h.slot, h.holder_id.as_deref())),
@@ -166,6 +161,33 @@ where
                 .rebalance
                 .record(at.elapsed().as_secs_f64(), self.attributes);
         }
+    }
+
+    /// Makes sure the roster `held` lists this member's `slot` under its own holder id.
+    /// This member holds its slot (its membership is not lost), so a roster that does
+    /// not list the slot (its entry failed, or was deleted), or lists it under another
+    /// holder id, is out of date: a write of that other member's row for the slot it
+    /// held before, which reached the server late (a renewal sent before a network cut
+    /// and delivered after it, once this member had taken the slot and entered). Such a
+    /// row made every member count one member too few: one holder id under two slots,
+    /// and this member counted as that one. It enters again, and counts itself under
+    /// its slot meanwhile. (Read from the lock table, a member not listed has lost its
+    /// permit: it waits for its membership's end, as before the roster.)
+    async fn listed(&self, slot: u32, holder_id: Option<&str>, held: &mut Vec<PermitHolder>) {
+        let me = PermitHolder::new(slot, holder_id.map(str::to_owned), None);
+        match held.iter_mut().find(|h| h.slot == slot) {
+            Some(listed) if listed.holder_id.as_deref() == holder_id => return,
+            Some(listed) => {
+                tracing::debug!(
+                    slot,
+                    listed = listed.holder_id.as_deref(),
+                    "the roster names another member under this member's slot; entering again"
+                );
+                *listed = me;
+            }
+            None => held.push(me),
+        }
+        self.enter(slot, holder_id).await;
     }
 
     /// Enters this member in the group's roster ([`ShardTerms::enter`]), with its

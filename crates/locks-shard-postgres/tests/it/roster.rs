@@ -144,6 +144,66 @@ async fn the_roster_names_the_members_and_one_whose_row_is_gone_enters_again_wit
     assert_eq!((interleaved, refused), (0, 0));
 }
 
+/// A row that names another member under a member's slot: the write of a member's row for
+/// the slot it held before (a renewal sent before a network cut, delivered after it),
+/// reaching the server after the slot's new holder entered. Every member then counted one
+/// member too few (seen in a soak: three members each computing a share of 12 of 24, and
+/// none taking a killed member's shards while it expected three back). The slot's holder
+/// enters again on its next tick, and when a member leaves the other two share its shards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_naming_another_member_under_a_held_slot_is_written_again_by_its_holder() {
+    let mut fleet = Fleet::new().await;
+    // Renewals every 12 s: what brings the row back within the bound is the tick.
+    fleet.renewal = Some(Duration::from_secs(60));
+    let from = Instant::now();
+    for name in ["o0", "o1", "o2"] {
+        fleet.join(name);
+    }
+    fleet.settled(3, from).await;
+    let listed = agree(&fleet.watcher, 3).await;
+    let slots: Vec<(u32, String)> = listed
+        .iter()
+        .map(|(slot, holder)| (*slot, holder.clone().expect("a holder id")))
+        .collect();
+    let (lowest, highest) = (&slots[0], &slots[2]);
+
+    // The highest slot's row names the lowest slot's member, as its late renewal would.
+    let written = admin()
+        .await
+        .execute(
+            "UPDATE locks_shard_members SET application_name = $3 \
+             WHERE group_name = $1 AND member_slot = $2",
+            &[
+                &fleet.watcher.group.name(),
+                &(highest.0 as i32),
+                &locks_postgres::holder_application_name(&lowest.1),
+            ],
+        )
+        .await
+        .expect("the late write");
+    assert_eq!(written, 1);
+    let back = Instant::now();
+    assert_eq!(
+        agree(&fleet.watcher, 3).await,
+        listed,
+        "the slot's holder under its own name again"
+    );
+    let took = back.elapsed();
+    eprintln!("the slot's holder wrote its row again {took:?} after the late write");
+    assert!(
+        took < ENTERED_AGAIN,
+        "the row was written again after {took:?}, not on the holder's next tick (50 ms)"
+    );
+
+    // The member in the middle leaves: the other two share its shards, 12 and 12.
+    let from = Instant::now();
+    fleet.leave(&slots[1].1).await;
+    fleet.settled(2, from).await;
+    fleet.leave_all().await;
+    let (interleaved, refused) = fleet.watcher.interleaved_and_refused(&[]).await;
+    assert_eq!((interleaved, refused), (0, 0));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_without_a_holder_id_or_renewals_is_listed_and_keeps_its_row() {
     let watcher = Watcher::new(group(&unique("anonymous"))).await;
