@@ -2,6 +2,7 @@
 //! the sorted member list and what the member owns, so every member computes its own
 //! part of the same balanced assignment.
 
+use locks_port::PermitHolder;
 use time::OffsetDateTime;
 
 use crate::group::ShardGroup;
@@ -83,11 +84,43 @@ pub(crate) fn to_shed(
     ranked.into_iter().map(|(shard, _)| shard).collect()
 }
 
-/// The shards `slot` does not own, in the order it tries them: highest score first.
-pub(crate) fn to_try(group: &ShardGroup, slot: u32, owned: &[usize]) -> Vec<usize> {
+/// The shards `slot` does not own, in the order it tries them: first those no other
+/// listed member most likely holds (`busy` says which it does, from the term store),
+/// among them first those for which `slot` scores highest among the listed `members`
+/// (so that members taking a dead member's shards at once mostly try different ones),
+/// then by its own score. A busy shard is still tried, last: the term store may be
+/// behind the locks.
+pub(crate) fn to_try(
+    group: &ShardGroup,
+    slot: u32,
+    owned: &[usize],
+    members: &[u32],
+    busy: impl Fn(usize) -> bool,
+) -> Vec<usize> {
     let mut ranked: Vec<usize> = (0..group.len()).filter(|s| !owned.contains(s)).collect();
-    ranked.sort_by_key(|&shard| (std::cmp::Reverse(group.score(slot, shard)), shard));
+    ranked.sort_by_cached_key(|&shard| {
+        let mine = group.score(slot, shard);
+        let above = members
+            .iter()
+            .filter(|&&other| other != slot && (group.score(other, shard), other) > (mine, slot))
+            .count();
+        (busy(shard), above, std::cmp::Reverse(mine), shard)
+    });
     ranked
+}
+
+/// Whether `term` is most likely still held by a listed member: it did not end, and its
+/// owner is listed (by holder id, or by slot for a member without one). A term of a
+/// member that died, or that ended (a hand-off), says its shard is most likely free.
+pub(crate) fn held_by_listed(term: &Term, listed: &[PermitHolder]) -> bool {
+    !term.ended
+        && listed
+            .iter()
+            .any(|h| match (&term.holder_id, &h.holder_id) {
+                (Some(owner), Some(holder)) => owner == holder,
+                (None, None) => h.slot == term.member,
+                _ => false,
+            })
 }
 
 #[cfg(test)]
@@ -174,8 +207,74 @@ mod tests {
         assert_eq!(to_shed(&group, 7, &taken_late, 6), vec![0, 1, 2, 3]);
         assert_eq!(to_shed(&group, 7, &taken_late, 6), vec![0, 1, 2, 3]);
         let owned: Vec<usize> = alike.iter().map(|&(s, _)| s).collect();
-        let tried = to_try(&group, 7, &owned);
+        let tried = to_try(&group, 7, &owned, &[7], |_| false);
         assert_eq!(tried.len(), 14);
         assert!(tried.iter().all(|s| !owned.contains(s)));
+    }
+
+    #[test]
+    fn free_shards_are_tried_first_and_members_taking_at_once_mostly_try_different_ones() {
+        let group = ShardGroup::new("g", (0..24).map(|i| format!("s{i}"))).unwrap();
+        // A dead member's 8 shards are free; the other 16 are owned, 8 by each of two
+        // survivors, slots 1 and 2.
+        let (one, two): (Vec<usize>, Vec<usize>) = (0..16).partition(|s| s % 2 == 0);
+        let free = |shard: usize| shard >= 16;
+        let first = |slot: u32, owned: &[usize]| -> Vec<usize> {
+            to_try(&group, slot, owned, &[1, 2], |s| {
+                !free(s) && !owned.contains(&s)
+            })
+            .into_iter()
+            .take(4)
+            .collect()
+        };
+        let (by_one, by_two) = (first(1, &one), first(2, &two));
+        assert!(
+            by_one.iter().chain(&by_two).all(|&s| free(s)),
+            "{by_one:?} {by_two:?}"
+        );
+        // Each tries first the free shards it outscores the other on: 8 between them,
+        // whatever the split, with no shard first for both unless one outscores on more
+        // than 4.
+        let outscores = |slot: u32, other: u32| {
+            (16..24)
+                .filter(|&s| group.score(slot, s) > group.score(other, s))
+                .count()
+        };
+        let overlap = by_one.iter().filter(|s| by_two.contains(s)).count();
+        let surplus = outscores(1, 2).abs_diff(4);
+        assert!(
+            overlap <= surplus,
+            "{overlap} tried first by both, {surplus} expected at most"
+        );
+        // A busy shard is still tried, after every free one.
+        let all = to_try(&group, 1, &one, &[1, 2], |s| !free(s));
+        assert_eq!(all.len(), 16);
+        assert!(all[..8].iter().all(|&s| free(s)) && all[8..].iter().all(|&s| !free(s)));
+    }
+
+    #[test]
+    fn a_term_is_busy_while_it_did_not_end_and_its_owner_is_listed() {
+        let at = time::OffsetDateTime::UNIX_EPOCH;
+        let listed = [
+            PermitHolder::new(1, Some("a".into()), None),
+            PermitHolder::new(4, None, None),
+        ];
+        let term = |member: u32, holder: Option<&str>, ended: bool| {
+            Term::new("s", 1, member, holder.map(str::to_owned), at, ended)
+        };
+        assert!(
+            held_by_listed(&term(9, Some("a"), false), &listed),
+            "a, under another slot"
+        );
+        assert!(!held_by_listed(&term(1, Some("a"), true), &listed), "ended");
+        assert!(
+            !held_by_listed(&term(1, Some("dead"), false), &listed),
+            "its owner gone"
+        );
+        assert!(
+            held_by_listed(&term(4, None, false), &listed),
+            "anonymous, by slot"
+        );
+        assert!(!held_by_listed(&term(5, None, false), &listed));
     }
 }

@@ -2,7 +2,7 @@
 //! share, and sheds the shards above it or takes free ones up to it (beginning a term
 //! and starting its task for each shard it takes).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,7 +15,9 @@ use locks_port::{
 use opentelemetry::KeyValue;
 use tokio::sync::Notify;
 
-use crate::assign::{expected_from_terms, members_of, target_share, to_shed, to_try};
+use crate::assign::{
+    expected_from_terms, held_by_listed, members_of, target_share, to_shed, to_try,
+};
 use crate::group::ShardGroup;
 use crate::metrics::Instruments;
 use crate::task::{Owned, Running, TermPlan, spawn};
@@ -65,6 +67,14 @@ impl View {
         }
         Some(shards.div_ceil(expected))
     }
+}
+
+/// The members a tick read: the slots standing for the other members, and the roster
+/// as read (slots with holder ids).
+#[derive(Debug, Clone, Copy)]
+struct Listed<'a> {
+    others: &'a [u32],
+    held: &'a [PermitHolder],
 }
 
 /// What a member's ticks work with: its manager, term store and group, and how its terms
@@ -153,8 +163,20 @@ where
                 "share"
             );
         }
-        self.rebalance(slot, holder_id, (share, take_up_to), &retake, running, task)
-            .await;
+        let others: Vec<u32> = members.iter().copied().filter(|&m| m != me).collect();
+        let listed = Listed {
+            others: &others,
+            held: &held,
+        };
+        self.rebalance(
+            slot,
+            holder_id,
+            (share, take_up_to),
+            (&retake, listed),
+            running,
+            task,
+        )
+        .await;
         let settled = running.len() == share && running.values().all(|term| !term.is_stopping());
         if settled && let Some(at) = view.changed_at.take() {
             self.instruments
@@ -247,13 +269,14 @@ where
 
     /// Sheds the shards above `share`, or takes free ones up to `take_up_to` (the share,
     /// or less while members are expected back), trying first the shards in `retake`
-    /// (whose locks this member just lost).
+    /// (whose locks this member just lost), then those the term store says no other
+    /// listed member holds ([`to_try`]).
     async fn rebalance<F, Fut>(
         &self,
         slot: u32,
         holder_id: Option<&str>,
         (share, take_up_to): (usize, usize),
-        retake: &[usize],
+        (retake, listed): (&[usize], Listed<'_>),
         running: &mut BTreeMap<usize, Running>,
         task: &Arc<F>,
     ) where
@@ -274,11 +297,17 @@ where
             return;
         }
         let mut wanted = take_up_to.saturating_sub(active.len());
+        if wanted == 0 {
+            return;
+        }
         let owned: Vec<usize> = running.keys().copied().collect();
+        let busy = self.busy(listed.held).await;
         let mut candidates = retake.iter().copied().chain(
-            to_try(self.group, slot, &owned)
-                .into_iter()
-                .filter(|shard| !retake.contains(shard)),
+            to_try(self.group, slot, &owned, listed.others, |shard| {
+                busy.contains(&shard)
+            })
+            .into_iter()
+            .filter(|shard| !retake.contains(shard)),
         );
         // As many tries at once as shards are still wanted, in score order (after a
         // member died, its shards are taken in one round trip, not one after the
@@ -307,6 +336,23 @@ where
                     tracing::warn!(error = %error, "taking a shard failed");
                     failed = true;
                 }
+            }
+        }
+    }
+
+    /// The shards whose latest term says a listed member most likely holds them
+    /// ([`held_by_listed`]): one read of the term store, made only when this member has
+    /// shards to take. If it fails, none: every shard is tried in score order.
+    async fn busy(&self, held: &[PermitHolder]) -> BTreeSet<usize> {
+        match self.terms.terms(self.group.name()).await {
+            Ok(terms) => terms
+                .iter()
+                .filter(|term| held_by_listed(term, held))
+                .filter_map(|term| self.group.index_of(&term.shard))
+                .collect(),
+            Err(error) => {
+                tracing::debug!(error = %error, "reading the shard terms before taking failed");
+                BTreeSet::new()
             }
         }
     }
