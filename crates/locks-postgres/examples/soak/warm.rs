@@ -25,9 +25,9 @@ pub(crate) async fn warm(pools: &[&Pool], count: usize) {
 /// the server is back from a restart, while its members retake their shards.
 const REFILL_AT_ONCE: usize = 2;
 
-/// Every 250 ms, checks out up to [`REFILL_AT_ONCE`] connections of each pool that has
-/// fewer than `count` in all, those in use counted (each returned as soon as it is
-/// had): a closed idle one is dropped, a missing one opened.
+/// Every 250 ms, checks out up to [`REFILL_AT_ONCE`] connections more than are idle, of
+/// each pool that has fewer than `count` in all, those in use counted, and returns them
+/// together: a closed idle one is dropped, a missing one opened.
 pub(crate) async fn keep_warm(pools: [Pool; 2], count: usize) {
     loop {
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -40,12 +40,16 @@ pub(crate) async fn keep_warm(pools: [Pool; 2], count: usize) {
             } else {
                 0
             };
-            let checking = (0..refill).map(|_| async { drop(pool.get().await) });
-            let _ = tokio::time::timeout(
+            // Held together, returned together: a checkout returned as soon as it is had
+            // lets the next take the same idle connection, and the pool never grew past
+            // what was in use plus the idle ones (11 of 14 for a member of 8 shards).
+            let checking = (0..refill).map(|_| pool.get());
+            let held = tokio::time::timeout(
                 Duration::from_secs(2),
                 futures_util::future::join_all(checking),
             )
             .await;
+            drop(held);
         }
     }
 }
