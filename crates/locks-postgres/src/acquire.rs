@@ -307,17 +307,29 @@ pub(crate) fn tell_of_own_hold(
 /// After a wait ended in an error on a live connection, makes sure the session
 /// does not hold the lock (it can be granted just as the wait is cancelled). The
 /// session, when that is shown; else it is closed.
+///
+/// A session that holds nothing else (every wait but an `acquire_many`'s) frees every
+/// advisory lock it holds, which never reads `pg_locks`: after a timed-out wait the
+/// server's whole lock table is not copied, under every lock partition, at any number of
+/// locks held on the server. One that holds the first locks of an `acquire_many`
+/// (`holds_others`: settled only when `lock_timeout` fired before the deadline, a wait
+/// of ~24.8 days) checks `pg_locks` for this lock alone and unlocks it only if held.
 async fn settle_after_failed_wait(
     inner: &Inner,
     lock_id: i64,
     mode: LockMode,
+    holds_others: bool,
     mut session: Session,
 ) -> Option<Session> {
-    let check = Statement::UnlockIfHeld { lock_id, mode };
+    let check = if holds_others {
+        Statement::UnlockIfHeld { lock_id, mode }
+    } else {
+        Statement::UnlockAll
+    };
     let limit = Limit::Waiting(inner.settings().answer_timeout);
     match check.run(&mut session, limit).await {
         Ok(Ok(Answer::Bool(was_held))) => {
-            if was_held {
+            if holds_others && was_held {
                 tracing::debug!(
                     lock_id,
                     "the lock was granted as the wait ended; released it"
@@ -375,7 +387,8 @@ pub(crate) async fn wait_in_queue(
         let early = timed_out && deadline.is_some_and(|deadline| !deadline.passed());
         if error.is_closed() || (holds_others && !early) {
             session.close();
-        } else if let Some(settled) = settle_after_failed_wait(inner, lock_id, mode, session).await
+        } else if let Some(settled) =
+            settle_after_failed_wait(inner, lock_id, mode, holds_others, session).await
         {
             if early {
                 session = settled;

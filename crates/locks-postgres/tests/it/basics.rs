@@ -62,6 +62,60 @@ async fn bounded_wait_times_out_with_the_original_message() {
     assert_eq!(holder.release_all().await, 1);
 }
 
+/// After a timed-out wait the session frees whatever the server may have granted as the
+/// wait ended without reading `pg_locks` (which copies the server's whole lock table
+/// under every lock partition: at a million held locks, a stall of every lock request
+/// on the server per timeout). What the waiter's backend ran last says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_wait_settles_its_session_without_reading_pg_locks() {
+    let holder = PostgresLockManager::new(pool(2));
+    let waiter_id = throwaway_pg::testing::unique("settle");
+    let waiter = PostgresLockManager::builder(pool(1))
+        .holder_id(&waiter_id)
+        .build();
+    let admin = admin().await;
+    let key = unique_key("settle");
+    let guard = holder
+        .acquire(&key, AcquireOptions::new())
+        .await
+        .expect("acquire");
+    let error = waiter
+        .acquire(
+            &key,
+            AcquireOptions::new().with_timeout(Duration::from_millis(100)),
+        )
+        .await
+        .expect_err("held elsewhere");
+    assert_eq!(error.kind(), AcquisitionErrorKind::Timeout);
+    let last: Vec<String> = admin
+        .query(
+            "SELECT query FROM pg_stat_activity WHERE application_name = $1",
+            &[&locks_postgres::holder_application_name(&waiter_id)],
+        )
+        .await
+        .expect("pg_stat_activity")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(last.len(), 1, "the waiter's one session, kept: {last:?}");
+    assert!(
+        last[0].contains("pg_advisory_unlock_all") && !last[0].contains("pg_locks"),
+        "the waiter's session last ran {:?}",
+        last[0]
+    );
+    // Nothing held on it, and the lock still the holder's alone.
+    assert_eq!(holders(&admin, guard.info().lock_id()).await, 1);
+    assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
+    assert!(
+        waiter
+            .try_acquire(&key)
+            .await
+            .expect("no db error")
+            .is_some(),
+        "the waiter's kept session takes the lock once it is free"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn try_acquire_on_an_exhausted_pool_fails_at_once_instead_of_waiting() {
     let manager = PostgresLockManager::new(pool(1));
