@@ -301,7 +301,13 @@ where
             return;
         }
         let owned: Vec<usize> = running.keys().copied().collect();
-        let busy = self.busy(listed.held).await;
+        // Its own lost shards are tried first, without a read: a retake after a
+        // terminated session is not held up by the term store.
+        let busy = if retake.len() >= wanted {
+            BTreeSet::new()
+        } else {
+            self.busy(listed.held).await
+        };
         let mut candidates = retake.iter().copied().chain(
             to_try(self.group, slot, &owned, listed.others, |shard| {
                 busy.contains(&shard)
@@ -309,7 +315,7 @@ where
             .into_iter()
             .filter(|shard| !retake.contains(shard)),
         );
-        // As many tries at once as shards are still wanted, in score order (after a
+        // As many tries at once as shards are still wanted, in that order (after a
         // member died, its shards are taken in one round trip, not one after the
         // other), and the next candidate tried as soon as a try finds its shard busy:
         // a slow try (a connection being opened on a loaded server) holds up only its
