@@ -30,23 +30,38 @@ async fn acquire_holds_on_the_server_and_release_frees() {
     assert!(!manager.is_held(&key));
 }
 
+/// `key` acquired by `holder`, then `waiter`'s acquire of it with a timeout of `ms`
+/// milliseconds: the holder's guard and the waiter's timeout error.
+async fn held_then_timed_out(
+    holder: &PostgresLockManager,
+    waiter: &PostgresLockManager,
+    key: &str,
+    ms: u64,
+) -> (
+    locks_postgres::PostgresLockGuard,
+    locks_port::LockAcquisitionError,
+) {
+    let guard = holder
+        .acquire(key, AcquireOptions::new())
+        .await
+        .expect("acquire");
+    let error = waiter
+        .acquire(
+            key,
+            AcquireOptions::new().with_timeout(Duration::from_millis(ms)),
+        )
+        .await
+        .expect_err("held elsewhere");
+    assert_eq!(error.kind(), AcquisitionErrorKind::Timeout);
+    (guard, error)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bounded_wait_times_out_with_the_original_message() {
     let holder = PostgresLockManager::new(pool(2));
     let waiter = PostgresLockManager::new(pool(2));
     let key = unique_key("timeout");
-    let _guard = holder
-        .acquire(&key, AcquireOptions::new())
-        .await
-        .expect("acquire");
-    let error = waiter
-        .acquire(
-            &key,
-            AcquireOptions::new().with_timeout(Duration::from_millis(200)),
-        )
-        .await
-        .expect_err("held elsewhere");
-    assert_eq!(error.kind(), AcquisitionErrorKind::Timeout);
+    let (_guard, error) = held_then_timed_out(&holder, &waiter, &key, 200).await;
     assert_eq!(
         error.to_string(),
         format!("Failed to acquire lock '{key}': Timeout after 0.2s")
@@ -75,18 +90,7 @@ async fn a_timed_out_wait_settles_its_session_without_reading_pg_locks() {
         .build();
     let admin = admin().await;
     let key = unique_key("settle");
-    let guard = holder
-        .acquire(&key, AcquireOptions::new())
-        .await
-        .expect("acquire");
-    let error = waiter
-        .acquire(
-            &key,
-            AcquireOptions::new().with_timeout(Duration::from_millis(100)),
-        )
-        .await
-        .expect_err("held elsewhere");
-    assert_eq!(error.kind(), AcquisitionErrorKind::Timeout);
+    let (guard, _) = held_then_timed_out(&holder, &waiter, &key, 100).await;
     let last: Vec<String> = admin
         .query(
             "SELECT query FROM pg_stat_activity WHERE application_name = $1",

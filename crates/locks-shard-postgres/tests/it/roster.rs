@@ -62,16 +62,43 @@ async fn agree(watcher: &Watcher, count: usize) -> BTreeSet<(u32, Option<String>
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_roster_names_the_members_and_one_whose_row_is_gone_enters_again_with_nothing_moved() {
+/// Members `o0`, `o1` and `o2` joining, and when they began to. Their renewals (which
+/// write a member's row too) come every 12 s: what brings a row back within
+/// [`ENTERED_AGAIN`] is a member's tick.
+async fn three_members() -> (Fleet, Instant) {
     let mut fleet = Fleet::new().await;
-    // Renewals (which write the row too) every 12 s: what brings a row back within the
-    // bound below is the member's tick.
     fleet.renewal = Some(Duration::from_secs(60));
     let from = Instant::now();
     for name in ["o0", "o1", "o2"] {
         fleet.join(name);
     }
+    (fleet, from)
+}
+
+/// Waits until the roster names `listed` again, each member under its own slot and
+/// name, after `what` at `from`: within [`ENTERED_AGAIN`], the members' next ticks.
+async fn listed_again(
+    watcher: &Watcher,
+    listed: &BTreeSet<(u32, Option<String>)>,
+    from: Instant,
+    what: &str,
+) {
+    assert_eq!(
+        &agree(watcher, listed.len()).await,
+        listed,
+        "each member under its slot and name again"
+    );
+    let took = from.elapsed();
+    eprintln!("every member listed again {took:?} after {what}");
+    assert!(
+        took < ENTERED_AGAIN,
+        "listed again {took:?} after {what}, not on the members' next tick (50 ms)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_roster_names_the_members_and_one_whose_row_is_gone_enters_again_with_nothing_moved() {
+    let (mut fleet, from) = three_members().await;
     let (before, _) = fleet.settled(3, from).await;
     let listed = agree(&fleet.watcher, 3).await;
     assert_eq!(
@@ -95,17 +122,7 @@ async fn the_roster_names_the_members_and_one_whose_row_is_gone_enters_again_wit
         .expect("delete the rows");
     assert_eq!(deleted, 3, "a row per member");
     let back = Instant::now();
-    assert_eq!(
-        agree(&fleet.watcher, 3).await,
-        listed,
-        "each member under its slot again"
-    );
-    let took = back.elapsed();
-    eprintln!("every member entered again {took:?} after its row was deleted");
-    assert!(
-        took < ENTERED_AGAIN,
-        "the members entered again after {took:?}, not on their next tick (50 ms)"
-    );
+    listed_again(&fleet.watcher, &listed, back, "every member's row deleted").await;
     let (after, _) = fleet.settled(3, back).await;
     assert_eq!(holders(&after), holders(&before), "a shard moved");
     assert_eq!(
@@ -152,13 +169,7 @@ async fn the_roster_names_the_members_and_one_whose_row_is_gone_enters_again_wit
 /// enters again on its next tick, and when a member leaves the other two share its shards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_naming_another_member_under_a_held_slot_is_written_again_by_its_holder() {
-    let mut fleet = Fleet::new().await;
-    // Renewals every 12 s: what brings the row back within the bound is the tick.
-    fleet.renewal = Some(Duration::from_secs(60));
-    let from = Instant::now();
-    for name in ["o0", "o1", "o2"] {
-        fleet.join(name);
-    }
+    let (mut fleet, from) = three_members().await;
     fleet.settled(3, from).await;
     let listed = agree(&fleet.watcher, 3).await;
     let slots: Vec<(u32, String)> = listed
@@ -182,18 +193,7 @@ async fn a_row_naming_another_member_under_a_held_slot_is_written_again_by_its_h
         .await
         .expect("the late write");
     assert_eq!(written, 1);
-    let back = Instant::now();
-    assert_eq!(
-        agree(&fleet.watcher, 3).await,
-        listed,
-        "the slot's holder under its own name again"
-    );
-    let took = back.elapsed();
-    eprintln!("the slot's holder wrote its row again {took:?} after the late write");
-    assert!(
-        took < ENTERED_AGAIN,
-        "the row was written again after {took:?}, not on the holder's next tick (50 ms)"
-    );
+    listed_again(&fleet.watcher, &listed, Instant::now(), "a late write").await;
 
     // The member in the middle leaves: the other two share its shards, 12 and 12.
     let from = Instant::now();
