@@ -98,13 +98,22 @@ pub(crate) fn to_try(
     busy: impl Fn(usize) -> bool,
 ) -> Vec<usize> {
     let mut ranked: Vec<usize> = (0..group.len()).filter(|s| !owned.contains(s)).collect();
+    // The rank among the members is computed for the free shards only (a score is a
+    // hash): a busy shard comes last whatever its rank.
     ranked.sort_by_cached_key(|&shard| {
         let mine = group.score(slot, shard);
-        let above = members
-            .iter()
-            .filter(|&&other| other != slot && (group.score(other, shard), other) > (mine, slot))
-            .count();
-        (busy(shard), above, std::cmp::Reverse(mine), shard)
+        let busy = busy(shard);
+        let above = if busy {
+            0
+        } else {
+            members
+                .iter()
+                .filter(|&&other| {
+                    other != slot && (group.score(other, shard), other) > (mine, slot)
+                })
+                .count()
+        };
+        (busy, above, std::cmp::Reverse(mine), shard)
     });
     ranked
 }
