@@ -69,11 +69,12 @@ impl View {
     }
 }
 
-/// The members a tick read: the slots standing for the other members, and the roster
-/// as read (slots with holder ids).
+/// The members a tick read: the slots standing for the members, the one standing for
+/// this member, and the roster as read (slots with holder ids).
 #[derive(Debug, Clone, Copy)]
 struct Listed<'a> {
-    others: &'a [u32],
+    members: &'a [u32],
+    me: u32,
     held: &'a [PermitHolder],
 }
 
@@ -163,9 +164,9 @@ where
                 "share"
             );
         }
-        let others: Vec<u32> = members.iter().copied().filter(|&m| m != me).collect();
         let listed = Listed {
-            others: &others,
+            members: &members,
+            me,
             held: &held,
         };
         self.rebalance(
@@ -196,7 +197,7 @@ where
     /// its slot meanwhile. (Read from the lock table, a member not listed has lost its
     /// permit: it waits for its membership's end, as before the roster.)
     async fn listed(&self, slot: u32, holder_id: Option<&str>, held: &mut Vec<PermitHolder>) {
-        let me = PermitHolder::new(slot, holder_id.map(str::to_owned), None);
+        let me = || PermitHolder::new(slot, holder_id.map(str::to_owned), None);
         match held.iter_mut().find(|h| h.slot == slot) {
             Some(listed) if listed.holder_id.as_deref() == holder_id => return,
             Some(listed) => {
@@ -205,9 +206,9 @@ where
                     listed = listed.holder_id.as_deref(),
                     "the roster names another member under this member's slot; entering again"
                 );
-                *listed = me;
+                *listed = me();
             }
-            None => held.push(me),
+            None => held.push(me()),
         }
         self.enter(slot, holder_id).await;
     }
@@ -303,13 +304,19 @@ where
         let owned: Vec<usize> = running.keys().copied().collect();
         // Its own lost shards are tried first, without a read: a retake after a
         // terminated session is not held up by the term store.
+        let others: Vec<u32> = listed
+            .members
+            .iter()
+            .copied()
+            .filter(|&m| m != listed.me)
+            .collect();
         let busy = if retake.len() >= wanted {
             BTreeSet::new()
         } else {
             self.busy(listed.held).await
         };
         let mut candidates = retake.iter().copied().chain(
-            to_try(self.group, slot, &owned, listed.others, |shard| {
+            to_try(self.group, slot, &owned, &others, |shard| {
                 busy.contains(&shard)
             })
             .into_iter()
