@@ -251,6 +251,13 @@ pub(crate) struct RunArgs {
     /// and so does --keepalive 0].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub(crate) lease: Option<Duration>,
+    /// How long a held lock whose server process stops answering (stopped, or too busy)
+    /// is kept while the server shows that process alive, before it counts as lost; 0,
+    /// the default, gives it up once a keepalive goes unanswered. It lengthens how long a
+    /// host cut off from the server takes to be told by as much (the lease's timers
+    /// follow).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "0s")]
+    pub(crate) stall_patience: Duration,
     /// Hand the command a fencing token (PGLOCK_FENCING_TOKEN) that grows with every grant.
     #[arg(long)]
     pub(crate) fencing: bool,

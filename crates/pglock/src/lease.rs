@@ -23,6 +23,8 @@ pub(crate) struct Settings<'a> {
     pub(crate) lease_given: bool,
     pub(crate) connect_timeout: Duration,
     pub(crate) fencing: bool,
+    /// `--stall-patience` (zero: none).
+    pub(crate) stall_patience: Duration,
 }
 
 impl Settings<'_> {
@@ -33,6 +35,7 @@ impl Settings<'_> {
             .lease(lease)
             .connect_timeout(self.connect_timeout)
             .fencing(self.fencing)
+            .stall_patience(self.stall_patience)
             .try_build()
             .ok()
     }
@@ -73,12 +76,22 @@ impl Settings<'_> {
                 low = middle + 1;
             }
         }
+        let (given, shorten) = match self.stall_patience.is_zero() {
+            true => (format!("--keepalive {}", show(keepalive)), "--keepalive"),
+            false => (
+                format!(
+                    "--keepalive {} and --stall-patience {}",
+                    show(keepalive),
+                    show(self.stall_patience)
+                ),
+                "--keepalive or --stall-patience",
+            ),
+        };
         Err(Failure::new(
             USAGE,
             format!(
-                "{named} is too short for --keepalive {}: it needs at least {}; lengthen \
-                 --lease or shorten --keepalive",
-                show(keepalive),
+                "{named} is too short for {given}: it needs at least {}; lengthen --lease \
+                 or shorten {shorten}",
                 show(Duration::from_secs(high))
             ),
         ))

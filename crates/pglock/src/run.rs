@@ -151,6 +151,7 @@ async fn run_once(
         lease_given: args.lease.is_some(),
         connect_timeout: target.connect_timeout,
         fencing: args.fencing,
+        stall_patience: args.stall_patience,
     }
     .manager()?;
     let lock_id = manager.lock_id(key);

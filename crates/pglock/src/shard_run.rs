@@ -81,6 +81,7 @@ pub(crate) async fn run(
         lease_given: args.lease.is_some(),
         connect_timeout: target.connect_timeout,
         fencing: false,
+        stall_patience: args.stall_patience,
     }
     .manager()?;
     let terms_pool = connect::pool(target, 2, "pglock-shards")?;

@@ -92,3 +92,63 @@ async fn on_lost_ignore_lets_the_command_finish_and_still_exits_75() {
     assert_eq!(code(&done), 75, "{}", stderr(&done));
     assert!(finished.exists(), "the command was stopped");
 }
+
+/// Runs a command under the lock on `key` with `options` (a 30 s lease: answer timeout
+/// 2.5 s), stops the lock's backend with SIGSTOP for 5 s, continues it, and asks the
+/// command to finish. Returns pglock's output and whether the command got SIGTERM.
+async fn stall_the_backend(key: &str, dir: &Path, options: &[&str]) -> (Output, bool) {
+    let (ready, got, finish_now) = (dir.join("ready"), dir.join("got"), dir.join("finish"));
+    let script = format!(
+        "trap 'echo TERM > {got}; exit 0' TERM; echo $$ > {ready}.tmp; mv {ready}.tmp {ready}; \
+         while [ ! -e {finish_now} ]; do sleep 0.05; done",
+        got = got.display(),
+        ready = ready.display(),
+        finish_now = finish_now.display()
+    );
+    let child = pglock()
+        .args(["run", "--keepalive", "200ms", "--lease", "30s"])
+        .args(options)
+        .args([key, "-c", &script])
+        .spawn()
+        .expect("spawn");
+    wait_for_file(&ready).await;
+    let rows = lock_rows(&admin().await, locks_port::lock_id(key)).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let backend = Pid::from_raw(rows[0].0);
+    kill(backend, Signal::SIGSTOP).expect("SIGSTOP the lock's backend");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    kill(backend, Signal::SIGCONT).expect("SIGCONT");
+    std::fs::write(&finish_now, "").expect("finish");
+    (finish(child).await, got.exists())
+}
+
+#[tokio::test]
+async fn a_stalled_backend_loses_the_lock_unless_stall_patience_outlasts_it() {
+    // Without patience the keepalive unanswered for the answer timeout (2.5 s) is a loss,
+    // though the stopped backend keeps the lock on the server until it runs again.
+    let (key, dir) = unique("stall-impatient");
+    let (done, terminated) = stall_the_backend(&key, &dir, &[]).await;
+    assert_eq!(code(&done), 75, "{}", stderr(&done));
+    assert!(terminated, "the command was not stopped");
+    // With 8 s of patience the 5 s stall is waited out: the command runs on and exits 0.
+    let (key, dir) = unique("stall-patient");
+    let (done, terminated) = stall_the_backend(&key, &dir, &["--stall-patience", "8s"]).await;
+    assert_eq!(code(&done), 0, "{}", stderr(&done));
+    assert!(!terminated, "the command was stopped: {}", stderr(&done));
+    // The lease still has to fit the longer time a cut-off host takes to be told.
+    let fits = ["run", "k", "--keepalive", "200ms", "--lease", "12s"];
+    let checked = output(pglock().args(fits).args(["--no-wait", "--", "true"])).await;
+    assert_eq!(code(&checked), 0, "{}", stderr(&checked));
+    let short = output(
+        pglock()
+            .args(fits)
+            .args(["--stall-patience", "8s", "--", "true"]),
+    )
+    .await;
+    assert_eq!(code(&short), 64, "{}", stderr(&short));
+    assert!(
+        stderr(&short).contains("and --stall-patience 8.0s: it needs at least "),
+        "{}",
+        stderr(&short)
+    );
+}
