@@ -113,6 +113,14 @@ impl Held {
         }
     }
 
+    /// Records that the lock's unlock is about to be sent (a place on a shared
+    /// connection then counts it in flight until it leaves).
+    pub(crate) fn unlocking(&mut self) {
+        if let Holding::Shared(member) = &mut self.holding {
+            member.unlocking();
+        }
+    }
+
     /// Leaves the session, unlocked or gone: `true` when it now holds nothing of
     /// this manager (the caller, holding the slot, gives it back or closes it).
     pub(crate) fn leave_session(&mut self) -> bool {

@@ -26,8 +26,10 @@
 //! connection share its [`SessionSlot`], so the health monitor loses exactly the locks
 //! of a connection that ends, each one told. A [`Membership`] is a lock id's place on a
 //! host, from the reservation before the try to the unlock; dropped without leaving (a
-//! cancelled acquire or release), a task makes sure the session does not hold the lock
-//! before the place is freed.
+//! grant nobody took, a cancelled release), a task makes sure the session does not hold
+//! the lock before the place is freed: a plain unlock when the lock is known held, a check
+//! of `pg_locks` first only when its unlock was in flight. A try runs on a task of its
+//! own, so a cancelled acquisition never leaves one in flight unread.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -35,8 +37,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use locks_port::LockMode;
-use tokio::sync::Notify;
 use tokio::sync::futures::Notified;
+use tokio::sync::{Notify, oneshot};
 
 use crate::connection::Session;
 use crate::limit::{Expired, Limit};
@@ -114,6 +116,10 @@ pub(crate) struct Membership {
     lock_id: i64,
     mode: LockMode,
     left: bool,
+    /// The session holds the lock and no statement about it is in flight (granted, not
+    /// being unlocked): a place dropped so is undone by a plain unlock, else by a check
+    /// of `pg_locks` first.
+    held: bool,
 }
 
 /// The bookkeeping of `release_all`'s fast path: by shared connection, its locks.
@@ -260,6 +266,7 @@ impl Multiplexer {
             lock_id,
             mode,
             left: false,
+            held: false,
         })
     }
 
@@ -282,6 +289,7 @@ impl Multiplexer {
             lock_id,
             mode,
             left: false,
+            held: true,
         }
     }
 }
@@ -306,6 +314,7 @@ impl Membership {
             lock_id,
             mode: LockMode::Exclusive,
             left: false,
+            held: true,
         }
     }
 }
@@ -375,6 +384,13 @@ impl Membership {
         self.mode = mode;
     }
 
+    /// Records that the lock's unlock is about to be sent: dropped from now until it
+    /// leaves, the place is undone by a check of `pg_locks` (the unlock may or may not
+    /// have run).
+    pub(crate) fn unlocking(&mut self) {
+        self.held = false;
+    }
+
     /// Frees the place (the lock is unlocked or gone); `true` when the connection now
     /// holds nothing: the caller, holding the slot, gives the session back or closes it.
     pub(crate) fn leave(&mut self) -> bool {
@@ -407,6 +423,7 @@ impl Drop for Membership {
         }
         self.left = true;
         let (host, lock_id, mode) = (Arc::clone(&self.host), self.lock_id, self.mode);
+        let held = self.held;
         if let Ok(mut slot) = host.slot.try_lock()
             && slot.is_none()
         {
@@ -418,7 +435,7 @@ impl Drop for Membership {
         }
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                runtime.spawn(settle(host, lock_id, mode));
+                runtime.spawn(settle(host, lock_id, mode, held));
             }
             Err(_) => {
                 // No runtime, no I/O: close the session (if it is free), which frees
@@ -443,13 +460,20 @@ impl Drop for InFlight<'_> {
     }
 }
 
-/// After a cancelled try, acquisition or release on a shared connection: makes sure
-/// the session does not hold `lock_id` (statements run in order, so this comes after
-/// whatever was sent), then frees the place; closes the session if that cannot be shown.
-async fn settle(host: Arc<Host>, lock_id: i64, mode: LockMode) {
+/// After a place was dropped without leaving (a granted lock nobody took, a cancelled
+/// acquisition or release on a shared connection): makes sure the session does not hold
+/// `lock_id` (statements run in order, so this comes after whatever was sent), then
+/// frees the place; closes the session if that cannot be shown. `held`: the session
+/// holds it and nothing about it was in flight, so a plain unlock does; else the
+/// unlock only if `pg_locks` shows it held (a release dropped while its unlock was in
+/// flight: that read copies the server's whole lock table, `docs/capacity.md`).
+async fn settle(host: Arc<Host>, lock_id: i64, mode: LockMode, held: bool) {
     let mut slot = host.slot.lock().await;
     if let Some(session) = slot.as_mut() {
-        let check = Statement::UnlockIfHeld { lock_id, mode };
+        let check = match held {
+            true => Statement::Unlock { lock_id, mode },
+            false => Statement::UnlockIfHeld { lock_id, mode },
+        };
         let answer = check
             .run(session, Limit::Waiting(host.answer_timeout))
             .await;
@@ -470,6 +494,10 @@ impl Multiplexer {
     /// within `limit`.
     /// `pool_has_room`: whether the pool has a connection free (see
     /// [`least_busy_with_room`]).
+    ///
+    /// The try runs on a task of its own: an acquisition dropped while its try is in
+    /// flight does not drop the try, whose answer then says what to undo (a granted lock
+    /// nobody takes is unlocked, known to be held) without reading `pg_locks`.
     pub(crate) async fn try_on_host(
         &self,
         lock_id: i64,
@@ -480,56 +508,15 @@ impl Multiplexer {
         let Some(member) = self.reserve(lock_id, mode, pool_has_room) else {
             return Ok(SharedTry::NoHost);
         };
-        let host = Arc::clone(&member.host);
-        // However the try ends (dropped too), it is no longer in flight.
-        let _in_flight = InFlight(&host);
-        // The connection may be busy with another lock's statement (a keepalive that
-        // gets no answer, say): that counts against the same limit.
-        let Ok(mut slot) = limit.run(host.slot.lock()).await else {
-            // Nothing was sent. Should this have been the last place, the session is
-            // closed when the retired host is dropped.
-            let mut member = member;
-            member.leave();
-            return Ok(SharedTry::NoHost);
-        };
-        let Some(session) = slot.as_mut() else {
-            member.close_host(&mut slot);
-            return Ok(SharedTry::NoHost);
-        };
-        let statement = Statement::TryLock { lock_id, mode };
-        match statement.run(session, limit).await {
-            Ok(Ok(Answer::Bool(true))) => Ok(SharedTry::Granted(member)),
-            // The statement reached another server session (ADR 0014): the connection
-            // cannot hold session locks, nor the others on it.
-            Ok(Ok(Answer::WrongSession)) => {
-                member.close_host(&mut slot);
-                Err(HostFailure::MovedBetweenSessions)
-            }
-            Ok(Ok(Answer::NoRow)) => {
-                member.close_host(&mut slot);
-                Err(HostFailure::NoRow)
-            }
-            Ok(Ok(_)) => {
-                member.vacate(&mut slot);
-                Ok(SharedTry::Busy)
-            }
-            // The server refused the statement (out of shared memory for locks, say):
-            // nothing was taken and the session is fine.
-            Ok(Err(error)) if !error.is_closed() && error.code().is_some() => {
-                member.vacate(&mut slot);
-                Err(HostFailure::Failed(error))
-            }
-            Ok(Err(error)) => {
-                member.close_host(&mut slot);
-                Err(HostFailure::Failed(error))
-            }
-            Err(Expired) => {
-                member.close_host(&mut slot);
-                Err(HostFailure::NoAnswer)
-            }
-        }
+        let (answer, answered) = oneshot::channel();
+        tokio::spawn(async move {
+            // Not taken (the acquisition was dropped), a granted place is dropped here:
+            // its lock is unlocked (`settle`).
+            drop(answer.send(try_reserved(member, lock_id, mode, limit).await));
+        });
+        // Only a panic in the task leaves no answer; its place was undone as it unwound.
+        answered.await.unwrap_or(Ok(SharedTry::NoHost))
     }
-
     /// `release_all`'s fast path: a shared connection whose every lock is among
     /// `drained` gets one `pg_advisory_unlock_all()` and goes back to the pool; the
     /// other entries are handed back for one unlock each. `place` finds an entry's
@@ -589,6 +576,67 @@ impl Multiplexer {
             }
         }
         rest
+    }
+}
+
+/// The try of [`Multiplexer::try_on_host`] on the place reserved for it.
+async fn try_reserved(
+    member: Membership,
+    lock_id: i64,
+    mode: LockMode,
+    limit: Limit,
+) -> Result<SharedTry, HostFailure> {
+    let host = Arc::clone(&member.host);
+    // However the try ends (dropped too), it is no longer in flight.
+    let _in_flight = InFlight(&host);
+    // The connection may be busy with another lock's statement (a keepalive that
+    // gets no answer, say): that counts against the same limit.
+    let Ok(mut slot) = limit.run(host.slot.lock()).await else {
+        // Nothing was sent. Should this have been the last place, the session is
+        // closed when the retired host is dropped.
+        let mut member = member;
+        member.leave();
+        return Ok(SharedTry::NoHost);
+    };
+    let Some(session) = slot.as_mut() else {
+        member.close_host(&mut slot);
+        return Ok(SharedTry::NoHost);
+    };
+    let statement = Statement::TryLock { lock_id, mode };
+    match statement.run(session, limit).await {
+        Ok(Ok(Answer::Bool(true))) => {
+            let mut member = member;
+            member.held = true;
+            Ok(SharedTry::Granted(member))
+        }
+        // The statement reached another server session (ADR 0014): the connection
+        // cannot hold session locks, nor the others on it.
+        Ok(Ok(Answer::WrongSession)) => {
+            member.close_host(&mut slot);
+            Err(HostFailure::MovedBetweenSessions)
+        }
+        Ok(Ok(Answer::NoRow)) => {
+            member.close_host(&mut slot);
+            Err(HostFailure::NoRow)
+        }
+        Ok(Ok(_)) => {
+            member.vacate(&mut slot);
+            Ok(SharedTry::Busy)
+        }
+        // The server refused the statement (out of shared memory for locks, say):
+        // nothing was taken and the session is fine.
+        Ok(Err(error)) if !error.is_closed() && error.code().is_some() => {
+            member.vacate(&mut slot);
+            Err(HostFailure::Failed(error))
+        }
+        Ok(Err(error)) => {
+            member.close_host(&mut slot);
+            Err(HostFailure::Failed(error))
+        }
+        Err(Expired) => {
+            member.close_host(&mut slot);
+            Err(HostFailure::NoAnswer)
+        }
     }
 }
 

@@ -169,6 +169,9 @@ macro_rules! on_session {
                         locks_port::ReleaseOutcome::AlreadyReleased
                     }
                     Some(session) => {
+                        for held in held.iter_mut() {
+                            held.unlocking();
+                        }
                         // Pinned where made (the statement's future is large), and
                         // gone after.
                         let answer = {

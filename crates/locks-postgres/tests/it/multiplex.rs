@@ -69,6 +69,30 @@ async fn the_holder(admin: &Client, key: &str) -> i32 {
     pid
 }
 
+/// A lock held by a multiplexing manager, and its session's pid.
+struct Anchor {
+    guard: locks_postgres::PostgresLockGuard,
+    pid: i32,
+}
+
+impl std::ops::Deref for Anchor {
+    type Target = locks_postgres::PostgresLockGuard;
+    fn deref(&self) -> &Self::Target {
+        &self.guard
+    }
+}
+
+/// An admin connection and a manager multiplexing 100 locks a connection on a pool of
+/// `connections`, holding one lock (the anchor), whose connection is shared.
+async fn anchored(connections: usize) -> (Client, PostgresLockManager, Anchor) {
+    let admin = admin().await;
+    let (manager, _) = multiplexed(100, connections);
+    let key = unique_key("anchor");
+    let guard = manager.acquire(&key, AcquireOptions::new()).await.unwrap();
+    let pid = the_holder(&admin, &key).await;
+    (admin, manager, Anchor { guard, pid })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forty_locks_share_four_connections_and_release_all_gives_them_back() {
     let admin = admin().await;
@@ -272,19 +296,56 @@ async fn a_terminated_shared_connection_loses_exactly_its_locks() {
     assert_eq!(manager.lost_lock_counts().total(), 3);
 }
 
+/// An acquisition dropped while its try on a shared connection is in flight: the try
+/// goes on, and its grant is undone by a plain unlock, not by a read of `pg_locks` (a copy
+/// of the server's whole lock table, `docs/capacity.md`), which the shared session's
+/// statement after it shows. The place is freed, the key free, the host's lock untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_dropped_in_flight_on_a_shared_connection_is_undone_without_reading_pg_locks() {
+    // A pool of one: every try goes to the one shared connection.
+    let (admin, manager, anchor) = anchored(1).await;
+    let (anchor_key, shared_pid) = (anchor.info().key().to_owned(), anchor.pid);
+    let last_statement = || async {
+        let row = admin
+            .query_one(
+                "SELECT query FROM pg_stat_activity WHERE pid = $1",
+                &[&shared_pid],
+            )
+            .await
+            .expect("pg_stat_activity");
+        row.get::<_, String>(0)
+    };
+    for n in 0..5 {
+        let key = unique_key(&format!("undone-{n}"));
+        let mut acquire = Box::pin(manager.acquire(&key, AcquireOptions::new()));
+        let polled = std::future::poll_fn(|cx| Poll::Ready(acquire.as_mut().poll(cx))).await;
+        assert!(polled.is_pending(), "answered before a round trip");
+        drop(acquire);
+        wait_for("the dropped try's grant to be undone", || async {
+            last_statement().await.contains("pg_advisory_unlock") && manager.held_lock_count() == 1
+        })
+        .await;
+        let last = last_statement().await;
+        assert!(!last.contains("pg_locks"), "undone with {last:?}");
+        assert_eq!(holders(&admin, locks_port::lock_id(&key)).await, 0);
+        let guard = manager
+            .acquire(&key, within(Duration::from_secs(5)))
+            .await
+            .expect("the key is free, and its place too");
+        assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
+    }
+    assert!(!anchor.is_lost());
+    assert_eq!(the_holder(&admin, &anchor_key).await, shared_pid);
+    assert_eq!(anchor.guard.release().await, ReleaseOutcome::Unlocked);
+}
+
 /// Acquisitions dropped at growing points of a try on a shared connection, and one
 /// dropped while queued: nothing is left held, and the shared connection's own lock is
 /// untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_acquires_leave_nothing_held() {
-    let admin = admin().await;
-    let (manager, _) = multiplexed(100, 4);
-    let anchor_key = unique_key("anchor");
-    let anchor = manager
-        .acquire(&anchor_key, AcquireOptions::new())
-        .await
-        .unwrap();
-    let shared_pid = the_holder(&admin, &anchor_key).await;
+    let (admin, manager, anchor) = anchored(4).await;
+    let (anchor_key, shared_pid) = (anchor.info().key().to_owned(), anchor.pid);
 
     let keys: Vec<String> = (0..30).map(|n| unique_key(&format!("drop-{n}"))).collect();
     let mut dropped = 0;
@@ -365,7 +426,7 @@ async fn dropped_acquires_leave_nothing_held() {
     assert!(!anchor.is_lost());
     assert_eq!(the_holder(&admin, &anchor_key).await, shared_pid);
     assert_eq!(manager.held_lock_count(), 1);
-    assert_eq!(anchor.release().await, ReleaseOutcome::Unlocked);
+    assert_eq!(anchor.guard.release().await, ReleaseOutcome::Unlocked);
 }
 
 /// Four tasks of ONE multiplexing manager (a few other locks held on its connections)
