@@ -508,11 +508,16 @@ impl Multiplexer {
         let Some(member) = self.reserve(lock_id, mode, pool_has_room) else {
             return Ok(SharedTry::NoHost);
         };
+        let trying = try_reserved(member, lock_id, mode, limit);
+        // Polled outside a runtime (a Tokio connection driven elsewhere), in place.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return trying.await;
+        };
         let (answer, answered) = oneshot::channel();
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             // Not taken (the acquisition was dropped), a granted place is dropped here:
             // its lock is unlocked (`settle`).
-            drop(answer.send(try_reserved(member, lock_id, mode, limit).await));
+            drop(answer.send(trying.await));
         });
         // Only a panic in the task leaves no answer; its place was undone as it unwound.
         answered.await.unwrap_or(Ok(SharedTry::NoHost))
