@@ -5,15 +5,25 @@ use plotters::coord::combinators::IntoLogRange;
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;
 
-use crate::BoxError;
+use crate::Result;
 
+/// A line: its label, colour, whether dashed, and its (x, y) points.
 #[derive(Debug)]
-pub(crate) struct Curve {
-    label: String,
-    color: RGBColor,
-    dashed: bool,
-    points: Vec<(f64, f64)>,
-}
+pub(crate) struct Curve(
+    pub(crate) String,
+    pub(crate) RGBColor,
+    pub(crate) bool,
+    pub(crate) Vec<(f64, f64)>,
+);
+
+/// A panel: its title, what its axes show (x, y, and how y reads), and its curves.
+#[derive(Debug)]
+pub(crate) struct Panel(
+    pub(crate) &'static str,
+    pub(crate) Axes,
+    pub(crate) Vec<Curve>,
+);
+pub(crate) type Axes = (&'static str, &'static str, Unit);
 
 pub(crate) const BLUE: RGBColor = RGBColor(0x1f, 0x77, 0xb4);
 pub(crate) const ORANGE: RGBColor = RGBColor(0xff, 0x7f, 0x0e);
@@ -21,42 +31,12 @@ pub(crate) const GREEN: RGBColor = RGBColor(0x2c, 0xa0, 0x2c);
 pub(crate) const RED: RGBColor = RGBColor(0xd6, 0x27, 0x28);
 pub(crate) const GREY: RGBColor = RGBColor(0x7f, 0x7f, 0x7f);
 
-pub(crate) fn curve(label: &str, color: RGBColor, dashed: bool, points: Vec<(f64, f64)>) -> Curve {
-    let label = label.to_owned();
-    Curve {
-        label,
-        color,
-        dashed,
-        points,
-    }
-}
-
-/// One panel: its title, what its axes show (x, y, and how y reads), and its curves.
-#[derive(Debug)]
-pub(crate) struct Panel {
-    title: String,
-    axes: (&'static str, &'static str, Unit),
-    curves: Vec<Curve>,
-}
-
-pub(crate) fn panel(
-    title: &str,
-    axes: (&'static str, &'static str, Unit),
-    curves: Vec<Curve>,
-) -> Panel {
-    let title = title.to_owned();
-    Panel {
-        title,
-        axes,
-        curves,
-    }
-}
-
+/// How y reads: log-scale nanoseconds, a log-scale number, or the share of samples of a
+/// distribution ([`cdf`]; its x nanoseconds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Unit {
     Nanos,
     Plain,
-    /// A distribution ([`cdf`]): x nanoseconds, y the share of samples.
     Share,
 }
 
@@ -64,17 +44,18 @@ pub(crate) enum Unit {
 const POINTS: usize = 400;
 const MARKED: usize = 40;
 
-fn tick(nanos: f64) -> String {
+/// A tick: `10 µs`, `1 ms` for nanoseconds; `1000`, `0.1`, `1e6`; `50%`.
+fn tick(value: f64, unit: Unit) -> String {
     let units = [(1e9, "s"), (1e6, "ms"), (1e3, "µs")];
-    let (scale, unit) =
-        (units.into_iter().find(|(scale, _)| nanos >= *scale)).unwrap_or((1.0, "ns"));
-    format!("{:.0} {unit}", nanos / scale)
-}
-
-fn plain_tick(value: f64) -> String {
-    match value {
-        1e5.. => format!("1e{:.0}", value.log10()),
-        1.0.. => format!("{value:.0}"),
+    match unit {
+        Unit::Nanos => {
+            let (scale, unit) =
+                (units.into_iter().find(|(scale, _)| value >= *scale)).unwrap_or((1.0, "ns"));
+            format!("{:.0} {unit}", value / scale)
+        }
+        Unit::Share => format!("{:.0}%", value * 100.0),
+        _ if value >= 1e5 => format!("1e{:.0}", value.log10()),
+        _ if value >= 1.0 => format!("{value:.0}"),
         _ => format!("{value}"),
     }
 }
@@ -92,6 +73,7 @@ pub(crate) fn cdf(samples: &[u64]) -> Vec<(f64, f64)> {
     first.into_iter().chain(rest).collect()
 }
 
+/// Whole decades around the positive `values`, at least one wide.
 fn decades(values: impl Iterator<Item = f64>) -> (f64, f64) {
     let logs = values.filter(|v| v.is_finite() && *v > 0.0).map(f64::log10);
     let (low, high) = logs.fold((i32::MAX, i32::MIN), |(low, high), log| {
@@ -101,14 +83,13 @@ fn decades(values: impl Iterator<Item = f64>) -> (f64, f64) {
     (10f64.powi(low), 10f64.powi(high.max(low + 1)))
 }
 
-type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
-
+/// The SVG of `panels`, `columns` wide, under `title`, with `notes` at the foot.
 pub(crate) fn curves_svg(
     title: &str,
     panels: &[Panel],
     columns: usize,
     notes: &[String],
-) -> Result<String, BoxError> {
+) -> Result<String> {
     let rows = panels.len().div_ceil(columns).max(1);
     let footer = u32::try_from(10 + notes.len() * 20)?;
     let size = (1200, u32::try_from(rows * 330 + 50)? + footer);
@@ -119,16 +100,13 @@ pub(crate) fn curves_svg(
         let root = root.titled(title, ("sans-serif", 18))?;
         let (grid, bottom) = root.split_vertically(size.1 - 30 - footer);
         for (area, panel) in grid.split_evenly((rows, columns)).iter().zip(panels) {
-            let along = |y: bool| {
-                let points = panel.curves.iter().flat_map(|c| &c.points);
-                points.map(move |p| if y { p.1 } else { p.0 })
-            };
-            let x = decades(along(false));
-            if panel.axes.2 == Unit::Share {
+            let points = || panel.2.iter().flat_map(|c| &c.3);
+            let x = decades(points().map(|p| p.0));
+            if panel.1.2 == Unit::Share {
                 draw(area, panel, x, 0.0..1.0)?;
             } else {
-                let (y_low, y_high) = decades(along(true));
-                draw(area, panel, x, (y_low..y_high).log_scale())?;
+                let (low, high) = decades(points().map(|p| p.1));
+                draw(area, panel, x, (low..high).log_scale())?;
             }
         }
         let font = ("sans-serif", 12)
@@ -142,42 +120,44 @@ pub(crate) fn curves_svg(
     Ok(svg)
 }
 
-fn draw<Y>(area: &Area<'_>, panel: &Panel, x: (f64, f64), y: Y) -> Result<(), BoxError>
+/// One panel: x log-scale over `x`, y over `y` (log-scale or linear).
+fn draw<Y>(
+    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    panel: &Panel,
+    x: (f64, f64),
+    y: Y,
+) -> Result<()>
 where
     Y: AsRangedCoord<Value = f64>,
     Y::CoordDescType: ValueFormatter<f64>,
 {
+    let Panel(title, (x_desc, y_desc, unit), curves) = panel;
+    let share = *unit == Unit::Share;
     let mut chart = ChartBuilder::on(area)
-        .caption(&panel.title, ("sans-serif", 13))
+        .caption(title, ("sans-serif", 13))
         .margin(10)
         .x_label_area_size(36)
         .y_label_area_size(56)
         .build_cartesian_2d((x.0..x.1).log_scale(), y)?;
-    let (x_desc, y_desc, unit) = panel.axes;
-    let share = unit == Unit::Share;
+    let x_unit = if share { Unit::Nanos } else { Unit::Plain };
     chart
         .configure_mesh()
-        .x_desc(x_desc)
-        .y_desc(y_desc)
-        .x_label_formatter(&|x| if share { tick(*x) } else { plain_tick(*x) })
-        .y_label_formatter(&|y| match unit {
-            Unit::Nanos => tick(*y),
-            Unit::Plain => plain_tick(*y),
-            Unit::Share => format!("{:.0}%", y * 100.0),
-        })
+        .x_desc(*x_desc)
+        .y_desc(*y_desc)
+        .x_label_formatter(&|x| tick(*x, x_unit))
+        .y_label_formatter(&|y| tick(*y, *unit))
         .draw()?;
-    for curve in &panel.curves {
-        let style = curve.color.stroke_width(2);
-        let points: Vec<(f64, f64)> = (curve.points.iter().copied())
+    for Curve(label, color, dashed, points) in curves {
+        let (style, dashed) = (color.stroke_width(2), *dashed);
+        let points: Vec<(f64, f64)> = (points.iter().copied())
             .filter(|(x, y)| *x > 0.0 && y.is_finite() && (*y > 0.0 || share))
             .collect();
-        let dashed = curve.dashed;
         let drawn = if dashed {
             chart.draw_series(DashedLineSeries::new(points.clone(), 6, 4, style))?
         } else {
             chart.draw_series(LineSeries::new(points.clone(), style))?
         };
-        drawn.label(curve.label.clone()).legend(move |(x, y)| {
+        drawn.label(label).legend(move |(x, y)| {
             let end = if dashed { x + 8 } else { x + 16 };
             PathElement::new(vec![(x, y), (end, y)], style)
         });
@@ -189,13 +169,13 @@ where
             )?;
         }
     }
+    let corner = match share {
+        true => SeriesLabelPosition::LowerRight,
+        false => SeriesLabelPosition::UpperLeft,
+    };
     chart
         .configure_series_labels()
-        .position(if share {
-            SeriesLabelPosition::LowerRight
-        } else {
-            SeriesLabelPosition::UpperLeft
-        })
+        .position(corner)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .label_font(("sans-serif", 10))
@@ -209,20 +189,35 @@ mod tests {
 
     #[test]
     fn panels_are_svg_with_every_curve_in_a_legend() {
-        let points = vec![(1e3, 2e8), (1e4, 2e9), (1e5, 0.0)];
-        let held = vec![curve("library", BLUE, false, points)];
+        let held = vec![Curve(
+            "library".into(),
+            BLUE,
+            false,
+            vec![(1e3, 2e8), (1e5, 0.0)],
+        )];
         let gaps = vec![
-            curve("Queue (n = 2)", BLUE, false, cdf(&[100_000, 200_000])),
-            curve("Poll (n = 0)", RED, true, cdf(&[])),
+            Curve(
+                "Queue (n = 2)".into(),
+                BLUE,
+                false,
+                cdf(&[100_000, 200_000]),
+            ),
+            Curve("Poll (n = 0)".into(), RED, true, cdf(&[])),
         ];
         let panels = [
-            panel("time to hold", ("held locks", "time", Unit::Nanos), held),
-            panel("gaps", ("gap", "share", Unit::Share), gaps),
+            Panel("time to hold", ("held locks", "time", Unit::Nanos), held),
+            Panel("gaps", ("gap", "share", Unit::Share), gaps),
         ];
         let svg = curves_svg("Scale", &panels, 2, &["a note".to_owned()]).unwrap();
-        assert!(svg.trim_start().starts_with("<svg"), "{}", &svg[..80]);
-        assert!(svg.trim_end().ends_with("</svg>"));
-        for text in ["library", "Queue (n = 2)", "Poll (n = 0)", "a note"] {
+        assert!(svg.trim_start().starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        for text in [
+            "library",
+            "Queue (n = 2)",
+            "Poll (n = 0)",
+            "a note",
+            "100 µs",
+            "1e5",
+        ] {
             assert!(svg.contains(text), "{text}");
         }
         assert!(!svg.contains("NaN"));

@@ -10,7 +10,7 @@ use locks_port::{AcquireOptions, DistributedLock, LockGuard, ReleaseOutcome, loc
 use locks_postgres::tokio_postgres::{Client, Statement};
 use locks_postgres::{PostgresLockManager, PostgresLockManagerBuilder as Builder};
 
-use crate::BoxError;
+use crate::Result;
 use crate::db::{Database, NOT_HELD, Raw};
 
 pub(crate) const KEYS: usize = 64;
@@ -120,12 +120,7 @@ const UNLOCK_EACH: &str = "SELECT coalesce(bool_and(pg_advisory_unlock(t.id)), t
 
 /// The client called `name` going round keys of `prefix`: one of [`RAW`], or `library`
 /// followed by any of [`WORDS`] (`library-timeout`, `library-many-timeout`, …).
-pub(crate) async fn client(
-    db: &Database,
-    name: &str,
-    prefix: &str,
-    app: &str,
-) -> Result<Op, BoxError> {
+pub(crate) async fn client(db: &Database, name: &str, prefix: &str, app: &str) -> Result<Op> {
     let keys = keys(prefix, KEYS);
     let ids: Vec<i64> = keys.iter().map(|key| lock_id(key)).collect();
     // The lock ids of each group in the library's one global order (ascending).
@@ -193,7 +188,7 @@ fn nth<T>(items: &[T], n: usize) -> &T {
 const REFUSED: &str = "an uncontended pg_try_advisory_lock was refused";
 
 impl Op {
-    pub(crate) async fn cycle(&self, n: usize) -> Result<(), BoxError> {
+    pub(crate) async fn cycle(&self, n: usize) -> Result<()> {
         match self {
             Self::Acquire(manager, keys, options) => {
                 let guard = manager.acquire(nth(keys, n).as_str(), *options).await?;
@@ -247,7 +242,7 @@ impl Op {
         Ok(())
     }
 
-    pub(crate) async fn backend_pid(&self) -> Result<i32, BoxError> {
+    pub(crate) async fn backend_pid(&self) -> Result<i32> {
         let object;
         let client: &Client = match self {
             Self::Acquire(manager, ..)

@@ -15,15 +15,15 @@ use serde_json::json;
 use crate::db::Database;
 use crate::harness::{self, Cell, Outcome, row};
 use crate::stats::{Latencies, fmt_ratio, ratio};
-use crate::{BoxError, Plan};
+use crate::{Plan, Result};
 
 const SCHEMA: &str = "lock_bench_cutover";
 
-fn table(name: &str) -> Result<TableName, BoxError> {
+fn table(name: &str) -> Result<TableName> {
     Ok(TableName::new(&format!("{SCHEMA}.{name}"))?)
 }
 
-pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
+pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
     let (rounds, batch) = plan.pick((10, 200), (30, 1000));
     let pool = db.pool(4, "lock-bench-cutover-append");
     install_store(&pool, &table("events")?).await?;

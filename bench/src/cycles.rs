@@ -11,7 +11,7 @@ use crate::db::Database;
 use crate::harness::{self, Batches, Cell, Outcome, row};
 use crate::otel::Pipeline;
 use crate::stats::{Latencies, fmt_ns, ratio};
-use crate::{BoxError, Plan};
+use crate::{Plan, Result};
 
 /// The JSON keys of scenario `cycle` over the URL, and of its pass over the Unix socket.
 const CYCLE: &str = "cycle_acquire";
@@ -80,7 +80,7 @@ struct Measured {
 }
 
 impl Measured {
-    async fn run(&mut self, warmup: usize, cycles: usize, kept: bool) -> Result<(), BoxError> {
+    async fn run(&mut self, warmup: usize, cycles: usize, kept: bool) -> Result<()> {
         let _tracing = self.tracing.as_ref().map(tracing::dispatcher::set_default);
         let mut run = Latencies::default();
         for n in 0..warmup + cycles {
@@ -102,7 +102,7 @@ impl Measured {
 /// connections' drivers too), so that pinning that thread pins all the client does.
 /// `cycle` runs again over the same server's Unix socket when the URL is TCP and this
 /// machine can reach one ([`Database::over_socket`]; a note says when not).
-pub(crate) fn run(db: &Database, plan: &Plan, name: &str) -> Result<Vec<Outcome>, BoxError> {
+pub(crate) fn run(db: &Database, plan: &Plan, name: &str) -> Result<Vec<Outcome>> {
     let scenario = *SCENARIOS
         .iter()
         .find(|s| s.0 == name)
@@ -140,7 +140,7 @@ async fn measure(
     plan: &Plan,
     scenario: Scenario,
     id: &'static str,
-) -> Result<Outcome, BoxError> {
+) -> Result<Outcome> {
     let (_, _, title, limit, gated, names) = scenario;
     let otel = names.iter().any(|name| name.contains("-otel"));
     let pipeline = otel.then(Pipeline::new);
@@ -236,14 +236,14 @@ async fn measure(
 }
 
 /// The CPUs process (or thread) `pid` may run on; 0 is this thread.
-fn allowed(pid: Pid) -> Result<Vec<usize>, BoxError> {
+fn allowed(pid: Pid) -> Result<Vec<usize>> {
     let set = sched_getaffinity(pid).map_err(|error| format!("sched_getaffinity: {error}"))?;
     Ok((0..CpuSet::count())
         .filter(|&cpu| set.is_set(cpu).unwrap_or(false))
         .collect())
 }
 
-fn pin(pid: Pid, cpus: &[usize]) -> Result<(), BoxError> {
+fn pin(pid: Pid, cpus: &[usize]) -> Result<()> {
     let mut set = CpuSet::new();
     for &cpu in cpus {
         set.set(cpu)
@@ -254,7 +254,7 @@ fn pin(pid: Pid, cpus: &[usize]) -> Result<(), BoxError> {
 }
 
 /// Restricts this thread and every client's backend to `cpus`; what the report says.
-fn place(clients: &[Measured], cpus: &[usize]) -> Result<String, BoxError> {
+fn place(clients: &[Measured], cpus: &[usize]) -> Result<String> {
     let backends: Vec<Pid> = clients.iter().filter_map(|c| c.backend).collect();
     for pid in std::iter::once(Pid::from_raw(0)).chain(backends.iter().copied()) {
         pin(pid, cpus)?;

@@ -11,9 +11,9 @@ use locks_postgres::deadpool_postgres::Pool;
 use locks_postgres::tokio_postgres::config::Host;
 use locks_postgres::tokio_postgres::{self, Client, NoTls, Statement};
 
-use crate::BoxError;
 use crate::plan::sources;
 use crate::stats::Latencies;
+use crate::{BoxError, Result};
 
 /// Where to connect, parsed once.
 #[derive(Debug, Clone)]
@@ -22,14 +22,14 @@ pub(crate) struct Database {
 }
 
 impl Database {
-    pub(crate) fn new(url: &str) -> Result<Self, BoxError> {
+    pub(crate) fn new(url: &str) -> Result<Self> {
         let config = tokio_postgres::Config::from_str(url)
             .map_err(|error| format!("invalid database URL: {error}"))?;
         Ok(Self { config })
     }
 
     /// The round trip of a prepared `SELECT 1`, p50 of 50.
-    pub(crate) async fn round_trip(&self, application_name: &str) -> Result<u64, BoxError> {
+    pub(crate) async fn round_trip(&self, application_name: &str) -> Result<u64> {
         let client = self.connect(application_name).await?;
         let statement = client.prepare("SELECT 1").await?;
         let mut latencies = Latencies::default();
@@ -47,7 +47,7 @@ impl Database {
     }
 
     /// The server's TCP address, for a proxy in front of it.
-    pub(crate) fn tcp_address(&self) -> Result<(String, u16), BoxError> {
+    pub(crate) fn tcp_address(&self) -> Result<(String, u16)> {
         match self.host() {
             (Some(Host::Tcp(host)), port) => Ok((host.clone(), port)),
             _ => Err("the latency scenario needs a server reached over TCP".into()),
@@ -79,37 +79,33 @@ impl Database {
     pub(crate) async fn over_socket(&self) -> Result<Self, String> {
         const ASK: &str = "SELECT current_setting('unix_socket_directories'), \
                            current_setting('port'), pg_postmaster_start_time()::text";
-        let ask = async |db: &Self| -> Result<[String; 3], BoxError> {
-            let row = db
-                .connect("lock-bench-admin")
-                .await?
+        let ask = async |db: &Self| -> Result<[String; 3], String> {
+            let said = |error: BoxError| sources(&*error);
+            let client = db.connect("lock-bench-admin").await.map_err(said)?;
+            let row = client
                 .query_one(ASK, &[])
-                .await?;
+                .await
+                .map_err(|e| said(e.into()))?;
             Ok([row.get(0), row.get(1), row.get(2)])
         };
-        let [directories, port, started] = ask(self)
-            .await
-            .map_err(|error| format!("the server's sockets are unknown: {}", sources(&*error)))?;
+        let asked = ask(self).await;
+        let [dirs, port, started] =
+            asked.map_err(|e| format!("the server's sockets are unknown: {e}"))?;
         let port: u16 =
             (port.parse()).map_err(|_| format!("the server's port `{port}` is not a number"))?;
         let file = format!(".s.PGSQL.{port}");
-        let directory = socket_directory(&directories, &file).ok_or_else(|| {
-            format!(
-                "none of the server's unix_socket_directories (`{directories}`) holds \
-                     {file} on this machine"
-            )
-        })?;
-        let socket = self.at(Host::Unix(directory.into()), port);
+        let Some(dir) = socket_directory(&dirs, &file) else {
+            let none = "none of the server's unix_socket_directories";
+            return Err(format!("{none} (`{dirs}`) holds {file} on this machine"));
+        };
+        let socket = self.at(Host::Unix(dir.into()), port);
         let transport = socket.transport();
         match ask(&socket).await {
             Ok([.., there]) if there == started => Ok(socket),
             Ok([.., there]) => Err(format!(
                 "{transport} leads to another server (started {there}, the URL's {started})"
             )),
-            Err(error) => Err(format!(
-                "{transport} does not take connections: {}",
-                sources(&*error)
-            )),
+            Err(error) => Err(format!("{transport} does not take connections: {error}")),
         }
     }
 
@@ -143,7 +139,7 @@ impl Database {
     }
 
     /// A dedicated connection (the raw baselines).
-    pub(crate) async fn connect(&self, application_name: &str) -> Result<Client, BoxError> {
+    pub(crate) async fn connect(&self, application_name: &str) -> Result<Client> {
         let mut config = self.config.clone();
         config.application_name(application_name);
         let (client, connection) = config.connect(NoTls).await?;
@@ -159,7 +155,7 @@ impl Database {
         admin: &Client,
         application_name: &str,
         expected: i64,
-    ) -> Result<i64, BoxError> {
+    ) -> Result<i64> {
         const COUNT: &str = "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1";
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
@@ -177,7 +173,7 @@ pub(crate) const OPENING: usize = 16;
 
 /// A pool of `size` connections, all opened, each having run one query (so that its
 /// buffers are grown before anything is measured).
-pub(crate) async fn open_pool(db: &Database, size: usize, app: &str) -> Result<Pool, BoxError> {
+pub(crate) async fn open_pool(db: &Database, size: usize, app: &str) -> Result<Pool> {
     let pool = db.pool(size, app);
     let opener = pool.clone();
     // Every object is kept until all are open, so that the pool opens `size` connections.
@@ -195,15 +191,11 @@ pub(crate) async fn open_pool(db: &Database, size: usize, app: &str) -> Result<P
 
 /// `f(n)` for each `n` of `range`, on `at_once` tasks taking the next `n` in turn: the
 /// answers, in the order they came.
-pub(crate) async fn each<T, F, Fut>(
-    range: Range<usize>,
-    at_once: usize,
-    f: F,
-) -> Result<Vec<T>, BoxError>
+pub(crate) async fn each<T, F, Fut>(range: Range<usize>, at_once: usize, f: F) -> Result<Vec<T>>
 where
     T: Send + 'static,
     F: Fn(usize) -> Fut + Clone + Send + 'static,
-    Fut: Future<Output = Result<T, BoxError>> + Send,
+    Fut: Future<Output = Result<T>> + Send,
 {
     let next = Arc::new(AtomicUsize::new(range.start));
     let mut workers = tokio::task::JoinSet::new();
@@ -247,7 +239,7 @@ pub(crate) struct Raw {
 
 impl Raw {
     /// The exclusive forms, or the `shared` ones (`pg_advisory_lock_shared($1)`, …).
-    pub(crate) async fn connect(db: &Database, app: &str, shared: bool) -> Result<Self, BoxError> {
+    pub(crate) async fn connect(db: &Database, app: &str, shared: bool) -> Result<Self> {
         let client = db.connect(app).await?;
         let suffix = if shared { "_shared" } else { "" };
         let prepare = async |name| {
@@ -267,12 +259,12 @@ impl Raw {
         self.client.execute(&self.lock, &[&id]).await.map(drop)
     }
 
-    pub(crate) async fn unlock(&self, id: i64) -> Result<(), BoxError> {
+    pub(crate) async fn unlock(&self, id: i64) -> Result<()> {
         let released: bool = self.client.query_one(&self.unlock, &[&id]).await?.get(0);
         released.then_some(()).ok_or_else(|| NOT_HELD.into())
     }
 
-    pub(crate) async fn cycle(&self, id: i64) -> Result<(), BoxError> {
+    pub(crate) async fn cycle(&self, id: i64) -> Result<()> {
         self.lock(id).await?;
         self.unlock(id).await
     }
@@ -281,7 +273,7 @@ impl Raw {
 pub(crate) const NOT_HELD: &str = "pg_advisory_unlock answered false";
 
 /// Advisory locks granted to sessions of `application_name`.
-pub(crate) async fn granted_advisory_locks(admin: &Client, app: &str) -> Result<i64, BoxError> {
+pub(crate) async fn granted_advisory_locks(admin: &Client, app: &str) -> Result<i64> {
     const COUNT: &str = "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = \
                          l.pid WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = $1";
     Ok(admin.query_one(COUNT, &[&app]).await?.get(0))

@@ -6,12 +6,12 @@ use std::time::Duration;
 use plotters::style::RGBColor;
 use serde_json::json;
 
-use crate::chart::{BLUE, GREEN, GREY, RED, Unit, cdf, curve, curves_svg, panel};
+use crate::chart::{BLUE, Curve, GREEN, GREY, Panel, RED, Unit, cdf, curves_svg};
 use crate::db::Database;
 use crate::harness::{self, Cell, Outcome, row, verdict};
 use crate::stats::{Latencies, fairness, fmt_ns, nanos};
 use crate::turns::{Contender, Turns};
-use crate::{BoxError, Plan};
+use crate::{Plan, Result};
 
 const CONTENDERS: [usize; 2] = [4, 16];
 const PERMITS: Contender = Contender::Permits(4);
@@ -73,7 +73,7 @@ fn job(task: usize, turn: u64) -> Duration {
     Duration::from_millis(100 + spread % 301)
 }
 
-pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
+pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
     let locks = [Contender::Raw, Contender::Queue, Contender::Poll];
     let mut cases: Vec<Case> = (CONTENDERS.iter())
         .flat_map(|&tasks| locks.map(|contender| Case::new(contender, tasks, false)))
@@ -190,7 +190,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             for (side, samples) in [&state.gaps, &state.waiter_gaps].into_iter().enumerate() {
                 let label = format!("{name}, {tasks} contenders (n = {})", samples.len());
                 let dashed = tasks > CONTENDERS[0];
-                curves[side].push(curve(&label, color, dashed, cdf(samples)));
+                curves[side].push(Curve(label, color, dashed, cdf(samples)));
             }
         }
     }
@@ -213,7 +213,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     ];
     let axes = ("gap", "share of handoffs", Unit::Share);
     let panels: Vec<_> = (titles.into_iter().zip(curves))
-        .map(|(title, curves)| panel(title, axes, curves))
+        .map(|(title, curves)| Panel(title, axes, curves))
         .collect();
     let title = "Lock handoff: cumulative distribution of gaps (log scale)";
     out.files

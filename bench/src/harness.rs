@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
 
-use crate::BoxError;
+use crate::Result;
 use crate::stats::{Latencies, fmt_bytes, fmt_ns, fmt_rate, fmt_ratio, median};
 
 /// The order of `count` sides in round `round`: side `round mod count` first, then the
@@ -21,8 +21,8 @@ pub(crate) fn order(round: usize, count: usize) -> impl Iterator<Item = usize> {
 pub(crate) async fn rounds(
     rounds: usize,
     sides: usize,
-    mut turn: impl AsyncFnMut(usize, usize) -> Result<(), BoxError>,
-) -> Result<(), BoxError> {
+    mut turn: impl AsyncFnMut(usize, usize) -> Result<()>,
+) -> Result<()> {
     for round in 0..rounds {
         for side in order(round, sides) {
             turn(round, side).await?;
@@ -37,8 +37,8 @@ pub(crate) async fn until(
     end: Instant,
     min: u64,
     timed: bool,
-    mut op: impl AsyncFnMut() -> Result<(), BoxError>,
-) -> Result<(u64, Latencies), BoxError> {
+    mut op: impl AsyncFnMut() -> Result<()>,
+) -> Result<(u64, Latencies)> {
     let (mut ops, mut latencies) = (0, Latencies::default());
     while ops < min || Instant::now() < end {
         let started = timed.then(Instant::now);
@@ -66,12 +66,9 @@ impl Window {
 
 /// Spawns `task(index)` for each of `tasks` tasks (each looping until a deadline, as
 /// [`until`]) and adds up their operations and latencies.
-pub(crate) async fn window<Fut>(
-    tasks: usize,
-    task: impl Fn(usize) -> Fut,
-) -> Result<Window, BoxError>
+pub(crate) async fn window<Fut>(tasks: usize, task: impl Fn(usize) -> Fut) -> Result<Window>
 where
-    Fut: Future<Output = Result<(u64, Latencies), BoxError>> + Send + 'static,
+    Fut: Future<Output = Result<(u64, Latencies)>> + Send + 'static,
 {
     let started = Instant::now();
     let mut running: tokio::task::JoinSet<_> = (0..tasks).map(task).collect();
@@ -92,9 +89,9 @@ pub(crate) async fn rates<Fut>(
     length: Duration,
     tasks: usize,
     task: impl Fn(usize, usize, Instant) -> Fut,
-) -> Result<[Vec<f64>; 2], BoxError>
+) -> Result<[Vec<f64>; 2]>
 where
-    Fut: Future<Output = Result<(u64, Latencies), BoxError>> + Send + 'static,
+    Fut: Future<Output = Result<(u64, Latencies)>> + Send + 'static,
 {
     let mut rates: [Vec<f64>; 2] = Default::default();
     self::rounds(rounds, 2, async |_, side| {
@@ -112,8 +109,8 @@ where
 pub(crate) async fn batches(
     count: usize,
     (warmup, rounds_, batch): (usize, usize, usize),
-    mut call: impl AsyncFnMut(usize, usize) -> Result<(), BoxError>,
-) -> Result<Vec<Batches>, BoxError> {
+    mut call: impl AsyncFnMut(usize, usize) -> Result<()>,
+) -> Result<Vec<Batches>> {
     for side in 0..count {
         for n in 0..warmup {
             call(side, n).await?;

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use locks_port::{AcquireOptions, DistributedLock, LockGuard, LockRegistry, lock_id};
-use locks_postgres::PostgresLockManager;
+use locks_postgres::PostgresLockManager as Manager;
 use locks_postgres::deadpool_postgres::Pool;
 use locks_postgres::tokio_postgres::Client;
 use serde_json::{Value, json};
@@ -12,13 +12,12 @@ use serde_json::{Value, json};
 use crate::db::{Database, OPENING, each, granted_advisory_locks, open_pool};
 use crate::harness::{self, Cell, Outcome, row};
 use crate::stats::{Latencies, allocated_bytes, fmt_bytes, fmt_ns, median, nanos, ratio};
-use crate::{BoxError, Plan};
+use crate::{Plan, Result};
 
 /// The manager's bookkeeping per held lock, on top of the lock's connection.
 const BOOKKEEPING_LIMIT: f64 = 1024.0;
 const LIBRARY_APP: &str = "lock-bench-hold-library";
 const RAW_APP: &str = "lock-bench-hold-raw";
-
 const MUX_LOCKS: usize = 10_000;
 const MUX_CONNECTIONS: usize = 100;
 const MUX_BATCH: usize = 100;
@@ -34,63 +33,48 @@ fn heap_per(before: usize, count: usize) -> f64 {
     (allocated_bytes() as f64 - before as f64) / count as f64
 }
 
-/// `manager`'s held locks, pool size, sessions (awaited to be `expected`), granted locks.
+/// `manager`'s held locks, pool size, sessions (awaited to be `expected`), granted locks;
+/// then `release_all`: how many it released, in how long.
 async fn census(
-    db: &Database,
-    admin: &Client,
-    (manager, pool, app): (&PostgresLockManager, &Pool, &str),
+    (db, admin): (&Database, &Client),
+    (manager, pool, app): (&Manager, &Pool, &str),
     expected: usize,
-) -> Result<[i64; 4], BoxError> {
+) -> Result<([i64; 4], usize, Duration)> {
     let sessions = db.sessions(admin, app, i64::try_from(expected)?).await?;
     let granted = granted_advisory_locks(admin, app).await?;
     let held = i64::try_from(manager.held_lock_count())?;
-    Ok([held, i64::try_from(pool.status().size)?, sessions, granted])
-}
-
-async fn release_all(manager: &PostgresLockManager) -> (usize, Duration) {
+    let pool_size = i64::try_from(pool.status().size)?;
     let started = Instant::now();
     let released = manager.release_all().await;
-    (released, started.elapsed())
+    Ok((
+        [held, pool_size, sessions, granted],
+        released,
+        started.elapsed(),
+    ))
 }
 
-/// Acquires and keeps `count` fresh keys, each acquisition's time into `latencies`.
-async fn acquire(
-    manager: &PostgresLockManager,
-    prefix: &str,
-    count: usize,
-    latencies: &mut Latencies,
-) -> Result<(), BoxError> {
+/// Acquires and keeps `count` fresh keys: each acquisition's time.
+async fn acquire(manager: &Manager, prefix: &str, count: usize) -> Result<Latencies> {
+    let mut latencies = Latencies::default();
     for n in 0..count {
         let started = Instant::now();
-        let guard = manager
-            .acquire(&format!("{prefix}:{n}"), AcquireOptions::new())
-            .await?;
+        let key = format!("{prefix}:{n}");
+        let guard = manager.acquire(&key, AcquireOptions::new()).await?;
         latencies.record(started.elapsed());
         drop(guard.into_held());
     }
-    Ok(())
+    Ok(latencies)
 }
 
-async fn library_round(
-    db: &Database,
-    admin: &Client,
-    count: usize,
-    round: usize,
-) -> Result<Value, BoxError> {
+async fn library_round(db: &Database, admin: &Client, count: usize, round: usize) -> Result<Value> {
     let empty = allocated_bytes();
     let pool = open_pool(db, count, LIBRARY_APP).await?;
     let connection = heap_per(empty, count);
     // What a connection keeps after its first lock (its statements), apart.
     let connected = allocated_bytes();
-    let manager = PostgresLockManager::new(pool.clone());
+    let manager = Manager::new(pool.clone());
     let prefix = format!("bench:hold:{round}");
-    acquire(
-        &manager,
-        &format!("{prefix}:prime"),
-        count,
-        &mut Latencies::default(),
-    )
-    .await?;
+    acquire(&manager, &format!("{prefix}:prime"), count).await?;
     manager.release_all().await;
     let first_lock = heap_per(connected, count);
     let mut guards = Vec::with_capacity(count);
@@ -106,9 +90,8 @@ async fn library_round(
     // The locks stay with the manager; only the bookkeeping entries remain.
     guards.drain(..).for_each(|guard| drop(guard.into_held()));
     let (bookkeeping, guard) = (heap_per(before_locks, count), -heap_per(with_guards, count));
-    let [held, pool_size, sessions, granted] =
-        census(db, admin, (&manager, &pool, LIBRARY_APP), count).await?;
-    let (released, took) = release_all(&manager).await;
+    let census = census((db, admin), (&manager, &pool, LIBRARY_APP), count).await?;
+    let ([held, pool_size, sessions, granted], released, took) = census;
     drop((manager, pool));
     db.sessions(admin, LIBRARY_APP, 0).await?;
     Ok(json!({
@@ -126,13 +109,12 @@ async fn library_round(
 }
 
 /// `count` raw connections, a lock each, then the unlocks one after another.
-async fn raw_round(
-    db: &Database,
-    admin: &Client,
-    count: usize,
-    round: usize,
-) -> Result<Value, BoxError> {
+async fn raw_round(db: &Database, admin: &Client, count: usize, round: usize) -> Result<Value> {
     let ids = (0..count).map(|n| lock_id(&format!("bench:hold-raw:{round}:{n}")));
+    let statements = |word: &'static str| {
+        ids.clone()
+            .map(move |id| format!("SELECT pg_advisory_{word}({id})"))
+    };
     let empty = allocated_bytes();
     let opener = db.clone();
     let connect = move |_| {
@@ -143,9 +125,6 @@ async fn raw_round(
     // Less the vector that holds them (made after the count began, unlike the pool's).
     let connection = heap_per(empty, count) - std::mem::size_of::<Client>() as f64;
     let connected = allocated_bytes();
-    let statements = |word: &'static str| {
-        (ids.clone()).map(move |id| format!("SELECT pg_advisory_{word}({id})"))
-    };
     for (client, lock) in clients.iter().zip(statements("lock")) {
         client.simple_query(&lock).await?;
     }
@@ -168,7 +147,7 @@ async fn raw_round(
     }))
 }
 
-pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
+pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
     let (count, rounds) = (locks(plan), plan.pick(2, 3));
     let admin = db.connect("lock-bench-admin").await?;
     let mut sides: [Vec<Value>; 2] = Default::default();
@@ -181,6 +160,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     })
     .await?;
     let [library, raw] = &sides;
+    // A figure's median over the rounds of a side.
     let median = |rounds: &[Value], key: &str| {
         median(
             &rounds
@@ -191,13 +171,19 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     };
     let bytes = |side: &[Value], key: &str| Cell::bytes(median(side, key));
     let seconds = |side: &[Value], key: &str| Cell::ns((median(side, key) * 1e9) as u64);
-    let one_each = library.iter().all(|r| {
-        let keys = ["pool_size", "held_lock_count", "released", "sessions"];
-        (keys.into_iter().chain(["granted_advisory_locks"])).all(|k| r[k] == json!(count))
-    });
+    let keys = [
+        "pool_size",
+        "held_lock_count",
+        "released",
+        "sessions",
+        "granted_advisory_locks",
+    ];
+    let one_each = library
+        .iter()
+        .all(|r| keys.iter().all(|&k| r[k] == json!(count)));
     let (last, raw_last) = (
-        library.last().ok_or("no round ran")?,
-        raw.last().ok_or("no round ran")?,
+        library.last().ok_or("no round")?,
+        raw.last().ok_or("no round")?,
     );
     let bookkeeping = median(library, "bookkeeping_heap_bytes");
     let release_ratio = ratio(
@@ -229,25 +215,28 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     let [limit, small] = out.gate(name, Cell::bytes(bookkeeping), limit, small);
     let raw_sessions = (&raw_last["sessions"], &raw_last["granted_advisory_locks"]);
     out.row(row![
-        "Measure" => "connections per held lock (pool size, sessions in pg_stat_activity, granted advisory locks)",
+        "Measure" => "connections per held lock (pool size, sessions in pg_stat_activity, \
+                      granted advisory locks)",
         "Library" => format!("{pool} / {sessions} / {granted} for {count}"),
         "Baseline" => format!("{} / {} for {count}", raw_sessions.0, raw_sessions.1),
         "Target / ratio" => "= 1 each",
         "Result" => one_each_result,
     ]);
-    let heap = |measure, library_key, raw_key: Option<&str>| {
-        let raw_key = raw_key.map_or(Cell::from("—"), |key| bytes(raw, key));
-        row!["Measure" => measure, "Library" => bytes(library, library_key), "Baseline" => raw_key]
+    let heap = |measure, key, raw_key: Option<&str>| {
+        let raw = raw_key.map_or(Cell::from("—"), |key| bytes(raw, key));
+        row!["Measure" => measure, "Library" => bytes(library, key), "Baseline" => raw]
     };
+    let (connection, first_lock) = ("connection_heap_bytes", Some("locked_heap_bytes"));
     out.row(heap(
         "client heap per connection (pool opened, no lock)",
-        "connection_heap_bytes",
-        Some("connection_heap_bytes"),
+        connection,
+        Some(connection),
     ));
     out.row(heap(
-        "heap a connection keeps after its first lock (library: its cached prepared statements; raw: a simple query's traces)",
+        "heap a connection keeps after its first lock (library: its cached prepared \
+         statements; raw: a simple query's traces)",
         "connection_after_first_lock_heap_bytes",
-        Some("locked_heap_bytes"),
+        first_lock,
     ));
     out.row(row![
         "Measure" => "manager bookkeeping per held lock (heap, beyond the lock's connection)",
@@ -256,11 +245,8 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         "Target / ratio" => limit,
         "Result" => small,
     ]);
-    out.row(heap(
-        "guard per held lock (heap, while the caller keeps it)",
-        "guard_heap_bytes",
-        None,
-    ));
+    let guard = "guard per held lock (heap, while the caller keeps it)";
+    out.row(heap(guard, "guard_heap_bytes", None));
     out.row(row![
         "Measure" => format!("release_all of {count} (raw: {count} unlocks one after another)"),
         "Library" => seconds(library, "release_all_s"),
@@ -273,7 +259,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
 
 /// [`MUX_LOCKS`] locks held by one manager on [`MUX_CONNECTIONS`], acquired in batches
 /// alternating with an unmultiplexed manager's; then one `release_all`.
-async fn multiplexed(db: &Database, admin: &Client, out: &mut Outcome) -> Result<(), BoxError> {
+async fn multiplexed(db: &Database, admin: &Client, out: &mut Outcome) -> Result<()> {
     let capacity = locks_postgres::lock_table_usage(admin).await?.capacity;
     if capacity < (MUX_LOCKS + MUX_LOCKS / 2) as u64 {
         return Err(format!(
@@ -285,25 +271,22 @@ async fn multiplexed(db: &Database, admin: &Client, out: &mut Outcome) -> Result
     let run = std::process::id();
     let mux_pool = open_pool(db, MUX_CONNECTIONS, MUX_APP).await?;
     let per_connection = MUX_LOCKS / MUX_CONNECTIONS;
-    let mux = PostgresLockManager::builder(mux_pool.clone())
+    let mux = Manager::builder(mux_pool.clone())
         .multiplex(per_connection)
         .build();
-    let plain_pool = open_pool(db, MUX_BATCH, "lock-bench-multiplex-plain").await?;
-    let plain = PostgresLockManager::new(plain_pool);
-    let prime = format!("bench:mux-plain:{run}:prime");
-    acquire(&plain, &prime, MUX_BATCH, &mut Latencies::default()).await?;
+    let plain = Manager::new(open_pool(db, MUX_BATCH, "lock-bench-multiplex-plain").await?);
+    acquire(&plain, &format!("bench:mux-plain:{run}:prime"), MUX_BATCH).await?;
     plain.release_all().await;
     let mut sides = [Latencies::default(), Latencies::default()];
     for batch in 0..MUX_LOCKS / MUX_BATCH {
         for side in harness::order(batch, 2) {
             let prefix = format!("bench:mux-{side}:{run}:{batch}");
-            acquire([&mux, &plain][side], &prefix, MUX_BATCH, &mut sides[side]).await?;
+            sides[side].merge(&acquire([&mux, &plain][side], &prefix, MUX_BATCH).await?);
         }
         plain.release_all().await;
     }
-    let [held, pool_size, sessions, granted] =
-        census(db, admin, (&mux, &mux_pool, MUX_APP), MUX_CONNECTIONS).await?;
-    let (released, took) = release_all(&mux).await;
+    let census = census((db, admin), (&mux, &mux_pool, MUX_APP), MUX_CONNECTIONS).await?;
+    let ([held, pool_size, sessions, granted], released, took) = census;
     let left = granted_advisory_locks(admin, MUX_APP).await?;
 
     let [mux_acquire, plain_acquire] = &sides;
@@ -334,14 +317,16 @@ async fn multiplexed(db: &Database, admin: &Client, out: &mut Outcome) -> Result
         Cell::new(text, [l.p50(), l.p99()])
     };
     out.row(row![
-        "Measure" => format!("`multiplex({per_connection})`: {MUX_LOCKS} held / granted in pg_locks / pool size / sessions"),
+        "Measure" => format!("`multiplex({per_connection})`: {MUX_LOCKS} held / granted in \
+                              pg_locks / pool size / sessions"),
         "Library" => format!("{held} / {granted} / {pool_size} / {sessions}"),
         "Baseline" => "—",
         "Target / ratio" => format!("≤ {MUX_CONNECTIONS} connections"),
         "Result" => few,
     ]);
     out.row(row![
-        "Measure" => format!("multiplexed acquire p50 (p99), uncontended, lock kept; {MUX_LOCKS} samples each"),
+        "Measure" => format!("multiplexed acquire p50 (p99), uncontended, lock kept; \
+                              {MUX_LOCKS} samples each"),
         "Library" => p50_p99(mux_acquire),
         "Baseline" => p50_p99(plain_acquire),
         "Target / ratio" => Cell::ratio(acquire_ratio),

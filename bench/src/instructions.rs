@@ -11,7 +11,7 @@ use crate::db::Database;
 use crate::harness::{Cell, Outcome, row};
 use crate::otel::{MetricsPipeline, Pipeline};
 use crate::stats::ratio;
-use crate::{BoxError, DATABASE_URL_ENV, Plan};
+use crate::{BoxError, DATABASE_URL_ENV, Plan, Result};
 
 const WARMUP: usize = 50;
 
@@ -21,7 +21,7 @@ const TIMERS: &str = "+timers";
 
 /// The child: `cycles` cycles of client `name` after a warm-up, on a current-thread
 /// runtime; `-otel` installs a tracing pipeline, `-metrics-sdk` the metrics SDK.
-pub(crate) fn child(url: &str, name: &str, cycles: usize) -> Result<(), BoxError> {
+pub(crate) fn child(url: &str, name: &str, cycles: usize) -> Result<()> {
     // Before the manager is built: its instruments are made on the global provider then.
     let metrics = name.contains("-metrics-sdk").then(MetricsPipeline::install);
     let pipeline = name.contains("-otel").then(Pipeline::new);
@@ -117,12 +117,7 @@ fn rows(id: &str) -> Vec<Row> {
     ]
 }
 
-pub(crate) fn run(
-    url: &str,
-    plan: &Plan,
-    dir: &Path,
-    id: &'static str,
-) -> Result<Outcome, BoxError> {
+pub(crate) fn run(url: &str, plan: &Plan, dir: &Path, id: &'static str) -> Result<Outcome> {
     let version = Command::new("valgrind").arg("--version").output();
     let version = version.map_err(|error| {
         format!(
@@ -212,7 +207,7 @@ pub(crate) fn run(
 }
 
 /// The total instruction count of one child run.
-fn count(url: &str, name: &str, cycles: usize, dir: &Path) -> Result<u64, BoxError> {
+fn count(url: &str, name: &str, cycles: usize, dir: &Path) -> Result<u64> {
     let out = dir.join(format!("{name}-{cycles}.out"));
     let (client, timers) = match name.strip_suffix(TIMERS) {
         Some(client) => (client, true),

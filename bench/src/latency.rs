@@ -15,7 +15,7 @@ use crate::db::{Database, NOT_HELD};
 use crate::harness::{self, Cell, Outcome, row};
 use crate::proxy::Proxy;
 use crate::stats::{Latencies, fmt_ns, fmt_rate, median, nanos};
-use crate::{BoxError, Plan};
+use crate::{Plan, Result};
 
 /// Each round trip (ms), its variants (the others ÷ the first), and its target.
 type Delay = (
@@ -45,7 +45,7 @@ const APP: &str = "lock-bench-latency";
 
 /// `acquire_many` before its tries went into one statement: the keys in the one global
 /// order, a try each, a wait on a busy one, then one unlock each.
-async fn old_way(client: &Object, keys: &[&str]) -> Result<(), BoxError> {
+async fn old_way(client: &Object, keys: &[&str]) -> Result<()> {
     let ids: Vec<i64> = KeyDerivation::CURRENT
         .lock_order(keys)
         .into_keys()
@@ -76,7 +76,7 @@ async fn contended_window(
     old: bool,
     window: Duration,
     seed: u64,
-) -> Result<harness::Window, BoxError> {
+) -> Result<harness::Window> {
     let keys = Arc::new(keys("bench:latency:contended", CONTENDED_KEYS));
     let mut ways = Vec::new();
     for _ in 0..CONTENDED_TASKS {
@@ -105,7 +105,7 @@ async fn contended_window(
     .await
 }
 
-pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
+pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
     let upstream = db.tcp_address()?;
     let direct = db.round_trip(APP).await?;
     let bare = {

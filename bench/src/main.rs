@@ -30,7 +30,7 @@ use std::time::Instant;
 use serde_json::{Map, json};
 
 use crate::db::Database;
-pub(crate) use crate::plan::{BoxError, DATABASE_URL_ENV, Plan, sources};
+pub(crate) use crate::plan::{BoxError, DATABASE_URL_ENV, Plan, Result, sources};
 
 /// The scenarios in the order they run; `scale` only when named.
 const SCENARIOS: [&str; 12] = [
@@ -128,7 +128,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(args: &Args, url: &str) -> Result<(), BoxError> {
+async fn run(args: &Args, url: &str) -> Result<()> {
     if cfg!(debug_assertions) {
         eprintln!("lock-bench: warning: a debug build; figures are only meaningful with --release");
     }

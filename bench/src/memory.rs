@@ -10,16 +10,12 @@ use tokio::sync::Mutex;
 
 use crate::harness::{self, Cell, Outcome, row};
 use crate::stats::{median, ratio};
-use crate::{BoxError, Plan};
+use crate::{Plan, Result};
 
 const TASKS: usize = 16;
 const KEY: &str = "bench:memory";
 
-async fn cycle(
-    side: usize,
-    manager: &InMemoryLockManager,
-    mutex: &Mutex<()>,
-) -> Result<(), BoxError> {
+async fn cycle(side: usize, manager: &InMemoryLockManager, mutex: &Mutex<()>) -> Result<()> {
     if side == 0 {
         manager
             .acquire(KEY, AcquireOptions::new())
@@ -32,7 +28,7 @@ async fn cycle(
     Ok(())
 }
 
-pub(crate) async fn run(plan: &Plan) -> Result<Outcome, BoxError> {
+pub(crate) async fn run(plan: &Plan) -> Result<Outcome> {
     let manager = InMemoryLockManager::new();
     let mutex = Arc::new(Mutex::new(()));
     let ops = 1000;

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type Result<T, E = BoxError> = std::result::Result<T, E>;
 
 pub(crate) const DATABASE_URL_ENV: &str = "LOCKS_DATABASE_URL";
 

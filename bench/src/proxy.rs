@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::time::{Duration, Instant};
 
-use crate::BoxError;
+use crate::Result;
 
 /// A running proxy; dropping it closes the listener and every connection through it.
 #[derive(Debug)]
@@ -20,7 +20,7 @@ pub(crate) struct Proxy {
 
 impl Proxy {
     /// Listens on a free port and forwards to `upstream`, each way delayed by `one_way`.
-    pub(crate) fn start(upstream: (String, u16), one_way: Duration) -> Result<Self, BoxError> {
+    pub(crate) fn start(upstream: (String, u16), one_way: Duration) -> Result<Self> {
         let upstream: Vec<SocketAddr> = upstream.to_socket_addrs()?.collect();
         let listener = TcpListener::bind(("127.0.0.1", 0))?;
         let (stop, open) = (Arc::default(), Arc::default());

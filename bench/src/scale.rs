@@ -16,14 +16,14 @@ use locks_shard::{ShardGroup, ShardMember, ShardTerms};
 use locks_shard_postgres::PostgresShardTerms;
 use serde_json::json;
 
-use crate::chart::{BLUE, GREEN, ORANGE, Panel, RED, Unit, curve, curves_svg, panel};
+use crate::chart::{BLUE, Curve, GREEN, ORANGE, Panel, RED, Unit, curves_svg};
 use crate::clients::Op;
 use crate::db::{Database, NOT_HELD, Raw, each, open_pool};
 use crate::harness::{self, Cell, Outcome};
 use crate::stats::{Latencies, allocated_bytes, fairness, fmt_bytes, fmt_ns, fmt_ratio};
 use crate::stats::{nanos, ratio, rss_bytes};
 use crate::turns::{Contender, Turns};
-use crate::{BoxError, Plan};
+use crate::{BoxError, Plan, Result};
 
 /// Connections of the holding manager (and the raw holder) up to 100,000 held locks; past
 /// that, one per 2,000 (a session's statements cost the server more the more it holds).
@@ -58,13 +58,13 @@ fn connections(max: usize) -> usize {
 }
 
 /// At least `count` cycles of `probe` (a cycle of one key), and for at least `window`.
-async fn record(probe: &Op, count: usize, window: Duration) -> Result<Latencies, BoxError> {
+async fn record(probe: &Op, count: usize, window: Duration) -> Result<Latencies> {
     let (end, count) = (Instant::now() + window, u64::try_from(count)?);
     let (_, latencies) = harness::until(end, count, true, async || probe.cycle(0).await).await?;
     Ok(latencies)
 }
 
-pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
+pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
     let admin = db.connect("lock-bench-admin").await?;
     let mut settings = Vec::new();
     for name in SETTINGS {
@@ -230,7 +230,7 @@ async fn grow(
     holder: Result<PostgresLockManager, Arc<Vec<Raw>>>,
     run: u32,
     (from, to): (usize, usize),
-) -> Result<(), BoxError> {
+) -> Result<()> {
     let stalled = || format!("an acquisition waited over {} s", STALL.as_secs());
     let grown = each(from..to, IN_FLIGHT, move |n| {
         let holder = holder.clone();
@@ -255,11 +255,7 @@ async fn grow(
 
 /// The held-lock curve: one manager multiplexed grows to 10³, 10⁴, … `--scale-max` held
 /// locks, measured at each, then raw SQL to the same counts; and where it stalled.
-async fn held(
-    db: &Database,
-    plan: &Plan,
-    admin: &Client,
-) -> Result<(Vec<Held>, Option<String>), BoxError> {
+async fn held(db: &Database, plan: &Plan, admin: &Client) -> Result<(Vec<Held>, Option<String>)> {
     let powers = std::iter::successors(Some(1000usize), |c| c.checked_mul(10));
     let mut counts: Vec<usize> = powers.take_while(|c| *c < plan.scale_max).collect();
     counts.push(plan.scale_max);
@@ -413,7 +409,7 @@ async fn read(
     name: &str,
     observer: &PostgresLockManager,
     (group, terms): &(ShardGroup, PostgresShardTerms),
-) -> Result<(), BoxError> {
+) -> Result<()> {
     let election = || LeaderElection::new(observer.clone(), LEADER);
     match name {
         "holders(key)" => drop(observer.holders("bench:scale:probe").await?),
@@ -440,9 +436,7 @@ async fn read(
     Ok(())
 }
 
-async fn watch<S: Semaphore, B: LeaderBoard>(
-    mut watch: LeaderWatch<'_, S, B>,
-) -> Result<(), BoxError> {
+async fn watch<S: Semaphore, B: LeaderBoard>(mut watch: LeaderWatch<'_, S, B>) -> Result<()> {
     loop {
         watch.changed().await?;
     }
@@ -470,7 +464,7 @@ async fn read_costs(
     observer: &PostgresLockManager,
     sharded: &Arc<(ShardGroup, PostgresShardTerms)>,
     probe: &Op,
-) -> Result<Vec<ReadCost>, BoxError> {
+) -> Result<Vec<ReadCost>> {
     let (window, cycles) = (
         OBSERVE_WINDOW / ROUNDS,
         PROBE_CYCLES.div_ceil(ROUNDS as usize),
@@ -544,12 +538,7 @@ impl Waiters {
     }
 }
 
-async fn waiters(
-    db: &Database,
-    plan: &Plan,
-    admin: &Client,
-    waiters: usize,
-) -> Result<Waiters, BoxError> {
+async fn waiters(db: &Database, plan: &Plan, admin: &Client, waiters: usize) -> Result<Waiters> {
     const APP: &str = "lock-bench-scale-waiters";
     let length = plan.window().max(HOLD * u32::try_from(waiters * 12)?);
     let mut sides = [(0, 0.0); 2];
@@ -591,7 +580,7 @@ impl Group {
     }
 }
 
-async fn group(db: &Database, plan: &Plan, size: usize) -> Result<Group, BoxError> {
+async fn group(db: &Database, plan: &Plan, size: usize) -> Result<Group> {
     const APP: &str = "lock-bench-scale-groups";
     let manager = PostgresLockManager::new(open_pool(db, 1, APP).await?);
     let client = db.connect(APP).await?;
@@ -635,38 +624,26 @@ async fn group(db: &Database, plan: &Plan, size: usize) -> Result<Group, BoxErro
 
 fn panels(held: &[Held], waiters: &[Waiters], groups: &[Group]) -> Vec<Panel> {
     let on_held = |label: &str, color, dashed, y: &dyn Fn(&Held) -> f64| {
-        curve(
-            label,
-            color,
-            dashed,
-            held.iter().map(|h| (h.count as f64, y(h))).collect(),
-        )
+        let points = held.iter().map(|h| (h.count as f64, y(h)));
+        Curve(label.to_owned(), color, dashed, points.collect())
     };
     let reads = |label: &dyn Fn(&str) -> String, y: &dyn Fn(&ReadCost) -> f64| {
-        let read =
-            |(index, color)| on_held(&label(READS[index]), color, false, &|h| y(&h.reads[index]));
+        let read = |(i, color)| on_held(&label(READS[i]), color, false, &|h| y(&h.reads[i]));
         (0..).zip([BLUE, ORANGE, GREEN]).map(read).collect()
     };
-    let on_waiters = |label, color, dashed, f: fn(&Waiters) -> u64| {
-        curve(
-            label,
-            color,
-            dashed,
-            waiters
-                .iter()
-                .map(|w| (w.waiters as f64, f(w) as f64))
-                .collect(),
-        )
+    let on_waiters = |label: &str, color, dashed, f: fn(&Waiters) -> u64| {
+        let points = waiters.iter().map(|w| (w.waiters as f64, f(w) as f64));
+        Curve(label.to_owned(), color, dashed, points.collect())
     };
-    let per_key = |label, color, dashed, f: fn(&Group) -> u64| {
+    let per_key = |label: &str, color, dashed, f: fn(&Group) -> u64| {
         let points = groups
             .iter()
             .map(|g| (g.keys as f64, f(g) as f64 / g.keys as f64));
-        curve(label, color, dashed, points.collect())
+        Curve(label.to_owned(), color, dashed, points.collect())
     };
     let held_axes = |y: &'static str, unit| ("held locks", y, unit);
     vec![
-        panel(
+        Panel(
             "time to hold N locks",
             held_axes("time", Unit::Nanos),
             vec![
@@ -674,7 +651,7 @@ fn panels(held: &[Held], waiters: &[Waiters], groups: &[Group]) -> Vec<Panel> {
                 on_held("raw pg_advisory_lock", RED, true, &|h| h.raw_reach as f64),
             ],
         ),
-        panel(
+        Panel(
             "another session's acquire + release at N held",
             held_axes("cycle", Unit::Nanos),
             vec![
@@ -683,7 +660,7 @@ fn panels(held: &[Held], waiters: &[Waiters], groups: &[Group]) -> Vec<Panel> {
                 on_held("raw p99", RED, true, &|h| h.raw_probe[1] as f64),
             ],
         ),
-        panel(
+        Panel(
             "client bytes per held lock",
             held_axes("bytes", Unit::Plain),
             vec![
@@ -691,17 +668,17 @@ fn panels(held: &[Held], waiters: &[Waiters], groups: &[Group]) -> Vec<Panel> {
                 on_held("RSS", ORANGE, false, &|h| h.rss_per_lock.unwrap_or(0.0)),
             ],
         ),
-        panel(
+        Panel(
             "one observation read's own time",
             held_axes("time", Unit::Nanos),
             reads(&str::to_owned, &|r| r.own as f64),
         ),
-        panel(
+        Panel(
             "cycle p99 while a read loops ÷ without",
             held_axes("ratio", Unit::Plain),
             reads(&|name| format!("while {name} loops"), &ReadCost::slowdown),
         ),
-        panel(
+        Panel(
             "handoff p99, waiters on one key",
             ("waiters", "release → grant", Unit::Nanos),
             vec![
@@ -709,7 +686,7 @@ fn panels(held: &[Held], waiters: &[Waiters], groups: &[Group]) -> Vec<Panel> {
                 on_waiters("raw", RED, true, |w| w.raw.0),
             ],
         ),
-        panel(
+        Panel(
             "acquire_many + release, per key",
             ("keys in the group", "per key", Unit::Nanos),
             vec![

@@ -10,7 +10,7 @@ use serde_json::json;
 use crate::db::{Database, Raw, open_pool};
 use crate::harness::{self, Cell, Outcome, Ratios, row};
 use crate::stats::{fmt_ratio, median, ratio};
-use crate::{BoxError, Plan};
+use crate::{Plan, Result};
 
 /// Concurrent tasks; the target is at [`GATED`]: at least [`LIMIT`] × raw.
 const TASKS: [usize; 5] = [1, 10, 16, 100, 1000];
@@ -19,7 +19,7 @@ const LIMIT: f64 = 0.95;
 const CONNECTIONS: usize = 100;
 const APP: &str = "lock-bench-throughput";
 
-async fn point(db: &Database, plan: &Plan, tasks: usize) -> Result<[Vec<f64>; 2], BoxError> {
+async fn point(db: &Database, plan: &Plan, tasks: usize) -> Result<[Vec<f64>; 2]> {
     let connections = tasks.min(CONNECTIONS);
     let manager = PostgresLockManager::builder(open_pool(db, connections, APP).await?)
         .multiplex(tasks.div_ceil(connections))
@@ -45,7 +45,7 @@ async fn point(db: &Database, plan: &Plan, tasks: usize) -> Result<[Vec<f64>; 2]
     .await
 }
 
-pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
+pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
     // Both sides' connections at once: the points the server allows.
     let admin = db.connect(APP).await?;
     let allowed: String = admin.query_one("SHOW max_connections", &[]).await?.get(0);

@@ -12,9 +12,9 @@ use locks_port::{PermitGuard, Semaphore, WaitStrategy, lock_id};
 use locks_postgres::tokio_postgres::error::SqlState;
 use locks_postgres::{PostgresLockGuard, PostgresLockManager, PostgresPermit};
 
-use crate::BoxError;
 use crate::db::{Database, OPENING, Raw, each, open_pool};
 use crate::stats::nanos;
+use crate::{BoxError, Result};
 
 /// Who contends: raw `pg_advisory_lock`, one dedicated connection per task; the library
 /// waiting on the server (`Queue`) or polling every 100 ms as the Python library
@@ -51,7 +51,7 @@ enum Taken {
 
 impl Taker {
     /// The lock (or a permit), or `None` when the acquisition timed out.
-    async fn take(&self, key: &str, id: i64) -> Result<Option<Taken>, BoxError> {
+    async fn take(&self, key: &str, id: i64) -> Result<Option<Taken>> {
         let timed_out = |error: LockAcquisitionError| match error.is_timeout() {
             true => Ok(None),
             false => Err(error.into()),
@@ -71,7 +71,7 @@ impl Taker {
         }
     }
 
-    async fn give_back(&self, taken: Taken, id: i64) -> Result<(), BoxError> {
+    async fn give_back(&self, taken: Taken, id: i64) -> Result<()> {
         match (self, taken) {
             (_, Taken::Lock(guard)) => drop(guard.release().await),
             (_, Taken::Permit(permit)) => drop(permit.release().await),
@@ -117,7 +117,7 @@ impl Turns {
         key: String,
         length: Duration,
         hold: fn(usize, u64) -> Duration,
-    ) -> Result<(), BoxError> {
+    ) -> Result<()> {
         let (db, contender) = (db.clone(), self.contender);
         let takers = each(0..self.tasks, OPENING, move |_| {
             let db = db.clone();
