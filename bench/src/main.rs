@@ -232,11 +232,8 @@ async fn run(args: &Args, url: &str) -> Result<()> {
             .map_err(|error| format!("could not write {}: {error}", path.display()))?;
         eprintln!("lock-bench: wrote {}", path.display());
     }
-    let missed = outcomes
-        .iter()
-        .flat_map(|o| &o.checks)
-        .filter(|c| !c.pass)
-        .count();
+    let checks = outcomes.iter().flat_map(|o| &o.checks);
+    let missed = checks.filter(|c| !c.pass).count();
     if missed > 0 {
         eprintln!("lock-bench: {missed} target(s) missed (see the MISS rows)");
     }
