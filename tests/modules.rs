@@ -90,7 +90,6 @@ const BENCH_FLOORS: &[(&str, &[&str])] = &[
     ("ground", &["plan", "stats", "proxy", "otel"]),
     ("harness", &["harness", "db", "chart"]),
     ("clients and turns", &["clients", "turns"]),
-    ("instruction counts", &["callgrind"]),
     (
         "scenarios",
         &[
@@ -100,7 +99,6 @@ const BENCH_FLOORS: &[(&str, &[&str])] = &[
             "hold",
             "memory",
             "instructions",
-            "metrics",
             "latency",
             "cutover_append",
             "scale",

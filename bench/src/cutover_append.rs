@@ -1,14 +1,11 @@
-//! Scenario `cutover-append`: the write path of `migration-cutover-postgres`, one routed
-//! append with the fleet's shared write lock and one without it, alternated in the same
-//! run, so the figures are the lock's own cost (a batched `set_config` +
-//! `pg_advisory_xact_lock_shared` in the append's transaction).
+//! Scenario `cutover-append`: a routed append of `migration-cutover-postgres` with the
+//! fleet's shared write lock and without it, alternated: the lock's own cost.
 
 use std::time::Instant;
 
+use migration_cutover::TenantRoute;
 use migration_cutover::uuid::Uuid;
-use migration_cutover::{
-    Event, MigrationConfig, MigrationPorts, RoutingRepository, Stores, TenantRoute,
-};
+use migration_cutover::{Event, MigrationConfig, MigrationPorts, RoutingRepository, Stores};
 use migration_cutover_postgres::{
     PostgresEventStore, PostgresMigrationRepository, PostgresRoutingRepository, PostgresWritePause,
     PostgresWriteRouter, TableName, install_fleet, install_store,
@@ -16,20 +13,18 @@ use migration_cutover_postgres::{
 use serde_json::json;
 
 use crate::db::Database;
-use crate::harness::{self, Cell, Outcome, cells};
-use crate::stats::{Latencies, as_f64, fmt_ratio, ratio};
-use crate::{BoxError, Plan};
+use crate::harness::{self, Cell, Outcome, row};
+use crate::stats::{Latencies, fmt_ratio, ratio};
+use crate::{Plan, Result};
 
 const SCHEMA: &str = "lock_bench_cutover";
 
-fn table(name: &str) -> Result<TableName, BoxError> {
+fn table(name: &str) -> Result<TableName> {
     Ok(TableName::new(&format!("{SCHEMA}.{name}"))?)
 }
 
-/// Runs `rounds` rounds of `batch` appends with the lock and `batch` without, alternating
-/// which goes first, each append one event to one tenant.
-pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
-    let (rounds, batch) = if plan.quick { (10, 200) } else { (30, 1000) };
+pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
+    let (rounds, batch) = plan.pick((10, 200), (30, 1000));
     let pool = db.pool(4, "lock-bench-cutover-append");
     install_store(&pool, &table("events")?).await?;
     install_fleet(&pool, &table("routes")?, &table("migrations")?).await?;
@@ -40,28 +35,23 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     let migrations = PostgresMigrationRepository::new(pool.clone(), table("migrations")?);
     let ports = MigrationPorts::new(stores, routing.clone(), pause, migrations);
     let locked = PostgresWriteRouter::new(&ports, &MigrationConfig::new());
-    let unlocked = locked.clone().without_write_lock();
+    let routers = [locked.clone(), locked.without_write_lock()];
     let tenant = Uuid::new_v4();
     routing.put(TenantRoute::normal(tenant, "bench")).await?;
-
     // Warm the pool and the prepared statements of both paths.
-    for router in [&locked, &unlocked] {
+    for router in &routers {
         for _ in 0..20 {
             router.append(tenant, &[Event::new("Warm", "")]).await?;
         }
     }
-    let (mut with_lock, mut without_lock) = (Latencies::new(), Latencies::new());
+    let mut sides = [Latencies::default(), Latencies::default()];
     harness::rounds(rounds, 2, async |_, side| {
-        let (router, latencies) = match side {
-            0 => (&locked, &mut with_lock),
-            _ => (&unlocked, &mut without_lock),
-        };
         for _ in 0..batch {
             // The event is made before the clock starts: only the append is timed.
             let event = Event::new("Bench", "payload");
             let started = Instant::now();
-            router.append(tenant, &[event]).await?;
-            latencies.record(started.elapsed());
+            routers[side].append(tenant, &[event]).await?;
+            sides[side].record(started.elapsed());
         }
         Ok(())
     })
@@ -71,14 +61,11 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         .batch_execute(&format!("DROP SCHEMA {SCHEMA} CASCADE"))
         .await?;
 
-    let p50 = ratio(as_f64(with_lock.p50()), as_f64(without_lock.p50()));
-    let p99 = ratio(as_f64(with_lock.p99()), as_f64(without_lock.p99()));
+    let [with, without] = &sides;
+    let p50 = ratio(with.p50() as f64, without.p50() as f64);
+    let p99 = ratio(with.p99() as f64, without.p99() as f64);
     let title = "Cutover write path: routed append with and without the shared write lock";
-    let mut out = Outcome::new(
-        "cutover_append",
-        title,
-        &["append", "samples", "p50", "p99"],
-    );
+    let mut out = Outcome::new("cutover_append", title);
     out.note(format!(
         "`PostgresWriteRouter::append` of one event to one tenant ({rounds} \
          alternating rounds of {batch}); each append reads the route, opens a \
@@ -91,16 +78,12 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         fmt_ratio(p50),
         fmt_ratio(p99)
     ));
-    for (name, l) in [
-        ("with the shared write lock", &with_lock),
-        ("without it", &without_lock),
-    ] {
-        out.row(cells![
-            name,
-            l.count(),
-            Cell::ns(l.p50()),
-            Cell::ns(l.p99())
-        ]);
+    for (name, l) in ["with the shared write lock", "without it"]
+        .iter()
+        .zip(&sides)
+    {
+        let (p50, p99) = (Cell::ns(l.p50()), Cell::ns(l.p99()));
+        out.row(row!["append" => *name, "samples" => l.count(), "p50" => p50, "p99" => p99]);
     }
     Ok(out.with(json!({ "p50_ratio": p50, "p99_ratio": p99 })))
 }

@@ -1,15 +1,19 @@
 //! Floor 1: connections, the library's pools and the raw baselines' dedicated connections.
 
+use std::ops::Range;
 use std::path::Path;
 use std::str::FromStr;
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use locks_postgres::deadpool_postgres::Pool;
 use locks_postgres::tokio_postgres::config::Host;
 use locks_postgres::tokio_postgres::{self, Client, NoTls, Statement};
 
-use crate::BoxError;
 use crate::plan::sources;
+use crate::stats::Latencies;
+use crate::{BoxError, Result};
 
 /// Where to connect, parsed once.
 #[derive(Debug, Clone)]
@@ -18,95 +22,90 @@ pub(crate) struct Database {
 }
 
 impl Database {
-    /// The round trip of a prepared `SELECT 1` on a connection of `application_name`,
-    /// p50 of 50.
-    pub(crate) async fn round_trip(&self, application_name: &str) -> Result<u64, BoxError> {
+    pub(crate) fn new(url: &str) -> Result<Self> {
+        let config = tokio_postgres::Config::from_str(url)
+            .map_err(|error| format!("invalid database URL: {error}"))?;
+        Ok(Self { config })
+    }
+
+    /// The round trip of a prepared `SELECT 1`, p50 of 50.
+    pub(crate) async fn round_trip(&self, application_name: &str) -> Result<u64> {
         let client = self.connect(application_name).await?;
         let statement = client.prepare("SELECT 1").await?;
-        let mut latencies = crate::stats::Latencies::new();
+        let mut latencies = Latencies::default();
         for _ in 0..50 {
-            let started = std::time::Instant::now();
+            let started = Instant::now();
             client.query_one(&statement, &[]).await?;
             latencies.record(started.elapsed());
         }
         Ok(latencies.p50())
     }
 
-    pub(crate) fn new(url: &str) -> Result<Self, BoxError> {
-        let config = tokio_postgres::Config::from_str(url)
-            .map_err(|error| format!("invalid database URL: {error}"))?;
-        Ok(Self { config })
+    fn host(&self) -> (Option<&Host>, u16) {
+        let port = self.config.get_ports().first().copied().unwrap_or(5432);
+        (self.config.get_hosts().first(), port)
     }
 
-    /// The server's TCP address (its first host), for a proxy in front of it.
-    pub(crate) fn tcp_address(&self) -> Result<(String, u16), BoxError> {
-        let port = self.config.get_ports().first().copied().unwrap_or(5432);
-        match self.config.get_hosts().first() {
-            Some(Host::Tcp(host)) => Ok((host.clone(), port)),
+    /// The server's TCP address, for a proxy in front of it.
+    pub(crate) fn tcp_address(&self) -> Result<(String, u16)> {
+        match self.host() {
+            (Some(Host::Tcp(host)), port) => Ok((host.clone(), port)),
             _ => Err("the latency scenario needs a server reached over TCP".into()),
         }
     }
 
-    /// The same server, user, password and database, reached at 127.0.0.1:`port`.
+    /// The same server reached at 127.0.0.1:`port` (through a proxy).
     pub(crate) fn through(&self, port: u16) -> Self {
         self.at(Host::Tcp("127.0.0.1".into()), port)
     }
 
-    /// How it connects: `TCP 127.0.0.1:5432` or `Unix socket /tmp/x/.s.PGSQL.5432`.
     pub(crate) fn transport(&self) -> String {
-        let port = self.config.get_ports().first().copied().unwrap_or(5432);
-        match self.config.get_hosts().first() {
-            Some(Host::Unix(dir)) => format!("Unix socket {}/.s.PGSQL.{port}", dir.display()),
-            Some(Host::Tcp(host)) => format!("TCP {host}:{port}"),
-            None => format!("TCP localhost:{port}"),
+        match self.host() {
+            (Some(Host::Unix(dir)), port) => {
+                format!("Unix socket {}/.s.PGSQL.{port}", dir.display())
+            }
+            (Some(Host::Tcp(host)), port) => format!("TCP {host}:{port}"),
+            (None, port) => format!("TCP localhost:{port}"),
         }
     }
 
-    /// Whether it connects over a Unix socket.
     pub(crate) fn is_unix(&self) -> bool {
-        matches!(self.config.get_hosts().first(), Some(Host::Unix(_)))
+        matches!(self.host().0, Some(Host::Unix(_)))
     }
 
-    /// The same server reached over its Unix socket: the first of the server's
-    /// `unix_socket_directories` that holds `.s.PGSQL.<port>` on this machine, checked
-    /// with a connection to be the same server (the same postmaster start time, not
-    /// another one on this machine's same port). `Err`: why there is none, for a note.
+    /// The same server over its Unix socket: the first of its `unix_socket_directories`
+    /// holding `.s.PGSQL.<port>` here, checked to be the same server (the same postmaster
+    /// start time). `Err`: why there is none, for a note.
     pub(crate) async fn over_socket(&self) -> Result<Self, String> {
         const ASK: &str = "SELECT current_setting('unix_socket_directories'), \
                            current_setting('port'), pg_postmaster_start_time()::text";
-        let ask = async |db: &Self| -> Result<[String; 3], BoxError> {
-            let row = db
-                .connect("lock-bench-admin")
-                .await?
+        let ask = async |db: &Self| -> Result<[String; 3], String> {
+            let said = |error: BoxError| sources(&*error);
+            let client = db.connect("lock-bench-admin").await.map_err(said)?;
+            let row = client
                 .query_one(ASK, &[])
-                .await?;
+                .await
+                .map_err(|e| said(e.into()))?;
             Ok([row.get(0), row.get(1), row.get(2)])
         };
-        let [directories, port, started] = ask(self)
-            .await
-            .map_err(|error| format!("the server's sockets are unknown: {}", sources(&*error)))?;
-        let port: u16 = port
-            .parse()
-            .map_err(|_| format!("the server's port `{port}` is not a number"))?;
+        let asked = ask(self).await;
+        let [dirs, port, started] =
+            asked.map_err(|e| format!("the server's sockets are unknown: {e}"))?;
+        let port: u16 =
+            (port.parse()).map_err(|_| format!("the server's port `{port}` is not a number"))?;
         let file = format!(".s.PGSQL.{port}");
-        let directory = socket_directory(&directories, &file).ok_or_else(|| {
-            format!(
-                "none of the server's unix_socket_directories (`{directories}`) holds \
-                     {file} on this machine"
-            )
-        })?;
-        let socket = self.at(Host::Unix(directory.into()), port);
+        let Some(dir) = socket_directory(&dirs, &file) else {
+            let none = "none of the server's unix_socket_directories";
+            return Err(format!("{none} (`{dirs}`) holds {file} on this machine"));
+        };
+        let socket = self.at(Host::Unix(dir.into()), port);
+        let transport = socket.transport();
         match ask(&socket).await {
             Ok([.., there]) if there == started => Ok(socket),
             Ok([.., there]) => Err(format!(
-                "{} leads to another server (started {there}, the URL's {started})",
-                socket.transport()
+                "{transport} leads to another server (started {there}, the URL's {started})"
             )),
-            Err(error) => Err(format!(
-                "{} does not take connections: {}",
-                socket.transport(),
-                sources(&*error)
-            )),
+            Err(error) => Err(format!("{transport} does not take connections: {error}")),
         }
     }
 
@@ -130,8 +129,8 @@ impl Database {
         Self { config }
     }
 
-    /// A pool of at most `size` connections, tagged `application_name`, recycled the
-    /// default (`Fast`) way, as the crate's README recommends. Opens nothing yet.
+    /// A pool of at most `size` connections, recycled the default (`Fast`) way, as the
+    /// crate's README recommends. Opens nothing yet.
     pub(crate) fn pool(&self, size: usize, application_name: &str) -> Pool {
         let mut config = self.config.clone();
         config.application_name(application_name);
@@ -139,37 +138,29 @@ impl Database {
             .expect("a pool with a runtime and no hooks always builds")
     }
 
-    /// A dedicated connection (the raw baselines), its driver task spawned.
-    pub(crate) async fn connect(&self, application_name: &str) -> Result<Client, BoxError> {
+    /// A dedicated connection (the raw baselines).
+    pub(crate) async fn connect(&self, application_name: &str) -> Result<Client> {
         let mut config = self.config.clone();
         config.application_name(application_name);
         let (client, connection) = config.connect(NoTls).await?;
-        tokio::spawn(async move {
-            // Ends when the client is dropped; an error here only means the server left.
-            let _ = connection.await;
-        });
+        // Ends when the client is dropped; an error here only means the server left.
+        tokio::spawn(async move { drop(connection.await) });
         client.simple_query("SELECT 1").await?;
         Ok(client)
     }
 
-    /// How many sessions of `application_name` the server has, waiting up to five
-    /// seconds for the count to reach `expected` (disconnections are asynchronous).
+    /// The server's sessions of `application_name`, awaited up to 5 s to be `expected`.
     pub(crate) async fn sessions(
         &self,
         admin: &Client,
         application_name: &str,
         expected: i64,
-    ) -> Result<i64, BoxError> {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    ) -> Result<i64> {
+        const COUNT: &str = "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1";
+        let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            let count: i64 = admin
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
-                    &[&application_name],
-                )
-                .await?
-                .get(0);
-            if count == expected || tokio::time::Instant::now() >= deadline {
+            let count: i64 = admin.query_one(COUNT, &[&application_name]).await?.get(0);
+            if count == expected || Instant::now() >= deadline {
                 return Ok(count);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -177,9 +168,59 @@ impl Database {
     }
 }
 
-/// The first of `directories` (the server's `unix_socket_directories`: comma-separated,
-/// each perhaps quoted; `@name` an abstract socket, which has no file) that holds `file`
-/// on this machine.
+/// Connections opened at once (more, on a loaded machine, time out in the pool).
+pub(crate) const OPENING: usize = 16;
+
+/// A pool of `size` connections, all opened, each having run one query (so that its
+/// buffers are grown before anything is measured).
+pub(crate) async fn open_pool(db: &Database, size: usize, app: &str) -> Result<Pool> {
+    let pool = db.pool(size, app);
+    let opener = pool.clone();
+    // Every object is kept until all are open, so that the pool opens `size` connections.
+    let objects = each(0..size, OPENING, move |_| {
+        let pool = opener.clone();
+        async move {
+            let object = pool.get().await?;
+            object.simple_query("SELECT 1").await?;
+            Ok(object)
+        }
+    });
+    drop(objects.await?);
+    Ok(pool)
+}
+
+/// `f(n)` for each `n` of `range`, on `at_once` tasks taking the next `n` in turn: the
+/// answers, in the order they came.
+pub(crate) async fn each<T, F, Fut>(range: Range<usize>, at_once: usize, f: F) -> Result<Vec<T>>
+where
+    T: Send + 'static,
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<T>> + Send,
+{
+    let next = Arc::new(AtomicUsize::new(range.start));
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..at_once.min(range.len()) {
+        let (f, next, end) = (f.clone(), Arc::clone(&next), range.end);
+        workers.spawn(async move {
+            let mut answers = Vec::new();
+            loop {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                if n >= end {
+                    return Ok::<_, BoxError>(answers);
+                }
+                answers.push(f(n).await?);
+            }
+        });
+    }
+    let mut answers = Vec::with_capacity(range.len());
+    while let Some(joined) = workers.join_next().await {
+        answers.extend(joined??);
+    }
+    Ok(answers)
+}
+
+/// The first of `directories` (comma-separated, perhaps quoted; `@name` an abstract
+/// socket, which has no file) that holds `file` here.
 fn socket_directory<'a>(directories: &'a str, file: &str) -> Option<&'a str> {
     (directories.split(','))
         .map(|dir| dir.trim().trim_matches('"'))
@@ -187,8 +228,7 @@ fn socket_directory<'a>(directories: &'a str, file: &str) -> Option<&'a str> {
         .find(|dir| Path::new(dir).join(file).exists())
 }
 
-/// A raw baseline: a dedicated connection with its lock, try and unlock statements
-/// prepared.
+/// A raw baseline: a connection with its lock, try and unlock statements prepared.
 #[derive(Debug)]
 pub(crate) struct Raw {
     pub(crate) client: Client,
@@ -198,14 +238,9 @@ pub(crate) struct Raw {
 }
 
 impl Raw {
-    /// The exclusive forms, or the `shared` (reader) ones: `pg_advisory_lock_shared($1)`
-    /// and its kin.
-    pub(crate) async fn connect(
-        db: &Database,
-        application_name: &str,
-        shared: bool,
-    ) -> Result<Self, BoxError> {
-        let client = db.connect(application_name).await?;
+    /// The exclusive forms, or the `shared` ones (`pg_advisory_lock_shared($1)`, …).
+    pub(crate) async fn connect(db: &Database, app: &str, shared: bool) -> Result<Self> {
+        let client = db.connect(app).await?;
         let suffix = if shared { "_shared" } else { "" };
         let prepare = async |name| {
             client
@@ -224,14 +259,12 @@ impl Raw {
         self.client.execute(&self.lock, &[&id]).await.map(drop)
     }
 
-    /// The unlock, an error when the server answers that the lock was not held.
-    pub(crate) async fn unlock(&self, id: i64) -> Result<(), BoxError> {
+    pub(crate) async fn unlock(&self, id: i64) -> Result<()> {
         let released: bool = self.client.query_one(&self.unlock, &[&id]).await?.get(0);
         released.then_some(()).ok_or_else(|| NOT_HELD.into())
     }
 
-    /// Lock + unlock of `id`.
-    pub(crate) async fn cycle(&self, id: i64) -> Result<(), BoxError> {
+    pub(crate) async fn cycle(&self, id: i64) -> Result<()> {
         self.lock(id).await?;
         self.unlock(id).await
     }
@@ -240,18 +273,10 @@ impl Raw {
 pub(crate) const NOT_HELD: &str = "pg_advisory_unlock answered false";
 
 /// Advisory locks granted to sessions of `application_name`.
-pub(crate) async fn granted_advisory_locks(
-    admin: &Client,
-    application_name: &str,
-) -> Result<i64, BoxError> {
-    Ok(admin
-        .query_one(
-            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
-             WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = $1",
-            &[&application_name],
-        )
-        .await?
-        .get(0))
+pub(crate) async fn granted_advisory_locks(admin: &Client, app: &str) -> Result<i64> {
+    const COUNT: &str = "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = \
+                         l.pid WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = $1";
+    Ok(admin.query_one(COUNT, &[&app]).await?.get(0))
 }
 
 #[cfg(test)]
@@ -263,9 +288,9 @@ mod tests {
         let here = std::env::temp_dir().join(format!("lock-bench-socket-{}", std::process::id()));
         std::fs::create_dir_all(&here).unwrap();
         std::fs::write(here.join(".s.PGSQL.5432"), "").unwrap();
-        let found = |listed: &str, file| socket_directory(listed, file).map(str::to_owned);
         let text = here.to_str().unwrap();
         let listed = format!("/nowhere/at/all, @abstract, \"{text}\", /tmp");
+        let found = |listed: &str, file| socket_directory(listed, file).map(str::to_owned);
         let answers = [
             found(&listed, ".s.PGSQL.5432"),
             found(&listed, ".s.PGSQL.5433"),

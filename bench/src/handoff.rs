@@ -1,17 +1,17 @@
-//! Scenario `handoff`: 4 and 16 tasks on one key (raw, `Queue`, `Poll`) and 16 on a
-//! semaphore of N = 4, acquire (timeout 5 s) / hold 2 ms / release, each with a manager and
-//! pool of one; then a window of long jobs on the semaphore. Timed by [`crate::turns`].
+//! Scenario `handoff`: tasks on one key or a semaphore, each with a manager and pool of
+//! one, timed by [`crate::turns`]; then a window of long jobs on the semaphore.
 
 use std::time::Duration;
 
+use plotters::style::RGBColor;
 use serde_json::json;
 
-use crate::chart::{BLUE, Curve, GREEN, GREY, RED, Rgb, Unit, cdf, curve, curves_svg, panel};
+use crate::chart::{BLUE, Curve, GREEN, GREY, Panel, RED, Unit, cdf, curves_svg};
 use crate::db::Database;
-use crate::harness::{self, Cell, Outcome, cells, verdict};
-use crate::stats::{Latencies, as_f64, fairness, finite, fmt_ns, nanos};
+use crate::harness::{self, Cell, Outcome, row, verdict};
+use crate::stats::{Latencies, fairness, fmt_ns, nanos};
 use crate::turns::{Contender, Turns};
-use crate::{BoxError, Plan};
+use crate::{Plan, Result};
 
 const CONTENDERS: [usize; 2] = [4, 16];
 const PERMITS: Contender = Contender::Permits(4);
@@ -19,30 +19,6 @@ const JOB_TASKS: usize = 8;
 const JOB_WINDOW: Duration = Duration::from_secs(8);
 const APP: (&str, bool) = ("lock-bench-handoff", true);
 
-/// A contender's label, and its colour in the chart.
-fn says(contender: Contender) -> (&'static str, Rgb) {
-    match contender {
-        Contender::Raw => ("raw pg_advisory_lock (server queue)", GREY),
-        Contender::Queue => ("library, Queue (server-side wait)", BLUE),
-        Contender::Poll => ("library, Poll (100 ms, as the Python library)", RED),
-        Contender::Permits(_) => ("library, semaphore of N = 4", GREEN),
-    }
-}
-
-/// A hold of 2 ms.
-fn short(_: usize, _: u64) -> Duration {
-    Duration::from_millis(2)
-}
-
-/// A job of 100–400 ms, spread by task and turn.
-fn job(task: usize, turn: u64) -> Duration {
-    let spread = (task as u64)
-        .wrapping_mul(7_919)
-        .wrapping_add(turn.wrapping_mul(104_729));
-    Duration::from_millis(100 + spread % 301)
-}
-
-/// One measured case (a row): who contends, how many, and their windows.
 struct Case {
     contender: Contender,
     jobs: bool,
@@ -62,7 +38,7 @@ impl Case {
     /// Its targets: gap p99, fairness, idle share, and whether at most N hold at once.
     fn limits(&self) -> (Option<Duration>, Option<f64>, Option<f64>, bool) {
         let ms = Duration::from_millis;
-        match (self.contender, self.turns.tasks(), self.jobs) {
+        match (self.contender, self.turns.tasks, self.jobs) {
             (Contender::Queue, 4, _) => (Some(ms(2)), Some(1.5), None, false),
             (Contender::Queue, ..) => (None, Some(1.5), None, false),
             (Contender::Permits(_), _, false) => (Some(ms(5)), Some(1.5), None, true),
@@ -71,38 +47,45 @@ impl Case {
         }
     }
 
-    fn name(&self) -> String {
-        let label = says(self.contender).0;
-        if self.jobs {
-            format!("{label}, 100–400 ms jobs")
-        } else {
-            label.to_owned()
+    fn says(&self) -> (String, RGBColor) {
+        let (label, color) = match self.contender {
+            Contender::Raw => ("raw pg_advisory_lock (server queue)", GREY),
+            Contender::Queue => ("library, Queue (server-side wait)", BLUE),
+            Contender::Poll => ("library, Poll (100 ms, as the Python library)", RED),
+            Contender::Permits(_) => ("library, semaphore of N = 4", GREEN),
+        };
+        match self.jobs {
+            true => (format!("{label}, 100–400 ms jobs"), color),
+            false => (label.to_owned(), color),
         }
     }
 }
 
-fn fmt_fairness(value: f64) -> String {
-    if value.is_finite() {
-        format!("{value:.2}")
-    } else {
-        "∞ (a task got no turn)".to_owned()
-    }
+fn short(_: usize, _: u64) -> Duration {
+    Duration::from_millis(2)
 }
 
-/// The handoff scenario, with its chart.
-pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError> {
+/// A job of 100–400 ms, spread by task and turn.
+fn job(task: usize, turn: u64) -> Duration {
+    let spread = (task as u64)
+        .wrapping_mul(7_919)
+        .wrapping_add(turn.wrapping_mul(104_729));
+    Duration::from_millis(100 + spread % 301)
+}
+
+pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
     let locks = [Contender::Raw, Contender::Queue, Contender::Poll];
-    let mut cases: Vec<Case> = CONTENDERS
-        .iter()
+    let mut cases: Vec<Case> = (CONTENDERS.iter())
         .flat_map(|&tasks| locks.map(|contender| Case::new(contender, tasks, false)))
         .chain([Case::new(PERMITS, 16, false)])
         .collect();
+    let (window, poll_window) = (plan.ms(600, 2000), plan.ms(1500, 6000));
     harness::rounds(plan.pick(2, 5), cases.len(), async |round, side| {
         let case = &mut cases[side];
         let length = if case.contender == Contender::Poll {
-            plan.ms(1500, 6000)
+            poll_window
         } else {
-            plan.ms(600, 2000)
+            window
         };
         let key = format!("bench:handoff:{round}:{side}:{}", std::process::id());
         case.turns.window(db, APP, key, length, short).await
@@ -113,48 +96,33 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
     jobs.turns.window(db, APP, key, JOB_WINDOW, job).await?;
     cases.push(jobs);
 
-    let header = [
-        "Tasks",
-        "Waiting",
-        "Turns",
-        "gap p50",
-        "gap p99",
-        "gap to a waiter p50",
-        "gap to a waiter p99",
-        "wait p99",
-        "fairness",
-        "re-taken",
-        "timeouts",
-        "most inside",
-        "idle share",
-        "Result",
-    ];
     let title = "4. Handoff under contention: one key, hold 2 ms, acquire timeout 5 s";
-    let mut out = Outcome::new("handoff", title, &header);
+    let mut out = Outcome::new("handoff", title);
     out.note(format!(
         "{} rounds of one window a row ({:.1} s, Poll {:.1} s), then {JOB_WINDOW:?} of long \
          jobs; definitions: docs/benchmarks.md, \"What each scenario measures\".",
         plan.pick(2, 5),
-        plan.ms(600, 2000).as_secs_f64(),
-        plan.ms(1500, 6000).as_secs_f64(),
+        window.as_secs_f64(),
+        poll_window.as_secs_f64(),
     ));
     let mut left_out = Vec::new();
-    let mut curves: [Vec<Curve>; 2] = Default::default();
+    let mut curves: [Vec<_>; 2] = Default::default();
     for case in &cases {
-        let (_, color) = says(case.contender);
-        let (name, tasks, windows) = (case.name(), case.turns.tasks(), &case.turns.windows);
+        let ((name, color), tasks, windows) = (case.says(), case.turns.tasks, &case.turns.windows);
         let state = case.turns.take();
         let [gaps, waiter_gaps, waits] =
             [&state.gaps, &state.waiter_gaps, &state.waits].map(|s| Latencies::of(s));
         let worst = windows.iter().map(|t| fairness(t)).fold(0.0_f64, f64::max);
-        let turns: u64 = windows.iter().flatten().sum();
         let capacity = case.contender.capacity();
-        let idle = state.idle.as_secs_f64()
-            / (case.turns.measured.as_secs_f64() * as_f64(capacity as u64));
+        let idle = state.idle.as_secs_f64() / (case.turns.measured.as_secs_f64() * capacity as f64);
         let percent = |share: f64| Cell::new(format!("{:.2} %", share * 100.0), share);
-        let fair = Cell::new(fmt_fairness(worst), finite(worst));
+        // Infinite (a task without a turn) is null in the JSON.
+        let fair = match worst.is_finite() {
+            true => format!("{worst:.2}"),
+            false => "∞ (a task got no turn)".to_owned(),
+        };
+        let fair = Cell::new(fair, worst);
         let (gap_limit, fairness_limit, idle_limit, inside) = case.limits();
-        // Each target: what it measures, its limit when this row has one, whether it held.
         let gates = [
             (
                 ("gap p99", Cell::ns(gaps.p99())),
@@ -177,43 +145,41 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
                 state.most_inside <= capacity,
             ),
         ];
-        let mut missed = Vec::new();
-        let mut gated = false;
+        let (mut missed, mut gated) = (Vec::new(), false);
         for ((measure, measured), limit, pass) in gates {
             let Some(limit) = limit else { continue };
             let target = format!("handoff {measure}, {name}, {tasks} tasks");
             out.gate(target, measured, format!("≤ {limit}"), pass);
             gated = true;
-            if !pass {
-                missed.push(measure);
-            }
+            missed.extend((!pass).then_some(measure));
         }
         let result = match &missed[..] {
             [] if !gated => String::new(),
             [] => verdict(true).to_owned(),
             missed => format!("MISS: {}", missed.join(", ")),
         };
-        let retaken = if gaps.count() == 0 {
-            Cell::from("—")
-        } else {
-            let share = as_f64(state.retaken) / as_f64(gaps.count());
-            Cell::new(format!("{:.0} %", share * 100.0), share)
+        let retaken = match gaps.count() {
+            0 => Cell::from("—"),
+            count => {
+                let share = state.retaken as f64 / count as f64;
+                Cell::new(format!("{:.0} %", share * 100.0), share)
+            }
         };
-        out.row(cells![
-            tasks,
-            &name,
-            turns,
-            Cell::ns(gaps.p50()),
-            Cell::ns(gaps.p99()),
-            Cell::ns(waiter_gaps.p50()),
-            Cell::ns(waiter_gaps.p99()),
-            Cell::ns(waits.p99()),
-            fair,
-            retaken,
-            state.timeouts,
-            state.most_inside,
-            percent(idle),
-            result,
+        out.row(row![
+            "Tasks" => tasks,
+            "Waiting" => &name,
+            "Turns" => windows.iter().flatten().sum::<u64>(),
+            "gap p50" => Cell::ns(gaps.p50()),
+            "gap p99" => Cell::ns(gaps.p99()),
+            "gap to a waiter p50" => Cell::ns(waiter_gaps.p50()),
+            "gap to a waiter p99" => Cell::ns(waiter_gaps.p99()),
+            "wait p99" => Cell::ns(waits.p99()),
+            "fairness" => fair,
+            "re-taken" => retaken,
+            "timeouts" => state.timeouts,
+            "most inside" => state.most_inside,
+            "idle share" => percent(idle),
+            "Result" => result,
         ]);
         left_out.push(json!({
             "row": format!("{name}, {tasks} tasks"),
@@ -224,7 +190,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
             for (side, samples) in [&state.gaps, &state.waiter_gaps].into_iter().enumerate() {
                 let label = format!("{name}, {tasks} contenders (n = {})", samples.len());
                 let dashed = tasks > CONTENDERS[0];
-                curves[side].push(curve(&label, color, dashed, cdf(samples)));
+                curves[side].push(Curve(label, color, dashed, cdf(samples)));
             }
         }
     }
@@ -246,9 +212,11 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome, BoxError>
         "release → acquisition by a task already waiting",
     ];
     let axes = ("gap", "share of handoffs", Unit::Share);
-    let panels = (titles.into_iter().zip(curves)).map(|(title, curves)| panel(title, axes, curves));
+    let panels: Vec<_> = (titles.into_iter().zip(curves))
+        .map(|(title, curves)| Panel(title, axes, curves))
+        .collect();
     let title = "Lock handoff: cumulative distribution of gaps (log scale)";
-    let svg = curves_svg(title, &panels.collect::<Vec<_>>(), 2, &chart_notes)?;
-    out.files.push(("handoff.svg", svg));
+    out.files
+        .push(("handoff.svg", curves_svg(title, &panels, 2, &chart_notes)?));
     Ok(out.with(json!({ "releases_not_handoffs": left_out })))
 }

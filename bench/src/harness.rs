@@ -1,16 +1,15 @@
-//! Floor 1: the harness every scenario runs on. Sides take turns in rounds, the order
-//! rotating ([`order`]); a turn is a batch of timed calls after a warm-up ([`batches`]) or
-//! a window of tasks looping until a deadline ([`window`]); a side keeps every sample and
-//! each batch's p50 (a run, [`Batches`]). Then the report, written once ([`Outcome`]):
-//! rows of [`Cell`]s (markdown shows their text, the JSON their figures) and PASS/MISS.
+//! Floor 1: the harness every scenario runs on. Sides take turns in rounds ([`order`]), a
+//! turn a batch of timed calls ([`batches`]) or a window of tasks ([`window`]); then the
+//! report ([`Outcome`]): rows of [`Cell`]s (markdown shows their text, the JSON their
+//! figures) and PASS/MISS.
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
 
-use crate::BoxError;
-use crate::stats::{Latencies, as_f64, fmt_bytes, fmt_ns, fmt_rate, fmt_ratio, median};
+use crate::Result;
+use crate::stats::{Latencies, fmt_bytes, fmt_ns, fmt_rate, fmt_ratio, median};
 
 /// The order of `count` sides in round `round`: side `round mod count` first, then the
 /// others in turn (two sides alternate: A B, B A, A B, …).
@@ -18,13 +17,12 @@ pub(crate) fn order(round: usize, count: usize) -> impl Iterator<Item = usize> {
     (0..count).map(move |step| (round + step) % count)
 }
 
-/// Runs `rounds` rounds in which each of `sides` sides takes one turn, in [`order`]:
-/// `turn(round, side)`.
+/// `rounds` rounds in which each of `sides` sides takes one turn, in [`order`].
 pub(crate) async fn rounds(
     rounds: usize,
     sides: usize,
-    mut turn: impl AsyncFnMut(usize, usize) -> Result<(), BoxError>,
-) -> Result<(), BoxError> {
+    mut turn: impl AsyncFnMut(usize, usize) -> Result<()>,
+) -> Result<()> {
     for round in 0..rounds {
         for side in order(round, sides) {
             turn(round, side).await?;
@@ -39,9 +37,9 @@ pub(crate) async fn until(
     end: Instant,
     min: u64,
     timed: bool,
-    mut op: impl AsyncFnMut() -> Result<(), BoxError>,
-) -> Result<(u64, Latencies), BoxError> {
-    let (mut ops, mut latencies) = (0, Latencies::new());
+    mut op: impl AsyncFnMut() -> Result<()>,
+) -> Result<(u64, Latencies)> {
+    let (mut ops, mut latencies) = (0, Latencies::default());
     while ops < min || Instant::now() < end {
         let started = timed.then(Instant::now);
         op().await?;
@@ -53,8 +51,7 @@ pub(crate) async fn until(
     Ok((ops, latencies))
 }
 
-/// What the tasks of one window did together.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Window {
     pub(crate) ops: u64,
     pub(crate) elapsed: Duration,
@@ -62,48 +59,58 @@ pub(crate) struct Window {
 }
 
 impl Window {
-    /// Operations per second.
     pub(crate) fn rate(&self) -> f64 {
-        as_f64(self.ops) / self.elapsed.as_secs_f64()
+        self.ops as f64 / self.elapsed.as_secs_f64()
     }
 }
 
-/// Spawns `task(index)` for each of `tasks` tasks (each loops until a deadline it was
-/// given, [`until`] for one) and adds up their operations and latencies.
-pub(crate) async fn window<Fut>(
-    tasks: usize,
-    task: impl Fn(usize) -> Fut,
-) -> Result<Window, BoxError>
+/// Spawns `task(index)` for each of `tasks` tasks (each looping until a deadline, as
+/// [`until`]) and adds up their operations and latencies.
+pub(crate) async fn window<Fut>(tasks: usize, task: impl Fn(usize) -> Fut) -> Result<Window>
 where
-    Fut: Future<Output = Result<(u64, Latencies), BoxError>> + Send + 'static,
+    Fut: Future<Output = Result<(u64, Latencies)>> + Send + 'static,
 {
     let started = Instant::now();
-    let mut running = tokio::task::JoinSet::new();
-    for index in 0..tasks {
-        running.spawn(task(index));
-    }
-    let (mut ops, mut latencies) = (0, Latencies::new());
+    let mut running: tokio::task::JoinSet<_> = (0..tasks).map(task).collect();
+    let mut window = Window::default();
     while let Some(joined) = running.join_next().await {
-        let (done, measured) = joined??;
-        ops += done;
-        latencies.merge(&measured);
+        let (ops, latencies) = joined??;
+        window.ops += ops;
+        window.latencies.merge(&latencies);
     }
-    let elapsed = started.elapsed();
-    Ok(Window {
-        ops,
-        elapsed,
-        latencies,
-    })
+    window.elapsed = started.elapsed();
+    Ok(window)
 }
 
-/// Warms each of `count` sides up with `warmup` calls, then runs `rounds` rounds of one
-/// batch of `batch` timed calls per side, in [`order`]: `call(side, n)`. What each side's
-/// batches measured.
+/// `rounds` rounds of one [`window`] a side of two, `length` long, task `index` of side
+/// `side` being `task(side, index, end)`: the rates of each side's windows.
+pub(crate) async fn rates<Fut>(
+    rounds: usize,
+    length: Duration,
+    tasks: usize,
+    task: impl Fn(usize, usize, Instant) -> Fut,
+) -> Result<[Vec<f64>; 2]>
+where
+    Fut: Future<Output = Result<(u64, Latencies)>> + Send + 'static,
+{
+    let mut rates: [Vec<f64>; 2] = Default::default();
+    self::rounds(rounds, 2, async |_, side| {
+        let end = Instant::now() + length;
+        let measured = window(tasks, |index| task(side, index, end)).await?;
+        rates[side].push(measured.rate());
+        Ok(())
+    })
+    .await?;
+    Ok(rates)
+}
+
+/// `warmup` calls of each of `count` sides, then `rounds` rounds of one batch of `batch`
+/// timed calls a side: `call(side, n)`.
 pub(crate) async fn batches(
     count: usize,
     (warmup, rounds_, batch): (usize, usize, usize),
-    mut call: impl AsyncFnMut(usize, usize) -> Result<(), BoxError>,
-) -> Result<Vec<Batches>, BoxError> {
+    mut call: impl AsyncFnMut(usize, usize) -> Result<()>,
+) -> Result<Vec<Batches>> {
     for side in 0..count {
         for n in 0..warmup {
             call(side, n).await?;
@@ -111,7 +118,7 @@ pub(crate) async fn batches(
     }
     let mut sides: Vec<Batches> = (0..count).map(|_| Batches::default()).collect();
     rounds(rounds_, count, async |_, side| {
-        let mut latencies = Latencies::new();
+        let mut latencies = Latencies::default();
         for n in 0..batch {
             let started = Instant::now();
             call(side, n).await?;
@@ -124,45 +131,26 @@ pub(crate) async fn batches(
     Ok(sides)
 }
 
-/// What the batches (runs) of one side measured.
+/// What the batches (runs) of one side measured: every sample, and each run's p50 in
+/// the order they ran.
 #[derive(Debug, Default)]
 pub(crate) struct Batches {
-    /// Every sample of every batch.
     pub(crate) pooled: Latencies,
-    /// The p50 of each batch, in nanoseconds, in the order they ran.
     pub(crate) runs: Vec<u64>,
 }
 
 impl Batches {
-    /// Adds one run.
     pub(crate) fn add(&mut self, run: &Latencies) {
         self.runs.push(run.p50());
         self.pooled.merge(run);
     }
 
-    /// Against `base`, the cells a table shows (p50 as the median run, the runs' spread,
-    /// p99, the ratio and its spread; the JSON gets the runs and the ratios' range), and
-    /// the ratios.
-    pub(crate) fn against(&self, base: &Self) -> (Vec<Cell>, Option<Ratios>) {
-        let ratios = self.ratios_to(base);
-        let (ratio, spread) = Ratios::fmt(ratios);
-        let cells = vec![
-            Cell::ns(self.median()),
-            self.spread(),
-            Cell::ns(self.pooled.p99()),
-            Cell::new(ratio, ratios.map(|r| r.median)),
-            Cell::new(spread, ratios.map(|r| vec![r.low, r.high])),
-        ];
-        (cells, ratios)
-    }
-
-    /// The median of the runs, in nanoseconds.
     pub(crate) fn median(&self) -> u64 {
-        let values: Vec<f64> = self.runs.iter().map(|&v| as_f64(v)).collect();
+        let values: Vec<f64> = self.runs.iter().map(|&v| v as f64).collect();
         median(&values).round() as u64
     }
 
-    /// The fastest run's p50, in nanoseconds (0 without runs).
+    /// The fastest run's p50 (0 without runs).
     pub(crate) fn best(&self) -> u64 {
         self.runs.iter().copied().min().unwrap_or(0)
     }
@@ -176,21 +164,18 @@ impl Batches {
         Cell::new(text, self.runs.clone())
     }
 
-    /// These runs over `base`'s, run by run (the runs of one round are neighbours in time):
-    /// the median of the ratios and their (min, max); `None` without runs.
+    /// These runs over `base`'s, run by run (a round's runs are neighbours in time).
     pub(crate) fn ratios_to(&self, base: &Self) -> Option<Ratios> {
-        let values: Vec<f64> = self
-            .runs
-            .iter()
-            .zip(&base.runs)
-            .filter(|(_, b)| **b > 0)
-            .map(|(l, b)| as_f64(*l) / as_f64(*b))
-            .collect();
-        Ratios::of(&values)
+        let pairs = self.runs.iter().zip(&base.runs).filter(|(_, b)| **b > 0);
+        Ratios::of(
+            &pairs
+                .map(|(l, b)| *l as f64 / *b as f64)
+                .collect::<Vec<_>>(),
+        )
     }
 }
 
-/// Run-by-run ratios of one side to another.
+/// Ratios of one side to another: their median, least and greatest.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Ratios {
     pub(crate) median: f64,
@@ -199,18 +184,11 @@ pub(crate) struct Ratios {
 }
 
 impl Ratios {
-    /// The median, least and greatest of `values`; `None` when there are none.
     pub(crate) fn of(values: &[f64]) -> Option<Self> {
-        if values.is_empty() {
-            return None;
-        }
-        let low = values.iter().copied().fold(f64::INFINITY, f64::min);
-        let high = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        Some(Self {
-            median: median(values),
-            low,
-            high,
-        })
+        let low = values.iter().copied().reduce(f64::min)?;
+        let high = values.iter().copied().fold(low, f64::max);
+        let median = median(values);
+        Some(Self { median, low, high })
     }
 
     /// `1.07×` and `1.02–1.11×`; `—` twice for `None`.
@@ -221,9 +199,8 @@ impl Ratios {
     }
 }
 
-/// A cell of a table: the text it shows, and what the JSON holds for it: the figure
-/// itself where the text shows one (durations in nanoseconds, sizes in bytes, rates per
-/// second, ratios as numbers, a spread as its values), else the text.
+/// A cell of a table: the text it shows, and what the JSON holds: the figure itself
+/// (durations in ns, sizes in bytes, rates per second), else the text.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Cell {
     pub(crate) text: String,
@@ -236,22 +213,18 @@ impl Cell {
         Self { text, value }
     }
 
-    /// A duration: `183 µs`, and its nanoseconds.
     pub(crate) fn ns(nanos: u64) -> Self {
         Self::new(fmt_ns(nanos), nanos)
     }
 
-    /// A ratio: `1.07×` (`—` for `None`), and the number.
     pub(crate) fn ratio(ratio: Option<f64>) -> Self {
         Self::new(fmt_ratio(ratio), ratio)
     }
 
-    /// Operations per second: `12 345/s`, and the number.
     pub(crate) fn rate(per_second: f64) -> Self {
         Self::new(fmt_rate(per_second), per_second)
     }
 
-    /// Bytes: `1 234 B`, and the number.
     pub(crate) fn bytes(bytes: f64) -> Self {
         Self::new(fmt_bytes(bytes), bytes)
     }
@@ -270,50 +243,62 @@ macro_rules! cell_from {
 }
 cell_from!(String, &str, &String; u64, usize, i64);
 
-/// The cells of a table row, each [`Cell::from`] its value.
-macro_rules! cells {
-    ($($cell:expr),* $(,)?) => { vec![$($crate::harness::Cell::from($cell)),*] };
+/// A table row: its cells by column, each [`Cell::from`] its value.
+macro_rules! row {
+    ($($column:expr => $cell:expr),* $(,)?) => {
+        vec![$(($column, $crate::harness::Cell::from($cell))),*]
+    };
 }
-pub(crate) use cells;
+pub(crate) use row;
 
-/// One scenario's results: its table (a titled section with notes), its targets, what
-/// its JSON holds beyond them, and the files to write beside the results (the charts).
-#[derive(Debug)]
+/// One scenario's results: its table (titled, with notes; its columns those of its
+/// rows, in the order met), its targets, its JSON beyond them, and its charts.
+#[derive(Debug, Default)]
 pub(crate) struct Outcome {
-    /// The key of this scenario in the JSON file.
     pub(crate) id: &'static str,
     title: String,
     notes: Vec<String>,
     header: Vec<&'static str>,
-    rows: Vec<Vec<Cell>>,
+    rows: Vec<Vec<(&'static str, Cell)>>,
     pub(crate) checks: Vec<Check>,
-    /// Fields of the JSON beyond the table (what the table does not show).
-    extra: Value,
+    extra: Map<String, Value>,
     pub(crate) files: Vec<(&'static str, String)>,
 }
 
 impl Outcome {
-    /// An empty table under `title` with columns `header`.
-    pub(crate) fn new(id: &'static str, title: impl Into<String>, header: &[&'static str]) -> Self {
+    pub(crate) fn new(id: &'static str, title: impl Into<String>) -> Self {
+        let title = title.into();
         Self {
             id,
-            title: title.into(),
-            notes: Vec::new(),
-            header: header.to_vec(),
-            rows: Vec::new(),
-            checks: Vec::new(),
-            extra: Value::Null,
-            files: Vec::new(),
+            title,
+            ..Self::default()
         }
     }
 
-    /// A note under the title.
     pub(crate) fn note(&mut self, note: impl Into<String>) {
         self.notes.push(note.into());
     }
 
-    pub(crate) fn row(&mut self, cells: Vec<Cell>) {
+    pub(crate) fn row(&mut self, cells: Vec<(&'static str, Cell)>) {
+        for (column, _) in &cells {
+            if !self.header.contains(column) {
+                self.header.push(column);
+            }
+        }
         self.rows.push(cells);
+    }
+
+    /// The cells of each row in the header's order (empty where a row has none).
+    fn cells(&self) -> impl Iterator<Item = Vec<&Cell>> {
+        let empty = &EMPTY;
+        self.rows.iter().map(move |row| {
+            let cell = |column| {
+                row.iter()
+                    .find(|(c, _)| *c == column)
+                    .map_or(empty, |c| &c.1)
+            };
+            self.header.iter().map(|column| cell(*column)).collect()
+        })
     }
 
     /// Checks a target: `name`, what was `measured`, the `limit`, whether it `pass`ed.
@@ -329,46 +314,49 @@ impl Outcome {
         let cells = [Cell::from(&limit), Cell::from(verdict(pass))];
         let value = Some(measured.value).filter(|v| !v.is_string());
         let (target, measured) = (name.into(), measured.text);
-        self.checks.push(Check {
+        let check = Check {
             target,
             measured,
             value,
             limit,
             pass,
-        });
+        };
+        self.checks.push(check);
         cells
     }
 
     /// With `extra`'s fields in the JSON beside the table's.
     pub(crate) fn with(mut self, extra: Value) -> Self {
-        self.extra = extra;
+        if let Value::Object(extra) = extra {
+            self.extra = extra;
+        }
         self
     }
 
-    /// The JSON: the title, the notes, one object a row keyed by the header (cells that
-    /// show nothing left out), the targets, and the extra fields.
+    /// The JSON: title, notes, one object a row (empty cells left out), targets, extra.
     pub(crate) fn to_json(&self) -> Value {
-        let row = |cells: &Vec<Cell>| -> Map<String, Value> {
+        let row = |cells: Vec<&Cell>| -> Map<String, Value> {
             (self.header.iter().zip(cells))
                 .filter(|(_, cell)| !cell.text.is_empty())
                 .map(|(name, cell)| ((*name).to_owned(), cell.value.clone()))
                 .collect()
         };
-        let mut json = json!({
-            "title": self.title,
-            "notes": self.notes,
-            "rows": self.rows.iter().map(row).collect::<Vec<_>>(),
-            "targets": self.checks,
-        });
-        if let (Some(json), Value::Object(extra)) = (json.as_object_mut(), &self.extra) {
-            json.extend(extra.clone());
-        }
-        json
+        let mut json = Map::new();
+        json.insert("title".into(), json!(self.title));
+        json.insert("notes".into(), json!(self.notes));
+        json.insert("rows".into(), self.cells().map(row).collect());
+        json.insert("targets".into(), json!(self.checks));
+        json.extend(self.extra.clone());
+        Value::Object(json)
     }
 }
 
-/// One target and whether it was met, as the JSON holds it: what was measured as its
-/// text, and as its figure where it has one (`value`).
+static EMPTY: Cell = Cell {
+    text: String::new(),
+    value: Value::Null,
+};
+
+/// One target and whether it was met: what was measured, and its figure if it has one.
 #[derive(Debug, Clone, serde::Serialize)]
 pub(crate) struct Check {
     pub(crate) target: String,
@@ -382,17 +370,15 @@ pub(crate) fn verdict(pass: bool) -> &'static str {
     if pass { "PASS" } else { "MISS" }
 }
 
-/// A markdown table; `|` inside cells is escaped.
-pub(crate) fn table(header: &[&str], rows: &[Vec<Cell>]) -> String {
-    let line = |cells: &mut dyn Iterator<Item = &str>| {
-        let cells: Vec<String> = cells.map(|c| c.replace('|', "\\|")).collect();
+/// A markdown table of `rows` of texts; `|` inside cells is escaped.
+fn table<'a>(header: &[&str], rows: impl Iterator<Item = Vec<&'a str>>) -> String {
+    let line = |cells: Vec<&str>| {
+        let cells: Vec<String> = cells.iter().map(|c| c.replace('|', "\\|")).collect();
         format!("| {} |\n", cells.join(" | "))
     };
-    let mut out = line(&mut header.iter().copied());
+    let mut out = line(header.to_vec());
     let _ = writeln!(out, "|{}|", vec![" --- "; header.len()].join("|"));
-    for row in rows {
-        out.push_str(&line(&mut row.iter().map(|cell| cell.text.as_str())));
-    }
+    rows.for_each(|row| out.push_str(&line(row)));
     out
 }
 
@@ -404,16 +390,17 @@ pub(crate) fn markdown(heading: &str, outcomes: &[Outcome]) -> String {
         for note in &section.notes {
             let _ = writeln!(out, "{note}\n");
         }
-        out.push_str(&table(&section.header, &section.rows));
+        let rows = section
+            .cells()
+            .map(|row| row.iter().map(|c| c.text.as_str()).collect());
+        out.push_str(&table(&section.header, rows));
     }
     let checks: Vec<&Check> = outcomes.iter().flat_map(|o| &o.checks).collect();
     if !checks.is_empty() {
         let _ = writeln!(out, "\n### Targets\n");
-        let rows: Vec<Vec<Cell>> = checks
-            .iter()
-            .map(|c| cells![&c.target, &c.measured, &c.limit, verdict(c.pass)])
-            .collect();
-        out.push_str(&table(&["Target", "Measured", "Limit", "Result"], &rows));
+        let rows = (checks.iter())
+            .map(|c| vec![c.target.as_str(), &c.measured, &c.limit, verdict(c.pass)]);
+        out.push_str(&table(&["Target", "Measured", "Limit", "Result"], rows));
     }
     out
 }
@@ -425,75 +412,61 @@ mod tests {
     #[test]
     fn the_order_rotates_from_round_to_round() {
         let orders: Vec<Vec<usize>> = (0..4).map(|round| order(round, 3).collect()).collect();
-        assert_eq!(
-            orders,
-            [vec![0, 1, 2], vec![1, 2, 0], vec![2, 0, 1], vec![0, 1, 2]]
-        );
-        let pairs: Vec<Vec<usize>> = (0..2).map(|round| order(round, 2).collect()).collect();
-        assert_eq!(pairs, [vec![0, 1], vec![1, 0]]);
+        let expected = [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 1, 2]];
+        assert_eq!(orders, expected);
+        assert_eq!(order(1, 2).collect::<Vec<_>>(), [1, 0]);
     }
 
     #[test]
     fn ratios_are_taken_run_by_run() {
         let side = |runs: &[u64]| Batches {
-            pooled: Latencies::new(),
+            pooled: Latencies::default(),
             runs: runs.to_vec(),
         };
-        let ratios = side(&[110, 300, 120])
-            .ratios_to(&side(&[100, 200, 100]))
-            .expect("runs");
-        assert!((ratios.median - 1.2).abs() < 1e-9);
-        assert!((ratios.low - 1.1).abs() < 1e-9);
-        assert!((ratios.high - 1.5).abs() < 1e-9);
+        let ratios = side(&[110, 300, 120]).ratios_to(&side(&[100, 200, 100]));
+        let ratios = ratios.expect("runs");
+        let expected = [1.2, 1.1, 1.5];
+        for (got, expected) in [ratios.median, ratios.low, ratios.high]
+            .iter()
+            .zip(expected)
+        {
+            assert!((got - expected).abs() < 1e-9, "{got} {expected}");
+        }
         assert_eq!(Ratios::fmt(Some(ratios)).0, "1.20×");
         assert_eq!(side(&[]).spread().text, "—");
         let spread = side(&[1_500, 900]).spread();
-        assert_eq!(
-            (spread.text.as_str(), spread.value),
-            ("900 ns–1.50 µs", json!([1_500, 900]))
-        );
-        assert_eq!(side(&[1, 2, 4]).median(), 2);
-        assert_eq!(side(&[3, 2, 4]).best(), 2);
+        let expected = ("900 ns–1.50 µs", json!([1_500, 900]));
+        assert_eq!((spread.text.as_str(), spread.value), expected);
+        assert_eq!((side(&[1, 2, 4]).median(), side(&[3, 2, 4]).best()), (2, 2));
     }
 
     #[test]
-    fn a_gate_is_a_check_two_cells_and_a_markdown_row() {
-        let text = table(&["a", "b"], &[cells!["1", "x|y"]]);
-        assert_eq!(text, "| a | b |\n| --- | --- |\n| 1 | x\\|y |\n");
-        let mut outcome = Outcome::new("x", "X", &["a"]);
-        let cells = outcome.gate("fast", "1.2×", "≤ 1.1×", false);
-        assert_eq!(cells.map(|c| c.text), ["≤ 1.1×", "MISS"]);
-        assert_eq!(outcome.checks.len(), 1);
-        assert!(markdown("# h", &[outcome]).contains("| fast | 1.2× | ≤ 1.1× | MISS |"));
-    }
-
-    #[test]
-    fn the_json_holds_each_row_by_the_header_with_its_figures() {
-        let mut outcome = Outcome::new("x", "X", &["Client", "p50", "÷ raw", "n", "Result"]);
-        let [_, result] = outcome.gate("fast", Cell::ratio(Some(1.5)), "≤ 1.1×", false);
-        outcome.row(cells!["raw", Cell::ns(1_500), Cell::ratio(None), 3_u64, ""]);
-        outcome.row(cells![
-            "lib",
-            Cell::ns(900),
-            Cell::ratio(Some(0.6)),
-            2_usize,
-            result
-        ]);
+    fn rows_make_the_columns_and_gates_the_targets() {
+        let mut outcome = Outcome::new("x", "X");
+        let [limit, result] = outcome.gate("fast", Cell::ratio(Some(1.5)), "≤ 1.1×", false);
+        assert_eq!([limit.text.as_str(), &result.text], ["≤ 1.1×", "MISS"]);
+        outcome
+            .row(row!["Client" => "r|aw", "p50" => Cell::ns(1_500), "÷ raw" => Cell::ratio(None)]);
+        let n = 2_usize;
+        outcome.row(row!["Client" => "lib", "p50" => Cell::ns(900), "n" => n, "Result" => result]);
         let outcome = outcome.with(json!({ "more": 1 }));
         let json = outcome.to_json();
-        assert_eq!(
-            json["rows"],
-            json!([
-                { "Client": "raw", "p50": 1_500, "÷ raw": null, "n": 3 },
-                { "Client": "lib", "p50": 900, "÷ raw": 0.6, "n": 2, "Result": "MISS" },
-            ])
-        );
+        let rows = json!([
+            { "Client": "r|aw", "p50": 1_500, "÷ raw": null },
+            { "Client": "lib", "p50": 900, "n": 2, "Result": "MISS" },
+        ]);
+        assert_eq!(json["rows"], rows);
         assert_eq!(json["targets"][0]["value"], json!(1.5));
         assert_eq!(json["targets"][0]["measured"], "1.50×");
         assert_eq!(
             (json["title"].as_str(), &json["more"]),
             (Some("X"), &json!(1))
         );
-        assert!(markdown("# h", &[outcome]).contains("| lib | 900 ns | 0.60× | 2 | MISS |"));
+        let markdown = markdown("# h", &[outcome]);
+        assert!(markdown.contains("| Client | p50 | ÷ raw | n | Result |\n| --- | --- |"));
+        assert!(
+            markdown.contains("| r\\|aw | 1.50 µs | — |  |  |\n| lib | 900 ns |  | 2 | MISS |")
+        );
+        assert!(markdown.ends_with("| fast | 1.50× | ≤ 1.1× | MISS |\n"));
     }
 }

@@ -1,10 +1,9 @@
-//! `lock-bench`: the lock managers against raw baselines measured in the same run. Run it
-//! through `cargo xtask bench` (which provides a server) or with `--url`/`LOCKS_DATABASE_URL`;
-//! what it measures and how: `docs/benchmarks.md`. The modules stand in floors, each
-//! importing only from floors below it (`BENCH_FLOORS` in `tests/modules.rs`): place a new
-//! module there.
+//! `lock-bench`: the lock managers against raw baselines measured in the same run, through
+//! `cargo xtask bench` or with `--url`; what and how: `docs/benchmarks.md`. The modules
+//! stand in floors, each importing only from floors below it (`BENCH_FLOORS` in
+//! `tests/modules.rs`): ground `plan`, `stats`, `proxy`, `otel`; harness `harness`, `db`,
+//! `chart`; clients and turns `clients`, `turns`; then the scenarios, a file each.
 
-mod callgrind;
 mod chart;
 mod clients;
 mod cutover_append;
@@ -16,7 +15,6 @@ mod hold;
 mod instructions;
 mod latency;
 mod memory;
-mod metrics;
 mod otel;
 mod plan;
 mod proxy;
@@ -32,10 +30,9 @@ use std::time::Instant;
 use serde_json::{Map, json};
 
 use crate::db::Database;
-pub(crate) use crate::plan::{BoxError, DATABASE_URL_ENV, Plan};
+pub(crate) use crate::plan::{BoxError, DATABASE_URL_ENV, Plan, Result, sources};
 
-/// The scenarios in the order they run; `scale` only when named (it needs a server sized
-/// for it and minutes).
+/// The scenarios in the order they run; `scale` only when named.
 const SCENARIOS: [&str; 12] = [
     "cycle",
     "try",
@@ -114,7 +111,7 @@ fn main() -> ExitCode {
     let args = <Args as clap::Parser>::parse();
     let outcome = args.url().map_err(BoxError::from).and_then(|url| {
         match (&args.count_instructions, args.cycles) {
-            (Some(client), Some(cycles)) => callgrind::child(&url, client, cycles),
+            (Some(client), Some(cycles)) => instructions::child(&url, client, cycles),
             _ => tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
@@ -125,26 +122,23 @@ fn main() -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("lock-bench: error: {}", plan::sources(&*error));
+            eprintln!("lock-bench: error: {}", sources(&*error));
             ExitCode::FAILURE
         }
     }
 }
 
-async fn run(args: &Args, url: &str) -> Result<(), BoxError> {
+async fn run(args: &Args, url: &str) -> Result<()> {
     if cfg!(debug_assertions) {
         eprintln!("lock-bench: warning: a debug build; figures are only meaningful with --release");
     }
     let plan = &args.plan();
     let db = Database::new(url)?;
-    let admin = db.connect("lock-bench-admin").await.map_err(|error| {
-        format!(
-            "could not connect to the server: {}",
-            plan::sources(&*error)
-        )
-    })?;
-    let server_version: String = admin.query_one("SHOW server_version", &[]).await?.get(0);
-    let max_connections: String = admin.query_one("SHOW max_connections", &[]).await?.get(0);
+    let admin = (db.connect("lock-bench-admin").await)
+        .map_err(|error| format!("could not connect to the server: {}", sources(&*error)))?;
+    let show = async |name| Ok::<String, BoxError>(admin.query_one(name, &[]).await?.get(0));
+    let server_version = show("SHOW server_version").await?;
+    let max_connections = show("SHOW max_connections").await?;
     let needed = hold::locks(plan) + 8;
     if args.runs("hold") && max_connections.parse::<usize>().unwrap_or(0) < needed {
         let error = format!("the server allows {max_connections} connections; hold needs {needed}");
@@ -156,55 +150,55 @@ async fn run(args: &Args, url: &str) -> Result<(), BoxError> {
     let out_dir = out.parent().unwrap_or_else(|| Path::new("."));
     let started = Instant::now();
     let mut outcomes = Vec::new();
-    for scenario in SCENARIOS {
-        if !args.runs(scenario) {
-            continue;
-        }
+    for scenario in SCENARIOS.into_iter().filter(|s| args.runs(s)) {
+        let elapsed = started.elapsed().as_secs_f64();
         eprintln!(
-            "lock-bench: [{:>5.1} s] {scenario} ({} mode)…",
-            started.elapsed().as_secs_f64(),
+            "lock-bench: [{elapsed:>5.1} s] {scenario} ({} mode)…",
             plan.mode()
         );
-        if let "cycle" | "try" | "shared" = scenario {
-            outcomes.extend(cycles::run(&db, plan, scenario)?);
-            continue;
-        }
         let outcome = match scenario {
+            "cycle" | "try" | "shared" => {
+                outcomes.extend(cycles::run(&db, plan, scenario)?);
+                continue;
+            }
             "throughput" => throughput::run(&db, plan).await?,
             "handoff" => handoff::run(&db, plan).await?,
             "hold" => hold::run(&db, plan).await?,
             "memory" => memory::run(plan).await?,
-            "instructions" => {
-                tokio::task::block_in_place(|| instructions::run(url, plan, out_dir))?
+            "instructions" | "metrics" => {
+                tokio::task::block_in_place(|| instructions::run(url, plan, out_dir, scenario))?
             }
-            "metrics" => tokio::task::block_in_place(|| metrics::run(url, plan, out_dir))?,
             "latency" => latency::run(&db, plan).await?,
             "cutover-append" => cutover_append::run(&db, plan).await?,
-            "scale" => scale::run(&db, plan).await?,
-            _ => unreachable!("scenario names are checked when parsing"),
+            _ => scale::run(&db, plan).await?,
         };
         outcomes.push(outcome);
     }
-    let elapsed = started.elapsed();
+    let elapsed = started.elapsed().as_secs_f64();
 
-    let (cores, cpu, kernel) = machine();
+    // What the figures ran on.
+    let read = |path| std::fs::read_to_string(path).ok();
+    let cpu = read("/proc/cpuinfo").and_then(|info| {
+        let line = info.lines().find(|line| line.starts_with("model name"))?;
+        line.split_once(':')
+            .map(|(_, model)| model.trim().to_owned())
+    });
+    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    let kernel = read("/proc/sys/kernel/osrelease").map(|s| s.trim().to_owned());
     let timestamp = (time::OffsetDateTime::now_utc())
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_default();
     let heading = format!(
         "## lock-bench results ({} mode)\n\nPostgreSQL {server_version}, {cores} cores ({}), \
-         {timestamp}, {:.0} s.",
+         {timestamp}, {elapsed:.0} s.",
         plan.mode(),
         cpu.as_deref().unwrap_or("unknown CPU"),
-        elapsed.as_secs_f64()
     );
     let markdown = harness::markdown(&heading, &outcomes);
     println!("{markdown}");
-
-    let mut scenarios = Map::new();
-    for outcome in &outcomes {
-        scenarios.insert(outcome.id.to_owned(), outcome.to_json());
-    }
+    let scenarios: Map<_, _> = (outcomes.iter())
+        .map(|o| (o.id.to_owned(), o.to_json()))
+        .collect();
     let document = json!({
         "meta": {
             "tool": "lock-bench",
@@ -218,53 +212,30 @@ async fn run(args: &Args, url: &str) -> Result<(), BoxError> {
             "cpu": cpu,
             "kernel": kernel,
             "optimized_build": !cfg!(debug_assertions),
-            "elapsed_s": elapsed.as_secs_f64(),
+            "elapsed_s": elapsed,
             "plan": format!("{plan:?}"),
             "units": "durations in ns, sizes in bytes, rates per second",
         },
         "scenarios": scenarios,
     });
-    let mut files = vec![
+    let files = [
         (out.with_extension("md"), markdown),
         (out.clone(), serde_json::to_string_pretty(&document)?),
     ];
-    for outcome in &mut outcomes {
-        for (name, contents) in outcome.files.drain(..) {
-            files.push((out_dir.join(name), contents));
-        }
-    }
-    write_files(files)?;
-    let missed = outcomes
-        .iter()
-        .flat_map(|o| &o.checks)
-        .filter(|c| !c.pass)
-        .count();
-    if missed > 0 {
-        eprintln!("lock-bench: {missed} target(s) missed (see the MISS rows)");
-    }
-    Ok(())
-}
-
-/// What the figures ran on, for the heading and the JSON's `meta`: cores, CPU, kernel.
-fn machine() -> (usize, Option<String>, Option<String>) {
-    let read = |path| std::fs::read_to_string(path).ok();
-    let cpu = read("/proc/cpuinfo").and_then(|info| {
-        let line = info.lines().find(|line| line.starts_with("model name"))?;
-        line.split_once(':')
-            .map(|(_, model)| model.trim().to_owned())
-    });
-    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
-    let kernel = read("/proc/sys/kernel/osrelease").map(|s| s.trim().to_owned());
-    (cores, cpu, kernel)
-}
-
-/// Writes each file, making its folder first.
-fn write_files(files: Vec<(PathBuf, String)>) -> Result<(), BoxError> {
-    for (path, contents) in files {
+    let charts = outcomes.iter_mut().flat_map(|o| o.files.drain(..));
+    for (path, contents) in files
+        .into_iter()
+        .chain(charts.map(|(name, svg)| (out_dir.join(name), svg)))
+    {
         std::fs::create_dir_all(path.parent().unwrap_or_else(|| Path::new(".")))?;
         std::fs::write(&path, contents)
             .map_err(|error| format!("could not write {}: {error}", path.display()))?;
         eprintln!("lock-bench: wrote {}", path.display());
+    }
+    let checks = outcomes.iter().flat_map(|o| &o.checks);
+    let missed = checks.filter(|c| !c.pass).count();
+    if missed > 0 {
+        eprintln!("lock-bench: {missed} target(s) missed (see the MISS rows)");
     }
     Ok(())
 }
@@ -273,25 +244,14 @@ fn write_files(files: Vec<(PathBuf, String)>) -> Result<(), BoxError> {
 mod tests {
     use super::*;
 
-    fn args(list: &[&str]) -> Result<Args, clap::Error> {
-        <Args as clap::Parser>::try_parse_from(
-            std::iter::once("lock-bench").chain(list.iter().copied()),
-        )
+    fn args(list: &str) -> Result<Args, clap::Error> {
+        <Args as clap::Parser>::try_parse_from(["lock-bench"].into_iter().chain(list.split(' ')))
     }
 
     #[test]
     fn arguments_are_parsed() {
         <Args as clap::CommandFactory>::command().debug_assert();
-        let parsed = args(&[
-            "--url",
-            "u",
-            "--quick",
-            "--only",
-            "cycle,hold",
-            "--scale-max",
-            "1e6",
-        ]);
-        let parsed = parsed.unwrap();
+        let parsed = args("--url u --quick --only cycle,hold --scale-max 1e6").unwrap();
         assert_eq!(parsed.url().unwrap(), "u");
         assert!(parsed.plan().quick);
         assert!(parsed.runs("hold") && !parsed.runs("try"));
@@ -300,17 +260,19 @@ mod tests {
             parsed.out(),
             Path::new("target/bench/lock-bench-quick.json")
         );
-        let default = args(&["--url", "u"]).unwrap();
+        let default = args("--url u").unwrap();
         assert!(default.runs("cycle"));
         assert!(!default.runs("scale"), "scale only when named");
         assert_eq!(default.plan().scale_max, 100_000);
-        assert!(args(&["--url", "u", "--scale-max", "lots"]).is_err());
-        assert!(args(&["--url", "u", "--only", "nope"]).is_err());
-        assert!(args(&["--url", "u", "--bogus"]).is_err());
-        assert!(args(&["--url"]).is_err());
-        assert!(
-            args(&["--count-instructions", "raw"]).is_err(),
-            "without --cycles"
-        );
+        for wrong in [
+            "--url u --scale-max lots",
+            "--url u --only nope",
+            "--url u --bogus",
+            "--url",
+        ] {
+            assert!(args(wrong).is_err(), "{wrong}");
+        }
+        let without_cycles = args("--count-instructions raw");
+        assert!(without_cycles.is_err(), "without --cycles");
     }
 }

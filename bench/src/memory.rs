@@ -2,26 +2,20 @@
 //! batches, and 16 tasks on one key.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use locks_memory::InMemoryLockManager;
 use locks_port::{AcquireOptions, DistributedLock, LockGuard};
 use serde_json::json;
 use tokio::sync::Mutex;
 
-use crate::harness::{self, Cell, Outcome, cells};
+use crate::harness::{self, Cell, Outcome, row};
 use crate::stats::{median, ratio};
-use crate::{BoxError, Plan};
+use crate::{Plan, Result};
 
 const TASKS: usize = 16;
 const KEY: &str = "bench:memory";
 
-/// One acquire + release of the library (`side` 0) or one lock of the mutex.
-async fn cycle(
-    side: usize,
-    manager: &InMemoryLockManager,
-    mutex: &Mutex<()>,
-) -> Result<(), BoxError> {
+async fn cycle(side: usize, manager: &InMemoryLockManager, mutex: &Mutex<()>) -> Result<()> {
     if side == 0 {
         manager
             .acquire(KEY, AcquireOptions::new())
@@ -34,11 +28,10 @@ async fn cycle(
     Ok(())
 }
 
-pub(crate) async fn run(plan: &Plan) -> Result<Outcome, BoxError> {
+pub(crate) async fn run(plan: &Plan) -> Result<Outcome> {
     let manager = InMemoryLockManager::new();
     let mutex = Arc::new(Mutex::new(()));
     let ops = 1000;
-
     // Uncontended cycles: a timed call is `ops` of them (one is too short to time alone).
     let counts = (1, plan.pick(4, 10), plan.pick(20, 50));
     let calls = harness::batches(2, counts, async |side, _| {
@@ -48,39 +41,24 @@ pub(crate) async fn run(plan: &Plan) -> Result<Outcome, BoxError> {
         Ok(())
     })
     .await?;
-
     // Contended throughput: 16 tasks, one key, alternating rounds (untimed cycles).
-    let mut rates: [Vec<f64>; 2] = Default::default();
-    harness::rounds(plan.pick(4, 6), 2, async |_, side| {
-        let end = Instant::now() + plan.ms(300, 1000);
-        let window = harness::window(TASKS, |_| {
+    let rates = harness::rates(
+        plan.pick(4, 6),
+        plan.ms(300, 1000),
+        TASKS,
+        |side, _, end| {
             let (manager, mutex) = (manager.clone(), Arc::clone(&mutex));
             harness::until(end, 0, false, async move || {
                 cycle(side, &manager, &mutex).await
             })
-        })
-        .await?;
-        rates[side].push(window.rate());
-        Ok(())
-    })
+        },
+    )
     .await?;
     let (library, baseline) = (&calls[0].pooled, &calls[1].pooled);
     let per_op = |nanos: u64| Cell::ns(nanos / ops as u64);
     let (library_rate, mutex_rate) = (median(&rates[0]), median(&rates[1]));
     let cycle_ratio = calls[0].ratios_to(&calls[1]).map(|r| r.median);
-    let header = [
-        "Measure",
-        "library p50",
-        "library p99",
-        "Mutex p50",
-        "Mutex p99",
-        "÷ Mutex",
-    ];
-    let mut out = Outcome::new(
-        "in_memory",
-        "6. In-memory manager vs tokio::sync::Mutex",
-        &header,
-    );
+    let mut out = Outcome::new("in_memory", "6. In-memory manager vs tokio::sync::Mutex");
     out.note(format!(
         "Cycle: {} rounds × {} batches of {ops} operations per side, interleaved; \
          each batch gives one per-operation time, and p50/p99 are over batches; ÷ Mutex \
@@ -92,21 +70,19 @@ pub(crate) async fn run(plan: &Plan) -> Result<Outcome, BoxError> {
         plan.pick(20, 50),
         plan.ms(300, 1000).as_secs_f64()
     ));
-    out.row(cells![
-        format!("uncontended acquire + release (per op, batches of {ops})"),
-        per_op(library.p50()),
-        per_op(library.p99()),
-        per_op(baseline.p50()),
-        per_op(baseline.p99()),
-        Cell::ratio(cycle_ratio),
+    out.row(row![
+        "Measure" => format!("uncontended acquire + release (per op, batches of {ops})"),
+        "library p50" => per_op(library.p50()),
+        "library p99" => per_op(library.p99()),
+        "Mutex p50" => per_op(baseline.p50()),
+        "Mutex p99" => per_op(baseline.p99()),
+        "÷ Mutex" => Cell::ratio(cycle_ratio),
     ]);
-    out.row(cells![
-        format!("{TASKS} tasks on one key, ops/s (median of rounds)"),
-        Cell::rate(library_rate),
-        "",
-        Cell::rate(mutex_rate),
-        "",
-        Cell::ratio(ratio(library_rate, mutex_rate)),
+    out.row(row![
+        "Measure" => format!("{TASKS} tasks on one key, ops/s (median of rounds)"),
+        "library p50" => Cell::rate(library_rate),
+        "Mutex p50" => Cell::rate(mutex_rate),
+        "÷ Mutex" => Cell::ratio(ratio(library_rate, mutex_rate)),
     ]);
     Ok(out.with(json!({ "ops_per_s_rounds": { "library": rates[0], "mutex": rates[1] } })))
 }

@@ -1,6 +1,5 @@
-//! A tracing + OpenTelemetry pipeline as users install it (tracing-opentelemetry's layer on
-//! the SDK's batch span processor, behind an INFO filter) and the metrics SDK
-//! ([`MetricsPipeline`]), each with an exporter that counts what it is handed and drops it.
+//! Ground floor: a tracing + OpenTelemetry pipeline as users install it, and the metrics
+//! SDK, each with an exporter that counts what it is handed and drops it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,7 +13,6 @@ use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::prelude::*;
 
-/// An exporter that counts what it is handed (spans, or metric exports) and drops it.
 #[derive(Debug, Clone, Default)]
 struct Counting(Arc<AtomicU64>);
 
@@ -23,6 +21,10 @@ impl Counting {
         let count = u64::try_from(count).unwrap_or(u64::MAX);
         self.0.fetch_add(count, Ordering::Relaxed);
         std::future::ready(Ok(()))
+    }
+
+    fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
     }
 }
 
@@ -50,75 +52,59 @@ impl PushMetricExporter for Counting {
     }
 }
 
-/// The provider and the count of what reached the exporter.
+/// tracing-opentelemetry's layer on the SDK's batch span processor (its own thread).
 #[derive(Debug)]
-pub(crate) struct Pipeline {
-    provider: SdkTracerProvider,
-    exported: Counting,
-}
+pub(crate) struct Pipeline(SdkTracerProvider, Counting);
 
 impl Pipeline {
-    /// A batch span processor (its own export thread) in front of the counting exporter.
     pub(crate) fn new() -> Self {
         let exported = Counting::default();
-        let provider = SdkTracerProvider::builder()
-            .with_batch_exporter(exported.clone())
-            .build();
-        Self { provider, exported }
+        let provider = SdkTracerProvider::builder().with_batch_exporter(exported.clone());
+        Self(provider.build(), exported)
     }
 
-    /// A subscriber sending the spans and events at INFO and above to this pipeline (a
-    /// registry with the OpenTelemetry layer behind an INFO filter). The library's lock
-    /// spans are at DEBUG unless the manager is built with `span_level(INFO)`: the
-    /// `-spans` variants do that, so every span reaches the pipeline.
+    /// A subscriber sending spans at INFO and above here (the lock spans are at DEBUG
+    /// unless the manager says INFO).
     pub(crate) fn subscriber(&self) -> impl tracing::Subscriber + Send + Sync + 'static {
         tracing_subscriber::registry()
-            .with(tracing_opentelemetry::layer().with_tracer(self.provider.tracer("lock-bench")))
+            .with(tracing_opentelemetry::layer().with_tracer(self.0.tracer("lock-bench")))
             .with(LevelFilter::INFO)
     }
 
-    /// Exports what is queued and returns how many spans have been exported so far.
+    /// How many spans have been exported, once the queue is.
     pub(crate) fn flush(&self) -> u64 {
-        let _ = self.provider.force_flush();
-        self.exported.0.load(Ordering::Relaxed)
+        let _ = self.0.force_flush();
+        self.1.get()
     }
 }
 
 impl Drop for Pipeline {
     fn drop(&mut self) {
-        let _ = self.provider.shutdown();
+        let _ = self.0.shutdown();
     }
 }
 
-/// The OpenTelemetry metrics SDK as an application installs it: a global meter provider
-/// with a periodic reader (its own thread, exporting every 60 s by default) in front of
-/// an exporter that counts and drops.
+/// The global meter provider with a periodic reader (its own thread, every 60 s).
 #[derive(Debug)]
-pub(crate) struct MetricsPipeline {
-    provider: SdkMeterProvider,
-    exports: Counting,
-}
+pub(crate) struct MetricsPipeline(SdkMeterProvider, Counting);
 
 impl MetricsPipeline {
-    /// Installs the provider as the global one.
     pub(crate) fn install() -> Self {
         let exports = Counting::default();
-        let provider = SdkMeterProvider::builder()
-            .with_reader(PeriodicReader::builder(exports.clone()).build())
-            .build();
+        let reader = PeriodicReader::builder(exports.clone()).build();
+        let provider = SdkMeterProvider::builder().with_reader(reader).build();
         opentelemetry::global::set_meter_provider(provider.clone());
-        Self { provider, exports }
+        Self(provider, exports)
     }
 
-    /// Exports what was recorded and returns how many exports there were.
     pub(crate) fn flush(&self) -> u64 {
-        let _ = self.provider.force_flush();
-        self.exports.0.load(Ordering::Relaxed)
+        let _ = self.0.force_flush();
+        self.1.get()
     }
 }
 
 impl Drop for MetricsPipeline {
     fn drop(&mut self) {
-        let _ = self.provider.shutdown();
+        let _ = self.0.shutdown();
     }
 }

@@ -3,28 +3,24 @@
 use std::time::Duration;
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type Result<T, E = BoxError> = std::result::Result<T, E>;
 
 pub(crate) const DATABASE_URL_ENV: &str = "LOCKS_DATABASE_URL";
 
-/// `error` and each of its sources, `: `-separated: tokio-postgres says `db error` and
-/// leaves the server's words (`ERROR: …`) to its source.
+/// `error` and each of its sources (tokio-postgres leaves the server's words to one).
 pub(crate) fn sources(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut next = error.source();
-    while let Some(source) = next {
-        text.push_str(": ");
-        text.push_str(&source.to_string());
-        next = source.source();
-    }
-    text
+    let chain = std::iter::successors(Some(error), |error| error.source());
+    chain
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ")
 }
 
-/// The mode (quick or full) and the scale scenario's largest count; each scenario picks
-/// its own counts for the mode ([`Plan::pick`]).
+/// The mode (quick or full), in which each scenario picks its counts, and the scale
+/// scenario's largest held-lock count.
 #[derive(Debug, Clone)]
 pub(crate) struct Plan {
     pub(crate) quick: bool,
-    /// The `scale` scenario's largest held-lock count (10^4 quick, 10^5 full; `--scale-max`).
     pub(crate) scale_max: usize,
 }
 
@@ -34,17 +30,14 @@ impl Plan {
         Self { quick, scale_max }
     }
 
-    /// `quick` in quick mode, else `full`.
     pub(crate) fn pick<T>(&self, quick: T, full: T) -> T {
         if self.quick { quick } else { full }
     }
 
-    /// A window of `quick` or `full` milliseconds.
     pub(crate) fn ms(&self, quick: u64, full: u64) -> Duration {
         Duration::from_millis(self.pick(quick, full))
     }
 
-    /// A curve point's measuring window (`throughput`, the scale curves).
     pub(crate) fn window(&self) -> Duration {
         self.ms(300, 1000)
     }
@@ -56,9 +49,7 @@ impl Plan {
 
 /// A count given as `100000`, `1e5` or `100_000`: a whole number from 1 to 10^7.
 pub(crate) fn parse_count(text: &str) -> Result<usize, String> {
-    let cleaned = text.replace('_', "");
-    let value: f64 = cleaned
-        .parse()
+    let value: f64 = (text.replace('_', "").parse())
         .map_err(|_| format!("`{text}` is not a count (write 100000 or 1e5)"))?;
     if !(1.0..=1e7).contains(&value) || value.fract() != 0.0 {
         return Err(format!("`{text}` is not a whole count from 1 to 1e7"));
@@ -75,10 +66,9 @@ mod tests {
         assert_eq!(parse_count("1e6"), Ok(1_000_000));
         assert_eq!(parse_count("100_000"), Ok(100_000));
         assert_eq!(parse_count("1000"), Ok(1000));
-        assert!(parse_count("1.5").is_err());
-        assert!(parse_count("0").is_err());
-        assert!(parse_count("1e9").is_err());
-        assert!(parse_count("many").is_err());
+        for wrong in ["1.5", "0", "1e9", "many"] {
+            assert!(parse_count(wrong).is_err(), "{wrong}");
+        }
     }
 
     #[test]
@@ -96,11 +86,8 @@ mod tests {
             }
         }
         let server = std::io::Error::other("FATAL: role \"x\" does not exist");
-        assert_eq!(
-            sources(&Db(server)),
-            "db error: FATAL: role \"x\" does not exist"
-        );
-        let error: BoxError = "plain".into();
-        assert_eq!(sources(&*error), "plain");
+        let said = sources(&Db(server));
+        assert_eq!(said, "db error: FATAL: role \"x\" does not exist");
+        assert_eq!(sources(&*BoxError::from("plain")), "plain");
     }
 }

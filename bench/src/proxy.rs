@@ -1,7 +1,6 @@
-//! A TCP proxy that delays each direction by a fixed amount (these kernels have no `netem`).
-//! Per connection and direction a reader thread stamps each chunk with when it is due and
-//! a writer thread sleeps until then: threads, because Tokio's timer rounds sleeps up to
-//! the next millisecond and a thread's `nanosleep` wakes within about 60 µs.
+//! Ground floor: a TCP proxy delaying each direction (these kernels have no `netem`), on
+//! threads: Tokio's timer rounds sleeps up to the millisecond, `nanosleep` wakes within
+//! about 60 µs.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -9,21 +8,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::time::{Duration, Instant};
 
-use crate::BoxError;
+use crate::Result;
 
 /// A running proxy; dropping it closes the listener and every connection through it.
 #[derive(Debug)]
 pub(crate) struct Proxy {
     address: SocketAddr,
     stop: Arc<AtomicBool>,
-    /// Both ends of every connection made, to be shut down with the proxy.
     open: Arc<Mutex<Vec<TcpStream>>>,
 }
 
 impl Proxy {
-    /// Listens on a free port of 127.0.0.1 and forwards to `upstream`, each direction
-    /// delayed by `one_way`.
-    pub(crate) fn start(upstream: (String, u16), one_way: Duration) -> Result<Self, BoxError> {
+    /// Listens on a free port and forwards to `upstream`, each way delayed by `one_way`.
+    pub(crate) fn start(upstream: (String, u16), one_way: Duration) -> Result<Self> {
         let upstream: Vec<SocketAddr> = upstream.to_socket_addrs()?.collect();
         let listener = TcpListener::bind(("127.0.0.1", 0))?;
         let (stop, open) = (Arc::default(), Arc::default());
@@ -61,7 +58,6 @@ impl Drop for Proxy {
     }
 }
 
-/// Connects `client` to the server and pumps both ways.
 fn connect(
     client: TcpStream,
     upstream: &[SocketAddr],
@@ -109,8 +105,8 @@ fn pump(mut from: TcpStream, mut to: TcpStream, delay: Duration) -> std::io::Res
 mod tests {
     use super::*;
 
-    /// An echo server behind the proxy: bytes come back in order, after at least two
-    /// delays, and the proxy's drop closes the connection.
+    /// Through the proxy to an echo server: bytes come back in order, late, and dropping
+    /// the proxy closes the connection.
     #[test]
     fn bytes_arrive_in_order_and_late() {
         let echo = TcpListener::bind(("127.0.0.1", 0)).unwrap();
@@ -134,13 +130,11 @@ mod tests {
         }
         let mut back = vec![0u8; message.len()];
         client.read_exact(&mut back).unwrap();
-        assert!(started.elapsed() >= 2 * delay, "{:?}", started.elapsed());
-        assert_eq!(back, message);
+        assert!(started.elapsed() >= 2 * delay && back == message);
         drop(proxy);
-        let mut rest = Vec::new();
         client
             .set_read_timeout(Some(Duration::from_secs(5)))
             .unwrap();
-        assert_eq!(client.read_to_end(&mut rest).unwrap(), 0);
+        assert_eq!(client.read_to_end(&mut back).unwrap(), 0);
     }
 }

@@ -1,59 +1,29 @@
 //! Floor 2: tasks taking turns on one key (`handoff`, the scale waiters curve), each with a
-//! [`Taker`] of its own (a manager and pool of one, or a raw connection) looping acquire /
-//! hold / release until the window ends, and the [`State`] that times them on one clock:
-//! gap, gap to a waiter, turns, most inside, idle share, as defined in
-//! `docs/benchmarks.md` ("What each scenario measures"). Also pools opened a few
-//! connections at a time ([`open_pool`]) and bounded concurrency ([`each`]).
+//! manager and pool of its own (or a raw connection) looping acquire / hold / release
+//! until the window ends, timed on one clock by [`State`] (the figures' definitions:
+//! `docs/benchmarks.md`, "What each scenario measures").
 
 use std::collections::VecDeque;
-use std::ops::Range;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use locks_port::{AcquireOptions, DistributedLock, LockGuard, PermitGuard, Semaphore};
-use locks_port::{LockAcquisitionError, WaitStrategy, lock_id};
-use locks_postgres::deadpool_postgres::Pool;
+use locks_port::{AcquireOptions, DistributedLock, LockAcquisitionError, LockGuard};
+use locks_port::{PermitGuard, Semaphore, WaitStrategy, lock_id};
 use locks_postgres::tokio_postgres::error::SqlState;
 use locks_postgres::{PostgresLockGuard, PostgresLockManager, PostgresPermit};
 
-use crate::BoxError;
-use crate::db::{Database, Raw};
+use crate::db::{Database, OPENING, Raw, each, open_pool};
 use crate::stats::nanos;
+use crate::{BoxError, Result};
 
-/// The acquire timeout of a bounded taker (raw: `lock_timeout`).
-const BOUNDED: Duration = Duration::from_secs(5);
-/// Connections opened at once (more, on a loaded machine, time out in the pool).
-pub(crate) const OPENING: usize = 16;
-
-/// A pool of `size` connections tagged `app`, all opened, [`OPENING`] at a time, each
-/// having run one query (so its buffers are grown before anything is measured).
-pub(crate) async fn open_pool(db: &Database, size: usize, app: &str) -> Result<Pool, BoxError> {
-    let pool = db.pool(size, app);
-    let opener = pool.clone();
-    // Every object is kept until all are open, so that the pool opens `size` connections.
-    let objects = each(0..size, OPENING, move |_| {
-        let pool = opener.clone();
-        async move {
-            let object = pool.get().await?;
-            object.simple_query("SELECT 1").await?;
-            Ok(object)
-        }
-    });
-    drop(objects.await?);
-    Ok(pool)
-}
-
-/// Who contends, and how they wait.
+/// Who contends: raw `pg_advisory_lock`, one dedicated connection per task; the library
+/// waiting on the server (`Queue`) or polling every 100 ms as the Python library
+/// (`Poll`); or the library's semaphore of this many permits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Contender {
-    /// Raw `pg_advisory_lock`, one dedicated connection per task.
     Raw,
-    /// The library, `WaitStrategy::Queue`: one server-side wait.
     Queue,
-    /// The library, `WaitStrategy::Poll`: the Python library's `pg_try_advisory_lock` every 100 ms.
     Poll,
-    /// The library's semaphore of this many permits (its waiters wait on the server).
     Permits(u32),
 }
 
@@ -77,144 +47,69 @@ enum Taken {
     Lock(PostgresLockGuard),
     Permit(PostgresPermit),
     Raw,
-    TimedOut,
 }
 
 impl Taker {
-    async fn take(&self, key: &str, id: i64) -> Result<Taken, BoxError> {
-        let timed_out = |error: LockAcquisitionError| -> Result<Taken, BoxError> {
-            if error.is_timeout() {
-                Ok(Taken::TimedOut)
-            } else {
-                Err(error.into())
-            }
+    /// The lock (or a permit), or `None` when the acquisition timed out.
+    async fn take(&self, key: &str, id: i64) -> Result<Option<Taken>> {
+        let timed_out = |error: LockAcquisitionError| match error.is_timeout() {
+            true => Ok(None),
+            false => Err(error.into()),
         };
         match self {
-            Self::Library(manager, Contender::Permits(n), options) => manager
-                .acquire_permit(key, *n, *options)
-                .await
-                .map_or_else(timed_out, |permit| Ok(Taken::Permit(permit))),
+            Self::Library(manager, Contender::Permits(n), options) => {
+                let permit = manager.acquire_permit(key, *n, *options).await;
+                permit.map_or_else(timed_out, |permit| Ok(Some(Taken::Permit(permit))))
+            }
             Self::Library(manager, _, options) => (manager.acquire(key, *options).await)
-                .map_or_else(timed_out, |guard| Ok(Taken::Lock(guard))),
+                .map_or_else(timed_out, |guard| Ok(Some(Taken::Lock(guard)))),
             Self::Raw(raw) => match raw.lock(id).await {
-                Ok(()) => Ok(Taken::Raw),
-                Err(error) if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
-                    Ok(Taken::TimedOut)
-                }
+                Ok(()) => Ok(Some(Taken::Raw)),
+                Err(error) if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => Ok(None),
                 Err(error) => Err(error.into()),
             },
         }
     }
 
-    async fn give_back(&self, taken: Taken, id: i64) -> Result<(), BoxError> {
+    async fn give_back(&self, taken: Taken, id: i64) -> Result<()> {
         match (self, taken) {
             (_, Taken::Lock(guard)) => drop(guard.release().await),
             (_, Taken::Permit(permit)) => drop(permit.release().await),
             (Self::Raw(raw), Taken::Raw) => raw.unlock(id).await?,
-            _ => {}
+            (Self::Library(..), Taken::Raw) => unreachable!("a library taker takes no raw lock"),
         }
         Ok(())
     }
 }
 
-/// `tasks` takers of `contender` on connections tagged `app`, [`OPENING`] opened at once;
-/// `bounded`: acquisitions time out after 5 s (raw: `lock_timeout`), else they wait.
-async fn takers(
-    db: &Database,
-    contender: Contender,
-    tasks: usize,
-    app: &'static str,
-    bounded: bool,
-) -> Result<Vec<Taker>, BoxError> {
-    let db = db.clone();
-    each(0..tasks, OPENING, move |_| {
-        let db = db.clone();
-        async move {
-            if contender == Contender::Raw {
-                let raw = Raw::connect(&db, app, false).await?;
-                if bounded {
-                    raw.client.simple_query("SET lock_timeout = '5s'").await?;
-                }
-                return Ok(Taker::Raw(raw));
-            }
-            let pool = open_pool(&db, 1, app).await?;
-            let strategy = if contender == Contender::Poll {
-                WaitStrategy::Poll
-            } else {
-                WaitStrategy::Queue
-            };
-            let mut options = AcquireOptions::new().with_wait_strategy(strategy);
-            if bounded {
-                options = options.with_timeout(BOUNDED);
-            }
-            let manager = PostgresLockManager::new(pool);
-            Ok(Taker::Library(manager, contender, options))
-        }
-    })
-    .await
-}
-
-/// `f(n)` for each `n` of `range`, `at_once` calls at a time (workers taking the next
-/// `n` in turn, so a range of a million spawns `at_once` tasks): their answers, in the
-/// order they came.
-pub(crate) async fn each<T, F, Fut>(
-    range: Range<usize>,
-    at_once: usize,
-    f: F,
-) -> Result<Vec<T>, BoxError>
-where
-    T: Send + 'static,
-    F: Fn(usize) -> Fut + Clone + Send + 'static,
-    Fut: Future<Output = Result<T, BoxError>> + Send,
-{
-    let next = Arc::new(AtomicUsize::new(range.start));
-    let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..at_once.min(range.len()) {
-        let (f, next, end) = (f.clone(), Arc::clone(&next), range.end);
-        workers.spawn(async move {
-            let mut answers = Vec::new();
-            loop {
-                let n = next.fetch_add(1, Ordering::Relaxed);
-                if n >= end {
-                    return Ok::<_, BoxError>(answers);
-                }
-                answers.push(f(n).await?);
-            }
-        });
-    }
-    let mut answers = Vec::with_capacity(range.len());
-    while let Some(joined) = workers.join_next().await {
-        answers.extend(joined??);
-    }
-    Ok(answers)
-}
-
-/// What the windows of one contender and task count measured.
+/// What the windows of one contender and task count measured: the turns of each task, a
+/// window each, and the windows' length, summed.
 #[derive(Debug)]
 pub(crate) struct Turns {
     contender: Contender,
-    tasks: usize,
+    pub(crate) tasks: usize,
     state: Arc<Mutex<State>>,
-    /// The turns of each task, a window each.
     pub(crate) windows: Vec<Vec<u64>>,
-    /// The windows' length, summed.
     pub(crate) measured: Duration,
 }
 
 impl Turns {
     pub(crate) fn new(contender: Contender, tasks: usize) -> Self {
+        let state = Arc::new(Mutex::new(State::new(tasks, contender.capacity())));
+        let (windows, measured) = (Vec::new(), Duration::ZERO);
         Self {
             contender,
             tasks,
-            state: Arc::new(Mutex::new(State::new(tasks, contender.capacity()))),
-            windows: Vec::new(),
-            measured: Duration::ZERO,
+            state,
+            windows,
+            measured,
         }
     }
 
-    /// One window: the tasks, on connections tagged `app`, loop acquire / hold
-    /// `hold(task, turn)` / release on `key` until `length` has passed (then the
-    /// connections close). `bounded` as [`takers`].
+    /// One window: the tasks, on connections tagged `app` ([`OPENING`] opened at once),
+    /// loop acquire / hold `hold(task, turn)` / release on `key` until `length` has passed
+    /// (then the connections close); `bounded`: acquisitions time out after 5 s (raw:
+    /// `lock_timeout`).
     pub(crate) async fn window(
         &mut self,
         db: &Database,
@@ -222,9 +117,35 @@ impl Turns {
         key: String,
         length: Duration,
         hold: fn(usize, u64) -> Duration,
-    ) -> Result<(), BoxError> {
-        let takers = takers(db, self.contender, self.tasks, app, bounded).await?;
-        let id = lock_id(&key);
+    ) -> Result<()> {
+        let (db, contender) = (db.clone(), self.contender);
+        let takers = each(0..self.tasks, OPENING, move |_| {
+            let db = db.clone();
+            async move {
+                if contender == Contender::Raw {
+                    let raw = Raw::connect(&db, app, false).await?;
+                    if bounded {
+                        raw.client.simple_query("SET lock_timeout = '5s'").await?;
+                    }
+                    return Ok(Taker::Raw(raw));
+                }
+                let pool = open_pool(&db, 1, app).await?;
+                let strategy = match contender {
+                    Contender::Poll => WaitStrategy::Poll,
+                    _ => WaitStrategy::Queue,
+                };
+                let mut options = AcquireOptions::new().with_wait_strategy(strategy);
+                if bounded {
+                    options = options.with_timeout(Duration::from_secs(5));
+                }
+                Ok(Taker::Library(
+                    PostgresLockManager::new(pool),
+                    contender,
+                    options,
+                ))
+            }
+        });
+        let (takers, id) = (takers.await?, lock_id(&key));
         let key: Arc<str> = key.into();
         let end = Instant::now() + length;
         let mut running = tokio::task::JoinSet::new();
@@ -242,11 +163,10 @@ impl Turns {
                         record(&|s| s.gave_up(task, Instant::now(), true));
                         break;
                     };
-                    let taken = taken?;
-                    if matches!(taken, Taken::TimedOut) {
+                    let Some(taken) = taken? else {
                         record(&|s| s.gave_up(task, Instant::now(), false));
                         continue;
-                    }
+                    };
                     record(&|s| s.acquired(task, called, Instant::now()));
                     tokio::time::sleep(hold(task, turn)).await;
                     turn += 1;
@@ -264,24 +184,20 @@ impl Turns {
         Ok(())
     }
 
-    pub(crate) fn tasks(&self) -> usize {
-        self.tasks
-    }
-
     /// What the windows recorded (taken: a second call finds it empty).
     pub(crate) fn take(&self) -> State {
         std::mem::take(&mut lock(&self.state))
     }
 }
 
-fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
     state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// What happened during the windows of one [`Turns`].
 #[derive(Debug, Default)]
 pub(crate) struct State {
-    /// How many may hold at once (N).
+    /// How many may hold at once (N), and how many do.
     capacity: usize,
     inside: usize,
     pub(crate) most_inside: usize,
@@ -309,10 +225,11 @@ pub(crate) struct State {
 
 impl State {
     fn new(tasks: usize, capacity: usize) -> Self {
+        let (turns, waiting_since) = (vec![0; tasks], vec![None; tasks]);
         Self {
             capacity,
-            turns: vec![0; tasks],
-            waiting_since: vec![None; tasks],
+            turns,
+            waiting_since,
             ..Self::default()
         }
     }
@@ -391,7 +308,7 @@ impl State {
 
     /// Ends a window: what is still open was not served within it. The turns of each task.
     fn finish_window(&mut self) -> Vec<u64> {
-        self.unserved_at_end += u64::try_from(self.open.len()).unwrap_or(u64::MAX);
+        self.unserved_at_end += self.open.len() as u64;
         self.open.clear();
         self.released.clear();
         self.waiting_since.fill(None);
@@ -405,14 +322,20 @@ impl State {
 mod tests {
     use super::*;
 
+    /// A state of `tasks` tasks on `capacity`, and the time `n` milliseconds after a start.
+    fn start(tasks: usize, capacity: usize) -> (State, impl Fn(u64) -> Instant) {
+        let t0 = Instant::now();
+        (State::new(tasks, capacity), move |n| {
+            t0 + Duration::from_millis(n)
+        })
+    }
+
     #[test]
     fn a_waiter_gap_closes_only_when_a_waiter_gets_the_lock() {
-        let mut state = State::new(3, 1);
-        let t0 = Instant::now();
-        let ms = |n| t0 + Duration::from_millis(n);
+        let (mut state, ms) = start(3, 1);
         // Task 0 holds; 1 waits; 0 releases at 10 ms and takes it back at 11 ms.
-        state.begin_wait(0, t0);
-        state.acquired(0, t0, ms(1));
+        state.begin_wait(0, ms(0));
+        state.acquired(0, ms(0), ms(1));
         state.begin_wait(1, ms(5));
         state.releasing(0, ms(10));
         state.begin_wait(0, ms(10));
@@ -421,8 +344,7 @@ mod tests {
         state.releasing(0, ms(20));
         state.acquired(1, ms(5), ms(22));
         assert_eq!(state.finish_window(), vec![2, 1, 0]);
-        assert_eq!(state.gaps, vec![1_000_000, 2_000_000]);
-        assert_eq!(state.retaken, 1);
+        assert_eq!((state.gaps, state.retaken), (vec![1_000_000, 2_000_000], 1));
         // Both releases had task 1 waiting: passed over for 12 ms, then 2 ms.
         assert_eq!(state.waiter_gaps, vec![12_000_000, 2_000_000]);
         // Free while someone waited: 0–1, 10–11 and 20–22 ms.
@@ -431,15 +353,13 @@ mod tests {
 
     #[test]
     fn a_semaphore_matches_releases_and_grants_in_order() {
-        let mut state = State::new(3, 2);
-        let t0 = Instant::now();
-        let ms = |n| t0 + Duration::from_millis(n);
-        state.acquired(0, t0, t0);
-        state.acquired(1, t0, t0);
-        state.begin_wait(2, t0);
+        let (mut state, ms) = start(3, 2);
+        state.acquired(0, ms(0), ms(0));
+        state.acquired(1, ms(0), ms(0));
+        state.begin_wait(2, ms(0));
         state.releasing(0, ms(10));
         state.releasing(1, ms(11));
-        state.acquired(2, t0, ms(13));
+        state.acquired(2, ms(0), ms(13));
         state.begin_wait(0, ms(13));
         state.acquired(0, ms(13), ms(14));
         assert_eq!(state.gaps, vec![3_000_000, 3_000_000]);
@@ -450,12 +370,10 @@ mod tests {
 
     #[test]
     fn releases_whose_waiters_all_gave_up_are_counted_apart() {
-        let mut state = State::new(3, 1);
-        let t0 = Instant::now();
-        let ms = |n| t0 + Duration::from_millis(n);
-        state.acquired(0, t0, t0);
-        state.begin_wait(1, t0);
-        state.begin_wait(2, t0);
+        let (mut state, ms) = start(3, 1);
+        state.acquired(0, ms(0), ms(0));
+        state.begin_wait(1, ms(0));
+        state.begin_wait(2, ms(0));
         state.releasing(0, ms(3));
         state.gave_up(1, ms(4), false);
         // Task 2 still waits: the release stays open until it too gives up.
