@@ -128,18 +128,11 @@ pub(crate) async fn member(url: &str, name: &str) -> Result<(), Error> {
     // would (bb8's `min_idle`, HikariCP's `minimumIdle`; deadpool has none): those a
     // server restart or a terminated backend closed are opened again in the background,
     // not by the next take of a shard.
-    // The term store's pool too: a take begins its term there, as many at once as
-    // shards are taken (after a kill, a survivor's share of the dead member's), beside
-    // the ticks' reads and the renewals; with 4 connections, cold, a survivor's third
-    // and later begins waited for one to be opened or freed.
     let warm_count = SHARDS.div_ceil(MEMBERS - 1) + 2;
-    let terms_pool = locks_postgres::plain_pool(url, warm_count)?;
-    warm(&[&lock_pool, &writes, &terms_pool], warm_count).await;
-    let pools = [lock_pool.clone(), writes.clone(), terms_pool.clone()];
-    tokio::spawn(keep_warm(pools, warm_count));
+    warm(&[&lock_pool, &writes], warm_count).await;
+    tokio::spawn(keep_warm([lock_pool.clone(), writes.clone()], warm_count));
     if std::env::var_os("SOAK_SHARD_TRACE").is_some() {
-        tokio::spawn(trace_pool_size(lock_pool.clone(), holder.clone(), "lock"));
-        tokio::spawn(trace_pool_size(terms_pool.clone(), holder.clone(), "terms"));
+        tokio::spawn(trace_pool_size(lock_pool.clone(), holder.clone()));
     }
     // As the counter workers' managers: a lost connection is told within 1.5 s. With
     // stall patience: the chaos loop stops a backend for 0.5-3 s, and a shard lock (or
@@ -152,7 +145,7 @@ pub(crate) async fn member(url: &str, name: &str) -> Result<(), Error> {
         .answer_timeout(Duration::from_secs(1))
         .stall_patience(STALL_PATIENCE)
         .build();
-    let terms = PostgresShardTerms::new(terms_pool);
+    let terms = PostgresShardTerms::new(locks_postgres::plain_pool(url, 4)?);
     let member = ShardMember::new(locks, terms, group()?)
         .tick(Duration::from_millis(50))
         .backoff(Duration::from_millis(200));

@@ -1,6 +1,6 @@
 //! A shard member's pools in the soak (`soak --shards`): opened before it joins for the
 //! share it may come to hold, and kept so; and, with `SOAK_SHARD_TRACE`, each change of
-//! the lock and term pools' sizes logged (a take that opens a connection is a slow one).
+//! the lock pool's size logged (a take that opens a connection is a slow one).
 
 use std::time::Duration;
 
@@ -28,7 +28,7 @@ const REFILL_AT_ONCE: usize = 2;
 /// Every 250 ms, checks out up to [`REFILL_AT_ONCE`] connections more than are idle, of
 /// each pool that has fewer than `count` in all, those in use counted, and returns them
 /// together: a closed idle one is dropped, a missing one opened.
-pub(crate) async fn keep_warm(pools: [Pool; 3], count: usize) {
+pub(crate) async fn keep_warm(pools: [Pool; 2], count: usize) {
     loop {
         tokio::time::sleep(Duration::from_millis(250)).await;
         for pool in &pools {
@@ -54,15 +54,14 @@ pub(crate) async fn keep_warm(pools: [Pool; 3], count: usize) {
     }
 }
 
-/// Logs each change of `pool`'s size (`SOAK_SHARD_TRACE`), with the member's holder id
-/// and which pool it is (`lock`, `terms`).
-pub(crate) async fn trace_pool_size(pool: Pool, member: String, which: &'static str) {
+/// Logs each change of `pool`'s size (`SOAK_SHARD_TRACE`), with the member's holder id.
+pub(crate) async fn trace_pool_size(pool: Pool, member: String) {
     let mut last = 0;
     loop {
         let status = pool.status();
         if status.size != last {
-            tracing::warn!(%member, pool = which, size = status.size,
-                available = status.available, "pool size");
+            tracing::warn!(%member, size = status.size, available = status.available,
+                "lock pool size");
             last = status.size;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
