@@ -116,10 +116,21 @@ pub(crate) struct Membership {
     lock_id: i64,
     mode: LockMode,
     left: bool,
-    /// The session holds the lock and no statement about it is in flight (granted, not
-    /// being unlocked): a place dropped so is undone by a plain unlock, else by a check
-    /// of `pg_locks` first.
-    held: bool,
+    /// What the session is known to hold of the lock, which says how a place dropped
+    /// without leaving is undone.
+    known: Known,
+}
+
+/// What a host's session is known to hold of a place's lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Known {
+    /// Nothing: no statement about it was sent yet (dropped, the place is only freed).
+    Nothing,
+    /// Held, nothing in flight (dropped, a plain unlock).
+    Held,
+    /// A try or an unlock is in flight (dropped, an unlock only if `pg_locks` shows it
+    /// held).
+    InFlight,
 }
 
 /// The bookkeeping of `release_all`'s fast path: by shared connection, its locks.
@@ -266,7 +277,7 @@ impl Multiplexer {
             lock_id,
             mode,
             left: false,
-            held: false,
+            known: Known::Nothing,
         })
     }
 
@@ -289,7 +300,7 @@ impl Multiplexer {
             lock_id,
             mode,
             left: false,
-            held: true,
+            known: Known::Held,
         }
     }
 }
@@ -314,7 +325,7 @@ impl Membership {
             lock_id,
             mode: LockMode::Exclusive,
             left: false,
-            held: true,
+            known: Known::Held,
         }
     }
 }
@@ -388,7 +399,7 @@ impl Membership {
     /// leaves, the place is undone by a check of `pg_locks` (the unlock may or may not
     /// have run).
     pub(crate) fn unlocking(&mut self) {
-        self.held = false;
+        self.known = Known::InFlight;
     }
 
     /// Frees the place (the lock is unlocked or gone); `true` when the connection now
@@ -423,19 +434,22 @@ impl Drop for Membership {
         }
         self.left = true;
         let (host, lock_id, mode) = (Arc::clone(&self.host), self.lock_id, self.mode);
-        let held = self.held;
+        let known = self.known;
         if let Ok(mut slot) = host.slot.try_lock()
-            && slot.is_none()
+            && (slot.is_none() || known == Known::Nothing)
         {
-            // The session is gone (lost, or closed): nothing to undo on it.
-            if host.leave(lock_id) {
-                drop(slot.take());
+            // The session is gone (lost, or closed), or nothing was sent for this lock:
+            // nothing to undo on it; emptied, the session goes back to the pool.
+            if host.leave(lock_id)
+                && let Some(session) = slot.take()
+            {
+                session.into_pool();
             }
             return;
         }
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                runtime.spawn(settle(host, lock_id, mode, held));
+                runtime.spawn(settle(host, lock_id, mode, known));
             }
             Err(_) => {
                 // No runtime, no I/O: close the session (if it is free), which frees
@@ -463,16 +477,16 @@ impl Drop for InFlight<'_> {
 /// After a place was dropped without leaving (a granted lock nobody took, a cancelled
 /// acquisition or release on a shared connection): makes sure the session does not hold
 /// `lock_id` (statements run in order, so this comes after whatever was sent), then
-/// frees the place; closes the session if that cannot be shown. `held`: the session
-/// holds it and nothing about it was in flight, so a plain unlock does; else the
-/// unlock only if `pg_locks` shows it held (a release dropped while its unlock was in
-/// flight: that read copies the server's whole lock table, `docs/capacity.md`).
-async fn settle(host: Arc<Host>, lock_id: i64, mode: LockMode, held: bool) {
+/// frees the place; closes the session if that cannot be shown. Known held with
+/// nothing in flight, a plain unlock does; in flight, the unlock only if `pg_locks`
+/// shows it held (a release dropped while its unlock was in flight: that read copies
+/// the server's whole lock table, `docs/capacity.md`); nothing sent, nothing to undo.
+async fn settle(host: Arc<Host>, lock_id: i64, mode: LockMode, known: Known) {
     let mut slot = host.slot.lock().await;
-    if let Some(session) = slot.as_mut() {
-        let check = match held {
-            true => Statement::Unlock { lock_id, mode },
-            false => Statement::UnlockIfHeld { lock_id, mode },
+    if let Some(session) = slot.as_mut().filter(|_| known != Known::Nothing) {
+        let check = match known {
+            Known::Held => Statement::Unlock { lock_id, mode },
+            _ => Statement::UnlockIfHeld { lock_id, mode },
         };
         let answer = check
             .run(session, Limit::Waiting(host.answer_timeout))
@@ -522,6 +536,7 @@ impl Multiplexer {
         // Only a panic in the task leaves no answer; its place was undone as it unwound.
         answered.await.unwrap_or(Ok(SharedTry::NoHost))
     }
+
     /// `release_all`'s fast path: a shared connection whose every lock is among
     /// `drained` gets one `pg_advisory_unlock_all()` and goes back to the pool; the
     /// other entries are handed back for one unlock each. `place` finds an entry's
@@ -607,11 +622,12 @@ async fn try_reserved(
         member.close_host(&mut slot);
         return Ok(SharedTry::NoHost);
     };
+    let mut member = member;
+    member.known = Known::InFlight;
     let statement = Statement::TryLock { lock_id, mode };
     match statement.run(session, limit).await {
         Ok(Ok(Answer::Bool(true))) => {
-            let mut member = member;
-            member.held = true;
+            member.known = Known::Held;
             Ok(SharedTry::Granted(member))
         }
         // The statement reached another server session (ADR 0014): the connection
