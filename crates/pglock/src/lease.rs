@@ -6,8 +6,12 @@ use std::time::Duration;
 use locks_postgres::PostgresLockManager;
 use locks_postgres::deadpool_postgres::Pool;
 
+use crate::cli::RunArgs;
 use crate::duration::show;
 use crate::exit::{Failure, USAGE};
+
+/// The lease when `--lease` is not given.
+pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 
 /// The longest lease searched for when saying what `--keepalive` needs (a year).
 const LONGEST: u64 = 365 * 24 * 3600;
@@ -27,7 +31,35 @@ pub(crate) struct Settings<'a> {
     pub(crate) stall_patience: Duration,
 }
 
-impl Settings<'_> {
+impl<'a> Settings<'a> {
+    /// The settings `pglock run`'s flags give (`--keepalive`, `--lease`,
+    /// `--stall-patience`) for a manager on `pool` as `holder`, fencing as `fencing` says:
+    /// the default lease needs keepalives; `--keepalive 0` alone turns both off.
+    pub(crate) fn of_run(
+        args: &RunArgs,
+        pool: &'a Pool,
+        holder: &'a str,
+        connect_timeout: Duration,
+        fencing: bool,
+    ) -> Self {
+        let keepalive = (!args.keepalive.is_zero()).then_some(args.keepalive);
+        let lease = match (args.lease, keepalive) {
+            (Some(lease), _) => (!lease.is_zero()).then_some(lease),
+            (None, Some(_)) => Some(DEFAULT_LEASE),
+            (None, None) => None,
+        };
+        Self {
+            pool,
+            holder,
+            keepalive,
+            lease,
+            lease_given: args.lease.is_some(),
+            connect_timeout,
+            fencing,
+            stall_patience: args.stall_patience,
+        }
+    }
+
     fn build(&self, lease: Option<Duration>) -> Option<PostgresLockManager> {
         PostgresLockManager::builder(self.pool.clone())
             .holder_id(self.holder.to_owned())

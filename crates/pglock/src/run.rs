@@ -43,9 +43,6 @@ pub(crate) fn holder_id(target: &Target) -> String {
     format!("{prefix}@{host}:{}", std::process::id())
 }
 
-/// The lease when `--lease` is not given.
-pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(60);
-
 /// `pglock run`: the exit code, or the failure that ended it.
 /// What `run` holds while the command runs: the lock, or a permit (`--permits`,
 /// `--leader`).
@@ -136,24 +133,9 @@ async fn run_once(
     let holder = holder_id(target);
     let application = format!("locks:{holder}");
     let pool = connect::pool(target, POOL_SIZE, &application)?;
-    let keepalive = (!args.keepalive.is_zero()).then_some(args.keepalive);
-    // The default lease needs keepalives; `--keepalive 0` alone turns both off.
-    let lease = match (args.lease, keepalive) {
-        (Some(lease), _) => (!lease.is_zero()).then_some(lease),
-        (None, Some(_)) => Some(DEFAULT_LEASE),
-        (None, None) => None,
-    };
-    let manager = crate::lease::Settings {
-        pool: &pool,
-        holder: &holder,
-        keepalive,
-        lease,
-        lease_given: args.lease.is_some(),
-        connect_timeout: target.connect_timeout,
-        fencing: args.fencing,
-        stall_patience: args.stall_patience,
-    }
-    .manager()?;
+    let manager =
+        crate::lease::Settings::of_run(args, &pool, &holder, target.connect_timeout, args.fencing)
+            .manager()?;
     let lock_id = manager.lock_id(key);
 
     say.say(format!("connecting to {} as {holder}", target.shown));

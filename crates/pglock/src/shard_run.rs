@@ -67,23 +67,9 @@ pub(crate) async fn run(
     let holder = holder_id(target);
     let application = format!("locks:{holder}");
     let pool = connect::pool(target, names.len() + 4, &application)?;
-    let keepalive = (!args.keepalive.is_zero()).then_some(args.keepalive);
-    let manager = crate::lease::Settings {
-        pool: &pool,
-        holder: &holder,
-        keepalive,
-        // As `run`: the default lease needs keepalives; `--keepalive 0` alone turns both off.
-        lease: match (args.lease, keepalive) {
-            (Some(lease), _) => (!lease.is_zero()).then_some(lease),
-            (None, Some(_)) => Some(crate::run::DEFAULT_LEASE),
-            (None, None) => None,
-        },
-        lease_given: args.lease.is_some(),
-        connect_timeout: target.connect_timeout,
-        fencing: false,
-        stall_patience: args.stall_patience,
-    }
-    .manager()?;
+    let manager =
+        crate::lease::Settings::of_run(args, &pool, &holder, target.connect_timeout, false)
+            .manager()?;
     let terms_pool = connect::pool(target, 2, "pglock-shards")?;
     if let Some(client) = connect::missing_table(&terms_pool, target, TERMS_TABLE).await? {
         say.say("creating the shard term table (locks_shard_terms)");
