@@ -43,7 +43,6 @@ pub(crate) fn holder_id(target: &Target) -> String {
     format!("{prefix}@{host}:{}", std::process::id())
 }
 
-/// `pglock run`: the exit code, or the failure that ended it.
 /// What `run` holds while the command runs: the lock, or a permit (`--permits`,
 /// `--leader`).
 enum Held {
