@@ -300,6 +300,30 @@ fn spawn_worker(
     Ok(command.spawn()?)
 }
 
+/// When the server lists no session named `application_name` any more (polled every
+/// 2 ms for up to 2 s; `None` past that or on an error): how long a killed process's
+/// sessions outlive it.
+async fn sessions_gone(
+    admin: &tokio_postgres::Client,
+    application_name: &str,
+) -> Option<SystemTime> {
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        let row = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                &[&application_name],
+            )
+            .await
+            .ok()?;
+        if row.get::<_, i64>(0) == 0 {
+            return Some(SystemTime::now());
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    None
+}
+
 async fn admin(url: &str) -> Option<tokio_postgres::Client> {
     let (client, connection) = tokio_postgres::connect(url, NoTls).await.ok()?;
     tokio::spawn(connection);
@@ -452,11 +476,19 @@ async fn worker_fault(
         0..=1 => {
             let index = usize::try_from(random.below(workers.len() as u64)).unwrap_or(0);
             let (role, worker) = &mut workers[index];
+            let pid = worker.id();
             if *role == Role::ShardMember {
-                faults.hits.push(causes::Hit::killed(index, worker.id()));
+                faults.hits.push(causes::Hit::killed(index, pid));
             }
             let _ = worker.kill();
             let _ = worker.wait();
+            if *role == Role::ShardMember
+                && let Some(hit) = faults.hits.last_mut()
+            {
+                hit.reaped = Some(SystemTime::now());
+                hit.sessions_gone =
+                    sessions_gone(admin, &format!("locks:soak-shard-{index}-{pid}")).await;
+            }
             *worker = spawn_worker(*role, worker_url, index, dir, net)?;
             faults.kills += 1;
         }

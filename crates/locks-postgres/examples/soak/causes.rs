@@ -41,6 +41,10 @@ pub(crate) struct Hit {
     shards: Vec<String>,
     /// Whether the backend held the member's membership permit.
     membership: bool,
+    /// A kill's aftermath, as the driver saw it: when the killed process was reaped (its
+    /// sockets closed), and when the server listed none of its sessions any more.
+    pub(crate) reaped: Option<SystemTime>,
+    pub(crate) sessions_gone: Option<SystemTime>,
 }
 
 impl Hit {
@@ -53,6 +57,8 @@ impl Hit {
             member: format!("soak-shard-{index}-{pid}"),
             shards: Vec::new(),
             membership: false,
+            reaped: None,
+            sessions_gone: None,
         }
     }
 
@@ -94,6 +100,8 @@ impl Hit {
             member,
             shards,
             membership: row.get(2),
+            reaped: None,
+            sessions_gone: None,
         })
     }
 

@@ -473,6 +473,28 @@ pub(crate) async fn check(admin: &Client, end: f64, faults: &Faults) -> Result<V
         .map(|(class, count)| format!("{count} {class}"))
         .collect();
     println!("shards: faults on members: {}", classes.join(", "));
+    // How long a killed member's sessions outlived its SIGKILL: the floor under what a
+    // kill costs its shards (the survivors cannot see it before).
+    let after_kill = |of: fn(&Hit) -> Option<SystemTime>| {
+        let mut ms: Vec<f64> = (faults.hits.iter())
+            .filter_map(|hit| Some((of(hit)?.duration_since(hit.at).ok()?).as_secs_f64() * 1e3))
+            .collect();
+        ms.sort_by(f64::total_cmp);
+        let at = |q: f64| {
+            ms.get(((ms.len() as f64 - 1.0) * q).round() as usize)
+                .copied()
+        };
+        match (at(0.5), at(0.9)) {
+            (Some(p50), Some(p90)) => format!("{p50:.0} ms (p90 {p90:.0} ms, {} kills)", ms.len()),
+            _ => "not measured".to_owned(),
+        }
+    };
+    println!(
+        "shards: a killed member process reaped {} after its SIGKILL; its sessions gone from \
+         the server {} after it",
+        after_kill(|hit| hit.reaped),
+        after_kill(|hit| hit.sessions_gone)
+    );
     let mut by: Vec<(&str, (f64, usize))> = unowned_by.into_iter().collect();
     by.sort_by(|a, b| b.1.0.total_cmp(&a.1.0));
     let total: f64 = by.iter().map(|(_, (seconds, _))| seconds).sum();
