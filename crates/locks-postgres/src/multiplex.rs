@@ -25,11 +25,9 @@
 //! Each held lock keeps its own bookkeeping entry and lost signal; the entries of one
 //! connection share its [`SessionSlot`], so the health monitor loses exactly the locks
 //! of a connection that ends, each one told. A [`Membership`] is a lock id's place on a
-//! host, from the reservation before the try to the unlock; dropped without leaving (a
-//! grant nobody took, a cancelled release), a task makes sure the session does not hold
-//! the lock before the place is freed: a plain unlock when the lock is known held, a check
-//! of `pg_locks` first only when its unlock was in flight. A try runs on a task of its
-//! own, so a cancelled acquisition never leaves one in flight unread.
+//! host, from the reservation before the try to the unlock; its life, and how one dropped
+//! without leaving is undone, is `multiplex/place.rs`. A try runs on a task of its own,
+//! so a cancelled acquisition never leaves one in flight unread.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -44,6 +42,10 @@ use crate::connection::Session;
 use crate::limit::{Expired, Limit};
 use crate::slot::{SessionSlot, new_slot};
 use crate::sql::{Answer, Statement};
+
+mod place;
+
+pub(crate) use place::Membership;
 
 /// The shared connections of one manager.
 pub(crate) struct Multiplexer {
@@ -108,29 +110,6 @@ struct HostState {
     retired: bool,
     /// Tries reserved on the session and not answered yet.
     trying: usize,
-}
-
-/// A lock id's place on a host, from the reservation before its try to its unlock.
-pub(crate) struct Membership {
-    host: Arc<Host>,
-    lock_id: i64,
-    mode: LockMode,
-    left: bool,
-    /// What the session is known to hold of the lock, which says how a place dropped
-    /// without leaving is undone.
-    known: Known,
-}
-
-/// What a host's session is known to hold of a place's lock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Known {
-    /// Nothing: no statement about it was sent yet (dropped, the place is only freed).
-    Nothing,
-    /// Held, nothing in flight (dropped, a plain unlock).
-    Held,
-    /// A try or an unlock is in flight (dropped, an unlock only if `pg_locks` shows it
-    /// held).
-    InFlight,
 }
 
 /// The bookkeeping of `release_all`'s fast path: by shared connection, its locks.
@@ -272,13 +251,7 @@ impl Multiplexer {
         state.ids.insert(lock_id);
         state.trying += 1;
         drop(state);
-        Some(Membership {
-            host: Arc::clone(host),
-            lock_id,
-            mode,
-            left: false,
-            known: Known::Nothing,
-        })
+        Some(Membership::reserved(Arc::clone(host), lock_id, mode))
     }
 
     /// Makes a connection granted `lock_id` on its own a host for further tries.
@@ -295,38 +268,7 @@ impl Multiplexer {
         });
         lock(&self.hosts).push(Arc::clone(&host));
         self.room.notify_waiters();
-        Membership {
-            host,
-            lock_id,
-            mode,
-            left: false,
-            known: Known::Held,
-        }
-    }
-}
-
-impl Membership {
-    /// A place for `lock_id` on a host whose session is in `slot`, belonging to no
-    /// multiplexer: for the bookkeeping's unit tests (an empty slot: dropping it does
-    /// nothing).
-    #[cfg(test)]
-    pub(crate) fn on_slot(slot: SessionSlot, lock_id: i64) -> Self {
-        Self {
-            host: Arc::new(Host {
-                slot,
-                answer_timeout: Duration::from_secs(1),
-                state: Mutex::new(HostState {
-                    ids: HashSet::from([lock_id]),
-                    retired: false,
-                    trying: 0,
-                }),
-                room: Arc::new(Notify::new()),
-            }),
-            lock_id,
-            mode: LockMode::Exclusive,
-            left: false,
-            known: Known::Held,
-        }
+        Membership::held(host, lock_id, mode)
     }
 }
 
@@ -383,123 +325,12 @@ impl Host {
     }
 }
 
-impl Membership {
-    /// The slot of the host's session, shared by the bookkeeping entries of its locks.
-    pub(crate) fn slot(&self) -> &SessionSlot {
-        &self.host.slot
-    }
-
-    /// Records the mode the lock is now held in (a downgrade), so that a place
-    /// dropped without leaving checks for the right one.
-    pub(crate) fn set_mode(&mut self, mode: LockMode) {
-        self.mode = mode;
-    }
-
-    /// Records that the lock's unlock is about to be sent: dropped from now until it
-    /// leaves, the place is undone by a check of `pg_locks` (the unlock may or may not
-    /// have run).
-    pub(crate) fn unlocking(&mut self) {
-        self.known = Known::InFlight;
-    }
-
-    /// Frees the place (the lock is unlocked or gone); `true` when the connection now
-    /// holds nothing: the caller, holding the slot, gives the session back or closes it.
-    pub(crate) fn leave(&mut self) -> bool {
-        self.left = true;
-        self.host.leave(self.lock_id)
-    }
-
-    /// Frees the place, giving the session back if the connection now holds nothing.
-    fn vacate(mut self, slot: &mut Option<Session>) {
-        if self.leave()
-            && let Some(session) = slot.take()
-        {
-            session.into_pool();
-        }
-    }
-
-    /// Closes the host's session (it failed), which frees every lock on it; the
-    /// health monitor tells the others' guards.
-    fn close_host(mut self, slot: &mut Option<Session>) {
-        drop(slot.take());
-        self.host.retire();
-        self.leave();
-    }
-}
-
-impl Drop for Membership {
-    fn drop(&mut self) {
-        if self.left {
-            return;
-        }
-        self.left = true;
-        let (host, lock_id, mode) = (Arc::clone(&self.host), self.lock_id, self.mode);
-        let known = self.known;
-        if let Ok(mut slot) = host.slot.try_lock()
-            && (slot.is_none() || known == Known::Nothing)
-        {
-            // The session is gone (lost, or closed), or nothing was sent for this lock:
-            // nothing to undo on it; emptied, the session goes back to the pool.
-            if host.leave(lock_id)
-                && let Some(session) = slot.take()
-            {
-                session.into_pool();
-            }
-            return;
-        }
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(settle(host, lock_id, mode, known));
-            }
-            Err(_) => {
-                // No runtime, no I/O: close the session (if it is free), which frees
-                // every lock on it; the monitor tells the other guards. Else the host
-                // takes no more locks, and this place stays taken until it closes.
-                host.retire();
-                if let Ok(mut slot) = host.slot.try_lock() {
-                    drop(slot.take());
-                    host.leave(lock_id);
-                }
-            }
-        }
-    }
-}
-
 /// A try in flight on a host, until dropped.
 struct InFlight<'a>(&'a Host);
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.tried();
-    }
-}
-
-/// After a place was dropped without leaving (a granted lock nobody took, a cancelled
-/// acquisition or release on a shared connection): makes sure the session does not hold
-/// `lock_id` (statements run in order, so this comes after whatever was sent), then
-/// frees the place; closes the session if that cannot be shown. Known held with
-/// nothing in flight, a plain unlock does; in flight, the unlock only if `pg_locks`
-/// shows it held (a release dropped while its unlock was in flight: that read copies
-/// the server's whole lock table, `docs/capacity.md`); nothing sent, nothing to undo.
-async fn settle(host: Arc<Host>, lock_id: i64, mode: LockMode, known: Known) {
-    let mut slot = host.slot.lock().await;
-    if let Some(session) = slot.as_mut().filter(|_| known != Known::Nothing) {
-        let check = match known {
-            Known::Held => Statement::Unlock { lock_id, mode },
-            _ => Statement::UnlockIfHeld { lock_id, mode },
-        };
-        let answer = check
-            .run(session, Limit::Waiting(host.answer_timeout))
-            .await;
-        if !matches!(answer, Ok(Ok(Answer::Bool(_)))) {
-            drop(slot.take());
-            host.retire();
-        }
-    }
-    if host.leave(lock_id)
-        && let Some(session) = slot.take()
-    {
-        session.into_pool();
     }
 }
 
@@ -551,7 +382,7 @@ impl Multiplexer {
         for mut held in drained {
             match place(&mut held) {
                 Some(member) => {
-                    let host = Arc::clone(&member.host);
+                    let host = Arc::clone(member.host());
                     by_host
                         .entry(Arc::as_ptr(&host).addr())
                         .or_insert_with(|| (host, Vec::new()))
@@ -570,7 +401,7 @@ impl Multiplexer {
             }
             for held in &mut members {
                 if let Some(member) = place(held) {
-                    member.left = true;
+                    member.claimed();
                 }
             }
             // From here the session is ours: dropped, it is closed, which frees all.
@@ -606,7 +437,7 @@ async fn try_reserved(
     mode: LockMode,
     limit: Limit,
 ) -> Result<SharedTry, HostFailure> {
-    let host = Arc::clone(&member.host);
+    let host = Arc::clone(member.host());
     // However the try ends (dropped too), it is no longer in flight.
     let _in_flight = InFlight(&host);
     // The connection may be busy with another lock's statement (a keepalive that
@@ -623,11 +454,11 @@ async fn try_reserved(
         return Ok(SharedTry::NoHost);
     };
     let mut member = member;
-    member.known = Known::InFlight;
+    member.trying();
     let statement = Statement::TryLock { lock_id, mode };
     match statement.run(session, limit).await {
         Ok(Ok(Answer::Bool(true))) => {
-            member.known = Known::Held;
+            member.granted();
             Ok(SharedTry::Granted(member))
         }
         // The statement reached another server session (ADR 0014): the connection
