@@ -299,6 +299,16 @@ impl Host {
         false
     }
 
+    /// Frees `lock_id`'s place, with the host's session in `slot` (locked by the
+    /// caller): emptied, the session goes back to the pool.
+    fn leave_pooling(&self, lock_id: i64, slot: &mut Option<Session>) {
+        if self.leave(lock_id)
+            && let Some(session) = slot.take()
+        {
+            session.into_pool();
+        }
+    }
+
     /// A try reserved on the session was answered (or given up): its queue has room
     /// for one more.
     fn tried(&self) {

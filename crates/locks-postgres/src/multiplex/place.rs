@@ -81,35 +81,28 @@ impl Membership {
         self.known = Known::Held;
     }
 
-    /// Marks the place as left without freeing it: its host was claimed whole
-    /// ([`Host::claim_whole`](super::Host)), which cleared every place at once.
-    pub(super) fn claimed(&mut self) {
-        self.left = true;
-    }
-}
-
-impl Membership {
     /// A place for `lock_id` on a host whose session is in `slot`, belonging to no
     /// multiplexer: for the bookkeeping's unit tests (an empty slot: dropping it does
     /// nothing).
     #[cfg(test)]
     pub(crate) fn on_slot(slot: SessionSlot, lock_id: i64) -> Self {
-        Self {
-            host: Arc::new(Host {
-                slot,
-                answer_timeout: Duration::from_secs(1),
-                state: Mutex::new(HostState {
-                    ids: HashSet::from([lock_id]),
-                    retired: false,
-                    trying: 0,
-                }),
-                room: Arc::new(Notify::new()),
+        let host = Arc::new(Host {
+            slot,
+            answer_timeout: Duration::from_secs(1),
+            state: Mutex::new(HostState {
+                ids: HashSet::from([lock_id]),
+                retired: false,
+                trying: 0,
             }),
-            lock_id,
-            mode: LockMode::Exclusive,
-            left: false,
-            known: Known::Held,
-        }
+            room: Arc::new(Notify::new()),
+        });
+        Self::held(host, lock_id, LockMode::Exclusive)
+    }
+
+    /// Marks the place as left without freeing it: its host was claimed whole
+    /// ([`Host::claim_whole`](super::Host)), which cleared every place at once.
+    pub(super) fn claimed(&mut self) {
+        self.left = true;
     }
 }
 
@@ -141,11 +134,8 @@ impl Membership {
 
     /// Frees the place, giving the session back if the connection now holds nothing.
     pub(super) fn vacate(mut self, slot: &mut Option<Session>) {
-        if self.leave()
-            && let Some(session) = slot.take()
-        {
-            session.into_pool();
-        }
+        self.left = true;
+        self.host.leave_pooling(self.lock_id, slot);
     }
 
     /// Closes the host's session (it failed), which frees every lock on it; the
@@ -170,11 +160,7 @@ impl Drop for Membership {
         {
             // The session is gone (lost, or closed), or nothing was sent for this lock:
             // nothing to undo on it; emptied, the session goes back to the pool.
-            if host.leave(lock_id)
-                && let Some(session) = slot.take()
-            {
-                session.into_pool();
-            }
+            host.leave_pooling(lock_id, &mut slot);
             return;
         }
         match tokio::runtime::Handle::try_current() {
@@ -217,9 +203,5 @@ async fn settle(host: Arc<Host>, lock_id: i64, mode: LockMode, known: Known) {
             host.retire();
         }
     }
-    if host.leave(lock_id)
-        && let Some(session) = slot.take()
-    {
-        session.into_pool();
-    }
+    host.leave_pooling(lock_id, &mut slot);
 }
