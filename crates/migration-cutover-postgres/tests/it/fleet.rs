@@ -415,30 +415,34 @@ async fn assert_migrated_without_loss(
         late.len(),
         late.first()
     );
+    // Asked for the lock before the pause ended and got it after the pause was granted:
+    // no shared grant is possible in between, so the write was queued on the server when
+    // the pause ended.
+    let waited = |ack: &&&Ack| ack.requested_at_us < released && ack.admitted_at_us > acquired;
+    let mut waiting = [0; 2];
     for process in [0, 1] {
         let mine: Vec<&Ack> = acks.iter().filter(|ack| ack.process == process).collect();
         assert!(
             mine.iter().any(|ack| ack.store.as_deref() == Some(TARGET)),
             "process {process} never wrote to the target after the flip"
         );
-        // Asked for the lock before the pause ended and got it after the pause was
-        // granted: no shared grant is possible in between, so the write was queued on
-        // the server when the pause ended.
-        let waited = mine
-            .iter()
-            .any(|ack| ack.requested_at_us < released && ack.admitted_at_us > acquired);
-        assert!(
-            waited,
-            "no write of process {process} waited during the pause"
-        );
+        waiting[process] = mine.iter().filter(waited).count();
     }
+    // The pause met writers, so the check above of what the source admitted is not
+    // vacuous. Asked of the fleet, not of each process: a pause is held 15-30 ms, and on
+    // a loaded 2-core machine one process's two writers can both be off the CPU for all
+    // of it (seen once in CI). The source check covers every process's writes either way.
+    assert!(
+        waiting.iter().sum::<usize>() > 0,
+        "no write waited during the pause"
+    );
     let longest = acks
         .iter()
         .map(|ack| ack.lock_wait)
         .max()
         .unwrap_or_default();
     println!(
-        "{} acknowledged writes ({} on the source, {} on the target); pause held {} µs; longest wait {longest:?}",
+        "{} acknowledged writes ({} on the source, {} on the target); pause held {} µs; writes waiting through it {waiting:?}; longest wait {longest:?}",
         acks.len(),
         source.len(),
         target.len(),
