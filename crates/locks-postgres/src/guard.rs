@@ -88,10 +88,13 @@ impl LockGuard for PostgresLockGuard {
     /// connection's other locks stay).
     async fn release(mut self) -> ReleaseOutcome {
         self.armed = false;
-        let Some(held) = self.inner.take_one(self.info.lock_id(), self.ticket) else {
+        let Some(mut held) = self.inner.take_one(self.info.lock_id(), self.ticket) else {
             return gone(&self.lost);
         };
         if !self.inner.settings().release_in_background {
+            if held.place().is_some() {
+                return release::unlock_to_the_end(&self.inner, held).await;
+            }
             return release::unlock_held!(&self.inner, held);
         }
         // Polled once here, the unlock takes the session and hands its statement to

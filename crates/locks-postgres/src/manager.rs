@@ -522,7 +522,7 @@ impl DistributedLock for PostgresLockManager {
             return Err(LockNotHeldError::new(key));
         }
         for held in taken {
-            release::unlock(&self.inner, held).await;
+            release::unlock_to_the_end(&self.inner, held).await;
         }
         Ok(())
     }

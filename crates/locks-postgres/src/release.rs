@@ -3,7 +3,10 @@
 //! nothing more and closing it when the unlock failed, on the caller's task or on one
 //! of its own for a dropped guard; and `release_all`.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 
 use futures_util::lock::MutexGuard;
 
@@ -21,7 +24,7 @@ use crate::telemetry::{record_failure, record_released, release_span};
 
 /// Takes every entry out and unlocks it; how many there were. A shared connection
 /// whose every lock is among them gets one `pg_advisory_unlock_all()`.
-pub(crate) async fn release_all(inner: &Inner) -> usize {
+pub(crate) async fn release_all(inner: &Arc<Inner>) -> usize {
     let drained = inner.take_all();
     let count = drained.len();
     let drained = match inner.multiplexer() {
@@ -29,7 +32,7 @@ pub(crate) async fn release_all(inner: &Inner) -> usize {
         None => drained,
     };
     for held in drained {
-        unlock(inner, held).await;
+        unlock_to_the_end(inner, held).await;
     }
     count
 }
@@ -86,6 +89,47 @@ pub(crate) async fn unlock_together(inner: &Inner, mut taken: Entries) -> Releas
 /// given back, which frees whatever it held.
 pub(crate) async fn unlock(inner: &Inner, held: Held) -> ReleaseOutcome {
     unlock_held!(inner, held)
+}
+
+/// [`unlock`] for a caller's future that may be dropped part-way (`release(key)`,
+/// `release_all`, a guard's `release`). A lock on a shared connection's place
+/// ([`multiplex`](crate::PostgresLockManagerBuilder::multiplex)) is unlocked to the
+/// end: dropped with its unlock in flight, the unlock goes on on a task of its own and
+/// its answer frees the place, so nothing has to ask `pg_locks` (a copy of the server's
+/// whole lock table, `docs/capacity.md`) whether it ran. Any other lock is unlocked in
+/// place (dropped part-way, its session is closed, which frees it).
+pub(crate) async fn unlock_to_the_end(inner: &Arc<Inner>, mut held: Held) -> ReleaseOutcome {
+    if held.place().is_none() {
+        return unlock_held!(inner.as_ref(), held);
+    }
+    let inner = Arc::clone(inner);
+    ToTheEnd(Some(Box::pin(async move { unlock(&inner, held).await }))).await
+}
+
+/// A future that, dropped before it is done, finishes on a task of its own (inside a
+/// Tokio runtime; without one it is dropped where it is).
+struct ToTheEnd<F: Future<Output = ReleaseOutcome> + Send + 'static>(Option<Pin<Box<F>>>);
+
+impl<F: Future<Output = ReleaseOutcome> + Send + 'static> Future for ToTheEnd<F> {
+    type Output = ReleaseOutcome;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<ReleaseOutcome> {
+        let Some(running) = self.0.as_mut() else {
+            return Poll::Ready(ReleaseOutcome::AlreadyReleased);
+        };
+        let outcome = ready!(running.as_mut().poll(cx));
+        self.0 = None;
+        Poll::Ready(outcome)
+    }
+}
+
+impl<F: Future<Output = ReleaseOutcome> + Send + 'static> Drop for ToTheEnd<F> {
+    fn drop(&mut self) {
+        if let (Some(running), Ok(runtime)) = (self.0.take(), tokio::runtime::Handle::try_current())
+        {
+            runtime.spawn(running);
+        }
+    }
 }
 
 /// [`unlock`] written out where it is used (an expression with `.await`, for an

@@ -2,8 +2,9 @@
 //! its try to its unlock, and what the session is known to hold of the lock ([`Known`]),
 //! which says how a place dropped without leaving is undone: freed when nothing was sent
 //! for it, a plain unlock when the lock is known held, a check of `pg_locks` first only
-//! when its unlock was in flight ([`settle`]). The hosts and the tries on them are the
-//! floor's other half, in `multiplex.rs`.
+//! when a try or an unlock was in flight ([`settle`]; with a runtime, tries and unlocks
+//! run to their answer on tasks of their own, so that is left for a runtime shutting
+//! down). The hosts and the tries on them are the floor's other half, in `multiplex.rs`.
 
 use std::sync::Arc;
 #[cfg(test)]
@@ -40,7 +41,9 @@ enum Known {
     /// Held, nothing in flight (dropped, a plain unlock).
     Held,
     /// A try or an unlock is in flight (dropped, an unlock only if `pg_locks` shows it
-    /// held).
+    /// held). Tries and unlocks are finished on tasks of their own when their callers
+    /// go, so a place is dropped so only where those tasks cannot run (a runtime
+    /// shutting down).
     InFlight,
 }
 
@@ -186,8 +189,9 @@ impl Drop for Membership {
 /// `lock_id` (statements run in order, so this comes after whatever was sent), then
 /// frees the place; closes the session if that cannot be shown. Known held with
 /// nothing in flight, a plain unlock does; in flight, the unlock only if `pg_locks`
-/// shows it held (a release dropped while its unlock was in flight: that read copies
-/// the server's whole lock table, `docs/capacity.md`); nothing sent, nothing to undo.
+/// shows it held (that read copies the server's whole lock table, `docs/capacity.md`;
+/// tries and unlocks run to their answer on tasks of their own, so it is left for a
+/// runtime shutting down); nothing sent, nothing to undo.
 async fn settle(host: Arc<Host>, lock_id: i64, mode: LockMode, known: Known) {
     let mut slot = host.slot.lock().await;
     if let Some(session) = slot.as_mut().filter(|_| known != Known::Nothing) {

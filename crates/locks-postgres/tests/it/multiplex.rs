@@ -69,6 +69,17 @@ async fn the_holder(admin: &Client, key: &str) -> i32 {
     pid
 }
 
+/// The last statement of the session `pid`, once it is idle (else empty).
+async fn idle_statement(admin: &Client, pid: i32) -> String {
+    let row = admin
+        .query_one(
+            "SELECT query FROM pg_stat_activity WHERE pid = $1 AND state = 'idle'",
+            &[&pid],
+        )
+        .await;
+    row.map(|row| row.get::<_, String>(0)).unwrap_or_default()
+}
+
 /// A lock held by a multiplexing manager, and its session's pid.
 struct Anchor {
     guard: locks_postgres::PostgresLockGuard,
@@ -305,16 +316,7 @@ async fn a_try_dropped_in_flight_on_a_shared_connection_is_undone_without_readin
     // A pool of one: every try goes to the one shared connection.
     let (admin, manager, anchor) = anchored(1).await;
     let (anchor_key, shared_pid) = (anchor.info().key().to_owned(), anchor.pid);
-    // The shared session's last statement, once it is idle.
-    let last_statement = || async {
-        let row = admin
-            .query_one(
-                "SELECT query FROM pg_stat_activity WHERE pid = $1 AND state = 'idle'",
-                &[&shared_pid],
-            )
-            .await;
-        row.map(|row| row.get::<_, String>(0)).unwrap_or_default()
-    };
+    let last_statement = || idle_statement(&admin, shared_pid);
     let mut dropped = 0;
     for n in 0..50 {
         let key = unique_key(&format!("undone-{n}"));
@@ -353,6 +355,66 @@ async fn a_try_dropped_in_flight_on_a_shared_connection_is_undone_without_readin
     );
     assert!(!anchor.is_lost());
     assert_eq!(the_holder(&admin, &anchor_key).await, shared_pid);
+    assert_eq!(anchor.guard.release().await, ReleaseOutcome::Unlocked);
+}
+
+/// Releases dropped while their unlock on a shared connection is in flight, a guard's
+/// `release` and the manager's `release(key)` in turn: the unlock goes on on a task of
+/// its own, and its answer frees the place, with no read of `pg_locks` after it to ask
+/// whether it ran (which the shared session's last statement shows). The key is free,
+/// its place too, the host's lock untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_dropped_in_flight_on_a_shared_connection_ends_without_reading_pg_locks() {
+    let (admin, manager, anchor) = anchored(1).await;
+    let (anchor_key, shared_pid) = (anchor.info().key().to_owned(), anchor.pid);
+    let last_statement = || idle_statement(&admin, shared_pid);
+    let mut dropped = 0;
+    for n in 0..50 {
+        let key = unique_key(&format!("released-{n}"));
+        let guard = manager
+            .acquire(&key, within(Duration::from_secs(5)))
+            .await
+            .expect("a free key");
+        assert_eq!(the_holder(&admin, &key).await, shared_pid);
+        let mut release: std::pin::Pin<Box<dyn Future<Output = bool> + Send>> = if n % 2 == 0 {
+            Box::pin(async move { guard.release().await == ReleaseOutcome::Unlocked })
+        } else {
+            let _ = guard.into_held();
+            Box::pin(async { manager.release(&key).await.is_ok() })
+        };
+        // Polled once: the unlock is on its way (answered at once only when this thread
+        // was preempted for a round trip).
+        let polled = std::future::poll_fn(|cx| Poll::Ready(release.as_mut().poll(cx))).await;
+        drop(release);
+        if let Poll::Ready(released) = polled {
+            assert!(released, "released at once");
+            continue;
+        }
+        dropped += 1;
+        wait_for("the dropped release's unlock to land", || async {
+            holders(&admin, locks_port::lock_id(&key)).await == 0
+                && last_statement().await.contains("pg_advisory_unlock")
+        })
+        .await;
+        let last = last_statement().await;
+        assert!(!last.contains("pg_locks"), "ended with {last:?}");
+        let guard = manager
+            .acquire(&key, within(Duration::from_secs(5)))
+            .await
+            .expect("the key is free, and its place too");
+        assert_eq!(the_holder(&admin, &key).await, shared_pid);
+        assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
+        if dropped == 6 {
+            break;
+        }
+    }
+    assert_eq!(
+        dropped, 6,
+        "six releases dropped with their unlock in flight"
+    );
+    assert!(!anchor.is_lost());
+    assert_eq!(the_holder(&admin, &anchor_key).await, shared_pid);
+    assert_eq!(manager.lost_lock_counts().total(), 0);
     assert_eq!(anchor.guard.release().await, ReleaseOutcome::Unlocked);
 }
 
