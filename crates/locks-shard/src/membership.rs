@@ -55,7 +55,7 @@ where
         let slot = permit.info().slot();
         let holder_id = permit.info().holder_id().map(str::to_owned);
         let lost = permit.lost();
-        let renewals = match (self.self_stop, holder_id.clone()) {
+        let mut renewals = match (self.self_stop, holder_id.clone()) {
             (Some(deadline), Some(holder)) => Some(Renewals::start(
                 self.assignment.terms.clone(),
                 self.assignment.group.name().to_owned(),
@@ -69,8 +69,12 @@ where
         view.joined(self.rejoin_wait);
         let ticking = async {
             // Listed in the roster before the first tick, so that this member's first
-            // read finds itself and the others' next ones find it.
-            self.assignment.enter(slot, holder_id.as_deref()).await;
+            // read finds itself and the others' next ones find it: by its first
+            // renewal, which writes its row, when it renews (one write, not two).
+            match renewals.as_mut() {
+                Some(renewals) => renewals.first_tried().await,
+                None => self.assignment.enter(slot, holder_id.as_deref()).await,
+            }
             if view.fresh() {
                 self.assignment.expect_fleet(view, self.rejoin_wait).await;
             }

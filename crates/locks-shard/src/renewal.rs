@@ -8,6 +8,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::terms::ShardTerms;
@@ -70,11 +71,14 @@ impl SelfStop {
 #[derive(Debug)]
 pub(crate) struct Renewals {
     handle: JoinHandle<()>,
+    /// Answered once the first renewal was tried (confirmed or not).
+    first: Option<oneshot::Receiver<()>>,
 }
 
 impl Renewals {
     /// Renews every fifth of the expiry of `deadline` from now on, moving the deadline
-    /// on with each confirmed renewal.
+    /// on with each confirmed renewal. The first renewal writes the member's row, so it
+    /// is what enters the member in the roster ([`first_tried`](Self::first_tried)).
     pub(crate) fn start<T: ShardTerms + 'static>(
         terms: T,
         group: String,
@@ -83,10 +87,16 @@ impl Renewals {
         deadline: SelfStop,
     ) -> Self {
         let expiry = deadline.expiry;
+        let (tried, first) = oneshot::channel();
         let handle = tokio::spawn(async move {
+            let mut tried = Some(tried);
             loop {
                 let sent = Instant::now();
-                match terms.renew(&group, slot, &holder, expiry).await {
+                let renewed = terms.renew(&group, slot, &holder, expiry).await;
+                if let Some(tried) = tried.take() {
+                    let _ = tried.send(());
+                }
+                match renewed {
                     Ok(ended) => {
                         deadline.confirm(sent);
                         if ended > 0 {
@@ -102,7 +112,19 @@ impl Renewals {
                 tokio::time::sleep(expiry / 5).await;
             }
         });
-        Self { handle }
+        Self {
+            handle,
+            first: Some(first),
+        }
+    }
+
+    /// Ready once the first renewal was tried: confirmed, it wrote the member's row;
+    /// failed, the member's first tick that does not find itself listed enters it.
+    pub(crate) async fn first_tried(&mut self) {
+        if let Some(first) = self.first.take() {
+            // An error only says the task ended (aborted with the membership).
+            let _ = first.await;
+        }
     }
 }
 

@@ -1,7 +1,11 @@
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use locks_port::{AcquisitionErrorKind, LockAcquisitionError, LostReason, LostSignal};
+use locks_port::{
+    AcquisitionErrorKind, LockAcquisitionError, LostReason, LostSignal, PermitHolder,
+};
 use locks_shard::{
     Begun, MemoryTerms, Owned, ShardGroup, ShardMember, ShardTerms, Term, target_share,
 };
@@ -348,11 +352,33 @@ fn target_shares_of_the_test_fleet() {
     assert_eq!(target_share(24, &[1, 2, 3, 4, 5], 5), Some(4));
 }
 
-/// A term store whose renewals fail (a member cut off from the database).
-#[derive(Debug, Clone)]
-struct Unrenewable(MemoryTerms);
+/// A store that keeps a roster of the entries members write (by `enter`, or by a
+/// renewal, as the PostgreSQL store's row) and counts both kinds of write; its renewals
+/// fail when `renewals_fail`.
+#[derive(Debug, Clone, Default)]
+struct Counting {
+    terms: MemoryTerms,
+    rows: Arc<Mutex<BTreeMap<u32, Option<String>>>>,
+    enters: Arc<AtomicUsize>,
+    renewals: Arc<AtomicUsize>,
+    renewals_fail: bool,
+}
 
-impl ShardTerms for Unrenewable {
+impl Counting {
+    fn write(&self, member: u32, holder_id: Option<&str>) {
+        let mut rows = self.rows.lock().expect("rows");
+        rows.insert(member, holder_id.map(str::to_owned));
+    }
+
+    fn counts(&self) -> (usize, usize) {
+        (
+            self.enters.load(Ordering::SeqCst),
+            self.renewals.load(Ordering::SeqCst),
+        )
+    }
+}
+
+impl ShardTerms for Counting {
     async fn begin(
         &self,
         group: &str,
@@ -360,30 +386,118 @@ impl ShardTerms for Unrenewable {
         member: u32,
         holder_id: Option<&str>,
     ) -> Result<Begun, LockAcquisitionError> {
-        self.0.begin(group, shard, member, holder_id).await
+        self.terms.begin(group, shard, member, holder_id).await
     }
 
     async fn end(&self, group: &str, shard: &str, token: i64) -> Result<(), LockAcquisitionError> {
-        self.0.end(group, shard, token).await
+        self.terms.end(group, shard, token).await
     }
 
     async fn terms(&self, group: &str) -> Result<Vec<Term>, LockAcquisitionError> {
-        self.0.terms(group).await
+        self.terms.terms(group).await
+    }
+
+    async fn enter(
+        &self,
+        _: &str,
+        member: u32,
+        holder_id: Option<&str>,
+        _: Option<Duration>,
+    ) -> Result<(), LockAcquisitionError> {
+        self.enters.fetch_add(1, Ordering::SeqCst);
+        self.write(member, holder_id);
+        Ok(())
+    }
+
+    async fn roster(
+        &self,
+        _: &str,
+        _: &str,
+    ) -> Result<Option<Vec<PermitHolder>>, LockAcquisitionError> {
+        let rows = self.rows.lock().expect("rows");
+        Ok(Some(
+            rows.iter()
+                .map(|(slot, holder)| PermitHolder::new(*slot, holder.clone(), None))
+                .collect(),
+        ))
     }
 
     async fn renew(
         &self,
         _: &str,
-        _: u32,
-        _: &str,
+        member: u32,
+        holder_id: &str,
         _: Duration,
     ) -> Result<u64, LockAcquisitionError> {
-        Err(LockAcquisitionError::new(
-            "g",
-            AcquisitionErrorKind::ConnectionLost,
-            "cut off",
-        ))
+        self.renewals.fetch_add(1, Ordering::SeqCst);
+        if self.renewals_fail {
+            return Err(LockAcquisitionError::new(
+                "g",
+                AcquisitionErrorKind::ConnectionLost,
+                "cut off",
+            ));
+        }
+        self.write(member, Some(holder_id));
+        Ok(0)
     }
+}
+
+/// A member joins a store that keeps a roster, owns every shard, and is listed: what it
+/// wrote to get there, as (entries, renewals).
+async fn writes_to_join(renewal: Option<Duration>, renewals_fail: bool) -> (usize, usize) {
+    let store = Counting {
+        renewals_fail,
+        ..Counting::default()
+    };
+    let table = locks_memory::InMemoryLockTable::new();
+    let group = ShardGroup::new("g", ["a", "b", "c"]).expect("a group");
+    let member = ShardMember::new(table.manager_with_holder_id("m"), store.clone(), group)
+        .tick(Duration::from_millis(5))
+        .renewal(renewal);
+    let recorder = crate::support::Recorder::default();
+    let lives = recorder.clone();
+    let run = tokio::spawn(async move {
+        member
+            .run(move |owned: Owned, stop: LostSignal| {
+                let alive = lives.start("m", &owned);
+                async move {
+                    let _alive = alive;
+                    let _ = stop.await;
+                }
+            })
+            .await
+    });
+    let from = Instant::now();
+    while recorder.running().len() < 3 || store.rows.lock().expect("rows").is_empty() {
+        assert!(
+            from.elapsed() < SETTLE,
+            "the member never owned every shard"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // A few ticks more: nothing writes the entry again.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    run.abort();
+    store.counts()
+}
+
+/// A member that renews is entered in the roster by its first renewal, which writes its
+/// entry: one write to join, not an entry and a renewal. One that does not renew enters;
+/// one whose first renewal failed is entered by its first tick (it finds itself not
+/// listed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_writes_the_member_s_entry_once() {
+    // Renewals every 2 s: the join sees the first alone.
+    let renewing = writes_to_join(Some(Duration::from_secs(10)), false).await;
+    assert_eq!(renewing, (0, 1), "(entries, renewals) of a renewing member");
+    let not_renewing = writes_to_join(None, false).await;
+    assert_eq!(not_renewing, (1, 0), "(entries, renewals) without renewals");
+    let (entries, renewals) = writes_to_join(Some(Duration::from_secs(10)), true).await;
+    assert_eq!(
+        (entries, renewals),
+        (1, 1),
+        "(entries, renewals) when the first renewal failed"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -393,7 +507,11 @@ async fn a_member_that_cannot_renew_stops_its_tasks_before_its_renewal_expires()
     let group = ShardGroup::new("g", ["a", "b", "c"]).expect("a group");
     let member = ShardMember::new(
         table.manager_with_holder_id("cut-off"),
-        Unrenewable(MemoryTerms::new()),
+        // Cut off from the database.
+        Counting {
+            renewals_fail: true,
+            ..Counting::default()
+        },
         group,
     )
     .tick(Duration::from_millis(5))
