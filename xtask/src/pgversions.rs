@@ -28,6 +28,16 @@ pub(crate) const VERSIONS: &[(u32, &str)] = &[
     (18, "18.4.0-beta.17"),
 ];
 
+/// The crates whose tests run on PostgreSQL: each version runs them all.
+const POSTGRES_CRATES: [&str; 6] = [
+    "locks-postgres",
+    "locks-shard-postgres",
+    "locks-schedule-postgres",
+    "migration-cutover-postgres",
+    "pglock",
+    "throwaway-pg",
+];
+
 /// Overrides the cache folder (default `target/pg-versions` in the workspace).
 const CACHE_ENV: &str = "LOCKS_PG_VERSIONS_DIR";
 
@@ -133,7 +143,7 @@ struct Outcome {
     seconds: u64,
 }
 
-/// Runs `cargo test -p locks-postgres -p throwaway-pg --all-targets --no-fail-fast <extra>` on each of
+/// Runs `cargo test` of [`POSTGRES_CRATES`] (`--all-targets --no-fail-fast <extra>`) on each of
 /// `majors` in turn: a throwaway server of that version in `LOCKS_DATABASE_URL` and its
 /// binaries in `THROWAWAY_PG_BINDIR` (for the tests that start clusters of their own).
 /// Every version runs even if one fails; a table at the end says which passed.
@@ -195,18 +205,12 @@ fn run_one(major: u32, extra: &[String], server: &mut String) -> crate::Result {
         pg.url(),
         bin.display()
     );
-    let args: Vec<&str> = [
-        "test",
-        "-p",
-        "locks-postgres",
-        "-p",
-        "throwaway-pg",
-        "--all-targets",
-        "--no-fail-fast",
-    ]
-    .into_iter()
-    .chain(extra.iter().map(String::as_str))
-    .collect();
+    let args: Vec<&str> = ["test"]
+        .into_iter()
+        .chain(POSTGRES_CRATES.iter().flat_map(|name| ["-p", name]))
+        .chain(["--all-targets", "--no-fail-fast"])
+        .chain(extra.iter().map(String::as_str))
+        .collect();
     let passed = crate::cargo_on_database_with(
         &pg.url(),
         &[(throwaway_pg::BINDIR_ENV, bin.as_os_str())],

