@@ -211,7 +211,10 @@ async fn ordinary_role(name: &str, password: &str) -> (String, String) {
     admin()
         .await
         .batch_execute(&format!(
-            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN PASSWORD '{password}'"
+            // Stored as SCRAM, which the tests' pg_hba lines ask for: the default since
+            // PostgreSQL 14, md5 on 13.
+            "SET password_encryption = 'scram-sha-256'; DROP ROLE IF EXISTS {role}; \
+             CREATE ROLE {role} LOGIN PASSWORD '{password}'"
         ))
         .await
         .expect("a role without privileges");
