@@ -134,24 +134,14 @@ async fn advisory(admin: &Client, granted: bool) -> i64 {
         .get(0)
 }
 
-/// Starts `wait`, waits until the server queues it, drops it, and measures how long its
-/// entry stays in `pg_locks`.
+/// Starts `wait`, waits until the server works on it, drops it, and measures how long
+/// it stays there ([`waiting`]).
 async fn dropped_wait_left_after<F>(admin: &Client, wait: F) -> Duration
 where
     F: std::future::Future + Send + 'static,
     F::Output: Send,
 {
-    let task = tokio::spawn(wait);
-    let queued_by = Instant::now() + Duration::from_secs(10);
-    while waiting(admin).await == 0 {
-        assert!(
-            Instant::now() < queued_by,
-            "the wait never reached the server's queue"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    task.abort();
-    let _ = task.await;
+    queue_and_drop(admin, wait, true).await;
     let dropped = Instant::now();
     while waiting(admin).await > 0 {
         if dropped.elapsed() > Duration::from_secs(5) {
@@ -160,6 +150,34 @@ where
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     dropped.elapsed()
+}
+
+/// Starts `wait`, waits until the server works on it ([`waiting`]; only `queued` for
+/// an advisory lock unless `any_wait`), and drops it.
+async fn queue_and_drop<F>(admin: &Client, wait: F, any_wait: bool)
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send,
+{
+    let task = tokio::spawn(wait);
+    let queued_by = Instant::now() + Duration::from_secs(10);
+    loop {
+        let seen = if any_wait {
+            waiting(admin).await
+        } else {
+            queued(admin).await
+        };
+        if seen > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < queued_by,
+            "the wait never reached the server's queue"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    task.abort();
+    let _ = task.await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -312,17 +330,7 @@ async fn a_cancel_that_cannot_be_sent_is_said_once_per_manager() {
         // PostgreSQL 13 has no connection check: as documented, the dropped wait stays
         // queued until it is granted, and the lock is freed when the server then finds
         // the connection closed.
-        let task = tokio::spawn(wait(untold.clone()));
-        let queued_by = Instant::now() + Duration::from_secs(10);
-        while queued(&admin).await == 0 {
-            assert!(
-                Instant::now() < queued_by,
-                "the wait never reached the queue"
-            );
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        task.abort();
-        let _ = task.await;
+        queue_and_drop(&admin, wait(untold.clone()), false).await;
         tokio::time::sleep(check * 2).await;
         assert_eq!(
             queued(&admin).await,
@@ -348,17 +356,7 @@ async fn a_cancel_that_cannot_be_sent_is_said_once_per_manager() {
     }
     let mut figures = Vec::new();
     for _ in 0..2 {
-        let task = tokio::spawn(wait(untold.clone()));
-        let queued_by = Instant::now() + Duration::from_secs(10);
-        while queued(&admin).await == 0 {
-            assert!(
-                Instant::now() < queued_by,
-                "the wait never reached the queue"
-            );
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        task.abort();
-        let _ = task.await;
+        queue_and_drop(&admin, wait(untold.clone()), false).await;
         let dropped = Instant::now();
         while queued(&admin).await > 0 && dropped.elapsed() < check * 3 {
             tokio::time::sleep(Duration::from_millis(10)).await;
