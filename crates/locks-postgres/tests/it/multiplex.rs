@@ -307,6 +307,34 @@ async fn a_terminated_shared_connection_loses_exactly_its_locks() {
     assert_eq!(manager.lost_lock_counts().total(), 3);
 }
 
+/// After `what` on `key` was dropped in flight on the shared session `shared_pid`: the
+/// key comes free by a plain unlock on that session, its last statement, with no read
+/// of `pg_locks` (a copy of the server's whole lock table, `docs/capacity.md`); and the
+/// key's place there is free: `manager` takes the key again on the same session.
+async fn unlocked_without_pg_locks(
+    admin: &Client,
+    manager: &PostgresLockManager,
+    key: &str,
+    shared_pid: i32,
+    what: &str,
+) {
+    wait_for(&format!("{what} to end in an unlock"), || async {
+        holders(admin, locks_port::lock_id(key)).await == 0
+            && idle_statement(admin, shared_pid)
+                .await
+                .contains("pg_advisory_unlock")
+    })
+    .await;
+    let last = idle_statement(admin, shared_pid).await;
+    assert!(!last.contains("pg_locks"), "{what} ended with {last:?}");
+    let guard = manager
+        .acquire(key, within(Duration::from_secs(5)))
+        .await
+        .expect("the key is free, and its place too");
+    assert_eq!(the_holder(admin, key).await, shared_pid);
+    assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
+}
+
 /// An acquisition dropped while its try on a shared connection is in flight: the try
 /// goes on, and its grant is undone by a plain unlock, not by a read of `pg_locks` (a copy
 /// of the server's whole lock table, `docs/capacity.md`), which the shared session's
@@ -316,7 +344,6 @@ async fn a_try_dropped_in_flight_on_a_shared_connection_is_undone_without_readin
     // A pool of one: every try goes to the one shared connection.
     let (admin, manager, anchor) = anchored(1).await;
     let (anchor_key, shared_pid) = (anchor.info().key().to_owned(), anchor.pid);
-    let last_statement = || idle_statement(&admin, shared_pid);
     let mut dropped = 0;
     for n in 0..50 {
         let key = unique_key(&format!("undone-{n}"));
@@ -333,18 +360,7 @@ async fn a_try_dropped_in_flight_on_a_shared_connection_is_undone_without_readin
             continue;
         }
         dropped += 1;
-        wait_for("the dropped try's grant to be undone", || async {
-            holders(&admin, locks_port::lock_id(&key)).await == 0
-                && last_statement().await.contains("pg_advisory_unlock")
-        })
-        .await;
-        let last = last_statement().await;
-        assert!(!last.contains("pg_locks"), "undone with {last:?}");
-        let guard = manager
-            .acquire(&key, within(Duration::from_secs(5)))
-            .await
-            .expect("the key is free, and its place too");
-        assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
+        unlocked_without_pg_locks(&admin, &manager, &key, shared_pid, "the dropped try").await;
         if dropped == 5 {
             break;
         }
@@ -367,7 +383,6 @@ async fn a_try_dropped_in_flight_on_a_shared_connection_is_undone_without_readin
 async fn a_release_dropped_in_flight_on_a_shared_connection_ends_without_reading_pg_locks() {
     let (admin, manager, anchor) = anchored(1).await;
     let (anchor_key, shared_pid) = (anchor.info().key().to_owned(), anchor.pid);
-    let last_statement = || idle_statement(&admin, shared_pid);
     let mut dropped = 0;
     for n in 0..50 {
         let key = unique_key(&format!("released-{n}"));
@@ -391,19 +406,7 @@ async fn a_release_dropped_in_flight_on_a_shared_connection_ends_without_reading
             continue;
         }
         dropped += 1;
-        wait_for("the dropped release's unlock to land", || async {
-            holders(&admin, locks_port::lock_id(&key)).await == 0
-                && last_statement().await.contains("pg_advisory_unlock")
-        })
-        .await;
-        let last = last_statement().await;
-        assert!(!last.contains("pg_locks"), "ended with {last:?}");
-        let guard = manager
-            .acquire(&key, within(Duration::from_secs(5)))
-            .await
-            .expect("the key is free, and its place too");
-        assert_eq!(the_holder(&admin, &key).await, shared_pid);
-        assert_eq!(guard.release().await, ReleaseOutcome::Unlocked);
+        unlocked_without_pg_locks(&admin, &manager, &key, shared_pid, "the dropped release").await;
         if dropped == 6 {
             break;
         }
