@@ -2,8 +2,9 @@
 //! (`bench/`, package `lock-bench`) against a real server.
 //!
 //! With `LOCKS_DATABASE_URL` set it uses that server; otherwise it starts a throwaway
-//! PostgreSQL for the run and stops it afterwards. The benchmark is built with
-//! `--release` and gets the URL in `LOCKS_DATABASE_URL` (not on its command line, so a
+//! PostgreSQL for the run and stops it afterwards. The benchmark is built with the
+//! workspace's `measure` profile (release, fat LTO, one codegen unit: the raw baselines
+//! compiled into it are inlined alike from build to build) and gets the URL in `LOCKS_DATABASE_URL` (not on its command line, so a
 //! password never shows in `ps` or in the command printed here).
 //!
 //! The `scale` scenario (`--only scale`, never by default) needs a server sized for its
@@ -57,7 +58,8 @@ pub(crate) fn run(args: &[String]) -> crate::Result {
     let run_bench = |url: &str| {
         let build = [
             "run",
-            "--release",
+            "--profile",
+            "measure",
             "--quiet",
             "--package",
             "lock-bench",
