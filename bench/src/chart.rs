@@ -20,10 +20,9 @@ pub(crate) struct Curve(
 #[derive(Debug)]
 pub(crate) struct Panel(
     pub(crate) &'static str,
-    pub(crate) Axes,
+    pub(crate) (&'static str, &'static str, Unit),
     pub(crate) Vec<Curve>,
 );
-pub(crate) type Axes = (&'static str, &'static str, Unit);
 
 pub(crate) const BLUE: RGBColor = RGBColor(0x1f, 0x77, 0xb4);
 pub(crate) const ORANGE: RGBColor = RGBColor(0xff, 0x7f, 0x0e);

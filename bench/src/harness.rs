@@ -17,18 +17,31 @@ pub(crate) fn order(round: usize, count: usize) -> impl Iterator<Item = usize> {
     (0..count).map(move |step| (round + step) % count)
 }
 
-/// `rounds` rounds in which each of `sides` sides takes one turn, in [`order`].
-pub(crate) async fn rounds(
+/// `rounds` rounds in which each of `sides` sides takes one turn, in [`order`]: what each
+/// side's turns gave, round by round.
+pub(crate) async fn rounds<T>(
     rounds: usize,
     sides: usize,
-    mut turn: impl AsyncFnMut(usize, usize) -> Result<()>,
-) -> Result<()> {
+    mut turn: impl AsyncFnMut(usize, usize) -> Result<T>,
+) -> Result<Vec<Vec<T>>> {
+    let mut gave: Vec<Vec<T>> = (0..sides).map(|_| Vec::new()).collect();
     for round in 0..rounds {
         for side in order(round, sides) {
-            turn(round, side).await?;
+            gave[side].push(turn(round, side).await?);
         }
     }
-    Ok(())
+    Ok(gave)
+}
+
+/// [`rounds`] of two sides.
+pub(crate) async fn alternate<T>(
+    rounds: usize,
+    turn: impl AsyncFnMut(usize, usize) -> Result<T>,
+) -> Result<[Vec<T>; 2]> {
+    let sides = self::rounds(rounds, 2, turn).await?;
+    Ok(sides
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("two sides")))
 }
 
 /// Calls `op` until `end`, and at least `min` times: how many calls it made, and (when
@@ -93,15 +106,11 @@ pub(crate) async fn rates<Fut>(
 where
     Fut: Future<Output = Result<(u64, Latencies)>> + Send + 'static,
 {
-    let mut rates: [Vec<f64>; 2] = Default::default();
-    self::rounds(rounds, 2, async |_, side| {
+    alternate(rounds, async |_, side| {
         let end = Instant::now() + length;
-        let measured = window(tasks, |index| task(side, index, end)).await?;
-        rates[side].push(measured.rate());
-        Ok(())
+        Ok(window(tasks, |index| task(side, index, end)).await?.rate())
     })
-    .await?;
-    Ok(rates)
+    .await
 }
 
 /// `warmup` calls of each of `count` sides, then `rounds` rounds of one batch of `batch`
@@ -146,8 +155,7 @@ impl Batches {
     }
 
     pub(crate) fn median(&self) -> u64 {
-        let values: Vec<f64> = self.runs.iter().map(|&v| v as f64).collect();
-        median(&values).round() as u64
+        median(self.runs.iter().map(|&v| v as f64)).round() as u64
     }
 
     /// The fastest run's p50 (0 without runs).
@@ -187,7 +195,7 @@ impl Ratios {
     pub(crate) fn of(values: &[f64]) -> Option<Self> {
         let low = values.iter().copied().reduce(f64::min)?;
         let high = values.iter().copied().fold(low, f64::max);
-        let median = median(values);
+        let median = median(values.iter().copied());
         Some(Self { median, low, high })
     }
 

@@ -150,25 +150,15 @@ async fn raw_round(db: &Database, admin: &Client, count: usize, round: usize) ->
 pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
     let (count, rounds) = (locks(plan), plan.pick(2, 3));
     let admin = db.connect("lock-bench-admin").await?;
-    let mut sides: [Vec<Value>; 2] = Default::default();
-    harness::rounds(rounds, 2, async |round, side| {
-        sides[side].push(match side {
-            0 => library_round(db, &admin, count, round).await?,
-            _ => raw_round(db, &admin, count, round).await?,
-        });
-        Ok(())
+    let sides = harness::alternate(rounds, async |round, side| match side {
+        0 => library_round(db, &admin, count, round).await,
+        _ => raw_round(db, &admin, count, round).await,
     })
     .await?;
     let [library, raw] = &sides;
     // A figure's median over the rounds of a side.
-    let median = |rounds: &[Value], key: &str| {
-        median(
-            &rounds
-                .iter()
-                .filter_map(|r| r[key].as_f64())
-                .collect::<Vec<_>>(),
-        )
-    };
+    let median =
+        |rounds: &[Value], key: &str| median(rounds.iter().filter_map(|r| r[key].as_f64()));
     let bytes = |side: &[Value], key: &str| Cell::bytes(median(side, key));
     let seconds = |side: &[Value], key: &str| Cell::ns((median(side, key) * 1e9) as u64);
     let keys = [

@@ -177,21 +177,12 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
 
     // Contended, at the last round trip: alternating windows of the two ways.
     let window = plan.ms(600, 3000);
-    let mut sides: [Vec<harness::Window>; 2] = Default::default();
-    harness::rounds(plan.pick(3, 6), 2, async |round, side| {
+    let sides = harness::alternate(plan.pick(3, 6), async |round, side| {
         let seed = (round * 2 + side) as u64;
-        sides[side].push(contended_window(&through, side == 1, window, seed).await?);
-        Ok(())
+        contended_window(&through, side == 1, window, seed).await
     })
     .await?;
-    let rate = |windows: &Vec<harness::Window>| {
-        median(
-            &windows
-                .iter()
-                .map(harness::Window::rate)
-                .collect::<Vec<_>>(),
-        )
-    };
+    let rate = |windows: &Vec<harness::Window>| median(windows.iter().map(harness::Window::rate));
     let rates = sides.each_ref().map(rate);
     let names = [
         "tries in one statement",

@@ -56,7 +56,7 @@ pub(crate) async fn run(plan: &Plan) -> Result<Outcome> {
     .await?;
     let (library, baseline) = (&calls[0].pooled, &calls[1].pooled);
     let per_op = |nanos: u64| Cell::ns(nanos / ops as u64);
-    let (library_rate, mutex_rate) = (median(&rates[0]), median(&rates[1]));
+    let [library_rate, mutex_rate] = rates.each_ref().map(|r| median(r.iter().copied()));
     let cycle_ratio = calls[0].ratios_to(&calls[1]).map(|r| r.median);
     let mut out = Outcome::new("in_memory", "6. In-memory manager vs tokio::sync::Mutex");
     out.note(format!(

@@ -17,7 +17,7 @@ use locks_shard_postgres::PostgresShardTerms;
 use serde_json::json;
 
 use crate::chart::{BLUE, Curve, GREEN, ORANGE, Panel, RED, Unit, curves_svg};
-use crate::clients::Op;
+use crate::clients::{Op, keys};
 use crate::db::{Database, NOT_HELD, Raw, each, open_pool};
 use crate::harness::{self, Cell, Outcome};
 use crate::stats::{Latencies, allocated_bytes, fairness, fmt_bytes, fmt_ns, fmt_ratio};
@@ -589,9 +589,7 @@ async fn group(db: &Database, plan: &Plan, size: usize) -> Result<Group> {
     let lock = client.prepare(lock).await?;
     let unlock = "SELECT bool_and(pg_advisory_unlock(id)) FROM unnest($1::int8[]) AS id";
     let unlock = client.prepare(unlock).await?;
-    let keys: Vec<String> = (0..size)
-        .map(|n| format!("bench:scale:group:{n}"))
-        .collect();
+    let keys = keys("bench:scale:group", size);
     let ids: Vec<i64> = keys.iter().map(|k| lock_id(k)).collect();
     let mut sides = [Latencies::default(), Latencies::default()];
     harness::rounds(plan.pick(2, 3), 2, async |_, side| {

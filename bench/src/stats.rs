@@ -126,8 +126,8 @@ pub(crate) fn fmt_bytes(bytes: f64) -> String {
 }
 
 /// The median (the mean of the middle two for an even count); 0 when empty.
-pub(crate) fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
+pub(crate) fn median(values: impl IntoIterator<Item = f64>) -> f64 {
+    let mut sorted: Vec<f64> = values.into_iter().collect();
     sorted.sort_by(f64::total_cmp);
     let middle = sorted.len() / 2;
     match sorted.len() {
@@ -147,8 +147,8 @@ mod tests {
         let (p50, p99) = (latencies.p50(), latencies.p99());
         assert!((49_900..=50_100).contains(&p50) && (98_900..=99_100).contains(&p99));
         assert_eq!(Latencies::default().p99(), 0);
-        assert!((median(&[3.0, 1.0, 2.0]) - 2.0).abs() < f64::EPSILON);
-        assert!((median(&[4.0, 1.0, 2.0, 3.0]) - 2.5).abs() < f64::EPSILON);
+        assert!((median([3.0, 1.0, 2.0]) - 2.0).abs() < f64::EPSILON);
+        assert!((median([4.0, 1.0, 2.0, 3.0]) - 2.5).abs() < f64::EPSILON);
         assert!((fairness(&[10, 20, 15]) - 2.0).abs() < f64::EPSILON);
         assert!(fairness(&[10, 0]).is_infinite());
         assert_eq!([fmt_ns(24_400), fmt_bytes(-0.3)], ["24.4 µs", "0 B"]);

@@ -71,7 +71,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
         let rates = rates.map_err(|error| format!("throughput, {tasks} tasks: {error}"))?;
         let per_window = (rates[0].iter().zip(&rates[1])).filter_map(|(l, r)| ratio(*l, *r));
         let spread = Ratios::fmt(Ratios::of(&per_window.collect::<Vec<_>>())).1;
-        let [library, raw] = rates.each_ref().map(|r| median(r));
+        let [library, raw] = rates.each_ref().map(|r| median(r.iter().copied()));
         let ratio = ratio(library, raw);
         let shown = Cell::new(format!("{} (windows {spread})", fmt_ratio(ratio)), ratio);
         let [library, raw] = [library, raw].map(Cell::rate);
