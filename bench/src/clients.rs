@@ -49,8 +49,13 @@ fn setting(builder: Builder, word: &str) -> Builder {
     }
 }
 
-const RAW: [(&str, &str); 5] = [
+const RAW: [(&str, &str); 6] = [
     ("raw", "raw: prepared pg_advisory_lock($1) + unlock"),
+    (
+        "raw-checked",
+        "raw: the library's two statements (try + unlock, each behind its session check), \
+         prepared",
+    ),
     ("raw-try", "raw: prepared pg_try_advisory_lock($1) + unlock"),
     (
         "raw-shared",
@@ -137,6 +142,7 @@ pub(crate) async fn client(db: &Database, name: &str, prefix: &str, app: &str) -
             let raw = Raw::connect(db, app, name == "raw-shared").await?;
             return Ok(Op::RawPrepared(raw, ids, name == "raw-try"));
         }
+        "raw-checked" => return Ok(Op::RawPrepared(Raw::checked(db, app).await?, ids, true)),
         "raw-many" => return Ok(Op::RawMany(Raw::connect(db, app, false).await?, ordered())),
         "raw-many-each" => {
             let client = db.connect(app).await?;

@@ -44,6 +44,7 @@ const SCENARIOS: [Scenario; 3] = [
             "library-otel",
             "library-timeout-otel",
             "library-otel-spans",
+            "raw-checked",
         ],
     ),
     (
