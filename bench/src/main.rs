@@ -130,7 +130,7 @@ fn main() -> ExitCode {
 
 async fn run(args: &Args, url: &str) -> Result<()> {
     if cfg!(debug_assertions) {
-        eprintln!("lock-bench: warning: a debug build; figures are only meaningful with --release");
+        eprintln!("lock-bench: warning: a debug build; measure with --profile measure");
     }
     let plan = &args.plan();
     let db = Database::new(url)?;

@@ -4,8 +4,9 @@
 //! With `LOCKS_DATABASE_URL` set it uses that server; otherwise it starts a throwaway
 //! PostgreSQL for the run and stops it afterwards. The benchmark is built with the
 //! workspace's `measure` profile (release, fat LTO, one codegen unit: the raw baselines
-//! compiled into it are inlined alike from build to build) and gets the URL in `LOCKS_DATABASE_URL` (not on its command line, so a
-//! password never shows in `ps` or in the command printed here).
+//! compiled into it are inlined alike from build to build) and gets the URL in
+//! `LOCKS_DATABASE_URL` (not on its command line, so a password never shows in `ps` or in
+//! the command printed here).
 //!
 //! The `scale` scenario (`--only scale`, never by default) needs a server sized for its
 //! held-lock count (`--scale-max N`, 10^5 by default): the throwaway server gets
