@@ -262,6 +262,17 @@ async fn on_a_terminal_the_command_reads_it_and_gets_ctrl_c() {
         std::fs::read_to_string(&got).is_ok_and(|text| text == "typed\n")
     })
     .await;
+    // ^C only once the shell has become `sleep`: a ^C that reaches `sh -c` just before it
+    // execs its last command is caught by the shell and lost in the exec, which would be
+    // the shell's race, not pglock's (seen under load in CI).
+    let pglock = i32::try_from(child.id().expect("running")).expect("pid");
+    eventually("the command's sleep", || async {
+        let table = processes();
+        descendants(pglock)
+            .iter()
+            .any(|pid| table.get(pid).is_some_and(|(_, _, name)| name == "sleep"))
+    })
+    .await;
     let sent = Instant::now();
     master.write_all(b"\x03").expect("^C");
     let done = finish(child).await;
