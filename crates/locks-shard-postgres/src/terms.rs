@@ -67,7 +67,7 @@ const BEGIN: &str = "WITH old AS (SELECT ended, \
 const END: &str = "UPDATE locks_shard_terms SET ended = true \
      WHERE group_name = $1 AND shard = $2 AND token = $3";
 const REJOINED: &str = "UPDATE locks_shard_terms SET member_slot = $4 \
-     WHERE group_name = $1 AND shard = $2 AND token = $3 AND NOT ended";
+     WHERE group_name = $1 AND shard = $2 AND token = $3 AND NOT ended RETURNING 1";
 const TERMS: &str = "SELECT shard, token, member_slot, holder_id, since, ended, \
        CASE WHEN loss_notice_token = token THEN loss_notice_ms END \
      FROM locks_shard_terms WHERE group_name = $1";
@@ -252,7 +252,7 @@ impl ShardTerms for PostgresShardTerms {
         shard: &str,
         token: i64,
         member: u32,
-    ) -> Result<(), LockAcquisitionError> {
+    ) -> Result<bool, LockAcquisitionError> {
         let slot = slot_param(member);
         self.query(
             group,
@@ -261,7 +261,7 @@ impl ShardTerms for PostgresShardTerms {
             &[&group, &shard, &token, &slot],
         )
         .await
-        .map(drop)
+        .map(|rows| !rows.is_empty())
     }
 
     async fn terms(&self, group: &str) -> Result<Vec<Term>, LockAcquisitionError> {

@@ -247,9 +247,12 @@ where
 
     /// Records in the term store the terms this member kept through a new membership
     /// under its new `slot`, so that observers name their owner again (see
-    /// [`ShardTerms::rejoined`]). A failure is tried again on the next tick.
+    /// [`ShardTerms::rejoined`]). A failure is tried again on the next tick. A term the
+    /// store says was superseded while this member was away (its lock lost, not told
+    /// yet) is dropped at once, its task with it, and no longer counts as owned.
     async fn rejoined(&self, slot: u32, running: &mut BTreeMap<usize, Running>) {
-        for term in running.values_mut() {
+        let mut superseded = Vec::new();
+        for (&index, term) in running.iter_mut() {
             let (shard, token, recorded) = term.term();
             if recorded == slot {
                 continue;
@@ -259,11 +262,23 @@ where
                 .rejoined(self.group.name(), shard, token, slot)
                 .await
             {
-                Ok(()) => term.rejoined(slot),
+                Ok(true) => term.rejoined(slot),
+                Ok(false) => superseded.push(index),
                 Err(error) => {
                     tracing::warn!(error = %error, "recording a kept shard's new member slot failed");
-                    return;
+                    break;
                 }
+            }
+        }
+        for index in superseded {
+            if let Some(term) = running.remove(&index) {
+                let (shard, token, _) = term.term();
+                tracing::warn!(
+                    shard,
+                    token,
+                    "a newer term of the shard began while this member was away; its task was dropped"
+                );
+                term.abort().await;
             }
         }
     }

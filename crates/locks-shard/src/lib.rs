@@ -3,6 +3,8 @@
 
 mod assign;
 mod assignment;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod group;
 mod member;
 mod membership;

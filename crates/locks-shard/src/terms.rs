@@ -101,8 +101,8 @@ impl Begun {
 
 /// Where the terms of a group's shards are kept, shared by every member.
 ///
-/// The contract (both stores of this workspace pass `terms_contract` of the crate's
-/// tests): [`begin`](Self::begin) gives a token one more than the shard's last (1 for the
+/// The contract (both stores of this workspace pass `conformance::terms_contract`, feature
+/// `conformance`): [`begin`](Self::begin) gives a token one more than the shard's last (1 for the
 /// first) and records the owner; [`end`](Self::end) marks a term ended only while it is
 /// the latest; [`terms`](Self::terms) lists the latest term of each shard that has had one.
 /// A member calls `begin` only while it holds the shard's lock, so two `begin`s of one
@@ -176,8 +176,15 @@ pub trait ShardTerms: Send + Sync {
     /// joined again under another slot. Only while `token` is the shard's latest term and
     /// not ended. The token does not change: the term and its task go on.
     ///
-    /// The default does nothing: a store without it keeps naming the old slot, so
-    /// [`owners`](crate::owners) does not name the shard's owner until the shard moves.
+    /// Returns whether it was so (the term recorded under `member`). `false` says that
+    /// another member began a newer term of the shard while this one was away (after a
+    /// partition): this member's lock of the shard was lost and it has not been told yet.
+    /// The member then drops the term's task at once and does not count the shard as its
+    /// own, so that it takes its share of the free ones without waiting for the notice.
+    ///
+    /// The default does nothing and returns `true`: a store without it keeps naming the
+    /// old slot, so [`owners`](crate::owners) does not name the shard's owner until the
+    /// shard moves, and a superseded term is dropped only when its loss is told.
     ///
     /// # Errors
     /// A backend failure.
@@ -187,9 +194,9 @@ pub trait ShardTerms: Send + Sync {
         shard: &str,
         token: i64,
         member: u32,
-    ) -> impl Future<Output = Result<(), LockAcquisitionError>> + Send {
+    ) -> impl Future<Output = Result<bool, LockAcquisitionError>> + Send {
         let _ = (group, shard, token, member);
-        std::future::ready(Ok(()))
+        std::future::ready(Ok(true))
     }
 
     /// Records in the group's roster that membership slot `member` is held by the member
@@ -365,14 +372,15 @@ impl ShardTerms for MemoryTerms {
         shard: &str,
         token: i64,
         member: u32,
-    ) -> Result<(), LockAcquisitionError> {
+    ) -> Result<bool, LockAcquisitionError> {
         if let Some(term) = self.rows().get_mut(&(group.to_owned(), shard.to_owned()))
             && term.token == token
             && !term.ended
         {
             term.member = member;
+            return Ok(true);
         }
-        Ok(())
+        Ok(false)
     }
 
     async fn terms(&self, group: &str) -> Result<Vec<Term>, LockAcquisitionError> {
@@ -429,7 +437,7 @@ impl<T: ShardTerms + ?Sized> ShardTerms for Arc<T> {
         shard: &str,
         token: i64,
         member: u32,
-    ) -> impl Future<Output = Result<(), LockAcquisitionError>> + Send {
+    ) -> impl Future<Output = Result<bool, LockAcquisitionError>> + Send {
         (**self).rejoined(group, shard, token, member)
     }
 

@@ -5,72 +5,10 @@ use locks_shard_postgres::guard_write;
 
 use crate::support::{admin, pool, terms, unique};
 
+/// The term store's contract (`locks_shard::conformance`), on the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tokens_grow_per_shard_and_only_the_latest_term_ends() {
-    let store = terms().await;
-    let group = unique("terms");
-    let first = store
-        .begin(&group, "a", 3, Some("m1"))
-        .await
-        .expect("begin");
-    assert_eq!(first.term.token, 1);
-    assert!(first.previous_ended, "a first term has nothing before it");
-    let second = store
-        .begin(&group, "a", 4, Some("m2"))
-        .await
-        .expect("begin");
-    assert_eq!(second.term.token, 2);
-    assert!(!second.previous_ended, "term 1 was not ended");
-    assert!(second.term.since >= first.term.since);
-    store.end(&group, "a", 1).await.expect("end");
-    let listed = store.terms(&group).await.expect("terms");
-    assert_eq!(listed.len(), 1);
-    assert!(!listed[0].ended, "ending an older term changes nothing");
-    assert_eq!(
-        (listed[0].member, listed[0].holder_id.as_deref()),
-        (4, Some("m2"))
-    );
-    store.end(&group, "a", 2).await.expect("end");
-    assert!(store.terms(&group).await.expect("terms")[0].ended);
-    let third = store.begin(&group, "a", 3, None).await.expect("begin");
-    assert_eq!(third.term.token, 3);
-    assert!(third.previous_ended);
-    let other = store.begin(&group, "b", 3, None).await.expect("begin");
-    assert_eq!(other.term.token, 1, "tokens are per shard");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_kept_term_moves_to_its_member_s_new_slot_only_while_it_is_the_latest() {
-    let store = terms().await;
-    let group = unique("rejoined");
-    let member_of = async |shard: &str| {
-        let listed = store.terms(&group).await.expect("terms");
-        let term = listed.iter().find(|t| t.shard == shard).expect("a term");
-        (term.token, term.member, term.ended)
-    };
-    store
-        .begin(&group, "a", 3, Some("m1"))
-        .await
-        .expect("begin");
-    store.rejoined(&group, "a", 1, 7).await.expect("rejoined");
-    assert_eq!(
-        member_of("a").await,
-        (1, 7, false),
-        "the same term, the new slot"
-    );
-    store.rejoined(&group, "a", 0, 9).await.expect("rejoined");
-    assert_eq!(
-        member_of("a").await,
-        (1, 7, false),
-        "an older token changes nothing"
-    );
-    store.end(&group, "a", 1).await.expect("end");
-    store.rejoined(&group, "a", 1, 9).await.expect("rejoined");
-    assert_eq!(
-        member_of("a").await,
-        (1, 7, true),
-        "an ended term changes nothing"
-    );
+async fn the_store_keeps_the_term_store_contract() {
+    locks_shard::conformance::terms_contract(&terms().await, &unique("terms")).await;
 }
 
 fn owned(group: &str, shard: &str, token: i64) -> Owned {

@@ -317,33 +317,10 @@ async fn members_with_another_shard_list_are_refused_with_a_configuration_error(
     assert_eq!(error.kind(), AcquisitionErrorKind::Configuration);
 }
 
+/// The term store's contract (`locks_shard::conformance`), in memory.
 #[tokio::test]
-async fn a_kept_term_moves_to_its_member_s_new_slot_only_while_it_is_the_latest() {
-    let store = MemoryTerms::new();
-    let member_of = async || {
-        let term = store.terms("g").await.expect("terms").remove(0);
-        (term.token, term.member, term.ended)
-    };
-    store.begin("g", "a", 3, Some("m1")).await.expect("begin");
-    store.rejoined("g", "a", 1, 7).await.expect("rejoined");
-    assert_eq!(
-        member_of().await,
-        (1, 7, false),
-        "the same term, the new slot"
-    );
-    store.rejoined("g", "a", 0, 9).await.expect("rejoined");
-    assert_eq!(
-        member_of().await,
-        (1, 7, false),
-        "an older token changes nothing"
-    );
-    store.end("g", "a", 1).await.expect("end");
-    store.rejoined("g", "a", 1, 9).await.expect("rejoined");
-    assert_eq!(
-        member_of().await,
-        (1, 7, true),
-        "an ended term changes nothing"
-    );
+async fn the_memory_store_keeps_the_term_store_contract() {
+    locks_shard::conformance::terms_contract(&MemoryTerms::new(), "g").await;
 }
 
 #[test]
