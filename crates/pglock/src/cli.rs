@@ -105,8 +105,8 @@ pub(crate) enum Command {
         #[arg(value_parser = parse_key)]
         group: String,
         /// Print one JSON document instead of a table: `group`, `members` (their slots)
-        /// and `shards` (each `shard` with its `owner`, `null` while it moves: `member`,
-        /// `holder_id`, `token`, `since`).
+        /// and `shards` (each `shard` with its `owner`, `null` while it moves or no member
+        /// runs it: `member`, `holder_id`, `token`, `since`).
         #[arg(long)]
         json: bool,
     },

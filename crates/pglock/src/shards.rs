@@ -84,9 +84,17 @@ fn table(group: &str, shards: &Shards) -> String {
                 rfc3339_micros(owner.since),
                 crate::text::escaped(owner.holder_id.as_deref().unwrap_or("-"))
             )),
+            // Between two members' terms, or nobody in the group to run it.
             None => text.push_str(&format!(
-                "{shard:width$}  {:>6}  {:>6}  {:27}  (moving)\n",
-                "-", "-", "-"
+                "{shard:width$}  {:>6}  {:>6}  {:27}  {}\n",
+                "-",
+                "-",
+                "-",
+                if shards.members.is_empty() {
+                    "(no member)"
+                } else {
+                    "(moving)"
+                }
             )),
         }
     }
@@ -95,11 +103,14 @@ fn table(group: &str, shards: &Shards) -> String {
         .iter()
         .map(|(member, owned)| format!("{member}: {owned}"))
         .collect();
-    text.push_str(&format!(
-        "{} members of {quoted} (slot: shards owned): {}\n",
-        shards.members.len(),
-        counts.join(", ")
-    ));
+    text.push_str(&match shards.members.len() {
+        0 => format!("no member of {quoted} now\n"),
+        members => format!(
+            "{members} member{} of {quoted} (slot: shards owned): {}\n",
+            if members == 1 { "" } else { "s" },
+            counts.join(", ")
+        ),
+    });
     text
 }
 

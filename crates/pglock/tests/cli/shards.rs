@@ -71,8 +71,21 @@ async fn shards_shows_each_owner_with_its_token_and_the_members() {
     let text = String::from_utf8_lossy(&table.stdout);
     assert!(text.starts_with("SHARD"), "{text}");
     assert_eq!(text.matches("shard-cli").count(), 3, "{text}");
-    assert!(text.contains(&format!("1 members of '{name}'")), "{text}");
+    assert!(text.contains(&format!("1 member of '{name}' (")), "{text}");
     running.abort();
+    // With nobody left in the group, no shard is said to be moving.
+    let left = tokio::time::Instant::now();
+    loop {
+        let table = output(pglock().args(["shards", &name])).await;
+        let text = String::from_utf8_lossy(&table.stdout).into_owned();
+        if text.ends_with(&format!("no member of '{name}' now\n")) {
+            assert_eq!(text.matches("(no member)").count(), 3, "{text}");
+            assert!(!text.contains("(moving)"), "{text}");
+            break;
+        }
+        assert!(left.elapsed() < SOON, "the member never left: {text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// The lines of the events file, split in words.
