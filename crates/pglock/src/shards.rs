@@ -74,6 +74,12 @@ fn table(group: &str, shards: &Shards) -> String {
         "{:width$}  {:>6}  {:>6}  {:27}  HOLDER\n",
         "SHARD", "MEMBER", "TOKEN", "SINCE"
     );
+    // A shard without an owner is between two members' terms, or nobody is in the group.
+    let unowned = if shards.members.is_empty() {
+        "(no member)"
+    } else {
+        "(moving)"
+    };
     for (shard, owner) in &shards.shards {
         let shard = crate::text::escaped(shard);
         match owner {
@@ -84,17 +90,9 @@ fn table(group: &str, shards: &Shards) -> String {
                 rfc3339_micros(owner.since),
                 crate::text::escaped(owner.holder_id.as_deref().unwrap_or("-"))
             )),
-            // Between two members' terms, or nobody in the group to run it.
             None => text.push_str(&format!(
-                "{shard:width$}  {:>6}  {:>6}  {:27}  {}\n",
-                "-",
-                "-",
-                "-",
-                if shards.members.is_empty() {
-                    "(no member)"
-                } else {
-                    "(moving)"
-                }
+                "{shard:width$}  {:>6}  {:>6}  {:27}  {unowned}\n",
+                "-", "-", "-"
             )),
         }
     }

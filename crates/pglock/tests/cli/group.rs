@@ -76,6 +76,20 @@ fn probe(pids: &[i32]) -> String {
 
 /// Starts `pglock run OPTIONS KEY COMMAND...`, waits until `sleeps` `sleep` processes run
 /// below it, and returns pglock and every process below it.
+/// Waits until at least `sleeps` descendants of `root` run `sleep`.
+async fn sleeping(root: i32, sleeps: usize) {
+    eventually("the command's processes", || {
+        let table = processes();
+        let enough = descendants(root)
+            .iter()
+            .filter(|pid| table.get(pid).is_some_and(|(_, _, name)| name == "sleep"))
+            .count()
+            >= sleeps;
+        async move { enough }
+    })
+    .await;
+}
+
 pub(super) async fn started(
     options: &[&str],
     key: &str,
@@ -90,16 +104,7 @@ pub(super) async fn started(
         .spawn()
         .expect("spawn");
     let pid = i32::try_from(child.id().expect("running")).expect("pid");
-    eventually("the command's processes", || {
-        let table = processes();
-        let enough = descendants(pid)
-            .iter()
-            .filter(|pid| table.get(pid).is_some_and(|(_, _, name)| name == "sleep"))
-            .count()
-            >= sleeps;
-        async move { enough }
-    })
-    .await;
+    sleeping(pid, sleeps).await;
     // Let the last of them get past fork into its program.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let pids = descendants(pid);
@@ -265,14 +270,7 @@ async fn on_a_terminal_the_command_reads_it_and_gets_ctrl_c() {
     // ^C only once the shell has become `sleep`: a ^C that reaches `sh -c` just before it
     // execs its last command is caught by the shell and lost in the exec, which would be
     // the shell's race, not pglock's (seen under load in CI).
-    let pglock = i32::try_from(child.id().expect("running")).expect("pid");
-    eventually("the command's sleep", || async {
-        let table = processes();
-        descendants(pglock)
-            .iter()
-            .any(|pid| table.get(pid).is_some_and(|(_, _, name)| name == "sleep"))
-    })
-    .await;
+    sleeping(i32::try_from(child.id().expect("running")).expect("pid"), 1).await;
     let sent = Instant::now();
     master.write_all(b"\x03").expect("^C");
     let done = finish(child).await;
