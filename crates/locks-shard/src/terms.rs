@@ -441,6 +441,24 @@ impl<T: ShardTerms + ?Sized> ShardTerms for Arc<T> {
         (**self).rejoined(group, shard, token, member)
     }
 
+    fn enter(
+        &self,
+        group: &str,
+        member: u32,
+        holder_id: Option<&str>,
+        expiry: Option<Duration>,
+    ) -> impl Future<Output = Result<(), LockAcquisitionError>> + Send {
+        (**self).enter(group, member, holder_id, expiry)
+    }
+
+    fn roster(
+        &self,
+        group: &str,
+        members_name: &str,
+    ) -> impl Future<Output = Result<Option<Vec<PermitHolder>>, LockAcquisitionError>> + Send {
+        (**self).roster(group, members_name)
+    }
+
     fn renew(
         &self,
         group: &str,
