@@ -45,7 +45,7 @@ pub(crate) const SIGNAL_BASE: u8 = 128;
 pub(crate) const TABLE: &[(&str, &str)] = &[
     (
         "0",
-        "success: the command exited 0; `run --once-per` on a host whose slot another host ran (or ran before); `who`, `list`, `jobs`, `id`, `man`, `completions` done; `capacity` printed its plan (and the server's lock table is large enough); `break` ended the holder's sessions or found nobody to end",
+        "success: the command exited 0; `run --once-per` on a host whose slot another host ran (or ran before); `who`, `list`, `shards`, `jobs`, `id`, `man`, `completions` done; `capacity` printed its plan (and the server's lock table is large enough); `break` ended the holder's sessions or found nobody to end",
     ),
     (
         "the command's",

@@ -4,7 +4,7 @@
 use locks_port::LockAcquisitionError;
 use locks_postgres::PostgresLockManager;
 use locks_shard::{Shards, owners_by_name};
-use locks_shard_postgres::PostgresShardTerms;
+use locks_shard_postgres::{PostgresShardTerms, TERMS_TABLE};
 use serde::Serialize;
 
 use crate::connect::{self, Target};
@@ -114,11 +114,26 @@ fn table(group: &str, shards: &Shards) -> String {
 
 /// `pglock shards GROUP [--json]`.
 pub(crate) async fn show(target: &Target, group: &str, json: bool) -> Result<u8, Failure> {
-    let manager = PostgresLockManager::new(connect::pool(target, 1, "pglock")?);
-    let terms = PostgresShardTerms::new(connect::pool(target, 1, "pglock")?);
-    let shards = owners_by_name(&manager, &terms, group)
-        .await
-        .map_err(|error: LockAcquisitionError| Failure::new(SOFTWARE, chain(&error)))?;
+    let (locks, tables) = (
+        connect::pool(target, 1, "pglock")?,
+        connect::pool(target, 1, "pglock")?,
+    );
+    // Connect first, so an unreachable server or bad credentials exit as for the other
+    // commands (69, 77, 78), not as an unexpected answer.
+    connect::check(&locks, target).await?;
+    let shards = if connect::missing_table(&tables, target, TERMS_TABLE)
+        .await?
+        .is_some()
+    {
+        // No member of any group has run on this database: nothing has run yet.
+        Shards::default()
+    } else {
+        let manager = PostgresLockManager::new(locks);
+        let terms = PostgresShardTerms::new(tables);
+        owners_by_name(&manager, &terms, group)
+            .await
+            .map_err(|error: LockAcquisitionError| Failure::new(SOFTWARE, chain(&error)))?
+    };
     if json {
         print!("{}", document(group, &shards));
     } else {

@@ -136,8 +136,14 @@ async fn error_lines_say_each_cause_once() {
             78,
         ),
     ];
-    for (what, url, named, expected) in cases {
-        let failed = output(pglock().args(["--url", &url, "who", &key])).await;
+    // `shards` reads through a lock manager and a term store, not one client: the same
+    // codes.
+    for ((what, url, named, expected), command) in cases
+        .into_iter()
+        .flat_map(|case| [(case.clone(), "who"), (case, "shards")])
+    {
+        let what = format!("{command}, {what}");
+        let failed = output(pglock().args(["--url", &url, command, &key])).await;
         let said = stderr(&failed);
         assert_eq!(code(&failed), expected, "{what}: {said}");
         let lines: Vec<&str> = said.lines().collect();

@@ -119,6 +119,33 @@ fn count(events: &[Vec<String>], word: &str) -> usize {
     events.iter().filter(|line| line[0] == word).count()
 }
 
+/// On a database where no shard group has run (no term table), `shards` says so and
+/// succeeds, as for a group with no rows: it does not fail on the missing table.
+#[tokio::test]
+async fn shards_on_a_database_where_no_group_has_run_says_so() {
+    let database = unique("pglock_no_shards").replace(['-', ':'], "_");
+    let admin = admin().await;
+    (admin.batch_execute(&format!("CREATE DATABASE \"{database}\"")))
+        .await
+        .expect("a database of its own");
+    let url = database_url();
+    let (base, _) = url.rsplit_once('/').expect("a URL with a database");
+    let url = format!("{base}/{database}");
+    let text = output(pglock().args(["--url", &url, "shards", "g"])).await;
+    let json = output(pglock().args(["--url", &url, "shards", "--json", "g"])).await;
+    (admin.batch_execute(&format!("DROP DATABASE \"{database}\" WITH (FORCE)")))
+        .await
+        .expect("drop the database");
+    assert!(text.status.success(), "{text:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&text.stdout),
+        "no shard of 'g' has run yet\n"
+    );
+    assert!(json.status.success(), "{json:?}");
+    let document: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON");
+    assert_eq!(document["shards"], serde_json::json!([]), "{document}");
+}
+
 #[tokio::test]
 async fn run_shards_runs_a_command_per_owned_shard_and_stops_it_before_it_moves() {
     let (key, dir) = crate::unique("run-shards");
