@@ -1,5 +1,5 @@
 //! The imports between the modules of each crate, read from its `src/` as
-//! `shared/tools/modcycles.py` reads them: every `crate::x` path (`use crate::x::…`, a path
+//! the review's `modcycles.py` (outside this repository) reads them: every `crate::x` path (`use crate::x::…`, a path
 //! in code or a doc link), `x` a top-level module of the crate, test modules
 //! (`#[cfg(test)] mod tests { … }`) left out.
 //!

