@@ -215,7 +215,7 @@ impl<S: Semaphore, B: LeaderBoard> LeaderElection<S, B> {
     /// and a primary-key lookup, neither of which reads `pg_locks`, so it costs the same
     /// whatever the server holds; without a board, the probe, and while somebody leads
     /// a read of `pg_locks` too (which copies the server's whole lock table: see the
-    /// adapter's `docs/capacity.md`). Watch a large server with a board.
+    /// workspace's `docs/capacity.md`). Watch a large server with a board.
     ///
     /// # Errors
     /// A backend failure, as from [`Semaphore::permit_holders`] or

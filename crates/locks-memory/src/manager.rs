@@ -314,7 +314,8 @@ impl DistributedLock for InMemoryLockManager {
     /// holder has it and nobody waits.
     ///
     /// # Errors
-    /// None in practice (the error type is the port's).
+    /// `InvalidKey` for the empty key, or the failure armed by
+    /// [`fail_next_acquire`](Self::fail_next_acquire); contention is `Ok(None)`.
     ///
     /// # Cancel safety
     /// Cancel safe: it completes without waiting.

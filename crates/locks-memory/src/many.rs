@@ -146,8 +146,8 @@ impl AcquireMany for InMemoryLockManager {
 ///
 /// Dropping it releases them all at once, synchronously (no runtime needed), like
 /// [`InMemoryLockGuard`](crate::InMemoryLockGuard). [`lost`](Self::lost) fires when any
-/// of them is no longer held: here, when the manager's `release(key)` or `release_all`
-/// took one away.
+/// of them is no longer held: here, when the manager's `release(key)`, `release_all`,
+/// `lose(key, reason)` or `end_session(reason)` took one away.
 #[must_use = "dropping the guard releases the locks at once"]
 pub struct InMemoryLockGroup {
     manager: Arc<ManagerInner>,

@@ -195,7 +195,8 @@ impl PermitGuard for InMemoryPermit {
         self.lost.clone()
     }
 
-    /// Releases the permit and reports [`ReleaseOutcome::Unlocked`].
+    /// Releases the permit and reports [`ReleaseOutcome::Unlocked`], or
+    /// [`ReleaseOutcome::Lost`] when the permit was taken away first (`end_session`).
     ///
     /// # Cancel safety
     /// The release happens on the first poll; a future dropped before drops the guard,

@@ -291,11 +291,12 @@ pub trait PermitGuard: Send + fmt::Debug {
 /// - waiters are served roughly in arrival order, and a freed permit goes to a waiter
 ///   rather than to a later [`try_acquire_permit`](Semaphore::try_acquire_permit);
 /// - `options` work as for a lock: no timeout waits forever, a timeout bounds the wait
-///   (one attempt at least, zero is exactly one try), and a timeout's error is the lock's
-///   (`Failed to acquire lock '{name}': Timeout after {s}s`);
+///   (one attempt at least, zero is exactly one try), and a timeout's error names the
+///   permit (`Failed to acquire a permit of semaphore '{name}': Timeout after {s}s`);
 /// - `permits` of 0 or above [`MAX_PERMITS`], and a `permits` that differs from the
 ///   one other holders or waiters of the name use, fail with
-///   [`AcquisitionErrorKind::Configuration`]; any name is valid, the empty one included;
+///   [`AcquisitionErrorKind::Configuration`]; the empty name fails with
+///   [`AcquisitionErrorKind::InvalidKey`], as the empty key does;
 /// - cancel safe: a dropped call leaves no permit held and no wait queued;
 /// - a semaphore never contends with the lock of the same name.
 ///
