@@ -17,6 +17,7 @@ use crate::connect::{self, Target};
 use crate::exit::{DECLINED, Failure, NOPERM, SOFTWARE, USAGE, chain};
 use crate::inspect::{self, Entry};
 use crate::text::Say;
+use crate::text::out;
 
 /// How long a terminated session may take to go away before `break` says it has not.
 const GONE_WITHIN: Duration = Duration::from_secs(5);
@@ -59,24 +60,26 @@ pub(crate) async fn run(target: &Target, args: BreakArgs, say: Say) -> Result<u8
         } else {
             "holds"
         };
-        println!("nobody {what} {quoted} (lock id {lock_id}): nothing to break");
+        out(format_args!(
+            "nobody {what} {quoted} (lock id {lock_id}): nothing to break\n"
+        ))?;
         return Ok(0);
     }
     match of {
-        Of::Lock(_) => println!("{quoted} (lock id {lock_id}):"),
-        Of::Semaphore(_) => {
-            println!("the permits of the semaphore {quoted} (pglock run --permits or --leader):")
-        }
+        Of::Lock(_) => out(format_args!("{quoted} (lock id {lock_id}):\n"))?,
+        Of::Semaphore(_) => out(format_args!(
+            "the permits of the semaphore {quoted} (pglock run --permits or --leader):\n"
+        ))?,
     }
-    print!("{}", inspect::table(&targets, false));
+    out(inspect::table(&targets, false))?;
     if let Some(hint) = inspect::hidden_hint(&targets) {
         eprintln!("pglock: {hint}");
     }
     if !spared.is_empty() {
-        println!(
-            "{} waiting session(s) left alone (--waiters terminates them too)",
+        out(format_args!(
+            "{} waiting session(s) left alone (--waiters terminates them too)\n",
             spared.len()
-        );
+        ))?;
     }
     if !args.yes && !confirmed(targets.len()).await {
         eprintln!("pglock: nothing terminated");
@@ -91,7 +94,7 @@ pub(crate) async fn run(target: &Target, args: BreakArgs, say: Say) -> Result<u8
         let Some(pid) = entry.pid else { continue };
         if terminate(&client, of, pid, args.waiters).await? {
             if gone(&client, pid).await? {
-                println!("terminated pid {pid}");
+                out(format_args!("terminated pid {pid}\n"))?;
             } else {
                 return Err(Failure::new(
                     SOFTWARE,
@@ -102,7 +105,7 @@ pub(crate) async fn run(target: &Target, args: BreakArgs, say: Say) -> Result<u8
                 ));
             }
         } else {
-            println!("pid {pid} had already let go: left alone");
+            out(format_args!("pid {pid} had already let go: left alone\n"))?;
         }
     }
     Ok(0)

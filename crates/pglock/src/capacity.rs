@@ -11,6 +11,7 @@ use serde::Serialize;
 use crate::connect::{Target, one_client};
 use crate::exit::{Failure, SOFTWARE};
 use crate::text::Say;
+use crate::text::out;
 
 /// Exit code when the server's lock table has less room than N locks need.
 pub(crate) const TOO_SMALL: u8 = 1;
@@ -150,24 +151,24 @@ pub(crate) fn text(plan: &Plan, server: Option<&Server>) -> String {
     out
 }
 
-fn report(plan: &Plan, server: Option<&Server>, json: bool) -> u8 {
+fn report(plan: &Plan, server: Option<&Server>, json: bool) -> Result<u8, Failure> {
     if json {
         let mut document = serde_json::to_string_pretty(&Document { plan, server })
             .unwrap_or_else(|_| "null".to_owned());
         document.push('\n');
-        print!("{document}");
+        out(&document)?;
     } else {
-        print!("{}", text(plan, server));
+        out(text(plan, server))?;
     }
-    if server.is_some_and(|server| !server.enough) {
+    Ok(if server.is_some_and(|server| !server.enough) {
         TOO_SMALL
     } else {
         0
-    }
+    })
 }
 
 /// Without a database: the plan for `connections` (or PostgreSQL's default 100).
-pub(crate) fn offline(locks: u64, connections: Option<u64>, json: bool) -> u8 {
+pub(crate) fn offline(locks: u64, connections: Option<u64>, json: bool) -> Result<u8, Failure> {
     let plan = Plan::new(locks, connections.unwrap_or(DEFAULT_CONNECTIONS), 0);
     report(&plan, None, json)
 }
@@ -219,7 +220,7 @@ pub(crate) async fn online(
         capacity,
         enough: capacity >= plan.entries_needed,
     };
-    Ok(report(&plan, Some(&server), json))
+    report(&plan, Some(&server), json)
 }
 
 #[cfg(test)]

@@ -2,21 +2,21 @@
 //! subcommands' man pages, generated from the same clap definitions that parse the command
 //! line, and `pglock(1)` from the README's manual, so none can drift.
 
-use std::io::Write;
 use std::path::Path;
 
 use clap::CommandFactory;
 use clap_complete::Shell;
 
 use crate::cli::Cli;
-use crate::exit::{CANT_CREATE, Failure, SOFTWARE};
+use crate::exit::{CANT_CREATE, Failure};
 
 /// Writes the completion script for `shell` to stdout.
 pub(crate) fn completions(shell: Shell) -> Result<u8, Failure> {
     let mut command = Cli::command();
     let mut out = Vec::new();
     clap_complete::generate(shell, &mut command, "pglock", &mut out);
-    write_out(&out)
+    crate::text::out(String::from_utf8_lossy(&out))?;
+    Ok(0)
 }
 
 /// Writes the man page `pglock(1)` (roff) to stdout, or with `dir` every page (`pglock.1`,
@@ -36,14 +36,6 @@ pub(crate) fn man(dir: Option<&Path>) -> Result<u8, Failure> {
             })?;
         return Ok(0);
     }
-    write_out(crate::manual::page().as_bytes())
-}
-
-fn write_out(bytes: &[u8]) -> Result<u8, Failure> {
-    let mut stdout = std::io::stdout().lock();
-    stdout
-        .write_all(bytes)
-        .and_then(|()| stdout.flush())
-        .map_err(|error| Failure::new(SOFTWARE, format!("cannot write to stdout: {error}")))?;
+    crate::text::out(crate::manual::page())?;
     Ok(0)
 }

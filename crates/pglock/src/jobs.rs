@@ -4,12 +4,13 @@
 
 use locks_schedule_postgres::locks_schedule::time::OffsetDateTime;
 use locks_schedule_postgres::locks_schedule::{Ledger, RunRecord, Schedule};
-use locks_schedule_postgres::{PostgresLedger, install_ledger};
+use locks_schedule_postgres::{LEDGER_TABLE, PostgresLedger, install_ledger};
 
 use crate::connect::{self, Target};
 use crate::exit::{Failure, SOFTWARE, USAGE};
 use crate::inspect::rfc3339;
 use crate::text::Say;
+use crate::text::out;
 
 /// How many rows `pglock jobs` shows.
 const ROWS: u32 = 50;
@@ -61,16 +62,25 @@ pub(crate) async fn run(
         }
         None => None,
     };
-    drop(client);
-    let runs = PostgresLedger::new(pool)
-        .runs(show.key, ROWS)
+    let ledger: bool = (client.query_one("SELECT to_regclass($1) IS NOT NULL", &[&LEDGER_TABLE]))
         .await
-        .map_err(|error| crate::once_per::ledger_failure(&error))?;
+        .map_err(|error| Failure::new(SOFTWARE, crate::exit::chain(&error)))?
+        .get(0);
+    drop(client);
+    // No ledger table: no job has run on this database (the first run creates it).
+    let runs = if ledger {
+        PostgresLedger::new(pool)
+            .runs(show.key, ROWS)
+            .await
+            .map_err(|error| crate::once_per::ledger_failure(&error))?
+    } else {
+        Vec::new()
+    };
     if show.json {
         let rows: Vec<serde_json::Value> = runs.iter().map(|run| json_row(run, next)).collect();
-        println!("{}", serde_json::Value::Array(rows));
+        out(format_args!("{}\n", serde_json::Value::Array(rows)))?;
     } else {
-        print!("{}", table(&runs, next));
+        out(table(&runs, next))?;
     }
     Ok(0)
 }

@@ -16,6 +16,7 @@ use crate::exit::{Failure, LOST, SOFTWARE, chain};
 use crate::inspect::rfc3339_micros;
 use crate::json;
 use crate::text::Say;
+use crate::text::out;
 
 /// A term that runs the command: the leading permit, and the proclaimed term.
 #[derive(Debug)]
@@ -137,12 +138,12 @@ pub(crate) async fn who(target: &Target, key: &str, json: bool) -> Result<u8, Fa
     }
     .map_err(failed)?;
     if json {
-        print!("{}", json::leader(key, leader.as_ref()));
+        out(json::leader(key, leader.as_ref()))?;
         return Ok(0);
     }
     let quoted = crate::text::quoted(key);
     match leader {
-        None => println!("nobody leads {quoted}"),
+        None => out(format_args!("nobody leads {quoted}\n"))?,
         Some(leader) => {
             let mut line = format!(
                 "{} leads {quoted}",
@@ -157,7 +158,7 @@ pub(crate) async fn who(target: &Target, key: &str, json: bool) -> Result<u8, Fa
             if let Some(value) = &leader.value {
                 line.push_str(&format!(", published {}", crate::text::quoted(value)));
             }
-            println!("{line}");
+            out(format_args!("{line}\n"))?;
         }
     }
     Ok(0)

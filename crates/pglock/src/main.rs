@@ -40,6 +40,7 @@ use crate::cli::{Cli, Command};
 use crate::connect::ProcessEnv;
 use crate::exit::{Failure, SOFTWARE, USAGE};
 use crate::text::Say;
+use crate::text::out;
 
 fn main() -> ExitCode {
     let raw: Vec<String> = std::env::args().collect();
@@ -72,7 +73,7 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
     // The commands that need no database.
     match &cli.command {
         Command::Id { key } => {
-            println!("{}", locks_port::lock_id(key));
+            out(format_args!("{}\n", locks_port::lock_id(key)))?;
             return Ok(0);
         }
         Command::Completions { shell } => return generate::completions(*shell),
@@ -84,7 +85,7 @@ fn dispatch(cli: Cli) -> Result<u8, Failure> {
         } if cli.connection.url.is_none()
             && std::env::var("DATABASE_URL").map_or(true, |url| url.is_empty()) =>
         {
-            return Ok(capacity::offline(*locks, *connections, *json));
+            return capacity::offline(*locks, *connections, *json);
         }
         _ => {}
     }

@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::connect::{self, Target};
 use crate::exit::{Failure, SOFTWARE, chain};
 use crate::inspect::rfc3339_micros;
+use crate::text::out;
 
 /// `pglock shards GROUP --json`.
 #[derive(Debug, Serialize)]
@@ -135,9 +136,9 @@ pub(crate) async fn show(target: &Target, group: &str, json: bool) -> Result<u8,
             .map_err(|error: LockAcquisitionError| Failure::new(SOFTWARE, chain(&error)))?
     };
     if json {
-        print!("{}", document(group, &shards));
+        out(document(group, &shards))?;
     } else {
-        print!("{}", table(group, &shards));
+        out(table(group, &shards))?;
     }
     Ok(0)
 }

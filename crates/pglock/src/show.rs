@@ -11,6 +11,7 @@ use crate::exit::{Failure, SOFTWARE, USAGE, chain};
 use crate::inspect::{self, Entry};
 use crate::json;
 use crate::text::Say;
+use crate::text::out;
 
 /// The shortest `--watch` interval: a live view, not a load test of `pg_locks`.
 const SHORTEST_WATCH: Duration = Duration::from_millis(100);
@@ -28,21 +29,23 @@ pub(crate) async fn who(target: &Target, say: Say, key: &str, json: bool) -> Res
         .await
         .map_err(query_failure)?;
     if json {
-        print!("{}", json::who(key, lock_id, &entries, &permits));
+        out(json::who(key, lock_id, &entries, &permits))?;
         hint(&entries);
         return Ok(0);
     }
     let quoted = crate::text::quoted(key);
     let semaphore = !permits.permits.is_empty();
     if entries.is_empty() && !semaphore {
-        println!("nobody holds or waits for {quoted} (lock id {lock_id})");
+        out(format_args!(
+            "nobody holds or waits for {quoted} (lock id {lock_id})\n"
+        ))?;
     } else if !entries.is_empty() {
-        println!("{quoted} (lock id {lock_id}):");
-        print!("{}", inspect::table(&entries, false));
+        out(format_args!("{quoted} (lock id {lock_id}):\n"))?;
+        out(inspect::table(&entries, false))?;
     }
     hint(&entries);
     if semaphore {
-        print!("{}", permits_text(key, &permits));
+        out(permits_text(key, &permits))?;
     }
     Ok(0)
 }
@@ -97,7 +100,7 @@ pub(crate) async fn list(
     let Some(every) = watch else {
         let entries = inspect::all(&client).await.map_err(query_failure)?;
         let usage = lock_table_usage(&client).await.map_err(query_failure)?;
-        print!("{}", list_text(&entries, json, usage));
+        out(list_text(&entries, json, usage))?;
         hint(&entries);
         return Ok(0);
     };

@@ -2,6 +2,25 @@
 //! control character (a newline, an ANSI escape) is shown escaped, never sent raw to the
 //! terminal.
 
+use std::io::{ErrorKind, Write};
+
+use crate::exit::{Failure, SOFTWARE};
+
+/// Writes `text` to stdout. A reader that went away (`pglock list | head -1`) ends the
+/// output, not pglock: what is left unwritten is dropped and the command goes on to its
+/// own exit code, as `list --watch` into a closed pipe does. Any other write error is a
+/// failure (70).
+pub(crate) fn out(text: impl std::fmt::Display) -> Result<(), Failure> {
+    let mut stdout = std::io::stdout().lock();
+    match write!(stdout, "{text}").and_then(|()| stdout.flush()) {
+        Err(error) if error.kind() != ErrorKind::BrokenPipe => Err(Failure::new(
+            SOFTWARE,
+            format!("cannot write to stdout: {error}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Says what pglock does, with `-v`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Say(pub(crate) bool);

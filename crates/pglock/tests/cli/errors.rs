@@ -1,4 +1,5 @@
-//! Connection failures: their exit codes, and error lines that say each cause once.
+//! Failures: connection failures and their exit codes, error lines that say each cause once,
+//! and a reader that closes pglock's output early.
 
 use super::*;
 
@@ -155,5 +156,42 @@ async fn error_lines_say_each_cause_once() {
             repeated.is_empty(),
             "{what}: {repeated:?} said twice in: {said}"
         );
+    }
+}
+
+/// A reader that goes away before pglock writes (`pglock list | head -1` once `head`
+/// has its line, or `| true`) ends the output, not pglock: no panic, each command's own
+/// exit code (0 here), nothing on stderr.
+#[tokio::test]
+async fn a_reader_that_goes_away_ends_the_output_not_pglock() {
+    let (key, _dir) = unique("closed-pipe");
+    let commands: [&[&str]; 12] = [
+        &["who", &key],
+        &["who", "--json", &key],
+        &["who", "--leader", &key],
+        &["list"],
+        &["list", "--json"],
+        &["shards", &key],
+        &["jobs"],
+        &["capacity", "--locks", "1000"],
+        &["break", "--yes", &key],
+        &["id", &key],
+        &["man"],
+        &["completions", "bash"],
+    ];
+    for args in commands {
+        let (reader, writer) = std::io::pipe().expect("a pipe");
+        drop(reader);
+        // Not `output()`, which pipes stdout whatever was set.
+        let child = (pglock().args(args).stdout(writer))
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("pglock ran");
+        let done = tokio::time::timeout(SOON, child.wait_with_output())
+            .await
+            .expect("pglock finished in time")
+            .expect("its status");
+        assert_eq!(code(&done), 0, "{args:?}: {}", stderr(&done));
+        assert_eq!(stderr(&done), "", "{args:?}");
     }
 }

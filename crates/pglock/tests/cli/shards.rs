@@ -119,11 +119,12 @@ fn count(events: &[Vec<String>], word: &str) -> usize {
     events.iter().filter(|line| line[0] == word).count()
 }
 
-/// On a database where no shard group has run (no term table), `shards` says so and
-/// succeeds, as for a group with no rows: it does not fail on the missing table.
+/// On a database where no shard group and no scheduled job has run (no term table, no
+/// ledger), `shards` and `jobs` say so and succeed, as for a group or a ledger with no
+/// rows: they do not fail on the missing tables.
 #[tokio::test]
-async fn shards_on_a_database_where_no_group_has_run_says_so() {
-    let database = unique("pglock_no_shards").replace(['-', ':'], "_");
+async fn reads_on_a_database_where_nothing_has_run_are_empty_answers() {
+    let database = unique("pglock_nothing_ran").replace(['-', ':'], "_");
     let admin = admin().await;
     (admin.batch_execute(&format!("CREATE DATABASE \"{database}\"")))
         .await
@@ -131,19 +132,27 @@ async fn shards_on_a_database_where_no_group_has_run_says_so() {
     let url = database_url();
     let (base, _) = url.rsplit_once('/').expect("a URL with a database");
     let url = format!("{base}/{database}");
-    let text = output(pglock().args(["--url", &url, "shards", "g"])).await;
-    let json = output(pglock().args(["--url", &url, "shards", "--json", "g"])).await;
+    let run = async |args: &[&str]| output(pglock().args(["--url", &url]).args(args)).await;
+    let (text, json) = (run(&["shards", "g"]).await, run(&["shards", "--json", "g"]).await);
+    let (jobs, jobs_json) = (run(&["jobs"]).await, run(&["jobs", "--json"]).await);
     (admin.batch_execute(&format!("DROP DATABASE \"{database}\" WITH (FORCE)")))
         .await
         .expect("drop the database");
-    assert!(text.status.success(), "{text:?}");
+    for done in [&text, &json, &jobs, &jobs_json] {
+        assert!(done.status.success(), "{done:?}");
+    }
     assert_eq!(
         String::from_utf8_lossy(&text.stdout),
         "no shard of 'g' has run yet\n"
     );
-    assert!(json.status.success(), "{json:?}");
     let document: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON");
     assert_eq!(document["shards"], serde_json::json!([]), "{document}");
+    let runs: serde_json::Value = serde_json::from_slice(&jobs_json.stdout).expect("JSON");
+    assert_eq!(runs, serde_json::json!([]));
+    assert!(
+        String::from_utf8_lossy(&jobs.stdout).starts_with("JOB"),
+        "the table's header alone: {jobs:?}"
+    );
 }
 
 #[tokio::test]
