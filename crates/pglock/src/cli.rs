@@ -130,6 +130,7 @@ pub(crate) enum Command {
     /// duration, holder.
     Jobs {
         /// Only this job (its KEY).
+        #[arg(value_parser = parse_key)]
         key: Option<String>,
         /// Print one JSON array instead of a table.
         #[arg(long)]
@@ -153,7 +154,7 @@ pub(crate) enum Command {
         #[arg(long, value_name = "N")]
         locks: u64,
         /// The server's max_connections [default: the server's, else 100].
-        #[arg(long, value_name = "C")]
+        #[arg(long, value_name = "C", value_parser = clap::value_parser!(u64).range(1..))]
         connections: Option<u64>,
         /// Print one JSON document instead of text.
         #[arg(long)]

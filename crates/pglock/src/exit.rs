@@ -77,7 +77,7 @@ pub(crate) const TABLE: &[(&str, &str)] = &[
     ),
     (
         "77",
-        "credentials: a wrong password, the server asks for a password and none is set (`the server asks for a password and none is set`), the role may not log in or may not connect to the database; `--fencing` without the grant on the token table (`the role needs: GRANT SELECT, INSERT, UPDATE ON advisory_lock_fencing_tokens TO ROLE`); `pglock break`: the role may not end the holder's session (`EX_NOPERM`). Fix the settings; retrying does not help",
+        "credentials: a wrong password, the server asks for a password and none is set (`the server asks for a password and none is set`), the role may not log in or may not connect to the database; `--fencing`, `--publish`, `--shards`, `--once-per`, `who --leader`, `shards` or `jobs` without the grant on the table beside the locks that they use (`the role needs: GRANT SELECT, INSERT, UPDATE ON advisory_lock_fencing_tokens TO ROLE`), or without `CREATE` where that table is still to be created; `pglock break`: the role may not end the holder's session (`EX_NOPERM`). Fix the settings; retrying does not help",
     ),
     (
         "78",
@@ -183,22 +183,85 @@ fn db_error<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a DbEr
     None
 }
 
-/// The failure for an acquisition error other than a timeout.
-pub(crate) fn acquisition_failure(error: &LockAcquisitionError, config: &Config) -> Failure {
-    if let Some(db) = db_error(error)
-        && *db.code() == SqlState::INSUFFICIENT_PRIVILEGE
-    {
-        // The one statement of a grant that needs a privilege beyond connecting: the
-        // fencing token's (--fencing).
-        let role = config.get_user().unwrap_or("the role");
-        return Failure::new(
+/// The tables `pglock run` writes beside its locks: the option that uses each, and the
+/// grant it needs.
+const GRANTS: [(&str, &str, &str); 2] = [
+    (
+        locks_postgres::FENCING_TABLE,
+        "--fencing",
+        "SELECT, INSERT, UPDATE",
+    ),
+    (
+        locks_postgres::LEADER_BOARD_TABLE,
+        "--publish",
+        "SELECT, INSERT, UPDATE",
+    ),
+];
+
+/// `NOPERM` with the server's words when the server refused a privilege beneath
+/// `error`, naming the grant when the table is one of [`GRANTS`].
+pub(crate) fn privilege_failure(
+    error: &(dyn std::error::Error + 'static),
+    config: &Config,
+) -> Option<Failure> {
+    let db = db_error(error).filter(|db| *db.code() == SqlState::INSUFFICIENT_PRIVILEGE)?;
+    let message = db.message();
+    let role = config.get_user().unwrap_or("ROLE");
+    Some(Failure::new(
+        NOPERM,
+        match GRANTS.iter().find(|(table, ..)| message.contains(table)) {
+            Some((table, option, grant)) => {
+                format!("{option}: {message}; the role needs: GRANT {grant} ON {table} TO {role}")
+            }
+            None => message.to_owned(),
+        },
+    ))
+}
+
+/// `NOPERM` when the server refused to let the role read one of `tables` (a read-only
+/// command's one privilege beyond connecting), naming the grant on the one it names.
+pub(crate) fn read_privilege_failure(
+    tables: &[&str],
+    error: &(dyn std::error::Error + 'static),
+    config: &Config,
+) -> Option<Failure> {
+    let db = db_error(error).filter(|db| *db.code() == SqlState::INSUFFICIENT_PRIVILEGE)?;
+    let role = config.get_user().unwrap_or("ROLE");
+    let named = tables.iter().find(|table| db.message().contains(**table));
+    let table = named.or(tables.first())?;
+    Some(Failure::new(
+        NOPERM,
+        format!(
+            "{}; the role needs: GRANT SELECT ON {table} TO {role}",
+            db.message()
+        ),
+    ))
+}
+
+/// The failure for creating `table` (its first use on this database): `NOPERM` naming
+/// the `CREATE` privilege when the server refused it, else `SOFTWARE`.
+pub(crate) fn creation_failure(
+    table: &str,
+    error: &(dyn std::error::Error + 'static),
+    config: &Config,
+) -> Failure {
+    match privilege_failure(error, config) {
+        Some(failure) => Failure::new(
             NOPERM,
             format!(
-                "--fencing: {}; the role needs: GRANT SELECT, INSERT, UPDATE ON {} TO {role}",
-                db.message(),
-                locks_postgres::FENCING_TABLE
+                "creating {table} (its first use on this database): {}; a role with CREATE \
+                 on the schema creates it once",
+                failure.message
             ),
-        );
+        ),
+        None => Failure::new(SOFTWARE, format!("creating {table}: {}", chain(error))),
+    }
+}
+
+/// The failure for an acquisition error other than a timeout.
+pub(crate) fn acquisition_failure(error: &LockAcquisitionError, config: &Config) -> Failure {
+    if let Some(failure) = privilege_failure(error, config) {
+        return failure;
     }
     let code = match error.kind() {
         AcquisitionErrorKind::PoolUnavailable

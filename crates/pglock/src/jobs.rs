@@ -48,7 +48,7 @@ pub(crate) async fn run(
     if install {
         install_ledger(&client)
             .await
-            .map_err(|error| Failure::new(SOFTWARE, crate::exit::chain(&error)))?;
+            .map_err(|error| crate::exit::creation_failure(LEDGER_TABLE, &error, &target.config))?;
         say.say("the ledger table is installed");
         return Ok(0);
     }

@@ -114,7 +114,13 @@ pub(crate) async fn ensure_board_table(
         say.say("creating the leader board's table (advisory_lock_leader_terms)");
         locks_postgres::install_leader_board(&client)
             .await
-            .map_err(|error| Failure::new(SOFTWARE, chain(&error)))?;
+            .map_err(|error| {
+                crate::exit::creation_failure(
+                    locks_postgres::LEADER_BOARD_TABLE,
+                    &error,
+                    &target.config,
+                )
+            })?;
     }
     Ok(())
 }
@@ -123,11 +129,21 @@ pub(crate) async fn ensure_board_table(
 /// start and value its leader published when it publishes one.
 pub(crate) async fn who(target: &Target, key: &str, json: bool) -> Result<u8, Failure> {
     let pool = connect::pool(target, 1, "pglock")?;
+    // Connect first, so an unreachable server or bad credentials exit as for the other
+    // commands (69, 77, 78).
+    let board = connect::missing_table(&pool, target, locks_postgres::LEADER_BOARD_TABLE)
+        .await?
+        .is_none();
     let manager = PostgresLockManager::new(pool);
-    let failed = |error: LockAcquisitionError| Failure::new(SOFTWARE, chain(&error));
+    let failed = |error: LockAcquisitionError| {
+        let board = [locks_postgres::LEADER_BOARD_TABLE];
+        crate::exit::read_privilege_failure(&board, &error, &target.config)
+            .unwrap_or_else(|| Failure::new(SOFTWARE, chain(&error)))
+    };
     // An election that has proclaimed a term is read with its board; one that never did
-    // (or a database without the board's table) by its leading permit alone.
-    let published = matches!(manager.latest(key).await, Ok(Some(_)));
+    // (or a database without the board's table) by its leading permit alone. A board
+    // that cannot be read is an error, not an election that publishes nothing.
+    let published = board && manager.latest(key).await.map_err(failed)?.is_some();
     let leader = if published {
         LeaderElection::new(&manager, key)
             .board(&manager)

@@ -17,7 +17,9 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use crate::cli::RunArgs;
 use crate::connect::{self, Target};
-use crate::exit::{CONFIG, Failure, LOST, SOFTWARE, UNAVAILABLE, USAGE, acquisition_failure};
+use crate::exit::{
+    CONFIG, Failure, LOST, NOPERM, SOFTWARE, UNAVAILABLE, USAGE, acquisition_failure,
+};
 use crate::group::{Group, Status};
 use crate::run::{holder_id, sleep_until};
 use crate::signals::{Signals, signal_code};
@@ -46,6 +48,12 @@ pub(crate) async fn run(
         say,
     )?;
     let mut signals = Signals::install()?;
+    // Connect first, so an unreachable server or bad credentials exit as for the other
+    // commands (69, 77, 78), not as a failed read of the clock or the ledger.
+    tokio::select! {
+        number = signals.recv() => return Ok(signal_code(number)),
+        checked = connect::check(&firing.pool, &firing.target) => checked?,
+    }
     // A signal forwarded to the command is the command's to answer: its exit code is
     // pglock's.
     firing.fire(&mut signals).await.map(|fired| fired.code)
@@ -309,13 +317,18 @@ fn failure(error: &RunError, target: &Target) -> Failure {
 }
 
 /// A ledger error by its SQLSTATE: a missing table is a configuration to fix (with the
-/// install step), another server error unexpected, no server error an unreachable server.
+/// install step), a missing grant a permission (77), another server error unexpected, no
+/// server error an unreachable server.
 pub(crate) fn ledger_failure(error: &LedgerError) -> Failure {
     match sqlstate(error) {
         Some(state) if *state == SqlState::UNDEFINED_TABLE => Failure::new(
             CONFIG,
             format!("{}; or run `pglock jobs --install`", error.message()),
         ),
+        // The message names the grant the ledger's role needs.
+        Some(state) if *state == SqlState::INSUFFICIENT_PRIVILEGE => {
+            Failure::new(NOPERM, error.message().to_owned())
+        }
         Some(_) => Failure::new(SOFTWARE, error.message().to_owned()),
         None => Failure::new(UNAVAILABLE, error.message().to_owned()),
     }

@@ -5,13 +5,14 @@
 use std::time::Duration;
 
 use locks_port::LostReason;
+use locks_postgres::deadpool_postgres::Pool;
 use locks_shard::{Owned, ShardGroup, ShardMember};
-use locks_shard_postgres::{PostgresShardTerms, TERMS_TABLE, install_shard_terms};
+use locks_shard_postgres::{MEMBERS_TABLE, PostgresShardTerms, TERMS_TABLE, install_shard_terms};
 use nix::sys::signal::Signal;
 
 use crate::cli::RunArgs;
 use crate::connect::{self, Target};
-use crate::exit::{Failure, SOFTWARE, USAGE, chain};
+use crate::exit::{Failure, NOPERM, SOFTWARE, USAGE, chain};
 use crate::group::Group;
 use crate::run::holder_id;
 use crate::signals::{Signals, signal_code};
@@ -63,7 +64,7 @@ pub(crate) async fn run(
     let mut signals = Signals::install()?;
     let names = shard_names(spec)?;
     let group = ShardGroup::new(args.key.clone(), &names)
-        .map_err(|error| Failure::new(USAGE, chain(&error)))?;
+        .map_err(|error| Failure::new(USAGE, format!("--shards: {}", error.reason())))?;
     let holder = holder_id(target);
     let application = format!("locks:{holder}");
     let pool = connect::pool(target, names.len() + 4, &application)?;
@@ -71,11 +72,10 @@ pub(crate) async fn run(
         crate::lease::Settings::of_run(args, &pool, &holder, target.connect_timeout, false)
             .manager()?;
     let terms_pool = connect::pool(target, 2, "pglock-shards")?;
-    if let Some(client) = connect::missing_table(&terms_pool, target, TERMS_TABLE).await? {
-        say.say("creating the shard term table (locks_shard_terms)");
-        install_shard_terms(&client)
-            .await
-            .map_err(|error| Failure::new(SOFTWARE, chain(&error)))?;
+    // A signal while connecting or checking the tables ends pglock as while waiting.
+    tokio::select! {
+        number = signals.recv() => return Ok(signal_code(number)),
+        ready = tables_ready(&terms_pool, target, say) => ready?,
     }
     let member = ShardMember::new(manager, PostgresShardTerms::new(terms_pool), group)
         .drain_grace(args.grace.saturating_add(Duration::from_secs(1)));
@@ -100,6 +100,58 @@ pub(crate) async fn run(
         (Ok(()), Some(number)) => Ok(signal_code(number)),
         (Ok(()), None) => Ok(0),
     }
+}
+
+/// The privileges a member needs on each table of the group's store: the terms, and the
+/// roster (whose expired entries it deletes).
+const NEEDED: [(&str, &str); 2] = [
+    (TERMS_TABLE, "SELECT, INSERT, UPDATE"),
+    (MEMBERS_TABLE, "SELECT, INSERT, UPDATE, DELETE"),
+];
+
+/// Creates the store's tables when one is missing, then checks that the role may use
+/// them: a member without a privilege would retry its join for ever, saying nothing
+/// (the library logs it, and pglock shows no library log).
+async fn tables_ready(pool: &Pool, target: &Target, say: Say) -> Result<(), Failure> {
+    for (table, _) in NEEDED {
+        if let Some(client) = connect::missing_table(pool, target, table).await? {
+            say.say(format!(
+                "creating the shard group's tables ({table} was missing)"
+            ));
+            install_shard_terms(&client)
+                .await
+                .map_err(|error| crate::exit::creation_failure(table, &error, &target.config))?;
+        }
+    }
+    let client = pool
+        .get()
+        .await
+        .map_err(|error| connect::pool_failure(&error, target))?;
+    let mut lacking = Vec::new();
+    for (table, privileges) in NEEDED {
+        for privilege in privileges.split(", ") {
+            let held: bool = client
+                .query_one("SELECT has_table_privilege($1, $2)", &[&table, &privilege])
+                .await
+                .map_err(|error| Failure::new(SOFTWARE, chain(&error)))?
+                .get(0);
+            if !held {
+                lacking.push((table, privileges));
+                break;
+            }
+        }
+    }
+    if lacking.is_empty() {
+        return Ok(());
+    }
+    let role = target.config.get_user().unwrap_or("ROLE");
+    let grants: Vec<String> = (lacking.iter())
+        .map(|(table, privileges)| format!("GRANT {privileges} ON {table} TO {role}"))
+        .collect();
+    Err(Failure::new(
+        NOPERM,
+        format!("--shards: the role needs: {}", grants.join("; ")),
+    ))
 }
 
 /// One shard's command, for as long as this process owns the shard: dropped (the shard

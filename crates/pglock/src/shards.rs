@@ -4,7 +4,7 @@
 use locks_port::LockAcquisitionError;
 use locks_postgres::PostgresLockManager;
 use locks_shard::{Shards, owners_by_name};
-use locks_shard_postgres::{PostgresShardTerms, TERMS_TABLE};
+use locks_shard_postgres::{MEMBERS_TABLE, PostgresShardTerms, TERMS_TABLE};
 use serde::Serialize;
 
 use crate::connect::{self, Target};
@@ -133,7 +133,11 @@ pub(crate) async fn show(target: &Target, group: &str, json: bool) -> Result<u8,
         let terms = PostgresShardTerms::new(tables);
         owners_by_name(&manager, &terms, group)
             .await
-            .map_err(|error: LockAcquisitionError| Failure::new(SOFTWARE, chain(&error)))?
+            .map_err(|error: LockAcquisitionError| {
+                let tables = [TERMS_TABLE, MEMBERS_TABLE];
+                crate::exit::read_privilege_failure(&tables, &error, &target.config)
+                    .unwrap_or_else(|| Failure::new(SOFTWARE, chain(&error)))
+            })?
     };
     if json {
         out(document(group, &shards))?;

@@ -137,14 +137,19 @@ async fn error_lines_say_each_cause_once() {
             78,
         ),
     ];
-    // `shards` reads through a lock manager and a term store, not one client: the same
-    // codes.
-    for ((what, url, named, expected), command) in cases
-        .into_iter()
-        .flat_map(|case| [(case.clone(), "who"), (case, "shards")])
+    // The commands that read through a lock manager, a term store or a ledger, not one
+    // client, give the same codes.
+    let commands: [&[&str]; 4] = [
+        &["who", &key],
+        &["shards", &key],
+        &["who", "--leader", &key],
+        &["run", "--once-per", "2s", &key, "true"],
+    ];
+    for ((what, url, named, expected), command) in
+        (cases.into_iter()).flat_map(|case| commands.map(|command| (case.clone(), command)))
     {
-        let what = format!("{command}, {what}");
-        let failed = output(pglock().args(["--url", &url, command, &key])).await;
+        let what = format!("{command:?}, {what}");
+        let failed = output(pglock().args(["--url", &url]).args(command)).await;
         let said = stderr(&failed);
         assert_eq!(code(&failed), expected, "{what}: {said}");
         let lines: Vec<&str> = said.lines().collect();

@@ -272,6 +272,52 @@ async fn fencing_without_the_grant_exits_77_with_the_grant_to_ask_for() {
         .expect("drop");
 }
 
+/// A role that may connect but was granted nothing on the tables beside the locks: each
+/// command says which grant it needs and exits 77, as `--fencing` does; `run --shards`
+/// says so before it joins (it used to retry its join for ever, silently).
+#[tokio::test]
+async fn the_tables_beside_the_locks_without_grants_exit_77_naming_the_grant() {
+    let (key, _dir) = unique("no-grants");
+    let admin = admin().await;
+    locks_shard_postgres::install_shard_terms(&admin)
+        .await
+        .expect("the shard tables");
+    locks_postgres::install_leader_board(&admin)
+        .await
+        .expect("the leader board");
+    locks_schedule_postgres::install_ledger(&admin)
+        .await
+        .expect("the ledger");
+    let (role, url) = ordinary_role("nogrants", "nogrants-secret").await;
+    let cases: [(&[&str], String); 5] = [
+        (
+            &["run", "--shards", "2", &key, "--", "true"],
+            format!("GRANT SELECT, INSERT, UPDATE ON locks_shard_terms TO {role}"),
+        ),
+        (
+            &["run", "--leader", "--publish", "v", &key, "--", "true"],
+            format!("GRANT SELECT, INSERT, UPDATE ON advisory_lock_leader_terms TO {role}"),
+        ),
+        (
+            &["who", "--leader", &key],
+            format!("GRANT SELECT ON advisory_lock_leader_terms TO {role}"),
+        ),
+        (&["shards", &key], "GRANT SELECT ON locks_shard_".to_owned()),
+        (&["jobs"], "ON scheduled_job_runs".to_owned()),
+    ];
+    for (args, grant) in cases {
+        let refused = output(pglock().args(["--url", &url]).args(args)).await;
+        let said = stderr(&refused);
+        assert_eq!(code(&refused), 77, "{args:?}: {said}");
+        assert!(said.contains(&grant), "{args:?} names {grant}: {said}");
+        assert!(!said.contains("--fencing"), "{args:?}: {said}");
+    }
+    admin
+        .batch_execute(&format!("DROP ROLE {role}"))
+        .await
+        .expect("drop");
+}
+
 #[tokio::test]
 async fn a_waiter_on_a_frozen_server_obeys_sigterm_within_two_seconds() {
     let (key, _dir) = unique("frozen");

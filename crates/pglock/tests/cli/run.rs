@@ -215,6 +215,35 @@ async fn sigint_while_waiting_leaves_nothing_held_and_exits_130() {
     );
 }
 
+/// A signal while connecting ends pglock at once (130), before the connect timeout:
+/// plain `run` and `run --shards` (which used to wait the whole connect timeout out,
+/// then exit 69), against a server that accepts the connection and never answers.
+#[tokio::test]
+async fn sigint_while_connecting_exits_130_at_once() {
+    let (key, _dir) = unique("sigint-connecting");
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("a listener");
+    let url = format!(
+        "postgres://nobody@127.0.0.1:{}/nothing",
+        silent.local_addr().expect("its port").port()
+    );
+    for args in [
+        &["run", &key, "--", "true"][..],
+        &["run", "--shards", "2", &key, "--", "true"],
+    ] {
+        let child = pglock()
+            .args(["--url", &url, "--connect-timeout", "25s"])
+            .args(args)
+            .spawn()
+            .expect("spawn");
+        // Connected (its signal handlers are in place): it now waits for an answer.
+        let (accepted, _) = silent.accept().expect("pglock connects");
+        signal(&child, Signal::SIGINT);
+        let done = finish(child).await;
+        drop(accepted);
+        assert_eq!(code(&done), 130, "{args:?}: {}", stderr(&done));
+    }
+}
+
 #[tokio::test]
 async fn shared_lets_readers_in_together_and_keeps_a_writer_out() {
     let (key, dir) = unique("shared");

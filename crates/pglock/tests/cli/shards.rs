@@ -133,7 +133,10 @@ async fn reads_on_a_database_where_nothing_has_run_are_empty_answers() {
     let (base, _) = url.rsplit_once('/').expect("a URL with a database");
     let url = format!("{base}/{database}");
     let run = async |args: &[&str]| output(pglock().args(["--url", &url]).args(args)).await;
-    let (text, json) = (run(&["shards", "g"]).await, run(&["shards", "--json", "g"]).await);
+    let (text, json) = (
+        run(&["shards", "g"]).await,
+        run(&["shards", "--json", "g"]).await,
+    );
     let (jobs, jobs_json) = (run(&["jobs"]).await, run(&["jobs", "--json"]).await);
     (admin.batch_execute(&format!("DROP DATABASE \"{database}\" WITH (FORCE)")))
         .await
