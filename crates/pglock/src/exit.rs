@@ -57,7 +57,7 @@ pub(crate) const TABLE: &[(&str, &str)] = &[
     ),
     (
         "64",
-        "bad usage: unknown option, bad duration, no command, an empty key (`pglock: ... the key is empty`), `--permits` outside 1..=65536, a `--lease` too short for `--keepalive` (`--lease 5.0s is too short for --keepalive 5.0s: it needs at least 14s`) (`EX_USAGE`, as `flock` exits)",
+        "bad usage: unknown option, bad duration, no command, an empty key (`error: invalid value '' for '<KEY>': the key is empty …`; usage errors are the command-line parser's, with a pointer to `--help`), `--permits` outside 1..=65536, a `--lease` too short for `--keepalive` (`--lease 5.0s is too short for --keepalive 5.0s: it needs at least 14s`) (`EX_USAGE`, as `flock` exits)",
     ),
     (
         "69",
