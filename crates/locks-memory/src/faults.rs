@@ -76,6 +76,37 @@ impl InMemoryLockManager {
         true
     }
 
+    /// Takes this manager's permits of the semaphore `name` away, as a PostgreSQL
+    /// manager loses a permit when the session that holds it ends: each permit is free
+    /// for others at once, then its guard's [`lost`](locks_port::PermitGuard::lost)
+    /// signal fires with `reason`. Returns how many were lost (0 when it holds none).
+    /// The manager's locks are kept: a test can lose a member's membership alone (a
+    /// [`locks-shard`] member's permit) while its shard locks are held.
+    ///
+    /// [`locks-shard`]: https://docs.rs/locks-shard
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use locks_memory::InMemoryLockManager;
+    /// use locks_memory::locks_port::{DistributedLock, LockGuard, LostReason, PermitGuard, Semaphore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let locks = InMemoryLockManager::new();
+    /// let lock = locks.acquire("report", Duration::from_secs(1)).await?;
+    /// let permit = locks.acquire_permit("exports", 2, Duration::from_secs(1)).await?;
+    /// assert_eq!(locks.lose_permits("exports", LostReason::ConnectionClosed), 1);
+    /// assert_eq!(permit.lost().await, LostReason::ConnectionClosed);
+    /// assert!(!lock.is_lost());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn lose_permits(&self, name: &str, reason: LostReason) -> usize {
+        let class = locks_port::PermitDerivation::CURRENT.class(name);
+        let taken = self.inner.permits.take_class(class);
+        taken.iter().filter(|cell| cell.give_back(reason)).count()
+    }
+
     /// Ends this manager's "session": every lock, group and permit it holds is lost
     /// with `reason` (their `lost()` signals fire with it, their keys and permits are
     /// free at once). Returns how many locks and permits were lost. The manager stays

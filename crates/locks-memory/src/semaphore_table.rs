@@ -108,6 +108,13 @@ impl PermitCell {
         }
     }
 
+    /// The semaphore class of the permit, while it is held.
+    fn class(&self) -> Option<i32> {
+        (self.taken.lock().unwrap_or_else(PoisonError::into_inner))
+            .as_ref()
+            .map(|taken| taken.class)
+    }
+
     /// Gives the permit back, then tells its guard `reason` (as a lock's key is free
     /// before its guard is told); `false` when it was given back already.
     pub(crate) fn give_back(&self, reason: locks_port::LostReason) -> bool {
@@ -149,5 +156,17 @@ impl LivePermits {
 
     pub(crate) fn drain(&self) -> Vec<Arc<PermitCell>> {
         self.map().drain().map(|(_, cell)| cell).collect()
+    }
+
+    /// Takes out the permits of the semaphore `class`.
+    pub(crate) fn take_class(&self, class: i32) -> Vec<Arc<PermitCell>> {
+        let mut map = self.map();
+        let tokens: Vec<u64> = (map.iter())
+            .filter(|(_, cell)| cell.class() == Some(class))
+            .map(|(token, _)| *token)
+            .collect();
+        (tokens.iter())
+            .filter_map(|token| map.remove(token))
+            .collect()
     }
 }

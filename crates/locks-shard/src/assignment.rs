@@ -26,7 +26,7 @@ use crate::terms::{ShardTerms, held_members};
 /// What a member's ticks remember from one tick, and one membership, to the next.
 #[derive(Debug, Default)]
 pub(crate) struct View {
-    /// The member list of the last tick.
+    /// The member list of the last tick that listed this member.
     seen: Vec<u32>,
     /// When the member list last changed, until this member settled (the rebalance
     /// duration).
@@ -143,13 +143,15 @@ where
             slot,
             holder_id,
         );
+        // A list without this member (its membership lost, and not yet told) is not
+        // remembered: what it expects back after joining again is the fleet it was in.
+        let Some(share) = target_share(self.group.len(), &members, me) else {
+            return;
+        };
         if members != view.seen {
             view.seen.clone_from(&members);
             view.changed_at = Some(Instant::now());
         }
-        let Some(share) = target_share(self.group.len(), &members, me) else {
-            return;
-        };
         let take_up_to = view
             .take_cap(self.group.len(), members.len())
             .map_or(share, |cap| cap.min(share));

@@ -1,5 +1,5 @@
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -119,6 +119,81 @@ async fn members_killed_and_started_again_are_handed_different_shards_each_time(
         Vec::new(),
         "two tasks of one shard at once"
     );
+}
+
+/// A clean hand-off ends its term before the lock is released, so the next owner starts
+/// at once, not after a takeover delay (here ten minutes, which only a term left open
+/// would make anyone wait): a join's moves and a leave's. And a clean leave of the whole
+/// fleet leaves no term open, so a fresh member takes every shard at once, not after its
+/// rejoin wait (2 s) for a fleet that is not coming back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clean_hand_offs_end_their_terms_so_nobody_waits_a_takeover_delay() {
+    let mut fleet = Fleet::new(6);
+    fleet.takeover = Duration::from_secs(600);
+    fleet.join("a");
+    fleet.settled(SETTLE).await;
+    fleet.join("b");
+    let (_, took) = fleet.settled(SETTLE).await;
+    eprintln!("b's share moved in {took:?}");
+    fleet.leave("a").await;
+    let (_, took) = fleet.settled(SETTLE).await;
+    eprintln!("a's shards moved in {took:?}");
+    fleet.leave("b").await;
+    let joined = Instant::now();
+    fleet.join("c");
+    let (_, took) = fleet.settled(SETTLE).await;
+    assert!(
+        joined.elapsed() < Duration::from_secs(1),
+        "a fresh member waited for a fleet that left cleanly: {took:?}"
+    );
+    assert_eq!(fleet.recorder.overlaps(), Vec::new());
+}
+
+/// A member that lost everything (its session ended, as in a server restart) joins again
+/// expecting the fleet it saw: it takes only its share among them (8 of 24 with three)
+/// until they are back or its rejoin wait (2 s) ran out, so the first one back does not
+/// take every shard only to hand most of them over again. Here the others never come
+/// back, so it then takes them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_back_first_takes_its_share_until_its_rejoin_wait_ran_out() {
+    let mut fleet = Fleet::new(24);
+    // a ticks slowly, so that none of its ticks falls between the others' end and its
+    // own: its last member list is the three of them.
+    fleet.tick = Duration::from_millis(500);
+    fleet.join("a");
+    fleet.tick = crate::support::TICK;
+    fleet.join("b");
+    fleet.join("c");
+    fleet.settled(SETTLE).await;
+    fleet.abort("b").await;
+    fleet.abort("c").await;
+    let lost = fleet
+        .get("a")
+        .manager
+        .end_session(LostReason::ConnectionClosed);
+    assert!(lost > 8, "its shards and its membership: {lost}");
+    let gone = Instant::now();
+    let owned_by_a = |fleet: &Fleet| {
+        (fleet.recorder.running().values())
+            .filter(|m| *m == "a")
+            .count()
+    };
+    let mut most = 0;
+    while gone.elapsed() < Duration::from_millis(1500) {
+        most = most.max(owned_by_a(&fleet));
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(
+        most <= 8,
+        "a took {most} of 24 before its rejoin wait ran out"
+    );
+    fleet.settled(SETTLE).await;
+    assert_eq!(owned_by_a(&fleet), 24);
+    eprintln!(
+        "a ran at most {most} shards, then all 24 after {:?}",
+        gone.elapsed()
+    );
+    assert_eq!(fleet.recorder.overlaps(), Vec::new());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -362,14 +437,14 @@ fn target_shares_of_the_test_fleet() {
 
 /// A store that keeps a roster of the entries members write (by `enter`, or by a
 /// renewal, as the PostgreSQL store's row) and counts both kinds of write; its renewals
-/// fail when `renewals_fail`.
+/// fail while `renewals_fail`.
 #[derive(Debug, Clone, Default)]
 struct Counting {
     terms: MemoryTerms,
     rows: Arc<Mutex<BTreeMap<u32, Option<String>>>>,
     enters: Arc<AtomicUsize>,
     renewals: Arc<AtomicUsize>,
-    renewals_fail: bool,
+    renewals_fail: Arc<AtomicBool>,
 }
 
 impl Counting {
@@ -438,7 +513,7 @@ impl ShardTerms for Counting {
         _: Duration,
     ) -> Result<u64, LockAcquisitionError> {
         self.renewals.fetch_add(1, Ordering::SeqCst);
-        if self.renewals_fail {
+        if self.renewals_fail.load(Ordering::SeqCst) {
             return Err(LockAcquisitionError::new(
                 "g",
                 AcquisitionErrorKind::ConnectionLost,
@@ -454,7 +529,7 @@ impl ShardTerms for Counting {
 /// wrote to get there, as (entries, renewals).
 async fn writes_to_join(renewal: Option<Duration>, renewals_fail: bool) -> (usize, usize) {
     let store = Counting {
-        renewals_fail,
+        renewals_fail: Arc::new(AtomicBool::new(renewals_fail)),
         ..Counting::default()
     };
     let table = locks_memory::InMemoryLockTable::new();
@@ -517,7 +592,7 @@ async fn a_member_that_cannot_renew_stops_its_tasks_before_its_renewal_expires()
         table.manager_with_holder_id("cut-off"),
         // Cut off from the database.
         Counting {
-            renewals_fail: true,
+            renewals_fail: Arc::new(AtomicBool::new(true)),
             ..Counting::default()
         },
         group,
@@ -567,6 +642,78 @@ async fn a_member_that_cannot_renew_stops_its_tasks_before_its_renewal_expires()
         *longest < expiry.mul_f64(0.8) + Duration::from_millis(60),
         "a task outlived the renewal deadline: {longest:?}"
     );
+}
+
+/// ADR 0027's gap: a member whose membership permit alone is lost keeps its shard locks
+/// and tasks while it joins again; if it cannot join again (the rejoin fails, the next
+/// try is a back-off away) and cannot renew, its kept tasks are dropped at 0.8 × the
+/// renewal expiry after its last confirmed renewal, before the others may end its
+/// sessions, not kept until the rejoin comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_lost_its_membership_and_cannot_renew_drops_its_kept_tasks_in_time() {
+    let expiry = Duration::from_millis(500);
+    let table = locks_memory::InMemoryLockTable::new();
+    let manager = table.manager_with_holder_id("gap");
+    let group = ShardGroup::new("g", ["a", "b", "c"]).expect("a group");
+    let store = Counting::default();
+    let member = ShardMember::new(manager.clone(), store.clone(), group.clone())
+        .tick(Duration::from_millis(5))
+        // The rejoin that fails is not tried again within the test.
+        .backoff(Duration::from_secs(30))
+        .renewal(Some(expiry));
+    let recorder = crate::support::Recorder::default();
+    let lives = recorder.clone();
+    let task = move |owned: Owned, stop: LostSignal| {
+        let alive = lives.start("gap", &owned);
+        async move {
+            let _alive = alive;
+            // Ignores its stop: only a drop ends it.
+            let _ = stop;
+            std::future::pending::<()>().await;
+        }
+    };
+    let mut stopped: BTreeMap<usize, Duration> = BTreeMap::new();
+    let check = async {
+        while recorder.running().len() < 3 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        // Renewals have been confirmed; from now on the member is cut off from the store
+        // and its membership is gone, its shard locks kept.
+        let renewed = store.counts().1;
+        while store.counts().1 == renewed {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        store.renewals_fail.store(true, Ordering::SeqCst);
+        let cut = Instant::now();
+        manager.fail_next_acquire(AcquisitionErrorKind::ConnectionLost);
+        assert_eq!(
+            manager.lose_permits(&group.members_name(), LostReason::ConnectionClosed),
+            1,
+            "its membership permit"
+        );
+        while cut.elapsed() < expiry.mul_f64(2.0) {
+            for (i, life) in recorder.snapshot().iter().enumerate() {
+                if life.stop.is_some() {
+                    stopped.entry(i).or_insert_with(|| cut.elapsed());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    };
+    tokio::select! {
+        _ = member.run(task) => panic!("run returned"),
+        () = check => {}
+    }
+    eprintln!("stopped after the cut: {stopped:?}");
+    assert_eq!(stopped.len(), 3, "every kept task was dropped: {stopped:?}");
+    for took in stopped.values() {
+        // Its last renewal was confirmed just before the cut: the deadline is 0.8 × the
+        // expiry after it, not sooner (the tasks were kept) and not later.
+        assert!(
+            *took >= expiry.mul_f64(0.6) && *took < expiry.mul_f64(0.8) + Duration::from_millis(60),
+            "a kept task stopped {took:?} after the cut (expiry {expiry:?})"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -112,6 +112,10 @@ pub(crate) struct Fleet {
     pub(crate) recorder: Recorder,
     pub(crate) drain: Drain,
     pub(crate) grace: Duration,
+    /// The members' takeover delay (20 ms unless a test needs it to show).
+    pub(crate) takeover: Duration,
+    /// The tick of the members that join next ([`TICK`] unless a test needs one slow).
+    pub(crate) tick: Duration,
     members: BTreeMap<String, Member>,
 }
 
@@ -131,6 +135,8 @@ impl Fleet {
             recorder: Recorder::default(),
             drain: Drain::Prompt,
             grace: Duration::from_secs(2),
+            takeover: Duration::from_millis(20),
+            tick: TICK,
             members: BTreeMap::new(),
         }
     }
@@ -144,10 +150,10 @@ impl Fleet {
         manager: InMemoryLockManager,
     ) -> ShardMember<InMemoryLockManager, MemoryTerms> {
         ShardMember::new(manager, self.terms.clone(), self.group.clone())
-            .tick(TICK)
+            .tick(self.tick)
             .backoff(TICK)
             .drain_grace(self.grace)
-            .takeover_delay(Duration::from_millis(20))
+            .takeover_delay(self.takeover)
     }
 
     pub(crate) fn join(&mut self, name: &str) {
