@@ -341,11 +341,18 @@ async fn hidden_keys_stay_out_of_spans() {
     }
 }
 
+/// The tests that terminate a holder's backend, one at a time: a connection of an
+/// announcing pool that ends is announced process-wide, which wakes every manager's
+/// monitor, so the other test's monitor would find its closed connection before its
+/// release does.
+static TERMINATING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A failed unlock is visible in the pipeline: the release span is an error, and the
 /// WARNING `Error releasing advisory lock` is an event on it. (On a pool whose
 /// connections' end wakes no monitor, so the release is the first to find it.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_unlock_is_a_warning_event_on_an_error_span() {
+    let _alone = TERMINATING.lock().await;
     let manager = PostgresLockManager::builder(unannounced_pool(1))
         .health_check_interval(Duration::from_secs(3600))
         .lease(None)
@@ -473,4 +480,76 @@ async fn without_a_meter_the_global_provider_at_build_time_is_used() {
     };
     assert_eq!(acquisitions_of(&ids[0]), 0, "built before the provider");
     assert_eq!(acquisitions_of(&ids[1]), 1, "built after the provider");
+}
+
+/// A lost lock is visible in the pipeline: an `eventsource.lock.lost` span with an ERROR
+/// status and the reason to alert on (`lock.lost_reason`), and the WARNING `advisory
+/// lock lost` as its event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lock_is_a_warning_event_on_an_error_span_with_its_reason() {
+    let _alone = TERMINATING.lock().await;
+    let manager = PostgresLockManager::builder(pool(1)).build();
+    let admin = support::admin().await;
+    let key = unique_key("otel-lost");
+    let id = locks_port::lock_id(&key);
+    let spans = exported(id, async {
+        let guard = manager
+            .acquire(&key, AcquireOptions::new())
+            .await
+            .expect("acquire");
+        let terminated: bool = admin
+            .query_one(
+                "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' \
+                 AND granted AND objsubid = 1 \
+                 AND ((classid::bigint << 32) | objid::bigint) = $1",
+                &[&id],
+            )
+            .await
+            .expect("the holder's backend")
+            .get(0);
+        assert!(terminated);
+        let reason = tokio::time::timeout(Duration::from_secs(5), guard.lost())
+            .await
+            .expect("the holder was told");
+        assert_eq!(reason, locks_port::LostReason::ConnectionClosed);
+    })
+    .await;
+    // The holder is told first; the monitor's span follows on its own thread.
+    let mut spans = spans;
+    for _ in 0..100 {
+        if spans
+            .iter()
+            .any(|span| span.name == "eventsource.lock.lost")
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        spans = exported(id, async {}).await;
+    }
+    let lost = spans
+        .iter()
+        .find(|span| span.name == "eventsource.lock.lost")
+        .unwrap_or_else(|| panic!("a lost span among {:?}", names(&spans)));
+    assert!(
+        matches!(lost.status, Status::Error { .. }),
+        "{:?}",
+        lost.status
+    );
+    assert_eq!(
+        string(lost, "lock.lost_reason").as_deref(),
+        Some(locks_port::LostReason::ConnectionClosed.as_str())
+    );
+    let warning = (lost.events.iter())
+        .find(|event| event.name.starts_with("advisory lock lost"))
+        .expect("the WARNING is an event of the lost span");
+    assert!(
+        (warning.attributes.iter())
+            .any(|kv| kv.key.as_str() == "level" && kv.value.as_str() == "WARN"),
+        "{:?}",
+        warning.attributes
+    );
+}
+
+fn names(spans: &[SpanData]) -> Vec<&str> {
+    spans.iter().map(|span| span.name.as_ref()).collect()
 }

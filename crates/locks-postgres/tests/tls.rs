@@ -181,7 +181,7 @@ where
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dropped_wait_leaves_the_queue_at_once_on_a_tls_only_server() {
+async fn on_a_tls_only_server_a_dropped_wait_leaves_the_queue_and_a_lost_holder_is_told_at_once() {
     let server = TlsServer::start();
     // Plain text is refused: the server really takes TLS only.
     assert!(
@@ -229,6 +229,39 @@ async fn a_dropped_wait_leaves_the_queue_at_once_on_a_tls_only_server() {
         );
     }
     permit.release().await;
+
+    // A tls_pool announces a connection's end as plain_pool does: the manager says how
+    // soon its holders are told (a pool built by hand does not), and a holder whose
+    // backend is terminated is told at once, not at its next keepalive (10 s).
+    assert_eq!(
+        holder.loss_notice_bound(),
+        Some(locks_postgres::ANNOUNCED_LOSS_NOTICE)
+    );
+    let hand_built = PostgresLockManager::builder(server.hand_built_pool()).build();
+    assert_eq!(hand_built.loss_notice_bound(), None);
+    let guard = holder
+        .acquire("tls:told", Duration::from_secs(5))
+        .await
+        .expect("lock");
+    let pid: i32 = admin
+        .query_one(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted",
+            &[],
+        )
+        .await
+        .expect("the holder's backend")
+        .get(0);
+    let terminated = Instant::now();
+    admin
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .expect("terminate");
+    let reason = tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("the holder was told");
+    let told = terminated.elapsed();
+    eprintln!("a terminated TLS holder was told after {told:?} ({reason:?})");
+    assert!(told < Duration::from_secs(1), "told after {told:?}");
 
     eprintln!("dropped lock waits left pg_locks after {lock_figures:?}");
     eprintln!("dropped permit waits left pg_locks after {permit_figures:?}");

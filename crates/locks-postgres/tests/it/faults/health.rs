@@ -224,6 +224,21 @@ async fn connection_errors_carry_the_servers_words(mode: Mode) {
     let error = refused.try_acquire("k").await.expect_err("refused");
     assert_eq!(error.kind(), AcquisitionErrorKind::Unreachable, "{error}");
     assert!(error.reason().contains("Connection refused"), "{error}");
+    // An unknown database: a setting to fix, in the server's words (3D000).
+    let mut config = test_server_config();
+    config.dbname("no_such_database_here");
+    let unknown = mode.manager(pool_from(config, 1));
+    let error = unknown
+        .try_acquire("k")
+        .await
+        .expect_err("no such database");
+    assert_eq!(error.kind(), AcquisitionErrorKind::Configuration, "{error}");
+    assert!(
+        error
+            .reason()
+            .contains("\"no_such_database_here\" does not exist (3D000)"),
+        "{error}"
+    );
 }
 
 /// Fencing: 4 managers (4 sessions, as 4 processes would be) take one key 50 times
