@@ -2,7 +2,7 @@
 //! still held: every session of a member that stopped renewing, and only the old slot's
 //! session of a member that joined again under another slot (its sessions gone on its
 //! side but not yet on the server's, after a network cut), never the sessions that member
-//! runs its shards on.
+//! runs its shards on; and a member that left (its slot free) is only forgotten.
 
 use std::time::Duration;
 
@@ -99,6 +99,11 @@ async fn a_renewal_ends_a_stopped_member_but_only_the_old_slot_of_one_that_joine
     let (_z_slot, z_slot_pid) = session(&z, Held::Slot(class, 3)).await;
     let (_z_shard, z_shard_pid) = session(&z, Held::Shard(8)).await;
     row(&admin, &group, 3, &z, -5.0).await;
+    // w left: its row expired, its slot free; a session of its name goes on (a process
+    // that left the group and takes other locks). It is only forgotten.
+    let w = unique("w");
+    let (_w_other, w_other_pid) = session(&w, Held::Shard(9)).await;
+    row(&admin, &group, 5, &w, -5.0).await;
 
     let ended = terms
         .renew(&group, 4, &unique("y"), Duration::from_secs(10))
@@ -125,6 +130,10 @@ async fn a_renewal_ends_a_stopped_member_but_only_the_old_slot_of_one_that_joine
         "a renewal ended the sessions of x, which renews under another slot: its shards \
          would be lost"
     );
+    assert!(
+        alive(&admin, w_other_pid).await,
+        "a renewal ended a session of w, a member that left (its slot free)"
+    );
     assert_eq!(ended, 3, "the three sessions above, no other");
     let rows: Vec<i32> = admin
         .query(
@@ -139,6 +148,6 @@ async fn a_renewal_ends_a_stopped_member_but_only_the_old_slot_of_one_that_joine
     assert_eq!(
         rows,
         vec![2, 4],
-        "the expired rows deleted, x's and y's kept"
+        "the expired rows deleted (w's too), x's and y's kept"
     );
 }

@@ -1,9 +1,9 @@
 use std::time::{Duration, Instant};
 
 use locks_shard::{Owned, ShardTerms};
-use locks_shard_postgres::guard_write;
+use locks_shard_postgres::{PostgresShardTerms, guard_write};
 
-use crate::support::{admin, pool, terms, unique};
+use crate::support::{admin, database_url, pool, terms, unique};
 
 /// The term store's contract (`locks_shard::conformance`), on the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -138,4 +138,57 @@ async fn a_term_s_loss_notice_reaches_the_next_owner_only_under_its_own_token() 
         Some(Duration::from_millis(2)),
         "kept in whole milliseconds, rounded up"
     );
+}
+
+/// A term table made before the loss-notice columns existed (the first version's shape,
+/// with a term in it) gains them from `install_shard_terms`, keeps its rows, and records
+/// the next owner's notice; on a database of its own, so the shared table is not touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn install_upgrades_a_term_table_made_before_the_loss_notice() {
+    let database = unique("shard_upgrade").replace(['-', ':'], "_");
+    let admin = admin().await;
+    (admin.batch_execute(&format!("CREATE DATABASE \"{database}\"")))
+        .await
+        .expect("a database of its own");
+    let url = database_url();
+    let (base, _) = url.rsplit_once('/').expect("a URL with a database");
+    let pool = locks_postgres::plain_pool(&format!("{base}/{database}"), 2).expect("a pool");
+    let client = pool.get().await.expect("a connection");
+    client
+        .batch_execute(
+            "CREATE TABLE locks_shard_terms (group_name text NOT NULL, shard text NOT NULL, \
+             token bigint NOT NULL CHECK (token > 0), member_slot integer NOT NULL, \
+             holder_id text, since timestamptz NOT NULL, \
+             ended boolean NOT NULL DEFAULT false, PRIMARY KEY (group_name, shard)); \
+             INSERT INTO locks_shard_terms VALUES ('g', 't', 4, 1, 'old', now(), false)",
+        )
+        .await
+        .expect("the first version's table");
+    locks_shard_postgres::install_shard_terms(&client)
+        .await
+        .expect("the upgrade");
+    drop(client);
+    let store = PostgresShardTerms::new(pool.clone());
+    let notice = Some(Duration::from_millis(100));
+    let next = store
+        .begin_with_notice("g", "t", 2, Some("new"), notice)
+        .await
+        .expect("a term on the upgraded table");
+    assert_eq!(next.term.token, 5, "the old row's token was kept");
+    assert_eq!(
+        next.previous_loss_notice, None,
+        "the old term recorded none"
+    );
+    let after = store
+        .begin_with_notice("g", "t", 3, Some("newer"), None)
+        .await
+        .expect("the next term");
+    assert_eq!(
+        after.previous_loss_notice, notice,
+        "recorded on the new columns"
+    );
+    drop((store, pool));
+    (admin.batch_execute(&format!("DROP DATABASE \"{database}\" WITH (FORCE)")))
+        .await
+        .expect("drop the database");
 }
