@@ -341,6 +341,20 @@ async fn hidden_keys_stay_out_of_spans() {
     }
 }
 
+/// Terminates the backend that holds the lock `id`.
+async fn terminate_holder(admin: &locks_postgres::tokio_postgres::Client, id: i64) {
+    let terminated: bool = admin
+        .query_one(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' \
+             AND granted AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = $1",
+            &[&id],
+        )
+        .await
+        .expect("the holder's backend")
+        .get(0);
+    assert!(terminated);
+}
+
 /// The tests that terminate a holder's backend, one at a time: a connection of an
 /// announcing pool that ends is announced process-wide, which wakes every manager's
 /// monitor, so the other test's monitor would find its closed connection before its
@@ -366,17 +380,7 @@ async fn a_failed_unlock_is_a_warning_event_on_an_error_span() {
             .acquire(&key, AcquireOptions::new())
             .await
             .expect("acquire");
-        let terminated: bool = admin
-            .query_one(
-                "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' \
-                 AND granted AND objsubid = 1 \
-                 AND ((classid::bigint << 32) | objid::bigint) = $1",
-                &[&id],
-            )
-            .await
-            .expect("the holder's backend")
-            .get(0);
-        assert!(terminated);
+        terminate_holder(&admin, id).await;
         for _ in 0..100 {
             if support::holders(&admin, id).await == 0 {
                 break;
@@ -497,17 +501,7 @@ async fn a_lost_lock_is_a_warning_event_on_an_error_span_with_its_reason() {
             .acquire(&key, AcquireOptions::new())
             .await
             .expect("acquire");
-        let terminated: bool = admin
-            .query_one(
-                "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' \
-                 AND granted AND objsubid = 1 \
-                 AND ((classid::bigint << 32) | objid::bigint) = $1",
-                &[&id],
-            )
-            .await
-            .expect("the holder's backend")
-            .get(0);
-        assert!(terminated);
+        terminate_holder(&admin, id).await;
         let reason = tokio::time::timeout(Duration::from_secs(5), guard.lost())
             .await
             .expect("the holder was told");

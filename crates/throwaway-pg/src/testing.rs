@@ -63,6 +63,33 @@ pub async fn admin() -> Client {
     connect(&database_url()).await
 }
 
+/// A database of its own on the test server, named [`unique`]`(name)`, for a test that
+/// needs the tables a library creates to be absent, or in an older shape: its URL (the
+/// test server's, in the same form, with this database) and its name, for
+/// [`drop_database`] when the test is done.
+pub async fn own_database(name: &str) -> (String, String) {
+    let database = unique(name);
+    (admin().await)
+        .batch_execute(&format!("CREATE DATABASE \"{database}\""))
+        .await
+        .expect("a database of its own");
+    let url = database_url();
+    let url = match url.rsplit_once('/') {
+        Some((base, _)) if url.contains("://") => format!("{base}/{database}"),
+        // key=value settings: a later setting wins.
+        _ => format!("{url} dbname={database}"),
+    };
+    (url, database)
+}
+
+/// Drops a database [`own_database`] made, ending the sessions still on it.
+pub async fn drop_database(database: &str) {
+    (admin().await)
+        .batch_execute(&format!("DROP DATABASE \"{database}\" WITH (FORCE)"))
+        .await
+        .expect("drop the database");
+}
+
 /// `name` made unique to this call: `{name}_{pid}_{nanos}_{n}`, with the nanoseconds of
 /// the current second and a counter of this process. A valid SQL identifier when `name`
 /// is one (at most 38 characters more than `name`), so it also names tables and databases.

@@ -3,7 +3,7 @@ use std::time::{Duration, Instant};
 use locks_shard::{Owned, ShardTerms};
 use locks_shard_postgres::{PostgresShardTerms, guard_write};
 
-use crate::support::{admin, database_url, pool, terms, unique};
+use crate::support::{admin, pool, terms, unique};
 
 /// The term store's contract (`locks_shard::conformance`), on the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -145,14 +145,8 @@ async fn a_term_s_loss_notice_reaches_the_next_owner_only_under_its_own_token() 
 /// the next owner's notice; on a database of its own, so the shared table is not touched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn install_upgrades_a_term_table_made_before_the_loss_notice() {
-    let database = unique("shard_upgrade").replace(['-', ':'], "_");
-    let admin = admin().await;
-    (admin.batch_execute(&format!("CREATE DATABASE \"{database}\"")))
-        .await
-        .expect("a database of its own");
-    let url = database_url();
-    let (base, _) = url.rsplit_once('/').expect("a URL with a database");
-    let pool = locks_postgres::plain_pool(&format!("{base}/{database}"), 2).expect("a pool");
+    let (url, database) = throwaway_pg::testing::own_database("shard_upgrade").await;
+    let pool = locks_postgres::plain_pool(&url, 2).expect("a pool");
     let client = pool.get().await.expect("a connection");
     client
         .batch_execute(
@@ -188,7 +182,5 @@ async fn install_upgrades_a_term_table_made_before_the_loss_notice() {
         "recorded on the new columns"
     );
     drop((store, pool));
-    (admin.batch_execute(&format!("DROP DATABASE \"{database}\" WITH (FORCE)")))
-        .await
-        .expect("drop the database");
+    throwaway_pg::testing::drop_database(&database).await;
 }

@@ -124,23 +124,14 @@ fn count(events: &[Vec<String>], word: &str) -> usize {
 /// rows: they do not fail on the missing tables.
 #[tokio::test]
 async fn reads_on_a_database_where_nothing_has_run_are_empty_answers() {
-    let database = unique("pglock_nothing_ran").replace(['-', ':'], "_");
-    let admin = admin().await;
-    (admin.batch_execute(&format!("CREATE DATABASE \"{database}\"")))
-        .await
-        .expect("a database of its own");
-    let url = database_url();
-    let (base, _) = url.rsplit_once('/').expect("a URL with a database");
-    let url = format!("{base}/{database}");
+    let (url, database) = throwaway_pg::testing::own_database("pglock_nothing_ran").await;
     let run = async |args: &[&str]| output(pglock().args(["--url", &url]).args(args)).await;
     let (text, json) = (
         run(&["shards", "g"]).await,
         run(&["shards", "--json", "g"]).await,
     );
     let (jobs, jobs_json) = (run(&["jobs"]).await, run(&["jobs", "--json"]).await);
-    (admin.batch_execute(&format!("DROP DATABASE \"{database}\" WITH (FORCE)")))
-        .await
-        .expect("drop the database");
+    throwaway_pg::testing::drop_database(&database).await;
     for done in [&text, &json, &jobs, &jobs_json] {
         assert!(done.status.success(), "{done:?}");
     }
