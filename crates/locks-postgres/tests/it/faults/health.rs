@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use locks_port::{
     AcquireOptions, AcquisitionErrorKind, DistributedLock, LockGuard, LockRegistry, LostReason,
-    ReleaseOutcome,
+    PermitGuard, ReleaseOutcome, Semaphore,
 };
 use locks_postgres::tokio_postgres;
 use locks_postgres::{PostgresLockManager, install_fencing};
@@ -121,9 +121,10 @@ async fn a_silent_server_cannot_hold_a_deadline_hostage(mode: Mode) {
     accepted.abort();
 }
 
-/// `statement_timeout = 1s` on the connection (URL options) and on the role: a 3 s wait
-/// granted at 2 s succeeds, an unbounded wait granted at 2 s succeeds, and a held lock
-/// survives 3 s idle. The server's `statement_timeout` would cancel the waits at 1 s.
+/// `statement_timeout = 1s` on the connection (URL options), and with `lock_timeout =
+/// 1s` on the role: a 3 s wait granted at 2 s succeeds, an unbounded wait granted at 2 s
+/// succeeds, for a lock and for a semaphore's permit, and a held lock survives 3 s idle.
+/// The server's timeouts would cancel the waits at 1 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_statement_timeout_neither_ends_waits_nor_holds() {
     let role = format!("it_st_{}", std::process::id());
@@ -163,6 +164,26 @@ async fn a_statement_timeout_neither_ends_waits_nor_holds() {
             tokio::time::sleep(Duration::from_secs(3)).await;
             assert!(!granted.is_lost(), "{what}");
             assert!(holder.try_acquire(&key).await.unwrap().is_none(), "{what}");
+            assert_eq!(granted.release().await, ReleaseOutcome::Unlocked, "{what}");
+        }
+        // A permit's wait likewise, the semaphore's turnstile and slots included.
+        for options in [timeout(Duration::from_secs(3)), AcquireOptions::new()] {
+            let name = unique_key("statement-timeout-permit");
+            let permit = holder
+                .acquire_permit(&name, 1, AcquireOptions::new())
+                .await
+                .unwrap();
+            let release_later = tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                assert_eq!(permit.release().await, ReleaseOutcome::Unlocked);
+            });
+            let started = Instant::now();
+            let granted = waiter
+                .acquire_permit(&name, 1, options)
+                .await
+                .unwrap_or_else(|error| panic!("permit, {what}, {options:?}: {error}"));
+            assert!(started.elapsed() >= Duration::from_millis(1500), "{what}");
+            release_later.await.unwrap();
             assert_eq!(granted.release().await, ReleaseOutcome::Unlocked, "{what}");
         }
     }
