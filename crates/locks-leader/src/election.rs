@@ -360,9 +360,12 @@ impl<S: Semaphore, B: LeaderBoard> LeaderElection<S, B> {
     ///
     /// # Errors
     /// A [`Configuration`](AcquisitionErrorKind::Configuration) error of the campaign
-    /// (for example, other processes use `name` as a semaphore of more permits, or the
-    /// published value is too long), or [`InvalidKey`](AcquisitionErrorKind::InvalidKey)
-    /// for an empty name.
+    /// (for example, other processes use `name` as a semaphore of more permits, the
+    /// published value is too long, or on PostgreSQL a missing grant or a read-only
+    /// standby behind a single-host URL), or [`InvalidKey`](AcquisitionErrorKind::InvalidKey)
+    /// for an empty name. Other failures are retried after the back-off: behind a
+    /// failover, give the manager a multi-host URL with `target_session_attrs=read-write`,
+    /// whose failures while the new primary is promoted are `Unreachable`.
     ///
     /// # Cancel safety
     /// Dropping the future stops the task and gives up the leadership.

@@ -219,8 +219,12 @@ where
     ///
     /// # Errors
     /// A [`Configuration`](AcquisitionErrorKind::Configuration) error when other members
-    /// use another shard list, or [`InvalidKey`](AcquisitionErrorKind::InvalidKey).
-    /// Other failures (the backend unreachable) are retried after the back-off. A lost
+    /// use another shard list, or when the manager refuses the join for a reason retrying
+    /// cannot fix (on PostgreSQL: a missing grant, or a read-only standby behind a
+    /// single-host URL); or [`InvalidKey`](AcquisitionErrorKind::InvalidKey). Other
+    /// failures (the backend unreachable) are retried after the back-off: behind a
+    /// failover, give the manager a multi-host URL with `target_session_attrs=read-write`,
+    /// whose failures while the new primary is promoted are `Unreachable`, and retried. A lost
     /// membership permit is not an end: the member joins again at once and keeps the
     /// shards whose locks it still holds (their tasks go on, under the same terms); a
     /// shard whose lock went with it has its task dropped as any lost shard's.
