@@ -330,6 +330,11 @@ impl ShardTerms for PostgresShardTerms {
     /// to: the same role as the members', or `pg_signal_backend`). One statement that
     /// never reads `pg_locks`; a second, which does (to find those members' sessions),
     /// only when an expired member's slot is held.
+    ///
+    /// This member's renewal is the first statement's: once it is committed, a failure
+    /// of the second (the role may not end those sessions, or the connection broke) is a
+    /// WARN and 0 sessions ended, not a failed renewal; else a stuck member this role
+    /// may not end would make every healthy member stop its tasks at its self-stop.
     async fn renew(
         &self,
         group: &str,
@@ -354,6 +359,15 @@ impl ShardTerms for PostgresShardTerms {
         if count(RENEW_LOOK).await? == 0 {
             return Ok(0);
         }
-        Ok(u64::try_from(count(RENEW).await?).unwrap_or(0))
+        match count(RENEW).await {
+            Ok(ended) => Ok(u64::try_from(ended).unwrap_or(0)),
+            Err(error) => {
+                tracing::warn!(group, error = %error,
+                    "this member is renewed, but the sessions of a member whose renewal \
+                     expired while it holds its slot could not be ended; its shards stay \
+                     with it until its sessions end");
+                Ok(0)
+            }
+        }
     }
 }

@@ -151,3 +151,54 @@ async fn a_renewal_ends_a_stopped_member_but_only_the_old_slot_of_one_that_joine
         "the expired rows deleted (w's too), x's and y's kept"
     );
 }
+
+/// A member whose role may not end a stuck member's sessions (another role's, here the
+/// superuser's) is still renewed: the renewal answers 0 ended, its row is renewed, and
+/// the stuck session stays. Before, the refused `pg_terminate_backend` failed the whole
+/// renewal, so every healthy member would have stopped its tasks at its self-stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_that_may_not_end_a_stuck_member_still_renews_this_one() {
+    let admin = admin().await;
+    crate::support::terms().await; // the tables
+    let group = unique("renewal_noperm");
+    let class = PermitDerivation::CURRENT.class(&ShardGroup::members_name_of(&group));
+    // z stopped renewing, its slot still held by a session of the superuser.
+    let z = unique("z");
+    let (_z_slot, z_pid) = session(&z, Held::Slot(class, 3)).await;
+    row(&admin, &group, 3, &z, -5.0).await;
+    let role = unique("shard_member");
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN; \
+             GRANT SELECT, INSERT, UPDATE, DELETE ON locks_shard_terms, locks_shard_members \
+             TO {role}"
+        ))
+        .await
+        .expect("a member's role");
+    let mut config: locks_shard_postgres::tokio_postgres::Config =
+        database_url().parse().expect("the test server's URL");
+    config.user(&role);
+    let store = locks_shard_postgres::PostgresShardTerms::new(
+        locks_postgres::plain_pool_with_config(config, 1).expect("a pool"),
+    );
+    let renewed = store
+        .renew(&group, 4, &unique("y"), Duration::from_secs(10))
+        .await;
+    drop(store);
+    admin
+        .batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}"))
+        .await
+        .expect("drop the role");
+    assert_eq!(renewed.expect("this member is renewed"), 0);
+    assert!(alive(&admin, z_pid).await, "the superuser's session stays");
+    let live: bool = admin
+        .query_one(
+            "SELECT expires > clock_timestamp() FROM locks_shard_members \
+             WHERE group_name = $1 AND member_slot = 4",
+            &[&group],
+        )
+        .await
+        .expect("this member's row")
+        .get(0);
+    assert!(live, "this member's row is renewed");
+}
