@@ -1,5 +1,6 @@
-//! The semaphore's waits: a stopped waiter process never holds up free permits, and a
-//! permit freed while others wait reaches one of them at once, whatever its slot.
+//! The semaphore's waits: a stopped waiter process never holds up free permits (a
+//! stopped waiter backend does, until it runs again), and a permit freed while others
+//! wait reaches one of them at once, whatever its slot.
 
 use std::time::{Duration, Instant};
 
@@ -78,6 +79,63 @@ async fn a_stopped_waiter_process_never_holds_up_free_permits() {
     // The stopped waiter was first in line: the server granted it the other permit.
     assert_eq!(holders.held.len(), 2, "{holders:?}");
     assert!(waiter.expect("granted").await.parse::<u32>().is_ok());
+    assert_eq!(granted.release().await, ReleaseOutcome::Unlocked);
+}
+
+/// The one stall the server-side wait does not cover (ADR 0022): a waiter whose *server
+/// backend* stops while it holds the turnstile holds it, so a free permit is not had by
+/// anyone behind it (a try answers none, a bounded wait ends at its deadline) until that
+/// backend runs again; then the stopped waiter is granted the permit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_waiter_backend_holds_the_turnstile_until_it_runs_again() {
+    let name = unique_key("stopped-waiter-backend");
+    let admin = crate::support::admin().await;
+    let holder = PostgresLockManager::new(pool(1));
+    let class = holder.semaphore_class(&name);
+    let permit = (holder.acquire_permit(&name, 1, AcquireOptions::new()))
+        .await
+        .expect("the permit");
+    let waiter = PostgresLockManager::new(pool(1));
+    let waiting = tokio::spawn({
+        let name = name.clone();
+        async move { waiter.acquire_permit(&name, 1, AcquireOptions::new()).await }
+    });
+    wait_for("the waiter to hold the turnstile", || async {
+        turnstile_held(&admin, class).await
+    })
+    .await;
+    let pid: i32 = admin
+        .query_one(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 \
+             AND classid = $1::int4::oid AND objid = (-1)::int4::oid AND granted",
+            &[&class],
+        )
+        .await
+        .expect("the turnstile's holder")
+        .get(0);
+    signal(&pid.to_string(), "STOP");
+    assert_eq!(permit.release().await, ReleaseOutcome::Unlocked);
+    let other = PostgresLockManager::new(pool(1));
+    let tried = other.try_acquire_permit(&name, 1).await;
+    let bounded = other
+        .acquire_permit(&name, 1, Duration::from_millis(500))
+        .await;
+    signal(&pid.to_string(), "CONT");
+    assert!(
+        matches!(tried, Ok(None)),
+        "a try behind a stopped turnstile holder: {tried:?}"
+    );
+    assert!(
+        bounded
+            .as_ref()
+            .is_err_and(locks_port::LockAcquisitionError::is_timeout),
+        "a bounded wait behind it: {bounded:?}"
+    );
+    let granted = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter, running again, is granted")
+        .expect("its task")
+        .expect("the permit");
     assert_eq!(granted.release().await, ReleaseOutcome::Unlocked);
 }
 
