@@ -282,7 +282,8 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "VALUE", requires = "leader")]
     pub(crate) publish: Option<String>,
     /// With --leader: the pause before campaigning again after a lost leadership.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1s")]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1s",
+          requires = "leader")]
     pub(crate) backoff: Duration,
     /// Run at most once per slot of DURATION across every host: slots divide the server's
     /// clock from the Unix epoch (2s slots start at even seconds), the slot is recorded in

@@ -74,7 +74,7 @@ async fn who_leader_shows_the_published_value_and_term_while_the_command_runs() 
 }
 
 #[tokio::test]
-async fn who_leader_names_a_leader_that_publishes_nothing_and_publish_needs_leader() {
+async fn who_leader_names_a_leader_that_publishes_nothing_and_publish_and_backoff_need_leader() {
     let (key, dir) = unique("leader-plain");
     let (running, stop) = (dir.join("running"), dir.join("stop"));
     let child = leader(&key, &[], &running, &stop);
@@ -90,11 +90,14 @@ async fn who_leader_names_a_leader_that_publishes_nothing_and_publish_needs_lead
     std::fs::write(&stop, b"").expect("stop");
     assert_eq!(code(&finish(child).await), 0);
 
-    let usage = output(pglock().args(["run", "--publish", "x", &key, "--", "true"])).await;
-    assert_eq!(
-        code(&usage),
-        64,
-        "--publish without --leader: {}",
-        stderr(&usage)
-    );
+    for option in [["--publish", "x"], ["--backoff", "2s"]] {
+        let usage = output(pglock().arg("run").args(option).args([&key, "--", "true"])).await;
+        assert_eq!(
+            code(&usage),
+            64,
+            "{} without --leader: {}",
+            option[0],
+            stderr(&usage)
+        );
+    }
 }
