@@ -16,8 +16,7 @@ use crate::cli::BreakArgs;
 use crate::connect::{self, Target};
 use crate::exit::{DECLINED, Failure, NOPERM, SOFTWARE, USAGE, chain};
 use crate::inspect::{self, Entry};
-use crate::text::Say;
-use crate::text::out;
+use crate::text::{Say, out};
 
 /// How long a terminated session may take to go away before `break` says it has not.
 const GONE_WITHIN: Duration = Duration::from_secs(5);

@@ -10,8 +10,7 @@ use serde::Serialize;
 
 use crate::connect::{Target, one_client};
 use crate::exit::{Failure, SOFTWARE};
-use crate::text::Say;
-use crate::text::out;
+use crate::text::{Say, out};
 
 /// Exit code when the server's lock table has less room than N locks need.
 pub(crate) const TOO_SMALL: u8 = 1;

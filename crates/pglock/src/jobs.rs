@@ -9,8 +9,7 @@ use locks_schedule_postgres::{LEDGER_TABLE, PostgresLedger, install_ledger};
 use crate::connect::{self, Target};
 use crate::exit::{Failure, SOFTWARE, USAGE};
 use crate::inspect::rfc3339;
-use crate::text::Say;
-use crate::text::out;
+use crate::text::{Say, out};
 
 /// How many rows `pglock jobs` shows.
 const ROWS: u32 = 50;

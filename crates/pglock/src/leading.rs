@@ -15,8 +15,7 @@ use crate::connect::{self, Target};
 use crate::exit::{Failure, LOST, SOFTWARE, chain};
 use crate::inspect::rfc3339_micros;
 use crate::json;
-use crate::text::Say;
-use crate::text::out;
+use crate::text::{Say, out};
 
 /// A term that runs the command: the leading permit, and the proclaimed term.
 #[derive(Debug)]

@@ -39,8 +39,7 @@ use clap::error::ErrorKind;
 use crate::cli::{Cli, Command};
 use crate::connect::ProcessEnv;
 use crate::exit::{Failure, SOFTWARE, USAGE};
-use crate::text::Say;
-use crate::text::out;
+use crate::text::{Say, out};
 
 fn main() -> ExitCode {
     let raw: Vec<String> = std::env::args().collect();

@@ -10,8 +10,7 @@ use crate::connect::{self, Target};
 use crate::exit::{Failure, SOFTWARE, USAGE, chain};
 use crate::inspect::{self, Entry};
 use crate::json;
-use crate::text::Say;
-use crate::text::out;
+use crate::text::{Say, out};
 
 /// The shortest `--watch` interval: a live view, not a load test of `pg_locks`.
 const SHORTEST_WATCH: Duration = Duration::from_millis(100);

@@ -1,6 +1,6 @@
 //! Text from outside (keys, application names, server messages) made safe to print: a
 //! control character (a newline, an ANSI escape) is shown escaped, never sent raw to the
-//! terminal.
+//! terminal; and the one writer of stdout ([`out`]), which a closed pipe does not end.
 
 use std::io::{ErrorKind, Write};
 
