@@ -258,12 +258,21 @@ pub(crate) async fn missing_table(
         .get()
         .await
         .map_err(|error| pool_failure(&error, target))?;
-    let exists: bool = client
+    let exists = table_exists(&client, table).await?;
+    Ok((!exists).then_some(client))
+}
+
+/// Whether `table` exists, read on `client` (a command that already holds its pool's one
+/// connection asks on it).
+pub(crate) async fn table_exists(
+    client: &locks_postgres::tokio_postgres::Client,
+    table: &str,
+) -> Result<bool, Failure> {
+    Ok(client
         .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
         .await
         .map_err(|error| Failure::new(crate::exit::SOFTWARE, crate::exit::chain(&error)))?
-        .get(0);
-    Ok((!exists).then_some(client))
+        .get(0))
 }
 
 #[cfg(test)]

@@ -61,10 +61,7 @@ pub(crate) async fn run(
         }
         None => None,
     };
-    let ledger: bool = (client.query_one("SELECT to_regclass($1) IS NOT NULL", &[&LEDGER_TABLE]))
-        .await
-        .map_err(|error| Failure::new(SOFTWARE, crate::exit::chain(&error)))?
-        .get(0);
+    let ledger = connect::table_exists(&client, LEDGER_TABLE).await?;
     drop(client);
     // No ledger table: no job has run on this database (the first run creates it).
     let runs = if ledger {
