@@ -29,7 +29,8 @@ Exit codes:
 
 Connection: --url, else DATABASE_URL, else the libpq environment (PGHOST, PGPORT,
 PGUSER, PGPASSWORD or ~/.pgpass, PGDATABASE, PGAPPNAME, PGSSLMODE, PGSSLROOTCERT,
-PGCONNECT_TIMEOUT), as psql reads them.";
+PGCONNECT_TIMEOUT), as psql reads them. PGLOCK_LOG (a filter, e.g. `warn` or
+`locks_shard=debug`) prints the libraries' log on stderr; -v alone prints its warnings.";
 
 /// The exit codes of `pglock capacity`.
 const CAPACITY_EXIT_CODES: &str = "\
@@ -59,7 +60,8 @@ pub(crate) struct Cli {
     /// The connection.
     #[command(flatten)]
     pub(crate) connection: ConnectionArgs,
-    /// Say what pglock is doing, on stderr.
+    /// Say what pglock is doing, on stderr, and the libraries' warnings (a lost lock, a
+    /// failing join; PGLOCK_LOG, e.g. `locks_shard=debug`, chooses others).
     #[arg(short, long, global = true)]
     pub(crate) verbose: bool,
     /// What to do.

@@ -67,8 +67,61 @@ fn main() -> ExitCode {
     }
 }
 
+/// The libraries' own log on stderr: what `PGLOCK_LOG` asks for (a `tracing` filter:
+/// `warn`, `locks_shard=debug`), else with `-v` their warnings and errors (a lost lock and
+/// its reason in the server's words, a member's failing join), else nothing. Text from the
+/// server is printed with its control characters escaped, as pglock's own.
+fn library_log(verbose: bool) {
+    use tracing_subscriber::EnvFilter;
+    let asked = std::env::var("PGLOCK_LOG")
+        .ok()
+        .filter(|directives| !directives.trim().is_empty())
+        .and_then(|directives| match EnvFilter::try_new(&directives) {
+            Ok(filter) => Some(filter),
+            Err(error) => {
+                eprintln!(
+                    "pglock: PGLOCK_LOG ignored: {}",
+                    text::escaped(&error.to_string())
+                );
+                None
+            }
+        });
+    let filter = match asked {
+        Some(filter) => filter,
+        // deadpool's own line for a broken connection ("Connection error: db error") says
+        // less than the library's warning of what it cost.
+        None if verbose => EnvFilter::new("warn,deadpool=error"),
+        None => return,
+    };
+    // Only the first call installs; pglock makes one.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(|| Prefixed)
+        .with_ansi(false)
+        .without_time()
+        .try_init();
+}
+
+/// Stderr, each log line starting `pglock: ` as pglock's own lines do (the formatter
+/// writes a whole line at once; the level's padding is dropped).
+struct Prefixed;
+
+impl std::io::Write for Prefixed {
+    fn write(&mut self, line: &[u8]) -> std::io::Result<usize> {
+        let mut stderr = std::io::stderr().lock();
+        stderr.write_all(b"pglock: ")?;
+        stderr.write_all(line.trim_ascii_start())?;
+        Ok(line.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
 fn dispatch(cli: Cli) -> Result<u8, Failure> {
     let say = Say(cli.verbose);
+    library_log(cli.verbose);
     // The commands that need no database.
     match &cli.command {
         Command::Id { key } => {

@@ -65,6 +65,40 @@ async fn a_terminated_session_stops_the_command_and_exits_75() {
     assert!(started.elapsed() < SOON);
 }
 
+/// With `-v` the library's own warning of the loss reaches stderr, naming the key and the
+/// reason; without it (and without `PGLOCK_LOG`) pglock's one line is all there is.
+#[tokio::test]
+async fn verbose_shows_the_libraries_warning_of_the_loss() {
+    let script = |ready: &Path| {
+        format!(
+            "echo $$ > {ready}.tmp; mv {ready}.tmp {ready}; while :; do sleep 0.05; done",
+            ready = ready.display()
+        )
+    };
+    let (key, dir) = unique("lost-verbose");
+    let ready = dir.join("ready");
+    let (done, _) = lose_the_lock(&key, &ready, &["-v"], &script(&ready)).await;
+    assert_eq!(code(&done), 75, "{}", stderr(&done));
+    let said = stderr(&done);
+    let warning = said
+        .lines()
+        .find(|line| line.contains("advisory lock lost"))
+        .unwrap_or_else(|| panic!("no library warning of the loss: {said}"));
+    assert!(
+        warning.contains("WARN") && warning.contains(&key) && warning.contains("reason="),
+        "{warning}"
+    );
+    let (key, dir) = unique("lost-quiet");
+    let ready = dir.join("ready");
+    let (done, _) = lose_the_lock(&key, &ready, &[], &script(&ready)).await;
+    assert_eq!(code(&done), 75, "{}", stderr(&done));
+    assert!(
+        !stderr(&done).contains("advisory lock lost"),
+        "{}",
+        stderr(&done)
+    );
+}
+
 #[tokio::test]
 async fn a_command_ignoring_sigterm_is_killed_after_the_grace() {
     let (key, dir) = unique("lost-grace");

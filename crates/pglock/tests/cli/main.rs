@@ -44,6 +44,7 @@ fn pglock() -> Command {
         "PGSSLMODE",
         "PGSSLROOTCERT",
         "PGCONNECT_TIMEOUT",
+        "PGLOCK_LOG",
         "PGPASSFILE",
     ] {
         command.env_remove(name);
