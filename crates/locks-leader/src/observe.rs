@@ -70,6 +70,17 @@ pub(crate) async fn who_leads<S: Semaphore, B: LeaderBoard>(
     board: Option<&B>,
     name: &str,
 ) -> Result<Option<Leader>, LockAcquisitionError> {
+    read_leader(semaphores, board, name)
+        .await
+        .map_err(|error| error.for_read(format!("who leads '{name}'")))
+}
+
+/// [`who_leads`], its errors as they came.
+async fn read_leader<S: Semaphore, B: LeaderBoard>(
+    semaphores: &S,
+    board: Option<&B>,
+    name: &str,
+) -> Result<Option<Leader>, LockAcquisitionError> {
     let leading = leading_name(name);
     // The permit first: a term read after it is at least as new as the permit's holder.
     if !semaphores.permit_held(&leading, 0).await? {

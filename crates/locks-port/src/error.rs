@@ -89,6 +89,8 @@ struct Repr {
     permit: bool,
     /// The asking manager itself holds the key (the reason says so).
     held_here: bool,
+    /// A read (who holds, leads or owns), not an acquisition, failed: what it read.
+    read: Option<String>,
 }
 
 impl fmt::Debug for LockAcquisitionError {
@@ -102,6 +104,7 @@ impl fmt::Debug for LockAcquisitionError {
             .field("source", &repr.source)
             .field("permit", &repr.permit)
             .field("held_here", &repr.held_here)
+            .field("read", &repr.read)
             .finish()
     }
 }
@@ -123,6 +126,7 @@ impl LockAcquisitionError {
                 source: None,
                 permit: false,
                 held_here: false,
+                read: None,
             }),
         }
     }
@@ -209,6 +213,40 @@ impl LockAcquisitionError {
     pub fn for_permit(mut self) -> Self {
         self.repr.permit = true;
         self
+    }
+
+    /// Says that a read failed, not an acquisition: an observation such as who owns a
+    /// shard group's shards or who leads an election, whose errors are of this type. The
+    /// message becomes `Failed to read {what}: {reason}`; the key, kind, reason and source
+    /// stay as they were.
+    ///
+    /// ```
+    /// use locks_port::{AcquisitionErrorKind, LockAcquisitionError};
+    ///
+    /// let error = LockAcquisitionError::new(
+    ///     "reports:leading",
+    ///     AcquisitionErrorKind::ConnectionLost,
+    ///     "Database error: connection closed",
+    /// )
+    /// .for_permit()
+    /// .for_read("who leads 'reports'");
+    /// assert_eq!(
+    ///     error.to_string(),
+    ///     "Failed to read who leads 'reports': Database error: connection closed"
+    /// );
+    /// assert!(error.is_read());
+    /// assert_eq!(error.key(), "reports:leading");
+    /// ```
+    #[must_use]
+    pub fn for_read(mut self, what: impl Into<String>) -> Self {
+        self.repr.read = Some(what.into());
+        self
+    }
+
+    /// Whether a read failed (see [`for_read`](Self::for_read)), not an acquisition.
+    #[must_use]
+    pub fn is_read(&self) -> bool {
+        self.repr.read.is_some()
     }
 
     /// Says that the manager that asked holds the key itself, in `mode` since `since`
@@ -336,7 +374,9 @@ fn rfc3339_micros(at: OffsetDateTime) -> String {
 impl fmt::Display for LockAcquisitionError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let repr = &self.repr;
-        if repr.permit {
+        if let Some(what) = &repr.read {
+            write!(f, "Failed to read {what}: {}", repr.reason)
+        } else if repr.permit {
             write!(
                 f,
                 "Failed to acquire a permit of semaphore '{}': {}",

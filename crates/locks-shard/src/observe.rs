@@ -77,9 +77,19 @@ pub async fn owners<S: Semaphore, T: ShardTerms>(
     terms: &T,
     group: &ShardGroup,
 ) -> Result<Shards, LockAcquisitionError> {
-    let (holders, _) = held_members(semaphores, terms, group.name(), &group.members_name()).await?;
-    let latest = terms.terms(group.name()).await?;
-    Ok(assemble(&holders, &latest, group.shards()))
+    let read = async {
+        let (holders, _) =
+            held_members(semaphores, terms, group.name(), &group.members_name()).await?;
+        let latest = terms.terms(group.name()).await?;
+        Ok(assemble(&holders, &latest, group.shards()))
+    };
+    read.await
+        .map_err(|error| reading_owners(error, group.name()))
+}
+
+/// A failed read of who owns `group`'s shards, said as a read.
+fn reading_owners(error: LockAcquisitionError, group: &str) -> LockAcquisitionError {
+    error.for_read(format!("who owns the shards of group '{group}'"))
 }
 
 /// As [`owners`], for a group known by its name only (a command-line tool, a dashboard):
@@ -93,17 +103,15 @@ pub async fn owners_by_name<S: Semaphore, T: ShardTerms>(
     terms: &T,
     group: &str,
 ) -> Result<Shards, LockAcquisitionError> {
-    let (holders, _) = held_members(
-        semaphores,
-        terms,
-        group,
-        &ShardGroup::members_name_of(group),
-    )
-    .await?;
-    let latest = terms.terms(group).await?;
-    let mut names: Vec<&str> = latest.iter().map(|term| term.shard.as_str()).collect();
-    names.sort_unstable();
-    Ok(assemble(&holders, &latest, names.into_iter()))
+    let read = async {
+        let members = ShardGroup::members_name_of(group);
+        let (holders, _) = held_members(semaphores, terms, group, &members).await?;
+        let latest = terms.terms(group).await?;
+        let mut names: Vec<&str> = latest.iter().map(|term| term.shard.as_str()).collect();
+        names.sort_unstable();
+        Ok(assemble(&holders, &latest, names.into_iter()))
+    };
+    read.await.map_err(|error| reading_owners(error, group))
 }
 
 /// The owner of each of `names`: its latest term, if not ended and its member's slot is

@@ -216,6 +216,70 @@ impl<B: LeaderBoard> LeaderBoard for Gated<'_, B> {
     }
 }
 
+/// A board that cannot be read.
+struct Unreadable;
+
+impl LeaderBoard for Unreadable {
+    async fn proclaim(
+        &self,
+        name: &str,
+        _: &str,
+    ) -> Result<locks_port::Proclamation, locks_port::LockAcquisitionError> {
+        Err(Self::error(name))
+    }
+
+    async fn retire(&self, name: &str, _: u64) -> Result<(), locks_port::LockAcquisitionError> {
+        Err(Self::error(name))
+    }
+
+    async fn latest(
+        &self,
+        name: &str,
+    ) -> Result<Option<locks_port::Proclamation>, locks_port::LockAcquisitionError> {
+        Err(Self::error(name))
+    }
+}
+
+impl Unreadable {
+    fn error(name: &str) -> locks_port::LockAcquisitionError {
+        locks_port::LockAcquisitionError::new(
+            name,
+            AcquisitionErrorKind::ConnectionLost,
+            "Database error: connection closed",
+        )
+    }
+}
+
+/// A read of who leads that fails says it was a read, not "Failed to acquire lock", and
+/// keeps the backend's kind and reason.
+#[tokio::test]
+async fn a_failed_read_of_who_leads_says_it_was_a_read() {
+    let table = InMemoryLockTable::new();
+    let (leader, observer) = (
+        table.manager_with_holder_id("leader"),
+        table.manager_with_holder_id("observer"),
+    );
+    let _leading = leader
+        .acquire_permit(
+            &locks_leader::leading_name("api"),
+            1,
+            locks_port::AcquireOptions::new(),
+        )
+        .await
+        .expect("the leading permit");
+    let error = LeaderElection::new(&observer, "api")
+        .board(Unreadable)
+        .who_leads()
+        .await
+        .expect_err("the board cannot be read");
+    assert_eq!(
+        error.to_string(),
+        "Failed to read who leads 'api': Database error: connection closed"
+    );
+    assert!(error.is_read());
+    assert_eq!(error.kind(), AcquisitionErrorKind::ConnectionLost);
+}
+
 /// A dropped term leaves its proclamation unretired. The next winner, holding the leading
 /// permit but not proclaimed yet, must not let observers name the dropped leader's term
 /// (an observer trusts the board's live term while the leading permit is held, without

@@ -445,6 +445,7 @@ struct Counting {
     enters: Arc<AtomicUsize>,
     renewals: Arc<AtomicUsize>,
     renewals_fail: Arc<AtomicBool>,
+    terms_fail: Arc<AtomicBool>,
 }
 
 impl Counting {
@@ -477,6 +478,13 @@ impl ShardTerms for Counting {
     }
 
     async fn terms(&self, group: &str) -> Result<Vec<Term>, LockAcquisitionError> {
+        if self.terms_fail.load(Ordering::SeqCst) {
+            return Err(LockAcquisitionError::new(
+                group,
+                AcquisitionErrorKind::ConnectionLost,
+                "Database error: connection closed",
+            ));
+        }
         self.terms.terms(group).await
     }
 
@@ -522,6 +530,28 @@ impl ShardTerms for Counting {
         }
         self.write(member, Some(holder_id));
         Ok(0)
+    }
+}
+
+/// A read of who owns a group's shards that fails says it was a read, not "Failed to
+/// acquire lock", and keeps the backend's kind and reason.
+#[tokio::test]
+async fn a_failed_read_of_the_owners_says_it_was_a_read() {
+    let store = Counting {
+        terms_fail: Arc::new(AtomicBool::new(true)),
+        ..Counting::default()
+    };
+    let manager = locks_memory::InMemoryLockTable::new().manager_with_holder_id("m");
+    let group = ShardGroup::new("g", ["a", "b"]).expect("a group");
+    let by_group = locks_shard::owners(&manager, &store, &group).await;
+    let by_name = locks_shard::owners_by_name(&manager, &store, "g").await;
+    for error in [by_group.expect_err("a read"), by_name.expect_err("a read")] {
+        assert_eq!(
+            error.to_string(),
+            "Failed to read who owns the shards of group 'g': Database error: connection closed"
+        );
+        assert!(error.is_read());
+        assert_eq!(error.kind(), AcquisitionErrorKind::ConnectionLost);
     }
 }
 
