@@ -10,6 +10,7 @@ mod inspect;
 mod installs;
 mod leader;
 mod leader_board;
+mod leader_restart;
 mod lease;
 mod mode_change;
 
