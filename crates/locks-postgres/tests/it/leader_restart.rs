@@ -9,8 +9,7 @@ use std::time::{Duration, Instant};
 use locks_leader::{DEFAULT_BACKOFF, DEFAULT_TAKEOVER_DELAY, LeaderElection, Leadership};
 use locks_port::{LostReason, LostSignal, Semaphore};
 use locks_postgres::{
-    ANNOUNCED_LOSS_NOTICE, PostgresLockManager, install_fencing, install_leader_board,
-    plain_pool,
+    ANNOUNCED_LOSS_NOTICE, PostgresLockManager, install_fencing, install_leader_board, plain_pool,
 };
 
 use crate::faults::{admin_at, drop_cluster, own_cluster};
@@ -49,7 +48,8 @@ struct Stopped(Tasks, usize);
 
 impl Drop for Stopped {
     fn drop(&mut self) {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)[self.1].stopped = Some(Instant::now());
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)[self.1].stopped =
+            Some(Instant::now());
     }
 }
 
@@ -119,10 +119,7 @@ async fn until(what: &str, within: Duration, mut check: impl FnMut() -> bool) ->
         if check() {
             return Instant::now();
         }
-        assert!(
-            started.elapsed() < within,
-            "{what}: not within {within:?}"
-        );
+        assert!(started.elapsed() < within, "{what}: not within {within:?}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
@@ -181,7 +178,11 @@ async fn one_candidate_leads_again_within_2_5_s_of_a_server_restart() {
     }
     let old = tasks(&record).remove(0);
     let observer = LeaderElection::new(looker.clone(), name.clone()).board(looker.clone());
-    let named = observer.who_leads().await.expect("who leads").expect("a leader");
+    let named = observer
+        .who_leads()
+        .await
+        .expect("who leads")
+        .expect("a leader");
     assert_eq!(named.holder_id.as_deref(), Some(old.who));
     assert_eq!(named.term, old.term);
     let (old_term, old_token) = (
@@ -242,7 +243,11 @@ async fn one_candidate_leads_again_within_2_5_s_of_a_server_restart() {
             "a candidate leads while the server is down"
         );
     }
-    assert_eq!(tasks(&record).len(), 1, "a task started while the server was down");
+    assert_eq!(
+        tasks(&record).len(),
+        1,
+        "a task started while the server was down"
+    );
 
     // Back.
     tokio::task::block_in_place(|| cluster.start_again()).expect("pg_ctl start");
@@ -262,13 +267,21 @@ async fn one_candidate_leads_again_within_2_5_s_of_a_server_restart() {
     // would win within a back-off and a takeover delay.
     tokio::time::sleep(DEFAULT_BACKOFF + DEFAULT_TAKEOVER_DELAY).await;
     let all = tasks(&record);
-    assert_eq!(all.len(), 2, "one task before the restart, one after: {all:?}");
+    assert_eq!(
+        all.len(),
+        2,
+        "one task before the restart, one after: {all:?}"
+    );
     let leaders = candidates
         .iter()
         .filter(|(election, _)| election.subscribe().borrow().is_leading())
         .count();
     assert_eq!(leaders, 1, "exactly one candidate leads again");
-    let named = observer.who_leads().await.expect("who leads").expect("a leader");
+    let named = observer
+        .who_leads()
+        .await
+        .expect("who leads")
+        .expect("a leader");
     assert_eq!(named.holder_id.as_deref(), Some(new.who));
     assert!(new.stopped.is_none(), "the new leader's task runs");
     for (i, a) in all.iter().enumerate() {

@@ -14,9 +14,13 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::record::{SHARDS, Watcher, group, progress};
-use crate::support::{admin, manager, unique};
+use crate::support::{admin, manager_at, unique};
 
 const SETTLE: Duration = Duration::from_secs(20);
+/// The members' tick.
+pub(crate) const TICK: Duration = Duration::from_millis(50);
+/// The members' back-off before joining again after a failed join.
+pub(crate) const BACKOFF: Duration = Duration::from_millis(200);
 
 /// One task's life in this process: its member, shard and token, and whether its
 /// future was dropped (or returned).
@@ -26,6 +30,9 @@ pub(crate) struct Life {
     pub(crate) shard: String,
     pub(crate) token: i64,
     pub(crate) stopped: bool,
+    /// When the task was started and when its future was dropped (or returned).
+    pub(crate) from: Instant,
+    pub(crate) until: Option<Instant>,
 }
 
 /// Marks a life stopped when the task's future is dropped.
@@ -36,7 +43,9 @@ struct Alive {
 
 impl Drop for Alive {
     fn drop(&mut self) {
-        self.lives.lock().unwrap_or_else(PoisonError::into_inner)[self.index].stopped = true;
+        let life = &mut self.lives.lock().unwrap_or_else(PoisonError::into_inner)[self.index];
+        life.stopped = true;
+        life.until = Some(Instant::now());
     }
 }
 
@@ -53,8 +62,18 @@ pub(crate) struct Fleet {
 
 impl Fleet {
     pub(crate) async fn new() -> Self {
+        Self::watched(Watcher::new(group(&unique("fleet"))).await)
+    }
+
+    /// A fleet on the server at `url` (a cluster of the test's own, its term tables
+    /// installed) instead of the test server.
+    pub(crate) async fn on(url: &str) -> Self {
+        Self::watched(Watcher::on(group(&unique("fleet")), url).await)
+    }
+
+    fn watched(watcher: Watcher) -> Self {
         Self {
-            watcher: Watcher::new(group(&unique("fleet"))).await,
+            watcher,
             handed: Arc::default(),
             lives: Arc::default(),
             members: BTreeMap::new(),
@@ -72,12 +91,12 @@ impl Fleet {
 
     pub(crate) fn join(&mut self, name: &str) {
         let member = ShardMember::new(
-            manager(name, SHARDS + 4),
+            manager_at(&self.watcher.url, name, SHARDS + 4),
             self.watcher.terms.clone(),
             self.watcher.group.clone(),
         )
-        .tick(Duration::from_millis(50))
-        .backoff(Duration::from_millis(200))
+        .tick(TICK)
+        .backoff(BACKOFF)
         .renewal(self.renewal);
         let writes = self.watcher.writes.clone();
         let handed = Arc::clone(&self.handed);
@@ -97,6 +116,8 @@ impl Fleet {
                         shard: owned.shard.to_string(),
                         token: owned.token,
                         stopped: false,
+                        from: Instant::now(),
+                        until: None,
                     });
                     Alive {
                         lives: Arc::clone(&lives),

@@ -6,6 +6,7 @@ mod processes;
 mod record;
 mod rejoin;
 mod renewal;
+mod restart;
 mod roster;
 mod support;
 mod takeover;

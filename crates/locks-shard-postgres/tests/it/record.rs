@@ -11,7 +11,9 @@ use locks_shard_postgres::deadpool_postgres::Pool;
 use locks_shard_postgres::{PostgresShardTerms, guard_write};
 use tokio::sync::OnceCell;
 
-use crate::support::{admin, manager, terms, writes_pool};
+use crate::support::{
+    admin, connect, manager, manager_at, pool_at, terms, writes_pool, writes_pool_at,
+};
 
 pub(crate) const SHARDS: usize = 24;
 /// How long a task goes on writing after it was told to stop.
@@ -27,6 +29,8 @@ pub(crate) fn group(name: &str) -> ShardGroup {
 
 /// Reads owners and writes of one group, as an observer that is not a member.
 pub(crate) struct Watcher {
+    /// The server the group runs on.
+    pub(crate) url: String,
     pub(crate) group: ShardGroup,
     pub(crate) terms: PostgresShardTerms,
     pub(crate) writes: Pool,
@@ -47,10 +51,28 @@ impl Watcher {
             })
             .await;
         Self {
+            url: crate::support::database_url(),
             group,
             terms: terms().await,
             writes: writes_pool(SHARDS + 4),
             observer: manager("observer", 2),
+        }
+    }
+
+    /// A watcher of `group` on the server at `url` (a cluster of the test's own, its term
+    /// tables installed), where it creates the writes' table.
+    pub(crate) async fn on(group: ShardGroup, url: &str) -> Self {
+        connect(url)
+            .await
+            .batch_execute(WRITES)
+            .await
+            .expect("the writes table");
+        Self {
+            url: url.to_owned(),
+            group,
+            terms: PostgresShardTerms::new(pool_at(url, 8)),
+            writes: writes_pool_at(url, SHARDS + 4),
+            observer: manager_at(url, "observer", 2),
         }
     }
 
@@ -68,14 +90,30 @@ impl Watcher {
         from: Instant,
         within: Duration,
     ) -> (Shards, Duration) {
+        self.settled_past(members, from, within, &BTreeMap::new())
+            .await
+    }
+
+    /// As [`settled`](Self::settled), each shard under a token greater than its token in
+    /// `past`: a term begun since then. (`owners` names a term until it ends or its
+    /// member's slot is free, so after a server restart it names the old terms of members
+    /// that joined again until their shards' next terms begin.)
+    pub(crate) async fn settled_past(
+        &self,
+        members: usize,
+        from: Instant,
+        within: Duration,
+        past: &BTreeMap<String, i64>,
+    ) -> (Shards, Duration) {
         loop {
             let owners = self.owners().await;
             if owners.is_balanced() && owners.members.len() == members {
                 let written = self.latest_written().await;
                 let all_run = owners.shards.iter().all(|(shard, owner)| {
-                    owner
-                        .as_ref()
-                        .is_some_and(|o| written.get(shard) == Some(&o.token))
+                    owner.as_ref().is_some_and(|o| {
+                        written.get(shard) == Some(&o.token)
+                            && past.get(shard).is_none_or(|&token| o.token > token)
+                    })
                 });
                 if all_run {
                     return (owners, from.elapsed());
