@@ -22,7 +22,7 @@ const OUTAGE: Duration = Duration::from_secs(1);
 /// What a candidate's campaign costs on a loaded 2-core machine once the server is back,
 /// beyond the back-off and the takeover delay: opening its pool's connections, the
 /// permit with its fencing token, the retire of the dead leader's term, the leading
-/// permit and the proclamation (a few round trips; 0.3 s at most measured in 5 runs).
+/// permit and the proclamation: a few round trips, each on a new connection.
 const CAMPAIGN: Duration = Duration::from_secs(1);
 
 /// One leader's task: who ran it, under which term and token, when it started and was
