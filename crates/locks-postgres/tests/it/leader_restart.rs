@@ -131,9 +131,9 @@ fn ms(duration: Duration) -> u128 {
 /// Three candidates, each on its own pool, one leading and two queued, and the server
 /// restarts (`pg_ctl stop -m fast`, down for 1 s, `pg_ctl start`). The promise:
 /// - the leader is told (the lost signal its task was handed fires, and it says it
-///   follows) and its task is dropped
-///   within `ANNOUNCED_LOSS_NOTICE` (100 ms, the manager's loss-notice bound on
-///   `plain_pool`) of `pg_ctl stop` returning, and nobody leads while the server is down;
+///   follows) and its task is dropped within `ANNOUNCED_LOSS_NOTICE` (100 ms, the
+///   manager's loss-notice bound on `plain_pool`) of `pg_ctl stop` returning, and nobody
+///   leads while the server is down;
 /// - exactly one candidate leads again within `DEFAULT_BACKOFF` + `DEFAULT_TAKEOVER_DELAY`
 ///   + 1 s (2.5 s) of the server accepting connections again: each candidate campaigns
 ///   again at most a back-off (1 s) after the server is back (its last campaign failed
@@ -263,8 +263,8 @@ async fn one_candidate_leads_again_within_2_5_s_of_a_server_restart() {
     );
     assert!(again - up < bound);
 
-    // Exactly one leads, and stays the only one: a second campaign that had not given up
-    // would win within a back-off and a takeover delay.
+    // Exactly one leads, and stays the only one: a second winner would start its task
+    // within a back-off and a takeover delay.
     tokio::time::sleep(DEFAULT_BACKOFF + DEFAULT_TAKEOVER_DELAY).await;
     let all = tasks(&record);
     assert_eq!(
@@ -283,7 +283,7 @@ async fn one_candidate_leads_again_within_2_5_s_of_a_server_restart() {
         .expect("who leads")
         .expect("a leader");
     assert_eq!(named.holder_id.as_deref(), Some(new.who));
-    assert!(new.stopped.is_none(), "the new leader's task runs");
+    assert!(all[1].stopped.is_none(), "the new leader's task runs");
     for (i, a) in all.iter().enumerate() {
         for b in &all[i + 1..] {
             let a_end = a.stopped.unwrap_or_else(Instant::now);
