@@ -5,8 +5,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use locks_port::{
-    AcquireOptions, AcquisitionErrorKind, LeaderBoard, LockAcquisitionError, LostReason,
-    LostSignal, PermitGuard, Semaphore, check_published_value,
+    AcquireOptions, AcquisitionErrorKind, LeaderBoard, LockAcquisitionError, LossNotifier,
+    LostReason, LostSignal, PermitGuard, Semaphore, check_published_value,
 };
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::Meter;
@@ -240,6 +240,12 @@ impl<S: Semaphore, B: LeaderBoard> LeaderElection<S, B> {
 
     /// One term: waits to lead, runs `task` while leading, and says how it ended.
     ///
+    /// `task` is handed the term's [`LostSignal`]: it fires when the term ends, with the
+    /// reason of the loss that ended it (either permit's session, whichever went first),
+    /// or `Released` once the task returned or this future was dropped. The task's future
+    /// is dropped on a loss anyway; the signal is for what it handed on (a spawned
+    /// subtask, a connection of its own to close).
+    ///
     /// # Errors
     /// The campaign's error (the permit could not be waited for, or the board refused
     /// the term).
@@ -324,13 +330,21 @@ impl<S: Semaphore, B: LeaderBoard> LeaderElection<S, B> {
         // mid-term (after the task's future, made later, is dropped).
         let running = Running(self);
         let leading_lost = leading.lost();
+        // The task's signal is the term's, not either permit's: it fires with the reason
+        // the term ended (a lost leading permit is not the `Released` of the election
+        // permit given up after it), for a clone the task kept outside itself too.
+        let told = TermSignal(LossNotifier::new());
         let ended = tokio::select! {
             biased;
-            reason = lost.clone() => TermEnd::Lost(reason),
+            reason = lost => TermEnd::Lost(reason),
             // The leading permit names this process: without it, it must not lead.
             reason = leading_lost => TermEnd::Lost(reason),
-            output = task(lost) => TermEnd::Finished(output),
+            output = task(told.0.signal()) => TermEnd::Finished(output),
         };
+        if let TermEnd::Lost(reason) = &ended {
+            told.0.notify(*reason);
+        }
+        drop(told);
         // The task's future is dropped by now: it stopped before anyone hears of it.
         drop(running);
         if let (Some(board), Some(term)) = (&self.board, term)
@@ -417,6 +431,16 @@ pub async fn retire_live_term<B: LeaderBoard>(
 }
 
 /// A term running its task: dropped, the election follows again.
+/// The notifier of a term's task signal: told `Released` when the term ends without a
+/// loss, or when its future is dropped mid-term (a loss is told before).
+struct TermSignal(LossNotifier);
+
+impl Drop for TermSignal {
+    fn drop(&mut self) {
+        self.0.notify(LostReason::Released);
+    }
+}
+
 struct Running<'a, S, B>(&'a LeaderElection<S, B>);
 
 impl<S, B> Drop for Running<'_, S, B> {

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use locks_leader::{LeaderElection, Leadership, TermEnd, metrics};
 use locks_memory::InMemoryLockTable;
-use locks_port::{AcquisitionErrorKind, LeaderBoard, MAX_PUBLISHED_VALUE, Semaphore};
+use locks_port::{AcquisitionErrorKind, LeaderBoard, LostReason, MAX_PUBLISHED_VALUE, Semaphore};
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
@@ -214,6 +214,44 @@ impl<B: LeaderBoard> LeaderBoard for Gated<'_, B> {
     ) -> Result<Option<locks_port::Proclamation>, locks_port::LockAcquisitionError> {
         self.board.latest(name).await
     }
+}
+
+/// The task's lost signal says why the term ended, also to a clone kept outside the task
+/// (a subtask the leader spawned): a lost leading permit reads as its own reason, not as
+/// the `Released` of the election permit given up after it. It read `Released` before.
+#[tokio::test]
+async fn the_task_s_signal_says_why_the_term_ended_even_when_the_leading_permit_went_first() {
+    let table = InMemoryLockTable::new();
+    let leader = table.manager_with_holder_id("leader");
+    let election = LeaderElection::new(&leader, "api").takeover_delay(Duration::ZERO);
+    let (handed, mut kept) = tokio::sync::mpsc::unbounded_channel();
+    let term = election.term(|lost| async move {
+        handed.send(lost).expect("the test keeps the signal");
+        std::future::pending::<()>().await;
+    });
+    let lose = async {
+        let signal = kept.recv().await.expect("the task ran");
+        let leading = locks_leader::leading_name("api");
+        assert_eq!(
+            leader.lose_permits(&leading, LostReason::ConnectionClosed),
+            1
+        );
+        signal
+    };
+    let (ended, signal) = tokio::join!(term, lose);
+    assert!(
+        matches!(ended, Ok(TermEnd::Lost(LostReason::ConnectionClosed))),
+        "{ended:?}"
+    );
+    assert_eq!(signal.reason(), Some(LostReason::ConnectionClosed));
+    // A term whose task finished tells a kept clone `Released`.
+    let (handed, mut kept) = tokio::sync::mpsc::unbounded_channel();
+    let ended = election
+        .term(|lost| async move { handed.send(lost).expect("kept") })
+        .await;
+    assert!(matches!(ended, Ok(TermEnd::Finished(()))), "{ended:?}");
+    let signal = kept.recv().await.expect("the task ran");
+    assert_eq!(signal.reason(), Some(LostReason::Released));
 }
 
 /// A board that cannot be read.
