@@ -296,6 +296,11 @@ impl Raw {
 
 pub(crate) const NOT_HELD: &str = "pg_advisory_unlock answered false";
 
+/// The server's setting `name` (`SHOW name`).
+pub(crate) async fn show(client: &Client, name: &str) -> Result<String> {
+    Ok(client.query_one(&format!("SHOW {name}"), &[]).await?.get(0))
+}
+
 /// Advisory locks granted to sessions of `application_name`.
 pub(crate) async fn granted_advisory_locks(admin: &Client, app: &str) -> Result<i64> {
     const COUNT: &str = "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = \

@@ -136,9 +136,8 @@ async fn run(args: &Args, url: &str) -> Result<()> {
     let db = Database::new(url)?;
     let admin = (db.connect("lock-bench-admin").await)
         .map_err(|error| format!("could not connect to the server: {}", sources(&*error)))?;
-    let show = async |name| Ok::<String, BoxError>(admin.query_one(name, &[]).await?.get(0));
-    let server_version = show("SHOW server_version").await?;
-    let max_connections = show("SHOW max_connections").await?;
+    let server_version = db::show(&admin, "server_version").await?;
+    let max_connections = db::show(&admin, "max_connections").await?;
     let needed = hold::locks(plan) + 8;
     if args.runs("hold") && max_connections.parse::<usize>().unwrap_or(0) < needed {
         let error = format!("the server allows {max_connections} connections; hold needs {needed}");

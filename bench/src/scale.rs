@@ -18,7 +18,7 @@ use serde_json::json;
 
 use crate::chart::{BLUE, Curve, GREEN, ORANGE, Panel, RED, Unit, curves_svg};
 use crate::clients::{Op, keys};
-use crate::db::{Database, NOT_HELD, Raw, each, open_pool};
+use crate::db::{Database, NOT_HELD, Raw, each, open_pool, show};
 use crate::harness::{self, Cell, Outcome};
 use crate::stats::{Latencies, allocated_bytes, fairness, fmt_bytes, fmt_ns, fmt_ratio};
 use crate::stats::{nanos, ratio, rss_bytes};
@@ -68,13 +68,11 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
     let admin = db.connect("lock-bench-admin").await?;
     let mut settings = Vec::new();
     for name in SETTINGS {
-        let value: String = admin.query_one(&format!("SHOW {name}"), &[]).await?.get(0);
-        settings.push(format!("{name} = {value}"));
+        settings.push(format!("{name} = {}", show(&admin, name).await?));
     }
     let settings = settings.join(", ");
     let usage = locks_postgres::lock_table_usage(&admin).await?;
-    let max_connections: String = admin.query_one("SHOW max_connections", &[]).await?.get(0);
-    let max_connections: usize = max_connections.parse().unwrap_or(0);
+    let max_connections: usize = show(&admin, "max_connections").await?.parse().unwrap_or(0);
     let needed = (plan.scale_max as f64).mul_add(1.2, 10_000.0) as u64;
     let holding = connections(plan.scale_max);
     if usage.capacity < needed || max_connections < holding * 2 + 20 {

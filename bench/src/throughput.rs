@@ -7,7 +7,7 @@ use locks_port::{AcquireOptions, DistributedLock, LockGuard, lock_id};
 use locks_postgres::PostgresLockManager;
 use serde_json::json;
 
-use crate::db::{Database, Raw, open_pool};
+use crate::db::{Database, Raw, open_pool, show};
 use crate::harness::{self, Cell, Outcome, Ratios, row};
 use crate::stats::{fmt_ratio, median, ratio};
 use crate::{Plan, Result};
@@ -47,12 +47,10 @@ async fn point(db: &Database, plan: &Plan, tasks: usize) -> Result<[Vec<f64>; 2]
 
 pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
     // Both sides' connections at once: the points the server allows.
-    let admin = db.connect(APP).await?;
-    let allowed: String = admin.query_one("SHOW max_connections", &[]).await?.get(0);
+    let allowed = show(&db.connect(APP).await?, "max_connections").await?;
     let room = allowed.parse::<usize>().unwrap_or(0).saturating_sub(20) / 2;
     let (counts, skipped): (Vec<usize>, Vec<usize>) =
         TASKS.iter().partition(|&&t| t.min(CONNECTIONS) <= room);
-    drop(admin);
     let mut out = Outcome::new("throughput", "3. Throughput: N tasks on distinct keys");
     out.note(format!(
         "{} rounds of a {:.1} s window per side, alternating; cycles/s is the median over \
