@@ -18,6 +18,7 @@ use crate::stats::{Latencies, fmt_ratio, ratio};
 use crate::{Plan, Result};
 
 const SCHEMA: &str = "lock_bench_cutover";
+const APP: &str = "lock-bench-cutover-append";
 
 fn table(name: &str) -> Result<TableName> {
     Ok(TableName::new(&format!("{SCHEMA}.{name}"))?)
@@ -25,7 +26,7 @@ fn table(name: &str) -> Result<TableName> {
 
 pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
     let (rounds, batch) = plan.pick((10, 200), (30, 1000));
-    let pool = db.pool(4, "lock-bench-cutover-append");
+    let pool = db.pool(4, APP);
     install_store(&pool, &table("events")?).await?;
     install_fleet(&pool, &table("routes")?, &table("migrations")?).await?;
     let store = PostgresEventStore::new(pool.clone(), table("events")?);
@@ -56,10 +57,8 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
         Ok(())
     })
     .await?;
-    let cleanup = db.connect("lock-bench-cutover-append").await?;
-    cleanup
-        .batch_execute(&format!("DROP SCHEMA {SCHEMA} CASCADE"))
-        .await?;
+    let cleanup = format!("DROP SCHEMA {SCHEMA} CASCADE");
+    db.connect(APP).await?.batch_execute(&cleanup).await?;
 
     let [with, without] = &sides;
     let p50 = ratio(with.p50() as f64, without.p50() as f64);
@@ -78,10 +77,8 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
         fmt_ratio(p50),
         fmt_ratio(p99)
     ));
-    for (name, l) in ["with the shared write lock", "without it"]
-        .iter()
-        .zip(&sides)
-    {
+    let names = ["with the shared write lock", "without it"];
+    for (name, l) in names.iter().zip(&sides) {
         let (p50, p99) = (Cell::ns(l.p50()), Cell::ns(l.p99()));
         out.row(row!["append" => *name, "samples" => l.count(), "p50" => p50, "p99" => p99]);
     }

@@ -104,10 +104,8 @@ impl Measured {
 /// `cycle` runs again over the same server's Unix socket when the URL is TCP and this
 /// machine can reach one ([`Database::over_socket`]; a note says when not).
 pub(crate) fn run(db: &Database, plan: &Plan, name: &str) -> Result<Vec<Outcome>> {
-    let scenario = *SCENARIOS
-        .iter()
-        .find(|s| s.0 == name)
-        .ok_or("no such scenario")?;
+    let found = SCENARIOS.iter().find(|s| s.0 == name);
+    let scenario = *found.ok_or("no such scenario")?;
     let (db, plan) = (db.clone(), plan.clone());
     let thread = std::thread::Builder::new().name("lock-bench-cycle".into());
     let passes = thread.spawn(move || {
@@ -143,8 +141,7 @@ async fn measure(
     id: &'static str,
 ) -> Result<Outcome> {
     let (_, _, title, limit, gated, names) = scenario;
-    let otel = names.iter().any(|name| name.contains("-otel"));
-    let pipeline = otel.then(Pipeline::new);
+    let pipeline = (names.iter().any(|name| name.contains("-otel"))).then(Pipeline::new);
     let mut clients = Vec::new();
     for (index, &name) in names.iter().enumerate() {
         let op = client(db, name, &format!("{id}:{index}"), "lock-bench-cycle").await?;

@@ -18,6 +18,7 @@ const PERMITS: Contender = Contender::Permits(4);
 const JOB_TASKS: usize = 8;
 const JOB_WINDOW: Duration = Duration::from_secs(8);
 const APP: (&str, bool) = ("lock-bench-handoff", true);
+const HOLD: Duration = Duration::from_millis(2);
 
 struct Case {
     contender: Contender,
@@ -61,10 +62,6 @@ impl Case {
     }
 }
 
-fn short(_: usize, _: u64) -> Duration {
-    Duration::from_millis(2)
-}
-
 /// A job of 100–400 ms, spread by task and turn.
 fn job(task: usize, turn: u64) -> Duration {
     let spread = (task as u64)
@@ -82,13 +79,10 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
     let (window, poll_window) = (plan.ms(600, 2000), plan.ms(1500, 6000));
     harness::rounds(plan.pick(2, 5), cases.len(), async |round, side| {
         let case = &mut cases[side];
-        let length = if case.contender == Contender::Poll {
-            poll_window
-        } else {
-            window
-        };
+        let poll = case.contender == Contender::Poll;
+        let length = if poll { poll_window } else { window };
         let key = format!("bench:handoff:{round}:{side}:{}", std::process::id());
-        case.turns.window(db, APP, key, length, short).await
+        case.turns.window(db, APP, key, length, |_, _| HOLD).await
     })
     .await?;
     let mut jobs = Case::new(PERMITS, JOB_TASKS, true);

@@ -80,11 +80,8 @@ async fn library_round(db: &Database, admin: &Client, count: usize, round: usize
     let mut guards = Vec::with_capacity(count);
     let before_locks = allocated_bytes();
     for n in 0..count {
-        guards.push(
-            manager
-                .acquire(&format!("{prefix}:{n}"), AcquireOptions::new())
-                .await?,
-        );
+        let key = format!("{prefix}:{n}");
+        guards.push(manager.acquire(&key, AcquireOptions::new()).await?);
     }
     let with_guards = allocated_bytes();
     // The locks stay with the manager; only the bookkeeping entries remain.
@@ -171,10 +168,8 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
     let one_each = library
         .iter()
         .all(|r| keys.iter().all(|&k| r[k] == json!(count)));
-    let (last, raw_last) = (
-        library.last().ok_or("no round")?,
-        raw.last().ok_or("no round")?,
-    );
+    let [last, raw_last] = sides.each_ref().map(|side| side.last().ok_or("no round"));
+    let (last, raw_last) = (last?, raw_last?);
     let bookkeeping = median(library, "bookkeeping_heap_bytes");
     let release_ratio = ratio(
         median(library, "release_all_s"),

@@ -205,18 +205,15 @@ pub(crate) fn run(url: &str, plan: &Plan, dir: &Path, id: &'static str) -> Resul
 /// The total instruction count of one child run.
 fn count(url: &str, name: &str, cycles: usize, dir: &Path) -> Result<u64> {
     let out = dir.join(format!("{name}-{cycles}.out"));
-    let (client, timers) = match name.strip_suffix(TIMERS) {
-        Some(client) => (client, true),
-        None => (name, false),
-    };
+    let timers = name.strip_suffix(TIMERS);
     let mut valgrind = Command::new("valgrind");
-    if timers {
+    if timers.is_some() {
         valgrind.env("LOCKS_POSTGRES_WATCHDOG", "off");
     }
     let file = format!("--callgrind-out-file={}", out.display());
     let args = [
         "--count-instructions",
-        client,
+        timers.unwrap_or(name),
         "--cycles",
         &cycles.to_string(),
     ];

@@ -17,11 +17,8 @@ const KEY: &str = "bench:memory";
 
 async fn cycle(side: usize, manager: &InMemoryLockManager, mutex: &Mutex<()>) -> Result<()> {
     if side == 0 {
-        manager
-            .acquire(KEY, AcquireOptions::new())
-            .await?
-            .release()
-            .await;
+        let guard = manager.acquire(KEY, AcquireOptions::new()).await?;
+        guard.release().await;
     } else {
         drop(mutex.lock().await);
     }
@@ -42,17 +39,13 @@ pub(crate) async fn run(plan: &Plan) -> Result<Outcome> {
     })
     .await?;
     // Contended throughput: 16 tasks, one key, alternating rounds (untimed cycles).
-    let rates = harness::rates(
-        plan.pick(4, 6),
-        plan.ms(300, 1000),
-        TASKS,
-        |side, _, end| {
-            let (manager, mutex) = (manager.clone(), Arc::clone(&mutex));
-            harness::until(end, 0, false, async move || {
-                cycle(side, &manager, &mutex).await
-            })
-        },
-    )
+    let window = plan.ms(300, 1000);
+    let rates = harness::rates(plan.pick(4, 6), window, TASKS, |side, _, end| {
+        let (manager, mutex) = (manager.clone(), Arc::clone(&mutex));
+        harness::until(end, 0, false, async move || {
+            cycle(side, &manager, &mutex).await
+        })
+    })
     .await?;
     let (library, baseline) = (&calls[0].pooled, &calls[1].pooled);
     let per_op = |nanos: u64| Cell::ns(nanos / ops as u64);
@@ -68,7 +61,7 @@ pub(crate) async fn run(plan: &Plan) -> Result<Outcome> {
          its bookkeeping (key map, `LockInfo`, timestamps) costs over a bare mutex.",
         plan.pick(4, 10),
         plan.pick(20, 50),
-        plan.ms(300, 1000).as_secs_f64()
+        window.as_secs_f64()
     ));
     out.row(row![
         "Measure" => format!("uncontended acquire + release (per op, batches of {ops})"),

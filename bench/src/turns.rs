@@ -138,11 +138,8 @@ impl Turns {
                 if bounded {
                     options = options.with_timeout(Duration::from_secs(5));
                 }
-                Ok(Taker::Library(
-                    PostgresLockManager::new(pool),
-                    contender,
-                    options,
-                ))
+                let manager = PostgresLockManager::new(pool);
+                Ok(Taker::Library(manager, contender, options))
             }
         });
         let (takers, id) = (takers.await?, lock_id(&key));
