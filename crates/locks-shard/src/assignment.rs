@@ -13,14 +13,13 @@ use locks_port::{
     DistributedLock, LockAcquisitionError, LockGuard, LostSignal, PermitHolder, Semaphore,
 };
 use opentelemetry::KeyValue;
-use tokio::sync::Notify;
 
 use crate::assign::{
     expected_from_terms, held_by_listed, members_of, target_share, to_shed, to_try,
 };
 use crate::group::ShardGroup;
 use crate::metrics::Instruments;
-use crate::task::{Owned, Running, TermPlan, spawn};
+use crate::task::{Owned, Running, TermPlan, Told, spawn};
 use crate::terms::{ShardTerms, held_members};
 
 /// What a member's ticks remember from one tick, and one membership, to the next.
@@ -94,7 +93,7 @@ pub(crate) struct Assignment<'a, M, T> {
     /// Told by a term's tokio task when the term lost its lock (and let it go), so that
     /// the member ticks at once: a shard it lost and may own again is taken back without
     /// waiting for the next tick.
-    pub(crate) ended: &'a Arc<Notify>,
+    pub(crate) told: &'a Arc<Told>,
 }
 
 impl<M, T> Assignment<'_, M, T>
@@ -448,7 +447,7 @@ where
             drain_grace: self.drain_grace,
             instruments: self.instruments.clone(),
             attributes: self.attributes.to_vec(),
-            ended: Arc::clone(self.ended),
+            told: Arc::clone(self.told),
         };
         let task = Arc::clone(task);
         Ok(Some(spawn(guard, plan, move |owned, stop| {
@@ -506,7 +505,7 @@ mod tests {
         terms.end("g", "s4", 1).await.expect("ended");
         let locks = InMemoryLockManager::default();
         let instruments = Instruments::global();
-        let ended = Arc::new(Notify::new());
+        let told = Arc::new(Told::default());
         let assignment = Assignment {
             locks: &locks,
             terms: &terms,
@@ -516,7 +515,7 @@ mod tests {
             renewal: None,
             instruments: &instruments,
             attributes: &[],
-            ended: &ended,
+            told: &told,
         };
         let mut view = View::default();
         assert!(view.fresh());

@@ -15,7 +15,6 @@ use locks_port::{
 };
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::Meter;
-use tokio::sync::Notify;
 
 use crate::assignment::{Assignment, View};
 use crate::group::ShardGroup;
@@ -23,7 +22,7 @@ use crate::membership::{Left, Membership, abort_all, overdue, stop_all};
 use crate::metrics::Instruments;
 use crate::observe::{ShardWatch, Shards, owners};
 use crate::renewal::SelfStop;
-use crate::task::{DEFAULT_DRAIN_GRACE, DEFAULT_TAKEOVER_DELAY, Owned, Running};
+use crate::task::{DEFAULT_DRAIN_GRACE, DEFAULT_TAKEOVER_DELAY, Owned, Running, Told};
 use crate::terms::ShardTerms;
 
 /// How often a member reads the member list and takes or sheds shards.
@@ -277,7 +276,7 @@ where
         // The member list as the last tick saw it, kept from one membership to the next.
         let mut view = View::default();
         // Told when a term lost its lock, so that the next tick comes at once.
-        let ended = Arc::new(Notify::new());
+        let told = Arc::new(Told::default());
         loop {
             running.retain(|_, term| !term.is_finished());
             if running.is_empty()
@@ -286,6 +285,25 @@ where
                 deadline.restart();
             }
             let bound = self_stop.as_ref().filter(|_| renewing);
+            // Terms whose end could not be written are ended first: joined again, this
+            // member's slot and holder would name them to observers as still running.
+            // Until they are, it does not join (nor could it begin a term without the
+            // term store).
+            let ending = told.end_unended(&self.terms);
+            let within = tokio::time::timeout(self.backoff.max(self.tick), ending);
+            let Some(ended) = keeping(&mut running, within, shutdown.as_mut(), bound).await else {
+                return Ok(());
+            };
+            if ended != Ok(true) {
+                let pause = tokio::time::sleep(self.backoff);
+                if keeping(&mut running, pause, shutdown.as_mut(), bound)
+                    .await
+                    .is_none()
+                {
+                    return Ok(());
+                }
+                continue;
+            }
             let join = self
                 .locks
                 .acquire_permit(&members, permits, AcquireOptions::new());
@@ -320,7 +338,7 @@ where
             };
             renewing = self_stop.is_some() && permit.info().holder_id().is_some();
             let left = self
-                .membership(self_stop.as_ref(), &ended)
+                .membership(self_stop.as_ref(), &told)
                 .hold(&permit, &mut running, &task, &mut view, shutdown.as_mut())
                 .await;
             match left {
@@ -354,7 +372,7 @@ where
     fn membership<'a>(
         &'a self,
         self_stop: Option<&'a SelfStop>,
-        ended: &'a Arc<Notify>,
+        told: &'a Arc<Told>,
     ) -> Membership<'a, M, T> {
         Membership {
             assignment: Assignment {
@@ -366,7 +384,7 @@ where
                 renewal: self.renewal,
                 instruments: &self.instruments,
                 attributes: &self.attributes,
-                ended,
+                told,
             },
             tick: self.tick,
             rejoin_wait: self.rejoin_wait,

@@ -89,7 +89,7 @@ where
                     .await;
                 tokio::select! {
                     biased;
-                    () = self.assignment.ended.notified() => {}
+                    () = self.assignment.told.lost.notified() => {}
                     _ = ticks.tick() => {}
                 }
             }

@@ -67,8 +67,10 @@ impl Shards {
 /// [`roster`](ShardTerms::roster) or else the membership semaphore's holders, then the
 /// term store). A term is named when it is not ended and its member's permit is
 /// held by the same holder, so a dead member's terms are not named once its permit is
-/// free. A term is named from its beginning, which may be up to the takeover delay
-/// before its task starts.
+/// free. A member whose terms could not be ended when their tasks stopped (the store
+/// unreachable, as through a server restart) ends them before it joins again, so they
+/// are not named under its new membership either. A term is named from its beginning,
+/// which may be up to the takeover delay before its task starts.
 ///
 /// # Errors
 /// A backend failure of either read.

@@ -4,8 +4,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use locks_port::{LockGuard, LossNotifier, LostReason};
@@ -159,6 +159,46 @@ impl Drop for Running {
     }
 }
 
+/// What a member hears from its terms' tokio tasks.
+#[derive(Debug, Default)]
+pub(crate) struct Told {
+    /// Told once a term lost its lock and let it go.
+    pub(crate) lost: Notify,
+    /// Terms whose task stopped but whose end could not be written (the term store
+    /// unreachable, as through a server restart): the member ends them before it joins
+    /// again, so that no observer names them under its new membership (same slot, same
+    /// holder) as if they still ran.
+    unended: Mutex<Vec<Owned>>,
+}
+
+impl Told {
+    fn unended(&self) -> std::sync::MutexGuard<'_, Vec<Owned>> {
+        self.unended.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Ends the terms left unended, each while it is still its shard's latest (as
+    /// [`ShardTerms::end`] does); those that fail again stay for the next try. Whether
+    /// none is left.
+    ///
+    /// # Cancel safety
+    /// A term leaves the list only once its end is written.
+    pub(crate) async fn end_unended<T: ShardTerms>(&self, terms: &T) -> bool {
+        let left = self.unended().clone();
+        for owned in left {
+            match terms.end(&owned.group, &owned.shard, owned.token).await {
+                Ok(()) => {
+                    self.unended().retain(|term| term != &owned);
+                    tracing::debug!(shard = %owned.shard, token = owned.token,
+                        "a term left unended is ended");
+                }
+                Err(error) => tracing::debug!(shard = %owned.shard, error = %error,
+                    "a term left unended could not be ended yet"),
+            }
+        }
+        self.unended().is_empty()
+    }
+}
+
 /// What a term needs besides the task.
 pub(crate) struct TermPlan<T> {
     pub(crate) owned: Owned,
@@ -171,8 +211,8 @@ pub(crate) struct TermPlan<T> {
     pub(crate) drain_grace: Duration,
     pub(crate) instruments: Instruments,
     pub(crate) attributes: Vec<KeyValue>,
-    /// Told once the term lost its lock and let it go.
-    pub(crate) ended: Arc<Notify>,
+    /// Told once the term lost its lock and let it go, or could not be ended.
+    pub(crate) told: Arc<Told>,
 }
 
 enum Ended {
@@ -216,7 +256,7 @@ where
             drain_grace,
             instruments,
             attributes,
-            ended: over,
+            told,
         } = plan;
         if let Some(until) = wait_until {
             // The previous owner did not end its term: let it notice its loss and stop.
@@ -232,10 +272,10 @@ where
                 () = tokio::time::sleep_until(until) => None,
             };
             if let Some(lost_lock) = early {
-                finish(&mut holding, &terms, &owned).await;
+                finish(&mut holding, &terms, &owned, &told).await;
                 if lost_lock {
                     lost_told.store(true, Ordering::Release);
-                    over.notify_one();
+                    told.lost.notify_one();
                 }
                 return;
             }
@@ -294,14 +334,14 @@ where
         holding.task = None;
         instruments.owned.add(-1, &attributes);
         tracing::debug!(shard = %owned.shard, token = owned.token, "shard task stopped");
-        finish(&mut holding, &terms, &owned).await;
+        finish(&mut holding, &terms, &owned, &told).await;
         if lost_lock {
             // The member may own the shard again at once (a terminated session: its
             // share has not changed). Not after a hand-off or a task that returned: the
             // first is not this member's any more, the second would be run again in a
             // loop as fast as the server answers.
             lost_told.store(true, Ordering::Release);
-            over.notify_one();
+            told.lost.notify_one();
         }
     });
     Running {
@@ -315,16 +355,19 @@ where
     }
 }
 
-/// Ends the term (its task has stopped) and releases the shard's lock.
+/// Ends the term (its task has stopped) and releases the shard's lock. A term that
+/// cannot be ended is left to the member to end before it joins again.
 async fn finish<Fut, G: LockGuard, T: ShardTerms>(
     holding: &mut Holding<Fut, G>,
     terms: &T,
     owned: &Owned,
+    told: &Told,
 ) {
     debug_assert!(holding.task.is_none());
     if let Err(error) = terms.end(&owned.group, &owned.shard, owned.token).await {
         tracing::warn!(shard = %owned.shard, error = %error,
             "the term could not be ended; the next owner waits its takeover delay");
+        told.unended().push(owned.clone());
     }
     if let Some(guard) = holding.guard.take() {
         guard.release().await;

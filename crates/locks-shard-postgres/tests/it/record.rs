@@ -95,9 +95,9 @@ impl Watcher {
     }
 
     /// As [`settled`](Self::settled), each shard under a token greater than its token in
-    /// `past`: a term begun since then. (`owners` names a term until it ends or its
-    /// member's slot is free, so after a server restart it names the old terms of members
-    /// that joined again until their shards' next terms begin.)
+    /// `past`: a term begun since then. Panics if a read on the way names a shard under
+    /// its token in `past` or an older one (after a server restart: a member that joined
+    /// again, its slot and holder the same, named with a term that no longer runs).
     pub(crate) async fn settled_past(
         &self,
         members: usize,
@@ -107,6 +107,18 @@ impl Watcher {
     ) -> (Shards, Duration) {
         loop {
             let owners = self.owners().await;
+            let stale: Vec<(&String, i64)> = owners
+                .shards
+                .iter()
+                .filter_map(|(shard, owner)| Some((shard, owner.as_ref()?.token)))
+                .filter(|(shard, token)| past.get(*shard).is_some_and(|old| token <= old))
+                .collect();
+            assert!(
+                stale.is_empty(),
+                "named {:?} after {:?} under terms that no longer run: {stale:?}",
+                owners.counts(),
+                from.elapsed()
+            );
             if owners.is_balanced() && owners.members.len() == members {
                 let written = self.latest_written().await;
                 let all_run = owners.shards.iter().all(|(shard, owner)| {
