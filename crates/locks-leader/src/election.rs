@@ -430,7 +430,6 @@ pub async fn retire_live_term<B: LeaderBoard>(
     }
 }
 
-/// A term running its task: dropped, the election follows again.
 /// The notifier of a term's task signal: told `Released` when the term ends without a
 /// loss, or when its future is dropped mid-term (a loss is told before).
 struct TermSignal(LossNotifier);
@@ -441,6 +440,7 @@ impl Drop for TermSignal {
     }
 }
 
+/// A term running its task: dropped, the election follows again.
 struct Running<'a, S, B>(&'a LeaderElection<S, B>);
 
 impl<S, B> Drop for Running<'_, S, B> {
