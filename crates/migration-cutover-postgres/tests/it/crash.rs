@@ -21,6 +21,10 @@
 
 use std::fmt::Write as _;
 use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use migration_cutover::uuid::Uuid;
@@ -28,7 +32,8 @@ use migration_cutover::{
     CUTOVER_STEP_TARGET, CutoverOutcome, MigrationCoordinator, MigrationError, MigrationPorts,
     Phase, RepositoryError, RoutingRepository, RoutingState, TenantRoute,
 };
-use migration_cutover_postgres::{PostgresRoutingRepository, PostgresWritePause};
+use migration_cutover_postgres::{PostgresRoutingRepository, PostgresWritePause, write_lock_id};
+use throwaway_pg::testing::advisory_lock;
 use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::{Layer, Registry};
@@ -37,9 +42,11 @@ use crate::fleet::{
     ACQUIRE, Ack, BUDGET, Child, TENANT, all_events, assert_exactly_once_in_order, command, env,
     micros, outcome, prepare, say, writers,
 };
-use crate::support::{Fleet, Instance, SOURCE, TARGET, test_config};
+use crate::support::{Fleet, Instance, SOURCE, TARGET, connect, test_config, unique};
 
 const STOP_AT: &str = "MCP_STOP_AT";
+/// A file: at the step named in [`STOP_AT`] the coordinator waits for it, then goes on.
+const GO_ON: &str = "MCP_GO_ON";
 const TWO_WRITE_FLIP: &str = "MCP_TWO_WRITE_FLIP";
 
 /// Every step boundary of the cutover, in order (see [`CUTOVER_STEP_TARGET`]).
@@ -75,9 +82,13 @@ const FROZEN_BOUND: Duration = ACQUIRE
 // ---------------------------------------------------------------------------------
 // The child side.
 
-/// Prints each cutover step and blocks at the one to stop at.
+/// Prints each cutover step (`step NAME MICROS`, the wall-clock time it was reached) and
+/// blocks at the one to stop at, once: until SIGKILL, or with [`GO_ON`] until that file
+/// exists.
 struct Steps {
     stop_at: Option<String>,
+    go_on: Option<PathBuf>,
+    stopped: AtomicBool,
 }
 
 struct StepName(Option<String>);
@@ -105,11 +116,17 @@ impl<S: tracing::Subscriber> Layer<S> for Steps {
         let mut name = StepName(None);
         event.record(&mut name);
         let Some(step) = name.0 else { return };
-        say(&format!("step {step}"));
-        if self.stop_at.as_deref() == Some(step.as_str()) {
-            // Stopped inside the cutover, holding whatever it holds, until SIGKILL.
-            loop {
-                std::thread::sleep(Duration::from_secs(3600));
+        say(&format!("step {step} {}", micros(SystemTime::now())));
+        if self.stop_at.as_deref() == Some(step.as_str()) && !self.stopped.swap(true, SeqCst) {
+            // Stopped inside the cutover, holding whatever it holds, until SIGKILL, or
+            // until the parent says go on (it has ended the pause's sessions meanwhile).
+            let Some(go_on) = &self.go_on else {
+                loop {
+                    std::thread::sleep(Duration::from_secs(3600));
+                }
+            };
+            while !go_on.exists() {
+                std::thread::sleep(Duration::from_millis(1));
             }
         }
     }
@@ -155,10 +172,12 @@ impl RoutingRepository for TwoWriteFlip {
 }
 
 /// The coordinator process: prepares the migration to dual write, says `prepared ID`,
-/// and runs the cutover on `cutover`, printing its steps.
+/// and runs the cutover on each `cutover`, printing its steps.
 pub(crate) async fn child_coordinator() {
     let steps = Steps {
         stop_at: std::env::var(STOP_AT).ok(),
+        go_on: std::env::var_os(GO_ON).map(PathBuf::from),
+        stopped: AtomicBool::new(false),
     };
     tracing::subscriber::set_global_default(Registry::default().with(steps))
         .expect("the only subscriber");
@@ -167,10 +186,14 @@ pub(crate) async fn child_coordinator() {
     let instance = fleet.instance(test_config(), ACQUIRE);
     let migration = prepare(&instance.coordinator, tenant).await;
     say(&format!("prepared {migration}"));
-    let Some(line) = tokio::task::spawn_blocking(command).await.expect("stdin") else {
-        return;
-    };
-    assert_eq!(line, "cutover");
+    while let Some(line) = tokio::task::spawn_blocking(command).await.expect("stdin") {
+        assert_eq!(line, "cutover");
+        cut_over(&fleet, &instance, migration).await;
+    }
+}
+
+/// One cutover of the coordinator process; says `cutover OUTCOME`.
+async fn cut_over(fleet: &Fleet, instance: &Instance, migration: Uuid) {
     let result = if std::env::var(TWO_WRITE_FLIP).is_ok() {
         let parts = fleet.parts(ACQUIRE);
         let ports = MigrationPorts::new(
@@ -202,6 +225,10 @@ enum Kill {
     /// Stopped at this step and left alive (its sockets open) while the fleet is
     /// watched; killed only before the second coordinator runs.
     FreezeAt(&'static str),
+    /// Not killed: stopped at this step until the parent has ended the pause's server
+    /// sessions with `pg_terminate_backend`, then let go on; the same coordinator then
+    /// runs the later cutover (no second coordinator).
+    TerminatePauseAt(&'static str),
 }
 
 /// How the second coordinator resolves what the first left.
@@ -233,7 +260,42 @@ struct Round {
     resumed_after: [Duration; 2],
     /// How the migration ended.
     ended: Phase,
+    /// With [`Kill::TerminatePauseAt`]: what the coordinator did after the pause's
+    /// sessions were ended (its first cutover's outcome, and its later one).
+    went_on: Option<WentOn>,
 }
+
+/// What a coordinator whose pause was ended did next.
+#[derive(Debug)]
+struct WentOn {
+    /// How many server sessions held the pause (one per database) and were terminated.
+    terminated: usize,
+    /// The steps it reported after the one it was stopped at.
+    steps: Vec<String>,
+    /// Its cutover's outcome (`completed`, `rolled_back REASON`, …).
+    outcome: String,
+    /// From the termination to that outcome.
+    finished_after: Duration,
+    /// Every distinct route seen while it went on (polled), in order.
+    routes_seen: Vec<String>,
+    /// Its later cutover's outcome.
+    later: String,
+}
+
+/// The name of a step message (`step NAME MICROS`) and when the step was reached.
+fn step_message(message: &str) -> Option<(&str, u128)> {
+    let mut words = message.strip_prefix("step ")?.split(' ');
+    let name = words.next()?;
+    let at = words.next().and_then(|at| at.parse().ok()).unwrap_or(0);
+    Some((name, at))
+}
+
+/// How long a coordinator whose pause was ended may take to finish its cutover: its
+/// paused steps and its rollback are each bounded by the pause budget; the rest is
+/// slack for a loaded 2-core machine. Beyond it, it counts as hung.
+const GO_ON_BOUND: Duration = BUDGET
+    .saturating_add(BUDGET)
+    .saturating_add(Duration::from_secs(4));
 
 /// The shared set-up of the rounds: a fleet and an instance of the parent's, which is
 /// also the second coordinator.
@@ -273,19 +335,30 @@ impl World {
         if two_write_flip {
             vars.push((TWO_WRITE_FLIP, "1".to_owned()));
         }
+        let go_on = std::env::temp_dir().join(unique("mcp_go_on"));
+        if let Kill::TerminatePauseAt(step) = kill {
+            vars.push((STOP_AT, step.to_owned()));
+            vars.push((GO_ON, go_on.display().to_string()));
+        }
         let mut coordinator = Child::spawn("coordinator", "coordinator", &self.fleet, &vars);
         let migration = Uuid::parse_str(&coordinator.expect("prepared").await).expect("id");
         tokio::time::sleep(Duration::from_millis(150)).await;
         coordinator.send("cutover");
 
-        let (killed_at, mut last_step) = loop {
+        let mut caught_up_us = None;
+        let (mut killed_at, mut last_step) = loop {
             let message = coordinator.next().await;
-            let Some(step) = message.strip_prefix("step ") else {
+            let Some((step, at)) = step_message(&message) else {
                 // The cutover finished before the kill (a late random kill).
                 break (SystemTime::now(), format!("finished: {message}"));
             };
+            if step == "caught_up" {
+                caught_up_us = Some(at);
+            }
             match kill {
-                Kill::At(stop) | Kill::FreezeAt(stop) if stop == step => {
+                Kill::At(stop) | Kill::FreezeAt(stop) | Kill::TerminatePauseAt(stop)
+                    if stop == step =>
+                {
                     break (SystemTime::now(), step.to_owned());
                 }
                 Kill::After(delay) if step == "pause_granted" => {
@@ -299,12 +372,59 @@ impl World {
             Kill::FreezeAt(_) => (true, FROZEN_BOUND),
             _ => (false, RESUME_BOUND),
         };
-        if !frozen {
-            coordinator.kill();
-        }
-        tokio::time::sleep(bound + WATCH_BEYOND_BOUND).await;
-
         let mut problems = Vec::new();
+        let mut went_on = None;
+        if let Kill::TerminatePauseAt(_) = kill {
+            let (terminated_at, terminated) = self.terminate_pause(tenant).await;
+            killed_at = terminated_at;
+            let watch = RouteWatch::start(routing.clone(), tenant);
+            std::fs::write(&go_on, "go on").expect("the go-on file");
+            let mut steps = Vec::new();
+            let finished = tokio::time::timeout(GO_ON_BOUND, async {
+                loop {
+                    let message = coordinator.next().await;
+                    match step_message(&message) {
+                        Some((step, at)) => {
+                            if step == "caught_up" {
+                                caught_up_us = Some(at);
+                            }
+                            steps.push(step.to_owned());
+                        }
+                        None => break message,
+                    }
+                }
+            })
+            .await;
+            let finished_after = killed_at.elapsed().unwrap_or_default();
+            let _ = std::fs::remove_file(&go_on);
+            let Ok(message) = finished else {
+                watch.stop().await;
+                return Err(format!(
+                    "pause ended at {last_step}: the coordinator did not finish its cutover \
+                     within {GO_ON_BOUND:?} of the termination (steps after it: {steps:?})"
+                ));
+            };
+            let outcome = message
+                .strip_prefix("cutover ")
+                .unwrap_or_else(|| panic!("the coordinator said {message:?}"))
+                .to_owned();
+            tokio::time::sleep((bound + WATCH_BEYOND_BOUND).saturating_sub(finished_after)).await;
+            let routes_seen = watch.stop().await;
+            went_on = Some(WentOn {
+                terminated,
+                steps,
+                outcome,
+                finished_after,
+                routes_seen,
+                later: String::new(),
+            });
+        } else {
+            if !frozen {
+                coordinator.kill();
+            }
+            tokio::time::sleep(bound + WATCH_BEYOND_BOUND).await;
+        }
+
         let route = routing.get(tenant).await.expect("read").expect("a route");
         let route_after_kill = format!("{} on {}", route.state, route.store_id);
         let consistent = matches!(
@@ -317,18 +437,44 @@ impl World {
             ));
         }
 
-        coordinator.kill();
-        if let Some(step) = coordinator
-            .rest()
-            .await
-            .iter()
-            .rev()
-            .find_map(|message| message.strip_prefix("step "))
-        {
-            // What it reached before the kill landed (a random kill).
-            last_step = format!("{last_step}, reached {step}");
-        }
-        let ended = self.resolve(migration, resolve, &mut problems).await;
+        let ended = if let Some(went_on) = &mut went_on {
+            self.check_went_on(migration, went_on, &mut problems).await;
+            // The later cutover, by the same coordinator (a completed migration refuses
+            // another).
+            went_on.later = if went_on.outcome == "completed" {
+                "not needed".to_owned()
+            } else {
+                coordinator.send("cutover");
+                loop {
+                    let message = coordinator.next().await;
+                    if step_message(&message).is_none() {
+                        break message
+                            .strip_prefix("cutover ")
+                            .unwrap_or(&message)
+                            .to_owned();
+                    }
+                }
+            };
+            if !["completed", "not needed"].contains(&went_on.later.as_str()) {
+                problems.push(format!("the later cutover: {}", went_on.later));
+            }
+            coordinator.kill();
+            let record = self.instance.coordinator.migration(migration).await;
+            record.expect("record").phase
+        } else {
+            coordinator.kill();
+            if let Some((step, _)) = coordinator
+                .rest()
+                .await
+                .iter()
+                .rev()
+                .find_map(|message| step_message(message))
+            {
+                // What it reached before the kill landed (a random kill).
+                last_step = format!("{last_step}, reached {step}");
+            }
+            self.resolve(migration, resolve, &mut problems).await
+        };
         tokio::time::sleep(Duration::from_millis(200)).await;
         let mut acks = a.stop(0).await;
         acks.extend(b.stop(1).await);
@@ -362,8 +508,31 @@ impl World {
                 failed[0].error
             ));
         }
+        if let Some(went_on) = &went_on {
+            let paused_at_termination = matches!(kill, Kill::TerminatePauseAt(step) if
+                ["routing_paused", "caught_up"].contains(&step));
+            check_no_late_source_write(
+                went_on,
+                &acks,
+                killed_us,
+                paused_at_termination,
+                caught_up_us,
+                &mut problems,
+            );
+        }
         if !problems.is_empty() {
-            return Err(format!("killed at {last_step}: {}", problems.join("; ")));
+            let what = if went_on.is_some() {
+                "pause ended"
+            } else {
+                "killed"
+            };
+            return Err(format!(
+                "{what} at {last_step}: {}{}",
+                problems.join("; "),
+                went_on
+                    .map(|went_on| format!(" ({went_on:?})"))
+                    .unwrap_or_default()
+            ));
         }
         self.assert_nothing_lost(tenant, ended, &acks).await;
         Ok(Round {
@@ -371,7 +540,80 @@ impl World {
             route_after_kill,
             resumed_after,
             ended,
+            went_on,
         })
+    }
+
+    /// Ends the server sessions that hold the tenant's pause: the exclusive write lock,
+    /// granted, in any database. Returns when, and how many.
+    async fn terminate_pause(&self, tenant: Uuid) -> (SystemTime, usize) {
+        let admin = connect(None).await;
+        let holders: Vec<i32> = advisory_lock(&admin, write_lock_id(tenant))
+            .await
+            .into_iter()
+            .filter(|row| row.mode == "ExclusiveLock" && row.granted)
+            .map(|row| row.pid)
+            .collect();
+        assert!(
+            !holders.is_empty(),
+            "the pause holds the exclusive write lock"
+        );
+        let terminated_at = SystemTime::now();
+        for pid in &holders {
+            let ended: bool = admin
+                .query_one("SELECT pg_terminate_backend($1)", &[pid])
+                .await
+                .expect("terminate a pause session")
+                .get(0);
+            assert!(ended, "session {pid} ended");
+        }
+        (terminated_at, holders.len())
+    }
+
+    /// The coordinator whose pause was ended finished its cutover as documented: either
+    /// completed (the record `completed`, the route `migrated` on the target) or rolled
+    /// back (the record back in `dual_write` with its error, the route `dual_write` on
+    /// the source); and no route it or a writer wrote meanwhile was half-written.
+    async fn check_went_on(&self, migration: Uuid, went_on: &WentOn, problems: &mut Vec<String>) {
+        let record = self
+            .instance
+            .coordinator
+            .migration(migration)
+            .await
+            .expect("record");
+        let route = self
+            .instance
+            .routing
+            .get(record.tenant_id)
+            .await
+            .expect("read")
+            .expect("a route");
+        let route = (route.state, route.store_id.as_str());
+        let clean = if went_on.outcome == "completed" {
+            record.phase == Phase::Completed && route == (RoutingState::Migrated, TARGET)
+        } else if went_on.outcome.starts_with("rolled_back ") {
+            record.phase == Phase::DualWrite
+                && record.last_error.is_some()
+                && route == (RoutingState::DualWrite, SOURCE)
+        } else {
+            false
+        };
+        if !clean {
+            problems.push(format!(
+                "the coordinator's cutover ended {} with the record {} and the route {} on {}",
+                went_on.outcome, record.phase, route.0, route.1
+            ));
+        }
+        let whole = [
+            format!("{} on {SOURCE}", RoutingState::DualWrite),
+            format!("{} on {SOURCE}", RoutingState::CutoverPaused),
+            format!("{} on {TARGET}", RoutingState::Migrated),
+        ];
+        for seen in &went_on.routes_seen {
+            if !whole.contains(seen) {
+                problems.push(format!("the route was {seen} meanwhile: half-written"));
+            }
+        }
     }
 
     /// The second coordinator: completes or aborts what the first left, as `resolve`
@@ -446,6 +688,84 @@ impl World {
             other => panic!("the migration ended in {other}"),
         }
         assert!(acks.len() > 20, "the writers wrote ({} writes)", acks.len());
+    }
+}
+
+/// Polls the tenant's route every 2 ms until [`stop`](RouteWatch::stop)ped.
+struct RouteWatch {
+    task: tokio::task::JoinHandle<()>,
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+impl RouteWatch {
+    fn start(routing: PostgresRoutingRepository, tenant: Uuid) -> Self {
+        let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+        let task = tokio::spawn({
+            let seen = seen.clone();
+            async move {
+                loop {
+                    if let Ok(Some(route)) = routing.get(tenant).await {
+                        let route = format!("{} on {}", route.state, route.store_id);
+                        let mut seen = seen.lock().expect("seen");
+                        if seen.last() != Some(&route) {
+                            seen.push(route);
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
+        });
+        Self { task, seen }
+    }
+
+    /// Every distinct route seen, in order (`STATE on STORE`).
+    async fn stop(self) -> Vec<String> {
+        self.task.abort();
+        let _ = self.task.await;
+        std::mem::take(&mut *self.seen.lock().expect("seen"))
+    }
+}
+
+/// A cutover that completed after its pause was ended took no write the source accepted
+/// after its final catch-up, nor, when the route already said `cutover_paused` at the
+/// termination, any write the source accepted after the termination: such a write read
+/// `cutover_paused` under the shared lock and rolled the route back, so the flip's
+/// compare-and-set must have failed (ADR 0017). `admitted_at` is taken once the shared
+/// lock is granted, before the route is read, so a write admitted after an instant read
+/// the route after it.
+fn check_no_late_source_write(
+    went_on: &WentOn,
+    acks: &[Ack],
+    terminated_us: u128,
+    paused_at_termination: bool,
+    caught_up_us: Option<u128>,
+    problems: &mut Vec<String>,
+) {
+    if went_on.outcome != "completed" {
+        return;
+    }
+    let on_source = |after: u128| {
+        acks.iter()
+            .filter(|ack| ack.store.as_deref() == Some(SOURCE) && ack.admitted_at_us > after)
+            .count()
+    };
+    if let Some(caught_up) = caught_up_us {
+        let late = on_source(caught_up);
+        if late > 0 {
+            problems.push(format!(
+                "the cutover completed although the source accepted {late} writes after \
+                 its final catch-up"
+            ));
+        }
+    }
+    if paused_at_termination {
+        let late = on_source(terminated_us);
+        if late > 0 {
+            problems.push(format!(
+                "the cutover completed although the source accepted {late} writes after \
+                 the pause was ended with the route `cutover_paused` (a writer rolled it back)"
+            ));
+        }
     }
 }
 
@@ -546,5 +866,71 @@ async fn a_frozen_coordinator_holds_the_writers_no_longer_than_the_pause_s_max_h
         "{}",
         report(&[("routing_paused, frozen".to_owned(), round)]).trim_end()
     );
+    world.fleet.drop_databases().await;
+}
+
+/// The step boundaries at which the cutover holds the pause.
+const PAUSED_STEPS: [&str; 5] = [
+    "pause_granted",
+    "routing_paused",
+    "caught_up",
+    "flipped",
+    "recorded",
+];
+
+/// A coordinator whose pause's server sessions (one per database) are ended with
+/// `pg_terminate_backend` at each step boundary where it holds the pause, while it lives
+/// on: it is stopped at the step until the sessions are gone, then goes on, and runs the
+/// later cutover itself. Writers in two processes write throughout.
+///
+/// Asserted for every step: the writers of both processes write again within
+/// [`RESUME_BOUND`] of the termination, and no write fails; the coordinator finishes
+/// its cutover within [`GO_ON_BOUND`] (it does not hang) either completed (record
+/// `completed`, route `migrated` on the target) or rolled back (record `dual_write` with
+/// its error, route `dual_write` on the source); every route seen meanwhile (polled every
+/// 2 ms) is a whole one; a completed cutover took no write the source accepted after its
+/// final catch-up, nor after the termination when the route already said
+/// `cutover_paused` (such a writer rolled it back, so the flip's compare-and-set must
+/// fail); the later cutover completes; every acknowledged write is on the target exactly
+/// once, in its writer's order.
+///
+/// What happens (measured: see ADR 0008): OUTCOMES
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_coordinator_whose_pause_sessions_are_terminated_loses_no_write_and_cuts_over_later()
+{
+    let world = World::new("terminated").await;
+    let mut rounds = Vec::new();
+    for step in PAUSED_STEPS {
+        let round = world
+            .round(Kill::TerminatePauseAt(step), Resolve::Cutover, false)
+            .await
+            .unwrap_or_else(|problems| panic!("{problems}"));
+        assert_eq!(round.last_step, step, "stopped at the step");
+        assert_eq!(round.ended, Phase::Completed);
+        let went_on = round.went_on.as_ref().expect("went on");
+        assert_eq!(went_on.terminated, 2, "one pause session per database");
+        if ["flipped", "recorded"].contains(&step) {
+            assert_eq!(went_on.outcome, "completed", "the flip had taken effect");
+        }
+        rounds.push((step.to_owned(), round));
+    }
+    let mut text = String::from(
+        "pause ended at | writers resumed after (A, B) | steps after | cutover | finished after | routes seen | later cutover\n",
+    );
+    for (step, round) in &rounds {
+        let went_on = round.went_on.as_ref().expect("went on");
+        let _ = writeln!(
+            text,
+            "{step} | {:?}, {:?} | {} | {} | {:?} | {} | {}",
+            round.resumed_after[0],
+            round.resumed_after[1],
+            went_on.steps.join(" "),
+            went_on.outcome,
+            went_on.finished_after,
+            went_on.routes_seen.join(" → "),
+            went_on.later,
+        );
+    }
+    println!("{text}");
     world.fleet.drop_databases().await;
 }
