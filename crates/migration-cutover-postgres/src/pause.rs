@@ -193,8 +193,9 @@ impl PostgresWritePause {
     /// without closing them (frozen, or its host gone: the server would otherwise wait
     /// for TCP keepalives, hours by default). Keep it above twice the coordinator's pause
     /// budget (the paused window plus its rollback): a live cutover whose pause is ended
-    /// early fails its flip's compare-and-set and rolls back, but its writers are then no
-    /// longer held back.
+    /// early rolls back once a writer has rolled its `cutover_paused` route back (its
+    /// flip's compare-and-set fails; it completes only if the flip lands first), but its
+    /// writers are then no longer held back.
     #[must_use]
     pub fn with_max_hold(self, max_hold: Duration) -> Self {
         Self::build(

@@ -2,15 +2,20 @@
 //! moments, while two other processes keep writing: writers resume by themselves within
 //! the documented bound, the route is never half-written, no acknowledged write is lost
 //! or duplicated, and a second coordinator completes or aborts the migration.
+//! And a coordinator that lives on while its pause's server sessions are terminated at
+//! each step that holds the pause: it completes or rolls back cleanly, nothing is lost,
+//! and its next cutover completes.
 //!
 //! # How the coordinator is stopped at a step
 //!
 //! The coordinator is a child process of this test binary (role `coordinator`, see
 //! `fleet.rs` for how children are made). It installs a tracing layer that listens to the
 //! cutover's step events ([`CUTOVER_STEP_TARGET`], public and emitted in every build):
-//! it prints each step as `step NAME`, and at the step named in `MCP_STOP_AT` it blocks
-//! the thread that emitted the event, inside the cutover, until the parent SIGKILLs the
-//! process. The library has no test hook: the events are its ordinary DEBUG logs.
+//! it prints each step as `step NAME MICROS` (when it was reached), and at the step named
+//! in `MCP_STOP_AT` it blocks the thread that emitted the event, inside the cutover, until
+//! the parent SIGKILLs the process, or, when `MCP_GO_ON` names a file, until the parent
+//! has created it (having ended the pause's sessions meanwhile). The library has no test
+//! hook: the events are its ordinary DEBUG logs.
 //!
 //! # The negative control
 //!
@@ -894,7 +899,20 @@ const PAUSED_STEPS: [&str; 5] = [
 /// fail); the later cutover completes; every acknowledged write is on the target exactly
 /// once, in its writer's order.
 ///
-/// What happens (measured: see ADR 0008): OUTCOMES
+/// What happens, per step (9 runs, 2 writer processes with 2 writers each, PostgreSQL 15,
+/// 2 shared cores; see ADR 0008). In every case the writers queued behind the pause are
+/// let through by the server at once and wrote again 0.8–85 ms after the termination.
+/// - `pause_granted` (the route still `dual_write`): the writers write to the source
+///   (mirrored); the coordinator writes `cutover_paused`, the next writer rolls it back,
+///   the flip's compare-and-set fails: rolled back (`routing_update_failed`) in 9 of 9,
+///   55–200 ms after the termination; the later cutover completes.
+/// - `routing_paused`, `caught_up` (the route `cutover_paused`): the first writer rolls
+///   the route back and the flip fails: rolled back in 8 and 7 of 9, 15–65 ms after;
+///   or the flip's compare-and-set lands first (1 and 2 of 9): completed 10–22 ms after,
+///   the writers then go to the target and the source took nothing after the catch-up.
+/// - `flipped`, `recorded` (the route `migrated` on the target): completed, 7–80 ms
+///   after; its `resume` finds the sessions gone (a warning) and the writers were
+///   already on the target.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_coordinator_whose_pause_sessions_are_terminated_loses_no_write_and_cuts_over_later()
 {
