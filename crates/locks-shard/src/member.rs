@@ -22,7 +22,7 @@ use crate::membership::{Left, Membership, abort_all, overdue, stop_all};
 use crate::metrics::Instruments;
 use crate::observe::{ShardWatch, Shards, owners};
 use crate::renewal::SelfStop;
-use crate::task::{DEFAULT_DRAIN_GRACE, DEFAULT_TAKEOVER_DELAY, Owned, Running, Told};
+use crate::task::{DEFAULT_DRAIN_GRACE, DEFAULT_TAKEOVER_DELAY, LettingGo, Owned, Running, Told};
 use crate::terms::ShardTerms;
 
 /// How often a member reads the member list and takes or sheds shards.
@@ -226,7 +226,10 @@ where
     /// whose failures while the new primary is promoted are `Unreachable`, and retried. A lost
     /// membership permit is not an end: the member joins again at once and keeps the
     /// shards whose locks it still holds (their tasks go on, under the same terms); a
-    /// shard whose lock went with it has its task dropped as any lost shard's.
+    /// shard whose lock went with it has its task dropped as any lost shard's. A term whose
+    /// end could not be written when its task stopped (the term store unreachable) is
+    /// ended before the member joins again, and it joins only once none is left (a
+    /// `Configuration` error of that end ends `run` as a refused join does).
     ///
     /// # Cancel safety
     /// Dropping the future aborts every term's tokio task: each task's future is
@@ -289,12 +292,36 @@ where
             // member's slot and holder would name them to observers as still running.
             // Until they are, it does not join (nor could it begin a term without the
             // term store).
-            let ending = told.end_unended(&self.terms);
+            // A term whose lock went with the membership may still be writing its end:
+            // once it has, it is ended or left unended.
+            let letting_go: Vec<_> = running.values().filter_map(Running::letting_go).collect();
+            let ending = async {
+                while !letting_go.iter().all(LettingGo::done) {
+                    tokio::time::sleep(self.tick.min(Duration::from_millis(5))).await;
+                }
+                told.end_unended(&self.terms).await
+            };
             let within = tokio::time::timeout(self.backoff.max(self.tick), ending);
             let Some(ended) = keeping(&mut running, within, shutdown.as_mut(), bound).await else {
                 return Ok(());
             };
-            if ended != Ok(true) {
+            let unended = match ended {
+                Ok(Ok(())) => None,
+                Ok(Err(error)) if error.kind() == AcquisitionErrorKind::Configuration => {
+                    // As a refused join: retrying will not end them.
+                    stop_all(&mut running).await;
+                    return Err(error);
+                }
+                Ok(Err(error)) => Some(error.to_string()),
+                Err(_) => Some("no answer within the try".to_owned()),
+            };
+            if let Some(why) = unended {
+                tracing::warn!(
+                    left = told.unended_count(),
+                    error = why,
+                    "terms this member could not end are still not ended; it joins again once \
+                     they are (trying again after the back-off)"
+                );
                 let pause = tokio::time::sleep(self.backoff);
                 if keeping(&mut running, pause, shutdown.as_mut(), bound)
                     .await

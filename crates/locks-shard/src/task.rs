@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use locks_port::{LockGuard, LossNotifier, LostReason};
+use locks_port::{LockAcquisitionError, LockGuard, LossNotifier, LostReason, LostSignal};
 use opentelemetry::KeyValue;
 use time::OffsetDateTime;
 use tokio::sync::{Notify, oneshot};
@@ -98,6 +98,10 @@ pub(crate) struct Running {
     since: OffsetDateTime,
     /// Set once the term lost its lock and let it go (its tokio task about to return).
     lost: Arc<AtomicBool>,
+    /// The lock's own signal: lost before the term has let it go.
+    lock: LostSignal,
+    /// Set once the term's tokio task ended (its end written or left unended).
+    finished: Arc<AtomicBool>,
 }
 
 impl Running {
@@ -127,6 +131,12 @@ impl Running {
         self.handoff.is_none()
     }
 
+    /// If the term's lock is lost but the term has not let it go yet (its end may still
+    /// be written, or fail and be left to the member): what says when it has.
+    pub(crate) fn letting_go(&self) -> Option<LettingGo> {
+        (self.lock.is_lost() && !self.is_finished()).then(|| LettingGo(Arc::clone(&self.finished)))
+    }
+
     pub(crate) fn is_finished(&self) -> bool {
         self.lost_lock() || self.handle.is_finished()
     }
@@ -150,6 +160,16 @@ impl Running {
         let handle = &mut self.handle;
         // A panicking task is over too; the runtime reported it.
         let _ = handle.await;
+    }
+}
+
+/// A term whose lock is lost, letting it go (see [`Running::letting_go`]).
+pub(crate) struct LettingGo(Arc<AtomicBool>);
+
+impl LettingGo {
+    /// Whether the term has let its lock go, its end written or left unended.
+    pub(crate) fn done(&self) -> bool {
+        self.0.load(Ordering::Acquire)
     }
 }
 
@@ -177,13 +197,19 @@ impl Told {
     }
 
     /// Ends the terms left unended, each while it is still its shard's latest (as
-    /// [`ShardTerms::end`] does); those that fail again stay for the next try. Whether
-    /// none is left.
+    /// [`ShardTerms::end`] does); those that fail again stay for the next try.
+    ///
+    /// # Errors
+    /// The last failure, when a term is left.
     ///
     /// # Cancel safety
     /// A term leaves the list only once its end is written.
-    pub(crate) async fn end_unended<T: ShardTerms>(&self, terms: &T) -> bool {
+    pub(crate) async fn end_unended<T: ShardTerms>(
+        &self,
+        terms: &T,
+    ) -> Result<(), LockAcquisitionError> {
         let left = self.unended().clone();
+        let mut failed = None;
         for owned in left {
             match terms.end(&owned.group, &owned.shard, owned.token).await {
                 Ok(()) => {
@@ -191,11 +217,15 @@ impl Told {
                     tracing::debug!(shard = %owned.shard, token = owned.token,
                         "a term left unended is ended");
                 }
-                Err(error) => tracing::debug!(shard = %owned.shard, error = %error,
-                    "a term left unended could not be ended yet"),
+                Err(error) => failed = Some(error),
             }
         }
-        self.unended().is_empty()
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// How many terms are left unended.
+    pub(crate) fn unended_count(&self) -> usize {
+        self.unended().len()
     }
 }
 
@@ -242,7 +272,12 @@ where
     let lost_told = Arc::clone(&lost_flag);
     let (shard, token, slot) = (Arc::clone(&plan.owned.shard), plan.owned.token, plan.slot);
     let since = plan.owned.since;
+    let lock = guard.lost();
+    let finished = Arc::new(AtomicBool::new(false));
+    let over = Finished(Arc::clone(&finished));
     let handle = tokio::spawn(async move {
+        // Set when this task ends, however it ends (returned, aborted, panicked).
+        let _over = over;
         let lost = guard.lost();
         let mut holding: Holding<Fut, G> = Holding {
             task: None,
@@ -352,6 +387,17 @@ where
         slot,
         since,
         lost: lost_flag,
+        lock,
+        finished,
+    }
+}
+
+/// Sets its flag when dropped: the end of a term's tokio task.
+struct Finished(Arc<AtomicBool>);
+
+impl Drop for Finished {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
     }
 }
 

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use locks_port::{
     AcquisitionErrorKind, LockAcquisitionError, LostReason, LostSignal, PermitHolder,
+    Semaphore as _,
 };
 use locks_shard::{
     Begun, MemoryTerms, Owned, ShardGroup, ShardMember, ShardTerms, Term, target_share,
@@ -446,6 +447,9 @@ struct Counting {
     renewals: Arc<AtomicUsize>,
     renewals_fail: Arc<AtomicBool>,
     terms_fail: Arc<AtomicBool>,
+    /// `end` fails with this kind, if any.
+    ends_fail: Arc<Mutex<Option<AcquisitionErrorKind>>>,
+    ends: Arc<AtomicUsize>,
 }
 
 impl Counting {
@@ -474,6 +478,15 @@ impl ShardTerms for Counting {
     }
 
     async fn end(&self, group: &str, shard: &str, token: i64) -> Result<(), LockAcquisitionError> {
+        self.ends.fetch_add(1, Ordering::SeqCst);
+        let failing = *self.ends_fail.lock().expect("ends_fail");
+        if let Some(kind) = failing {
+            return Err(LockAcquisitionError::new(
+                group,
+                kind,
+                "Database error: refused",
+            ));
+        }
         self.terms.end(group, shard, token).await
     }
 
@@ -531,6 +544,63 @@ impl ShardTerms for Counting {
         self.write(member, Some(holder_id));
         Ok(0)
     }
+}
+
+/// A term whose end failed when its task stopped is ended before its member joins again,
+/// and the member joins only once it is: while the store refuses for a passing reason the
+/// member stays out; once it answers, the term is ended and the member joins. A refusal
+/// that retrying cannot fix (`Configuration`) ends `run` as a refused join does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_term_left_unended_is_ended_before_the_member_joins_again() {
+    let table = locks_memory::InMemoryLockTable::new();
+    let manager = table.manager_with_holder_id("m");
+    let group = ShardGroup::new("g", ["a"]).expect("a group");
+    let store = Counting::default();
+    let member = ShardMember::new(manager.clone(), store.clone(), group.clone())
+        .tick(Duration::from_millis(5))
+        .backoff(Duration::from_millis(20))
+        .renewal(None);
+    let (started, mut runs) = tokio::sync::mpsc::unbounded_channel();
+    let run = tokio::spawn(async move {
+        member
+            .run(move |owned: Owned, _stop: LostSignal| {
+                started.send(owned.token).expect("the test listens");
+                std::future::pending::<()>()
+            })
+            .await
+    });
+    let first = runs.recv().await.expect("a first term");
+    // The store goes away for ends; the shard's lock and the membership are lost.
+    *store.ends_fail.lock().expect("ends_fail") = Some(AcquisitionErrorKind::ConnectionLost);
+    assert!(manager.lose(&group.shard_key("a"), LostReason::ConnectionClosed));
+    manager.lose_permits(&group.members_name(), LostReason::ConnectionClosed);
+    let members = group.members_name();
+    let out_for = Instant::now();
+    while out_for.elapsed() < Duration::from_millis(200) {
+        let holders = manager.permit_holders(&members).await.expect("holders");
+        assert!(holders.held.is_empty(), "joined with a term left unended");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The store answers again: the old term is ended, then the member joins and takes
+    // the shard under a new term, whose previous term reads as ended.
+    *store.ends_fail.lock().expect("ends_fail") = None;
+    let second = tokio::time::timeout(SETTLE, runs.recv())
+        .await
+        .expect("the shard taken again")
+        .expect("a second term");
+    assert!(second > first);
+    let terms = store.terms.terms("g").await.expect("terms");
+    assert_eq!(terms.len(), 1);
+    // Refused for good: ends `run`.
+    *store.ends_fail.lock().expect("ends_fail") = Some(AcquisitionErrorKind::Configuration);
+    assert!(manager.lose(&group.shard_key("a"), LostReason::ConnectionClosed));
+    manager.lose_permits(&group.members_name(), LostReason::ConnectionClosed);
+    let ended = tokio::time::timeout(SETTLE, run)
+        .await
+        .expect("run ended")
+        .expect("no panic");
+    let error = ended.expect_err("a Configuration error");
+    assert_eq!(error.kind(), AcquisitionErrorKind::Configuration, "{error}");
 }
 
 /// A read of who owns a group's shards that fails says it was a read, not "Failed to
