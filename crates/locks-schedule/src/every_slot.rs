@@ -67,7 +67,8 @@ impl ScheduledJob {
     /// failed firing (an unreachable server, a missing ledger table) is logged as a
     /// `tracing` warning with the error, and the loop fires again at the next boundary;
     /// a claim that failed wrote nothing, and a run whose outcome could not be recorded
-    /// is settled by the next firing under the crash policy. When the ledger cannot say
+    /// is settled under the crash policy by the next firing in its slot or the one after
+    /// (no later firing looks at it: its row stays `running`). When the ledger cannot say
     /// the time, the loop asks again after [`CLOCK_RETRY_PAUSE`].
     ///
     /// # Cancel safety
@@ -75,8 +76,8 @@ impl ScheduledJob {
     /// all the time) it holds nothing: no lock, no connection, no claim. Dropped during a
     /// firing, it does what dropping [`run_once_per_slot`] does: the job's future is
     /// dropped, the lock released, and a claimed slot's row stays `running`, which the
-    /// next firing of any host settles under the crash policy, as it would a crashed
-    /// runner's.
+    /// next firing of any host (in that slot or the one after) settles under the crash
+    /// policy, as it would a crashed runner's.
     ///
     /// [`run_once_per_slot`]: ScheduledJob::run_once_per_slot
     pub async fn run_every_slot<L, G, F, Fut, E>(

@@ -123,7 +123,8 @@ pub struct RunReport {
 }
 
 /// A firing failed: nothing ran after the failure (a run that had started is recorded
-/// as `running` and settled by the next firing under the crash policy).
+/// as `running` and settled under the crash policy by the next firing in its slot or
+/// the one after).
 ///
 /// Each variant shows its cause's message (the lock's, the ledger's, the schedule's),
 /// which names the fix when there is one (a missing ledger table: create it with
@@ -265,8 +266,9 @@ impl ScheduledJob {
     ///
     /// # Cancel safety
     /// Dropping the future releases the lock (the guard drops). If the job had been
-    /// claimed, its row stays `running` and the next firing settles it under the crash
-    /// policy, as it would a crashed runner's.
+    /// claimed, its row stays `running` and the next firing (in its slot or the one after)
+    /// settles it under the crash policy, as it would a crashed runner's; a row no firing
+    /// reaches by then stays `running`.
     pub async fn run_once_per_slot<L, G, F, Fut, E>(
         &self,
         locks: &L,
