@@ -231,6 +231,23 @@ impl PrimaryWithStandby {
         )
     }
 
+    /// Cuts the standby off as a lagging standby would be: waits until it has replayed
+    /// what the primary wrote so far, then clears its `primary_conninfo` (reloadable since
+    /// PostgreSQL 13) and waits until the primary lists no standby in
+    /// `pg_stat_replication`. What the primary writes from then on is not shipped (with
+    /// asynchronous replication; a synchronous primary would wait for its standby).
+    pub fn cut_standby_off(&self) -> Result<(), Error> {
+        self.wait_for_replay()?;
+        self.standby
+            .psql("ALTER SYSTEM SET primary_conninfo = ''")?;
+        self.standby.psql("SELECT pg_reload_conf()")?;
+        self.wait_until(
+            &self.primary,
+            "SELECT count(*) = 0 FROM pg_stat_replication",
+            "the standby to stop streaming",
+        )
+    }
+
     /// Polls `sql` (a query answering `t` or `f`) on `server` until it answers `t`.
     fn wait_until(&self, server: &ThrowawayPostgres, sql: &str, what: &str) -> Result<(), Error> {
         let deadline = Instant::now() + WAIT;
