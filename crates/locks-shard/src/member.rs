@@ -322,11 +322,7 @@ where
                     "terms this member could not end are still not ended; it joins again once \
                      they are (trying again after the back-off)"
                 );
-                let pause = tokio::time::sleep(self.backoff);
-                if keeping(&mut running, pause, shutdown.as_mut(), bound)
-                    .await
-                    .is_none()
-                {
+                if !backed_off(&mut running, self.backoff, shutdown.as_mut(), bound).await {
                     return Ok(());
                 }
                 continue;
@@ -353,11 +349,7 @@ where
                         });
                     }
                     tracing::warn!(error = %error, "joining the shard group failed; retrying");
-                    let pause = tokio::time::sleep(self.backoff);
-                    if keeping(&mut running, pause, shutdown.as_mut(), bound)
-                        .await
-                        .is_none()
-                    {
+                    if !backed_off(&mut running, self.backoff, shutdown.as_mut(), bound).await {
                         return Ok(());
                     }
                     continue;
@@ -438,6 +430,19 @@ where
             Err(_) => error,
         }
     }
+}
+
+/// Waits out `backoff` while running the terms kept from a lost membership, as
+/// [`keeping`] does: `false` once `shutdown` is ready.
+async fn backed_off(
+    running: &mut BTreeMap<usize, Running>,
+    backoff: Duration,
+    shutdown: Pin<&mut impl Future<Output = ()>>,
+    deadline: Option<&SelfStop>,
+) -> bool {
+    keeping(running, tokio::time::sleep(backoff), shutdown, deadline)
+        .await
+        .is_some()
 }
 
 /// Waits for `until` while running the terms kept from a lost membership: `None` once
