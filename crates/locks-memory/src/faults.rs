@@ -127,12 +127,15 @@ impl InMemoryLockManager {
     /// # }
     /// ```
     pub fn end_session(&self, reason: LostReason) -> usize {
+        // Everything is taken out before any lock's signal fires: a holder told of one
+        // loss and looking (a shard member ticking at once) sees none of this manager's
+        // locks or permits still held, as after a killed process.
         let mut held = self.inner.held_map().drain();
+        let permits = self.inner.permits.drain();
+        let lost_permits = permits.iter().filter(|cell| cell.give_back(reason)).count();
         for entry in &mut held {
             entry.end(reason);
         }
-        let permits = self.inner.permits.drain();
-        let lost_permits = permits.iter().filter(|cell| cell.give_back(reason)).count();
         let count = held.len() + lost_permits;
         drop(held);
         count
