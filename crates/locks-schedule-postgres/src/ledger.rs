@@ -48,6 +48,10 @@ const RETRY: &str = "UPDATE scheduled_job_runs \
 const ABANDON: &str = "UPDATE scheduled_job_runs \
      SET finished = $3, outcome = 'abandoned', detail = 'the runner ' || holder || ' died' \
      WHERE name = $1 AND slot = $2";
+const ABANDON_STALE: &str = "UPDATE scheduled_job_runs \
+     SET finished = clock_timestamp(), outcome = 'abandoned', \
+         detail = 'the runner ' || holder || ' died' \
+     WHERE name = $1 AND slot < $2 AND outcome = 'running' RETURNING slot";
 const FINISH: &str = "UPDATE scheduled_job_runs \
      SET finished = clock_timestamp(), outcome = $5, detail = $6 \
      WHERE name = $1 AND slot = $2 AND attempt = $3 AND holder = $4 AND outcome = 'running'";
@@ -277,6 +281,28 @@ impl Ledger for PostgresLedger {
                 .await
                 .map_err(|error| errors::driver(WHAT, error))?;
             Ok(updated == 1)
+        })
+        .await
+    }
+
+    async fn abandon_stale(
+        &self,
+        name: &str,
+        before: OffsetDateTime,
+    ) -> Result<Vec<OffsetDateTime>, LedgerError> {
+        const WHAT: &str = "abandoning earlier runs of dead runners";
+        self.bounded(WHAT, async {
+            let client = self.client(WHAT).await?;
+            let driver = |error| errors::driver(WHAT, error);
+            let rows = client
+                .query(ABANDON_STALE, &[&name, &before])
+                .await
+                .map_err(driver)?;
+            let mut slots = (rows.iter())
+                .map(|row| row.try_get(0).map_err(driver))
+                .collect::<Result<Vec<OffsetDateTime>, _>>()?;
+            slots.sort();
+            Ok(slots)
         })
         .await
     }

@@ -188,9 +188,11 @@ fn slots_between(schedule: &Schedule, first: Slot, last: Slot) -> Vec<Slot> {
 ///   first firing on the promoted standby records the slot before its own as `missed`
 ///   (the one before that if its claim crossed a boundary), and the window's other slots
 ///   get no row at all;
-/// - the run the primary died under ran once; its outcome could not be recorded, and its
-///   row stays `running`: only the slot just before a firing is settled, and the first
-///   firing came two or more slots later.
+/// - the run the primary died under ran once; its outcome could not be recorded, and no
+///   claim reaches its row (a claim settles its slot and the one before, and the first
+///   firing came two or more slots later): the first firing on the promoted standby,
+///   holding the job's lock, marks it `abandoned` (before 2026-12-07 it stayed
+///   `running`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_synchronous_replication_each_slot_runs_once_across_a_failover() {
     let _serial = SERIAL.lock().await;
@@ -336,11 +338,12 @@ async fn with_synchronous_replication_each_slot_runs_once_across_a_failover() {
     );
     let died = &rows[&died_under];
     assert_eq!(
-        (died.outcome, died.finished),
-        (Outcome::Running, None),
-        "the run the primary died under: its outcome was never recorded, and no firing \
-         settles it two slots later: {died:?}"
+        died.outcome,
+        Outcome::Abandoned,
+        "the run the primary died under: its outcome was never recorded, and a later \
+         firing holding the job's lock settles it: {died:?}"
     );
+    assert!(died.finished.is_some(), "{died:?}");
 }
 
 /// Fires `job` once, recording a run in `runs` as `who`.

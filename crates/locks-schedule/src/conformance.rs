@@ -54,6 +54,7 @@ pub async fn run_all<H: Harness>(harness: &H) {
     at_least_once_reruns_a_dead_run(harness).await;
     at_least_once_retries_failures_up_to_the_bound(harness).await;
     a_dead_run_is_settled_in_the_next_slot(harness).await;
+    an_older_dead_run_is_abandoned_by_a_firing_holding_the_jobs_lock(harness).await;
     missed_slots_are_recorded(harness).await;
     the_latest_missed_slot_runs_once(harness).await;
     prune_keeps_each_jobs_latest_row(harness).await;
@@ -286,6 +287,50 @@ pub async fn a_dead_run_is_settled_in_the_next_slot<H: Harness>(harness: &H) {
     assert_eq!(ran(&previous), Some((2, Outcome::Succeeded)), "{report:?}");
     assert!(report.verdict.ran(), "{report:?}");
     assert_eq!(runs.count(), 2);
+}
+
+/// A dead run two slots back, which no claim reaches (a claim settles its slot and the
+/// one before): the next firing that holds the job's lock (`Overlap::Skip`) marks its row
+/// `abandoned` and reports it, once; under `Overlap::Allow`, with no job-wide lock, it
+/// stays `running`.
+pub async fn an_older_dead_run_is_abandoned_by_a_firing_holding_the_jobs_lock<H: Harness>(
+    harness: &H,
+) {
+    let skip = job(harness, "older_dead_skip").overlap(Overlap::Skip);
+    let allow = job(harness, "older_dead_allow").overlap(Overlap::Allow);
+    let runs = Seen::default();
+    harness.next_slot().await;
+    die_mid_job(harness, 0, &skip).await;
+    die_mid_job(harness, 0, &allow).await;
+    let dead = rows(harness, &skip, 1).await[0].slot;
+    harness.next_slot().await;
+    harness.next_slot().await;
+    let report = fire_when_free(harness, 1, &skip, &runs).await;
+    assert_eq!(report.abandoned_earlier, [dead], "{report:?}");
+    assert!(report.verdict.ran(), "{report:?}");
+    let dead_row = async |job| {
+        let rows = rows(harness, job, 10).await;
+        rows.into_iter()
+            .find(|row| row.slot == dead)
+            .expect("the dead run's row")
+    };
+    let row = dead_row(&skip).await;
+    assert_eq!(row.outcome, Outcome::Abandoned, "{row:?}");
+    assert!(row.finished.is_some(), "{row:?}");
+    assert_eq!(
+        row.detail.as_deref(),
+        Some("the runner older_dead_skip died"),
+        "{row:?}"
+    );
+    let again = fire(harness, 0, &skip, &runs).await;
+    assert!(
+        again.abandoned_earlier.is_empty(),
+        "settled once: {again:?}"
+    );
+    let report = fire(harness, 1, &allow, &runs).await;
+    assert!(report.abandoned_earlier.is_empty(), "{report:?}");
+    let row = dead_row(&allow).await;
+    assert_eq!(row.outcome, Outcome::Running, "{row:?}");
 }
 
 async fn miss_three_slots<H: Harness>(harness: &H, job: &ScheduledJob, runs: &Seen) -> RunReport {

@@ -67,8 +67,10 @@ impl ScheduledJob {
     /// failed firing (an unreachable server, a missing ledger table) is logged as a
     /// `tracing` warning with the error, and the loop fires again at the next boundary;
     /// a claim that failed wrote nothing, and a run whose outcome could not be recorded
-    /// is settled under the crash policy by the next firing in its slot or the one after
-    /// (no later firing looks at it: its row stays `running`). When the ledger cannot say
+    /// is settled under the crash policy by the next firing in its slot or the one after,
+    /// or, once older than that, marked `abandoned` by a later firing holding the job's
+    /// lock (under [`Overlap::Allow`](crate::Overlap::Allow) its row stays `running`).
+    /// When the ledger cannot say
     /// the time, the loop asks again after [`CLOCK_RETRY_PAUSE`].
     ///
     /// # Cancel safety
@@ -96,7 +98,17 @@ impl ScheduledJob {
         loop {
             let planned = self.schedule().slot_at(ledger_now(ledger).await)?;
             match self.run_once_per_slot(locks, ledger, &mut run).await {
-                Ok(_) => {}
+                Ok(report) => {
+                    if let Some(first) = report.abandoned_earlier.first() {
+                        tracing::warn!(
+                            job = self.name(),
+                            runs = report.abandoned_earlier.len(),
+                            first = %crate::schedule::rfc3339(*first),
+                            "earlier runs were still `running` with their runners gone; \
+                             marked abandoned"
+                        );
+                    }
+                }
                 Err(error) if gives_up(&error) => return Err(error),
                 Err(error) => tracing::warn!(
                     job = self.name(),

@@ -152,6 +152,7 @@ impl<C: Clock> Ledger for MemoryLedger<C> {
                 if let Some(record) = rows.get_mut(&key) {
                     record.outcome = Outcome::Abandoned;
                     record.finished = Some(now);
+                    record.detail = Some(format!("the runner {} died", record.holder));
                 }
                 ClaimAnswer::Settled(Outcome::Abandoned)
             }
@@ -192,6 +193,26 @@ impl<C: Clock> Ledger for MemoryLedger<C> {
             }
             _ => Ok(false),
         }
+    }
+
+    async fn abandon_stale(
+        &self,
+        name: &str,
+        before: OffsetDateTime,
+    ) -> Result<Vec<OffsetDateTime>, LedgerError> {
+        let mut rows = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = self.clock.now();
+        let mut abandoned = Vec::new();
+        for ((job, slot), record) in rows.iter_mut() {
+            if job == name && *slot < before && record.outcome == Outcome::Running {
+                record.outcome = Outcome::Abandoned;
+                record.finished = Some(now);
+                record.detail = Some(format!("the runner {} died", record.holder));
+                abandoned.push(*slot);
+            }
+        }
+        abandoned.sort();
+        Ok(abandoned)
     }
 
     async fn runs(&self, name: Option<&str>, limit: u32) -> Result<Vec<RunRecord>, LedgerError> {

@@ -120,6 +120,12 @@ pub struct RunReport {
     pub verdict: Verdict,
     /// The slot before, and what happened to it, if anything did.
     pub previous: Option<(Slot, Verdict)>,
+    /// The starts of earlier slots (before the slot before) whose rows this firing found
+    /// `running` and marked `abandoned`: their runners died, or lost the ledger mid-run
+    /// (a failover), at least two slots ago. Only a firing holding the job's lock
+    /// ([`Overlap::Skip`], [`Overlap::Wait`]) settles them ([`Ledger::abandon_stale`]);
+    /// under [`Overlap::Allow`] this is always empty.
+    pub abandoned_earlier: Vec<OffsetDateTime>,
 }
 
 /// A firing failed: nothing ran after the failure (a run that had started is recorded
@@ -267,8 +273,9 @@ impl ScheduledJob {
     /// # Cancel safety
     /// Dropping the future releases the lock (the guard drops). If the job had been
     /// claimed, its row stays `running` and the next firing (in its slot or the one after)
-    /// settles it under the crash policy, as it would a crashed runner's; a row no firing
-    /// reaches by then stays `running`.
+    /// settles it under the crash policy, as it would a crashed runner's. A row no firing
+    /// reaches by then is marked `abandoned` by a later firing that holds the job's lock
+    /// ([`RunReport::abandoned_earlier`]); under [`Overlap::Allow`] it stays `running`.
     pub async fn run_once_per_slot<L, G, F, Fut, E>(
         &self,
         locks: &L,
@@ -295,10 +302,20 @@ impl ScheduledJob {
                         slot: current,
                         verdict: Verdict::Busy,
                         previous: None,
+                        abandoned_earlier: Vec::new(),
                     });
                 }
             },
         };
+        // Holding the job's lock, a `running` row is a dead runner's; the claims below
+        // settle this slot and the one before, and the rows before those here.
+        let abandoned_earlier = match shared {
+            Some(_) => ledger.abandon_stale(&self.name, previous.start()).await?,
+            None => Vec::new(),
+        };
+        for _ in &abandoned_earlier {
+            self.metrics.ran(Outcome::Abandoned);
+        }
         let previous_verdict = self
             .settle_locked(
                 locks,
@@ -334,6 +351,7 @@ impl ScheduledJob {
                         slot: current,
                         verdict: verdict.unwrap_or(Verdict::AlreadyRun(Outcome::Missed)),
                         previous,
+                        abandoned_earlier,
                     });
                 }
             }

@@ -316,6 +316,14 @@ impl Ledger for Intercepted<'_> {
         self.ledger.finish(attempt, outcome, detail).await
     }
 
+    async fn abandon_stale(
+        &self,
+        name: &str,
+        before: time::OffsetDateTime,
+    ) -> Result<Vec<time::OffsetDateTime>, LedgerError> {
+        self.ledger.abandon_stale(name, before).await
+    }
+
     async fn runs(&self, name: Option<&str>, limit: u32) -> Result<Vec<RunRecord>, LedgerError> {
         self.ledger.runs(name, limit).await
     }

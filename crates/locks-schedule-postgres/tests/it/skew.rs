@@ -221,6 +221,14 @@ impl Ledger for HostClockLedger {
         Ok(true)
     }
 
+    async fn abandon_stale(
+        &self,
+        _: &str,
+        _: OffsetDateTime,
+    ) -> Result<Vec<OffsetDateTime>, LedgerError> {
+        Ok(Vec::new())
+    }
+
     async fn runs(&self, _: Option<&str>, _: u32) -> Result<Vec<RunRecord>, LedgerError> {
         Ok(Vec::new())
     }

@@ -89,6 +89,14 @@ impl<G: Ledger> Ledger for SkewedLedger<'_, G> {
         self.ledger.finish(attempt, outcome, detail).await
     }
 
+    async fn abandon_stale(
+        &self,
+        name: &str,
+        before: OffsetDateTime,
+    ) -> Result<Vec<OffsetDateTime>, LedgerError> {
+        self.ledger.abandon_stale(name, before).await
+    }
+
     async fn runs(&self, name: Option<&str>, limit: u32) -> Result<Vec<RunRecord>, LedgerError> {
         self.ledger.runs(name, limit).await
     }
