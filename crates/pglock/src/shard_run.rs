@@ -127,20 +127,26 @@ async fn tables_ready(pool: &Pool, target: &Target, say: Say) -> Result<(), Fail
         .get()
         .await
         .map_err(|error| connect::pool_failure(&error, target))?;
-    let mut lacking = Vec::new();
-    for (table, privileges) in NEEDED {
-        for privilege in privileges.split(", ") {
-            let held: bool = client
-                .query_one("SELECT has_table_privilege($1, $2)", &[&table, &privilege])
-                .await
-                .map_err(|error| Failure::new(SOFTWARE, chain(&error)))?
-                .get(0);
-            if !held {
-                lacking.push((table, privileges));
-                break;
-            }
-        }
-    }
+    // One round trip: `has_table_privilege` with a list says whether any is held, so
+    // each (table, privilege) pair is asked on its own, in order.
+    let pairs: Vec<(&str, &str)> = (NEEDED.iter())
+        .flat_map(|&(table, privileges)| privileges.split(", ").map(move |p| (table, p)))
+        .collect();
+    let (tables, privileges): (Vec<&str>, Vec<&str>) = pairs.iter().copied().unzip();
+    let held: Vec<bool> = client
+        .query_one(
+            "SELECT array_agg(has_table_privilege(t, p) ORDER BY i) \
+             FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS needed(t, p, i)",
+            &[&tables, &privileges],
+        )
+        .await
+        .map_err(|error| Failure::new(SOFTWARE, chain(&error)))?
+        .get(0);
+    let lacking: Vec<(&str, &str)> = (NEEDED.iter().copied())
+        .filter(|&(table, _)| {
+            (pairs.iter().zip(&held)).any(|(&(of, _), &held)| of == table && !held)
+        })
+        .collect();
     if lacking.is_empty() {
         return Ok(());
     }

@@ -312,8 +312,29 @@ async fn the_tables_beside_the_locks_without_grants_exit_77_naming_the_grant() {
         assert!(said.contains(&grant), "{args:?} names {grant}: {said}");
         assert!(!said.contains("--fencing"), "{args:?}: {said}");
     }
+    // Some of the privileges: only the table still lacking one is named, with all of
+    // its privileges (a list given to `has_table_privilege` would pass on any one).
     admin
-        .batch_execute(&format!("DROP ROLE {role}"))
+        .batch_execute(&format!(
+            "GRANT SELECT, INSERT, UPDATE ON locks_shard_terms TO {role}; \
+             GRANT SELECT, INSERT, UPDATE ON locks_shard_members TO {role}"
+        ))
+        .await
+        .expect("grant");
+    let refused =
+        output(pglock().args(["--url", &url, "run", "--shards", "2", &key, "--", "true"])).await;
+    let said = stderr(&refused);
+    assert_eq!(code(&refused), 77, "{said}");
+    assert!(
+        said.contains(&format!(
+            "needs: GRANT SELECT, INSERT, UPDATE, DELETE ON locks_shard_members TO {role}\n"
+        )),
+        "only the members' table, lacking DELETE: {said}"
+    );
+    admin
+        .batch_execute(&format!(
+            "REVOKE ALL ON locks_shard_terms, locks_shard_members FROM {role}; DROP ROLE {role}"
+        ))
         .await
         .expect("drop");
 }
