@@ -111,7 +111,8 @@ impl Verdict {
 
 /// What one firing did: with the current slot, and with the slot before it (a missed slot
 /// or a crashed run, per the policies; `None` when there was nothing to do about it).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// `Debug` shows times in RFC 3339 (UTC), as [`RunRecord`](crate::RunRecord)'s does.
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RunReport {
     /// The current slot on the ledger's clock.
@@ -126,6 +127,20 @@ pub struct RunReport {
     /// ([`Overlap::Skip`], [`Overlap::Wait`]) settles them ([`Ledger::abandon_stale`]);
     /// under [`Overlap::Allow`] this is always empty.
     pub abandoned_earlier: Vec<OffsetDateTime>,
+}
+
+impl fmt::Debug for RunReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let abandoned: Vec<String> = (self.abandoned_earlier.iter())
+            .map(|&t| crate::schedule::rfc3339(t))
+            .collect();
+        f.debug_struct("RunReport")
+            .field("slot", &self.slot)
+            .field("verdict", &self.verdict)
+            .field("previous", &self.previous)
+            .field("abandoned_earlier", &abandoned)
+            .finish()
+    }
 }
 
 /// A firing failed: nothing ran after the failure (a run that had started is recorded
