@@ -208,6 +208,14 @@ impl Firing {
             other => other,
         }
         .map_err(|error| failure(&error, &self.target))?;
+        if !report.abandoned_earlier.is_empty() {
+            self.say.say(format!(
+                "marked {} earlier run(s) abandoned, still `running` with their runners gone \
+                 (the first of slot {})",
+                report.abandoned_earlier.len(),
+                crate::inspect::rfc3339(report.abandoned_earlier[0]),
+            ));
+        }
         match report.verdict {
             Verdict::Ran { lock_lost, .. } => {
                 let code = ended
