@@ -48,10 +48,12 @@ const RETRY: &str = "UPDATE scheduled_job_runs \
 const ABANDON: &str = "UPDATE scheduled_job_runs \
      SET finished = $3, outcome = 'abandoned', detail = 'the runner ' || holder || ' died' \
      WHERE name = $1 AND slot = $2";
+const RUNNING_BEFORE: &str = "SELECT slot FROM scheduled_job_runs \
+     WHERE name = $1 AND slot < $2 AND outcome = 'running' ORDER BY slot";
 const ABANDON_STALE: &str = "UPDATE scheduled_job_runs \
      SET finished = clock_timestamp(), outcome = 'abandoned', \
          detail = 'the runner ' || holder || ' died' \
-     WHERE name = $1 AND slot < $2 AND outcome = 'running' RETURNING slot";
+     WHERE name = $1 AND slot = ANY($2) AND outcome = 'running' RETURNING slot";
 const FINISH: &str = "UPDATE scheduled_job_runs \
      SET finished = clock_timestamp(), outcome = $5, detail = $6 \
      WHERE name = $1 AND slot = $2 AND attempt = $3 AND holder = $4 AND outcome = 'running'";
@@ -130,6 +132,26 @@ impl PostgresLedger {
             .get()
             .await
             .map_err(|error| errors::pool(what, error, self.pool.status().max_size))
+    }
+
+    /// The first column of `sql`'s rows, slot starts, oldest first.
+    async fn slots(
+        &self,
+        what: &str,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<OffsetDateTime>, LedgerError> {
+        self.bounded(what, async {
+            let client = self.client(what).await?;
+            let driver = |error| errors::driver(what, error);
+            let rows = client.query(sql, params).await.map_err(driver)?;
+            let mut slots = (rows.iter())
+                .map(|row| row.try_get(0).map_err(driver))
+                .collect::<Result<Vec<OffsetDateTime>, _>>()?;
+            slots.sort();
+            Ok(slots)
+        })
+        .await
     }
 
     async fn claim_in_transaction(&self, claim: &Claim<'_>) -> Result<ClaimAnswer, LedgerError> {
@@ -285,26 +307,22 @@ impl Ledger for PostgresLedger {
         .await
     }
 
-    async fn abandon_stale(
+    async fn running_before(
         &self,
         name: &str,
         before: OffsetDateTime,
     ) -> Result<Vec<OffsetDateTime>, LedgerError> {
+        const WHAT: &str = "reading earlier runs still running";
+        self.slots(WHAT, RUNNING_BEFORE, &[&name, &before]).await
+    }
+
+    async fn abandon_stale(
+        &self,
+        name: &str,
+        slots: &[OffsetDateTime],
+    ) -> Result<Vec<OffsetDateTime>, LedgerError> {
         const WHAT: &str = "abandoning earlier runs of dead runners";
-        self.bounded(WHAT, async {
-            let client = self.client(WHAT).await?;
-            let driver = |error| errors::driver(WHAT, error);
-            let rows = client
-                .query(ABANDON_STALE, &[&name, &before])
-                .await
-                .map_err(driver)?;
-            let mut slots = (rows.iter())
-                .map(|row| row.try_get(0).map_err(driver))
-                .collect::<Result<Vec<OffsetDateTime>, _>>()?;
-            slots.sort();
-            Ok(slots)
-        })
-        .await
+        self.slots(WHAT, ABANDON_STALE, &[&name, &slots]).await
     }
 
     async fn runs(&self, name: Option<&str>, limit: u32) -> Result<Vec<RunRecord>, LedgerError> {

@@ -68,8 +68,8 @@ impl ScheduledJob {
     /// `tracing` warning with the error, and the loop fires again at the next boundary;
     /// a claim that failed wrote nothing, and a run whose outcome could not be recorded
     /// is settled under the crash policy by the next firing in its slot or the one after,
-    /// or, once older than that, marked `abandoned` by a later firing holding the job's
-    /// lock (under [`Overlap::Allow`](crate::Overlap::Allow) its row stays `running`).
+    /// or, once older than that, marked `abandoned` by a later firing (under
+    /// [`Overlap::Allow`](crate::Overlap::Allow), once its slot's lock is free).
     /// When the ledger cannot say
     /// the time, the loop asks again after [`CLOCK_RETRY_PAUSE`].
     ///

@@ -185,24 +185,33 @@ pub trait Ledger: Send + Sync {
         detail: Option<&str>,
     ) -> impl Future<Output = Result<bool, LedgerError>> + Send;
 
-    /// Marks `abandoned` every `running` row of the job `name` whose slot started before
-    /// `before`, and returns those slots' starts, oldest first. These are runs whose
-    /// runners died (or lost the ledger mid-run, as in a failover) at least two slots ago:
-    /// a claim settles only its own slot and the one before, so no claim reaches them any
-    /// more.
+    /// The starts of the job `name`'s slots before `before` whose rows are `running`,
+    /// oldest first: runs whose runners died (or lost the ledger mid-run, as in a
+    /// failover) at least two slots ago, or, under [`Overlap::Allow`](crate::Overlap::Allow),
+    /// runs still going. A claim settles only its slot and the one before, so no claim
+    /// reaches them; the runner settles them with [`abandon_stale`](Self::abandon_stale).
     ///
-    /// Call it holding the job's lock ([`Overlap::Skip`](crate::Overlap::Skip) and
-    /// [`Overlap::Wait`](crate::Overlap::Wait), whose firings hold it throughout): then no
-    /// other runner of the job is running anything, and a `running` row is a dead
-    /// runner's. Under [`Overlap::Allow`](crate::Overlap::Allow) each slot has a lock of
-    /// its own, so the runner does not call it, and such rows stay `running`.
+    /// # Errors
+    /// [`LedgerError`] from the backend.
+    fn running_before(
+        &self,
+        name: &str,
+        before: OffsetDateTime,
+    ) -> impl Future<Output = Result<Vec<OffsetDateTime>, LedgerError>> + Send;
+
+    /// Marks `abandoned` the rows of the job `name` at `slots` that are still `running`,
+    /// and returns the starts of those it marked, oldest first. Call it holding a lock
+    /// that proves their runners gone: the job's lock
+    /// ([`Overlap::Skip`](crate::Overlap::Skip), [`Overlap::Wait`](crate::Overlap::Wait),
+    /// whose firings hold it throughout), or under
+    /// [`Overlap::Allow`](crate::Overlap::Allow) each slot's own.
     ///
     /// # Errors
     /// [`LedgerError`] from the backend; then nothing was written.
     fn abandon_stale(
         &self,
         name: &str,
-        before: OffsetDateTime,
+        slots: &[OffsetDateTime],
     ) -> impl Future<Output = Result<Vec<OffsetDateTime>, LedgerError>> + Send;
 
     /// The latest `limit` rows of the job `name` (every job's when `None`), newest slot

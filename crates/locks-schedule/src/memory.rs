@@ -195,20 +195,36 @@ impl<C: Clock> Ledger for MemoryLedger<C> {
         }
     }
 
-    async fn abandon_stale(
+    async fn running_before(
         &self,
         name: &str,
         before: OffsetDateTime,
     ) -> Result<Vec<OffsetDateTime>, LedgerError> {
+        let rows = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok((rows.iter())
+            .filter(|((job, slot), record)| {
+                job == name && *slot < before && record.outcome == Outcome::Running
+            })
+            .map(|((_, slot), _)| *slot)
+            .collect())
+    }
+
+    async fn abandon_stale(
+        &self,
+        name: &str,
+        slots: &[OffsetDateTime],
+    ) -> Result<Vec<OffsetDateTime>, LedgerError> {
         let mut rows = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
         let now = self.clock.now();
         let mut abandoned = Vec::new();
-        for ((job, slot), record) in rows.iter_mut() {
-            if job == name && *slot < before && record.outcome == Outcome::Running {
+        for &slot in slots {
+            if let Some(record) = rows.get_mut(&(name.to_owned(), slot))
+                && record.outcome == Outcome::Running
+            {
                 record.outcome = Outcome::Abandoned;
                 record.finished = Some(now);
                 record.detail = Some(format!("the runner {} died", record.holder));
-                abandoned.push(*slot);
+                abandoned.push(slot);
             }
         }
         abandoned.sort();

@@ -123,9 +123,10 @@ pub struct RunReport {
     pub previous: Option<(Slot, Verdict)>,
     /// The starts of earlier slots (before the slot before) whose rows this firing found
     /// `running` and marked `abandoned`: their runners died, or lost the ledger mid-run
-    /// (a failover), at least two slots ago. Only a firing holding the job's lock
-    /// ([`Overlap::Skip`], [`Overlap::Wait`]) settles them ([`Ledger::abandon_stale`]);
-    /// under [`Overlap::Allow`] this is always empty.
+    /// (a failover), at least two slots ago. A firing holding the job's lock
+    /// ([`Overlap::Skip`], [`Overlap::Wait`]) marks every such row; under
+    /// [`Overlap::Allow`], only those whose slot's own lock it could take (a run still
+    /// going holds it). See [`Ledger::abandon_stale`].
     pub abandoned_earlier: Vec<OffsetDateTime>,
 }
 
@@ -289,8 +290,8 @@ impl ScheduledJob {
     /// Dropping the future releases the lock (the guard drops). If the job had been
     /// claimed, its row stays `running` and the next firing (in its slot or the one after)
     /// settles it under the crash policy, as it would a crashed runner's. A row no firing
-    /// reaches by then is marked `abandoned` by a later firing that holds the job's lock
-    /// ([`RunReport::abandoned_earlier`]); under [`Overlap::Allow`] it stays `running`.
+    /// reaches by then is marked `abandoned` by a later firing
+    /// ([`RunReport::abandoned_earlier`]).
     pub async fn run_once_per_slot<L, G, F, Fut, E>(
         &self,
         locks: &L,
@@ -322,12 +323,11 @@ impl ScheduledJob {
                 }
             },
         };
-        // Holding the job's lock, a `running` row is a dead runner's; the claims below
-        // settle this slot and the one before, and the rows before those here.
-        let abandoned_earlier = match shared {
-            Some(_) => ledger.abandon_stale(&self.name, previous.start()).await?,
-            None => Vec::new(),
-        };
+        // The claims below settle this slot and the one before; the rows before those
+        // still `running` are settled here.
+        let abandoned_earlier = self
+            .abandon_earlier(locks, ledger, shared.is_some(), &previous)
+            .await?;
         for _ in &abandoned_earlier {
             self.metrics.ran(Outcome::Abandoned);
         }
@@ -372,6 +372,48 @@ impl ScheduledJob {
             }
         }
         Err(RunError::ClockRacing)
+    }
+
+    /// Marks `abandoned` the job's rows before `previous` still `running` whose runners
+    /// are gone: all of them when this firing holds the job's lock (`shared`: no other
+    /// runner of the job runs anything), else (under [`Overlap::Allow`]) each one whose
+    /// slot's own lock is free, taken for the marking and released after. A slot whose
+    /// start is not one of this schedule's (the schedule changed since) has another
+    /// lock key, which proves nothing: it is left.
+    async fn abandon_earlier<L: DistributedLock, G: Ledger>(
+        &self,
+        locks: &L,
+        ledger: &G,
+        shared: bool,
+        previous: &Slot,
+    ) -> Result<Vec<OffsetDateTime>, RunError> {
+        let stale = ledger.running_before(&self.name, previous.start()).await?;
+        if stale.is_empty() {
+            return Ok(stale);
+        }
+        if shared {
+            return Ok(ledger.abandon_stale(&self.name, &stale).await?);
+        }
+        let mut abandoned = Vec::new();
+        for start in stale {
+            let Ok(slot) = self.schedule.slot_at(start) else {
+                continue;
+            };
+            if slot.start() != start {
+                continue;
+            }
+            let Some(guard) = locks
+                .try_acquire(&self.lock_key(Some(&slot)))
+                .await
+                .map_err(RunError::Lock)?
+            else {
+                continue; // its run is still going
+            };
+            let marked = ledger.abandon_stale(&self.name, &[start]).await;
+            guard.release().await;
+            abandoned.extend(marked?);
+        }
+        Ok(abandoned)
     }
 
     /// The lock, or `None` when it is held elsewhere (at once under `Skip` and `Allow`,

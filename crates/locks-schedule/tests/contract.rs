@@ -316,12 +316,20 @@ impl Ledger for Intercepted<'_> {
         self.ledger.finish(attempt, outcome, detail).await
     }
 
-    async fn abandon_stale(
+    async fn running_before(
         &self,
         name: &str,
         before: time::OffsetDateTime,
     ) -> Result<Vec<time::OffsetDateTime>, LedgerError> {
-        self.ledger.abandon_stale(name, before).await
+        self.ledger.running_before(name, before).await
+    }
+
+    async fn abandon_stale(
+        &self,
+        name: &str,
+        slots: &[time::OffsetDateTime],
+    ) -> Result<Vec<time::OffsetDateTime>, LedgerError> {
+        self.ledger.abandon_stale(name, slots).await
     }
 
     async fn runs(&self, name: Option<&str>, limit: u32) -> Result<Vec<RunRecord>, LedgerError> {

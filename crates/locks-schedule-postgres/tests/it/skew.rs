@@ -221,10 +221,18 @@ impl Ledger for HostClockLedger {
         Ok(true)
     }
 
-    async fn abandon_stale(
+    async fn running_before(
         &self,
         _: &str,
         _: OffsetDateTime,
+    ) -> Result<Vec<OffsetDateTime>, LedgerError> {
+        Ok(Vec::new())
+    }
+
+    async fn abandon_stale(
+        &self,
+        _: &str,
+        _: &[OffsetDateTime],
     ) -> Result<Vec<OffsetDateTime>, LedgerError> {
         Ok(Vec::new())
     }

@@ -89,12 +89,20 @@ impl<G: Ledger> Ledger for SkewedLedger<'_, G> {
         self.ledger.finish(attempt, outcome, detail).await
     }
 
-    async fn abandon_stale(
+    async fn running_before(
         &self,
         name: &str,
         before: OffsetDateTime,
     ) -> Result<Vec<OffsetDateTime>, LedgerError> {
-        self.ledger.abandon_stale(name, before).await
+        self.ledger.running_before(name, before).await
+    }
+
+    async fn abandon_stale(
+        &self,
+        name: &str,
+        slots: &[OffsetDateTime],
+    ) -> Result<Vec<OffsetDateTime>, LedgerError> {
+        self.ledger.abandon_stale(name, slots).await
     }
 
     async fn runs(&self, name: Option<&str>, limit: u32) -> Result<Vec<RunRecord>, LedgerError> {
