@@ -49,7 +49,7 @@ const ABANDON: &str = "UPDATE scheduled_job_runs \
      SET finished = $3, outcome = 'abandoned', detail = 'the runner ' || holder || ' died' \
      WHERE name = $1 AND slot = $2";
 const RUNNING_BEFORE: &str = "SELECT slot FROM scheduled_job_runs \
-     WHERE name = $1 AND slot < $2 AND outcome = 'running' ORDER BY slot";
+     WHERE name = $1 AND slot < $2 AND outcome = 'running'";
 const ABANDON_STALE: &str = "UPDATE scheduled_job_runs \
      SET finished = clock_timestamp(), outcome = 'abandoned', \
          detail = 'the runner ' || holder || ' died' \

@@ -145,6 +145,26 @@ async fn die_mid_job<H: Harness>(harness: &H, host: usize, job: &ScheduledJob) {
     }
 }
 
+/// Fires until `done` says so of a firing's report (a lock a dropped guard left behind
+/// may be released in the background), for up to 5 s; `waiting` says what for.
+async fn fire_until<H: Harness>(
+    harness: &H,
+    host: usize,
+    job: &ScheduledJob,
+    runs: &Seen,
+    done: impl Fn(&RunReport) -> bool,
+    waiting: &str,
+) -> RunReport {
+    for _ in 0..100 {
+        let report = fire(harness, host, job, runs).await;
+        if done(&report) {
+            return report;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("after 5 s: {waiting}");
+}
+
 /// Fires until the lock a dead firing left behind is free (its release may run in the
 /// background), for up to 5 s.
 async fn fire_when_free<H: Harness>(
@@ -153,14 +173,9 @@ async fn fire_when_free<H: Harness>(
     job: &ScheduledJob,
     runs: &Seen,
 ) -> RunReport {
-    for _ in 0..100 {
-        let report = fire(harness, host, job, runs).await;
-        if report.verdict != Verdict::Busy {
-            return report;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the job's lock stayed held for 5 s after its holder was dropped");
+    let free = |report: &RunReport| report.verdict != Verdict::Busy;
+    let waiting = "the job's lock stayed held after its holder was dropped";
+    fire_until(harness, host, job, runs, free, waiting).await
 }
 
 /// Two hosts fire in one slot: one runs, the other finds it run; the next slot runs again.
@@ -341,15 +356,9 @@ pub async fn an_older_dead_run_is_abandoned_by_a_later_firing<H: Harness>(harnes
     assert!(report.abandoned_earlier.is_empty(), "{report:?}");
     assert_eq!(dead_row(&allow).await.outcome, Outcome::Running);
     drop(still_running);
-    let mut report = fire(harness, 1, &allow, &runs).await;
-    for _ in 0..100 {
-        // The dropped guard's release may run in the background.
-        if !report.abandoned_earlier.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        report = fire(harness, 1, &allow, &runs).await;
-    }
+    let marked = |report: &RunReport| !report.abandoned_earlier.is_empty();
+    let waiting = "the dead run stayed running after its slot's lock was dropped";
+    let report = fire_until(harness, 1, &allow, &runs, marked, waiting).await;
     assert_eq!(report.abandoned_earlier, [dead], "{report:?}");
     assert_eq!(dead_row(&allow).await.outcome, Outcome::Abandoned);
 }

@@ -150,9 +150,7 @@ impl<C: Clock> Ledger for MemoryLedger<C> {
             }
             Decision::Abandon => {
                 if let Some(record) = rows.get_mut(&key) {
-                    record.outcome = Outcome::Abandoned;
-                    record.finished = Some(now);
-                    record.detail = Some(format!("the runner {} died", record.holder));
+                    abandon(record, now);
                 }
                 ClaimAnswer::Settled(Outcome::Abandoned)
             }
@@ -221,9 +219,7 @@ impl<C: Clock> Ledger for MemoryLedger<C> {
             if let Some(record) = rows.get_mut(&(name.to_owned(), slot))
                 && record.outcome == Outcome::Running
             {
-                record.outcome = Outcome::Abandoned;
-                record.finished = Some(now);
-                record.detail = Some(format!("the runner {} died", record.holder));
+                abandon(record, now);
                 abandoned.push(slot);
             }
         }
@@ -253,4 +249,12 @@ impl<C: Clock> Ledger for MemoryLedger<C> {
         rows.retain(|(name, slot), _| *slot >= before || latest.get(name) == Some(slot));
         Ok(u64::try_from(count - rows.len()).unwrap_or(u64::MAX))
     }
+}
+
+/// Marks a dead runner's row `abandoned` at `now`, with the detail the PostgreSQL ledger
+/// writes.
+fn abandon(record: &mut RunRecord, now: OffsetDateTime) {
+    record.outcome = Outcome::Abandoned;
+    record.finished = Some(now);
+    record.detail = Some(format!("the runner {} died", record.holder));
 }
