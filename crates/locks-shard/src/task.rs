@@ -307,6 +307,13 @@ where
                 () = tokio::time::sleep_until(until) => None,
             };
             if let Some(lost_lock) = early {
+                // The previous owner may still be running until `until`. Ended now, this
+                // term would tell the next owner (another member after a hand-off, or
+                // this one taking the shard back) that no task can be running, and it
+                // would start at once: so the end (and on a hand-off the lock with it)
+                // waits until then. The next owner that begins first, after a loss, sees
+                // this term not ended and waits this owner's own bound from its grant.
+                tokio::time::sleep_until(until).await;
                 finish(&mut holding, &terms, &owned, &told).await;
                 if lost_lock {
                     lost_told.store(true, Ordering::Release);

@@ -401,6 +401,86 @@ async fn the_next_owner_waits_the_previous_owner_s_recorded_loss_notice_or_its_o
     assert!(took >= delay, "started {took:?} after, before the delay");
 }
 
+/// A fleet of `shards` whose every shard's latest term is a dead owner's, not ended,
+/// recording `notice`, and the member `s`, joined, waiting that notice on every shard;
+/// returns the fleet and when the dead owner's terms began (its sessions had ended by
+/// then: its tasks may run until `notice` after it, no later).
+async fn s_waiting_after_a_dead_owner(shards: usize, notice: Duration) -> (Fleet, Instant) {
+    let mut fleet = Fleet::new(shards);
+    let begun = Instant::now();
+    for shard in fleet.group.shards() {
+        fleet
+            .terms
+            .begin_with_notice("projections", shard, 0, Some("gone"), Some(notice))
+            .await
+            .expect("a term its owner never ends");
+    }
+    fleet.join("s");
+    let joined = Instant::now();
+    loop {
+        let terms = fleet.terms.terms("projections").await.expect("the terms");
+        if terms.len() == shards
+            && (terms.iter()).all(|t| t.token == 2 && t.holder_id.as_deref() == Some("s"))
+        {
+            return (fleet, begun);
+        }
+        assert!(joined.elapsed() < SETTLE, "s never took every shard");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// No task of the fleet started before `not_before`.
+fn none_started_before(fleet: &Fleet, not_before: Instant) {
+    for life in fleet.recorder.snapshot() {
+        assert!(
+            life.started_at >= not_before,
+            "{} started shard {} (token {}) {:?} before the dead owner's notice ran out",
+            life.member,
+            life.shard,
+            life.token,
+            not_before - life.started_at
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_term_handed_off_in_its_takeover_wait_is_not_ended_before_the_wait_ran_out() {
+    // s takes both shards of a dead owner and waits its 400 ms notice; n joins at once,
+    // and s hands one shard over while still waiting. Ended then, the term would let n
+    // start at once, while the dead owner (if only its session was ended) may still run.
+    let notice = Duration::from_millis(400);
+    let (mut fleet, begun) = s_waiting_after_a_dead_owner(2, notice).await;
+    fleet.join("n");
+    let (owners, took) = fleet.settled(SETTLE).await;
+    eprintln!("settled {:?} in {took:?}", owners.counts());
+    assert_eq!(fleet.recorder.running().len(), 2);
+    none_started_before(&fleet, begun + notice);
+    assert_eq!(fleet.recorder.overlaps(), Vec::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_term_that_lost_its_lock_in_its_takeover_wait_is_not_ended_before_the_wait_ran_out() {
+    // s takes a dead owner's shard and waits its 400 ms notice; its lock is lost in the
+    // wait, and s takes the shard back at once. Had the lost term been ended then, s
+    // would start the task at once, inside the dead owner's notice.
+    let notice = Duration::from_millis(400);
+    let (fleet, begun) = s_waiting_after_a_dead_owner(1, notice).await;
+    let key = fleet.group.shard_key("tenant-0");
+    assert!(
+        fleet
+            .get("s")
+            .manager
+            .lose(&key, LostReason::ConnectionClosed)
+    );
+    fleet.settled(SETTLE).await;
+    let lives = fleet.recorder.snapshot();
+    assert!(
+        lives.iter().all(|life| life.token > 2),
+        "the lost term's task never starts: {lives:?}"
+    );
+    none_started_before(&fleet, begun + notice);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_with_another_shard_list_are_refused_with_a_configuration_error() {
     let mut fleet = Fleet::new(3);

@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 
 pub(crate) const TICK: Duration = Duration::from_millis(5);
 
-/// One task's life: `[start, stop)` on the recorder's sequence.
+/// One task's life: `[start, stop)` on the recorder's sequence, and its start's instant.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Life {
     pub(crate) shard: usize,
@@ -22,6 +22,8 @@ pub(crate) struct Life {
     pub(crate) token: i64,
     pub(crate) start: u64,
     pub(crate) stop: Option<u64>,
+    /// When the task started, by this process's clock.
+    pub(crate) started_at: Instant,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -57,6 +59,7 @@ impl Recorder {
             token: owned.token,
             start: at,
             stop: None,
+            started_at: Instant::now(),
         });
         Alive {
             recorder: self.clone(),
