@@ -249,7 +249,9 @@ where
     /// every task is told to stop (its signal fires with
     /// [`LostReason::Released`](locks_port::LostReason::Released)), drained within the
     /// grace, its term ended and its lock released, and the membership permit last, so
-    /// the other members take the shards over at once, without a takeover delay.
+    /// the other members take the shards over at once, without a takeover delay. A term
+    /// still in its own takeover delay (its task not started) is ended, and its lock
+    /// released, once that delay ran out, so a leave may take up to that delay longer.
     ///
     /// # Errors
     /// As [`run`](Self::run).
