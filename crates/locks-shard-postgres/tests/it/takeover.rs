@@ -2,20 +2,21 @@
 //! ended by the server, and the next owner's task must start only after the previous
 //! owner's task was dropped. The next owner waits the bound the previous owner recorded
 //! in its term (its manager's `loss_notice_bound()`), or its own takeover delay when
-//! none was recorded.
+//! none was recorded; and a term that lost its lock inside that wait does not cut it
+//! short for the owner after it.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use locks_postgres::PostgresLockManager;
 use locks_shard::locks_port::DistributedLock;
-use locks_shard::{ShardGroup, ShardMember};
+use locks_shard::{ShardGroup, ShardMember, ShardTerms as _};
 use locks_shard_postgres::PostgresShardTerms;
 use locks_shard_postgres::deadpool_postgres::{
     Manager, ManagerConfig, Pool, RecyclingMethod, Runtime,
 };
 
-use crate::support::{admin, database_url, pool, terms, unique};
+use crate::support::{admin, database_url, manager, pool, terms, unique};
 
 /// One task's life: its member, and when it started and was dropped.
 #[derive(Debug, Clone)]
@@ -211,5 +212,53 @@ async fn the_next_owner_starts_after_the_previous_owner_was_told_of_its_loss() {
         gap >= 0.0,
         "b started {:.3} s before a's task was dropped",
         -gap
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_term_whose_session_ended_in_its_takeover_wait_lets_the_next_start_only_after_it() {
+    // The shard's latest term is a dead owner's, not ended, recording a 1 s notice: that
+    // owner may run until 1 s after its session ended. s takes the shard and waits; its
+    // lock's session is terminated inside the wait, and s takes the shard back. Had the
+    // lost term been ended then, s would have started its task at once, inside the dead
+    // owner's notice.
+    let group = ShardGroup::new(unique("inwait"), ["only"]).expect("a group");
+    let notice = Duration::from_secs(1);
+    let store = terms().await;
+    let begun = Instant::now();
+    (store.begin_with_notice(group.name(), "only", 0, Some("gone"), Some(notice)))
+        .await
+        .expect("a term its owner never ends");
+    let lives: Lives = Arc::default();
+    let s = ShardMember::new(manager(&unique("s"), 4), store, group.clone())
+        .tick(Duration::from_millis(5))
+        .renewal(None);
+    let s = run(s, "s", &lives);
+    let server = admin().await;
+    let id = locks_shard::locks_port::lock_id(&group.shard_key("only"));
+    let holder = loop {
+        let held = throwaway_pg::testing::advisory_lock(&server, id).await;
+        if let Some(lock) = held.iter().find(|lock| lock.granted) {
+            break lock.pid;
+        }
+        assert!(begun.elapsed() < notice / 2, "s took the shard late");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    let ended: bool = server
+        .query_one("SELECT pg_terminate_backend($1)", &[&holder])
+        .await
+        .expect("end s's shard lock session")
+        .get(0);
+    assert!(
+        ended && begun.elapsed() < notice,
+        "terminated inside the wait"
+    );
+    wait_for(&lives, "s's task started", |l| !l.is_empty()).await;
+    s.abort();
+    let start = lives.lock().unwrap_or_else(PoisonError::into_inner)[0].start;
+    assert!(
+        start >= begun + notice,
+        "s started {:?} before the dead owner's notice ran out",
+        (begun + notice) - start
     );
 }
