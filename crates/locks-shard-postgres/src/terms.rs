@@ -47,10 +47,11 @@ const INSTALL_KEY: &str = "locks-shard-postgres:install:locks_shard_terms";
 pub const DEFAULT_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The next term of a shard: one more than the last token (1 for the first), its owner's
-/// loss notice in milliseconds (`$5`, or NULL), and whether the term before it was ended
-/// (true when there was none) with that term's loss notice (NULL unless recorded with its
-/// token). The old row is read in the same statement; only the shard's lock holder
-/// begins terms, so nobody races it.
+/// loss notice in milliseconds (`$5`, or NULL; after a term that did not end, the longer
+/// of it and that term's, NULL if either is: `locks_shard::carried_loss_notice`), and
+/// whether the term before it was ended (true when there was none) with that term's loss
+/// notice (NULL unless recorded with its token). The old row is read in the same
+/// statement; only the shard's lock holder begins terms, so nobody races it.
 const BEGIN: &str = "WITH old AS (SELECT ended, \
          CASE WHEN loss_notice_token = token THEN loss_notice_ms END AS notice \
        FROM locks_shard_terms WHERE group_name = $1 AND shard = $2) \
@@ -61,9 +62,13 @@ const BEGIN: &str = "WITH old AS (SELECT ended, \
      ON CONFLICT (group_name, shard) DO UPDATE SET token = t.token + 1, \
        member_slot = EXCLUDED.member_slot, holder_id = EXCLUDED.holder_id, \
        since = EXCLUDED.since, ended = false, \
-       loss_notice_ms = EXCLUDED.loss_notice_ms, loss_notice_token = t.token + 1 \
+       loss_notice_ms = CASE WHEN t.ended THEN EXCLUDED.loss_notice_ms \
+         WHEN t.loss_notice_token IS DISTINCT FROM t.token OR t.loss_notice_ms IS NULL \
+           OR EXCLUDED.loss_notice_ms IS NULL THEN NULL \
+         ELSE GREATEST(EXCLUDED.loss_notice_ms, t.loss_notice_ms) END, \
+       loss_notice_token = t.token + 1 \
      RETURNING token, since, COALESCE((SELECT ended FROM old), true), \
-       (SELECT notice FROM old)";
+       (SELECT notice FROM old), loss_notice_ms";
 const END: &str = "UPDATE locks_shard_terms SET ended = true \
      WHERE group_name = $1 AND shard = $2 AND token = $3";
 const REJOINED: &str = "UPDATE locks_shard_terms SET member_slot = $4 \
@@ -235,7 +240,7 @@ impl ShardTerms for PostgresShardTerms {
             row.try_get(1).map_err(read)?,
             false,
         )
-        .with_loss_notice(notice_of(notice));
+        .with_loss_notice(notice_of(row.try_get(4).map_err(read)?));
         Ok(Begun::new(term, row.try_get(2).map_err(read)?)
             .with_previous_loss_notice(notice_of(row.try_get(3).map_err(read)?)))
     }

@@ -408,7 +408,14 @@ where
         // counted from here, not from after the term's begin.
         let taken_at = tokio::time::Instant::now();
         tracing::trace!(shard = name, took = ?trying.elapsed(), "shard lock taken");
-        let notice = self.locks.loss_notice_bound();
+        // What the next owner waits if this term does not end: the manager's bound, or
+        // this member's takeover delay when the manager does not know (the store keeps
+        // the longer of it and an unended previous term's).
+        let notice = Some(
+            self.locks
+                .loss_notice_bound()
+                .unwrap_or(self.takeover_delay),
+        );
         let begun = match self
             .terms
             .begin_with_notice(self.group.name(), name, slot, holder_id, notice)

@@ -11,6 +11,8 @@
 //!
 //! Each case panics with what broke.
 
+use std::time::Duration;
+
 use crate::terms::ShardTerms;
 
 /// Every case, each on a group of its own whose name begins with `group` (a name no
@@ -18,6 +20,8 @@ use crate::terms::ShardTerms;
 pub async fn terms_contract<T: ShardTerms>(store: &T, group: &str) {
     tokens_grow_per_shard_and_only_the_latest_term_ends(store, &format!("{group}-tokens")).await;
     a_kept_term_moves_only_while_it_is_the_latest(store, &format!("{group}-rejoined")).await;
+    a_term_after_one_that_did_not_end_keeps_the_longer_notice(store, &format!("{group}-notice"))
+        .await;
 }
 
 /// [`begin`](ShardTerms::begin) gives one more than the shard's last token (1 for the
@@ -113,4 +117,70 @@ pub async fn a_kept_term_moves_only_while_it_is_the_latest<T: ShardTerms>(store:
         "a superseded term is reported, and kept",
     )
     .await;
+}
+
+/// [`begin_with_notice`](ShardTerms::begin_with_notice) records what
+/// [`carried_loss_notice`](crate::carried_loss_notice) says: the owner's notice after a
+/// term that ended (or none), the longer of the two after one that did not, nothing when
+/// either is unknown; the term returned and the list say the same, and the next begin
+/// reads it as the previous term's notice. A store that keeps no notices records none.
+pub async fn a_term_after_one_that_did_not_end_keeps_the_longer_notice<T: ShardTerms>(
+    store: &T,
+    group: &str,
+) {
+    let ms = Duration::from_millis;
+    let begin = async |notice: Option<Duration>| {
+        let begun = (store
+            .begin_with_notice(group, "a", 1, Some("m"), notice)
+            .await)
+            .expect("begin");
+        let listed = store.terms(group).await.expect("terms");
+        assert_eq!(
+            listed[0].loss_notice, begun.term.loss_notice,
+            "listed as begun"
+        );
+        begun
+    };
+    let first = begin(Some(ms(1_000))).await;
+    if first.term.loss_notice.is_none() {
+        // A store that keeps no notice: every next owner waits its own takeover delay.
+        assert_eq!(begin(Some(ms(100))).await.previous_loss_notice, None);
+        return;
+    }
+    assert_eq!(
+        first.term.loss_notice,
+        Some(ms(1_000)),
+        "the first term, its own"
+    );
+    let second = begin(Some(ms(100))).await;
+    assert_eq!(second.previous_loss_notice, Some(ms(1_000)));
+    assert_eq!(
+        second.term.loss_notice,
+        Some(ms(1_000)),
+        "after a term that did not end, the longer of the two"
+    );
+    let third = begin(Some(ms(2_000))).await;
+    assert_eq!(
+        third.term.loss_notice,
+        Some(ms(2_000)),
+        "its own when longer"
+    );
+    store.end(group, "a", third.term.token).await.expect("end");
+    let fourth = begin(Some(ms(100))).await;
+    assert_eq!(
+        (fourth.previous_ended, fourth.term.loss_notice),
+        (true, Some(ms(100))),
+        "after a term that ended, its own"
+    );
+    let unknown = begin(None).await;
+    assert_eq!(unknown.term.loss_notice, None, "its own unknown");
+    let after_unknown = begin(Some(ms(100))).await;
+    assert_eq!(
+        (
+            after_unknown.previous_loss_notice,
+            after_unknown.term.loss_notice
+        ),
+        (None, None),
+        "after an unended term that recorded nothing, nothing"
+    );
 }

@@ -21,7 +21,7 @@ pub use member::{
 };
 pub use observe::{DEFAULT_WATCH_INTERVAL, ShardOwner, ShardWatch, Shards, owners, owners_by_name};
 pub use task::{DEFAULT_DRAIN_GRACE, DEFAULT_TAKEOVER_DELAY, Owned};
-pub use terms::{Begun, MemoryTerms, ShardTerms, Term};
+pub use terms::{Begun, MemoryTerms, ShardTerms, Term, carried_loss_notice};
 
 /// The port this crate runs on, re-exported so one dependency is enough.
 pub use locks_port;

@@ -110,13 +110,14 @@ where
         self
     }
 
-    /// How long a member waits before starting a shard whose previous term was not
-    /// ended (counted from the grant of the shard's lock), when that term's owner did
-    /// not record how soon it is told of a loss (its
-    /// manager's [`loss_notice_bound`](DistributedLock::loss_notice_bound) was `None`, or
-    /// the store or the owner's version keeps none; see [`DEFAULT_TAKEOVER_DELAY`]). It
-    /// must exceed the time an owner needs to notice a loss (its manager's health-check
-    /// interval); zero gives that order up.
+    /// How soon, at worst, this member assumes an owner is told of a loss when its
+    /// manager does not say ([`loss_notice_bound`](DistributedLock::loss_notice_bound)
+    /// `None`; see [`DEFAULT_TAKEOVER_DELAY`]): what it records in its own terms for the
+    /// next owner to wait then, and how long it waits before starting a shard whose
+    /// previous term was not ended and recorded nothing (the store or the owner's version
+    /// keeps none), counted from the grant of the shard's lock. It must exceed the time
+    /// an owner needs to notice a loss (its manager's health-check interval), and the
+    /// members of a fleet should agree on it; zero gives that order up.
     #[must_use]
     pub fn takeover_delay(mut self, delay: Duration) -> Self {
         self.takeover_delay = delay;

@@ -61,12 +61,15 @@ pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(5);
 /// How long a member that took a shard whose previous term did not end cleanly (its
 /// owner died, or lost the lock) waits before starting the task, counted from the grant
 /// of the shard's lock (the previous owner's session had ended by then), so that an
-/// owner whose session was ended has noticed and stopped first, when that owner did not
-/// record a bound of its own: as the leader's `DEFAULT_TAKEOVER_DELAY`, above the PostgreSQL
-/// adapter's health-check interval (200 ms by default). An owner whose manager knows how
-/// soon it is told of a loss ([`loss_notice_bound`](locks_port::DistributedLock::loss_notice_bound):
-/// 100 ms on `locks_postgres::plain_pool` and `tls_pool`) records it in its term, and
-/// the next owner waits that instead. A shard handed over cleanly starts at once.
+/// owner whose session was ended has noticed and stopped first: what an owner records
+/// in its terms when its manager does not know how soon it is told of a loss, and what
+/// the next owner waits when a term recorded nothing; as the leader's
+/// `DEFAULT_TAKEOVER_DELAY`, above the PostgreSQL adapter's health-check interval (200 ms by
+/// default). An owner whose manager knows
+/// ([`loss_notice_bound`](locks_port::DistributedLock::loss_notice_bound): 100 ms on
+/// `locks_postgres::plain_pool` and `tls_pool`) records that instead (no less than an
+/// unended term before it recorded), and the next owner waits what was recorded. A shard
+/// handed over cleanly starts at once.
 pub const DEFAULT_TAKEOVER_DELAY: Duration = Duration::from_millis(500);
 
 /// The user's task and the shard's guard of one term: dropped, the task's future goes

@@ -27,10 +27,13 @@ pub struct Term {
     /// Whether the owner ended the term after its task stopped. A term that is not
     /// ended may still be over: its owner may have died without a word.
     pub ended: bool,
-    /// How soon, at worst, the owner is told that its lock's session ended, as its
-    /// manager says ([`loss_notice_bound`](locks_port::DistributedLock::loss_notice_bound)):
-    /// the next owner of a term that did not end waits this long before starting.
-    /// `None` when the owner's manager does not know, or the store does not keep it.
+    /// How long the next owner of this term, if it does not end, waits before starting:
+    /// how soon, at worst, the owner is told that its lock's session ended (its
+    /// manager's [`loss_notice_bound`](locks_port::DistributedLock::loss_notice_bound), or
+    /// its takeover delay when the manager does not know), and, when the term began
+    /// after one that did not end, no less than that term's (see [`carried_loss_notice`]).
+    /// `None` when unknown (a member of an older version, or a store that does not keep
+    /// it): the next owner then waits its own takeover delay.
     pub loss_notice: Option<Duration>,
 }
 
@@ -61,6 +64,40 @@ impl Term {
     pub fn with_loss_notice(mut self, loss_notice: Option<Duration>) -> Self {
         self.loss_notice = loss_notice;
         self
+    }
+}
+
+/// The loss notice a store records for a new term ([`Term::loss_notice`]): the new
+/// owner's `own` when the term before it ended (or there was none, `previous` is
+/// `None`); when it did not end, the longer of `own` and that term's notice, or `None`
+/// if either is unknown.
+///
+/// Why: an owner whose term ends while it still waits its takeover delay (its lock
+/// lost, or its process dead) leaves its term not ended, and the next owner waits only
+/// what this term records, counted from its own later grant. The owner before may still
+/// be running until its own notice ran out, so this term must promise no less than that
+/// one did (ADR 0027, case 4 of the order). Unknown stays unknown: the next owner then
+/// waits its own takeover delay, as this owner did.
+///
+/// ```
+/// use std::time::Duration;
+/// use locks_shard::{Term, carried_loss_notice, time::OffsetDateTime};
+///
+/// let ms = Duration::from_millis;
+/// let term = |ended| Term::new("a", 1, 0, None, OffsetDateTime::UNIX_EPOCH, ended);
+/// let before = term(false).with_loss_notice(Some(ms(1_000)));
+/// assert_eq!(carried_loss_notice(Some(ms(100)), Some(&before)), Some(ms(1_000)));
+/// let ended = term(true).with_loss_notice(Some(ms(1_000)));
+/// assert_eq!(carried_loss_notice(Some(ms(100)), Some(&ended)), Some(ms(100)));
+/// let unknown = term(false);
+/// assert_eq!(carried_loss_notice(Some(ms(100)), Some(&unknown)), None);
+/// assert_eq!(carried_loss_notice(Some(ms(100)), None), Some(ms(100)));
+/// ```
+#[must_use]
+pub fn carried_loss_notice(own: Option<Duration>, previous: Option<&Term>) -> Option<Duration> {
+    match previous {
+        Some(previous) if !previous.ended => own.zip(previous.loss_notice).map(|(a, b)| a.max(b)),
+        _ => own,
     }
 }
 
@@ -125,11 +162,11 @@ pub trait ShardTerms: Send + Sync {
         holder_id: Option<&str>,
     ) -> impl Future<Output = Result<Begun, LockAcquisitionError>> + Send;
 
-    /// As [`begin`](Self::begin), and records `loss_notice`, how soon the new owner is
-    /// told that its lock's session ended (its manager's
-    /// [`loss_notice_bound`](locks_port::DistributedLock::loss_notice_bound)), for the
-    /// next owner to read in [`Begun::previous_loss_notice`]. A member begins its terms
-    /// with this.
+    /// As [`begin`](Self::begin), and records as the term's
+    /// [`loss_notice`](Term::loss_notice) what [`carried_loss_notice`] makes of
+    /// `loss_notice` (how soon the new owner is told that its lock's session ended) and
+    /// the term before, read in the same step, for the next owner to read in
+    /// [`Begun::previous_loss_notice`]. A member begins its terms with this.
     ///
     /// The default calls `begin` and records nothing: the next owner then waits its own
     /// takeover delay, the conservative side.
@@ -340,10 +377,11 @@ impl ShardTerms for MemoryTerms {
     ) -> Result<Begun, LockAcquisitionError> {
         let mut rows = self.rows();
         let key = (group.to_owned(), shard.to_owned());
-        let (token, previous_ended, previous_notice) =
-            rows.get(&key).map_or((1, true, None), |last| {
-                (last.token + 1, last.ended, last.loss_notice)
-            });
+        let last = rows.get(&key);
+        let (token, previous_ended, previous_notice) = last.map_or((1, true, None), |last| {
+            (last.token + 1, last.ended, last.loss_notice)
+        });
+        let loss_notice = carried_loss_notice(loss_notice, last);
         let term = Term::new(
             shard,
             token,

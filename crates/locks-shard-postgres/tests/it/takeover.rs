@@ -2,8 +2,8 @@
 //! ended by the server, and the next owner's task must start only after the previous
 //! owner's task was dropped. The next owner waits the bound the previous owner recorded
 //! in its term (its manager's `loss_notice_bound()`), or its own takeover delay when
-//! none was recorded; and a term that lost its lock inside that wait does not cut it
-//! short for the owner after it.
+//! none was recorded; and a term that lost its lock, or whose owner died, inside that
+//! wait does not cut it short for the owner after it.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -197,8 +197,8 @@ async fn the_next_owner_starts_after_the_previous_owner_was_told_of_its_loss() {
         -gap
     );
 
-    // An owner whose pool does not announce (told by a 300 ms health check) records
-    // nothing; the next owner waits its takeover delay (500 ms by default).
+    // An owner whose pool does not announce (told by a 300 ms health check) records its
+    // takeover delay (500 ms by default), and the next owner waits that.
     let holder = unique("unannounced");
     let role = owner_role().await;
     let unannounced = PostgresLockManager::builder(unannounced_pool(&role, 4))
@@ -215,50 +215,125 @@ async fn the_next_owner_starts_after_the_previous_owner_was_told_of_its_loss() {
     );
 }
 
+/// How long the dead owner of [`AfterADeadOwner`] may run after its session ended.
+const DEAD_NOTICE: Duration = Duration::from_secs(1);
+
+/// A one-shard group whose latest term is a dead owner's, not ended, recording
+/// [`DEAD_NOTICE`], and the member `s` (on an announcing pool: its own notice is 100 ms),
+/// holding the shard's lock and waiting that notice.
+struct AfterADeadOwner {
+    group: ShardGroup,
+    store: PostgresShardTerms,
+    /// When the dead owner's term began (its session had ended by then).
+    begun: Instant,
+    lives: Lives,
+    server: locks_shard_postgres::tokio_postgres::Client,
+    s: tokio::task::JoinHandle<()>,
+}
+
+impl AfterADeadOwner {
+    async fn new(name: &str) -> Self {
+        let group = ShardGroup::new(unique(name), ["only"]).expect("a group");
+        let store = terms().await;
+        let begun = Instant::now();
+        (store.begin_with_notice(group.name(), "only", 0, Some("gone"), Some(DEAD_NOTICE)))
+            .await
+            .expect("a term its owner never ends");
+        let mut fleet = Self {
+            lives: Lives::default(),
+            server: admin().await,
+            s: tokio::spawn(async {}),
+            group,
+            store,
+            begun,
+        };
+        let s = manager(&unique("s"), 4);
+        assert_eq!(s.loss_notice_bound(), Some(Duration::from_millis(100)));
+        fleet.s = run(fleet.member(s), "s", &fleet.lives);
+        while fleet.holder().await.is_none() {
+            assert!(begun.elapsed() < DEAD_NOTICE / 2, "s took the shard late");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        fleet
+    }
+
+    fn member(
+        &self,
+        locks: PostgresLockManager,
+    ) -> ShardMember<PostgresLockManager, PostgresShardTerms> {
+        ShardMember::new(locks, self.store.clone(), self.group.clone())
+            .tick(Duration::from_millis(5))
+            .renewal(None)
+    }
+
+    /// The backend holding the shard's lock.
+    async fn holder(&self) -> Option<i32> {
+        let id = locks_shard::locks_port::lock_id(&self.group.shard_key("only"));
+        let held = throwaway_pg::testing::advisory_lock(&self.server, id).await;
+        held.iter().find(|lock| lock.granted).map(|lock| lock.pid)
+    }
+
+    /// The first task to start, once one did; asserts it started after the dead owner's
+    /// notice ran out.
+    async fn first_start(&self) -> Life {
+        wait_for(&self.lives, "a task started", |l| !l.is_empty()).await;
+        let life = self.lives.lock().unwrap_or_else(PoisonError::into_inner)[0].clone();
+        let not_before = self.begun + DEAD_NOTICE;
+        assert!(
+            life.start >= not_before,
+            "{} started {:?} before the dead owner's notice ran out",
+            life.member,
+            not_before - life.start
+        );
+        life
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_term_whose_session_ended_in_its_takeover_wait_lets_the_next_start_only_after_it() {
-    // The shard's latest term is a dead owner's, not ended, recording a 1 s notice: that
-    // owner may run until 1 s after its session ended. s takes the shard and waits; its
-    // lock's session is terminated inside the wait, and s takes the shard back. Had the
-    // lost term been ended then, s would have started its task at once, inside the dead
-    // owner's notice.
-    let group = ShardGroup::new(unique("inwait"), ["only"]).expect("a group");
-    let notice = Duration::from_secs(1);
-    let store = terms().await;
-    let begun = Instant::now();
-    (store.begin_with_notice(group.name(), "only", 0, Some("gone"), Some(notice)))
-        .await
-        .expect("a term its owner never ends");
-    let lives: Lives = Arc::default();
-    let s = ShardMember::new(manager(&unique("s"), 4), store, group.clone())
-        .tick(Duration::from_millis(5))
-        .renewal(None);
-    let s = run(s, "s", &lives);
-    let server = admin().await;
-    let id = locks_shard::locks_port::lock_id(&group.shard_key("only"));
-    let holder = loop {
-        let held = throwaway_pg::testing::advisory_lock(&server, id).await;
-        if let Some(lock) = held.iter().find(|lock| lock.granted) {
-            break lock.pid;
-        }
-        assert!(begun.elapsed() < notice / 2, "s took the shard late");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    };
-    let ended: bool = server
+    // s takes a dead owner's shard and waits; its lock's session is terminated inside the
+    // wait, and s takes the shard back. Had the lost term been ended then, s would have
+    // started its task at once, inside the dead owner's notice.
+    let fleet = AfterADeadOwner::new("inwait").await;
+    let holder = fleet.holder().await.expect("s holds the shard's lock");
+    let ended: bool = (fleet.server)
         .query_one("SELECT pg_terminate_backend($1)", &[&holder])
         .await
         .expect("end s's shard lock session")
         .get(0);
     assert!(
-        ended && begun.elapsed() < notice,
+        ended && fleet.begun.elapsed() < DEAD_NOTICE,
         "terminated inside the wait"
     );
-    wait_for(&lives, "s's task started", |l| !l.is_empty()).await;
-    s.abort();
-    let start = lives.lock().unwrap_or_else(PoisonError::into_inner)[0].start;
-    assert!(
-        start >= begun + notice,
-        "s started {:?} before the dead owner's notice ran out",
-        (begun + notice) - start
+    assert_eq!(fleet.first_start().await.member, "s");
+    fleet.s.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_term_whose_owner_died_in_its_takeover_wait_holds_the_next_owner_to_the_notice_before() {
+    // s takes a dead owner's shard and, inside the wait, dies itself: its `run` dropped,
+    // its term left unended, its lock freed. n takes the shard. Had s's term recorded only
+    // s's 100 ms, n would start 100 ms after its grant, inside the first owner's notice.
+    let fleet = AfterADeadOwner::new("diedinwait").await;
+    fleet.s.abort();
+    while fleet.holder().await.is_some() {
+        assert!(
+            fleet.begun.elapsed() < DEAD_NOTICE / 2,
+            "s's lock was not freed"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let listed = fleet
+        .store
+        .terms(fleet.group.name())
+        .await
+        .expect("the terms");
+    assert_eq!(
+        (listed[0].token, listed[0].ended, listed[0].loss_notice),
+        (2, false, Some(DEAD_NOTICE)),
+        "s's term, not ended, recording the notice before it"
     );
+    let n = run(fleet.member(manager(&unique("n"), 4)), "n", &fleet.lives);
+    assert_eq!(fleet.first_start().await.member, "n", "s never started");
+    n.abort();
 }

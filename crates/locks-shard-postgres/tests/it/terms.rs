@@ -142,7 +142,8 @@ async fn a_term_s_loss_notice_reaches_the_next_owner_only_under_its_own_token() 
 
 /// A term table made before the loss-notice columns existed (the first version's shape,
 /// with a term in it) gains them from `install_shard_terms`, keeps its rows, and records
-/// the next owner's notice; on a database of its own, so the shared table is not touched.
+/// the next owner's notice (after a term that ended: the unended old term's unknown notice
+/// is carried); on a database of its own, so the shared table is not touched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn install_upgrades_a_term_table_made_before_the_loss_notice() {
     let (url, database) = throwaway_pg::testing::own_database("shard_upgrade").await;
@@ -170,9 +171,16 @@ async fn install_upgrades_a_term_table_made_before_the_loss_notice() {
         .expect("a term on the upgraded table");
     assert_eq!(next.term.token, 5, "the old row's token was kept");
     assert_eq!(
-        next.previous_loss_notice, None,
-        "the old term recorded none"
+        (next.previous_loss_notice, next.term.loss_notice),
+        (None, None),
+        "the old term recorded none, and did not end: none carried"
     );
+    store.end("g", "t", 5).await.expect("ending it");
+    let ended_before = store
+        .begin_with_notice("g", "t", 2, Some("new"), notice)
+        .await
+        .expect("a term after one that ended");
+    assert_eq!(ended_before.term.loss_notice, notice, "its own");
     let after = store
         .begin_with_notice("g", "t", 3, Some("newer"), None)
         .await

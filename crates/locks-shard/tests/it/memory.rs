@@ -483,6 +483,26 @@ async fn a_term_that_lost_its_lock_in_its_takeover_wait_is_not_ended_before_the_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_term_whose_owner_died_in_its_takeover_wait_holds_the_next_owner_to_the_notice_before() {
+    // s takes a dead owner's shard and waits its 1 s notice, then dies itself (its run
+    // dropped: the term left as it is, the lock freed), and n takes the shard. s's own
+    // notice is the fleet's 20 ms takeover delay: had s's term recorded only that, n would
+    // start 20 ms after its grant, inside the first owner's notice.
+    let notice = Duration::from_secs(1);
+    let (mut fleet, begun) = s_waiting_after_a_dead_owner(1, notice).await;
+    fleet.abort("s").await;
+    let terms = fleet.terms.terms("projections").await.expect("the terms");
+    assert_eq!(
+        (terms[0].token, terms[0].ended, terms[0].loss_notice),
+        (2, false, Some(notice)),
+        "s's term, not ended, recording the notice before it"
+    );
+    fleet.join("n");
+    fleet.settled(SETTLE).await;
+    none_started_before(&fleet, begun + notice);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_with_another_shard_list_are_refused_with_a_configuration_error() {
     let mut fleet = Fleet::new(3);
     fleet.join("a");
