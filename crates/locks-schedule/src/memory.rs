@@ -69,6 +69,13 @@ impl Clock for ManualClock {
     }
 }
 
+/// The earliest instant an `OffsetDateTime` holds: the first local time at the largest
+/// offset east, so every slot of a job sorts after it whatever its offset.
+fn earliest_instant() -> OffsetDateTime {
+    let east = time::UtcOffset::from_hms(25, 59, 59).unwrap_or(time::UtcOffset::UTC);
+    time::PrimitiveDateTime::MIN.assume_offset(east)
+}
+
 /// A [`Ledger`] in memory, on an injected [`Clock`]: the schedule's contract for users'
 /// tests, with no database. Clones share the rows.
 #[derive(Clone)]
@@ -199,10 +206,12 @@ impl<C: Clock> Ledger for MemoryLedger<C> {
         before: OffsetDateTime,
     ) -> Result<Vec<OffsetDateTime>, LedgerError> {
         let rows = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
-        Ok((rows.iter())
-            .filter(|((job, slot), record)| {
-                job == name && *slot < before && record.outcome == Outcome::Running
-            })
+        // The job's rows before `before` only, in slot order (the keys sort by job, then
+        // slot): a firing reads its own job's past, not every row kept.
+        let first = (name.to_owned(), earliest_instant());
+        Ok((rows.range(first..))
+            .take_while(|((job, slot), _)| job == name && *slot < before)
+            .filter(|(_, record)| record.outcome == Outcome::Running)
             .map(|((_, slot), _)| *slot)
             .collect())
     }
@@ -257,4 +266,51 @@ fn abandon(record: &mut RunRecord, now: OffsetDateTime) {
     record.outcome = Outcome::Abandoned;
     record.finished = Some(now);
     record.detail = Some(format!("the runner {} died", record.holder));
+}
+
+#[cfg(test)]
+mod tests {
+    use time::macros::datetime;
+
+    use super::*;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn running_before_reads_only_the_job_s_running_rows_before_the_slot() {
+        let ledger = MemoryLedger::new(SystemClock);
+        let t = datetime!(2026-01-01 00:00 UTC);
+        let minute = time::Duration::minutes(1);
+        let far_east = (t - minute).to_offset(time::UtcOffset::from_hms(14, 0, 0).expect("+14"));
+        let row = |name: &str, slot: OffsetDateTime, outcome| RunRecord {
+            name: name.to_owned(),
+            slot,
+            holder: "h".to_owned(),
+            attempt: 1,
+            started: slot,
+            finished: None,
+            outcome,
+            detail: None,
+        };
+        let first = time::PrimitiveDateTime::MIN.assume_utc();
+        let rows = [
+            row("a", first, Outcome::Running),
+            row("a", far_east, Outcome::Running),
+            row("a", t, Outcome::Running),
+            row("a", t + minute, Outcome::Succeeded),
+            row("a", t + minute * 2, Outcome::Running),
+            row("a", t + minute * 3, Outcome::Running),
+            row("", t, Outcome::Running),
+            row("ab", t, Outcome::Running),
+            row("b", t, Outcome::Running),
+        ];
+        ledger.rows.lock().expect("rows").extend(
+            rows.into_iter()
+                .map(|record| ((record.name.clone(), record.slot), record)),
+        );
+        let before = ledger.running_before("a", t + minute * 3).await;
+        assert_eq!(before.expect("read"), [first, far_east, t, t + minute * 2]);
+        let none = ledger.running_before("a", first).await;
+        assert_eq!(none.expect("read"), Vec::<OffsetDateTime>::new());
+        let other = ledger.running_before("c", t + minute * 9).await;
+        assert_eq!(other.expect("read"), Vec::<OffsetDateTime>::new());
+    }
 }
