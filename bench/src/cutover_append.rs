@@ -1,8 +1,6 @@
 //! Scenario `cutover-append`: a routed append of `migration-cutover-postgres` with the
 //! fleet's shared write lock and without it, alternated: the lock's own cost.
 
-use std::time::Instant;
-
 use migration_cutover::TenantRoute;
 use migration_cutover::uuid::Uuid;
 use migration_cutover::{Event, MigrationConfig, MigrationPorts, RoutingRepository, Stores};
@@ -50,9 +48,8 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
         for _ in 0..batch {
             // The event is made before the clock starts: only the append is timed.
             let event = Event::new("Bench", "payload");
-            let started = Instant::now();
-            routers[side].append(tenant, &[event]).await?;
-            sides[side].record(started.elapsed());
+            let append = async || routers[side].append(tenant, &[event]).await;
+            sides[side].time(append).await?;
         }
         Ok(())
     })

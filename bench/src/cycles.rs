@@ -77,22 +77,20 @@ struct Measured {
     tracing: Option<tracing::Dispatch>,
     backend: Option<Pid>,
     runs: Batches,
-    next: usize,
 }
 
 impl Measured {
-    async fn run(&mut self, warmup: usize, cycles: usize, kept: bool) -> Result<()> {
+    /// Round `round`: `warmup` cycles, then `cycles` timed, kept after the first round.
+    async fn run(&mut self, round: usize, warmup: usize, cycles: usize) -> Result<()> {
         let _tracing = self.tracing.as_ref().map(tracing::dispatcher::set_default);
-        let mut run = Latencies::default();
-        for n in 0..warmup + cycles {
-            let started = std::time::Instant::now();
-            self.op.cycle(self.next).await?;
-            if n >= warmup {
-                run.record(started.elapsed());
-            }
-            self.next += 1;
+        let (mut run, first) = (Latencies::default(), round * (warmup + cycles));
+        for n in first..first + warmup {
+            self.op.cycle(n).await?;
         }
-        if kept {
+        for n in first + warmup..first + warmup + cycles {
+            run.time(async || self.op.cycle(n).await).await?;
+        }
+        if round > 0 {
             self.runs.add(&run);
         }
         Ok(())
@@ -150,14 +148,13 @@ async fn measure(
         let tracing = (pipeline.as_ref())
             .filter(|_| name.contains("-otel"))
             .map(|pipeline| tracing::Dispatch::new(pipeline.subscriber()));
-        let (runs, next) = (Batches::default(), 0);
+        let runs = Batches::default();
         clients.push(Measured {
             name,
             op,
             tracing,
             backend,
             runs,
-            next,
         });
     }
     let all = allowed(Pid::from_raw(0))?;
@@ -167,7 +164,7 @@ async fn measure(
     // A round more, dropped: the first run on backends just pinned was at times faster,
     // and only the client that runs first gets it (`docs/benchmarks.md`, "How fast").
     let outcome = harness::rounds(rounds + 1, clients.len(), async |round, side| {
-        clients[side].run(warmup, cycles, round > 0).await
+        clients[side].run(round, warmup, cycles).await
     })
     .await;
     place(&clients, &all)?;
@@ -200,23 +197,15 @@ async fn measure(
     for (index, c) in clients.iter().enumerate() {
         let (label, best) = (label(c.name), c.runs.best());
         let ratio = ratio(best as f64, base as f64);
+        let shown = ratio.map_or_else(|| "—".to_owned(), |r| format!("{r:.3}×"));
+        let runs = c.runs.runs.len();
+        let vs = format!("{} vs {}; best of {runs} runs", fmt_ns(best), fmt_ns(base));
+        let measured = Cell::new(format!("{shown} ({vs})"), ratio);
+        let name = format!("{label}: pinned p50 vs raw, {via}");
+        let pass = ratio.is_some_and(|r| r <= limit);
         let [target, result] = match index {
             0 => [Cell::from("baseline"), Cell::default()],
-            _ if index <= gated => out.gate(
-                format!("{label}: pinned p50 vs raw, {via}"),
-                Cell::new(
-                    format!(
-                        "{} ({} vs {}; best of {} runs)",
-                        ratio.map_or_else(|| "—".to_owned(), |r| format!("{r:.3}×")),
-                        fmt_ns(best),
-                        fmt_ns(base),
-                        c.runs.runs.len()
-                    ),
-                    ratio,
-                ),
-                format!("≤ {limit:.2}×"),
-                ratio.is_some_and(|r| r <= limit),
-            ),
+            _ if index <= gated => out.gate(name, measured, format!("≤ {limit:.2}×"), pass),
             _ => Default::default(),
         };
         out.row(row![

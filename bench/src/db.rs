@@ -34,9 +34,9 @@ impl Database {
         let statement = client.prepare("SELECT 1").await?;
         let mut latencies = Latencies::default();
         for _ in 0..50 {
-            let started = Instant::now();
-            client.query_one(&statement, &[]).await?;
-            latencies.record(started.elapsed());
+            latencies
+                .time(async || client.query_one(&statement, &[]).await)
+                .await?;
         }
         Ok(latencies.p50())
     }

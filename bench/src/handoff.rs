@@ -9,7 +9,7 @@ use serde_json::json;
 use crate::chart::{BLUE, Curve, GREEN, GREY, Panel, RED, Unit, cdf, curves_svg};
 use crate::db::Database;
 use crate::harness::{self, Cell, Outcome, row, verdict};
-use crate::stats::{Latencies, fairness, fmt_ns, nanos};
+use crate::stats::{Latencies, fairness, fmt_ns};
 use crate::turns::{Contender, Turns};
 use crate::{Plan, Result};
 
@@ -20,36 +20,40 @@ const JOB_WINDOW: Duration = Duration::from_secs(8);
 const APP: (&str, bool) = ("lock-bench-handoff", true);
 const HOLD: Duration = Duration::from_millis(2);
 
+/// Tasks of one contender taking turns, holding 2 ms or (`jobs`) 100–400 ms.
 struct Case {
-    contender: Contender,
-    jobs: bool,
     turns: Turns,
+    jobs: bool,
 }
 
 impl Case {
     fn new(contender: Contender, tasks: usize, jobs: bool) -> Self {
         let turns = Turns::new(contender, tasks);
-        Self {
-            contender,
-            jobs,
-            turns,
-        }
+        Self { turns, jobs }
     }
 
-    /// Its targets: gap p99, fairness, idle share, and whether at most N hold at once.
-    fn limits(&self) -> (Option<Duration>, Option<f64>, Option<f64>, bool) {
-        let ms = Duration::from_millis;
-        match (self.contender, self.turns.tasks, self.jobs) {
-            (Contender::Queue, 4, _) => (Some(ms(2)), Some(1.5), None, false),
-            (Contender::Queue, ..) => (None, Some(1.5), None, false),
-            (Contender::Permits(_), _, false) => (Some(ms(5)), Some(1.5), None, true),
-            (Contender::Permits(_), _, true) => (Some(ms(10)), None, Some(0.01), true),
-            _ => (None, None, None, false),
-        }
+    /// Its targets, each a limit and how it reads, or none: gap p99 (ns), fairness, idle
+    /// share, and how many may hold at once.
+    fn limits(&self) -> impl Iterator<Item = Option<(f64, String)>> {
+        let n = Some(self.turns.contender.capacity() as f64);
+        let limits = match (self.turns.contender, self.turns.tasks, self.jobs) {
+            (Contender::Queue, 4, _) => [Some(2e6), Some(1.5), None, None],
+            (Contender::Queue, ..) => [None, Some(1.5), None, None],
+            (Contender::Permits(_), _, false) => [Some(5e6), Some(1.5), None, n],
+            (Contender::Permits(_), _, true) => [Some(1e7), None, Some(0.01), n],
+            _ => [None; 4],
+        };
+        let shown: [fn(f64) -> String; 4] = [
+            |limit| fmt_ns(limit as u64),
+            |limit| limit.to_string(),
+            |limit| format!("{:.0} %", limit * 100.0),
+            |limit| limit.to_string(),
+        ];
+        (limits.into_iter().zip(shown)).map(|(limit, shown)| limit.map(|l| (l, shown(l))))
     }
 
     fn says(&self) -> (String, RGBColor) {
-        let (label, color) = match self.contender {
+        let (label, color) = match self.turns.contender {
             Contender::Raw => ("raw pg_advisory_lock (server queue)", GREY),
             Contender::Queue => ("library, Queue (server-side wait)", BLUE),
             Contender::Poll => ("library, Poll (100 ms, as the Python library)", RED),
@@ -79,7 +83,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
     let (window, poll_window) = (plan.ms(600, 2000), plan.ms(1500, 6000));
     harness::rounds(plan.pick(2, 5), cases.len(), async |round, side| {
         let case = &mut cases[side];
-        let poll = case.contender == Contender::Poll;
+        let poll = case.turns.contender == Contender::Poll;
         let length = if poll { poll_window } else { window };
         let key = format!("bench:handoff:{round}:{side}:{}", std::process::id());
         case.turns.window(db, APP, key, length, |_, _| HOLD).await
@@ -107,7 +111,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
         let [gaps, waiter_gaps, waits] =
             [&state.gaps, &state.waiter_gaps, &state.waits].map(|s| Latencies::of(s));
         let worst = windows.iter().map(|t| fairness(t)).fold(0.0_f64, f64::max);
-        let capacity = case.contender.capacity();
+        let capacity = case.turns.contender.capacity();
         let idle = state.idle.as_secs_f64() / (case.turns.measured.as_secs_f64() * capacity as f64);
         let percent = |share: f64| Cell::new(format!("{:.2} %", share * 100.0), share);
         // Infinite (a task without a turn) is null in the JSON.
@@ -116,34 +120,21 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
             false => "∞ (a task got no turn)".to_owned(),
         };
         let fair = Cell::new(fair, worst);
-        let (gap_limit, fairness_limit, idle_limit, inside) = case.limits();
+        let gap = Some(gaps.p99() as f64).filter(|_| gaps.count() > 0);
+        let most = state.most_inside;
+        // Each target: what it measures, its figure shown and compared.
         let gates = [
-            (
-                ("gap p99", Cell::ns(gaps.p99())),
-                gap_limit.map(|limit| fmt_ns(nanos(limit))),
-                gap_limit.is_some_and(|l| gaps.count() > 0 && gaps.p99() <= nanos(l)),
-            ),
-            (
-                ("fairness (worst window)", fair.clone()),
-                fairness_limit.map(|limit| limit.to_string()),
-                fairness_limit.is_some_and(|limit| worst <= limit),
-            ),
-            (
-                ("idle share", percent(idle)),
-                idle_limit.map(|limit| format!("{:.0} %", limit * 100.0)),
-                idle_limit.is_some_and(|limit| idle <= limit),
-            ),
-            (
-                ("most inside at once", Cell::from(state.most_inside)),
-                inside.then(|| capacity.to_string()),
-                state.most_inside <= capacity,
-            ),
+            ("gap p99", Cell::ns(gaps.p99()), gap),
+            ("fairness (worst window)", fair.clone(), Some(worst)),
+            ("idle share", percent(idle), Some(idle)),
+            ("most inside at once", Cell::from(most), Some(most as f64)),
         ];
         let (mut missed, mut gated) = (Vec::new(), false);
-        for ((measure, measured), limit, pass) in gates {
-            let Some(limit) = limit else { continue };
+        for ((measure, measured, value), limit) in gates.into_iter().zip(case.limits()) {
+            let Some((at, shown)) = limit else { continue };
+            let pass = value.is_some_and(|value| value <= at);
             let target = format!("handoff {measure}, {name}, {tasks} tasks");
-            out.gate(target, measured, format!("≤ {limit}"), pass);
+            out.gate(target, measured, format!("≤ {shown}"), pass);
             gated = true;
             missed.extend((!pass).then_some(measure));
         }
@@ -180,7 +171,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
             "releases_abandoned_by_all_waiters": state.abandoned,
             "releases_unserved_at_window_end": state.unserved_at_end,
         }));
-        if case.contender != PERMITS {
+        if case.turns.contender != PERMITS {
             for (side, samples) in [&state.gaps, &state.waiter_gaps].into_iter().enumerate() {
                 let label = format!("{name}, {tasks} contenders (n = {})", samples.len());
                 let dashed = tasks > CONTENDERS[0];

@@ -54,10 +54,9 @@ pub(crate) async fn until(
 ) -> Result<(u64, Latencies)> {
     let (mut ops, mut latencies) = (0, Latencies::default());
     while ops < min || Instant::now() < end {
-        let started = timed.then(Instant::now);
-        op().await?;
-        if let Some(started) = started {
-            latencies.record(started.elapsed());
+        match timed {
+            true => latencies.time(&mut op).await?,
+            false => op().await?,
         }
         ops += 1;
     }
@@ -129,9 +128,7 @@ pub(crate) async fn batches(
     rounds(rounds_, count, async |_, side| {
         let mut latencies = Latencies::default();
         for n in 0..batch {
-            let started = Instant::now();
-            call(side, n).await?;
-            latencies.record(started.elapsed());
+            latencies.time(async || call(side, n).await).await?;
         }
         sides[side].add(&latencies);
         Ok(())

@@ -57,11 +57,11 @@ async fn census(
 async fn acquire(manager: &Manager, prefix: &str, count: usize) -> Result<Latencies> {
     let mut latencies = Latencies::default();
     for n in 0..count {
-        let started = Instant::now();
-        let key = format!("{prefix}:{n}");
-        let guard = manager.acquire(&key, AcquireOptions::new()).await?;
-        latencies.record(started.elapsed());
-        drop(guard.into_held());
+        let acquire = async || {
+            let key = format!("{prefix}:{n}");
+            manager.acquire(&key, AcquireOptions::new()).await
+        };
+        drop(latencies.time(acquire).await?.into_held());
     }
     Ok(latencies)
 }

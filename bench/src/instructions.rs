@@ -74,27 +74,18 @@ fn rows(id: &str) -> Vec<Row> {
     };
     if id == "metrics" {
         const OFF: &str = "library-metrics-off";
-        let on = "library, metrics on, no meter provider installed (no-op instruments)";
-        let sdk = "library, metrics SDK installed (periodic reader, exporter that drops)";
-        let target = Some((NOOP, "metrics with no meter provider"));
-        return vec![
-            row(OFF, OFF, None),
-            Row {
-                label: on,
-                target,
-                ..row("library", OFF, None)
-            },
-            Row {
-                label: sdk,
-                ..row("library-metrics-sdk", OFF, None)
-            },
-        ];
+        let (mut on, mut sdk) = (
+            row("library", OFF, None),
+            row("library-metrics-sdk", OFF, None),
+        );
+        on.label = "library, metrics on, no meter provider installed (no-op instruments)";
+        on.target = Some((NOOP, "metrics with no meter provider"));
+        sdk.label = "library, metrics SDK installed (periodic reader, exporter that drops)";
+        return vec![row(OFF, OFF, None), on, sdk];
     }
-    let timers = Row {
-        label: "library, statement watchdog off (tokio timers, ADR 0015): acquire (no \
-                timeout) + release",
-        ..row("library+timers", "raw", None)
-    };
+    let mut timers = row("library+timers", "raw", None);
+    timers.label = "library, statement watchdog off (tokio timers, ADR 0015): acquire (no \
+                    timeout) + release";
     let [shared, many] = ["raw-shared", "raw-many-each"];
     vec![
         row("raw", "raw", None),

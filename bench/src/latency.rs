@@ -131,31 +131,22 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
             variants[side].cycle(n).await
         })
         .await?;
-        let rtt = Cell::new(
-            format!(
-                "{} (aimed at {}; {} added each way)",
-                fmt_ns(rtt),
-                fmt_ns(nanos(aimed)),
-                fmt_ns(nanos(one_way))
-            ),
-            rtt,
-        );
+        let [aimed, added, shown] = [nanos(aimed), nanos(one_way), rtt].map(fmt_ns);
+        let shown = format!("{shown} (aimed at {aimed}; {added} added each way)");
+        let rtt = Cell::new(shown, rtt);
         let first = &measured[0];
         for (index, (batches, &name)) in measured.iter().zip(names).enumerate() {
             let ratios = batches.ratios_to(first);
             let (ratio, spread) = harness::Ratios::fmt(ratios);
+            let median = ratios.map(|r| r.median);
             let p50 = Cell::ns(batches.median());
+            let vs = format!("{} vs {}", p50.text, fmt_ns(first.median()));
+            let measured = Cell::new(format!("{ratio} ({vs})"), median);
+            let check = format!("{} {what}", label(name));
+            let pass = median.is_some_and(|r| r <= limit);
             let [target, result] = match () {
                 () if index == 0 => [Cell::from("baseline"), Cell::default()],
-                () if name == gated => out.gate(
-                    format!("{} {what}", label(name)),
-                    Cell::new(
-                        format!("{ratio} ({} vs {})", p50.text, fmt_ns(first.median())),
-                        ratios.map(|r| r.median),
-                    ),
-                    format!("≤ {limit:.1}×"),
-                    ratios.is_some_and(|r| r.median <= limit),
-                ),
+                () if name == gated => out.gate(check, measured, format!("≤ {limit:.1}×"), pass),
                 () => Default::default(),
             };
             out.row(row![
@@ -164,7 +155,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
                 "p50" => p50,
                 "runs" => batches.spread(),
                 "p99" => Cell::ns(batches.pooled.p99()),
-                "÷ first" => Cell::new(ratio, ratios.map(|r| r.median)),
+                "÷ first" => Cell::new(ratio, median),
                 "÷ first, runs" => Cell::new(spread, ratios.map(|r| vec![r.low, r.high])),
                 "Target" => target,
                 "Result" => result,
@@ -191,11 +182,8 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
     for ((name, windows), rate) in names.iter().zip(&sides).zip(rates) {
         let mut pooled = Latencies::default();
         windows.iter().for_each(|w| pooled.merge(&w.latencies));
-        let groups = format!(
-            "{name}: {} groups, {} (median of windows)",
-            pooled.count(),
-            fmt_rate(rate)
-        );
+        let (count, rate) = (pooled.count(), fmt_rate(rate));
+        let groups = format!("{name}: {count} groups, {rate} (median of windows)");
         let (p50, p99) = (Cell::ns(pooled.p50()), Cell::ns(pooled.p99()));
         out.row(row!["Round trip" => "~2 ms, contended", "Variant" => groups, "p50" => p50, "p99" => p99]);
     }

@@ -479,9 +479,8 @@ async fn read_costs(
             let looping = tokio::spawn(async move {
                 let (mut own, mut calls) = (Latencies::default(), 0);
                 while calls == 0 || !stopped.load(Ordering::Relaxed) {
-                    let started = Instant::now();
-                    read(name, &observer, &sharded).await?;
-                    own.record(started.elapsed());
+                    own.time(async || read(name, &observer, &sharded).await)
+                        .await?;
                     calls += 1;
                 }
                 Ok::<_, BoxError>((own, calls))

@@ -1,6 +1,6 @@
 //! Ground floor: latency histograms, live heap bytes, and how figures are printed.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
@@ -28,6 +28,14 @@ impl Latencies {
 
     pub(crate) fn record(&mut self, elapsed: Duration) {
         self.0.saturating_record(nanos(elapsed).max(1));
+    }
+
+    /// Calls `f`, recording how long its future took (the clock starts before the call).
+    pub(crate) async fn time<T>(&mut self, f: impl AsyncFnOnce() -> T) -> T {
+        let started = Instant::now();
+        let output = f().await;
+        self.record(started.elapsed());
+        output
     }
 
     pub(crate) fn merge(&mut self, other: &Self) {

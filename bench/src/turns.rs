@@ -86,7 +86,7 @@ impl Taker {
 /// window each, and the windows' length, summed.
 #[derive(Debug)]
 pub(crate) struct Turns {
-    contender: Contender,
+    pub(crate) contender: Contender,
     pub(crate) tasks: usize,
     state: Arc<Mutex<State>>,
     pub(crate) windows: Vec<Vec<u64>>,
