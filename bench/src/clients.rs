@@ -129,20 +129,14 @@ pub(crate) async fn client(db: &Database, name: &str, prefix: &str, app: &str) -
     let keys = keys(prefix, KEYS);
     let ids: Vec<i64> = keys.iter().map(|key| lock_id(key)).collect();
     // The lock ids of each group in the library's one global order (ascending).
-    let order = |g: &[i64]| {
-        g.iter()
-            .copied()
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect()
-    };
+    let order = |group: &[i64]| Vec::from_iter(BTreeSet::from_iter(group.iter().copied()));
     let ordered = || ids.chunks(GROUP).map(order).collect();
     match name {
         "raw" | "raw-try" | "raw-shared" => {
             let raw = Raw::connect(db, app, name == "raw-shared").await?;
             return Ok(Op::RawPrepared(raw, ids, name == "raw-try"));
         }
-        "raw-checked" => return Ok(Op::RawPrepared(Raw::checked(db, app).await?, ids, true)),
+        "raw-checked" => return Ok(Op::RawPrepared(checked(db, app).await?, ids, true)),
         "raw-many" => return Ok(Op::RawMany(Raw::connect(db, app, false).await?, ordered())),
         "raw-many-each" => {
             let client = db.connect(app).await?;
@@ -185,6 +179,21 @@ pub(crate) async fn client(db: &Database, name: &str, prefix: &str, app: &str) -
         ),
         () => Op::Acquire(manager, keys, options),
     })
+}
+
+/// The raw statements, each behind the session check the library's statements make (ADR
+/// 0014): `SELECT CASE WHEN current_setting('locks.session', true) = '…' THEN
+/// pg_try_advisory_lock($1) END`, the session marked first.
+async fn checked(db: &Database, app: &str) -> Result<Raw> {
+    const MARKER: &str = "'0123456789abcdef'";
+    let client = db.connect(app).await?;
+    let mark = format!("SET locks.session = {MARKER}");
+    client.batch_execute(&mark).await?;
+    let check = format!("current_setting('locks.session', true) = {MARKER}");
+    Raw::prepare(client, |name| {
+        format!("SELECT CASE WHEN {check} THEN pg_{name}($1) END")
+    })
+    .await
 }
 
 fn nth<T>(items: &[T], n: usize) -> &T {

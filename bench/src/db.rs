@@ -240,37 +240,15 @@ pub(crate) struct Raw {
 impl Raw {
     /// The exclusive forms, or the `shared` ones (`pg_advisory_lock_shared($1)`, …).
     pub(crate) async fn connect(db: &Database, app: &str, shared: bool) -> Result<Self> {
-        Self::connect_as(db, app, shared, false).await
-    }
-
-    /// The exclusive forms, each behind the session check the library's statements make
-    /// (ADR 0014): `SELECT CASE WHEN current_setting('locks.session', true) = '…' THEN
-    /// pg_try_advisory_lock($1) END`, the session marked first.
-    pub(crate) async fn checked(db: &Database, app: &str) -> Result<Self> {
-        Self::connect_as(db, app, false, true).await
-    }
-
-    async fn connect_as(db: &Database, app: &str, shared: bool, checked: bool) -> Result<Self> {
-        const MARKER: &str = "'0123456789abcdef'";
-        let client = db.connect(app).await?;
         let suffix = if shared { "_shared" } else { "" };
-        if checked {
-            client
-                .batch_execute(&format!("SET locks.session = {MARKER}"))
-                .await?;
-        }
-        let prepare = async |name| {
-            let call = format!("pg_{name}{suffix}($1)");
-            let sql = if checked {
-                format!(
-                    "SELECT CASE WHEN current_setting('locks.session', true) = {MARKER} \
-                     THEN {call} END"
-                )
-            } else {
-                format!("SELECT {call}")
-            };
-            client.prepare(&sql).await
-        };
+        let sql = |name: &str| format!("SELECT pg_{name}{suffix}($1)");
+        Self::prepare(db.connect(app).await?, sql).await
+    }
+
+    /// On `client`, each statement as `sql` writes the function `name`d (`advisory_lock`,
+    /// `try_advisory_lock`, `advisory_unlock`).
+    pub(crate) async fn prepare(client: Client, sql: impl Fn(&str) -> String) -> Result<Self> {
+        let prepare = async |name| client.prepare(&sql(name)).await;
         Ok(Self {
             lock: prepare("advisory_lock").await?,
             try_lock: prepare("try_advisory_lock").await?,

@@ -76,13 +76,12 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
     let needed = (plan.scale_max as f64).mul_add(1.2, 10_000.0) as u64;
     let holding = connections(plan.scale_max);
     if usage.capacity < needed || max_connections < holding * 2 + 20 {
+        let (capacity, locks, opens) = (usage.capacity, plan.scale_max, WAITERS[3] + 20);
         return Err(format!(
-            "the server's lock table holds {} entries and it allows {max_connections} \
-             connections; the scale scenario holds {} locks and opens up to {} connections: \
-             run it with `cargo xtask bench --only scale`, which starts a server sized for it",
-            usage.capacity,
-            plan.scale_max,
-            WAITERS[3] + 20
+            "the server's lock table holds {capacity} entries and it allows {max_connections} \
+             connections; the scale scenario holds {locks} locks and opens up to {opens} \
+             connections: run it with `cargo xtask bench --only scale`, which starts a server \
+             sized for it"
         )
         .into());
     }
@@ -106,6 +105,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
     let per_connection = (plan.scale_max * 3 / 2).div_ceil(holding);
     let title = "17. Scale: held locks, observation reads, waiters, groups";
     let mut out = Outcome::new("scale", title);
+    let (gauge, observe) = (GAUGE_INTERVAL.as_secs(), OBSERVE_WINDOW.as_secs());
     out.note(format!(
         "Server: {settings}. One manager holds the locks, multiplexed \
          (`multiplex({per_connection})`) on {holding} connections, {IN_FLIGHT} \
@@ -115,15 +115,12 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
          Bytes and CPU a lock: the process's heap (counting allocator) and RSS growth \
          since the warmed, empty manager, and CPU a second at rest minus that with \
          nothing held. Reads (a leader holds the election `who_leads` reads, with a \
-         board; observers at an interval: a leader watch, the gauge every {} s, a \
+         board; observers at an interval: a leader watch, the gauge every {gauge} s, a \
          semaphore of 2 acquired and released in a loop; a shard group's `owners()`, what \
          a member's tick reads, with a member of 4 shards running: from the roster, and \
          from `pg_locks` as before it): each one's own p50 while it loops, and the cycle \
-         p99 over {} s beside it ÷ over {} s without, in {ROUNDS} alternating windows a \
-         side, pooled.",
-        GAUGE_INTERVAL.as_secs(),
-        OBSERVE_WINDOW.as_secs(),
-        OBSERVE_WINDOW.as_secs(),
+         p99 over {observe} s beside it ÷ over {observe} s without, in {ROUNDS} alternating \
+         windows a side, pooled."
     ));
     out.note(format!(
         "Waiters: N tasks (each its own connection, library `Queue`, no timeout) acquire \
@@ -177,33 +174,25 @@ struct Held {
 
 impl Held {
     fn row(&self) -> [String; 4] {
-        let seconds = |ns: u64| ns as f64 / 1e9;
         let reads: Vec<String> = (self.reads.iter())
             .map(|r| format!("{} {} (p99 ×{:.2})", r.read, fmt_ns(r.own), r.slowdown()))
             .collect();
-        let [p50, p99, raw_p50, raw_p99] = [self.probe, self.raw_probe].concat()[..] else {
-            unreachable!("two pairs")
-        };
+        let (reach, raw) = (self.reach as f64 / 1e9, self.raw_reach as f64 / 1e9);
+        let slower = reach / raw.max(1e-9);
+        let ([p50, p99], [raw_p50, raw_p99]) = (self.probe.map(fmt_ns), self.raw_probe.map(fmt_ns));
+        let (heap, cpu) = (fmt_bytes(self.heap_per_lock), self.cpu_per_lock);
+        let rss = self.rss_per_lock.map_or("?".to_owned(), fmt_bytes);
+        let (advisory, capacity) = (self.advisory, self.capacity);
+        let share = 100.0 * advisory as f64 / capacity.max(1) as f64;
         [
             format!("{} held", self.count),
             format!(
-                "reach {:.2} s (raw {:.2} s, ×{:.1}); cycle p50 {} p99 {} (raw {} / {})",
-                seconds(self.reach),
-                seconds(self.raw_reach),
-                seconds(self.reach) / seconds(self.raw_reach).max(1e-9),
-                fmt_ns(p50),
-                fmt_ns(p99),
-                fmt_ns(raw_p50),
-                fmt_ns(raw_p99)
+                "reach {reach:.2} s (raw {raw:.2} s, ×{slower:.1}); cycle p50 {p50} p99 {p99} \
+                 (raw {raw_p50} / {raw_p99})"
             ),
             format!(
-                "{} heap, {} RSS, {:.1} ns CPU/s a lock at rest; table {} / {} ({:.0}%)",
-                fmt_bytes(self.heap_per_lock),
-                self.rss_per_lock.map_or("?".to_owned(), fmt_bytes),
-                self.cpu_per_lock,
-                self.advisory,
-                self.capacity,
-                100.0 * self.advisory as f64 / self.capacity.max(1) as f64
+                "{heap} heap, {rss} RSS, {cpu:.1} ns CPU/s a lock at rest; table {advisory} / \
+                 {capacity} ({share:.0}%)"
             ),
             reads.join("; "),
         ]
@@ -268,16 +257,10 @@ async fn held(db: &Database, plan: &Plan, admin: &Client) -> Result<(Vec<Held>, 
     };
     // Another manager's cycle of one key, and raw SQL's.
     let (key, app) = ("bench:scale:probe", "lock-bench-scale-probe");
-    let probe = Op::Acquire(
-        manager(2, app).await?,
-        vec![key.to_owned()],
-        AcquireOptions::new(),
-    );
-    let raw_probe = Op::RawPrepared(
-        Raw::connect(db, app, false).await?,
-        vec![lock_id(key)],
-        false,
-    );
+    let keys = vec![key.to_owned()];
+    let probe = Op::Acquire(manager(2, app).await?, keys, AcquireOptions::new());
+    let raw = Raw::connect(db, app, false).await?;
+    let raw_probe = Op::RawPrepared(raw, vec![lock_id(key)], false);
     let observer = manager(3, "lock-bench-scale-observer").await?;
     // A leader holds the election the reads watch, with a board.
     locks_postgres::install_leader_board(admin).await?;
@@ -343,12 +326,11 @@ async fn held(db: &Database, plan: &Plan, admin: &Client) -> Result<(Vec<Held>, 
         let usage = locks_postgres::lock_table_usage(admin).await?;
         let (probe_at, raw_probe_at) = (cycles(&probe).await?, cycles(&raw_probe).await?);
         let reads = read_costs(&observer, &sharded, &probe).await?;
+        let (took, p99) = (reach.as_secs_f64(), fmt_ns(probe_at[1]));
+        let (heap_, rss_) = (fmt_bytes(heap), rss.map_or("?".to_owned(), fmt_bytes));
         eprintln!(
-            "lock-bench: scale: {count} held in {:.1} s; probe p99 {}; {} heap, {} RSS a lock",
-            reach.as_secs_f64(),
-            fmt_ns(probe_at[1]),
-            fmt_bytes(heap),
-            rss.map_or("?".to_owned(), fmt_bytes)
+            "lock-bench: scale: {count} held in {took:.1} s; probe p99 {p99}; {heap_} heap, \
+             {rss_} RSS a lock"
         );
         points.push(Held {
             count,
@@ -503,12 +485,11 @@ async fn read_costs(
             probe_p99,
             quiet_p99,
         };
+        let [own, with, without] = [own, probe_p99, quiet_p99].map(fmt_ns);
+        let slowdown = cost.slowdown();
         eprintln!(
-            "lock-bench: scale: {name}: own p50 {} ({calls} calls); cycle p99 {} (×{:.2} of {})",
-            fmt_ns(own),
-            fmt_ns(probe_p99),
-            cost.slowdown(),
-            fmt_ns(quiet_p99),
+            "lock-bench: scale: {name}: own p50 {own} ({calls} calls); cycle p99 {with} \
+             (×{slowdown:.2} of {without})"
         );
         costs.push(cost);
     }
