@@ -69,11 +69,8 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
          With the lock the `BEGIN` batch also sets `lock_timeout` and takes \
          `pg_advisory_xact_lock_shared` (no extra round trip)."
     ));
-    out.note(format!(
-        "With / without: p50 {}, p99 {}.",
-        fmt_ratio(p50),
-        fmt_ratio(p99)
-    ));
+    let [p50_ratio, p99_ratio] = [p50, p99].map(fmt_ratio);
+    out.note(format!("With / without: p50 {p50_ratio}, p99 {p99_ratio}."));
     let names = ["with the shared write lock", "without it"];
     for (name, l) in names.iter().zip(&sides) {
         let (p50, p99) = (Cell::ns(l.p50()), Cell::ns(l.p99()));

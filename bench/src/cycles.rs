@@ -173,13 +173,11 @@ async fn measure(
     let via = if db.is_unix() { "Unix socket" } else { "TCP" };
     let mut out = Outcome::new(id, format!("{title}, over {via}"));
     let base = clients[0].runs.best();
+    let (transport, baseline, mode) = (db.transport(), label(names[0]), plan.mode());
     out.note(format!(
         "{rounds} rounds of {warmup} + {cycles} cycles a client (after one whose runs are \
-         dropped) over {}, ÷ **{}**'s best run ({} mode; method: docs/benchmarks.md, \"How \
-         fast\").",
-        db.transport(),
-        label(names[0]),
-        plan.mode()
+         dropped) over {transport}, ÷ **{baseline}**'s best run ({mode} mode; method: \
+         docs/benchmarks.md, \"How fast\")."
     ));
     out.note(format!("Placement: {placement}."));
     if let Some(pipeline) = &pipeline {
@@ -248,12 +246,14 @@ fn place(clients: &[Measured], cpus: &[usize]) -> Result<String> {
     }
     let shown = (backends.first())
         .map(|&pid| allowed(pid).map_or_else(|e| e.to_string(), |c| format!("{c:?}")));
-    Ok(format!(
-        "the client thread and {} of {} backends on CPU {cpus:?} (the first backend may \
-         run on {}; a backend not on this machine is not pinned)",
+    let (pinned, all, shown) = (
         backends.len(),
         clients.len(),
-        shown.as_deref().unwrap_or("—")
+        shown.as_deref().unwrap_or("—"),
+    );
+    Ok(format!(
+        "the client thread and {pinned} of {all} backends on CPU {cpus:?} (the first backend \
+         may run on {shown}; a backend not on this machine is not pinned)"
     ))
 }
 

@@ -248,7 +248,10 @@ macro_rules! cell_from {
 }
 cell_from!(String, &str, &String; u64, usize, i64);
 
-/// A table row: its cells by column, each [`Cell::from`] its value.
+/// A table row: its cells by column.
+pub(crate) type Row = Vec<(&'static str, Cell)>;
+
+/// A [`Row`], each cell [`Cell::from`] its value.
 macro_rules! row {
     ($($column:expr => $cell:expr),* $(,)?) => {
         vec![$(($column, $crate::harness::Cell::from($cell))),*]
@@ -264,7 +267,7 @@ pub(crate) struct Outcome {
     title: String,
     notes: Vec<String>,
     header: Vec<&'static str>,
-    rows: Vec<Vec<(&'static str, Cell)>>,
+    rows: Vec<Row>,
     pub(crate) checks: Vec<Check>,
     extra: Map<String, Value>,
     pub(crate) files: Vec<(&'static str, String)>,
@@ -284,7 +287,7 @@ impl Outcome {
         self.notes.push(note.into());
     }
 
-    pub(crate) fn row(&mut self, cells: Vec<(&'static str, Cell)>) {
+    pub(crate) fn row(&mut self, cells: Row) {
         for (column, _) in &cells {
             if !self.header.contains(column) {
                 self.header.push(column);
@@ -295,13 +298,8 @@ impl Outcome {
 
     /// The cells of each row in the header's order (empty where a row has none).
     fn cells(&self) -> impl Iterator<Item = Vec<&Cell>> {
-        let empty = &EMPTY;
         self.rows.iter().map(move |row| {
-            let cell = |column| {
-                row.iter()
-                    .find(|(c, _)| *c == column)
-                    .map_or(empty, |c| &c.1)
-            };
+            let cell = |column| row.iter().find(|c| c.0 == column).map_or(&EMPTY, |c| &c.1);
             self.header.iter().map(|column| cell(*column)).collect()
         })
     }

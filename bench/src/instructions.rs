@@ -157,10 +157,10 @@ pub(crate) fn run(url: &str, plan: &Plan, dir: &Path, id: &'static str) -> Resul
     let fmt = |r: Option<f64>| r.map_or_else(|| "—".to_owned(), |r| format!("{r:.decimals$}×"));
     let ratio_header = if versus == "raw" { "÷ raw" } else { "÷ off" };
     let mut out = Outcome::new(id, title);
+    let took = started.elapsed().as_secs_f64();
     out.note(format!(
         "{version}; {WARMUP} warm-up cycles, then N = {cycles} and 2N; per cycle = \
-         (total(2N) − total(N)) / N, every client thread counted. {:.0} s.",
-        started.elapsed().as_secs_f64()
+         (total(2N) − total(N)) / N, every client thread counted. {took:.0} s."
     ));
     out.note(note);
     for (row, &(once, twice, per)) in rows.iter().zip(&counted) {
@@ -217,11 +217,8 @@ fn count(url: &str, name: &str, cycles: usize, dir: &Path) -> Result<u64> {
         .map_err(|error| format!("could not run valgrind: {error}"))?;
     if !output.status.success() {
         let stderr = String::from_utf8_lossy(&output.stderr);
-        let error = format!(
-            "callgrind run of `{name}` ({cycles} cycles) failed: {}",
-            stderr.trim()
-        );
-        return Err(error.into());
+        let stderr = stderr.trim();
+        return Err(format!("callgrind run of `{name}` ({cycles} cycles) failed: {stderr}").into());
     }
     let text = std::fs::read_to_string(&out)
         .map_err(|error| format!("could not read {}: {error}", out.display()))?;

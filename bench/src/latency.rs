@@ -114,7 +114,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
     };
     let title = "8. Acquire + release over a simulated network (delaying proxy)";
     let mut out = Outcome::new("latency", title);
-    let mut last = None;
+    let (mut last, runs, windows) = (None, plan.pick(5, 10), plan.pick(3, 6));
     for (round_trip, names, (gated, limit, what)) in DELAYS {
         // What the proxy adds each way, less its own cost (a few hundred microseconds).
         let aimed = Duration::from_millis(round_trip);
@@ -126,7 +126,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
         for &name in names {
             variants.push(client(&through, name, &format!("bench:latency:{name}"), APP).await?);
         }
-        let counts = (5, plan.pick(5, 10), plan.pick(40, 200));
+        let counts = (5, runs, plan.pick(40, 200));
         let measured = harness::batches(variants.len(), counts, async |side, n| {
             variants[side].cycle(n).await
         })
@@ -168,7 +168,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
 
     // Contended, at the last round trip: alternating windows of the two ways.
     let window = plan.ms(600, 3000);
-    let sides = harness::alternate(plan.pick(3, 6), async |round, side| {
+    let sides = harness::alternate(windows, async |round, side| {
         let seed = (round * 2 + side) as u64;
         contended_window(&through, side == 1, window, seed).await
     })
@@ -199,14 +199,11 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
         "≥ 0.95× (not slower)",
         new_rate >= old_rate * 0.95,
     );
+    let [direct, bare] = [direct, bare].map(fmt_ns);
     out.note(format!(
-        "Round trip = p50 of a prepared `SELECT 1` through the proxy ({} without it, {} \
-         through it with no delay); {} interleaved runs a variant, the ratio run by run. \
-         Contended: {} alternating windows of {window:?} a way.",
-        fmt_ns(direct),
-        fmt_ns(bare),
-        plan.pick(5, 10),
-        plan.pick(3, 6)
+        "Round trip = p50 of a prepared `SELECT 1` through the proxy ({direct} without it, \
+         {bare} through it with no delay); {runs} interleaved runs a variant, the ratio run by \
+         run. Contended: {windows} alternating windows of {window:?} a way."
     ));
     Ok(out)
 }

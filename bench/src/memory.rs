@@ -28,10 +28,9 @@ async fn cycle(side: usize, manager: &InMemoryLockManager, mutex: &Mutex<()>) ->
 pub(crate) async fn run(plan: &Plan) -> Result<Outcome> {
     let manager = InMemoryLockManager::new();
     let mutex = Arc::new(Mutex::new(()));
-    let ops = 1000;
+    let (ops, rounds, batches) = (1000, plan.pick(4, 10), plan.pick(20, 50));
     // Uncontended cycles: a timed call is `ops` of them (one is too short to time alone).
-    let counts = (1, plan.pick(4, 10), plan.pick(20, 50));
-    let calls = harness::batches(2, counts, async |side, _| {
+    let calls = harness::batches(2, (1, rounds, batches), async |side, _| {
         for _ in 0..ops {
             cycle(side, &manager, &mutex).await?;
         }
@@ -39,7 +38,7 @@ pub(crate) async fn run(plan: &Plan) -> Result<Outcome> {
     })
     .await?;
     // Contended throughput: 16 tasks, one key, alternating rounds (untimed cycles).
-    let window = plan.ms(300, 1000);
+    let (window, seconds) = (plan.window(), plan.window().as_secs_f64());
     let rates = harness::rates(plan.pick(4, 6), window, TASKS, |side, _, end| {
         let (manager, mutex) = (manager.clone(), Arc::clone(&mutex));
         harness::until(end, 0, false, async move || {
@@ -53,15 +52,12 @@ pub(crate) async fn run(plan: &Plan) -> Result<Outcome> {
     let cycle_ratio = calls[0].ratios_to(&calls[1]).map(|r| r.median);
     let mut out = Outcome::new("in_memory", "6. In-memory manager vs tokio::sync::Mutex");
     out.note(format!(
-        "Cycle: {} rounds × {} batches of {ops} operations per side, interleaved; \
-         each batch gives one per-operation time, and p50/p99 are over batches; ÷ Mutex \
-         round by round. \
-         Contended: {TASKS} tasks looping on one key (one `Mutex`) for {:.1} s per \
+        "Cycle: {rounds} rounds × {batches} batches of {ops} operations per side, \
+         interleaved; each batch gives one per-operation time, and p50/p99 are over batches; \
+         ÷ Mutex round by round. \
+         Contended: {TASKS} tasks looping on one key (one `Mutex`) for {seconds:.1} s per \
          window. No target: the in-memory manager is a test double; this shows what \
-         its bookkeeping (key map, `LockInfo`, timestamps) costs over a bare mutex.",
-        plan.pick(4, 10),
-        plan.pick(20, 50),
-        window.as_secs_f64()
+         its bookkeeping (key map, `LockInfo`, timestamps) costs over a bare mutex."
     ));
     out.row(row![
         "Measure" => format!("uncontended acquire + release (per op, batches of {ops})"),

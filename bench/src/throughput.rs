@@ -52,11 +52,10 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
     let (counts, skipped): (Vec<usize>, Vec<usize>) =
         TASKS.iter().partition(|&&t| t.min(CONNECTIONS) <= room);
     let mut out = Outcome::new("throughput", "3. Throughput: N tasks on distinct keys");
+    let (rounds, window) = (plan.pick(3, 6), plan.window().as_secs_f64());
     out.note(format!(
-        "{} rounds of a {:.1} s window per side, alternating; cycles/s is the median over \
-         windows, ÷ raw the ratio of the medians (the windows' own ratios beside).",
-        plan.pick(3, 6),
-        plan.window().as_secs_f64()
+        "{rounds} rounds of a {window:.1} s window per side, alternating; cycles/s is the \
+         median over windows, ÷ raw the ratio of the medians (the windows' own ratios beside)."
     ));
     if !skipped.is_empty() {
         out.note(format!(
