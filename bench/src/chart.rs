@@ -29,6 +29,7 @@ pub(crate) const ORANGE: RGBColor = RGBColor(0xff, 0x7f, 0x0e);
 pub(crate) const GREEN: RGBColor = RGBColor(0x2c, 0xa0, 0x2c);
 pub(crate) const RED: RGBColor = RGBColor(0xd6, 0x27, 0x28);
 pub(crate) const GREY: RGBColor = RGBColor(0x7f, 0x7f, 0x7f);
+const NOTES: RGBColor = RGBColor(0x55, 0x55, 0x55);
 
 /// How y reads: log-scale nanoseconds, a log-scale number, or the share of samples of a
 /// distribution ([`cdf`]; its x nanoseconds).
@@ -108,9 +109,7 @@ pub(crate) fn curves_svg(
                 draw(area, panel, x, (low..high).log_scale())?;
             }
         }
-        let font = ("sans-serif", 12)
-            .into_font()
-            .color(&RGBColor(0x55, 0x55, 0x55));
+        let font = ("sans-serif", 12).into_font().color(&NOTES);
         for (line, text) in (0..).zip(notes) {
             bottom.draw(&Text::new(text.clone(), (20, 6 + 20 * line), font.clone()))?;
         }
@@ -161,11 +160,8 @@ where
             PathElement::new(vec![(x, y), (end, y)], style)
         });
         if points.len() <= MARKED {
-            chart.draw_series(
-                points
-                    .into_iter()
-                    .map(|p| Circle::new(p, 3, style.filled())),
-            )?;
+            let circle = |point| Circle::new(point, 3, style.filled());
+            chart.draw_series(points.into_iter().map(circle))?;
         }
     }
     let corner = match share {
@@ -188,21 +184,10 @@ mod tests {
 
     #[test]
     fn panels_are_svg_with_every_curve_in_a_legend() {
-        let held = vec![Curve(
-            "library".into(),
-            BLUE,
-            false,
-            vec![(1e3, 2e8), (1e5, 0.0)],
-        )];
-        let gaps = vec![
-            Curve(
-                "Queue (n = 2)".into(),
-                BLUE,
-                false,
-                cdf(&[100_000, 200_000]),
-            ),
-            Curve("Poll (n = 0)".into(), RED, true, cdf(&[])),
-        ];
+        let (points, two) = (vec![(1e3, 2e8), (1e5, 0.0)], cdf(&[100_000, 200_000]));
+        let held = vec![Curve("library".into(), BLUE, false, points)];
+        let queue = Curve("Queue (n = 2)".into(), BLUE, false, two);
+        let gaps = vec![queue, Curve("Poll (n = 0)".into(), RED, true, cdf(&[]))];
         let panels = [
             Panel("time to hold", ("held locks", "time", Unit::Nanos), held),
             Panel("gaps", ("gap", "share", Unit::Share), gaps),

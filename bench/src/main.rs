@@ -132,7 +132,7 @@ async fn run(args: &Args, url: &str) -> Result<()> {
     if cfg!(debug_assertions) {
         eprintln!("lock-bench: warning: a debug build; measure with --profile measure");
     }
-    let plan = &args.plan();
+    let (plan, mode) = (&args.plan(), args.plan().mode());
     let db = Database::new(url)?;
     let admin = (db.connect("lock-bench-admin").await)
         .map_err(|error| format!("could not connect to the server: {}", sources(&*error)))?;
@@ -151,10 +151,7 @@ async fn run(args: &Args, url: &str) -> Result<()> {
     let mut outcomes = Vec::new();
     for scenario in SCENARIOS.into_iter().filter(|s| args.runs(s)) {
         let elapsed = started.elapsed().as_secs_f64();
-        eprintln!(
-            "lock-bench: [{elapsed:>5.1} s] {scenario} ({} mode)…",
-            plan.mode()
-        );
+        eprintln!("lock-bench: [{elapsed:>5.1} s] {scenario} ({mode} mode)…");
         let outcome = match scenario {
             "cycle" | "try" | "shared" => {
                 outcomes.extend(cycles::run(&db, plan, scenario)?);
@@ -187,11 +184,10 @@ async fn run(args: &Args, url: &str) -> Result<()> {
     let timestamp = (time::OffsetDateTime::now_utc())
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_default();
+    let machine = cpu.as_deref().unwrap_or("unknown CPU");
     let heading = format!(
-        "## lock-bench results ({} mode)\n\nPostgreSQL {server_version}, {cores} cores ({}), \
-         {timestamp}, {elapsed:.0} s.",
-        plan.mode(),
-        cpu.as_deref().unwrap_or("unknown CPU"),
+        "## lock-bench results ({mode} mode)\n\nPostgreSQL {server_version}, {cores} cores \
+         ({machine}), {timestamp}, {elapsed:.0} s."
     );
     let markdown = harness::markdown(&heading, &outcomes);
     println!("{markdown}");
@@ -202,7 +198,7 @@ async fn run(args: &Args, url: &str) -> Result<()> {
         "meta": {
             "tool": "lock-bench",
             "version": env!("CARGO_PKG_VERSION"),
-            "mode": plan.mode(),
+            "mode": mode,
             "quick": plan.quick,
             "timestamp": timestamp,
             "postgresql_server_version": server_version,

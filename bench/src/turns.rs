@@ -321,10 +321,8 @@ mod tests {
 
     /// A state of `tasks` tasks on `capacity`, and the time `n` milliseconds after a start.
     fn start(tasks: usize, capacity: usize) -> (State, impl Fn(u64) -> Instant) {
-        let t0 = Instant::now();
-        (State::new(tasks, capacity), move |n| {
-            t0 + Duration::from_millis(n)
-        })
+        let (t0, state) = (Instant::now(), State::new(tasks, capacity));
+        (state, move |n| t0 + Duration::from_millis(n))
     }
 
     #[test]
