@@ -88,7 +88,7 @@ pub(crate) fn curves_svg(
     title: &str,
     panels: &[Panel],
     columns: usize,
-    notes: &[String],
+    notes: &[&str],
 ) -> Result<String> {
     let rows = panels.len().div_ceil(columns).max(1);
     let footer = u32::try_from(10 + notes.len() * 20)?;
@@ -111,7 +111,7 @@ pub(crate) fn curves_svg(
         }
         let font = ("sans-serif", 12).into_font().color(&NOTES);
         for (line, text) in (0..).zip(notes) {
-            bottom.draw(&Text::new(text.clone(), (20, 6 + 20 * line), font.clone()))?;
+            bottom.draw(&Text::new(*text, (20, 6 + 20 * line), font.clone()))?;
         }
         root.present()?;
     }
@@ -192,7 +192,7 @@ mod tests {
             Panel("time to hold", ("held locks", "time", Unit::Nanos), held),
             Panel("gaps", ("gap", "share", Unit::Share), gaps),
         ];
-        let svg = curves_svg("Scale", &panels, 2, &["a note".to_owned()]).unwrap();
+        let svg = curves_svg("Scale", &panels, 2, &["a note"]).unwrap();
         assert!(svg.trim_start().starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         for text in [
             "library",

@@ -81,10 +81,9 @@ pub(crate) fn label(name: &'static str) -> &'static str {
     };
     let has = |word: &str| words.contains(word);
     let settings: String = WORDS.iter().filter(|w| has(w.0)).map(|w| w.1).collect();
-    let wait = if has("-timeout") {
-        "timeout 5 s"
-    } else {
-        "no timeout"
+    let wait = match has("-timeout") {
+        true => "timeout 5 s",
+        false => "no timeout",
     };
     let operation = match () {
         () if has("-try") => "try_acquire".to_owned(),
@@ -170,13 +169,10 @@ pub(crate) async fn client(db: &Database, name: &str, prefix: &str, app: &str) -
     if has("-timeout") {
         options = options.with_timeout(Duration::from_secs(5));
     }
+    let groups = || keys.chunks(GROUP).map(<[_]>::to_vec).collect();
     Ok(match () {
         () if has("-try") => Op::TryAcquire(manager, keys),
-        () if has("-many") => Op::AcquireMany(
-            manager,
-            keys.chunks(GROUP).map(<[_]>::to_vec).collect(),
-            options,
-        ),
+        () if has("-many") => Op::AcquireMany(manager, groups(), options),
         () => Op::Acquire(manager, keys, options),
     })
 }
@@ -269,9 +265,7 @@ impl Op {
             Self::RawPrepared(raw, ..) | Self::RawMany(raw, _) => &raw.client,
             Self::RawEach(client, ..) => client,
         };
-        Ok(client
-            .query_one("SELECT pg_backend_pid()", &[])
-            .await?
-            .get(0))
+        let row = client.query_one("SELECT pg_backend_pid()", &[]).await?;
+        Ok(row.get(0))
     }
 }

@@ -79,16 +79,13 @@ impl Database {
     pub(crate) async fn over_socket(&self) -> Result<Self, String> {
         const ASK: &str = "SELECT current_setting('unix_socket_directories'), \
                            current_setting('port'), pg_postmaster_start_time()::text";
-        let ask = async |db: &Self| -> Result<[String; 3], String> {
-            let said = |error: BoxError| sources(&*error);
-            let client = db.connect("lock-bench-admin").await.map_err(said)?;
-            let row = client
-                .query_one(ASK, &[])
-                .await
-                .map_err(|e| said(e.into()))?;
+        let ask = async |db: &Self| -> Result<[String; 3]> {
+            let client = db.connect("lock-bench-admin").await?;
+            let row = client.query_one(ASK, &[]).await?;
             Ok([row.get(0), row.get(1), row.get(2)])
         };
-        let asked = ask(self).await;
+        let said = |error: BoxError| sources(&*error);
+        let asked = ask(self).await.map_err(said);
         let [dirs, port, started] =
             asked.map_err(|e| format!("the server's sockets are unknown: {e}"))?;
         let port: u16 =
@@ -100,7 +97,7 @@ impl Database {
         };
         let socket = self.at(Host::Unix(dir.into()), port);
         let transport = socket.transport();
-        match ask(&socket).await {
+        match ask(&socket).await.map_err(said) {
             Ok([.., there]) if there == started => Ok(socket),
             Ok([.., there]) => Err(format!(
                 "{transport} leads to another server (started {there}, the URL's {started})"

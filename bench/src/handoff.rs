@@ -80,8 +80,8 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
         .flat_map(|&tasks| locks.map(|contender| Case::new(contender, tasks, false)))
         .chain([Case::new(PERMITS, 16, false)])
         .collect();
-    let (window, poll_window) = (plan.ms(600, 2000), plan.ms(1500, 6000));
-    harness::rounds(plan.pick(2, 5), cases.len(), async |round, side| {
+    let (rounds, window, poll_window) = (plan.pick(2, 5), plan.ms(600, 2000), plan.ms(1500, 6000));
+    harness::rounds(rounds, cases.len(), async |round, side| {
         let case = &mut cases[side];
         let poll = case.turns.contender == Contender::Poll;
         let length = if poll { poll_window } else { window };
@@ -96,12 +96,11 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
 
     let title = "4. Handoff under contention: one key, hold 2 ms, acquire timeout 5 s";
     let mut out = Outcome::new("handoff", title);
+    let (seconds, poll_seconds) = (window.as_secs_f64(), poll_window.as_secs_f64());
     out.note(format!(
-        "{} rounds of one window a row ({:.1} s, Poll {:.1} s), then {JOB_WINDOW:?} of long \
-         jobs; definitions: docs/benchmarks.md, \"What each scenario measures\".",
-        plan.pick(2, 5),
-        window.as_secs_f64(),
-        poll_window.as_secs_f64(),
+        "{rounds} rounds of one window a row ({seconds:.1} s, Poll {poll_seconds:.1} s), then \
+         {JOB_WINDOW:?} of long jobs; definitions: docs/benchmarks.md, \"What each scenario \
+         measures\"."
     ));
     let mut left_out = Vec::new();
     let mut curves: [Vec<_>; 2] = Default::default();
@@ -180,17 +179,14 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
         }
     }
     let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    let mode = plan.mode();
+    let machine = format!("{cores} cores, {mode} mode; hold 2 ms, acquire timeout 5 s.");
     let chart_notes = [
-        format!(
-            "{cores} cores, {} mode; hold 2 ms, acquire timeout 5 s.",
-            plan.mode()
-        ),
+        &machine,
         "n = handoffs (left) / releases made while other tasks waited (right); solid: 4 \
-         contenders, dashed: 16."
-            .to_owned(),
+         contenders, dashed: 16.",
         "Polling looks quick on the left only because the releaser takes the lock straight \
-         back; the right shows how long the waiting tasks were passed over."
-            .to_owned(),
+         back; the right shows how long the waiting tasks were passed over.",
     ];
     let titles = [
         "release → next acquisition (anyone)",

@@ -202,12 +202,8 @@ fn count(url: &str, name: &str, cycles: usize, dir: &Path) -> Result<u64> {
         valgrind.env("LOCKS_POSTGRES_WATCHDOG", "off");
     }
     let file = format!("--callgrind-out-file={}", out.display());
-    let args = [
-        "--count-instructions",
-        timers.unwrap_or(name),
-        "--cycles",
-        &cycles.to_string(),
-    ];
+    let (client, count) = (timers.unwrap_or(name), cycles.to_string());
+    let args = ["--count-instructions", client, "--cycles", &count];
     let output = valgrind
         .args(["--tool=callgrind", &file])
         .arg(std::env::current_exe()?)

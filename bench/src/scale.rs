@@ -150,8 +150,8 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
     let columns = ["Point", "Time", "Cost", reads];
     rows.for_each(|row| out.row(columns.into_iter().zip(row.map(Cell::from)).collect()));
     let title = "Scale: how each cost grows (log-log)";
-    let notes = [format!("Server: {settings}.")];
-    let svg = curves_svg(title, &panels(&held, &waiters, &groups), 4, &notes)?;
+    let notes = format!("Server: {settings}.");
+    let svg = curves_svg(title, &panels(&held, &waiters, &groups), 4, &[&notes])?;
     out.files.push(("scale.svg", svg));
     Ok(out.with(json!({ "held": held, "waiters": waiters, "groups": groups })))
 }
