@@ -251,10 +251,8 @@ mod tests {
         assert!(parsed.plan().quick);
         assert!(parsed.runs("hold") && !parsed.runs("try"));
         assert_eq!(parsed.plan().scale_max, 1_000_000);
-        assert_eq!(
-            parsed.out(),
-            Path::new("target/bench/lock-bench-quick.json")
-        );
+        let quick = Path::new("target/bench/lock-bench-quick.json");
+        assert_eq!(parsed.out(), quick);
         let default = args("--url u").unwrap();
         assert!(default.runs("cycle"));
         assert!(!default.runs("scale"), "scale only when named");

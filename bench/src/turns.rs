@@ -296,11 +296,10 @@ impl State {
             emptied += u64::from(*waiters == 0);
             *waiters > 0
         });
-        *(if at_end {
-            &mut self.unserved_at_end
-        } else {
-            &mut self.abandoned
-        }) += emptied;
+        match at_end {
+            true => self.unserved_at_end += emptied,
+            false => self.abandoned += emptied,
+        }
     }
 
     /// Ends a window: what is still open was not served within it. The turns of each task.
