@@ -17,7 +17,7 @@ use locks_shard_postgres::PostgresShardTerms;
 use serde_json::json;
 
 use crate::chart::{BLUE, Curve, GREEN, ORANGE, Panel, RED, Unit, curves_svg};
-use crate::clients::{Op, keys};
+use crate::clients::{self, Op};
 use crate::db::{Database, NOT_HELD, Raw, each, open_pool, show};
 use crate::harness::{self, Cell, Outcome};
 use crate::stats::{Latencies, allocated_bytes, fairness, fmt_bytes, fmt_ns, fmt_ratio};
@@ -278,12 +278,8 @@ async fn held(db: &Database, plan: &Plan, admin: &Client) -> Result<(Vec<Held>, 
         .holder_id("bench-member")
         .build();
     let member = ShardMember::new(member, terms.clone(), group.clone());
-    let membering = tokio::spawn(async move {
-        let run = member.run(|_, stop| async move {
-            let _ = stop.await;
-        });
-        run.await
-    });
+    let membering =
+        tokio::spawn(async move { member.run(|_, stop| async move { _ = stop.await }).await });
     let sharded = Arc::new((group, terms));
     record(&probe, 50, Duration::ZERO).await?;
     record(&raw_probe, 50, Duration::ZERO).await?;
@@ -445,10 +441,8 @@ async fn read_costs(
     sharded: &Arc<(ShardGroup, PostgresShardTerms)>,
     probe: &Op,
 ) -> Result<Vec<ReadCost>> {
-    let (window, cycles) = (
-        OBSERVE_WINDOW / ROUNDS,
-        PROBE_CYCLES.div_ceil(ROUNDS as usize),
-    );
+    let window = OBSERVE_WINDOW / ROUNDS;
+    let cycles = PROBE_CYCLES.div_ceil(ROUNDS as usize);
     let mut costs = Vec::new();
     for name in READS {
         let (mut with, mut without) = (Latencies::default(), Latencies::default());
@@ -522,10 +516,8 @@ async fn waiters(db: &Database, plan: &Plan, admin: &Client, waiters: usize) -> 
     let mut sides = [(0, 0.0); 2];
     for side in harness::order(waiters, 2) {
         let mut turns = Turns::new([Contender::Queue, Contender::Raw][side], waiters);
-        let key = "bench:scale:waiters".to_owned();
-        turns
-            .window(db, (APP, false), key, length, |_, _| HOLD)
-            .await?;
+        let (key, hold) = ("bench:scale:waiters".to_owned(), |_, _| HOLD);
+        turns.window(db, (APP, false), key, length, hold).await?;
         let gaps = Latencies::of(&turns.take().gaps);
         sides[side] = (gaps.p99(), fairness(&turns.windows[0]));
         db.sessions(admin, APP, 0).await?;
@@ -558,7 +550,7 @@ impl Group {
     }
 }
 
-async fn group(db: &Database, plan: &Plan, size: usize) -> Result<Group> {
+async fn group(db: &Database, plan: &Plan, keys: usize) -> Result<Group> {
     const APP: &str = "lock-bench-scale-groups";
     let manager = PostgresLockManager::new(open_pool(db, 1, APP).await?);
     let client = db.connect(APP).await?;
@@ -567,14 +559,14 @@ async fn group(db: &Database, plan: &Plan, size: usize) -> Result<Group> {
     let lock = client.prepare(lock).await?;
     let unlock = "SELECT bool_and(pg_advisory_unlock(id)) FROM unnest($1::int8[]) AS id";
     let unlock = client.prepare(unlock).await?;
-    let keys = keys("bench:scale:group", size);
-    let ids: Vec<i64> = keys.iter().map(|k| lock_id(k)).collect();
+    let names = clients::keys("bench:scale:group", keys);
+    let ids: Vec<i64> = names.iter().map(|k| lock_id(k)).collect();
     let mut sides = [Latencies::default(), Latencies::default()];
     harness::rounds(plan.pick(2, 3), 2, async |_, side| {
         let end = Instant::now() + plan.window() / 2;
         let (_, measured) = harness::until(end, 3, true, async || {
             if side == 0 {
-                let group = manager.acquire_many(&keys, AcquireOptions::new()).await?;
+                let group = manager.acquire_many(&names, AcquireOptions::new()).await?;
                 group.release().await;
             } else {
                 client.execute(&lock, &[&ids]).await?;
@@ -590,12 +582,8 @@ async fn group(db: &Database, plan: &Plan, size: usize) -> Result<Group> {
         Ok(())
     })
     .await?;
-    let (library, raw) = (sides[0].p50(), sides[1].p50());
-    Ok(Group {
-        keys: size,
-        library,
-        raw,
-    })
+    let [library, raw] = sides.each_ref().map(Latencies::p50);
+    Ok(Group { keys, library, raw })
 }
 
 fn panels(held: &[Held], waiters: &[Waiters], groups: &[Group]) -> Vec<Panel> {
