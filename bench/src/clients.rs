@@ -14,6 +14,8 @@ use crate::Result;
 use crate::db::{Database, NOT_HELD, Raw};
 
 pub(crate) const KEYS: usize = 64;
+/// Clients by name ([`client`]), as a scenario lists them.
+pub(crate) type Names = &'static [&'static str];
 pub(crate) const GROUP: usize = 8;
 
 /// The words a library client's name may carry after `library`, and what its label says
@@ -49,35 +51,25 @@ fn setting(builder: Builder, word: &str) -> Builder {
     }
 }
 
-const RAW: [(&str, &str); 6] = [
-    ("raw", "raw: prepared pg_advisory_lock($1) + unlock"),
-    (
-        "raw-checked",
-        "raw: the library's two statements (try + unlock, each behind its session check), \
-         prepared",
-    ),
-    ("raw-try", "raw: prepared pg_try_advisory_lock($1) + unlock"),
-    (
-        "raw-shared",
-        "raw: prepared pg_advisory_lock_shared($1) + unlock_shared",
-    ),
-    ("raw-many-each", RAW_MANY_EACH),
-    (
-        "raw-many",
-        "raw: 8 prepared pg_advisory_lock($1) in lock-id order + 8 unlocks",
-    ),
-];
-const RAW_MANY_EACH: &str =
-    "raw: the library's 2 group statements, prepared (8 tries in one, 8 unlocks in one)";
-
 /// What the tables call client `name` (`library, fencing on: acquire (timeout 5 s) +
 /// release` for `library-fencing-timeout`); kept for the run (leaked).
 pub(crate) fn label(name: &'static str) -> &'static str {
-    if let Some((_, label)) = RAW.iter().find(|(n, _)| *n == name) {
-        return label;
-    }
     let Some(words) = name.strip_prefix("library") else {
-        return name;
+        return match name {
+            "raw" => "raw: prepared pg_advisory_lock($1) + unlock",
+            "raw-checked" => {
+                "raw: the library's two statements (try + unlock, each behind its session \
+                 check), prepared"
+            }
+            "raw-try" => "raw: prepared pg_try_advisory_lock($1) + unlock",
+            "raw-shared" => "raw: prepared pg_advisory_lock_shared($1) + unlock_shared",
+            "raw-many-each" => {
+                "raw: the library's 2 group statements, prepared (8 tries in one, 8 unlocks in \
+                 one)"
+            }
+            "raw-many" => "raw: 8 prepared pg_advisory_lock($1) in lock-id order + 8 unlocks",
+            _ => name,
+        };
     };
     let has = |word: &str| words.contains(word);
     let settings: String = WORDS.iter().filter(|w| has(w.0)).map(|w| w.1).collect();
@@ -122,8 +114,8 @@ const TRY_EACH: &str = "WITH tried AS MATERIALIZED (SELECT t.ord, t.id, \
 const UNLOCK_EACH: &str = "SELECT coalesce(bool_and(pg_advisory_unlock(t.id)), true) \
     FROM unnest($1::bigint[]) AS t(id)";
 
-/// The client called `name` going round keys of `prefix`: one of [`RAW`], or `library`
-/// followed by any of [`WORDS`] (`library-timeout`, `library-many-timeout`, …).
+/// The client called `name` going round keys of `prefix`: a raw one [`label`] names, or
+/// `library` followed by any of [`WORDS`] (`library-timeout`, `library-many-timeout`, …).
 pub(crate) async fn client(db: &Database, name: &str, prefix: &str, app: &str) -> Result<Op> {
     let keys = keys(prefix, KEYS);
     let ids: Vec<i64> = keys.iter().map(|key| lock_id(key)).collect();

@@ -6,7 +6,7 @@
 use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
 use nix::unistd::Pid;
 
-use crate::clients::{Op, client, label};
+use crate::clients::{Names, Op, client, label};
 use crate::db::Database;
 use crate::harness::{self, Batches, Cell, Outcome, row};
 use crate::otel::Pipeline;
@@ -19,14 +19,7 @@ const CYCLE_SOCKET: &str = "cycle_acquire_socket";
 
 /// Each scenario: name, JSON key, title, the target of its library rows, and its clients:
 /// the baseline, then `gated` library clients held to the target, then settings.
-type Scenario = (
-    &'static str,
-    &'static str,
-    &'static str,
-    f64,
-    usize,
-    &'static [&'static str],
-);
+type Scenario = (&'static str, &'static str, &'static str, f64, usize, Names);
 const SCENARIOS: [Scenario; 3] = [
     (
         "cycle",

@@ -10,7 +10,7 @@ use locks_port::KeyDerivation;
 use locks_postgres::PostgresLockManager;
 use locks_postgres::deadpool_postgres::Object;
 
-use crate::clients::{client, keys, label};
+use crate::clients::{Names, client, keys, label};
 use crate::db::{Database, NOT_HELD};
 use crate::harness::{self, Cell, Outcome, row};
 use crate::proxy::Proxy;
@@ -18,11 +18,7 @@ use crate::stats::{Latencies, fmt_ns, fmt_rate, median, nanos};
 use crate::{Plan, Result};
 
 /// Each round trip (ms), its variants (the others ÷ the first), and its target.
-type Delay = (
-    u64,
-    &'static [&'static str],
-    (&'static str, f64, &'static str),
-);
+type Delay = (u64, Names, (&'static str, f64, &'static str));
 const DELAYS: [Delay; 2] = [
     (
         1,
