@@ -165,16 +165,13 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
         "sessions",
         "granted_advisory_locks",
     ];
-    let one_each = library
-        .iter()
-        .all(|r| keys.iter().all(|&k| r[k] == json!(count)));
+    let each_is_count = |round: &Value| keys.iter().all(|&k| round[k] == json!(count));
+    let one_each = library.iter().all(each_is_count);
     let [last, raw_last] = sides.each_ref().map(|side| side.last().ok_or("no round"));
     let (last, raw_last) = (last?, raw_last?);
     let bookkeeping = median(library, "bookkeeping_heap_bytes");
-    let release_ratio = ratio(
-        median(library, "release_all_s"),
-        median(raw, "unlock_all_s"),
-    );
+    let release = median(library, "release_all_s");
+    let release_ratio = ratio(release, median(raw, "unlock_all_s"));
 
     let title = format!(
         "5. Locks held at once by one manager: {count} (pool of {count}), and {MUX_LOCKS} \
@@ -188,12 +185,9 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
     ));
     let (pool, sessions) = (&last["pool_size"], &last["sessions"]);
     let granted = &last["granted_advisory_locks"];
-    let [_, one_each_result] = out.gate(
-        format!("{count} held locks: one connection each"),
-        format!("pool {pool} / sessions {sessions} / granted {granted}"),
-        format!("{count} each"),
-        one_each,
-    );
+    let name = format!("{count} held locks: one connection each");
+    let measured = format!("pool {pool} / sessions {sessions} / granted {granted}");
+    let [_, one_each_result] = out.gate(name, measured, format!("{count} each"), one_each);
     let limit = format!("≤ {}", fmt_bytes(BOOKKEEPING_LIMIT));
     let small = bookkeeping <= BOOKKEEPING_LIMIT;
     let name = "manager bookkeeping per held lock";
@@ -212,14 +206,12 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
         row!["Measure" => measure, "Library" => bytes(library, key), "Baseline" => raw]
     };
     let (connection, first_lock) = ("connection_heap_bytes", Some("locked_heap_bytes"));
+    let measure = "client heap per connection (pool opened, no lock)";
+    out.row(heap(measure, connection, Some(connection)));
+    let measure = "heap a connection keeps after its first lock (library: its cached prepared \
+                   statements; raw: a simple query's traces)";
     out.row(heap(
-        "client heap per connection (pool opened, no lock)",
-        connection,
-        Some(connection),
-    ));
-    out.row(heap(
-        "heap a connection keeps after its first lock (library: its cached prepared \
-         statements; raw: a simple query's traces)",
+        measure,
         "connection_after_first_lock_heap_bytes",
         first_lock,
     ));
@@ -278,25 +270,18 @@ async fn multiplexed(db: &Database, admin: &Client, out: &mut Outcome) -> Result
     let acquire_ratio = ratio(mux_acquire.p50() as f64, plain_acquire.p50() as f64);
     let (locks, connections) = (i64::try_from(MUX_LOCKS)?, i64::try_from(MUX_CONNECTIONS)?);
     let few = held == locks && granted == locks && pool_size <= connections;
-    let [_, few] = out.gate(
-        format!("{MUX_LOCKS} held locks on at most {MUX_CONNECTIONS} connections"),
-        format!("{granted} granted on {sessions} sessions (pool {pool_size})"),
-        format!("≤ {MUX_CONNECTIONS}"),
-        few && sessions <= connections,
-    );
-    let [_, fast] = out.gate(
-        "multiplexed acquire p50 / unmultiplexed acquire p50",
-        Cell::ratio(acquire_ratio),
-        format!("≤ {MUX_ACQUIRE_LIMIT}x"),
-        acquire_ratio.is_some_and(|r| r <= MUX_ACQUIRE_LIMIT),
-    );
+    let name = format!("{MUX_LOCKS} held locks on at most {MUX_CONNECTIONS} connections");
+    let measured = format!("{granted} granted on {sessions} sessions (pool {pool_size})");
+    let few = few && sessions <= connections;
+    let [_, few] = out.gate(name, measured, format!("≤ {MUX_CONNECTIONS}"), few);
+    let name = "multiplexed acquire p50 / unmultiplexed acquire p50";
+    let fast = acquire_ratio.is_some_and(|r| r <= MUX_ACQUIRE_LIMIT);
+    let limit = format!("≤ {MUX_ACQUIRE_LIMIT}x");
+    let [_, fast] = out.gate(name, Cell::ratio(acquire_ratio), limit, fast);
+    let name = format!("release_all of {MUX_LOCKS} multiplexed locks");
     let limit = format!("< {}", fmt_ns(nanos(MUX_RELEASE_ALL_LIMIT)));
-    let [_, quick] = out.gate(
-        format!("release_all of {MUX_LOCKS} multiplexed locks"),
-        Cell::ns(nanos(took)),
-        limit.clone(),
-        released == MUX_LOCKS && left == 0 && took < MUX_RELEASE_ALL_LIMIT,
-    );
+    let quick = released == MUX_LOCKS && left == 0 && took < MUX_RELEASE_ALL_LIMIT;
+    let [limit, quick] = out.gate(name, Cell::ns(nanos(took)), limit, quick);
     let p50_p99 = |l: &Latencies| {
         let text = format!("{} ({})", fmt_ns(l.p50()), fmt_ns(l.p99()));
         Cell::new(text, [l.p50(), l.p99()])
