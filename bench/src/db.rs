@@ -32,11 +32,10 @@ impl Database {
     pub(crate) async fn round_trip(&self, application_name: &str) -> Result<u64> {
         let client = self.connect(application_name).await?;
         let statement = client.prepare("SELECT 1").await?;
+        let query = async || client.query_one(&statement, &[]).await;
         let mut latencies = Latencies::default();
         for _ in 0..50 {
-            latencies
-                .time(async || client.query_one(&statement, &[]).await)
-                .await?;
+            latencies.time(&query).await?;
         }
         Ok(latencies.p50())
     }
@@ -146,17 +145,12 @@ impl Database {
         Ok(client)
     }
 
-    /// The server's sessions of `application_name`, awaited up to 5 s to be `expected`.
-    pub(crate) async fn sessions(
-        &self,
-        admin: &Client,
-        application_name: &str,
-        expected: i64,
-    ) -> Result<i64> {
+    /// The server's sessions of `app`lication name, awaited up to 5 s to be `expected`.
+    pub(crate) async fn sessions(&self, admin: &Client, app: &str, expected: i64) -> Result<i64> {
         const COUNT: &str = "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1";
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            let count: i64 = admin.query_one(COUNT, &[&application_name]).await?.get(0);
+            let count: i64 = admin.query_one(COUNT, &[&app]).await?.get(0);
             if count == expected || Instant::now() >= deadline {
                 return Ok(count);
             }

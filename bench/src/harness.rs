@@ -39,9 +39,7 @@ pub(crate) async fn alternate<T>(
     turn: impl AsyncFnMut(usize, usize) -> Result<T>,
 ) -> Result<[Vec<T>; 2]> {
     let sides = self::rounds(rounds, 2, turn).await?;
-    Ok(sides
-        .try_into()
-        .unwrap_or_else(|_| unreachable!("two sides")))
+    Ok(sides.try_into().map_err(|_| "not two sides")?)
 }
 
 /// Calls `op` until `end`, and at least `min` times: how many calls it made, and (when
