@@ -150,9 +150,8 @@ pub(crate) async fn client(db: &Database, name: &str, prefix: &str, app: &str) -
     }
     let pool = db.pool(if has("-background") { 2 } else { 1 }, app);
     let words = WORDS.iter().map(|w| w.0).filter(|w| has(w));
-    let manager = words
-        .fold(PostgresLockManager::builder(pool), setting)
-        .build();
+    let builder = PostgresLockManager::builder(pool);
+    let manager = words.fold(builder, setting).build();
     let mut options = if has("-shared") {
         AcquireOptions::shared()
     } else {
