@@ -205,16 +205,13 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
         let raw = raw_key.map_or(Cell::from("—"), |key| bytes(raw, key));
         row!["Measure" => measure, "Library" => bytes(library, key), "Baseline" => raw]
     };
-    let (connection, first_lock) = ("connection_heap_bytes", Some("locked_heap_bytes"));
+    let (connection, locked) = ("connection_heap_bytes", Some("locked_heap_bytes"));
     let measure = "client heap per connection (pool opened, no lock)";
     out.row(heap(measure, connection, Some(connection)));
     let measure = "heap a connection keeps after its first lock (library: its cached prepared \
                    statements; raw: a simple query's traces)";
-    out.row(heap(
-        measure,
-        "connection_after_first_lock_heap_bytes",
-        first_lock,
-    ));
+    let after_first_lock = heap(measure, "connection_after_first_lock_heap_bytes", locked);
+    out.row(after_first_lock);
     out.row(row![
         "Measure" => "manager bookkeeping per held lock (heap, beyond the lock's connection)",
         "Library" => Cell::bytes(bookkeeping),

@@ -218,10 +218,8 @@ async fn run(args: &Args, url: &str) -> Result<()> {
         (out.clone(), serde_json::to_string_pretty(&document)?),
     ];
     let charts = outcomes.iter_mut().flat_map(|o| o.files.drain(..));
-    for (path, contents) in files
-        .into_iter()
-        .chain(charts.map(|(name, svg)| (out_dir.join(name), svg)))
-    {
+    let charts = charts.map(|(name, svg)| (out_dir.join(name), svg));
+    for (path, contents) in files.into_iter().chain(charts) {
         std::fs::create_dir_all(path.parent().unwrap_or_else(|| Path::new(".")))?;
         std::fs::write(&path, contents)
             .map_err(|error| format!("could not write {}: {error}", path.display()))?;
