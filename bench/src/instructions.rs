@@ -130,10 +130,9 @@ pub(crate) fn run(url: &str, plan: &Plan, dir: &Path, id: &'static str) -> Resul
         counted.push((once, twice, per));
     }
     let per_cycle = |name: &str| {
+        let missing = || format!("{name} is not counted");
         let index = rows.iter().position(|row| row.name == name);
-        index
-            .map(|i| counted[i].2)
-            .ok_or_else(|| format!("{name} is not counted"))
+        index.map(|i| counted[i].2).ok_or_else(missing)
     };
     let (title, note, versus, decimals) = if id == "metrics" {
         (
