@@ -219,8 +219,9 @@ async fn the_next_owner_starts_after_the_previous_owner_was_told_of_its_loss() {
 const DEAD_NOTICE: Duration = Duration::from_secs(1);
 
 /// A one-shard group whose latest term is a dead owner's, not ended, recording
-/// [`DEAD_NOTICE`], and the member `s` (on an announcing pool: its own notice is 100 ms),
-/// holding the shard's lock and waiting that notice.
+/// [`DEAD_NOTICE`]; with it, [`AfterADeadOwner::new`] starts the member `s` (on an
+/// announcing pool: its own notice is 100 ms), holding the shard's lock and waiting that
+/// notice.
 struct AfterADeadOwner {
     group: ShardGroup,
     store: PostgresShardTerms,
@@ -228,33 +229,29 @@ struct AfterADeadOwner {
     begun: Instant,
     lives: Lives,
     server: locks_shard_postgres::tokio_postgres::Client,
-    s: tokio::task::JoinHandle<()>,
 }
 
 impl AfterADeadOwner {
-    async fn new(name: &str) -> Self {
+    /// The group, and `s` running.
+    async fn new(name: &str) -> (Self, tokio::task::JoinHandle<()>) {
         let group = ShardGroup::new(unique(name), ["only"]).expect("a group");
         let store = terms().await;
         let begun = Instant::now();
         (store.begin_with_notice(group.name(), "only", 0, Some("gone"), Some(DEAD_NOTICE)))
             .await
             .expect("a term its owner never ends");
-        let mut fleet = Self {
-            lives: Lives::default(),
-            server: admin().await,
-            s: tokio::spawn(async {}),
+        let fleet = Self {
             group,
             store,
             begun,
+            lives: Lives::default(),
+            server: admin().await,
         };
         let s = manager(&unique("s"), 4);
         assert_eq!(s.loss_notice_bound(), Some(Duration::from_millis(100)));
-        fleet.s = run(fleet.member(s), "s", &fleet.lives);
-        while fleet.holder().await.is_none() {
-            assert!(begun.elapsed() < DEAD_NOTICE / 2, "s took the shard late");
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        fleet
+        let s = run(fleet.member(s), "s", &fleet.lives);
+        fleet.until_held(true, "s took the shard late").await;
+        (fleet, s)
     }
 
     fn member(
@@ -271,6 +268,15 @@ impl AfterADeadOwner {
         let id = locks_shard::locks_port::lock_id(&self.group.shard_key("only"));
         let held = throwaway_pg::testing::advisory_lock(&self.server, id).await;
         held.iter().find(|lock| lock.granted).map(|lock| lock.pid)
+    }
+
+    /// Waits until the shard's lock is `held` (or free), within half the dead owner's
+    /// notice: `late` says what went wrong otherwise.
+    async fn until_held(&self, held: bool, late: &str) {
+        while self.holder().await.is_some() != held {
+            assert!(self.begun.elapsed() < DEAD_NOTICE / 2, "{late}");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
     }
 
     /// The first task to start, once one did; asserts it started after the dead owner's
@@ -294,7 +300,7 @@ async fn a_term_whose_session_ended_in_its_takeover_wait_lets_the_next_start_onl
     // s takes a dead owner's shard and waits; its lock's session is terminated inside the
     // wait, and s takes the shard back. Had the lost term been ended then, s would have
     // started its task at once, inside the dead owner's notice.
-    let fleet = AfterADeadOwner::new("inwait").await;
+    let (fleet, s) = AfterADeadOwner::new("inwait").await;
     let holder = fleet.holder().await.expect("s holds the shard's lock");
     let ended: bool = (fleet.server)
         .query_one("SELECT pg_terminate_backend($1)", &[&holder])
@@ -306,7 +312,7 @@ async fn a_term_whose_session_ended_in_its_takeover_wait_lets_the_next_start_onl
         "terminated inside the wait"
     );
     assert_eq!(fleet.first_start().await.member, "s");
-    fleet.s.abort();
+    s.abort();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -314,15 +320,9 @@ async fn a_term_whose_owner_died_in_its_takeover_wait_holds_the_next_owner_to_th
     // s takes a dead owner's shard and, inside the wait, dies itself: its `run` dropped,
     // its term left unended, its lock freed. n takes the shard. Had s's term recorded only
     // s's 100 ms, n would start 100 ms after its grant, inside the first owner's notice.
-    let fleet = AfterADeadOwner::new("diedinwait").await;
-    fleet.s.abort();
-    while fleet.holder().await.is_some() {
-        assert!(
-            fleet.begun.elapsed() < DEAD_NOTICE / 2,
-            "s's lock was not freed"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    let (fleet, s) = AfterADeadOwner::new("diedinwait").await;
+    s.abort();
+    fleet.until_held(false, "s's lock was not freed").await;
     let listed = fleet
         .store
         .terms(fleet.group.name())

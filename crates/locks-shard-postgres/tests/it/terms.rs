@@ -142,8 +142,9 @@ async fn a_term_s_loss_notice_reaches_the_next_owner_only_under_its_own_token() 
 
 /// A term table made before the loss-notice columns existed (the first version's shape,
 /// with a term in it) gains them from `install_shard_terms`, keeps its rows, and records
-/// the next owner's notice (after a term that ended: the unended old term's unknown notice
-/// is carried); on a database of its own, so the shared table is not touched.
+/// the next owners' notices (right after the old term, which did not end and recorded
+/// none, nothing is carried; after an ended term, the owner's own); on a database of its
+/// own, so the shared table is not touched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn install_upgrades_a_term_table_made_before_the_loss_notice() {
     let (url, database) = throwaway_pg::testing::own_database("shard_upgrade").await;
