@@ -1,6 +1,6 @@
 //! The errors of migration steps, of the cutover, and of routed writes.
 
-use locks_port::LockAcquisitionError;
+use locks_port::{LockAcquisitionError, LockLostError};
 use uuid::Uuid;
 
 use crate::ports::{RepositoryError, StoreError, StoreId, WritesPaused};
@@ -92,6 +92,10 @@ pub enum CutoverError {
     /// Writes could not be paused: retry once the pause backend answers.
     #[error("could not pause writes: {0}")]
     WritePauseFailed(#[source] RepositoryError),
+    /// The cutover lock was lost (its session ended) before the flip: another instance
+    /// may hold it now, so this one rolled back instead of flipping: retry.
+    #[error("the cutover lock was lost before the flip: {0}")]
+    LockLost(#[source] LockLostError),
 }
 
 impl CutoverError {
@@ -106,6 +110,7 @@ impl CutoverError {
             Self::TargetHealthCheckFailed(_) => CutoverFailureReason::TargetHealthCheckFailed,
             Self::RoutingUpdateFailed { .. } => CutoverFailureReason::RoutingUpdateFailed,
             Self::WritePauseFailed(_) => CutoverFailureReason::WritePauseFailed,
+            Self::LockLost(_) => CutoverFailureReason::LockLost,
         }
     }
 }
@@ -128,6 +133,8 @@ pub enum CutoverFailureReason {
     RoutingUpdateFailed,
     /// [`CutoverError::WritePauseFailed`].
     WritePauseFailed,
+    /// [`CutoverError::LockLost`].
+    LockLost,
 }
 
 impl CutoverFailureReason {
@@ -142,6 +149,7 @@ impl CutoverFailureReason {
             Self::TargetHealthCheckFailed => "target_health_check_failed",
             Self::RoutingUpdateFailed => "routing_update_failed",
             Self::WritePauseFailed => "write_pause_failed",
+            Self::LockLost => "lock_lost",
         }
     }
 }

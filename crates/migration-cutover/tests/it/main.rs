@@ -4,6 +4,7 @@
 mod failures;
 mod happy_path;
 mod held_lock;
+mod lost_lock;
 mod no_lock;
 mod ordering;
 mod paused_writes;

@@ -1,7 +1,7 @@
 //! Cutover step 3: take the cutover lock, and hold it with the write pause so that
 //! writes resume before the lock is released.
 
-use locks_port::{DistributedLock, LockAcquisitionError, LockGuard};
+use locks_port::{DistributedLock, LockAcquisitionError, LockGuard, LostSignal};
 
 use crate::coordinator::{MigrationCoordinator, cutover_lock_key};
 use crate::ports::{
@@ -39,6 +39,11 @@ pub(super) struct Held<G, W> {
 impl<G: LockGuard, W: PauseGuard> Held<G, W> {
     pub(super) fn new(lock: G) -> Self {
         Self { pause: None, lock }
+    }
+
+    /// The lock's lost signal: fires if the lock stops being held (its session ended).
+    pub(super) fn lost(&self) -> LostSignal {
+        self.lock.lost()
     }
 
     /// Keeps `pause` until the lock is released; the caller works with the reference.

@@ -16,13 +16,16 @@
 //!
 //! This file runs the sequence; each step's file says what the step does.
 
+use std::future::{Future, IntoFuture, poll_fn};
+use std::pin::pin;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use locks_port::DistributedLock;
+use locks_port::{DistributedLock, LockLostError, LostSignal};
 use tracing::{Instrument, Span, field, info, info_span, warn};
 use uuid::Uuid;
 
-use super::MigrationCoordinator;
+use super::{MigrationCoordinator, cutover_lock_key};
 use crate::copy::Endpoint;
 use crate::error::{CutoverError, MigrationError};
 use crate::ports::{
@@ -108,7 +111,10 @@ where
     /// phase to `cutover`, pauses the tenant's writes and waits for those under way,
     /// measures the lag (refusing above the maximum), sets routing `cutover_paused`,
     /// copies the rest, checks the target answers, and flips routing to `migrated` on the
-    /// target in one write. All of that must fit in the pause budget. On success the migration is `completed`; on any
+    /// target in one write. All of that must fit in the pause budget, and run while the
+    /// lock is held: a lock lost before the flip (its session ended, so another instance
+    /// may hold it now) stops the steps and rolls back ([`CutoverError::LockLost`]).
+    /// On success the migration is `completed`; on any
     /// failure routing goes back to the source in `dual_write`, the migration back to
     /// `dual_write`, and the result says why. Writes resume before the lock is
     /// released, on every path.
@@ -188,6 +194,7 @@ where
             }
         };
         let mut held = Held::new(lock);
+        let held_lost = held.lost();
         let result = async {
             let (mut migration, route) = match self.recheck_under_lock(migration.id).await? {
                 Recheck::AlreadyCompleted(migration) => {
@@ -221,7 +228,7 @@ where
                 source,
                 target,
             };
-            let (synced, failure) = self.run_paused_steps(pause, paused).await;
+            let (synced, failure) = self.run_paused_steps(pause, paused, held_lost).await;
             migration.events_copied += synced;
             if let Some(error) = failure {
                 let outcome = self.roll_back(&mut migration, error).await;
@@ -240,14 +247,17 @@ where
         result
     }
 
-    /// The steps taken while writes are paused, bounded by the pause budget. Returns
+    /// The steps taken while writes are paused, bounded by the pause budget and stopped
+    /// as soon as the cutover lock is `lost` (so no flip is made without it). Returns
     /// the events the final catch-up copied (also when a later step failed) and the
     /// failure, if any.
     async fn run_paused_steps(
         &self,
         pause: &P::Guard,
         mut paused: PausedCutover<'_, S>,
+        lost: LostSignal,
     ) -> (u64, Option<CutoverError>) {
+        let key = cutover_lock_key(paused.migration.tenant_id);
         let budget = PauseBudget::start(self.config.pause_budget());
         let mut synced = 0;
         let steps = async {
@@ -261,6 +271,7 @@ where
             self.check_target_health(&paused).await?;
             self.flip_routing_to_target(&mut paused).await
         };
+        let steps = until_lost(lost, &key, steps);
         let failure = match timeout(budget.limit(), steps).await {
             Ok(Ok(())) => None,
             Ok(Err(error)) => Some(error),
@@ -268,4 +279,23 @@ where
         };
         (synced, failure)
     }
+}
+
+/// Runs `steps` unless the lock whose `lost` signal this is stops being held first: then
+/// `steps` is dropped unfinished and the result is [`CutoverError::LockLost`]. The signal
+/// is looked at before each poll of `steps`, so a step that would start after the loss
+/// (the flip) never runs.
+async fn until_lost<F>(lost: LostSignal, key: &str, steps: F) -> Result<(), CutoverError>
+where
+    F: Future<Output = Result<(), CutoverError>>,
+{
+    let mut steps = pin!(steps);
+    let mut lost = pin!(lost.into_future());
+    poll_fn(|cx| {
+        if let Poll::Ready(reason) = lost.as_mut().poll(cx) {
+            return Poll::Ready(Err(CutoverError::LockLost(LockLostError::new(key, reason))));
+        }
+        steps.as_mut().poll(cx)
+    })
+    .await
 }
