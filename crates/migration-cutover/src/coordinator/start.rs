@@ -24,7 +24,7 @@ where
     /// Starts moving `tenant_id` from `source` to `target`: records a `pending`
     /// migration and marks the tenant's route with it. The tenant must be routed to
     /// `source` (a tenant without a route gets one to `source`) and have no migration
-    /// under way.
+    /// under way (not even a `pending` one, whose mark is on the `normal` route).
     ///
     /// # Errors
     /// [`MigrationError::SameStore`], [`UnknownStore`](MigrationError::UnknownStore),
@@ -52,7 +52,14 @@ where
                 Err(error) => return Err(MigrationError::Routing(error)),
                 Ok(None) => TenantRoute::normal(tenant_id, source_id.clone()),
                 Ok(Some(route)) => {
-                    if !matches!(route.state, RoutingState::Normal | RoutingState::Migrated) {
+                    // A `normal` route marked with a migration is that migration's,
+                    // still `pending` (abort clears the mark); a `migrated` one keeps the
+                    // mark of the migration that completed.
+                    let pending = route.state == RoutingState::Normal
+                        && route.migration_id.is_some();
+                    if pending
+                        || !matches!(route.state, RoutingState::Normal | RoutingState::Migrated)
+                    {
                         return Err(MigrationError::TenantBusy {
                             tenant_id,
                             migration_id: route.migration_id,

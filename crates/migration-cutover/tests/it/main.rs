@@ -8,4 +8,5 @@ mod lost_lock;
 mod no_lock;
 mod ordering;
 mod paused_writes;
+mod start;
 mod support;
