@@ -107,6 +107,12 @@ impl EventStore for InMemoryEventStore {
                 stored: stored_count,
                 of,
             }),
+            // One id twice in the batch: appending it would store the id twice (the
+            // PostgreSQL store's unique index refuses it the same way).
+            _ if ids.len() != events.len() => Err(StoreError::unavailable(
+                "the batch carries an event id more than once; event ids are unique in a \
+                 tenant's stream",
+            )),
             _ => {
                 stream.extend_from_slice(events);
                 Ok(head(stream))
@@ -291,5 +297,20 @@ mod tests {
             StoreError::PartlyStored { stored: 1, of: 1 }
         ));
         assert_eq!(store.events(tenant).len(), 3);
+    }
+
+    /// Event ids are unique in a tenant's stream (the port says so, and the PostgreSQL
+    /// store's unique index refuses it): a batch that carries one id twice is refused
+    /// and appends nothing.
+    #[tokio::test]
+    async fn a_batch_carrying_one_event_id_twice_is_refused() {
+        let store = InMemoryEventStore::new();
+        let tenant = Uuid::new_v4();
+        let a = Event::new("A", "");
+        let twice = [a.clone(), a.clone()];
+        assert!(store.append(tenant, None, &twice).await.is_err());
+        assert!(store.append(tenant, Some(0), &twice).await.is_err());
+        assert!(store.events(tenant).is_empty());
+        assert_eq!(store.append(tenant, None, &[a]).await.unwrap(), 1);
     }
 }
