@@ -31,6 +31,22 @@ fn create_schema(table: &TableName) -> String {
         .unwrap_or_default()
 }
 
+/// The name of the store table's unique index on `(tenant_id, event_id)`:
+/// `{table}_event_id`, or, when that is longer than PostgreSQL's 63-byte identifiers
+/// (which the server would truncate silently, for a 63-byte table name to the table's
+/// own name, so that `IF NOT EXISTS` skipped the index), the table name's start, a hash
+/// of the whole name and `_event_id`, 63 bytes.
+fn event_id_index(table: &TableName) -> String {
+    const SUFFIX: &str = "_event_id";
+    let name = table.table();
+    if name.len() + SUFFIX.len() <= 63 {
+        return format!("{name}{SUFFIX}");
+    }
+    // ASCII (checked by `TableName`), so any byte index is a char boundary.
+    let keep = 63 - SUFFIX.len() - 17;
+    format!("{}_{:016x}{SUFFIX}", &name[..keep], lock_id(name))
+}
+
 /// Creates one event store's table (and its schema, when the name is qualified) if it
 /// does not exist. Idempotent; run it once per store before using
 /// [`PostgresEventStore`](crate::PostgresEventStore), as a deployment step (the adapters
@@ -47,6 +63,7 @@ fn create_schema(table: &TableName) -> String {
 ///     PRIMARY KEY (tenant_id, position)
 /// );
 /// CREATE UNIQUE INDEX IF NOT EXISTS "{table}_event_id" ON {table} (tenant_id, event_id);
+/// -- (a table name over 54 bytes: its start, a hash of it and `_event_id`, 63 bytes)
 /// ```
 ///
 /// The unique index makes an event id land once per tenant, whatever a caller retries
@@ -68,10 +85,10 @@ pub async fn install_store(pool: &Pool, table: &TableName) -> Result<(), SchemaE
              recorded_at timestamptz NOT NULL DEFAULT now(),
              PRIMARY KEY (tenant_id, position)
          );
-         CREATE UNIQUE INDEX IF NOT EXISTS \"{index}_event_id\" ON {table} (tenant_id, event_id);",
+         CREATE UNIQUE INDEX IF NOT EXISTS \"{index}\" ON {table} (tenant_id, event_id);",
         schema = create_schema(table),
         table = table.quoted(),
-        index = table.table(),
+        index = event_id_index(table),
     );
     install(pool, "install the event store table", &ddl).await
 }
@@ -141,4 +158,23 @@ pub async fn install_fleet(
         migrations = migrations.quoted(),
     );
     install(pool, "install the fleet tables", &ddl).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn index_names_fit_in_an_identifier_and_differ_per_table() {
+        let short = TableName::new("s.events").unwrap();
+        assert_eq!(event_id_index(&short), "events_event_id");
+        let a = event_id_index(&TableName::new(&format!("{}1", "e".repeat(62))).unwrap());
+        let b = event_id_index(&TableName::new(&format!("{}2", "e".repeat(62))).unwrap());
+        assert_eq!((a.len(), b.len()), (63, 63));
+        assert_ne!(a, b);
+        assert_eq!(
+            event_id_index(&TableName::new(&"e".repeat(54)).unwrap()).len(),
+            63
+        );
+    }
 }

@@ -3,5 +3,6 @@
 mod adapters;
 mod crash;
 mod fleet;
+mod inputs;
 mod support;
 mod uncertain;
