@@ -4,5 +4,6 @@ mod adapters;
 mod crash;
 mod fleet;
 mod inputs;
+mod lost_lock;
 mod support;
 mod uncertain;
