@@ -1,5 +1,6 @@
 //! The command line.
 
+use std::ffi::OsString;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -342,7 +343,7 @@ pub(crate) struct CommandArgs {
         value_name = "SHELL_COMMAND",
         conflicts_with = "argv"
     )]
-    pub(crate) shell_command: Option<String>,
+    pub(crate) shell_command: Option<OsString>,
     /// The command and its arguments.
     #[arg(
         value_name = "CMD",
@@ -350,14 +351,15 @@ pub(crate) struct CommandArgs {
         allow_hyphen_values = true,
         required_unless_present = "shell_command"
     )]
-    pub(crate) argv: Vec<String>,
+    pub(crate) argv: Vec<OsString>,
 }
 
 impl CommandArgs {
-    /// The program and its arguments: `sh -c SHELL_COMMAND`, or CMD ARGS.
-    pub(crate) fn program(&self) -> Vec<String> {
+    /// The program and its arguments: `sh -c SHELL_COMMAND`, or CMD ARGS; bytes, as the
+    /// command line gave them (not necessarily UTF-8).
+    pub(crate) fn program(&self) -> Vec<OsString> {
         match &self.shell_command {
-            Some(command) => vec!["sh".to_owned(), "-c".to_owned(), command.clone()],
+            Some(command) => vec!["sh".into(), "-c".into(), command.clone()],
             None => self.argv.clone(),
         }
     }
@@ -391,7 +393,7 @@ impl RunArgs {
     }
 
     /// The program and its arguments: `sh -c SHELL_COMMAND`, or CMD ARGS.
-    pub(crate) fn program(&self) -> Vec<String> {
+    pub(crate) fn program(&self) -> Vec<OsString> {
         self.command.program()
     }
 }

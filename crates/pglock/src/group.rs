@@ -2,6 +2,7 @@
 //! ([`crate::supervise`]), signalled as a whole, and finished only when no process of it
 //! is left.
 
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader, PipeWriter, Write};
 use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt;
@@ -65,7 +66,10 @@ pub(crate) struct Group {
 
 impl Group {
     /// Starts `program` with `env` added, through the supervisor, and waits until it runs.
-    pub(crate) async fn spawn(program: &[String], env: &[(&str, String)]) -> Result<Self, Failure> {
+    pub(crate) async fn spawn(
+        program: &[OsString],
+        env: &[(&str, String)],
+    ) -> Result<Self, Failure> {
         let software = |what: &str, error: &dyn std::fmt::Display| {
             Failure::new(SOFTWARE, format!("cannot {what}: {error}"))
         };
@@ -133,7 +137,10 @@ impl Group {
                 } else {
                     CANNOT_EXECUTE
                 };
-                let error = Failure::new(code, format!("cannot run {}: {message}", program[0]));
+                let error = Failure::new(
+                    code,
+                    format!("cannot run {}: {message}", shown(&program[..1])),
+                );
                 group.reap_supervisor().await;
                 Err(error)
             }
@@ -212,6 +219,16 @@ impl Group {
             }
         }
     }
+}
+
+/// `program` for a message: its words joined with spaces, bytes that are not UTF-8 shown
+/// as U+FFFD.
+pub(crate) fn shown(program: &[OsString]) -> String {
+    program
+        .iter()
+        .map(|word| word.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The path to re-execute pglock: `/proc/self/exe` on Linux (the running binary even if

@@ -42,8 +42,10 @@ use crate::exit::{Failure, SOFTWARE, USAGE};
 use crate::text::{Say, out};
 
 fn main() -> ExitCode {
-    let raw: Vec<String> = std::env::args().collect();
-    if raw.get(1).map(String::as_str) == Some(supervise::MODE) {
+    // Arguments are bytes, as the kernel passes them (a file name in Latin-1): only the
+    // parser decides which must be text.
+    let raw: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if raw.get(1).is_some_and(|first| first == supervise::MODE) {
         return supervise::main(&raw[2..]);
     }
     let cli = match Cli::try_parse() {

@@ -116,7 +116,7 @@ pub(crate) struct Firing {
     ledger: PostgresLedger,
     pool: locks_postgres::deadpool_postgres::Pool,
     job: ScheduledJob,
-    program: Vec<String>,
+    program: Vec<std::ffi::OsString>,
     grace: Duration,
     say: Say,
 }
@@ -127,7 +127,7 @@ impl Firing {
         target: Target,
         key: &str,
         schedule: Schedule,
-        program: Vec<String>,
+        program: Vec<std::ffi::OsString>,
         grace: Duration,
         keepalive: Duration,
         say: Say,
@@ -266,7 +266,7 @@ impl Firing {
 /// `relay`, or stops it (SIGTERM, SIGKILL after `grace`) when the lock is lost; its exit
 /// code.
 async fn run_command(
-    program: &[String],
+    program: &[std::ffi::OsString],
     context: &JobContext,
     grace: Duration,
     relay: &Relay,

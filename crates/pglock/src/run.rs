@@ -304,7 +304,7 @@ async fn run_once(
     };
     say.say(format!(
         "running {} (process group {})",
-        program.join(" "),
+        crate::group::shown(&program),
         group.pgid()
     ));
 

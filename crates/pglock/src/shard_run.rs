@@ -2,6 +2,8 @@
 //! (`locks-shard`, ADR 0027) that runs the command once per shard it owns, each through
 //! the supervisor (ADR 0020), so no command outlives this process.
 
+use std::ffi::OsString;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::time::Duration;
 
 use locks_port::LostReason;
@@ -46,11 +48,26 @@ pub(crate) fn shard_names(spec: &str) -> Result<Vec<String>, Failure> {
     Ok(names)
 }
 
-/// The command for one shard: `{shard}` replaced in every argument.
-fn program_for(program: &[String], shard: &str) -> Vec<String> {
+/// The command for one shard: `{shard}` replaced in every argument (arguments are bytes,
+/// not necessarily UTF-8; the rest of each is kept as it is).
+fn program_for(program: &[OsString], shard: &str) -> Vec<OsString> {
+    const PLACEHOLDER: &[u8] = b"{shard}";
     program
         .iter()
-        .map(|arg| arg.replace("{shard}", shard))
+        .map(|arg| {
+            let mut rest = arg.as_bytes();
+            let mut replaced = Vec::with_capacity(rest.len());
+            while !rest.is_empty() {
+                if rest.starts_with(PLACEHOLDER) {
+                    replaced.extend_from_slice(shard.as_bytes());
+                    rest = &rest[PLACEHOLDER.len()..];
+                } else {
+                    replaced.push(rest[0]);
+                    rest = &rest[1..];
+                }
+            }
+            OsString::from_vec(replaced)
+        })
         .collect()
 }
 
@@ -163,7 +180,7 @@ async fn tables_ready(pool: &Pool, target: &Target, say: Say) -> Result<(), Fail
 /// One shard's command, for as long as this process owns the shard: dropped (the shard
 /// lost), the supervisor's death pipe closes and it SIGKILLs the command's processes.
 async fn shard_command(
-    program: Vec<String>,
+    program: Vec<OsString>,
     owned: Owned,
     stop: locks_port::LostSignal,
     grace: Duration,

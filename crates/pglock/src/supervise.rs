@@ -18,6 +18,7 @@
 //!
 //! See ADR 0020 for why, and what remains uncovered.
 
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::process::CommandExt;
@@ -40,7 +41,7 @@ const REAP_BOUND: Duration = Duration::from_secs(1);
 ///
 /// Never returns an error to a caller: a failure is reported on the status pipe when there
 /// is one, and as exit code 70 otherwise.
-pub(crate) fn main(args: &[String]) -> ExitCode {
+pub(crate) fn main(args: &[OsString]) -> ExitCode {
     let parsed = match args {
         [death, status, tty, dashes, program @ ..] if dashes == "--" && !program.is_empty() => {
             (reopen(death, false), reopen(status, true), tty, program)
@@ -50,7 +51,10 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
     let (Ok(death), Ok(mut status), tty, program) = parsed else {
         return ExitCode::from(crate::exit::SOFTWARE);
     };
-    let tty: Option<Pid> = tty.parse().ok().map(Pid::from_raw);
+    let tty: Option<Pid> = tty
+        .to_str()
+        .and_then(|tty| tty.parse().ok())
+        .map(Pid::from_raw);
     #[cfg(any(target_os = "linux", target_os = "android"))]
     let _ = nix::sys::prctl::set_child_subreaper(true);
 
@@ -111,10 +115,11 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
 
 /// The inherited pipe end `fd` as a file of its own (through `/proc/self/fd`, which needs
 /// no `unsafe`), with the inherited descriptor closed so the command does not get it.
-fn reopen(fd: &str, write: bool) -> std::io::Result<File> {
+fn reopen(fd: &OsStr, write: bool) -> std::io::Result<File> {
     let number: i32 = fd
-        .parse()
-        .map_err(|_| std::io::Error::from(ErrorKind::InvalidInput))?;
+        .to_str()
+        .and_then(|fd| fd.parse().ok())
+        .ok_or_else(|| std::io::Error::from(ErrorKind::InvalidInput))?;
     let file = File::options()
         .read(!write)
         .write(write)

@@ -338,3 +338,43 @@ async fn fencing_tokens_grow_with_every_grant() {
         output(pglock().args(["run", &key, "-c", "echo \"${PGLOCK_FENCING_TOKEN-unset}\""])).await;
     assert_eq!(String::from_utf8_lossy(&plain.stdout).trim(), "unset");
 }
+
+/// Arguments are bytes, as `flock` passes them: a file name in Latin-1 reaches the command
+/// unchanged, with or without a shell, and a key that is not UTF-8 is bad usage (64), never
+/// a crash.
+#[tokio::test]
+async fn arguments_that_are_not_utf8_reach_the_command_unchanged() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let (key, _dir) = unique("bytes");
+    let latin1 = OsStr::from_bytes(b"caf\xe9 \xff\xfe");
+
+    let direct = output(
+        pglock()
+            .args(["run", &key, "--", "printf", "%s"])
+            .arg(latin1),
+    )
+    .await;
+    assert_eq!(code(&direct), 0, "{}", stderr(&direct));
+    assert_eq!(direct.stdout, latin1.as_bytes());
+
+    let mut script = b"printf '%s' '".to_vec();
+    script.extend_from_slice(latin1.as_bytes());
+    script.push(b'\'');
+    let shell = output(
+        pglock()
+            .args(["run", &key, "-c"])
+            .arg(OsStr::from_bytes(&script)),
+    )
+    .await;
+    assert_eq!(code(&shell), 0, "{}", stderr(&shell));
+    assert_eq!(shell.stdout, latin1.as_bytes());
+
+    let bad_key = output(pglock().arg("run").arg(latin1).args(["--", "true"])).await;
+    assert_eq!(code(&bad_key), 64, "{}", stderr(&bad_key));
+    assert!(
+        !stderr(&bad_key).contains("panicked"),
+        "{}",
+        stderr(&bad_key)
+    );
+}
