@@ -21,8 +21,11 @@ impl std::fmt::Debug for Signals {
 
 impl Signals {
     /// Installs the handlers for INT, TERM, HUP and QUIT (their default action, ending
-    /// pglock at once, is off from here on).
+    /// pglock at once, is off from here on), except for those ignored when pglock started
+    /// (`nohup`, a shell's background job): they stay ignored, by pglock and by the
+    /// command, which inherits the disposition, as under `flock`.
     pub(crate) fn install() -> Result<Self, Failure> {
+        let ignored = ignored_at_start();
         let mut streams = Vec::new();
         for (number, kind) in [
             (Signal::SIGINT, SignalKind::interrupt()),
@@ -30,6 +33,9 @@ impl Signals {
             (Signal::SIGHUP, SignalKind::hangup()),
             (Signal::SIGQUIT, SignalKind::quit()),
         ] {
+            if ignored.contains(&number) {
+                continue;
+            }
             let stream = signal(kind).map_err(|error| {
                 Failure::new(SOFTWARE, format!("cannot handle {number}: {error}"))
             })?;
@@ -60,6 +66,26 @@ impl Signals {
     pub(crate) fn take_received(&mut self) -> Option<Signal> {
         self.received.take()
     }
+}
+
+/// The signals this process ignores, as the kernel shows them (`SigIgn` in
+/// `/proc/self/status`, a hexadecimal mask with bit N-1 for signal N); none where `/proc`
+/// is missing. Read before any handler is installed, it is what pglock was started with.
+fn ignored_at_start() -> Vec<Signal> {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return Vec::new();
+    };
+    let mask = status
+        .lines()
+        .find_map(|line| line.strip_prefix("SigIgn:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .unwrap_or(0);
+    Signal::iterator()
+        .filter(|signal| {
+            let bit = (*signal as i32) - 1;
+            (0..64).contains(&bit) && mask & (1 << bit) != 0
+        })
+        .collect()
 }
 
 /// The first of `futures` to finish.

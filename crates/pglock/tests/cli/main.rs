@@ -32,7 +32,21 @@ const SOON: Duration = Duration::from_secs(30);
 
 /// `pglock --url <test server>`, with no connection settings from the environment.
 fn pglock() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_pglock"));
+    pglock_under(&[])
+}
+
+/// [`pglock`] started by `wrapper` (a program and its arguments, pglock's path and
+/// arguments appended), e.g. a shell that ignores signals before it execs pglock.
+fn pglock_under(wrapper: &[&str]) -> Command {
+    let binary = env!("CARGO_BIN_EXE_pglock");
+    let mut command = match wrapper {
+        [] => Command::new(binary),
+        [program, args @ ..] => {
+            let mut command = Command::new(program);
+            command.args(args).arg(binary);
+            command
+        }
+    };
     for name in [
         "DATABASE_URL",
         "PGHOST",

@@ -378,3 +378,57 @@ async fn arguments_that_are_not_utf8_reach_the_command_unchanged() {
         stderr(&bad_key)
     );
 }
+
+/// A signal ignored when pglock starts (`nohup`, a shell's background job, `trap '' HUP`)
+/// stays ignored, as for `flock` and any program: it neither cancels the wait nor is
+/// forwarded to the command, and the command starts with it ignored too.
+#[tokio::test]
+async fn signals_ignored_at_start_stay_ignored_for_pglock_and_the_command() {
+    let (key, dir) = unique("ignored");
+    let lock_id = locks_port::lock_id(&key);
+    let (foreign, _) = foreign_holder(lock_id).await;
+    let ready = dir.join("ready");
+    let release = dir.join("release");
+    // The command prints the mask of the signals it ignores, then runs until released.
+    let script = format!(
+        "sed -n 's/^SigIgn:[[:space:]]*//p' /proc/$$/status; touch {ready}; \
+         while [ ! -e {release} ]; do sleep 0.05; done; echo survived",
+        ready = ready.display(),
+        release = release.display()
+    );
+    let mut child = pglock_under(&["sh", "-c", "trap '' HUP INT; exec \"$@\"", "sh"])
+        .args(["run", &key, "-c", &script])
+        .spawn()
+        .expect("spawn");
+    let observer = admin().await;
+    wait_for_a_waiter(&observer, lock_id).await;
+    // While waiting: ignored, the wait goes on.
+    signal(&child, Signal::SIGHUP);
+    signal(&child, Signal::SIGINT);
+    release_foreign(&foreign, lock_id).await;
+    // While the command runs: ignored, not forwarded.
+    let deadline = Instant::now() + SOON;
+    while !ready.exists() {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            let done = finish(child).await;
+            panic!("pglock ended while waiting ({status}): {}", stderr(&done));
+        }
+        assert!(Instant::now() < deadline, "the command did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    signal(&child, Signal::SIGHUP);
+    signal(&child, Signal::SIGINT);
+    std::fs::write(&release, "").expect("release the command");
+    let done = finish(child).await;
+    assert_eq!(code(&done), 0, "{}", stderr(&done));
+    let stdout = String::from_utf8_lossy(&done.stdout);
+    let mut lines = stdout.lines();
+    let mask = u64::from_str_radix(lines.next().expect("the mask"), 16).expect("a hex mask");
+    let ignored = |signal: Signal| mask & (1 << (signal as u32 - 1)) != 0;
+    assert!(
+        ignored(Signal::SIGHUP) && ignored(Signal::SIGINT),
+        "the command does not ignore HUP and INT: SigIgn {mask:x}"
+    );
+    assert_eq!(lines.next(), Some("survived"), "{stdout}");
+    assert_eq!(lock_rows(&observer, lock_id).await, []);
+}
