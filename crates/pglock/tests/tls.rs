@@ -132,3 +132,26 @@ async fn sslmodes_connect_verify_and_refuse_as_libpq_does() {
     assert_eq!(missing.status.code(), Some(78), "{}", described(&missing));
     drop(pg);
 }
+
+/// `sslmode=require` against a server without TLS is a setting to fix (78, saying so in the
+/// driver's words), with or without a password: never "the server asks for a password"
+/// (77, which sends the operator after credentials), nor "unreachable" (69, retried).
+#[tokio::test]
+async fn require_against_a_server_without_tls_is_bad_settings() {
+    let pg = throwaway_pg::ThrowawayPostgres::builder()
+        .setting("ssl", "off")
+        .start()
+        .expect("a server without TLS");
+    let port = pg.port();
+    for user in ["postgres", "postgres:not-needed"] {
+        let url = format!("postgres://{user}@127.0.0.1:{port}/postgres?sslmode=require");
+        let refused = pglock(&url, &["run", "tls-none", "--", "true"]).await;
+        assert_eq!(refused.status.code(), Some(78), "{}", described(&refused));
+        let message = String::from_utf8_lossy(&refused.stderr);
+        assert!(message.contains("TLS"), "{message}");
+        assert!(!message.contains("password"), "{message}");
+        assert!(!message.contains("not-needed"), "{message}");
+        assert_eq!(message.lines().count(), 1, "{message}");
+    }
+    drop(pg);
+}

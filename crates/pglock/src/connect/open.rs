@@ -91,7 +91,7 @@ pub(crate) fn connect_failure(error: &tokio_postgres::Error, target: &Target) ->
         return Failure::new(exit, format!("cannot connect to {shown}: {}", db.message()));
     }
     let text = causes(error);
-    let exit = if tls_source(error) {
+    let exit = if tls_source(error) || tls_refused(error) {
         CONFIG
     } else if target.config.get_password().is_none()
         && std::error::Error::source(error).is_some()
@@ -124,6 +124,17 @@ fn io_source(error: &(dyn std::error::Error + 'static)) -> bool {
         source = cause.source();
     }
     false
+}
+
+/// Whether the driver gave up on TLS before any I/O error: `sslmode=require` (or
+/// `verify-*`) and a server that answers that it has no TLS. A setting to fix, not a
+/// password to give (it has a source and is no I/O error, as a missing password is), nor a
+/// network to retry. The driver does not expose its error's kind, only its text.
+fn tls_refused(error: &tokio_postgres::Error) -> bool {
+    error
+        .to_string()
+        .starts_with("error performing TLS handshake")
+        && !io_source(error)
 }
 
 /// Whether a certificate problem is among the causes of `error`.
