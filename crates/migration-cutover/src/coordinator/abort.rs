@@ -61,27 +61,46 @@ where
         .await
     }
 
-    /// The abort itself, with the cutover lock held (when there is a lock manager).
+    /// The abort itself, with the cutover lock held (when there is a lock manager). The
+    /// route goes back by a compare-and-set from the route as read: one that moved in
+    /// between (the flip of a cutover that lost its lock while the flip's statement was
+    /// on its way, or a writer rolling an abandoned pause back) is read again and decided
+    /// on afresh, so a flip that took effect is refused, never overwritten.
     async fn abort_under_lock(&self, migration_id: Uuid) -> Result<Migration, MigrationError> {
-        let mut migration = self.migration(migration_id).await?;
-        let next = migration.phase.transition_to(Phase::Aborted)?;
-        let route = self.route(migration.tenant_id).await?;
-        if migration.phase == Phase::Cutover {
-            self.refuse_abort_in_cutover(&migration, &route)?;
+        // Each of those writers moves the route at most once while the lock is held here.
+        const READS: usize = 3;
+        let mut read = 1;
+        loop {
+            let mut migration = self.migration(migration_id).await?;
+            let next = migration.phase.transition_to(Phase::Aborted)?;
+            let route = self.route(migration.tenant_id).await?;
+            if migration.phase == Phase::Cutover {
+                self.refuse_abort_in_cutover(&migration, &route)?;
+            }
+            if route.migration_id == Some(migration.id) {
+                let normal =
+                    TenantRoute::normal(migration.tenant_id, migration.source_store_id.clone());
+                let set = (self.ports.routing().compare_and_set(&route, normal).await)
+                    .map_err(MigrationError::Routing)?;
+                if !set && read < READS {
+                    read += 1;
+                    continue;
+                }
+                if !set {
+                    return Err(MigrationError::UnexpectedRoute {
+                        migration_id,
+                        tenant_id: migration.tenant_id,
+                        state: route.state,
+                        store_id: route.store_id,
+                        resolves: "the route kept moving while the abort ran: call `abort` again",
+                    });
+                }
+            }
+            migration.phase = next;
+            self.save(&mut migration).await?;
+            info!("migration aborted");
+            return Ok(migration);
         }
-        if route.migration_id == Some(migration.id) {
-            let normal =
-                TenantRoute::normal(migration.tenant_id, migration.source_store_id.clone());
-            self.ports
-                .routing()
-                .put(normal)
-                .await
-                .map_err(MigrationError::Routing)?;
-        }
-        migration.phase = next;
-        self.save(&mut migration).await?;
-        info!("migration aborted");
-        Ok(migration)
     }
 
     /// Why a migration left in `cutover` cannot be aborted, if it cannot.

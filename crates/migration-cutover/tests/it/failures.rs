@@ -328,6 +328,35 @@ async fn abort_resolves_a_cutover_that_died_before_the_flip() {
     }
 }
 
+/// A cutover that lost its lock while its flip's statement was on its way: the flip
+/// lands after `abort` (under the lock now) read the route `cutover_paused` and before it
+/// writes. Before the fix `abort` overwrote the flip with `normal` on the source, so
+/// writes already routed to the target were stranded there; now its write is a
+/// compare-and-set, which fails, and the route read again is refused as flipped.
+#[tokio::test]
+async fn abort_does_not_overwrite_a_flip_that_lands_after_its_read() {
+    use migration_cutover::{MigrationError, StoreId};
+
+    let h = Harness::new().await;
+    let coordinator = h.coordinator(config());
+    let state = RoutingState::CutoverPaused;
+    let migration = left_by_a_dead_cutover(&h, &coordinator, state, SOURCE).await;
+    let mut flipped = h.route();
+    flipped.state = RoutingState::Migrated;
+    flipped.store_id = StoreId::new(TARGET);
+    flipped.target_store_id = None;
+    h.routing.after_next_get(flipped.clone());
+
+    let error = coordinator.abort(migration).await.unwrap_err();
+    assert!(
+        matches!(error, MigrationError::AlreadyFlipped { .. }),
+        "{error}"
+    );
+    assert_eq!(h.route(), flipped, "the flip stands");
+    let record = coordinator.migration(migration).await.unwrap();
+    assert_eq!(record.phase, Phase::Cutover);
+}
+
 #[tokio::test]
 async fn abort_refuses_a_flip_that_took_effect_and_cutover_completes_it() {
     let h = Harness::new().await;

@@ -120,11 +120,19 @@ pub(crate) struct FaultyRouting {
     pub(crate) inner: InMemoryRoutingRepository,
     fail_puts_of: Arc<Mutex<Option<RoutingState>>>,
     pub(crate) puts: Arc<Mutex<Vec<TenantRoute>>>,
+    /// Written right after the next read's answer was taken, as a write that lands
+    /// between a reader's read and its own write would be.
+    after_next_get: Arc<Mutex<Option<TenantRoute>>>,
 }
 
 impl FaultyRouting {
     pub(crate) fn fail_puts_of(&self, state: Option<RoutingState>) {
         *self.fail_puts_of.lock().unwrap() = state;
+    }
+
+    /// Writes `route` right after the next `get` has read the route as it was.
+    pub(crate) fn after_next_get(&self, route: TenantRoute) {
+        *self.after_next_get.lock().unwrap() = Some(route);
     }
 
     pub(crate) fn puts_of(&self, state: RoutingState) -> usize {
@@ -142,7 +150,15 @@ impl RoutingRepository for FaultyRouting {
         &self,
         tenant_id: Uuid,
     ) -> impl Future<Output = Result<Option<TenantRoute>, RepositoryError>> + Send {
-        self.inner.get(tenant_id)
+        let inner = self.inner.clone();
+        let then = self.after_next_get.lock().unwrap().take();
+        async move {
+            let read = inner.get(tenant_id).await;
+            if let Some(route) = then {
+                inner.put(route).await?;
+            }
+            read
+        }
     }
 
     fn put(&self, route: TenantRoute) -> impl Future<Output = Result<(), RepositoryError>> + Send {
