@@ -104,7 +104,9 @@ pub enum InspectError {
     /// No connection could be had from the manager's pool within its
     /// [`connect_timeout`](crate::PostgresLockManagerBuilder::connect_timeout): the
     /// server did not let one be opened. (A pool whose every connection was in use is
-    /// [`PoolFull`](Self::PoolFull).)
+    /// [`PoolFull`](Self::PoolFull).) The message says why in the server's words when
+    /// the server said why: `could not ask who holds advisory locks: no connection: role
+    /// "x" does not exist (28000)`.
     Pool(PoolError),
     /// Every connection of the manager's pool stayed in use for the whole
     /// [`connect_timeout`](crate::PostgresLockManagerBuilder::connect_timeout): each
@@ -136,7 +138,11 @@ pub enum InspectError {
 impl fmt::Display for InspectError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Pool(_) => f.write_str("could not ask who holds advisory locks: no connection"),
+            Self::Pool(source) => write!(
+                f,
+                "could not ask who holds advisory locks: no connection: {}",
+                pool::pool_error_words(source)
+            ),
             Self::PoolFull { reason, .. } => {
                 write!(f, "could not ask who holds advisory locks: {reason}")
             }

@@ -119,21 +119,28 @@ pub(crate) fn checkout_kind(error: &PoolError) -> AcquisitionErrorKind {
 /// creating a new object: db error"): the source is the driver's own error.
 pub(crate) fn checkout_error(key: &str, error: PoolError) -> LockAcquisitionError {
     let kind = checkout_kind(&error);
+    let words = pool_error_words(&error);
     match error {
-        PoolError::Backend(error) => {
-            LockAcquisitionError::described(key, kind, describe(&error), error)
+        PoolError::Backend(error) => LockAcquisitionError::described(key, kind, words, error),
+        PoolError::Closed | PoolError::NoRuntimeSpecified => {
+            LockAcquisitionError::new(key, kind, words)
         }
-        PoolError::Closed => LockAcquisitionError::new(key, kind, "the connection pool is closed"),
-        PoolError::NoRuntimeSpecified => LockAcquisitionError::new(
-            key,
-            kind,
-            "the connection pool has no runtime (build it with Runtime::Tokio1)",
-        ),
-        other => {
-            let text = other.to_string();
-            LockAcquisitionError::new(key, kind, format!("Database error: {text}"))
-                .with_source(other)
+        other => LockAcquisitionError::new(key, kind, format!("Database error: {words}"))
+            .with_source(other),
+    }
+}
+
+/// Why a checkout failed, in the server's words when the server said why (`role "x"
+/// does not exist (28000)`): deadpool's own `Display` of a driver error says only
+/// "Error occurred while creating a new object: db error".
+pub(crate) fn pool_error_words(error: &PoolError) -> String {
+    match error {
+        PoolError::Backend(error) => describe(error),
+        PoolError::Closed => "the connection pool is closed".to_owned(),
+        PoolError::NoRuntimeSpecified => {
+            "the connection pool has no runtime (build it with Runtime::Tokio1)".to_owned()
         }
+        other => other.to_string(),
     }
 }
 

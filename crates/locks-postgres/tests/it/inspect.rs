@@ -371,3 +371,36 @@ async fn a_lock_table_gauge_reads_at_most_once_per_interval() {
     .await;
     drop(held);
 }
+
+/// A read whose connection the server refuses says why in the server's words, as an
+/// acquisition on the same pool does (`role "…" does not exist (28000)`), for every
+/// inspection read; the pool's error stays the source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_the_server_refuses_says_why_in_its_words() {
+    use locks_postgres::InspectError;
+
+    let mut config: tokio_postgres::Config = database_url().parse().expect("URL");
+    config.user("no_such_role_for_reads");
+    let manager =
+        PostgresLockManager::new(locks_postgres::plain_pool_with_config(config, 1).expect("pool"));
+    let words = "role \"no_such_role_for_reads\" does not exist (28000)";
+    let acquired = manager
+        .acquire("k", Duration::from_secs(5))
+        .await
+        .expect_err("no such role");
+    assert!(acquired.to_string().contains(words), "{acquired}");
+
+    let reads = [
+        manager.holders("k").await.expect_err("no such role"),
+        manager.holders_of_all().await.expect_err("no such role"),
+        manager.lock_table_usage().await.expect_err("no such role"),
+    ];
+    for error in reads {
+        assert!(matches!(error, InspectError::Pool(_)), "{error:?}");
+        assert_eq!(
+            error.to_string(),
+            format!("could not ask who holds advisory locks: no connection: {words}")
+        );
+        assert!(std::error::Error::source(&error).is_some(), "{error:?}");
+    }
+}
