@@ -16,8 +16,8 @@ use locks_port::{AcquisitionErrorKind, LockAcquisitionError};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{NoTls, Socket};
 
-use crate::errors::{connect_kind, describe, pool_exhausted};
-use crate::limit::{Deadline, Expired};
+use crate::errors::{connect_kind, describe, pool_exhausted, unreachable};
+use crate::limit::{Expired, Limit};
 use connect::{Canceller, LockConnect, register};
 
 /// A checked-out connection; it derefs to a [`tokio_postgres::Client`].
@@ -149,11 +149,22 @@ pub(crate) fn pool_error_words(error: &PoolError) -> String {
 /// every connection holds a lock fails ([`is_busy`]) instead of waiting for a release.
 /// Bounded here rather than by the pool's own timeouts, so a pool built without a
 /// runtime is bounded too.
+///
+/// A bound that passes while a connection is being opened (the pool had room, the
+/// server did not answer) is a `Timeout(Create)`; only one that passes while every
+/// connection stays in use is [`is_busy`]: an idle pool is never said to be full.
 pub(crate) async fn for_one_read(pool: &Pool, bound: Duration) -> Result<Pooled, PoolError> {
-    match Deadline::limit(None, Duration::ZERO, bound)
-        .run(pool.get())
-        .await
-    {
+    let limit = Limit::Since(tokio::time::Instant::now(), bound);
+    // An idle connection, or a new one when the pool has room.
+    match limit.run(idle_or_new(pool)).await {
+        Ok(Err(error)) if is_busy(&error) => {}
+        Ok(checked_out) => return checked_out,
+        Err(Expired) => {
+            return Err(PoolError::Timeout(deadpool_postgres::TimeoutType::Create));
+        }
+    }
+    // Every connection in use: wait for one, within what is left of the bound.
+    match limit.run(pool.get()).await {
         Ok(checked_out) => checked_out,
         Err(Expired) => Err(PoolError::Timeout(deadpool_postgres::TimeoutType::Wait)),
     }
@@ -172,6 +183,11 @@ pub(crate) async fn for_one_read_of(
         if is_busy(&error) {
             let what = format!("no pool connection was free {what_for}");
             pool_exhausted(name, &what, max_size(pool), None)
+        } else if matches!(
+            error,
+            PoolError::Timeout(deadpool_postgres::TimeoutType::Create)
+        ) {
+            unreachable(name, None, bound)
         } else {
             checkout_error(name, error)
         }

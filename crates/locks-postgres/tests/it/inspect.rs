@@ -404,3 +404,75 @@ async fn a_read_the_server_refuses_says_why_in_its_words() {
         assert!(std::error::Error::source(&error).is_some(), "{error:?}");
     }
 }
+
+/// A read on a pool none of whose connections is in use, against a server that takes
+/// the TCP connection and never answers, fails as a connection that could not be opened
+/// in time ([`InspectError::Pool`], kind `Unreachable`), as an acquisition does: not as
+/// a full pool (`all 1 in use; each held lock keeps one`), which would send the
+/// operator to resize a pool that is idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_that_cannot_open_a_connection_does_not_blame_a_full_pool() {
+    use locks_port::{AcquisitionErrorKind, LeaderBoard, Semaphore};
+    use locks_postgres::InspectError;
+
+    // Takes connections and never says a word.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let port = silent.local_addr().expect("its address").port();
+    let keeper = tokio::spawn(async move {
+        let mut kept = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            kept.push(socket);
+        }
+    });
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host("127.0.0.1")
+        .port(port)
+        .user("postgres")
+        .dbname("postgres");
+    let pool = locks_postgres::plain_pool_with_config(config, 1).expect("pool");
+    let manager = PostgresLockManager::builder(pool.clone())
+        .connect_timeout(Duration::from_millis(300))
+        .build();
+
+    let acquired = manager
+        .acquire("k", Duration::from_millis(300))
+        .await
+        .expect_err("a silent server");
+    assert_eq!(
+        acquired.kind(),
+        AcquisitionErrorKind::Unreachable,
+        "{acquired}"
+    );
+
+    let reads = [
+        manager.holders("k").await.expect_err("a silent server"),
+        manager.holders_of_all().await.expect_err("a silent server"),
+        manager
+            .lock_table_usage()
+            .await
+            .expect_err("a silent server"),
+    ];
+    for error in reads {
+        assert!(matches!(error, InspectError::Pool(_)), "{error}");
+    }
+    let reads = [
+        manager
+            .permit_holders("k")
+            .await
+            .expect_err("a silent server"),
+        manager
+            .permit_held("k", 0)
+            .await
+            .expect_err("a silent server"),
+        manager.latest("k").await.expect_err("a silent server"),
+    ];
+    for error in reads {
+        assert_eq!(error.kind(), AcquisitionErrorKind::Unreachable, "{error}");
+        assert!(!error.to_string().contains("in use"), "{error}");
+    }
+    assert_eq!(pool.status().available, 0, "no connection was ever opened");
+    keeper.abort();
+}
