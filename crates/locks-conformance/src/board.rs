@@ -1,7 +1,7 @@
 //! The leader board's contract ([`LeaderBoard`]): one case, run by each board's tests
 //! with two managers of one backend.
 
-use locks_port::{AcquisitionErrorKind, LeaderBoard, MAX_PUBLISHED_VALUE};
+use locks_port::{AcquisitionErrorKind, LeaderBoard, MAX_BOARD_NAME, MAX_PUBLISHED_VALUE};
 
 /// Checks [`LeaderBoard`]'s contract on two boards of one backend (two managers, as two
 /// processes would have), for an election `name` nobody else uses: terms start at 1 and
@@ -72,4 +72,60 @@ pub async fn leader_board_contract<B: LeaderBoard>(first: &B, second: &B, name: 
         Some(4),
         "a refused proclamation starts no term"
     );
+    board_names(first, name).await;
+}
+
+/// Names a board cannot keep are refused alike by every board, as `Configuration`
+/// errors of each call: one with a NUL (PostgreSQL's `text` cannot hold it) and one
+/// past [`MAX_BOARD_NAME`] bytes (past what PostgreSQL's index of names holds). A name
+/// at the bound, of bytes that do not compress, is kept as any other.
+async fn board_names<B: LeaderBoard>(board: &B, name: &str) {
+    let past = format!("{name}{}", "n".repeat(MAX_BOARD_NAME));
+    for bad in [format!("{name}\0nul"), past] {
+        let shown: String = bad.chars().take(60).collect();
+        let refused = board
+            .proclaim(&bad, "v")
+            .await
+            .expect_err("proclaim: a name the board cannot keep");
+        assert_eq!(
+            refused.kind(),
+            AcquisitionErrorKind::Configuration,
+            "proclaim {shown:?}: {refused}"
+        );
+        let refused = board
+            .latest(&bad)
+            .await
+            .expect_err("latest: a name the board cannot keep");
+        assert_eq!(
+            refused.kind(),
+            AcquisitionErrorKind::Configuration,
+            "latest {shown:?}: {refused}"
+        );
+        let refused = board
+            .retire(&bad, 1)
+            .await
+            .expect_err("retire: a name the board cannot keep");
+        assert_eq!(
+            refused.kind(),
+            AcquisitionErrorKind::Configuration,
+            "retire {shown:?}: {refused}"
+        );
+    }
+    // Letters from a xorshift generator: nothing for a compressor to shorten.
+    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut at_bound = format!("{name}:");
+    while at_bound.len() < MAX_BOARD_NAME {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let letter = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_"
+            [usize::try_from(state % 64).unwrap_or(0)];
+        at_bound.push(char::from(letter));
+    }
+    let one = board
+        .proclaim(&at_bound, "v")
+        .await
+        .unwrap_or_else(|error| panic!("a name of {MAX_BOARD_NAME} bytes: {error}"));
+    assert_eq!(one.term, 1, "the first term of a name at the bound");
+    assert_eq!(board.latest(&at_bound).await.expect("latest"), Some(one));
 }

@@ -2,18 +2,21 @@
 //! manager on the table as the board's table is by every process on one database.
 
 use locks_port::time::OffsetDateTime;
-use locks_port::{LeaderBoard, LockAcquisitionError, Proclamation, check_published_value};
+use locks_port::{
+    LeaderBoard, LockAcquisitionError, Proclamation, check_board_name, check_published_value,
+};
 
 use crate::InMemoryLockManager;
 
 /// Terms are recorded on the manager's table, with its holder id, at the system clock's
-/// time. Never fails for a valid value (there is no backend to fail).
+/// time. Never fails for a valid name and value (there is no backend to fail).
 impl LeaderBoard for InMemoryLockManager {
     async fn proclaim(
         &self,
         name: &str,
         value: &str,
     ) -> Result<Proclamation, LockAcquisitionError> {
+        check_board_name(name)?;
         check_published_value(name, value)?;
         let holder_id = self.holder_id().map(str::to_owned);
         Ok(self.inner.table.inner.terms.with(|terms| {
@@ -33,6 +36,7 @@ impl LeaderBoard for InMemoryLockManager {
     }
 
     async fn retire(&self, name: &str, term: u64) -> Result<(), LockAcquisitionError> {
+        check_board_name(name)?;
         self.inner.table.inner.terms.with(|terms| {
             if let Some(latest) = terms.get_mut(name)
                 && latest.term == term
@@ -44,6 +48,7 @@ impl LeaderBoard for InMemoryLockManager {
     }
 
     async fn latest(&self, name: &str) -> Result<Option<Proclamation>, LockAcquisitionError> {
+        check_board_name(name)?;
         Ok(self
             .inner
             .table

@@ -82,6 +82,50 @@ pub fn check_published_value(name: &str, value: &str) -> Result<(), LockAcquisit
     Ok(())
 }
 
+/// The most bytes an election name may have on a [`LeaderBoard`]: PostgreSQL's index of
+/// the board's names holds an entry of about 2.7 kB at most, so a longer name could be
+/// proclaimed on one board and not on another.
+pub const MAX_BOARD_NAME: usize = 2048;
+
+/// Checks an election name for a [`LeaderBoard`] call: at most [`MAX_BOARD_NAME`] bytes
+/// and no NUL (which PostgreSQL's `text` cannot hold), else a
+/// [`Configuration`](crate::AcquisitionErrorKind::Configuration) error naming the
+/// election. Every board refuses such a name alike, in
+/// [`proclaim`](LeaderBoard::proclaim), [`retire`](LeaderBoard::retire) and
+/// [`latest`](LeaderBoard::latest).
+///
+/// ```
+/// use locks_port::{AcquisitionErrorKind, MAX_BOARD_NAME, check_board_name};
+///
+/// assert!(check_board_name("api").is_ok());
+/// let nul = check_board_name("api\0v2").unwrap_err();
+/// assert_eq!(nul.kind(), AcquisitionErrorKind::Configuration);
+/// assert!(check_board_name(&"n".repeat(MAX_BOARD_NAME + 1)).is_err());
+/// ```
+///
+/// # Errors
+/// As said above.
+pub fn check_board_name(name: &str) -> Result<(), LockAcquisitionError> {
+    if name.len() > MAX_BOARD_NAME {
+        return Err(LockAcquisitionError::new(
+            name,
+            AcquisitionErrorKind::Configuration,
+            format!(
+                "an election name on a leader board has at most {MAX_BOARD_NAME} bytes, not {}",
+                name.len()
+            ),
+        ));
+    }
+    if name.contains('\0') {
+        return Err(LockAcquisitionError::new(
+            name,
+            AcquisitionErrorKind::Configuration,
+            "an election name on a leader board cannot contain a NUL character",
+        ));
+    }
+    Ok(())
+}
+
 /// Records each term of an election, across every process sharing the backend.
 ///
 /// The contract (the conformance case `leader_board_contract` checks it):
@@ -91,7 +135,9 @@ pub fn check_published_value(name: &str, value: &str) -> Result<(), LockAcquisit
 /// - [`retire`](LeaderBoard::retire) marks a term retired only while it is the latest;
 ///   retiring an older term changes nothing;
 /// - a value of more than [`MAX_PUBLISHED_VALUE`] bytes, or with a NUL, is a
-///   `Configuration` error ([`check_published_value`]).
+///   `Configuration` error ([`check_published_value`]);
+/// - so is a name of more than [`MAX_BOARD_NAME`] bytes, or with a NUL, in every call
+///   ([`check_board_name`]).
 ///
 /// ```
 /// use locks_port::{LeaderBoard, LockAcquisitionError};
@@ -180,6 +226,18 @@ mod tests {
         assert!(over.to_string().contains("api"), "{over}");
         assert!(over.to_string().contains("1025"), "{over}");
         let nul = check_published_value("api", "a\0b").expect_err("a NUL");
+        assert_eq!(nul.kind(), crate::AcquisitionErrorKind::Configuration);
+    }
+
+    #[test]
+    fn names_past_the_bound_or_with_a_nul_are_refused() {
+        let at_bound = "n".repeat(MAX_BOARD_NAME);
+        assert!(check_board_name(&at_bound).is_ok());
+        assert!(check_board_name("").is_ok());
+        let over = check_board_name(&format!("{at_bound}n")).expect_err("too long");
+        assert_eq!(over.kind(), crate::AcquisitionErrorKind::Configuration);
+        assert!(over.to_string().contains("2049"), "{over}");
+        let nul = check_board_name("a\0b").expect_err("a NUL");
         assert_eq!(nul.kind(), crate::AcquisitionErrorKind::Configuration);
     }
 }

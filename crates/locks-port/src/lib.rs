@@ -21,7 +21,10 @@ pub use key::{
     DEFAULT_MIGRATION_OPERATION, KeyDerivation, check_key, lock_id, lock_order_with,
     migration_lock_key, migration_lock_key_for,
 };
-pub use leader::{LeaderBoard, MAX_PUBLISHED_VALUE, Proclamation, check_published_value};
+pub use leader::{
+    LeaderBoard, MAX_BOARD_NAME, MAX_PUBLISHED_VALUE, Proclamation, check_board_name,
+    check_published_value,
+};
 pub use lock::{DistributedLock, LockGuard, LockRegistry, ReleaseOutcome};
 pub use many::{AcquireMany, LockGroup, owned_keys};
 pub use options::{AcquireOptions, InvalidTimeoutError, LockMode, WaitStrategy, deadline_after};

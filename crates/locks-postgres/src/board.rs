@@ -1,7 +1,10 @@
 //! The leader board on PostgreSQL: the latest term of each election in a small table,
 //! read and written through pooled connections, one statement each (ADR 0024).
 
-use locks_port::{AcquisitionErrorKind, LockAcquisitionError, Proclamation, check_published_value};
+use locks_port::{
+    AcquisitionErrorKind, LockAcquisitionError, Proclamation, check_board_name,
+    check_published_value,
+};
 use time::OffsetDateTime;
 use tokio_postgres::Row;
 
@@ -82,6 +85,7 @@ pub(crate) async fn proclaim(
     name: &str,
     value: &str,
 ) -> Result<Proclamation, LockAcquisitionError> {
+    check_board_name(name)?;
     check_published_value(name, value)?;
     let holder_id = inner.holder_id().and_then(|id| {
         published_holder_id(id)
@@ -124,6 +128,9 @@ async fn board_statement(
     query: &'static Query,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<Row, LockAcquisitionError> {
+    // A name `text` cannot hold, or one past what the index of names holds, fails alike
+    // on every board, before anything is asked of the server.
+    check_board_name(name)?;
     one_statement(inner, name, query, params, "for the board")
         .await?
         .map_err(|error| {
