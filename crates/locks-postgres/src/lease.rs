@@ -205,6 +205,18 @@ impl Lease {
                  the lease or shorten the keepalive, answer timeout{or_patience} or margin"
             )));
         }
+        // The server takes `tcp_user_timeout` in `int` milliseconds: a longer one could
+        // only be set cut short, and the server could then free the lock before the
+        // holder is told.
+        let most = Duration::from_millis(i32::MAX.unsigned_abs().into());
+        if user_timeout > most {
+            return Err(LeaseError::new(format!(
+                "the server frees a silent holder's lock after tcp_user_timeout, which must \
+                 outlast the holder being told ({told:?}) by the margin {margin:?}: \
+                 {user_timeout:?}, past the most the server takes ({most:?}, i32::MAX ms); \
+                 shorten the keepalive, answer timeout, stall patience or margin"
+            )));
+        }
         Ok(Self {
             duration,
             margin,
@@ -393,6 +405,22 @@ mod tests {
             text.contains("answer timeout, stall patience or margin"),
             "{text}"
         );
+    }
+
+    /// `tcp_user_timeout` takes at most `i32::MAX` ms (24.8 days): a lease whose server
+    /// timer is longer cannot be set on the server as derived (the set-up would cut it
+    /// there, so the server could free the lock before the holder is told), and is
+    /// refused; one whose timer fits is set exactly.
+    #[test]
+    fn a_user_timeout_past_what_the_server_takes_is_refused() {
+        const DAY: f64 = 86_400.0;
+        let error = derive(100 * 86_400, 30.0 * DAY, 5.0)
+            .expect_err("a 30-day keepalive needs a tcp_user_timeout past 24.8 days");
+        let text = error.to_string();
+        assert!(text.contains("tcp_user_timeout"), "{text}");
+        let fits = derive(100 * 86_400, 20.0 * DAY, 5.0).expect("20 days fit");
+        let set: u128 = fits.server.as_settings()[3].parse().expect("ms");
+        assert_eq!(set, fits.server_frees_after.as_millis());
     }
 
     #[test]
