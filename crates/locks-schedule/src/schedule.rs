@@ -104,9 +104,14 @@ impl fmt::Debug for Slot {
 /// `2026-12-05 5:57:40.0 +00:00:00`. Years beyond RFC 3339's four digits fall back to
 /// that form.
 pub(crate) fn rfc3339(t: OffsetDateTime) -> String {
-    t.to_offset(time::UtcOffset::UTC)
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_else(|_| t.to_string())
+    // `to_offset` panics when the date in UTC is beyond `time`'s range (the last hours of
+    // year 9999 west of UTC, the first of year -9999 east of it): those show as they are.
+    t.checked_to_offset(time::UtcOffset::UTC)
+        .and_then(|utc| {
+            utc.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| t.to_string())
 }
 
 impl fmt::Display for Slot {
@@ -289,7 +294,16 @@ impl Schedule {
     /// # Errors
     /// As [`slot_at`](Self::slot_at).
     pub fn previous(&self, slot: &Slot) -> Result<Slot, ScheduleError> {
-        self.slot_at(slot.start - time::Duration::microseconds(1))
+        let before = slot
+            .start
+            .checked_sub(time::Duration::microseconds(1))
+            .ok_or_else(|| {
+                ScheduleError::new(
+                    &self.text,
+                    format!("no slot before {}", rfc3339(slot.start)),
+                )
+            })?;
+        self.slot_at(before)
     }
 
     /// How many slots start after `after` and before `before` (both slot starts), counting
@@ -305,7 +319,9 @@ impl Schedule {
                 let mut count = 0;
                 let mut at = before;
                 while count < MAX_COUNTED_SLOTS {
-                    let Ok(slot) = self.slot_at(at - time::Duration::microseconds(1)) else {
+                    let Some(slot) = (at.checked_sub(time::Duration::microseconds(1)))
+                        .and_then(|before| self.slot_at(before).ok())
+                    else {
                         break;
                     };
                     if slot.start <= after {
@@ -460,6 +476,29 @@ mod tests {
         let _ = schedule.slot_at(OffsetDateTime::from_unix_timestamp(253_402_300_799).unwrap());
         let cron = Schedule::cron("0 0 30 2 *").unwrap();
         assert!(cron.slot_at(datetime!(2026-01-01 00:00 UTC)).is_err());
+    }
+
+    #[test]
+    fn the_slot_before_the_earliest_is_an_error_not_a_panic() {
+        let earliest = time::PrimitiveDateTime::MIN.assume_utc();
+        let fast: Schedule = "1ms".parse().unwrap();
+        let first = fast.slot_at(earliest).expect("the earliest slot");
+        assert_eq!(first.start(), earliest);
+        let error = fast.previous(&first).expect_err("no slot before the first");
+        assert_eq!(error.input(), "1ms");
+        let cron = Schedule::cron("* * * * *").unwrap();
+        assert_eq!(cron.slots_between(earliest, earliest), 0);
+    }
+
+    #[test]
+    fn times_off_utc_at_the_edges_are_errors_not_panics() {
+        let fast: Schedule = "1ms".parse().unwrap();
+        let west = time::PrimitiveDateTime::MAX.assume_offset(time::macros::offset!(-1));
+        let east = time::PrimitiveDateTime::MIN.assume_offset(time::macros::offset!(+1));
+        for t in [west, east] {
+            let error = fast.slot_at(t).expect_err("beyond the dates in UTC");
+            assert!(error.reason().starts_with("no slot at "), "{error}");
+        }
     }
 
     #[test]
