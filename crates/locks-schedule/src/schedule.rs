@@ -57,17 +57,25 @@ pub struct Slot {
 }
 
 impl Slot {
-    /// A slot from `start` up to (not including) `next`.
+    /// A slot from `start` up to (not including) `next`, both kept in UTC (the slot's
+    /// name is its start in UTC, whatever offset `start` has).
     ///
     /// # Errors
-    /// [`ScheduleError`] when `next` is not after `start`.
+    /// [`ScheduleError`] when `next` is not after `start`, or either is beyond the dates
+    /// `time` represents once in UTC.
     pub fn new(start: OffsetDateTime, next: OffsetDateTime) -> Result<Self, ScheduleError> {
+        let refuse = |reason: &str| {
+            ScheduleError::new(format!("{}..{}", rfc3339(start), rfc3339(next)), reason)
+        };
         if next <= start {
-            return Err(ScheduleError::new(
-                format!("{}..{}", rfc3339(start), rfc3339(next)),
-                "a slot must end after it starts",
-            ));
+            return Err(refuse("a slot must end after it starts"));
         }
+        let utc = |t: OffsetDateTime| t.checked_to_offset(time::UtcOffset::UTC);
+        let (Some(start), Some(next)) = (utc(start), utc(next)) else {
+            return Err(refuse(
+                "a slot must be within the dates time represents in UTC",
+            ));
+        };
         Ok(Self { start, next })
     }
 
@@ -499,6 +507,29 @@ mod tests {
             let error = fast.slot_at(t).expect_err("beyond the dates in UTC");
             assert!(error.reason().starts_with("no slot at "), "{error}");
         }
+    }
+
+    #[test]
+    fn a_slot_shows_its_start_in_utc_whatever_its_offset() {
+        let utc = Slot::new(
+            datetime!(2026-12-05 05:57:40 UTC),
+            datetime!(2026-12-05 05:57:41 UTC),
+        )
+        .unwrap();
+        let east = Slot::new(
+            datetime!(2026-12-05 07:57:40 +02:00),
+            datetime!(2026-12-05 07:57:41 +02:00),
+        )
+        .unwrap();
+        assert_eq!(east, utc, "the same instants");
+        assert_eq!(east.to_string(), "2026-12-05T05:57:40.000000Z");
+        assert_eq!(east.to_string(), utc.to_string(), "one lock key per slot");
+        let last = time::PrimitiveDateTime::MAX.assume_offset(time::macros::offset!(-1));
+        let beyond = Slot::new(last - time::Duration::hours(1), last).unwrap_err();
+        assert_eq!(
+            beyond.reason(),
+            "a slot must be within the dates time represents in UTC"
+        );
     }
 
     #[test]
