@@ -262,9 +262,19 @@ impl ScheduledJob {
     #[must_use]
     pub fn lock_key(&self, slot: Option<&Slot>) -> String {
         match slot {
-            Some(slot) => format!("schedule:{}@{slot}", self.name),
+            Some(slot) => self.slot_lock_key(slot.start()),
             None => format!("schedule:{}", self.name),
         }
+    }
+
+    /// The lock key of the slot starting at `start` under [`Overlap::Allow`]: the start
+    /// alone names it, whatever the schedule.
+    fn slot_lock_key(&self, start: OffsetDateTime) -> String {
+        format!(
+            "schedule:{}@{}",
+            self.name,
+            crate::schedule::slot_name(start)
+        )
     }
 
     /// One firing: takes the job's lock, settles the slot before the current one (a dead
@@ -377,9 +387,10 @@ impl ScheduledJob {
     /// Marks `abandoned` the job's rows before `previous` still `running` whose runners
     /// are gone: all of them when this firing holds the job's lock (`shared`: no other
     /// runner of the job runs anything), else (under [`Overlap::Allow`]) each one whose
-    /// slot's own lock is free, taken for the marking and released after. A slot whose
-    /// start is not one of this schedule's (the schedule changed since) has another
-    /// lock key, which proves nothing: it is left.
+    /// slot's own lock is free, taken for the marking and released after. A slot's lock
+    /// key is its start alone, so a row whose start is not one of this schedule's (the
+    /// schedule changed since) is settled the same way: its run, if still going, holds
+    /// that key.
     async fn abandon_earlier<L: DistributedLock, G: Ledger>(
         &self,
         locks: &L,
@@ -396,14 +407,8 @@ impl ScheduledJob {
         }
         let mut abandoned = Vec::new();
         for start in stale {
-            let Ok(slot) = self.schedule.slot_at(start) else {
-                continue;
-            };
-            if slot.start() != start {
-                continue;
-            }
             let Some(guard) = locks
-                .try_acquire(&self.lock_key(Some(&slot)))
+                .try_acquire(&self.slot_lock_key(start))
                 .await
                 .map_err(RunError::Lock)?
             else {

@@ -124,19 +124,27 @@ pub(crate) fn rfc3339(t: OffsetDateTime) -> String {
 
 impl fmt::Display for Slot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let start = self.start;
-        write!(
-            f,
-            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z",
-            start.year(),
-            u8::from(start.month()),
-            start.day(),
-            start.hour(),
-            start.minute(),
-            start.second(),
-            start.microsecond()
-        )
+        f.write_str(&slot_name(self.start))
     }
+}
+
+/// The name of the slot starting at `start`: its start in RFC 3339 to the microsecond,
+/// UTC (`2026-12-05T05:57:40.000000Z`), as [`Slot`] shows itself. The name depends on
+/// the start alone, so a slot's lock key is the same under any schedule.
+pub(crate) fn slot_name(start: OffsetDateTime) -> String {
+    let start = start
+        .checked_to_offset(time::UtcOffset::UTC)
+        .unwrap_or(start);
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z",
+        start.year(),
+        u8::from(start.month()),
+        start.day(),
+        start.hour(),
+        start.minute(),
+        start.second(),
+        start.microsecond()
+    )
 }
 
 /// A schedule that could not be parsed or evaluated; names the input.

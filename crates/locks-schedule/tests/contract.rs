@@ -340,3 +340,77 @@ impl Ledger for Intercepted<'_> {
         self.ledger.prune(before).await
     }
 }
+
+/// Under `Overlap::Allow` a run holds its slot's own lock, `schedule:{name}@{start}`,
+/// whose key is the slot's start alone. A run that died under an earlier schedule (a
+/// deploy that changed the schedule and killed the runner) left a `running` row at a
+/// start the new schedule does not have; its key is the same, so a later firing can take
+/// it and mark the row abandoned, as it does for a start of the current schedule.
+#[tokio::test]
+async fn under_allow_a_dead_run_of_an_earlier_schedule_is_abandoned() {
+    let table = InMemoryLockTable::new();
+    let (host_0, host_1) = (
+        table.manager_with_holder_id("host-0"),
+        table.manager_with_holder_id("host-1"),
+    );
+    let clock = ManualClock::new(datetime!(2026-12-04 06:01:10 UTC));
+    let ledger = MemoryLedger::new(clock.clone());
+    let every_minute: Schedule = "every 1m".parse().expect("a schedule");
+    let old = ScheduledJob::new("changed", every_minute)
+        .overlap(locks_schedule::Overlap::Allow)
+        .holder("old");
+    // The old runner claims 06:01:00 and dies mid-job (its firing is dropped).
+    let (started, started_rx) = tokio::sync::oneshot::channel::<()>();
+    let started = Mutex::new(Some(started));
+    let firing = async {
+        old.run_once_per_slot(&host_0, &ledger, |_: JobContext| {
+            if let Some(started) = started.lock().expect("started").take() {
+                let _ = started.send(());
+            }
+            std::future::pending::<Result<(), String>>()
+        })
+        .await
+    };
+    tokio::select! {
+        report = firing => panic!("the job never returns: {report:?}"),
+        _ = started_rx => {}
+    }
+    let dead = datetime!(2026-12-04 06:01:00 UTC);
+    let rows = ledger.runs(Some("changed"), 10).await.expect("rows");
+    assert_eq!((rows[0].slot, rows[0].outcome), (dead, Outcome::Running));
+    // The new schedule's slots start at :30; the dead run's start is none of them.
+    let new = ScheduledJob::new("changed", "every 1m at :00:30".parse().expect("a schedule"))
+        .overlap(locks_schedule::Overlap::Allow)
+        .holder("new");
+    clock.set(datetime!(2026-12-04 06:05:40 UTC));
+    let dead_key = new.lock_key(Some(
+        &locks_schedule::Slot::new(dead, datetime!(2026-12-04 06:02:00 UTC)).expect("a slot"),
+    ));
+    assert_eq!(dead_key, "schedule:changed@2026-12-04T06:01:00.000000Z");
+    // Its slot's lock held stands for its run still going: the row is left.
+    let held = locks_port::DistributedLock::try_acquire(&host_0, &dead_key)
+        .await
+        .expect("the lock manager")
+        .expect("the dead run's lock is free");
+    let report = new
+        .run_once_per_slot(&host_1, &ledger, |_: JobContext| async {
+            Ok::<(), String>(())
+        })
+        .await
+        .expect("a firing");
+    assert!(report.abandoned_earlier.is_empty(), "{report:?}");
+    locks_port::LockGuard::release(held).await;
+    let report = new
+        .run_once_per_slot(&host_1, &ledger, |_: JobContext| async {
+            Ok::<(), String>(())
+        })
+        .await
+        .expect("a firing");
+    assert_eq!(report.abandoned_earlier, [dead], "{report:?}");
+    let rows = ledger.runs(Some("changed"), 10).await.expect("rows");
+    let row = rows
+        .iter()
+        .find(|row| row.slot == dead)
+        .expect("the dead row");
+    assert_eq!(row.outcome, Outcome::Abandoned, "{row:?}");
+}
