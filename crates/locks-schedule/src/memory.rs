@@ -140,7 +140,7 @@ impl<C: Clock> Ledger for MemoryLedger<C> {
                 }
             }
             Decision::Retry { attempt, previous } => {
-                let record = RunRecord::new(
+                let mut record = RunRecord::new(
                     claim.name,
                     claim.slot.start(),
                     claim.holder,
@@ -148,6 +148,10 @@ impl<C: Clock> Ledger for MemoryLedger<C> {
                     now,
                     Outcome::Running,
                 );
+                // The detail the PostgreSQL ledger writes: the row's outcome before.
+                record.detail = row
+                    .as_ref()
+                    .map(|row| format!("previous attempt: {}", row.outcome));
                 rows.insert(key, record);
                 ClaimAnswer::Claimed {
                     attempt,

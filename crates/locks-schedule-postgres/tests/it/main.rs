@@ -1,5 +1,6 @@
 //! Integration tests of the PostgreSQL ledger, on a real server.
 
+mod agree;
 mod contract;
 mod crash;
 mod errors;
