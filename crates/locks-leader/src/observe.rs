@@ -144,6 +144,9 @@ pub struct LeaderWatch<'a, S, B> {
     attributes: &'a [KeyValue],
     interval: Duration,
     seen: Option<Option<Leader>>,
+    /// Whether a read was made (or begun), whatever its answer: every read after the
+    /// first waits the interval, a failed first read's next one too.
+    read_once: bool,
     /// How long the last read took.
     last_read: Duration,
 }
@@ -164,6 +167,7 @@ impl<'a, S: Semaphore, B: LeaderBoard> LeaderWatch<'a, S, B> {
             attributes,
             interval: DEFAULT_WATCH_INTERVAL,
             seen: None,
+            read_once: false,
             last_read: Duration::ZERO,
         }
     }
@@ -184,8 +188,9 @@ impl<'a, S: Semaphore, B: LeaderBoard> LeaderWatch<'a, S, B> {
     /// (another term, another value, or nobody). Reads every interval until then.
     ///
     /// # Errors
-    /// A read's backend failure. The watch stays usable: the next call reads again,
-    /// so a change during the failure is reported then (never lost, though a leader
+    /// A read's backend failure. The watch stays usable: the next call reads again
+    /// after the interval (a failed first read too, so a caller that calls again at once
+    /// does not read back to back), so a change during the failure is reported then (never lost, though a leader
     /// that came and went meanwhile is not seen).
     ///
     /// # Cancel safety
@@ -193,9 +198,10 @@ impl<'a, S: Semaphore, B: LeaderBoard> LeaderWatch<'a, S, B> {
     /// leader it reported.
     pub async fn changed(&mut self) -> Result<Option<Leader>, LockAcquisitionError> {
         loop {
-            if self.seen.is_some() {
+            if self.read_once {
                 tokio::time::sleep(pause(self.interval, self.last_read)).await;
             }
+            self.read_once = true;
             let started = tokio::time::Instant::now();
             let read = who_leads(self.semaphores, self.board, self.name).await;
             self.last_read = started.elapsed();

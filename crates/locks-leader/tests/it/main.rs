@@ -380,3 +380,73 @@ async fn a_winner_about_to_proclaim_is_not_named_with_a_dropped_leaders_term() {
         .expect("a term");
     assert_eq!((latest.term, latest.holder_id.as_deref()), (2, Some("b")));
 }
+
+/// A board that cannot be read and notes when each read came (tokio's clock).
+#[derive(Default, Clone)]
+struct CountingUnreadable {
+    reads: Arc<Mutex<Vec<tokio::time::Instant>>>,
+}
+
+impl LeaderBoard for CountingUnreadable {
+    async fn proclaim(
+        &self,
+        name: &str,
+        _: &str,
+    ) -> Result<locks_port::Proclamation, locks_port::LockAcquisitionError> {
+        Err(Unreadable::error(name))
+    }
+
+    async fn retire(&self, name: &str, _: u64) -> Result<(), locks_port::LockAcquisitionError> {
+        Err(Unreadable::error(name))
+    }
+
+    async fn latest(
+        &self,
+        name: &str,
+    ) -> Result<Option<locks_port::Proclamation>, locks_port::LockAcquisitionError> {
+        let mut reads = self.reads.lock().unwrap_or_else(PoisonError::into_inner);
+        reads.push(tokio::time::Instant::now());
+        Err(Unreadable::error(name))
+    }
+}
+
+/// A watch whose reads fail from its first call on still reads once per interval: a
+/// caller that logs the error and calls again does not read back to back (a busy loop on
+/// a server that is down when the watch starts). Tokio's clock is paused, so the gap
+/// between reads is the watch's sleeps alone.
+#[tokio::test(start_paused = true)]
+async fn a_watch_failing_from_its_first_read_still_reads_once_per_interval() {
+    let table = InMemoryLockTable::new();
+    let (leader, observer) = (
+        table.manager_with_holder_id("leader"),
+        table.manager_with_holder_id("observer"),
+    );
+    let _leading = leader
+        .acquire_permit(
+            &locks_leader::leading_name("api"),
+            1,
+            locks_port::AcquireOptions::new(),
+        )
+        .await
+        .expect("the leading permit");
+    let board = CountingUnreadable::default();
+    let election = LeaderElection::new(&observer, "api").board(board.clone());
+    let interval = Duration::from_secs(1);
+    let mut watch = election.watch().interval(interval);
+    for _ in 0..3 {
+        let error = watch.changed().await.expect_err("the board cannot be read");
+        assert!(error.is_read(), "{error}");
+    }
+    assert_eq!(watch.last(), None, "nothing reported");
+    let reads = board
+        .reads
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    let gaps: Vec<Duration> = reads.windows(2).map(|pair| pair[1] - pair[0]).collect();
+    assert_eq!(gaps.len(), 2, "{reads:?}");
+    assert!(
+        gaps.iter().all(|gap| *gap >= interval),
+        "reads {gaps:?} apart, the interval is {interval:?}"
+    );
+}
