@@ -9,7 +9,8 @@ pub enum Overlap {
     /// Give up at once: the firing reports [`Verdict::Busy`](crate::Verdict::Busy). The
     /// default.
     Skip,
-    /// Wait up to this long for the lock, then claim the slot the ledger's clock is in.
+    /// Wait up to this long for the lock, then claim the slot the ledger's clock is in
+    /// (read again once the lock is taken), settling the slot before that one.
     Wait(Duration),
     /// Run beside it: each slot has a lock of its own, so only runs of the same slot
     /// exclude each other.

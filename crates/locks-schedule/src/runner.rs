@@ -317,7 +317,7 @@ impl ScheduledJob {
     {
         let now = ledger.now().await?;
         let mut current = self.schedule.slot_at(now)?;
-        let previous = self.schedule.previous(&current)?;
+        let mut previous = self.schedule.previous(&current)?;
         let shared = match self.overlap {
             Overlap::Allow => None,
             _ => match self.lock(locks, &self.lock_key(None)).await? {
@@ -333,6 +333,13 @@ impl ScheduledJob {
                 }
             },
         };
+        if let Overlap::Wait(_) = self.overlap {
+            // The wait for the lock may have crossed slot boundaries: the slot to claim
+            // is the one the ledger's clock is in now, and the slot before it is the one
+            // the crash and missed-slot policies settle.
+            current = self.schedule.slot_at(ledger.now().await?)?;
+            previous = self.schedule.previous(&current)?;
+        }
         // The claims below settle this slot and the one before; the rows before those
         // still `running` are settled here.
         let abandoned_earlier = self

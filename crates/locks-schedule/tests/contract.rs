@@ -414,3 +414,60 @@ async fn under_allow_a_dead_run_of_an_earlier_schedule_is_abandoned() {
         .expect("the dead row");
     assert_eq!(row.outcome, Outcome::Abandoned, "{row:?}");
 }
+
+/// Under `Overlap::Wait` a firing may wait past slot boundaries for the job's lock; it
+/// then claims the slot the ledger's clock is in, and the slot before that one is the one
+/// the missed-slot policy settles. Here a firing begins in S1 (S0 ran), waits into S2:
+/// S1 had no run, so under `MissedSlots::RunLatest` it is the latest missed slot and runs
+/// once, before S2. Reading "the slot before" from the clock before the wait settled S0
+/// (done already) and left S1 with no row at all: neither run nor recorded as missed,
+/// and no later firing looks at it (its previous slot is S2, which ran).
+#[tokio::test]
+async fn a_firing_that_waited_past_a_boundary_settles_the_slot_before_the_one_it_claims() {
+    let table = InMemoryLockTable::new();
+    let (host_0, host_1) = (
+        table.manager_with_holder_id("host-0"),
+        table.manager_with_holder_id("host-1"),
+    );
+    let s0 = datetime!(2026-12-04 06:00:00 UTC);
+    let (s1, s2) = (
+        datetime!(2026-12-04 06:01:00 UTC),
+        datetime!(2026-12-04 06:02:00 UTC),
+    );
+    let clock = ManualClock::new(s0 + time::Duration::seconds(1));
+    let ledger = MemoryLedger::new(clock.clone());
+    let job = ScheduledJob::new("waits", "every 1m".parse().expect("a schedule"))
+        .overlap(locks_schedule::Overlap::Wait(Duration::from_secs(3600)))
+        .missed(locks_schedule::MissedSlots::RunLatest);
+    let ran = Mutex::new(Vec::new());
+    let run = |context: JobContext| {
+        ran.lock().expect("ran").push(context.slot.start());
+        async { Ok::<(), String>(()) }
+    };
+    let first = job.run_once_per_slot(&host_0, &ledger, run).await;
+    assert!(first.expect("a firing").verdict.ran());
+    // Something holds the job's lock (a long run of another host's) from S1 into S2.
+    let held = locks_port::DistributedLock::try_acquire(&host_0, &job.lock_key(None))
+        .await
+        .expect("the lock manager")
+        .expect("the job's lock is free");
+    clock.set(s1 + time::Duration::seconds(1));
+    let firing = job.run_once_per_slot(&host_1, &ledger, run);
+    let mut firing = std::pin::pin!(firing);
+    tokio::select! {
+        biased;
+        report = &mut firing => panic!("the lock is held: {report:?}"),
+        () = std::future::ready(()) => {}
+    }
+    clock.set(s2 + time::Duration::seconds(30));
+    locks_port::LockGuard::release(held).await;
+    let report = firing.await.expect("a firing");
+    assert_eq!(report.slot.start(), s2, "{report:?}");
+    assert!(report.verdict.ran(), "{report:?}");
+    let Some((previous, verdict)) = report.previous.clone() else {
+        panic!("S1 was not settled: {report:?}");
+    };
+    assert_eq!(previous.start(), s1, "{report:?}");
+    assert!(verdict.ran(), "{report:?}");
+    assert_eq!(*ran.lock().expect("ran"), [s0, s1, s2]);
+}
