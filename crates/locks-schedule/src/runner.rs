@@ -358,10 +358,14 @@ impl ScheduledJob {
                 &mut run,
             )
             .await?;
-        let previous = match previous_verdict {
+        let mut previous = match previous_verdict {
             Settle::Verdict(verdict) => verdict.map(|verdict| (previous, verdict)),
             Settle::NotDue(_) => None,
         };
+        // The slot this firing is for: if the clock leaves it before it is claimed (a
+        // catch-up or a re-run of the slot before outlasted it, or a claim raced the
+        // boundary), it becomes the slot before the one claimed, and is settled as such.
+        let mut fired_in = Some(current);
         for _ in 0..MAX_CLAIMS {
             let settled = self
                 .settle_locked(
@@ -374,7 +378,28 @@ impl ScheduledJob {
                 )
                 .await?;
             match settled {
-                Settle::NotDue(now) => current = self.schedule.slot_at(now)?,
+                Settle::NotDue(now) => {
+                    let next = self.schedule.slot_at(now)?;
+                    if let Some(left) = fired_in.take()
+                        && next.start() > left.start()
+                        && self.schedule.previous(&next)? == left
+                    {
+                        let settled = self
+                            .settle_locked(
+                                locks,
+                                ledger,
+                                shared.as_ref(),
+                                left,
+                                SlotKind::Previous,
+                                &mut run,
+                            )
+                            .await?;
+                        if let Settle::Verdict(Some(verdict)) = settled {
+                            previous = Some((left, verdict));
+                        }
+                    }
+                    current = next;
+                }
                 Settle::Verdict(verdict) => {
                     if let Some(guard) = shared {
                         guard.release().await;

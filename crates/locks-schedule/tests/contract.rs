@@ -471,3 +471,45 @@ async fn a_firing_that_waited_past_a_boundary_settles_the_slot_before_the_one_it
     assert!(verdict.ran(), "{report:?}");
     assert_eq!(*ran.lock().expect("ran"), [s0, s1, s2]);
 }
+
+/// A catch-up run (the latest missed slot, `MissedSlots::RunLatest`) that lasts past the
+/// end of the slot the firing is in: the firing then claims the slot the clock has moved
+/// to, and the slot it was fired in, now the one before, is settled too (here: it is
+/// the latest missed slot, so it runs). Before, that slot was left with no row: no later
+/// firing looks at it (their slot before is the one this firing ran).
+#[tokio::test]
+async fn a_catch_up_that_outlasts_its_slot_leaves_no_slot_unsettled() {
+    let table = InMemoryLockTable::new();
+    let host = table.manager_with_holder_id("host-0");
+    let at = |minute: i64| datetime!(2026-12-04 06:00:00 UTC) + time::Duration::minutes(minute);
+    let clock = ManualClock::new(at(0) + time::Duration::seconds(1));
+    let ledger = MemoryLedger::new(clock.clone());
+    let job = ScheduledJob::new("slow-catch-up", "every 1m".parse().expect("a schedule"))
+        .missed(locks_schedule::MissedSlots::RunLatest);
+    let ran = Mutex::new(Vec::new());
+    let run = |context: JobContext| {
+        ran.lock().expect("ran").push(context.slot.start());
+        // The catch-up of minute 1 lasts into minute 3.
+        if context.catch_up && context.slot.start() == at(1) {
+            clock.set(at(3) + time::Duration::seconds(10));
+        }
+        async { Ok::<(), String>(()) }
+    };
+    job.run_once_per_slot(&host, &ledger, run)
+        .await
+        .expect("a firing");
+    // Nobody fires in minute 1; a firing in minute 2 catches minute 1 up.
+    clock.set(at(2) + time::Duration::seconds(1));
+    let report = job
+        .run_once_per_slot(&host, &ledger, run)
+        .await
+        .expect("a firing");
+    assert_eq!(report.slot.start(), at(3), "{report:?}");
+    let rows = ledger.runs(Some("slow-catch-up"), 10).await.expect("rows");
+    let slots: Vec<_> = rows.iter().map(|row| (row.slot, row.outcome)).collect();
+    assert!(
+        slots.iter().any(|(slot, _)| *slot == at(2)),
+        "minute 2, fired in, has no row: {slots:?}"
+    );
+    assert_eq!(*ran.lock().expect("ran"), [at(0), at(1), at(2), at(3)]);
+}
