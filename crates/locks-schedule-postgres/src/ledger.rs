@@ -59,7 +59,7 @@ const FINISH: &str = "UPDATE scheduled_job_runs \
      WHERE name = $1 AND slot = $2 AND attempt = $3 AND holder = $4 AND outcome = 'running'";
 const RUNS: &str = "SELECT name, slot, holder, attempt, started, finished, outcome, detail \
      FROM scheduled_job_runs WHERE $1::text IS NULL OR name = $1 \
-     ORDER BY slot DESC, name LIMIT $2";
+     ORDER BY slot DESC, name COLLATE \"C\" LIMIT $2";
 const PRUNE: &str = "DELETE FROM scheduled_job_runs r WHERE slot < $1 \
      AND slot < (SELECT max(slot) FROM scheduled_job_runs l WHERE l.name = r.name)";
 

@@ -215,7 +215,7 @@ pub trait Ledger: Send + Sync {
     ) -> impl Future<Output = Result<Vec<OffsetDateTime>, LedgerError>> + Send;
 
     /// The latest `limit` rows of the job `name` (every job's when `None`), newest slot
-    /// first.
+    /// first, rows of one slot by job name in byte order (whatever a database collates).
     ///
     /// # Errors
     /// [`LedgerError`] from the backend.

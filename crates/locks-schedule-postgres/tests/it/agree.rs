@@ -1,5 +1,6 @@
 //! The PostgreSQL ledger and the in-memory one write the same rows for the same claims.
 
+use std::future::Future;
 use std::num::NonZeroU32;
 
 use locks_schedule::{
@@ -7,7 +8,9 @@ use locks_schedule::{
     RunRecord, Schedule, SlotKind, SystemClock,
 };
 
-use crate::support::{ledger, rows_kept, unique};
+use locks_schedule_postgres::{PostgresLedger, install_ledger};
+
+use crate::support::{database_url, ledger, pool_on, rows_kept, unique};
 
 /// What a row says apart from its times (each ledger's clock writes those).
 fn shown(row: &RunRecord) -> (String, u32, Outcome, Option<String>, bool) {
@@ -20,9 +23,10 @@ fn shown(row: &RunRecord) -> (String, u32, Outcome, Option<String>, bool) {
     )
 }
 
-/// Claims the day's slot of `name` on `ledger`, under at-least-once (3 attempts).
+/// Claims the current slot of `name` on `ledger`, under at-least-once (3 attempts).
 async fn claim(ledger: &impl Ledger, name: &str, holder: &str) -> ClaimAnswer {
-    let schedule: Schedule = "every 1d".parse().expect("a schedule");
+    // The longest period: both ledgers' claims fall in one slot but once a year.
+    let schedule: Schedule = "every 366d".parse().expect("a schedule");
     let now = ledger.now().await.expect("the ledger's clock");
     let claim = Claim {
         name,
@@ -83,4 +87,64 @@ async fn a_retried_slot_s_row_is_the_same_on_both_ledgers() {
     let postgres = retried_rows(&ledger().await, &unique("agree-retry")).await;
     let memory = retried_rows(&MemoryLedger::new(SystemClock), "agree-retry").await;
     assert_eq!(postgres, memory);
+}
+
+/// `runs` lists a slot's rows by job name in the same order on both ledgers, whatever
+/// the database's collation: here one whose default collation is ICU's `en-US` (where
+/// `a` sorts before `B`; most production databases sort by a language's rules), while
+/// the memory ledger sorts names by their bytes (`B` before `a`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_lists_names_in_the_same_order_on_both_ledgers_whatever_the_collation() {
+    let admin = throwaway_pg::testing::connect(&database_url()).await;
+    let database = unique("agree_collation");
+    admin
+        .batch_execute(&format!(
+            "CREATE DATABASE {database} TEMPLATE template0 \
+             LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C'"
+        ))
+        .await
+        .expect("a database collating by ICU's en-US");
+    let base = database_url();
+    let (before, query) = base
+        .split_once('?')
+        .map_or((base.as_str(), ""), |(b, q)| (b, q));
+    let (server, _) = before.rsplit_once('/').expect("a database in the URL");
+    let url = if query.is_empty() {
+        format!("{server}/{database}")
+    } else {
+        format!("{server}/{database}?{query}")
+    };
+    let client = throwaway_pg::testing::connect(&url).await;
+    install_ledger(&client).await.expect("install the ledger");
+    let postgres = PostgresLedger::new(pool_on(&url, 2));
+    let memory = MemoryLedger::new(SystemClock);
+    let mut listed = Vec::new();
+    for ledger in [&postgres as &dyn NamesRuns, &memory] {
+        listed.push(ledger.claim_and_list().await);
+    }
+    drop(client);
+    drop(postgres);
+    let _ = admin
+        .batch_execute(&format!("DROP DATABASE {database} WITH (FORCE)"))
+        .await;
+    assert_eq!(listed[0], listed[1], "PostgreSQL, then memory");
+}
+
+/// Claims the current slot of the jobs `B` and `a`, then lists the names `runs` gives.
+trait NamesRuns: Sync {
+    fn claim_and_list(&self) -> std::pin::Pin<Box<dyn Future<Output = Vec<String>> + Send + '_>>;
+}
+
+impl<L: Ledger> NamesRuns for L {
+    fn claim_and_list(&self) -> std::pin::Pin<Box<dyn Future<Output = Vec<String>> + Send + '_>> {
+        Box::pin(async move {
+            for name in ["B", "a"] {
+                let ClaimAnswer::Claimed { .. } = claim(self, name, "h").await else {
+                    panic!("{name}'s first claim runs");
+                };
+            }
+            let runs = self.runs(None, 10).await.expect("rows");
+            runs.into_iter().map(|row| row.name).collect()
+        })
+    }
 }
