@@ -238,6 +238,14 @@ impl Call<'_> {
         let (mut session, mut granted) = self.enter(session).await?;
         if granted.is_none() && wait {
             granted = self.wait_for_permit(&mut session).await?;
+            // The server's wait is capped at about 24.8 days (`lock_timeout_ms`): past
+            // it, time is left before a longer deadline, and the wait goes on, as a
+            // lock's does (`acquire::wait_in_queue`). After an uncapped wait none is left.
+            while granted.is_none()
+                && (self.deadline).is_some_and(|deadline| deadline.lock_timeout_ms().is_some())
+            {
+                granted = self.wait_for_permit(&mut session).await?;
+            }
         }
         match granted {
             Some(slot) => Ok(Some((session, slot))),
