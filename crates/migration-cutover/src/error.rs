@@ -236,7 +236,10 @@ pub enum MigrationError {
         target: StoreId,
     },
     /// The tenant has a migration under way already: finish or abort it first.
-    #[error("tenant {tenant_id} has a migration under way already ({migration_id:?})")]
+    #[error(
+        "tenant {tenant_id} has a migration under way already{}: finish or abort it first",
+        migration_id.map_or(String::new(), |id| format!(" ({id})"))
+    )]
     TenantBusy {
         /// The tenant.
         tenant_id: Uuid,
@@ -365,6 +368,27 @@ mod tests {
             MigrationError::LockManagerRequired
                 .to_string()
                 .contains("lock manager is required for cutover")
+        );
+        let (tenant_id, id) = (Uuid::nil(), Uuid::from_u128(7));
+        let busy = MigrationError::TenantBusy {
+            tenant_id,
+            migration_id: Some(id),
+        };
+        assert_eq!(
+            busy.to_string(),
+            format!(
+                "tenant {tenant_id} has a migration under way already ({id}): finish or abort \
+                 it first"
+            )
+        );
+        let unnamed = MigrationError::TenantBusy {
+            tenant_id,
+            migration_id: None,
+        };
+        assert!(
+            unnamed
+                .to_string()
+                .ends_with("under way already: finish or abort it first")
         );
     }
 }
