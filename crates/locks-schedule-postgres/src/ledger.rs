@@ -90,7 +90,10 @@ pub async fn install_ledger(client: &tokio_postgres::Client) -> Result<(), tokio
 /// `clock_timestamp()` as the clock that names slots. Each claim is one transaction (row
 /// locked `FOR UPDATE`, the decision of [`Claim::decide`] written, committed), so no
 /// claim is ever half written; the table's key `(name, slot)` refuses a second row for a
-/// slot even if the caller's lock did not exclude.
+/// slot even if the caller's lock did not exclude. A job name with a NUL (which `text`
+/// cannot hold) or of more than [`MAX_JOB_NAME`](locks_schedule::MAX_JOB_NAME) bytes
+/// (past what the key's index holds) is refused before the server is asked, as on every
+/// ledger.
 #[derive(Debug, Clone)]
 pub struct PostgresLedger {
     pool: Pool,
@@ -274,6 +277,9 @@ impl Ledger for PostgresLedger {
     }
 
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimAnswer, LedgerError> {
+        // A name `text` or the key's index cannot hold fails as on every ledger, before
+        // anything is asked of the server (likewise in each method that takes a name).
+        LedgerError::check_name(claim.name)?;
         self.bounded("claiming a slot", self.claim_in_transaction(claim))
             .await
     }
@@ -285,6 +291,7 @@ impl Ledger for PostgresLedger {
         detail: Option<&str>,
     ) -> Result<bool, LedgerError> {
         const WHAT: &str = "recording a run's outcome";
+        LedgerError::check_name(attempt.name)?;
         self.bounded(WHAT, async {
             let client = self.client(WHAT).await?;
             let number = i32::try_from(attempt.attempt).unwrap_or(i32::MAX);
@@ -313,6 +320,7 @@ impl Ledger for PostgresLedger {
         before: OffsetDateTime,
     ) -> Result<Vec<OffsetDateTime>, LedgerError> {
         const WHAT: &str = "reading earlier runs still running";
+        LedgerError::check_name(name)?;
         self.slots(WHAT, RUNNING_BEFORE, &[&name, &before]).await
     }
 
@@ -322,11 +330,13 @@ impl Ledger for PostgresLedger {
         slots: &[OffsetDateTime],
     ) -> Result<Vec<OffsetDateTime>, LedgerError> {
         const WHAT: &str = "abandoning earlier runs of dead runners";
+        LedgerError::check_name(name)?;
         self.slots(WHAT, ABANDON_STALE, &[&name, &slots]).await
     }
 
     async fn runs(&self, name: Option<&str>, limit: u32) -> Result<Vec<RunRecord>, LedgerError> {
         const WHAT: &str = "reading runs";
+        name.map_or(Ok(()), LedgerError::check_name)?;
         self.bounded(WHAT, async {
             let client = self.client(WHAT).await?;
             let driver = |error| errors::driver(WHAT, error);

@@ -62,7 +62,8 @@ impl ScheduledJob {
     /// # Errors
     /// Only what no later firing can fix: the schedule has no slot at the ledger's time
     /// ([`RunError::Schedule`]), the lock manager refuses the job's key or configuration
-    /// ([`RunError::Lock`] of kind `InvalidKey` or `Configuration`), or the period is
+    /// ([`RunError::Lock`] of kind `InvalidKey` or `Configuration`; so does a job name
+    /// with a NUL or past [`MAX_JOB_NAME`](crate::MAX_JOB_NAME) bytes), or the period is
     /// shorter than a round trip to the ledger ([`RunError::ClockRacing`]). Any other
     /// failed firing (an unreachable server, a missing ledger table) is logged as a
     /// `tracing` warning with the error, and the loop fires again at the next boundary;

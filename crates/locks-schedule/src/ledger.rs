@@ -8,12 +8,63 @@
 use std::fmt;
 use std::future::Future;
 
+use locks_port::{AcquisitionErrorKind, LockAcquisitionError};
 use time::OffsetDateTime;
 
 use crate::claim::Claim;
 // The ledger's answers and records name outcomes; the type lives a floor down, beside
 // the claim that decides on them.
 pub use crate::outcome::Outcome;
+
+/// The most bytes a job name may have: a ledger's rows are keyed by the name and the
+/// slot, and PostgreSQL's index of that key holds an entry of about 2.7 kB at most, so a
+/// longer name could run on one ledger and not on another. The bound is the leader
+/// board's ([`locks_port::MAX_BOARD_NAME`]), for the same reason.
+pub const MAX_JOB_NAME: usize = locks_port::MAX_BOARD_NAME;
+
+/// Checks a job name: at most [`MAX_JOB_NAME`] bytes and no NUL (which PostgreSQL's
+/// `text` cannot hold), else a
+/// [`Configuration`](locks_port::AcquisitionErrorKind::Configuration) error keyed by the
+/// name that says which. A firing
+/// ([`ScheduledJob::run_once_per_slot`](crate::ScheduledJob::run_once_per_slot)) checks
+/// its job's name before it asks the ledger or the locks anything, and every ledger
+/// refuses such a name in each method that takes one ([`LedgerError::check_name`]), so
+/// the memory and PostgreSQL ledgers refuse the same names.
+///
+/// ```
+/// use locks_schedule::{MAX_JOB_NAME, check_job_name};
+/// use locks_schedule::locks_port::AcquisitionErrorKind;
+///
+/// assert!(check_job_name("nightly-report").is_ok());
+/// let nul = check_job_name("nightly\0report").unwrap_err();
+/// assert_eq!(nul.kind(), AcquisitionErrorKind::Configuration);
+/// let long = check_job_name(&"n".repeat(MAX_JOB_NAME + 1)).unwrap_err();
+/// assert!(long.reason().contains("at most 2048 bytes"), "{long}");
+/// ```
+///
+/// # Errors
+/// As said above.
+pub fn check_job_name(name: &str) -> Result<(), LockAcquisitionError> {
+    if name.len() > MAX_JOB_NAME {
+        return Err(LockAcquisitionError::new(
+            name,
+            AcquisitionErrorKind::Configuration,
+            format!(
+                "a scheduled job's name has at most {MAX_JOB_NAME} bytes (what a ledger's \
+                 index of names holds), not {}",
+                name.len()
+            ),
+        ));
+    }
+    if name.contains('\0') {
+        return Err(LockAcquisitionError::new(
+            name,
+            AcquisitionErrorKind::Configuration,
+            "a scheduled job's name cannot contain a NUL character",
+        ));
+    }
+    Ok(())
+}
 
 /// What a ledger answered a claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,6 +197,17 @@ impl LedgerError {
         }
     }
 
+    /// Checks a job name a ledger was asked about with [`check_job_name`], as a ledger
+    /// error whose message is the check's reason (naming [`MAX_JOB_NAME`] or the NUL).
+    /// Every ledger calls it first in each method that takes a job name, before it asks
+    /// its backend, so every ledger refuses the same names alike.
+    ///
+    /// # Errors
+    /// As said above.
+    pub fn check_name(name: &str) -> Result<(), Self> {
+        check_job_name(name).map_err(|refused| Self::new(refused.reason(), None))
+    }
+
     /// What failed, in the backend's words.
     #[must_use]
     pub fn message(&self) -> &str {
@@ -156,6 +218,11 @@ impl LedgerError {
 /// A durable record of slots and the clock that names them: the port the runner uses,
 /// implemented on PostgreSQL by `locks-schedule-postgres` and in memory by
 /// [`MemoryLedger`](crate::MemoryLedger).
+///
+/// Every method that takes a job name (a claim's, an attempt's, `name`) refuses one of
+/// more than [`MAX_JOB_NAME`] bytes or with a NUL with a [`LedgerError`] naming the
+/// bound, before it asks the backend ([`LedgerError::check_name`]); `runs(None, _)`
+/// names no job.
 pub trait Ledger: Send + Sync {
     /// The ledger's clock now (the database's `clock_timestamp()`).
     ///

@@ -107,6 +107,7 @@ impl<C: Clock> Ledger for MemoryLedger<C> {
     }
 
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimAnswer, LedgerError> {
+        LedgerError::check_name(claim.name)?;
         let mut rows = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
         let now = self.clock.now();
         let key = (claim.name.to_owned(), claim.slot.start());
@@ -187,6 +188,7 @@ impl<C: Clock> Ledger for MemoryLedger<C> {
         outcome: Outcome,
         detail: Option<&str>,
     ) -> Result<bool, LedgerError> {
+        LedgerError::check_name(attempt.name)?;
         let mut rows = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
         let now = self.clock.now();
         match rows.get_mut(&(attempt.name.to_owned(), attempt.slot)) {
@@ -209,6 +211,7 @@ impl<C: Clock> Ledger for MemoryLedger<C> {
         name: &str,
         before: OffsetDateTime,
     ) -> Result<Vec<OffsetDateTime>, LedgerError> {
+        LedgerError::check_name(name)?;
         let rows = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
         // The job's rows before `before` only, in slot order (the keys sort by job, then
         // slot): a firing reads its own job's past, not every row kept.
@@ -225,6 +228,7 @@ impl<C: Clock> Ledger for MemoryLedger<C> {
         name: &str,
         slots: &[OffsetDateTime],
     ) -> Result<Vec<OffsetDateTime>, LedgerError> {
+        LedgerError::check_name(name)?;
         let mut rows = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
         let now = self.clock.now();
         let mut abandoned = Vec::new();
@@ -241,6 +245,7 @@ impl<C: Clock> Ledger for MemoryLedger<C> {
     }
 
     async fn runs(&self, name: Option<&str>, limit: u32) -> Result<Vec<RunRecord>, LedgerError> {
+        name.map_or(Ok(()), LedgerError::check_name)?;
         let rows = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
         let mut records: Vec<RunRecord> = rows
             .values()

@@ -155,7 +155,9 @@ impl fmt::Debug for RunReport {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RunError {
-    /// The lock could not be taken (not contention: a backend failure).
+    /// The lock could not be taken (not contention: a backend failure), or the job's name
+    /// is one no ledger keeps (kind `Configuration`: a NUL, or more than
+    /// [`MAX_JOB_NAME`](crate::MAX_JOB_NAME) bytes; see [`check_job_name`](crate::check_job_name)).
     #[error(transparent)]
     Lock(LockAcquisitionError),
     /// The ledger failed.
@@ -196,6 +198,10 @@ impl ScheduledJob {
     /// [`AtMostOnce`](CrashPolicy::AtMostOnce), missed slots
     /// [`Skip`](MissedSlots::Skip), the holder `pid@host`, metrics from the global meter
     /// provider.
+    ///
+    /// The name has at most [`MAX_JOB_NAME`](crate::MAX_JOB_NAME) bytes and no NUL (the
+    /// ledger's key holds it): a job with another name is built, but each firing of it
+    /// fails with a `Configuration` error ([`check_job_name`](crate::check_job_name)).
     #[must_use]
     pub fn new(name: impl Into<String>, schedule: Schedule) -> Self {
         let name = name.into();
@@ -294,7 +300,10 @@ impl ScheduledJob {
     /// no host fired in is recorded as missed by the next firing).
     ///
     /// # Errors
-    /// [`RunError`] when the lock's backend, the ledger or the schedule fails.
+    /// [`RunError`] when the lock's backend, the ledger or the schedule fails; a
+    /// [`RunError::Lock`] of kind `Configuration` when the job's name has a NUL or more
+    /// than [`MAX_JOB_NAME`](crate::MAX_JOB_NAME) bytes ([`check_job_name`](crate::check_job_name)),
+    /// before anything is asked of the ledger or the locks.
     ///
     /// # Cancel safety
     /// Dropping the future releases the lock (the guard drops). If the job had been
@@ -315,6 +324,9 @@ impl ScheduledJob {
         Fut: Future<Output = Result<(), E>> + Send,
         E: fmt::Display,
     {
+        // A name a ledger cannot keep fails alike on every ledger, before anything is
+        // asked of the ledger or the locks.
+        crate::check_job_name(&self.name).map_err(RunError::Lock)?;
         let now = ledger.now().await?;
         let mut current = self.schedule.slot_at(now)?;
         let mut previous = self.schedule.previous(&current)?;
