@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use locks_port::{
     AcquireOptions, AcquisitionErrorKind, LeaderBoard, LockAcquisitionError, LossNotifier,
-    LostReason, LostSignal, PermitGuard, Semaphore, check_published_value,
+    LostReason, LostSignal, PermitGuard, Semaphore, check_board_name, check_published_value,
 };
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::Meter;
@@ -129,6 +129,9 @@ impl<S: Semaphore> LeaderElection<S> {
 impl<S: Semaphore, B: LeaderBoard> LeaderElection<S, B> {
     /// Proclaims each term on `board` (and reads terms from it): usually the same
     /// manager as the semaphores' (on PostgreSQL its table must be installed first).
+    /// With a board, the election's name has at most
+    /// [`MAX_BOARD_NAME`](locks_port::MAX_BOARD_NAME) bytes and no NUL: another is a
+    /// `Configuration` error of every campaign and read.
     #[must_use]
     pub fn board<C: LeaderBoard>(self, board: C) -> LeaderElection<S, C> {
         LeaderElection {
@@ -219,7 +222,9 @@ impl<S: Semaphore, B: LeaderBoard> LeaderElection<S, B> {
     ///
     /// # Errors
     /// A backend failure, as from [`Semaphore::permit_holders`] or
-    /// [`LeaderBoard::latest`].
+    /// [`LeaderBoard::latest`]; with a board, a `Configuration` error for a name the
+    /// board refuses (a NUL, more than [`MAX_BOARD_NAME`](locks_port::MAX_BOARD_NAME)
+    /// bytes) once somebody leads.
     pub async fn who_leads(&self) -> Result<Option<Leader>, LockAcquisitionError> {
         who_leads(&self.semaphores, self.board.as_ref(), &self.name).await
     }
@@ -248,7 +253,9 @@ impl<S: Semaphore, B: LeaderBoard> LeaderElection<S, B> {
     ///
     /// # Errors
     /// The campaign's error (the permit could not be waited for, or the board refused
-    /// the term).
+    /// the term). With a board, an election name with a NUL or of more than
+    /// [`MAX_BOARD_NAME`](locks_port::MAX_BOARD_NAME) bytes, or a published value the
+    /// board refuses, is a `Configuration` error before any permit is taken.
     ///
     /// # Cancel safety
     /// Dropping the future stops the task and gives up the leadership (a proclaimed
@@ -260,6 +267,9 @@ impl<S: Semaphore, B: LeaderBoard> LeaderElection<S, B> {
         Fut: Future<Output = T>,
     {
         if self.board.is_some() {
+            // What the board would refuse when the term is proclaimed is refused before
+            // the campaign takes a permit (and waits out the takeover delay).
+            check_board_name(&self.name)?;
             check_published_value(&self.name, &self.value)?;
         }
         let permit = self
@@ -375,9 +385,11 @@ impl<S: Semaphore, B: LeaderBoard> LeaderElection<S, B> {
     /// # Errors
     /// A [`Configuration`](AcquisitionErrorKind::Configuration) error of the campaign
     /// (for example, other processes use `name` as a semaphore of more permits, the
-    /// published value is too long, or on PostgreSQL a missing grant or a read-only
-    /// standby behind a single-host URL), or [`InvalidKey`](AcquisitionErrorKind::InvalidKey)
-    /// for an empty name. Other failures are retried after the back-off: behind a
+    /// published value is too long or has a NUL, with a board the name has a NUL or more
+    /// than [`MAX_BOARD_NAME`](locks_port::MAX_BOARD_NAME) bytes (every board refuses
+    /// it: [`check_board_name`](locks_port::check_board_name)), or on PostgreSQL a
+    /// missing grant or a read-only standby behind a single-host URL), or
+    /// [`InvalidKey`](AcquisitionErrorKind::InvalidKey) for an empty name. Other failures are retried after the back-off: behind a
     /// failover, give the manager a multi-host URL with `target_session_attrs=read-write`,
     /// whose failures while the new primary is promoted are `Unreachable`.
     ///

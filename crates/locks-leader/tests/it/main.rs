@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use locks_leader::{LeaderElection, Leadership, TermEnd, metrics};
 use locks_memory::InMemoryLockTable;
-use locks_port::{AcquisitionErrorKind, LeaderBoard, LostReason, MAX_PUBLISHED_VALUE, Semaphore};
+use locks_port::{
+    AcquisitionErrorKind, LeaderBoard, LostReason, MAX_BOARD_NAME, MAX_PUBLISHED_VALUE, Semaphore,
+};
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
@@ -161,6 +163,29 @@ async fn a_value_past_the_bound_is_a_configuration_error_of_the_campaign() {
         .await
         .expect_err("an empty name is refused, not retried forever");
     assert_eq!(error.kind(), AcquisitionErrorKind::InvalidKey);
+}
+
+/// An election name the board refuses (a NUL, or past `MAX_BOARD_NAME` bytes) is a
+/// `Configuration` error that `run` returns, not a failure it retries: before the
+/// campaign takes the election's permit, so neither after the takeover delay (an hour
+/// here) nor with a permit left held. The PostgreSQL board's test is in `locks-postgres`
+/// (`a_name_the_board_refuses_ends_the_campaign_at_once`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_the_board_refuses_ends_the_campaign_at_once() {
+    let table = InMemoryLockTable::new();
+    let manager = table.manager();
+    for name in ["api\0v2".to_owned(), "n".repeat(MAX_BOARD_NAME + 1)] {
+        let shown: String = name.chars().take(20).collect();
+        let election = LeaderElection::new(&manager, name.clone())
+            .board(&manager)
+            .takeover_delay(Duration::from_secs(3600));
+        let error = tokio::time::timeout(Duration::from_secs(10), election.run(|_lost| async {}))
+            .await
+            .unwrap_or_else(|_| panic!("{shown:?}: refused at once, not after the takeover delay"))
+            .expect_err("refused");
+        assert_eq!(error.kind(), AcquisitionErrorKind::Configuration, "{error}");
+        assert!(table.is_empty(), "{shown:?}: no permit is left held");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -300,3 +300,34 @@ async fn terminated_leader_stops_first(key: &str, takeover: Option<Duration>, cu
     one_task.abort();
     two_task.abort();
 }
+
+/// An election name the PostgreSQL board refuses (a NUL, which `text` cannot hold, or
+/// past `MAX_BOARD_NAME` bytes) is a `Configuration` error that `run` returns at once,
+/// before the campaign takes the election's permit (the takeover delay is an hour here),
+/// not a failure it retries after the back-off. As on the memory board (`locks-leader`'s
+/// test of the same name).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_the_board_refuses_ends_the_campaign_at_once() {
+    use locks_port::{AcquisitionErrorKind, MAX_BOARD_NAME, PermitGuard, Semaphore};
+
+    let manager = PostgresLockManager::new(pool(2));
+    let nul = format!("{}\0v2", unique_key("board-nul"));
+    let long = format!("{}{}", unique_key("board-long"), "n".repeat(MAX_BOARD_NAME));
+    for name in [nul, long] {
+        let shown: String = name.chars().take(40).collect();
+        let election = LeaderElection::new(&manager, name.clone())
+            .board(&manager)
+            .takeover_delay(Duration::from_secs(3600));
+        let error = tokio::time::timeout(Duration::from_secs(10), election.run(|_lost| async {}))
+            .await
+            .unwrap_or_else(|_| panic!("{shown:?}: refused at once, not after the takeover delay"))
+            .expect_err("refused");
+        assert_eq!(error.kind(), AcquisitionErrorKind::Configuration, "{error}");
+        let permit = manager
+            .try_acquire_permit(&name, 1)
+            .await
+            .expect("a permit")
+            .unwrap_or_else(|| panic!("{shown:?}: the election's permit is free"));
+        permit.release().await;
+    }
+}
