@@ -620,7 +620,8 @@ impl Semaphore for PostgresLockManager {
     /// lock table: its cost grows with every lock held on the server (see
     /// `docs/capacity.md`, "What each observation read costs").
     async fn permit_holders(&self, name: &str) -> Result<PermitHolders, LockAcquisitionError> {
-        semaphore::permit_holders(&self.inner, name).await
+        (semaphore::permit_holders(&self.inner, name).await)
+            .map_err(|error| error.for_read(format!("who holds the permits of semaphore '{name}'")))
     }
 
     /// One statement that tries the slot shared and lets it go: one lock-table entry,
@@ -628,7 +629,11 @@ impl Semaphore for PostgresLockManager {
     /// acquisition that tries the slot in the same instant finds it taken and waits for
     /// its next look (1 to 5 ms); a probe never lets two sessions hold a permit.
     async fn permit_held(&self, name: &str, slot: u32) -> Result<bool, LockAcquisitionError> {
-        semaphore::permit_held(&self.inner, name, slot).await
+        (semaphore::permit_held(&self.inner, name, slot).await).map_err(|error| {
+            error.for_read(format!(
+                "whether permit {slot} of semaphore '{name}' is held"
+            ))
+        })
     }
 }
 
@@ -651,7 +656,9 @@ impl LeaderBoard for PostgresLockManager {
     }
 
     async fn latest(&self, name: &str) -> Result<Option<Proclamation>, LockAcquisitionError> {
-        board::latest(&self.inner, name).await
+        (board::latest(&self.inner, name).await).map_err(|error| {
+            error.for_read(format!("the latest term of '{name}' on the leader board"))
+        })
     }
 }
 

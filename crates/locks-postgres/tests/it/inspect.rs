@@ -405,6 +405,47 @@ async fn a_read_the_server_refuses_says_why_in_its_words() {
     }
 }
 
+/// The semaphore's and the leader board's reads (`permit_holders`, `permit_held`,
+/// `latest`) acquire nothing: a failed one says it was a read, with what it read, and
+/// keeps the server's words (the role it refused) and the kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_permit_or_board_read_says_it_was_a_read() {
+    use locks_port::{AcquisitionErrorKind, LeaderBoard, Semaphore};
+
+    let mut config: tokio_postgres::Config = database_url().parse().expect("URL");
+    config.user("no_such_role_for_permit_reads");
+    let manager =
+        PostgresLockManager::new(locks_postgres::plain_pool_with_config(config, 1).expect("pool"));
+    let words = "role \"no_such_role_for_permit_reads\" does not exist (28000)";
+    let reads = [
+        (
+            manager
+                .permit_holders("exports")
+                .await
+                .expect_err("no such role"),
+            "Failed to read who holds the permits of semaphore 'exports': ",
+        ),
+        (
+            manager
+                .permit_held("exports", 2)
+                .await
+                .expect_err("no such role"),
+            "Failed to read whether permit 2 of semaphore 'exports' is held: ",
+        ),
+        (
+            manager.latest("api").await.expect_err("no such role"),
+            "Failed to read the latest term of 'api' on the leader board: ",
+        ),
+    ];
+    for (error, starts) in reads {
+        let shown = error.to_string();
+        assert!(shown.starts_with(starts), "{shown}");
+        assert!(shown.contains(words), "the server's words: {shown}");
+        assert!(error.is_read(), "{error:?}");
+        assert_eq!(error.kind(), AcquisitionErrorKind::Configuration, "{shown}");
+    }
+}
+
 /// A read on a pool none of whose connections is in use, against a server that takes
 /// the TCP connection and never answers, fails as a connection that could not be opened
 /// in time ([`InspectError::Pool`], kind `Unreachable`), as an acquisition does: not as
