@@ -7,7 +7,7 @@ mod members;
 mod terms;
 
 pub use guard::{GUARD_WRITE, guard_write};
-pub use members::{MEMBERS_SCHEMA, MEMBERS_TABLE};
+pub use members::{MEMBERS_SCHEMA, MEMBERS_TABLE, MEMBERS_UPGRADE};
 pub use terms::{
     DEFAULT_ANSWER_TIMEOUT, PostgresShardTerms, TERMS_SCHEMA, TERMS_TABLE, TERMS_UPGRADE,
     install_shard_terms,

@@ -15,7 +15,16 @@ pub const MEMBERS_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS locks_shard_members
      member_slot integer NOT NULL, \
      application_name text NOT NULL, \
      expires timestamptz NOT NULL, \
+     holder_id text, \
      PRIMARY KEY (group_name, member_slot))";
+
+/// Adds the `holder_id` column to a member table created before it existed (run by
+/// [`install_shard_terms`](crate::install_shard_terms) after [`MEMBERS_SCHEMA`]; does
+/// nothing on a table that has it). The roster names a member by it: the
+/// `application_name` is cut to the server's 63 bytes, and a longer holder id would not
+/// be the one its terms carry.
+pub const MEMBERS_UPGRADE: &str =
+    "ALTER TABLE locks_shard_members ADD COLUMN IF NOT EXISTS holder_id text";
 
 /// Whether slot `member_slot` of the semaphore class `$CLASS` is held: a shared try of it,
 /// let go in the same expression when granted (the adapter's `permit_held` probe). One
@@ -33,37 +42,43 @@ macro_rules! held {
 }
 
 /// The upsert of a member's row (`$1` group, `$2` slot, `$3` its sessions' application
-/// name, or `''` without a holder id), expiring after `$4` seconds, or never when `$4` is
-/// NULL (a member that does not renew: its row lasts until another member takes its slot,
-/// and says nothing while the slot is free). [`ENTER`] alone, and the first part of a
-/// renewal (`renew_mine!`).
+/// name, or `''` without a holder id, and the parameter `$holder` its whole holder id, or
+/// NULL), expiring after `$4` seconds, or never when `$4` is NULL (a member that does not
+/// renew: its row lasts until another member takes its slot, and says nothing while the
+/// slot is free). [`ENTER`] alone, and the first part of a renewal (`renew_mine!`).
 macro_rules! upsert_member {
-    () => {
-        "INSERT INTO locks_shard_members AS m \
-           (group_name, member_slot, application_name, expires) \
-         VALUES ($1, $2, $3, COALESCE(clock_timestamp() + make_interval(secs => $4::float8), \
-           'infinity'::timestamptz)) \
-         ON CONFLICT (group_name, member_slot) DO UPDATE \
-           SET application_name = EXCLUDED.application_name, expires = EXCLUDED.expires"
+    ($holder:literal) => {
+        concat!(
+            "INSERT INTO locks_shard_members AS m \
+               (group_name, member_slot, application_name, expires, holder_id) \
+             VALUES ($1, $2, $3, COALESCE(clock_timestamp() + make_interval(secs => $4::float8), \
+               'infinity'::timestamptz), ",
+            $holder,
+            "::text) \
+             ON CONFLICT (group_name, member_slot) DO UPDATE \
+               SET application_name = EXCLUDED.application_name, expires = EXCLUDED.expires, \
+                 holder_id = EXCLUDED.holder_id"
+        )
     };
 }
 
 /// A renewal's first part: `mine`, the upsert of this member's row (`upsert_member!`,
-/// `$4` the expiry in seconds), then a comma.
+/// `$4` the expiry in seconds, `$6` the holder id), then a comma.
 macro_rules! renew_mine {
     () => {
-        concat!("WITH mine AS (", upsert_member!(), " RETURNING 1), ")
+        concat!("WITH mine AS (", upsert_member!("$6"), " RETURNING 1), ")
     };
 }
 
-/// Enters a member in the roster: its row (`upsert_member!`).
-pub(crate) const ENTER: &str = upsert_member!();
+/// Enters a member in the roster: its row (`upsert_member!`, `$5` the holder id).
+pub(crate) const ENTER: &str = upsert_member!("$5");
 
 /// The roster (`$1` group, `$2` the membership semaphore's class): each row whose slot
 /// is held now, by a probe of the slot, never `pg_locks`: its cost grows with the group's
-/// rows, not with the locks held on the server.
+/// rows, not with the locks held on the server. With each, the application name and the
+/// whole holder id (see [`MEMBERS_UPGRADE`]).
 pub(crate) const ROSTER: &str = concat!(
-    "SELECT member_slot, application_name FROM locks_shard_members \
+    "SELECT member_slot, application_name, holder_id FROM locks_shard_members \
      WHERE group_name = $1 AND ",
     held!("$2"),
     " ORDER BY member_slot"
@@ -91,7 +106,7 @@ pub(crate) const RENEW_LOOK: &str = concat!(
 );
 
 /// One statement: renews this member's row (`$1` group, `$2` slot, `$3` its sessions'
-/// application name, `$4` the expiry in seconds); deletes the group's expired rows; and
+/// application name, `$4` the expiry in seconds, `$6` its holder id); deletes the group's expired rows; and
 /// for each expired row whose membership slot (`$5` the semaphore's class) is still held
 /// by a session of its application name, ends that session, and every session of that
 /// name when no row of that name is live. A member that left (its slot free) is only

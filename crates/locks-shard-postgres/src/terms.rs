@@ -9,7 +9,9 @@ use locks_shard::{Begun, ShardTerms, Term};
 use time::OffsetDateTime;
 
 use crate::errors;
-use crate::members::{ENTER, MEMBERS_SCHEMA, RENEW, RENEW_LOOK, ROSTER, members_class, seconds};
+use crate::members::{
+    ENTER, MEMBERS_SCHEMA, MEMBERS_UPGRADE, RENEW, RENEW_LOOK, ROSTER, members_class, seconds,
+};
 
 /// The term table (in the connection's `search_path` schema).
 pub const TERMS_TABLE: &str = "locks_shard_terms";
@@ -77,7 +79,9 @@ const TERMS: &str = "SELECT shard, token, member_slot, holder_id, since, ended, 
        CASE WHEN loss_notice_token = token THEN loss_notice_ms END \
      FROM locks_shard_terms WHERE group_name = $1";
 
-/// Creates the term table and the member table ([`MEMBERS_SCHEMA`]) if they do not exist. Run it once per database (a migration, a
+/// Creates the term table and the member table ([`MEMBERS_SCHEMA`]) if they do not exist,
+/// and adds the columns a table of an earlier version lacks ([`TERMS_UPGRADE`],
+/// [`MEMBERS_UPGRADE`](crate::MEMBERS_UPGRADE)). Run it once per database (a migration, a
 /// deploy step); the store never creates it on its own. Idempotent, and safe to run from
 /// several processes at once (under a transaction-scoped advisory lock: two concurrent
 /// `CREATE TABLE IF NOT EXISTS` can fail on the catalog).
@@ -90,7 +94,7 @@ pub async fn install_shard_terms(
     locks_postgres::install_under_lock(
         client,
         INSTALL_KEY,
-        &format!("{TERMS_SCHEMA}; {TERMS_UPGRADE}; {MEMBERS_SCHEMA}"),
+        &format!("{TERMS_SCHEMA}; {TERMS_UPGRADE}; {MEMBERS_SCHEMA}; {MEMBERS_UPGRADE}"),
     )
     .await
 }
@@ -294,7 +298,7 @@ impl ShardTerms for PostgresShardTerms {
             group,
             "entering a shard group member",
             ENTER,
-            &[&group, &slot, &name, &expiry],
+            &[&group, &slot, &name, &expiry, &holder_id],
         )
         .await
         .map(drop)
@@ -317,9 +321,16 @@ impl ShardTerms for PostgresShardTerms {
             .map(|row| {
                 let slot: i32 = row.try_get(0).map_err(read)?;
                 let name: String = row.try_get(1).map_err(read)?;
-                let holder_id = name
-                    .strip_prefix(locks_postgres::HOLDER_APPLICATION_NAME_PREFIX)
-                    .map(str::to_owned);
+                let whole: Option<String> = row.try_get(2).map_err(read)?;
+                // The whole holder id, when the row's writer recorded it with its
+                // application name (a writer of an earlier version updates the name
+                // alone); else the name, which the server cuts to 63 bytes.
+                let holder_id = whole
+                    .filter(|id| locks_postgres::holder_application_name(id) == name)
+                    .or_else(|| {
+                        name.strip_prefix(locks_postgres::HOLDER_APPLICATION_NAME_PREFIX)
+                            .map(str::to_owned)
+                    });
                 Ok(PermitHolder::new(
                     u32::try_from(slot).unwrap_or(0),
                     holder_id,
@@ -352,8 +363,8 @@ impl ShardTerms for PostgresShardTerms {
         let name = locks_postgres::holder_application_name(holder_id);
         let members = locks_shard::ShardGroup::members_name_of(group);
         let class = members_class(&members);
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
-            [&group, &slot, &name, &seconds(expiry), &class];
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+            [&group, &slot, &name, &seconds(expiry), &class, &holder_id];
         let count = async |statement| {
             let rows = self.query(group, what, statement, &params).await?;
             rows.first().map_or(Ok(0), |row| {

@@ -253,3 +253,43 @@ async fn a_member_without_a_holder_id_or_renewals_is_listed_and_keeps_its_row() 
     }
     run.abort();
 }
+
+/// Holder ids longer than the server keeps of an `application_name` (63 bytes with the
+/// `locks:` prefix), alike in their first 57 bytes: a pod name and a UUID are as long.
+/// The roster named each member by its cut application name, so `owners` named no owner
+/// (the terms carry the whole id), each member found itself named wrong and entered again
+/// on every tick, and the two counted as one on the lists of others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_whose_holder_ids_are_longer_than_an_application_name_are_named_whole() {
+    let mut fleet = Fleet::new().await;
+    let prefix = "projections-worker-eu-west-1-7c9f8d6b5-x2x4z-0123456789abcdef";
+    assert!(prefix.len() > 63 - "locks:".len());
+    let (a, b) = (format!("{prefix}-a"), format!("{prefix}-b"));
+    let from = Instant::now();
+    fleet.join(&a);
+    fleet.join(&b);
+    let (owners, _) = fleet.settled(2, from).await;
+    let named: BTreeSet<Option<String>> = holders(&owners).into_values().collect();
+    assert_eq!(named, BTreeSet::from([Some(a.clone()), Some(b.clone())]));
+    let roster: BTreeSet<Option<String>> = fleet
+        .watcher
+        .terms
+        .roster(
+            fleet.watcher.group.name(),
+            &fleet.watcher.group.members_name(),
+        )
+        .await
+        .expect("the roster")
+        .expect("a roster")
+        .into_iter()
+        .map(|h| h.holder_id)
+        .collect();
+    assert_eq!(
+        roster,
+        BTreeSet::from([Some(a), Some(b)]),
+        "each named whole"
+    );
+    fleet.leave_all().await;
+    let (interleaved, refused) = fleet.watcher.interleaved_and_refused(&[]).await;
+    assert_eq!((interleaved, refused), (0, 0));
+}
