@@ -22,6 +22,10 @@ use crate::metrics::Instruments;
 use crate::task::{Owned, Running, TermPlan, Told, spawn};
 use crate::terms::{ShardTerms, held_members};
 
+/// How far off a wait too long for the clock ends: in effect, never (as tokio's own
+/// sleeps read such a duration).
+const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
+
 /// What a member's ticks remember from one tick, and one membership, to the next.
 #[derive(Debug, Default)]
 pub(crate) struct View {
@@ -32,8 +36,9 @@ pub(crate) struct View {
     changed_at: Option<Instant>,
     /// After a join: how many members are expected (the last membership's, or for a
     /// fresh member the holders of the group's terms that did not end), and until when
-    /// this member takes free shards only up to its share among that many.
-    expect: Option<(usize, Instant)>,
+    /// this member takes free shards only up to its share among that many (`None`: a
+    /// wait too long for the clock, until they are back).
+    expect: Option<(usize, Option<Instant>)>,
 }
 
 impl View {
@@ -52,7 +57,8 @@ impl View {
     /// Expects `expected` members (this one among them) for `wait`; nothing to wait
     /// for when that is this member alone or the wait is zero.
     fn expect_back(&mut self, expected: usize, wait: Duration) {
-        self.expect = (expected > 1 && !wait.is_zero()).then(|| (expected, Instant::now() + wait));
+        self.expect =
+            (expected > 1 && !wait.is_zero()).then(|| (expected, Instant::now().checked_add(wait)));
     }
 
     /// How many shards this member may own by taking free ones, now that the member list
@@ -60,7 +66,7 @@ impl View {
     /// the members expected back, until they are back or the wait ran out.
     fn take_cap(&mut self, shards: usize, members: usize) -> Option<usize> {
         let (expected, until) = self.expect?;
-        if members >= expected || Instant::now() >= until {
+        if members >= expected || until.is_some_and(|until| Instant::now() >= until) {
             self.expect = None;
             return None;
         }
@@ -449,8 +455,15 @@ where
             // own manager's bound on how soon it is told says how long to wait, from
             // when this member was granted the lock (the owner's session had ended by
             // then).
-            wait_until: (!begun.previous_ended)
-                .then(|| taken_at + begun.previous_loss_notice.unwrap_or(self.takeover_delay)),
+            // A wait too long for the clock (up to `Duration::MAX`, which a member may
+            // set as its takeover delay, and the memory store records as its notice) is
+            // as good as endless.
+            wait_until: (!begun.previous_ended).then(|| {
+                let wait = begun.previous_loss_notice.unwrap_or(self.takeover_delay);
+                taken_at
+                    .checked_add(wait)
+                    .unwrap_or_else(|| taken_at + FAR_FUTURE)
+            }),
             drain_grace: self.drain_grace,
             instruments: self.instruments.clone(),
             attributes: self.attributes.to_vec(),

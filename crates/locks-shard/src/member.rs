@@ -117,7 +117,8 @@ where
     /// previous term was not ended and recorded nothing (the store or the owner's version
     /// keeps none), counted from the grant of the shard's lock. It must exceed the time
     /// an owner needs to notice a loss (its manager's health-check interval), and the
-    /// members of a fleet should agree on it; zero gives that order up.
+    /// members of a fleet should agree on it; zero gives that order up. A delay too long
+    /// for the clock (up to `Duration::MAX`) is waited as an endless one.
     #[must_use]
     pub fn takeover_delay(mut self, delay: Duration) -> Self {
         self.takeover_delay = delay;
@@ -131,7 +132,8 @@ where
     /// first member back takes every free shard and hands most of them over again as
     /// the others return, a move per shard. Kafka's `group.initial.rebalance.delay.ms`
     /// waits so for a group's start. The shards of a member that does not come back are
-    /// taken once the wait ran out; zero turns the wait off.
+    /// taken once the wait ran out; zero turns the wait off, and a wait too long for the
+    /// clock (up to `Duration::MAX`) lasts until they are back.
     ///
     /// A process's first join expects, for the same wait, the fleet the term store
     /// names: as many members as the group's latest terms that did not end have distinct

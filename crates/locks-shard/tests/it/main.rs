@@ -2,6 +2,7 @@
 //! disagreement, loss, leave and drop (the PostgreSQL runs are in `locks-shard-postgres`).
 
 mod arc;
+mod limits;
 mod memory;
 mod metrics;
 mod support;
