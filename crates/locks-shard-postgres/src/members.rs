@@ -44,8 +44,8 @@ macro_rules! held {
 /// The upsert of a member's row (`$1` group, `$2` slot, `$3` its sessions' application
 /// name, or `''` without a holder id, and the parameter `$holder` its whole holder id, or
 /// NULL), expiring after `$4` seconds, or never when `$4` is NULL (a member that does not
-/// renew: its row lasts until another member takes its slot, and says nothing while the
-/// slot is free). [`ENTER`] alone, and the first part of a renewal (`renew_mine!`).
+/// renew, or whose expiry is too long for the clock: its row lasts until another member
+/// takes its slot, and says nothing while the slot is free). [`ENTER`] alone, and the first part of a renewal (`renew_mine!`).
 macro_rules! upsert_member {
     ($holder:literal) => {
         concat!(
@@ -142,9 +142,15 @@ pub(crate) fn members_class(members_name: &str) -> i32 {
     PermitDerivation::CURRENT.class(members_name)
 }
 
-/// The expiry in seconds, as the statement takes it.
-pub(crate) fn seconds(expiry: Duration) -> f64 {
-    expiry.as_secs_f64()
+/// An expiry from which a member's row never expires: the server's clock cannot add much
+/// more (`clock_timestamp()` plus `Duration::MAX` is out of `timestamptz`'s range), and
+/// the member's own self-stop never comes due for such an expiry either.
+const ENDLESS: Duration = Duration::from_secs(1_000 * 366 * 86_400);
+
+/// The expiry in seconds, as the statement takes it: `None` (never expires) from
+/// [`ENDLESS`] on.
+pub(crate) fn seconds(expiry: Duration) -> Option<f64> {
+    (expiry < ENDLESS).then_some(expiry.as_secs_f64())
 }
 
 #[cfg(test)]

@@ -293,7 +293,7 @@ impl ShardTerms for PostgresShardTerms {
     ) -> Result<(), LockAcquisitionError> {
         let slot = slot_param(member);
         let name = holder_id.map_or_else(String::new, locks_postgres::holder_application_name);
-        let expiry = expiry.map(seconds);
+        let expiry = expiry.and_then(seconds);
         self.query(
             group,
             "entering a shard group member",

@@ -293,3 +293,50 @@ async fn members_whose_holder_ids_are_longer_than_an_application_name_are_named_
     let (interleaved, refused) = fleet.watcher.interleaved_and_refused(&[]).await;
     assert_eq!((interleaved, refused), (0, 0));
 }
+
+/// A renewal expiry too long for the server's clock (`Duration::MAX`, which
+/// `ShardMember::renewal` accepts and whose self-stop never comes due): the member's row
+/// could not be written (`make_interval` out of range), by its renewal or by its entry,
+/// so the roster never listed it and `owners` named no owner of its shards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_renewal_expiry_is_too_long_for_the_clock_is_listed_and_never_expires() {
+    let watcher = Watcher::new(group(&unique("endless"))).await;
+    let member = ShardMember::new(
+        crate::support::manager("endless", SHARDS + 4),
+        watcher.terms.clone(),
+        watcher.group.clone(),
+    )
+    .tick(Duration::from_millis(50))
+    .renewal(Some(Duration::MAX));
+    let run = tokio::spawn(async move {
+        member
+            .run(|_, stop| async move {
+                let _ = stop.await;
+            })
+            .await
+    });
+    let from = Instant::now();
+    loop {
+        let owners = watcher.owners().await;
+        if owners.is_balanced() {
+            break;
+        }
+        assert!(
+            from.elapsed() < WITHIN,
+            "the lone member was never named the owner of every shard: {:?}",
+            owners.counts()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let never: bool = admin()
+        .await
+        .query_one(
+            "SELECT expires = 'infinity' FROM locks_shard_members WHERE group_name = $1",
+            &[&watcher.group.name()],
+        )
+        .await
+        .expect("its row")
+        .get(0);
+    assert!(never, "its row never expires");
+    run.abort();
+}
