@@ -9,6 +9,12 @@ use sha2::{Digest, Sha256};
 /// The most shards one group may have.
 pub const MAX_SHARDS: usize = 100_000;
 
+/// The longest group name, and the longest shard name, in bytes. A term store keys its
+/// terms by both (on PostgreSQL the term table's primary key, whose entries the server
+/// refuses over 2,704 bytes): a longer name could never begin a term there, its shard
+/// never run.
+pub const MAX_NAME_BYTES: usize = 1024;
+
 /// The fewest member slots a group has: at most this many members are guaranteed room.
 /// The membership semaphore has between this and
 /// [`MAX_PERMITS`](locks_port::MAX_PERMITS) permits, the exact number derived from the
@@ -47,8 +53,8 @@ impl ShardGroup {
     /// # Errors
     /// [`InvalidKey`](AcquisitionErrorKind::InvalidKey) for an empty group name;
     /// [`Configuration`](AcquisitionErrorKind::Configuration) for no shards, more than
-    /// [`MAX_SHARDS`], a name given twice, or a NUL character in any name (each error
-    /// names the input).
+    /// [`MAX_SHARDS`], a name given twice, a NUL character in any name, or a name longer
+    /// than [`MAX_NAME_BYTES`] (each error names the input, a long name by its start).
     pub fn new<I, S>(name: impl Into<String>, shards: I) -> Result<Self, LockAcquisitionError>
     where
         I: IntoIterator<Item = S>,
@@ -82,6 +88,20 @@ impl ShardGroup {
             return Err(refuse(format!(
                 "the shard {:?} contains a NUL character, which a term store cannot keep",
                 bad
+            )));
+        }
+        if name.len() > MAX_NAME_BYTES {
+            return Err(refuse(format!(
+                "a shard group's name can be at most {MAX_NAME_BYTES} bytes, not {}",
+                name.len()
+            )));
+        }
+        if let Some(long) = shards.iter().find(|s| s.len() > MAX_NAME_BYTES) {
+            let start: String = long.chars().take(40).collect();
+            return Err(refuse(format!(
+                "the shard {start:?}... is {} bytes long; a shard's name can be at most \
+                 {MAX_NAME_BYTES} bytes, which a term store can keep",
+                long.len()
             )));
         }
         let mut sorted: Vec<&str> = shards.iter().map(|s| &**s).collect();
@@ -221,6 +241,14 @@ mod tests {
         assert_eq!(nul.kind(), AcquisitionErrorKind::Configuration);
         assert!(nul.to_string().contains(r#""b\0c""#), "{nul}");
         assert!(ShardGroup::new("g\0", ["a"]).is_err());
+        let longest = "s".repeat(MAX_NAME_BYTES);
+        assert!(ShardGroup::new(&longest, [&longest]).is_ok());
+        let long = format!("{longest}s");
+        let shard = ShardGroup::new("g", ["a", long.as_str()]).unwrap_err();
+        assert_eq!(shard.kind(), AcquisitionErrorKind::Configuration);
+        assert!(shard.to_string().contains("1025 bytes long"), "{shard}");
+        let group = ShardGroup::new(long, ["a"]).unwrap_err();
+        assert!(group.to_string().contains("not 1025"), "{group}");
     }
 
     #[test]

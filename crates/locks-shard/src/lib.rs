@@ -15,7 +15,7 @@ mod task;
 mod terms;
 
 pub use assign::target_share;
-pub use group::{MAX_SHARDS, MIN_MEMBER_SLOTS, ShardGroup};
+pub use group::{MAX_NAME_BYTES, MAX_SHARDS, MIN_MEMBER_SLOTS, ShardGroup};
 pub use member::{
     DEFAULT_BACKOFF, DEFAULT_REJOIN_WAIT, DEFAULT_RENEWAL_EXPIRY, DEFAULT_TICK, ShardMember,
 };

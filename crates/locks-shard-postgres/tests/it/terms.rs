@@ -193,3 +193,44 @@ async fn install_upgrades_a_term_table_made_before_the_loss_notice() {
     drop((store, pool));
     throwaway_pg::testing::drop_database(&database).await;
 }
+
+/// `len` bytes of letters and digits that do not compress (the server compresses a long
+/// index entry before it measures it), different for each `seed`.
+fn incompressible(len: usize, seed: u64) -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    let mut state = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+    (0..len)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            char::from(ALPHABET[usize::try_from(state >> 58).expect("6 bits") % ALPHABET.len()])
+        })
+        .collect()
+}
+
+/// Every group and shard name a `ShardGroup` accepts can begin a term on the server: the
+/// term table's key is (group, shard), and the server refuses an index entry over 2,704
+/// bytes. A group of one 3,000-byte shard name was accepted, and on PostgreSQL its shard
+/// never ran (every begin refused, on every tick), while the memory store ran it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_name_a_shard_group_accepts_can_begin_a_term() {
+    let store = terms().await;
+    let prefix = unique("long");
+    for (group_len, shard_len) in [(0, 3_000), (1_024 - prefix.len(), 1_024), (2_000, 900)] {
+        let group = format!("{prefix}{}", incompressible(group_len, 1));
+        let shard = incompressible(shard_len, 2);
+        let Ok(accepted) = locks_shard::ShardGroup::new(group, [shard]) else {
+            continue;
+        };
+        let shard = accepted.shard(0).expect("its shard");
+        let begun = store.begin(accepted.name(), shard, 1, Some("m")).await;
+        assert!(
+            begun.is_ok(),
+            "a group of {} bytes with a shard of {} bytes was accepted, and its term: {}",
+            accepted.name().len(),
+            shard.len(),
+            begun.expect_err("failed")
+        );
+    }
+}
