@@ -965,3 +965,70 @@ async fn a_fresh_member_takes_only_its_share_among_the_fleet_its_term_table_name
     assert_eq!(fleet.recorder.overlaps(), Vec::new());
     fleet.leave("c2").await;
 }
+
+/// A member whose membership alone was lost joins again, most often under the slot it
+/// had (the lowest free one): a term of it that another member superseded while it was
+/// away (its lock lost, the loss not told yet) must be dropped at once and not counted,
+/// as under another slot (ADR 0027), so that it takes its share of the free shards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_joins_again_under_its_old_slot_drops_a_term_superseded_while_away() {
+    let mut fleet = Fleet::new(2);
+    fleet.join("a");
+    let (owners, _) = fleet.settled(SETTLE).await;
+    let owner = owners.shards[0].1.clone().expect("a owns tenant-0");
+    // Another member began a newer term of tenant-0 while a was away.
+    let newer = fleet
+        .terms
+        .begin(
+            "projections",
+            "tenant-0",
+            owner.member + 7,
+            Some("elsewhere"),
+        )
+        .await
+        .expect("a newer term");
+    assert_eq!(newer.term.token, owner.token + 1);
+    let members = fleet.group.members_name();
+    let manager = fleet.get("a").manager.clone();
+    assert_eq!(
+        manager.lose_permits(&members, LostReason::ConnectionClosed),
+        1,
+        "a's membership permit"
+    );
+    let lost = Instant::now();
+    loop {
+        let dropped = fleet
+            .recorder
+            .snapshot()
+            .iter()
+            .any(|life| life.shard == 0 && life.token == owner.token && life.stop.is_some());
+        if dropped {
+            break;
+        }
+        assert!(
+            lost.elapsed() < SETTLE,
+            "a joined again and kept running tenant-0 under token {}, superseded by {}",
+            owner.token,
+            newer.term.token
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let held = manager
+        .permit_holders(&members)
+        .await
+        .expect("holders")
+        .held;
+    assert_eq!(
+        held.iter().map(|h| h.slot).collect::<Vec<_>>(),
+        vec![owner.member],
+        "a joined again under its old slot"
+    );
+    let lives = fleet.recorder.snapshot();
+    assert!(
+        lives
+            .iter()
+            .all(|life| life.shard != 1 || life.stop.is_none()),
+        "a's other term goes on: {lives:?}"
+    );
+    fleet.leave("a").await;
+}
