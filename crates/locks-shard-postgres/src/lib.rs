@@ -10,7 +10,7 @@ pub use guard::{GUARD_WRITE, guard_write};
 pub use members::{MEMBERS_SCHEMA, MEMBERS_TABLE, MEMBERS_UPGRADE};
 pub use terms::{
     DEFAULT_ANSWER_TIMEOUT, PostgresShardTerms, TERMS_SCHEMA, TERMS_TABLE, TERMS_UPGRADE,
-    install_shard_terms,
+    install_shard_terms, shard_tables_need_upgrade,
 };
 
 /// Re-exported so callers build the pool with the same versions as the store.

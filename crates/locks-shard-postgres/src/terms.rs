@@ -99,6 +99,29 @@ pub async fn install_shard_terms(
     .await
 }
 
+/// Whether the tables exist but lack a column that [`TERMS_UPGRADE`] or
+/// [`MEMBERS_UPGRADE`](crate::MEMBERS_UPGRADE) adds (made by an earlier version): then a
+/// member's entries and terms are refused for the missing column until
+/// [`install_shard_terms`] runs. `false` when they are current, or when a table is missing
+/// (that is for [`install_shard_terms`] too, and a tool tells the two apart itself). One
+/// read of the catalog.
+///
+/// # Errors
+/// The driver's error when the read fails.
+pub async fn shard_tables_need_upgrade(
+    client: &tokio_postgres::Client,
+) -> Result<bool, tokio_postgres::Error> {
+    const ADDED: &str = "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL \
+         AND (SELECT count(*) FROM pg_attribute a WHERE NOT a.attisdropped AND ( \
+           (a.attrelid = to_regclass($1)::oid \
+             AND a.attname IN ('loss_notice_ms', 'loss_notice_token')) \
+           OR (a.attrelid = to_regclass($2)::oid AND a.attname = 'holder_id'))) < 3";
+    let row = client
+        .query_one(ADDED, &[&TERMS_TABLE, &crate::MEMBERS_TABLE])
+        .await?;
+    Ok(row.get(0))
+}
+
 /// The [`ShardTerms`] store on PostgreSQL: the table [`TERMS_TABLE`], the server's
 /// `clock_timestamp()` as each term's start. Each operation is one statement on a pooled
 /// connection.

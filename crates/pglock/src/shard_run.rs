@@ -9,7 +9,9 @@ use std::time::Duration;
 use locks_port::LostReason;
 use locks_postgres::deadpool_postgres::Pool;
 use locks_shard::{Owned, ShardGroup, ShardMember};
-use locks_shard_postgres::{MEMBERS_TABLE, PostgresShardTerms, TERMS_TABLE, install_shard_terms};
+use locks_shard_postgres::{
+    MEMBERS_TABLE, PostgresShardTerms, TERMS_TABLE, install_shard_terms, shard_tables_need_upgrade,
+};
 use nix::sys::signal::Signal;
 
 use crate::cli::RunArgs;
@@ -144,6 +146,16 @@ async fn tables_ready(pool: &Pool, target: &Target, say: Say) -> Result<(), Fail
         .get()
         .await
         .map_err(|error| connect::pool_failure(&error, target))?;
+    // Tables an earlier version made lack the columns added since: a member's entry would
+    // be refused for one, and the library's log of it is not shown.
+    let old = (shard_tables_need_upgrade(&client).await)
+        .map_err(|error| Failure::new(SOFTWARE, chain(&error)))?;
+    if old {
+        say.say("upgrading the shard group's tables (made by an earlier version)");
+        install_shard_terms(&client)
+            .await
+            .map_err(|error| crate::exit::creation_failure(TERMS_TABLE, &error, &target.config))?;
+    }
     // One round trip: `has_table_privilege` with a list says whether any is held, so
     // each (table, privilege) pair is asked on its own, in order.
     let pairs: Vec<(&str, &str)> = (NEEDED.iter())

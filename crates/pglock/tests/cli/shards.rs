@@ -201,3 +201,42 @@ async fn run_shards_runs_a_command_per_owned_shard_and_stops_it_before_it_moves(
     );
     alternate(&events);
 }
+
+/// A database whose shard tables an earlier version made (without the columns added
+/// since: the loss notice and the member's whole holder id): `run --shards` upgrades
+/// them and runs, where it used to find them present, leave them, and never enter the
+/// group (each entry refused for the missing column, said nowhere).
+#[tokio::test]
+async fn run_shards_upgrades_tables_an_earlier_version_made() {
+    let (url, database) = throwaway_pg::testing::own_database("pglock_old_tables").await;
+    let client = throwaway_pg::testing::connect(&url).await;
+    install_shard_terms(&client).await.expect("the tables");
+    let old = "ALTER TABLE locks_shard_terms DROP COLUMN loss_notice_ms, \
+               DROP COLUMN loss_notice_token; \
+               ALTER TABLE locks_shard_members DROP COLUMN holder_id";
+    client.batch_execute(old).await.expect("the earlier tables");
+    let (key, dir) = crate::unique("old-tables");
+    let log = dir.path().join("events");
+    let script = format!(
+        "echo start {{shard}} >> {log}; while :; do sleep 0.05; done",
+        log = log.display()
+    );
+    let member = pglock()
+        .args(["--url", &url, "run", "-v", "--shards", "2", &key, "-c", &script])
+        .spawn()
+        .expect("pglock run --shards");
+    crate::eventually("both shards' commands", || async {
+        count(&events(&log), "start") == 2
+    })
+    .await;
+    crate::signal(&member, nix::sys::signal::Signal::SIGTERM);
+    let left = crate::finish(member).await;
+    drop(client);
+    throwaway_pg::testing::drop_database(&database).await;
+    assert_eq!(crate::code(&left), 143, "{}", crate::stderr(&left));
+    assert!(
+        crate::stderr(&left).contains("upgrading the shard group's tables"),
+        "{}",
+        crate::stderr(&left)
+    );
+}
