@@ -13,6 +13,10 @@ use uuid::Uuid;
 use crate::{Phase, RoutingState};
 
 /// The name under which a store is registered (`"shared-eu-1"`, `"dedicated-acme"`).
+///
+/// Any text but a NUL byte: the routing and migration repositories refuse a route or
+/// record naming a store whose id holds one (PostgreSQL's `text` cannot hold it, and the
+/// in-memory repositories refuse it the same way), with a [`RepositoryError`].
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StoreId(String);
 
@@ -60,7 +64,10 @@ impl Borrow<str> for StoreId {
 pub struct Event {
     /// The event's identity, kept by copies.
     pub id: Uuid,
-    /// The event type (`"OrderPlaced"`).
+    /// The event type (`"OrderPlaced"`). Any text but a NUL byte: an append of a kind
+    /// holding one is refused ([`StoreError::Unavailable`], nothing appended) by every
+    /// store of this workspace, as PostgreSQL's `text` cannot hold it. The payload is
+    /// bytes and may hold anything.
     pub kind: String,
     /// The serialized body.
     pub payload: Vec<u8>,
@@ -101,7 +108,9 @@ pub enum StoreError {
         /// The position the stream was at.
         actual: u64,
     },
-    /// The store did not answer or refused the operation. Retry later.
+    /// The store did not answer or refused the operation. Retry later, unless it
+    /// refused the input itself (an event kind holding a NUL byte, an event id twice in
+    /// one batch): such an append fails every time.
     #[error("store unavailable: {source}")]
     Unavailable {
         /// The backend's error.
@@ -345,7 +354,8 @@ pub struct Migration {
     pub created_at: OffsetDateTime,
     /// When it last changed (UTC).
     pub updated_at: OffsetDateTime,
-    /// The last failure, as text, if any.
+    /// The last failure, as text, if any (without a NUL byte, as the store ids: a
+    /// repository refuses a record holding one).
     pub last_error: Option<String>,
 }
 

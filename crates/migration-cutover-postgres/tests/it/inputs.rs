@@ -1,10 +1,103 @@
-//! Inputs at the edges: long table names, and a batch that carries an id twice.
+//! Inputs at the edges: long table names, a batch that carries an id twice, and text
+//! with a NUL byte.
+
+use std::time::Duration;
 
 use migration_cutover::uuid::Uuid;
-use migration_cutover::{Event, EventStore};
+use migration_cutover::{
+    Event, EventStore, Migration, MigrationRepository, Phase, RoutingRepository, RoutingState,
+    StoreError, TenantRoute,
+};
 use migration_cutover_postgres::{PostgresEventStore, install_store};
 
-use crate::support::{Fleet, connect, pool, table};
+use crate::support::{Fleet, SOURCE, TARGET, connect, pool, table, test_config};
+
+/// What both sides say of a NUL byte in text: the server's words end with `0x00`, and
+/// the in-memory ports (`migration_cutover::InMemory*`) say the same.
+const NUL_WORDS: &str = "0x00";
+
+/// PostgreSQL `text` cannot hold a NUL byte: the server refuses such an event kind, store
+/// id or error text (`invalid byte sequence for encoding "UTF8": 0x00`), and nothing is
+/// written. The in-memory ports refuse the same inputs with the same kind of error (their
+/// unit tests), so a test on memory does not pass with inputs production refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_with_a_nul_byte_is_refused_by_every_adapter_and_writes_nothing() {
+    let fleet = Fleet::create("nul").await;
+    let instance = fleet.instance(test_config(), Duration::from_millis(250));
+    let tenant = Uuid::new_v4();
+
+    let error = instance
+        .source
+        .append(tenant, None, &[Event::new("Order\0Placed", "")])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, StoreError::Unavailable { .. }) && error.to_string().contains(NUL_WORDS),
+        "{error}"
+    );
+    assert_eq!(instance.source.position(tenant).await.unwrap(), 0);
+    // The payload is bytes: a NUL byte there is fine.
+    let fine = Event::new("OrderPlaced", b"a\0b".to_vec());
+    assert_eq!(
+        instance
+            .source
+            .append(tenant, None, &[fine.clone()])
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        instance.source.read(tenant, 0, 9).await.unwrap()[0].event,
+        fine
+    );
+
+    let routing = &instance.routing;
+    let error = routing
+        .put(TenantRoute::normal(tenant, "sha\0red"))
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains(NUL_WORDS), "{error}");
+    assert_eq!(routing.get(tenant).await.unwrap(), None);
+    let normal = TenantRoute::normal(tenant, SOURCE);
+    routing.put(normal.clone()).await.unwrap();
+    let error = routing
+        .compare_and_set(&normal, TenantRoute::normal(tenant, "dedi\0cated"))
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains(NUL_WORDS), "{error}");
+    let error = routing
+        .compare_and_set(&TenantRoute::normal(tenant, "sha\0red"), normal.clone())
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains(NUL_WORDS), "{error}");
+    assert_eq!(routing.get(tenant).await.unwrap(), Some(normal.clone()));
+    assert_eq!(normal.state, RoutingState::Normal);
+
+    let now = migration_cutover::time::OffsetDateTime::now_utc();
+    let record = Migration {
+        id: Uuid::new_v4(),
+        tenant_id: tenant,
+        source_store_id: SOURCE.into(),
+        target_store_id: "dedi\0cated".into(),
+        phase: Phase::Pending,
+        events_copied: 0,
+        created_at: now,
+        updated_at: now,
+        last_error: None,
+    };
+    let migrations = &instance.migrations;
+    let error = migrations.save(&record).await.unwrap_err();
+    assert!(error.to_string().contains(NUL_WORDS), "{error}");
+    let with_error = Migration {
+        target_store_id: TARGET.into(),
+        last_error: Some("bad\0words".into()),
+        ..record.clone()
+    };
+    let error = migrations.save(&with_error).await.unwrap_err();
+    assert!(error.to_string().contains(NUL_WORDS), "{error}");
+    assert_eq!(migrations.get(record.id).await.unwrap(), None);
+    fleet.drop_databases().await;
+}
 
 /// The in-memory store refuses such a batch the same way: nothing appended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

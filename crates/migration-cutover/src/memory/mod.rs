@@ -60,6 +60,31 @@ impl InMemoryEventStore {
     }
 }
 
+/// The refusal of text holding a NUL byte, in the words of the PostgreSQL adapters (whose
+/// server refuses it in a `text` column: `invalid byte sequence for encoding "UTF8":
+/// 0x00`), so a test on memory fails where production would. `None` for text without one.
+fn nul_refusal<'a>(fields: impl IntoIterator<Item = (&'static str, &'a str)>) -> Option<String> {
+    fields
+        .into_iter()
+        .find(|(_, text)| text.contains('\0'))
+        .map(|(field, text)| {
+            format!(
+                "invalid byte sequence for encoding \"UTF8\": 0x00 ({field} {text:?} holds a NUL \
+                 byte, which a store's text cannot hold)"
+            )
+        })
+}
+
+/// The text fields of a route, for [`nul_refusal`].
+fn route_text(route: &TenantRoute) -> impl Iterator<Item = (&'static str, &str)> {
+    std::iter::once(("store id", route.store_id.as_str())).chain(
+        route
+            .target_store_id
+            .as_ref()
+            .map(|id| ("target store id", id.as_str())),
+    )
+}
+
 fn stored(stream: &[Event], after: u64, limit: usize) -> Vec<StoredEvent> {
     let start = usize::try_from(after)
         .unwrap_or(usize::MAX)
@@ -90,6 +115,12 @@ impl EventStore for InMemoryEventStore {
         expected: Option<u64>,
         events: &[Event],
     ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        let kinds = events
+            .iter()
+            .map(|event| ("event kind", event.kind.as_str()));
+        if let Some(words) = nul_refusal(kinds) {
+            return ready(Err(StoreError::unavailable(format!("append: {words}"))));
+        }
         let mut streams = lock(&self.streams);
         let stream = streams.entry(tenant_id).or_default();
         let actual = head(stream);
@@ -176,6 +207,9 @@ impl RoutingRepository for InMemoryRoutingRepository {
     }
 
     fn put(&self, route: TenantRoute) -> impl Future<Output = Result<(), RepositoryError>> + Send {
+        if let Some(words) = nul_refusal(route_text(&route)) {
+            return ready(Err(RepositoryError::new("routing update", words)));
+        }
         lock(&self.routes).insert(route.tenant_id, route);
         ready(Ok(()))
     }
@@ -185,6 +219,9 @@ impl RoutingRepository for InMemoryRoutingRepository {
         expected: &TenantRoute,
         next: TenantRoute,
     ) -> impl Future<Output = Result<bool, RepositoryError>> + Send {
+        if let Some(words) = nul_refusal(route_text(&next).chain(route_text(expected))) {
+            return ready(Err(RepositoryError::new("routing compare-and-set", words)));
+        }
         let mut routes = lock(&self.routes);
         let replaced = match routes.get_mut(&next.tenant_id) {
             Some(stored) if stored == expected => {
@@ -223,6 +260,14 @@ impl MigrationRepository for InMemoryMigrationRepository {
         &self,
         migration: &Migration,
     ) -> impl Future<Output = Result<(), RepositoryError>> + Send {
+        let text = [
+            ("source store id", migration.source_store_id.as_str()),
+            ("target store id", migration.target_store_id.as_str()),
+            ("last error", migration.last_error.as_deref().unwrap_or("")),
+        ];
+        if let Some(words) = nul_refusal(text) {
+            return ready(Err(RepositoryError::new("migration save", words)));
+        }
         lock(&self.migrations).insert(migration.id, migration.clone());
         ready(Ok(()))
     }
@@ -312,5 +357,72 @@ mod tests {
         assert!(store.append(tenant, Some(0), &twice).await.is_err());
         assert!(store.events(tenant).is_empty());
         assert_eq!(store.append(tenant, None, &[a]).await.unwrap(), 1);
+    }
+
+    /// The PostgreSQL adapters cannot store text holding a NUL byte (the server refuses
+    /// it), so the in-memory ports refuse it too, with the same kind of error, and
+    /// write nothing: a test on memory must not pass with inputs production refuses.
+    #[tokio::test]
+    async fn text_with_a_nul_byte_is_refused_as_postgresql_refuses_it() {
+        let nul = "0x00";
+        let store = InMemoryEventStore::new();
+        let tenant = Uuid::new_v4();
+        let error = store
+            .append(tenant, None, &[Event::new("Order\0Placed", "")])
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, StoreError::Unavailable { .. }) && error.to_string().contains(nul),
+            "{error}"
+        );
+        assert!(store.events(tenant).is_empty());
+        // The payload is bytes: a NUL byte there is fine.
+        let fine = Event::new("OrderPlaced", b"a\0b".to_vec());
+        assert_eq!(store.append(tenant, None, &[fine]).await.unwrap(), 1);
+
+        let routing = InMemoryRoutingRepository::new();
+        let error = routing
+            .put(TenantRoute::normal(tenant, "sha\0red"))
+            .await
+            .unwrap_err();
+        assert!(error.to_string().contains(nul), "{error}");
+        assert_eq!(routing.route(tenant), None);
+        let normal = TenantRoute::normal(tenant, "shared");
+        routing.put(normal.clone()).await.unwrap();
+        let error = routing
+            .compare_and_set(&normal, TenantRoute::normal(tenant, "dedi\0cated"))
+            .await
+            .unwrap_err();
+        assert!(error.to_string().contains(nul), "{error}");
+        let error = routing
+            .compare_and_set(&TenantRoute::normal(tenant, "sha\0red"), normal.clone())
+            .await
+            .unwrap_err();
+        assert!(error.to_string().contains(nul), "{error}");
+        assert_eq!(routing.route(tenant), Some(normal));
+
+        let migrations = InMemoryMigrationRepository::new();
+        let now = time::OffsetDateTime::now_utc();
+        let record = Migration {
+            id: Uuid::new_v4(),
+            tenant_id: tenant,
+            source_store_id: "shared".into(),
+            target_store_id: "dedi\0cated".into(),
+            phase: crate::Phase::Pending,
+            events_copied: 0,
+            created_at: now,
+            updated_at: now,
+            last_error: None,
+        };
+        let error = migrations.save(&record).await.unwrap_err();
+        assert!(error.to_string().contains(nul), "{error}");
+        let with_error = Migration {
+            target_store_id: "dedicated".into(),
+            last_error: Some("bad\0words".into()),
+            ..record.clone()
+        };
+        let error = migrations.save(&with_error).await.unwrap_err();
+        assert!(error.to_string().contains(nul), "{error}");
+        assert_eq!(migrations.get(record.id).await.unwrap(), None);
     }
 }
