@@ -41,7 +41,7 @@ async fn text_with_a_nul_byte_is_refused_by_every_adapter_and_writes_nothing() {
     assert_eq!(
         instance
             .source
-            .append(tenant, None, &[fine.clone()])
+            .append(tenant, None, std::slice::from_ref(&fine))
             .await
             .unwrap(),
         1
