@@ -13,7 +13,7 @@ use migration_cutover::{
 use tokio_postgres::error::SqlState;
 use tracing::{debug, warn};
 
-use crate::db::{Transaction, commit_failure};
+use crate::db::{Transaction, commit_failure, setting_ms};
 use crate::pause::{copy_stores, write_lock_statement};
 use crate::{PostgresEventStore, PostgresMigrationPorts, PostgresRoutingRepository};
 use locks_port::LockMode;
@@ -22,8 +22,9 @@ use locks_port::LockMode;
 /// holds it back (a cutover that died between pausing and resolving the route).
 const PAUSED_ROUTE_POLL: Duration = Duration::from_millis(10);
 
-/// How long a dual write waits for the target's database before it leaves the mirror to
-/// the next catch-up (it holds the source's transaction meanwhile).
+/// How long a dual write waits for the target's database (or, in one database, for the
+/// target's append lock) before it leaves the mirror to the next catch-up (it holds the
+/// source's transaction meanwhile).
 const MIRROR_OPEN_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Where one write went, and how long it waited for the write lock.
@@ -365,8 +366,16 @@ impl PostgresWriteRouter {
             (Ok(source), Ok(target)) => source == target,
             _ => false,
         };
+        let wait = remaining.min(MIRROR_OPEN_TIMEOUT);
         if same_database {
-            let savepoint = format!("SAVEPOINT mirror; {}", target.append_lock(tenant_id));
+            // The target's append lock waits at most the mirror wait, as a mirror on
+            // another database does (`SET LOCAL` is undone with the savepoint, and kept
+            // after its release only for the commit, which waits for no lock).
+            let savepoint = format!(
+                "SAVEPOINT mirror; SET LOCAL lock_timeout = '{}ms'; {}",
+                setting_ms(wait),
+                target.append_lock(tenant_id)
+            );
             let mirrored = match transaction.statements("open the mirror", &savepoint).await {
                 Ok(()) => mirror_in(transaction, source, target, tenant_id, start, events).await,
                 Err(failure) => Err(StoreError::unavailable(failure)),
@@ -390,7 +399,7 @@ impl PostgresWriteRouter {
         // The source's transaction (and its shared lock) stays open meanwhile: a target
         // that does not answer is not waited for long (dropping the attempt closes it).
         let open = Transaction::begin(target.pool(), "open the mirror", &setup);
-        match tokio::time::timeout(remaining.min(MIRROR_OPEN_TIMEOUT), open).await {
+        match tokio::time::timeout(wait, open).await {
             Ok(Ok(mirror)) => Mirror::Open(target_id, Box::new(mirror)),
             Ok(Err(failure)) => {
                 warn!(tenant_id = %tenant_id, target = %target_id, error = %failure, "mirroring a dual write failed; the next catch-up copies it");
