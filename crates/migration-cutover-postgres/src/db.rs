@@ -100,6 +100,12 @@ pub(crate) async fn identity<'a>(
 
 /// Checks out a connection and runs `sql` (prepared once per connection) with `params`:
 /// the one query path of the repositories, whose failures name `what`.
+///
+/// # Cancel safety
+/// Dropping the future while the statement is on its way (a cutover step cut short by
+/// its pause budget) cancels the statement and closes the connection, as a dropped
+/// [`Transaction`] does: the statement cannot land later, and no other caller gets a
+/// connection still busy with it (which would wait behind it, whatever its own timeout).
 pub(crate) async fn repository_query(
     pool: &Pool,
     what: &'static str,
@@ -108,18 +114,47 @@ pub(crate) async fn repository_query(
 ) -> Result<Vec<tokio_postgres::Row>, migration_cutover::RepositoryError> {
     let failed =
         |failure: DbFailure| migration_cutover::RepositoryError::new(what, failure.unnamed());
-    let client = pool
+    let object = pool
         .get()
         .await
         .map_err(|error| failed(DbFailure::pool(what, error)))?;
-    let statement = client
-        .prepare_cached(sql)
-        .await
-        .map_err(|error| failed(DbFailure::driver(what, error)))?;
-    client
-        .query(&statement, params)
-        .await
-        .map_err(|error| failed(DbFailure::driver(what, error)))
+    let mut in_flight = InFlight {
+        object: Some(object),
+        cancel: CancelPath::of(pool),
+    };
+    let rows = {
+        let client = in_flight.client();
+        match client.prepare_cached(sql).await {
+            Ok(statement) => client.query(&statement, params).await,
+            Err(error) => Err(error),
+        }
+    };
+    // Answered (rows or an error): the connection is idle, back to the pool.
+    drop(in_flight.object.take());
+    rows.map_err(|error| failed(DbFailure::driver(what, error)))
+}
+
+/// A pooled connection with a statement on its way: dropped before the answer came, it
+/// cancels the statement and closes the connection instead of giving it back.
+struct InFlight {
+    object: Option<Object>,
+    cancel: CancelPath,
+}
+
+impl InFlight {
+    fn client(&self) -> &Object {
+        self.object
+            .as_ref()
+            .expect("the connection is held until the answer came")
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(object) = self.object.take() {
+            self.cancel.cancel_and_close(object);
+        }
+    }
 }
 
 /// A failed `COMMIT` as a store error: with an answer from the server (an SQLSTATE) the

@@ -4,19 +4,21 @@
 //! machine, and each test's own timeouts are far beyond them, so a bound that does not
 //! hold shows as a wait of the other timeout, not as a few milliseconds too many.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use migration_cutover::uuid::Uuid;
 use migration_cutover::{
-    Event, EventStore, MigrationConfig, RoutingRepository, RoutingState, Stores, TenantRoute,
-    WritePause,
+    CutoverOutcome, Event, EventStore, MigrationConfig, Phase, RoutingRepository, RoutingState,
+    Stores, TenantRoute, WritePause,
 };
 use migration_cutover_postgres::{
     PostgresEventStore, PostgresRoutingRepository, PostgresWritePause, PostgresWriteRouter,
     install_store,
 };
 
-use crate::fleet::ACQUIRE;
+use crate::fleet::{ACQUIRE, BUDGET, all_events, prepare};
 use crate::support::{Fleet, SOURCE, TARGET, connect, pool, table, test_config};
 
 /// Scheduling slack on a loaded 2-core machine, added to every documented bound here.
@@ -25,6 +27,17 @@ const SLACK: Duration = Duration::from_millis(1_500);
 /// A write timeout far beyond every bound below: a writer that is not let go within its
 /// bound would wait this long (and fail with `Paused`).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Polls `done` every 5 ms for up to 10 s.
+async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    for _ in 0..2_000 {
+        if done().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("waited 10 s for {what}");
+}
 
 /// A dual write whose target is in the source's own database mirrors inside the source's
 /// transaction; it gives up on the mirror as a dual write to another database does
@@ -149,6 +162,118 @@ async fn the_pause_history_keeps_the_last_64_pauses_oldest_first() {
             "{record:?}"
         );
     }
+    drop(instance);
+    fleet.drop_databases().await;
+}
+
+/// While a cutover lives, a writer waits at most the pause's acquire timeout plus the
+/// pause budget, plus the rollback, itself bounded by the budget (ADR 0008). Here both
+/// use their whole budget: another session holds the tenant's route row (`FOR UPDATE`),
+/// so the cutover's `cutover_paused` compare-and-set waits until the budget runs out;
+/// then it holds the migration record's row, so the rollback's record write waits until
+/// its budget runs out too. Writers write all along; the longest write must have been
+/// held back (by at least the budget) and let go within acquire timeout + 2 × budget +
+/// slack, far inside its own timeout. Nothing is stuck afterwards: once the rows are
+/// free, the cutover completes and every acknowledged write is on the target once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_a_cutover_lives_a_writer_waits_at_most_acquire_timeout_and_two_budgets() {
+    let bound = ACQUIRE + BUDGET + BUDGET + SLACK;
+    let fleet = Fleet::create("writerbound").await;
+    let config = test_config().with_write_timeout(WRITE_TIMEOUT);
+    let instance = fleet.instance(config, ACQUIRE);
+    assert_eq!(instance.coordinator.config().pause_budget(), BUDGET);
+    let tenant = Uuid::new_v4();
+    let migration = prepare(&instance.coordinator, tenant).await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = tokio::spawn({
+        let (router, stop) = (instance.router.clone(), Arc::clone(&stop));
+        async move {
+            let mut written = Vec::new();
+            let mut longest = Duration::ZERO;
+            while !stop.load(Ordering::Relaxed) {
+                let event = Event::new("W", "");
+                let started = Instant::now();
+                let receipt = router.append(tenant, std::slice::from_ref(&event)).await;
+                longest = longest.max(started.elapsed());
+                receipt.unwrap_or_else(|error| panic!("a write failed: {error}"));
+                written.push(event.id);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            (written, longest)
+        }
+    });
+
+    let rows = connect(Some(&fleet.a)).await;
+    rows.batch_execute(&format!(
+        "BEGIN; SELECT 1 FROM fleet.routes WHERE tenant_id = '{tenant}' FOR UPDATE"
+    ))
+    .await
+    .expect("hold the route's row");
+    let (result, ()) = tokio::join!(instance.coordinator.cutover(migration), async {
+        until("the pause granted", async || {
+            instance.pause.is_paused(tenant)
+        })
+        .await;
+        rows.batch_execute(&format!(
+            "SELECT 1 FROM fleet.migrations WHERE id = '{migration}' FOR UPDATE"
+        ))
+        .await
+        .expect("hold the record's row");
+    });
+    let result = result.expect("the cutover ran");
+    let CutoverOutcome::RollbackFailed { error, rollback } = result.outcome() else {
+        panic!("expected a stalled rollback: {}", result.message());
+    };
+    assert_eq!(
+        error.reason(),
+        migration_cutover::CutoverFailureReason::Timeout,
+        "{error}"
+    );
+    assert!(
+        rollback.to_string().contains("did not finish"),
+        "{rollback}"
+    );
+    // Writes go on while the rows are still held: the pause is over.
+    let after = Event::new("after", "");
+    let write = instance.router.append(tenant, std::slice::from_ref(&after));
+    let receipt = tokio::time::timeout(WRITE_TIMEOUT + SLACK, write).await;
+    let receipt = receipt.expect("a write after the failed cutover waited past its timeout");
+    receipt.expect("a write after the failed cutover");
+    rows.batch_execute("ROLLBACK").await.expect("free the rows");
+    stop.store(true, Ordering::Relaxed);
+    let writer = tokio::time::timeout(WRITE_TIMEOUT + SLACK, writer).await;
+    let writer = writer.expect("a write waited past its own timeout");
+    let (mut written, longest) = writer.expect("the writer");
+    written.push(after.id);
+    assert!(
+        longest >= BUDGET,
+        "no write was held back by the pause (longest write {longest:?})"
+    );
+    assert!(
+        longest <= bound,
+        "a writer waited {longest:?} while the cutover lived, more than acquire timeout \
+         {ACQUIRE:?} + budget {BUDGET:?} + rollback budget {BUDGET:?} + slack {SLACK:?}"
+    );
+
+    let retry = instance.coordinator.cutover(migration).await;
+    let retry = retry.expect("the retry ran");
+    assert!(retry.success(), "{}", retry.message());
+    let record = instance
+        .coordinator
+        .migration(migration)
+        .await
+        .expect("record");
+    assert_eq!(record.phase, Phase::Completed);
+    let on_target = all_events(&instance.target, tenant).await;
+    for id in &written {
+        assert_eq!(
+            on_target.iter().filter(|stored| *stored == id).count(),
+            1,
+            "acknowledged write {id} on the target once"
+        );
+    }
+    drop(rows);
     drop(instance);
     fleet.drop_databases().await;
 }
