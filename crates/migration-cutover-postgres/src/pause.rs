@@ -192,10 +192,18 @@ impl PostgresWritePause {
     /// the writers with its sockets at once; this bounds the pause of one that stops
     /// without closing them (frozen, or its host gone: the server would otherwise wait
     /// for TCP keepalives, hours by default). Keep it above twice the coordinator's pause
-    /// budget (the paused window plus its rollback): a live cutover whose pause is ended
-    /// early rolls back once a writer has rolled its `cutover_paused` route back (its
-    /// flip's compare-and-set fails; it completes only if the flip lands first), but its
-    /// writers are then no longer held back.
+    /// budget (the paused window plus its rollback).
+    ///
+    /// **Nothing checks this**: the pause does not know the coordinator's budget (it is
+    /// in the `MigrationConfig`, given elsewhere), and the server cannot tell a frozen
+    /// coordinator from a live one in a long paused window. With a max hold below the
+    /// paused window, the server ends a *live* cutover's pause: its writers go on at once,
+    /// the first of them rolls the `cutover_paused` route back, the cutover's flip
+    /// compare-and-set then fails and it rolls back (it completes only if its flip landed
+    /// first). No write is lost or doubled, but such a cutover fails whenever a writer
+    /// reaches the route before its flip, and so can every retry whose paused window
+    /// outlasts the max hold. A max hold of at least twice the budget does not end a
+    /// live cutover's pause early.
     #[must_use]
     pub fn with_max_hold(self, max_hold: Duration) -> Self {
         Self::build(
