@@ -114,14 +114,9 @@ pub(crate) async fn repository_query(
 ) -> Result<Vec<tokio_postgres::Row>, migration_cutover::RepositoryError> {
     let failed =
         |failure: DbFailure| migration_cutover::RepositoryError::new(what, failure.unnamed());
-    let object = pool
-        .get()
+    let in_flight = InFlight::checkout(pool)
         .await
         .map_err(|error| failed(DbFailure::pool(what, error)))?;
-    let mut in_flight = InFlight {
-        object: Some(object),
-        cancel: CancelPath::of(pool),
-    };
     let rows = {
         let client = in_flight.client();
         match client.prepare_cached(sql).await {
@@ -129,23 +124,38 @@ pub(crate) async fn repository_query(
             Err(error) => Err(error),
         }
     };
-    // Answered (rows or an error): the connection is idle, back to the pool.
-    drop(in_flight.object.take());
+    in_flight.answered();
     rows.map_err(|error| failed(DbFailure::driver(what, error)))
 }
 
 /// A pooled connection with a statement on its way: dropped before the answer came, it
-/// cancels the statement and closes the connection instead of giving it back.
-struct InFlight {
+/// cancels the statement and closes the connection instead of giving it back (a caller
+/// cut short by a timeout leaves no busy connection in the pool for the next one to wait
+/// behind, and no statement to land later).
+pub(crate) struct InFlight {
     object: Option<Object>,
     cancel: CancelPath,
 }
 
 impl InFlight {
-    fn client(&self) -> &Object {
+    /// A connection of `pool`, to send statements on.
+    pub(crate) async fn checkout(pool: &Pool) -> Result<Self, deadpool_postgres::PoolError> {
+        Ok(Self {
+            object: Some(pool.get().await?),
+            cancel: CancelPath::of(pool),
+        })
+    }
+
+    pub(crate) fn client(&self) -> &Object {
         self.object
             .as_ref()
-            .expect("the connection is held until the answer came")
+            .expect("the connection is held until answered() gives it back")
+    }
+
+    /// Every statement was answered (rows or an error): the connection is idle, and goes
+    /// back to the pool.
+    pub(crate) fn answered(mut self) {
+        drop(self.object.take());
     }
 }
 

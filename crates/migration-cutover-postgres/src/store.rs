@@ -12,7 +12,7 @@ use migration_cutover::{Event, EventStore, StoreError, StoredEvent};
 use tokio::sync::OnceCell;
 
 use crate::TableName;
-use crate::db::{DbFailure, Transaction, commit_failure, identity};
+use crate::db::{DbFailure, InFlight, Transaction, commit_failure, identity};
 
 /// An [`EventStore`] on one table (see [`install_store`](crate::install_store) for its
 /// shape): one row per event, keyed by `(tenant_id, position)`.
@@ -180,9 +180,10 @@ impl PostgresEventStore {
         }
     }
 
-    async fn client(&self, what: &'static str) -> Result<deadpool_postgres::Object, StoreError> {
-        self.pool
-            .get()
+    /// A connection for reads: one dropped before its answer (a cutover step cut short by
+    /// its pause budget) is cancelled and closed ([`InFlight`]), not left busy in the pool.
+    async fn client(&self, what: &'static str) -> Result<InFlight, StoreError> {
+        InFlight::checkout(&self.pool)
             .await
             .map_err(|error| StoreError::unavailable(DbFailure::pool(what, error)))
     }
@@ -222,18 +223,20 @@ impl EventStore for PostgresEventStore {
         after: u64,
         limit: usize,
     ) -> Result<Vec<StoredEvent>, StoreError> {
-        let client = self.client("read").await?;
-        let statement = client
-            .prepare_cached(&self.sql.read)
-            .await
-            .map_err(unavailable("prepare the read"))?;
+        let in_flight = self.client("read").await?;
         let tenant = tenant_id.hyphenated().to_string();
         let after = i64::try_from(after).unwrap_or(i64::MAX);
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rows = client
-            .query(&statement, &[&tenant, &after, &limit])
-            .await
-            .map_err(unavailable("read"))?;
+        let rows = async {
+            let client = in_flight.client();
+            let statement = (client.prepare_cached(&self.sql.read).await)
+                .map_err(unavailable("prepare the read"))?;
+            (client.query(&statement, &[&tenant, &after, &limit]).await)
+                .map_err(unavailable("read"))
+        }
+        .await;
+        in_flight.answered();
+        let rows = rows?;
         rows.iter()
             .map(|row| {
                 let id: &str = row.get(1);
@@ -253,25 +256,24 @@ impl EventStore for PostgresEventStore {
     }
 
     async fn position(&self, tenant_id: Uuid) -> Result<u64, StoreError> {
-        let client = self.client("read the head position").await?;
-        let statement = client
-            .prepare_cached(&self.sql.position)
-            .await
-            .map_err(unavailable("prepare the head position"))?;
+        let in_flight = self.client("read the head position").await?;
         let tenant = tenant_id.hyphenated().to_string();
-        let row = client
-            .query_one(&statement, &[&tenant])
-            .await
-            .map_err(unavailable("read the head position"))?;
-        Ok(position_of(row.get(0)))
+        let row = async {
+            let client = in_flight.client();
+            let statement = (client.prepare_cached(&self.sql.position).await)
+                .map_err(unavailable("prepare the head position"))?;
+            (client.query_one(&statement, &[&tenant]).await)
+                .map_err(unavailable("read the head position"))
+        }
+        .await;
+        in_flight.answered();
+        Ok(position_of(row?.get(0)))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        let client = self.client("health check").await?;
-        client
-            .query(&self.sql.ping, &[])
-            .await
-            .map_err(unavailable("health check"))?;
-        Ok(())
+        let in_flight = self.client("health check").await?;
+        let answer = in_flight.client().query(&self.sql.ping, &[]).await;
+        in_flight.answered();
+        answer.map(drop).map_err(unavailable("health check"))
     }
 }

@@ -277,3 +277,31 @@ async fn while_a_cutover_lives_a_writer_waits_at_most_acquire_timeout_and_two_bu
     drop(instance);
     fleet.drop_databases().await;
 }
+
+/// A store read cut short (as a cutover step is by its pause budget) while the server
+/// holds it behind a lock leaves no busy connection in the pool: the next caller, here a
+/// health check of another table's store on the same one-connection pool, does not wait
+/// behind the abandoned statement. Before, the connection went back to the pool still
+/// running the read, and the health check queued behind it for as long as the lock was
+/// held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_read_cut_short_leaves_no_busy_connection_for_the_next_caller() {
+    let fleet = Fleet::create("cutread").await;
+    let one = pool(&fleet.b, 1);
+    install_store(&one, &table("other.events")).await.expect("a second table");
+    let store = PostgresEventStore::new(one.clone(), table("dedicated.events"));
+    let other = PostgresEventStore::new(one, table("other.events"));
+    let holder = connect(Some(&fleet.b)).await;
+    let hold = "BEGIN; LOCK TABLE dedicated.events IN ACCESS EXCLUSIVE MODE";
+    holder.batch_execute(hold).await.expect("hold the table");
+    let cut = tokio::time::timeout(Duration::from_millis(200), store.position(Uuid::new_v4()));
+    assert!(cut.await.is_err(), "the read waits on the table's lock");
+    let ping = tokio::time::timeout(Duration::from_secs(10), other.ping()).await;
+    holder.batch_execute("ROLLBACK").await.expect("let go");
+    assert!(
+        matches!(ping, Ok(Ok(()))),
+        "the health check waited behind the abandoned read: {ping:?}"
+    );
+    drop((store, other));
+    fleet.drop_databases().await;
+}
