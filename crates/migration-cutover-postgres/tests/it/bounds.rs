@@ -19,7 +19,7 @@ use migration_cutover_postgres::{
 };
 
 use crate::fleet::{ACQUIRE, BUDGET, all_events, prepare};
-use crate::support::{Fleet, SOURCE, TARGET, connect, pool, table, test_config};
+use crate::support::{Fleet, SOURCE, TARGET, connect, pool, table, test_config, until};
 
 /// Scheduling slack on a loaded 2-core machine, added to every documented bound here.
 const SLACK: Duration = Duration::from_millis(1_500);
@@ -27,17 +27,6 @@ const SLACK: Duration = Duration::from_millis(1_500);
 /// A write timeout far beyond every bound below: a writer that is not let go within its
 /// bound would wait this long (and fail with `Paused`).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(15);
-
-/// Polls `done` every 5 ms for up to 10 s.
-async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
-    for _ in 0..2_000 {
-        if done().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    panic!("waited 10 s for {what}");
-}
 
 /// A dual write whose target is in the source's own database mirrors inside the source's
 /// transaction; it gives up on the mirror as a dual write to another database does
@@ -288,7 +277,9 @@ async fn while_a_cutover_lives_a_writer_waits_at_most_acquire_timeout_and_two_bu
 async fn a_store_read_cut_short_leaves_no_busy_connection_for_the_next_caller() {
     let fleet = Fleet::create("cutread").await;
     let one = pool(&fleet.b, 1);
-    install_store(&one, &table("other.events")).await.expect("a second table");
+    install_store(&one, &table("other.events"))
+        .await
+        .expect("a second table");
     let store = PostgresEventStore::new(one.clone(), table("dedicated.events"));
     let other = PostgresEventStore::new(one, table("other.events"));
     let holder = connect(Some(&fleet.b)).await;

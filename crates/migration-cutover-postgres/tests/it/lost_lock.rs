@@ -11,18 +11,7 @@ use migration_cutover::{
 use throwaway_pg::testing::advisory_lock;
 
 use crate::fleet::prepare;
-use crate::support::{Fleet, SOURCE, TARGET, connect, test_config};
-
-/// Polls `done` every 5 ms for up to 10 s.
-async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
-    for _ in 0..2_000 {
-        if done().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    panic!("waited 10 s for {what}");
-}
+use crate::support::{Fleet, SOURCE, TARGET, connect, test_config, until};
 
 /// Three events written to the source alone (a lag of 3 allowed) give the cutover's
 /// catch-up something to copy; a transaction holding the target table in `EXCLUSIVE` mode (reads go on, inserts
@@ -85,16 +74,12 @@ async fn a_cutover_whose_lock_session_is_terminated_before_the_flip_rolls_back()
     };
     assert_eq!(error.reason(), CutoverFailureReason::LockLost, "{error}");
     assert!(error.to_string().contains(&key), "{error}");
-    let route = instance
-        .routing
-        .get(tenant)
-        .await
-        .expect("read")
-        .expect("a route");
-    assert_eq!(
-        (route.state, route.store_id.as_str()),
-        (RoutingState::DualWrite, SOURCE)
-    );
+    let route = async || {
+        let route = instance.routing.get(tenant).await.expect("read");
+        let route = route.expect("a route");
+        (route.state, route.store_id.as_str().to_owned())
+    };
+    assert_eq!(route().await, (RoutingState::DualWrite, SOURCE.to_owned()));
     let record = instance
         .coordinator
         .migration(migration)
@@ -109,16 +94,7 @@ async fn a_cutover_whose_lock_session_is_terminated_before_the_flip_rolls_back()
         .await
         .expect("retry");
     assert!(retry.success(), "{}", retry.message());
-    let route = instance
-        .routing
-        .get(tenant)
-        .await
-        .expect("read")
-        .expect("a route");
-    assert_eq!(
-        (route.state, route.store_id.as_str()),
-        (RoutingState::Migrated, TARGET)
-    );
+    assert_eq!(route().await, (RoutingState::Migrated, TARGET.to_owned()));
     let copied = crate::fleet::all_events(&instance.target, tenant).await;
     assert_eq!(copied.len(), 3, "every event on the target once");
     drop(instance);

@@ -208,3 +208,14 @@ impl Fleet {
         }
     }
 }
+
+/// Polls `done` every 5 ms for up to 10 s.
+pub(crate) async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    for _ in 0..2_000 {
+        if done().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("waited 10 s for {what}");
+}
