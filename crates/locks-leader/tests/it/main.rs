@@ -279,8 +279,11 @@ async fn the_task_s_signal_says_why_the_term_ended_even_when_the_leading_permit_
     assert_eq!(signal.reason(), Some(LostReason::Released));
 }
 
-/// A board that cannot be read.
-struct Unreadable;
+/// A board that cannot be read, and notes when each read came (tokio's clock).
+#[derive(Default, Clone)]
+struct Unreadable {
+    reads: Arc<Mutex<Vec<tokio::time::Instant>>>,
+}
 
 impl LeaderBoard for Unreadable {
     async fn proclaim(
@@ -299,6 +302,8 @@ impl LeaderBoard for Unreadable {
         &self,
         name: &str,
     ) -> Result<Option<locks_port::Proclamation>, locks_port::LockAcquisitionError> {
+        let mut reads = self.reads.lock().unwrap_or_else(PoisonError::into_inner);
+        reads.push(tokio::time::Instant::now());
         Err(Self::error(name))
     }
 }
@@ -331,7 +336,7 @@ async fn a_failed_read_of_who_leads_says_it_was_a_read() {
         .await
         .expect("the leading permit");
     let error = LeaderElection::new(&observer, "api")
-        .board(Unreadable)
+        .board(Unreadable::default())
         .who_leads()
         .await
         .expect_err("the board cannot be read");
@@ -406,35 +411,6 @@ async fn a_winner_about_to_proclaim_is_not_named_with_a_dropped_leaders_term() {
     assert_eq!((latest.term, latest.holder_id.as_deref()), (2, Some("b")));
 }
 
-/// A board that cannot be read and notes when each read came (tokio's clock).
-#[derive(Default, Clone)]
-struct CountingUnreadable {
-    reads: Arc<Mutex<Vec<tokio::time::Instant>>>,
-}
-
-impl LeaderBoard for CountingUnreadable {
-    async fn proclaim(
-        &self,
-        name: &str,
-        _: &str,
-    ) -> Result<locks_port::Proclamation, locks_port::LockAcquisitionError> {
-        Err(Unreadable::error(name))
-    }
-
-    async fn retire(&self, name: &str, _: u64) -> Result<(), locks_port::LockAcquisitionError> {
-        Err(Unreadable::error(name))
-    }
-
-    async fn latest(
-        &self,
-        name: &str,
-    ) -> Result<Option<locks_port::Proclamation>, locks_port::LockAcquisitionError> {
-        let mut reads = self.reads.lock().unwrap_or_else(PoisonError::into_inner);
-        reads.push(tokio::time::Instant::now());
-        Err(Unreadable::error(name))
-    }
-}
-
 /// A watch whose reads fail from its first call on still reads once per interval: a
 /// caller that logs the error and calls again does not read back to back (a busy loop on
 /// a server that is down when the watch starts). Tokio's clock is paused, so the gap
@@ -454,7 +430,7 @@ async fn a_watch_failing_from_its_first_read_still_reads_once_per_interval() {
         )
         .await
         .expect("the leading permit");
-    let board = CountingUnreadable::default();
+    let board = Unreadable::default();
     let election = LeaderElection::new(&observer, "api").board(board.clone());
     let interval = Duration::from_secs(1);
     let mut watch = election.watch().interval(interval);
