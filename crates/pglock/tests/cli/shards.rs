@@ -222,7 +222,9 @@ async fn run_shards_upgrades_tables_an_earlier_version_made() {
         log = log.display()
     );
     let member = pglock()
-        .args(["--url", &url, "run", "-v", "--shards", "2", &key, "-c", &script])
+        .args([
+            "--url", &url, "run", "-v", "--shards", "2", &key, "-c", &script,
+        ])
         .spawn()
         .expect("pglock run --shards");
     crate::eventually("both shards' commands", || async {
