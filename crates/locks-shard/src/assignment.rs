@@ -256,16 +256,14 @@ where
     /// under its new `slot`, so that observers name their owner again (see
     /// [`ShardTerms::rejoined`]). A failure is tried again on the next tick. A term the
     /// store says was superseded while this member was away (its lock lost, not told
-    /// yet) is dropped at once, its task with it, and no longer counts as owned: also
-    /// when the member joined again under the slot it had (the lowest free one, most
-    /// often), which the term store records already.
+    /// yet) is dropped at once, its task with it, and no longer counts as owned.
     async fn rejoined(&self, slot: u32, running: &mut BTreeMap<usize, Running>) {
         let mut superseded = Vec::new();
         for (&index, term) in running.iter_mut() {
-            if !term.to_confirm(slot) {
+            let (shard, token, recorded) = term.term();
+            if recorded == slot {
                 continue;
             }
-            let (shard, token, _) = term.term();
             match self
                 .terms
                 .rejoined(self.group.name(), shard, token, slot)

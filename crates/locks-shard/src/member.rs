@@ -373,9 +373,6 @@ where
                         kept = running.len(),
                         "joining the shard group again, keeping the running shards"
                     );
-                    // Each is confirmed the shard's latest term on the next membership's
-                    // first tick, whatever slot that membership has.
-                    running.values_mut().for_each(Running::keep);
                     permit.release().await;
                 }
                 Left::Overdue => {

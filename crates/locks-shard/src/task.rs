@@ -97,9 +97,6 @@ pub(crate) struct Running {
     token: i64,
     /// The member's slot the term store records for the term.
     slot: u32,
-    /// Kept from a membership that was lost: not yet confirmed the shard's latest term
-    /// under the member's new membership, whatever its slot.
-    kept: bool,
     /// When the term began, by the store's clock.
     since: OffsetDateTime,
     /// Set once the term lost its lock and let it go (its tokio task about to return).
@@ -121,24 +118,9 @@ impl Running {
         self.since
     }
 
-    /// The store now records the term under `slot` (its member joined again under it),
-    /// and it is still the shard's latest.
+    /// The store now records the term under `slot` (its member joined again under it).
     pub(crate) fn rejoined(&mut self, slot: u32) {
         self.slot = slot;
-        self.kept = false;
-    }
-
-    /// The member's membership was lost and the term goes on into the next one: until
-    /// [`rejoined`](Self::rejoined), it is not known to be its shard's latest term.
-    pub(crate) fn keep(&mut self) {
-        self.kept = true;
-    }
-
-    /// Whether the member, now under `slot`, must record the term under it and learn
-    /// whether it is still the shard's latest: kept from a lost membership (under the
-    /// same slot or another), or recorded under another slot.
-    pub(crate) fn to_confirm(&self, slot: u32) -> bool {
-        self.kept || self.slot != slot
     }
 
     /// Asks the term to hand over: its task is told, drained within the grace, and the
@@ -413,7 +395,6 @@ where
         shard,
         token,
         slot,
-        kept: false,
         since,
         lost: lost_flag,
         lock,

@@ -210,9 +210,8 @@ pub trait ShardTerms: Send + Sync {
 
     /// Records that the term `token` of `shard` goes on under the member slot `member`:
     /// its member's membership session ended while it kept the shard's lock, and it
-    /// joined again under another slot, or the same one (asked all the same, for the
-    /// answer). Only while `token` is the shard's latest term and not ended. The token
-    /// does not change: the term and its task go on.
+    /// joined again under another slot. Only while `token` is the shard's latest term and
+    /// not ended. The token does not change: the term and its task go on.
     ///
     /// Returns whether it was so (the term recorded under `member`). `false` says that
     /// another member began a newer term of the shard while this one was away (after a
