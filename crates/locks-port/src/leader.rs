@@ -62,21 +62,44 @@ impl Proclamation {
 /// # Errors
 /// As said above.
 pub fn check_published_value(name: &str, value: &str) -> Result<(), LockAcquisitionError> {
-    if value.len() > MAX_PUBLISHED_VALUE {
+    check_stored_text(name, "a published value", value, MAX_PUBLISHED_VALUE)
+}
+
+/// Checks a text a backend stores in a `text` column it indexes or keys by: at most `max`
+/// bytes and no NUL (which PostgreSQL's `text` cannot hold), so that every backend keeps
+/// it alike. Else a [`Configuration`](crate::AcquisitionErrorKind::Configuration) error
+/// naming `subject` and saying `what` the text is (`"a published value has at most 1024
+/// bytes, not 1025"`). [`check_published_value`] and [`check_board_name`] are made of it.
+///
+/// ```
+/// use locks_port::{AcquisitionErrorKind, check_stored_text};
+///
+/// assert!(check_stored_text("nightly", "a job's name", "nightly", 16).is_ok());
+/// let long = check_stored_text("n", "a job's name", &"n".repeat(17), 16).unwrap_err();
+/// assert_eq!(long.kind(), AcquisitionErrorKind::Configuration);
+/// assert_eq!(long.reason(), "a job's name has at most 16 bytes, not 17");
+/// ```
+///
+/// # Errors
+/// As said above.
+pub fn check_stored_text(
+    subject: &str,
+    what: &str,
+    text: &str,
+    max: usize,
+) -> Result<(), LockAcquisitionError> {
+    if text.len() > max {
         return Err(LockAcquisitionError::new(
-            name,
+            subject,
             AcquisitionErrorKind::Configuration,
-            format!(
-                "a published value has at most {MAX_PUBLISHED_VALUE} bytes, not {}",
-                value.len()
-            ),
+            format!("{what} has at most {max} bytes, not {}", text.len()),
         ));
     }
-    if value.contains('\0') {
+    if text.contains('\0') {
         return Err(LockAcquisitionError::new(
-            name,
+            subject,
             AcquisitionErrorKind::Configuration,
-            "a published value cannot contain a NUL character",
+            format!("{what} cannot contain a NUL character"),
         ));
     }
     Ok(())
@@ -106,24 +129,12 @@ pub const MAX_BOARD_NAME: usize = 2048;
 /// # Errors
 /// As said above.
 pub fn check_board_name(name: &str) -> Result<(), LockAcquisitionError> {
-    if name.len() > MAX_BOARD_NAME {
-        return Err(LockAcquisitionError::new(
-            name,
-            AcquisitionErrorKind::Configuration,
-            format!(
-                "an election name on a leader board has at most {MAX_BOARD_NAME} bytes, not {}",
-                name.len()
-            ),
-        ));
-    }
-    if name.contains('\0') {
-        return Err(LockAcquisitionError::new(
-            name,
-            AcquisitionErrorKind::Configuration,
-            "an election name on a leader board cannot contain a NUL character",
-        ));
-    }
-    Ok(())
+    check_stored_text(
+        name,
+        "an election name on a leader board",
+        name,
+        MAX_BOARD_NAME,
+    )
 }
 
 /// Records each term of an election, across every process sharing the backend.

@@ -8,7 +8,7 @@
 use std::fmt;
 use std::future::Future;
 
-use locks_port::{AcquisitionErrorKind, LockAcquisitionError};
+use locks_port::LockAcquisitionError;
 use time::OffsetDateTime;
 
 use crate::claim::Claim;
@@ -45,25 +45,7 @@ pub const MAX_JOB_NAME: usize = locks_port::MAX_BOARD_NAME;
 /// # Errors
 /// As said above.
 pub fn check_job_name(name: &str) -> Result<(), LockAcquisitionError> {
-    if name.len() > MAX_JOB_NAME {
-        return Err(LockAcquisitionError::new(
-            name,
-            AcquisitionErrorKind::Configuration,
-            format!(
-                "a scheduled job's name has at most {MAX_JOB_NAME} bytes (what a ledger's \
-                 index of names holds), not {}",
-                name.len()
-            ),
-        ));
-    }
-    if name.contains('\0') {
-        return Err(LockAcquisitionError::new(
-            name,
-            AcquisitionErrorKind::Configuration,
-            "a scheduled job's name cannot contain a NUL character",
-        ));
-    }
-    Ok(())
+    locks_port::check_stored_text(name, "a scheduled job's name", name, MAX_JOB_NAME)
 }
 
 /// What a ledger answered a claim.
