@@ -40,8 +40,9 @@ pub struct PostgresLockManagerBuilder {
 impl PostgresLockManagerBuilder {
     /// A label for this process or instance, copied into
     /// [`LockInfo::holder_id`](locks_port::LockInfo::holder_id) and published on the
-    /// lock connections as `application_name = 'locks:<holder id>'` (cut at 63 bytes,
-    /// NUL bytes left out), so `pg_stat_activity` and
+    /// lock connections as `application_name = 'locks:<holder id>'` (an id the 63 bytes
+    /// of the server's name cannot carry as it is: its start and a hash of it, see
+    /// [`holder_application_name`](crate::holder_application_name)), so `pg_stat_activity` and
     /// [`lock_holders`](crate::lock_holders) show who holds what. Without a holder id
     /// the connections' own `application_name` is left alone. It never reaches SQL
     /// text: it is bound as a parameter.

@@ -93,7 +93,9 @@ pub struct LockHolder {
     /// `application_name` is `locks:` or `locks:<holder id>`).
     pub ours: bool,
     /// The [`holder_id`](crate::PostgresLockManagerBuilder::holder_id) of the manager the
-    /// session belongs to, when it is ours and has one.
+    /// session belongs to, when it is ours and has one, as its `application_name` carries
+    /// it (one too long for it: its start and a hash of it,
+    /// [`holder_application_name`](crate::holder_application_name)).
     pub holder_id: Option<String>,
 }
 

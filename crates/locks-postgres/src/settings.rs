@@ -147,15 +147,28 @@ impl Settings {
 /// holder id: `locks:<holder id>`.
 pub const HOLDER_APPLICATION_NAME_PREFIX: &str = "locks:";
 
-/// `locks:<holder id>` as the server will keep it: no NUL bytes (the protocol cannot
-/// carry them), at most 63 bytes (the server's limit), cut at a character boundary.
+/// The most of an `application_name` the server keeps: 63 bytes (`NAMEDATALEN` - 1).
+const APPLICATION_NAME_BYTES: usize = 63;
+
+/// `locks:<holder id>` as the server will keep it: the whole holder id when the name can
+/// carry it as it is (at most 63 bytes, the server's limit, and no NUL byte, which the
+/// protocol cannot carry); else the id's start (NUL bytes left out, cut at a character
+/// boundary), `#` and 16 hex digits of [`lock_id`](locks_port::lock_id) of the whole id,
+/// 63 bytes at most. So two holder ids publish two names, however alike their first
+/// bytes: a shard group's members end a stopped member's sessions by its name.
 pub(crate) fn published_holder_id(holder_id: &str) -> String {
+    let whole = format!("{HOLDER_APPLICATION_NAME_PREFIX}{holder_id}");
+    if whole.len() <= APPLICATION_NAME_BYTES && !holder_id.contains('\0') {
+        return whole;
+    }
+    let hash = format!("#{:016x}", locks_port::lock_id(holder_id));
     let mut name = String::from(HOLDER_APPLICATION_NAME_PREFIX);
     for c in holder_id.chars().filter(|c| *c != '\0') {
-        if name.len() + c.len_utf8() > 63 {
+        if name.len() + c.len_utf8() + hash.len() > APPLICATION_NAME_BYTES {
             break;
         }
         name.push(c);
     }
+    name.push_str(&hash);
     name
 }

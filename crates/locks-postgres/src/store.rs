@@ -41,15 +41,29 @@ pub async fn install_under_lock(
 }
 
 /// `locks:<holder id>` as a manager built with that holder id publishes it as its
-/// sessions' `application_name` ([`HOLDER_APPLICATION_NAME_PREFIX`]): no NUL bytes (the
-/// protocol cannot carry them), at most 63 bytes (the server's limit), cut at a character
-/// boundary. What to look for in `pg_stat_activity` to find a holder's sessions.
+/// sessions' `application_name` ([`HOLDER_APPLICATION_NAME_PREFIX`]). What to look for in
+/// `pg_stat_activity` to find a holder's sessions.
+///
+/// The whole id when the name can carry it as it is: at most 63 bytes with the prefix
+/// (the server's limit; it cuts a longer name) and no NUL byte (which the protocol cannot
+/// carry). Else the id's start (without NUL bytes, cut at a character boundary), `#` and
+/// 16 hex digits of [`lock_id`](locks_port::lock_id) of the whole id, 63 bytes in all: two
+/// ids publish two names however alike their first bytes are (a pod name and a UUID), so
+/// the sessions of one are never taken for the other's (`locks-shard-postgres` ends a
+/// stopped member's sessions by this name).
 ///
 /// [`HOLDER_APPLICATION_NAME_PREFIX`]: crate::HOLDER_APPLICATION_NAME_PREFIX
 ///
 /// ```
-/// assert_eq!(locks_postgres::holder_application_name("worker-7"), "locks:worker-7");
-/// assert_eq!(locks_postgres::holder_application_name(&"é".repeat(40)).len(), 62);
+/// use locks_postgres::holder_application_name;
+///
+/// assert_eq!(holder_application_name("worker-7"), "locks:worker-7");
+/// let pod = "projections-worker-eu-west-1-7c9f8d6b5-x2x4z-0123456789abcdef";
+/// let a = holder_application_name(&format!("{pod}-a"));
+/// let b = holder_application_name(&format!("{pod}-b"));
+/// assert_ne!(a, b);
+/// assert!(a.starts_with("locks:projections-worker-eu-west-1-7c9f8d6b5-x#"));
+/// assert_eq!(a.len(), 63);
 /// ```
 #[must_use]
 pub fn holder_application_name(holder_id: &str) -> String {
@@ -93,13 +107,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_holder_id_is_published_without_nul_and_within_63_bytes() {
-        assert_eq!(holder_application_name("a\0b"), "locks:ab");
+    fn a_holder_id_is_published_whole_or_with_a_hash_of_it_within_63_bytes() {
+        let fits = "x".repeat(57);
+        assert_eq!(holder_application_name(&fits), format!("locks:{fits}"));
         let long = holder_application_name(&"x".repeat(100));
         assert_eq!(long.len(), 63);
+        assert_eq!(long[..46], format!("locks:{}", "x".repeat(40)));
+        assert_eq!(long.as_bytes()[46], b'#');
+        // Alike in the 57 bytes the server would keep of each: two names.
+        let (a, b) = (format!("{fits}-a"), format!("{fits}-b"));
+        assert_ne!(holder_application_name(&a), holder_application_name(&b));
         // A character that would cross the limit is left out whole.
-        let cut = holder_application_name(&"é".repeat(40));
-        assert!(cut.len() <= 63 && cut.is_char_boundary(cut.len()));
+        let cut = holder_application_name(&"€".repeat(30));
+        assert_eq!(cut.len(), 62, "13 characters of 3 bytes, the hash");
+        // NUL bytes are left out, and the name says that the id was changed.
+        let nul = holder_application_name("a\0b");
+        assert!(nul.starts_with("locks:ab#") && nul != holder_application_name("ab"));
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]

@@ -21,8 +21,9 @@ pub const MEMBERS_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS locks_shard_members
 /// Adds the `holder_id` column to a member table created before it existed (run by
 /// [`install_shard_terms`](crate::install_shard_terms) after [`MEMBERS_SCHEMA`]; does
 /// nothing on a table that has it). The roster names a member by it: the
-/// `application_name` is cut to the server's 63 bytes, and a longer holder id would not
-/// be the one its terms carry.
+/// `application_name` carries a holder id too long for the server's 63 bytes only as its
+/// start and a hash ([`holder_application_name`](locks_postgres::holder_application_name)),
+/// which is not the id its terms carry.
 pub const MEMBERS_UPGRADE: &str =
     "ALTER TABLE locks_shard_members ADD COLUMN IF NOT EXISTS holder_id text";
 
@@ -114,7 +115,9 @@ pub(crate) const RENEW_LOOK: &str = concat!(
 /// (its row there live) while the session of its old membership, gone on its side,
 /// still holds the old slot on the server (after a network cut, until the server's
 /// timers end it), loses that session alone, not the sessions it runs its shards on.
-/// (A data-modifying `WITH` runs whether or not the rest reads it; every part reads the
+/// Sessions are told apart by their name, which is one holder id's alone however long
+/// the ids (`holder_application_name`): a stopped member whose id begins as a live one's
+/// loses its sessions, and the live one none. (A data-modifying `WITH` runs whether or not the rest reads it; every part reads the
 /// table as it was before this statement.)
 pub(crate) const RENEW: &str = concat!(
     renew_mine!(),

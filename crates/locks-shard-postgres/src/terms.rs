@@ -347,7 +347,7 @@ impl ShardTerms for PostgresShardTerms {
                 let whole: Option<String> = row.try_get(2).map_err(read)?;
                 // The whole holder id, when the row's writer recorded it with its
                 // application name (a writer of an earlier version updates the name
-                // alone); else the name, which the server cuts to 63 bytes.
+                // alone); else the name's (a long id only its start and a hash).
                 let holder_id = whole
                     .filter(|id| locks_postgres::holder_application_name(id) == name)
                     .or_else(|| {

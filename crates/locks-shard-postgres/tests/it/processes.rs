@@ -1,7 +1,9 @@
 //! Members in processes of their own (this test binary, re-executed): one SIGKILLed, one
-//! SIGSTOPped past its renewal and continued. Their tasks record guarded progress writes
-//! with the server's clock, as in `fleet.rs`.
+//! SIGSTOPped past its renewal and continued, and one SIGSTOPped beside a live member whose
+//! holder id begins as its own. Their tasks record guarded progress writes with the
+//! server's clock, as in `fleet.rs`.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use locks_shard::ShardMember;
@@ -15,6 +17,14 @@ use crate::support::{manager, terms, unique, writes_pool};
 const RENEWAL: Duration = Duration::from_secs(2);
 const TAKEOVER: Duration = Duration::from_millis(500);
 const SETTLE: Duration = Duration::from_secs(20);
+/// How soon every shard of a SIGSTOPped member runs again: the others end its sessions
+/// within 1.2 x the expiry of its last renewal, then wait the takeover delay; the slack
+/// covers ticks, a frozen writer's transaction (ended after 1 s) and a loaded machine
+/// (seen: 2.7 s alone, 3.8 s beside the fleet test).
+const BOUND: Duration = RENEWAL
+    .saturating_add(RENEWAL.checked_div(5).expect("not by zero"))
+    .saturating_add(TAKEOVER)
+    .saturating_add(Duration::from_millis(2500));
 
 /// A member process: joins the group named in `SHARD_GROUP` as `holder`, says its pid,
 /// and runs until it is killed.
@@ -87,22 +97,11 @@ async fn a_killed_and_a_frozen_member_lose_their_shards_within_the_bound() {
     let from = Instant::now();
     signal(frozen, "STOP");
     let (owners, took) = watcher.settled(2, from, SETTLE).await;
-    // The others end its sessions within 1.2 x the expiry of its last renewal, then wait
-    // the takeover delay; the slack covers ticks, a frozen writer's transaction (ended
-    // after 1 s) and a loaded machine (seen: 2.7 s alone, 3.8 s beside the fleet test).
-    let bound = RENEWAL + RENEWAL / 5 + TAKEOVER + Duration::from_millis(2500);
     eprintln!(
-        "SIGSTOP p2: every shard running again after {took:?} (bound {bound:?}), {:?}",
+        "SIGSTOP p2: every shard running again after {took:?} (bound {BOUND:?}), {:?}",
         owners.counts()
     );
-    assert!(
-        took >= RENEWAL / 2,
-        "freed before its renewal could expire: {took:?}"
-    );
-    assert!(
-        took <= bound,
-        "a frozen member kept its shards for {took:?}"
-    );
+    freed_in_time(took);
     // Woken after its shards moved: whatever it writes with its old tokens is refused.
     signal(frozen, "CONT");
     let from = Instant::now();
@@ -122,4 +121,70 @@ async fn a_killed_and_a_frozen_member_lose_their_shards_within_the_bound() {
         "two owners of a shard wrote in between each other"
     );
     assert_eq!(refused, 0, "a live member wrote after its shard moved");
+}
+
+/// Asserts that a SIGSTOPped member's shards all ran again `took` after its stop: after
+/// its renewal could expire, within [`BOUND`].
+fn freed_in_time(took: Duration) {
+    assert!(
+        took >= RENEWAL / 2,
+        "freed before its renewal could expire: {took:?}"
+    );
+    assert!(
+        took <= BOUND,
+        "a frozen member kept its shards for {took:?} (bound {BOUND:?})"
+    );
+}
+
+/// The server keeps 63 bytes of `application_name`, `locks:` and 57 of the holder id: two
+/// members whose holder ids begin with the same 57 bytes. The one SIGSTOPped loses its
+/// shards within the bound (its sessions ended), and the live one keeps its sessions and
+/// so every term it ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_member_is_told_from_a_live_one_whose_holder_id_begins_alike() {
+    let name = unique("twins");
+    let watcher = Watcher::new(group(&name)).await;
+    let alike = format!("{name:x<57}");
+    let (frozen_id, live_id) = (format!("{alike}-frozen"), format!("{alike}-live"));
+    assert_eq!(frozen_id.as_bytes()[..57], live_id.as_bytes()[..57]);
+    let from = Instant::now();
+    let (mut frozen, frozen_pid) = started(&frozen_id, &name).await;
+    let _live = started(&live_id, &name).await;
+    let (owners, took) = watcher.settled(2, from, SETTLE).await;
+    eprintln!("2 processes: settled after {took:?}");
+    // Each shard of the live member: its term's token and the member's slot.
+    let live_terms: BTreeMap<String, (i64, u32)> = owners
+        .shards
+        .iter()
+        .filter_map(|(shard, owner)| {
+            let owner = owner.as_ref()?;
+            (owner.holder_id.as_deref() == Some(&*live_id))
+                .then(|| (shard.clone(), (owner.token, owner.member)))
+        })
+        .collect();
+    assert_eq!(live_terms.len(), SHARDS / 2, "the live member's share");
+
+    let from = Instant::now();
+    signal(frozen_pid, "STOP");
+    let (owners, took) = watcher.settled(1, from, SETTLE).await;
+    eprintln!("SIGSTOP of the frozen twin: every shard running again after {took:?}");
+    freed_in_time(took);
+    for (shard, owner) in &owners.shards {
+        let owner = owner.as_ref().expect("every shard owned");
+        assert_eq!(owner.holder_id.as_deref(), Some(&*live_id), "{shard}");
+        if let Some(term) = live_terms.get(shard) {
+            assert_eq!(
+                (owner.token, owner.member),
+                *term,
+                "{shard}: the live member's term or membership ended (its sessions did)"
+            );
+        }
+    }
+    frozen.kill();
+    let (interleaved, refused) = watcher.interleaved_and_refused(&[&frozen_id]).await;
+    assert_eq!(
+        (interleaved, refused),
+        (0, 0),
+        "(interleaved, refused) writes"
+    );
 }
