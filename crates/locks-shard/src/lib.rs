@@ -17,7 +17,8 @@ mod terms;
 pub use assign::target_share;
 pub use group::{MAX_NAME_BYTES, MAX_SHARDS, MIN_MEMBER_SLOTS, ShardGroup};
 pub use member::{
-    DEFAULT_BACKOFF, DEFAULT_REJOIN_WAIT, DEFAULT_RENEWAL_EXPIRY, DEFAULT_TICK, ShardMember,
+    DEFAULT_BACKOFF, DEFAULT_REJOIN_WAIT, DEFAULT_RENEWAL_EXPIRY, DEFAULT_TICK, MIN_RENEWAL_EXPIRY,
+    ShardMember,
 };
 pub use observe::{DEFAULT_WATCH_INTERVAL, ShardOwner, ShardWatch, Shards, owners, owners_by_name};
 pub use task::{DEFAULT_DRAIN_GRACE, DEFAULT_TAKEOVER_DELAY, Owned};

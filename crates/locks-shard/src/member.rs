@@ -21,7 +21,7 @@ use crate::group::ShardGroup;
 use crate::membership::{Left, Membership, abort_all, overdue, stop_all};
 use crate::metrics::Instruments;
 use crate::observe::{ShardWatch, Shards, owners};
-use crate::renewal::SelfStop;
+use crate::renewal::{SelfStop, answer_budget};
 use crate::task::{DEFAULT_DRAIN_GRACE, DEFAULT_TAKEOVER_DELAY, LettingGo, Owned, Running, Told};
 use crate::terms::ShardTerms;
 
@@ -41,6 +41,19 @@ pub const DEFAULT_REJOIN_WAIT: Duration = Duration::from_secs(2);
 /// [`ShardMember::renewal`]): a member whose process stopped loses its shards within
 /// this, plus a fifth of it (the others' renewal period), plus the takeover delay.
 pub const DEFAULT_RENEWAL_EXPIRY: Duration = Duration::from_secs(10);
+
+/// The shortest renewal expiry a member runs with (see [`ShardMember::renewal`]): 500 ms.
+/// A member renews every fifth of its expiry and stops its own tasks 0.8 of it after its
+/// last confirmed renewal was sent, so the answers to two renewals in a row, and the
+/// fifth waited between them, must fit in 0.8 of the expiry: each renewal has 0.3 of it
+/// to be answered in, 150 ms at this floor. A shorter expiry leaves too little for a
+/// loaded server's answer and the runtime's timers, and the member stops itself over and
+/// over, its peers perhaps ending its sessions too (its row expired before its next
+/// renewal landed). Measured on PostgreSQL on a loaded 2-core machine, where the slowest
+/// of 1,000 renewals took 24 ms: a lone member of 24 shards started no task at 1-5 ms (each
+/// round stopped before a task could start), 29-37 tasks in 3 s at 20 ms, and at 100 ms
+/// (30 ms an answer) still stopped itself in one run of six.
+pub const MIN_RENEWAL_EXPIRY: Duration = Duration::from_millis(500);
 
 /// A member of a shard group: runs one task per shard it owns. See the crate's
 /// documentation for the contract and an example.
@@ -151,7 +164,10 @@ where
     }
 
     /// How long each renewal of this member's liveness lasts ([`DEFAULT_RENEWAL_EXPIRY`]);
-    /// `None` turns renewals off. A member renews every fifth of it, through
+    /// `None` turns renewals off. At least [`MIN_RENEWAL_EXPIRY`] (500 ms): a shorter one,
+    /// zero among them, makes [`run`](Self::run) fail at once with a
+    /// [`Configuration`](AcquisitionErrorKind::Configuration) error, as the renewals could
+    /// not keep up with it. A member renews every fifth of it, through
     /// [`ShardTerms::renew`], which also ends the lock sessions of members whose renewal
     /// expired (on PostgreSQL, with `pg_terminate_backend`): a member whose process
     /// stopped (`SIGSTOP`, a frozen VM) loses its shards within about 1.2 times the
@@ -162,7 +178,7 @@ where
     /// process; a member without one neither renews nor can be ended so.
     #[must_use]
     pub fn renewal(mut self, expiry: Option<Duration>) -> Self {
-        self.renewal = expiry.filter(|expiry| !expiry.is_zero());
+        self.renewal = expiry;
         self
     }
 
@@ -220,10 +236,12 @@ where
     /// Each term runs on a tokio task of its own.
     ///
     /// # Errors
-    /// A [`Configuration`](AcquisitionErrorKind::Configuration) error when other members
-    /// use another shard list, or when the manager refuses the join for a reason retrying
-    /// cannot fix (on PostgreSQL: a missing grant, or a read-only standby behind a
-    /// single-host URL); or [`InvalidKey`](AcquisitionErrorKind::InvalidKey). Other
+    /// A [`Configuration`](AcquisitionErrorKind::Configuration) error at once, before the
+    /// member joins, for a [`renewal`](Self::renewal) expiry below [`MIN_RENEWAL_EXPIRY`];
+    /// one when other members use another shard list, or when the manager refuses the
+    /// join for a reason retrying cannot fix (on PostgreSQL: a missing grant, or a
+    /// read-only standby behind a single-host URL); or
+    /// [`InvalidKey`](AcquisitionErrorKind::InvalidKey). Other
     /// failures (the backend unreachable) are retried after the back-off: behind a
     /// failover, give the manager a multi-host URL with `target_session_attrs=read-write`,
     /// whose failures while the new primary is promoted are `Unreachable`, and retried. A lost
@@ -270,6 +288,7 @@ where
         F: Fn(Owned, LostSignal) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
+        self.check_renewal()?;
         let task = Arc::new(task);
         let members = self.group.members_name();
         let permits = self.group.member_permits();
@@ -389,6 +408,25 @@ where
                     return Ok(());
                 }
             }
+        }
+    }
+
+    /// Refuses a renewal expiry below [`MIN_RENEWAL_EXPIRY`].
+    fn check_renewal(&self) -> Result<(), LockAcquisitionError> {
+        match self.renewal {
+            Some(expiry) if expiry < MIN_RENEWAL_EXPIRY => Err(LockAcquisitionError::new(
+                self.group.name(),
+                AcquisitionErrorKind::Configuration,
+                format!(
+                    "a shard member's renewal expiry of {expiry:?} is too short: it renews \
+                     every fifth of it and stops its own tasks 0.8 of it after its last \
+                     confirmed renewal, so each renewal would have {:?} to be answered in; \
+                     the expiry must be at least {MIN_RENEWAL_EXPIRY:?} \
+                     (locks_shard::MIN_RENEWAL_EXPIRY), or None to turn renewals off",
+                    answer_budget(expiry)
+                ),
+            )),
+            _ => Ok(()),
         }
     }
 

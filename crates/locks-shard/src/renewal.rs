@@ -18,6 +18,19 @@ use crate::terms::ShardTerms;
 /// the server wrote that renewal, which was after it was sent.
 const SELF_STOP: f64 = 0.8;
 
+/// A member renews every this-many-th of its expiry.
+const RENEWALS_PER_EXPIRY: u32 = 5;
+
+/// How long each renewal has to be answered in for a member with `expiry` not to stop
+/// itself: two answers in a row and the pause between them fit in [`SELF_STOP`] of the
+/// expiry (0.3 of it).
+pub(crate) fn answer_budget(expiry: Duration) -> Duration {
+    expiry
+        .mul_f64(SELF_STOP)
+        .saturating_sub(expiry / RENEWALS_PER_EXPIRY)
+        / 2
+}
+
 /// When a member's last confirmed renewal was sent, across its memberships, and the
 /// deadline that follows from it.
 #[derive(Debug, Clone)]
@@ -109,7 +122,7 @@ impl Renewals {
                     }
                     Err(error) => tracing::warn!(error = %error, "renewing this member failed"),
                 }
-                tokio::time::sleep(expiry / 5).await;
+                tokio::time::sleep(expiry / RENEWALS_PER_EXPIRY).await;
             }
         });
         Self {

@@ -2,15 +2,19 @@
 //! still held: every session of a member that stopped renewing, and only the old slot's
 //! session of a member that joined again under another slot (its sessions gone on its
 //! side but not yet on the server's, after a network cut), never the sessions that member
-//! runs its shards on; and a member that left (its slot free) is only forgotten.
+//! runs its shards on; and a member that left (its slot free) is only forgotten. A
+//! renewal expiry too short for the renewals to keep up is refused.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use locks_shard::locks_port::PermitDerivation;
-use locks_shard::{ShardGroup, ShardTerms};
+use locks_shard::locks_port::{AcquisitionErrorKind, PermitDerivation};
+use locks_shard::{ShardGroup, ShardMember, ShardTerms};
 use locks_shard_postgres::tokio_postgres::Client;
 
-use crate::support::{admin, database_url, terms, unique};
+use crate::record::{SHARDS, group};
+use crate::support::{admin, database_url, manager, terms, unique};
 
 /// What a test session holds: a slot of the membership semaphore (its class, the slot),
 /// or a shard's lock (its key).
@@ -201,4 +205,52 @@ async fn a_renewal_that_may_not_end_a_stuck_member_still_renews_this_one() {
         .expect("this member's row")
         .get(0);
     assert!(live, "this member's row is renewed");
+}
+
+/// A member renews every fifth of its expiry and stops itself 0.8 of it after its last
+/// confirmed renewal was sent, so each renewal has 0.3 of the expiry to be answered in.
+/// Below `MIN_RENEWAL_EXPIRY` a member is refused at once (a `Configuration` error, no
+/// join); at it, a lone member on this server keeps each of its shards' tasks for 3 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_expiry_below_the_floor_is_refused_and_one_at_it_keeps_its_shards() {
+    let floor = locks_shard::MIN_RENEWAL_EXPIRY;
+    for expiry in [Duration::from_millis(20), floor] {
+        let name = unique("expiry");
+        let member = ShardMember::new(
+            manager(&unique("m"), SHARDS + 4),
+            terms().await,
+            group(&name),
+        )
+        .tick(Duration::from_millis(50))
+        .backoff(Duration::from_millis(200))
+        .renewal(Some(expiry));
+        let starts = Arc::new(AtomicUsize::new(0));
+        let counted = starts.clone();
+        let run = member.run(move |_, stop| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async move {
+                let _ = stop.await;
+            }
+        });
+        let ran = tokio::time::timeout(Duration::from_secs(3), run).await;
+        let started = starts.load(Ordering::SeqCst);
+        if expiry < floor {
+            let error = ran
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "a renewal expiry of {expiry:?} was not refused: {started} task starts \
+                         for {SHARDS} shards in 3 s"
+                    )
+                })
+                .expect_err("run never returns Ok");
+            assert_eq!(error.kind(), AcquisitionErrorKind::Configuration, "{error}");
+            assert_eq!(started, 0);
+        } else {
+            assert!(ran.is_err(), "run ended: {ran:?}");
+            assert_eq!(
+                started, SHARDS,
+                "a member at the floor stopped itself: {started} task starts for {SHARDS} shards"
+            );
+        }
+    }
 }

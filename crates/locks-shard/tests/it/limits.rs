@@ -1,11 +1,12 @@
 //! Settings at their limits: a member given `Duration::MAX` for its tick, takeover delay
 //! or rejoin wait (each accepted by its setter) runs and waits as long as it was told,
 //! and never panics; nor does a member that takes a shard whose unended term recorded
-//! such a delay as its loss notice.
+//! such a delay as its loss notice. A renewal expiry below the floor is refused.
 
 use std::time::{Duration, Instant};
 
 use locks_memory::InMemoryLockManager;
+use locks_port::AcquisitionErrorKind;
 use locks_shard::{MemoryTerms, ShardMember, ShardTerms};
 use tokio::sync::mpsc;
 
@@ -133,4 +134,58 @@ async fn a_rejoin_wait_of_duration_max_waits_for_the_fleet_and_never_panics() {
     let member = fleet.member("c").rejoin_wait(Duration::MAX);
     let started = run_until(member, &fleet.terms, async |_, started| started > 0).await;
     assert_eq!(started, 1, "its share among the two expected");
+}
+
+/// A renewal expiry below `MIN_RENEWAL_EXPIRY` (zero among them) ends `run` at once with
+/// a `Configuration` error that names the floor, before the member joins; one at the
+/// floor runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_expiry_below_the_floor_is_refused_at_once() {
+    let floor = locks_shard::MIN_RENEWAL_EXPIRY;
+    let mut not_refused = Vec::new();
+    for expiry in [
+        Duration::ZERO,
+        Duration::from_millis(1),
+        floor - Duration::from_nanos(1),
+    ] {
+        let fleet = Fleet::new(1);
+        let member = fleet.member("m").renewal(Some(expiry));
+        let (started, mut starts) = mpsc::unbounded_channel::<()>();
+        let run = member.run(move |_owned, _stop| {
+            let _ = started.send(());
+            std::future::pending::<()>()
+        });
+        let Ok(ended) = tokio::time::timeout(Duration::from_secs(1), run).await else {
+            let mut count = 0;
+            while starts.try_recv().is_ok() {
+                count += 1;
+            }
+            not_refused.push(format!("{expiry:?} ({count} task starts in 1 s)"));
+            continue;
+        };
+        let error = ended.expect_err("run never returns Ok");
+        assert_eq!(error.kind(), AcquisitionErrorKind::Configuration, "{error}");
+        assert!(
+            error.to_string().contains("at least 500ms"),
+            "{expiry:?}: {error}"
+        );
+        assert!(
+            fleet
+                .member("observer")
+                .owners()
+                .await
+                .expect("owners")
+                .members
+                .is_empty(),
+            "{expiry:?}: it joined"
+        );
+    }
+    assert!(
+        not_refused.is_empty(),
+        "renewal expiries not refused: {not_refused:?}"
+    );
+    let fleet = Fleet::new(1);
+    let member = fleet.member("m").renewal(Some(floor));
+    let started = run_until(member, &fleet.terms, async |_, started| started > 0).await;
+    assert_eq!(started, 1, "a member at the floor runs");
 }
