@@ -42,10 +42,10 @@ impl PostgresLockManagerBuilder {
     /// [`LockInfo::holder_id`](locks_port::LockInfo::holder_id) and published on the
     /// lock connections as `application_name = 'locks:<holder id>'` (an id the 63 bytes
     /// of the server's name cannot carry as it is: its start and a hash of it, see
-    /// [`holder_application_name`](crate::holder_application_name)), so `pg_stat_activity` and
-    /// [`lock_holders`](crate::lock_holders) show who holds what. Without a holder id
-    /// the connections' own `application_name` is left alone. It never reaches SQL
-    /// text: it is bound as a parameter.
+    /// [`holder_application_name`](crate::holder_application_name)), so
+    /// `pg_stat_activity` and [`lock_holders`](crate::lock_holders) show who holds what.
+    /// Without a holder id the connections' own `application_name` is left alone. It
+    /// never reaches SQL text: it is bound as a parameter.
     pub fn holder_id(mut self, holder_id: impl Into<String>) -> Self {
         self.holder_id = Some(holder_id.into());
         self

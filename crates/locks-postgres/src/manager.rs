@@ -641,8 +641,9 @@ impl Semaphore for PostgresLockManager {
 /// [`install_leader_board`](crate::install_leader_board)),
 /// with the manager's holder id as `permit_holders` reports it (as its sessions'
 /// `application_name` carries it: a long one's start and a hash,
-/// [`holder_application_name`](crate::holder_application_name)) and the server's clock. Each call checks a pooled connection out for
-/// one statement, bounded by the answer timeout.
+/// [`holder_application_name`](crate::holder_application_name)) and the server's clock.
+/// Each call checks a pooled connection out for one statement, bounded by the answer
+/// timeout.
 impl LeaderBoard for PostgresLockManager {
     async fn proclaim(
         &self,

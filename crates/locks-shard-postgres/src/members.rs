@@ -117,8 +117,8 @@ pub(crate) const RENEW_LOOK: &str = concat!(
 /// timers end it), loses that session alone, not the sessions it runs its shards on.
 /// Sessions are told apart by their name, which is one holder id's alone however long
 /// the ids (`holder_application_name`): a stopped member whose id begins as a live one's
-/// loses its sessions, and the live one none. (A data-modifying `WITH` runs whether or not the rest reads it; every part reads the
-/// table as it was before this statement.)
+/// loses its sessions, and the live one none. (A data-modifying `WITH` runs whether or
+/// not the rest reads it; every part reads the table as it was before this statement.)
 pub(crate) const RENEW: &str = concat!(
     renew_mine!(),
     "expired AS (\
