@@ -144,7 +144,7 @@ impl PostgresRoutingRepository {
         next: &TenantRoute,
     ) -> Result<bool, RepositoryError> {
         let failed = |error| RepositoryError::new(CAS, DbFailure::driver("", error));
-        check_transition(expected, next)?;
+        TenantRoute::check_compare_and_set(expected, next)?;
         let client = transaction.client();
         let statement = client
             .prepare_cached(&self.compare_and_set)
@@ -215,23 +215,6 @@ impl PostgresRoutingRepository {
 
 /// What a compare-and-set failure names.
 const CAS: &str = "routing compare-and-set";
-
-/// `expected → next` must keep the state or be a transition of the state machine.
-fn check_transition(expected: &TenantRoute, next: &TenantRoute) -> Result<(), RepositoryError> {
-    if expected.tenant_id != next.tenant_id {
-        return Err(RepositoryError::new(
-            CAS,
-            "the expected and the next route are of different tenants",
-        ));
-    }
-    if expected.state != next.state {
-        expected
-            .state
-            .transition_to(next.state)
-            .map_err(|error| RepositoryError::new(CAS, error))?;
-    }
-    Ok(())
-}
 
 /// The parameters of the compare-and-set statement: the next route, then the expected.
 struct CasValues<'a> {
@@ -320,7 +303,7 @@ impl RoutingRepository for PostgresRoutingRepository {
         expected: &TenantRoute,
         next: TenantRoute,
     ) -> Result<bool, RepositoryError> {
-        check_transition(expected, &next)?;
+        TenantRoute::check_compare_and_set(expected, &next)?;
         let values = CasValues::new(expected, &next);
         let rows =
             repository_query(&self.pool, CAS, &self.compare_and_set, &values.params()).await?;

@@ -297,9 +297,72 @@ impl TenantRoute {
             ..self.clone()
         })
     }
+
+    /// Whether [`RoutingRepository::put`] writes `self` over `stored`, the tenant's route
+    /// now: `self` keeps `stored`'s state or may follow it ([`RoutingState`]'s machine),
+    /// and does not take a route marked by another migration (unless that route is
+    /// `migrated`, or either carries no migration).
+    pub(crate) fn may_replace(&self, stored: &TenantRoute) -> bool {
+        let state = stored.state == self.state || stored.state.can_transition_to(self.state);
+        let migration = match (stored.migration_id, self.migration_id) {
+            (Some(marked), Some(by)) => marked == by || stored.state == RoutingState::Migrated,
+            _ => true,
+        };
+        state && migration
+    }
+
+    /// The checks of [`RoutingRepository::compare_and_set`] from `expected` to `next`
+    /// that come before the stored route is read, which every routing repository of this
+    /// workspace makes: both routes are of one tenant, and `next` keeps `expected`'s
+    /// state or may follow it ([`RoutingState`]'s machine).
+    ///
+    /// ```
+    /// use migration_cutover::{RoutingState, TenantRoute, TransitionError};
+    /// use migration_cutover::uuid::Uuid;
+    ///
+    /// let normal = TenantRoute::normal(Uuid::nil(), "shared");
+    /// let migrated = TenantRoute { state: RoutingState::Migrated, ..normal.clone() };
+    /// assert!(TenantRoute::check_compare_and_set(&migrated, &normal).is_ok());
+    /// let error = TenantRoute::check_compare_and_set(&normal, &migrated).unwrap_err();
+    /// assert_eq!(error.what(), "routing compare-and-set");
+    /// let source = std::error::Error::source(&error).unwrap();
+    /// assert_eq!(
+    ///     source.downcast_ref::<TransitionError>(),
+    ///     Some(&TransitionError::Routing { from: RoutingState::Normal, to: RoutingState::Migrated })
+    /// );
+    /// ```
+    ///
+    /// # Errors
+    /// A [`RepositoryError`] of `"routing compare-and-set"` when a check fails: its
+    /// source is the [`TransitionError`](crate::TransitionError) for a move the machine
+    /// does not allow.
+    pub fn check_compare_and_set(
+        expected: &TenantRoute,
+        next: &TenantRoute,
+    ) -> Result<(), RepositoryError> {
+        const WHAT: &str = "routing compare-and-set";
+        if expected.tenant_id != next.tenant_id {
+            return Err(RepositoryError::new(
+                WHAT,
+                "the expected and the next route are of different tenants",
+            ));
+        }
+        if expected.state != next.state {
+            expected
+                .state
+                .transition_to(next.state)
+                .map_err(|error| RepositoryError::new(WHAT, error))?;
+        }
+        Ok(())
+    }
 }
 
 /// The routing table: tenant → store and routing state. Whole-record reads and writes.
+///
+/// Every write follows [`RoutingState`]'s machine, on every implementation of this
+/// workspace alike (the in-memory table refuses what the PostgreSQL one does, with the
+/// same errors; `migration_cutover::testing::routing_contract`, feature `testing`,
+/// checks a table against it).
 pub trait RoutingRepository: Send + Sync {
     /// The tenant's route, `None` when it has none.
     ///
@@ -310,10 +373,15 @@ pub trait RoutingRepository: Send + Sync {
         tenant_id: Uuid,
     ) -> impl Future<Output = Result<Option<TenantRoute>, RepositoryError>> + Send;
 
-    /// Stores `route` (insert or replace the tenant's route).
+    /// Stores `route`: inserts it (in any state) when the tenant has no route, else
+    /// replaces the tenant's route if `route` keeps its state or may follow it, and does
+    /// not take a route marked by another migration (unless that route is `migrated`, or
+    /// either carries no migration). So a stale instance cannot move a `migrated` route
+    /// back to `cutover_paused`, and two migrations of one tenant cannot both mark it.
     ///
     /// # Errors
-    /// [`RepositoryError`] on a backend failure; the route is then unchanged.
+    /// A [`RepositoryError`] of `"routing update"` naming the stored state when the route
+    /// may not be replaced so, or on a backend failure; the route is then unchanged.
     fn put(&self, route: TenantRoute) -> impl Future<Output = Result<(), RepositoryError>> + Send;
 
     /// Replaces the tenant's route by `next` only if it is exactly `expected` now, in
@@ -325,9 +393,15 @@ pub trait RoutingRepository: Send + Sync {
     /// rollback) and a writer's recovery of an abandoned pause go through this, so two
     /// instances that race cannot both move the route, and no transition is half-written.
     ///
+    /// `next` must keep `expected`'s state or may follow it, and be of the same tenant:
+    /// that is checked first ([`TenantRoute::check_compare_and_set`]), whatever the
+    /// stored route.
+    ///
     /// # Errors
-    /// [`RepositoryError`] on a backend failure; the route is then unchanged (or, if the
-    /// answer was lost, either unchanged or `next`: read it again).
+    /// A [`RepositoryError`] of `"routing compare-and-set"` when `expected → next` fails
+    /// those checks (its source the [`TransitionError`](crate::TransitionError) for a move
+    /// the machine does not allow), or on a backend failure; the route is then unchanged
+    /// (or, if the answer was lost, either unchanged or `next`: read it again).
     fn compare_and_set(
         &self,
         expected: &TenantRoute,

@@ -1,9 +1,14 @@
 //! The in-memory world a cutover test runs in (feature `testing`): for this crate's tests
 //! and the workspace's cutover race, which wrap the stores and the routing table to
-//! inject faults or count writes.
+//! inject faults or count writes; and the routing table's contract, which every
+//! [`RoutingRepository`] runs ([`routing_contract`]).
 
 use locks_port::DistributedLock;
 use uuid::Uuid;
+
+mod routing;
+
+pub use routing::routing_contract;
 
 use crate::{
     Event, EventStore, InMemoryMigrationRepository, InMemoryWritePause, MigrationConfig,

@@ -2,12 +2,13 @@
 
 use std::time::Duration;
 
+use migration_cutover::testing::routing_contract;
 use migration_cutover::uuid::Uuid;
 use migration_cutover::{
     Event, EventStore, Migration, MigrationRepository, PauseGuard, Phase, RoutingRepository,
     RoutingState, StoreError, TenantRoute, WritePause,
 };
-use migration_cutover_postgres::{PostgresEventStore, write_lock_id};
+use migration_cutover_postgres::{PostgresEventStore, PostgresRoutingRepository, write_lock_id};
 
 use crate::support::{Fleet, SOURCE, TARGET, connect, pool, table, test_config};
 
@@ -155,6 +156,16 @@ async fn routing_transitions_are_checked_by_the_database() {
             .await
             .is_err()
     );
+    fleet.drop_databases().await;
+}
+
+/// The contract the in-memory routing table keeps too (`migration-cutover`'s tests run
+/// the same case on it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_routing_table_keeps_the_routing_contract() {
+    let fleet = Fleet::create("contract").await;
+    let routing = PostgresRoutingRepository::new(pool(&fleet.a, 2), table("fleet.routes"));
+    routing_contract(&routing).await;
     fleet.drop_databases().await;
 }
 

@@ -178,7 +178,10 @@ impl EventStore for InMemoryEventStore {
     }
 }
 
-/// A routing table in memory.
+/// A routing table in memory. It refuses the writes the PostgreSQL table refuses, with
+/// the same errors (see [`RoutingRepository`]): a `put` the state machine does not allow
+/// over the stored route, or one taking another migration's route, and a
+/// `compare_and_set` that is not a transition.
 #[derive(Debug, Clone, Default)]
 pub struct InMemoryRoutingRepository {
     routes: Arc<Mutex<HashMap<Uuid, TenantRoute>>>,
@@ -207,10 +210,23 @@ impl RoutingRepository for InMemoryRoutingRepository {
     }
 
     fn put(&self, route: TenantRoute) -> impl Future<Output = Result<(), RepositoryError>> + Send {
+        const WHAT: &str = "routing update";
         if let Some(words) = nul_refusal(route_text(&route)) {
-            return ready(Err(RepositoryError::new("routing update", words)));
+            return ready(Err(RepositoryError::new(WHAT, words)));
         }
-        lock(&self.routes).insert(route.tenant_id, route);
+        let mut routes = lock(&self.routes);
+        if let Some(stored) = routes.get(&route.tenant_id)
+            && !route.may_replace(stored)
+        {
+            // In the PostgreSQL table's words.
+            let words = format!(
+                "refused by the database: tenant {}'s route is `{}` (migration {:?}); \
+                 `{}` for migration {:?} cannot be written over it",
+                route.tenant_id, stored.state, stored.migration_id, route.state, route.migration_id
+            );
+            return ready(Err(RepositoryError::new(WHAT, words)));
+        }
+        routes.insert(route.tenant_id, route);
         ready(Ok(()))
     }
 
@@ -219,6 +235,9 @@ impl RoutingRepository for InMemoryRoutingRepository {
         expected: &TenantRoute,
         next: TenantRoute,
     ) -> impl Future<Output = Result<bool, RepositoryError>> + Send {
+        if let Err(refused) = TenantRoute::check_compare_and_set(expected, &next) {
+            return ready(Err(refused));
+        }
         if let Some(words) = nul_refusal(route_text(&next).chain(route_text(expected))) {
             return ready(Err(RepositoryError::new("routing compare-and-set", words)));
         }

@@ -302,13 +302,23 @@ async fn left_by_a_dead_cutover(
     let mut record = coordinator.migration(migration).await.unwrap();
     record.phase = Phase::Cutover;
     h.ports.migrations().save(&record).await.unwrap();
+    // The cutover's writes up to `state`: `cutover_paused` on the source first (the
+    // routing table takes no other way on from `dual_write`), then `state` on `store`.
+    let paused = (RoutingState::CutoverPaused, SOURCE);
+    let steps = if state == RoutingState::DualWrite {
+        vec![(state, store)]
+    } else {
+        vec![paused, (state, store)]
+    };
     let mut route = h.route();
-    route.state = state;
-    route.store_id = StoreId::new(store);
-    if state == RoutingState::Migrated {
-        route.target_store_id = None;
+    for (state, store) in steps {
+        route.state = state;
+        route.store_id = StoreId::new(store);
+        if state == RoutingState::Migrated {
+            route.target_store_id = None;
+        }
+        h.ports.routing().put(route.clone()).await.unwrap();
     }
-    h.ports.routing().put(route).await.unwrap();
     migration
 }
 

@@ -1,6 +1,7 @@
 //! The integration tests of `migration-cutover`, on the in-memory adapters and the
 //! in-memory lock manager.
 
+mod contract;
 mod failures;
 mod happy_path;
 mod held_lock;

@@ -112,11 +112,19 @@ async fn a_paused_route_no_pause_holds_is_rolled_back_by_the_next_write() {
 
     // A route half-flipped (paused, already on the target: a two-write flip of an older
     // version) is not the writers' to resolve: they wait, and give up after their
-    // timeout.
+    // timeout. The routing table takes it from `migrated` only on a migration's way:
+    // back to `normal`, then on to `cutover_paused`.
     let mut half = h.route();
-    half.state = RoutingState::CutoverPaused;
     half.target_store_id = Some(half.store_id.clone());
-    h.ports.routing().put(half).await.unwrap();
+    for state in [
+        RoutingState::Normal,
+        RoutingState::BulkCopy,
+        RoutingState::DualWrite,
+        RoutingState::CutoverPaused,
+    ] {
+        half.state = state;
+        h.ports.routing().put(half.clone()).await.unwrap();
+    }
     let refused = h
         .router()
         .append_within(h.tenant, &[Event::new("E", "")], Duration::from_millis(40))
