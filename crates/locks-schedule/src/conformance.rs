@@ -11,17 +11,19 @@ use std::sync::Arc;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use locks_port::{AcquisitionErrorKind, DistributedLock};
+use locks_port::DistributedLock;
 
 mod every_slot;
+mod stored_text;
 
 pub use every_slot::{
     LOOP_SKEWS_MS, LoopRuns, SkewedLedger, every_slot_runs_each_slot_once, run_skewed_loops,
 };
+pub use stored_text::job_names_a_ledger_cannot_keep_are_refused;
 
 use crate::{
-    Attempt, Claim, CrashPolicy, JobContext, Ledger, MAX_JOB_NAME, MissedSlots, Outcome, Overlap,
-    RunError, RunReport, Schedule, ScheduledJob, SlotKind, Verdict,
+    CrashPolicy, JobContext, Ledger, MissedSlots, Outcome, Overlap, RunReport, Schedule,
+    ScheduledJob, Verdict,
 };
 
 /// What a contract case needs of a ledger under test.
@@ -482,124 +484,4 @@ pub async fn prune_keeps_each_jobs_latest_row<H: Harness>(harness: &H) {
         missed.previous, None,
         "the kept row still says nothing was missed"
     );
-}
-
-/// Job names a ledger cannot keep are refused alike by every ledger: one with a NUL
-/// (PostgreSQL's `text` cannot hold it) and one past [`MAX_JOB_NAME`] bytes (past what
-/// PostgreSQL's index of the ledger's key holds), of bytes that do not compress. A firing
-/// fails with a `Configuration` error naming the bound and runs nothing, the firing loop
-/// returns that error instead of firing again, and each ledger method that takes a name
-/// refuses it. A name at the bound runs as any other.
-pub async fn job_names_a_ledger_cannot_keep_are_refused<H: Harness>(harness: &H) {
-    let name = harness.job_name("names");
-    // Letters from a xorshift generator: nothing for a compressor to shorten.
-    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut at_bound = format!("{name}:");
-    while at_bound.len() < MAX_JOB_NAME {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        let letter = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_"
-            [usize::try_from(state % 64).unwrap_or(0)];
-        at_bound.push(char::from(letter));
-    }
-    let past = format!("{at_bound}x");
-    let ledger = harness.ledger();
-    let slot = harness
-        .schedule()
-        .slot_at(ledger.now().await.expect("the ledger's clock"))
-        .expect("a slot");
-    for (bad, says) in [
-        (format!("{name}\0nul"), "NUL".to_owned()),
-        (past, format!("at most {MAX_JOB_NAME} bytes")),
-    ] {
-        let shown: String = bad.chars().take(60).collect();
-        let job = ScheduledJob::new(bad.clone(), harness.schedule());
-        let runs = Seen::default();
-        let refused = job
-            .run_once_per_slot(harness.locks(0), ledger, |context| {
-                runs.record(&context);
-                async { Ok::<(), std::convert::Infallible>(()) }
-            })
-            .await
-            .expect_err("a firing of a job whose name no ledger can keep");
-        let RunError::Lock(error) = &refused else {
-            panic!("{shown:?}: a Configuration error of the job's lock key, not {refused}");
-        };
-        assert_eq!(
-            error.kind(),
-            AcquisitionErrorKind::Configuration,
-            "{shown:?}: {refused}"
-        );
-        assert!(refused.to_string().contains(&says), "{shown:?}: {refused}");
-        assert_eq!(runs.count(), 0, "{shown:?}: nothing runs");
-        // The loop stops on it: no later firing would go otherwise.
-        let looped = tokio::time::timeout(
-            Duration::from_secs(5),
-            job.run_every_slot(harness.locks(0), ledger, |_context| async {
-                Ok::<(), std::convert::Infallible>(())
-            }),
-        )
-        .await
-        .unwrap_or_else(|_| panic!("{shown:?}: the firing loop gave up at once"));
-        match looped {
-            Err(RunError::Lock(error)) => {
-                assert_eq!(error.kind(), AcquisitionErrorKind::Configuration, "{error}");
-            }
-            other => panic!("{shown:?}: the loop ends with the name's error, not {other:?}"),
-        }
-        // The ledger, asked directly, refuses the name too, naming the bound.
-        let claim = Claim {
-            name: &bad,
-            slot,
-            kind: SlotKind::Current,
-            holder: "names",
-            crash: CrashPolicy::AtMostOnce,
-            missed: MissedSlots::Skip,
-        };
-        let refused = ledger.claim(&claim).await.expect_err("claim");
-        assert!(
-            refused.message().contains(&says),
-            "claim {shown:?}: {refused}"
-        );
-        let attempt = Attempt {
-            name: &bad,
-            slot: slot.start(),
-            attempt: 1,
-            holder: "names",
-        };
-        let refused =
-            (ledger.finish(&attempt, Outcome::Succeeded, None).await).expect_err("finish");
-        assert!(
-            refused.message().contains(&says),
-            "finish {shown:?}: {refused}"
-        );
-        let refused =
-            (ledger.running_before(&bad, slot.start()).await).expect_err("running_before");
-        assert!(
-            refused.message().contains(&says),
-            "running_before {shown:?}: {refused}"
-        );
-        let refused =
-            (ledger.abandon_stale(&bad, &[slot.start()]).await).expect_err("abandon_stale");
-        assert!(
-            refused.message().contains(&says),
-            "abandon_stale {shown:?}: {refused}"
-        );
-        let refused = ledger.runs(Some(&bad), 1).await.expect_err("runs");
-        assert!(
-            refused.message().contains(&says),
-            "runs {shown:?}: {refused}"
-        );
-    }
-    let job = ScheduledJob::new(at_bound, harness.schedule()).holder("names".to_owned());
-    let runs = Seen::default();
-    let report = fire(harness, 0, &job, &runs).await;
-    assert!(
-        report.verdict.ran(),
-        "a name of {MAX_JOB_NAME} bytes runs: {report:?}"
-    );
-    let kept = rows(harness, &job, 1).await;
-    assert_eq!(kept.len(), 1, "its row");
-    assert_eq!(kept[0].name, job.name(), "the whole name is kept");
 }
