@@ -92,8 +92,8 @@ pub async fn install_ledger(client: &tokio_postgres::Client) -> Result<(), tokio
 /// claim is ever half written; the table's key `(name, slot)` refuses a second row for a
 /// slot even if the caller's lock did not exclude. A job name with a NUL (which `text`
 /// cannot hold) or of more than [`MAX_JOB_NAME`](locks_schedule::MAX_JOB_NAME) bytes
-/// (past what the key's index holds) is refused before the server is asked, as on every
-/// ledger.
+/// (past what the key's index holds), or a holder with a NUL, is refused before the
+/// server is asked, as on every ledger.
 #[derive(Debug, Clone)]
 pub struct PostgresLedger {
     pool: Pool,
@@ -280,6 +280,7 @@ impl Ledger for PostgresLedger {
         // A name `text` or the key's index cannot hold fails as on every ledger, before
         // anything is asked of the server (likewise in each method that takes a name).
         LedgerError::check_name(claim.name)?;
+        LedgerError::check_holder(claim.name, claim.holder)?;
         self.bounded("claiming a slot", self.claim_in_transaction(claim))
             .await
     }
@@ -292,6 +293,7 @@ impl Ledger for PostgresLedger {
     ) -> Result<bool, LedgerError> {
         const WHAT: &str = "recording a run's outcome";
         LedgerError::check_name(attempt.name)?;
+        LedgerError::check_holder(attempt.name, attempt.holder)?;
         self.bounded(WHAT, async {
             let client = self.client(WHAT).await?;
             let number = i32::try_from(attempt.attempt).unwrap_or(i32::MAX);

@@ -19,7 +19,9 @@ mod stored_text;
 pub use every_slot::{
     LOOP_SKEWS_MS, LoopRuns, SkewedLedger, every_slot_runs_each_slot_once, run_skewed_loops,
 };
-pub use stored_text::job_names_a_ledger_cannot_keep_are_refused;
+pub use stored_text::{
+    holders_a_ledger_cannot_keep_are_refused, job_names_a_ledger_cannot_keep_are_refused,
+};
 
 use crate::{
     CrashPolicy, JobContext, Ledger, MissedSlots, Outcome, Overlap, RunReport, Schedule,
@@ -61,6 +63,7 @@ pub async fn run_all<H: Harness>(harness: &H) {
     the_latest_missed_slot_runs_once(harness).await;
     prune_keeps_each_jobs_latest_row(harness).await;
     job_names_a_ledger_cannot_keep_are_refused(harness).await;
+    holders_a_ledger_cannot_keep_are_refused(harness).await;
 }
 
 /// What the jobs of a case were told, run by run.

@@ -48,6 +48,30 @@ pub fn check_job_name(name: &str) -> Result<(), LockAcquisitionError> {
     locks_port::check_stored_text(name, "a scheduled job's name", name, MAX_JOB_NAME)
 }
 
+/// Checks a job's holder (who runs it: [`ScheduledJob::holder`](crate::ScheduledJob::holder),
+/// the ledger's `holder` column): no NUL, which PostgreSQL's `text` cannot hold, else a
+/// [`Configuration`](locks_port::AcquisitionErrorKind::Configuration) error keyed by the
+/// job's `name` that says so. Any length. A holder is configuration, so it is refused
+/// early and alike: a firing checks it with the job's name, before it asks the ledger or
+/// the locks anything, and every ledger refuses such a holder in each method that takes
+/// one ([`LedgerError::check_holder`]).
+///
+/// ```
+/// use locks_schedule::check_holder;
+/// use locks_schedule::locks_port::AcquisitionErrorKind;
+///
+/// assert!(check_holder("nightly-report", "4242@web-1").is_ok());
+/// let nul = check_holder("nightly-report", "4242@web\01").unwrap_err();
+/// assert_eq!(nul.kind(), AcquisitionErrorKind::Configuration);
+/// assert_eq!(nul.reason(), "a scheduled job's holder cannot contain a NUL character");
+/// ```
+///
+/// # Errors
+/// As said above.
+pub fn check_holder(name: &str, holder: &str) -> Result<(), LockAcquisitionError> {
+    locks_port::check_stored_text(name, "a scheduled job's holder", holder, usize::MAX)
+}
+
 /// What a ledger answered a claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -187,7 +211,23 @@ impl LedgerError {
     /// # Errors
     /// As said above.
     pub fn check_name(name: &str) -> Result<(), Self> {
-        check_job_name(name).map_err(|refused| Self::new(refused.reason(), None))
+        check_job_name(name).map_err(Self::refused)
+    }
+
+    /// Checks the holder of a claim or an attempt of the job `name` with
+    /// [`check_holder`], as a ledger error whose message is the check's reason (naming the
+    /// NUL). Every ledger calls it, after [`check_name`](Self::check_name), in each method
+    /// that takes a holder (`claim`, `finish`), before it asks its backend.
+    ///
+    /// # Errors
+    /// As said above.
+    pub fn check_holder(name: &str, holder: &str) -> Result<(), Self> {
+        check_holder(name, holder).map_err(Self::refused)
+    }
+
+    /// A check's refusal, its reason the message.
+    fn refused(refused: LockAcquisitionError) -> Self {
+        Self::new(refused.reason(), None)
     }
 
     /// What failed, in the backend's words.
@@ -204,7 +244,8 @@ impl LedgerError {
 /// Every method that takes a job name (a claim's, an attempt's, `name`) refuses one of
 /// more than [`MAX_JOB_NAME`] bytes or with a NUL with a [`LedgerError`] naming the
 /// bound, before it asks the backend ([`LedgerError::check_name`]); `runs(None, _)`
-/// names no job.
+/// names no job. Likewise `claim` and `finish` refuse a holder with a NUL
+/// ([`LedgerError::check_holder`]).
 pub trait Ledger: Send + Sync {
     /// The ledger's clock now (the database's `clock_timestamp()`).
     ///

@@ -17,7 +17,8 @@ pub use claim::{Claim, Decision, SlotKind, SlotRow};
 #[cfg(feature = "tokio")]
 pub use every_slot::{CLOCK_RETRY_PAUSE, MAX_NAP};
 pub use ledger::{
-    Attempt, ClaimAnswer, Ledger, LedgerError, MAX_JOB_NAME, Outcome, RunRecord, check_job_name,
+    Attempt, ClaimAnswer, Ledger, LedgerError, MAX_JOB_NAME, Outcome, RunRecord, check_holder,
+    check_job_name,
 };
 pub use memory::{Clock, ManualClock, MemoryLedger, SystemClock};
 pub use policy::{CrashPolicy, MissedSlots, Overlap};

@@ -108,6 +108,7 @@ impl<C: Clock> Ledger for MemoryLedger<C> {
 
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimAnswer, LedgerError> {
         LedgerError::check_name(claim.name)?;
+        LedgerError::check_holder(claim.name, claim.holder)?;
         let mut rows = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
         let now = self.clock.now();
         let key = (claim.name.to_owned(), claim.slot.start());
@@ -189,6 +190,7 @@ impl<C: Clock> Ledger for MemoryLedger<C> {
         detail: Option<&str>,
     ) -> Result<bool, LedgerError> {
         LedgerError::check_name(attempt.name)?;
+        LedgerError::check_holder(attempt.name, attempt.holder)?;
         let mut rows = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
         let now = self.clock.now();
         match rows.get_mut(&(attempt.name.to_owned(), attempt.slot)) {

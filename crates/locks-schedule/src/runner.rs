@@ -156,8 +156,9 @@ impl fmt::Debug for RunReport {
 #[non_exhaustive]
 pub enum RunError {
     /// The lock could not be taken (not contention: a backend failure), or the job's name
-    /// is one no ledger keeps (kind `Configuration`: a NUL, or more than
-    /// [`MAX_JOB_NAME`](crate::MAX_JOB_NAME) bytes; see [`check_job_name`](crate::check_job_name)).
+    /// or holder is one no ledger keeps (kind `Configuration`: a NUL, or a name of more
+    /// than [`MAX_JOB_NAME`](crate::MAX_JOB_NAME) bytes; see
+    /// [`check_job_name`](crate::check_job_name), [`check_holder`](crate::check_holder)).
     #[error(transparent)]
     Lock(LockAcquisitionError),
     /// The ledger failed.
@@ -237,7 +238,9 @@ impl ScheduledJob {
         self
     }
 
-    /// Who this runner is, in the ledger's `holder` column.
+    /// Who this runner is, in the ledger's `holder` column. Any text but a NUL (the
+    /// ledger's `text` cannot hold it): a job with such a holder is built, but each firing
+    /// of it fails with a `Configuration` error ([`check_holder`](crate::check_holder)).
     #[must_use]
     pub fn holder(mut self, holder: impl Into<String>) -> Self {
         self.holder = holder.into();
@@ -303,7 +306,8 @@ impl ScheduledJob {
     /// [`RunError`] when the lock's backend, the ledger or the schedule fails; a
     /// [`RunError::Lock`] of kind `Configuration` when the job's name has a NUL or more
     /// than [`MAX_JOB_NAME`](crate::MAX_JOB_NAME) bytes ([`check_job_name`](crate::check_job_name)),
-    /// before anything is asked of the ledger or the locks.
+    /// or its holder a NUL ([`check_holder`](crate::check_holder)), before anything is
+    /// asked of the ledger or the locks.
     ///
     /// # Cancel safety
     /// Dropping the future releases the lock (the guard drops). If the job had been
@@ -324,9 +328,11 @@ impl ScheduledJob {
         Fut: Future<Output = Result<(), E>> + Send,
         E: fmt::Display,
     {
-        // A name a ledger cannot keep fails alike on every ledger, before anything is
-        // asked of the ledger or the locks.
-        crate::check_job_name(&self.name).map_err(RunError::Lock)?;
+        // A name or a holder a ledger cannot keep fails alike on every ledger, before
+        // anything is asked of the ledger or the locks.
+        crate::check_job_name(&self.name)
+            .and_then(|()| crate::check_holder(&self.name, &self.holder))
+            .map_err(RunError::Lock)?;
         let now = ledger.now().await?;
         let mut current = self.schedule.slot_at(now)?;
         let mut previous = self.schedule.previous(&current)?;

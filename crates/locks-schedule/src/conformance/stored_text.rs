@@ -1,11 +1,11 @@
-//! The text a ledger stores, alike on every ledger: a job's name is configuration,
-//! refused early when no ledger could keep it.
+//! The text a ledger stores, alike on every ledger: a job's name and its holder are
+//! configuration, refused early when no ledger could keep them.
 
 use std::time::Duration;
 
 use locks_port::AcquisitionErrorKind;
 
-use super::{Harness, Seen, fire, rows};
+use super::{Harness, Seen, fire, job, rows};
 use crate::{
     Attempt, Claim, CrashPolicy, Ledger, LedgerError, MAX_JOB_NAME, MissedSlots, Outcome, RunError,
     ScheduledJob, SlotKind,
@@ -151,4 +151,21 @@ pub async fn job_names_a_ledger_cannot_keep_are_refused<H: Harness>(harness: &H)
     let kept = rows(harness, &job, 1).await;
     assert_eq!(kept.len(), 1, "its row");
     assert_eq!(kept[0].name, job.name(), "the whole name is kept");
+}
+
+/// A holder with a NUL (PostgreSQL's `text` cannot hold it) is refused alike by every
+/// ledger, as a name is: it is configuration, so a firing fails with a `Configuration`
+/// error naming the job and the NUL before it asks the ledger or the locks, runs nothing
+/// and writes no row; the firing loop returns that error; and a ledger asked directly
+/// refuses it in each method that takes a holder (`claim`, `finish`).
+pub async fn holders_a_ledger_cannot_keep_are_refused<H: Harness>(harness: &H) {
+    let holder = "host\0a";
+    let job = job(harness, "holders").holder(holder);
+    let says = "NUL";
+    a_firing_is_refused(harness, &job, says, "holder \"host\\0a\"").await;
+    let written = rows(harness, &job, 1).await;
+    assert!(written.is_empty(), "no row is written: {written:?}");
+    let slot = current_slot(harness).await;
+    let (ledger, shown) = (harness.ledger(), "holder");
+    claim_and_finish_are_refused(ledger, (job.name(), holder), slot, says, shown).await;
 }
