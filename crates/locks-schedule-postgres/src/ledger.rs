@@ -6,6 +6,7 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 use locks_schedule::{
     Attempt, Claim, ClaimAnswer, Decision, Ledger, LedgerError, Outcome, RunRecord, SlotRow,
+    recorded_detail,
 };
 use time::OffsetDateTime;
 
@@ -93,7 +94,8 @@ pub async fn install_ledger(client: &tokio_postgres::Client) -> Result<(), tokio
 /// slot even if the caller's lock did not exclude. A job name with a NUL (which `text`
 /// cannot hold) or of more than [`MAX_JOB_NAME`](locks_schedule::MAX_JOB_NAME) bytes
 /// (past what the key's index holds), or a holder with a NUL, is refused before the
-/// server is asked, as on every ledger.
+/// server is asked, as on every ledger; a NUL in a job's error is recorded as U+FFFD
+/// ([`recorded_detail`](locks_schedule::recorded_detail)), as on every ledger.
 #[derive(Debug, Clone)]
 pub struct PostgresLedger {
     pool: Pool,
@@ -294,6 +296,9 @@ impl Ledger for PostgresLedger {
         const WHAT: &str = "recording a run's outcome";
         LedgerError::check_name(attempt.name)?;
         LedgerError::check_holder(attempt.name, attempt.holder)?;
+        // The job's error as every ledger records it (a NUL, which `text` cannot hold,
+        // as U+FFFD): recording a run never fails because of its words.
+        let detail = detail.map(recorded_detail);
         self.bounded(WHAT, async {
             let client = self.client(WHAT).await?;
             let number = i32::try_from(attempt.attempt).unwrap_or(i32::MAX);
@@ -306,7 +311,7 @@ impl Ledger for PostgresLedger {
                         &number,
                         &attempt.holder,
                         &outcome.as_str(),
-                        &detail,
+                        &detail.as_deref(),
                     ],
                 )
                 .await

@@ -20,7 +20,8 @@ pub use every_slot::{
     LOOP_SKEWS_MS, LoopRuns, SkewedLedger, every_slot_runs_each_slot_once, run_skewed_loops,
 };
 pub use stored_text::{
-    holders_a_ledger_cannot_keep_are_refused, job_names_a_ledger_cannot_keep_are_refused,
+    a_job_error_holding_a_nul_is_recorded, holders_a_ledger_cannot_keep_are_refused,
+    job_names_a_ledger_cannot_keep_are_refused,
 };
 
 use crate::{
@@ -64,6 +65,7 @@ pub async fn run_all<H: Harness>(harness: &H) {
     prune_keeps_each_jobs_latest_row(harness).await;
     job_names_a_ledger_cannot_keep_are_refused(harness).await;
     holders_a_ledger_cannot_keep_are_refused(harness).await;
+    a_job_error_holding_a_nul_is_recorded(harness).await;
 }
 
 /// What the jobs of a case were told, run by run.

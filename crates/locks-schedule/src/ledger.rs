@@ -5,6 +5,7 @@
 //! slot's row and writing the decision in one transaction (or under one mutex), so every
 //! implementation makes the same decisions and none leaves a half-written claim.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
 
@@ -72,6 +73,27 @@ pub fn check_holder(name: &str, holder: &str) -> Result<(), LockAcquisitionError
     locks_port::check_stored_text(name, "a scheduled job's holder", holder, usize::MAX)
 }
 
+/// The detail a ledger records of a run's `detail` ([`Ledger::finish`]): the text with
+/// each NUL, which PostgreSQL's `text` cannot hold, replaced by U+FFFD (the replacement
+/// character), the rest as it is. A job's error is its own words at run time, not
+/// configuration: recording the run must not fail because of them, so every ledger
+/// records them so.
+///
+/// ```
+/// use locks_schedule::recorded_detail;
+///
+/// assert_eq!(recorded_detail("timed out"), "timed out");
+/// assert_eq!(recorded_detail("bad\0byte"), "bad\u{FFFD}byte");
+/// ```
+#[must_use]
+pub fn recorded_detail(detail: &str) -> Cow<'_, str> {
+    if detail.contains('\0') {
+        Cow::Owned(detail.replace('\0', "\u{FFFD}"))
+    } else {
+        Cow::Borrowed(detail)
+    }
+}
+
 /// What a ledger answered a claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -123,7 +145,8 @@ pub struct RunRecord {
     pub finished: Option<OffsetDateTime>,
     /// Its outcome.
     pub outcome: Outcome,
-    /// The job's error for `failed`, or what the ledger noted.
+    /// The job's error for `failed` (its `Display`, a NUL in it recorded as U+FFFD:
+    /// [`recorded_detail`]), or what the ledger noted.
     pub detail: Option<String>,
 }
 
@@ -265,6 +288,8 @@ pub trait Ledger: Send + Sync {
 
     /// Records how `attempt` ended, if the row still belongs to it (still `running`, same
     /// attempt and holder); `false` when another runner has settled the slot since.
+    /// `detail` (the job's error) is recorded as [`recorded_detail`] makes it: whatever
+    /// it holds, it does not fail the record (a NUL becomes U+FFFD).
     ///
     /// # Errors
     /// [`LedgerError`] from the backend.

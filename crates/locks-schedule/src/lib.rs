@@ -18,7 +18,7 @@ pub use claim::{Claim, Decision, SlotKind, SlotRow};
 pub use every_slot::{CLOCK_RETRY_PAUSE, MAX_NAP};
 pub use ledger::{
     Attempt, ClaimAnswer, Ledger, LedgerError, MAX_JOB_NAME, Outcome, RunRecord, check_holder,
-    check_job_name,
+    check_job_name, recorded_detail,
 };
 pub use memory::{Clock, ManualClock, MemoryLedger, SystemClock};
 pub use policy::{CrashPolicy, MissedSlots, Overlap};

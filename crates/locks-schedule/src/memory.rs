@@ -9,7 +9,9 @@ use std::time::Duration;
 use time::OffsetDateTime;
 
 use crate::claim::{Claim, Decision, SlotRow};
-use crate::ledger::{Attempt, ClaimAnswer, Ledger, LedgerError, Outcome, RunRecord};
+use crate::ledger::{
+    Attempt, ClaimAnswer, Ledger, LedgerError, Outcome, RunRecord, recorded_detail,
+};
 
 /// Where the in-memory ledger reads the time: the stand-in for the database's clock.
 pub trait Clock: Send + Sync {
@@ -201,7 +203,7 @@ impl<C: Clock> Ledger for MemoryLedger<C> {
             {
                 record.outcome = outcome;
                 record.finished = Some(now);
-                record.detail = detail.map(str::to_owned);
+                record.detail = detail.map(|detail| recorded_detail(detail).into_owned());
                 Ok(true)
             }
             _ => Ok(false),

@@ -307,7 +307,8 @@ impl ScheduledJob {
     /// [`RunError::Lock`] of kind `Configuration` when the job's name has a NUL or more
     /// than [`MAX_JOB_NAME`](crate::MAX_JOB_NAME) bytes ([`check_job_name`](crate::check_job_name)),
     /// or its holder a NUL ([`check_holder`](crate::check_holder)), before anything is
-    /// asked of the ledger or the locks.
+    /// asked of the ledger or the locks. The job's own error is not one: the run is
+    /// recorded `failed` with it ([`recorded_detail`](crate::recorded_detail)).
     ///
     /// # Cancel safety
     /// Dropping the future releases the lock (the guard drops). If the job had been

@@ -1,14 +1,15 @@
 //! The text a ledger stores, alike on every ledger: a job's name and its holder are
-//! configuration, refused early when no ledger could keep them.
+//! configuration, refused early when no ledger could keep them; a job's error is the
+//! job's own words at run time, recorded whatever they hold.
 
 use std::time::Duration;
 
 use locks_port::AcquisitionErrorKind;
 
-use super::{Harness, Seen, fire, job, rows};
+use super::{Harness, Seen, fire, job, ran, rows};
 use crate::{
     Attempt, Claim, CrashPolicy, Ledger, LedgerError, MAX_JOB_NAME, MissedSlots, Outcome, RunError,
-    ScheduledJob, SlotKind,
+    ScheduledJob, SlotKind, Verdict,
 };
 
 /// A firing of `job` fails with a `Configuration` error of the job's lock that says
@@ -168,4 +169,34 @@ pub async fn holders_a_ledger_cannot_keep_are_refused<H: Harness>(harness: &H) {
     let slot = current_slot(harness).await;
     let (ledger, shown) = (harness.ledger(), "holder");
     claim_and_finish_are_refused(ledger, (job.name(), holder), slot, says, shown).await;
+}
+
+/// A job's error is the job's own words at run time: a failed run is recorded whatever
+/// they hold. A NUL (which PostgreSQL's `text` cannot hold) is recorded as U+FFFD, the
+/// replacement character, on every ledger; the rest of the text is kept.
+pub async fn a_job_error_holding_a_nul_is_recorded<H: Harness>(harness: &H) {
+    let job = job(harness, "nul_error");
+    harness.next_slot().await;
+    let report = job
+        .run_once_per_slot(harness.locks(0), harness.ledger(), |_context| async {
+            Err::<(), String>("bad\0byte\0".to_owned())
+        })
+        .await
+        .expect("a firing whose job failed with a NUL in its error");
+    assert_eq!(
+        ran(&report.verdict),
+        Some((1, Outcome::Failed)),
+        "{report:?}"
+    );
+    assert!(
+        matches!(report.verdict, Verdict::Ran { recorded: true, .. }),
+        "{report:?}"
+    );
+    let rows = rows(harness, &job, 1).await;
+    assert_eq!(rows[0].outcome, Outcome::Failed, "{rows:?}");
+    assert_eq!(
+        rows[0].detail.as_deref(),
+        Some("bad\u{FFFD}byte\u{FFFD}"),
+        "{rows:?}"
+    );
 }
