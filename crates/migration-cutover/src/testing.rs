@@ -6,6 +6,7 @@
 use locks_port::DistributedLock;
 use uuid::Uuid;
 
+mod contract;
 mod routing;
 
 pub use routing::routing_contract;

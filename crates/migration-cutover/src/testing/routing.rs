@@ -7,6 +7,7 @@ use std::error::Error as _;
 
 use uuid::Uuid;
 
+use super::contract::{Broken, Case, Expect, describe};
 use crate::{RepositoryError, RoutingRepository, RoutingState, TenantRoute, TransitionError};
 
 /// A route of `tenant` in `state` on the store `shared`, marked by `migration` (whose
@@ -20,42 +21,10 @@ fn route(tenant: Uuid, state: RoutingState, migration: Option<Uuid>) -> TenantRo
     }
 }
 
-/// What broke, case by case: a failing run lists every case, not only the first.
-#[derive(Debug, Default)]
-struct Broken(Vec<String>);
-
-impl Broken {
-    fn check(&mut self, holds: bool, case: impl FnOnce() -> String) {
-        if !holds {
-            self.0.push(case());
-        }
-    }
-}
-
-/// What the contract says of a write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Expect {
-    /// It replaces the route.
-    Written,
-    /// It answers that it replaced nothing (a compare-and-set from a route not stored).
-    Unchanged,
-    /// It is refused with an error; the route is unchanged.
-    Refused,
-}
-
 /// A state and the migration that marks a route in it.
 type Marked = (RoutingState, Option<Uuid>);
 
-/// A write of `next` over a new tenant's route `stored`, which the contract says
-/// `expect` of.
-struct Case {
-    name: String,
-    stored: TenantRoute,
-    next: TenantRoute,
-    expect: Expect,
-}
-
-impl Case {
+impl Case<TenantRoute> {
     /// A new tenant whose route is `from`, to be written over by `to`.
     fn new(name: String, (from, by): Marked, (to, next_by): Marked, expect: Expect) -> Self {
         let tenant = Uuid::new_v4();
@@ -85,7 +54,8 @@ impl Case {
         let refused = |error: &RepositoryError| {
             error.what() == "routing update" && error.to_string().contains(&format!("`{from}`"))
         };
-        self.answered(routing, broken, answer, refused).await;
+        let now = self.now(routing).await;
+        self.answered(broken, answer, now, refused);
     }
 
     /// `compare_and_set` to `next` from `stored` as if it were in state `expected`.
@@ -107,36 +77,16 @@ impl Case {
             error.what() == "routing compare-and-set"
                 && transition == Some(&TransitionError::Routing { from: expected, to })
         };
-        self.answered(routing, broken, answer, refused).await;
+        let now = self.now(routing).await;
+        self.answered(broken, answer, now, refused);
     }
 
-    /// Checks the write's answer (whether it replaced the route) and the route after it
-    /// against `expect`; a refusal must pass `refusal`.
-    async fn answered<R: RoutingRepository>(
-        &self,
-        routing: &R,
-        broken: &mut Broken,
-        answer: Result<bool, RepositoryError>,
-        refusal: impl FnOnce(&RepositoryError) -> bool,
-    ) {
-        let now = routing
+    /// What the write left: the tenant's route now.
+    async fn now<R: RoutingRepository>(&self, routing: &R) -> Option<TenantRoute> {
+        routing
             .get(self.next.tenant_id)
             .await
-            .expect("routing read");
-        let holds = match (self.expect, &answer) {
-            (Expect::Written, Ok(true)) => now.as_ref() == Some(&self.next),
-            (Expect::Unchanged, Ok(false)) => now.as_ref() == Some(&self.stored),
-            (Expect::Refused, Err(error)) => refusal(error) && now.as_ref() == Some(&self.stored),
-            _ => false,
-        };
-        broken.check(holds, || {
-            let answer = match &answer {
-                Ok(replaced) => format!("Ok({replaced})"),
-                Err(error) => format!("Err(`{}`: {error})", error.what()),
-            };
-            let (name, expect) = (&self.name, self.expect);
-            format!("{name}: {expect:?} by the contract, answered {answer}, route now {now:?}")
-        });
+            .expect("routing read")
     }
 }
 
@@ -177,16 +127,11 @@ pub async fn routing_contract<R: RoutingRepository>(routing: &R) {
         case.put(routing, &mut broken).await;
     }
     compare_and_set_checks_before_it_reads(routing, &mut broken).await;
-    assert!(
-        broken.0.is_empty(),
-        "the routing contract broke in {} case(s):\n{}",
-        broken.0.len(),
-        broken.0.join("\n")
-    );
+    broken.assert_none("routing");
 }
 
 /// `put` over a route marked by a migration, or by none.
-fn migration_cases() -> Vec<Case> {
+fn migration_cases() -> Vec<Case<TenantRoute>> {
     use RoutingState::{BulkCopy, DualWrite, Migrated, Normal};
     let (a, b) = (Some(Uuid::new_v4()), Some(Uuid::new_v4()));
     let (written, refused) = (Expect::Written, Expect::Refused);
@@ -255,7 +200,8 @@ async fn compare_and_set_checks_before_it_reads<R: RoutingRepository>(
     let other = route(Uuid::new_v4(), Normal, migration);
     let answer = routing.compare_and_set(&other, case.next.clone()).await;
     let refused = |error: &RepositoryError| error.what() == "routing compare-and-set";
-    case.answered(routing, broken, answer, refused).await;
+    let now = case.now(routing).await;
+    case.answered(broken, answer, now, refused);
 
     let nobody = Uuid::new_v4();
     let (expected, next) = (
@@ -264,6 +210,7 @@ async fn compare_and_set_checks_before_it_reads<R: RoutingRepository>(
     );
     let answer = routing.compare_and_set(&expected, next).await;
     broken.check(matches!(answer, Ok(false)), || {
-        format!("compare-and-set of a tenant with no route: answered {answer:?}")
+        let answer = describe(&answer);
+        format!("compare-and-set of a tenant with no route: answered {answer}")
     });
 }
