@@ -1,14 +1,17 @@
 //! The in-memory world a cutover test runs in (feature `testing`): for this crate's tests
 //! and the workspace's cutover race, which wrap the stores and the routing table to
-//! inject faults or count writes; and the routing table's contract, which every
-//! [`RoutingRepository`] runs ([`routing_contract`]).
+//! inject faults or count writes; and the contracts every [`RoutingRepository`] and
+//! [`MigrationRepository`](crate::MigrationRepository) runs ([`routing_contract`],
+//! [`migration_contract`]).
 
 use locks_port::DistributedLock;
 use uuid::Uuid;
 
 mod contract;
+mod migration;
 mod routing;
 
+pub use migration::migration_contract;
 pub use routing::routing_contract;
 
 use crate::{

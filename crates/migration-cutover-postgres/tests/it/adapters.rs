@@ -2,13 +2,15 @@
 
 use std::time::Duration;
 
-use migration_cutover::testing::routing_contract;
+use migration_cutover::testing::{migration_contract, routing_contract};
 use migration_cutover::uuid::Uuid;
 use migration_cutover::{
     Event, EventStore, Migration, MigrationRepository, PauseGuard, Phase, RoutingRepository,
     RoutingState, StoreError, TenantRoute, WritePause,
 };
-use migration_cutover_postgres::{PostgresEventStore, PostgresRoutingRepository, write_lock_id};
+use migration_cutover_postgres::{
+    PostgresEventStore, PostgresMigrationRepository, PostgresRoutingRepository, write_lock_id,
+};
 
 use crate::support::{Fleet, SOURCE, TARGET, connect, pool, table, test_config};
 
@@ -166,6 +168,16 @@ async fn the_routing_table_keeps_the_routing_contract() {
     let fleet = Fleet::create("contract").await;
     let routing = PostgresRoutingRepository::new(pool(&fleet.a, 2), table("fleet.routes"));
     routing_contract(&routing).await;
+    fleet.drop_databases().await;
+}
+
+/// The contract the in-memory migration records keep too (`migration-cutover`'s tests
+/// run the same case on them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_migration_records_keep_the_migration_contract() {
+    let fleet = Fleet::create("records").await;
+    let migrations = PostgresMigrationRepository::new(pool(&fleet.a, 2), table("fleet.migrations"));
+    migration_contract(&migrations).await;
     fleet.drop_databases().await;
 }
 
