@@ -57,10 +57,11 @@ fn from_micros(micros: i64) -> Result<OffsetDateTime, RepositoryError> {
         .map_err(|error| read_error(format!("timestamp {micros} µs: {error}")))
 }
 
+/// The phases a record in `next` may be saved over ([`Phase::may_replace`]).
 fn phase_predecessors(next: Phase) -> Vec<&'static str> {
     Phase::ALL
         .into_iter()
-        .filter(|from| *from == next || from.can_transition_to(next))
+        .filter(|stored| next.may_replace(*stored))
         .map(Phase::as_str)
         .collect()
 }

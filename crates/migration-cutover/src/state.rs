@@ -67,6 +67,23 @@ impl Phase {
         }
     }
 
+    /// Whether a migration record in this phase may be saved over one in `stored`: it
+    /// keeps the phase, or the machine allows `stored → self`. What every
+    /// [`MigrationRepository::save`](crate::MigrationRepository::save) of this
+    /// workspace checks before it replaces a record (the PostgreSQL one in its SQL).
+    ///
+    /// ```
+    /// use migration_cutover::Phase;
+    ///
+    /// assert!(Phase::Cutover.may_replace(Phase::DualWrite));
+    /// assert!(Phase::Completed.may_replace(Phase::Completed));
+    /// assert!(!Phase::Cutover.may_replace(Phase::Completed));
+    /// ```
+    #[must_use]
+    pub const fn may_replace(self, stored: Self) -> bool {
+        self as u8 == stored as u8 || stored.can_transition_to(self)
+    }
+
     /// `next` when the transition is allowed.
     ///
     /// # Errors

@@ -7,6 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::future::{Future, ready};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use time::OffsetDateTime;
 use uuid::Uuid;
 
 pub use pause::{InMemoryPauseGuard, InMemoryWritePause, InMemoryWritePermit};
@@ -71,6 +72,27 @@ fn nul_refusal<'a>(fields: impl IntoIterator<Item = (&'static str, &'a str)>) ->
             format!(
                 "invalid byte sequence for encoding \"UTF8\": 0x00 ({field} {text:?} holds a NUL \
                  byte, which a store's text cannot hold)"
+            )
+        })
+}
+
+/// The first instant PostgreSQL's `timestamptz` holds, 4714-11-24 00:00:00 UTC BC, in
+/// nanoseconds since the Unix epoch.
+const EARLIEST_NANOS: i128 = -210_866_803_200_000_000_000;
+
+/// The refusal of a time before [`EARLIEST_NANOS`], in the words of the PostgreSQL
+/// adapters (whose server refuses it: `timestamp out of range`). `None` when every time
+/// is in range.
+fn time_refusal(
+    fields: impl IntoIterator<Item = (&'static str, OffsetDateTime)>,
+) -> Option<String> {
+    fields
+        .into_iter()
+        .find(|(_, at)| at.unix_timestamp_nanos() < EARLIEST_NANOS)
+        .map(|(field, at)| {
+            format!(
+                "timestamp out of range ({field} {at} is before 4714-11-24 00:00:00 UTC BC, the \
+                 first instant a store's timestamp holds)"
             )
         })
 }
@@ -253,7 +275,10 @@ impl RoutingRepository for InMemoryRoutingRepository {
     }
 }
 
-/// Migration records in memory.
+/// Migration records in memory. They refuse the saves the PostgreSQL records refuse, with
+/// the same errors (see [`MigrationRepository`]): a record that leaves its stored phase
+/// other than by a transition of [`Phase`](crate::Phase)'s machine, text holding a NUL
+/// byte, a time before PostgreSQL's `timestamptz` begins.
 #[derive(Debug, Clone, Default)]
 pub struct InMemoryMigrationRepository {
     migrations: Arc<Mutex<HashMap<Uuid, Migration>>>,
@@ -279,15 +304,31 @@ impl MigrationRepository for InMemoryMigrationRepository {
         &self,
         migration: &Migration,
     ) -> impl Future<Output = Result<(), RepositoryError>> + Send {
+        const WHAT: &str = "migration save";
         let text = [
             ("source store id", migration.source_store_id.as_str()),
             ("target store id", migration.target_store_id.as_str()),
             ("last error", migration.last_error.as_deref().unwrap_or("")),
         ];
-        if let Some(words) = nul_refusal(text) {
-            return ready(Err(RepositoryError::new("migration save", words)));
+        let times = [
+            ("created_at", migration.created_at),
+            ("updated_at", migration.updated_at),
+        ];
+        if let Some(words) = nul_refusal(text).or_else(|| time_refusal(times)) {
+            return ready(Err(RepositoryError::new(WHAT, words)));
         }
-        lock(&self.migrations).insert(migration.id, migration.clone());
+        let mut migrations = lock(&self.migrations);
+        if let Some(stored) = migrations.get(&migration.id)
+            && !migration.phase.may_replace(stored.phase)
+        {
+            // In the PostgreSQL records' words.
+            let words = format!(
+                "refused by the database: migration {} is `{}`; `{}` cannot follow it",
+                migration.id, stored.phase, migration.phase
+            );
+            return ready(Err(RepositoryError::new(WHAT, words)));
+        }
+        migrations.insert(migration.id, migration.clone());
         ready(Ok(()))
     }
 }

@@ -259,32 +259,27 @@ async fn a_lag_that_cannot_be_measured_rolls_back() {
 
 #[tokio::test]
 async fn a_half_done_cutover_is_resolved_by_the_next_call() {
-    use migration_cutover::{MigrationRepository, RoutingRepository};
-
     // An instance died after pausing: the record says cutover, routing cutover_paused.
     let h = Harness::new().await;
     let coordinator = h.coordinator(config());
-    let migration = h.to_dual_write(&coordinator).await;
-    let mut record = coordinator.migration(migration).await.unwrap();
-    record.phase = Phase::Cutover;
-    h.ports.migrations().save(&record).await.unwrap();
-    let mut route = h.route();
-    route.state = RoutingState::CutoverPaused;
-    h.ports.routing().put(route).await.unwrap();
-
+    let state = RoutingState::CutoverPaused;
+    let migration = left_by_a_dead_cutover(&h, &coordinator, state, SOURCE).await;
     let result = coordinator.cutover(migration).await.unwrap();
     assert!(result.success(), "{}", result.message());
     assert_eq!(h.route().state, RoutingState::Migrated);
 
-    // An instance flipped routing but could not complete the record.
-    record.phase = Phase::Cutover;
-    h.ports.migrations().save(&record).await.unwrap();
+    // An instance flipped routing but could not complete the record. (Of another
+    // migration: the records take no save of `cutover` over the `completed` one above.)
+    let h = Harness::new().await;
+    let coordinator = h.coordinator(config());
+    let migration = left_by_a_dead_cutover(&h, &coordinator, RoutingState::Migrated, TARGET).await;
     let result = coordinator.cutover(migration).await.unwrap();
     assert!(matches!(result.outcome(), CutoverOutcome::AlreadyCompleted));
     assert_eq!(
         coordinator.migration(migration).await.unwrap().phase,
         Phase::Completed
     );
+    // The flip written by hand; completing the record writes no route.
     assert_eq!(h.routing.puts_of(RoutingState::Migrated), 1);
 }
 
