@@ -19,7 +19,9 @@ use crate::db::{DbFailure, repository_query};
 /// phase = ANY(phases that may be followed by the new one)` ([`Phase`]'s machine, plus
 /// staying in the same phase): a stale instance cannot move a `completed` or `aborted`
 /// migration anywhere. [`transition`](Self::transition) is a compare-and-set on the
-/// phase. A refused write is a [`RepositoryError`] naming the stored phase.
+/// phase. A refused write is a [`RepositoryError`] naming the stored phase. The
+/// in-memory records refuse the same saves
+/// (`migration_cutover::testing::migration_contract` runs on both).
 #[derive(Clone)]
 pub struct PostgresMigrationRepository {
     pool: Pool,

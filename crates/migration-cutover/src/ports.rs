@@ -424,9 +424,10 @@ pub struct Migration {
     pub phase: Phase,
     /// Events this migration copied to the target (bulk copy, catch-ups, final sync).
     pub events_copied: u64,
-    /// When it was started (UTC).
+    /// When it was started (UTC). Not before 4714-11-24 00:00 UTC BC: a repository
+    /// refuses a record that names an earlier time, as PostgreSQL's `timestamptz` does.
     pub created_at: OffsetDateTime,
-    /// When it last changed (UTC).
+    /// When it last changed (UTC); not before 4714-11-24 BC either.
     pub updated_at: OffsetDateTime,
     /// The last failure, as text, if any (without a NUL byte, as the store ids: a
     /// repository refuses a record holding one).
@@ -434,6 +435,11 @@ pub struct Migration {
 }
 
 /// Where migration records are kept, shared by every coordinator instance.
+///
+/// Every save follows [`Phase`]'s machine, on every implementation of this workspace
+/// alike (the in-memory records refuse what the PostgreSQL ones do, with the same errors;
+/// `migration_cutover::testing::migration_contract`, feature `testing`, checks a
+/// repository against it).
 pub trait MigrationRepository: Send + Sync {
     /// The migration `id`, `None` when there is no such record.
     ///
@@ -444,10 +450,24 @@ pub trait MigrationRepository: Send + Sync {
         id: Uuid,
     ) -> impl Future<Output = Result<Option<Migration>, RepositoryError>> + Send;
 
-    /// Stores `migration` (insert or replace by id).
+    /// Stores `migration`: inserts it (in any phase) when no record has its id, else
+    /// replaces the record if `migration` keeps its phase or may follow it
+    /// ([`Phase::may_replace`]). So a stale instance cannot move a `completed`, `aborted`
+    /// or `failed` migration anywhere, nor a `cutover` one back to `bulk_copy`.
+    ///
+    /// Nothing else of a stored record is checked: a save may change its tenant, store
+    /// ids or creation time, and two records may move one tenant at once (the coordinator
+    /// refuses that through the route's mark:
+    /// [`MigrationError::TenantBusy`](crate::MigrationError::TenantBusy)).
     ///
     /// # Errors
-    /// [`RepositoryError`] on a backend failure; the record is then unchanged.
+    /// A [`RepositoryError`] of `"migration save"`, and the record unchanged (nothing
+    /// inserted):
+    /// - naming the stored phase when `migration`'s phase may not replace it;
+    /// - when a store id or the last error holds a NUL byte (the words hold `0x00`), or
+    ///   `created_at` or `updated_at` falls before 4714-11-24 00:00 UTC BC, where
+    ///   PostgreSQL's `timestamptz` begins (`timestamp out of range`);
+    /// - on a backend failure.
     fn save(
         &self,
         migration: &Migration,
