@@ -50,13 +50,12 @@ fn phase(text: &str) -> Result<Phase, RepositoryError> {
         .ok_or_else(|| read_error(format!("unknown phase {text:?}")))
 }
 
-fn micros(at: OffsetDateTime) -> i64 {
-    i64::try_from(at.unix_timestamp_nanos() / 1000).unwrap_or(i64::MAX)
-}
-
-fn from_micros(micros: i64) -> Result<OffsetDateTime, RepositoryError> {
-    OffsetDateTime::from_unix_timestamp_nanos(i128::from(micros) * 1000)
-        .map_err(|error| read_error(format!("timestamp {micros} µs: {error}")))
+/// A time as the server keeps it, in UTC: `timestamptz` holds microseconds, so the
+/// nanoseconds below them are dropped here, toward the past, whatever the year.
+fn utc_micros(at: OffsetDateTime) -> OffsetDateTime {
+    let at = at.to_offset(locks_port::time::UtcOffset::UTC);
+    at.replace_nanosecond(at.nanosecond() / 1000 * 1000)
+        .unwrap_or(at)
 }
 
 /// The phases a record in `next` may be saved over ([`Phase::may_replace`]).
@@ -68,9 +67,7 @@ fn phase_predecessors(next: Phase) -> Vec<&'static str> {
         .collect()
 }
 
-const VALUES: &str = "$1::text::uuid, $2::text::uuid, $3, $4, $5, $6,
-     'epoch'::timestamptz + $7::bigint * interval '1 microsecond',
-     'epoch'::timestamptz + $8::bigint * interval '1 microsecond', $9";
+const VALUES: &str = "$1::text::uuid, $2::text::uuid, $3, $4, $5, $6, $7, $8, $9";
 
 impl PostgresMigrationRepository {
     /// The repository on `table` through `pool` (no I/O).
@@ -87,8 +84,7 @@ impl PostgresMigrationRepository {
             get: format!(
                 "SELECT id::text, tenant_id::text, source_store_id, target_store_id, phase,
                      events_copied,
-                     (extract(epoch FROM created_at) * 1000000)::bigint,
-                     (extract(epoch FROM updated_at) * 1000000)::bigint, last_error
+                     created_at, updated_at, last_error
                  FROM {t} WHERE id = $1::text::uuid"
             ),
             save: format!(
@@ -133,8 +129,8 @@ impl PostgresMigrationRepository {
             &migration.target_store_id.as_str(),
             &migration.phase.as_str(),
             &copied,
-            &micros(migration.created_at),
-            &micros(migration.updated_at),
+            &utc_micros(migration.created_at),
+            &utc_micros(migration.updated_at),
             &migration.last_error,
             condition,
         ];
@@ -176,8 +172,12 @@ impl PostgresMigrationRepository {
             target_store_id: StoreId::new(row.get::<_, String>(3)),
             phase: phase(row.get(4))?,
             events_copied: u64::try_from(row.get::<_, i64>(5)).unwrap_or(0),
-            created_at: from_micros(row.get(6))?,
-            updated_at: from_micros(row.get(7))?,
+            created_at: row
+                .try_get(6)
+                .map_err(|error| read_error(error.to_string()))?,
+            updated_at: row
+                .try_get(7)
+                .map_err(|error| read_error(error.to_string()))?,
             last_error: row.get(8),
         })
     }

@@ -181,6 +181,58 @@ async fn the_migration_records_keep_the_migration_contract() {
     fleet.drop_databases().await;
 }
 
+/// A record's times read back to the microsecond (what the server keeps) across the
+/// range `time` can hold, far years too: the microseconds of a time after 2255, or of
+/// 9999-12-31T23:59:59.999999, are not lost or rounded on the way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_keeps_its_times_to_the_microsecond_in_any_year() {
+    use migration_cutover::time::{Date, Month, PrimitiveDateTime, Time};
+
+    let fleet = Fleet::create("times").await;
+    let migrations = PostgresMigrationRepository::new(pool(&fleet.a, 2), table("fleet.migrations"));
+    let at = |year, month, day, (h, m, s, micro)| {
+        let date = Date::from_calendar_date(year, month, day).unwrap();
+        PrimitiveDateTime::new(date, Time::from_hms_micro(h, m, s, micro).unwrap()).assume_utc()
+    };
+    let times = [
+        (
+            at(2026, Month::December, 7, (18, 0, 0, 993)),
+            at(2300, Month::June, 1, (12, 0, 0, 993)),
+        ),
+        (
+            at(1969, Month::July, 20, (20, 17, 40, 1)),
+            at(9999, Month::December, 31, (23, 59, 59, 999_999)),
+        ),
+        (
+            at(-4713, Month::November, 24, (0, 0, 0, 1)),
+            at(1600, Month::March, 1, (0, 0, 0, 7)),
+        ),
+    ];
+    for (created_at, updated_at) in times {
+        let record = Migration {
+            id: Uuid::new_v4(),
+            tenant_id: Uuid::new_v4(),
+            source_store_id: SOURCE.into(),
+            target_store_id: TARGET.into(),
+            phase: Phase::Pending,
+            events_copied: 0,
+            created_at,
+            updated_at,
+            last_error: None,
+        };
+        migrations.save(&record).await.unwrap();
+        let stored = migrations.get(record.id).await;
+        let stored = stored.unwrap_or_else(|error| panic!("{updated_at}: {error}"));
+        let stored = stored.unwrap();
+        assert_eq!(
+            (stored.created_at, stored.updated_at),
+            (created_at, updated_at),
+            "read back as saved"
+        );
+    }
+    fleet.drop_databases().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migration_phases_are_checked_by_the_database() {
     let fleet = Fleet::create("phases").await;
