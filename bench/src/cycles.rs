@@ -6,7 +6,7 @@
 use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
 use nix::unistd::Pid;
 
-use crate::clients::{Names, Op, client, label};
+use crate::clients::{Names, client, label};
 use crate::db::Database;
 use crate::harness::{self, Batches, Cell, Outcome, row};
 use crate::otel::Pipeline;
@@ -58,38 +58,6 @@ const SCENARIOS: [Scenario; 3] = [
     ),
 ];
 
-/// Rounds, and the untimed and timed cycles of a run.
-fn counts(plan: &Plan) -> [usize; 3] {
-    [plan.pick(3, 9), plan.pick(100, 500), plan.pick(1000, 5000)]
-}
-
-struct Measured {
-    name: &'static str,
-    op: Op,
-    /// Installed (thread-locally) around its runs.
-    tracing: Option<tracing::Dispatch>,
-    backend: Option<Pid>,
-    runs: Batches,
-}
-
-impl Measured {
-    /// Round `round`: `warmup` cycles, then `cycles` timed, kept after the first round.
-    async fn run(&mut self, round: usize, warmup: usize, cycles: usize) -> Result<()> {
-        let _tracing = self.tracing.as_ref().map(tracing::dispatcher::set_default);
-        let (mut run, first) = (Latencies::default(), round * (warmup + cycles));
-        for n in first..first + warmup {
-            self.op.cycle(n).await?;
-        }
-        for n in first + warmup..first + warmup + cycles {
-            run.time(async || self.op.cycle(n).await).await?;
-        }
-        if round > 0 {
-            self.runs.add(&run);
-        }
-        Ok(())
-    }
-}
-
 /// Runs scenario `name` on a thread of its own with a current-thread runtime (the
 /// connections' drivers too), so that pinning that thread pins all the client does.
 /// `cycle` runs again over the same server's Unix socket when the URL is TCP and this
@@ -104,22 +72,17 @@ pub(crate) fn run(db: &Database, plan: &Plan, name: &str) -> Result<Vec<Outcome>
             .enable_all()
             .build()?;
         runtime.block_on(async {
-            let mut first = measure(&db, &plan, scenario, scenario.1).await?;
+            let mut passes = vec![measure(&db, &plan, scenario, scenario.1).await?];
             let socket = match db.is_unix() {
-                _ if scenario.1 != CYCLE => return Ok(vec![first]),
+                _ if scenario.1 != CYCLE => return Ok(passes),
                 true => Err("the URL names a Unix socket, so the pass above is over it".into()),
                 false => db.over_socket().await,
             };
             match socket {
-                Ok(socket) => Ok(vec![
-                    first,
-                    measure(&socket, &plan, scenario, CYCLE_SOCKET).await?,
-                ]),
-                Err(why) => {
-                    first.note(format!("No second pass over a Unix socket: {why}."));
-                    Ok(vec![first])
-                }
+                Ok(socket) => passes.push(measure(&socket, &plan, scenario, CYCLE_SOCKET).await?),
+                Err(why) => passes[0].note(format!("No second pass over a Unix socket: {why}.")),
             }
+            Ok(passes)
         })
     })?;
     tokio::task::block_in_place(|| passes.join().map_err(|_| "the cycle thread panicked")?)
@@ -133,39 +96,45 @@ async fn measure(
 ) -> Result<Outcome> {
     let (_, _, title, limit, gated, names) = scenario;
     let pipeline = (names.iter().any(|name| name.contains("-otel"))).then(Pipeline::new);
-    let mut clients = Vec::new();
+    // Each client, with the tracing it installs (thread-locally) around its runs; and
+    // the backends to pin.
+    let (mut clients, mut backends) = (Vec::new(), Vec::new());
     for (index, &name) in names.iter().enumerate() {
         let op = client(db, name, &format!("{id}:{index}"), "lock-bench-cycle").await?;
         let pid = op.backend_pid().await?;
-        let backend = is_local_postgres(pid).then(|| Pid::from_raw(pid));
-        let tracing = (pipeline.as_ref())
-            .filter(|_| name.contains("-otel"))
-            .map(|pipeline| tracing::Dispatch::new(pipeline.subscriber()));
-        let runs = Batches::default();
-        clients.push(Measured {
-            name,
+        backends.extend(is_local_postgres(pid).then(|| Pid::from_raw(pid)));
+        let otel = pipeline.as_ref().filter(|_| name.contains("-otel"));
+        clients.push((
             op,
-            tracing,
-            backend,
-            runs,
-        });
+            otel.map(|pipeline| tracing::Dispatch::new(pipeline.subscriber())),
+        ));
     }
     let all = allowed(Pid::from_raw(0))?;
     let one = *all.last().ok_or("no CPU is allowed")?;
-    let placement = place(&clients, &[one])?;
-    let [rounds, warmup, cycles] = counts(plan);
+    let placement = place(&backends, names.len(), &[one])?;
+    let [rounds, warmup, cycles] = [plan.pick(3, 9), plan.pick(100, 500), plan.pick(1000, 5000)];
     // A round more, dropped: the first run on backends just pinned was at times faster,
     // and only the client that runs first gets it (`docs/benchmarks.md`, "How fast").
-    let outcome = harness::rounds(rounds + 1, clients.len(), async |round, side| {
-        clients[side].run(round, warmup, cycles).await
+    let runs = harness::rounds(rounds + 1, clients.len(), async |round, side| {
+        let (op, tracing) = &clients[side];
+        let _tracing = tracing.as_ref().map(tracing::dispatcher::set_default);
+        let first = round * (warmup + cycles);
+        for n in first..first + warmup {
+            op.cycle(n).await?;
+        }
+        let mut run = Latencies::default();
+        for n in first + warmup..first + warmup + cycles {
+            run.time(async || op.cycle(n).await).await?;
+        }
+        Ok(run)
     })
     .await;
-    place(&clients, &all)?;
-    outcome?;
+    place(&backends, names.len(), &all)?;
+    let runs: Vec<Batches> = (runs?.iter()).map(|runs| Batches::of(&runs[1..])).collect();
 
     let via = if db.is_unix() { "Unix socket" } else { "TCP" };
     let mut out = Outcome::new(id, format!("{title}, over {via}"));
-    let base = clients[0].runs.best();
+    let base = runs[0].best();
     let (transport, baseline, mode) = (db.transport(), label(names[0]), plan.mode());
     out.note(format!(
         "{rounds} rounds of {warmup} + {cycles} cycles a client (after one whose runs are \
@@ -185,12 +154,12 @@ async fn measure(
              {exported} spans (the lock spans are at DEBUG unless the manager says INFO)."
         ));
     }
-    for (index, c) in clients.iter().enumerate() {
-        let (label, best) = (label(c.name), c.runs.best());
+    for (index, (runs, &name)) in runs.iter().zip(names).enumerate() {
+        let (label, best) = (label(name), runs.best());
         let ratio = ratio(best as f64, base as f64);
         let shown = ratio.map_or_else(|| "—".to_owned(), |r| format!("{r:.3}×"));
-        let runs = c.runs.runs.len();
-        let vs = format!("{} vs {}; best of {runs} runs", fmt_ns(best), fmt_ns(base));
+        let count = runs.runs.len();
+        let vs = format!("{} vs {}; best of {count} runs", fmt_ns(best), fmt_ns(base));
         let measured = Cell::new(format!("{shown} ({vs})"), ratio);
         let name = format!("{label}: pinned p50 vs raw, {via}");
         let pass = ratio.is_some_and(|r| r <= limit);
@@ -203,9 +172,9 @@ async fn measure(
             "Client" => label,
             "best run p50" => Cell::ns(best),
             "÷ raw" => Cell::ratio(ratio),
-            "median run p50" => Cell::ns(c.runs.median()),
-            "runs" => c.runs.spread(),
-            "p99" => Cell::ns(c.runs.pooled.p99()),
+            "median run p50" => Cell::ns(runs.median()),
+            "runs" => runs.spread(),
+            "p99" => Cell::ns(runs.pooled.p99()),
             "Target" => target,
             "Result" => result,
         ]);
@@ -231,22 +200,17 @@ fn pin(pid: Pid, cpus: &[usize]) -> Result<()> {
         .map_err(|error| format!("sched_setaffinity of {pid} to {cpus:?}: {error}").into())
 }
 
-/// Restricts this thread and every client's backend to `cpus`; what the report says.
-fn place(clients: &[Measured], cpus: &[usize]) -> Result<String> {
-    let backends: Vec<Pid> = clients.iter().filter_map(|c| c.backend).collect();
-    for pid in std::iter::once(Pid::from_raw(0)).chain(backends.iter().copied()) {
+/// Restricts this thread and the `backends` (of `clients`) to `cpus`; what the report says.
+fn place(backends: &[Pid], clients: usize, cpus: &[usize]) -> Result<String> {
+    for &pid in std::iter::once(&Pid::from_raw(0)).chain(backends) {
         pin(pid, cpus)?;
     }
     let shown = (backends.first())
         .map(|&pid| allowed(pid).map_or_else(|e| e.to_string(), |c| format!("{c:?}")));
-    let (pinned, all, shown) = (
-        backends.len(),
-        clients.len(),
-        shown.as_deref().unwrap_or("—"),
-    );
+    let (pinned, shown) = (backends.len(), shown.as_deref().unwrap_or("—"));
     Ok(format!(
-        "the client thread and {pinned} of {all} backends on CPU {cpus:?} (the first backend \
-         may run on {shown}; a backend not on this machine is not pinned)"
+        "the client thread and {pinned} of {clients} backends on CPU {cpus:?} (the first \
+         backend may run on {shown}; a backend not on this machine is not pinned)"
     ))
 }
 

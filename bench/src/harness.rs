@@ -122,17 +122,15 @@ pub(crate) async fn batches(
             call(side, n).await?;
         }
     }
-    let mut sides: Vec<Batches> = (0..count).map(|_| Batches::default()).collect();
-    rounds(rounds_, count, async |_, side| {
+    let runs = rounds(rounds_, count, async |_, side| {
         let mut latencies = Latencies::default();
         for n in 0..batch {
             latencies.time(async || call(side, n).await).await?;
         }
-        sides[side].add(&latencies);
-        Ok(())
+        Ok(latencies)
     })
     .await?;
-    Ok(sides)
+    Ok(runs.iter().map(|runs| Batches::of(runs)).collect())
 }
 
 /// What the batches (runs) of one side measured: every sample, and each run's p50 in
@@ -144,9 +142,12 @@ pub(crate) struct Batches {
 }
 
 impl Batches {
-    pub(crate) fn add(&mut self, run: &Latencies) {
-        self.runs.push(run.p50());
-        self.pooled.merge(run);
+    pub(crate) fn of(runs: &[Latencies]) -> Self {
+        let (pooled, runs) = (Latencies::merged(runs), runs.iter().map(Latencies::p50));
+        Self {
+            pooled,
+            runs: runs.collect(),
+        }
     }
 
     pub(crate) fn median(&self) -> u64 {

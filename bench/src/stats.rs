@@ -42,6 +42,13 @@ impl Latencies {
         (self.0.add(&other.0)).expect("histograms with the same bounds merge");
     }
 
+    /// All of `histograms` in one.
+    pub(crate) fn merged<'a>(histograms: impl IntoIterator<Item = &'a Self>) -> Self {
+        let mut merged = Self::default();
+        histograms.into_iter().for_each(|other| merged.merge(other));
+        merged
+    }
+
     pub(crate) fn count(&self) -> u64 {
         self.0.len()
     }
