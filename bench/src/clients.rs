@@ -37,8 +37,8 @@ const WORDS: [(&str, &str); 12] = [
 const LEASE_OFF: &str = ", lease off (keepalive on; the server's TCP timers left alone; the \
                          default sets them in the connection's set-up)";
 
-fn setting(builder: Builder, word: &str) -> Builder {
-    match word {
+fn setting(builder: Builder, word: &(&str, &str)) -> Builder {
+    match word.0 {
         // On a pool of 2, so that the next acquire need not wait for the unlock's answer.
         "-background" => builder.release_in_background(true),
         "-fencing" => builder.fencing(true),
@@ -148,15 +148,11 @@ pub(crate) async fn client(db: &Database, name: &str, prefix: &str, app: &str) -
     if has("-fencing") {
         locks_postgres::install_fencing(&db.connect(app).await?).await?;
     }
-    let pool = db.pool(if has("-background") { 2 } else { 1 }, app);
-    let words = WORDS.iter().map(|w| w.0).filter(|w| has(w));
+    let pool = db.pool(1 + usize::from(has("-background")), app);
+    let words = WORDS.iter().filter(|w| has(w.0));
     let builder = PostgresLockManager::builder(pool);
     let manager = words.fold(builder, setting).build();
-    let mut options = if has("-shared") {
-        AcquireOptions::shared()
-    } else {
-        AcquireOptions::new()
-    };
+    let mut options = (has("-shared").then(AcquireOptions::shared)).unwrap_or_default();
     if has("-timeout") {
         options = options.with_timeout(Duration::from_secs(5));
     }
@@ -210,13 +206,9 @@ impl Op {
             }
             Self::RawPrepared(raw, ids, try_lock) => {
                 let id = *nth(ids, n);
-                if *try_lock {
-                    let granted: bool = raw.client.query_one(&raw.try_lock, &[&id]).await?.get(0);
-                    if !granted {
-                        return Err(REFUSED.into());
-                    }
-                } else {
-                    raw.lock(id).await?;
+                match try_lock {
+                    true => raw.try_lock(id).await?.then_some(()).ok_or(REFUSED)?,
+                    false => raw.lock(id).await?,
                 }
                 raw.unlock(id).await?;
             }

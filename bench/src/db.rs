@@ -252,6 +252,10 @@ impl Raw {
         self.client.execute(&self.lock, &[&id]).await.map(drop)
     }
 
+    pub(crate) async fn try_lock(&self, id: i64) -> Result<bool> {
+        Ok(self.client.query_one(&self.try_lock, &[&id]).await?.get(0))
+    }
+
     pub(crate) async fn unlock(&self, id: i64) -> Result<()> {
         let released: bool = self.client.query_one(&self.unlock, &[&id]).await?.get(0);
         released.then_some(()).ok_or_else(|| NOT_HELD.into())

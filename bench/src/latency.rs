@@ -8,10 +8,9 @@ use std::time::{Duration, Instant};
 use locks_conformance::Lcg;
 use locks_port::KeyDerivation;
 use locks_postgres::PostgresLockManager;
-use locks_postgres::deadpool_postgres::Object;
 
 use crate::clients::{Names, client, keys, label};
-use crate::db::{Database, NOT_HELD};
+use crate::db::{Database, Raw};
 use crate::harness::{self, Cell, Outcome, row};
 use crate::proxy::Proxy;
 use crate::stats::{Latencies, fmt_ns, fmt_rate, median, nanos};
@@ -41,26 +40,18 @@ const APP: &str = "lock-bench-latency";
 
 /// `acquire_many` before its tries went into one statement: the keys in the one global
 /// order, a try each, a wait on a busy one, then one unlock each.
-async fn old_way(client: &Object, keys: &[&str]) -> Result<()> {
+async fn old_way(raw: &Raw, keys: &[&str]) -> Result<()> {
     let ids: Vec<i64> = KeyDerivation::CURRENT
         .lock_order(keys)
         .into_keys()
         .collect();
-    let statement = async |name: &str| client.prepare_cached(&format!("SELECT {name}($1)")).await;
-    let try_lock = statement("pg_try_advisory_lock").await?;
-    let lock = statement("pg_advisory_lock").await?;
-    let unlock = statement("pg_advisory_unlock").await?;
-    for id in &ids {
-        let granted: bool = client.query_one(&try_lock, &[id]).await?.get(0);
-        if !granted {
-            client.execute(&lock, &[id]).await?;
+    for &id in &ids {
+        if !raw.try_lock(id).await? {
+            raw.lock(id).await?;
         }
     }
-    for id in &ids {
-        let released: bool = client.query_one(&unlock, &[id]).await?.get(0);
-        if !released {
-            return Err(NOT_HELD.into());
-        }
+    for &id in &ids {
+        raw.unlock(id).await?;
     }
     Ok(())
 }
@@ -76,10 +67,9 @@ async fn contended_window(
     let keys = Arc::new(keys("bench:latency:contended", CONTENDED_KEYS));
     let mut ways = Vec::new();
     for _ in 0..CONTENDED_TASKS {
-        let pool = through.pool(1, APP);
         ways.push(Arc::new(match old {
-            true => Err(pool.get().await?),
-            false => Ok(PostgresLockManager::new(pool)),
+            true => Err(Raw::connect(through, APP, false).await?),
+            false => Ok(PostgresLockManager::new(through.pool(1, APP))),
         }));
     }
     let end = Instant::now() + window;
@@ -93,7 +83,7 @@ async fn contended_window(
                     let locks = manager.acquire_many(&keys, Duration::from_secs(30)).await?;
                     locks.release().await;
                 }
-                Err(client) => old_way(client, &keys).await?,
+                Err(raw) => old_way(raw, &keys).await?,
             }
             Ok(())
         })
@@ -176,8 +166,7 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
         "the old way (one try per round trip)",
     ];
     for ((name, windows), rate) in names.iter().zip(&sides).zip(rates) {
-        let mut pooled = Latencies::default();
-        windows.iter().for_each(|w| pooled.merge(&w.latencies));
+        let pooled = Latencies::merged(windows.iter().map(|w| &w.latencies));
         let (count, rate) = (pooled.count(), fmt_rate(rate));
         let groups = format!("{name}: {count} groups, {rate} (median of windows)");
         let (p50, p99) = (Cell::ns(pooled.p50()), Cell::ns(pooled.p99()));
