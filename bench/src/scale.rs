@@ -4,7 +4,6 @@
 //! server sized for it (`cargo xtask bench --only scale` starts one).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use locks_leader::{LeaderElection, LeaderWatch};
@@ -423,7 +422,7 @@ async fn watch<S: Semaphore, B: LeaderBoard>(mut watch: LeaderWatch<'_, S, B>) -
 struct ReadCost {
     read: &'static str,
     own: u64,
-    calls: usize,
+    calls: u64,
     probe_p99: u64,
     quiet_p99: u64,
 }
@@ -449,24 +448,16 @@ async fn read_costs(
         let (mut own, mut calls) = (Latencies::default(), 0);
         for _ in 0..ROUNDS {
             without.merge(&record(probe, cycles, window).await?);
-            let stop = Arc::new(AtomicBool::new(false));
-            let (observer, stopped, sharded) =
-                (observer.clone(), Arc::clone(&stop), Arc::clone(sharded));
-            let looping = tokio::spawn(async move {
-                let (mut own, mut calls) = (Latencies::default(), 0);
-                while calls == 0 || !stopped.load(Ordering::Relaxed) {
-                    own.time(async || read(name, &observer, &sharded).await)
-                        .await?;
-                    calls += 1;
-                }
-                Ok::<_, BoxError>((own, calls))
-            });
+            let (observer, sharded) = (observer.clone(), Arc::clone(sharded));
+            let end = Instant::now() + window;
+            let looping = tokio::spawn(harness::until(end, 1, true, async move || {
+                read(name, &observer, &sharded).await
+            }));
             with.merge(&record(probe, cycles, window).await?);
-            stop.store(true, Ordering::Relaxed);
             if name.starts_with("watch") || name.ends_with("every 5 s") {
                 looping.abort();
             } else {
-                let (its, n) = looping.await??;
+                let (n, its) = looping.await??;
                 own.merge(&its);
                 calls += n;
             }
