@@ -134,12 +134,12 @@ pub(crate) fn run(url: &str, plan: &Plan, dir: &Path, id: &'static str) -> Resul
         let index = rows.iter().position(|row| row.name == name);
         index.map(|i| counted[i].2).ok_or_else(missing)
     };
-    let (title, note, versus, decimals) = if id == "metrics" {
+    let (title, note, (versus, header), decimals) = if id == "metrics" {
         (
             "7b. What the metrics cost the cycle: client instructions (callgrind)",
             "÷ off: against the same build with `metrics(false)`, measured in this run. The \
              SDK row counts the periodic reader's thread too.",
-            "metrics off",
+            ("metrics off", "÷ off"),
             3,
         )
     } else {
@@ -149,12 +149,11 @@ pub(crate) fn run(url: &str, plan: &Plan, dir: &Path, id: &'static str) -> Resul
              against its own raw baseline (`raw-shared`, `raw-many-each`: the same \
              statements as scenarios 9 and 10's baselines); their targets are on \
              wall-clock time there.",
-            "raw",
+            ("raw", "÷ raw"),
             2,
         )
     };
     let fmt = |r: Option<f64>| r.map_or_else(|| "—".to_owned(), |r| format!("{r:.decimals$}×"));
-    let ratio_header = if versus == "raw" { "÷ raw" } else { "÷ off" };
     let mut out = Outcome::new(id, title);
     let took = started.elapsed().as_secs_f64();
     out.note(format!(
@@ -184,7 +183,7 @@ pub(crate) fn run(url: &str, plan: &Plan, dir: &Path, id: &'static str) -> Resul
             "total, N cycles" => once,
             "total, 2N cycles" => twice,
             "per cycle" => per,
-            ratio_header => Cell::new(fmt(ratio), ratio),
+            header => Cell::new(fmt(ratio), ratio),
             "Target" => target,
             "Result" => result,
         ]);

@@ -95,10 +95,8 @@ impl Args {
     }
 
     fn runs(&self, scenario: &str) -> bool {
-        match self.only.is_empty() {
-            true => scenario != "scale",
-            false => self.only.iter().any(|s| s == scenario),
-        }
+        let named = self.only.iter().any(|s| s == scenario);
+        named || (self.only.is_empty() && scenario != "scale")
     }
 
     fn out(&self) -> PathBuf {

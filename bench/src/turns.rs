@@ -324,16 +324,20 @@ mod tests {
         (state, move |n| t0 + Duration::from_millis(n))
     }
 
+    /// `task` begins to wait at `called` and gets the lock (or a permit) at `at`.
+    fn turn(state: &mut State, task: usize, called: Instant, at: Instant) {
+        state.begin_wait(task, called);
+        state.acquired(task, called, at);
+    }
+
     #[test]
     fn a_waiter_gap_closes_only_when_a_waiter_gets_the_lock() {
         let (mut state, ms) = start(3, 1);
         // Task 0 holds; 1 waits; 0 releases at 10 ms and takes it back at 11 ms.
-        state.begin_wait(0, ms(0));
-        state.acquired(0, ms(0), ms(1));
+        turn(&mut state, 0, ms(0), ms(1));
         state.begin_wait(1, ms(5));
         state.releasing(0, ms(10));
-        state.begin_wait(0, ms(10));
-        state.acquired(0, ms(10), ms(11));
+        turn(&mut state, 0, ms(10), ms(11));
         // 0 releases again at 20 ms; 1 gets it at 22 ms.
         state.releasing(0, ms(20));
         state.acquired(1, ms(5), ms(22));
@@ -354,8 +358,7 @@ mod tests {
         state.releasing(0, ms(10));
         state.releasing(1, ms(11));
         state.acquired(2, ms(0), ms(13));
-        state.begin_wait(0, ms(13));
-        state.acquired(0, ms(13), ms(14));
+        turn(&mut state, 0, ms(13), ms(14));
         assert_eq!(state.gaps, vec![3_000_000, 3_000_000]);
         assert_eq!((state.most_inside, state.inside), (2, 2));
         // One permit free while 2 waited (10–13 ms), then one while 0 waited (13–14).
