@@ -43,17 +43,14 @@ pub(crate) async fn run(db: &Database, plan: &Plan) -> Result<Outcome> {
             router.append(tenant, &[Event::new("Warm", "")]).await?;
         }
     }
-    let mut sides = [Latencies::default(), Latencies::default()];
-    harness::rounds(rounds, 2, async |_, side| {
-        for _ in 0..batch {
-            // The event is made before the clock starts: only the append is timed.
-            let event = Event::new("Bench", "payload");
-            let append = async || routers[side].append(tenant, &[event]).await;
-            sides[side].time(append).await?;
-        }
-        Ok(())
+    let sides = harness::alternate(rounds, async |_, side| {
+        // The events are made before the clock starts: only the appends are timed.
+        let events: Vec<Event> = (0..batch).map(|_| Event::new("Bench", "payload")).collect();
+        let append = async |n: usize| routers[side].append(tenant, &events[n..=n]).await;
+        Ok(Latencies::timed(0..batch, append).await?)
     })
     .await?;
+    let sides = sides.each_ref().map(Latencies::merged);
     let cleanup = format!("DROP SCHEMA {SCHEMA} CASCADE");
     db.connect(APP).await?.batch_execute(&cleanup).await?;
 

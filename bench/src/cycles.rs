@@ -122,11 +122,8 @@ async fn measure(
         for n in first..first + warmup {
             op.cycle(n).await?;
         }
-        let mut run = Latencies::default();
-        for n in first + warmup..first + warmup + cycles {
-            run.time(async || op.cycle(n).await).await?;
-        }
-        Ok(run)
+        let timed = first + warmup..first + warmup + cycles;
+        Latencies::timed(timed, async |n| op.cycle(n).await).await
     })
     .await;
     place(&backends, names.len(), &all)?;

@@ -32,12 +32,8 @@ impl Database {
     pub(crate) async fn round_trip(&self, application_name: &str) -> Result<u64> {
         let client = self.connect(application_name).await?;
         let statement = client.prepare("SELECT 1").await?;
-        let query = async || client.query_one(&statement, &[]).await;
-        let mut latencies = Latencies::default();
-        for _ in 0..50 {
-            latencies.time(&query).await?;
-        }
-        Ok(latencies.p50())
+        let query = async |_| client.query_one(&statement, &[]).await;
+        Ok(Latencies::timed(0..50, query).await?.p50())
     }
 
     fn host(&self) -> (Option<&Host>, u16) {

@@ -123,11 +123,7 @@ pub(crate) async fn batches(
         }
     }
     let runs = rounds(rounds_, count, async |_, side| {
-        let mut latencies = Latencies::default();
-        for n in 0..batch {
-            latencies.time(async || call(side, n).await).await?;
-        }
-        Ok(latencies)
+        Latencies::timed(0..batch, async |n| call(side, n).await).await
     })
     .await?;
     Ok(runs.iter().map(|runs| Batches::of(runs)).collect())

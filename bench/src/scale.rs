@@ -552,8 +552,7 @@ async fn group(db: &Database, plan: &Plan, keys: usize) -> Result<Group> {
     let unlock = client.prepare(unlock).await?;
     let names = clients::keys("bench:scale:group", keys);
     let ids: Vec<i64> = names.iter().map(|k| lock_id(k)).collect();
-    let mut sides = [Latencies::default(), Latencies::default()];
-    harness::rounds(plan.pick(2, 3), 2, async |_, side| {
+    let sides = harness::alternate(plan.pick(2, 3), async |_, side| {
         let end = Instant::now() + plan.window() / 2;
         let (_, measured) = harness::until(end, 3, true, async || {
             if side == 0 {
@@ -569,11 +568,10 @@ async fn group(db: &Database, plan: &Plan, keys: usize) -> Result<Group> {
             Ok(())
         })
         .await?;
-        sides[side].merge(&measured);
-        Ok(())
+        Ok(measured)
     })
     .await?;
-    let [library, raw] = sides.each_ref().map(Latencies::p50);
+    let [library, raw] = sides.each_ref().map(|side| Latencies::merged(side).p50());
     Ok(Group { keys, library, raw })
 }
 

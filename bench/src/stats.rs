@@ -1,5 +1,6 @@
 //! Ground floor: latency histograms, live heap bytes, and how figures are printed.
 
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -36,6 +37,18 @@ impl Latencies {
         let output = f().await;
         self.record(started.elapsed());
         output
+    }
+
+    /// A histogram of the calls `op(n)` for each `n` of `calls`, each timed.
+    pub(crate) async fn timed<T, E>(
+        calls: Range<usize>,
+        mut op: impl AsyncFnMut(usize) -> Result<T, E>,
+    ) -> Result<Self, E> {
+        let mut latencies = Self::default();
+        for n in calls {
+            latencies.time(async || op(n).await).await?;
+        }
+        Ok(latencies)
     }
 
     pub(crate) fn merge(&mut self, other: &Self) {
