@@ -62,12 +62,12 @@ fn uuid(text: &str) -> Result<Uuid, RepositoryError> {
         .map_err(|error| RepositoryError::new("routing read", format!("id {text:?}: {error}")))
 }
 
-/// The states `next` may be written over: itself and every state that may be followed
-/// by it.
+/// The states `next` may be written over ([`RoutingState::may_replace`]): itself and
+/// every state that may be followed by it.
 pub(crate) fn routing_predecessors(next: RoutingState) -> Vec<&'static str> {
     RoutingState::ALL
         .into_iter()
-        .filter(|from| *from == next || from.can_transition_to(next))
+        .filter(|stored| next.may_replace(*stored))
         .map(RoutingState::as_str)
         .collect()
 }

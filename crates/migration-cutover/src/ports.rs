@@ -303,7 +303,7 @@ impl TenantRoute {
     /// and does not take a route marked by another migration (unless that route is
     /// `migrated`, or either carries no migration).
     pub(crate) fn may_replace(&self, stored: &TenantRoute) -> bool {
-        let state = stored.state == self.state || stored.state.can_transition_to(self.state);
+        let state = self.state.may_replace(stored.state);
         let migration = match (stored.migration_id, self.migration_id) {
             (Some(marked), Some(by)) => marked == by || stored.state == RoutingState::Migrated,
             _ => true,

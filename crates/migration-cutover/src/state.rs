@@ -174,6 +174,24 @@ impl RoutingState {
         )
     }
 
+    /// Whether a route in this state may be written over one in `stored`: it keeps the
+    /// state, or the machine allows `stored → self`. The state half of what every
+    /// [`RoutingRepository::put`](crate::RoutingRepository::put) of this workspace
+    /// checks before it replaces a route (the PostgreSQL one in its SQL); the other half
+    /// is the migration's mark.
+    ///
+    /// ```
+    /// use migration_cutover::RoutingState;
+    ///
+    /// assert!(RoutingState::Migrated.may_replace(RoutingState::CutoverPaused));
+    /// assert!(RoutingState::DualWrite.may_replace(RoutingState::DualWrite));
+    /// assert!(!RoutingState::CutoverPaused.may_replace(RoutingState::Migrated));
+    /// ```
+    #[must_use]
+    pub const fn may_replace(self, stored: Self) -> bool {
+        self as u8 == stored as u8 || stored.can_transition_to(self)
+    }
+
     /// `next` when the transition is allowed.
     ///
     /// # Errors
