@@ -3,7 +3,6 @@
 use std::fmt;
 
 use deadpool_postgres::Pool;
-use locks_port::time::OffsetDateTime;
 use locks_port::uuid::Uuid;
 use migration_cutover::{Migration, MigrationRepository, Phase, RepositoryError, StoreId};
 use tokio_postgres::Row;
@@ -48,14 +47,6 @@ fn phase(text: &str) -> Result<Phase, RepositoryError> {
         .into_iter()
         .find(|phase| phase.as_str() == text)
         .ok_or_else(|| read_error(format!("unknown phase {text:?}")))
-}
-
-/// A time as the server keeps it, in UTC: `timestamptz` holds microseconds, so the
-/// nanoseconds below them are dropped here, toward the past, whatever the year.
-fn utc_micros(at: OffsetDateTime) -> OffsetDateTime {
-    let at = at.to_offset(locks_port::time::UtcOffset::UTC);
-    at.replace_nanosecond(at.nanosecond() / 1000 * 1000)
-        .unwrap_or(at)
 }
 
 /// The phases a record in `next` may be saved over ([`Phase::may_replace`]).
@@ -117,6 +108,8 @@ impl PostgresMigrationRepository {
         migration: &Migration,
         condition: &(dyn ToSql + Sync),
     ) -> Result<bool, RepositoryError> {
+        // As every repository keeps it (the in-memory records too).
+        let migration = &migration.as_stored();
         let copied = i64::try_from(migration.events_copied).unwrap_or(i64::MAX);
         let (id, tenant) = (
             migration.id.hyphenated().to_string(),
@@ -129,8 +122,8 @@ impl PostgresMigrationRepository {
             &migration.target_store_id.as_str(),
             &migration.phase.as_str(),
             &copied,
-            &utc_micros(migration.created_at),
-            &utc_micros(migration.updated_at),
+            &migration.created_at,
+            &migration.updated_at,
             &migration.last_error,
             condition,
         ];

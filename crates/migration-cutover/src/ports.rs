@@ -434,6 +434,48 @@ pub struct Migration {
     pub last_error: Option<String>,
 }
 
+impl Migration {
+    /// This record as every [`MigrationRepository`] of this workspace keeps it, and
+    /// [`get`](MigrationRepository::get) reads it back: the times in UTC and to the
+    /// microsecond (PostgreSQL's `timestamptz`; the nanoseconds below it dropped toward
+    /// the past), `events_copied` at most `i64::MAX` (a `bigint`). So a test that saves a
+    /// record stamped with `OffsetDateTime::now_utc()` compares what it reads back with
+    /// this, on the in-memory records as on PostgreSQL.
+    ///
+    /// ```
+    /// use migration_cutover::time::{Date, Month, Time, UtcOffset};
+    /// # use migration_cutover::{Migration, Phase, uuid::Uuid};
+    ///
+    /// let day = Date::from_calendar_date(2026, Month::December, 7).unwrap();
+    /// let at = |nano| day.with_time(Time::from_hms_nano(20, 0, 0, nano).unwrap());
+    /// let plus_two = UtcOffset::from_hms(2, 0, 0).unwrap();
+    /// # let record = |at, events_copied| Migration {
+    /// #     id: Uuid::nil(), tenant_id: Uuid::nil(), source_store_id: "shared".into(),
+    /// #     target_store_id: "own".into(), phase: Phase::Pending, events_copied,
+    /// #     created_at: at, updated_at: at, last_error: None,
+    /// # };
+    /// let saved = record(at(123_456_789).assume_offset(plus_two), u64::MAX);
+    /// let stored = saved.as_stored();
+    /// assert_eq!(stored.created_at, at(123_456_000).assume_offset(plus_two));
+    /// assert_eq!(stored.created_at.offset(), UtcOffset::UTC);
+    /// assert_eq!(stored.events_copied, i64::MAX.unsigned_abs());
+    /// ```
+    #[must_use]
+    pub fn as_stored(&self) -> Self {
+        let stored = |at: OffsetDateTime| {
+            let at = at.to_offset(time::UtcOffset::UTC);
+            at.replace_nanosecond(at.nanosecond() / 1000 * 1000)
+                .unwrap_or(at)
+        };
+        Self {
+            events_copied: self.events_copied.min(i64::MAX.unsigned_abs()),
+            created_at: stored(self.created_at),
+            updated_at: stored(self.updated_at),
+            ..self.clone()
+        }
+    }
+}
+
 /// Where migration records are kept, shared by every coordinator instance.
 ///
 /// Every save follows [`Phase`]'s machine, on every implementation of this workspace

@@ -328,7 +328,7 @@ impl MigrationRepository for InMemoryMigrationRepository {
             );
             return ready(Err(RepositoryError::new(WHAT, words)));
         }
-        migrations.insert(migration.id, migration.clone());
+        migrations.insert(migration.id, migration.as_stored());
         ready(Ok(()))
     }
 }

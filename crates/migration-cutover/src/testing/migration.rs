@@ -3,7 +3,7 @@
 //! `migration-cutover-postgres`'s. A test on the in-memory records sees the refusals
 //! production makes.
 
-use time::{Date, Duration, Month, OffsetDateTime, Time};
+use time::{Date, Duration, Month, OffsetDateTime, Time, UtcOffset};
 use uuid::Uuid;
 
 use super::contract::{Broken, Case, Expect, describe};
@@ -140,12 +140,40 @@ async fn the_earliest_instant_is_kept<M: MigrationRepository>(migrations: &M, br
     });
 }
 
+/// A record stamped in another offset than UTC, below the microsecond, and with more
+/// events than a `bigint` holds reads back as [`Migration::as_stored`] says: in UTC, to
+/// the microsecond, the count at `i64::MAX`.
+async fn a_record_reads_back_as_stored<M: MigrationRepository>(
+    migrations: &M,
+    broken: &mut Broken,
+) {
+    let offset = UtcOffset::from_hms(2, 0, 0).expect("an offset");
+    let at = OffsetDateTime::from_unix_timestamp_nanos(1_765_000_000_123_456_789)
+        .expect("a time in range")
+        .to_offset(offset);
+    let saved = Migration {
+        events_copied: u64::MAX,
+        created_at: at,
+        updated_at: at + Duration::nanoseconds(999),
+        ..record(Phase::Pending)
+    };
+    let answer = migrations.save(&saved).await;
+    let now = migrations.get(saved.id).await;
+    let expected = saved.as_stored();
+    let holds = answer.is_ok() && matches!(&now, Ok(Some(now)) if *now == expected);
+    broken.check(holds, || {
+        let answer = describe(&answer);
+        format!("a record stamped {at} with u64::MAX events: answered {answer}, read {now:?}")
+    });
+}
+
 /// The migration records' contract on `migrations` (fresh ids, so a shared table
 /// serves):
 ///
 /// - a record not stored yet is inserted by [`save`](MigrationRepository::save) in any
-///   phase, and [`get`](MigrationRepository::get) reads it back as saved (times to the
-///   second at least); an id not stored reads `None`;
+///   phase, and [`get`](MigrationRepository::get) reads it back as
+///   [`Migration::as_stored`] says (times in UTC to the microsecond, the count of
+///   events at most `i64::MAX`); an id not stored reads `None`;
 /// - `save` replaces the stored record only if it keeps the phase or the [`Phase`]
 ///   machine lets it follow (so nothing leaves `completed`, `aborted` or `failed`); else
 ///   a [`RepositoryError`] of `"migration save"` naming the stored phase, record
@@ -179,6 +207,7 @@ pub async fn migration_contract<M: MigrationRepository>(migrations: &M) {
         case.insert(migrations, &mut broken, refusal).await;
     }
     the_earliest_instant_is_kept(migrations, &mut broken).await;
+    a_record_reads_back_as_stored(migrations, &mut broken).await;
     let nobody = migrations.get(Uuid::new_v4()).await;
     broken.check(matches!(nobody, Ok(None)), || {
         format!("a record never saved: read {nobody:?}")
