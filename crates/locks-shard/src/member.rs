@@ -238,6 +238,9 @@ where
     /// # Errors
     /// A [`Configuration`](AcquisitionErrorKind::Configuration) error at once, before the
     /// member joins, for a [`renewal`](Self::renewal) expiry below [`MIN_RENEWAL_EXPIRY`];
+    /// once it has joined and before any task runs, for a manager's holder id with a NUL
+    /// (no term store can keep it: PostgreSQL's `text` cannot hold one), the member
+    /// leaving its place;
     /// one when other members use another shard list, or when the manager refuses the
     /// join for a reason retrying cannot fix (on PostgreSQL: a missing grant, or a
     /// read-only standby behind a single-host URL); or
@@ -379,6 +382,12 @@ where
                     continue;
                 }
             };
+            if let Err(refused) = check_holder_id(self.group.name(), permit.info().holder_id()) {
+                // As a refused join: every store keeps the holder id in its terms.
+                stop_all(&mut running).await;
+                permit.release().await;
+                return Err(refused);
+            }
             renewing = self_stop.is_some() && permit.info().holder_id().is_some();
             let left = self
                 .membership(self_stop.as_ref(), &told)
@@ -516,4 +525,13 @@ async fn keeping<O>(
             out = &mut until => return Some(out),
         }
     }
+}
+
+/// Refuses a holder id no term store can keep: one with a NUL, which PostgreSQL's `text`
+/// cannot hold (the terms and the roster keep the whole id). Its length is not bounded:
+/// no store indexes it.
+fn check_holder_id(group: &str, holder_id: Option<&str>) -> Result<(), LockAcquisitionError> {
+    holder_id.map_or(Ok(()), |holder_id| {
+        locks_port::check_stored_text(group, "a shard member's holder id", holder_id, usize::MAX)
+    })
 }

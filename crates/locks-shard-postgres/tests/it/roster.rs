@@ -340,3 +340,41 @@ async fn a_member_whose_renewal_expiry_is_too_long_for_the_clock_is_listed_and_n
     assert!(never, "its row never expires");
     run.abort();
 }
+
+/// A holder id with a NUL, which the roster's and the terms' `text` cannot hold, ends
+/// `run` with a `Configuration` error once the member has joined, before any task runs,
+/// and leaves its place: as on the memory store (`locks-shard`'s
+/// `a_holder_id_no_store_can_keep_ends_the_run_at_once`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_id_no_store_can_keep_ends_the_run_at_once() {
+    let name = unique("nul-holder");
+    let member = ShardMember::new(
+        crate::support::manager(&format!("{}\0-7", unique("pod")), SHARDS + 4),
+        crate::support::terms().await,
+        group(&name),
+    )
+    .tick(Duration::from_millis(50))
+    .backoff(Duration::from_millis(200));
+    let starts = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = starts.clone();
+    let run = member.run(move |_, stop| {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        async move {
+            let _ = stop.await;
+        }
+    });
+    let ended = tokio::time::timeout(Duration::from_secs(3), run).await;
+    let started = starts.load(std::sync::atomic::Ordering::SeqCst);
+    let error = ended
+        .unwrap_or_else(|_| panic!("not refused: {started} task starts in 3 s"))
+        .expect_err("run never returns Ok");
+    assert_eq!(
+        error.kind(),
+        locks_shard::locks_port::AcquisitionErrorKind::Configuration,
+        "{error}"
+    );
+    assert!(error.to_string().contains("NUL"), "{error}");
+    assert_eq!(started, 0, "no task ran");
+    let watcher = Watcher::new(group(&name)).await;
+    assert!(agree(&watcher, 0).await.is_empty(), "it left its place");
+}

@@ -189,3 +189,31 @@ async fn a_renewal_expiry_below_the_floor_is_refused_at_once() {
     let started = run_until(member, &fleet.terms, async |_, started| started > 0).await;
     assert_eq!(started, 1, "a member at the floor runs");
 }
+
+/// A holder id with a NUL (which PostgreSQL's `text` cannot hold: its terms and roster
+/// keep the holder id) ends `run` with a `Configuration` error once the member learns it
+/// from its join, on every store alike, before any task runs; the member leaves its
+/// place. (`locks-shard-postgres` runs the same case on PostgreSQL.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_id_no_store_can_keep_ends_the_run_at_once() {
+    let fleet = Fleet::new(1);
+    let member = fleet.member("pod\0-7");
+    let (started, mut starts) = mpsc::unbounded_channel::<()>();
+    let run = member.run(move |_owned, _stop| {
+        let _ = started.send(());
+        std::future::pending::<()>()
+    });
+    let ended = tokio::time::timeout(Duration::from_secs(1), run).await;
+    let mut count = 0;
+    while starts.try_recv().is_ok() {
+        count += 1;
+    }
+    let error = ended
+        .unwrap_or_else(|_| panic!("not refused: {count} task starts in 1 s"))
+        .expect_err("run never returns Ok");
+    assert_eq!(error.kind(), AcquisitionErrorKind::Configuration, "{error}");
+    assert!(error.to_string().contains("NUL"), "{error}");
+    assert_eq!(count, 0, "no task ran");
+    let owners = fleet.member("observer").owners().await.expect("owners");
+    assert!(owners.members.is_empty(), "it left: {owners:?}");
+}
