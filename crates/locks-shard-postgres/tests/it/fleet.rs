@@ -235,7 +235,17 @@ async fn members_go_1_3_5_2_4_balanced_sticky_and_no_two_owners_write_in_between
         owners = after;
     }
 
-    // m2's every session terminated by the server: its shards move (it rejoins).
+    // m2's every session terminated by the server: its shards move (it rejoins), each to
+    // a term begun after the termination. (Settled alone could be read before m2 was
+    // told: the same two members, each shard's latest write under its term.)
+    let m2_terms: BTreeMap<String, i64> = owners
+        .shards
+        .iter()
+        .filter_map(|(shard, owner)| {
+            let owner = owner.as_ref()?;
+            (owner.holder_id.as_deref() == Some("m2")).then(|| (shard.clone(), owner.token))
+        })
+        .collect();
     let stale = fleet
         .handed
         .lock()
@@ -255,7 +265,7 @@ async fn members_go_1_3_5_2_4_balanced_sticky_and_no_two_owners_write_in_between
         .expect("terminate")
         .get(0);
     assert!(terminated > 0, "m2 had sessions");
-    let (after, took) = fleet.settled(2, from).await;
+    let (after, took) = fleet.watcher.settled_past(2, from, SETTLE, &m2_terms).await;
     eprintln!(
         "terminate m2 ({terminated} sessions): every shard running again after {took:?}, {:?}",
         after.counts()
