@@ -172,6 +172,18 @@ pub(crate) fn holders(owners: &Shards) -> BTreeMap<String, Option<String>> {
         .collect()
 }
 
+/// The token of each shard `holder` owns in `owners`.
+pub(crate) fn terms_of(owners: &Shards, holder: &str) -> BTreeMap<String, i64> {
+    owners
+        .shards
+        .iter()
+        .filter_map(|(shard, owner)| {
+            let owner = owner.as_ref()?;
+            (owner.holder_id.as_deref() == Some(holder)).then(|| (shard.clone(), owner.token))
+        })
+        .collect()
+}
+
 fn moved(before: &Shards, after: &Shards) -> usize {
     let (before, after) = (holders(before), holders(after));
     after
@@ -238,14 +250,7 @@ async fn members_go_1_3_5_2_4_balanced_sticky_and_no_two_owners_write_in_between
     // m2's every session terminated by the server: its shards move (it rejoins), each to
     // a term begun after the termination. (Settled alone could be read before m2 was
     // told: the same two members, each shard's latest write under its term.)
-    let m2_terms: BTreeMap<String, i64> = owners
-        .shards
-        .iter()
-        .filter_map(|(shard, owner)| {
-            let owner = owner.as_ref()?;
-            (owner.holder_id.as_deref() == Some("m2")).then(|| (shard.clone(), owner.token))
-        })
-        .collect();
+    let m2_terms = terms_of(&owners, "m2");
     let stale = fleet
         .handed
         .lock()

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use locks_shard::locks_port::PermitDerivation;
 use locks_shard::{ShardOwner, Shards};
 
-use crate::fleet::{Fleet, holders};
+use crate::fleet::{Fleet, holders, terms_of};
 use crate::support::admin;
 
 const SETTLE: Duration = Duration::from_secs(20);
@@ -45,14 +45,7 @@ async fn three_members() -> (Fleet, Shards, BTreeMap<String, i64>) {
     let from = Instant::now();
     fleet.leave("r0").await;
     let (before, _) = fleet.settled(3, from).await;
-    let kept: BTreeMap<String, i64> = before
-        .shards
-        .iter()
-        .filter_map(|(shard, owner)| {
-            let owner = owner.as_ref()?;
-            (owner.holder_id.as_deref() == Some("r2")).then(|| (shard.clone(), owner.token))
-        })
-        .collect();
+    let kept = terms_of(&before, "r2");
     assert_eq!(kept.len(), 8, "r2 owns its share of 24 over 3");
     (fleet, before, kept)
 }
