@@ -229,6 +229,21 @@ async fn on_a_tls_only_server_a_dropped_wait_leaves_the_queue_and_a_lost_holder_
         );
     }
     permit.release().await;
+    // A dropped permit wait closes its connection, which frees the marker (and the
+    // turnstile, if the cancel came while it held it); the server drops them when that
+    // backend has exited, which need not be before the next statement here.
+    let released = Instant::now();
+    while advisory(&admin, true).await > 0 {
+        assert!(
+            released.elapsed() < Duration::from_secs(5),
+            "the dropped waits' sessions still hold advisory locks 5 s after the last"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    eprintln!(
+        "the dropped waits' sessions held nothing {:?} after the permit's release",
+        released.elapsed()
+    );
 
     // A tls_pool announces a connection's end as plain_pool does: the manager says how
     // soon its holders are told (a pool built by hand does not), and a holder whose
@@ -245,8 +260,9 @@ async fn on_a_tls_only_server_a_dropped_wait_leaves_the_queue_and_a_lost_holder_
         .expect("lock");
     let pid: i32 = admin
         .query_one(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted",
-            &[],
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = $1",
+            &[&locks_port::lock_id("tls:told")],
         )
         .await
         .expect("the holder's backend")
