@@ -31,6 +31,13 @@ pub async fn leader_board_contract<B: LeaderBoard>(first: &B, second: &B, name: 
         two.since >= one.since,
         "a later term does not start earlier"
     );
+    for term in [&one, &two] {
+        assert_eq!(
+            term.since,
+            locks_port::stored_time(term.since),
+            "a term's start is kept as PostgreSQL keeps it (UTC, to the microsecond)"
+        );
+    }
     first.retire(name, one.term).await.expect("retire");
     assert_eq!(
         first.latest(name).await.expect("latest").as_ref(),

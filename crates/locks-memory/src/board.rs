@@ -27,7 +27,7 @@ impl LeaderBoard for InMemoryLockManager {
                 term,
                 holder_id,
                 value.to_owned(),
-                OffsetDateTime::now_utc(),
+                locks_port::stored_time(OffsetDateTime::now_utc()),
                 false,
             );
             terms.insert(name.to_owned(), proclaimed.clone());

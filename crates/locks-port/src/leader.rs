@@ -105,6 +105,38 @@ pub fn check_stored_text(
     Ok(())
 }
 
+/// A time as a backend's stores keep it: PostgreSQL's `timestamptz` keeps the instant in
+/// UTC to the microsecond, and the driver binds a finer time by dropping what is below
+/// the microsecond of its distance from 2000-01-01 (so toward the earlier microsecond
+/// for a time since then, which every store's clock is, toward the later one before).
+/// An in-memory store stamps and keeps its times through this, so that it reads back
+/// what PostgreSQL would.
+///
+/// ```
+/// use locks_port::stored_time;
+/// use locks_port::time::{OffsetDateTime, UtcOffset};
+///
+/// let utc = OffsetDateTime::from_unix_timestamp_nanos(1_796_680_799_123_456_789).unwrap();
+/// let east = utc.to_offset(UtcOffset::from_hms(2, 0, 0).unwrap());
+/// let kept = stored_time(east);
+/// assert_eq!(kept.offset(), UtcOffset::UTC);
+/// assert_eq!(kept.unix_timestamp_nanos(), 1_796_680_799_123_456_000);
+/// ```
+#[must_use]
+pub fn stored_time(at: OffsetDateTime) -> OffsetDateTime {
+    let at = at.to_offset(time::UtcOffset::UTC);
+    let below = at.nanosecond() % 1000;
+    if below == 0 {
+        return at;
+    }
+    let earlier = at - time::Duration::nanoseconds(i64::from(below));
+    if at.year() >= 2000 {
+        earlier
+    } else {
+        earlier + time::Duration::MICROSECOND
+    }
+}
+
 /// The most bytes an election name may have on a [`LeaderBoard`]: PostgreSQL's index of
 /// the board's names holds an entry of about 2.7 kB at most, so a longer name could be
 /// proclaimed on one board and not on another.
@@ -226,6 +258,47 @@ impl<B: LeaderBoard + ?Sized> LeaderBoard for &B {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stored_time_drops_what_is_below_the_microsecond_of_its_distance_from_2000() {
+        let at = |nanos: i128| OffsetDateTime::from_unix_timestamp_nanos(nanos).expect("time");
+        // 2000-01-01T00:00:00Z is 946,684,800 s after the Unix epoch.
+        let y2k = 946_684_800_000_000_000_i128;
+        assert_eq!(
+            stored_time(at(y2k + 1_999)),
+            at(y2k + 1_000),
+            "after: earlier µs"
+        );
+        assert_eq!(
+            stored_time(at(y2k - 1_999)),
+            at(y2k - 1_000),
+            "before: later µs"
+        );
+        assert_eq!(
+            stored_time(at(y2k + 7_000)),
+            at(y2k + 7_000),
+            "whole µs kept"
+        );
+        assert_eq!(stored_time(at(-1)), at(0), "1969: toward 2000");
+        let far = OffsetDateTime::new_utc(
+            time::Date::from_calendar_date(9999, time::Month::December, 31).expect("date"),
+            time::Time::from_hms_nano(23, 59, 59, 999_999_999).expect("time"),
+        );
+        assert_eq!(
+            stored_time(far).nanosecond(),
+            999_999_000,
+            "no overflow at the end"
+        );
+        let min = OffsetDateTime::new_utc(
+            time::Date::MIN,
+            time::Time::from_hms_nano(0, 0, 0, 1).expect("t"),
+        );
+        assert_eq!(
+            stored_time(min).nanosecond(),
+            1_000,
+            "no underflow at the start"
+        );
+    }
 
     #[test]
     fn values_past_the_bound_or_with_a_nul_are_refused_by_name() {

@@ -23,7 +23,7 @@ pub use key::{
 };
 pub use leader::{
     LeaderBoard, MAX_BOARD_NAME, MAX_PUBLISHED_VALUE, Proclamation, check_board_name,
-    check_published_value, check_stored_text,
+    check_published_value, check_stored_text, stored_time,
 };
 pub use lock::{DistributedLock, LockGuard, LockRegistry, ReleaseOutcome};
 pub use many::{AcquireMany, LockGroup, owned_keys};

@@ -103,16 +103,24 @@ impl<C: Clock> MemoryLedger<C> {
     }
 }
 
+impl<C: Clock> MemoryLedger<C> {
+    /// The clock's time as the ledger keeps it (to the microsecond, in UTC, as
+    /// PostgreSQL's `timestamptz`: [`locks_port::stored_time`]).
+    fn stamp(&self) -> OffsetDateTime {
+        locks_port::stored_time(self.clock.now())
+    }
+}
+
 impl<C: Clock> Ledger for MemoryLedger<C> {
     async fn now(&self) -> Result<OffsetDateTime, LedgerError> {
-        Ok(self.clock.now())
+        Ok(self.stamp())
     }
 
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimAnswer, LedgerError> {
         LedgerError::check_name(claim.name)?;
         LedgerError::check_holder(claim.name, claim.holder)?;
         let mut rows = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
-        let now = self.clock.now();
+        let now = self.stamp();
         let key = (claim.name.to_owned(), claim.slot.start());
         let row = rows.get(&key).map(|record| SlotRow {
             attempt: record.attempt,
@@ -194,7 +202,7 @@ impl<C: Clock> Ledger for MemoryLedger<C> {
         LedgerError::check_name(attempt.name)?;
         LedgerError::check_holder(attempt.name, attempt.holder)?;
         let mut rows = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
-        let now = self.clock.now();
+        let now = self.stamp();
         match rows.get_mut(&(attempt.name.to_owned(), attempt.slot)) {
             Some(record)
                 if record.outcome == Outcome::Running
@@ -234,7 +242,7 @@ impl<C: Clock> Ledger for MemoryLedger<C> {
     ) -> Result<Vec<OffsetDateTime>, LedgerError> {
         LedgerError::check_name(name)?;
         let mut rows = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
-        let now = self.clock.now();
+        let now = self.stamp();
         let mut abandoned = Vec::new();
         for &slot in slots {
             if let Some(record) = rows.get_mut(&(name.to_owned(), slot))
@@ -286,6 +294,19 @@ mod tests {
     use time::macros::datetime;
 
     use super::*;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_ledger_keeps_its_clock_s_time_as_postgresql_would() {
+        let clock = ManualClock::new(datetime!(2026-12-07 23:59:59.123456789 +02:00));
+        let ledger = MemoryLedger::new(clock);
+        assert_eq!(
+            ledger.now().await.expect("now"),
+            datetime!(2026-12-07 21:59:59.123456 UTC),
+            "UTC, to the microsecond"
+        );
+        let system = MemoryLedger::new(SystemClock).now().await.expect("now");
+        assert_eq!(system, locks_port::stored_time(system));
+    }
 
     #[tokio::test(flavor = "current_thread")]
     async fn running_before_reads_only_the_job_s_running_rows_before_the_slot() {

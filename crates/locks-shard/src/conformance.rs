@@ -39,9 +39,17 @@ pub async fn tokens_grow_per_shard_and_only_the_latest_term_ends<T: ShardTerms>(
     assert_eq!(second.term.token, 2);
     assert!(!second.previous_ended, "term 1 was not ended");
     assert!(second.term.since >= first.term.since);
+    for term in [&first.term, &second.term] {
+        assert_eq!(
+            term.since,
+            locks_port::stored_time(term.since),
+            "a term's start is kept as PostgreSQL keeps it (UTC, to the microsecond)"
+        );
+    }
     store.end(group, "a", 1).await.expect("end");
     let listed = store.terms(group).await.expect("terms");
     assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].since, second.term.since, "listed as begun");
     assert!(!listed[0].ended, "ending an older term changes nothing");
     assert_eq!(
         (listed[0].member, listed[0].holder_id.as_deref()),

@@ -387,7 +387,7 @@ impl ShardTerms for MemoryTerms {
             token,
             member,
             holder_id.map(str::to_owned),
-            OffsetDateTime::now_utc(),
+            locks_port::stored_time(OffsetDateTime::now_utc()),
             false,
         )
         .with_loss_notice(loss_notice);

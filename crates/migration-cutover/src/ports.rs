@@ -462,11 +462,7 @@ impl Migration {
     /// ```
     #[must_use]
     pub fn as_stored(&self) -> Self {
-        let stored = |at: OffsetDateTime| {
-            let at = at.to_offset(time::UtcOffset::UTC);
-            at.replace_nanosecond(at.nanosecond() / 1000 * 1000)
-                .unwrap_or(at)
-        };
+        let stored = locks_port::stored_time;
         Self {
             events_copied: self.events_copied.min(i64::MAX.unsigned_abs()),
             created_at: stored(self.created_at),
