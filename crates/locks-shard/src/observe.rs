@@ -70,7 +70,12 @@ impl Shards {
 /// free. A member whose terms could not be ended when their tasks stopped (the store
 /// unreachable, as through a server restart) ends them before it joins again, so they
 /// are not named under its new membership either. A term is named from its beginning,
-/// which may be up to the takeover delay before its task starts.
+/// which may be up to the takeover delay before its task starts, and until its member
+/// ends it or is gone: a term whose shard lock was lost (its session terminated) is
+/// named until the member is told and ends it (within its manager's loss notice), and a
+/// killed member's until its membership is free. So this is a view for people and
+/// dashboards; what guards a write is the term's token
+/// (the store's `guard_write`, see [`ShardTerms`]).
 ///
 /// # Errors
 /// A backend failure of either read.
