@@ -437,8 +437,8 @@ pub struct Migration {
 impl Migration {
     /// This record as every [`MigrationRepository`] of this workspace keeps it, and
     /// [`get`](MigrationRepository::get) reads it back: the times in UTC and to the
-    /// microsecond (PostgreSQL's `timestamptz`; the nanoseconds below it dropped toward
-    /// the past), `events_copied` at most `i64::MAX` (a `bigint`). So a test that saves a
+    /// microsecond (PostgreSQL's `timestamptz`, as [`locks_port::stored_time`] says),
+    /// `events_copied` at most `i64::MAX` (a `bigint`). So a test that saves a
     /// record stamped with `OffsetDateTime::now_utc()` compares what it reads back with
     /// this, on the in-memory records as on PostgreSQL.
     ///

@@ -181,6 +181,33 @@ async fn the_migration_records_keep_the_migration_contract() {
     fleet.drop_databases().await;
 }
 
+/// `locks_port::stored_time`, what the in-memory stores keep of a time, is what a
+/// `timestamptz` bound by the driver keeps: UTC, the earlier microsecond since 2000, the
+/// later one before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_time_bound_by_the_driver_reads_back_as_stored_time_says() {
+    let client = connect(None).await;
+    let east = migration_cutover::time::UtcOffset::from_hms(5, 30, 0).expect("offset");
+    for nanos in [
+        1_765_000_000_123_456_789_i128,
+        946_684_800_000_000_999,
+        946_684_799_999_999_500,
+        -999,
+        -1_000,
+        0,
+    ] {
+        let at = migration_cutover::time::OffsetDateTime::from_unix_timestamp_nanos(nanos)
+            .expect("time")
+            .to_offset(east);
+        let kept: migration_cutover::time::OffsetDateTime = client
+            .query_one("SELECT $1::timestamptz", &[&at])
+            .await
+            .expect("round trip")
+            .get(0);
+        assert_eq!(kept, locks_port::stored_time(at), "{at} ({nanos} ns)");
+    }
+}
+
 /// A record's times read back to the microsecond (what the server keeps) across the
 /// range `time` can hold, far years too: the microseconds of a time after 2255, or of
 /// 9999-12-31T23:59:59.999999, are not lost or rounded on the way.

@@ -142,29 +142,42 @@ async fn the_earliest_instant_is_kept<M: MigrationRepository>(migrations: &M, br
 
 /// A record stamped in another offset than UTC, below the microsecond, and with more
 /// events than a `bigint` holds reads back as [`Migration::as_stored`] says: in UTC, to
-/// the microsecond, the count at `i64::MAX`.
+/// the microsecond, the count at `i64::MAX`; before 2000 too, where the driver keeps the
+/// later microsecond.
 async fn a_record_reads_back_as_stored<M: MigrationRepository>(
     migrations: &M,
     broken: &mut Broken,
 ) {
     let offset = UtcOffset::from_hms(2, 0, 0).expect("an offset");
-    let at = OffsetDateTime::from_unix_timestamp_nanos(1_765_000_000_123_456_789)
-        .expect("a time in range")
-        .to_offset(offset);
-    let saved = Migration {
-        events_copied: u64::MAX,
-        created_at: at,
-        updated_at: at + Duration::nanoseconds(999),
-        ..record(Phase::Pending)
+    let at = |nanos| {
+        OffsetDateTime::from_unix_timestamp_nanos(nanos)
+            .expect("a time in range")
+            .to_offset(offset)
     };
-    let answer = migrations.save(&saved).await;
-    let now = migrations.get(saved.id).await;
-    let expected = saved.as_stored();
-    let holds = answer.is_ok() && matches!(&now, Ok(Some(now)) if *now == expected);
-    broken.check(holds, || {
-        let answer = describe(&answer);
-        format!("a record stamped {at} with u64::MAX events: answered {answer}, read {now:?}")
-    });
+    // 2025-12-06, then 500 ns before 2000-01-01 and 999 ns before 1970-01-01 (UTC).
+    let stamps = [
+        (at(1_765_000_000_123_456_789), at(1_765_000_000_123_457_788)),
+        (at(946_684_799_999_999_500), at(-999)),
+    ];
+    for (created_at, updated_at) in stamps {
+        let saved = Migration {
+            events_copied: u64::MAX,
+            created_at,
+            updated_at,
+            ..record(Phase::Pending)
+        };
+        let answer = migrations.save(&saved).await;
+        let now = migrations.get(saved.id).await;
+        let expected = saved.as_stored();
+        let holds = answer.is_ok() && matches!(&now, Ok(Some(now)) if *now == expected);
+        broken.check(holds, || {
+            let answer = describe(&answer);
+            format!(
+                "a record stamped {created_at} and {updated_at} with u64::MAX events: \
+                 answered {answer}, read {now:?}, expected {expected:?}"
+            )
+        });
+    }
 }
 
 /// The migration records' contract on `migrations` (fresh ids, so a shared table
