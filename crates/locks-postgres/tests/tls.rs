@@ -134,6 +134,17 @@ async fn advisory(admin: &Client, granted: bool) -> i64 {
         .get(0)
 }
 
+/// Waits until the server holds no advisory lock, and says how long that took; fails
+/// saying `what` if it still holds one after `bound`.
+async fn nothing_held_within(admin: &Client, bound: Duration, what: &str) -> Duration {
+    let from = Instant::now();
+    while advisory(admin, true).await > 0 {
+        assert!(from.elapsed() < bound, "{what} after {bound:?}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    from.elapsed()
+}
+
 /// Starts `wait`, waits until the server works on it, drops it, and measures how long
 /// it stays there ([`waiting`]).
 async fn dropped_wait_left_after<F>(admin: &Client, wait: F) -> Duration
@@ -232,18 +243,13 @@ async fn on_a_tls_only_server_a_dropped_wait_leaves_the_queue_and_a_lost_holder_
     // A dropped permit wait closes its connection, which frees the marker (and the
     // turnstile, if the cancel came while it held it); the server drops them when that
     // backend has exited, which need not be before the next statement here.
-    let released = Instant::now();
-    while advisory(&admin, true).await > 0 {
-        assert!(
-            released.elapsed() < Duration::from_secs(5),
-            "the dropped waits' sessions still hold advisory locks 5 s after the last"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    eprintln!(
-        "the dropped waits' sessions held nothing {:?} after the permit's release",
-        released.elapsed()
-    );
+    let freed = nothing_held_within(
+        &admin,
+        Duration::from_secs(5),
+        "the dropped waits' sessions still hold advisory locks",
+    )
+    .await;
+    eprintln!("the dropped waits' sessions held nothing {freed:?} after the permit's release");
 
     // A tls_pool announces a connection's end as plain_pool does: the manager says how
     // soon its holders are told (a pool built by hand does not), and a holder whose
@@ -387,17 +393,14 @@ async fn a_cancel_that_cannot_be_sent_is_said_once_per_manager() {
             "the dropped wait stays queued on 13"
         );
         guard.release().await;
-        let granted = Instant::now();
-        while advisory(&admin, true).await > 0 {
-            assert!(
-                granted.elapsed() < Duration::from_secs(10),
-                "the grant to a closed connection was not freed"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let freed = nothing_held_within(
+            &admin,
+            Duration::from_secs(10),
+            "the grant to a closed connection was not freed",
+        )
+        .await;
         eprintln!(
-            "PostgreSQL {version}: the dropped wait stayed queued until the holder released, and its grant was freed {:?} after",
-            granted.elapsed()
+            "PostgreSQL {version}: the dropped wait stayed queued until the holder released, and its grant was freed {freed:?} after"
         );
         let said = unsent_cancel_warnings();
         assert_eq!(said.len(), 1, "said {} times: {said:?}", said.len());
