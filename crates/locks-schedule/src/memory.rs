@@ -101,9 +101,7 @@ impl<C: Clock> MemoryLedger<C> {
             rows: Arc::default(),
         }
     }
-}
 
-impl<C: Clock> MemoryLedger<C> {
     /// The clock's time as the ledger keeps it (to the microsecond, in UTC, as
     /// PostgreSQL's `timestamptz`: [`locks_port::stored_time`]).
     fn stamp(&self) -> OffsetDateTime {

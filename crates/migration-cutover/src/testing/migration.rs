@@ -142,8 +142,8 @@ async fn the_earliest_instant_is_kept<M: MigrationRepository>(migrations: &M, br
 
 /// A record stamped in another offset than UTC, below the microsecond, and with more
 /// events than a `bigint` holds reads back as [`Migration::as_stored`] says: in UTC, to
-/// the microsecond, the count at `i64::MAX`; before 2000 too, where the driver keeps the
-/// later microsecond.
+/// the microsecond, the count at `i64::MAX`; before 2000 too, where that is the later
+/// microsecond (as the driver binds such a time: [`locks_port::stored_time`]).
 async fn a_record_reads_back_as_stored<M: MigrationRepository>(
     migrations: &M,
     broken: &mut Broken,
