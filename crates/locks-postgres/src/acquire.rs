@@ -414,7 +414,12 @@ async fn poll(
     deadline: Deadline,
     retry_interval: Duration,
 ) -> Attempt {
-    let retry_interval = retry_interval.max(Duration::from_millis(1));
+    // A session idle for a lease's `idle_session_timeout` would be ended between tries.
+    let retry_interval = retry_interval.max(Duration::from_millis(1)).min(
+        inner
+            .idle_session_limit()
+            .map_or(Duration::MAX, |bound| bound / 2),
+    );
     loop {
         if deadline.passed() {
             session.into_pool();

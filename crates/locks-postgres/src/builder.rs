@@ -237,8 +237,10 @@ impl PostgresLockManagerBuilder {
     /// for it) is refused: by
     /// [`try_build`](Self::try_build) at once, and by [`build`](Self::build) on every
     /// acquisition, with a [`Configuration`](locks_port::AcquisitionErrorKind::Configuration)
-    /// error that says why. A paused holder (GC, `SIGSTOP`) is not covered: the server
-    /// sees its host answer; use fencing tokens for that.
+    /// error that says why. A stopped holder (`SIGSTOP`, a blocked runtime) is not
+    /// covered by default: the server sees its host answer. Turn
+    /// [`expire_stopped_holders`](Self::expire_stopped_holders) on for that, and guard
+    /// writes with fencing tokens (a stopped holder that wakes is told only then).
     ///
     /// ```
     /// use std::time::Duration;
@@ -262,6 +264,56 @@ impl PostgresLockManagerBuilder {
     /// fires, at least (default 5 s). See [`lease`](Self::lease).
     pub fn lease_margin(mut self, margin: Duration) -> Self {
         self.settings.lease_margin = margin;
+        self
+    }
+
+    /// Holds a holder whose process stopped to the [`lease`](Self::lease) too (default
+    /// off; PostgreSQL 14+). A process stopped with `SIGSTOP` (or `Ctrl-Z`), frozen by a
+    /// debugger, or whose runtime is blocked sends no keepalives, but its kernel still
+    /// answers TCP, so the lease's TCP timers never end its sessions: its locks stay held
+    /// for as long as it stays stopped. With this on, each lock session also carries
+    /// `idle_session_timeout` = [`Lease::server_frees_after`](crate::Lease::server_frees_after):
+    /// the server ends a session that sent nothing for that long and frees its locks, within
+    /// the lease of the holder's last keepalive
+    /// ([`ServerTimers::idle_session_timeout`](crate::ServerTimers::idle_session_timeout)).
+    ///
+    /// What it costs and what it does not cover:
+    /// - A live holder is never ended: its keepalives come every
+    ///   [`keepalive`](Self::keepalive) cadence, at least the margin sooner. But a runtime
+    ///   blocked for longer than the bound loses its locks (told with
+    ///   [`LostReason::ConnectionClosed`](locks_port::LostReason::ConnectionClosed) once
+    ///   it runs again); a stopped holder that wakes may act before it is told, so
+    ///   guard its writes with a fencing token, as for any lost lock.
+    /// - The manager closes its idle pooled connections before the server would (each one
+    ///   not checked out for half the bound, looked at every quarter of it while any is
+    ///   idle), so a checkout never takes a session the server is ending. A connection
+    ///   that was checked out longer than that is closed at the next look after it comes
+    ///   back, and the next acquisition opens a new one.
+    /// - A polling acquisition ([`AcquireOptions::retry_interval`](locks_port::AcquireOptions))
+    ///   tries at least every half bound, so its session is never idle for the bound.
+    /// - Transaction-scoped locks are not covered (their session is in a transaction, which
+    ///   `idle_session_timeout` does not count).
+    /// - It needs a lease (refused with a [`Configuration`](locks_port::AcquisitionErrorKind::Configuration)
+    ///   error without one) and PostgreSQL 14 or later: on PostgreSQL 13 every acquisition
+    ///   fails with the server's own `unrecognized configuration parameter
+    ///   "idle_session_timeout"`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use locks_postgres::PostgresLockManager;
+    ///
+    /// let pool = locks_postgres::plain_pool("postgres://app@localhost/app", 8)?;
+    /// let locks = PostgresLockManager::builder(pool)
+    ///     .lease(Some(Duration::from_secs(30)))
+    ///     .expire_stopped_holders(true)
+    ///     .try_build()?;
+    /// let lease = locks.lease().unwrap();
+    /// assert_eq!(lease.server.idle_session_timeout, Some(lease.server_frees_after));
+    /// assert!(lease.server_frees_after < Duration::from_secs(30));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn expire_stopped_holders(mut self, on: bool) -> Self {
+        self.settings.expire_stopped_holders = on;
         self
     }
 

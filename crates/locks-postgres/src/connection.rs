@@ -69,14 +69,14 @@ pub(crate) struct SetupValues<'a> {
     pub(crate) application_name: Option<&'a str>,
     /// The lease's server timers (see [`crate::lease::ServerTimers::as_settings`]), or
     /// `None` to leave the server's own.
-    pub(crate) timers: Option<&'a [String; 5]>,
+    pub(crate) timers: Option<&'a [Option<String>; 6]>,
     /// Whether to read the session's [`Backend`] (stall patience needs it).
     pub(crate) identify: bool,
 }
 
 impl SetupValues<'_> {
     fn timer(&self, index: usize) -> Option<&str> {
-        self.timers.map(|timers| timers[index].as_str())
+        self.timers.and_then(|timers| timers[index].as_deref())
     }
 }
 
@@ -254,6 +254,7 @@ impl Session {
                                     &values.timer(3),
                                     &values.timer(4),
                                     &values.identify,
+                                    &values.timer(5),
                                 ],
                             )
                             .await?;

@@ -39,7 +39,7 @@ pub(crate) struct Inner {
     /// The lease in force, or why the one asked for cannot hold.
     lease: Result<Option<Lease>, LeaseError>,
     /// The lease's server timers as the set-up binds them.
-    server_timers: Option<[String; 5]>,
+    server_timers: Option<[Option<String>; 6]>,
     /// `locks:<holder id>`, set on every connection the manager uses when it has a
     /// holder id (else the connection's own `application_name` is left alone).
     application_name: Option<String>,
@@ -137,6 +137,13 @@ impl Inner {
     /// The lease in force, or why the one asked for cannot hold.
     pub(crate) fn lease(&self) -> Result<Option<&Lease>, &LeaseError> {
         self.lease.as_ref().map(Option::as_ref)
+    }
+
+    /// The lease's `idle_session_timeout`, when it holds stopped holders too: the server
+    /// ends a session of the manager's that sent nothing for that long.
+    pub(crate) fn idle_session_limit(&self) -> Option<std::time::Duration> {
+        let lease = self.lease.as_ref().ok().and_then(Option::as_ref);
+        lease.and_then(|lease| lease.server.idle_session_timeout)
     }
 
     /// A new bookkeeping ticket: the number that tells one acquisition's entry from

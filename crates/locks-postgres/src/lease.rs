@@ -91,6 +91,13 @@ pub struct ServerTimers {
     /// how often a backend busy with a statement (a waiter in `pg_advisory_lock`)
     /// checks that its client is still there, so a dead waiter leaves the queue.
     pub client_connection_check_interval: Duration,
+    /// `idle_session_timeout` (PostgreSQL 14+), with
+    /// [`expire_stopped_holders`](crate::PostgresLockManagerBuilder::expire_stopped_holders):
+    /// [`user_timeout`](Self::user_timeout), so a holder whose process stopped sending
+    /// keepalives (`SIGSTOP`, a blocked runtime) while its kernel still answers TCP has its
+    /// session ended, and its locks freed, as a silent host's would be. `None` (the
+    /// default): 0, no idle limit on a lock's session.
+    pub idle_session_timeout: Option<Duration>,
 }
 
 /// A lease whose bounds cannot hold with the other settings.
@@ -122,7 +129,7 @@ impl fmt::Display for LeaseError {
 impl std::error::Error for LeaseError {}
 
 impl LeaseError {
-    fn new(message: String) -> Self {
+    pub(crate) fn new(message: String) -> Self {
         Self { message }
     }
 }
@@ -229,22 +236,32 @@ impl Lease {
                 keepalives_count: PROBES,
                 user_timeout,
                 client_connection_check_interval: interval,
+                idle_session_timeout: None,
             },
         })
+    }
+
+    /// The lease enforced on a stopped holder too: `idle_session_timeout` set to the
+    /// user timeout (see [`ServerTimers::idle_session_timeout`]).
+    pub(crate) fn expiring_stopped_holders(mut self) -> Self {
+        self.server.idle_session_timeout = Some(self.server.user_timeout);
+        self
     }
 }
 
 impl ServerTimers {
     /// The values the set-up binds: `tcp_keepalives_idle`, `_interval`, `_count` (s),
-    /// `tcp_user_timeout` and `client_connection_check_interval` (ms), as text.
-    pub(crate) fn as_settings(&self) -> [String; 5] {
+    /// `tcp_user_timeout`, `client_connection_check_interval` and, when set,
+    /// `idle_session_timeout` (ms), as text.
+    pub(crate) fn as_settings(&self) -> [Option<String>; 6] {
         let ms = |duration: Duration| duration.as_millis().min(i32::MAX as u128).to_string();
         [
-            self.keepalives_idle.as_secs().to_string(),
-            self.keepalives_interval.as_secs().to_string(),
-            self.keepalives_count.to_string(),
-            ms(self.user_timeout),
-            ms(self.client_connection_check_interval),
+            Some(self.keepalives_idle.as_secs().to_string()),
+            Some(self.keepalives_interval.as_secs().to_string()),
+            Some(self.keepalives_count.to_string()),
+            Some(ms(self.user_timeout)),
+            Some(ms(self.client_connection_check_interval)),
+            self.idle_session_timeout.map(ms),
         ]
     }
 }
@@ -419,8 +436,37 @@ mod tests {
         let text = error.to_string();
         assert!(text.contains("tcp_user_timeout"), "{text}");
         let fits = derive(100 * 86_400, 20.0 * DAY, 5.0).expect("20 days fit");
-        let set: u128 = fits.server.as_settings()[3].parse().expect("ms");
+        let set: u128 = fits.server.as_settings()[3]
+            .as_deref()
+            .expect("set")
+            .parse()
+            .expect("ms");
         assert_eq!(set, fits.server_frees_after.as_millis());
+    }
+
+    #[test]
+    fn a_lease_on_stopped_holders_ends_an_idle_session_when_the_server_timers_would() {
+        let lease = derive(60, 10.0, 5.0).expect("the default lease");
+        assert_eq!(lease.server.idle_session_timeout, None);
+        let stopped = lease.expiring_stopped_holders();
+        assert_eq!(
+            stopped.server.idle_session_timeout,
+            Some(lease.server_frees_after)
+        );
+        // Past the holder's told bound by the whole margin, and within the lease.
+        let idle = stopped.server.idle_session_timeout.expect("set");
+        assert!(
+            idle >= stopped.holder_told_within + stopped.margin,
+            "{stopped:?}"
+        );
+        assert!(idle < stopped.duration, "{stopped:?}");
+        let ms = u128::from(u32::try_from(idle.as_millis()).expect("fits"));
+        assert_eq!(stopped.server.as_settings()[5], Some(ms.to_string()));
+        // Everything else as without it.
+        assert_eq!(
+            stopped.server.as_settings()[..5],
+            lease.server.as_settings()[..5]
+        );
     }
 
     #[test]
@@ -437,7 +483,10 @@ mod tests {
         drop(lease);
         let long = derive(u64::MAX / 2, 10.0, 5.0).expect("a very long lease");
         let settings = long.server.as_settings();
-        assert_eq!(settings[2], "3");
-        assert!(settings.iter().all(|value| value.parse::<u64>().is_ok()));
+        assert_eq!(settings[2].as_deref(), Some("3"));
+        assert_eq!(settings[5], None, "no idle limit unless asked for");
+        let numbers: Vec<&String> = settings.iter().take(5).flatten().collect();
+        assert_eq!(numbers.len(), 5);
+        assert!(numbers.iter().all(|value| value.parse::<u64>().is_ok()));
     }
 }

@@ -686,16 +686,20 @@ impl PostgresLockManagerBuilder {
     /// why; [`try_build`](Self::try_build) reports it at once.
     #[must_use]
     pub fn build(self) -> PostgresLockManager {
-        PostgresLockManager {
-            inner: Arc::new(Inner::new(
-                self.pool,
-                self.canceller,
-                self.holder_id,
-                self.key_visibility,
-                self.derivation,
-                self.settings,
-                self.meter.as_ref(),
-            )),
+        let inner = Arc::new(Inner::new(
+            self.pool,
+            self.canceller,
+            self.holder_id,
+            self.key_visibility,
+            self.derivation,
+            self.settings,
+            self.meter.as_ref(),
+        ));
+        // A lease on stopped holders closes idle pooled connections from the start
+        // (outside a runtime, from the first grant).
+        if self.settings.expire_stopped_holders {
+            inner.ensure_monitor();
         }
+        PostgresLockManager { inner }
     }
 }

@@ -1,4 +1,6 @@
-//! The lost-lock monitor: one background task per manager, alive while it holds locks.
+//! The lost-lock monitor: one background task per manager, alive while it holds locks
+//! (with a lease on stopped holders, for the manager's life: it also closes the pool's
+//! idle connections before the server's `idle_session_timeout` would end them).
 //!
 //! When a connection of a pool built on [`LockConnect`](crate::LockConnect) ends (as
 //! every pool of [`plain_pool`](crate::plain_pool) and [`tls_pool`](crate::tls_pool)),
@@ -461,6 +463,8 @@ fn discard(held: &Held) {
 async fn monitor(manager: Weak<Inner>) {
     let watch = Watch::new();
     let mut ended = connection_ended();
+    // With a lease on stopped holders, when idle pooled connections are next looked at.
+    let mut next_close = Instant::now();
     loop {
         let interval = match manager.upgrade() {
             Some(inner) => inner.settings().health_check_interval,
@@ -500,7 +504,16 @@ async fn monitor(manager: Weak<Inner>) {
             let inner = Arc::clone(&inner);
             tokio::spawn(async move { inner.keepalive_watched(&watched).await });
         }
-        if inner.is_idle() {
+        // The server ends a session idle for the lease's `idle_session_timeout`: close
+        // the pool's idle ones first, so that a checkout never takes one it is ending
+        // (every quarter of the bound, those not checked out for half of it).
+        if let Some(bound) = inner.idle_session_limit() {
+            let now = Instant::now();
+            if now >= next_close {
+                crate::pool::close_idle(inner.pool(), bound / 2);
+                next_close = now + bound / 4;
+            }
+        } else if inner.is_idle() {
             inner
                 .health()
                 .monitor_running

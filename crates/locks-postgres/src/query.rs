@@ -72,7 +72,8 @@ fn with_marker(text: &str, marker: &str) -> String {
 /// (pipelined with it). `$1` is the `application_name` (or NULL), `$2` the
 /// connection's marker, `$3` to `$7` the lease's server timers (or NULL: see
 /// [`crate::lease::ServerTimers::as_settings`]), `$8` whether to read the backend's
-/// start (a manager with stall patience: see `stall.rs`).
+/// start (a manager with stall patience: see `stall.rs`), `$9` the lease's
+/// `idle_session_timeout` (or NULL: 0).
 ///
 /// It first claims the server session: `locks.session = $2`, unless the session
 /// already carries another connection's marker (then it changes nothing and answers
@@ -83,7 +84,10 @@ fn with_marker(text: &str, marker: &str) -> String {
 ///   statement-local override could not disarm it);
 /// - `idle_session_timeout = 0` (PostgreSQL 14+; skipped where the setting does not
 ///   exist) and `idle_in_transaction_session_timeout = 0`: a session holding a lock is
-///   idle, and ending it would free the lock;
+///   idle, and ending it would free the lock; `idle_session_timeout = $9` instead when
+///   the lease holds stopped holders too (`$9` not NULL: on a server without the
+///   setting the statement fails with the server's "unrecognized configuration
+///   parameter", and the statement pipelined behind it finds the session unmarked);
 /// - `application_name = $1` (`locks:<holder id>`) when the manager has a holder id:
 ///   other sessions can see in `pg_stat_activity` which holders are ours;
 /// - the lease's timers, when the manager has a lease: `tcp_keepalives_idle`,
@@ -105,8 +109,9 @@ pub(crate) static SESSION_SETUP: Query = Query::new(
      CASE WHEN owner IS NOT NULL THEN set_config('statement_timeout', '0', false) END, \
      CASE WHEN owner IS NOT NULL \
      THEN set_config('idle_in_transaction_session_timeout', '0', false) END, \
-     CASE WHEN owner IS NOT NULL AND current_setting('idle_session_timeout', true) IS NOT NULL \
-     THEN set_config('idle_session_timeout', '0', false) END, \
+     CASE WHEN owner IS NOT NULL \
+     AND (current_setting('idle_session_timeout', true) IS NOT NULL OR $9::text IS NOT NULL) \
+     THEN set_config('idle_session_timeout', coalesce($9, '0'), false) END, \
      CASE WHEN owner IS NOT NULL AND $1::text IS NOT NULL \
      THEN set_config('application_name', $1, false) END, \
      CASE WHEN owner IS NOT NULL AND $3::text IS NOT NULL \

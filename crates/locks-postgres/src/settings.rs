@@ -75,6 +75,9 @@ pub(crate) struct Settings {
     /// How long past the answer timeout a keepalive waits on a session whose backend the
     /// server still shows alive (`None`: not at all; see `stall.rs`).
     pub(crate) stall_patience: Option<Duration>,
+    /// Whether the lease is enforced on a holder whose process stopped too (the
+    /// server's `idle_session_timeout`; see the builder's `expire_stopped_holders`).
+    pub(crate) expire_stopped_holders: bool,
 }
 
 impl Settings {
@@ -107,6 +110,7 @@ impl Settings {
         metrics: true,
         metrics_lock_id: false,
         stall_patience: None,
+        expire_stopped_holders: false,
     };
 
     /// Settles the timings a lease derives (those not set explicitly) and derives the
@@ -118,6 +122,15 @@ impl Settings {
             self.lease = None;
         }
         let Some(duration) = self.lease else {
+            if self.expire_stopped_holders {
+                let refused = LeaseError::new(
+                    "expire_stopped_holders(true) needs a lease: a stopped holder's session \
+                     is ended after the lease's server bound, and without a lease there is \
+                     none (lease(None), or keepalive(None) without an explicit lease)"
+                        .to_owned(),
+                );
+                return (self, Err(refused));
+            }
             return (self, Ok(None));
         };
         let (keepalive, answer_timeout) = crate::lease::client_defaults(
@@ -139,7 +152,15 @@ impl Settings {
             self.stall_patience.unwrap_or(Duration::ZERO),
             self.health_check_interval,
         );
-        (self, lease.map(Some))
+        let stopped = self.expire_stopped_holders;
+        let lease = lease.map(|lease| {
+            Some(if stopped {
+                lease.expiring_stopped_holders()
+            } else {
+                lease
+            })
+        });
+        (self, lease)
     }
 }
 

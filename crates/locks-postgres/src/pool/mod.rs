@@ -76,6 +76,13 @@ pub(crate) async fn free_slot(
     }
 }
 
+/// Closes the idle connections of `pool` not checked out for `for_at_least` (the pool
+/// counts from a connection's last checkout, so one checked out that long ago goes too,
+/// however briefly it has been idle).
+pub(crate) fn close_idle(pool: &Pool, for_at_least: Duration) {
+    drop(pool.retain(|_, metrics| metrics.last_used() < for_at_least));
+}
+
 /// The most connections `pool` opens.
 pub(crate) fn max_size(pool: &Pool) -> usize {
     pool.status().max_size

@@ -22,6 +22,7 @@ mod processes;
 mod recorded;
 mod semaphore_waits;
 mod semaphores;
+mod stopped;
 mod support;
 mod told;
 mod xact;
