@@ -262,6 +262,12 @@ pub(crate) struct RunArgs {
     /// follow).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "0s")]
     pub(crate) stall_patience: Duration,
+    /// Hold this process to the lease also when it stops while its host runs (SIGSTOP,
+    /// Ctrl-Z, a debugger): the server ends a lock session that sent nothing for the
+    /// lease's bound, and frees the lock; woken, pglock finds the lock lost and acts as
+    /// --on-lost says. Needs a lease and PostgreSQL 14 or later.
+    #[arg(long)]
+    pub(crate) expire_stopped: bool,
     /// Hand the command a fencing token (PGLOCK_FENCING_TOKEN) that grows with every grant.
     #[arg(long)]
     pub(crate) fencing: bool,

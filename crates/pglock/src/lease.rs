@@ -29,6 +29,8 @@ pub(crate) struct Settings<'a> {
     pub(crate) fencing: bool,
     /// `--stall-patience` (zero: none).
     pub(crate) stall_patience: Duration,
+    /// `--expire-stopped`.
+    pub(crate) expire_stopped: bool,
 }
 
 impl<'a> Settings<'a> {
@@ -57,6 +59,7 @@ impl<'a> Settings<'a> {
             connect_timeout,
             fencing,
             stall_patience: args.stall_patience,
+            expire_stopped: args.expire_stopped,
         }
     }
 
@@ -68,6 +71,7 @@ impl<'a> Settings<'a> {
             .connect_timeout(self.connect_timeout)
             .fencing(self.fencing)
             .stall_patience(self.stall_patience)
+            .expire_stopped_holders(self.expire_stopped)
             .try_build()
             .ok()
     }
@@ -76,6 +80,20 @@ impl<'a> Settings<'a> {
     pub(crate) fn manager(&self) -> Result<PostgresLockManager, Failure> {
         if let Some(manager) = self.build(self.lease) {
             return Ok(manager);
+        }
+        if self.expire_stopped && self.lease.is_none() {
+            let off = if self.keepalive.is_none() {
+                "--keepalive 0"
+            } else {
+                "--lease 0"
+            };
+            return Err(Failure::new(
+                USAGE,
+                format!(
+                    "--expire-stopped needs a lease: the server frees a stopped holder's lock \
+                     after the lease's bound, and {off} turns the lease off"
+                ),
+            ));
         }
         let lease = self.lease.map_or_else(|| "0".to_owned(), show);
         let named = if self.lease_given {

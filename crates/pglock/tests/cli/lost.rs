@@ -186,3 +186,114 @@ async fn a_stalled_backend_loses_the_lock_unless_stall_patience_outlasts_it() {
         stderr(&short)
     );
 }
+
+/// `pglock run` with `KEY -c script`, the script writing its pid to `ready` and running
+/// until `finish_now` exists; pglock itself is then SIGSTOPped (as `Ctrl-Z` would) and
+/// the test watches the lock on the server for `watch`. Returns how long after the stop
+/// the lock was free (`None`: held throughout), then continues pglock, lets the command
+/// finish, and returns pglock's output.
+async fn stop_pglock(
+    key: &str,
+    dir: &Path,
+    options: &[&str],
+    watch: Duration,
+) -> (Option<Duration>, Output) {
+    let (ready, finish_now) = (dir.join("ready"), dir.join("finish"));
+    let script = format!(
+        "echo $$ > {ready}.tmp; mv {ready}.tmp {ready}; \
+         while [ ! -e {finish_now} ]; do sleep 0.05; done",
+        ready = ready.display(),
+        finish_now = finish_now.display()
+    );
+    let child = pglock()
+        .arg("run")
+        .args(options)
+        .args([key, "-c", &script])
+        .spawn()
+        .expect("spawn");
+    wait_for_file(&ready).await;
+    let (admin, lock_id) = (admin().await, locks_port::lock_id(key));
+    assert_eq!(lock_rows(&admin, lock_id).await.len(), 1, "held");
+    signal(&child, Signal::SIGSTOP);
+    let stopped = Instant::now();
+    let mut freed = None;
+    while stopped.elapsed() < watch {
+        if lock_rows(&admin, lock_id).await.is_empty() {
+            freed = Some(stopped.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    signal(&child, Signal::SIGCONT);
+    if freed.is_none() {
+        std::fs::write(&finish_now, "").expect("finish");
+    }
+    (freed, finish(child).await)
+}
+
+/// `--expire-stopped`: a stopped pglock's lock is freed within the lease's bound, and
+/// woken it stops its command and exits 75. Without it (the control) the lock stays held
+/// however long pglock stays stopped. Before PostgreSQL 14 the option is refused by the
+/// server (no `idle_session_timeout`).
+#[tokio::test]
+async fn a_stopped_pglock_loses_its_lock_within_the_lease_with_expire_stopped() {
+    let version: i32 = (admin()
+        .await
+        .query_one("SHOW server_version_num", &[])
+        .await)
+        .expect("version")
+        .get::<_, String>(0)
+        .parse()
+        .expect("a number");
+    // A 10 s lease with 1 s keepalives: the server bound (told + the 5 s margin) is about 7.3 s.
+    let options = ["--keepalive", "1s", "--lease", "10s", "--expire-stopped"];
+    let (key, dir) = unique("stopped-expire");
+    if version < 140_000 {
+        let refused = output(pglock().arg("run").args(options).args([&key, "--", "true"])).await;
+        assert_ne!(code(&refused), 0, "{}", stderr(&refused));
+        assert!(
+            stderr(&refused).contains("idle_session_timeout"),
+            "{}",
+            stderr(&refused)
+        );
+        return;
+    }
+    let (freed, done) = stop_pglock(&key, &dir, &options, Duration::from_secs(12)).await;
+    let freed = freed.expect("the stopped pglock's lock was freed");
+    eprintln!("a stopped pglock's lock was free {freed:?} after its SIGSTOP");
+    assert!(
+        freed <= Duration::from_secs(10),
+        "beyond the lease: {freed:?}"
+    );
+    assert_eq!(code(&done), 75, "{}", stderr(&done));
+    assert!(stderr(&done).contains("lost"), "{}", stderr(&done));
+
+    let (key, dir) = unique("stopped-keep");
+    let (freed, done) = stop_pglock(&key, &dir, &options[..4], Duration::from_secs(12)).await;
+    assert_eq!(
+        freed, None,
+        "without --expire-stopped the stopped pglock keeps its lock"
+    );
+    assert_eq!(code(&done), 0, "{}", stderr(&done));
+}
+
+#[tokio::test]
+async fn expire_stopped_without_a_lease_is_a_usage_error() {
+    for off in [["--lease", "0s"], ["--keepalive", "0s"]] {
+        let (key, _dir) = unique("stopped-no-lease");
+        let refused =
+            output(
+                pglock()
+                    .arg("run")
+                    .args(off)
+                    .args(["--expire-stopped", &key, "--", "true"]),
+            )
+            .await;
+        assert_eq!(code(&refused), 64, "{}", stderr(&refused));
+        assert!(
+            stderr(&refused).contains("--expire-stopped needs a lease"),
+            "{}",
+            stderr(&refused)
+        );
+    }
+}
