@@ -1,6 +1,7 @@
 //! Members in processes of their own (this test binary, re-executed): one SIGKILLed, one
-//! SIGSTOPped past its renewal and continued, and one SIGSTOPped beside a live member whose
-//! holder id begins as its own. Their tasks record guarded progress writes with the
+//! SIGSTOPped past its renewal and continued, one SIGSTOPped beside a live member whose
+//! holder id begins as its own, and one SIGSTOPped that no renewal can end, freed by its
+//! manager's lease on stopped holders. Their tasks record guarded progress writes with the
 //! server's clock, as in `fleet.rs`.
 
 use std::collections::BTreeMap;
@@ -34,11 +35,17 @@ fn child_entry() {
         runtime.block_on(async {
             let group = group(&child::env("SHARD_GROUP"));
             let writes = writes_pool(SHARDS + 4);
-            let member = ShardMember::new(manager(holder, SHARDS + 4), terms().await, group)
+            // SHARD_EXPIRE_STOPPED: no renewals (nobody can end it by its slot), but a
+            // manager that holds a stopped holder to its lease (ADR 0032).
+            let (locks, renewal) = match std::env::var_os("SHARD_EXPIRE_STOPPED") {
+                Some(_) => (stopped_holders_expire(holder), None),
+                None => (manager(holder, SHARDS + 4), Some(RENEWAL)),
+            };
+            let member = ShardMember::new(locks, terms().await, group)
                 .tick(Duration::from_millis(50))
                 .backoff(Duration::from_millis(200))
                 .takeover_delay(TAKEOVER)
-                .renewal(Some(RENEWAL));
+                .renewal(renewal);
             child::say(&format!("pid {}", std::process::id()));
             let holder = holder.to_owned();
             let _ = member
@@ -48,12 +55,39 @@ fn child_entry() {
     });
 }
 
+/// The lease of [`stopped_holders_expire`]: keepalive 1 s, answer timeout 0.5 s, margin
+/// 1 s, so the server ends a session idle for 2.9 s.
+const STOPPED_LEASE: Duration = Duration::from_secs(6);
+const STOPPED_IDLE_BOUND: Duration = Duration::from_millis(2_900);
+
+/// A member's manager with `expire_stopped_holders` on a short lease.
+fn stopped_holders_expire(holder: &str) -> locks_postgres::PostgresLockManager {
+    let pool = crate::support::pool_at(&crate::support::database_url(), SHARDS + 4);
+    let locks = locks_postgres::PostgresLockManager::builder(pool)
+        .holder_id(holder)
+        .lease(Some(STOPPED_LEASE))
+        .lease_margin(Duration::from_secs(1))
+        .expire_stopped_holders(true)
+        .build();
+    let bound = locks
+        .lease()
+        .and_then(|lease| lease.server.idle_session_timeout);
+    assert_eq!(bound, Some(STOPPED_IDLE_BOUND));
+    locks
+}
+
 /// A member process, once it said its pid.
 async fn started(name: &str, group: &str) -> (Child, u32) {
+    started_with(name, group, &[]).await
+}
+
+/// A member process with more of its environment, once it said its pid.
+async fn started_with(name: &str, group: &str, more: &[(&str, &str)]) -> (Child, u32) {
+    let env = [("SHARD_MEMBER", name), ("SHARD_GROUP", group)];
     let mut child = Child::spawn(
         name,
         "processes::child_entry",
-        [("SHARD_MEMBER", name), ("SHARD_GROUP", group)],
+        env.into_iter().chain(more.iter().copied()),
     );
     let pid = child.expect("pid").await.parse().expect("a pid");
     (child, pid)
@@ -187,4 +221,56 @@ async fn a_frozen_member_is_told_from_a_live_one_whose_holder_id_begins_alike() 
         (0, 0),
         "(interleaved, refused) writes"
     );
+}
+
+/// A member that no renewal can end (renewals off: as one frozen after it lost only its
+/// permit, which leaves it no slot to be ended by) but whose manager holds stopped
+/// holders to its lease: SIGSTOPped, the server ends its sessions once they were idle for
+/// the lease's bound, and every shard runs again on the other member. Woken, its writes
+/// are refused. ADR 0032.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_member_no_renewal_ends_loses_its_shards_to_the_lease_on_stopped_holders() {
+    let name = unique("stopped-member");
+    let watcher = Watcher::new(group(&name)).await;
+    let expire = [("SHARD_EXPIRE_STOPPED", "1")];
+    let mut members = Vec::new();
+    let from = Instant::now();
+    for who in ["s1", "s2"] {
+        members.push(started_with(who, &name, &expire).await);
+    }
+    let (_, took) = watcher.settled(2, from, SETTLE).await;
+    eprintln!("2 processes: settled after {took:?}");
+    let frozen = members[1].1;
+    let from = Instant::now();
+    signal(frozen, "STOP");
+    let (owners, took) = watcher.settled(1, from, SETTLE).await;
+    // Its last keepalive came at most a cadence (1 s) and a health check before the stop;
+    // then the idle bound, the takeover delay and the survivor's ticks.
+    let bound = STOPPED_IDLE_BOUND + TAKEOVER + Duration::from_millis(2_500);
+    eprintln!(
+        "SIGSTOP s2 (no renewals, lease on stopped holders): every shard running again after \
+         {took:?} (idle bound {STOPPED_IDLE_BOUND:?}, test bound {bound:?}), {:?}",
+        owners.counts()
+    );
+    assert!(
+        took >= STOPPED_IDLE_BOUND / 2,
+        "freed before the idle bound: {took:?}"
+    );
+    assert!(
+        took <= bound,
+        "a frozen member kept its shards for {took:?}"
+    );
+    signal(frozen, "CONT");
+    let from = Instant::now();
+    let (_, took) = watcher.settled(2, from, SETTLE).await;
+    eprintln!("SIGCONT s2: rejoined, settled after {took:?}");
+    for (child, _) in &mut members {
+        child.kill();
+    }
+    let (interleaved, refused) = watcher.interleaved_and_refused(&["s2"]).await;
+    assert_eq!(
+        interleaved, 0,
+        "two owners of a shard wrote in between each other"
+    );
+    assert_eq!(refused, 0, "a live member wrote after its shard moved");
 }
