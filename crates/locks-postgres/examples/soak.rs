@@ -1,9 +1,10 @@
 //! The chaos soak behind `cargo xtask soak`: worker processes with managers of their own
 //! do read-modify-write on a counter per key under the lock, with fencing tokens, while
-//! a chaos driver kills workers, terminates and stops their backends, restarts the
+//! a chaos driver kills workers, stops them, terminates and stops their backends, restarts the
 //! server and cuts the workers' network (a veth link taken down between two network
 //! namespaces: no socket closes). At the end it checks that no acknowledged update was lost or applied twice,
-//! that no fencing token repeated or went backwards, and that no advisory lock is left.
+//! that no fencing token repeated or went backwards, that a worker stopped past its idle
+//! bound kept no lock (`expire_stopped_holders`), and that no advisory lock is left.
 //!
 //! `cargo run -p locks-postgres --example soak -- --seconds 60` (the driver starts a
 //! throwaway PostgreSQL of its own: the restart fault needs a server it owns).
@@ -36,6 +37,9 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 
 const KEYS: usize = 4;
 const WORKERS: usize = 4;
+/// How long a counter worker's lock sessions may stay idle before the server ends them
+/// (its lease's `server_frees_after`, `idle_session_timeout` with `expire_stopped_holders`).
+const WORKER_IDLE_BOUND: Duration = Duration::from_millis(6_900);
 
 /// A small generator, seeded per process.
 struct Lcg(u64);
@@ -118,12 +122,20 @@ async fn worker(url: &str, name: &str, log: &str) -> Result<(), Error> {
     };
     loop {
         let pool = locks_postgres::plain_pool(url, 2)?;
+        // A worker process the driver stops loses its lock once its sessions were idle for
+        // the lease's bound (told 1.9 s + the 5 s margin: 6.9 s), and on waking its
+        // write is refused by the fencing check (ADR 0032).
         let manager = PostgresLockManager::builder(pool)
             .holder_id(name)
             .fencing(true)
             .keepalive(Some(Duration::from_millis(500)))
             .answer_timeout(Duration::from_secs(1))
+            .expire_stopped_holders(true)
             .build();
+        let bound = manager
+            .lease()
+            .and_then(|lease| lease.server.idle_session_timeout);
+        assert_eq!(bound, Some(WORKER_IDLE_BOUND), "the driver's idle bound");
         let Ok((data, connection)) = tokio_postgres::connect(url, NoTls).await else {
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
@@ -216,6 +228,13 @@ struct Faults {
     kills: u32,
     terminations: u32,
     stops: u32,
+    /// Counter worker processes SIGSTOPped, how many of those past their idle bound (and
+    /// of those, how many had idle sessions holding locks to check), and what the checks
+    /// found.
+    worker_stops: u32,
+    worker_stops_past_bound: u32,
+    worker_stops_checked: u32,
+    stop_violations: Vec<String>,
     restarts: u32,
     partitions: u32,
     /// Patroni failovers (`--patroni`): crashes, switchovers, failovers.
@@ -342,6 +361,33 @@ async fn worker_backends(admin: &tokio_postgres::Client) -> Vec<i32> {
         .unwrap_or_default()
 }
 
+/// The sessions named `application_name` that are idle and hold a granted advisory lock.
+async fn idle_holders(admin: &tokio_postgres::Client, application_name: &str) -> Vec<i32> {
+    admin
+        .query(
+            "SELECT DISTINCT a.pid FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid \
+             WHERE a.application_name = $1 AND a.state = 'idle' \
+             AND l.locktype = 'advisory' AND l.granted",
+            &[&application_name],
+        )
+        .await
+        .map(|rows| rows.iter().map(|row| row.get(0)).collect())
+        .unwrap_or_default()
+}
+
+/// Which of `pids` still have a session (`None`: none do, or the server did not say).
+async fn still_there(admin: &tokio_postgres::Client, pids: &[i32]) -> Option<Vec<i32>> {
+    let rows = admin
+        .query(
+            "SELECT pid FROM pg_stat_activity WHERE pid = ANY($1)",
+            &[&pids],
+        )
+        .await
+        .ok()?;
+    let left: Vec<i32> = rows.iter().map(|row| row.get(0)).collect();
+    (!left.is_empty()).then_some(left)
+}
+
 fn signal(pid: i32, name: &str) {
     let _ = Command::new("kill")
         .arg(format!("-{name}"))
@@ -460,7 +506,9 @@ async fn chaos(
 
 /// The faults both drivers make on the workers, by `roll` (0 to 6): kill a worker (a
 /// counter worker or a shard member) and start it again (0-1), terminate (2-4) or SIGSTOP
-/// for a while (5-6) a worker's lock backend.
+/// for a while (5-6) a worker's lock backend; one in two of the 6s SIGSTOPs a counter
+/// worker process itself instead, for 2-10 s (its idle bound is 6.9 s), and checks that
+/// its idle sessions holding locks are gone once stopped past the bound.
 #[allow(clippy::too_many_arguments)]
 async fn worker_fault(
     roll: u64,
@@ -504,6 +552,35 @@ async fn worker_fault(
                     .execute("SELECT pg_terminate_backend($1)", &[&pid])
                     .await;
                 faults.terminations += 1;
+            }
+        }
+        6 if random.below(2) == 0 => {
+            let counters: Vec<usize> = (workers.iter().enumerate())
+                .filter(|(_, (role, _))| *role == Role::Counter)
+                .map(|(index, _)| index)
+                .collect();
+            let pick = random.below(counters.len() as u64);
+            if let Some(&index) = counters.get(usize::try_from(pick).unwrap_or(0)) {
+                let pid = i32::try_from(workers[index].1.id()).unwrap_or(0);
+                let until = Instant::now() + Duration::from_millis(2_000 + random.below(8_000));
+                signal(pid, "STOP");
+                // Stopped, the worker sends nothing: its sessions idle now, holding a
+                // lock, must be ended by the server within the idle bound of this look.
+                let looked = Instant::now();
+                let holding = idle_holders(admin, &format!("locks:soak-{index}")).await;
+                tokio::time::sleep_until(until.into()).await;
+                let past = looked.elapsed() >= WORKER_IDLE_BOUND + Duration::from_secs(1);
+                if past && let Some(left) = still_there(admin, &holding).await {
+                    faults.stop_violations.push(format!(
+                        "worker {index} stopped {:?}: its idle sessions {left:?} still held \
+                         locks past the idle bound ({WORKER_IDLE_BOUND:?})",
+                        looked.elapsed()
+                    ));
+                }
+                signal(pid, "CONT");
+                faults.worker_stops += 1;
+                faults.worker_stops_past_bound += u32::from(past);
+                faults.worker_stops_checked += u32::from(past && !holding.is_empty());
             }
         }
         5..=6 => {
@@ -598,7 +675,7 @@ async fn finish(
     let report = check(dir, &counters, left)?;
     println!(
         "soak: {} grants, {} acknowledged increments, {} refused by the fencing check, {} unacknowledged; \
-         losses: {}; faults: {} kills, {} terminations, {} stops, {} restarts, {} partitions, {} failovers; advisory locks left: {left}; violations: {}",
+         losses: {}; faults: {} kills, {} terminations, {} stops, {} worker process stops ({} past the idle bound, {} with idle held sessions checked gone), {} restarts, {} partitions, {} failovers; advisory locks left: {left}; violations: {}",
         report.grants,
         report.acks,
         report.refused,
@@ -607,12 +684,16 @@ async fn finish(
         faults.kills,
         faults.terminations,
         faults.stops,
+        faults.worker_stops,
+        faults.worker_stops_past_bound,
+        faults.worker_stops_checked,
         faults.restarts,
         faults.partitions,
         faults.failovers,
-        report.violations.len()
+        report.violations.len() + faults.stop_violations.len()
     );
     let mut violations = report.violations;
+    violations.extend(faults.stop_violations.iter().cloned());
     if shards {
         let end = shards_end.ok_or("no admin connection to close the shards' window")?;
         violations.extend(shards::check(&admin, end, faults).await?);
