@@ -267,8 +267,8 @@ impl PostgresLockManagerBuilder {
         self
     }
 
-    /// Holds a holder whose process stopped to the [`lease`](Self::lease) too (default
-    /// off; PostgreSQL 14+). A process stopped with `SIGSTOP` (or `Ctrl-Z`), frozen by a
+    /// Frees the locks of a holder whose process stopped within the [`lease`](Self::lease)
+    /// too (default off; PostgreSQL 14+). A process stopped with `SIGSTOP` (or `Ctrl-Z`), frozen by a
     /// debugger, or whose runtime is blocked sends no keepalives, but its kernel still
     /// answers TCP, so the lease's TCP timers never end its sessions: its locks stay held
     /// for as long as it stays stopped. With this on, each lock session also carries
@@ -285,8 +285,8 @@ impl PostgresLockManagerBuilder {
     ///   it runs again); a stopped holder that wakes may act before it is told, so
     ///   guard its writes with a fencing token, as for any lost lock.
     /// - The manager closes its idle pooled connections before the server would (each one
-    ///   not checked out for half the bound, looked at every quarter of it while any is
-    ///   idle), so a checkout never takes a session the server is ending. A connection
+    ///   not checked out for half the bound, looked at every quarter of it for the
+    ///   manager's life), so a checkout never takes a session the server is ending. A connection
     ///   that was checked out longer than that is closed at the next look after it comes
     ///   back, and the next acquisition opens a new one.
     /// - A polling acquisition ([`AcquireOptions::retry_interval`](locks_port::AcquireOptions))

@@ -22,7 +22,8 @@ const JOB: &str = "SCHEDULE_PARTITION_JOB";
 
 /// The far runner's lease: the server frees its lock within this of the cut.
 const LEASE: Duration = Duration::from_secs(10);
-/// The slots: long enough that the test stays inside one.
+/// The slots: long enough that the test nearly always stays inside one (a boundary that
+/// passes meanwhile is allowed for below).
 const SCHEDULE: &str = "every 1h";
 
 #[test]
@@ -94,13 +95,19 @@ fn a_cut_off_runner_is_told_and_its_slot_is_abandoned_not_run_twice() {
     let near = ScheduledJob::new(&name, SCHEDULE.parse().expect("schedule")).holder("near-host");
     let locks = PostgresLockManager::new(near_pool.clone());
     let ledger = PostgresLedger::new(near_pool);
+    // The far runner's slot must not run again. A slot boundary may pass while the test
+    // waits (the hour turned in one CI run): the next slot then runs here, as it should,
+    // and the far runner's is settled as the previous one.
+    let far_slot = running["running ".len()..].to_owned();
     let (report, settled) = runtime.block_on(async {
         loop {
             let report = near
-                .run_once_per_slot(&locks, &ledger, |_: JobContext| async {
-                    panic!("the slot must not run a second time");
-                    #[allow(unreachable_code)]
-                    Ok::<(), String>(())
+                .run_once_per_slot(&locks, &ledger, |context: JobContext| {
+                    let again = context.slot.to_string() == far_slot;
+                    async move {
+                        assert!(!again, "the slot must not run a second time");
+                        Ok::<(), String>(())
+                    }
                 })
                 .await
                 .expect("a firing");
